@@ -1,0 +1,324 @@
+"""The store interface, shared by every queue store, and the logic common to all of them.
+
+A store holds one queue. It never looks inside payloads, results or errors beyond their
+type: they are opaque bytes (errors are text). The operations, all batch-friendly:
+
+- `put(messages) -> ids`: ids are assigned here, ascending in the order given.
+- `get(n, lease_s)`: up to n READY messages, highest priority first and FIFO within a priority
+  (a message requeued by a nack or an expired lease queues behind those already waiting);
+  never one before its `not_before`. Each delivery counts one attempt.
+- `ack(id, result)`: the first ack of an id wins and stores its result; later acks return False.
+  A late ack (after the lease ran out) still counts if the message is not finished.
+- `nack(id, error, delay_s)`: back to READY after the delay, or FAILED (a dead letter keeping
+  `error`) once its attempts reached `max_attempts`.
+- `extend_lease(id, lease_s)`, `expire(now)`: expired leases go back to READY (the delivery has
+  counted an attempt) or to FAILED when out of attempts; `get` also sweeps them.
+- `result(id)`, `results()`, `dead_letters()`, `forget(ids)`, `status(id)`, `stats()`, `close()`.
+
+Subclasses persist what the shared logic decides through a handful of hooks.
+"""
+
+from __future__ import annotations
+
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+
+import numpy as np
+
+from ..constants import (
+    MAX_ATTEMPTS_LIMIT,
+    PRIORITY_MAX,
+    PRIORITY_MIN,
+    ST_ACKED,
+    ST_DELAYED,
+    ST_DELIVERED,
+    ST_FAILED,
+    ST_NONE,
+    ST_READY,
+)
+from ..errors import StoreClosedError
+from ..message import Message, Status
+from .state import QueueState
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """Counts of a store's messages. `ready` excludes `delayed` (READY but not yet due)."""
+
+    ready: int
+    delivered: int
+    acked: int
+    failed: int
+    delayed: int
+    bytes_on_disk: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message that used up its attempts, with the last error and when it failed."""
+
+    message: Message
+    error: str
+    failed_at: float
+
+
+class Store(ABC):
+    """One queue: the operations above on top of a `QueueState`, persisted by the hooks."""
+
+    def __init__(self, queue: str, max_attempts: int, lease_s: float, extra: dict[str, object]) -> None:
+        if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+            raise ValueError(f"max_attempts must be in 1..{MAX_ATTEMPTS_LIMIT}, got {max_attempts}")
+        if not lease_s > 0:
+            raise ValueError(f"lease_s must be positive, got {lease_s}")
+        self.queue = queue
+        self.max_attempts = max_attempts
+        self.lease_s = lease_s
+        self._state = QueueState(extra=extra)
+        self._failed_ids: set[int] = set()  # dead letters not forgotten, for status()
+        self._closed = False
+
+    # --- hooks ----------------------------------------------------------------------------
+    @abstractmethod
+    def _store_messages(self, ids: np.ndarray, messages: Sequence[Message], now: float) -> None:
+        """Keep new messages' bodies (state already holds their scheduling fields)."""
+
+    @abstractmethod
+    def _load(self, ids: np.ndarray, lease_s: float) -> list[Message]:
+        """The delivered messages `ids`, with attempts and lease from the state."""
+
+    @abstractmethod
+    def _record(self, ids: np.ndarray, status: int, results: Sequence[bytes | None] | None,
+                errors: Sequence[str] | None, now: float) -> None:  # fmt: skip
+        """Persist a transition of `ids` to `status` (results for ACKED, errors for FAILED)."""
+
+    @abstractmethod
+    def _commit(self) -> None:
+        """Make what the last operation wrote durable under the store's policy."""
+
+    @abstractmethod
+    def result(self, msg_id: int) -> bytes | None:
+        """The stored result of an acked message, or None (no result, or not acked)."""
+
+    @abstractmethod
+    def results(self) -> Iterator[tuple[int, bytes]]:
+        """Every stored result as (id, result), in id order."""
+
+    @abstractmethod
+    def dead_letters(self) -> list[DeadLetter]:
+        """Every FAILED message not forgotten, in id order."""
+
+    @abstractmethod
+    def _forget(self, ids: list[int]) -> int:
+        """Drop stored results and dead letters of these ids; returns how many were dropped."""
+
+    @abstractmethod
+    def _bytes_on_disk(self) -> int: ...
+
+    @abstractmethod
+    def _close(self) -> None: ...
+
+    # --- operations -----------------------------------------------------------------------
+    def put(self, messages: Sequence[Message]) -> list[int]:
+        """Append messages; returns their ids. Their own `id`, `attempts` and `lease_s` are ignored."""
+        self._check_open()
+        n = len(messages)
+        if not n:
+            return []
+        try:
+            prio = np.fromiter((m.priority for m in messages), np.int64, n)
+            max_att = np.fromiter((m.max_attempts for m in messages), np.int64, n)
+            not_before = np.fromiter((m.not_before for m in messages), np.float64, n)
+        except AttributeError:
+            bad = next(i for i, m in enumerate(messages) if not isinstance(m, Message))
+            raise TypeError(f"put takes Message objects; item {bad} is {type(messages[bad]).__name__}") from None
+        except (TypeError, ValueError, OverflowError) as e:
+            raise TypeError(f"put: a message has a non-numeric priority, max_attempts or not_before: {e}") from None
+        if not all(type(m.payload) is bytes for m in messages):
+            bad = next(i for i, m in enumerate(messages) if type(m.payload) is not bytes)
+            raise TypeError(f"put: message {bad} has a {type(messages[bad].payload).__name__} payload, not bytes")
+        if (prio < PRIORITY_MIN).any() or (prio > PRIORITY_MAX).any():
+            raise ValueError(f"put: priority must be within [{PRIORITY_MIN}, {PRIORITY_MAX}]")
+        for i, m in enumerate(messages):
+            h = m.headers
+            if h and (type(h) is not dict or not all(type(k) is str and type(v) is str for k, v in h.items())):
+                raise TypeError(f"put: message {i} headers must be a dict of str to str")
+        if (max_att < 0).any() or (max_att > MAX_ATTEMPTS_LIMIT).any():
+            raise ValueError(f"put: max_attempts must be within [0, {MAX_ATTEMPTS_LIMIT}] (0: store default)")
+        max_att[max_att == 0] = self.max_attempts
+        now = time.time()
+        ids = self._state.add(prio, not_before, max_att, now)
+        try:
+            self._store_messages(ids, messages, now)
+        except BaseException:
+            self._state.finish(ids, ST_NONE)  # never stored: the ids stay unused
+            raise
+        self._commit()
+        return ids.tolist()
+
+    def get(self, n: int, lease_s: float | None = None) -> list[Message]:
+        """Deliver up to n messages under a lease of `lease_s` seconds (store default if None)."""
+        self._check_open()
+        if n < 0:
+            raise ValueError(f"get: n must be >= 0, got {n}")
+        lease = self.lease_s if lease_s is None else float(lease_s)
+        if not lease > 0:
+            raise ValueError(f"get: lease_s must be positive, got {lease_s}")
+        now = time.time()
+        self._expire(now)
+        ids = self._state.take(n, lease, now)
+        if not len(ids):
+            self._commit()
+            return []
+        self._record(ids, ST_DELIVERED, None, None, now)
+        self._commit()
+        return self._load(ids, lease)
+
+    def ack(self, msg_id: int, result: bytes | None = None) -> bool:
+        """Finish a message with an optional result; False if it was finished already or unknown."""
+        return self.ack_many([msg_id], None if result is None else [result])[0]
+
+    def ack_many(self, ids: Sequence[int], results: Sequence[bytes | None] | None = None) -> list[bool]:
+        """`ack` for many ids at once (one write, one sync); returns which acks took effect."""
+        self._check_open()
+        arr = self._ids(ids)
+        if results is not None:
+            if len(results) != len(arr):
+                raise ValueError(f"ack: {len(arr)} ids but {len(results)} results")
+            for r in results:
+                if r is not None and type(r) is not bytes:
+                    raise TypeError(f"ack: a result must be bytes or None, not {type(r).__name__}")
+        ok = self._state.finish(arr, ST_ACKED)
+        if ok.any():
+            kept = None if results is None else [r for r, o in zip(results, ok, strict=True) if o]
+            self._record(arr[ok], ST_ACKED, kept, None, time.time())
+            self._commit()
+        return ok.tolist()
+
+    def nack(self, msg_id: int, error: str = "", delay_s: float = 0.0) -> bool:
+        """Give a delivered message back: READY after `delay_s`, or FAILED when out of attempts."""
+        return self.nack_many([msg_id], [error], delay_s)[0]
+
+    def nack_many(self, ids: Sequence[int], errors: Sequence[str] | None = None, delay_s: float = 0.0) -> list[bool]:
+        """`nack` for many ids at once; returns which nacks took effect (the id was DELIVERED)."""
+        self._check_open()
+        arr = self._ids(ids)
+        errs = [""] * len(arr) if errors is None else list(errors)
+        if len(errs) != len(arr):
+            raise ValueError(f"nack: {len(arr)} ids but {len(errs)} errors")
+        if not all(type(e) is str for e in errs):
+            raise TypeError("nack: errors must be str")
+        if not delay_s >= 0:
+            raise ValueError(f"nack: delay_s must be >= 0, got {delay_s}")
+        ok = self._state.delivered(arr)
+        if len(arr) > 1:
+            first = np.zeros(len(arr), bool)
+            first[np.unique(arr, return_index=True)[1]] = True
+            ok &= first
+        if ok.any():
+            now = time.time()
+            sel = np.flatnonzero(ok)
+            self._retry_or_fail(arr[sel], [errs[i] for i in sel], now + delay_s, now)
+            self._commit()
+        return ok.tolist()
+
+    def extend_lease(self, msg_id: int, lease_s: float) -> bool:
+        """Push a delivered message's lease to now + lease_s; False if it is not delivered."""
+        self._check_open()
+        if not lease_s > 0:
+            raise ValueError(f"extend_lease: lease_s must be positive, got {lease_s}")
+        now = time.time()
+        arr = self._ids([msg_id])
+        ok = self._state.extend(arr, float(lease_s), now)
+        if ok[0]:
+            self._record(arr, ST_DELIVERED, None, None, now)
+            self._commit()
+        return bool(ok[0])
+
+    def expire(self, now: float | None = None) -> int:
+        """Return deliveries whose lease ended by `now`; returns how many came back or failed."""
+        self._check_open()
+        n = self._expire(time.time() if now is None else now)
+        if n:
+            self._commit()
+        return n
+
+    def _expire(self, now: float) -> int:
+        ids = self._state.expired(now)
+        if len(ids):
+            self._retry_or_fail(ids, None, np.float64(0.0), now)
+        return len(ids)
+
+    def _retry_or_fail(self, ids: np.ndarray, errors: list[str] | None, not_before: float | np.floating,
+                       now: float) -> None:  # fmt: skip
+        """Requeue delivered ids, or fail those out of attempts (errors None: lease expiry)."""
+        out = self._state.out_of_attempts(ids)
+        if out.any():
+            failed = ids[out]
+            if errors is None:
+                attempts = self._state.cols["attempts"][failed - self._state.base].tolist()
+                msgs = [f"lease expired on its last attempt ({a} of {a})" for a in attempts]
+            else:
+                msgs = [e for e, o in zip(errors, out, strict=True) if o]
+            self._state.finish(failed, ST_FAILED)
+            self._failed_ids.update(failed.tolist())
+            self._record(failed, ST_FAILED, None, msgs, now)
+        back = ids[~out]
+        if len(back):
+            self._state.requeue(back, np.full(len(back), not_before, np.float64), now)
+            self._record(back, ST_READY, None, None, now)
+
+    def forget(self, ids: Iterable[int]) -> int:
+        """Drop the stored results and dead letters of finished messages, freeing their space."""
+        self._check_open()
+        ids = list(ids)
+        n = self._forget(ids)
+        self._failed_ids.difference_update(ids)
+        self._commit()
+        return n
+
+    def status(self, msg_id: int) -> Status | None:
+        """The status of a message (a delayed one is READY); None for an id never assigned."""
+        self._check_open()
+        if msg_id < 1:
+            return None
+        st = self._state.status_of(msg_id)
+        if st == ST_NONE:
+            return None
+        if msg_id in self._failed_ids:
+            return Status.FAILED
+        return Status.READY if st == ST_DELAYED else Status(st)
+
+    def stats(self) -> Stats:
+        self._check_open()
+        c = self._state.counts(time.time())
+        return Stats(ready=c[ST_READY], delivered=c[ST_DELIVERED], acked=c[ST_ACKED], failed=c[ST_FAILED],
+                     delayed=c[ST_DELAYED], bytes_on_disk=self._bytes_on_disk())  # fmt: skip
+
+    def close(self) -> None:
+        """Flush and release everything; further calls raise StoreClosedError. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    # --- helpers --------------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError(f"store {self.queue!r} is closed")
+
+    @staticmethod
+    def _ids(ids: Sequence[int]) -> np.ndarray:
+        arr = np.asarray(ids)
+        if arr.size == 0:
+            return np.empty(0, np.int64)
+        if arr.ndim != 1 or arr.dtype.kind not in "iu":
+            raise TypeError(f"message ids must be a flat sequence of integers, got {type(ids).__name__}")
+        return arr.astype(np.int64, copy=False)

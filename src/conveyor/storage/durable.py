@@ -1,0 +1,346 @@
+"""DurableStore: a queue store on disk that survives crashes of its process and of the machine.
+
+Layout (see constants): message bodies, results and dead letters are records in append-only
+segment files; every state change after a put is a fixed-size record in the index WAL. Opening
+replays both into a `QueueState`. A segment is deleted once nothing in it is needed; the index
+is rewritten once it is mostly superseded records.
+
+fsync policies, and what a crash can lose (a crash of the *process* alone loses nothing that
+an operation returned: every write reaches the OS before the call returns):
+- "batch": every operation is on disk before it returns. A machine crash loses nothing returned.
+- "interval": a background thread syncs every `fsync_interval_s` (default 0.2 s). A machine crash
+  loses at most the operations of the last interval (puts vanish, acks are redone).
+- "never": the OS writes back when it likes (typically within ~30 s on Linux).
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Literal
+
+import msgpack
+import numpy as np
+
+from ..constants import (
+    BODY_PREFIX,
+    DEFAULT_FSYNC_INTERVAL_S,
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_SEGMENT_BYTES,
+    INDEX_REWRITE_MIN_RECORDS,
+    INDEX_REWRITE_RATIO,
+    KIND_DEAD,
+    KIND_MESSAGE,
+    KIND_RESULT,
+    MAX_SEGMENT_BYTES,
+    MESSAGE_PREFIX,
+    ST_ACKED,
+    ST_DELAYED,
+    ST_FAILED,
+    ST_NONE,
+    ST_READY,
+)
+from ..message import Message, make_message
+from .base import DeadLetter, Store
+from .segments import SCAN_DTYPE, SegmentLog
+from .wal import Header, IndexLog, last_per_id, make_records
+
+log = logging.getLogger("conveyor.storage")
+
+FsyncPolicy = Literal["batch", "interval", "never"]
+_MSG_PREFIX = MESSAGE_PREFIX.size
+_unpack_msg = MESSAGE_PREFIX.unpack_from
+
+
+def _member(ids: np.ndarray, sub: np.ndarray) -> np.ndarray:
+    """Mask of `ids` (sorted, unique) that are in `sub` (sorted, unique)."""
+    if len(sub) == len(ids):
+        return np.ones(len(ids), bool)
+    if not len(sub):
+        return np.zeros(len(ids), bool)
+    pos = np.searchsorted(sub, ids)
+    return (pos < len(sub)) & (sub[np.minimum(pos, len(sub) - 1)] == ids)
+
+
+def _parse(buf: bytes | mmap.mmap, off: int, size: int, queue: str, attempts: int, lease_s: float) -> Message:
+    """A Message from its KIND_MESSAGE body at `buf[off:off + size]`."""
+    _, msg_id, prio, max_att, nb, at, hlen = _unpack_msg(buf, off)
+    start = off + _MSG_PREFIX
+    headers = msgpack.unpackb(buf[start : start + hlen]) if hlen else {}
+    return make_message(msg_id, queue, buf[start + hlen : off + size], prio, attempts, at, nb, lease_s, max_att, headers)
+_packb = msgpack.Packer(use_bin_type=True).pack
+
+
+class DurableStore(Store):
+    """A queue store in a directory: crash-safe, compacting, and compact in memory."""
+
+    def __init__(self, path: str | Path, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+                 fsync: FsyncPolicy = "batch", fsync_interval_s: float = DEFAULT_FSYNC_INTERVAL_S,
+                 repair: bool = False, queue: str = "", max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+                 lease_s: float = DEFAULT_LEASE_S) -> None:  # fmt: skip
+        if fsync not in ("batch", "interval", "never"):
+            raise ValueError(f"fsync must be 'batch', 'interval' or 'never', got {fsync!r}")
+        if not 4096 <= segment_bytes <= MAX_SEGMENT_BYTES:
+            raise ValueError(f"segment_bytes must be within [4096, {MAX_SEGMENT_BYTES}], got {segment_bytes}")
+        super().__init__(queue, max_attempts, lease_s, {"seg": np.uint32, "off": np.uint32, "size": np.uint32})
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.fsync = fsync
+        self._segments = SegmentLog(self.path, segment_bytes)
+        self._index = IndexLog(self.path)
+        self._kept: dict[int, tuple[int, int, int]] = {}  # id -> (seg, off, size) of result/dead letter
+        self._live: dict[int, int] = {}  # segment -> records in it still needed
+        self._lock = threading.Lock()  # between operations and the interval syncer
+        self._syncer: threading.Thread | None = None
+        self._stop = threading.Event()
+        try:
+            self._recover(repair)
+        except BaseException:
+            self._segments.close()
+            self._index.close()
+            raise
+        if fsync == "interval":
+            self._syncer = threading.Thread(target=self._sync_every, args=(fsync_interval_s,),
+                                            name=f"conveyor-fsync-{self.path.name}", daemon=True)  # fmt: skip
+            self._syncer.start()
+
+    # --- recovery -------------------------------------------------------------------------
+    def _recover(self, repair: bool) -> None:
+        scan = self._segments.open(repair)
+        rec = self._index.open(repair)
+        header = self._index.header
+        st = self._state
+        st.base = st.low = st.next_id = header.base
+        st.finished_below_base = {ST_ACKED: header.acked_below, ST_FAILED: header.failed_below}
+        now = time.time()
+
+        msgs = np.concatenate(scan.messages) if scan.messages else np.zeros(0, SCAN_DTYPE)
+        msgs = msgs[msgs["id"] >= header.base]
+        last = last_per_id(rec)
+        # results and dead letters still kept, whatever their id
+        kept = ((last["status"] == ST_ACKED) | (last["status"] == ST_FAILED)) & (last["len"] > 0)
+        for i, s, o, n in zip(*(last[c][kept].tolist() for c in ("id", "seg", "off", "len")), strict=True):
+            if s in self._segments.sizes:
+                self._kept[i] = (s, o, n)
+            else:
+                log.warning("%s: the result or dead letter of message %d was in a lost segment", self.path, i)
+        self._failed_ids.update(last["id"][(last["status"] == ST_FAILED) & (last["len"] > 0)].tolist())
+        last = last[last["id"] >= header.base]
+
+        # merge: a message body with no index record is READY as put (both id lists are sorted)
+        m_ids, l_ids = msgs["id"], last["id"].astype(np.int64)
+        ids = np.union1d(m_ids, l_ids) if len(l_ids) else m_ids
+        n = len(ids)
+        in_msgs = _member(ids, m_ids)
+        in_last = _member(ids, l_ids)
+        status = np.full(n, ST_READY, np.uint8)
+        attempts = np.zeros(n, np.uint16)
+        until = np.zeros(n, np.float64)
+        prio = np.zeros(n, np.int32)
+        max_att = np.zeros(n, np.uint16)
+        prio[in_msgs], max_att[in_msgs], until[in_msgs] = msgs["priority"], msgs["max_attempts"], msgs["not_before"]
+        status[in_last], attempts[in_last], until[in_last] = last["status"], last["attempts"], last["until"]
+        lost = ~in_msgs & (status != ST_ACKED) & (status != ST_FAILED)
+        if lost.any():
+            log.warning("%s: %d messages have index records but no body (lost to repair): %s",
+                        self.path, int(lost.sum()), ids[lost][:10].tolist())  # fmt: skip
+            status[lost] = ST_NONE
+        status[status == ST_DELAYED] = ST_READY
+        idx = st.load(ids, status, prio, attempts, max_att, until, now)
+        c = st.cols
+        body_idx = idx[in_msgs]
+        for name in ("seg", "off", "size"):
+            c[name][body_idx] = msgs[name]
+        st.skip_to(max(header.next_id, st.next_id))
+
+        # segment liveness: unfinished message bodies plus kept results and dead letters
+        unfinished = in_msgs & (status != ST_ACKED) & (status != ST_FAILED) & (status != ST_NONE)
+        for s, k in zip(*np.unique(c["seg"][idx[unfinished]], return_counts=True), strict=True):
+            self._live[int(s)] = self._live.get(int(s), 0) + int(k)
+        for s, _, _ in self._kept.values():
+            self._live[s] = self._live.get(s, 0) + 1
+        self._compact()
+
+    # --- hooks ----------------------------------------------------------------------------
+    def _store_messages(self, ids: np.ndarray, messages: Sequence[Message], now: float) -> None:
+        c = self._state.cols
+        a = int(ids[0]) - self._state.base
+        b = a + len(ids)
+        pack = MESSAGE_PREFIX.pack
+        cols = (ids.tolist(), c["priority"][a:b].tolist(), c["max_attempts"][a:b].tolist(), c["until"][a:b].tolist())
+        bodies = [
+            pack(KIND_MESSAGE, i, p, x, t, now, 0) + m.payload
+            if not m.headers
+            else b"".join((pack(KIND_MESSAGE, i, p, x, t, now, len(h := _packb(m.headers))), h, m.payload))
+            for m, i, p, x, t in zip(messages, *cols, strict=True)
+        ]
+        with self._lock:
+            segs, offs = self._segments.append(bodies)
+        c["seg"][a:b] = segs
+        c["off"][a:b] = offs
+        c["size"][a:b] = list(map(len, bodies))
+        for s, k in zip(*np.unique(c["seg"][a:b], return_counts=True), strict=True):
+            self._live[int(s)] = self._live.get(int(s), 0) + int(k)
+
+    def _body(self, i: int) -> bytes:
+        c, j = self._state.cols, i - self._state.base
+        return self._segments.read(int(c["seg"][j]), int(c["off"][j]), int(c["size"][j]))
+
+    def _load(self, ids: np.ndarray, lease_s: float) -> list[Message]:
+        st = self._state
+        idx = ids - st.base
+        c = st.cols
+        cols = (c["seg"][idx].tolist(), c["off"][idx].tolist(), c["size"][idx].tolist(), c["attempts"][idx].tolist())
+        mapped, q = self._segments.mapped, self.queue
+        with self._lock:
+            return [_parse(mapped(s, o + n), o, n, q, a, lease_s) for s, o, n, a in zip(*cols, strict=True)]
+
+    def _record(self, ids: np.ndarray, status: int, results: Sequence[bytes | None] | None,
+                errors: Sequence[str] | None, now: float) -> None:  # fmt: skip
+        st = self._state
+        idx = ids - st.base
+        c = st.cols
+        seg: np.ndarray | int = 0
+        off: np.ndarray | int = 0
+        size: np.ndarray | int = 0
+        with self._lock:
+            if status == ST_FAILED:
+                assert errors is not None
+                attempts = c["attempts"][idx].tolist()
+                bodies = [_packb([e, now, a, self._body(i)]) for i, e, a in zip(ids.tolist(), errors, attempts, strict=True)]
+                seg, off, size = self._keep(ids, bodies, KIND_DEAD)
+            elif status == ST_ACKED and results is not None and any(r is not None for r in results):
+                has = np.fromiter((r is not None for r in results), bool, len(results))
+                seg, off, size = (np.zeros(len(ids), np.uint32) for _ in range(3))
+                seg[has], off[has], size[has] = self._keep(ids[has], [r for r in results if r is not None], KIND_RESULT)
+            self._index.append(make_records(ids, status, c["attempts"][idx], seg, off, size, c["until"][idx]))
+            if status in (ST_ACKED, ST_FAILED):
+                for s, k in zip(*np.unique(c["seg"][idx], return_counts=True), strict=True):
+                    self._live[int(s)] -= int(k)
+
+    def _keep(self, ids: np.ndarray, data: list[bytes], kind: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Append result or dead-letter records and remember where they are."""
+        bodies = [BODY_PREFIX.pack(kind, i) + d for i, d in zip(ids.tolist(), data, strict=True)]
+        segs, offs = self._segments.append(bodies)
+        sizes = list(map(len, bodies))
+        for i, s, o, n in zip(ids.tolist(), segs, offs, sizes, strict=True):
+            self._kept[i] = (s, o, n)
+            self._live[s] = self._live.get(s, 0) + 1
+        return np.array(segs, np.uint32), np.array(offs, np.uint32), np.array(sizes, np.uint32)
+
+    def _commit(self) -> None:
+        with self._lock:
+            if self.fsync == "batch":
+                self._segments.sync()  # bodies before the index records that point at them
+                self._index.sync()
+            self._compact()
+
+    def _sync_every(self, interval: float) -> None:
+        while not self._stop.wait(interval):
+            with self._lock:  # only to take the descriptors: fsync runs without blocking operations
+                fds = [self._segments.take_dirty(), self._index.take_dirty()]
+            for fd in fds:
+                if fd >= 0:
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+
+    # --- compaction -----------------------------------------------------------------------
+    def _compact(self) -> None:
+        segs = self._segments
+        for s in [s for s, k in self._live.items() if k <= 0]:
+            if s != segs.active or segs.sizes.get(s, 0) >= segs.segment_bytes // 4:
+                del self._live[s]
+                segs.drop(s)
+        for s in [s for s in segs.sizes if s not in self._live and s != segs.active]:
+            segs.drop(s)  # segments holding only padding or superseded records
+        st = self._state
+        live = st.next_id - st.advance_low() + len(self._kept)
+        if self._index.records >= INDEX_REWRITE_MIN_RECORDS and self._index.records > INDEX_REWRITE_RATIO * live:
+            self._rewrite_index()
+
+    def _rewrite_index(self) -> None:
+        """Replace the index by one record per id that still matters."""
+        st = self._state
+        low = st.advance_low()
+        c = st.cols
+        a, b = low - st.base, st.next_id - st.base
+        status = st.status[a:b]
+        acked, failed = (st.finished_below_base[s] + int(np.count_nonzero(st.status[:a] == s)) for s in (ST_ACKED, ST_FAILED))
+        header = Header(low, st.next_id, acked, failed)
+        # fresh READY messages need no record: their body says all
+        need = (status != ST_NONE) & ((status != ST_READY) | (c["attempts"][a:b] > 0))
+        ids = np.flatnonzero(need) + low
+        kept_below = sorted(i for i in self._kept if i < low)
+        ids = np.concatenate([np.array(kept_below, np.int64), ids])
+        idx, inside = st.index(ids)
+        stat = np.where(inside, st.status[idx], ST_ACKED).astype(np.uint8)
+        for i, k in enumerate(kept_below):
+            if k in self._failed_ids:
+                stat[i] = ST_FAILED
+        stat[stat == ST_DELAYED] = ST_READY
+        loc = [self._kept.get(i, (0, 0, 0)) for i in ids.tolist()]
+        seg, off, size = (np.fromiter((x[j] for x in loc), np.uint32, len(loc)) for j in range(3))
+        attempts = np.where(inside, c["attempts"][idx], 0)
+        until = np.where(inside, c["until"][idx], 0.0)
+        self._index.rewrite(header, make_records(ids, stat, attempts, seg, off, size, until))
+
+    # --- results and dead letters ---------------------------------------------------------
+    def result(self, msg_id: int) -> bytes | None:
+        self._check_open()
+        loc = self._kept.get(msg_id)
+        if loc is None or msg_id in self._failed_ids:
+            return None
+        s, o, n = loc
+        with self._lock:
+            return self._segments.read(s, o + BODY_PREFIX.size, n - BODY_PREFIX.size)
+
+    def results(self) -> Iterator[tuple[int, bytes]]:
+        self._check_open()
+        for i in sorted(self._kept):
+            r = self.result(i)
+            if r is not None:
+                yield i, r
+
+    def dead_letters(self) -> list[DeadLetter]:
+        self._check_open()
+        out = []
+        for i in sorted(self._failed_ids):
+            s, o, n = self._kept[i]
+            with self._lock:
+                raw = self._segments.read(s, o + BODY_PREFIX.size, n - BODY_PREFIX.size)
+            error, failed_at, attempts, body = msgpack.unpackb(raw, raw=False)
+            out.append(DeadLetter(_parse(body, 0, len(body), self.queue, attempts, 0.0), error, failed_at))
+        return out
+
+    def _forget(self, ids: list[int]) -> int:
+        gone = [i for i in ids if i in self._kept]
+        if not gone:
+            return 0
+        arr = np.array(gone, np.int64)
+        stat = np.array([ST_FAILED if i in self._failed_ids else ST_ACKED for i in gone], np.uint8)
+        with self._lock:
+            self._index.append(make_records(arr, stat, np.zeros(len(arr), np.uint16), 0, 0, 0, 0.0))
+            for i in gone:
+                s, _, _ = self._kept.pop(i)
+                self._live[s] -= 1
+        return len(gone)
+
+    # --- the rest -------------------------------------------------------------------------
+    def _bytes_on_disk(self) -> int:
+        return self._segments.bytes_on_disk() + self._index.bytes_on_disk()
+
+    def _close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            self._segments.close()
+            self._index.close()
+        if self._syncer is not None:
+            self._syncer.join()

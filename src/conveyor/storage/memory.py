@@ -1,0 +1,82 @@
+"""MemoryStore: a transient queue store; everything lives in this process and dies with it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+from ..constants import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, ST_ACKED, ST_FAILED
+from ..message import Message, make_message
+from .base import DeadLetter, Store
+
+
+class MemoryStore(Store):
+    """A queue store in memory. Fast, and lost when the process ends."""
+
+    def __init__(self, queue: str = "", *, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+                 lease_s: float = DEFAULT_LEASE_S) -> None:  # fmt: skip
+        super().__init__(queue, max_attempts, lease_s, {"msg": object, "at": np.float64})
+        self._results: dict[int, bytes] = {}
+        self._dead: dict[int, DeadLetter] = {}
+
+    def _store_messages(self, ids: np.ndarray, messages: Sequence[Message], now: float) -> None:
+        a = int(ids[0]) - self._state.base
+        cols = self._state.cols
+        cols["msg"][a : a + len(ids)] = messages
+        cols["at"][a : a + len(ids)] = now
+
+    def _load(self, ids: np.ndarray, lease_s: float) -> list[Message]:
+        return [self._message(i, lease_s) for i in ids.tolist()]
+
+    def _message(self, msg_id: int, lease_s: float) -> Message:
+        st = self._state
+        i = msg_id - st.base
+        m: Message = st.cols["msg"][i]
+        return make_message(msg_id, self.queue, m.payload, m.priority, int(st.cols["attempts"][i]),
+                       float(st.cols["at"][i]), m.not_before, lease_s, int(st.cols["max_attempts"][i]),
+                       m.headers)  # fmt: skip
+
+    def _record(self, ids: np.ndarray, status: int, results: Sequence[bytes | None] | None,
+                errors: Sequence[str] | None, now: float) -> None:  # fmt: skip
+        if status == ST_ACKED:
+            if results is not None:
+                for i, r in zip(ids.tolist(), results, strict=True):
+                    if r is not None:
+                        self._results[i] = r
+        elif status == ST_FAILED:
+            assert errors is not None
+            for i, e in zip(ids.tolist(), errors, strict=True):
+                self._dead[i] = DeadLetter(self._message(i, 0.0), e, now)
+        if status in (ST_ACKED, ST_FAILED):
+            # drop the body so finished messages hold no memory while the window slides
+            self._state.cols["msg"][ids - self._state.base] = None
+
+    def _commit(self) -> None:
+        pass
+
+    def result(self, msg_id: int) -> bytes | None:
+        self._check_open()
+        return self._results.get(msg_id)
+
+    def results(self) -> Iterator[tuple[int, bytes]]:
+        self._check_open()
+        for i in sorted(self._results):
+            yield i, self._results[i]
+
+    def dead_letters(self) -> list[DeadLetter]:
+        self._check_open()
+        return [self._dead[i] for i in sorted(self._dead)]
+
+    def _forget(self, ids: list[int]) -> int:
+        n = 0
+        for i in ids:
+            n += (self._results.pop(i, None) is not None) + (self._dead.pop(i, None) is not None)
+        return n
+
+    def _bytes_on_disk(self) -> int:
+        return 0
+
+    def _close(self) -> None:
+        self._results.clear()
+        self._dead.clear()

@@ -1,0 +1,333 @@
+"""Scheduling state of one queue, kept in numpy columns rather than an object per message.
+
+Ids are assigned sequentially, so per-message state lives in arrays indexed by `id - base`.
+Ids below `low` are all finished (acked, failed or absent); the window slides past them, so
+memory follows the number of live messages, not the number ever put. Ready messages wait in
+one FIFO per priority, delayed ones in a heap by time, deliveries in a heap by lease deadline;
+entries whose message moved on are skipped when popped (lazy deletion), never searched for.
+
+This module owns the transitions and nothing else: stores persist what it decides.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Iterable
+
+import numpy as np
+
+from ..constants import ST_ACKED, ST_DELAYED, ST_DELIVERED, ST_FAILED, ST_NONE, ST_READY
+
+_FINISHED = (ST_ACKED, ST_FAILED, ST_NONE)
+_SCAN = 4096
+
+
+class _Fifo:
+    """An append-only array of ids with a moving head."""
+
+    __slots__ = ("head", "ids", "tail")
+
+    def __init__(self) -> None:
+        self.ids = np.empty(256, np.int64)
+        self.head = 0
+        self.tail = 0
+
+    def push(self, ids: np.ndarray) -> None:
+        n = len(ids)
+        if self.tail + n > len(self.ids):
+            live = self.tail - self.head
+            # reuse the array when dropping the consumed head makes enough room
+            grown = self.ids if live + n <= len(self.ids) // 2 else np.empty(max(2 * (live + n), 256), np.int64)
+            grown[:live] = self.ids[self.head : self.tail]
+            self.ids, self.head, self.tail = grown, 0, live
+        self.ids[self.tail : self.tail + n] = ids
+        self.tail += n
+
+    def pop(self, n: int) -> np.ndarray:
+        out = self.ids[self.head : min(self.head + n, self.tail)].copy()
+        self.head += len(out)
+        if self.head == self.tail:
+            self.head = self.tail = 0
+        return out
+
+    def __len__(self) -> int:
+        return self.tail - self.head
+
+
+class QueueState:
+    """Per-message status, priority, attempts and deadlines, plus the ready/delay/lease orders.
+
+    `extra` names additional per-message columns (dtype per name) that a store keeps in the
+    same window, such as where a message's bytes are.
+    """
+
+    def __init__(self, first_id: int = 1, extra: dict[str, object] | None = None) -> None:
+        self.base = first_id  # id at array index 0
+        self.low = first_id  # every id below is finished
+        self.next_id = first_id
+        self.finished_below_base = {ST_ACKED: 0, ST_FAILED: 0}
+        dtypes: dict[str, object] = {
+            "status": np.uint8,
+            "priority": np.int32,
+            "attempts": np.uint16,
+            "max_attempts": np.uint16,
+            "until": np.float64,
+        }
+        dtypes.update(extra or {})
+        self.cols = {name: np.zeros(1024, dt) for name, dt in dtypes.items()}  # type: ignore[call-overload]
+        self.status = self.cols["status"]
+        self._fifos: dict[int, _Fifo] = {}
+        self._prios: list[int] = []  # descending
+        self._delays: list[tuple[float, int, np.ndarray]] = []
+        self._leases: list[tuple[float, int, np.ndarray]] = []
+        self._seq = itertools.count()
+
+    # --- window ---------------------------------------------------------------------------
+    def _reserve(self, n: int) -> None:
+        cap = len(self.status)
+        used = self.next_id - self.base
+        if used + n <= cap:
+            return
+        self.advance_low()
+        drop = self.low - self.base
+        live = used - drop
+        new_cap = cap if live + n <= cap * 3 // 4 else max(int((live + n) * 1.5), 1024)
+        if drop:
+            head = self.status[:drop]
+            for st in (ST_ACKED, ST_FAILED):
+                self.finished_below_base[st] += int(np.count_nonzero(head == st))
+        for name, col in self.cols.items():
+            grown = col if new_cap == cap else np.zeros(new_cap, col.dtype)
+            grown[:live] = col[drop:used]
+            if grown is col:
+                grown[live:] = 0
+            self.cols[name] = grown
+        self.status = self.cols["status"]
+        self.base = self.low
+
+    def advance_low(self) -> int:
+        """Move `low` past finished ids; returns it."""
+        end = self.next_id - self.base
+        i = self.low - self.base
+        status = self.status
+        while i < end:
+            chunk = status[i : min(i + _SCAN, end)]
+            unfinished = np.flatnonzero((chunk != ST_ACKED) & (chunk != ST_FAILED) & (chunk != ST_NONE))
+            if len(unfinished):
+                i += int(unfinished[0])
+                break
+            i += len(chunk)
+        self.low = self.base + i
+        return self.low
+
+    def index(self, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Map ids to array indices; returns (indices, mask of ids inside the window)."""
+        idx = ids - self.base
+        inside = (ids >= self.base) & (ids < self.next_id)
+        return np.where(inside, idx, 0), inside
+
+    def status_of(self, msg_id: int) -> int:
+        if msg_id >= self.next_id:
+            return ST_NONE
+        if msg_id < self.base:
+            return ST_ACKED  # finished; the caller knows which ids failed
+        return int(self.status[msg_id - self.base])
+
+    # --- transitions ----------------------------------------------------------------------
+    def add(self, priority: np.ndarray, not_before: np.ndarray, max_attempts: np.ndarray,
+            now: float) -> np.ndarray:  # fmt: skip
+        """Append new READY (or DELAYED) messages; returns their ids."""
+        n = len(priority)
+        self._reserve(n)
+        first = self.next_id
+        a, b = first - self.base, first - self.base + n
+        self.next_id += n
+        ids = np.arange(first, first + n, dtype=np.int64)
+        c = self.cols
+        c["priority"][a:b] = priority
+        c["max_attempts"][a:b] = max_attempts
+        c["attempts"][a:b] = 0
+        c["until"][a:b] = not_before
+        delayed = not_before > now
+        self.status[a:b] = np.where(delayed, ST_DELAYED, ST_READY)
+        self._schedule(ids, delayed, priority, not_before)
+        return ids
+
+    def load(self, ids: np.ndarray, status: np.ndarray, priority: np.ndarray, attempts: np.ndarray,
+             max_attempts: np.ndarray, until: np.ndarray, now: float) -> np.ndarray:  # fmt: skip
+        """Install recovered messages (ids ascending, >= next_id); ids not given stay absent.
+
+        Returns the array indices of the loaded ids, for the caller's extra columns.
+        """
+        if not len(ids):
+            return np.empty(0, np.int64)
+        top = int(ids[-1]) + 1
+        self._reserve(top - self.next_id)
+        self.status[self.next_id - self.base : top - self.base] = ST_NONE
+        self.next_id = top
+        idx = ids - self.base
+        c = self.cols
+        c["priority"][idx] = priority
+        c["attempts"][idx] = attempts
+        c["max_attempts"][idx] = max_attempts
+        c["until"][idx] = until
+        ready = status == ST_READY
+        delayed = ready & (until > now)
+        status = np.where(delayed, ST_DELAYED, status)
+        self.status[idx] = status
+        self._schedule(ids[ready], delayed[ready], priority[ready], until[ready])
+        delivered = status == ST_DELIVERED
+        self._push_by_time(self._leases, ids[delivered], until[delivered])
+        return idx
+
+    def skip_to(self, next_id: int) -> None:
+        """Make sure ids below `next_id` are never assigned again."""
+        if next_id > self.next_id:
+            self._reserve(next_id - self.next_id)
+            self.status[self.next_id - self.base : next_id - self.base] = ST_NONE
+            self.next_id = next_id
+
+    def _schedule(self, ids: np.ndarray, delayed: np.ndarray, priority: np.ndarray,
+                  until: np.ndarray) -> None:  # fmt: skip
+        if delayed.any():
+            self._push_by_time(self._delays, ids[delayed], until[delayed])
+            ids, priority = ids[~delayed], priority[~delayed]
+        if not len(ids):
+            return
+        if (priority == priority[0]).all():
+            self._fifo(int(priority[0])).push(ids)
+            return
+        for p in np.unique(priority):
+            self._fifo(int(p)).push(ids[priority == p])
+
+    def _push_by_time(self, heap: list[tuple[float, int, np.ndarray]], ids: np.ndarray, times: np.ndarray) -> None:
+        """Push ids onto a time heap, one entry per distinct time (heap work per batch, not per id)."""
+        if not len(ids):
+            return
+        order = np.argsort(times, kind="stable")
+        ids, times = ids[order], times[order]
+        cuts = np.flatnonzero(np.diff(times)) + 1
+        for part, t in zip(np.split(ids, cuts), times[np.r_[0, cuts]].tolist(), strict=True):
+            heapq.heappush(heap, (t, next(self._seq), part))
+
+    def _fifo(self, priority: int) -> _Fifo:
+        fifo = self._fifos.get(priority)
+        if fifo is None:
+            fifo = self._fifos[priority] = _Fifo()
+            self._prios = sorted(self._fifos, reverse=True)
+        return fifo
+
+    def promote(self, now: float) -> None:
+        """Move delayed messages whose time has come into their ready FIFOs."""
+        while self._delays and self._delays[0][0] <= now:
+            _, _, ids = heapq.heappop(self._delays)
+            idx, inside = self.index(ids)
+            live = inside & (self.status[idx] == ST_DELAYED)
+            ids, idx = ids[live], idx[live]
+            self.status[idx] = ST_READY
+            self._schedule(ids, np.zeros(len(ids), bool), self.cols["priority"][idx], self.cols["until"][idx])
+
+    def take(self, n: int, lease_s: float, now: float) -> np.ndarray:
+        """Deliver up to n ready messages, highest priority first; returns their ids."""
+        self.promote(now)
+        taken: list[np.ndarray] = []
+        want = n
+        for p in self._prios:
+            fifo = self._fifos[p]
+            while want and len(fifo):
+                ids = fifo.pop(want)
+                idx, inside = self.index(ids)
+                ok = inside & (self.status[idx] == ST_READY)  # skip messages acked meanwhile
+                if not ok.all():
+                    ids = ids[ok]
+                taken.append(ids)
+                want -= len(ids)
+            if not want:
+                break
+        if not taken:
+            return np.empty(0, np.int64)
+        ids = np.concatenate(taken) if len(taken) > 1 else taken[0]
+        if not len(ids):
+            return ids
+        idx = ids - self.base
+        self.status[idx] = ST_DELIVERED
+        self.cols["attempts"][idx] += 1
+        deadline = now + lease_s
+        self.cols["until"][idx] = deadline
+        heapq.heappush(self._leases, (deadline, next(self._seq), ids))
+        return ids
+
+    def finish(self, ids: np.ndarray, status: int) -> np.ndarray:
+        """Mark messages ACKED or FAILED where they are not finished yet; returns that mask."""
+        idx, inside = self.index(ids)
+        st = self.status[idx]
+        ok = inside & (st != ST_ACKED) & (st != ST_FAILED) & (st != ST_NONE)
+        if len(ids) > 1:  # a duplicate id within one call: only its first occurrence counts
+            first = np.zeros(len(ids), bool)
+            first[np.unique(ids, return_index=True)[1]] = True
+            ok &= first
+        self.status[idx[ok]] = status
+        return ok
+
+    def delivered(self, ids: np.ndarray) -> np.ndarray:
+        """Mask of ids currently DELIVERED."""
+        idx, inside = self.index(ids)
+        return inside & (self.status[idx] == ST_DELIVERED)
+
+    def out_of_attempts(self, ids: np.ndarray) -> np.ndarray:
+        idx = ids - self.base
+        return self.cols["attempts"][idx] >= self.cols["max_attempts"][idx]
+
+    def requeue(self, ids: np.ndarray, not_before: np.ndarray, now: float) -> None:
+        """Return delivered messages to READY (or DELAYED until `not_before`)."""
+        idx = ids - self.base
+        self.cols["until"][idx] = not_before
+        delayed = not_before > now
+        self.status[idx] = np.where(delayed, ST_DELAYED, ST_READY)
+        self._schedule(ids, delayed, self.cols["priority"][idx], not_before)
+
+    def extend(self, ids: np.ndarray, lease_s: float, now: float) -> np.ndarray:
+        """Push the lease deadline of delivered messages; returns the mask of extended ids."""
+        ok = self.delivered(ids)
+        if ok.any():
+            ids = ids[ok]
+            deadline = now + lease_s
+            self.cols["until"][ids - self.base] = deadline
+            heapq.heappush(self._leases, (deadline, next(self._seq), ids))
+        return ok
+
+    def expired(self, now: float) -> np.ndarray:
+        """Ids whose lease ran out by `now` (still DELIVERED); the caller requeues or fails them."""
+        out: list[np.ndarray] = []
+        while self._leases and self._leases[0][0] <= now:
+            _, _, ids = heapq.heappop(self._leases)
+            idx, inside = self.index(ids)
+            # an extended lease has a later entry of its own: skip this one
+            live = inside & (self.status[idx] == ST_DELIVERED) & (self.cols["until"][idx] <= now)
+            if live.any():
+                out.append(ids[live])
+        if not out:
+            return np.empty(0, np.int64)
+        return np.unique(np.concatenate(out))
+
+    # --- inspection -----------------------------------------------------------------------
+    def counts(self, now: float) -> dict[int, int]:
+        """Messages per status code; DELAYED ones that are due count as READY."""
+        live = self.status[: self.next_id - self.base]
+        counts = np.bincount(live, minlength=256)
+        out = {st: int(counts[st]) for st in (ST_READY, ST_DELIVERED, ST_ACKED, ST_FAILED, ST_DELAYED)}
+        for st, below in self.finished_below_base.items():
+            out[st] += below
+        if out[ST_DELAYED]:
+            mask = live == ST_DELAYED
+            due = int(np.count_nonzero(self.cols["until"][: len(live)][mask] <= now))
+            out[ST_DELAYED] -= due
+            out[ST_READY] += due
+        return out
+
+    def live_ids(self, statuses: Iterable[int]) -> np.ndarray:
+        """Ids in the window (>= low) whose status is one of `statuses`."""
+        a, b = self.low - self.base, self.next_id - self.base
+        mask = np.isin(self.status[a:b], list(statuses))
+        return np.flatnonzero(mask) + self.low
