@@ -1,0 +1,5 @@
+from __future__ import annotations
+
+from .cli import main
+
+main()

@@ -1,0 +1,144 @@
+"""DurableStore behaviour beyond the shared contract: reopening, compaction, the index rewrite, fsync policies."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conveyor import Message, Status
+from conveyor.constants import INDEX_NAME, INDEX_REWRITE_MIN_RECORDS, SEGMENT_GLOB
+from conveyor.storage import DurableStore
+
+from .test_store_conformance import wait_for
+
+
+def dir_bytes(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+
+def snapshot(s: DurableStore) -> tuple[object, ...]:
+    return (s.stats(), list(s.results()), [(d.message, d.error, d.failed_at) for d in s.dead_letters()])
+
+
+def test_reopen_rebuilds_state_exactly(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    with DurableStore(path, segment_bytes=8192) as s:
+        ids = s.put([Message(payload=b"m%d" % i, priority=i % 3, headers={"n": str(i)}, max_attempts=2) for i in range(300)])
+        s.put([Message(payload=b"delayed", not_before=time.time() + 3600)])
+        got = s.get(100, lease_s=3600)
+        s.ack_many([m.id for m in got[:40]], [b"r%d" % m.id for m in got[:40]])
+        for m in got[40:60]:
+            s.nack(m.id, f"err {m.id}")
+        again = s.get(30, lease_s=3600)
+        for m in again:
+            if m.attempts == 2:
+                s.nack(m.id, f"final {m.id}")
+        before = snapshot(s)
+        statuses = {i: s.status(i) for i in ids}
+        assert before[0].failed > 0 and before[0].acked == 40 and before[0].delayed == 1
+    with DurableStore(path, segment_bytes=8192) as s:
+        assert snapshot(s) == before
+        assert {i: s.status(i) for i in ids} == statuses
+        # ready messages come back in priority order with their attempts
+        rest = s.get(1000)
+        assert [m.priority for m in rest] == sorted((m.priority for m in rest), reverse=True)
+        assert all(m.attempts == (2 if statuses[m.id] == Status.READY and m.id in {x.id for x in got[40:60]} else 1)
+                   for m in rest)  # fmt: skip
+
+
+def test_delivered_at_crash_come_back_after_their_lease(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    with DurableStore(path) as s:
+        [a, b] = s.put([Message(payload=b"a"), Message(payload=b"b")])
+        s.get(1, lease_s=0.3)
+        s.get(1, lease_s=3600)
+    with DurableStore(path) as s:
+        assert s.status(a) == Status.DELIVERED and s.status(b) == Status.DELIVERED
+        assert s.get(10) == []
+        got: list[Message] = []
+        wait_for(lambda: got.extend(s.get(10)) or got)
+        assert [m.id for m in got] == [a] and got[0].attempts == 2
+        assert s.status(b) == Status.DELIVERED
+
+
+def test_compaction_deletes_dead_segments_and_rewrites_the_index(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    seg = 64 * 1024
+    n = INDEX_REWRITE_MIN_RECORDS  # get + ack writes 2 index records each: enough to trigger a rewrite
+    with DurableStore(path, segment_bytes=seg, fsync="never") as s:
+        for _ in range(n // 1000 + 1):
+            s.put([Message(payload=b"p" * 100) for _ in range(1000)])
+        assert len(list(path.glob(SEGMENT_GLOB))) > 10
+        while got := s.get(1000):
+            s.ack_many([m.id for m in got])
+        assert s.stats().acked == (n // 1000 + 1) * 1000
+        assert len(list(path.glob(SEGMENT_GLOB))) <= 2
+        assert (path / INDEX_NAME).stat().st_size < 4096
+        assert dir_bytes(path) < 2 * seg
+        last = s.put([Message(payload=b"after")])[0]
+    with DurableStore(path, segment_bytes=seg) as s:
+        assert s.stats().acked == (n // 1000 + 1) * 1000
+        assert s.put([Message(payload=b"x")])[0] == last + 1  # ids are never reused
+        assert [m.payload for m in s.get(10)] == [b"after", b"x"]
+
+
+def test_results_and_dead_letters_survive_compaction_until_forgotten(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    with DurableStore(path, segment_bytes=4096, fsync="never") as s:
+        [keep] = s.put([Message(payload=b"keep")])
+        [dead] = s.put([Message(payload=b"dead", max_attempts=1)])
+        s.get(2)
+        s.ack(keep, b"the result")
+        s.nack(dead, "the error")
+        for _ in range(20):  # roll many segments past the one holding the result
+            ids = s.put([Message(payload=b"f" * 200) for _ in range(50)])
+            s.get(50)
+            s.ack_many(ids)
+        assert s.result(keep) == b"the result"
+    with DurableStore(path, segment_bytes=4096) as s:
+        assert s.result(keep) == b"the result"
+        [dl] = s.dead_letters()
+        assert (dl.message.payload, dl.error) == (b"dead", "the error")
+        assert s.forget([keep, dead]) == 2
+        s.put([Message(payload=b"roll")])
+    with DurableStore(path, segment_bytes=4096) as s:
+        assert s.result(keep) is None and s.dead_letters() == []
+        assert s.status(keep) == Status.ACKED
+
+
+@pytest.mark.parametrize("fsync", ["batch", "interval", "never"])
+def test_fsync_policies_persist(tmp_path: Path, fsync: str) -> None:
+    path = tmp_path / "q"
+    with DurableStore(path, fsync=fsync, fsync_interval_s=0.01) as s:  # type: ignore[arg-type]
+        ids = s.put([Message(payload=b"%d" % i) for i in range(100)])
+        s.get(10)
+        s.ack_many(ids[:10], [b"r"] * 10)
+    assert not any(t.name.startswith("conveyor-fsync") for t in threading.enumerate())
+    with DurableStore(path) as s:
+        st = s.stats()
+        assert (st.ready, st.acked) == (90, 10)
+        assert s.result(ids[0]) == b"r"
+
+
+def test_constructor_rejects_bad_arguments(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="fsync"):
+        DurableStore(tmp_path / "a", fsync="sometimes")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="segment_bytes"):
+        DurableStore(tmp_path / "b", segment_bytes=10)
+    with pytest.raises(ValueError, match="max_attempts"):
+        DurableStore(tmp_path / "c", max_attempts=0)
+    with pytest.raises(ValueError, match="lease_s"):
+        DurableStore(tmp_path / "d", lease_s=0)
+
+
+def test_large_message_gets_its_own_segment(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    big = b"B" * 20000
+    with DurableStore(path, segment_bytes=4096) as s:
+        ids = s.put([Message(payload=b"small"), Message(payload=big), Message(payload=b"small2")])
+    with DurableStore(path, segment_bytes=4096) as s:
+        assert [m.payload for m in s.get(3)] == [b"small", big, b"small2"]
+        assert [m.id for m in s.get(0)] == [] and ids == sorted(ids)

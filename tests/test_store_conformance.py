@@ -1,0 +1,302 @@
+"""The store contract, run against every store implementation (huey-style conformance class)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from conveyor import Message, Status
+from conveyor.errors import StoreClosedError
+from conveyor.storage import DurableStore, MemoryStore, Store
+
+
+def wait_for(cond: Callable[[], object], timeout: float = 5.0) -> None:
+    """Poll `cond` until it is truthy, failing after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not met before the deadline")
+        time.sleep(0.005)
+
+
+def msgs(*payloads: bytes, **kw: object) -> list[Message]:
+    return [Message(payload=p, **kw) for p in payloads]  # type: ignore[arg-type]
+
+
+class StoreContract:
+    """Behaviour every Store must have. Subclasses provide `make`."""
+
+    @pytest.fixture
+    def store(self, tmp_path: Path) -> Iterator[Store]:
+        s = self.make(tmp_path)
+        yield s
+        s.close()
+
+    def make(self, tmp_path: Path, **kw: object) -> Store:
+        raise NotImplementedError
+
+    # --- put and get ----------------------------------------------------------------------
+    def test_put_assigns_ascending_ids(self, store: Store) -> None:
+        a = store.put(msgs(b"a", b"b", b"c"))
+        b = store.put(msgs(b"d"))
+        assert a == sorted(a) and len(set(a)) == 3
+        assert b[0] > a[-1]
+        assert store.put([]) == []
+
+    def test_get_returns_payload_and_metadata(self, store: Store) -> None:
+        before = time.time()
+        [i] = store.put([Message(payload=b"x" * 100, priority=3, headers={"k": "v"}, max_attempts=7)])
+        [m] = store.get(1, lease_s=12.5)
+        assert (m.id, m.payload, m.priority, m.headers, m.max_attempts) == (i, b"x" * 100, 3, {"k": "v"}, 7)
+        assert m.attempts == 1 and m.lease_s == 12.5
+        assert before - 1 <= m.enqueued_at <= time.time() + 1
+
+    def test_priority_order_then_fifo(self, store: Store) -> None:
+        ids = store.put([Message(payload=bytes([i]), priority=p) for i, p in enumerate([0, 5, 0, 5, -1, 9])])
+        got = [m.id for m in store.get(10)]
+        assert got == [ids[5], ids[1], ids[3], ids[0], ids[2], ids[4]]
+
+    def test_get_respects_n_and_empty(self, store: Store) -> None:
+        store.put(msgs(*[b"%d" % i for i in range(10)]))
+        assert len(store.get(3)) == 3
+        assert len(store.get(0)) == 0
+        assert len(store.get(100)) == 7
+        assert store.get(5) == []
+
+    def test_requeued_message_goes_behind_waiting_ones(self, store: Store) -> None:
+        a, b, c = store.put(msgs(b"a", b"b", b"c"))
+        [m] = store.get(1)
+        assert m.id == a
+        assert store.nack(a, "retry")
+        assert [x.id for x in store.get(3)] == [b, c, a]
+
+    # --- delays ---------------------------------------------------------------------------
+    def test_not_served_before_not_before(self, store: Store) -> None:
+        due = time.time() + 0.3
+        [late] = store.put([Message(payload=b"late", not_before=due)])
+        [now] = store.put(msgs(b"now"))
+        assert [m.id for m in store.get(10)] == [now]
+        assert store.stats().delayed == 1
+        got: list[Message] = []
+        wait_for(lambda: got.extend(store.get(10)) or got)
+        assert [m.id for m in got] == [late]
+        assert time.time() >= due
+
+    def test_nack_with_delay(self, store: Store) -> None:
+        [i] = store.put(msgs(b"x"))
+        store.get(1)
+        t0 = time.time()
+        assert store.nack(i, "later", delay_s=0.3)
+        assert store.get(1) == []
+        assert store.status(i) == Status.READY
+        got: list[Message] = []
+        wait_for(lambda: got.extend(store.get(1)) or got)
+        assert got[0].id == i and got[0].attempts == 2
+        assert time.time() - t0 >= 0.3
+
+    # --- leases ---------------------------------------------------------------------------
+    def test_lease_expiry_returns_message_and_counts_attempt(self, store: Store) -> None:
+        [i] = store.put(msgs(b"x"))
+        [m] = store.get(1, lease_s=0.1)
+        assert m.attempts == 1 and store.status(i) == Status.DELIVERED
+        assert store.get(1) == []
+        wait_for(lambda: store.expire() or store.status(i) == Status.READY)
+        [m2] = store.get(1)
+        assert m2.id == i and m2.attempts == 2
+
+    def test_expire_with_explicit_now(self, store: Store) -> None:
+        [i] = store.put(msgs(b"x"))
+        store.get(1, lease_s=100)
+        assert store.expire(time.time()) == 0
+        assert store.expire(time.time() + 101) == 1
+        assert store.status(i) == Status.READY
+
+    def test_extend_lease(self, store: Store) -> None:
+        [i] = store.put(msgs(b"x"))
+        store.get(1, lease_s=0.2)
+        assert store.extend_lease(i, 100)
+        assert store.expire(time.time() + 1) == 0
+        assert store.status(i) == Status.DELIVERED
+        assert store.expire(time.time() + 101) == 1
+        assert not store.extend_lease(i, 10)  # READY again: nothing to extend
+        assert not store.extend_lease(10**9, 10)
+
+    def test_lease_expiry_on_last_attempt_fails(self, store: Store) -> None:
+        [i] = store.put([Message(payload=b"x", max_attempts=1)])
+        store.get(1, lease_s=0.05)
+        assert store.expire(time.time() + 1) == 1
+        assert store.status(i) == Status.FAILED
+        [dl] = store.dead_letters()
+        assert dl.message.id == i and "lease expired" in dl.error
+
+    # --- retries and dead letters ---------------------------------------------------------
+    def test_retries_to_dead_letter(self, store: Store) -> None:
+        [i] = store.put([Message(payload=b"poison", max_attempts=3)])
+        for attempt in range(1, 4):
+            [m] = store.get(1)
+            assert m.attempts == attempt
+            assert store.nack(i, f"boom {attempt}")
+        assert store.status(i) == Status.FAILED
+        assert store.get(1) == []
+        [dl] = store.dead_letters()
+        assert (dl.message.id, dl.message.payload, dl.error, dl.message.attempts) == (i, b"poison", "boom 3", 3)
+        s = store.stats()
+        assert (s.failed, s.ready, s.delivered) == (1, 0, 0)
+
+    def test_store_default_max_attempts(self, tmp_path: Path) -> None:
+        s = self.make(tmp_path, max_attempts=2)
+        try:
+            [i] = s.put(msgs(b"x"))
+            s.get(1)
+            s.nack(i, "1")
+            s.get(1)
+            s.nack(i, "2")
+            assert s.status(i) == Status.FAILED
+        finally:
+            s.close()
+
+    def test_nack_only_delivered(self, store: Store) -> None:
+        [i] = store.put(msgs(b"x"))
+        assert not store.nack(i, "not delivered")
+        store.get(1)
+        assert store.nack(i, "ok")
+        assert not store.nack(i, "twice")
+        assert not store.nack(10**9, "unknown")
+
+    # --- acks and results -----------------------------------------------------------------
+    def test_first_ack_wins(self, store: Store) -> None:
+        [i] = store.put(msgs(b"x"))
+        store.get(1)
+        assert store.ack(i, b"first")
+        assert not store.ack(i, b"second")
+        assert store.result(i) == b"first"
+        assert store.status(i) == Status.ACKED
+        assert not store.ack(10**9)
+
+    def test_duplicate_ids_in_one_ack_batch(self, store: Store) -> None:
+        [i] = store.put(msgs(b"x"))
+        store.get(1)
+        assert store.ack_many([i, i], [b"a", b"b"]) == [True, False]
+        assert store.result(i) == b"a"
+        assert store.stats().acked == 1
+
+    def test_late_ack_after_lease_expiry_counts(self, store: Store) -> None:
+        [i] = store.put(msgs(b"x"))
+        store.get(1, lease_s=0.05)
+        store.expire(time.time() + 1)
+        assert store.status(i) == Status.READY
+        assert store.ack(i, b"late but done")
+        assert store.get(1) == []  # not served again
+        assert store.result(i) == b"late but done"
+
+    def test_ack_after_dead_letter_is_refused(self, store: Store) -> None:
+        [i] = store.put([Message(payload=b"x", max_attempts=1)])
+        store.get(1)
+        store.nack(i, "final")
+        assert not store.ack(i, b"too late")
+        assert store.result(i) is None
+
+    def test_results_by_id_and_iterator(self, store: Store) -> None:
+        ids = store.put(msgs(b"a", b"b", b"c", b"d"))
+        store.get(4)
+        assert store.ack_many([ids[2], ids[0], ids[1]], [b"rc", b"ra", None]) == [True, True, True]
+        assert store.result(ids[0]) == b"ra"
+        assert store.result(ids[1]) is None  # acked without a result
+        assert store.result(ids[3]) is None  # not acked
+        assert list(store.results()) == [(ids[0], b"ra"), (ids[2], b"rc")]
+
+    def test_forget_drops_results_and_dead_letters(self, store: Store) -> None:
+        a, b = store.put([Message(payload=b"a"), Message(payload=b"b", max_attempts=1)])
+        store.get(2)
+        store.ack(a, b"ra")
+        store.nack(b, "dead")
+        assert store.forget([a, b, 10**9]) == 2
+        assert store.result(a) is None and store.dead_letters() == [] and list(store.results()) == []
+        assert store.status(a) == Status.ACKED
+
+    # --- status and stats -----------------------------------------------------------------
+    def test_status_and_stats(self, store: Store) -> None:
+        ids = store.put(msgs(*[b"%d" % i for i in range(6)]))
+        store.put([Message(payload=b"later", not_before=time.time() + 60)])
+        got = store.get(4)
+        store.ack(got[0].id)
+        store.nack(got[1].id, "")
+        s = store.stats()
+        assert (s.ready, s.delivered, s.acked, s.failed, s.delayed) == (3, 2, 1, 0, 1)
+        assert store.status(ids[0]) == Status.ACKED
+        assert store.status(ids[2]) == Status.DELIVERED
+        assert store.status(ids[5]) == Status.READY
+        assert store.status(10**9) is None and store.status(0) is None
+
+    def test_many_messages_window_slides(self, store: Store) -> None:
+        total = 0
+        for _ in range(5):
+            ids = store.put(msgs(*[b"%d" % i for i in range(3000)]))
+            got = store.get(5000)
+            assert [m.id for m in got] == ids
+            assert all(store.ack_many(ids))
+            total += 3000
+        assert store.stats().acked == total
+        assert store.status(ids[0]) == Status.ACKED
+        more = store.put(msgs(b"z"))
+        assert more[0] > ids[-1]
+
+    # --- bad input ------------------------------------------------------------------------
+    def test_bad_input_is_rejected_without_side_effects(self, store: Store) -> None:
+        store.put(msgs(b"ok"))
+        before = store.stats()
+        with pytest.raises(TypeError, match="Message"):
+            store.put([Message(payload=b"x"), b"raw"])  # type: ignore[list-item]
+        with pytest.raises(TypeError, match="payload"):
+            store.put([Message(payload="text")])  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="priority"):
+            store.put([Message(payload=b"x", priority=2**40)])
+        with pytest.raises(ValueError, match="max_attempts"):
+            store.put([Message(payload=b"x", max_attempts=-1)])
+        with pytest.raises(TypeError, match="headers"):
+            store.put([Message(payload=b"x", headers={"k": 1})])  # type: ignore[dict-item]
+        with pytest.raises(ValueError):
+            store.get(-1)
+        with pytest.raises(ValueError):
+            store.get(1, lease_s=0)
+        with pytest.raises(TypeError, match="integers"):
+            store.ack_many(["1"])  # type: ignore[list-item]
+        with pytest.raises(TypeError, match="bytes"):
+            store.ack(1, "text")  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="results"):
+            store.ack_many([1, 2], [b"x"])
+        with pytest.raises(TypeError, match="str"):
+            store.nack(1, b"bytes error")  # type: ignore[arg-type]
+        with pytest.raises(ValueError):
+            store.nack(1, "x", delay_s=-1)
+        assert store.stats() == before
+        assert [m.payload for m in store.get(10)] == [b"ok"]
+
+    def test_closed_store_refuses(self, tmp_path: Path) -> None:
+        s = self.make(tmp_path)
+        s.close()
+        s.close()  # idempotent
+        with pytest.raises(StoreClosedError):
+            s.put(msgs(b"x"))
+        with pytest.raises(StoreClosedError):
+            s.stats()
+
+
+class TestMemoryStore(StoreContract):
+    def make(self, tmp_path: Path, **kw: object) -> Store:
+        return MemoryStore("q", **kw)  # type: ignore[arg-type]
+
+
+class TestDurableStore(StoreContract):
+    def make(self, tmp_path: Path, **kw: object) -> Store:
+        return DurableStore(tmp_path / "store", queue="q", fsync="never", **kw)  # type: ignore[arg-type]
+
+
+class TestDurableStoreBatchFsync(StoreContract):
+    """The same contract with small segments and fsync per operation: rolling and syncing must not change behaviour."""
+
+    def make(self, tmp_path: Path, **kw: object) -> Store:
+        return DurableStore(tmp_path / "store", queue="q", fsync="batch", segment_bytes=4096, **kw)  # type: ignore[arg-type]
