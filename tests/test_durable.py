@@ -10,6 +10,7 @@ import pytest
 
 from conveyor import Message, Status
 from conveyor.constants import INDEX_NAME, INDEX_REWRITE_MIN_RECORDS, SEGMENT_GLOB
+from conveyor.errors import StoreError
 from conveyor.storage import DurableStore
 
 from .test_store_conformance import wait_for
@@ -142,3 +143,14 @@ def test_large_message_gets_its_own_segment(tmp_path: Path) -> None:
     with DurableStore(path, segment_bytes=4096) as s:
         assert [m.payload for m in s.get(3)] == [b"small", big, b"small2"]
         assert [m.id for m in s.get(0)] == [] and ids == sorted(ids)
+
+
+def test_store_directory_is_locked(tmp_path: Path) -> None:
+    path = tmp_path / "q"
+    with DurableStore(path) as s:
+        s.put([Message(payload=b"x")])
+        with pytest.raises(StoreError, match="open elsewhere"):
+            DurableStore(path)
+        assert s.stats().ready == 1  # the refused open changed nothing
+    with DurableStore(path) as s:  # released on close
+        assert s.stats().ready == 1

@@ -27,6 +27,8 @@ DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 MAX_SEGMENT_BYTES = 2**31  # offsets are stored as u32
 DEFAULT_FSYNC_INTERVAL_S = 0.2
 
+LOCK_NAME = "LOCK"  # flock()ed by the process that has the store open
+
 # --- Log segments: seg-00000001.log -------------------------------------------------------------
 SEGMENT_NAME = "seg-{:08d}.log"
 SEGMENT_GLOB = "seg-*.log"

@@ -15,7 +15,8 @@ type: they are opaque bytes (errors are text). The operations, all batch-friendl
   counted an attempt) or to FAILED when out of attempts; `get` also sweeps them.
 - `result(id)`, `results()`, `dead_letters()`, `forget(ids)`, `status(id)`, `stats()`, `close()`.
 
-Subclasses persist what the shared logic decides through a handful of hooks.
+A store is not thread-safe: one thread (or one asyncio loop) uses it at a time. Subclasses
+persist what the shared logic decides through a handful of hooks.
 """
 
 from __future__ import annotations

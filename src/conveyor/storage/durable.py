@@ -15,6 +15,7 @@ an operation returned: every write reaches the OS before the call returns):
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import mmap
 import os
@@ -33,11 +34,13 @@ from ..constants import (
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_SEGMENT_BYTES,
+    INDEX_NAME,
     INDEX_REWRITE_MIN_RECORDS,
     INDEX_REWRITE_RATIO,
     KIND_DEAD,
     KIND_MESSAGE,
     KIND_RESULT,
+    LOCK_NAME,
     MAX_SEGMENT_BYTES,
     MESSAGE_PREFIX,
     ST_ACKED,
@@ -46,6 +49,7 @@ from ..constants import (
     ST_NONE,
     ST_READY,
 )
+from ..errors import StoreError
 from ..message import Message, make_message
 from .base import DeadLetter, Store
 from .segments import SCAN_DTYPE, SegmentLog
@@ -56,6 +60,17 @@ log = logging.getLogger("conveyor.storage")
 FsyncPolicy = Literal["batch", "interval", "never"]
 _MSG_PREFIX = MESSAGE_PREFIX.size
 _unpack_msg = MESSAGE_PREFIX.unpack_from
+
+
+def _lock_dir(path: Path) -> int:
+    """Lock the store directory for this process; the OS drops the lock when the process dies."""
+    fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreError(f"{path}: the store is open elsewhere (in this or another process)") from None
+    return fd
 
 
 def _member(ids: np.ndarray, sub: np.ndarray) -> np.ndarray:
@@ -91,6 +106,7 @@ class DurableStore(Store):
         super().__init__(queue, max_attempts, lease_s, {"seg": np.uint32, "off": np.uint32, "size": np.uint32})
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = _lock_dir(self.path)
         self.fsync = fsync
         self._segments = SegmentLog(self.path, segment_bytes)
         self._index = IndexLog(self.path)
@@ -104,6 +120,7 @@ class DurableStore(Store):
         except BaseException:
             self._segments.close()
             self._index.close()
+            os.close(self._lock_fd)
             raise
         if fsync == "interval":
             self._syncer = threading.Thread(target=self._sync_every, args=(fsync_interval_s,),
@@ -113,7 +130,10 @@ class DurableStore(Store):
     # --- recovery -------------------------------------------------------------------------
     def _recover(self, repair: bool) -> None:
         scan = self._segments.open(repair)
+        had_index = self._index.file.exists()
         rec = self._index.open(repair)
+        if not had_index and scan.messages:
+            log.warning("%s: no %s beside the segments: every message in them is READY again", self.path, INDEX_NAME)
         header = self._index.header
         st = self._state
         st.base = st.low = st.next_id = header.base
@@ -344,3 +364,4 @@ class DurableStore(Store):
             self._index.close()
         if self._syncer is not None:
             self._syncer.join()
+        os.close(self._lock_fd)

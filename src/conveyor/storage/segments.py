@@ -109,23 +109,25 @@ class SegmentLog:
             bad: list[tuple[int, int]] = []  # damaged spans [start, end)
             pos = SEGMENT_HEADER.size
             raw = np.frombuffer(mm, np.uint8)
-            with memoryview(mm) as mv:
-                while pos < size:
-                    end = _valid_records(raw, mv, pos, size, seg, scan)
-                    if end > pos:
-                        pos = end
-                        continue
-                    nxt = _resync(mv, pos, size)
-                    if nxt is None and last:
-                        log.warning("%s: torn tail at offset %d: cut off %d bytes", f, pos, size - pos)
-                        scan.torn_bytes += size - pos
-                        size = pos
-                        break
-                    if not repair:
-                        raise CorruptStoreError(str(f), pos, "record fails its CRC or framing check")
-                    bad.append((pos, size if nxt is None else nxt))
-                    pos = size if nxt is None else nxt
-            del raw
+            try:
+                with memoryview(mm) as mv:
+                    while pos < size:
+                        end = _valid_records(raw, mv, pos, size, seg, scan)
+                        if end > pos:
+                            pos = end
+                            continue
+                        nxt = _resync(mv, pos, size)
+                        if nxt is None and last:
+                            log.warning("%s: torn tail at offset %d: cut off %d bytes", f, pos, size - pos)
+                            scan.torn_bytes += size - pos
+                            size = pos
+                            break
+                        if not repair:
+                            raise CorruptStoreError(str(f), pos, "record fails its CRC or framing check")
+                        bad.append((pos, size if nxt is None else nxt))
+                        pos = size if nxt is None else nxt
+            finally:
+                del raw  # a live view would stop the mmap from closing (and mask any error)
             if bad:
                 self._repair(f, mm, size, bad, scan)
         if size != f.stat().st_size:

@@ -78,9 +78,12 @@ class IndexLog:
         if len(data) < hs:
             raise CorruptStoreError(str(self.file), 0, "shorter than the index header")
         magic, version, base, next_id, acked, failed, crc = INDEX_HEADER.unpack_from(data, 0)
-        if magic != INDEX_MAGIC or version != INDEX_VERSION or crc != zlib.crc32(data[: hs - 4]):
+        header_ok = magic == INDEX_MAGIC and version == INDEX_VERSION and crc == zlib.crc32(data[: hs - 4])
+        if not header_ok and not repair:
             raise CorruptStoreError(str(self.file), 0, "bad index header (magic, version or CRC)")
-        self.header = Header(base, next_id, acked, failed)
+        # a lost header forgets which ids were finished: finished messages whose segments still
+        # exist may be delivered again (at-least-once), but nothing is lost
+        self.header = Header(base, next_id, acked, failed) if header_ok else Header()
         body = len(data) - hs
         whole = body // _REC
         rec = np.frombuffer(data, INDEX_DTYPE, whole, hs)
@@ -89,6 +92,12 @@ class IndexLog:
         computed = np.fromiter((crc32(row) for row in raw[:, 4:]), np.uint32, whole)
         good = computed == rec["crc"]
         keep = whole * _REC + hs  # bytes to keep: up to the last valid record
+        if not header_ok:
+            self._move_aside(len(good) - int(good.sum()), [])
+            rec = rec[good]
+            self._create(self.header, rec.tobytes())
+            self.records = len(rec)
+            return rec.copy()
         if not good.all():
             bad = np.flatnonzero(~good)
             valid_after = np.flatnonzero(good[bad[0] :])
@@ -99,10 +108,7 @@ class IndexLog:
             elif not repair:
                 raise CorruptStoreError(str(self.file), hs + int(bad[0]) * _REC, "index record fails its CRC check")
             else:
-                aside = self.file.with_name(f"{INDEX_NAME}.damaged-{int(time.time())}")
-                os.link(self.file, aside)
-                log.warning("%s: %d damaged index records dropped (at offsets %s); original kept as %s",
-                            self.file, len(bad), [hs + int(i) * _REC for i in bad[:10]], aside.name)  # fmt: skip
+                self._move_aside(len(bad), [hs + int(i) * _REC for i in bad[:10]])
                 rec = rec[good]
                 self._create(self.header, rec.tobytes())
                 self.records = len(rec)
@@ -114,6 +120,12 @@ class IndexLog:
         self._fd = os.open(self.file, os.O_WRONLY | os.O_APPEND)
         self.records = len(rec)
         return rec.copy()
+
+    def _move_aside(self, n_bad: int, offsets: list[int]) -> None:
+        aside = self.file.with_name(f"{INDEX_NAME}.damaged-{int(time.time())}")
+        os.link(self.file, aside)
+        log.warning("%s: damaged index header or records (%d records dropped, at offsets %s); original kept as %s",
+                    self.file, n_bad, offsets, aside.name)  # fmt: skip
 
     def _create(self, header: Header, records: bytes) -> None:
         """Write a complete new log atomically: temp file, fsync, rename, fsync the directory."""
