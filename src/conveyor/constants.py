@@ -33,8 +33,9 @@ LOCK_NAME = "LOCK"  # flock()ed by the process that has the store open
 SEGMENT_NAME = "seg-{:08d}.log"
 SEGMENT_GLOB = "seg-*.log"
 SEGMENT_MAGIC = b"CNVYSEG1"
-# file header: magic, format version, segment number
-SEGMENT_HEADER = struct.Struct("<8sII")
+# file header: magic, format version, segment number, id floor (every id ever assigned is below it
+# when the segment is created, so ids are never reused even after compaction deleted the rest)
+SEGMENT_HEADER = struct.Struct("<8sIIQ")
 SEGMENT_VERSION = 1
 # record: crc32(body) | size(body) | body | footer
 RECORD_HEAD = struct.Struct("<II")

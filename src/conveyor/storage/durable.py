@@ -52,7 +52,7 @@ from ..constants import (
 from ..errors import StoreError
 from ..message import Message, make_message
 from .base import DeadLetter, Store
-from .segments import SCAN_DTYPE, SegmentLog
+from .segments import KEPT_DTYPE, SCAN_DTYPE, SegmentLog
 from .wal import Header, IndexLog, last_per_id, make_records
 
 log = logging.getLogger("conveyor.storage")
@@ -145,17 +145,34 @@ class DurableStore(Store):
         last = last_per_id(rec)
         # results and dead letters still kept, whatever their id
         kept = ((last["status"] == ST_ACKED) | (last["status"] == ST_FAILED)) & (last["len"] > 0)
-        for i, s, o, n in zip(*(last[c][kept].tolist() for c in ("id", "seg", "off", "len")), strict=True):
-            if s in self._segments.sizes:
-                self._kept[i] = (s, o, n)
+        cols = (last[c][kept].tolist() for c in ("id", "status", "seg", "off", "len"))
+        found: dict[tuple[int, int], tuple[int, int, int]] | None = None
+        for i, status_, s, o, n in zip(*cols, strict=True):
+            kind = KIND_RESULT if status_ == ST_ACKED else KIND_DEAD
+            loc: tuple[int, int, int] | None = (s, o, n)
+            if not self._segments.holds(s, o, n, kind, i):
+                # the record moved (a repaired segment) or is gone: look for it by kind and id
+                if found is None:
+                    k = np.concatenate(scan.kept) if scan.kept else np.zeros(0, KEPT_DTYPE)
+                    found = dict(zip(zip(k["kind"].tolist(), k["id"].tolist(), strict=True),
+                                     zip(k["seg"].tolist(), k["off"].tolist(), k["size"].tolist(), strict=True),
+                                     strict=True))  # fmt: skip
+                loc = found.get((kind, i))
+            if loc is not None:
+                self._kept[i] = loc
+                if kind == KIND_DEAD:
+                    self._failed_ids.add(i)
             else:
-                log.warning("%s: the result or dead letter of message %d was in a lost segment", self.path, i)
-        self._failed_ids.update(last["id"][(last["status"] == ST_FAILED) & (last["len"] > 0)].tolist())
+                what = "result" if kind == KIND_RESULT else "dead letter"
+                log.warning("%s: the %s of message %d was lost (cut off or damaged)", self.path, what, i)
         last = last[last["id"] >= header.base]
 
         # merge: a message body with no index record is READY as put (both id lists are sorted)
         m_ids, l_ids = msgs["id"], last["id"].astype(np.int64)
-        ids = np.union1d(m_ids, l_ids) if len(l_ids) else m_ids
+        ids = m_ids
+        if len(l_ids) and not _member(l_ids, m_ids).all():
+            ids = np.sort(np.concatenate([m_ids, l_ids]), kind="stable")  # radix sort: linear for ints
+            ids = ids[np.r_[True, ids[1:] != ids[:-1]]]
         n = len(ids)
         in_msgs = _member(ids, m_ids)
         in_last = _member(ids, l_ids)
@@ -177,7 +194,8 @@ class DurableStore(Store):
         body_idx = idx[in_msgs]
         for name in ("seg", "off", "size"):
             c[name][body_idx] = msgs[name]
-        st.skip_to(max(header.next_id, st.next_id))
+        st.skip_to(max(header.next_id, scan.id_floor, st.next_id))
+        self._segments.id_floor = st.next_id
 
         # segment liveness: unfinished message bodies plus kept results and dead letters
         unfinished = in_msgs & (status != ST_ACKED) & (status != ST_FAILED) & (status != ST_NONE)
@@ -201,6 +219,7 @@ class DurableStore(Store):
             for m, i, p, x, t in zip(messages, *cols, strict=True)
         ]
         with self._lock:
+            self._segments.id_floor = self._state.next_id
             segs, offs = self._segments.append(bodies)
         c["seg"][a:b] = segs
         c["off"][a:b] = offs
@@ -247,6 +266,7 @@ class DurableStore(Store):
     def _keep(self, ids: np.ndarray, data: list[bytes], kind: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Append result or dead-letter records and remember where they are."""
         bodies = [BODY_PREFIX.pack(kind, i) + d for i, d in zip(ids.tolist(), data, strict=True)]
+        self._segments.id_floor = self._state.next_id
         segs, offs = self._segments.append(bodies)
         sizes = list(map(len, bodies))
         for i, s, o, n in zip(ids.tolist(), segs, offs, sizes, strict=True):

@@ -50,14 +50,19 @@ _MIN_RECORD = RECORD_OVERHEAD + BODY_PREFIX.size
 # what a recovery scan reports per message record
 SCAN_DTYPE = np.dtype([("id", "<i8"), ("seg", "<u4"), ("off", "<u4"), ("size", "<u4"), ("priority", "<i4"),
                        ("max_attempts", "<u2"), ("not_before", "<f8")])  # fmt: skip
+# and per result or dead-letter record
+KEPT_DTYPE = np.dtype([("kind", "u1"), ("id", "<i8"), ("seg", "<u4"), ("off", "<u4"), ("size", "<u4")])
 _CHUNK = 65536  # records verified per vectorised step
 
 
 @dataclass
 class Scan:
-    """What a recovery scan found: the message records (SCAN_DTYPE arrays) and what it cut or repaired."""
+    """What a recovery scan found: the message records (SCAN_DTYPE arrays), the result and dead-letter
+    records (KEPT_DTYPE arrays), and what it cut or repaired."""
 
     messages: list[np.ndarray] = field(default_factory=list)
+    kept: list[np.ndarray] = field(default_factory=list)
+    id_floor: int = 0
     torn_bytes: int = 0
     repaired: list[str] = field(default_factory=list)
 
@@ -73,6 +78,7 @@ class SegmentLog:
         self._fd = -1
         self.active = 0
         self.dirty = False
+        self.id_floor = 0  # kept current by the store: written into each new segment's header
 
     def _file(self, seg: int) -> Path:
         return self.path / SEGMENT_NAME.format(seg)
@@ -102,10 +108,11 @@ class SegmentLog:
             f.unlink()
             return
         with open(f, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            magic, version, number = SEGMENT_HEADER.unpack_from(mm, 0)
+            magic, version, number, id_floor = SEGMENT_HEADER.unpack_from(mm, 0)
             if magic != SEGMENT_MAGIC or version != SEGMENT_VERSION or number != seg:
                 self._damaged(f, 0, "bad segment header (magic, version or number)", repair, scan)
                 return
+            scan.id_floor = max(scan.id_floor, id_floor)
             bad: list[tuple[int, int]] = []  # damaged spans [start, end)
             pos = SEGMENT_HEADER.size
             raw = np.frombuffer(mm, np.uint8)
@@ -124,12 +131,15 @@ class SegmentLog:
                             break
                         if not repair:
                             raise CorruptStoreError(str(f), pos, "record fails its CRC or framing check")
-                        bad.append((pos, size if nxt is None else nxt))
-                        pos = size if nxt is None else nxt
+                        end = size if nxt is None else nxt
+                        if end < size and end - pos < _MIN_RECORD:
+                            end = _valid_record(mv, end, size)  # too short to pad: swallow the next record too
+                        bad.append((pos, end))
+                        pos = end
             finally:
                 del raw  # a live view would stop the mmap from closing (and mask any error)
             if bad:
-                self._repair(f, mm, size, bad, scan)
+                size = self._repair(f, mm, size, bad, scan)
         if size != f.stat().st_size:
             os.truncate(f, size)
         self.sizes[seg] = size
@@ -142,18 +152,21 @@ class SegmentLog:
         log.warning("%s: %s; moved aside to %s", f, reason, aside.name)
         scan.repaired.append(str(aside))
 
-    def _repair(self, f: Path, mm: mmap.mmap, size: int, bad: list[tuple[int, int]], scan: Scan) -> None:
-        """Write a copy of `f` with each damaged span turned into one padding record."""
+    def _repair(self, f: Path, mm: mmap.mmap, size: int, bad: list[tuple[int, int]], scan: Scan) -> int:
+        """Write a copy of `f` with each damaged span turned into one padding record (a damaged
+        tail is cut instead), so intact records keep their offsets; returns the new size."""
         tmp = f.with_name(f.name + ".repair")
         with open(tmp, "wb") as out:
             pos = 0
             for start, end in bad:
                 out.write(mm[pos:start])
-                out.write(_pad(end - start) if end - start >= _MIN_RECORD else b"")
+                if end < size:
+                    out.write(_pad(end - start))
                 pos = end
             out.write(mm[pos:size])
             out.flush()
             os.fsync(out.fileno())
+            new_size = out.tell()
         aside = f.with_name(f"{f.name}.damaged-{int(time.time())}")
         os.link(f, aside)
         os.replace(tmp, f)
@@ -161,15 +174,18 @@ class SegmentLog:
         spans = ", ".join(f"{a}..{b}" for a, b in bad)
         log.warning("%s: damaged bytes %s replaced by padding; original kept as %s", f, spans, aside.name)
         scan.repaired.append(str(aside))
+        return new_size
 
     # --- writing --------------------------------------------------------------------------
     def _roll(self) -> None:
         if self._fd >= 0:
+            if self.dirty:  # the store's sync() will only see the new segment
+                os.fsync(self._fd)
             os.close(self._fd)
         self.active = max(self.sizes, default=0) + 1
         f = self._file(self.active)
         self._fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        os.write(self._fd, SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, self.active))
+        os.write(self._fd, SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, self.active, self.id_floor))
         self.sizes[self.active] = SEGMENT_HEADER.size
         _fsync_dir(self.path)
         self.dirty = True
@@ -255,6 +271,14 @@ class SegmentLog:
         self.sizes.pop(seg, None)
         self._file(seg).unlink(missing_ok=True)
 
+    def holds(self, seg: int, off: int, size: int, kind: int, msg_id: int) -> bool:
+        """Whether a verified record of this kind and id has its body at this location."""
+        end = self.sizes.get(seg, 0)
+        if off - _HEAD < SEGMENT_HEADER.size or off + size + RECORD_FOOT.size > end or size < BODY_PREFIX.size:
+            return False
+        mm = self.mapped(seg, end)
+        return RECORD_HEAD.unpack_from(mm, off - _HEAD)[1] == size and BODY_PREFIX.unpack_from(mm, off) == (kind, msg_id)
+
     def bytes_on_disk(self) -> int:
         return sum(self.sizes.values())
 
@@ -311,6 +335,13 @@ def _valid_records(raw: np.ndarray, mv: memoryview, pos: int, size: int, seg: in
     for name in ("priority", "max_attempts", "not_before"):
         out[name] = prefix[name]
     scan.messages.append(out)
+    is_kept = (kinds[:k] == KIND_RESULT) | (kinds[:k] == KIND_DEAD)
+    if is_kept.any():
+        ks, kn = s[is_kept], n[is_kept]
+        kept = np.empty(len(ks), KEPT_DTYPE)
+        kept["kind"], kept["seg"], kept["off"], kept["size"] = raw[ks], seg, ks, kn
+        kept["id"] = raw[(ks + 1)[:, None] + np.arange(8)].copy().view("<u8").ravel()
+        scan.kept.append(kept)
     return int(s[-1] + n[-1]) + RECORD_FOOT.size
 
 
