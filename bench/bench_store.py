@@ -39,6 +39,7 @@ import tracemalloc
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -79,31 +80,39 @@ class Throughput:
     get_ack: float
 
 
-def run_store(store: Store, batch: Sequence[Message], n: int) -> Throughput:
-    """Put n messages, then get(1000) + ack_many until drained; closes the store (untimed)."""
+def timed_run(name: str, put: Callable[[list[Any]], object], get_ack: Callable[[], int], acked: Callable[[], int],
+              batch: Sequence[Any], n: int) -> Throughput:  # fmt: skip
+    """Put n messages in batches, then get + ack (`get_ack` returns how many it took) until drained."""
     sizes = chunks(n)
     batches = {k: list(batch[:k]) for k in set(sizes)}  # built before timing, like the messages
+    gc.collect()
+    t0 = time.perf_counter()
+    for k in sizes:
+        put(batches[k])
+    t_put = time.perf_counter() - t0
+    gc.collect()
+    drained = 0
+    t0 = time.perf_counter()
+    while got := get_ack():
+        drained += got
+    t_get = time.perf_counter() - t0
+    if drained != n or acked() != n:
+        raise RuntimeError(f"{name}: put {n}, drained {drained}, acked {acked()}")
+    return Throughput(n / t_put, n / t_get)
+
+
+def run_store(store: Store, batch: Sequence[Message], n: int) -> Throughput:
+    """One run through a store; closes it (untimed)."""
+
+    def get_ack() -> int:
+        msgs = store.get(BATCH, LEASE_S)
+        store.ack_many([m.id for m in msgs])
+        return len(msgs)
+
     try:
-        gc.collect()
-        t0 = time.perf_counter()
-        for k in sizes:
-            store.put(batches[k])
-        t_put = time.perf_counter() - t0
-
-        gc.collect()
-        drained = 0
-        t0 = time.perf_counter()
-        while msgs := store.get(BATCH, LEASE_S):
-            store.ack_many([m.id for m in msgs])
-            drained += len(msgs)
-        t_get = time.perf_counter() - t0
-
-        acked = store.stats().acked
-        if drained != n or acked != n:
-            raise RuntimeError(f"{type(store).__name__}: put {n}, drained {drained}, acked {acked}")
+        return timed_run(type(store).__name__, store.put, get_ack, lambda: store.stats().acked, batch, n)
     finally:
         store.close()
-    return Throughput(n / t_put, n / t_get)
 
 
 class SqliteQueue:
@@ -171,30 +180,16 @@ class SqliteQueue:
 
 
 def run_sqlite(path: Path, payloads: Sequence[bytes], n: int) -> Throughput:
-    sizes = chunks(n)
-    rows = [(0, p) for p in payloads]
-    batches = {k: rows[:k] for k in set(sizes)}
     q = SqliteQueue(path)
+
+    def get_ack() -> int:
+        got = q.get(BATCH, LEASE_S)
+        return q.ack_many([r[0] for r in got]) if got else 0
+
     try:
-        gc.collect()
-        t0 = time.perf_counter()
-        for k in sizes:
-            q.put(batches[k])
-        t_put = time.perf_counter() - t0
-
-        gc.collect()
-        drained = 0
-        t0 = time.perf_counter()
-        while got := q.get(BATCH, LEASE_S):
-            drained += q.ack_many([r[0] for r in got])
-        t_get = time.perf_counter() - t0
-
-        acked = q.count(2)
-        if drained != n or acked != n:
-            raise RuntimeError(f"sqlite: put {n}, drained {drained}, acked {acked}")
+        return timed_run("sqlite", q.put, get_ack, lambda: q.count(2), [(0, p) for p in payloads], n)
     finally:
         q.close()
-    return Throughput(n / t_put, n / t_get)
 
 
 # --- the million-message steps --------------------------------------------------------------------
@@ -414,19 +409,15 @@ def main(argv: list[str] | None = None) -> int:
         Row("Memory get + ack", get["memory"], rate, ">=", 300_000),
         Row("sqlite3 WAL put", put["sqlite"], rate, note="synchronous=NORMAL"),
         Row("sqlite3 WAL get + ack", get["sqlite"], rate, note="synchronous=NORMAL"),
-        Row(
-            "Durable / sqlite3 put",
-            [d / s for d, s in zip(put["durable"], put["sqlite"], strict=True)],
-            ratio,
-            value=med(put["durable"]) / med(put["sqlite"]),
-            note="of the medians (runs: per run)",
-        ),
-        Row(
-            "Durable / sqlite3 get + ack",
-            [d / s for d, s in zip(get["durable"], get["sqlite"], strict=True)],
-            ratio,
-            value=med(get["durable"]) / med(get["sqlite"]),
-            note="of the medians (runs: per run)",
+        *(
+            Row(
+                f"Durable / sqlite3 {label}",
+                [d / q for d, q in zip(fig["durable"], fig["sqlite"], strict=True)],
+                ratio,
+                value=med(fig["durable"]) / med(fig["sqlite"]),
+                note="of the medians (runs: per run)",
+            )
+            for label, fig in (("put", put), ("get + ack", get))
         ),
         Row("Durable heap per pending msg", [mem.heap_per_msg], per_msg, "<=", 100, note=f"{big:,} pending{quick}"),
         Row("  peak during the puts", [mem.peak_per_msg], per_msg, note="info, per message"),
