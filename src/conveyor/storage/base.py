@@ -78,7 +78,8 @@ class Store(ABC):
         self.max_attempts = max_attempts
         self.lease_s = lease_s
         self._state = QueueState(extra=extra)
-        self._failed_ids: set[int] = set()  # dead letters not forgotten, for status()
+        # every failed id, forgotten or not: status() must say FAILED after the window slides past it
+        self._failed_ids: set[int] = set()
         self._closed = False
 
     # --- hooks ----------------------------------------------------------------------------
@@ -276,7 +277,6 @@ class Store(ABC):
         self._check_open()
         ids = list(ids)
         n = self._forget(ids)
-        self._failed_ids.difference_update(ids)
         self._commit()
         return n
 

@@ -75,8 +75,6 @@ def _lock_dir(path: Path) -> int:
 
 def _member(ids: np.ndarray, sub: np.ndarray) -> np.ndarray:
     """Mask of `ids` (sorted, unique) that are in `sub` (sorted, unique)."""
-    if len(sub) == len(ids):
-        return np.ones(len(ids), bool)
     if not len(sub):
         return np.zeros(len(ids), bool)
     pos = np.searchsorted(sub, ids)
@@ -160,11 +158,10 @@ class DurableStore(Store):
                 loc = found.get((kind, i))
             if loc is not None:
                 self._kept[i] = loc
-                if kind == KIND_DEAD:
-                    self._failed_ids.add(i)
             else:
                 what = "result" if kind == KIND_RESULT else "dead letter"
                 log.warning("%s: the %s of message %d was lost (cut off or damaged)", self.path, what, i)
+        self._failed_ids.update(last["id"][last["status"] == ST_FAILED].tolist())
         last = last[last["id"] >= header.base]
 
         # merge: a message body with no index record is READY as put (both id lists are sorted)
@@ -194,12 +191,12 @@ class DurableStore(Store):
         body_idx = idx[in_msgs]
         for name in ("seg", "off", "size"):
             c[name][body_idx] = msgs[name]
-        st.skip_to(max(header.next_id, scan.id_floor, st.next_id))
+        st.skip_to(max(header.next_id, scan.id_floor, st.next_id))  # may slide the window: idx is stale now
         self._segments.id_floor = st.next_id
 
         # segment liveness: unfinished message bodies plus kept results and dead letters
         unfinished = in_msgs & (status != ST_ACKED) & (status != ST_FAILED) & (status != ST_NONE)
-        for s, k in zip(*np.unique(c["seg"][idx[unfinished]], return_counts=True), strict=True):
+        for s, k in zip(*np.unique(c["seg"][ids[unfinished] - st.base], return_counts=True), strict=True):
             self._live[int(s)] = self._live.get(int(s), 0) + int(k)
         for s, _, _ in self._kept.values():
             self._live[s] = self._live.get(s, 0) + 1
@@ -318,7 +315,7 @@ class DurableStore(Store):
         # fresh READY messages need no record: their body says all
         need = (status != ST_NONE) & ((status != ST_READY) | (c["attempts"][a:b] > 0))
         ids = np.flatnonzero(need) + low
-        kept_below = sorted(i for i in self._kept if i < low)
+        kept_below = sorted({i for i in self._kept if i < low} | {i for i in self._failed_ids if i < low})
         ids = np.concatenate([np.array(kept_below, np.int64), ids])
         idx, inside = st.index(ids)
         stat = np.where(inside, st.status[idx], ST_ACKED).astype(np.uint8)
@@ -352,7 +349,7 @@ class DurableStore(Store):
     def dead_letters(self) -> list[DeadLetter]:
         self._check_open()
         out = []
-        for i in sorted(self._failed_ids):
+        for i in sorted(i for i in self._failed_ids if i in self._kept):
             s, o, n = self._kept[i]
             with self._lock:
                 raw = self._segments.read(s, o + BODY_PREFIX.size, n - BODY_PREFIX.size)
