@@ -299,7 +299,8 @@ class DurableStore(Store):
         for s in [s for s in segs.sizes if s not in self._live and s != segs.active]:
             segs.drop(s)  # segments holding only padding or superseded records
         st = self._state
-        live = st.next_id - st.advance_low() + len(self._kept)
+        # records a rewrite would keep, or more (an overestimate only delays a rewrite)
+        live = st.next_id - st.advance_low() + len(self._kept) + len(self._failed_ids)
         if self._index.records >= INDEX_REWRITE_MIN_RECORDS and self._index.records > INDEX_REWRITE_RATIO * live:
             self._rewrite_index()
 
@@ -358,7 +359,7 @@ class DurableStore(Store):
         return out
 
     def _forget(self, ids: list[int]) -> int:
-        gone = [i for i in ids if i in self._kept]
+        gone = [i for i in dict.fromkeys(ids) if i in self._kept]
         if not gone:
             return 0
         arr = np.array(gone, np.int64)
