@@ -154,3 +154,31 @@ def test_store_directory_is_locked(tmp_path: Path) -> None:
         assert s.stats().ready == 1  # the refused open changed nothing
     with DurableStore(path) as s:  # released on close
         assert s.stats().ready == 1
+
+
+def test_purged_messages_stay_gone_after_reopen_and_index_rewrite(tmp_path: Path) -> None:
+    path = tmp_path / "s"
+    with DurableStore(path, fsync="never") as s:
+        keep = s.put([Message(payload=b"keep")])[0]
+        s.get(1)
+        purged = s.put([Message(payload=b"p%d" % i) for i in range(10)])
+        assert s.purge() == 10
+        s._rewrite_index()  # the rewrite must keep the purge records of bodies still on disk
+    with DurableStore(path, fsync="never") as s:
+        assert s.status(purged[0]) is None
+        st = s.stats()
+        assert (st.ready, st.delivered) == (0, 1)
+        assert s.ack(keep)
+
+
+def test_group_commit_defers_fsync_to_sync(tmp_path: Path) -> None:
+    """With group_commit, operations write to the OS and sync() makes them durable, from any thread."""
+    with DurableStore(tmp_path / "s", fsync="batch", group_commit=True) as s:
+        s.put([Message(payload=b"x")])
+        assert s._segments.dirty  # written, not yet synced
+        t = threading.Thread(target=s.sync)
+        t.start()
+        t.join()
+        assert not s._segments.dirty and not s._index.dirty
+    with DurableStore(tmp_path / "s", fsync="batch") as s:
+        assert s.stats().ready == 1

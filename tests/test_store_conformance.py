@@ -217,6 +217,44 @@ class StoreContract:
         assert store.result(a) is None and store.dead_letters() == [] and list(store.results()) == []
         assert store.status(a) == Status.ACKED
 
+    def test_results_and_dead_letters_page_by_id(self, store: Store) -> None:
+        ids = store.put([Message(payload=b"%d" % i, max_attempts=1) for i in range(6)])
+        store.get(6)
+        store.ack_many(ids[:3], [b"r0", None, b"r2"])
+        store.nack_many(ids[3:], ["e3", "e4", "e5"])
+        assert list(store.results(after=ids[0])) == [(ids[2], b"r2")]
+        assert list(store.results(after=ids[-1])) == []
+        assert [d.message.id for d in store.dead_letters(after=ids[3])] == ids[4:]
+        assert [d.error for d in store.dead_letters(limit=2)] == ["e3", "e4"]
+
+    # --- purge and wake-ups ---------------------------------------------------------------
+    def test_purge_drops_ready_and_delayed_only(self, store: Store) -> None:
+        ids = store.put(msgs(b"a", b"b", b"c"))
+        [late] = store.put([Message(payload=b"later", not_before=time.time() + 60)])
+        [m] = store.get(1)
+        assert store.purge() == 3
+        assert store.purge() == 0
+        assert store.get(10) == []
+        assert store.status(ids[1]) is None and store.status(late) is None
+        assert store.status(m.id) == Status.DELIVERED
+        assert store.ack(m.id, b"still counts")
+        assert not store.ack(ids[1])
+        s = store.stats()
+        assert (s.ready, s.delayed, s.delivered, s.acked) == (0, 0, 0, 1)
+        [after] = store.put(msgs(b"after"))
+        assert [x.id for x in store.get(10)] == [after]
+
+    def test_next_wakeup_tracks_delays_and_leases(self, store: Store) -> None:
+        assert store.next_wakeup() is None
+        due = time.time() + 30
+        store.put([Message(payload=b"late", not_before=due)])
+        assert store.next_wakeup() == pytest.approx(due)
+        store.put(msgs(b"now"))
+        t0 = time.time()
+        store.get(1, lease_s=5)
+        assert t0 + 5 <= store.next_wakeup() <= time.time() + 5  # type: ignore[operator]
+        store.sync()  # callable on every store
+
     # --- status and stats -----------------------------------------------------------------
     def test_status_and_stats(self, store: Store) -> None:
         ids = store.put(msgs(*[b"%d" % i for i in range(6)]))

@@ -13,7 +13,9 @@ type: they are opaque bytes (errors are text). The operations, all batch-friendl
   `error`) once its attempts reached `max_attempts`.
 - `extend_lease(id, lease_s)`, `expire(now)`: expired leases go back to READY (the delivery has
   counted an attempt) or to FAILED when out of attempts; `get` also sweeps them.
-- `result(id)`, `results()`, `dead_letters()`, `forget(ids)`, `status(id)`, `stats()`, `close()`.
+- `result(id)`, `results(after)`, `dead_letters(after, limit)`, `forget(ids)`, `status(id)`, `stats()`.
+- `purge()`: drop every READY message. `sync()`: make writes durable now (a server's group commit).
+  `next_wakeup()`: when a delayed message or a lease may next change what `get` returns. `close()`.
 
 A store is not thread-safe: one thread (or one asyncio loop) uses it at a time. Subclasses
 persist what the shared logic decides through a handful of hooks.
@@ -105,12 +107,12 @@ class Store(ABC):
         """The stored result of an acked message, or None (no result, or not acked)."""
 
     @abstractmethod
-    def results(self) -> Iterator[tuple[int, bytes]]:
-        """Every stored result as (id, result), in id order."""
+    def _kept_ids(self, dead: bool) -> Iterable[int]:
+        """Ids holding a stored result (dead=False) or a dead letter (dead=True), in any order."""
 
     @abstractmethod
-    def dead_letters(self) -> list[DeadLetter]:
-        """Every FAILED message not forgotten, in id order."""
+    def _dead_letter(self, msg_id: int) -> DeadLetter:
+        """The dead letter of a FAILED id that `_kept_ids(True)` lists."""
 
     @abstractmethod
     def _forget(self, ids: list[int]) -> int:
@@ -272,6 +274,45 @@ class Store(ABC):
             self._state.requeue(back, np.full(len(back), not_before, np.float64), now)
             self._record(back, ST_READY, None, None, now)
 
+    def results(self, after: int = 0) -> Iterator[tuple[int, bytes]]:
+        """Stored results as (id, result) in id order, from the first id above `after` (for paging)."""
+        self._check_open()
+        for i in _sorted_above(self._kept_ids(False), after).tolist():
+            r = self.result(i)
+            if r is not None:
+                yield i, r
+
+    def dead_letters(self, after: int = 0, limit: int | None = None) -> list[DeadLetter]:
+        """FAILED messages not forgotten, in id order, from the first id above `after`, at most `limit`."""
+        self._check_open()
+        ids = _sorted_above(self._kept_ids(True), after)
+        return [self._dead_letter(i) for i in ids[:limit].tolist()]
+
+    def purge(self) -> int:
+        """Drop every READY message (delayed ones too); returns how many. Delivered ones stay leased.
+
+        A purged id is gone as if never put: no result, no dead letter, `status()` None.
+        """
+        self._check_open()
+        ids = self._state.live_ids((ST_READY, ST_DELAYED))
+        ok = self._state.finish(ids, ST_NONE)
+        if ok.any():
+            self._record(ids[ok], ST_NONE, None, None, time.time())
+            self._commit()
+        return int(ok.sum())
+
+    def sync(self) -> None:
+        """Make everything written so far durable (group commit); safe to call from another thread."""
+        return  # nothing to do for a store that keeps nothing on disk
+
+    def next_wakeup(self) -> float | None:
+        """The earliest time a delayed message may come due or a lease may run out; None if neither.
+
+        May be early, never late: a waiter that sleeps until then misses nothing.
+        """
+        self._check_open()
+        return self._state.next_wakeup()
+
     def forget(self, ids: Iterable[int]) -> int:
         """Drop the stored results and dead letters of finished messages, freeing their space."""
         self._check_open()
@@ -323,3 +364,11 @@ class Store(ABC):
         if arr.ndim != 1 or arr.dtype.kind not in "iu":
             raise TypeError(f"message ids must be a flat sequence of integers, got {type(ids).__name__}")
         return arr.astype(np.int64, copy=False)
+
+
+def _sorted_above(ids: Iterable[int], after: int) -> np.ndarray:
+    """The ids above `after`, sorted (numpy: paging through a million ids stays cheap)."""
+    arr = np.fromiter(ids, np.int64)
+    arr = arr[arr > after]
+    arr.sort()
+    return arr

@@ -21,7 +21,7 @@ import mmap
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
 
@@ -96,7 +96,13 @@ class DurableStore(Store):
     def __init__(self, path: str | Path, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES,
                  fsync: FsyncPolicy = "batch", fsync_interval_s: float = DEFAULT_FSYNC_INTERVAL_S,
                  repair: bool = False, queue: str = "", max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-                 lease_s: float = DEFAULT_LEASE_S) -> None:  # fmt: skip
+                 lease_s: float = DEFAULT_LEASE_S, group_commit: bool = False) -> None:  # fmt: skip
+        """Open (or create) the store in `path`.
+
+        group_commit: with fsync="batch", operations return before their fsync and the owner calls
+        `sync()` before it acknowledges them, so that concurrent operations share one fsync (the
+        queue server does this). Ignored by the other policies.
+        """
         if fsync not in ("batch", "interval", "never"):
             raise ValueError(f"fsync must be 'batch', 'interval' or 'never', got {fsync!r}")
         if not 4096 <= segment_bytes <= MAX_SEGMENT_BYTES:
@@ -106,6 +112,7 @@ class DurableStore(Store):
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock_fd = _lock_dir(self.path)
         self.fsync = fsync
+        self._sync_each = fsync == "batch" and not group_commit
         self._segments = SegmentLog(self.path, segment_bytes)
         self._index = IndexLog(self.path)
         self._kept: dict[int, tuple[int, int, int]] = {}  # id -> (seg, off, size) of result/dead letter
@@ -180,7 +187,7 @@ class DurableStore(Store):
         max_att = np.zeros(n, np.uint16)
         prio[in_msgs], max_att[in_msgs], until[in_msgs] = msgs["priority"], msgs["max_attempts"], msgs["not_before"]
         status[in_last], attempts[in_last], until[in_last] = last["status"], last["attempts"], last["until"]
-        lost = ~in_msgs & (status != ST_ACKED) & (status != ST_FAILED)
+        lost = ~in_msgs & (status != ST_ACKED) & (status != ST_FAILED) & (status != ST_NONE)
         if lost.any():
             log.warning("%s: %d messages have index records but no body (lost to repair): %s",
                         self.path, int(lost.sum()), ids[lost][:10].tolist())  # fmt: skip
@@ -256,7 +263,7 @@ class DurableStore(Store):
                 seg, off, size = (np.zeros(len(ids), np.uint32) for _ in range(3))
                 seg[has], off[has], size[has] = self._keep(ids[has], [r for r in results if r is not None], KIND_RESULT)
             self._index.append(make_records(ids, status, c["attempts"][idx], seg, off, size, c["until"][idx]))
-            if status in (ST_ACKED, ST_FAILED):
+            if status in (ST_ACKED, ST_FAILED, ST_NONE):
                 for s, k in zip(*np.unique(c["seg"][idx], return_counts=True), strict=True):
                     self._live[int(s)] -= int(k)
 
@@ -273,21 +280,26 @@ class DurableStore(Store):
 
     def _commit(self) -> None:
         with self._lock:
-            if self.fsync == "batch":
+            if self._sync_each:
                 self._segments.sync()  # bodies before the index records that point at them
                 self._index.sync()
             self._compact()
 
+    def sync(self) -> None:
+        with self._lock:  # only to take the descriptors: fsync runs without blocking operations
+            if self._closed:
+                return
+            fds = [self._segments.take_dirty(), self._index.take_dirty()]  # bodies before the index
+        for fd in fds:
+            if fd >= 0:
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+
     def _sync_every(self, interval: float) -> None:
         while not self._stop.wait(interval):
-            with self._lock:  # only to take the descriptors: fsync runs without blocking operations
-                fds = [self._segments.take_dirty(), self._index.take_dirty()]
-            for fd in fds:
-                if fd >= 0:
-                    try:
-                        os.fsync(fd)
-                    finally:
-                        os.close(fd)
+            self.sync()
 
     # --- compaction -----------------------------------------------------------------------
     def _compact(self) -> None:
@@ -313,8 +325,10 @@ class DurableStore(Store):
         status = st.status[a:b]
         acked, failed = (st.finished_below_base[s] + int(np.count_nonzero(st.status[:a] == s)) for s in (ST_ACKED, ST_FAILED))
         header = Header(low, st.next_id, acked, failed)
-        # fresh READY messages need no record: their body says all
-        need = (status != ST_NONE) & ((status != ST_READY) | (c["attempts"][a:b] > 0))
+        # fresh READY messages need no record: their body says all; a purged one (ST_NONE with a
+        # body) needs its record, or its body would make it READY again on reopening
+        purged = (status == ST_NONE) & (c["size"][a:b] > 0)
+        need = purged | ((status != ST_NONE) & ((status != ST_READY) | (c["attempts"][a:b] > 0)))
         ids = np.flatnonzero(need) + low
         kept_below = sorted({i for i in self._kept if i < low} | {i for i in self._failed_ids if i < low})
         ids = np.concatenate([np.array(kept_below, np.int64), ids])
@@ -340,23 +354,16 @@ class DurableStore(Store):
         with self._lock:
             return self._segments.read(s, o + BODY_PREFIX.size, n - BODY_PREFIX.size)
 
-    def results(self) -> Iterator[tuple[int, bytes]]:
-        self._check_open()
-        for i in sorted(self._kept):
-            r = self.result(i)
-            if r is not None:
-                yield i, r
+    def _kept_ids(self, dead: bool) -> Iterable[int]:
+        failed = self._failed_ids
+        return [i for i in self._kept if (i in failed) is dead]
 
-    def dead_letters(self) -> list[DeadLetter]:
-        self._check_open()
-        out = []
-        for i in sorted(i for i in self._failed_ids if i in self._kept):
-            s, o, n = self._kept[i]
-            with self._lock:
-                raw = self._segments.read(s, o + BODY_PREFIX.size, n - BODY_PREFIX.size)
-            error, failed_at, attempts, body = msgpack.unpackb(raw, raw=False)
-            out.append(DeadLetter(_parse(body, 0, len(body), self.queue, attempts, 0.0), error, failed_at))
-        return out
+    def _dead_letter(self, msg_id: int) -> DeadLetter:
+        s, o, n = self._kept[msg_id]
+        with self._lock:
+            raw = self._segments.read(s, o + BODY_PREFIX.size, n - BODY_PREFIX.size)
+        error, failed_at, attempts, body = msgpack.unpackb(raw, raw=False)
+        return DeadLetter(_parse(body, 0, len(body), self.queue, attempts, 0.0), error, failed_at)
 
     def _forget(self, ids: list[int]) -> int:
         gone = [i for i in dict.fromkeys(ids) if i in self._kept]

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from ..constants import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, ST_ACKED, ST_FAILED
+from ..constants import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, ST_ACKED, ST_FAILED, ST_NONE
 from ..message import Message, make_message
 from .base import DeadLetter, Store
+
+_FINISHED = (ST_ACKED, ST_FAILED, ST_NONE)
 
 
 class MemoryStore(Store):
@@ -48,7 +50,7 @@ class MemoryStore(Store):
             assert errors is not None
             for i, e in zip(ids.tolist(), errors, strict=True):
                 self._dead[i] = DeadLetter(self._message(i, 0.0), e, now)
-        if status in (ST_ACKED, ST_FAILED):
+        if status in _FINISHED:
             # drop the body so finished messages hold no memory while the window slides
             self._state.cols["msg"][ids - self._state.base] = None
 
@@ -59,14 +61,11 @@ class MemoryStore(Store):
         self._check_open()
         return self._results.get(msg_id)
 
-    def results(self) -> Iterator[tuple[int, bytes]]:
-        self._check_open()
-        for i in sorted(self._results):
-            yield i, self._results[i]
+    def _kept_ids(self, dead: bool) -> Iterable[int]:
+        return (self._dead if dead else self._results).keys()
 
-    def dead_letters(self) -> list[DeadLetter]:
-        self._check_open()
-        return [self._dead[i] for i in sorted(self._dead)]
+    def _dead_letter(self, msg_id: int) -> DeadLetter:
+        return self._dead[msg_id]
 
     def _forget(self, ids: list[int]) -> int:
         n = 0

@@ -312,6 +312,14 @@ class QueueState:
         return np.unique(np.concatenate(out))
 
     # --- inspection -----------------------------------------------------------------------
+    def next_wakeup(self) -> float | None:
+        """The earliest time a delayed message may become due or a lease may run out (or None).
+
+        Entries are deleted lazily, so this may be early (a harmless spurious wake-up), never late.
+        """
+        times = [h[0][0] for h in (self._delays, self._leases) if h]
+        return min(times) if times else None
+
     def counts(self, now: float) -> dict[int, int]:
         """Messages per status code; DELAYED ones that are due count as READY."""
         live = self.status[: self.next_id - self.base]
