@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import logging
+import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 
 from . import __version__
+from .constants import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT
 
 
 @click.group()
@@ -38,3 +42,103 @@ def demo(messages: int, poison_every: int, data_dir: Path | None) -> None:
         if o.acked != messages - poison or o.dead_letters != poison:
             raise click.ClickException(f"{o.store}: expected {messages - poison} acked and {poison} dead letters, "
                                        f"got {o.acked} and {o.dead_letters}")  # fmt: skip
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. A non-loopback one needs --token.")
+@click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where durable queues live. Without it, every queue is transient (memory only).")  # fmt: skip
+@click.option("--token", envvar="CONVEYOR_TOKEN", default=None,
+              help="Shared secret clients must prove they know (env CONVEYOR_TOKEN).")  # fmt: skip
+@click.option("--insecure", is_flag=True, help="Allow a non-loopback address without a token.")
+@click.option("--fsync", type=click.Choice(["batch", "interval", "never"]), default="batch", show_default=True,
+              help="Default fsync policy of durable queues (see docs/storage.md for what each can lose).")  # fmt: skip
+@click.option("--lease", "lease_s", default=30.0, show_default=True, type=click.FloatRange(0, min_open=True),
+              help="Default lease (visibility timeout) in seconds.")  # fmt: skip
+@click.option("--max-attempts", default=5, show_default=True, type=click.IntRange(1, 0xFFFF),
+              help="Default deliveries before a dead letter.")  # fmt: skip
+@click.option("--max-frame-bytes", default=DEFAULT_MAX_FRAME_BYTES, show_default=True, type=click.IntRange(1, 2**32 - 1),
+              help="Largest payload frame accepted.")  # fmt: skip
+@click.option("--repair", is_flag=True,
+              help="Open damaged durable queues keeping what is intact (damaged files are moved aside).")  # fmt: skip
+def serve(host: str, port: int, data_dir: Path | None, token: str | None, insecure: bool, fsync: str, lease_s: float,
+          max_attempts: int, max_frame_bytes: int, repair: bool) -> None:  # fmt: skip
+    """Run a queue server until SIGTERM or Ctrl-C.
+
+    Prints "listening on tcp://HOST:PORT" on stdout once it accepts connections.
+    """
+    from .errors import ConveyorError
+    from .hosting import Defaults
+    from .protocol import Limits
+    from .server import QueueServer
+
+    limits = Limits(max_frame_bytes=max_frame_bytes, max_message_bytes=max(DEFAULT_MAX_MESSAGE_BYTES, max_frame_bytes))
+    defaults = Defaults(durable=data_dir is not None, lease_s=lease_s, max_attempts=max_attempts, fsync=fsync)
+    try:
+        server = QueueServer(host, port, data_dir=data_dir, token=token, insecure=insecure, limits=limits,
+                             defaults=defaults, repair=repair)  # fmt: skip
+        server.run(on_ready=lambda address: click.echo(f"listening on {address}", nl=True) or sys.stdout.flush())
+    except ConveyorError as e:
+        raise click.ClickException(str(e)) from None
+    except OSError as e:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {e}") from None
+
+
+def _connect_option(f: Any) -> Any:
+    f = click.option("--token", envvar="CONVEYOR_TOKEN", default=None, help="The servers' token (env CONVEYOR_TOKEN).")(f)
+    return click.option("--connect", "addresses", multiple=True, required=True, envvar="CONVEYOR_CONNECT",
+                        help="A server address (tcp://HOST:PORT); repeat it or separate with commas for a pool.")(f)  # fmt: skip
+
+
+def _pool(addresses: tuple[str, ...], token: str | None) -> Any:
+    from .pool import QueuePool
+
+    flat = [a.strip() for item in addresses for a in item.split(",") if a.strip()]
+    try:
+        return QueuePool.connect(flat, token, connect_timeout=5.0, timeout=30.0)
+    except ValueError as e:
+        raise click.BadParameter(str(e), param_hint="--connect") from None
+
+
+@main.command()
+@_connect_option
+@click.option("--queue", default=None, help="Only this queue.")
+@click.option("--per-shard", is_flag=True, help="One row per queue and shard.")
+@click.option("--watch", type=click.FloatRange(0.1), default=None, help="Refresh every N seconds until Ctrl-C.")
+def stats(addresses: tuple[str, ...], token: str | None, queue: str | None, per_shard: bool, watch: float | None) -> None:
+    """Show each queue's ready, delivered, delayed, acked and failed counts, and its rates."""
+    from rich.live import Live
+
+    from .errors import ConveyorError
+    from .report import stats_table
+
+    with _pool(addresses, token) as pool:
+        try:
+            if watch is None:
+                Console().print(stats_table(pool, queue, per_shard))
+                return
+            with Live(stats_table(pool, queue, per_shard), console=Console(), auto_refresh=False) as live:
+                while True:
+                    time.sleep(watch)
+                    live.update(stats_table(pool, queue, per_shard), refresh=True)
+        except ConveyorError as e:
+            raise click.ClickException(str(e)) from None
+        except KeyboardInterrupt:
+            pass
+
+
+@main.command("dead-letters")
+@_connect_option
+@click.option("--queue", required=True, help="The queue whose dead letters to list.")
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(1), help="Show at most this many.")
+def dead_letters(addresses: tuple[str, ...], token: str | None, queue: str, limit: int) -> None:
+    """List a queue's dead letters: id, attempts, when and why they failed, and a payload preview."""
+    from .errors import ConveyorError
+    from .report import dead_letter_table
+
+    with _pool(addresses, token) as pool:
+        try:
+            Console().print(dead_letter_table(pool, queue, limit))
+        except ConveyorError as e:
+            raise click.ClickException(str(e)) from None

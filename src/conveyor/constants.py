@@ -86,3 +86,40 @@ assert INDEX_DTYPE.itemsize == INDEX_RECORD.size
 # rewrite the index once it holds this many records and more than REWRITE_RATIO x the live ones
 INDEX_REWRITE_MIN_RECORDS = 65536
 INDEX_REWRITE_RATIO = 2
+
+# --- Wire protocol (conveyor.protocol) -----------------------------------------------------------
+# A message on the wire is a frame set: FRAME_PREFIX (header length, payload frame count), one u32
+# length per payload frame, the msgpack header (a map with at least "op" and "id"), then the payload
+# frames back to back. Payloads are raw bytes, never re-encoded. Replies echo the request's "id".
+PROTOCOL_VERSION = 1
+FRAME_PREFIX = struct.Struct("<II")
+FRAME_LENGTH = "<{}I"  # format of the frame length array, for n frames
+DEFAULT_PORT = 7070
+DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024  # one payload frame
+DEFAULT_MAX_HEADER_BYTES = 16 * 1024 * 1024  # per-message metadata of a large batch fits
+DEFAULT_MAX_FRAMES = 1_000_000
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # all payload frames of one message
+PAGE_BYTES = 16 * 1024 * 1024  # a results page stops growing past this many bytes
+DEFAULT_MAX_IN_FLIGHT = 64  # requests a server runs at once per connection
+# error kinds in a reply's "error" field
+ERR_PROTOCOL = "protocol"  # malformed frames or a limit exceeded: the server closes the connection
+ERR_AUTH = "auth"  # authentication failed or missing: the server closes the connection
+ERR_UNKNOWN_OP = "unknown-operation"
+ERR_BAD_ARGUMENT = "bad-argument"
+ERR_NO_QUEUE = "no-such-queue"
+ERR_QUEUE_CONFLICT = "queue-conflict"  # declared again with other settings
+ERR_UNAVAILABLE = "unavailable"  # the queue's store could not be opened (damaged): see the message
+ERR_STORE = "store"  # the store failed (disk full, closed)
+ERR_INTERNAL = "internal"
+# authentication: HMAC-SHA256 over both sides' nonces, each side proving it knows the token
+AUTH_NONCE_BYTES = 32
+AUTH_CLIENT_LABEL = b"conveyor-auth-client\x00"
+AUTH_SERVER_LABEL = b"conveyor-auth-server\x00"
+# queue names are directory names under a server's data dir
+QUEUE_NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
+QUEUES_DIR = "queues"  # <data dir>/queues/<name>/ holds a durable queue's store
+QUEUE_CONFIG_NAME = "queue.json"  # a durable queue's settings, beside its store files
+SERVER_LOCK_NAME = "SERVER.lock"
+BLOB_DIR = "blobs"  # content-addressed blobs (sha256 hex names), e.g. pickled functions
+# a pool folds its shard number into message ids: global id = shard << SHARD_SHIFT | local id
+SHARD_SHIFT = 48

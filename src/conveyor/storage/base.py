@@ -86,8 +86,9 @@ class Store(ABC):
 
     # --- hooks ----------------------------------------------------------------------------
     @abstractmethod
-    def _store_messages(self, ids: np.ndarray, messages: Sequence[Message], now: float) -> None:
-        """Keep new messages' bodies (state already holds their scheduling fields)."""
+    def _store_messages(self, ids: np.ndarray, payloads: Sequence[bytes], headers: Sequence[dict[str, str]] | None,
+                        now: float) -> None:  # fmt: skip
+        """Keep new messages' payloads and headers (state already holds their scheduling fields)."""
 
     @abstractmethod
     def _load(self, ids: np.ndarray, lease_s: float) -> list[Message]:
@@ -127,35 +128,49 @@ class Store(ABC):
     # --- operations -----------------------------------------------------------------------
     def put(self, messages: Sequence[Message]) -> list[int]:
         """Append messages; returns their ids. Their own `id`, `attempts` and `lease_s` are ignored."""
-        self._check_open()
-        n = len(messages)
-        if not n:
-            return []
         try:
-            prio = np.fromiter((m.priority for m in messages), np.int64, n)
-            max_att = np.fromiter((m.max_attempts for m in messages), np.int64, n)
-            not_before = np.fromiter((m.not_before for m in messages), np.float64, n)
+            payloads = [m.payload for m in messages]
         except AttributeError:
             bad = next(i for i, m in enumerate(messages) if not isinstance(m, Message))
             raise TypeError(f"put takes Message objects; item {bad} is {type(messages[bad]).__name__}") from None
+        return self.put_columns(payloads, [m.priority for m in messages], [m.not_before for m in messages],
+                                [m.max_attempts for m in messages], [m.headers for m in messages])  # fmt: skip
+
+    def put_columns(self, payloads: Sequence[bytes], priority: int | Sequence[int] = 0,
+                    not_before: float | Sequence[float] = 0.0, max_attempts: int | Sequence[int] = 0,
+                    headers: Sequence[dict[str, str]] | None = None) -> list[int]:  # fmt: skip
+        """`put` from per-message columns (a scalar applies to all), without building Messages.
+
+        Ids are consecutive, ascending in the order given.
+        """
+        self._check_open()
+        n = len(payloads)
+        if not n:
+            return []
+        try:
+            prio = _column(priority, n, np.int64)
+            max_att = _column(max_attempts, n, np.int64)
+            nb = _column(not_before, n, np.float64)
         except (TypeError, ValueError, OverflowError) as e:
             raise TypeError(f"put: a message has a non-numeric priority, max_attempts or not_before: {e}") from None
-        if not all(type(m.payload) is bytes for m in messages):
-            bad = next(i for i, m in enumerate(messages) if type(m.payload) is not bytes)
-            raise TypeError(f"put: message {bad} has a {type(messages[bad].payload).__name__} payload, not bytes")
+        if not all(type(p) is bytes for p in payloads):
+            bad = next(i for i, p in enumerate(payloads) if type(p) is not bytes)
+            raise TypeError(f"put: message {bad} has a {type(payloads[bad]).__name__} payload, not bytes")
         if (prio < PRIORITY_MIN).any() or (prio > PRIORITY_MAX).any():
             raise ValueError(f"put: priority must be within [{PRIORITY_MIN}, {PRIORITY_MAX}]")
-        for i, m in enumerate(messages):
-            h = m.headers
-            if h and (type(h) is not dict or not all(type(k) is str and type(v) is str for k, v in h.items())):
-                raise TypeError(f"put: message {i} headers must be a dict of str to str")
+        if headers is not None:
+            if len(headers) != n:
+                raise ValueError(f"put: {n} payloads but {len(headers)} headers")
+            for i, h in enumerate(headers):
+                if h and (type(h) is not dict or not all(type(k) is str and type(v) is str for k, v in h.items())):
+                    raise TypeError(f"put: message {i} headers must be a dict of str to str")
         if (max_att < 0).any() or (max_att > MAX_ATTEMPTS_LIMIT).any():
             raise ValueError(f"put: max_attempts must be within [0, {MAX_ATTEMPTS_LIMIT}] (0: store default)")
         max_att[max_att == 0] = self.max_attempts
         now = time.time()
-        ids = self._state.add(prio, not_before, max_att, now)
+        ids = self._state.add(prio, nb, max_att, now)
         try:
-            self._store_messages(ids, messages, now)
+            self._store_messages(ids, payloads, headers, now)
         except BaseException:
             self._state.finish(ids, ST_NONE)  # never stored: the ids stay unused
             raise
@@ -371,4 +386,12 @@ def _sorted_above(ids: Iterable[int], after: int) -> np.ndarray:
     arr = np.fromiter(ids, np.int64)
     arr = arr[arr > after]
     arr.sort()
+    return arr
+
+
+def _column(value: object, n: int, dtype: type) -> np.ndarray:
+    """A writable array of n values from a sequence, or from one value for all."""
+    if isinstance(value, (int, float)):
+        return np.full(n, value, dtype)
+    arr = np.fromiter(value, dtype, n)  # type: ignore[call-overload]
     return arr

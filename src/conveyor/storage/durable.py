@@ -210,18 +210,22 @@ class DurableStore(Store):
         self._compact()
 
     # --- hooks ----------------------------------------------------------------------------
-    def _store_messages(self, ids: np.ndarray, messages: Sequence[Message], now: float) -> None:
+    def _store_messages(self, ids: np.ndarray, payloads: Sequence[bytes], headers: Sequence[dict[str, str]] | None,
+                        now: float) -> None:  # fmt: skip
         c = self._state.cols
         a = int(ids[0]) - self._state.base
         b = a + len(ids)
         pack = MESSAGE_PREFIX.pack
         cols = (ids.tolist(), c["priority"][a:b].tolist(), c["max_attempts"][a:b].tolist(), c["until"][a:b].tolist())
-        bodies = [
-            pack(KIND_MESSAGE, i, p, x, t, now, 0) + m.payload
-            if not m.headers
-            else b"".join((pack(KIND_MESSAGE, i, p, x, t, now, len(h := _packb(m.headers))), h, m.payload))
-            for m, i, p, x, t in zip(messages, *cols, strict=True)
-        ]
+        if headers is None or not any(headers):
+            bodies = [pack(KIND_MESSAGE, i, p, x, t, now, 0) + d for d, i, p, x, t in zip(payloads, *cols, strict=True)]
+        else:
+            bodies = [
+                pack(KIND_MESSAGE, i, p, x, t, now, 0) + d
+                if not h
+                else b"".join((pack(KIND_MESSAGE, i, p, x, t, now, len(hb := _packb(h))), hb, d))
+                for d, h, i, p, x, t in zip(payloads, headers, *cols, strict=True)
+            ]
         with self._lock:
             self._segments.id_floor = self._state.next_id
             segs, offs = self._segments.append(bodies)

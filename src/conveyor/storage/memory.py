@@ -18,26 +18,31 @@ class MemoryStore(Store):
 
     def __init__(self, queue: str = "", *, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
                  lease_s: float = DEFAULT_LEASE_S) -> None:  # fmt: skip
-        super().__init__(queue, max_attempts, lease_s, {"msg": object, "at": np.float64})
+        super().__init__(queue, max_attempts, lease_s,
+                         {"payload": object, "headers": object, "nb": np.float64, "at": np.float64})  # fmt: skip
         self._results: dict[int, bytes] = {}
         self._dead: dict[int, DeadLetter] = {}
 
-    def _store_messages(self, ids: np.ndarray, messages: Sequence[Message], now: float) -> None:
+    def _store_messages(self, ids: np.ndarray, payloads: Sequence[bytes], headers: Sequence[dict[str, str]] | None,
+                        now: float) -> None:  # fmt: skip
         a = int(ids[0]) - self._state.base
+        b = a + len(ids)
         cols = self._state.cols
-        cols["msg"][a : a + len(ids)] = messages
-        cols["at"][a : a + len(ids)] = now
+        cols["payload"][a:b] = payloads
+        cols["headers"][a:b] = None if headers is None else [dict(h) if h else None for h in headers]
+        cols["nb"][a:b] = cols["until"][a:b]
+        cols["at"][a:b] = now
 
     def _load(self, ids: np.ndarray, lease_s: float) -> list[Message]:
         return [self._message(i, lease_s) for i in ids.tolist()]
 
     def _message(self, msg_id: int, lease_s: float) -> Message:
-        st = self._state
-        i = msg_id - st.base
-        m: Message = st.cols["msg"][i]
-        return make_message(msg_id, self.queue, m.payload, m.priority, int(st.cols["attempts"][i]),
-                       float(st.cols["at"][i]), m.not_before, lease_s, int(st.cols["max_attempts"][i]),
-                       m.headers)  # fmt: skip
+        i = msg_id - self._state.base
+        c = self._state.cols
+        h = c["headers"][i]
+        return make_message(msg_id, self.queue, c["payload"][i], int(c["priority"][i]), int(c["attempts"][i]),
+                            float(c["at"][i]), float(c["nb"][i]), lease_s, int(c["max_attempts"][i]),
+                            {} if h is None else dict(h))  # fmt: skip
 
     def _record(self, ids: np.ndarray, status: int, results: Sequence[bytes | None] | None,
                 errors: Sequence[str] | None, now: float) -> None:  # fmt: skip
@@ -52,7 +57,9 @@ class MemoryStore(Store):
                 self._dead[i] = DeadLetter(self._message(i, 0.0), e, now)
         if status in _FINISHED:
             # drop the body so finished messages hold no memory while the window slides
-            self._state.cols["msg"][ids - self._state.base] = None
+            idx = ids - self._state.base
+            self._state.cols["payload"][idx] = None
+            self._state.cols["headers"][idx] = None
 
     def _commit(self) -> None:
         pass

@@ -1,0 +1,68 @@
+"""Mutual authentication by a shared token: an HMAC challenge in both directions.
+
+The server greets every connection with a hello carrying a fresh nonce when it has a token. The
+client answers with its own nonce and an HMAC of both nonces; the server checks it and answers with
+an HMAC of its own, so the client knows the server has the token too before it trusts what the
+server sends (task payloads may be pickles). The token itself never crosses the wire.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from typing import Any
+
+from .constants import AUTH_CLIENT_LABEL, AUTH_NONCE_BYTES, AUTH_SERVER_LABEL, PROTOCOL_VERSION
+from .errors import AuthError, ProtocolError
+
+
+def as_key(token: str | bytes | None) -> bytes | None:
+    """The token as HMAC key bytes; an empty token counts as none."""
+    if token is None or token in ("", b""):
+        return None
+    if isinstance(token, str):
+        return token.encode()
+    if isinstance(token, bytes):
+        return token
+    raise TypeError(f"token must be str or bytes, not {type(token).__name__}")
+
+
+def new_nonce() -> bytes:
+    return secrets.token_bytes(AUTH_NONCE_BYTES)
+
+
+def proof(key: bytes, label: bytes, server_nonce: bytes, client_nonce: bytes) -> bytes:
+    return hmac.new(key, label + server_nonce + client_nonce, hashlib.sha256).digest()
+
+
+def hello(key: bytes | None, nonce: bytes) -> dict[str, Any]:
+    """The server's greeting (request id 0)."""
+    return {"op": "hello", "id": 0, "version": PROTOCOL_VERSION, "auth": key is not None, "nonce": nonce}
+
+
+def auth_request(greeting: dict[str, Any], key: bytes | None, address: str, rid: int) -> tuple[dict[str, Any], bytes] | None:
+    """Check a server's hello; returns the auth request to send and the client nonce, or None when none is due."""
+    if greeting.get("op") != "hello" or greeting.get("version") != PROTOCOL_VERSION:
+        raise ProtocolError(f"{address} did not greet as a Conveyor server of protocol version {PROTOCOL_VERSION} "
+                            f"(got {greeting!r:.120})")  # fmt: skip
+    if not greeting.get("auth"):
+        if key is not None:
+            raise AuthError(f"{address} does not require a token, so it cannot prove it knows yours; "
+                            "connect without a token, or give the server the token")  # fmt: skip
+        return None
+    if key is None:
+        raise AuthError(f"{address} requires a token: pass token=... (or --token / CONVEYOR_TOKEN)")
+    nonce = greeting.get("nonce")
+    if type(nonce) is not bytes or len(nonce) != AUTH_NONCE_BYTES:
+        raise ProtocolError(f"{address} sent a malformed auth challenge")
+    mine = new_nonce()
+    return {"op": "auth", "id": rid, "nonce": mine, "proof": proof(key, AUTH_CLIENT_LABEL, nonce, mine)}, mine
+
+
+def check_server_proof(reply: dict[str, Any], key: bytes, server_nonce: bytes, client_nonce: bytes, address: str) -> None:
+    """Verify that the server's answer to our auth request proves it holds the token."""
+    got = reply.get("proof")
+    want = proof(key, AUTH_SERVER_LABEL, server_nonce, client_nonce)
+    if type(got) is not bytes or not hmac.compare_digest(got, want):
+        raise AuthError(f"{address} accepted the token but could not prove it knows it: not the server you meant")

@@ -1,0 +1,186 @@
+"""The operations a client can ask of a queue server: how each request is built and its reply read.
+
+Both clients (`QueueClient`, `AsyncQueueClient`) send these `Call`s; only the transport differs.
+Per-message fields travel as columns in the header (a scalar when all messages agree), payloads
+and results as raw frames.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from .message import Message, make_message
+from .protocol import Frames, Header, column, expand
+from .storage import DeadLetter
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One request: operation, arguments, payload frames, and how to read the reply."""
+
+    op: str
+    args: dict[str, Any]
+    frames: Sequence[bytes] = ()
+    parse: Callable[[Header, Frames], T] = field(default=lambda h, f: h)  # type: ignore[assignment,return-value]
+    wait_s: float = 0.0  # how long the server may hold it on purpose (long poll), beyond the timeout
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    """A queue's settings on one server."""
+
+    name: str
+    durable: bool
+    lease_s: float
+    max_attempts: int
+    fsync: str | None  # None for transient queues
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """Counts and rates of one queue (on one server, or summed over a pool's shards)."""
+
+    queue: str
+    ready: int = 0
+    delivered: int = 0
+    delayed: int = 0
+    acked: int = 0
+    failed: int = 0
+    bytes_on_disk: int = 0
+    put_rate: float = 0.0  # messages/s over the last ~10 s
+    ack_rate: float = 0.0
+
+    @property
+    def pending(self) -> int:
+        """Messages not finished yet: ready, delayed or delivered."""
+        return self.ready + self.delayed + self.delivered
+
+    def __add__(self, other: QueueStats) -> QueueStats:
+        return QueueStats(self.queue, *(getattr(self, f) + getattr(other, f) for f in _STAT_FIELDS))
+
+
+_STAT_FIELDS = ("ready", "delivered", "delayed", "acked", "failed", "bytes_on_disk", "put_rate", "ack_rate")
+
+
+def ping() -> Call[Header]:
+    return Call("ping", {})
+
+
+def declare(queue: str, *, durable: bool | None = None, lease_s: float | None = None,
+            max_attempts: int | None = None, fsync: str | None = None) -> Call[QueueInfo]:  # fmt: skip
+    """Create a queue, or check that it exists with these settings (None: the server's default)."""
+    args = {"queue": queue, "durable": durable, "lease_s": lease_s, "max_attempts": max_attempts, "fsync": fsync}
+    return Call("declare", {k: v for k, v in args.items() if v is not None}, parse=lambda h, f: QueueInfo(**h["info"]))
+
+
+def queues() -> Call[list[QueueInfo]]:
+    return Call("queues", {}, parse=lambda h, f: [QueueInfo(**i) for i in h["queues"]])
+
+
+def put(queue: str, messages: Sequence[Message]) -> Call[list[int]]:
+    """Append messages (their `id`, `queue`, `attempts`, `enqueued_at` and `lease_s` are ignored)."""
+    args: dict[str, Any] = {"queue": queue, "n": len(messages)}
+    try:
+        args["prio"] = column([m.priority for m in messages])
+    except AttributeError:
+        bad = next(m for m in messages if not isinstance(m, Message))
+        raise TypeError(f"put takes Message objects, not {type(bad).__name__}") from None
+    nb = column([m.not_before for m in messages])
+    if nb != 0.0:
+        args["nb"] = nb
+    ma = column([m.max_attempts for m in messages])
+    if ma != 0:
+        args["ma"] = ma
+    hdr = column([m.headers for m in messages])
+    if hdr != {}:
+        args["hdr"] = hdr
+    return Call("put", args, [m.payload for m in messages], parse=lambda h, f: list(range(h["first"], h["first"] + h["n"])))
+
+
+def _messages(h: Header, frames: Frames) -> list[Message]:
+    """Messages from a get or dead_letters reply: columns in the header, payloads in the frames."""
+    n = len(frames)
+    q, lease = h["queue"], h["lease_s"]
+    cols = [expand(h[k], n, k) for k in ("ids", "prio", "att", "at", "nb", "ma", "hdr")]
+    return [make_message(i, q, p, pr, a, at, nb, lease, ma, hd)
+            for i, p, pr, a, at, nb, ma, hd in zip(cols[0], frames, *cols[1:], strict=True)]  # fmt: skip
+
+
+def get(queue: str, n: int, *, lease_s: float | None = None, wait_s: float = 0.0) -> Call[list[Message]]:
+    """Lease up to n messages; with `wait_s`, wait that long for some to arrive (long poll)."""
+    args: dict[str, Any] = {"queue": queue, "n": n, "wait_s": wait_s}
+    if lease_s is not None:
+        args["lease_s"] = lease_s
+    return Call("get", args, parse=_messages, wait_s=max(0.0, wait_s))
+
+
+def ack(queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None = None) -> Call[list[bool]]:
+    """Finish messages, with optional results; returns which acks took effect (the first ack wins)."""
+    args: dict[str, Any] = {"queue": queue, "ids": list(ids)}
+    frames: list[bytes] = []
+    if results is not None:
+        if len(results) != len(args["ids"]):
+            raise ValueError(f"ack: {len(args['ids'])} ids but {len(results)} results")
+        args["none"] = [i for i, r in enumerate(results) if r is None]
+        frames = [b"" if r is None else r for r in results]
+    return Call("ack", args, frames, parse=lambda h, f: h["ok"])
+
+
+def nack(queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
+         delay_s: float | Sequence[float] = 0.0) -> Call[list[bool]]:  # fmt: skip
+    """Give messages back (READY after the delay, per message or for all) or to the dead letters."""
+    delay = delay_s if isinstance(delay_s, (int, float)) else list(delay_s)
+    args: dict[str, Any] = {"queue": queue, "ids": list(ids), "delay_s": delay}
+    if errors is not None:
+        args["errors"] = list(errors)
+    return Call("nack", args, parse=lambda h, f: h["ok"])
+
+
+def extend_lease(queue: str, ids: Sequence[int], lease_s: float) -> Call[list[bool]]:
+    """Push the leases of delivered messages to now + lease_s (a running task's heartbeat)."""
+    return Call("extend_lease", {"queue": queue, "ids": list(ids), "lease_s": lease_s}, parse=lambda h, f: h["ok"])
+
+
+def stats(queue: str | None = None) -> Call[dict[str, QueueStats]]:
+    """Counts and rates of one queue, or of every queue on the server."""
+    args = {} if queue is None else {"queue": queue}
+    return Call("stats", args, parse=lambda h, f: {q: QueueStats(q, **s) for q, s in h["queues"].items()})
+
+
+def purge(queue: str) -> Call[int]:
+    """Drop every READY (and delayed) message; returns how many."""
+    return Call("purge", {"queue": queue}, parse=lambda h, f: h["n"])
+
+
+def results(queue: str, after: int = 0, limit: int = 1000) -> Call[list[tuple[int, bytes]]]:
+    """Stored results in id order from the first id above `after`: one page of at most `limit`."""
+    args = {"queue": queue, "after": after, "limit": limit}
+    return Call("results", args, parse=lambda h, f: list(zip(h["ids"], f, strict=True)))
+
+
+def _dead(h: Header, frames: Frames) -> list[DeadLetter]:
+    return [DeadLetter(m, e, t) for m, e, t in zip(_messages(h, frames), h["errors"], h["failed_at"], strict=True)]
+
+
+def dead_letters(queue: str, after: int = 0, limit: int = 1000) -> Call[list[DeadLetter]]:
+    """Dead letters in id order from the first id above `after`: one page of at most `limit`."""
+    return Call("dead_letters", {"queue": queue, "after": after, "limit": limit}, parse=_dead)
+
+
+def forget(queue: str, ids: Sequence[int]) -> Call[int]:
+    """Drop stored results and dead letters of these ids, freeing their space; returns how many."""
+    return Call("forget", {"queue": queue, "ids": list(ids)}, parse=lambda h, f: h["n"])
+
+
+def put_blob(data: bytes) -> Call[str]:
+    """Store bytes under their sha256 (hex); returns the key. Used for pickled functions."""
+    return Call("put_blob", {}, [data], parse=lambda h, f: h["key"])
+
+
+def get_blob(key: str) -> Call[bytes | None]:
+    """The bytes stored under a key, or None."""
+    return Call("get_blob", {"key": key}, parse=lambda h, f: f[0] if f else None)

@@ -1,0 +1,443 @@
+"""Clients of one queue server: `QueueClient` (blocking) and `AsyncQueueClient` (asyncio).
+
+Both speak the same `calls`; only the transport differs. A client connects lazily and reconnects
+with exponential backoff (up to `connect_timeout`) when its connection is gone. A request whose
+connection breaks before its reply raises `ConnectionLostError` and is not retried: it may have
+taken effect (a put may have been stored), and only the caller knows whether repeating it is safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from types import TracebackType
+from typing import Any, NoReturn, TypeVar
+
+from . import calls, protocol
+from .auth import as_key, auth_request, check_server_proof
+from .calls import Call, QueueInfo, QueueStats
+from .constants import DEFAULT_PORT, ERR_AUTH, ERR_PROTOCOL
+from .errors import AuthError, ConnectionLostError, ConveyorError, ProtocolError, RequestError
+from .message import Message
+from .protocol import Frames, Header, Limits
+from .storage import DeadLetter
+
+T = TypeVar("T")
+PIPELINE_WINDOW = 16  # requests a blocking client keeps in flight in `pipeline`
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """("host", port) from "tcp://host:port", "host:port" or "[::1]:port"."""
+    rest = address.removeprefix("tcp://")
+    if "://" in rest:
+        raise ValueError(f"unsupported address {address!r}: use tcp://host:port")
+    host, sep, port = rest.rpartition(":")
+    if not sep:
+        host, port = rest, str(DEFAULT_PORT)
+    host = host.strip("[]")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"bad address {address!r}: use tcp://host:port")
+    return host, int(port)
+
+
+def _raise_remote(header: Header) -> NoReturn:
+    kind, message = header.get("error"), str(header.get("message", ""))
+    if kind == ERR_PROTOCOL:
+        raise ProtocolError(f"server: {message}", header.get("id", 0))
+    if kind == ERR_AUTH:
+        raise AuthError(message)
+    raise RequestError(str(kind), message)
+
+
+def _result(call: Call[T], header: Header, frames: Frames) -> T:
+    if "error" in header:
+        _raise_remote(header)
+    return call.parse(header, frames)
+
+
+class _Settings:
+    def __init__(self, address: str, token: str | bytes | None, timeout: float, connect_timeout: float,
+                 limits: Limits | None) -> None:  # fmt: skip
+        self.address = address if address.startswith("tcp://") else f"tcp://{address}"
+        self.host, self.port = parse_address(address)
+        self._key = as_key(token)
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.limits = limits or Limits()
+        self._ids = itertools.count(1)
+
+    def _backoff(self) -> Iterator[float]:
+        """Delays between connection attempts; ends when `connect_timeout` has passed."""
+        deadline = time.monotonic() + self.connect_timeout
+        delay = 0.05
+        while (left := deadline - time.monotonic()) > 0:
+            yield min(delay, left)
+            delay = min(delay * 2, 1.0)
+
+    def _cannot_connect(self, started: float, error: BaseException | None) -> ConnectionLostError:
+        return ConnectionLostError(f"cannot connect to {self.address} (tried for {time.monotonic() - started:.1f} s): {error}")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.address!r})"
+
+
+class QueueClient(_Settings):
+    """A blocking client of one queue server; thread-safe (one request at a time, or `pipeline`)."""
+
+    def __init__(self, address: str = f"tcp://127.0.0.1:{DEFAULT_PORT}", token: str | bytes | None = None, *,
+                 timeout: float = 30.0, connect_timeout: float = 10.0, limits: Limits | None = None) -> None:  # fmt: skip
+        super().__init__(address, token, timeout, connect_timeout, limits)
+        self._sock: socket.socket | None = None
+        self._reader: protocol.SocketReader | None = None
+        self._lock = threading.RLock()
+
+    # --- transport ------------------------------------------------------------------------
+    def connect(self) -> QueueClient:
+        """Connect now (otherwise the first request does), retrying with backoff."""
+        with self._lock:
+            if self._sock is None:
+                self._connect()
+        return self
+
+    def _connect(self) -> None:
+        started, error = time.monotonic(), None
+        for delay in self._backoff():
+            try:
+                sock = socket.create_connection((self.host, self.port), timeout=max(delay, self.timeout))
+            except OSError as e:
+                error = e
+                time.sleep(delay)
+                continue
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock, self._reader = sock, protocol.SocketReader(sock, self.limits)
+            try:
+                self._handshake()
+            except BaseException:
+                self.close()
+                raise
+            return
+        raise self._cannot_connect(started, error)
+
+    def _handshake(self) -> None:
+        assert self._reader is not None
+        greeting, _ = self._reader.read()
+        req = auth_request(greeting, self._key, self.address, next(self._ids))
+        if req is not None:
+            header, mine = req
+            self._send(header, ())
+            reply, _ = self._reader.read()
+            if "error" in reply:
+                _raise_remote(reply)
+            assert self._key is not None
+            check_server_proof(reply, self._key, greeting["nonce"], mine, self.address)
+
+    def _send(self, header: Header, frames: Sequence[bytes]) -> None:
+        assert self._sock is not None
+        self._sock.sendall(b"".join(protocol.encode(header, frames)))
+
+    def _recv(self, want: int, got: dict[int, tuple[Header, Frames]], pending: set[int]) -> tuple[Header, Frames]:
+        """The reply to request `want`, keeping replies to other pending requests that come first."""
+        assert self._reader is not None
+        while want not in got:
+            header, frames = self._reader.read()
+            rid = header.get("id")
+            if rid in pending:  # anything else is the late reply of a request that timed out
+                got[rid] = (header, frames)
+        pending.discard(want)
+        return got.pop(want)
+
+    def call(self, call: Call[T]) -> T:
+        """Send one request and return its parsed reply."""
+        return self.pipeline([call])[0]
+
+    def pipeline(self, batch: Sequence[Call[Any]]) -> list[Any]:
+        """Run several requests with up to PIPELINE_WINDOW in flight at once; results in order.
+
+        The first failing request's error is raised after every reply has been read.
+        """
+        with self._lock:
+            if self._sock is None:
+                self._connect()
+            assert self._sock is not None
+            wait = self.timeout + max((c.wait_s for c in batch), default=0.0)
+            try:
+                self._sock.settimeout(wait)
+                rids = [next(self._ids) for _ in batch]
+                pending = set(rids)
+                got: dict[int, tuple[Header, Frames]] = {}
+                replies: list[tuple[Header, Frames]] = []
+                for k, (rid, c) in enumerate(zip(rids, batch, strict=True)):
+                    if k >= PIPELINE_WINDOW:
+                        replies.append(self._recv(rids[k - PIPELINE_WINDOW], got, pending))
+                    self._send({**c.args, "op": c.op, "id": rid}, c.frames)
+                replies += [self._recv(rid, got, pending) for rid in rids[len(replies) :]]
+            except TimeoutError:
+                self.close()
+                raise TimeoutError(f"{self.address}: no reply within {wait:.1f} s") from None
+            except ProtocolError:
+                self.close()
+                raise
+            except OSError as e:
+                self.close()
+                raise ConnectionLostError(f"{self.address}: connection lost: {e}") from None
+        out: list[Any] = []
+        error: ConveyorError | None = None
+        for c, (h, f) in zip(batch, replies, strict=True):
+            try:
+                out.append(_result(c, h, f))
+            except ConveyorError as e:
+                error = error or e
+                out.append(None)
+        if error is not None:
+            raise error
+        return out
+
+    def close(self) -> None:
+        with self._lock:
+            if self._sock is not None:
+                with contextlib.suppress(OSError):
+                    self._sock.close()
+            self._sock = self._reader = None
+
+    def __enter__(self) -> QueueClient:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:  # a client crosses to Spark executors as its settings
+        state = self.__dict__.copy()
+        state.update(_sock=None, _reader=None, _lock=None, _ids=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.RLock(), _ids=itertools.count(1))
+
+    # --- operations (see `conveyor.calls` for each one's contract) --------------------------
+    def ping(self) -> Header:
+        return self.call(calls.ping())
+
+    def declare(self, queue: str, *, durable: bool | None = None, lease_s: float | None = None,
+                max_attempts: int | None = None, fsync: str | None = None) -> QueueInfo:  # fmt: skip
+        return self.call(calls.declare(queue, durable=durable, lease_s=lease_s, max_attempts=max_attempts, fsync=fsync))
+
+    def queues(self) -> list[QueueInfo]:
+        return self.call(calls.queues())
+
+    def put(self, queue: str, messages: Sequence[Message]) -> list[int]:
+        return self.call(calls.put(queue, messages))
+
+    def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0) -> list[Message]:
+        return self.call(calls.get(queue, n, lease_s=lease_s, wait_s=wait_s))
+
+    def ack(self, queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None = None) -> list[bool]:
+        return self.call(calls.ack(queue, ids, results))
+
+    def nack(self, queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
+             delay_s: float | Sequence[float] = 0.0) -> list[bool]:  # fmt: skip
+        return self.call(calls.nack(queue, ids, errors, delay_s))
+
+    def extend_lease(self, queue: str, ids: Sequence[int], lease_s: float) -> list[bool]:
+        return self.call(calls.extend_lease(queue, ids, lease_s))
+
+    def stats(self, queue: str | None = None) -> dict[str, QueueStats]:
+        return self.call(calls.stats(queue))
+
+    def purge(self, queue: str) -> int:
+        return self.call(calls.purge(queue))
+
+    def results(self, queue: str, after: int = 0, limit: int = 1000) -> list[tuple[int, bytes]]:
+        return self.call(calls.results(queue, after, limit))
+
+    def iter_results(self, queue: str, after: int = 0, page: int = 1000) -> Iterator[tuple[int, bytes]]:
+        """Every stored result from the first id above `after`, fetched a page at a time."""
+        while rows := self.results(queue, after, page):
+            yield from rows
+            after = rows[-1][0]
+
+    def dead_letters(self, queue: str, after: int = 0, limit: int = 1000) -> list[DeadLetter]:
+        return self.call(calls.dead_letters(queue, after, limit))
+
+    def forget(self, queue: str, ids: Sequence[int]) -> int:
+        return self.call(calls.forget(queue, ids))
+
+    def put_blob(self, data: bytes) -> str:
+        return self.call(calls.put_blob(data))
+
+    def get_blob(self, key: str) -> bytes | None:
+        return self.call(calls.get_blob(key))
+
+
+class AsyncQueueClient(_Settings):
+    """An asyncio client of one queue server: any number of requests in flight on one connection."""
+
+    def __init__(self, address: str = f"tcp://127.0.0.1:{DEFAULT_PORT}", token: str | bytes | None = None, *,
+                 timeout: float = 30.0, connect_timeout: float = 10.0, limits: Limits | None = None) -> None:  # fmt: skip
+        super().__init__(address, token, timeout, connect_timeout, limits)
+        self._writer: asyncio.StreamWriter | None = None
+        self._reading: asyncio.Task[None] | None = None
+        self._pending: dict[int, asyncio.Future[tuple[Header, Frames]]] = {}
+        self._connecting: asyncio.Lock | None = None
+
+    # --- transport ------------------------------------------------------------------------
+    async def connect(self) -> AsyncQueueClient:
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            if self._writer is None:
+                await self._connect()
+        return self
+
+    async def _connect(self) -> None:
+        started, error = time.monotonic(), None
+        for delay in self._backoff():
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port, limit=2**20),
+                                                        max(delay, self.timeout))  # fmt: skip
+            except (OSError, TimeoutError) as e:
+                error = e
+                await asyncio.sleep(delay)
+                continue
+            try:
+                await asyncio.wait_for(self._handshake(reader, writer), self.timeout)
+            except BaseException:
+                writer.close()
+                raise
+            self._writer = writer
+            self._reading = asyncio.create_task(self._read_replies(reader))
+            return
+        raise self._cannot_connect(started, error)
+
+    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        greeting, _ = await protocol.read(reader, self.limits, request=False)
+        req = auth_request(greeting, self._key, self.address, next(self._ids))
+        if req is not None:
+            header, mine = req
+            writer.writelines(protocol.encode(header))
+            reply, _ = await protocol.read(reader, self.limits, request=False)
+            if "error" in reply:
+                _raise_remote(reply)
+            assert self._key is not None
+            check_server_proof(reply, self._key, greeting["nonce"], mine, self.address)
+
+    async def _read_replies(self, reader: asyncio.StreamReader) -> None:
+        error: BaseException = ConnectionLostError(f"{self.address}: the server closed the connection")
+        try:
+            while True:
+                header, frames = await protocol.read(reader, self.limits, request=False)
+                fut = self._pending.pop(header.get("id", -1), None)
+                if fut is not None and not fut.done():
+                    fut.set_result((header, frames))
+        except EOFError:
+            pass
+        except ProtocolError as e:
+            error = e
+        except (OSError, asyncio.IncompleteReadError) as e:
+            error = ConnectionLostError(f"{self.address}: connection lost: {e}")
+        finally:
+            self._drop_connection(error)
+
+    def _drop_connection(self, error: BaseException) -> None:
+        if self._writer is not None:
+            self._writer.close()
+        self._writer = None
+        pending, self._pending = self._pending, {}
+        for fut in pending.values():
+            if not fut.done():
+                fut.set_exception(error)
+
+    async def call(self, call: Call[T]) -> T:
+        """Send one request and await its parsed reply."""
+        if self._writer is None:
+            await self.connect()
+        assert self._writer is not None
+        rid = next(self._ids)
+        fut: asyncio.Future[tuple[Header, Frames]] = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        try:
+            self._writer.writelines(protocol.encode({**call.args, "op": call.op, "id": rid}, call.frames))
+            await self._writer.drain()
+            header, frames = await asyncio.wait_for(fut, self.timeout + call.wait_s)
+        except TimeoutError:
+            raise TimeoutError(f"{self.address}: no reply to {call.op} within {self.timeout + call.wait_s:.1f} s") from None
+        except (ConnectionError, RuntimeError) as e:
+            if isinstance(e, ConnectionLostError):
+                raise
+            raise ConnectionLostError(f"{self.address}: connection lost: {e}") from None
+        finally:
+            self._pending.pop(rid, None)
+        return _result(call, header, frames)
+
+    async def close(self) -> None:
+        if self._reading is not None:
+            self._reading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reading
+            self._reading = None
+        self._drop_connection(ConnectionLostError(f"{self.address}: the client was closed"))
+
+    async def __aenter__(self) -> AsyncQueueClient:
+        return await self.connect()
+
+    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        await self.close()
+
+    # --- operations (see `conveyor.calls` for each one's contract) --------------------------
+    async def ping(self) -> Header:
+        return await self.call(calls.ping())
+
+    async def declare(self, queue: str, *, durable: bool | None = None, lease_s: float | None = None,
+                      max_attempts: int | None = None, fsync: str | None = None) -> QueueInfo:  # fmt: skip
+        return await self.call(calls.declare(queue, durable=durable, lease_s=lease_s, max_attempts=max_attempts, fsync=fsync))
+
+    async def queues(self) -> list[QueueInfo]:
+        return await self.call(calls.queues())
+
+    async def put(self, queue: str, messages: Sequence[Message]) -> list[int]:
+        return await self.call(calls.put(queue, messages))
+
+    async def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0) -> list[Message]:
+        return await self.call(calls.get(queue, n, lease_s=lease_s, wait_s=wait_s))
+
+    async def ack(self, queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None = None) -> list[bool]:
+        return await self.call(calls.ack(queue, ids, results))
+
+    async def nack(self, queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
+                   delay_s: float | Sequence[float] = 0.0) -> list[bool]:  # fmt: skip
+        return await self.call(calls.nack(queue, ids, errors, delay_s))
+
+    async def extend_lease(self, queue: str, ids: Sequence[int], lease_s: float) -> list[bool]:
+        return await self.call(calls.extend_lease(queue, ids, lease_s))
+
+    async def stats(self, queue: str | None = None) -> dict[str, QueueStats]:
+        return await self.call(calls.stats(queue))
+
+    async def purge(self, queue: str) -> int:
+        return await self.call(calls.purge(queue))
+
+    async def results(self, queue: str, after: int = 0, limit: int = 1000) -> list[tuple[int, bytes]]:
+        return await self.call(calls.results(queue, after, limit))
+
+    async def iter_results(self, queue: str, after: int = 0, page: int = 1000) -> AsyncIterator[tuple[int, bytes]]:
+        """Every stored result from the first id above `after`, fetched a page at a time."""
+        while rows := await self.results(queue, after, page):
+            for row in rows:
+                yield row
+            after = rows[-1][0]
+
+    async def dead_letters(self, queue: str, after: int = 0, limit: int = 1000) -> list[DeadLetter]:
+        return await self.call(calls.dead_letters(queue, after, limit))
+
+    async def forget(self, queue: str, ids: Sequence[int]) -> int:
+        return await self.call(calls.forget(queue, ids))
+
+    async def put_blob(self, data: bytes) -> str:
+        return await self.call(calls.put_blob(data))
+
+    async def get_blob(self, key: str) -> bytes | None:
+        return await self.call(calls.get_blob(key))

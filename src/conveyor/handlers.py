@@ -1,0 +1,284 @@
+"""The server's operations: one table from operation name to handler.
+
+A handler checks its arguments (a wrong type is a clear `bad-argument` error, never a crash), works
+on the hosted queue, waits for durability where the operation changed something, and returns the
+reply header fields and frames. Payload frames go into the store as the bytes that arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import asdict
+from typing import Any
+
+from .constants import ERR_BAD_ARGUMENT, PAGE_BYTES, PROTOCOL_VERSION
+from .errors import RequestError
+from .hosting import HostedQueue, QueueHost
+from .message import Message
+from .protocol import Frames, Header, column
+
+Reply = tuple[dict[str, Any], list[bytes]]
+Handler = Callable[[QueueHost, "Args", Frames], Awaitable[Reply]]
+
+MAX_BATCH = 1_000_000  # messages per get or page
+MAX_WAIT_S = 3600.0
+_MISSING = object()
+
+
+class Args:
+    """Typed access to a request's header fields, with errors that name the operation and field."""
+
+    def __init__(self, header: Header) -> None:
+        self.h = header
+        self.op: str = header["op"]
+
+    def _bad(self, name: str, want: str, got: object) -> RequestError:
+        return RequestError(ERR_BAD_ARGUMENT, f"{self.op}: '{name}' must be {want}, got {type(got).__name__} {got!r:.60}")
+
+    def _get(self, name: str, default: Any) -> Any:
+        v = self.h.get(name, default)
+        if v is _MISSING:
+            raise RequestError(ERR_BAD_ARGUMENT, f"{self.op}: missing argument '{name}'")
+        return v
+
+    def str(self, name: str, default: Any = _MISSING) -> Any:
+        v = self._get(name, default)
+        if type(v) is not str and v is not default:
+            raise self._bad(name, "a string", v)
+        return v
+
+    def int(self, name: str, default: Any = _MISSING, lo: int = 0, hi: int = 2**63 - 1) -> Any:
+        v = self._get(name, default)
+        if v is default and default is None:
+            return v
+        if type(v) is not int or not lo <= v <= hi:
+            raise self._bad(name, f"an integer in [{lo}, {hi}]", v)
+        return v
+
+    def num(self, name: str, default: Any = _MISSING, lo: float = 0.0, hi: float = float("inf"), open_lo: bool = False) -> Any:
+        v = self._get(name, default)
+        if v is default and default is None:
+            return v
+        if type(v) not in (int, float) or not (lo < v if open_lo else lo <= v) or not v <= hi:
+            raise self._bad(name, f"a number in {'(' if open_lo else '['}{lo}, {hi}]", v)
+        return float(v)
+
+    def bool(self, name: str, default: Any = _MISSING) -> Any:
+        v = self._get(name, default)
+        if type(v) is not bool and v is not default:
+            raise self._bad(name, "true or false", v)
+        return v
+
+    def ids(self, name: str = "ids") -> list[int]:
+        v = self._get(name, _MISSING)
+        if type(v) is not list or not all(type(i) is int and 0 <= i < 2**63 for i in v):
+            raise self._bad(name, "a list of non-negative 64-bit integers", v)
+        return v
+
+    def strs(self, name: str, n: int) -> list[str]:
+        v = self._get(name, None)
+        if v is None:
+            return [""] * n
+        if type(v) is not list or len(v) != n or not all(type(e) is str for e in v):
+            raise self._bad(name, f"a list of {n} strings", v)
+        return v
+
+    def packed(self, name: str, n: int, default: Any) -> Any:
+        """A per-message column as sent: one value for all, or a list of n (see `protocol.column`)."""
+        v = self.h.get(name, default)
+        if type(v) is list and len(v) != n:
+            raise RequestError(ERR_BAD_ARGUMENT, f"{self.op}: '{name}' has {len(v)} values for {n} messages")
+        return v
+
+    def queue(self, host: QueueHost, create: bool = False) -> HostedQueue:
+        return host.get(self.str("queue"), create)
+
+
+# --- operations ---------------------------------------------------------------------------------
+async def ping(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    return {"pong": True, "time": time.time(), "version": PROTOCOL_VERSION}, []
+
+
+async def declare(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    q = host.declare(a.str("queue"), a.bool("durable", None), a.num("lease_s", None, open_lo=True),
+                     a.int("max_attempts", None, 1, 0xFFFF), a.str("fsync", None))  # fmt: skip
+    await q.durable()
+    return {"info": asdict(q.info)}, []
+
+
+async def queues(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    return {"queues": [asdict(q.info) for q in host.queues.values()], "unavailable": host.unavailable}, []
+
+
+async def put(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    n = a.int("n")
+    if n != len(frames):
+        raise RequestError(ERR_BAD_ARGUMENT, f"put: 'n' is {n} but {len(frames)} payload frames came")
+    q = a.queue(host, create=True)
+    hdr = a.packed("hdr", n, {})
+    if type(hdr) is not list:
+        hdr = None if not hdr else [hdr] * n
+    ids = q.store.put_columns(frames, a.packed("prio", n, 0), a.packed("nb", n, 0.0), a.packed("ma", n, 0), hdr)
+    q.puts += n
+    q.changed.notify()
+    await q.durable()
+    return {"first": ids[0] if ids else 0, "n": len(ids)}, []
+
+
+def _columns(messages: list[Message]) -> dict[str, Any]:
+    return {"ids": [m.id for m in messages], "prio": column([m.priority for m in messages]),
+            "att": column([m.attempts for m in messages]), "at": column([m.enqueued_at for m in messages]),
+            "nb": column([m.not_before for m in messages]), "ma": column([m.max_attempts for m in messages]),
+            "hdr": column([m.headers for m in messages])}  # fmt: skip
+
+
+async def get(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    n = a.int("n", 1, 0, MAX_BATCH)
+    lease = a.num("lease_s", None, open_lo=True)
+    wait = a.num("wait_s", 0.0, 0.0, MAX_WAIT_S)
+    q = a.queue(host, create=True)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while True:
+        got = q.store.get(n, lease)
+        left = deadline - loop.time()
+        if got or n == 0 or left <= 0 or host.closing:
+            break
+        wake = q.store.next_wakeup()
+        if wake is not None:  # a delayed message comes due or a lease runs out before anything is put
+            left = min(left, max(wake - time.time(), 0.0) + 0.002)
+        await q.changed.wait(left)
+    lease_s = got[0].lease_s if got else (lease or q.info.lease_s)
+    return {"queue": q.info.name, "lease_s": lease_s, **_columns(got)}, [m.payload for m in got]
+
+
+async def ack(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    ids = a.ids()
+    q = a.queue(host)
+    results: list[bytes | None] | None = None
+    if frames:
+        if len(frames) != len(ids):
+            raise RequestError(ERR_BAD_ARGUMENT, f"ack: {len(ids)} ids but {len(frames)} result frames")
+        results = list(frames)
+        for i in a.ids("none") if "none" in a.h else ():
+            if i >= len(ids):
+                raise RequestError(ERR_BAD_ARGUMENT, f"ack: 'none' holds {i}, not an index into the {len(ids)} ids")
+            results[i] = None
+    ok = q.store.ack_many(ids, results)
+    q.acks += sum(ok)
+    await q.durable()
+    return {"ok": ok}, []
+
+
+async def nack(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    ids = a.ids()
+    errors = a.strs("errors", len(ids))
+    q = a.queue(host)
+    delays = a.packed("delay_s", len(ids), 0.0)
+    if type(delays) is list:
+        if not all(type(d) in (int, float) and d >= 0 for d in delays):
+            raise RequestError(ERR_BAD_ARGUMENT, "nack: 'delay_s' must hold non-negative numbers")
+    else:
+        delays = [a.num("delay_s", 0.0)] * len(ids)
+    ok = [False] * len(ids)
+    for d in dict.fromkeys(delays):  # one store call per distinct delay
+        sel = [i for i, x in enumerate(delays) if x == d]
+        for i, o in zip(sel, q.store.nack_many([ids[i] for i in sel], [errors[i] for i in sel], float(d)), strict=True):
+            ok[i] = o
+    if any(ok):
+        q.changed.notify()
+        await q.durable()
+    return {"ok": ok}, []
+
+
+async def extend_lease(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    ids = a.ids()
+    lease = a.num("lease_s", _MISSING, open_lo=True)
+    q = a.queue(host)
+    return {"ok": [q.store.extend_lease(i, lease) for i in ids]}, []
+
+
+async def stats(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    name = a.str("queue", None)
+    qs = host.queues.values() if name is None else [a.queue(host)]
+    out = {}
+    for q in qs:
+        s = asdict(q.stats())
+        del s["queue"]
+        out[q.info.name] = s
+    return {"queues": out, "unavailable": host.unavailable}, []
+
+
+async def purge(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    q = a.queue(host)
+    n = q.store.purge()
+    await q.durable()
+    return {"n": n}, []
+
+
+def _page_limit(a: Args) -> tuple[int, int]:
+    return a.int("after", 0), a.int("limit", 1000, 1, MAX_BATCH)
+
+
+async def results(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    after, limit = _page_limit(a)
+    q = a.queue(host)
+    ids: list[int] = []
+    out: list[bytes] = []
+    size = 0
+    for i, r in q.store.results(after):
+        if len(ids) >= limit or (ids and size + len(r) > PAGE_BYTES):
+            break
+        ids.append(i)
+        out.append(r)
+        size += len(r)
+    return {"ids": ids}, out
+
+
+async def dead_letters(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    after, limit = _page_limit(a)
+    q = a.queue(host)
+    dls = q.store.dead_letters(after, limit)
+    msgs = [d.message for d in dls]
+    return ({"queue": q.info.name, "lease_s": 0.0, **_columns(msgs), "errors": [d.error for d in dls],
+             "failed_at": [d.failed_at for d in dls]}, [m.payload for m in msgs])  # fmt: skip
+
+
+async def forget(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    ids = a.ids()
+    q = a.queue(host)
+    n = q.store.forget(ids)
+    await q.durable()
+    return {"n": n}, []
+
+
+async def put_blob(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    if len(frames) != 1:
+        raise RequestError(ERR_BAD_ARGUMENT, f"put_blob takes exactly one payload frame, got {len(frames)}")
+    return {"key": host.blobs.put(frames[0])}, []
+
+
+async def get_blob(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    data = host.blobs.get(a.str("key"))
+    return {"found": data is not None}, [] if data is None else [data]
+
+
+HANDLERS: dict[str, Handler] = {
+    "ping": ping,
+    "declare": declare,
+    "queues": queues,
+    "put": put,
+    "get": get,
+    "ack": ack,
+    "nack": nack,
+    "extend_lease": extend_lease,
+    "stats": stats,
+    "purge": purge,
+    "results": results,
+    "dead_letters": dead_letters,
+    "forget": forget,
+    "put_blob": put_blob,
+    "get_blob": get_blob,
+}

@@ -1,0 +1,277 @@
+"""What a queue server hosts: named queues (each a store), their settings, and blobs.
+
+Everything here runs on the server's event loop thread except `Store.sync`, which group commit
+runs in a worker thread so that one fsync covers every operation written before it started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import re
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .calls import QueueInfo, QueueStats
+from .constants import (
+    BLOB_DIR,
+    ERR_BAD_ARGUMENT,
+    ERR_NO_QUEUE,
+    ERR_QUEUE_CONFLICT,
+    ERR_UNAVAILABLE,
+    QUEUE_CONFIG_NAME,
+    QUEUE_NAME_PATTERN,
+    QUEUES_DIR,
+    SERVER_LOCK_NAME,
+)
+from .errors import ConveyorError, RequestError
+from .storage import DurableStore, MemoryStore, Store
+
+log = logging.getLogger("conveyor.server")
+
+_QUEUE_NAME = re.compile(QUEUE_NAME_PATTERN)
+_FSYNC = ("batch", "interval", "never")
+RATE_WINDOW = 10  # samples (one a second) behind the rates in stats
+
+
+class Signal:
+    """Wakes every waiter when a queue may have new work (a put, a nack, an expired lease)."""
+
+    def __init__(self) -> None:
+        self._fut: asyncio.Future[None] | None = None
+
+    def notify(self) -> None:
+        if self._fut is not None and not self._fut.done():
+            self._fut.set_result(None)
+        self._fut = None
+
+    async def wait(self, timeout: float) -> None:
+        """Return on the next notify, or after `timeout` seconds."""
+        if self._fut is None:
+            self._fut = asyncio.get_running_loop().create_future()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(self._fut), timeout)
+
+
+class GroupCommit:
+    """Answers writes only once durable, sharing one fsync among all writes made before it began."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.written = 0  # generation of the last write
+        self.synced = 0  # every generation up to this one is durable
+        self._task: asyncio.Future[None] | None = None
+
+    def wrote(self) -> int:
+        self.written += 1
+        return self.written
+
+    async def durable(self, generation: int) -> None:
+        while self.synced < generation:
+            if self._task is None or self._task.done():
+                self._task = asyncio.ensure_future(self._sync())
+            await asyncio.shield(self._task)
+
+    async def _sync(self) -> None:
+        target = self.written
+        await asyncio.get_running_loop().run_in_executor(None, self.store.sync)
+        self.synced = max(self.synced, target)
+
+
+@dataclass
+class HostedQueue:
+    """One named queue: its settings, its store, and what the server tracks about it."""
+
+    info: QueueInfo
+    store: Store
+    commit: GroupCommit | None  # for durable queues with fsync="batch"
+    changed: Signal = field(default_factory=Signal)
+    puts: int = 0
+    acks: int = 0
+    samples: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW + 1))
+
+    async def durable(self) -> None:
+        """Wait until everything written so far is durable under the queue's fsync policy."""
+        if self.commit is not None:
+            await self.commit.durable(self.commit.wrote())
+
+    def sample(self, now: float) -> None:
+        self.samples.append((now, self.puts, self.acks))
+
+    def stats(self) -> QueueStats:
+        s = self.store.stats()
+        put_rate = ack_rate = 0.0
+        if len(self.samples) >= 2:
+            (t0, p0, a0), (t1, p1, a1) = self.samples[0], self.samples[-1]
+            if t1 > t0:
+                put_rate, ack_rate = (p1 - p0) / (t1 - t0), (a1 - a0) / (t1 - t0)
+        return QueueStats(self.info.name, s.ready, s.delivered, s.delayed, s.acked, s.failed, s.bytes_on_disk,
+                          put_rate, ack_rate)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Defaults:
+    """Settings of queues declared without them."""
+
+    durable: bool
+    lease_s: float = 30.0
+    max_attempts: int = 5
+    fsync: str = "batch"
+
+
+class QueueHost:
+    """The named queues of one server, created on first use or by `declare`, reopened on restart."""
+
+    def __init__(self, data_dir: Path | None, defaults: Defaults, repair: bool = False) -> None:
+        self.data_dir = data_dir
+        self.queue_dir = None if data_dir is None else data_dir / QUEUES_DIR
+        self.defaults = defaults
+        self.repair = repair
+        self.queues: dict[str, HostedQueue] = {}
+        self.unavailable: dict[str, str] = {}  # queue -> why its store could not be opened
+        self.closing = False  # set when the server stops: long polls return at once
+        self.blobs = Blobs(None if data_dir is None else data_dir / BLOB_DIR)
+        self._lock_fd = -1
+        if data_dir is not None:
+            data_dir.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(data_dir / SERVER_LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+            try:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(self._lock_fd)
+                raise ConveyorError(f"{data_dir} is in use by another server") from None
+            self._open_existing()
+
+    def _open_existing(self) -> None:
+        assert self.queue_dir is not None
+        for conf in sorted(self.queue_dir.glob(f"*/{QUEUE_CONFIG_NAME}")):
+            name = conf.parent.name
+            try:
+                info = QueueInfo(**json.loads(conf.read_text()))
+                self.queues[name] = self._open(info)
+            except Exception as e:  # one damaged queue must not take the others down
+                self.unavailable[name] = f"queue {name!r} could not be opened: {e}"
+                log.error("%s", self.unavailable[name])
+        if self.queues:
+            log.info("reopened %d queue(s): %s", len(self.queues), ", ".join(self.queues))
+
+    def _open(self, info: QueueInfo) -> HostedQueue:
+        if not info.durable:
+            return HostedQueue(info, MemoryStore(info.name, max_attempts=info.max_attempts, lease_s=info.lease_s), None)
+        assert self.queue_dir is not None and info.fsync is not None
+        store = DurableStore(self.queue_dir / info.name, fsync=info.fsync, queue=info.name,  # type: ignore[arg-type]
+                             max_attempts=info.max_attempts, lease_s=info.lease_s, repair=self.repair,
+                             group_commit=True)  # fmt: skip
+        return HostedQueue(info, store, GroupCommit(store) if info.fsync == "batch" else None)
+
+    def get(self, name: str, create: bool = False) -> HostedQueue:
+        q = self.queues.get(name)
+        if q is not None:
+            return q
+        if name in self.unavailable:
+            why = self.unavailable[name]
+            raise RequestError(ERR_UNAVAILABLE, f"{why} (restart the server with --repair to keep what is intact)")
+        if not create:
+            _check_name(name)
+            raise RequestError(ERR_NO_QUEUE, f"no queue named {name!r} on this server")
+        return self.declare(name)
+
+    def declare(self, name: str, durable: bool | None = None, lease_s: float | None = None,
+                max_attempts: int | None = None, fsync: str | None = None) -> HostedQueue:  # fmt: skip
+        _check_name(name)
+        d = self.defaults
+        durable = d.durable if durable is None else durable
+        if durable and self.data_dir is None:
+            raise RequestError(ERR_BAD_ARGUMENT, f"queue {name!r}: this server has no --data-dir: transient queues only")
+        if fsync is not None and fsync not in _FSYNC:
+            raise RequestError(ERR_BAD_ARGUMENT, f"queue {name!r}: fsync must be one of {', '.join(_FSYNC)}, got {fsync!r}")
+        info = QueueInfo(name, durable, float(d.lease_s if lease_s is None else lease_s),
+                         int(d.max_attempts if max_attempts is None else max_attempts),
+                         (d.fsync if fsync is None else fsync) if durable else None)  # fmt: skip
+        q = self.queues.get(name)
+        if q is not None:
+            asked = {"durable": durable, "lease_s": lease_s, "max_attempts": max_attempts, "fsync": fsync}
+            have = asdict(q.info)
+            diff = [f"{k}={have[k]!r} (asked {v!r})" for k, v in asked.items() if v is not None and v != have[k]]
+            if diff:
+                raise RequestError(ERR_QUEUE_CONFLICT, f"queue {name!r} exists with {', '.join(diff)}")
+            return q
+        try:
+            q = self._open(info)
+        except ValueError as e:
+            raise RequestError(ERR_BAD_ARGUMENT, f"queue {name!r}: {e}") from None
+        if durable:
+            assert self.queue_dir is not None
+            _write_atomically(self.queue_dir / name / QUEUE_CONFIG_NAME, json.dumps(asdict(info)).encode())
+        self.queues[name] = q
+        log.info("declared queue %s", info)
+        return q
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        for q in self.queues.values():
+            q.sample(now)
+
+    def close(self) -> None:
+        for q in self.queues.values():
+            try:
+                q.store.close()
+            except Exception:
+                log.exception("closing queue %s", q.info.name)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+
+def _check_name(name: str) -> None:
+    if type(name) is not str or not _QUEUE_NAME.fullmatch(name):
+        raise RequestError(ERR_BAD_ARGUMENT, f"bad queue name {name!r:.80}: use 1-128 letters, digits, '_', '.' or '-', "
+                                             "not starting with '.' or '-'")  # fmt: skip
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+class Blobs:
+    """Content-addressed bytes (key: sha256 hex), on disk under the data dir or in memory."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self._mem: dict[str, bytes] = {}
+
+    def put(self, data: bytes) -> str:
+        key = hashlib.sha256(data).hexdigest()
+        if self.path is None:
+            self._mem[key] = data
+        elif not (self.path / key).exists():
+            self.path.mkdir(exist_ok=True)
+            _write_atomically(self.path / key, data)
+        return key
+
+    def get(self, key: str) -> bytes | None:
+        if not re.fullmatch(r"[0-9a-f]{64}", key):
+            raise RequestError(ERR_BAD_ARGUMENT, f"a blob key is 64 hex digits (sha256), got {key!r:.80}")
+        if self.path is None:
+            return self._mem.get(key)
+        try:
+            return (self.path / key).read_bytes()
+        except FileNotFoundError:
+            return None

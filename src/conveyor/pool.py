@@ -1,0 +1,365 @@
+"""QueuePool: one logical queue spread over several queue servers (shards), with no central broker.
+
+Puts go out in batches, round-robin over the shards. Every other operation goes to the shard that
+holds the message: a pool folds the shard number into the ids it hands out
+(`shard << SHARD_SHIFT | id on the server`), so shard order is part of a pool's identity —
+every pool over the same servers must list them in the same order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from . import calls
+from .calls import Call, QueueInfo, QueueStats
+from .client import QueueClient
+from .constants import ERR_NO_QUEUE, SHARD_SHIFT
+from .errors import ConveyorError, RequestError
+from .message import Message
+from .storage import DeadLetter
+
+LOCAL_MASK = (1 << SHARD_SHIFT) - 1
+SERVER_START_TIMEOUT_S = 30.0
+
+
+def spawn_server(data_dir: str | Path | None, port: int = 0, *, token: str | None = None,
+                 args: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
+    """Start `conveyor serve` on 127.0.0.1 in a child process; returns it and its address once it listens."""
+    cmd = [sys.executable, "-m", "conveyor", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
+    if data_dir is not None:
+        cmd += ["--data-dir", str(data_dir)]
+    env = dict(os.environ)
+    env.pop("CONVEYOR_TOKEN", None)
+    if token:
+        env["CONVEYOR_TOKEN"] = token  # not on the command line, where `ps` would show it
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    line = b""
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
+            proc.kill()
+            raise ConveyorError(f"queue server did not start within {SERVER_START_TIMEOUT_S:.0f} s: {' '.join(cmd)}")
+        chunk = os.read(proc.stdout.fileno(), 4096)
+        if not chunk:
+            code = proc.wait()
+            raise ConveyorError(f"queue server exited with code {code} before listening (see its errors above): {' '.join(cmd)}")
+        line += chunk
+    return proc, line.decode().split()[-1]
+
+
+def stop_server(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM (a clean stop: stores closed), then SIGKILL if it does not exit in time."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+class QueuePool:
+    """Queue servers used as one: routing, aggregated stats, consumer assignment and `join`."""
+
+    def __init__(self, clients: Sequence[QueueClient], *, batch_size: int = 1000) -> None:
+        if not clients:
+            raise ValueError("a pool needs at least one server")
+        if len(clients) > 1 << (63 - SHARD_SHIFT):
+            raise ValueError(f"a pool holds at most {1 << (63 - SHARD_SHIFT)} servers")
+        self.clients = list(clients)
+        self.batch_size = batch_size
+        self._rr = itertools.count()  # rotates the shard a shard-less get looks at first
+        self._next_put = 0
+        self._threads: ThreadPoolExecutor | None = None
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._tmp: str | None = None
+
+    @classmethod
+    def connect(cls, addresses: str | Sequence[str], token: str | bytes | None = None, *, batch_size: int = 1000,
+                **client_options: Any) -> QueuePool:  # fmt: skip
+        """A pool over running servers: a list, or one string of comma-separated addresses."""
+        if isinstance(addresses, str):
+            addresses = [a.strip() for a in addresses.split(",") if a.strip()]
+        return cls([QueueClient(a, token, **client_options) for a in addresses], batch_size=batch_size)
+
+    @classmethod
+    def local(cls, n_servers: int = 2, durable: bool = True, data_dir: str | Path | None = None, *,
+              token: str | None = None, fsync: str = "batch", batch_size: int = 1000) -> QueuePool:  # fmt: skip
+        """Start `n_servers` queue servers as child processes on free loopback ports.
+
+        Durable servers keep their queues under `data_dir/shard-<i>` (a temporary directory, removed
+        on close, when None). `close()` or leaving the `with` block stops the servers cleanly.
+        """
+        if n_servers < 1:
+            raise ValueError(f"n_servers must be >= 1, got {n_servers}")
+        tmp = None
+        if durable and data_dir is None:
+            data_dir = tmp = tempfile.mkdtemp(prefix="conveyor-pool-")
+        procs: list[subprocess.Popen[bytes]] = []
+        try:
+            addresses = []
+            for i in range(n_servers):
+                d = None if not durable else Path(data_dir) / f"shard-{i}"  # type: ignore[arg-type]
+                proc, address = spawn_server(d, token=token, args=["--fsync", fsync])
+                procs.append(proc)
+                addresses.append(address)
+            pool = cls.connect(addresses, token, batch_size=batch_size)
+        except BaseException:
+            for p in procs:
+                stop_server(p)
+            if tmp:
+                shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        pool._procs, pool._tmp = procs, tmp
+        return pool
+
+    @property
+    def addresses(self) -> list[str]:
+        return [c.address for c in self.clients]
+
+    @property
+    def processes(self) -> list[subprocess.Popen[bytes]]:
+        """The server processes this pool started (`local`), in shard order."""
+        return list(self._procs)
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+    # --- ids --------------------------------------------------------------------------------
+    @staticmethod
+    def global_id(shard: int, local_id: int) -> int:
+        return shard << SHARD_SHIFT | local_id
+
+    @staticmethod
+    def split_id(msg_id: int) -> tuple[int, int]:
+        """(shard, id on that shard's server) of a pool-wide message id."""
+        return msg_id >> SHARD_SHIFT, msg_id & LOCAL_MASK
+
+    def _by_shard(self, ids: Sequence[int]) -> dict[int, list[int]]:
+        """Positions of `ids` per shard, checking every id names a shard of this pool."""
+        out: dict[int, list[int]] = {}
+        for k, i in enumerate(ids):
+            s = i >> SHARD_SHIFT
+            if not 0 <= s < len(self.clients):
+                raise ValueError(f"message id {i} names shard {s}, but this pool has {len(self.clients)}")
+            out.setdefault(s, []).append(k)
+        return out
+
+    def _each(self, work: dict[int, list[Call[Any]]]) -> dict[int, list[Any]]:
+        """Run each shard's calls (pipelined), the shards in parallel; results per shard."""
+        if len(work) == 1:
+            [(s, batch)] = work.items()
+            return {s: self.clients[s].pipeline(batch)}
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(len(self.clients), thread_name_prefix="conveyor-pool")
+        futures = {s: self._threads.submit(self.clients[s].pipeline, batch) for s, batch in work.items()}
+        return {s: f.result() for s, f in futures.items()}
+
+    def _scatter(self, ids: Sequence[int], make: Callable[[list[int], list[int]], Call[list[Any]]]) -> list[Any]:
+        """Route a per-id operation to the shards holding the ids; results in the order of `ids`."""
+        groups = self._by_shard(ids)
+        work = {s: [make(pos, [ids[k] & LOCAL_MASK for k in pos])] for s, pos in groups.items()}
+        out: list[Any] = [None] * len(ids)
+        for s, [res] in self._each(work).items():
+            for k, r in zip(groups[s], res, strict=True):
+                out[k] = r
+        return out
+
+    # --- operations -------------------------------------------------------------------------
+    def declare(self, queue: str, **settings: Any) -> QueueInfo:
+        """Declare a queue on every shard (see `QueueClient.declare` for the settings)."""
+        infos = self._each({s: [calls.declare(queue, **settings)] for s in range(len(self.clients))})
+        return infos[0][0]
+
+    def put(self, queue: str, messages: Sequence[Message]) -> list[int]:
+        """Put messages in batches of `batch_size`, round-robin over the shards; returns pool-wide ids."""
+        n, b = len(self.clients), self.batch_size
+        chunks = [messages[i : i + b] for i in range(0, len(messages), b)]
+        first, self._next_put = self._next_put, (self._next_put + len(chunks)) % n
+        work: dict[int, list[Call[Any]]] = {}
+        order: list[tuple[int, int]] = []  # (shard, index of its call) per chunk
+        for k, chunk in enumerate(chunks):
+            s = (first + k) % n
+            work.setdefault(s, []).append(calls.put(queue, chunk))
+            order.append((s, len(work[s]) - 1))
+        done = self._each(work)
+        return [s << SHARD_SHIFT | i for s, j in order for i in done[s][j]]
+
+    def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0,
+            shards: Sequence[int] | None = None) -> list[Message]:  # fmt: skip
+        """Lease up to n messages from the first of `shards` (default: all, rotating) that has some.
+
+        With `wait_s`, keeps trying (long polls of a fraction of a second on each shard) until then.
+        """
+        order = list(range(len(self.clients))) if shards is None else list(shards)
+        if shards is None:
+            k = next(self._rr) % len(order)
+            order = order[k:] + order[:k]
+        # one slice of a long poll per shard in turn: a message put on another shard waits at most that long
+        slice_s = wait_s if len(order) == 1 else 0.25
+        deadline = time.monotonic() + wait_s
+        wait = 0.0  # first a quick look at every shard
+        while True:
+            for s in order:
+                got = self.clients[s].get(queue, n, lease_s=lease_s, wait_s=wait)
+                if got:
+                    return [dataclasses.replace(m, id=s << SHARD_SHIFT | m.id) for m in got]
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            wait = min(left, slice_s)
+
+    def ack(self, queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None = None) -> list[bool]:
+        def make(pos: list[int], local: list[int]) -> Call[list[bool]]:
+            return calls.ack(queue, local, None if results is None else [results[k] for k in pos])
+
+        return self._scatter(ids, make)
+
+    def nack(self, queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
+             delay_s: float | Sequence[float] = 0.0) -> list[bool]:  # fmt: skip
+        def make(pos: list[int], local: list[int]) -> Call[list[bool]]:
+            d = delay_s if isinstance(delay_s, (int, float)) else [delay_s[k] for k in pos]
+            return calls.nack(queue, local, None if errors is None else [errors[k] for k in pos], d)
+
+        return self._scatter(ids, make)
+
+    def extend_lease(self, queue: str, ids: Sequence[int], lease_s: float) -> list[bool]:
+        return self._scatter(ids, lambda pos, local: calls.extend_lease(queue, local, lease_s))
+
+    def forget(self, queue: str, ids: Sequence[int]) -> int:
+        groups = self._by_shard(ids)
+        done = self._each({s: [calls.forget(queue, [ids[k] & LOCAL_MASK for k in pos])] for s, pos in groups.items()})
+        return sum(r[0] for r in done.values())
+
+    def purge(self, queue: str) -> int:
+        return sum(r[0] for r in self._each({s: [calls.purge(queue)] for s in range(len(self.clients))}).values())
+
+    def shard_stats(self, queue: str | None = None) -> list[dict[str, QueueStats]]:
+        """Stats per shard, in shard order (a queue appears on the shards that have it)."""
+        done = self._each({s: [calls.stats()] for s in range(len(self.clients))})
+        per = [done[s][0] for s in range(len(self.clients))]
+        if queue is not None:
+            per = [{q: st for q, st in p.items() if q == queue} for p in per]
+            if not any(per):
+                raise RequestError(ERR_NO_QUEUE, f"no queue named {queue!r} on any of the {len(self.clients)} servers")
+        return per
+
+    def stats(self, queue: str | None = None) -> dict[str, QueueStats]:
+        """Stats per queue, summed over the shards."""
+        out: dict[str, QueueStats] = {}
+        for per in self.shard_stats(queue):
+            for q, st in per.items():
+                out[q] = out[q] + st if q in out else st
+        return out
+
+    def _shards_with(self, queue: str) -> list[int]:
+        """The shards that host `queue` (a queue exists where it was put, got or declared)."""
+        have = [s for s, per in enumerate(self.shard_stats()) if queue in per]
+        if not have:
+            raise RequestError(ERR_NO_QUEUE, f"no queue named {queue!r} on any of the {len(self.clients)} servers")
+        return have
+
+    def results(self, queue: str) -> Iterator[tuple[int, bytes]]:
+        """Every stored result as (pool-wide id, result), shard by shard."""
+        for s in self._shards_with(queue):
+            for i, r in self.clients[s].iter_results(queue):
+                yield s << SHARD_SHIFT | i, r
+
+    def dead_letters(self, queue: str) -> list[DeadLetter]:
+        """Every dead letter of the queue, with pool-wide ids."""
+        out = []
+        for s in self._shards_with(queue):
+            after = 0
+            while page := self.clients[s].dead_letters(queue, after):
+                out += [dataclasses.replace(d, message=dataclasses.replace(d.message, id=s << SHARD_SHIFT | d.message.id))
+                        for d in page]  # fmt: skip
+                after = page[-1].message.id
+        return out
+
+    def put_blob(self, data: bytes) -> str:
+        """Store bytes on every shard (so any consumer finds them); returns the sha256 key."""
+        keys = self._each({s: [calls.put_blob(data)] for s in range(len(self.clients))})
+        return keys[0][0]
+
+    def get_blob(self, key: str, shard: int = 0) -> bytes | None:
+        return self.clients[shard].get_blob(key)
+
+    def assign(self, consumer: int, n_consumers: int) -> list[int]:
+        """The shards consumer `consumer` of `n_consumers` serves first (it may steal from the others)."""
+        if not 0 <= consumer < n_consumers:
+            raise ValueError(f"consumer must be in [0, {n_consumers}), got {consumer}")
+        n = len(self.clients)
+        if n_consumers >= n:
+            return [consumer % n]
+        return [s for s in range(n) if s % n_consumers == consumer]
+
+    def join(self, queues: str | Sequence[str] | None = None, *, timeout: float | None = None, poll_s: float = 0.2,
+             progress: bool | None = None) -> dict[str, QueueStats]:  # fmt: skip
+        """Wait until the queues (default: all) have nothing ready, delayed or delivered on any shard.
+
+        Shows a progress bar on a terminal (`progress=None`: when stderr is one). Raises TimeoutError
+        after `timeout` seconds. Returns the final stats.
+        """
+        from .progress import JoinProgress
+
+        names = [queues] if isinstance(queues, str) else None if queues is None else list(queues)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with JoinProgress(enabled=progress) as bar:
+            while True:
+                st = self.stats()
+                mine = {q: s for q, s in st.items() if names is None or q in names}
+                bar.update(mine)
+                if all(s.pending == 0 for s in mine.values()):
+                    return mine
+                if deadline is not None and time.monotonic() >= deadline:
+                    pending = sum(s.pending for s in mine.values())
+                    raise TimeoutError(f"join: {pending:,} messages still pending after {timeout} s")
+                time.sleep(poll_s)
+
+    # --- lifecycle --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the connections; stop the servers this pool started and remove their temporary data."""
+        for c in self.clients:
+            c.close()
+        if self._threads is not None:
+            self._threads.shutdown()
+            self._threads = None
+        for p in self._procs:
+            stop_server(p)
+        self._procs = []
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def __enter__(self) -> QueuePool:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A pool crosses to other processes (Spark executors) as its connections' settings only."""
+        return {"clients": self.clients, "batch_size": self.batch_size}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["clients"], batch_size=state["batch_size"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"QueuePool({self.addresses!r})"

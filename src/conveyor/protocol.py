@@ -1,0 +1,181 @@
+"""The wire protocol: frame sets, their limits, and the column codec both sides use.
+
+A frame set is a msgpack header (a map with at least "op" and "id") plus raw payload frames; see
+`constants` for the byte layout. One parser, written as a generator that asks for byte counts,
+serves both the asyncio server/client and the blocking client, so the limits are checked in one
+place. Payload frames are handed over as bytes exactly as sent: nothing here decodes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+import struct
+from collections.abc import Generator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from .constants import (
+    DEFAULT_MAX_FRAME_BYTES,
+    DEFAULT_MAX_FRAMES,
+    DEFAULT_MAX_HEADER_BYTES,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    FRAME_LENGTH,
+    FRAME_PREFIX,
+)
+from .errors import ConnectionLostError, ProtocolError
+
+Header = dict[str, Any]
+Frames = list[bytes]
+
+_packb = msgpack.Packer(use_bin_type=True).pack
+_prefix_pack = FRAME_PREFIX.pack
+_prefix_unpack = FRAME_PREFIX.unpack
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What one side accepts from the other; anything larger is a protocol error."""
+
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_frames: int = DEFAULT_MAX_FRAMES
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+
+    def __post_init__(self) -> None:
+        for name in ("max_frame_bytes", "max_header_bytes", "max_frames", "max_message_bytes"):
+            v = getattr(self, name)
+            if type(v) is not int or not 0 < v < 2**32:
+                raise ValueError(f"{name} must be an integer in [1, 2**32), got {v!r}")
+
+
+def encode(header: Header, frames: Sequence[bytes] = ()) -> list[bytes]:
+    """The parts of a frame set, ready for `writelines` / `sendall(b"".join(...))`."""
+    h = _packb(header)
+    n = len(frames)
+    if not n:
+        return [_prefix_pack(len(h), 0), h]
+    lens = struct.pack(FRAME_LENGTH.format(n), *map(len, frames))
+    return [_prefix_pack(len(h), n), lens, h, *frames]
+
+
+def parser(limits: Limits, request: bool) -> Generator[int, bytes, tuple[Header, Frames]]:
+    """Parse one frame set: yields how many bytes it needs next, is sent exactly those bytes.
+
+    A request's header must name its operation; a reply's need not.
+    """
+    hlen, nframes = _prefix_unpack((yield FRAME_PREFIX.size))
+    if hlen > limits.max_header_bytes:
+        raise ProtocolError(f"header of {hlen:,} bytes exceeds the limit of {limits.max_header_bytes:,}")
+    if nframes > limits.max_frames:
+        raise ProtocolError(f"{nframes:,} payload frames exceed the limit of {limits.max_frames:,}")
+    lens: tuple[int, ...] = struct.unpack(FRAME_LENGTH.format(nframes), (yield 4 * nframes)) if nframes else ()
+    header = decode_header((yield hlen), request)
+    rid = header["id"]
+    if lens:
+        big = max(lens)
+        if big > limits.max_frame_bytes:
+            raise ProtocolError(f"a payload frame of {big:,} bytes exceeds the limit of {limits.max_frame_bytes:,}", rid)
+        total = sum(lens)
+        if total > limits.max_message_bytes:
+            raise ProtocolError(f"payload frames of {total:,} bytes in all exceed the limit of "
+                                f"{limits.max_message_bytes:,}", rid)  # fmt: skip
+        body = yield total
+        offs = itertools.accumulate(lens, initial=0)
+        frames = [body[a:b] for a, b in itertools.pairwise(offs)]
+    else:
+        frames = []
+    return header, frames
+
+
+def decode_header(raw: bytes, request: bool) -> Header:
+    """A header map with an "id" (int) and, for a request, an "op" (str); else a protocol error."""
+    try:
+        header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
+    except Exception as e:  # msgpack raises several unrelated types for bad input
+        raise ProtocolError(f"header is not valid msgpack: {type(e).__name__}: {e}") from None
+    if type(header) is not dict:
+        raise ProtocolError(f"header must be a map, got {type(header).__name__}")
+    rid = header.get("id")
+    if type(rid) is not int or not 0 <= rid < 2**63:
+        raise ProtocolError(f"header field 'id' must be a non-negative 64-bit integer, got {rid!r:.40}")
+    if request and type(header.get("op")) is not str:
+        raise ProtocolError(f"header field 'op' must be a string, got {header.get('op')!r:.40}", rid)
+    return header
+
+
+async def read(reader: asyncio.StreamReader, limits: Limits, request: bool) -> tuple[Header, Frames]:
+    """Read one frame set from a stream; raises EOFError at a clean end of stream."""
+    gen = parser(limits, request)
+    n = next(gen)
+    first = True
+    try:
+        while True:
+            try:
+                data = await reader.readexactly(n)
+            except asyncio.IncompleteReadError as e:
+                if first and not e.partial:
+                    raise EOFError from None
+                raise ProtocolError(f"connection closed in the middle of a message ({len(e.partial)} of {n} bytes)") from None
+            first = False
+            n = gen.send(data)
+    except StopIteration as stop:
+        return stop.value
+
+
+class SocketReader:
+    """Reads replies from a blocking socket, buffering what `recv` returns beyond them."""
+
+    def __init__(self, sock: socket.socket, limits: Limits) -> None:
+        self.sock = sock
+        self.limits = limits
+        self._buf = bytearray()
+
+    def _exactly(self, n: int) -> bytes:
+        buf = self._buf
+        while len(buf) < n:
+            chunk = self.sock.recv(max(n - len(buf), 262144))
+            if not chunk:
+                raise ConnectionLostError("the server closed the connection")
+            buf += chunk
+        if len(buf) == n:
+            out = bytes(buf)
+            buf.clear()
+        else:
+            out = bytes(memoryview(buf)[:n])
+            del buf[:n]
+        return out
+
+    def read(self) -> tuple[Header, Frames]:
+        gen = parser(self.limits, request=False)
+        n = next(gen)
+        try:
+            while True:
+                n = gen.send(self._exactly(n))
+        except StopIteration as stop:
+            return stop.value
+
+
+# --- columns: per-message fields of a batch, a scalar when all values are equal -------------------
+def column(values: Sequence[Any]) -> Any:
+    """A list of per-message values, or the one value when all are equal (the common case)."""
+    if not values:
+        return []
+    first = values[0]
+    if all(v == first and type(v) is type(first) for v in values):
+        return first
+    return list(values)
+
+
+def expand(value: Any, n: int, name: str) -> list[Any]:
+    """Undo `column`: a list of n values; raises ValueError when a list has the wrong length."""
+    if type(value) is list:
+        if len(value) != n:
+            raise ValueError(f"'{name}' has {len(value)} values for {n} messages")
+        return value
+    if type(value) is dict:  # one mutable map per message, never shared
+        return [dict(value) for _ in range(n)]
+    return [value] * n

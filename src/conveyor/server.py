@@ -1,0 +1,269 @@
+"""QueueServer: an asyncio process hosting named queues behind the framed protocol.
+
+Each connection is read in a loop; every request runs as its own task (bounded per connection),
+so one connection carries many requests at once and replies go out as they finish, in any order.
+A malformed frame set gets an error reply where one can be addressed, then the connection is
+closed; the server and its other connections carry on. Payloads are never deserialized.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import ipaddress
+import logging
+import signal
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import protocol
+from .auth import as_key, hello, new_nonce, proof
+from .constants import (
+    AUTH_CLIENT_LABEL,
+    AUTH_NONCE_BYTES,
+    AUTH_SERVER_LABEL,
+    DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_PORT,
+    ERR_AUTH,
+    ERR_BAD_ARGUMENT,
+    ERR_INTERNAL,
+    ERR_PROTOCOL,
+    ERR_STORE,
+    ERR_UNKNOWN_OP,
+)
+from .errors import ConveyorError, ProtocolError, RequestError, StoreError
+from .handlers import HANDLERS, Args
+from .hosting import Defaults, QueueHost
+from .protocol import Frames, Header, Limits
+
+log = logging.getLogger("conveyor.server")
+
+AUTH_TIMEOUT_S = 10.0
+_AUTH_LIMITS = Limits(max_header_bytes=4096, max_frames=1, max_frame_bytes=1, max_message_bytes=1)
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` names is a loopback address."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+@dataclass(eq=False)
+class _Connection:
+    writer: asyncio.StreamWriter
+    peer: str
+    reader_task: asyncio.Task[None] | None = None
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def send(self, header: Header, frames: Frames = ()) -> None:  # type: ignore[assignment]
+        """Write one frame set; a peer that went away is not an error of ours."""
+        with contextlib.suppress(ConnectionError, RuntimeError):
+            async with self.lock:
+                self.writer.writelines(protocol.encode(header, frames))
+                await self.writer.drain()
+
+    async def error(self, rid: int, kind: str, message: str) -> None:
+        await self.send({"id": rid, "error": kind, "message": message})
+
+
+class QueueServer:
+    """Serves the queues under `data_dir` (durable) or in memory (no data dir) on host:port.
+
+    Binds 127.0.0.1 by default. A non-loopback address needs a `token` (every client must prove it
+    knows it) unless `insecure` is set. Port 0 picks a free port; `address` tells which.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, data_dir: str | Path | None = None,
+                 token: str | bytes | None = None, insecure: bool = False, limits: Limits | None = None,
+                 defaults: Defaults | None = None, repair: bool = False, sweep_interval_s: float = 0.5,
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:  # fmt: skip
+        self._key = as_key(token)
+        if self._key is None and not insecure and not is_loopback(host):
+            raise ConveyorError(f"refusing to listen on {host} without a token: anyone who can reach it could read and "
+                                "change the queues. Give a token (--token or CONVEYOR_TOKEN), or --insecure "
+                                "to accept that")  # fmt: skip
+        self.host = host
+        self.port = port
+        self.data_dir = None if data_dir is None else Path(data_dir)
+        self.limits = limits or Limits()
+        self.defaults = defaults or Defaults(durable=data_dir is not None)
+        self.repair = repair
+        self.sweep_interval_s = sweep_interval_s
+        self.max_in_flight = max_in_flight
+        self.queues: QueueHost | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self._conns: set[_Connection] = set()
+        self._sweeper: asyncio.Task[None] | None = None
+        self._stopped: asyncio.Event | None = None
+        self._closing = False
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"tcp://{host}:{self.port}"
+
+    async def start(self) -> None:
+        """Open the queues and start listening."""
+        self._stopped = asyncio.Event()
+        self.queues = QueueHost(self.data_dir, self.defaults, self.repair)
+        try:
+            self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=2**20)
+        except BaseException:
+            self.queues.close()
+            raise
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._sweeper = asyncio.create_task(self._sweep())
+        log.info("listening on %s%s", self.address, " (token required)" if self._key else "")
+
+    async def wait_stopped(self) -> None:
+        assert self._stopped is not None
+        await self._stopped.wait()
+
+    async def stop(self, grace_s: float = 5.0) -> None:
+        """Stop listening, let running requests finish (long polls return at once), close the stores."""
+        if self._closing or self._server is None:
+            return
+        self._closing = True
+        self._server.close()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        assert self.queues is not None
+        self.queues.closing = True
+        for q in self.queues.queues.values():
+            q.changed.notify()
+        for c in self._conns:
+            if c.reader_task is not None:
+                c.reader_task.cancel()
+        running = [t for c in self._conns for t in c.tasks]
+        if running:
+            _, late = await asyncio.wait(running, timeout=grace_s)
+            for t in late:
+                t.cancel()
+        for c in list(self._conns):
+            c.writer.close()
+        self.queues.close()
+        log.info("stopped; queues closed")
+        assert self._stopped is not None
+        self._stopped.set()
+
+    def run(self, on_ready: Callable[[str], None] | None = None) -> None:
+        """Serve until SIGTERM or SIGINT, then stop cleanly. `on_ready(address)` runs once listening."""
+
+        async def main() -> None:
+            await self.start()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.stop()))
+            if on_ready is not None:
+                on_ready(self.address)
+            await self.wait_stopped()
+
+        asyncio.run(main())
+
+    # --- connections ----------------------------------------------------------------------
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        peer = writer.get_extra_info("peername")
+        conn = _Connection(writer, f"{peer[0]}:{peer[1]}" if peer else "?", asyncio.current_task())  # type: ignore[arg-type]
+        self._conns.add(conn)
+        try:
+            nonce = new_nonce()
+            await conn.send(hello(self._key, nonce))
+            if self._key is not None and not await self._authenticate(reader, conn, nonce):
+                return
+            slots = asyncio.Semaphore(self.max_in_flight)
+            while not self._closing:
+                try:
+                    header, frames = await protocol.read(reader, self.limits, request=True)
+                except EOFError:
+                    break
+                except ProtocolError as e:
+                    log.warning("%s: protocol error, closing the connection: %s", conn.peer, e)
+                    await conn.error(e.request_id, ERR_PROTOCOL, str(e))
+                    break
+                await slots.acquire()
+                task = asyncio.create_task(self._handle(conn, header, frames))
+                conn.tasks.add(task)
+                task.add_done_callback(lambda t: (conn.tasks.discard(t), slots.release()))
+        except (ConnectionError, asyncio.CancelledError):
+            pass
+        finally:
+            for t in conn.tasks:
+                if not self._closing:
+                    t.cancel()  # the client is gone: nobody will read these replies
+            self._conns.discard(conn)
+            writer.close()
+
+    async def _authenticate(self, reader: asyncio.StreamReader, conn: _Connection, nonce: bytes) -> bool:
+        assert self._key is not None
+        try:
+            header, _ = await asyncio.wait_for(protocol.read(reader, _AUTH_LIMITS, request=True), AUTH_TIMEOUT_S)
+        except (EOFError, TimeoutError):
+            return False
+        except ProtocolError as e:
+            await conn.error(e.request_id, ERR_AUTH, f"authentication required first: {e}")
+            return False
+        rid = header["id"]
+        if header["op"] != "auth":
+            await conn.error(rid, ERR_AUTH, "this server requires a token: authenticate before anything else")
+            log.warning("%s: refused: no token", conn.peer)
+            return False
+        theirs, got = header.get("nonce"), header.get("proof")
+        if type(theirs) is not bytes or len(theirs) != AUTH_NONCE_BYTES or type(got) is not bytes \
+                or not hmac.compare_digest(got, proof(self._key, AUTH_CLIENT_LABEL, nonce, theirs)):  # fmt: skip
+            await conn.error(rid, ERR_AUTH, "wrong token")
+            log.warning("%s: refused: wrong token", conn.peer)
+            return False
+        await conn.send({"id": rid, "ok": True, "proof": proof(self._key, AUTH_SERVER_LABEL, nonce, theirs)})
+        return True
+
+    async def _handle(self, conn: _Connection, header: Header, frames: Frames) -> None:
+        rid, op = header["id"], header["op"]
+        reply: dict[str, Any]
+        out: Frames = []
+        try:
+            handler = HANDLERS.get(op)
+            if handler is None:
+                raise RequestError(ERR_UNKNOWN_OP, f"unknown operation {op!r:.60}; known: {', '.join(HANDLERS)}")
+            assert self.queues is not None
+            reply, out = await handler(self.queues, Args(header), frames)
+            reply["id"] = rid
+        except RequestError as e:
+            reply = {"id": rid, "error": e.kind, "message": str(e)}
+        except StoreError as e:
+            log.error("%s %s: %s", conn.peer, op, e)
+            reply = {"id": rid, "error": ERR_STORE, "message": f"{op}: {e}"}
+        except (TypeError, ValueError) as e:  # the stores' own checks of what a request holds
+            reply = {"id": rid, "error": ERR_BAD_ARGUMENT, "message": f"{op}: {e}"}
+        except Exception as e:
+            log.exception("%s %s failed", conn.peer, op)
+            reply = {"id": rid, "error": ERR_INTERNAL, "message": f"{op}: internal error: {type(e).__name__}: {e}"}
+        await conn.send(reply, out)
+
+    async def _sweep(self) -> None:
+        """Return expired leases to their queues, and sample the counters behind the rates."""
+        assert self.queues is not None
+        next_sample = 0.0
+        while True:
+            await asyncio.sleep(self.sweep_interval_s)
+            for q in list(self.queues.queues.values()):
+                try:
+                    if q.store.expire():
+                        q.changed.notify()
+                except Exception:
+                    log.exception("expiring leases of queue %s", q.info.name)
+            if time.monotonic() >= next_sample:
+                self.queues.sample()
+                next_sample = time.monotonic() + 1.0
