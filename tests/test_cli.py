@@ -34,3 +34,37 @@ def test_ruff_clean() -> None:
     assert ruff, "ruff is a test dependency: pip install -e '.[test]'"
     out = subprocess.run([ruff, "check", "src", "tests", "bench"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_stats_and_dead_letters_commands(tmp_path: Path) -> None:
+    from conveyor import Message
+    from conveyor.pool import QueuePool
+
+    with QueuePool.local(n_servers=2, data_dir=tmp_path) as pool:
+        pool.put("jobs", [Message(payload=b"job-%d" % i, max_attempts=1) for i in range(30)])
+        got = pool.get("jobs", 4)
+        errors = [f"Traceback (most recent call last):\nValueError: bad page {i}" for i in range(4)]
+        pool.nack("jobs", [m.id for m in got], errors)
+        connect = ",".join(pool.addresses)
+        run = [sys.executable, "-m", "conveyor"]
+        env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin"}
+        out = subprocess.run([*run, "stats", "--connect", connect], capture_output=True, text=True, timeout=60, env=env)
+        assert out.returncode == 0, out.stderr
+        row = next(line for line in out.stdout.splitlines() if "jobs" in line)
+        assert [c.strip() for c in row.strip("│ ").split("│")][:6] == ["jobs", "26", "0", "0", "0", "4"]
+        out = subprocess.run([*run, "stats", "--connect", connect, "--per-shard"], capture_output=True, text=True, timeout=60,
+                             env=env)  # fmt: skip
+        assert out.stdout.count("jobs") >= 1 and pool.addresses[0] in out.stdout
+        out = subprocess.run([*run, "dead-letters", "--connect", pool.addresses[0], "--connect", pool.addresses[1],
+                              "--queue", "jobs"], capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert "Dead letters of 'jobs': 4" in out.stdout and "ValueError: bad page 3" in out.stdout and "job-" in out.stdout
+        out = subprocess.run([*run, "dead-letters", "--connect", connect, "--queue", "nope"], capture_output=True, text=True,
+                             timeout=60, env=env)  # fmt: skip
+        assert out.returncode == 1 and "no queue named 'nope'" in out.stderr
+
+
+def test_stats_reports_an_unreachable_server() -> None:
+    out = subprocess.run([sys.executable, "-m", "conveyor", "stats", "--connect", "tcp://127.0.0.1:1"], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 1 and "cannot connect to tcp://127.0.0.1:1" in out.stderr

@@ -29,6 +29,7 @@ from .storage import DeadLetter
 
 T = TypeVar("T")
 PIPELINE_WINDOW = 16  # requests a blocking client keeps in flight in `pipeline`
+_FATAL = (ERR_PROTOCOL, ERR_AUTH)  # error kinds after which the server closes the connection
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -117,6 +118,11 @@ class QueueClient(_Settings):
             self._sock, self._reader = sock, protocol.SocketReader(sock, self.limits)
             try:
                 self._handshake()
+            except OSError as e:  # a server starting or stopping: try again
+                self.close()
+                error = e
+                time.sleep(delay)
+                continue
             except BaseException:
                 self.close()
                 raise
@@ -176,6 +182,8 @@ class QueueClient(_Settings):
                         replies.append(self._recv(rids[k - PIPELINE_WINDOW], got, pending))
                     self._send({**c.args, "op": c.op, "id": rid}, c.frames)
                 replies += [self._recv(rid, got, pending) for rid in rids[len(replies) :]]
+                if any(h.get("error") in _FATAL for h, _ in replies):
+                    self.close()  # the server closes a connection after a protocol error
             except TimeoutError:
                 self.close()
                 raise TimeoutError(f"{self.address}: no reply within {wait:.1f} s") from None
@@ -305,6 +313,11 @@ class AsyncQueueClient(_Settings):
                 continue
             try:
                 await asyncio.wait_for(self._handshake(reader, writer), self.timeout)
+            except (OSError, EOFError, asyncio.IncompleteReadError) as e:  # a server starting or stopping
+                writer.close()
+                error = e
+                await asyncio.sleep(delay)
+                continue
             except BaseException:
                 writer.close()
                 raise
@@ -371,6 +384,8 @@ class AsyncQueueClient(_Settings):
             raise ConnectionLostError(f"{self.address}: connection lost: {e}") from None
         finally:
             self._pending.pop(rid, None)
+        if header.get("error") in _FATAL:
+            self._drop_connection(ConnectionLostError(f"{self.address}: closed after a protocol error"))
         return _result(call, header, frames)
 
     async def close(self) -> None:

@@ -35,9 +35,12 @@ LOCAL_MASK = (1 << SHARD_SHIFT) - 1
 SERVER_START_TIMEOUT_S = 30.0
 
 
-def spawn_server(data_dir: str | Path | None, port: int = 0, *, token: str | None = None,
-                 args: Sequence[str] = ()) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
-    """Start `conveyor serve` on 127.0.0.1 in a child process; returns it and its address once it listens."""
+def spawn_server(data_dir: str | Path | None, port: int = 0, *, token: str | None = None, args: Sequence[str] = (),
+                 stderr: Any = None) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
+    """Start `conveyor serve` on 127.0.0.1 in a child process; returns it and its address once it listens.
+
+    The server logs to `stderr` (default: this process's stderr).
+    """
     cmd = [sys.executable, "-m", "conveyor", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
@@ -45,7 +48,7 @@ def spawn_server(data_dir: str | Path | None, port: int = 0, *, token: str | Non
     env.pop("CONVEYOR_TOKEN", None)
     if token:
         env["CONVEYOR_TOKEN"] = token  # not on the command line, where `ps` would show it
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=stderr, env=env)
     assert proc.stdout is not None
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     line = b""
@@ -53,12 +56,16 @@ def spawn_server(data_dir: str | Path | None, port: int = 0, *, token: str | Non
         left = deadline - time.monotonic()
         if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
             proc.kill()
+            proc.wait()
+            proc.stdout.close()
             raise ConveyorError(f"queue server did not start within {SERVER_START_TIMEOUT_S:.0f} s: {' '.join(cmd)}")
         chunk = os.read(proc.stdout.fileno(), 4096)
         if not chunk:
             code = proc.wait()
+            proc.stdout.close()
             raise ConveyorError(f"queue server exited with code {code} before listening (see its errors above): {' '.join(cmd)}")
         line += chunk
+    proc.stdout.close()  # the server prints nothing more
     return proc, line.decode().split()[-1]
 
 
@@ -71,8 +78,6 @@ def stop_server(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
 
 
 class QueuePool:
@@ -249,7 +254,7 @@ class QueuePool:
         return sum(r[0] for r in done.values())
 
     def purge(self, queue: str) -> int:
-        return sum(r[0] for r in self._each({s: [calls.purge(queue)] for s in range(len(self.clients))}).values())
+        return sum(r[0] for r in self._each({s: [calls.purge(queue)] for s in self._shards_with(queue)}).values())
 
     def shard_stats(self, queue: str | None = None) -> list[dict[str, QueueStats]]:
         """Stats per shard, in shard order (a queue appears on the shards that have it)."""

@@ -44,6 +44,8 @@ from .protocol import Frames, Header, Limits
 log = logging.getLogger("conveyor.server")
 
 AUTH_TIMEOUT_S = 10.0
+LINGER_S = 2.0  # after a protocol error: how long, and how much, to drain before closing
+LINGER_BYTES = 256 * 1024 * 1024
 _AUTH_LIMITS = Limits(max_header_bytes=4096, max_frames=1, max_frame_bytes=1, max_message_bytes=1)
 
 
@@ -58,6 +60,24 @@ def is_loopback(host: str) -> bool:
     except OSError:
         return False
     return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
+
+
+async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Half-close, then read and drop what the peer is still sending, for a bounded time.
+
+    Closing a socket with unread input makes the kernel send a reset, which can destroy the error
+    reply just written before the peer reads it; draining first lets the reply arrive.
+    """
+    with contextlib.suppress(Exception):
+        if writer.can_write_eof():
+            writer.write_eof()
+        deadline = asyncio.get_running_loop().time() + LINGER_S
+        dropped = 0
+        while dropped < LINGER_BYTES:
+            chunk = await asyncio.wait_for(reader.read(2**16), deadline - asyncio.get_running_loop().time())
+            if not chunk:
+                break
+            dropped += len(chunk)
 
 
 @dataclass(eq=False)
@@ -144,15 +164,16 @@ class QueueServer:
         self.queues.closing = True
         for q in self.queues.queues.values():
             q.changed.notify()
-        for c in self._conns:
+        conns = list(self._conns)
+        for c in conns:
             if c.reader_task is not None:
                 c.reader_task.cancel()
-        running = [t for c in self._conns for t in c.tasks]
+        running = [t for c in conns for t in c.tasks]
         if running:
             _, late = await asyncio.wait(running, timeout=grace_s)
             for t in late:
                 t.cancel()
-        for c in list(self._conns):
+        for c in conns:
             c.writer.close()
         self.queues.close()
         log.info("stopped; queues closed")
@@ -182,6 +203,7 @@ class QueueServer:
             nonce = new_nonce()
             await conn.send(hello(self._key, nonce))
             if self._key is not None and not await self._authenticate(reader, conn, nonce):
+                await _linger(reader, writer)
                 return
             slots = asyncio.Semaphore(self.max_in_flight)
             while not self._closing:
@@ -192,6 +214,7 @@ class QueueServer:
                 except ProtocolError as e:
                     log.warning("%s: protocol error, closing the connection: %s", conn.peer, e)
                     await conn.error(e.request_id, ERR_PROTOCOL, str(e))
+                    await _linger(reader, writer)
                     break
                 await slots.acquire()
                 task = asyncio.create_task(self._handle(conn, header, frames))
@@ -200,11 +223,11 @@ class QueueServer:
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
-            for t in conn.tasks:
-                if not self._closing:
-                    t.cancel()  # the client is gone: nobody will read these replies
             self._conns.discard(conn)
-            writer.close()
+            if not self._closing:  # else stop() lets running requests answer, then closes
+                for t in conn.tasks:
+                    t.cancel()  # the client is gone: nobody will read these replies
+                writer.close()
 
     async def _authenticate(self, reader: asyncio.StreamReader, conn: _Connection, nonce: bytes) -> bool:
         assert self._key is not None

@@ -1,0 +1,177 @@
+"""QueuePool over real server processes: routing, ids, stats, assignment, join, clean shutdown."""
+
+from __future__ import annotations
+
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conveyor import Message
+from conveyor.constants import SHARD_SHIFT
+from conveyor.errors import ConveyorError, RequestError
+from conveyor.pool import QueuePool, spawn_server, stop_server
+
+from .servers import wait_for
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[QueuePool]:
+    with QueuePool.local(n_servers=2, batch_size=100) as p:
+        yield p
+
+
+@pytest.fixture
+def queue(request: pytest.FixtureRequest) -> str:
+    return request.node.name.replace("[", "-").replace("]", "")[:100]
+
+
+def msgs(n: int, **kw: object) -> list[Message]:
+    return [Message(payload=b"m%d" % i, **kw) for i in range(n)]  # type: ignore[arg-type]
+
+
+def test_puts_spread_round_robin_and_ids_name_their_shard(pool: QueuePool, queue: str) -> None:
+    ids = pool.put(queue, msgs(450))
+    shards = [pool.split_id(i)[0] for i in ids]
+    assert shards[:100] == [shards[0]] * 100 and shards[100] != shards[0]  # whole batches per shard
+    assert sorted({s: shards.count(s) for s in shards}.values()) == [200, 250]
+    assert all(pool.global_id(*pool.split_id(i)) == i for i in ids)
+    per = pool.shard_stats(queue)
+    assert sorted(p[queue].ready for p in per) == [200, 250]
+    assert pool.stats(queue)[queue].ready == 450
+
+
+def test_end_to_end_get_ack_nack_results_dead_letters(pool: QueuePool, queue: str) -> None:
+    ids = pool.put(queue, msgs(300, max_attempts=1))
+    seen: dict[int, bytes] = {}
+    while got := pool.get(queue, 64, lease_s=30):
+        for m in got:
+            seen[m.id] = m.payload
+        fail = [m.id for m in got if m.payload.endswith(b"7")]
+        ok = [m.id for m in got if not m.payload.endswith(b"7")]
+        assert all(pool.ack(queue, ok, [b"r-" + seen[i] for i in ok]))
+        assert all(pool.nack(queue, fail, [f"bad {i}" for i in fail]))
+    assert sorted(seen) == sorted(ids)
+    results = dict(pool.results(queue))
+    assert len(results) == 270 and all(r == b"r-" + seen[i] for i, r in results.items())
+    dls = pool.dead_letters(queue)
+    assert sorted(d.message.id for d in dls) == sorted(i for i in ids if seen[i].endswith(b"7"))
+    assert all(d.error == f"bad {d.message.id}" for d in dls)
+    st = pool.join(queue, timeout=10, progress=False)[queue]
+    assert (st.acked, st.failed, st.pending) == (270, 30, 0)
+    assert pool.forget(queue, ids) == 300
+    assert list(pool.results(queue)) == []
+
+
+def test_nack_extend_and_purge_route_to_the_right_shard(pool: QueuePool, queue: str) -> None:
+    pool.put(queue, msgs(250))
+    got = pool.get(queue, 10, lease_s=30)
+    assert pool.extend_lease(queue, [m.id for m in got], 60) == [True] * 10
+    assert pool.nack(queue, [m.id for m in got], delay_s=[0.0] * 10) == [True] * 10
+    assert pool.purge(queue) == 250
+    assert pool.stats(queue)[queue].pending == 0
+
+
+def test_get_from_assigned_shards_and_stealing(pool: QueuePool, queue: str) -> None:
+    assert pool.assign(0, 2) == [0] and pool.assign(1, 2) == [1]
+    assert pool.assign(3, 4) == [1]
+    assert pool.assign(0, 1) == [0, 1]
+    with pytest.raises(ValueError):
+        pool.assign(2, 2)
+    [i] = pool.put(queue, msgs(1))
+    shard = pool.split_id(i)[0]
+    other = 1 - shard
+    assert pool.get(queue, 1, shards=[other]) == []
+    [m] = pool.get(queue, 1, shards=[other, shard])  # an empty assigned shard: take from the next
+    assert m.id == i
+
+
+def test_long_poll_across_shards(pool: QueuePool, queue: str) -> None:
+    t0 = time.monotonic()
+    assert pool.get(queue, 1, wait_s=0.6) == []
+    assert time.monotonic() - t0 >= 0.59
+
+
+def test_ids_from_another_pool_size_are_refused(pool: QueuePool, queue: str) -> None:
+    with pytest.raises(ValueError, match="names shard 5, but this pool has 2"):
+        pool.ack(queue, [5 << SHARD_SHIFT | 1])
+
+
+def test_missing_queue_everywhere_is_an_error(pool: QueuePool) -> None:
+    with pytest.raises(RequestError, match="no queue named 'never-made' on any of the 2 servers"):
+        pool.stats("never-made")
+    with pytest.raises(RequestError, match="no queue named"):
+        list(pool.results("never-made"))
+
+
+def test_join_times_out_with_a_count(pool: QueuePool, queue: str) -> None:
+    pool.put(queue, msgs(3))
+    with pytest.raises(TimeoutError, match="3 messages still pending"):
+        pool.join(queue, timeout=0.3, progress=False)
+    pool.purge(queue)
+
+
+def test_join_draws_a_progress_bar_when_asked(pool: QueuePool, queue: str, capsys: pytest.CaptureFixture[str]) -> None:
+    pool.put(queue, msgs(5))
+    while got := pool.get(queue, 5):
+        pool.ack(queue, [m.id for m in got])
+    pool.join(queue, timeout=10, progress=True)
+    assert "draining" in capsys.readouterr().err
+
+
+def test_a_pool_pickles_as_its_addresses(pool: QueuePool) -> None:
+    again = pickle.loads(pickle.dumps(pool))
+    try:
+        assert again.addresses == pool.addresses and again.processes == []
+        assert again.clients[0].ping()["pong"]
+    finally:
+        again.close()  # must not stop the servers of the original
+    assert pool.clients[0].ping()["pong"]
+
+
+def test_local_pool_stops_its_servers_and_removes_temporary_data() -> None:
+    p = QueuePool.local(n_servers=2)
+    procs = p.processes
+    tmp = Path(p._tmp)  # type: ignore[arg-type]
+    p.put("q", msgs(10))
+    p.close()
+    assert all(pr.returncode == 0 for pr in procs)  # SIGTERM: a clean stop
+    assert not tmp.exists()
+
+
+def test_sigterm_stops_cleanly_and_a_restart_serves_the_same_messages(tmp_path: Path) -> None:
+    with QueuePool.local(n_servers=2, data_dir=tmp_path) as p:
+        ids = p.put("q", msgs(500))
+        got = p.get("q", 50, lease_s=0.5)
+        p.ack("q", [m.id for m in got[:20]], [b"done"] * 20)
+    with QueuePool.local(n_servers=2, data_dir=tmp_path) as p:
+        st = p.stats("q")["q"]
+        assert (st.acked, st.pending) == (20, 480)
+        assert sorted(i for i, _ in p.results("q")) == sorted(m.id for m in got[:20])
+        left: set[int] = set()
+        wait_for(lambda: left.update(m.id for m in p.get("q", 1000, wait_s=0.2)) or len(left) == 480, what="all back")
+        assert left == set(ids) - {m.id for m in got[:20]}
+
+
+def test_serve_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
+    proc, _ = spawn_server(tmp_path / "d")
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(30) == 0
+
+
+def test_spawn_reports_a_server_that_cannot_start(tmp_path: Path) -> None:
+    proc, address = spawn_server(tmp_path / "d")
+    try:
+        port = int(address.rsplit(":", 1)[1])
+        with pytest.raises(ConveyorError, match="exited with code"):
+            spawn_server(tmp_path / "d2", port, stderr=subprocess.DEVNULL)  # the port is taken
+        with pytest.raises(ConveyorError, match="exited with code"):
+            spawn_server(tmp_path / "d", stderr=subprocess.DEVNULL)  # the data dir is in use
+    finally:
+        stop_server(proc)
+    assert sys.executable

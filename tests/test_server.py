@@ -1,0 +1,290 @@
+"""A queue server over real TCP on 127.0.0.1: operations, long polls, limits and bad requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conveyor import Message
+from conveyor.calls import QueueInfo
+from conveyor.client import AsyncQueueClient, QueueClient
+from conveyor.constants import QUEUE_CONFIG_NAME, QUEUES_DIR, SEGMENT_GLOB
+from conveyor.errors import ConnectionLostError, ProtocolError, RequestError
+from conveyor.protocol import Limits
+from conveyor.storage import DurableStore
+
+from .servers import RawConnection, ThreadServer, frame, thread_server, wait_for
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> ThreadServer:
+    s = ThreadServer(data_dir=tmp_path / "data", sweep_interval_s=0.05)
+    yield s  # type: ignore[misc]
+    s.stop()
+
+
+@pytest.fixture
+def client(server: ThreadServer) -> QueueClient:
+    c = QueueClient(server.address, timeout=10)
+    yield c  # type: ignore[misc]
+    c.close()
+
+
+def msgs(n: int, **kw: object) -> list[Message]:
+    return [Message(payload=b"m%d" % i, **kw) for i in range(n)]  # type: ignore[arg-type]
+
+
+def test_put_get_ack_nack_round_trip(client: QueueClient) -> None:
+    ids = client.put("q", [Message(payload=b"a", priority=1, headers={"k": "v"}, max_attempts=2), *msgs(3)])
+    assert ids == [1, 2, 3, 4]
+    got = client.get("q", 2, lease_s=5)
+    assert [m.id for m in got] == [1, 2] and got[0].headers == {"k": "v"} and got[0].priority == 1
+    assert got[0].queue == "q" and got[0].attempts == 1 and got[0].lease_s == 5 and got[0].max_attempts == 2
+    assert client.ack("q", [1, 1], [b"r1", b"dup"]) == [True, False]
+    assert client.nack("q", [2], ["boom"], delay_s=0) == [True]
+    assert [m.id for m in client.get("q", 10)] == [3, 4, 2]
+    assert client.results("q") == [(1, b"r1")]
+    s = client.stats("q")["q"]
+    assert (s.ready, s.delivered, s.acked, s.failed) == (0, 3, 1, 0)
+
+
+def test_results_and_dead_letters_page(client: QueueClient) -> None:
+    ids = client.put("q", msgs(25, max_attempts=1))
+    got = client.get("q", 25)
+    client.ack("q", ids[:20], [b"r%d" % i if i % 2 else None for i in range(20)])
+    client.nack("q", ids[20:], [f"e{i}" for i in range(5)])
+    assert [i for i, _ in client.iter_results("q", page=3)] == ids[1:20:2]
+    assert dict(client.results("q", after=ids[1], limit=2)) == {ids[3]: b"r3", ids[5]: b"r5"}
+    dls = client.dead_letters("q", limit=3)
+    want = [(ids[20 + k], f"e{k}", got[20 + k].payload) for k in range(3)]
+    assert [(d.message.id, d.error, d.message.payload) for d in dls] == want
+    assert [d.message.id for d in client.dead_letters("q", after=ids[22])] == ids[23:]
+    assert client.forget("q", ids) == 15
+    assert client.results("q") == [] and client.dead_letters("q") == []
+
+
+def test_extend_lease_purge_and_sweeper(client: QueueClient) -> None:
+    a, _, _ = client.put("q", msgs(3))
+    client.get("q", 2, lease_s=0.2)
+    assert client.extend_lease("q", [a, 999], 60) == [True, False]
+    # the server's sweeper returns b without anyone calling get
+    wait_for(lambda: client.stats("q")["q"].ready == 2, what="expired lease swept back")
+    assert client.purge("q") == 2
+    assert client.stats("q")["q"].delivered == 1
+    assert client.get("q", 10) == []
+
+
+def test_long_poll_wakes_on_put_and_times_out(server: ThreadServer, client: QueueClient) -> None:
+    t0 = time.monotonic()
+    assert client.get("q", 1, wait_s=0.3) == []
+    assert time.monotonic() - t0 >= 0.29
+    other = QueueClient(server.address)
+    threading.Timer(0.2, lambda: other.put("q", msgs(1))).start()
+    t0 = time.monotonic()
+    [m] = client.get("q", 1, wait_s=20)
+    assert m.payload == b"m0" and time.monotonic() - t0 < 5
+    other.close()
+
+
+def test_long_poll_wakes_when_a_delayed_message_comes_due(client: QueueClient) -> None:
+    client.put("q", [Message(payload=b"later", not_before=time.time() + 0.4)])
+    t0 = time.monotonic()
+    [m] = client.get("q", 1, wait_s=20)
+    assert m.payload == b"later" and 0.3 <= time.monotonic() - t0 < 5
+
+
+def test_many_requests_in_flight_on_one_connection_reply_out_of_order(server: ThreadServer) -> None:
+    async def run() -> list[str]:
+        async with AsyncQueueClient(server.address) as c:
+            order: list[str] = []
+
+            async def slow() -> None:
+                await c.get("empty", 1, wait_s=0.5)
+                order.append("long poll")
+
+            async def fast(k: int) -> None:
+                await c.put("q", msgs(10))
+                order.append(f"put {k}")
+
+            await asyncio.gather(slow(), *(fast(k) for k in range(50)))
+            assert (await c.stats("q"))["q"].ready == 500
+            return order
+
+    order = asyncio.run(run())
+    assert order[-1] == "long poll" and len(order) == 51
+
+
+def test_concurrent_puts_share_fsyncs(server: ThreadServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    syncs = []
+    real = DurableStore.sync
+    monkeypatch.setattr(DurableStore, "sync", lambda self: (syncs.append(1), real(self))[1])
+
+    async def run() -> None:
+        clients = [AsyncQueueClient(server.address) for _ in range(8)]
+        await asyncio.gather(*(c.put("q", msgs(50)) for c in clients for _ in range(10)))
+        for c in clients:
+            await c.close()
+
+    asyncio.run(run())
+    assert server.call(lambda: server.server.queues.get("q").store.stats().ready) == 8 * 10 * 50
+    assert 0 < len(syncs) < 80  # group commit: fewer fsyncs than puts
+
+
+def test_unknown_operation_and_bad_arguments_keep_the_connection(client: QueueClient) -> None:
+    from conveyor.calls import Call
+
+    with pytest.raises(RequestError, match="unknown operation 'frobnicate'") as e:
+        client.call(Call("frobnicate", {}))
+    assert e.value.kind == "unknown-operation"
+    bad = [
+        (Call("put", {"queue": 5, "n": 0}), "'queue' must be a string"),
+        (Call("put", {"queue": "q", "n": 2}, [b"x"]), "'n' is 2 but 1 payload frames came"),
+        (Call("put", {"queue": "q", "n": 1, "prio": "high"}, [b"x"]), "non-numeric priority"),
+        (Call("put", {"queue": "q", "n": 2, "prio": [1]}, [b"x", b"y"]), "'prio' has 1 values for 2 messages"),
+        (Call("put", {"queue": "q", "n": 1, "hdr": [{"k": 1}]}, [b"x"]), "headers must be a dict of str to str"),
+        (Call("get", {"queue": "q", "n": -1}), "'n' must be an integer"),
+        (Call("get", {"queue": "q", "n": 1, "lease_s": 0}), "'lease_s' must be a number"),
+        (Call("get", {"queue": "q", "wait_s": "soon"}), "'wait_s' must be a number"),
+        (Call("ack", {"queue": "q", "ids": ["1"]}), "'ids' must be a list"),
+        (Call("ack", {"queue": "q"}), "missing argument 'ids'"),
+        (Call("ack", {"queue": "q", "ids": [1]}, [b"a", b"b"]), "1 ids but 2 result frames"),
+        (Call("nack", {"queue": "q", "ids": [1], "errors": [1]}), "'errors' must be a list of 1 strings"),
+        (Call("nack", {"queue": "q", "ids": [1], "delay_s": -1}), "'delay_s' must be a number"),
+        (Call("put", {"queue": "../etc", "n": 0}), "bad queue name"),
+        (Call("get_blob", {"key": "nothex"}), "64 hex digits"),
+        (Call("results", {"queue": "q", "limit": 0}), "'limit' must be an integer"),
+    ]
+    client.put("q", msgs(1))
+    for call, match in bad:
+        with pytest.raises(RequestError, match=match):
+            client.call(call)
+    assert client.ping()["pong"] is True
+    assert client.stats("q")["q"].ready == 1  # nothing stored by the bad requests
+
+
+def test_protocol_violation_closes_only_that_connection(server: ThreadServer, client: QueueClient) -> None:
+    client.put("q", msgs(3))
+    raw = RawConnection(server.address)
+    raw.send(frame({"op": "put", "id": 7, "queue": "q", "n": 1}, [b"x" * 1000]))
+    assert raw.read() == {"id": 7, "first": 4, "n": 1}
+    raw.send(b"\x00\x00\x00\x40\x00\x00\x00\x00" + b"\x00" * 8)  # announces a header of 1 GiB
+    reply = raw.read()
+    assert reply["error"] == "protocol" and "exceeds the limit" in reply["message"]
+    assert raw.closed_by_server()
+    assert client.stats("q")["q"].ready == 4 and client.ping()["pong"]
+    raw.close()
+
+
+def test_frame_limit_is_configurable_and_reported(tmp_path: Path) -> None:
+    with thread_server(limits=Limits(max_frame_bytes=1000)) as s, QueueClient(s.address) as c:
+        with pytest.raises(ProtocolError, match="payload frame of 1,001 bytes exceeds the limit of 1,000"):
+            c.put("q", [Message(payload=b"x" * 1001)])
+        assert c.put("q", [Message(payload=b"x" * 1000)]) == [1]  # reconnected by itself
+
+
+def test_declare_settings_conflicts_and_restart(tmp_path: Path) -> None:
+    d = tmp_path / "data"
+    with thread_server(data_dir=d) as s, QueueClient(s.address) as c:
+        info = c.declare("jobs", lease_s=7, max_attempts=2, fsync="interval")
+        assert info == QueueInfo("jobs", True, 7.0, 2, "interval")
+        assert c.declare("jobs") == info and c.declare("jobs", lease_s=7) == info
+        with pytest.raises(RequestError, match=r"exists with lease_s=7\.0") as e:
+            c.declare("jobs", lease_s=8)
+        assert e.value.kind == "queue-conflict"
+        assert c.declare("mem", durable=False).fsync is None
+        with pytest.raises(RequestError, match="fsync must be one of"):
+            c.declare("x", fsync="sometimes")
+        c.put("jobs", msgs(2))
+        [m] = c.get("jobs", 1)
+        assert m.lease_s == 7.0
+        c.put("mem", msgs(2))
+    assert json.loads((d / QUEUES_DIR / "jobs" / QUEUE_CONFIG_NAME).read_text())["lease_s"] == 7.0
+    with thread_server(data_dir=d) as s, QueueClient(s.address) as c:
+        assert {q.name for q in c.queues()} == {"jobs"}  # transient queues are gone, durable ones back
+        assert c.stats("jobs")["jobs"].ready + c.stats("jobs")["jobs"].delivered == 2
+
+
+def test_transient_only_server_refuses_durable_queues() -> None:
+    with thread_server() as s, QueueClient(s.address) as c:
+        assert c.declare("q").durable is False
+        with pytest.raises(RequestError, match="no --data-dir"):
+            c.declare("d", durable=True)
+
+
+def test_a_damaged_queue_is_unavailable_and_the_rest_keeps_serving(tmp_path: Path) -> None:
+    d = tmp_path / "data"
+    with thread_server(data_dir=d) as s, QueueClient(s.address) as c:
+        c.put("bad", msgs(50))
+        c.put("good", msgs(5))
+    seg = sorted((d / QUEUES_DIR / "bad").glob(SEGMENT_GLOB))[0]
+    raw = bytearray(seg.read_bytes())
+    raw[100] ^= 0xFF  # inside an early record, followed by intact ones: not a torn tail
+    seg.write_bytes(bytes(raw))
+    with thread_server(data_dir=d) as s, QueueClient(s.address) as c:
+        with pytest.raises(RequestError, match=r"could not be opened.*corrupt.*--repair") as e:
+            c.get("bad", 1)
+        assert e.value.kind == "unavailable"
+        assert len(c.get("good", 10)) == 5
+    with thread_server(data_dir=d, repair=True) as s, QueueClient(s.address) as c:
+        assert 40 <= len(c.get("bad", 100)) < 50
+
+
+def test_blobs_are_content_addressed(server: ThreadServer, client: QueueClient) -> None:
+    key = client.put_blob(b"pickled function")
+    assert len(key) == 64 and client.get_blob(key) == b"pickled function"
+    assert client.get_blob("0" * 64) is None
+
+
+def test_client_reconnects_after_a_server_restart(tmp_path: Path) -> None:
+    d = tmp_path / "data"
+    s = ThreadServer(data_dir=d)
+    port = s.server.port
+    c = QueueClient(s.address, connect_timeout=10)
+    c.put("q", msgs(2))
+    s.stop()
+    with pytest.raises(ConnectionLostError):
+        c.ping()
+    s2 = ThreadServer(data_dir=d, port=port)
+    try:
+        assert c.stats("q")["q"].ready == 2
+    finally:
+        c.close()
+        s2.stop()
+
+
+def test_connect_gives_up_after_connect_timeout() -> None:
+    c = QueueClient("tcp://127.0.0.1:1", connect_timeout=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(ConnectionLostError, match=r"cannot connect to tcp://127\.0\.0\.1:1"):
+        c.ping()
+    assert time.monotonic() - t0 < 5
+
+
+def test_bad_addresses() -> None:
+    for bad in ("http://x:1", "tcp://host:notaport", "tcp://:80", "tcp://h:70000"):
+        with pytest.raises(ValueError, match="address"):
+            QueueClient(bad)
+    assert QueueClient("[::1]:7070").host == "::1"
+
+
+def test_stop_returns_long_polls_and_closes_stores(tmp_path: Path) -> None:
+    s = ThreadServer(data_dir=tmp_path / "data")
+    c = QueueClient(s.address, timeout=10)
+    c.put("q", msgs(1))
+    c.get("q", 1)
+    result: list[object] = []
+    t = threading.Thread(target=lambda: result.append(c.get("q", 1, wait_s=30)))
+    t.start()
+    wait_for(lambda: s.call(lambda: any(conn.tasks for conn in s.server._conns)), what="long poll in flight")
+    t0 = time.monotonic()
+    s.stop()
+    t.join(10)
+    assert result == [[]] and time.monotonic() - t0 < 5
+    c.close()
+    with DurableStore(tmp_path / "data" / QUEUES_DIR / "q") as store:  # closed cleanly: it opens at once
+        assert store.stats().delivered == 1
