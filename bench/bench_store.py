@@ -42,9 +42,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.console import Console
-from rich.table import Table
 
+from benchlib import Row, make_console, mib, per_msg, print_report, progress, rate, ratio, seconds
 from conveyor.constants import DEFAULT_SEGMENT_BYTES
 from conveyor.message import Message
 from conveyor.storage import DurableStore, MemoryStore, Store
@@ -52,13 +51,6 @@ from conveyor.storage import DurableStore, MemoryStore, Store
 BATCH = 1_000
 PAYLOAD_BYTES = 100
 LEASE_S = 3600.0  # long enough that no lease expires during a run
-_T0 = time.perf_counter()
-
-
-def progress(text: str) -> None:
-    print(f"[{time.perf_counter() - _T0:7.1f}s] {text}", file=sys.stderr, flush=True)
-
-
 def make_payloads() -> list[bytes]:
     """BATCH distinct payloads of exactly PAYLOAD_BYTES bytes."""
     return [(b"%06d-" % i).ljust(PAYLOAD_BYTES, b"x") for i in range(BATCH)]
@@ -290,63 +282,6 @@ def measure_compaction(path: Path, batch: Sequence[Message], n: int) -> Compacti
     return CompactionResult(after_put, after_drain, dir_bytes(path), len(os.listdir(path)), DEFAULT_SEGMENT_BYTES)
 
 
-# --- report ---------------------------------------------------------------------------------------
-@dataclass
-class Row:
-    name: str
-    runs: list[float]
-    fmt: Callable[[float], str]
-    op: str = ""  # ">=", "<=", "<" or "" (no target)
-    target: float = 0.0
-    note: str = ""
-    value: float | None = None  # the figure when it is not the median of `runs` (ratios)
-
-    @property
-    def figure(self) -> float:
-        return statistics.median(self.runs) if self.value is None else self.value
-
-    @property
-    def passed(self) -> bool | None:
-        v = self.figure
-        return {">=": v >= self.target, "<=": v <= self.target, "<": v < self.target}.get(self.op)
-
-
-def rate(v: float) -> str:
-    return f"{v:,.0f}/s"
-
-
-def seconds(v: float) -> str:
-    return f"{v:.3f} s" if v >= 0.01 else f"{v * 1e3:.2f} ms"
-
-
-def per_msg(v: float) -> str:
-    return f"{v:.1f} B"
-
-
-def ratio(v: float) -> str:
-    return f"{v:.2f}x"
-
-
-def mib(v: float) -> str:
-    return f"{v / 2**20:,.1f} MiB"
-
-
-def print_report(console: Console, title: str, rows: list[Row]) -> None:
-    table = Table(title=title, title_justify="left")
-    table.add_column("figure")
-    table.add_column("median", justify="right")
-    table.add_column("target", justify="right")
-    table.add_column("result")
-    table.add_column("runs", justify="right")
-    table.add_column("note", style="dim")
-    for r in rows:
-        ok = r.passed
-        verdict = "" if ok is None else "[green]PASS[/]" if ok else "[bold red]FAIL[/]"
-        target = f"{r.op} {r.fmt(r.target)}" if r.op else ""
-        table.add_row(r.name, r.fmt(r.figure), target, verdict, "  ".join(r.fmt(v) for v in r.runs), r.note)
-    console.print(table)
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=None, help="messages per throughput run (default 200,000)")
@@ -365,11 +300,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.dir is not None:
         args.dir.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="conveyor-bench-", dir=args.dir))
-    console = Console() if sys.stdout.isatty() else Console(width=160)
+    out = make_console()
     header = (f"Python {platform.python_version()}, numpy {np.__version__}, sqlite {sqlite3.sqlite_version}, "
               f"{platform.platform()}, {os.cpu_count()} CPUs; dir {root}")  # fmt: skip
-    console.print(header)
-    console.print(f"{n:,} messages per throughput run x {args.runs} runs; {big:,} for memory and compaction; "
+    out.print(header)
+    out.print(f"{n:,} messages per throughput run x {args.runs} runs; {big:,} for memory and compaction; "
                   f"payloads {PAYLOAD_BYTES} B, batches of {BATCH:,}" + ("  [QUICK]" if args.quick else ""))  # fmt: skip
 
     put: dict[str, list[float]] = {"durable": [], "memory": [], "sqlite": []}
@@ -439,9 +374,9 @@ def main(argv: list[str] | None = None) -> int:
             note=f"open {mib(comp.after_drain)}, closed {mib(comp.after_close)}, {comp.files_left} files",
         ),
     ]
-    print_report(console, f"Store benchmark: medians of {args.runs} runs", rows)
+    print_report(out, f"Store benchmark: medians of {args.runs} runs", rows)
     failed = [r.name for r in rows if r.passed is False]
-    console.print(f"FAIL: {', '.join(failed)}" if failed else "All targets met.")
+    out.print(f"FAIL: {', '.join(failed)}" if failed else "All targets met.")
     return 1 if failed else 0
 
 

@@ -142,16 +142,17 @@ async def get(host: QueueHost, a: Args, frames: Frames) -> Reply:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     while True:
-        got = q.store.get(n, lease)
+        got = q.store.get_batch(n, lease)
         left = deadline - loop.time()
-        if got or n == 0 or left <= 0 or host.closing:
+        if len(got) or n == 0 or left <= 0 or host.closing:
             break
         wake = q.store.next_wakeup()
         if wake is not None:  # a delayed message comes due or a lease runs out before anything is put
             left = min(left, max(wake - time.time(), 0.0) + 0.002)
         await q.changed.wait(left)
-    lease_s = got[0].lease_s if got else (lease or q.info.lease_s)
-    return {"queue": q.info.name, "lease_s": lease_s, **_columns(got)}, [m.payload for m in got]
+    cols = {"ids": got.ids, "prio": column(got.priority), "att": column(got.attempts), "at": column(got.enqueued_at),
+            "nb": column(got.not_before), "ma": column(got.max_attempts), "hdr": column(got.headers)}  # fmt: skip
+    return {"queue": q.info.name, "lease_s": got.lease_s, **cols}, got.payloads
 
 
 async def ack(host: QueueHost, a: Args, frames: Frames) -> Reply:

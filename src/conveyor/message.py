@@ -70,6 +70,32 @@ def make_message(id: int, queue: str, payload: bytes, priority: int, attempts: i
     s9(m, headers)
     return m
 
+@dataclass(slots=True)
+class MessageBatch:
+    """Delivered messages as columns, one list per field: what a server sends without building Messages."""
+
+    queue: str
+    lease_s: float
+    ids: list[int]
+    priority: list[int]
+    attempts: list[int]
+    enqueued_at: list[float]
+    not_before: list[float]
+    max_attempts: list[int]
+    headers: list[dict[str, str]]
+    payloads: list[bytes]
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def messages(self) -> list[Message]:
+        q, lease = self.queue, self.lease_s
+        return [make_message(i, q, p, pr, a, at, nb, lease, ma, h)
+                for i, p, pr, a, at, nb, ma, h in zip(self.ids, self.payloads, self.priority, self.attempts,
+                                                      self.enqueued_at, self.not_before, self.max_attempts,
+                                                      self.headers, strict=True)]  # fmt: skip
+
+
 _packb = msgpack.Packer(use_bin_type=True).pack
 _unpackb = msgpack.unpackb
 

@@ -161,11 +161,14 @@ class SocketReader:
 
 # --- columns: per-message fields of a batch, a scalar when all values are equal -------------------
 def column(values: Sequence[Any]) -> Any:
-    """A list of per-message values, or the one value when all are equal (the common case)."""
+    """A list of per-message values, or the one value when all are equal (the common case).
+
+    Equal means `==`: a column is expected to hold one type (1 and 1.0 would collapse to 1).
+    """
     if not values:
         return []
     first = values[0]
-    if all(v == first and type(v) is type(first) for v in values):
+    if values.count(first) == len(values):
         return first
     return list(values)
 

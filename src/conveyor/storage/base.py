@@ -43,7 +43,7 @@ from ..constants import (
     ST_READY,
 )
 from ..errors import StoreClosedError
-from ..message import Message, Status
+from ..message import Message, MessageBatch, Status
 from .state import QueueState
 
 
@@ -91,7 +91,7 @@ class Store(ABC):
         """Keep new messages' payloads and headers (state already holds their scheduling fields)."""
 
     @abstractmethod
-    def _load(self, ids: np.ndarray, lease_s: float) -> list[Message]:
+    def _load(self, ids: np.ndarray, lease_s: float) -> MessageBatch:
         """The delivered messages `ids`, with attempts and lease from the state."""
 
     @abstractmethod
@@ -179,6 +179,10 @@ class Store(ABC):
 
     def get(self, n: int, lease_s: float | None = None) -> list[Message]:
         """Deliver up to n messages under a lease of `lease_s` seconds (store default if None)."""
+        return self.get_batch(n, lease_s).messages()
+
+    def get_batch(self, n: int, lease_s: float | None = None) -> MessageBatch:
+        """`get`, as columns rather than Message objects (what a server sends on)."""
         self._check_open()
         if n < 0:
             raise ValueError(f"get: n must be >= 0, got {n}")
@@ -190,7 +194,7 @@ class Store(ABC):
         ids = self._state.take(n, lease, now)
         if not len(ids):
             self._commit()
-            return []
+            return MessageBatch(self.queue, lease, [], [], [], [], [], [], [], [])
         self._record(ids, ST_DELIVERED, None, None, now)
         self._commit()
         return self._load(ids, lease)

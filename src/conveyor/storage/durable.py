@@ -50,7 +50,7 @@ from ..constants import (
     ST_READY,
 )
 from ..errors import StoreError
-from ..message import Message, make_message
+from ..message import Message, MessageBatch, make_message
 from .base import DeadLetter, Store
 from .segments import KEPT_DTYPE, SCAN_DTYPE, SegmentLog
 from .wal import Header, IndexLog, last_per_id, make_records
@@ -239,14 +239,26 @@ class DurableStore(Store):
         c, j = self._state.cols, i - self._state.base
         return self._segments.read(int(c["seg"][j]), int(c["off"][j]), int(c["size"][j]))
 
-    def _load(self, ids: np.ndarray, lease_s: float) -> list[Message]:
+    def _load(self, ids: np.ndarray, lease_s: float) -> MessageBatch:
         st = self._state
         idx = ids - st.base
         c = st.cols
-        cols = (c["seg"][idx].tolist(), c["off"][idx].tolist(), c["size"][idx].tolist(), c["attempts"][idx].tolist())
-        mapped, q = self._segments.mapped, self.queue
+        at: list[float] = []
+        nb: list[float] = []
+        headers: list[dict[str, str]] = []
+        payloads: list[bytes] = []
+        mapped, unpack, unpackb = self._segments.mapped, _unpack_msg, msgpack.unpackb
         with self._lock:
-            return [_parse(mapped(s, o + n), o, n, q, a, lease_s) for s, o, n, a in zip(*cols, strict=True)]
+            for s, o, n in zip(c["seg"][idx].tolist(), c["off"][idx].tolist(), c["size"][idx].tolist(), strict=True):
+                mm = mapped(s, o + n)
+                _, _, _, _, t_nb, t_at, hlen = unpack(mm, o)
+                start = o + _MSG_PREFIX
+                at.append(t_at)
+                nb.append(t_nb)
+                headers.append(unpackb(mm[start : start + hlen]) if hlen else {})
+                payloads.append(mm[start + hlen : o + n])
+        return MessageBatch(self.queue, lease_s, ids.tolist(), c["priority"][idx].tolist(), c["attempts"][idx].tolist(),
+                            at, nb, c["max_attempts"][idx].tolist(), headers, payloads)  # fmt: skip
 
     def _record(self, ids: np.ndarray, status: int, results: Sequence[bytes | None] | None,
                 errors: Sequence[str] | None, now: float) -> None:  # fmt: skip

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from ..constants import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, ST_ACKED, ST_FAILED, ST_NONE
-from ..message import Message, make_message
+from ..message import Message, MessageBatch, make_message
 from .base import DeadLetter, Store
 
 _FINISHED = (ST_ACKED, ST_FAILED, ST_NONE)
@@ -33,8 +33,13 @@ class MemoryStore(Store):
         cols["nb"][a:b] = cols["until"][a:b]
         cols["at"][a:b] = now
 
-    def _load(self, ids: np.ndarray, lease_s: float) -> list[Message]:
-        return [self._message(i, lease_s) for i in ids.tolist()]
+    def _load(self, ids: np.ndarray, lease_s: float) -> MessageBatch:
+        idx = ids - self._state.base
+        c = self._state.cols
+        return MessageBatch(self.queue, lease_s, ids.tolist(), c["priority"][idx].tolist(), c["attempts"][idx].tolist(),
+                            c["at"][idx].tolist(), c["nb"][idx].tolist(), c["max_attempts"][idx].tolist(),
+                            [{} if h is None else dict(h) for h in c["headers"][idx].tolist()],
+                            c["payload"][idx].tolist())  # fmt: skip
 
     def _message(self, msg_id: int, lease_s: float) -> Message:
         i = msg_id - self._state.base

@@ -1,0 +1,154 @@
+"""Benchmark of Conveyor's queue servers over loopback TCP against the targets of the server issue.
+
+No-op workload: `--n` messages (default 200,000) of ~100-byte payloads in batches of 1,000,
+each server a separate `conveyor serve` process with a fresh data directory (durable queues):
+
+- 1 server, one blocking client: `put` batch after batch (each answered before the next is sent),
+  the same puts pipelined (16 batches in flight on one connection), then `get(1000)` + `ack` until
+  drained;
+- 2 servers through one `QueuePool`: one `pool.put` of all n messages (batches round-robin over
+  the shards, pipelined per shard, the shards in parallel);
+- the baseline, in this process: a `DurableStore` under the same fsync policy, put and get + ack
+  with no network, so the ratio server / in-process is the price of the network and the protocol.
+
+Both fsync policies are measured: "batch" (the server's default: a put is answered once on disk,
+concurrent writes share an fsync) and "interval". The targets apply to "batch", the stricter one.
+Runs are interleaved and each figure is the median of `--runs`.
+
+    python bench/bench_server.py            # full run (about a minute)
+    python bench/bench_server.py --quick    # smoke run: 50,000 messages, 1 run
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import platform
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from benchlib import Row, make_console, print_report, progress, rate, ratio
+from conveyor import calls
+from conveyor.client import QueueClient
+from conveyor.message import Message
+from conveyor.pool import QueuePool, spawn_server, stop_server
+from conveyor.storage import DurableStore
+
+BATCH = 1_000
+PAYLOAD_BYTES = 100
+LEASE_S = 3600.0
+POLICIES = ("batch", "interval")
+
+
+def batch_of_messages() -> list[Message]:
+    return [Message(payload=(b"%06d-" % i).ljust(PAYLOAD_BYTES, b"x")) for i in range(BATCH)]
+
+
+def timed(fn: Callable[[], object]) -> float:
+    gc.collect()
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def drain(get: Callable[[], list[Message]], ack: Callable[[list[int]], object]) -> int:
+    n = 0
+    while got := get():
+        ack([m.id for m in got])
+        n += len(got)
+    return n
+
+
+def one_server(root: Path, fsync: str, n: int, batch: list[Message]) -> dict[str, float]:
+    proc, address = spawn_server(root / f"one-{fsync}", args=["--fsync", fsync, "--lease", str(LEASE_S)])
+    try:
+        with QueueClient(address, timeout=120) as c:
+            c.ping()
+            k = n // BATCH
+            t_put = timed(lambda: [c.put("seq", batch) for _ in range(k)])
+            t_pipe = timed(lambda: c.pipeline([calls.put("pipe", batch) for _ in range(k)]))
+            got = [0]
+            t_get = timed(lambda: got.__setitem__(0, drain(lambda: c.get("seq", BATCH), lambda ids: c.ack("seq", ids))))
+            if got[0] != k * BATCH or c.stats("seq")["seq"].acked != k * BATCH:
+                raise RuntimeError(f"drained {got[0]} of {k * BATCH}")
+    finally:
+        stop_server(proc)
+    return {"put": k * BATCH / t_put, "put pipelined": k * BATCH / t_pipe, "get + ack": k * BATCH / t_get}
+
+
+def two_servers(root: Path, fsync: str, n: int, batch: list[Message]) -> dict[str, float]:
+    everything = batch * (n // BATCH)
+    with QueuePool.local(n_servers=2, data_dir=root / f"pool-{fsync}", fsync=fsync) as pool:
+        pool.stats()  # connected
+        t = timed(lambda: pool.put("q", everything))
+        if pool.stats("q")["q"].ready != len(everything):
+            raise RuntimeError("pool lost messages")
+    return {"pool put": len(everything) / t}
+
+
+def in_process(root: Path, fsync: str, n: int, batch: list[Message]) -> dict[str, float]:
+    with DurableStore(root / f"store-{fsync}", fsync=fsync) as s:  # type: ignore[arg-type]
+        k = n // BATCH
+        t_put = timed(lambda: [s.put(batch) for _ in range(k)])
+        t_get = timed(lambda: drain(lambda: s.get(BATCH, LEASE_S), s.ack_many))
+    return {"store put": k * BATCH / t_put, "store get + ack": k * BATCH / t_get}
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=None, help="messages per run (default 200,000)")
+    ap.add_argument("--runs", type=int, default=3, help="runs of each measurement (default 3)")
+    ap.add_argument("--dir", type=Path, default=None, help="where to make the temporary data directories")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 50,000 messages, 1 run")
+    args = ap.parse_args(argv)
+    n = args.n or (50_000 if args.quick else 200_000)
+    runs = 1 if args.quick else args.runs
+    if n < BATCH or runs < 1:
+        ap.error("--n must be at least 1,000 and --runs positive")
+    out = make_console()
+    out.print(f"Python {platform.python_version()}, {platform.platform()}, {os.cpu_count()} CPUs; {n:,} messages "
+              f"of {PAYLOAD_BYTES} B in batches of {BATCH:,}, {runs} run(s)" + ("  [QUICK]" if args.quick else ""))  # fmt: skip
+    batch = batch_of_messages()
+    figs: dict[tuple[str, str], list[float]] = {}
+    root = Path(tempfile.mkdtemp(prefix="conveyor-bench-server-", dir=args.dir))
+    try:
+        for run in range(1, runs + 1):
+            for fsync in POLICIES:
+                for step in (one_server, two_servers, in_process):
+                    progress(f"run {run}/{runs}, fsync={fsync}: {step.__name__.replace('_', ' ')}")
+                    for name, v in step(root, fsync, n, batch).items():
+                        figs.setdefault((fsync, name), []).append(v)
+                        progress(f"  {name}: {v:,.0f}/s")
+                    shutil.rmtree(root, ignore_errors=True)
+                    root.mkdir()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    progress("done")
+
+    med = statistics.median
+    rows: list[Row] = []
+    for fsync in POLICIES:
+        targets = {"put": 200_000, "get + ack": 100_000, "pool put": 300_000} if fsync == "batch" else {}
+        f = {name: figs[(fsync, name)] for (p, name) in figs if p == fsync}
+        for name, label in (("put", "1 server: put"), ("put pipelined", "1 server: put, 16 in flight"),
+                            ("get + ack", "1 server: get + ack"), ("pool put", "2 servers, 1 pool: put")):  # fmt: skip
+            t = targets.get(name)
+            rows.append(Row(f"{label} (fsync={fsync})", f[name], rate, ">=" if t else "", t or 0.0))
+        for name, base in (("put", "store put"), ("get + ack", "store get + ack")):
+            rows.append(Row(f"  in-process DurableStore {name}", f[base], rate, note=f"baseline, fsync={fsync}"))
+            rows.append(Row(f"  server / in-process {name}", [a / b for a, b in zip(f[name], f[base], strict=True)], ratio,
+                            value=med(f[name]) / med(f[base]), note="of the medians (runs: per run)"))  # fmt: skip
+    print_report(out, f"Server benchmark: medians of {runs} run(s)", rows)
+    failed = [r.name for r in rows if r.passed is False]
+    out.print(f"FAIL: {', '.join(failed)}" if failed else "All targets met.")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""What every benchmark script shares: progress lines, figures with targets, and the report table."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rich.console import Console
+from rich.table import Table
+
+_T0 = time.perf_counter()
+
+
+def progress(text: str) -> None:
+    """A progress line on stderr with the time since the script started."""
+    print(f"[{time.perf_counter() - _T0:7.1f}s] {text}", file=sys.stderr, flush=True)
+
+
+def make_console() -> Console:
+    """stdout, wide enough for the report when it is not a terminal."""
+    return Console() if sys.stdout.isatty() else Console(width=160)
+
+
+@dataclass
+class Row:
+    name: str
+    runs: list[float]
+    fmt: Callable[[float], str]
+    op: str = ""  # ">=", "<=", "<" or "" (no target)
+    target: float = 0.0
+    note: str = ""
+    value: float | None = None  # the figure when it is not the median of `runs` (ratios)
+
+    @property
+    def figure(self) -> float:
+        return statistics.median(self.runs) if self.value is None else self.value
+
+    @property
+    def passed(self) -> bool | None:
+        v = self.figure
+        return {">=": v >= self.target, "<=": v <= self.target, "<": v < self.target}.get(self.op)
+
+
+def rate(v: float) -> str:
+    return f"{v:,.0f}/s"
+
+
+def seconds(v: float) -> str:
+    return f"{v:.3f} s" if v >= 0.01 else f"{v * 1e3:.2f} ms"
+
+
+def per_msg(v: float) -> str:
+    return f"{v:.1f} B"
+
+
+def ratio(v: float) -> str:
+    return f"{v:.2f}x"
+
+
+def mib(v: float) -> str:
+    return f"{v / 2**20:,.1f} MiB"
+
+
+def print_report(console: Console, title: str, rows: list[Row]) -> None:
+    table = Table(title=title, title_justify="left")
+    table.add_column("figure")
+    table.add_column("median", justify="right")
+    table.add_column("target", justify="right")
+    table.add_column("result")
+    table.add_column("runs", justify="right")
+    table.add_column("note", style="dim")
+    for r in rows:
+        ok = r.passed
+        verdict = "" if ok is None else "[green]PASS[/]" if ok else "[bold red]FAIL[/]"
+        target = f"{r.op} {r.fmt(r.target)}" if r.op else ""
+        table.add_row(r.name, r.fmt(r.figure), target, verdict, "  ".join(r.fmt(v) for v in r.runs), r.note)
+    console.print(table)
