@@ -517,3 +517,37 @@ def test_retries_are_counted_spaced_and_end_in_the_dead_letters(pool: StorePool,
     assert dead.message.id == h.id
     info = decode_error(dead.error)
     assert info.type == "RuntimeError" and info.message == "boom 5"
+
+
+def _sig_cases() -> list[Any]:
+    def f1(a, b=1): ...  # type: ignore[no-untyped-def]
+    def f2(a, /, b): ...  # type: ignore[no-untyped-def]
+    def f3(*a): ...  # type: ignore[no-untyped-def]
+    def f4(a, *, k): ...  # type: ignore[no-untyped-def]
+    def f5(a, *, k=1): ...  # type: ignore[no-untyped-def]
+    def f6(**kw): ...  # type: ignore[no-untyped-def]
+    def f7(): ...  # type: ignore[no-untyped-def]
+    def f8(a, b=2, *rest, k=3, **kw): ...  # type: ignore[no-untyped-def]
+
+    return [f1, f2, f3, f4, f5, f6, f7, f8]
+
+
+@pytest.mark.parametrize("fn", _sig_cases(), ids=lambda f: f.__name__)
+def test_the_argument_check_agrees_with_signature_bind(fn: Any) -> None:
+    import inspect
+
+    t = task(fn, name="sig", registry=Registry())
+    for n in range(5):
+        args = tuple(range(n))
+        for kwargs in ({}, {"k": 1}, {"b": 1}):
+            try:
+                inspect.signature(fn).bind(*args, **kwargs)
+                fits = True
+            except TypeError:
+                fits = False
+            p = StorePool()
+            if fits:
+                t.publish(*args, _pool=p, **kwargs)
+            else:
+                with pytest.raises(TaskArgumentError):
+                    t.publish(*args, _pool=p, **kwargs)

@@ -53,10 +53,19 @@ def is_plain(obj: object, depth: int = 0) -> bool:
         return INT64_MIN <= obj <= UINT64_MAX  # type: ignore[operator]
     if depth >= MSGPACK_MAX_DEPTH:  # also stops self-referencing containers; pickle copes with those
         return False
+    # loops rather than all(generator): this runs for every published message
     if t is list or t is tuple:
-        return all(is_plain(x, depth + 1) for x in obj)  # type: ignore[attr-defined]
+        for x in obj:  # type: ignore[attr-defined]  # noqa: SIM110 (a loop is faster than all() here)
+            if type(x) not in _SCALARS and not is_plain(x, depth + 1):
+                return False
+        return True
     if t is dict:
-        return all(is_plain(k, depth + 1) and is_plain(v, depth + 1) for k, v in obj.items())  # type: ignore[attr-defined]
+        for k, v in obj.items():  # type: ignore[attr-defined]
+            if type(k) not in _SCALARS and not is_plain(k, depth + 1):
+                return False
+            if type(v) not in _SCALARS and not is_plain(v, depth + 1):
+                return False
+        return True
     return False
 
 

@@ -173,17 +173,46 @@ def adhoc_message(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
     return build_message(name, opts, tuple(args), dict(kwargs), delay=delay, priority=priority, key=key), ref
 
 
-def _binder(func: Callable[..., Any], drop_first: bool) -> inspect.Signature | None:
+class _ArgCheck:
+    """Checks published arguments against a signature; a fast path for positional-only calls.
+
+    `Signature.bind` costs more than encoding a small message, so calls without keyword
+    arguments are checked by counting, which gives the same answer when no keyword-only
+    parameter is required; everything else goes through `bind` (which also words the error).
+    """
+
+    __slots__ = ("fast", "max_pos", "min_pos", "sig")
+
+    def __init__(self, sig: inspect.Signature) -> None:
+        self.sig = sig
+        kinds = inspect.Parameter
+        params = list(sig.parameters.values())
+        positional = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+        self.min_pos = sum(1 for p in positional if p.default is kinds.empty)
+        self.max_pos = None if any(p.kind is kinds.VAR_POSITIONAL for p in params) else len(positional)
+        self.fast = not any(p.kind is kinds.KEYWORD_ONLY and p.default is kinds.empty for p in params)
+
+    def check(self, task_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        n = len(args)
+        if self.fast and not kwargs and n >= self.min_pos and (self.max_pos is None or n <= self.max_pos):
+            return
+        try:
+            self.sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TaskArgumentError(f"task {task_name!r}: arguments do not fit {task_name}{self.sig}: {e}") from None
+
+
+def _binder(func: Callable[..., Any], drop_first: bool) -> _ArgCheck | None:
     try:
         sig = inspect.signature(func)
     except (TypeError, ValueError):  # no signature to check against (some builtins)
         return None
     if drop_first:
         sig = sig.replace(parameters=list(sig.parameters.values())[1:])
-    return sig
+    return _ArgCheck(sig)
 
 
-def _publish(task_name: str, options: TaskOptions, sig: inspect.Signature | None,
+def _publish(task_name: str, options: TaskOptions, sig: _ArgCheck | None,
              calls: Iterable[tuple[tuple[Any, ...], dict[str, Any], dict[str, Any] | None]],
              delay: float | None, priority: int | None, key: str | None, pool: Publisher | None) -> list[TaskHandle]:  # fmt: skip
     _check_publish_options(task_name, delay, priority, key)
@@ -192,10 +221,7 @@ def _publish(task_name: str, options: TaskOptions, sig: inspect.Signature | None
     messages = []
     for args, kwargs, app_data in calls:
         if sig is not None:
-            try:
-                sig.bind(*args, **kwargs)
-            except TypeError as e:
-                raise TaskArgumentError(f"task {task_name!r}: arguments do not fit {task_name}{sig}: {e}") from None
+            sig.check(task_name, args, kwargs)
         if app_data is not None and not isinstance(app_data, dict):
             raise TaskArgumentError(f"task {task_name!r}: app_data must be a dict or None, got {type(app_data).__name__}")
         messages.append(build_message(task_name, options, args, kwargs, app_data, delay=delay, priority=priority,
@@ -322,7 +348,7 @@ class Task:
     no_retry: ClassVar[tuple[type[BaseException], ...]] = ()
     options: ClassVar[TaskOptions] = TaskOptions()
     task_name: ClassVar[str] = ""
-    _sig: ClassVar[inspect.Signature | None] = None
+    _sig: ClassVar[_ArgCheck | None] = None
 
     def __init_subclass__(cls, *, name: str | None = None, abstract: bool = False, registry: Registry | None = None,
                           **kwargs: Any) -> None:  # fmt: skip
