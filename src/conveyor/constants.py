@@ -123,3 +123,47 @@ SERVER_LOCK_NAME = "SERVER.lock"
 BLOB_DIR = "blobs"  # content-addressed blobs (sha256 hex names), e.g. pickled functions
 # a pool folds its shard number into message ids: global id = shard << SHARD_SHIFT | local id
 SHARD_SHIFT = 48
+
+# ================================================================================================
+# --- Tasks: envelopes, results and task message headers (serialization.py, tasks.py) -----------
+# A task message's payload is an envelope; its headers let a consumer route and limit the task
+# without decoding the payload. Header names are short: they travel with every message.
+ENVELOPE_VERSION = 1
+# msgpack envelope: array [ENVELOPE_VERSION, task name, args (array), kwargs (map), app_data (map|nil)]
+# pickle envelope: cloudpickle of the tuple (ENVELOPE_VERSION, task name, args, kwargs, app_data)
+H_CONTENT_TYPE = "ct"  # how the payload is encoded: CT_MSGPACK or CT_PICKLE
+CT_MSGPACK = "msgpack"
+CT_PICKLE = "pickle"
+H_TASK = "task"  # the task name (also inside the envelope)
+H_TIME_LIMIT = "tl"  # the task's time limit in seconds (repr of a float); absent: no limit
+H_RETRY_BACKOFF = "rb"  # "base,factor,cap,jitter" (see options.Backoff); absent: the default backoff
+H_IDEMPOTENCY_KEY = "key"  # publish(_key=...): a producer's idempotency key, honoured by the server
+# an ad-hoc callable's task name: this prefix + the sha256 hex digest of its cloudpickled bytes
+ADHOC_TASK_PREFIX = "fn:"
+MSGPACK_EXT_TUPLE = 1  # msgpack ext type: a tuple (body: the msgpack array of its items)
+MSGPACK_MAX_DEPTH = 100  # deeper containers go as pickle
+INT64_MIN = -(2**63)
+UINT64_MAX = 2**64 - 1  # msgpack ints span INT64_MIN..UINT64_MAX
+PICKLE_PROTOCOL = 5
+# an encoded result is one tag byte, then the msgpack or pickle bytes
+RESULT_TAG_MSGPACK = 0x01
+RESULT_TAG_PICKLE = 0x02
+# task option defaults
+DEFAULT_QUEUE = "default"
+DEFAULT_MAX_RETRIES = 3
+DEFAULT_BACKOFF_BASE_S = 1.0
+DEFAULT_BACKOFF_FACTOR = 2.0
+DEFAULT_BACKOFF_CAP_S = 300.0
+
+# --- Workers: queue configuration and settings (worker/settings.py, worker/selectors.py) --------
+SETTINGS_ENV = "CONVEYOR_SETTINGS_MODULE"  # names the settings module, like ndkale's KALE_SETTINGS_MODULE
+DEFAULT_SELECTOR = "ReducedLottery"
+LOTTERY_PRIORITY_MIN = 1  # a queue takes part in a lottery only with a priority in 1..100 (ndkale)
+LOTTERY_PRIORITY_MAX = 100
+LOTTERY_LOTTERY_DRAWS = 10  # LotteryLottery: draws before settling for any queue (ndkale: 10)
+# a queue's defaults when its YAML entry leaves a field out (ndkale's TaskQueue defaults)
+QUEUE_DEFAULT_PRIORITY = 5
+QUEUE_DEFAULT_BATCH_SIZE = 5
+QUEUE_DEFAULT_VISIBILITY_TIMEOUT_S = 600.0
+QUEUE_DEFAULT_LONG_POLL_S = 5.0
+QUEUE_DEFAULT_NUM_ITERATIONS = 2

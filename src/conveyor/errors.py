@@ -60,3 +60,85 @@ class ConnectionLostError(ConveyorError, ConnectionError):
 
     The request may or may not have taken effect on the server.
     """
+
+# --- Tasks: definitions, publishing, envelopes and runs -------------------------------------------
+class ConfigError(ConveyorError, ValueError):
+    """A settings module or a queue configuration file holds an invalid value.
+
+    The message names the file (or module), the queue and the field.
+    """
+
+
+class TaskOptionError(ConveyorError, ValueError):
+    """A task option or a publish option is invalid (bad priority, negative retries, a time
+    limit at or above the queue's visibility timeout, ...)."""
+
+
+class TaskArgumentError(ConveyorError, TypeError):
+    """Published arguments do not fit the task's signature: caught at publish time, not at run time."""
+
+
+class NoPublisherError(ConveyorError):
+    """`publish` was called with no `_pool` and no default pool set."""
+
+
+class DuplicateTaskError(ConveyorError):
+    """Two different objects were registered under one task name."""
+
+
+class SerializationError(ConveyorError):
+    """Arguments, a result or a payload cannot be (de)serialized.
+
+    `task` and `argument` name what failed when known (`argument` is e.g. "args[1]",
+    "kwargs['x']" or "app_data"). Not retryable: the same bytes fail the same way every time.
+    """
+
+    retryable = False
+
+    def __init__(self, message: str, *, task: str | None = None, argument: str | None = None) -> None:
+        self.task = task
+        self.argument = argument
+        super().__init__(message)
+
+
+class UnknownTaskError(ConveyorError, LookupError):
+    """No task is registered under this name in the worker's registry.
+
+    Not retryable (`retryable = False`): the consumer should fail the message at once, so it
+    ends in the dead letters instead of being redelivered until its attempts run out.
+    """
+
+    retryable = False
+
+    def __init__(self, name: str, registered: list[str], hint: str = "") -> None:
+        self.name = name
+        self.registered = registered
+        shown = ", ".join(registered[:20]) + (f", ... ({len(registered) - 20} more)" if len(registered) > 20 else "")
+        super().__init__(
+            f"unknown task {name!r}{hint}; registered: {shown or '(none)'}. "
+            "Import the module that defines it in the worker (settings TASK_MODULES)"
+        )
+
+
+class TaskError(ConveyorError):
+    """A task run failed: the consumer nacks (or dead-letters) the message with `error`.
+
+    task: the task name (or "?" when the envelope could not be read).
+    error: `conveyor.serialization.encode_error` text of the cause (type, message, traceback).
+    retryable: False when retrying cannot help (unknown task, undecodable payload, an exception
+        type the task lists in `no_retry`, or one whose class sets `retryable = False`).
+    cause: the original exception; None after crossing a process boundary, where only the
+        text survives (the cause itself may not pickle).
+    """
+
+    def __init__(self, task: str, error: str, retryable: bool, cause: BaseException | None = None) -> None:
+        self.task = task
+        self.error = error
+        self.retryable = retryable
+        self.cause = cause
+        first = error.split("\n", 1)[0]
+        super().__init__(f"task {task!r} failed{'' if retryable else ' (not retryable)'}: {first}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # drop the cause: it may hold unpicklable state; its text is in `error`
+        return (TaskError, (self.task, self.error, self.retryable))

@@ -1,0 +1,238 @@
+"""Publishing task messages: the `Publisher` protocol a queue pool implements, the default pool,
+message building and the checks done before anything is put.
+
+Publishing validates everything before anything is put: publish options, the arguments against
+the task's signature, that the arguments serialize, and that the time limit stays below the
+queue's visibility timeout. `conveyor.tasks` builds `publish` and `publish_many` on this.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .constants import H_IDEMPOTENCY_KEY, H_TASK
+from .errors import ConveyorError, NoPublisherError, TaskArgumentError, TaskOptionError
+from .message import Message
+from .options import TaskOptions, check_priority
+from .serialization import FunctionPickler, FunctionRef, adhoc_task_name, encode_call, function_ref
+
+if TYPE_CHECKING:
+    from .worker.settings import QueueConfig
+
+
+class Publisher(Protocol):
+    """Where published messages go; the queue pool implements it (tests: one store per queue)."""
+
+    def put(self, queue: str, messages: Sequence[Message]) -> list[int]:
+        """Put messages on `queue`; returns their ids, in order."""
+        ...
+
+    def queue_config(self, queue: str) -> QueueConfig | None:
+        """The queue's configuration (for the visibility-timeout check), or None if unknown."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class TaskHandle:
+    """A published task: its message id, queue and task name."""
+
+    id: int
+    queue: str
+    task: str
+
+
+class Args:
+    """One call's arguments for `publish_many`: `Args(1, 2, scale=3)`."""
+
+    __slots__ = ("args", "kwargs")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+        self.kwargs = kwargs
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Args) and (self.args, self.kwargs) == (other.args, other.kwargs)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]
+        return f"Args({', '.join(parts)})"
+
+
+# --- the default publisher ----------------------------------------------------------------------
+_default: Publisher | None = None
+_default_lock = threading.Lock()
+
+
+def set_default_pool(pool: Publisher | None) -> Publisher | None:
+    """Make `pool` where `publish` goes without `_pool=` (process-wide; None unsets). Returns the previous."""
+    global _default
+    with _default_lock:
+        old, _default = _default, pool
+    return old
+
+
+def get_default_pool() -> Publisher | None:
+    return _default
+
+
+@contextmanager
+def default_pool(pool: Publisher) -> Iterator[Publisher]:
+    """`set_default_pool(pool)` for a `with` block, restoring the previous one after it."""
+    old = set_default_pool(pool)
+    try:
+        yield pool
+    finally:
+        set_default_pool(old)
+
+
+def _resolve_pool(pool: Publisher | None, task_name: str) -> Publisher:
+    p = pool if pool is not None else _default
+    if p is None:
+        raise NoPublisherError(f"cannot publish {task_name!r}: no pool. Pass _pool=..., or call "
+                               "conveyor.tasks.set_default_pool(pool) (or use `with default_pool(pool):`)")  # fmt: skip
+    return p
+
+
+# --- building messages --------------------------------------------------------------------------
+def check_time_limit(task_name: str, options: TaskOptions, config: QueueConfig | None) -> None:
+    """A time limit at or above the queue's visibility timeout would let a running task be
+    delivered again while it still runs: reject it (as ndkale's publisher does)."""
+    if config is not None and options.time_limit is not None and options.time_limit >= config.visibility_timeout_sec:
+        raise TaskOptionError(
+            f"task {task_name!r}: time_limit {options.time_limit:g} s must be below the visibility timeout "
+            f"({config.visibility_timeout_sec:g} s) of queue {options.queue!r}"
+        )
+
+
+def _check_publish_options(task_name: str, delay: float | None, priority: int | None, key: str | None) -> None:
+    try:
+        if delay is not None and not (isinstance(delay, (int, float)) and not isinstance(delay, bool)
+                                      and math.isfinite(delay) and delay >= 0):  # fmt: skip
+            raise TaskOptionError(f"_delay must be a finite number of seconds >= 0 or None, got {delay!r}")
+        if priority is not None:
+            check_priority(priority)
+        if key is not None and (type(key) is not str or not key):
+            raise TaskOptionError(f"_key must be a non-empty str or None, got {key!r}")
+    except TaskOptionError as e:
+        raise TaskOptionError(f"task {task_name!r}: {e}") from None
+
+
+def build_message(task_name: str, options: TaskOptions, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  app_data: dict[str, Any] | None = None, *, delay: float | None = None, priority: int | None = None,
+                  key: str | None = None, now: float | None = None) -> Message:  # fmt: skip
+    """The message for one call: envelope payload, priority, delay, attempts and headers.
+
+    Raises SerializationError if an argument cannot be serialized. Publish options are not
+    checked here (see `TaskFunction.publish`).
+    """
+    payload, headers = encode_call(task_name, args, kwargs, app_data)
+    headers[H_TASK] = task_name
+    headers.update(options.headers())
+    if key is not None:
+        headers[H_IDEMPOTENCY_KEY] = key
+    not_before = ((time.time() if now is None else now) + delay) if delay else 0.0
+    return Message(queue=options.queue, payload=payload, priority=options.priority if priority is None else priority,
+                   not_before=not_before, max_attempts=options.max_attempts, headers=headers)  # fmt: skip
+
+
+def adhoc_message(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                  options: TaskOptions | None = None, *, delay: float | None = None, priority: int | None = None,
+                  key: str | None = None, pickler: FunctionPickler | None = None) -> tuple[Message, FunctionRef]:  # fmt: skip
+    """The message of an ad-hoc call (`pool.submit(func, ...)`) and the function's pickled bytes.
+
+    The message names the function by digest only; the caller stores `ref.data` where a worker's
+    `fetch(ref.digest)` finds it. The function is pickled once per function object.
+    """
+    ref = function_ref(func) if pickler is None else pickler.ref(func)
+    opts = options if options is not None else TaskOptions()
+    name = adhoc_task_name(ref.digest)
+    _check_publish_options(name, delay, priority, key)
+    return build_message(name, opts, tuple(args), dict(kwargs), delay=delay, priority=priority, key=key), ref
+
+
+class ArgCheck:
+    """Checks published arguments against a signature; a fast path for positional-only calls.
+
+    `Signature.bind` costs more than encoding a small message, so calls without keyword
+    arguments are checked by counting, which gives the same answer when no keyword-only
+    parameter is required; everything else goes through `bind` (which also words the error).
+    """
+
+    __slots__ = ("fast", "max_pos", "min_pos", "sig")
+
+    def __init__(self, sig: inspect.Signature) -> None:
+        self.sig = sig
+        kinds = inspect.Parameter
+        params = list(sig.parameters.values())
+        positional = [p for p in params if p.kind in (kinds.POSITIONAL_ONLY, kinds.POSITIONAL_OR_KEYWORD)]
+        self.min_pos = sum(1 for p in positional if p.default is kinds.empty)
+        self.max_pos = None if any(p.kind is kinds.VAR_POSITIONAL for p in params) else len(positional)
+        self.fast = not any(p.kind is kinds.KEYWORD_ONLY and p.default is kinds.empty for p in params)
+
+    def check(self, task_name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        n = len(args)
+        if self.fast and not kwargs and n >= self.min_pos and (self.max_pos is None or n <= self.max_pos):
+            return
+        try:
+            self.sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TaskArgumentError(f"task {task_name!r}: arguments do not fit {task_name}{self.sig}: {e}") from None
+
+
+def arg_check(func: Callable[..., Any], drop_first: bool) -> ArgCheck | None:
+    """An ArgCheck for `func` (without its first parameter: `self`), or None if it has no signature."""
+    try:
+        sig = inspect.signature(func)
+    except (TypeError, ValueError):  # no signature to check against (some builtins)
+        return None
+    if drop_first:
+        sig = sig.replace(parameters=list(sig.parameters.values())[1:])
+    return ArgCheck(sig)
+
+
+CallArgs = tuple[tuple[Any, ...], dict[str, Any], dict[str, Any] | None]  # (args, kwargs, app_data)
+
+
+def publish_calls(task_name: str, options: TaskOptions, sig: ArgCheck | None, calls: Iterable[CallArgs],
+                  delay: float | None, priority: int | None, key: str | None,
+                  pool: Publisher | None) -> list[TaskHandle]:  # fmt: skip
+    """Check, encode and put calls of one task in one batch; nothing is put if any check fails."""
+    _check_publish_options(task_name, delay, priority, key)
+    target = _resolve_pool(pool, task_name)
+    now = time.time()
+    messages = []
+    for args, kwargs, app_data in calls:
+        if sig is not None:
+            sig.check(task_name, args, kwargs)
+        if app_data is not None and not isinstance(app_data, dict):
+            raise TaskArgumentError(f"task {task_name!r}: app_data must be a dict or None, got {type(app_data).__name__}")
+        messages.append(build_message(task_name, options, args, kwargs, app_data, delay=delay, priority=priority,
+                                      key=key, now=now))  # fmt: skip
+    if not messages:
+        return []
+    check_time_limit(task_name, options, target.queue_config(options.queue))
+    ids = target.put(options.queue, messages)
+    if len(ids) != len(messages):
+        raise ConveyorError(f"publisher returned {len(ids)} ids for {len(messages)} messages")
+    return [TaskHandle(int(i), options.queue, task_name) for i in ids]
+
+
+def calls_of(items: Iterable[Any], task_name: str, app_data: dict[str, Any] | None = None) -> Iterator[CallArgs]:
+    """`publish_many` items (tuples of positional arguments, or Args) as calls."""
+    for i, it in enumerate(items):
+        if isinstance(it, Args):
+            yield it.args, it.kwargs, app_data
+        elif type(it) is tuple:
+            yield it, {}, app_data
+        else:
+            raise TaskArgumentError(f"task {task_name!r}: publish_many item {i} must be a tuple of positional "
+                                    f"arguments or an Args(...), got {type(it).__name__}")  # fmt: skip

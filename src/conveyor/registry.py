@@ -1,0 +1,86 @@
+"""The task registry: task names to the task objects a worker runs.
+
+A task registers when it is defined (`@task` or subclassing `Task`), under its module and
+qualified name (`app.jobs.resize`) unless given a name. A worker finds a message's task here by
+the name in its envelope, so the module defining a task must be imported in the worker (settings
+`TASK_MODULES`); names of tasks defined in `__main__` or inside functions only resolve in the
+process that defined them.
+"""
+
+from __future__ import annotations
+
+import difflib
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .constants import ADHOC_TASK_PREFIX
+from .errors import DuplicateTaskError, TaskOptionError, UnknownTaskError
+
+if TYPE_CHECKING:
+    from .message import Message
+    from .options import TaskOptions
+    from .serialization import Call
+
+
+class RegisteredTask(Protocol):
+    """What the registry holds and a worker runs: `TaskFunction`s and `Task` subclasses."""
+
+    task_name: str
+    options: TaskOptions
+
+    def run_call(self, call: Call, message: Message | None = None) -> Any:
+        """Run the task for one decoded call (hooks included) and return its value."""
+        ...
+
+
+class Registry:
+    """Task names to tasks. Thread-safe; registering one object twice under a name is a no-op."""
+
+    def __init__(self) -> None:
+        self._tasks: dict[str, RegisteredTask] = {}
+        self._lock = threading.Lock()
+
+    def register(self, name: str, task: RegisteredTask) -> None:
+        """Register `task` as `name`; DuplicateTaskError if another object has the name."""
+        if type(name) is not str or not name or name.startswith(ADHOC_TASK_PREFIX):
+            raise TaskOptionError(f"a task name must be a non-empty str not starting with {ADHOC_TASK_PREFIX!r}, got {name!r}")
+        with self._lock:
+            old = self._tasks.get(name)
+            if old is not None and old is not task:
+                raise DuplicateTaskError(
+                    f"task name {name!r} is already registered to {old!r}; cannot register {task!r}. "
+                    "Give one of them another name (name=...), or check the module is not imported twice "
+                    "(as __main__ and by its module name)"
+                )
+            self._tasks[name] = task
+
+    def unregister(self, name: str) -> None:
+        with self._lock:
+            self._tasks.pop(name, None)
+
+    def get(self, name: str) -> RegisteredTask:
+        """The task registered as `name`; UnknownTaskError (not retryable) lists what is registered."""
+        t = self._tasks.get(name)
+        if t is None:
+            names = self.names()
+            close = difflib.get_close_matches(name, names, n=1)
+            raise UnknownTaskError(name, names, f" (did you mean {close[0]!r}?)" if close else "")
+        return t
+
+    def names(self) -> list[str]:
+        with self._lock:
+            return sorted(self._tasks)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tasks
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+
+registry = Registry()
+"""The process-wide registry: tasks register here unless given another."""

@@ -1,0 +1,68 @@
+"""The run side of a task, free of any transport: one delivered message in, result bytes out.
+
+A consumer calls `run_message` for each delivered message, acks with the bytes it returns, and
+on `TaskError` nacks with `error.error` after `backoff_delay(message.attempts, backoff_of(message.headers))`
+seconds, or fails the message at once when `error.retryable` is False (unknown task, undecodable
+payload, unserializable result, or an exception the task declared not retryable).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from .constants import H_TASK
+from .errors import ConveyorError, TaskError
+from .message import Message
+from .options import TaskOptions
+from .registry import Registry
+from .registry import registry as default_registry
+from .serialization import FunctionCache, adhoc_digest, decode_call, encode_error, encode_result
+
+_function_cache = FunctionCache()
+
+
+def default_function_cache() -> FunctionCache:
+    """The process-wide cache of ad-hoc callables `run_message` uses when given none."""
+    return _function_cache
+
+
+def is_retryable(exc: BaseException, options: TaskOptions | None = None) -> bool:
+    """Whether a retry could help: not if the exception's class says `retryable = False`,
+    nor if it is one of the task's `no_retry` types."""
+    if getattr(exc, "retryable", True) is False:
+        return False
+    return not (options is not None and options.no_retry and isinstance(exc, options.no_retry))
+
+
+def run_message(message: Message, registry: Registry | None = None, function_cache: FunctionCache | None = None,
+                fetch: Callable[[str], bytes] | None = None) -> bytes:  # fmt: skip
+    """Decode `message`, run its task (hooks included) and return the encoded result.
+
+    registry: where task names resolve (None: the process-wide registry).
+    function_cache, fetch: resolve ad-hoc callables by digest; `fetch(digest)` returns the
+        function's pickled bytes (from the servers' blob store). Needed only for ad-hoc calls.
+
+    Every failure raises `TaskError` (with `cause` the original exception and `__cause__` set):
+    the task's own exceptions, and also an unknown task or a damaged payload, which are not
+    retryable. Exceptions that are not `Exception`s (KeyboardInterrupt, SystemExit) propagate as is.
+    """
+    reg = default_registry if registry is None else registry
+    name = message.headers.get(H_TASK, "?")
+    options: TaskOptions | None = None
+    try:
+        call = decode_call(message.payload, message.headers)
+        name = call.name
+        digest = adhoc_digest(name)
+        if digest is None:
+            task = reg.get(name)
+            options = task.options
+            value = task.run_call(call, message)
+        else:
+            if fetch is None:
+                raise ConveyorError(f"ad-hoc task {name}: this worker was given no `fetch` for function bytes")
+            cache = function_cache if function_cache is not None else _function_cache  # an empty cache is falsy
+            func = cache.get(digest, fetch)
+            value = func(*call.args, **call.kwargs)
+        return encode_result(value)
+    except Exception as exc:
+        raise TaskError(name, encode_error(exc), is_retryable(exc, options), exc) from exc

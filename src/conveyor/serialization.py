@@ -1,0 +1,347 @@
+"""Task envelopes, results, error text and ad-hoc callables: the bytes a task message carries.
+
+Trust model: queue servers never decode these bytes. Plain data goes as msgpack, which any
+process may read safely; anything else goes as (cloud)pickle, which runs code when loaded, so it
+must only travel between a client and the workers its user runs (see docs/tasks.md).
+
+Plain data, encoded as msgpack and decoded to equal values of the same types: None, bool, int
+in [-2**63, 2**64), float, str, bytes, and lists, tuples and dicts of plain data (dict keys may be
+any hashable plain value). Types are checked exactly, so subclasses (IntEnum, a str subclass,
+namedtuples), bytearray, sets and the rest go as pickle and keep their types too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pickle
+import threading
+import traceback
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import cloudpickle
+import msgpack
+
+from .constants import (
+    ADHOC_TASK_PREFIX,
+    CT_MSGPACK,
+    CT_PICKLE,
+    ENVELOPE_VERSION,
+    H_CONTENT_TYPE,
+    INT64_MIN,
+    MSGPACK_EXT_TUPLE,
+    MSGPACK_MAX_DEPTH,
+    PICKLE_PROTOCOL,
+    RESULT_TAG_MSGPACK,
+    RESULT_TAG_PICKLE,
+    UINT64_MAX,
+)
+from .errors import SerializationError
+
+_SCALARS = frozenset({type(None), bool, float, str, bytes})
+
+
+def is_plain(obj: object, depth: int = 0) -> bool:
+    """True if `obj` round-trips exactly through msgpack (see the module docstring)."""
+    t = type(obj)
+    if t in _SCALARS:
+        return True
+    if t is int:
+        return INT64_MIN <= obj <= UINT64_MAX  # type: ignore[operator]
+    if depth >= MSGPACK_MAX_DEPTH:  # also stops self-referencing containers; pickle copes with those
+        return False
+    # loops rather than all(generator): this runs for every published message
+    if t is list or t is tuple:
+        for x in obj:  # type: ignore[attr-defined]  # noqa: SIM110 (a loop is faster than all() here)
+            if type(x) not in _SCALARS and not is_plain(x, depth + 1):
+                return False
+        return True
+    if t is dict:
+        for k, v in obj.items():  # type: ignore[attr-defined]
+            if type(k) not in _SCALARS and not is_plain(k, depth + 1):
+                return False
+            if type(v) not in _SCALARS and not is_plain(v, depth + 1):
+                return False
+        return True
+    return False
+
+
+def _default(obj: object) -> msgpack.ExtType:
+    # strict_types sends tuples here instead of packing them as arrays: tag them so they come back as tuples
+    if type(obj) is tuple:
+        return msgpack.ExtType(MSGPACK_EXT_TUPLE, _pack(list(obj)))
+    raise TypeError(f"not plain data: {type(obj).__name__}")
+
+
+def _ext_hook(code: int, data: bytes) -> object:
+    if code == MSGPACK_EXT_TUPLE:
+        return tuple(_unpack(data))
+    raise ValueError(f"unknown msgpack extension type {code}")
+
+
+def _pack(obj: object) -> bytes:
+    # a Packer per call: a shared one is not thread-safe, and this costs ~1 us
+    return msgpack.packb(obj, use_bin_type=True, strict_types=True, default=_default)
+
+
+def _unpack(data: bytes) -> Any:
+    # strict_map_key=False: dicts with int (or tuple, ...) keys round-trip; the bytes come from our own clients
+    return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_ext_hook)
+
+
+def _pickle(obj: object) -> bytes:
+    return cloudpickle.dumps(obj, protocol=PICKLE_PROTOCOL)
+
+
+# --- task envelopes -----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Call:
+    """A decoded task envelope: which task to run, with what."""
+
+    name: str
+    args: tuple[Any, ...] = ()
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    app_data: dict[str, Any] | None = None
+
+
+def encode_call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
+                app_data: dict[str, Any] | None = None) -> tuple[bytes, dict[str, str]]:  # fmt: skip
+    """Encode a call as (payload, headers): msgpack when everything is plain data, else cloudpickle.
+
+    Raises SerializationError naming the task and the first argument that cannot be pickled.
+    """
+    if is_plain(args) and is_plain(kwargs) and (app_data is None or is_plain(app_data)):
+        try:
+            return _pack([ENVELOPE_VERSION, name, list(args), kwargs, app_data]), {H_CONTENT_TYPE: CT_MSGPACK}
+        except (TypeError, ValueError, OverflowError):  # e.g. a str with lone surrogates: pickle keeps it
+            pass
+    try:
+        return _pickle((ENVELOPE_VERSION, name, tuple(args), kwargs, app_data)), {H_CONTENT_TYPE: CT_PICKLE}
+    except Exception as e:  # pickling raises many unrelated types
+        arg, why = _culprit(args, kwargs, app_data, e)
+        raise SerializationError(f"task {name!r}: {arg} cannot be serialized: {why}", task=name, argument=arg) from e
+
+
+def _culprit(args: tuple[Any, ...], kwargs: dict[str, Any], app_data: object, error: Exception) -> tuple[str, str]:
+    """Which argument failed to pickle, and why (pickled one by one to find it)."""
+    parts = [(f"args[{i}]", a) for i, a in enumerate(args)] + [(f"kwargs[{k!r}]", v) for k, v in kwargs.items()]
+    parts.append(("app_data", app_data))
+    for label, value in parts:
+        try:
+            _pickle(value)
+        except Exception as e:
+            return f"{label} ({type(value).__name__})", f"{type(e).__name__}: {e}"
+    return "the arguments", f"{type(error).__name__}: {error}"
+
+
+def decode_call(payload: bytes, headers: dict[str, str]) -> Call:
+    """Decode `encode_call`'s payload; SerializationError if it is damaged or of an unknown kind."""
+    ct = headers.get(H_CONTENT_TYPE)
+    try:
+        if ct == CT_MSGPACK:
+            f = _unpack(payload)
+        elif ct == CT_PICKLE:
+            f = pickle.loads(payload)
+        else:
+            raise SerializationError(f"unknown task payload content type {ct!r} (header {H_CONTENT_TYPE!r})")
+    except SerializationError:
+        raise
+    except Exception as e:
+        raise SerializationError(f"undecodable {ct} task payload: {type(e).__name__}: {e}") from e
+    if not (isinstance(f, (list, tuple)) and len(f) == 5 and f[0] == ENVELOPE_VERSION and type(f[1]) is str):
+        version = f[0] if isinstance(f, (list, tuple)) and f else None
+        raise SerializationError(f"not a version {ENVELOPE_VERSION} task envelope (version {version!r})")
+    _, name, args, kwargs, app_data = f
+    if not isinstance(args, (list, tuple)) or not isinstance(kwargs, dict):
+        raise SerializationError(f"task {name!r}: malformed envelope (args or kwargs)", task=name)
+    return Call(name, tuple(args), kwargs, app_data)
+
+
+# --- results and errors -------------------------------------------------------------------------
+def encode_result(value: object) -> bytes:
+    """A task's return value as bytes; the first byte says msgpack or pickle."""
+    if is_plain(value):
+        try:
+            return bytes((RESULT_TAG_MSGPACK,)) + _pack(value)
+        except (TypeError, ValueError, OverflowError):
+            pass
+    try:
+        return bytes((RESULT_TAG_PICKLE,)) + _pickle(value)
+    except Exception as e:
+        raise SerializationError(f"a {type(value).__name__} result cannot be serialized: {type(e).__name__}: {e}") from e
+
+
+def decode_result(data: bytes) -> object:
+    """The value `encode_result` encoded."""
+    if not data:
+        raise SerializationError("empty result bytes")
+    tag, body = data[0], data[1:]
+    try:
+        if tag == RESULT_TAG_MSGPACK:
+            return _unpack(body)
+        if tag == RESULT_TAG_PICKLE:
+            return pickle.loads(body)
+    except Exception as e:
+        raise SerializationError(f"undecodable result: {type(e).__name__}: {e}") from e
+    raise SerializationError(f"unknown result tag 0x{tag:02x}")
+
+
+_TRACEBACK_START = "\nTraceback (most recent call last):"
+
+
+def encode_error(exc: BaseException) -> str:
+    """Readable error text: "module.Type: message", then the traceback (if the exception has one).
+
+    This is the text a nack and a dead letter keep; `decode_error` splits it again.
+    """
+    t = type(exc)
+    name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
+    head = f"{name}: {exc}"
+    if exc.__traceback__ is None:
+        return head
+    return head + "\n" + "".join(traceback.format_exception(t, exc, exc.__traceback__)).rstrip("\n")
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorInfo:
+    """`encode_error`'s text split up: type name, message and traceback ("" when none)."""
+
+    type: str
+    message: str
+    traceback: str
+
+
+def decode_error(text: str) -> ErrorInfo:
+    """Split `encode_error` text (or any error text) into type, message and traceback."""
+    head, sep, tb = text.partition(_TRACEBACK_START)
+    typ, colon, message = head.partition(": ")
+    if not colon or " " in typ or "\n" in typ:  # not ours: keep it whole as the message
+        return ErrorInfo("", head, (sep + tb).lstrip("\n"))
+    return ErrorInfo(typ, message, (sep + tb).lstrip("\n"))
+
+
+# --- ad-hoc callables ---------------------------------------------------------------------------
+def adhoc_task_name(digest: str) -> str:
+    """The task name an ad-hoc call carries: the function's content digest, not its bytes."""
+    return ADHOC_TASK_PREFIX + digest
+
+
+def adhoc_digest(name: str) -> str | None:
+    """The function digest of an ad-hoc task name, or None for a registered task's name."""
+    return name[len(ADHOC_TASK_PREFIX) :] if name.startswith(ADHOC_TASK_PREFIX) else None
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionRef:
+    """A cloudpickled callable: `digest` (sha256 hex of `data`) names it on the wire."""
+
+    digest: str
+    data: bytes = field(repr=False)
+
+
+class FunctionPickler:
+    """Publisher side: cloudpickles each function object once and remembers its (digest, bytes).
+
+    Entries are keyed by the object's identity and dropped when it is garbage collected; objects
+    that cannot be weakly referenced (builtins) are kept in a bounded LRU instead. The bytes are
+    taken the first time a function is seen: later changes to its globals or closure are not sent.
+    """
+
+    def __init__(self, max_strong: int = 1024) -> None:
+        self._weak: dict[int, tuple[weakref.ref[Any], FunctionRef]] = {}
+        self._strong: OrderedDict[int, tuple[object, FunctionRef]] = OrderedDict()
+        self._max_strong = max_strong
+        self._lock = threading.Lock()
+
+    def pickle_function(self, func: Callable[..., Any]) -> tuple[str, bytes]:
+        """(sha256 hex digest, cloudpickled bytes) of `func`, pickled once per function object."""
+        ref = self.ref(func)
+        return ref.digest, ref.data
+
+    def ref(self, func: Callable[..., Any]) -> FunctionRef:
+        if not callable(func):
+            raise SerializationError(f"not callable: {type(func).__name__}")
+        key = id(func)
+        with self._lock:
+            w = self._weak.get(key)
+            if w is not None and w[0]() is func:
+                return w[1]
+            s = self._strong.get(key)
+            if s is not None and s[0] is func:
+                self._strong.move_to_end(key)
+                return s[1]
+        try:
+            data = _pickle(func)
+        except Exception as e:
+            name = getattr(func, "__qualname__", type(func).__name__)
+            raise SerializationError(f"function {name!r} cannot be pickled: {type(e).__name__}: {e}", task=name) from e
+        ref = FunctionRef(hashlib.sha256(data).hexdigest(), data)
+        with self._lock:
+            try:
+                self._weak[key] = (weakref.ref(func, lambda _, k=key: self._weak.pop(k, None)), ref)
+            except TypeError:  # not weakly referenceable: keep it alive in the LRU (ids stay unique)
+                self._strong[key] = (func, ref)
+                if len(self._strong) > self._max_strong:
+                    self._strong.popitem(last=False)
+        return ref
+
+    def __len__(self) -> int:
+        return len(self._weak) + len(self._strong)
+
+
+_pickler = FunctionPickler()
+
+
+def pickle_function(func: Callable[..., Any]) -> tuple[str, bytes]:
+    """`FunctionPickler.pickle_function` on the process-wide pickler."""
+    return _pickler.pickle_function(func)
+
+
+def function_ref(func: Callable[..., Any]) -> FunctionRef:
+    """The process-wide pickler's `FunctionRef` of `func`."""
+    return _pickler.ref(func)
+
+
+class FunctionCache:
+    """Worker side: ad-hoc callables by digest, unpickled once each (LRU of `max_entries`).
+
+    `get` fetches the bytes of a digest not seen yet through `fetch` (the lead's blob store) and
+    checks that they hash to the digest before unpickling them.
+    """
+
+    def __init__(self, max_entries: int = 256) -> None:
+        self._funcs: OrderedDict[str, Callable[..., Any]] = OrderedDict()
+        self._max = max_entries
+        self._lock = threading.Lock()
+
+    def get(self, digest: str, fetch: Callable[[str], bytes]) -> Callable[..., Any]:
+        with self._lock:
+            f = self._funcs.get(digest)
+            if f is not None:
+                self._funcs.move_to_end(digest)
+                return f
+        data = fetch(digest)  # outside the lock: a fetch may be a network round trip
+        got = hashlib.sha256(data).hexdigest()
+        if got != digest:
+            raise SerializationError(f"function bytes fetched for {digest} hash to {got}", task=adhoc_task_name(digest))
+        try:
+            f = pickle.loads(data)
+        except Exception as e:
+            raise SerializationError(f"function {digest} cannot be unpickled: {type(e).__name__}: {e}",
+                                     task=adhoc_task_name(digest)) from e  # fmt: skip
+        if not callable(f):
+            raise SerializationError(f"function {digest} unpickled to a {type(f).__name__}", task=adhoc_task_name(digest))
+        with self._lock:
+            self._funcs[digest] = f
+            if len(self._funcs) > self._max:
+                self._funcs.popitem(last=False)
+        return f
+
+    def __contains__(self, digest: object) -> bool:
+        return digest in self._funcs
+
+    def __len__(self) -> int:
+        return len(self._funcs)
