@@ -182,3 +182,15 @@ def test_group_commit_defers_fsync_to_sync(tmp_path: Path) -> None:
         assert not s._segments.dirty and not s._index.dirty
     with DurableStore(tmp_path / "s", fsync="batch") as s:
         assert s.stats().ready == 1
+
+
+def test_release_and_final_nack_survive_reopening(tmp_path: Path) -> None:
+    with DurableStore(tmp_path / "s", fsync="never") as s:
+        a, b = s.put([Message(payload=b"a", max_attempts=3), Message(payload=b"b", max_attempts=3)])
+        s.get(2)
+        s.release_many([a])
+        s.nack(b, "no retry can mend this", final=True)
+    with DurableStore(tmp_path / "s", fsync="never") as s:
+        [m] = s.get(5)
+        assert m.id == a and m.attempts == 1
+        assert s.status(b) == Status.FAILED and s.dead_letters()[0].error == "no retry can mend this"

@@ -158,6 +158,23 @@ class StoreContract:
         finally:
             s.close()
 
+    def test_final_nack_fails_at_once(self, store: Store) -> None:
+        a, b = store.put(msgs(b"a", b"b", max_attempts=5))
+        store.get(2)
+        assert store.nack_many([a, b], ["unknown task", "x"], final=True) == [True, True]
+        assert store.status(a) == Status.FAILED and store.stats().failed == 2
+        assert [d.error for d in store.dead_letters()] == ["unknown task", "x"]
+
+    def test_release_returns_unstarted_messages_without_counting_an_attempt(self, store: Store) -> None:
+        a, b = store.put(msgs(b"a", b"b", max_attempts=1))
+        [m, _] = store.get(2)
+        assert m.attempts == 1
+        assert store.release_many([a, a, 10**9]) == [True, False, False]
+        assert store.status(a) == Status.READY
+        [again] = store.get(1)
+        assert again.id == a and again.attempts == 1  # still its first attempt: not a dead letter
+        assert store.release_many([a, b]) == [True, True]
+
     def test_nack_only_delivered(self, store: Store) -> None:
         [i] = store.put(msgs(b"x"))
         assert not store.nack(i, "not delivered")

@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from .message import Message, make_message
+from .message import Message, Status, make_message
 from .protocol import Frames, Header, column, expand
 from .storage import DeadLetter
 
@@ -131,13 +131,49 @@ def ack(queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None =
 
 
 def nack(queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
-         delay_s: float | Sequence[float] = 0.0) -> Call[list[bool]]:  # fmt: skip
-    """Give messages back (READY after the delay, per message or for all) or to the dead letters."""
+         delay_s: float | Sequence[float] = 0.0, final: bool = False) -> Call[list[bool]]:  # fmt: skip
+    """Give messages back (READY after the delay, per message or for all) or to the dead letters
+    (when out of attempts, or at once with `final`)."""
     delay = delay_s if isinstance(delay_s, (int, float)) else list(delay_s)
     args: dict[str, Any] = {"queue": queue, "ids": list(ids), "delay_s": delay}
+    if final:
+        args["final"] = True
     if errors is not None:
         args["errors"] = list(errors)
     return Call("nack", args, parse=lambda h, f: h["ok"])
+
+
+def release(queue: str, ids: Sequence[int]) -> Call[list[bool]]:
+    """Give back delivered messages never started: READY at once, the attempt not counted."""
+    return Call("release", {"queue": queue, "ids": list(ids)}, parse=lambda h, f: h["ok"])
+
+
+def _found(h: Header, frames: Frames) -> list[bytes | None]:
+    it = iter(frames)
+    return [next(it) if ok else None for ok in h["found"]]
+
+
+def result(queue: str, ids: Sequence[int]) -> Call[list[bytes | None]]:
+    """The stored results of these ids (None: not acked, acked without a result, or forgotten)."""
+    return Call("result", {"queue": queue, "ids": list(ids)}, parse=_found)
+
+
+def status(queue: str, ids: Sequence[int]) -> Call[list[Status | None]]:
+    """Where each message is (None: never assigned on this server, or purged)."""
+    def parse(h: Header, f: Frames) -> list[Status | None]:
+        return [None if s is None else Status(s) for s in h["status"]]
+
+    return Call("status", {"queue": queue, "ids": list(ids)}, parse=parse)
+
+
+def report(worker: str, counts: dict[str, float]) -> Call[Header]:
+    """A consumer's counts (processed, failed, running...), shown by `stats` for a minute."""
+    return Call("report", {"worker": worker, "counts": counts})
+
+
+def workers() -> Call[dict[str, dict[str, float]]]:
+    """Counts of the consumers that reported within the last minute (with `seen`: seconds ago)."""
+    return Call("stats", {}, parse=lambda h, f: h["workers"])
 
 
 def extend_lease(queue: str, ids: Sequence[int], lease_s: float) -> Call[list[bool]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 import sys
 import time
@@ -142,3 +143,93 @@ def dead_letters(addresses: tuple[str, ...], token: str | None, queue: str, limi
             Console().print(dead_letter_table(pool, queue, limit))
         except ConveyorError as e:
             raise click.ClickException(str(e)) from None
+
+
+@main.command()
+@_connect_option
+@click.option("--tasks", "task_modules", multiple=True, help="A module to import so its tasks register (repeat it).")
+@click.option("--queues-config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+              help="Queue YAML in ndkale's format (default: the settings module's QUEUE_CONFIG).")  # fmt: skip
+@click.option("--queues", "queue_names", default=None, help="Comma-separated queue names, when there is no queue YAML.")
+@click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1), help="Tasks one consumer runs at once.")
+@click.option("--pool", "mode", type=click.Choice(["thread", "process"]), default="thread", show_default=True,
+              help="Run tasks in threads, or in child processes (CPU-bound work; over its time limit, killed).")  # fmt: skip
+@click.option("--processes", default=1, show_default=True, type=click.IntRange(1), help="Consumer processes to run.")
+@click.option("--batch-size", default=None, type=click.IntRange(1),
+              help="Messages per fetch (default: each queue's batch_size).")  # fmt: skip
+@click.option("--selector", default=None, help="Queue selection algorithm (default: settings QUEUE_SELECTOR, ReducedLottery).")
+@click.option("--until-empty", is_flag=True, help="Exit once the queues are drained.")
+def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[str, ...], queues_config: Path | None,
+           queue_names: str | None, concurrency: int, mode: str, processes: int, batch_size: int | None,
+           selector: str | None, until_empty: bool) -> None:  # fmt: skip
+    """Run consumers: fetch tasks from the queues and run them, until SIGTERM or Ctrl-C (a graceful stop)."""
+    import signal as signals
+
+    from .errors import ConveyorError
+    from .worker import ConsumerPool, load_queues, load_settings
+    from .worker.consumer import Consumer
+
+    try:
+        settings = load_settings()
+        modules = [*settings.task_modules, *task_modules]
+        for m in modules:
+            importlib.import_module(m)
+        if queues_config is not None:
+            queues: list[Any] = load_queues(queues_config)
+        elif queue_names:
+            queues = [q.strip() for q in queue_names.split(",") if q.strip()]
+        else:
+            queues = settings.queues()
+        sel = selector or settings.queue_selector
+        pool = _pool(addresses, token)
+        names = ", ".join(q if isinstance(q, str) else q.name for q in queues)
+        console = Console(stderr=True)
+        console.print(f"[bold]conveyor worker[/]: {processes} consumer(s) x {concurrency} {mode}(s) on {names} "
+                      f"from {', '.join(pool.addresses)}")  # fmt: skip
+        if processes == 1:
+            consumer = Consumer(pool, queues, batch_size=batch_size, max_concurrency=concurrency, concurrency=mode,  # type: ignore[arg-type]
+                                selector=sel if isinstance(sel, str) else sel(), task_modules=modules,
+                                until_empty=until_empty)  # fmt: skip
+            stops = [0]
+
+            def on_signal(*_: object) -> None:
+                stops[0] += 1
+                consumer.stop(graceful=stops[0] == 1)
+                console.print("stopping: finishing running tasks (again to stop at once)" if stops[0] == 1 else "stopping now")
+
+            for sig in (signals.SIGTERM, signals.SIGINT):
+                signals.signal(sig, on_signal)
+            if settings.on_worker_startup is not None:
+                settings.on_worker_startup()
+            try:
+                st = consumer.run()
+            finally:
+                if settings.on_worker_shutdown is not None:
+                    settings.on_worker_shutdown()
+            console.print(f"processed {st.processed:,}, failed {st.failed:,} (retried {st.retried:,}, dead {st.dead:,}), "
+                          f"timed out {st.timed_out:,}, stolen {st.stolen:,}")  # fmt: skip
+            return
+        cp = ConsumerPool(pool, processes, queues=queues, batch_size=batch_size, max_concurrency=concurrency,
+                          concurrency=mode, task_modules=modules, selector=sel if isinstance(sel, str) else sel.__name__)  # type: ignore[arg-type]  # fmt: skip
+        cp.start()
+        try:
+            if until_empty:
+                cp.join()
+            else:
+                _wait_for_signal()
+        finally:
+            cp.cancel()
+    except ConveyorError as e:
+        raise click.ClickException(str(e)) from None
+
+
+def _wait_for_signal() -> None:
+    """Block until SIGTERM or SIGINT."""
+    import signal as signals
+    import threading
+
+    got = threading.Event()
+    for sig in (signals.SIGTERM, signals.SIGINT):
+        signals.signal(sig, lambda *_: got.set())
+    while not got.wait(1.0):
+        pass

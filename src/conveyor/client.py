@@ -23,7 +23,7 @@ from .auth import as_key, auth_request, check_server_proof
 from .calls import Call, QueueInfo, QueueStats
 from .constants import DEFAULT_PORT, ERR_AUTH, ERR_PROTOCOL
 from .errors import AuthError, ConnectionLostError, ConveyorError, ProtocolError, RequestError
-from .message import Message
+from .message import Message, Status
 from .protocol import Frames, Header, Limits
 from .storage import DeadLetter
 
@@ -247,8 +247,23 @@ class QueueClient(_Settings):
         return self.call(calls.ack(queue, ids, results))
 
     def nack(self, queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
-             delay_s: float | Sequence[float] = 0.0) -> list[bool]:  # fmt: skip
-        return self.call(calls.nack(queue, ids, errors, delay_s))
+             delay_s: float | Sequence[float] = 0.0, final: bool = False) -> list[bool]:  # fmt: skip
+        return self.call(calls.nack(queue, ids, errors, delay_s, final))
+
+    def release(self, queue: str, ids: Sequence[int]) -> list[bool]:
+        return self.call(calls.release(queue, ids))
+
+    def result(self, queue: str, ids: Sequence[int]) -> list[bytes | None]:
+        return self.call(calls.result(queue, ids))
+
+    def status(self, queue: str, ids: Sequence[int]) -> list[Status | None]:
+        return self.call(calls.status(queue, ids))
+
+    def report(self, worker: str, counts: dict[str, float]) -> None:
+        self.call(calls.report(worker, counts))
+
+    def workers(self) -> dict[str, dict[str, float]]:
+        return self.call(calls.workers())
 
     def extend_lease(self, queue: str, ids: Sequence[int], lease_s: float) -> list[bool]:
         return self.call(calls.extend_lease(queue, ids, lease_s))
@@ -423,8 +438,23 @@ class AsyncQueueClient(_Settings):
         return await self.call(calls.ack(queue, ids, results))
 
     async def nack(self, queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
-                   delay_s: float | Sequence[float] = 0.0) -> list[bool]:  # fmt: skip
-        return await self.call(calls.nack(queue, ids, errors, delay_s))
+                   delay_s: float | Sequence[float] = 0.0, final: bool = False) -> list[bool]:  # fmt: skip
+        return await self.call(calls.nack(queue, ids, errors, delay_s, final))
+
+    async def release(self, queue: str, ids: Sequence[int]) -> list[bool]:
+        return await self.call(calls.release(queue, ids))
+
+    async def result(self, queue: str, ids: Sequence[int]) -> list[bytes | None]:
+        return await self.call(calls.result(queue, ids))
+
+    async def status(self, queue: str, ids: Sequence[int]) -> list[Status | None]:
+        return await self.call(calls.status(queue, ids))
+
+    async def report(self, worker: str, counts: dict[str, float]) -> None:
+        await self.call(calls.report(worker, counts))
+
+    async def workers(self) -> dict[str, dict[str, float]]:
+        return await self.call(calls.workers())
 
     async def extend_lease(self, queue: str, ids: Sequence[int], lease_s: float) -> list[bool]:
         return await self.call(calls.extend_lease(queue, ids, lease_s))

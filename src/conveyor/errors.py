@@ -142,3 +142,13 @@ class TaskError(ConveyorError):
     def __reduce__(self) -> tuple[object, ...]:
         # drop the cause: it may hold unpicklable state; its text is in `error`
         return (TaskError, (self.task, self.error, self.retryable))
+
+
+class TaskFailedError(ConveyorError):
+    """A task ended in the dead letters. `error` is its last error: type, message and traceback."""
+
+    def __init__(self, handle: object, error: str) -> None:
+        self.handle = handle
+        self.error = error
+        last = error.strip().splitlines()[0] if error.strip() else "no error text"
+        super().__init__(f"{handle} failed: {last}")

@@ -183,15 +183,49 @@ async def nack(host: QueueHost, a: Args, frames: Frames) -> Reply:
             raise RequestError(ERR_BAD_ARGUMENT, "nack: 'delay_s' must hold non-negative numbers")
     else:
         delays = [a.num("delay_s", 0.0)] * len(ids)
+    final = a.bool("final", False)
     ok = [False] * len(ids)
     for d in dict.fromkeys(delays):  # one store call per distinct delay
         sel = [i for i, x in enumerate(delays) if x == d]
-        for i, o in zip(sel, q.store.nack_many([ids[i] for i in sel], [errors[i] for i in sel], float(d)), strict=True):
+        done = q.store.nack_many([ids[i] for i in sel], [errors[i] for i in sel], float(d), final)
+        for i, o in zip(sel, done, strict=True):
             ok[i] = o
     if any(ok):
         q.changed.notify()
         await q.durable()
     return {"ok": ok}, []
+
+
+async def release(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    ids = a.ids()
+    q = a.queue(host)
+    ok = q.store.release_many(ids)
+    if any(ok):
+        q.changed.notify()
+    return {"ok": ok}, []
+
+
+async def result(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    ids = a.ids()
+    q = a.queue(host)
+    found = [q.store.result(i) for i in ids]
+    return {"found": [r is not None for r in found]}, [r for r in found if r is not None]
+
+
+async def status(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    ids = a.ids()
+    q = a.queue(host)
+    return {"status": [None if (s := q.store.status(i)) is None else int(s) for i in ids]}, []
+
+
+async def report(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    """A consumer's counts, kept (in memory) for `stats` to show."""
+    worker = a.str("worker")
+    counts = a.h.get("counts", {})
+    if type(counts) is not dict or not all(type(k) is str and type(v) in (int, float) for k, v in counts.items()):
+        raise RequestError(ERR_BAD_ARGUMENT, "report: 'counts' must map names to numbers")
+    host.report(worker, counts)
+    return {}, []
 
 
 async def extend_lease(host: QueueHost, a: Args, frames: Frames) -> Reply:
@@ -209,7 +243,7 @@ async def stats(host: QueueHost, a: Args, frames: Frames) -> Reply:
         s = asdict(q.stats())
         del s["queue"]
         out[q.info.name] = s
-    return {"queues": out, "unavailable": host.unavailable}, []
+    return {"queues": out, "unavailable": host.unavailable, "workers": host.workers()}, []
 
 
 async def purge(host: QueueHost, a: Args, frames: Frames) -> Reply:
@@ -275,6 +309,10 @@ HANDLERS: dict[str, Handler] = {
     "ack": ack,
     "nack": nack,
     "extend_lease": extend_lease,
+    "release": release,
+    "result": result,
+    "status": status,
+    "report": report,
     "stats": stats,
     "purge": purge,
     "results": results,

@@ -39,6 +39,8 @@ log = logging.getLogger("conveyor.server")
 _QUEUE_NAME = re.compile(QUEUE_NAME_PATTERN)
 _FSYNC = ("batch", "interval", "never")
 RATE_WINDOW = 10  # samples (one a second) behind the rates in stats
+WORKER_TTL_S = 60.0  # a consumer not heard from for this long drops out of stats
+MAX_WORKERS = 10_000
 
 
 class Signal:
@@ -137,6 +139,7 @@ class QueueHost:
         self.queues: dict[str, HostedQueue] = {}
         self.unavailable: dict[str, str] = {}  # queue -> why its store could not be opened
         self.closing = False  # set when the server stops: long polls return at once
+        self._workers: dict[str, tuple[float, dict[str, float]]] = {}  # worker -> (when, counts)
         self.blobs = Blobs(None if data_dir is None else data_dir / BLOB_DIR)
         self._lock_fd = -1
         if data_dir is not None:
@@ -213,6 +216,16 @@ class QueueHost:
         self.queues[name] = q
         log.info("declared queue %s", info)
         return q
+
+    def report(self, worker: str, counts: dict[str, float]) -> None:
+        self._workers[worker[:200]] = (time.time(), counts)
+        if len(self._workers) > MAX_WORKERS:  # forget the longest silent
+            del self._workers[min(self._workers, key=lambda w: self._workers[w][0])]
+
+    def workers(self) -> dict[str, dict[str, float]]:
+        """Counts of the consumers heard from within WORKER_TTL_S, with `seen` seconds ago."""
+        now = time.time()
+        return {w: {**c, "seen": now - t} for w, (t, c) in self._workers.items() if now - t <= WORKER_TTL_S}
 
     def sample(self) -> None:
         now = time.monotonic()

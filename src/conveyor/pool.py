@@ -27,12 +27,14 @@ from . import calls
 from .calls import Call, QueueInfo, QueueStats
 from .client import QueueClient
 from .constants import ERR_NO_QUEUE, SHARD_SHIFT
-from .errors import ConveyorError, RequestError
-from .message import Message
+from .errors import ConnectionLostError, ConveyorError, RequestError
+from .message import Message, Status
+from .pooltasks import PoolTasks
 from .storage import DeadLetter
 
 LOCAL_MASK = (1 << SHARD_SHIFT) - 1
 SERVER_START_TIMEOUT_S = 30.0
+SHARD_DOWN_S = 2.0  # after a shard fails to answer a get, the others are served for this long
 
 
 def spawn_server(data_dir: str | Path | None, port: int = 0, *, token: str | None = None, args: Sequence[str] = (),
@@ -80,8 +82,11 @@ def stop_server(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
             proc.wait()
 
 
-class QueuePool:
-    """Queue servers used as one: routing, aggregated stats, consumer assignment and `join`."""
+class QueuePool(PoolTasks):
+    """Queue servers used as one: routing, aggregated stats, consumer assignment and `join`.
+
+    Tasks go through it too (`PoolTasks`): it is a `Publisher`, and has `submit`, `map`, `gather`.
+    """
 
     def __init__(self, clients: Sequence[QueueClient], *, batch_size: int = 1000) -> None:
         if not clients:
@@ -92,9 +97,11 @@ class QueuePool:
         self.batch_size = batch_size
         self._rr = itertools.count()  # rotates the shard a shard-less get looks at first
         self._next_put = 0
+        self._down: dict[int, float] = {}  # shard -> until when `get` skips it (it failed to answer)
         self._threads: ThreadPoolExecutor | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
         self._tmp: str | None = None
+        self._init_tasks()
 
     @classmethod
     def connect(cls, addresses: str | Sequence[str], token: str | bytes | None = None, *, batch_size: int = 1000,
@@ -222,10 +229,20 @@ class QueuePool:
         deadline = time.monotonic() + wait_s
         wait = 0.0  # first a quick look at every shard
         while True:
-            for s in order:
-                got = self.clients[s].get(queue, n, lease_s=lease_s, wait_s=wait)
+            error: ConnectionLostError | None = None
+            up = [s for s in order if self._down.get(s, 0.0) <= time.monotonic()] or order
+            for s in up:
+                try:
+                    got = self.clients[s].get(queue, n, lease_s=lease_s, wait_s=wait)
+                except ConnectionLostError as e:  # serve from the other shards meanwhile
+                    self._down[s] = time.monotonic() + SHARD_DOWN_S
+                    error = e
+                    continue
+                self._down.pop(s, None)
                 if got:
                     return [dataclasses.replace(m, id=s << SHARD_SHIFT | m.id) for m in got]
+            if error is not None and all(s in self._down for s in up):
+                raise error
             left = deadline - time.monotonic()
             if left <= 0:
                 return []
@@ -238,12 +255,35 @@ class QueuePool:
         return self._scatter(ids, make)
 
     def nack(self, queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
-             delay_s: float | Sequence[float] = 0.0) -> list[bool]:  # fmt: skip
+             delay_s: float | Sequence[float] = 0.0, final: bool = False) -> list[bool]:  # fmt: skip
         def make(pos: list[int], local: list[int]) -> Call[list[bool]]:
             d = delay_s if isinstance(delay_s, (int, float)) else [delay_s[k] for k in pos]
-            return calls.nack(queue, local, None if errors is None else [errors[k] for k in pos], d)
+            return calls.nack(queue, local, None if errors is None else [errors[k] for k in pos], d, final)
 
         return self._scatter(ids, make)
+
+    def release(self, queue: str, ids: Sequence[int]) -> list[bool]:
+        return self._scatter(ids, lambda pos, local: calls.release(queue, local))
+
+    def result(self, queue: str, ids: Sequence[int]) -> list[bytes | None]:
+        """Stored results of pool-wide ids, in order (None where there is none)."""
+        return self._scatter(ids, lambda pos, local: calls.result(queue, local))
+
+    def status(self, queue: str, ids: Sequence[int]) -> list[Status | None]:
+        return self._scatter(ids, lambda pos, local: calls.status(queue, local))
+
+    def report(self, worker: str, counts: dict[str, float]) -> None:
+        """A consumer's counts, to every shard (so `stats` on any of them shows it)."""
+        self._each({s: [calls.report(worker, counts)] for s in range(len(self.clients))})
+
+    def workers(self) -> dict[str, dict[str, float]]:
+        """Consumers heard from within the last minute, with their latest counts."""
+        out: dict[str, dict[str, float]] = {}
+        for per in self._each({s: [calls.workers()] for s in range(len(self.clients))}).values():
+            for w, counts in per[0].items():
+                if w not in out or counts["seen"] < out[w]["seen"]:
+                    out[w] = counts
+        return out
 
     def extend_lease(self, queue: str, ids: Sequence[int], lease_s: float) -> list[bool]:
         return self._scatter(ids, lambda pos, local: calls.extend_lease(queue, local, lease_s))

@@ -3,8 +3,9 @@
 A task registers when it is defined (`@task` or subclassing `Task`), under its module and
 qualified name (`app.jobs.resize`) unless given a name. A worker finds a message's task here by
 the name in its envelope, so the module defining a task must be imported in the worker (settings
-`TASK_MODULES`); names of tasks defined in `__main__` or inside functions only resolve in the
-process that defined them.
+`TASK_MODULES`). Tasks defined in a script's `__main__` also resolve in the worker processes a
+`ConsumerPool` starts (they import the script as `__mp_main__`); tasks defined inside functions
+only resolve in the process that defined them.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ class Registry:
     def get(self, name: str) -> RegisteredTask:
         """The task registered as `name`; UnknownTaskError (not retryable) lists what is registered."""
         t = self._tasks.get(name)
+        if t is None and name.startswith("__main__."):
+            # a child process (spawn, forkserver) imports the parent's main script as __mp_main__
+            t = self._tasks.get("__mp_main__." + name[len("__main__.") :])
         if t is None:
             names = self.names()
             close = difflib.get_close_matches(name, names, n=1)

@@ -9,8 +9,9 @@ type: they are opaque bytes (errors are text). The operations, all batch-friendl
   never one before its `not_before`. Each delivery counts one attempt.
 - `ack(id, result)`: the first ack of an id wins and stores its result; later acks return False.
   A late ack (after the lease ran out) still counts if the message is not finished.
-- `nack(id, error, delay_s)`: back to READY after the delay, or FAILED (a dead letter keeping
-  `error`) once its attempts reached `max_attempts`.
+- `nack(id, error, delay_s, final)`: back to READY after the delay, or FAILED (a dead letter keeping
+  `error`) once its attempts reached `max_attempts`, or at once when `final`.
+- `release_many(ids)`: delivered but never started: READY again, the attempt not counted.
 - `extend_lease(id, lease_s)`, `expire(now)`: expired leases go back to READY (the delivery has
   counted an attempt) or to FAILED when out of attempts; `get` also sweeps them.
 - `result(id)`, `results(after)`, `dead_letters(after, limit)`, `forget(ids)`, `status(id)`, `stats()`.
@@ -220,12 +221,16 @@ class Store(ABC):
             self._commit()
         return ok.tolist()
 
-    def nack(self, msg_id: int, error: str = "", delay_s: float = 0.0) -> bool:
+    def nack(self, msg_id: int, error: str = "", delay_s: float = 0.0, final: bool = False) -> bool:
         """Give a delivered message back: READY after `delay_s`, or FAILED when out of attempts."""
-        return self.nack_many([msg_id], [error], delay_s)[0]
+        return self.nack_many([msg_id], [error], delay_s, final)[0]
 
-    def nack_many(self, ids: Sequence[int], errors: Sequence[str] | None = None, delay_s: float = 0.0) -> list[bool]:
-        """`nack` for many ids at once; returns which nacks took effect (the id was DELIVERED)."""
+    def nack_many(self, ids: Sequence[int], errors: Sequence[str] | None = None, delay_s: float = 0.0,
+                  final: bool = False) -> list[bool]:  # fmt: skip
+        """`nack` for many ids at once; returns which nacks took effect (the id was DELIVERED).
+
+        final: fail them now, whatever attempts are left (an error no retry can mend).
+        """
         self._check_open()
         arr = self._ids(ids)
         errs = [""] * len(arr) if errors is None else list(errors)
@@ -243,7 +248,28 @@ class Store(ABC):
         if ok.any():
             now = time.time()
             sel = np.flatnonzero(ok)
-            self._retry_or_fail(arr[sel], [errs[i] for i in sel], now + delay_s, now)
+            self._retry_or_fail(arr[sel], [errs[i] for i in sel], now + delay_s, now, final)
+            self._commit()
+        return ok.tolist()
+
+    def release_many(self, ids: Sequence[int]) -> list[bool]:
+        """Give back delivered messages that were never started: READY again, the attempt not counted.
+
+        For a consumer that stops with messages fetched but not run; returns which were DELIVERED.
+        """
+        self._check_open()
+        arr = self._ids(ids)
+        ok = self._state.delivered(arr)
+        if len(arr) > 1:
+            first = np.zeros(len(arr), bool)
+            first[np.unique(arr, return_index=True)[1]] = True
+            ok &= first
+        if ok.any():
+            back = arr[ok]
+            now = time.time()
+            self._state.cols["attempts"][back - self._state.base] -= 1
+            self._state.requeue(back, np.zeros(len(back), np.float64), now)
+            self._record(back, ST_READY, None, None, now)
             self._commit()
         return ok.tolist()
 
@@ -275,9 +301,9 @@ class Store(ABC):
         return len(ids)
 
     def _retry_or_fail(self, ids: np.ndarray, errors: list[str] | None, not_before: float | np.floating,
-                       now: float) -> None:  # fmt: skip
-        """Requeue delivered ids, or fail those out of attempts (errors None: lease expiry)."""
-        out = self._state.out_of_attempts(ids)
+                       now: float, final: bool = False) -> None:  # fmt: skip
+        """Requeue delivered ids, or fail those out of attempts, or all if final (errors None: lease expiry)."""
+        out = np.ones(len(ids), bool) if final else self._state.out_of_attempts(ids)
         if out.any():
             failed = ids[out]
             if errors is None:

@@ -1,7 +1,10 @@
-"""Workers: queue selection and configuration (the consumer loop builds on these)."""
+"""Workers: consumers that run tasks, local consumer pools, queue selection and configuration."""
 
 from __future__ import annotations
 
+from .consumer import Consumer, ConsumerStats
+from .consumer_pool import ConsumerPool, TaskFailure
+from .middleware import Decision, Middleware, Retries, TimeLimits
 from .selectors import (
     SELECTORS,
     HighestPriorityFirst,
@@ -17,15 +20,23 @@ from .settings import QueueConfig, Settings, load_queues, load_settings
 
 __all__ = [
     "SELECTORS",
+    "Consumer",
+    "ConsumerPool",
+    "ConsumerStats",
+    "Decision",
     "HighestPriorityFirst",
     "HighestPriorityLottery",
     "Lottery",
     "LotteryLottery",
+    "Middleware",
     "QueueConfig",
     "QueueSelector",
     "Random",
     "ReducedLottery",
+    "Retries",
     "Settings",
+    "TaskFailure",
+    "TimeLimits",
     "load_queues",
     "load_settings",
     "selector_class",

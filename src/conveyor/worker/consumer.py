@@ -1,0 +1,364 @@
+"""Consumer: fetch batches, run tasks in a fixed number of slots, ack late, nack failures.
+
+One control thread does all the talking to the servers. It fetches only what free slots can start
+at once (no prefetched message waits behind a long task), picks queues with a selector (ndkale's
+algorithms), serves its assigned shards first and steals from the others when they are empty,
+acks results in batches, extends the leases of long tasks, stops tasks over their time limit and
+hands failures to the middleware (retries with backoff, dead letters). On `stop()` it fetches no
+more, lets running tasks finish, gives back anything fetched but not started, and returns.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import queue
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import ConnectionLostError, ConveyorError, TaskError
+from ..message import Message
+from ..worker.selectors import QueueSelector, selector_class
+from ..worker.settings import QueueConfig
+from .executors import Completion, Fetch, ProcessSlots, ThreadSlots
+from .middleware import Decision, Middleware, default_middleware
+
+if TYPE_CHECKING:
+    from ..pool import QueuePool
+
+log = logging.getLogger("conveyor.worker")
+
+REPORT_EVERY_S = 2.0  # how often a consumer tells the servers its counts
+BUSY_POLL_S = 0.05  # with tasks running, how long to wait for one to finish before looking for more work
+IDLE_POLL_S = 1.0  # longest long poll while idle (so a stop is noticed within it)
+RETRY_CONNECT_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Queue:
+    name: str
+    priority: int
+    batch_size: int
+    lease_s: float | None  # None: the server's default lease
+    long_poll_s: float
+    num_iterations: int
+
+
+@dataclass(eq=False)
+class _Running:
+    message: Message
+    started: float
+    deadline: float | None
+    heartbeat_at: float
+
+
+@dataclass
+class ConsumerStats:
+    """What a consumer did: `processed` (acked), `failed` (nacked, retried or dead), and more."""
+
+    processed: int = 0
+    failed: int = 0
+    retried: int = 0
+    dead: int = 0
+    timed_out: int = 0
+    stolen: int = 0  # messages taken from shards not assigned to this consumer
+    released: int = 0
+    fetched_by_shard: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class BlobFetcher:
+    """Picklable: in a worker (thread or child process) it gives `fetch(digest)` over its own connections."""
+
+    pool: QueuePool
+
+    def __call__(self) -> Fetch:
+        pool = pickle.loads(pickle.dumps(self.pool))  # connections of its own, never the consumer's
+
+        def fetch(digest: str) -> bytes:
+            for shard in range(len(pool)):
+                data = pool.get_blob(digest, shard)
+                if data is not None:
+                    return data
+            raise ConveyorError(f"function {digest[:12]}... is on none of the servers {pool.addresses}")
+
+        return fetch
+
+
+class Consumer:
+    """Runs tasks from `queues` of `pool` until stopped (or, with `until_empty`, until they are drained)."""
+
+    def __init__(self, pool: QueuePool, queues: Sequence[QueueConfig | str] = ("default",), *, consumer: int = 0,
+                 n_consumers: int = 1, batch_size: int | None = None, max_concurrency: int = 8,
+                 concurrency: Literal["thread", "process"] = "thread", selector: QueueSelector | str = "ReducedLottery",
+                 middleware: Sequence[Middleware] | None = None, task_modules: Sequence[str] = (),
+                 until_empty: bool = False, name: str | None = None, seed: int | None = None) -> None:  # fmt: skip
+        if not queues:
+            raise ValueError("a consumer needs at least one queue")
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        if batch_size is not None and batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if concurrency not in ("thread", "process"):
+            raise ValueError(f"concurrency must be 'thread' or 'process', got {concurrency!r}")
+        self.pool = pool
+        self.queues = [self._queue(q, batch_size) for q in queues]
+        self._by_name = {q.name: q for q in self.queues}
+        mine = pool.assign(consumer, n_consumers)
+        self.shards = mine + [s for s in range(len(pool)) if s not in mine]  # assigned first, then steal
+        self.n_assigned = len(mine)
+        self.max_concurrency = max_concurrency
+        self.concurrency = concurrency
+        rng = random.Random(seed)
+        self.selector = selector if isinstance(selector, QueueSelector) else selector_class(selector)(rng)
+        self.middleware = list(default_middleware() if middleware is None else middleware)
+        self.task_modules = list(task_modules)
+        self.until_empty = until_empty
+        self.name = name or f"{socket.gethostname()}:{os.getpid()}:{consumer}"
+        self.stats = ConsumerStats()
+        self._done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
+        self._running: dict[int, _Running] = {}
+        self._stop = threading.Event()
+        self._hard_stop = False
+        self._current: _Queue | None = None
+        self._iterations_left = 0
+        self._stash: list[Message] = []
+        self._outbox: list[tuple[str, str, list[int], Any]] = []  # acks and nacks not sent yet
+        self._next_report = 0.0
+
+    @staticmethod
+    def _queue(q: QueueConfig | str, batch_size: int | None) -> _Queue:
+        if isinstance(q, str):
+            c, lease = QueueConfig(q), None
+        else:
+            c, lease = q, q.visibility_timeout_sec
+        return _Queue(c.name, c.priority, batch_size or c.batch_size, lease, c.long_poll_time_sec, c.num_iterations)
+
+    # --- control --------------------------------------------------------------------------
+    def stop(self, graceful: bool = True) -> None:
+        """Stop fetching and return once running tasks finish (graceful) or at once (their
+        messages are nacked for another worker). Safe from any thread or a signal handler."""
+        if not graceful:
+            self._hard_stop = True
+        self._stop.set()
+
+    def run(self) -> ConsumerStats:
+        """Work until `stop()` (or, with `until_empty`, until the queues are drained); returns the counts."""
+        import importlib
+
+        for name in self.task_modules:
+            importlib.import_module(name)
+        fetcher = BlobFetcher(self.pool)
+        slots = (ThreadSlots(self.max_concurrency, self._done, fetcher()) if self.concurrency == "thread"
+                 else ProcessSlots(self.max_concurrency, self._done, fetcher, self.task_modules))  # fmt: skip
+        slots.start()
+        log.info("consumer %s: %s x %d on %s, shards %s", self.name, self.concurrency, self.max_concurrency,
+                 ", ".join(q.name for q in self.queues), self.shards)  # fmt: skip
+        try:
+            self._loop(slots)
+            self._flush()
+        finally:
+            if self._running:  # a hard stop: hand running messages back for another worker
+                self._settle([Completion(r.message, None, TaskError(r.message.headers.get("task", "?"),
+                              "WorkerStopped: the worker stopped before the task finished", True), -1)
+                              for r in self._running.values()])  # fmt: skip
+                self._running.clear()
+            slots.close(wait=not self._hard_stop)
+            self._report(force=True)
+        return self.stats
+
+    def _loop(self, slots: ThreadSlots | ProcessSlots) -> None:
+        while True:
+            try:
+                self._settle(self._completed())
+                now = time.monotonic()
+                self._enforce_limits(slots, now)
+                self._heartbeat(now)
+                self._report()
+                if self._stop.is_set():
+                    if self._hard_stop or not self._running:
+                        return
+                    self._wait(BUSY_POLL_S)
+                    continue
+                free = self.max_concurrency - len(self._running)
+                if free <= 0:
+                    self._wait(BUSY_POLL_S)
+                    continue
+                got = self._fetch(free)
+                if self._stop.is_set() and got:
+                    self._release(got)
+                    continue
+                for m in got:
+                    self._start(slots, m)
+                if not got:
+                    if not self._running and self.until_empty and self._drained():
+                        return
+                    if self._running:
+                        self._wait(BUSY_POLL_S)
+            except (ConnectionLostError, TimeoutError) as e:
+                log.warning("consumer %s: %s; retrying in %.0f s", self.name, e, RETRY_CONNECT_S)
+                self._stop.wait(RETRY_CONNECT_S)
+
+    # --- fetching -------------------------------------------------------------------------
+    def _fetch(self, free: int) -> list[Message]:
+        """Up to `free` messages from the selected queue (probing queues as the selector asks).
+
+        A selector's probe of a queue is a fetch: what it finds is run, not fetched twice.
+        """
+        self._stash = []
+        if self._current is not None and self._iterations_left > 0:
+            q = self._current
+        else:
+            q = self.selector.get_queue(self.queues, self._probe_for(free))
+            self._iterations_left = q.num_iterations if q is not None else 0
+            self._current = q
+        if self._stash:
+            got, extra = self._stash[:free], self._stash[free:]
+            if extra:  # a selector that probed past a queue with work: give the surplus back
+                self._release(extra)
+        elif q is None:
+            self._stop.wait(BUSY_POLL_S)
+            return []
+        else:
+            wait = 0.0 if self._running else min(q.long_poll_s, IDLE_POLL_S)
+            got = self._get(q, min(q.batch_size, free), wait)
+        self._iterations_left = self._iterations_left - 1 if got else 0
+        return got
+
+    def _probe_for(self, free: int) -> Callable[[_Queue], bool]:
+        def probe(q: _Queue) -> bool:
+            got = self._get(q, min(q.batch_size, free), 0.0)
+            self._stash += got
+            return bool(got)
+
+        return probe
+
+    def _get(self, q: _Queue, n: int, wait_s: float) -> list[Message]:
+        got = self.pool.get(q.name, n, lease_s=q.lease_s, wait_s=wait_s, shards=self.shards)
+        if got:
+            shard = self.pool.split_id(got[0].id)[0]
+            self.stats.fetched_by_shard[shard] = self.stats.fetched_by_shard.get(shard, 0) + len(got)
+            if shard not in self.shards[: self.n_assigned]:
+                self.stats.stolen += len(got)
+        return got
+
+    def _drained(self) -> bool:
+        st = self.pool.stats()
+        return all(st[q.name].pending == 0 for q in self.queues if q.name in st)
+
+    # --- running --------------------------------------------------------------------------
+    def _start(self, slots: ThreadSlots | ProcessSlots, m: Message) -> None:
+        now = time.monotonic()
+        deadlines = [d for mw in self.middleware if (d := mw.deadline(m, now)) is not None]
+        lease = m.lease_s or 30.0
+        self._running[m.id] = _Running(m, now, min(deadlines) if deadlines else None, now + lease / 3)
+        slots.submit(m)
+
+    def _completed(self) -> list[Completion]:
+        out = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _wait(self, timeout: float) -> None:
+        """Wait for a completion (left for the next loop) or the timeout."""
+        try:
+            c = self._done.get(timeout=timeout)
+        except queue.Empty:
+            return
+        self._done.put(c)
+
+    def _enforce_limits(self, slots: ThreadSlots | ProcessSlots, now: float) -> None:
+        over = [r for r in self._running.values() if r.deadline is not None and now >= r.deadline]
+        for r in over:
+            if slots.stop_task(r.message.id):
+                self.stats.timed_out += 1
+                limit = r.deadline - r.started  # type: ignore[operator]
+                how = "its process was killed" if slots.kind == "process" else "its thread was abandoned and may still be running"
+                err = TaskError(r.message.headers.get("task", "?"),
+                                f"TimeLimitExceeded: the task ran over its time limit of {limit:g} s ({how})", True)  # fmt: skip
+                self._settle([Completion(r.message, None, err, -1)])
+
+    def _heartbeat(self, now: float) -> None:
+        """Extend the leases of tasks running long enough for their lease to matter."""
+        due: dict[tuple[str, float], list[int]] = {}
+        for r in self._running.values():
+            if now >= r.heartbeat_at:
+                lease = r.message.lease_s or 30.0
+                due.setdefault((r.message.queue, lease), []).append(r.message.id)
+                r.heartbeat_at = now + lease / 3
+        for (q, lease), ids in due.items():
+            self.pool.extend_lease(q, ids, lease)
+
+    def _settle(self, done: list[Completion]) -> None:
+        """Ack successes with their results and hand failures to the middleware: one call per queue and kind."""
+        acks: dict[str, tuple[list[int], list[bytes | None]]] = {}
+        nacks: dict[tuple[str, bool], tuple[list[int], list[str], list[float]]] = {}
+        for c in done:
+            r = self._running.pop(c.message.id, None)
+            if r is None:
+                continue  # stopped over its time limit and settled then: a late result
+            m = c.message
+            if c.error is None:
+                ids, results = acks.setdefault(m.queue, ([], []))
+                ids.append(m.id)
+                results.append(c.result)
+                self.stats.processed += 1
+            else:
+                d = next((d for mw in self.middleware if (d := mw.on_failure(m, c.error)) is not None), Decision(False))
+                ids, errors, delays = nacks.setdefault((m.queue, d.final), ([], [], []))
+                ids.append(m.id)
+                errors.append(c.error.error)
+                delays.append(d.delay_s)
+                self.stats.failed += 1
+                if d.final or m.attempts >= m.max_attempts:
+                    self.stats.dead += 1
+                else:
+                    self.stats.retried += 1
+                log.info("task %s (message %d, attempt %d) failed: %s", c.error.task, m.id, m.attempts,
+                         c.error.error.split("\n", 1)[0])  # fmt: skip
+            for mw in self.middleware:
+                mw.on_finish(m, c.error)
+        self._outbox += [("ack", q, ids, results) for q, (ids, results) in acks.items()]
+        self._outbox += [("nack", q, ids, (errors, delays, final)) for (q, final), (ids, errors, delays) in nacks.items()]
+        self._flush()
+
+    def _flush(self) -> None:
+        """Send the acks and nacks not sent yet; one that fails stays for the next try (a server restarting)."""
+        while self._outbox:
+            kind, q, ids, extra = self._outbox[0]
+            if kind == "ack":
+                self.pool.ack(q, ids, extra)
+            else:
+                errors, delays, final = extra
+                self.pool.nack(q, ids, errors, delays, final=final)
+            self._outbox.pop(0)
+
+    def _release(self, got: list[Message]) -> None:
+        by_queue: dict[str, list[int]] = {}
+        for m in got:
+            by_queue.setdefault(m.queue, []).append(m.id)
+        for q, ids in by_queue.items():
+            self.pool.release(q, ids)
+        self.stats.released += len(got)
+
+    def _report(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now < self._next_report:
+            return
+        self._next_report = now + REPORT_EVERY_S
+        s = self.stats
+        counts = {"processed": s.processed, "failed": s.failed, "retried": s.retried, "dead": s.dead,
+                  "running": len(self._running), "stolen": s.stolen, "pid": os.getpid()}  # fmt: skip
+        try:
+            self.pool.report(self.name, counts)
+        except (ConnectionLostError, TimeoutError, ConveyorError) as e:
+            log.debug("consumer %s: report failed: %s", self.name, e)

@@ -1,0 +1,173 @@
+"""ConsumerPool: local consumer processes over a queue pool, restarted when they die.
+
+Each process runs one `Consumer` (consumer i of n, so each serves its own shards first). SIGTERM
+or SIGINT makes a consumer stop gracefully; `join()` waits until the queues are drained and
+nothing is in flight, then stops them; `results()` reads back every result and failure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..calls import QueueStats
+from ..errors import ConveyorError, RequestError
+from ..progress import JoinProgress
+from ..serialization import decode_result
+from .settings import QueueConfig
+
+if TYPE_CHECKING:
+    from ..pool import QueuePool
+
+log = logging.getLogger("conveyor.worker")
+
+STOP_GRACE_S = 30.0  # how long a stopping consumer may take to finish its running tasks
+
+
+@dataclass(frozen=True, slots=True)
+class TaskFailure:
+    """A task that ended in the dead letters: its last error (type, message and traceback)."""
+
+    error: str
+
+    def __str__(self) -> str:
+        return self.error.split("\n", 1)[0]
+
+
+def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int, n: int, options: dict[str, Any]) -> None:
+    """One consumer process: run until SIGTERM or SIGINT, then stop gracefully."""
+    from .consumer import Consumer
+    from .settings import load_settings
+
+    logging.basicConfig(level=options.pop("log_level", logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
+    settings = load_settings()
+    consumer = Consumer(pool, queues, consumer=index, n_consumers=n, **options)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: consumer.stop())
+    if settings.on_worker_startup is not None:
+        settings.on_worker_startup()
+    try:
+        consumer.run()
+    finally:
+        if settings.on_worker_shutdown is not None:
+            settings.on_worker_shutdown()
+
+
+class ConsumerPool:
+    """`n_consumers` consumer processes on this machine (see `Consumer` for the options)."""
+
+    def __init__(self, pool: QueuePool, n_consumers: int | None = None, *, queues: Sequence[QueueConfig | str] = ("default",),
+                 batch_size: int | None = None, max_concurrency: int = 8, concurrency: Literal["thread", "process"] = "thread",
+                 task_modules: Sequence[str] = (), selector: str = "ReducedLottery", restart: bool = True) -> None:  # fmt: skip
+        self.pool = pool
+        self.n_consumers = n_consumers or os.cpu_count() or 1
+        if self.n_consumers < 1:
+            raise ValueError(f"n_consumers must be >= 1, got {n_consumers}")
+        self.queues = list(queues)
+        self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
+        self.options: dict[str, Any] = {
+            "batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency,
+            "task_modules": list(task_modules), "selector": selector,
+            "log_level": logging.getLogger().level or logging.WARNING,
+        }  # fmt: skip
+        if max_concurrency < 1 or (batch_size is not None and batch_size < 1):
+            raise ValueError("max_concurrency and batch_size must be >= 1")
+        self.restart = restart
+        self.restarts = 0
+        methods = multiprocessing.get_all_start_methods()
+        self._ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        self._procs: list[multiprocessing.process.BaseProcess | None] = [None] * self.n_consumers
+        self._stopping = False
+
+    @property
+    def processes(self) -> list[multiprocessing.process.BaseProcess]:
+        return [p for p in self._procs if p is not None]
+
+    def _spawn(self, i: int) -> None:
+        p = self._ctx.Process(target=_consumer_main, args=(self.pool, self.queues, i, self.n_consumers, dict(self.options)),
+                              name=f"conveyor-consumer-{i}", daemon=False)  # fmt: skip
+        p.start()
+        self._procs[i] = p
+
+    def start(self) -> ConsumerPool:
+        """Start the consumer processes."""
+        self._stopping = False
+        for i in range(self.n_consumers):
+            self._spawn(i)
+        return self
+
+    def _check(self) -> None:
+        """Restart consumers that died (their messages come back to the queue when their leases end)."""
+        for i, p in enumerate(self._procs):
+            if p is not None and p.exitcode is not None and not self._stopping:
+                log.warning("consumer %d (pid %s) exited with code %s%s", i, p.pid, p.exitcode,
+                            "; restarting it" if self.restart else "")  # fmt: skip
+                self._procs[i] = None
+                if self.restart:
+                    self.restarts += 1
+                    self._spawn(i)
+        if not any(p is not None and p.is_alive() for p in self._procs) and not self.restart:
+            raise ConveyorError("every consumer process has exited")
+
+    def join(self, timeout: float | None = None, progress: bool | None = None, poll_s: float = 0.2) -> dict[str, QueueStats]:
+        """Wait until the queues have nothing ready, delayed or delivered, then stop the consumers.
+
+        A progress bar shows on a terminal. Raises TimeoutError (consumers left running) after `timeout`.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with JoinProgress(enabled=progress) as bar:
+            while True:
+                self._check()
+                st = {q: s for q, s in self.pool.stats().items() if q in self.queue_names}
+                bar.update(st)
+                if all(s.pending == 0 for s in st.values()):
+                    break
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"join: {sum(s.pending for s in st.values()):,} messages still pending after {timeout} s")
+                time.sleep(poll_s)
+        self.cancel()
+        return st
+
+    def cancel(self, graceful: bool = True) -> None:
+        """Stop the consumers: gracefully (finish running tasks, up to STOP_GRACE_S) or at once (SIGKILL;
+        their messages come back when their leases end)."""
+        self._stopping = True
+        procs = self.processes
+        for p in procs:
+            if p.is_alive():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p.pid, signal.SIGTERM if graceful else signal.SIGKILL)  # type: ignore[arg-type]
+        for p in procs:
+            p.join(STOP_GRACE_S if graceful else 10)
+            if p.is_alive():
+                log.warning("consumer pid %s did not stop within %.0f s: killing it", p.pid, STOP_GRACE_S)
+                p.kill()
+                p.join()
+        self._procs = [None] * self.n_consumers
+
+    def results(self) -> Iterator[tuple[int, Any]]:
+        """(message id, result) for every finished task; a failed one's result is a `TaskFailure`."""
+        for q in self.queue_names:
+            try:
+                for i, r in self.pool.results(q):
+                    yield i, decode_result(r)
+                for d in self.pool.dead_letters(q):
+                    yield d.message.id, TaskFailure(d.error)
+            except RequestError as e:
+                if e.kind != "no-such-queue":
+                    raise
+
+    def __enter__(self) -> ConsumerPool:
+        return self.start()
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        if any(p is not None for p in self._procs):
+            self.cancel()

@@ -1,0 +1,231 @@
+"""Where a consumer runs tasks: a fixed number of slots, in threads or in child processes.
+
+Both kinds take a message, run it with `run_message` and put a `Completion` on the consumer's
+queue. A task over its time limit is stopped with `stop(id)`: a child process is killed and
+replaced; a thread cannot be killed, so its task is abandoned (its late result is dropped) and a
+new thread takes the slot while the old one finishes on its own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+import multiprocessing
+import os
+import queue
+import signal
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from ..errors import TaskError
+from ..message import Message
+from ..runner import run_message
+
+log = logging.getLogger("conveyor.worker")
+
+Fetch = Callable[[str], bytes]
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """The outcome of one run: the result bytes, or the error."""
+
+    message: Message
+    result: bytes | None
+    error: TaskError | None
+    slot: int  # which slot ran it (a stopped slot's late completion is dropped)
+
+
+def _run(message: Message, fetch: Fetch | None) -> tuple[bytes | None, TaskError | None]:
+    try:
+        return run_message(message, fetch=fetch), None
+    except TaskError as e:
+        return None, e
+
+
+class ThreadSlots:
+    """`n` threads; each runs one message at a time."""
+
+    kind = "thread"
+
+    def __init__(self, n: int, done: queue.SimpleQueue[Completion], fetch: Fetch | None) -> None:
+        self.n = n
+        self._done = done
+        self._fetch = fetch
+        self._work: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
+        self._running: dict[int, int] = {}  # slot -> id of the message it runs
+        self._retired: set[int] = set()  # slots whose task was abandoned
+        self._lock = threading.Lock()
+        self._threads: dict[int, threading.Thread] = {}
+        self._next_slot = 0
+
+    def start(self) -> None:
+        for _ in range(self.n):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        with self._lock:
+            slot = self._next_slot
+            self._next_slot += 1
+        t = threading.Thread(target=self._loop, args=(slot,), name=f"conveyor-task-{slot}", daemon=True)
+        self._threads[slot] = t
+        t.start()
+
+    def _loop(self, slot: int) -> None:
+        try:
+            while (message := self._work.get()) is not None:
+                with self._lock:
+                    self._running[slot] = message.id
+                result, error = _run(message, self._fetch)
+                with self._lock:
+                    self._running.pop(slot, None)
+                    retired = slot in self._retired
+                if retired:  # abandoned over its time limit: the consumer has already failed it
+                    log.info("abandoned task %s finished after all; its result is dropped", message.id)
+                    return
+                self._done.put(Completion(message, result, error, slot))
+        finally:
+            self._threads.pop(slot, None)
+
+    def submit(self, message: Message) -> None:
+        self._work.put(message)
+
+    def stop_task(self, msg_id: int) -> bool:
+        """Abandon the thread running `msg_id` and start another in its place."""
+        with self._lock:
+            slot = next((s for s, i in self._running.items() if i == msg_id), None)
+            if slot is None:
+                return False
+            self._retired.add(slot)
+        self._spawn()
+        return True
+
+    def close(self, wait: bool = True) -> None:
+        for _ in range(len(self._threads) + len(self._retired)):
+            self._work.put(None)
+        if wait:
+            for t in list(self._threads.values()):
+                t.join()
+
+
+# --- processes ------------------------------------------------------------------------------------
+def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: Any) -> None:
+    """A child process: import the task modules, then run messages from the pipe until it closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the consumer stops its children itself
+    for name in task_modules:
+        importlib.import_module(name)
+    fetch = None if fetcher is None else fetcher()
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        conn.send(_run(message, fetch))
+
+
+@dataclass(eq=False)
+class _Child:
+    slot: int
+    proc: multiprocessing.process.BaseProcess
+    conn: Connection
+    message: Message | None = None
+    stopped: bool = False
+
+
+class ProcessSlots:
+    """`n` child processes; each runs one message at a time. A killed child is replaced."""
+
+    kind = "process"
+
+    def __init__(self, n: int, done: queue.SimpleQueue[Completion], fetcher: Any, task_modules: Sequence[str] = ()) -> None:
+        self.n = n
+        self._done = done
+        self._fetcher = fetcher  # a picklable callable returning a `fetch` in the child (or None)
+        self._task_modules = list(task_modules)
+        methods = multiprocessing.get_all_start_methods()
+        self._ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        self._idle: queue.SimpleQueue[_Child] = queue.SimpleQueue()
+        self._children: dict[int, _Child] = {}
+        self._lock = threading.Lock()
+        self._next_slot = 0
+        self._closing = False
+
+    def start(self) -> None:
+        for _ in range(self.n):
+            self._spawn()
+
+    def _spawn(self) -> None:
+        with self._lock:
+            slot = self._next_slot
+            self._next_slot += 1
+        parent, child = self._ctx.Pipe()
+        proc = self._ctx.Process(target=_child_main, args=(child, self._task_modules, self._fetcher),
+                                 name=f"conveyor-task-{slot}", daemon=True)  # fmt: skip
+        proc.start()
+        child.close()
+        c = _Child(slot, proc, parent)
+        self._children[slot] = c
+        threading.Thread(target=self._read, args=(c,), name=f"conveyor-slot-{slot}", daemon=True).start()
+        self._idle.put(c)
+
+    def _read(self, c: _Child) -> None:
+        """Forward the child's results; report its death while it held a message."""
+        while True:
+            try:
+                result, error = c.conn.recv()
+            except (EOFError, OSError):
+                break
+            m, c.message = c.message, None
+            if m is not None and not c.stopped:
+                self._done.put(Completion(m, result, error, c.slot))
+                self._idle.put(c)
+        c.proc.join()
+        with contextlib.suppress(OSError):
+            c.conn.close()
+        self._children.pop(c.slot, None)
+        if c.stopped or self._closing:
+            return
+        m = c.message
+        code = c.proc.exitcode
+        log.warning("worker process %s died (exit code %s)%s", c.proc.pid, code,
+                    f" running message {m.id}" if m is not None else "")  # fmt: skip
+        if m is not None:
+            why = f"WorkerDied: the worker process running it died (exit code {code})"
+            err = TaskError(m.headers.get("task", "?"), why, True)
+            self._done.put(Completion(m, None, err, c.slot))
+        self._spawn()
+
+    def submit(self, message: Message) -> None:
+        c = self._idle.get()  # the consumer submits only as many as there are free slots
+        c.message = message
+        with contextlib.suppress(OSError, ValueError):  # it died while idle: its reader reports it and replaces it
+            c.conn.send(message)
+
+    def stop_task(self, msg_id: int) -> bool:
+        """Kill the child running `msg_id` and start another in its place."""
+        c = next((c for c in list(self._children.values()) if c.message is not None and c.message.id == msg_id), None)
+        if c is None:
+            return False
+        c.stopped = True
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(c.proc.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        self._spawn()
+        return True
+
+    def close(self, wait: bool = True) -> None:
+        self._closing = True
+        for c in list(self._children.values()):
+            with contextlib.suppress(OSError, ValueError):
+                c.conn.send(None)
+        if wait:
+            for c in list(self._children.values()):
+                c.proc.join(10)
+        for c in list(self._children.values()):
+            if c.proc.is_alive():
+                c.proc.kill()
