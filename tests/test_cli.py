@@ -68,3 +68,27 @@ def test_stats_reports_an_unreachable_server() -> None:
     out = subprocess.run([sys.executable, "-m", "conveyor", "stats", "--connect", "tcp://127.0.0.1:1"], capture_output=True,
                          text=True, timeout=60)  # fmt: skip
     assert out.returncode == 1 and "cannot connect to tcp://127.0.0.1:1" in out.stderr
+
+
+def test_worker_command_runs_tasks_until_empty_and_stats_shows_it(tmp_path: Path) -> None:
+    from conveyor.pool import QueuePool
+    from tests import worker_tasks as wt
+
+    with QueuePool.local(n_servers=1, data_dir=tmp_path) as pool:
+        handles = wt.add.publish_many([(i, 1) for i in range(50)], _pool=pool)
+        connect = pool.addresses[0]
+        out = subprocess.run([sys.executable, "-m", "conveyor", "worker", "--connect", connect, "--tasks", "tests.worker_tasks",
+                              "--queues", "jobs", "--concurrency", "4", "--until-empty"],
+                             capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert "processed 50" in out.stderr
+        assert pool.gather(handles) == [i + 1 for i in range(50)]
+        out = subprocess.run([sys.executable, "-m", "conveyor", "stats", "--connect", connect], capture_output=True, text=True,
+                             timeout=60, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})  # fmt: skip
+        assert "Consumers: 1" in out.stdout and "50" in out.stdout
+
+
+def test_worker_command_reports_a_missing_task_module() -> None:
+    cmd = [sys.executable, "-m", "conveyor", "worker", "--connect", "tcp://127.0.0.1:1", "--tasks", "no.such.module"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "no.such.module" in out.stderr

@@ -109,20 +109,24 @@ def _pool(addresses: tuple[str, ...], token: str | None) -> Any:
 @click.option("--watch", type=click.FloatRange(0.1), default=None, help="Refresh every N seconds until Ctrl-C.")
 def stats(addresses: tuple[str, ...], token: str | None, queue: str | None, per_shard: bool, watch: float | None) -> None:
     """Show each queue's ready, delivered, delayed, acked and failed counts, and its rates."""
+    from rich.console import Group
     from rich.live import Live
 
     from .errors import ConveyorError
-    from .report import stats_table
+    from .report import stats_table, workers_table
+
+    def tables() -> Group:
+        return Group(*(t for t in (stats_table(pool, queue, per_shard), workers_table(pool)) if t is not None))
 
     with _pool(addresses, token) as pool:
         try:
             if watch is None:
-                Console().print(stats_table(pool, queue, per_shard))
+                Console().print(tables())
                 return
-            with Live(stats_table(pool, queue, per_shard), console=Console(), auto_refresh=False) as live:
+            with Live(tables(), console=Console(), auto_refresh=False) as live:
                 while True:
                     time.sleep(watch)
-                    live.update(stats_table(pool, queue, per_shard), refresh=True)
+                    live.update(tables(), refresh=True)
         except ConveyorError as e:
             raise click.ClickException(str(e)) from None
         except KeyboardInterrupt:
@@ -173,7 +177,10 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
         settings = load_settings()
         modules = [*settings.task_modules, *task_modules]
         for m in modules:
-            importlib.import_module(m)
+            try:
+                importlib.import_module(m)
+            except ImportError as e:
+                raise click.ClickException(f"cannot import task module {m!r}: {e} (is it on PYTHONPATH?)") from None
         if queues_config is not None:
             queues: list[Any] = load_queues(queues_config)
         elif queue_names:

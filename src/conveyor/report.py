@@ -51,3 +51,17 @@ def dead_letter_table(pool: QueuePool, queue: str, limit: int) -> Table:
         error = d.error.strip().splitlines()[-1] if d.error.strip() else ""
         t.add_row(str(local), str(shard), str(d.message.attempts), when, error, _preview(d.message.payload))
     return t
+
+
+def workers_table(pool: QueuePool) -> Table | None:
+    """The consumers heard from in the last minute, with their counts (None when there are none)."""
+    workers = pool.workers()
+    if not workers:
+        return None
+    t = Table(title=f"Consumers: {len(workers)}")
+    for col in ("consumer", "processed", "failed", "retried", "dead", "running", "stolen", "seen"):
+        t.add_column(col, justify="left" if col == "consumer" else "right")
+    for name, c in sorted(workers.items()):
+        t.add_row(name, *(f"{int(c.get(k, 0)):,}" for k in ("processed", "failed", "retried", "dead", "running", "stolen")),
+                  f"{c['seen']:.0f} s ago")  # fmt: skip
+    return t

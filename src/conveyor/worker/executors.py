@@ -107,9 +107,10 @@ class ThreadSlots:
     def close(self, wait: bool = True) -> None:
         for _ in range(len(self._threads) + len(self._retired)):
             self._work.put(None)
-        if wait:
-            for t in list(self._threads.values()):
-                t.join()
+        if wait:  # not for abandoned tasks: they may never end, and their threads are daemons
+            for slot, t in list(self._threads.items()):
+                if slot not in self._retired:
+                    t.join()
 
 
 # --- processes ------------------------------------------------------------------------------------

@@ -1,0 +1,257 @@
+"""Consumers against real queue servers: results, retries, dead letters, time limits, back-pressure,
+work stealing, graceful stops, and local consumer pools surviving killed workers."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conveyor import Message
+from conveyor.constants import H_CONTENT_TYPE, H_TASK
+from conveyor.errors import TaskFailedError, TaskOptionError
+from conveyor.pool import QueuePool
+from conveyor.serialization import encode_call
+from conveyor.worker import Consumer, ConsumerPool, QueueConfig, TaskFailure
+
+from . import worker_tasks as wt
+from .servers import wait_for
+
+MODULES = ["tests.worker_tasks"]
+
+
+@pytest.fixture
+def pool() -> Iterator[QueuePool]:
+    with QueuePool.local(n_servers=2) as p:
+        yield p
+
+
+def consume(pool: QueuePool, **kw: object) -> Consumer:
+    """Run a consumer on 'jobs' in this thread until the queue is drained."""
+    options: dict[str, object] = {"max_concurrency": 4, "until_empty": True, "task_modules": MODULES}
+    options.update(kw)
+    c = Consumer(pool, kw.pop("queues", ["jobs"]), **options)  # type: ignore[arg-type]
+    c.run()
+    return c
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_function_and_class_tasks_run_with_results(pool: QueuePool, tmp_path: Path, mode: str) -> None:
+    handles = wt.add.publish_many([(i, 10) for i in range(200)], _pool=pool)
+    log_ok, log_bad = tmp_path / "ok.log", tmp_path / "bad.log"
+    ok = wt.Hooked.publish({"log": str(log_ok), "user": "ada"}, 7, _pool=pool)
+    bad = wt.Hooked.publish({"log": str(log_bad)}, 8, fail=True, _pool=pool)
+    c = consume(pool, concurrency=mode)
+    assert pool.gather(handles) == [i + 10 for i in range(200)]
+    assert pool.gather([ok]) == [{"x": 7, "app_data": {"log": str(log_ok), "user": "ada"}}]
+    with pytest.raises(TaskFailedError, match="RuntimeError: asked to fail"):
+        pool.gather([bad])
+    assert lines(log_ok) == ["before_run", "run_task 7 attempt 1", "after_run", "cleanup None"]
+    assert lines(log_bad) == ["before_run", "run_task 8 attempt 1", "on_failure RuntimeError", "cleanup RuntimeError"]
+    assert c.stats.processed == 201 and c.stats.failed == 1
+
+
+def test_retries_are_counted_and_spaced_then_dead_lettered(pool: QueuePool, tmp_path: Path) -> None:
+    log = tmp_path / "attempts.log"
+    h = wt.always_fails.publish(str(log), _pool=pool)
+    c = consume(pool)
+    times = [float(t) for t in lines(log)]
+    assert len(times) == 3  # max_retries=2: three attempts
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    # retry_backoff=(0.2, 2): ceilings 0.2 then 0.4 s, "equal" jitter waits at least half of each
+    assert gaps[0] >= 0.1 and gaps[1] >= 0.2, gaps
+    [dl] = pool.dead_letters("jobs")
+    assert dl.message.id == h.id and dl.message.attempts == 3
+    assert dl.error.startswith("ValueError: this input is bad") and "Traceback" in dl.error
+    assert (c.stats.retried, c.stats.dead) == (2, 1)
+
+
+def test_a_flaky_task_succeeds_on_a_retry(pool: QueuePool, tmp_path: Path) -> None:
+    h = wt.flaky.publish(str(tmp_path / "f.log"), 2, _pool=pool)
+    consume(pool)
+    assert pool.gather([h]) == ["ok after 3"]
+
+
+def test_errors_no_retry_can_mend_fail_at_once(pool: QueuePool) -> None:
+    a = wt.fails_for_good.publish(_pool=pool)
+    b = wt.listed_no_retry.publish(_pool=pool)
+    payload, headers = encode_call("tests.worker_tasks.never_defined", (), {})
+    [unknown] = pool.put("jobs", [Message(payload=payload, headers={**headers, H_TASK: "tests.worker_tasks.never_defined"},
+                                          max_attempts=5)])  # fmt: skip
+    [garbage] = pool.put("jobs", [Message(payload=b"\xc1 not an envelope", headers={H_CONTENT_TYPE: "msgpack"}, max_attempts=5)])
+    consume(pool)
+    dead = {d.message.id: d for d in pool.dead_letters("jobs")}
+    assert set(dead) == {a.id, b.id, unknown, garbage}
+    assert all(d.message.attempts == 1 for d in dead.values())  # failed at once, not after 5 attempts
+    assert "Unfixable: no retry can mend this" in dead[a.id].error
+    assert "KeyError" in dead[b.id].error
+    assert "unknown task 'tests.worker_tasks.never_defined'" in dead[unknown].error
+    assert dead[garbage].error
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_time_limit_stops_the_task(pool: QueuePool, mode: str) -> None:
+    slow = wt.sleeps.publish(5.0, _pool=pool)
+    quick = wt.sleeps.publish(0.01, _pool=pool)
+    t0 = time.monotonic()
+    c = consume(pool, concurrency=mode, max_concurrency=1)
+    assert time.monotonic() - t0 < 4  # the 5 s task did not hold the consumer
+    with pytest.raises(TaskFailedError, match=r"TimeLimitExceeded: the task ran over its time limit of 0\.5 s") as e:
+        pool.gather([slow])
+    assert ("process was killed" if mode == "process" else "thread was abandoned") in e.value.error
+    assert pool.gather([quick]) == [0.01]  # the slot was replaced and kept working
+    assert c.stats.timed_out == 1
+
+
+def test_process_mode_replaces_a_killed_child(pool: QueuePool) -> None:
+    first = wt.pid_of_worker.publish(_pool=pool)
+    consume(pool, concurrency="process", max_concurrency=1)
+    [pid1] = pool.gather([first])
+    wt.sleeps.publish(5.0, _pool=pool)  # killed at its time limit
+    after = wt.pid_of_worker.publish(_pool=pool)
+    consume(pool, concurrency="process", max_concurrency=1)
+    [pid2] = pool.gather([after])
+    assert pid1 != pid2 != os.getpid()
+
+
+def test_back_pressure_fetches_only_what_it_can_start(pool: QueuePool) -> None:
+    wt.sleeps.publish_many([(0.2,)] * 12, _pool=pool)
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.append(pool.stats("jobs")["jobs"].delivered)
+            stop.wait(0.02)
+
+    t = threading.Thread(target=watch)
+    t.start()
+    try:
+        consume(pool, max_concurrency=2, batch_size=100)
+    finally:
+        stop.set()
+        t.join()
+    assert max(seen) <= 2 and max(seen) >= 1
+    assert pool.stats("jobs")["jobs"].acked == 12
+
+
+def test_a_consumer_steals_from_other_shards(pool: QueuePool) -> None:
+    handles = wt.add.publish_many([(i, 1) for i in range(30)], _pool=pool)
+    shards = {pool.split_id(h.id)[0] for h in handles}
+    assert shards == {0}  # one batch: all on shard 0
+    c = consume(pool, consumer=1, n_consumers=2)  # assigned shard 1, which is empty
+    assert c.shards[0] == 1 and c.stats.stolen == 30
+    assert pool.gather(handles) == [i + 1 for i in range(30)]
+
+
+def test_graceful_stop_finishes_running_tasks_and_leaves_the_rest(pool: QueuePool, tmp_path: Path) -> None:
+    log = tmp_path / "done.log"
+    handles = wt.slow_once.publish_many([(str(log), 0.4)] * 10, _pool=pool)
+    c = Consumer(pool, ["jobs"], max_concurrency=2, task_modules=MODULES)
+    t = threading.Thread(target=c.run)
+    t.start()
+    wait_for(lambda: pool.stats("jobs")["jobs"].delivered == 2, what="two tasks running")
+    c.stop()
+    t.join(10)
+    assert not t.is_alive()
+    st = pool.stats("jobs")["jobs"]
+    assert (st.acked, st.delivered, st.ready) == (2, 0, 8)  # the running two finished; nothing else taken
+    assert len(lines(log)) == 2
+    statuses = pool.status("jobs", [h.id for h in handles])
+    assert sum(s is not None and s.name == "READY" for s in statuses) == 8
+    # the untouched eight were never delivered: a later consumer gets them on their first attempt
+    got = pool.get("jobs", 10)
+    assert all(m.attempts == 1 for m in got)
+
+
+def test_publish_rejects_a_time_limit_at_the_queue_visibility_timeout(pool: QueuePool) -> None:
+    pool.declare("jobs", lease_s=0.5)
+    with pytest.raises(TaskOptionError, match="must be below the visibility timeout"):
+        wt.sleeps.publish(1.0, _pool=pool)  # time_limit 0.5 s is not below a 0.5 s lease
+    pool.use_queues([QueueConfig("jobs", visibility_timeout_sec=60)])
+    wt.sleeps.publish(0.01, _pool=pool)
+
+
+def test_submit_and_map_ad_hoc_callables(pool: QueuePool) -> None:
+    factor = 3
+    hs = pool.map(lambda x: x * factor, range(50), queue="jobs")
+    h = pool.submit(divmod, 17, 5, _queue="jobs")
+    bad = pool.submit(int, "not a number", _queue="jobs", _max_retries=0)
+    consume(pool, concurrency="process")
+    assert pool.gather(hs) == [x * 3 for x in range(50)]
+    assert pool.gather([h]) == [(3, 2)]
+    with pytest.raises(TaskFailedError, match="ValueError"):
+        pool.gather([bad])
+    assert len(pool._blobs_sent) == 3  # the lambda went to the servers once, not 50 times
+
+
+def test_workers_report_their_counts(pool: QueuePool) -> None:
+    wt.add.publish_many([(1, 2)] * 20, _pool=pool)
+    c = consume(pool, name="w-under-test")
+    w = pool.workers()["w-under-test"]
+    assert w["processed"] == 20 and w["failed"] == 0 and w["seen"] < 30
+    assert c.stats.fetched_by_shard == {0: 20}
+
+
+# --- local consumer pools ------------------------------------------------------------------------
+def test_consumer_pool_results_and_failures(pool: QueuePool) -> None:
+    handles = wt.add.publish_many([(i, i) for i in range(100)], _pool=pool)
+    bad = wt.fails_for_good.publish(_pool=pool)
+    with ConsumerPool(pool, 2, queues=["jobs"], task_modules=MODULES) as cp:
+        st = cp.join(timeout=60, progress=False)
+        results = dict(cp.results())
+    assert st["jobs"].acked == 100 and st["jobs"].failed == 1
+    assert {results[h.id] for h in handles} == {2 * i for i in range(100)}
+    assert isinstance(results[bad.id], TaskFailure) and "no retry can mend this" in str(results[bad.id])
+    assert all(not p.is_alive() for p in cp.processes)
+
+
+def test_sigkilled_consumer_loses_nothing_and_runs_each_task_to_completion_once(pool: QueuePool, tmp_path: Path) -> None:
+    pool.declare("jobs", lease_s=1.0)  # the killed consumer's tasks come back after 1 s
+    log = tmp_path / "done.log"
+    handles = wt.slow_once.publish_many([(str(log), 0.3)] * 12, _pool=pool)
+    cp = ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=2, task_modules=MODULES).start()
+    try:
+        wait_for(lambda: pool.stats("jobs")["jobs"].delivered >= 3, what="tasks running")
+        victim = cp.processes[0]
+        os.kill(victim.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        cp.join(timeout=60, progress=False)
+    finally:
+        cp.cancel()
+    assert cp.restarts == 1
+    results = dict(cp.results())
+    assert sorted(results) == sorted(h.id for h in handles)  # exactly one result per task
+    assert set(results.values()) == {"finished"}
+    assert len(lines(log)) >= 12  # some ran twice (killed mid-task), each message acked once
+
+
+def test_a_task_that_kills_its_worker_ends_in_the_dead_letters(pool: QueuePool) -> None:
+    pool.declare("jobs", lease_s=0.5)
+    poison = wt.kills_its_worker.publish(_pool=pool)  # max_retries=2: three attempts, each killing a consumer
+    good = wt.add.publish_many([(i, 0) for i in range(40)], _pool=pool)
+    with ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=1, task_modules=MODULES) as cp:
+        cp.join(timeout=90, progress=False)
+        results = dict(cp.results())
+    assert cp.restarts >= 3
+    assert isinstance(results[poison.id], TaskFailure)
+    assert "lease expired on its last attempt (3 of 3)" in results[poison.id].error
+    assert [results[h.id] for h in good] == list(range(40))
+
+
+def test_in_process_mode_a_dying_child_is_a_retried_failure(pool: QueuePool) -> None:
+    poison = wt.kills_its_worker.publish(_pool=pool)
+    after = wt.add.publish(1, 1, _pool=pool)
+    c = consume(pool, concurrency="process", max_concurrency=1)
+    [dl] = pool.dead_letters("jobs")
+    assert dl.message.id == poison.id and dl.message.attempts == 3 and "WorkerDied" in dl.error and "13" in dl.error
+    assert pool.gather([after]) == [2] and c.stats.dead == 1

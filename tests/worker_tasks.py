@@ -1,0 +1,113 @@
+"""Tasks the worker tests run, in a module worker processes import (`task_modules`).
+
+Tasks that must leave a trace across processes append a line to a file named by their arguments.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import conveyor
+from conveyor import Task
+
+
+def note(path: str, line: str) -> None:
+    with open(path, "a") as f:
+        f.write(line + "\n")
+        f.flush()
+
+
+@conveyor.task(queue="jobs", max_retries=2, retry_backoff=0.05)
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@conveyor.task(queue="jobs", max_retries=2, retry_backoff=(0.2, 2.0))
+def always_fails(log: str) -> None:
+    note(log, f"{time.time()}")
+    raise ValueError("this input is bad")
+
+
+class Unfixable(Exception):
+    retryable = False
+
+
+@conveyor.task(queue="jobs", max_retries=5)
+def fails_for_good() -> None:
+    raise Unfixable("no retry can mend this")
+
+
+@conveyor.task(queue="jobs", max_retries=5, no_retry=(KeyError,))
+def listed_no_retry() -> None:
+    raise KeyError("missing")
+
+
+@conveyor.task(queue="jobs", max_retries=3, retry_backoff=0.05)
+def flaky(log: str, fail_times: int) -> str:
+    """Fails its first `fail_times` runs (counted in the log file), then succeeds."""
+    runs = Path(log).read_text().count("\n") if os.path.exists(log) else 0
+    note(log, f"{time.time()}")
+    if runs < fail_times:
+        raise ConnectionError(f"transient failure {runs + 1}")
+    return f"ok after {runs + 1}"
+
+
+@conveyor.task(queue="jobs", time_limit=0.5, max_retries=0)
+def sleeps(seconds: float) -> float:
+    time.sleep(seconds)
+    return seconds
+
+
+@conveyor.task(queue="jobs", max_retries=0)
+def pid_of_worker() -> int:
+    return os.getpid()
+
+
+@conveyor.task(queue="jobs", max_retries=3)
+def slow_once(log: str, seconds: float) -> str:
+    """Sleeps, then records that it finished (for counting runs across killed workers)."""
+    time.sleep(seconds)
+    note(log, "done")
+    return "finished"
+
+
+@conveyor.task(queue="jobs", max_retries=2)
+def kills_its_worker() -> None:
+    os._exit(13)
+
+
+@conveyor.task(queue="jobs", max_retries=0)
+def spin(seconds: float) -> float:
+    """Busy CPU for `seconds` of this thread's CPU time."""
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+    return seconds
+
+
+class Hooked(Task):
+    """Records its hooks in order, in the file named by app_data["log"]."""
+
+    queue = "jobs"
+    max_retries = 0
+
+    def before_run(self, *args: Any, **kwargs: Any) -> None:
+        note(self.app_data["log"], "before_run")
+
+    def run_task(self, x: int, fail: bool = False) -> dict[str, Any]:
+        note(self.app_data["log"], f"run_task {x} attempt {self.attempt}")
+        if fail:
+            raise RuntimeError("asked to fail")
+        return {"x": x, "app_data": self.app_data}
+
+    def after_run(self, result: Any, *args: Any, **kwargs: Any) -> None:
+        note(self.app_data["log"], "after_run")
+
+    def on_failure(self, exc: Exception, *args: Any, **kwargs: Any) -> None:
+        note(self.app_data["log"], f"on_failure {type(exc).__name__}")
+
+    def cleanup(self, exc: Exception | None) -> None:
+        note(self.app_data["log"], f"cleanup {type(exc).__name__ if exc else None}")
