@@ -175,3 +175,13 @@ def test_spawn_reports_a_server_that_cannot_start(tmp_path: Path) -> None:
     finally:
         stop_server(proc)
     assert sys.executable
+
+
+def test_idempotency_keys_hold_across_shards(pool: QueuePool, queue: str) -> None:
+    from conveyor.constants import H_IDEMPOTENCY_KEY as KEY
+
+    first = pool.put(queue, [Message(payload=b"%d" % i, headers={KEY: f"k{i}"}) for i in range(40)])
+    again = pool.put(queue, [Message(payload=b"retry %d" % i, headers={KEY: f"k{i}"}) for i in range(40)])
+    assert again == first and len({pool.split_id(i)[0] for i in first}) == 2  # both shards used
+    assert pool.stats(queue)[queue].ready == 40
+    pool.purge(queue)

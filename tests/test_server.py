@@ -288,3 +288,20 @@ def test_stop_returns_long_polls_and_closes_stores(tmp_path: Path) -> None:
     c.close()
     with DurableStore(tmp_path / "data" / QUEUES_DIR / "q") as store:  # closed cleanly: it opens at once
         assert store.stats().delivered == 1
+
+
+def test_idempotency_keys_store_a_message_once(tmp_path: Path) -> None:
+    from conveyor.constants import H_IDEMPOTENCY_KEY as KEY
+
+    d = tmp_path / "data"
+    with thread_server(data_dir=d) as s, QueueClient(s.address) as c:
+        a = c.put("q", [Message(payload=b"a", headers={KEY: "order-1"}), Message(payload=b"plain")])
+        b = c.put("q", [Message(payload=b"a again", headers={KEY: "order-1"}), Message(payload=b"b", headers={KEY: "order-2"}),
+                        Message(payload=b"b twice in one batch", headers={KEY: "order-2"})])  # fmt: skip
+        assert b[0] == a[0] and b[1] == b[2] and b[1] not in a
+        assert c.stats("q")["q"].ready == 3
+        with pytest.raises(RequestError, match="idempotency key must be a non-empty string"):
+            c.put("q", [Message(payload=b"x", headers={KEY: ""})])
+    with thread_server(data_dir=d) as s, QueueClient(s.address) as c:  # remembered across a restart
+        assert c.put("q", [Message(payload=b"late retry", headers={KEY: "order-1"})]) == [a[0]]
+        assert [m.payload for m in c.get("q", 10)] == [b"a", b"plain", b"b"]

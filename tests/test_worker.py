@@ -255,3 +255,11 @@ def test_in_process_mode_a_dying_child_is_a_retried_failure(pool: QueuePool) -> 
     [dl] = pool.dead_letters("jobs")
     assert dl.message.id == poison.id and dl.message.attempts == 3 and "WorkerDied" in dl.error and "13" in dl.error
     assert pool.gather([after]) == [2] and c.stats.dead == 1
+
+
+def test_publishing_with_a_key_twice_runs_the_task_once(pool: QueuePool) -> None:
+    a = wt.add.publish(1, 2, _key="sum-1-2", _pool=pool)
+    b = wt.add.publish(1, 2, _key="sum-1-2", _pool=pool)
+    assert a == b
+    consume(pool)
+    assert pool.stats("jobs")["jobs"].acked == 1 and pool.gather([a, b]) == [3, 3]

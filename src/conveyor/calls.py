@@ -98,7 +98,12 @@ def put(queue: str, messages: Sequence[Message]) -> Call[list[int]]:
     hdr = column([m.headers for m in messages])
     if hdr != {}:
         args["hdr"] = hdr
-    return Call("put", args, [m.payload for m in messages], parse=lambda h, f: list(range(h["first"], h["first"] + h["n"])))
+    return Call("put", args, [m.payload for m in messages], parse=_put_ids)
+
+
+def _put_ids(h: Header, frames: Frames) -> list[int]:
+    """Consecutive ids (first, n), or a list when idempotency keys mapped some to earlier messages."""
+    return h["ids"] if "ids" in h else list(range(h["first"], h["first"] + h["n"]))
 
 
 def _messages(h: Header, frames: Frames) -> list[Message]:

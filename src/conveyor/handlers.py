@@ -13,7 +13,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
-from .constants import ERR_BAD_ARGUMENT, PAGE_BYTES, PROTOCOL_VERSION
+from .constants import ERR_BAD_ARGUMENT, H_IDEMPOTENCY_KEY, PAGE_BYTES, PROTOCOL_VERSION
+from .dedupe import check_key
 from .errors import RequestError
 from .hosting import HostedQueue, QueueHost
 from .message import Message
@@ -117,14 +118,47 @@ async def put(host: QueueHost, a: Args, frames: Frames) -> Reply:
     if n != len(frames):
         raise RequestError(ERR_BAD_ARGUMENT, f"put: 'n' is {n} but {len(frames)} payload frames came")
     q = a.queue(host, create=True)
+    cols = [a.packed("prio", n, 0), a.packed("nb", n, 0.0), a.packed("ma", n, 0)]
     hdr = a.packed("hdr", n, {})
     if type(hdr) is not list:
         hdr = None if not hdr else [hdr] * n
-    ids = q.store.put_columns(frames, a.packed("prio", n, 0), a.packed("nb", n, 0.0), a.packed("ma", n, 0), hdr)
+    keys = None if hdr is None else [h.get(H_IDEMPOTENCY_KEY) if type(h) is dict else None for h in hdr]
+    if keys is None or all(k is None for k in keys):
+        ids = q.store.put_columns(frames, *cols, hdr)
+        reply: dict[str, Any] = {"first": ids[0] if ids else 0, "n": len(ids)}
+    else:
+        reply = {"ids": _put_once(q, frames, cols, hdr, keys)}  # type: ignore[arg-type]
     q.puts += n
     q.changed.notify()
     await q.durable()
-    return {"first": ids[0] if ids else 0, "n": len(ids)}, []
+    return reply, []
+
+
+def _put_once(q: HostedQueue, frames: Frames, cols: list[Any], hdr: list[dict[str, str]], keys: list[str | None]) -> list[int]:
+    """Put the messages whose idempotency key is new; every message gets the id stored under its key."""
+    first: dict[str, int] = {}  # key -> position of its first message in this batch
+    new: list[int] = []
+    for i, k in enumerate(keys):
+        if k is None:
+            new.append(i)
+            continue
+        try:
+            check_key(k)
+        except ValueError as e:
+            raise RequestError(ERR_BAD_ARGUMENT, f"put: message {i}: {e}") from None
+        if q.dedupe.get(k) is None and k not in first:
+            first[k] = i
+            new.append(i)
+    pick = [c if type(c) is not list else [c[i] for i in new] for c in cols]
+    stored = q.store.put_columns([frames[i] for i in new], *pick, [hdr[i] for i in new])
+    ids: list[int] = [0] * len(frames)
+    for i, msg_id in zip(new, stored, strict=True):
+        ids[i] = msg_id
+    q.dedupe.add([(k, ids[i]) for k, i in first.items()])
+    for i, k in enumerate(keys):
+        if k is not None and ids[i] == 0:
+            ids[i] = q.dedupe.get(k) or ids[first[k]]
+    return ids
 
 
 def _columns(messages: list[Message]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import os
 import re
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -31,6 +32,7 @@ from .constants import (
     QUEUES_DIR,
     SERVER_LOCK_NAME,
 )
+from .dedupe import Dedupe
 from .errors import ConveyorError, RequestError
 from .storage import DurableStore, MemoryStore, Store
 
@@ -65,8 +67,8 @@ class Signal:
 class GroupCommit:
     """Answers writes only once durable, sharing one fsync among all writes made before it began."""
 
-    def __init__(self, store: Store) -> None:
-        self.store = store
+    def __init__(self, *syncs: Callable[[], None]) -> None:
+        self.syncs = syncs
         self.written = 0  # generation of the last write
         self.synced = 0  # every generation up to this one is durable
         self._task: asyncio.Future[None] | None = None
@@ -83,8 +85,12 @@ class GroupCommit:
 
     async def _sync(self) -> None:
         target = self.written
-        await asyncio.get_running_loop().run_in_executor(None, self.store.sync)
+        await asyncio.get_running_loop().run_in_executor(None, self._sync_all)
         self.synced = max(self.synced, target)
+
+    def _sync_all(self) -> None:
+        for sync in self.syncs:
+            sync()
 
 
 @dataclass
@@ -94,6 +100,7 @@ class HostedQueue:
     info: QueueInfo
     store: Store
     commit: GroupCommit | None  # for durable queues with fsync="batch"
+    dedupe: Dedupe
     changed: Signal = field(default_factory=Signal)
     puts: int = 0
     acks: int = 0
@@ -167,12 +174,20 @@ class QueueHost:
 
     def _open(self, info: QueueInfo) -> HostedQueue:
         if not info.durable:
-            return HostedQueue(info, MemoryStore(info.name, max_attempts=info.max_attempts, lease_s=info.lease_s), None)
+            store = MemoryStore(info.name, max_attempts=info.max_attempts, lease_s=info.lease_s)
+            return HostedQueue(info, store, None, Dedupe(None))
         assert self.queue_dir is not None and info.fsync is not None
-        store = DurableStore(self.queue_dir / info.name, fsync=info.fsync, queue=info.name,  # type: ignore[arg-type]
+        path = self.queue_dir / info.name
+        store = DurableStore(path, fsync=info.fsync, queue=info.name,  # type: ignore[arg-type]
                              max_attempts=info.max_attempts, lease_s=info.lease_s, repair=self.repair,
                              group_commit=True)  # fmt: skip
-        return HostedQueue(info, store, GroupCommit(store) if info.fsync == "batch" else None)
+        try:
+            dedupe = Dedupe(path)
+        except BaseException:
+            store.close()
+            raise
+        commit = GroupCommit(store.sync, dedupe.sync) if info.fsync == "batch" else None
+        return HostedQueue(info, store, commit, dedupe)
 
     def get(self, name: str, create: bool = False) -> HostedQueue:
         q = self.queues.get(name)
@@ -236,6 +251,7 @@ class QueueHost:
         for q in self.queues.values():
             try:
                 q.store.close()
+                q.dedupe.close()
             except Exception:
                 log.exception("closing queue %s", q.info.name)
         if self._lock_fd >= 0:

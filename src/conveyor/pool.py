@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -26,7 +27,7 @@ from typing import Any
 from . import calls
 from .calls import Call, QueueInfo, QueueStats
 from .client import QueueClient
-from .constants import ERR_NO_QUEUE, SHARD_SHIFT
+from .constants import ERR_NO_QUEUE, H_IDEMPOTENCY_KEY, SHARD_SHIFT
 from .errors import ConnectionLostError, ConveyorError, RequestError
 from .message import Message, Status
 from .pooltasks import PoolTasks
@@ -201,18 +202,35 @@ class QueuePool(PoolTasks):
         return infos[0][0]
 
     def put(self, queue: str, messages: Sequence[Message]) -> list[int]:
-        """Put messages in batches of `batch_size`, round-robin over the shards; returns pool-wide ids."""
+        """Put messages in batches of `batch_size`, round-robin over the shards; returns pool-wide ids.
+
+        A message with an idempotency key goes to the shard the key hashes to, so that the server
+        holding earlier messages with that key sees it and does not store it twice.
+        """
         n, b = len(self.clients), self.batch_size
-        chunks = [messages[i : i + b] for i in range(0, len(messages), b)]
+        plain: list[int] = []
+        keyed: dict[int, list[int]] = {}
+        for i, m in enumerate(messages):
+            key = m.headers.get(H_IDEMPOTENCY_KEY) if m.headers else None
+            if key is None:
+                plain.append(i)
+            else:
+                keyed.setdefault(zlib.crc32(str(key).encode()) % n, []).append(i)
+        chunks = [plain[i : i + b] for i in range(0, len(plain), b)]
         first, self._next_put = self._next_put, (self._next_put + len(chunks)) % n
+        groups = [((first + k) % n, chunk) for k, chunk in enumerate(chunks)]
+        groups += [(s, pos[i : i + b]) for s, pos in keyed.items() for i in range(0, len(pos), b)]
         work: dict[int, list[Call[Any]]] = {}
-        order: list[tuple[int, int]] = []  # (shard, index of its call) per chunk
-        for k, chunk in enumerate(chunks):
-            s = (first + k) % n
-            work.setdefault(s, []).append(calls.put(queue, chunk))
-            order.append((s, len(work[s]) - 1))
+        where: list[tuple[int, int]] = []  # (shard, index of its call) per group
+        for s, pos in groups:
+            work.setdefault(s, []).append(calls.put(queue, [messages[i] for i in pos]))
+            where.append((s, len(work[s]) - 1))
         done = self._each(work)
-        return [s << SHARD_SHIFT | i for s, j in order for i in done[s][j]]
+        out = [0] * len(messages)
+        for (s, pos), (_, j) in zip(groups, where, strict=True):
+            for i, local in zip(pos, done[s][j], strict=True):
+                out[i] = s << SHARD_SHIFT | local
+        return out
 
     def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0,
             shards: Sequence[int] | None = None) -> list[Message]:  # fmt: skip

@@ -20,7 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..errors import ConnectionLostError, ConveyorError, TaskError
 from ..message import Message
@@ -28,6 +28,7 @@ from ..worker.selectors import QueueSelector, selector_class
 from ..worker.settings import QueueConfig
 from .executors import Completion, Fetch, ProcessSlots, ThreadSlots
 from .middleware import Decision, Middleware, default_middleware
+from .settler import Settler
 
 if TYPE_CHECKING:
     from ..pool import QueuePool
@@ -129,8 +130,7 @@ class Consumer:
         self._current: _Queue | None = None
         self._iterations_left = 0
         self._stash: list[Message] = []
-        self._outbox: list[tuple[str, str, list[int], Any]] = []  # acks and nacks not sent yet
-        self._next_report = 0.0
+        self._settler: Settler
 
     @staticmethod
     def _queue(q: QueueConfig | str, batch_size: int | None) -> _Queue:
@@ -154,6 +154,7 @@ class Consumer:
 
         for name in self.task_modules:
             importlib.import_module(name)
+        self._settler = Settler(self.pool, self._counts, REPORT_EVERY_S)
         fetcher = BlobFetcher(self.pool)
         slots = (ThreadSlots(self.max_concurrency, self._done, fetcher()) if self.concurrency == "thread"
                  else ProcessSlots(self.max_concurrency, self._done, fetcher, self.task_modules))  # fmt: skip
@@ -162,7 +163,6 @@ class Consumer:
                  ", ".join(q.name for q in self.queues), self.shards)  # fmt: skip
         try:
             self._loop(slots)
-            self._flush()
         finally:
             if self._running:  # a hard stop: hand running messages back for another worker
                 self._settle([Completion(r.message, None, TaskError(r.message.headers.get("task", "?"),
@@ -170,7 +170,7 @@ class Consumer:
                               for r in self._running.values()])  # fmt: skip
                 self._running.clear()
             slots.close(wait=not self._hard_stop)
-            self._report(force=True)
+            self._settler.close()
         return self.stats
 
     def _loop(self, slots: ThreadSlots | ProcessSlots) -> None:
@@ -180,7 +180,6 @@ class Consumer:
                 now = time.monotonic()
                 self._enforce_limits(slots, now)
                 self._heartbeat(now)
-                self._report()
                 if self._stop.is_set():
                     if self._hard_stop or not self._running:
                         return
@@ -249,6 +248,7 @@ class Consumer:
         return got
 
     def _drained(self) -> bool:
+        self._settler.flush()  # our own acks count: send them before asking
         st = self.pool.stats()
         return all(st[q.name].pending == 0 for q in self.queues if q.name in st)
 
@@ -296,28 +296,22 @@ class Consumer:
                 due.setdefault((r.message.queue, lease), []).append(r.message.id)
                 r.heartbeat_at = now + lease / 3
         for (q, lease), ids in due.items():
-            self.pool.extend_lease(q, ids, lease)
+            for i in ids:
+                self._settler.extend(q, i, lease)
 
     def _settle(self, done: list[Completion]) -> None:
-        """Ack successes with their results and hand failures to the middleware: one call per queue and kind."""
-        acks: dict[str, tuple[list[int], list[bytes | None]]] = {}
-        nacks: dict[tuple[str, bool], tuple[list[int], list[str], list[float]]] = {}
+        """Ack successes with their results and hand failures to the middleware (sent by the settler)."""
         for c in done:
             r = self._running.pop(c.message.id, None)
             if r is None:
                 continue  # stopped over its time limit and settled then: a late result
             m = c.message
             if c.error is None:
-                ids, results = acks.setdefault(m.queue, ([], []))
-                ids.append(m.id)
-                results.append(c.result)
+                self._settler.ack(m.queue, m.id, c.result)
                 self.stats.processed += 1
             else:
                 d = next((d for mw in self.middleware if (d := mw.on_failure(m, c.error)) is not None), Decision(False))
-                ids, errors, delays = nacks.setdefault((m.queue, d.final), ([], [], []))
-                ids.append(m.id)
-                errors.append(c.error.error)
-                delays.append(d.delay_s)
+                self._settler.nack(m.queue, m.id, c.error.error, d.delay_s, d.final)
                 self.stats.failed += 1
                 if d.final or m.attempts >= m.max_attempts:
                     self.stats.dead += 1
@@ -327,38 +321,13 @@ class Consumer:
                          c.error.error.split("\n", 1)[0])  # fmt: skip
             for mw in self.middleware:
                 mw.on_finish(m, c.error)
-        self._outbox += [("ack", q, ids, results) for q, (ids, results) in acks.items()]
-        self._outbox += [("nack", q, ids, (errors, delays, final)) for (q, final), (ids, errors, delays) in nacks.items()]
-        self._flush()
-
-    def _flush(self) -> None:
-        """Send the acks and nacks not sent yet; one that fails stays for the next try (a server restarting)."""
-        while self._outbox:
-            kind, q, ids, extra = self._outbox[0]
-            if kind == "ack":
-                self.pool.ack(q, ids, extra)
-            else:
-                errors, delays, final = extra
-                self.pool.nack(q, ids, errors, delays, final=final)
-            self._outbox.pop(0)
 
     def _release(self, got: list[Message]) -> None:
-        by_queue: dict[str, list[int]] = {}
         for m in got:
-            by_queue.setdefault(m.queue, []).append(m.id)
-        for q, ids in by_queue.items():
-            self.pool.release(q, ids)
+            self._settler.release(m.queue, m.id)
         self.stats.released += len(got)
 
-    def _report(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now < self._next_report:
-            return
-        self._next_report = now + REPORT_EVERY_S
+    def _counts(self) -> tuple[str, dict[str, float]]:
         s = self.stats
-        counts = {"processed": s.processed, "failed": s.failed, "retried": s.retried, "dead": s.dead,
-                  "running": len(self._running), "stolen": s.stolen, "pid": os.getpid()}  # fmt: skip
-        try:
-            self.pool.report(self.name, counts)
-        except (ConnectionLostError, TimeoutError, ConveyorError) as e:
-            log.debug("consumer %s: report failed: %s", self.name, e)
+        return self.name, {"processed": s.processed, "failed": s.failed, "retried": s.retried, "dead": s.dead,
+                           "running": len(self._running), "stolen": s.stolen, "pid": os.getpid()}  # fmt: skip

@@ -1,0 +1,102 @@
+"""Idempotency keys of one queue: a put whose message carries a key already seen is not stored again.
+
+The server answers such a put with the id of the message first put under the key. The most recent
+DEDUPE_MAX_KEYS keys are remembered; a durable queue keeps them in `keys.log` beside its store
+(records `crc32 | key length | id | key`, synced with the queue's group commit, compacted on
+open when mostly superseded), so a retried publish after a crash or a lost reply is still dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from pathlib import Path
+
+from .constants import DEDUPE_MAX_KEYS, KEYS_LOG_NAME, MAX_KEY_BYTES
+
+log = logging.getLogger("conveyor.server")
+
+_REC = struct.Struct("<IHQ")  # crc32 of the rest, key length, message id; then the key bytes
+
+
+class Dedupe:
+    """key -> message id, the most recent `limit` kept (on disk when `path` is given)."""
+
+    def __init__(self, path: Path | None, limit: int = DEDUPE_MAX_KEYS) -> None:
+        self.path = path
+        self.limit = limit
+        self._ids: dict[str, int] = {}
+        self._fd = -1
+        self._dirty = False
+        if path is not None:
+            self._load(path)
+
+    def _load(self, path: Path) -> None:
+        f = path / KEYS_LOG_NAME
+        data = f.read_bytes() if f.exists() else b""
+        pos = records = 0
+        while pos + _REC.size <= len(data):
+            crc, klen, msg_id = _REC.unpack_from(data, pos)
+            end = pos + _REC.size + klen
+            body = data[pos + 4 : end]
+            if end > len(data) or zlib.crc32(body) != crc:
+                log.warning("%s: cut a damaged or torn record at offset %d (%d bytes dropped)", f, pos, len(data) - pos)
+                break
+            self._remember(data[pos + _REC.size : end].decode(), msg_id)
+            pos, records = end, records + 1
+        if records > 2 * max(len(self._ids), 1024) or pos < len(data):
+            self._rewrite(f)  # mostly superseded or evicted keys, or a torn tail: start clean
+        self._fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+
+    def _rewrite(self, f: Path) -> None:
+        tmp = f.with_name(f.name + ".tmp")
+        with open(tmp, "wb") as out:
+            out.write(b"".join(_record(k, i) for k, i in self._ids.items()))
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, f)
+
+    def _remember(self, key: str, msg_id: int) -> None:
+        self._ids.pop(key, None)
+        self._ids[key] = msg_id
+        if len(self._ids) > self.limit:
+            del self._ids[next(iter(self._ids))]  # the oldest
+
+    def get(self, key: str) -> int | None:
+        return self._ids.get(key)
+
+    def add(self, pairs: list[tuple[str, int]]) -> None:
+        """Remember keys of messages just stored (written to the OS now, durable at the next `sync`)."""
+        for k, i in pairs:
+            self._remember(k, i)
+        if self._fd >= 0 and pairs:
+            data = b"".join(_record(k, i) for k, i in pairs)
+            written = os.write(self._fd, data)
+            while written < len(data):
+                written += os.write(self._fd, data[written:])
+            self._dirty = True
+
+    def sync(self) -> None:
+        if self._fd >= 0 and self._dirty:
+            self._dirty = False
+            os.fsync(self._fd)
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            self.sync()
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _record(key: str, msg_id: int) -> bytes:
+    k = key.encode()
+    body = struct.pack("<HQ", len(k), msg_id) + k
+    return struct.pack("<I", zlib.crc32(body)) + body
+
+
+def check_key(key: object) -> str:
+    if type(key) is not str or not key or len(key.encode()) > MAX_KEY_BYTES:
+        raise ValueError(f"an idempotency key must be a non-empty string of at most {MAX_KEY_BYTES} bytes, got {key!r:.60}")
+    return key

@@ -1,0 +1,137 @@
+"""Settler: a consumer's acks, nacks, releases, lease extensions and reports, sent from a thread of their own.
+
+Over connections of its own, so that an ack waiting for its fsync never holds up the next fetch.
+Whatever piles up while a request is out goes in the next one (one call per queue and kind), and a
+request that fails because a server is restarting is retried until it goes through: an ack is
+never dropped (at worst it arrives late, after the lease, and still counts if no one else finished
+the message).
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ConnectionLostError, ConveyorError
+
+if TYPE_CHECKING:
+    from ..pool import QueuePool
+
+log = logging.getLogger("conveyor.worker")
+
+RETRY_S = 0.5  # wait between tries while a server does not answer
+_STOP = object()
+
+
+class Settler:
+    """Queues settlements for a background thread; `flush()` waits until all were sent."""
+
+    def __init__(self, pool: QueuePool, report: Callable[[], tuple[str, dict[str, float]]] | None = None,
+                 report_every_s: float = 2.0) -> None:  # fmt: skip
+        self._pool = pickle.loads(pickle.dumps(pool))  # connections of its own
+        self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._report = report
+        self._report_every_s = report_every_s
+        self._pending = 0
+        self._cond = threading.Condition()
+        self.errors = 0
+        self._thread = threading.Thread(target=self._loop, name="conveyor-settler", daemon=True)
+        self._thread.start()
+
+    # --- what a consumer queues ---------------------------------------------------------
+    def _put(self, item: tuple[Any, ...]) -> None:
+        with self._cond:
+            self._pending += 1
+        self._items.put(item)
+
+    def ack(self, queue_name: str, msg_id: int, result: bytes | None) -> None:
+        self._put(("ack", queue_name, False, msg_id, result))
+
+    def nack(self, queue_name: str, msg_id: int, error: str, delay_s: float, final: bool) -> None:
+        self._put(("nack", queue_name, final, msg_id, (error, delay_s)))
+
+    def release(self, queue_name: str, msg_id: int) -> None:
+        self._put(("release", queue_name, False, msg_id, None))
+
+    def extend(self, queue_name: str, msg_id: int, lease_s: float) -> None:
+        self._put(("extend", queue_name, lease_s, msg_id, None))
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything queued so far was sent; False on timeout."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending == 0, timeout)
+
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Send what is queued (up to `timeout`), a last report, and stop."""
+        self.flush(timeout)
+        self._items.put(_STOP)
+        self._thread.join(timeout)
+        self._pool.close()
+
+    # --- the thread ---------------------------------------------------------------------
+    def _loop(self) -> None:
+        next_report = 0.0
+        while True:
+            now = time.monotonic()
+            if self._report is not None and now >= next_report:
+                self._send_report()
+                next_report = now + self._report_every_s
+            try:
+                first = self._items.get(timeout=max(next_report - time.monotonic(), 0.01) if self._report else None)
+            except queue.Empty:
+                continue
+            batch = [first]
+            while True:
+                try:
+                    batch.append(self._items.get_nowait())
+                except queue.Empty:
+                    break
+            stop = any(i is _STOP for i in batch)
+            batch = [i for i in batch if i is not _STOP]
+            self._send(batch)
+            with self._cond:
+                self._pending -= len(batch)
+                self._cond.notify_all()
+            if stop:
+                if self._report is not None:
+                    self._send_report()
+                return
+
+    def _send(self, batch: list[tuple[Any, ...]]) -> None:
+        groups: dict[tuple[str, str, Any], list[tuple[int, Any]]] = {}
+        for kind, q, extra, msg_id, data in batch:
+            groups.setdefault((kind, q, extra), []).append((msg_id, data))
+        for (kind, q, extra), items in groups.items():
+            ids = [i for i, _ in items]
+            while True:
+                try:
+                    if kind == "ack":
+                        self._pool.ack(q, ids, [d for _, d in items])
+                    elif kind == "nack":
+                        self._pool.nack(q, ids, [d[0] for _, d in items], [d[1] for _, d in items], final=extra)
+                    elif kind == "release":
+                        self._pool.release(q, ids)
+                    else:
+                        self._pool.extend_lease(q, ids, extra)
+                    break
+                except (ConnectionLostError, TimeoutError) as e:
+                    self.errors += 1
+                    log.warning("could not %s %d message(s) on %r (%s); retrying", kind, len(ids), q, e)
+                    time.sleep(RETRY_S)
+                except ConveyorError as e:  # refused (a queue gone): retrying cannot help
+                    self.errors += 1
+                    log.error("could not %s %d message(s) on %r: %s", kind, len(ids), q, e)
+                    break
+
+    def _send_report(self) -> None:
+        assert self._report is not None
+        name, counts = self._report()
+        try:
+            self._pool.report(name, counts)
+        except ConveyorError as e:
+            log.debug("report failed: %s", e)
