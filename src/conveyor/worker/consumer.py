@@ -131,6 +131,7 @@ class Consumer:
         self._iterations_left = 0
         self._stash: list[Message] = []
         self._settler: Settler
+        self._empty_polls = 0  # fetches in a row that found nothing
 
     @staticmethod
     def _queue(q: QueueConfig | str, batch_size: int | None) -> _Queue:
@@ -195,6 +196,7 @@ class Consumer:
                     continue
                 for m in got:
                     self._start(slots, m)
+                self._empty_polls = 0 if got else self._empty_polls + 1
                 if not got:
                     if not self._running and self.until_empty and self._drained():
                         return
@@ -225,7 +227,9 @@ class Consumer:
             self._stop.wait(BUSY_POLL_S)
             return []
         else:
-            wait = 0.0 if self._running else min(q.long_poll_s, IDLE_POLL_S)
+            # long poll only when idle, and (until_empty) once a quick look found the queues not drained
+            idle = not self._running and not (self.until_empty and self._empty_polls == 0)
+            wait = min(q.long_poll_s, IDLE_POLL_S) if idle else 0.0
             got = self._get(q, min(q.batch_size, free), wait)
         self._iterations_left = self._iterations_left - 1 if got else 0
         return got

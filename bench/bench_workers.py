@@ -1,0 +1,149 @@
+"""Benchmark of Conveyor's workers end to end against `concurrent.futures.ProcessPoolExecutor.map`.
+
+Two reference workloads, on a `QueuePool.local` of 2 durable servers and a `ConsumerPool` of 2
+consumer processes (started before timing, as the executor's processes are):
+
+- no-op: publish `--n` (200,000) no-op tasks with ~100-byte payloads, then wait until drained;
+  throughput = tasks / (publish start to drained). Baseline: `ProcessPoolExecutor(2).map` of a
+  no-op function over the same payloads, with the best chunksize of several tried.
+- skewed: 2,000 CPU busy-loops summing to 10 s (`conveyor.workloads.skewed`);
+  efficiency = total work / (2 workers x makespan). Baseline: `ProcessPoolExecutor.map` over
+  the same durations, with the best chunksize (and 2 or 4 processes) of those tried.
+
+Each figure is the median of `--runs`; ratios are of the medians. The machine is small and noisy:
+compare ratios, not single times.
+
+    python bench/bench_workers.py [--quick] [--fsync batch|interval] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+import bench_tasks
+from benchlib import Row, make_console, print_report, progress, rate, ratio
+from conveyor.pool import QueuePool
+from conveyor.worker import ConsumerPool
+from conveyor.workloads import NOOP_PAYLOAD, busy, noop, skewed
+
+WORKERS = 2
+
+
+def number(v: float) -> str:
+    return f"{v:.3f}"
+
+
+def seconds(v: float) -> str:
+    return f"{v:.2f} s"
+
+
+def _started(pool: QueuePool, n: int) -> None:
+    deadline = time.monotonic() + 60
+    while len(pool.workers()) < n:
+        if time.monotonic() > deadline:
+            raise RuntimeError("consumers did not start within 60 s")
+        time.sleep(0.05)
+
+
+def conveyor_run(fsync: str, publish: Callable[[QueuePool], None], poll_s: float, **consumer: Any) -> float:
+    """Seconds from the first publish to the queue drained, on fresh servers and consumers."""
+    with QueuePool.local(n_servers=2, fsync=fsync) as pool:
+        cp = ConsumerPool(pool, WORKERS, queues=["bench"], task_modules=["bench_tasks"], **consumer).start()
+        try:
+            _started(pool, WORKERS)
+            t0 = time.perf_counter()
+            publish(pool)
+            st = pool.join("bench", poll_s=poll_s, progress=False)["bench"]
+            dt = time.perf_counter() - t0
+            if st.failed:
+                raise RuntimeError(f"{st.failed} tasks failed")
+        finally:
+            cp.cancel()
+    return dt
+
+
+def executor_run(fn: Callable[[Any], Any], items: list[Any], chunksize: int, workers: int = WORKERS) -> float:
+    with ProcessPoolExecutor(workers) as ex:
+        list(ex.map(fn, range(workers)))  # processes started and warm, like the consumers
+        t0 = time.perf_counter()
+        for _ in ex.map(fn, items, chunksize=chunksize):
+            pass
+        return time.perf_counter() - t0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--n", type=int, default=None, help="no-op tasks (default 200,000)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--fsync", choices=["batch", "interval"], default="interval",
+                    help="the servers' fsync policy (default interval, as in the store benchmark)")  # fmt: skip
+    ap.add_argument("--quick", action="store_true", help="smoke run: 20,000 no-op tasks, 500 skewed items, 1 run")
+    args = ap.parse_args(argv)
+    n = args.n or (20_000 if args.quick else 200_000)
+    runs = 1 if args.quick else args.runs
+    durations = skewed()[: 500 if args.quick else None]
+    work = sum(durations)
+    out = make_console()
+    out.print(f"Python {platform.python_version()}, {platform.platform()}, {os.cpu_count()} CPUs; {WORKERS} consumers on "
+              f"2 servers (fsync={args.fsync}); no-op x {n:,}; skewed x {len(durations):,} = {work:.1f} s of work; "
+              f"{runs} run(s)")  # fmt: skip
+    payloads = [NOOP_PAYLOAD] * n
+    fig: dict[str, list[float]] = {}
+
+    def record(name: str, v: float) -> None:
+        fig.setdefault(name, []).append(v)
+        progress(f"  {name}: {v:,.3f}")
+
+    for run in range(1, runs + 1):
+        progress(f"run {run}/{runs}: no-op through conveyor")
+        dt = conveyor_run(args.fsync, lambda p: bench_tasks.noop.publish_many([(x,) for x in payloads], _pool=p), 0.05,
+                          concurrency="thread", max_concurrency=64, batch_size=1000)  # fmt: skip
+        record("noop conveyor", n / dt)
+        progress(f"run {run}/{runs}: no-op through ProcessPoolExecutor.map")
+        best = max(n / executor_run(noop, payloads, c) for c in (100, 1000, 10_000))
+        record("noop executor", best)
+        progress(f"run {run}/{runs}: skewed through conveyor")
+        items = [(d,) for d in durations]
+        for label, options in (("thread x1", {"concurrency": "thread", "max_concurrency": 1}),
+                               ("process x2", {"concurrency": "process", "max_concurrency": 2})):  # fmt: skip
+            dt = conveyor_run(args.fsync, lambda p, items=items: bench_tasks.spin.publish_many(items, _pool=p), 0.01,
+                              batch_size=1, **options)  # type: ignore[arg-type]  # fmt: skip
+            record(f"skewed conveyor {label}", work / (WORKERS * dt))
+        progress(f"run {run}/{runs}: skewed through ProcessPoolExecutor.map")
+        best = max(work / (WORKERS * executor_run(busy, durations, c, w)) for c in (1, 4, 16, 64) for w in (2, 4))
+        record("skewed executor", best)
+    progress("done")
+
+    med = statistics.median
+    skew_best = max(("thread x1", "process x2"), key=lambda k: med(fig[f"skewed conveyor {k}"]))
+    def vs(a: str, b: str) -> Row:
+        return Row("  conveyor / executor", [x / y for x, y in zip(fig[a], fig[b], strict=True)], ratio,
+                   value=med(fig[a]) / med(fig[b]), note="of the medians (runs: per run)")  # fmt: skip
+
+    best = f"skewed conveyor {skew_best}"
+    rows = [
+        Row("no-op: conveyor (2 consumers, 2 servers)", fig["noop conveyor"], rate, ">=", 50_000),
+        Row("no-op: ProcessPoolExecutor.map, best chunksize", fig["noop executor"], rate, note="baseline"),
+        vs("noop conveyor", "noop executor"),
+        Row("skewed: conveyor, 1 thread per consumer", fig["skewed conveyor thread x1"], number),
+        Row("skewed: conveyor, 2 processes per consumer", fig["skewed conveyor process x2"], number),
+        Row(f"skewed: conveyor, best ({skew_best})", fig[best], number, ">=", 0.95),
+        Row("skewed: ProcessPoolExecutor.map, best", fig["skewed executor"], number, note="baseline: chunksize 1-64, 2 or 4"),
+        vs(best, "skewed executor"),
+    ]
+    print_report(out, f"Worker benchmark: medians of {runs} run(s); efficiency = work / ({WORKERS} x makespan)", rows)
+    failed = [r.name for r in rows if r.passed is False]
+    out.print(f"FAIL: {', '.join(failed)}" if failed else "All targets met.")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
