@@ -101,15 +101,22 @@ class TaskGraph:
 
     `spark`: the session to run on (default: the embedded local session). `checkpoint_dir`: when
     given, Datasets are written there as Parquet instead of being persisted in Spark's cache.
+    `file_reader`: "auto" reads local files with pyarrow inside Spark tasks and anything else with
+    Spark's readers; "spark" uses Spark's readers for every file input.
     """
 
     spark: SparkSession | None = None
     checkpoint_dir: str | None = None
+    file_reader: str = "auto"
     specs: dict[int, Spec] = field(default_factory=dict, init=False)
     plan: Plan | None = field(default=None, init=False, repr=False)
     stats: RunStats | None = field(default=None, init=False)
     _id: int = field(default_factory=lambda: next(_GRAPH_IDS), init=False)
     _ran: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        if self.file_reader not in ("auto", "spark"):
+            raise GraphError(f"file_reader must be 'auto' or 'spark', got {self.file_reader!r}")
 
     # --- building --------------------------------------------------------------------------------
     def _new_node(self, name: str | None, kind: str) -> Node:

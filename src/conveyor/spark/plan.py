@@ -101,7 +101,8 @@ def make_plan(graph: TaskGraph) -> Plan:
         if not consumers[nid] and not (isinstance(spec, TaskSpec) and spec.blocking):
             raise GraphError(f"node {spec.node} has no consumer: its output would be lost "
                              "(make the last node of each branch a blocking node)")  # fmt: skip
-    fused = {nid for nid, spec in specs.items() if isinstance(spec, InputSpec) and _fusable(spec, consumers[nid], specs)}
+    fusing = graph.file_reader == "auto"
+    fused = {n for n, s in specs.items() if fusing and isinstance(s, InputSpec) and _fusable(s, consumers[n], specs)}
     edges = []
     for nid in order:
         if nid not in sources:

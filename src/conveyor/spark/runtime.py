@@ -133,7 +133,7 @@ class Runner:
         from .graph import NodeKind
 
         where = f"node {spec.node}"
-        path = local_path(spec.path) if spec.path is not None else None
+        path = local_path(spec.path) if spec.path is not None and self.graph.file_reader == "auto" else None
         reader: CsvReader | Any = None
         source = "dataset" if spec.kind is NodeKind.DATASET else "spark" if path is None else "files"
         if source == "files" and spec.kind is NodeKind.CSV:
