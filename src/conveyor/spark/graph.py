@@ -177,10 +177,10 @@ class TaskGraph:
         if not isinstance(partition_key, Mapping):
             raise GraphError(f"node {node}: partition_key must map each stream id of sources to None, a column or a callable")
         if set(sources) != set(partition_key):
-            only_s = sorted(map(repr, set(sources) - set(partition_key)))
-            only_k = sorted(map(repr, set(partition_key) - set(sources)))
+            only_s = ", ".join(sorted(map(repr, set(sources) - set(partition_key)))) or "none"
+            only_k = ", ".join(sorted(map(repr, set(partition_key) - set(sources)))) or "none"
             raise GraphError(f"node {node}: sources and partition_key must have the same stream ids: "
-                             f"streams without a key {only_s}, keys without a stream {only_k}")  # fmt: skip
+                             f"streams without a key: {only_s}; keys without a stream: {only_k}")  # fmt: skip
         for stream, key in partition_key.items():
             if key is not None and not isinstance(key, str) and not callable(key):
                 raise GraphError(f"node {node}: partition key of stream {stream!r} must be None, a column name or a "

@@ -175,7 +175,7 @@ class CsvReader:
                     if batch.num_rows:
                         yield pa.Table.from_batches([batch])
             except pa.ArrowInvalid as exc:
-                raise_in_task(f"node {self.node}: {split.path} bytes {start}..{end}: {exc} "
+                raise_in_task(f"node {self.node!r}: {split.path} bytes {start}..{end}: {exc} "
                               "(column types were inferred from the start of the first file)")  # fmt: skip
 
 

@@ -132,7 +132,7 @@ class Runner:
         """The reader of an input node; file splits are listed (and CSV types inferred) here."""
         from .graph import NodeKind
 
-        where = f"node {spec.node}"
+        where = str(spec.node)  # the name, quoted
         path = local_path(spec.path) if spec.path is not None and self.graph.file_reader == "auto" else None
         reader: CsvReader | Any = None
         source = "dataset" if spec.kind is NodeKind.DATASET else "spark" if path is None else "files"
@@ -141,7 +141,7 @@ class Runner:
             fmt = csv_format(read_sample(files[0]), spec.names, spec.sep, spec.columns, where)
             reader = CsvReader(spec.node.name, fmt, csv_splits(files, spec.stride))
         elif source == "files":
-            reader = parquet_reader(spec.node.name, list_files(path, (".parquet", ".pq")), spec.columns, spec.filters)
+            reader = parquet_reader(where, list_files(path, (".parquet", ".pq")), spec.columns, spec.filters)
         return InputTask(spec.node.name, source, reader, spec.batch_func, self._out_edges(spec.node.id),
                          self.plan.levels[spec.node.id], self.counters.get(spec.node.id))  # fmt: skip
 
@@ -162,7 +162,7 @@ class Runner:
             if spec.columns is not None:
                 df = df.select(*spec.columns)
             task.reader = None
-            filt = parquet_filter(spec.filters, spec.node.name)
+            filt = parquet_filter(spec.filters, str(spec.node))
             if filt is not None:
                 task.batch_func = _filtered(filt, spec.batch_func)
         return df.mapInArrow(task, GRAPH_ROUTE_DDL)
@@ -174,7 +174,7 @@ class Runner:
 
         lines = [r[0] for r in self.spark.read.text(spec.path).limit(2000).collect()]
         fmt = csv_format("\n".join(lines).encode() + b"\n" if lines else b"", spec.names, spec.sep, spec.columns,
-                         f"node {spec.node}")  # fmt: skip
+                         str(spec.node))  # fmt: skip
         types = dict(fmt.types)
         schema = StructType([StructField(n, from_arrow_type(types[n]) if n in types else StringType()) for n in fmt.names])
         reader = self.spark.read.csv(spec.path, schema=schema, sep=spec.sep, mode="FAILFAST", header=False)
