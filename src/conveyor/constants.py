@@ -110,9 +110,10 @@ GRAPH_SEQ_SHIFT = 32
 GRAPH_BATCH_MAX_BYTES = 16 * 1024 * 1024
 # a producer flushes a RecordBatch of routed rows to Spark once it holds this many payload bytes
 GRAPH_FLUSH_BYTES = 32 * 1024 * 1024
-# rows (each a whole batch) per Arrow batch handed to a node's Python task while a graph runs
-# (spark.sql.execution.arrow.maxRecordsPerBatch); the default 10,000 would mean gigabytes per batch
-GRAPH_ROWS_PER_ARROW_BATCH = 8
+# bytes per Arrow batch handed to a node's Python task while a graph runs
+# (spark.sql.execution.arrow.maxBytesPerBatch): the row limit alone (10,000 rows) would put
+# gigabytes of batches in one Arrow batch, and lowering it would starve Spark-read inputs
+GRAPH_ARROW_BATCH_BYTES = 64 * 1024 * 1024
 # CSV inputs: the column types are inferred from this many bytes at the start of the first file
 GRAPH_CSV_SAMPLE_BYTES = 1024 * 1024
 # CSV inputs: bytes per parsed block (one block = one batch read)

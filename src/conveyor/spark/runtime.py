@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..constants import GRAPH_DATASET_DDL, GRAPH_ROUTE_DDL, GRAPH_ROWS_PER_ARROW_BATCH
+from ..constants import GRAPH_ARROW_BATCH_BYTES, GRAPH_DATASET_DDL, GRAPH_ROUTE_DDL
 from .errors import GraphError, unwrap_task_error
 from .readers import CsvReader, csv_format, csv_splits, list_files, local_path, parquet_filter, parquet_reader, read_sample
 from .tasks import InputTask, NodeTask, OutEdge
@@ -51,9 +51,11 @@ class Runner:
 
         start = time.perf_counter()
         self._make_counters()
-        conf_key = "spark.sql.execution.arrow.maxRecordsPerBatch"
+        # a session-wide setting: it applies to this run's jobs and is put back afterwards
+        conf_key = "spark.sql.execution.arrow.maxBytesPerBatch"
         previous = self.spark.conf.get(conf_key, None)
-        self.spark.conf.set(conf_key, str(GRAPH_ROWS_PER_ARROW_BATCH))
+        limit = min(int(previous), GRAPH_ARROW_BATCH_BYTES) if previous and previous.isdigit() else GRAPH_ARROW_BATCH_BYTES
+        self.spark.conf.set(conf_key, str(limit))
         try:
             for nid in self.plan.order:
                 spec = self.graph.specs[nid]
