@@ -36,7 +36,13 @@ def to_table(value: object, where: str) -> pa.Table | None:
     if isinstance(value, pa.RecordBatch):
         return pa.Table.from_batches([value])
     if isinstance(value, pd.DataFrame):
-        return pa.Table.from_pandas(value, preserve_index=False)
+        # pandas' Arrow-backed strings come back as large_string: make them plain strings like the
+        # readers', and drop the pandas metadata (it would travel with every batch)
+        table = pa.Table.from_pandas(value, preserve_index=False).replace_schema_metadata(None)
+        if any(pa.types.is_large_string(f.type) for f in table.schema):
+            plain = [f.with_type(pa.string()) if pa.types.is_large_string(f.type) else f for f in table.schema]
+            table = table.cast(pa.schema(plain))
+        return table
     raise_in_task(f"{where} returned a {type(value).__name__}; expected a pyarrow Table or RecordBatch, "
                   "a pandas DataFrame, or None")  # fmt: skip
     raise AssertionError  # unreachable: raise_in_task raises
