@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 from pyspark.sql import SparkSession
 
 from conveyor import Dataset, TaskGraph
@@ -90,9 +91,12 @@ def test_q6(spark: SparkSession, tpch_sf001: Path) -> None:
     assert stats.batches_read["lineitem"] >= 2  # both reader tasks read
 
 
-def test_q12(spark: SparkSession, tpch_sf001: Path) -> None:
+@pytest.mark.parametrize("parallelism", [2, 1])
+def test_q12(spark: SparkSession, tpch_sf001: Path, parallelism: int) -> None:
     graph = TaskGraph(spark)
-    out = example("tpch_q12").build_q12(graph, str(tpch_sf001))
-    graph.run()
+    out = example("tpch_q12").build_q12(graph, str(tpch_sf001), parallelism)
+    stats = graph.run()
+    # with one channel, both inputs are read inside the join's task, lineitems (the build side) first
+    assert stats.fused_inputs == ([] if parallelism == 2 else ["lineitem", "orders"])
     expected = duckdb_answer("q12", tpch_sf001)
     assert_frames_close(out.to_pandas(), expected)

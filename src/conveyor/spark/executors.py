@@ -287,5 +287,5 @@ class HashAggregate(Executor):
                 columns[out] = part.column(f"p{i}_n")
             else:
                 total, n = pc.cast(part.column(f"p{i}_s"), pa.float64()), pc.cast(part.column(f"p{i}_n"), pa.float64())
-                columns[out] = pc.divide(total, n)
+                columns[out] = pc.if_else(pc.equal(n, 0), None, pc.divide(total, n))  # no values: null, as SQL
         return pa.table(columns)
