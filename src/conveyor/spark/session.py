@@ -27,6 +27,7 @@ LOCAL_CONF: dict[str, str] = {
     # local mode runs few, large partitions: 200 shuffle partitions would mean 200 tiny tasks
     "spark.sql.shuffle.partitions": "8",
     "spark.python.worker.reuse": "true",
+    "spark.log.level": "ERROR",  # quiet from the start (setLogLevel only acts once the JVM is up)
 }
 
 
