@@ -87,9 +87,8 @@ class Runner:
             sc = self.spark.sparkContext
         except Exception:  # Spark Connect has no SparkContext, hence no accumulators
             return
-        for nid, _spec in self.graph.specs.items():
-            if nid in self._input_ids():
-                self.counters[nid] = sc.accumulator(0)
+        for nid in self._input_ids():
+            self.counters[nid] = sc.accumulator(0)
 
     def _input_ids(self) -> set[int]:
         from .graph import InputSpec

@@ -153,6 +153,7 @@ class InputTask:
 
 
 def _shuffled_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[Row]:
+    """The routed rows Spark hands a task node, one by one (batches stay undecoded until used)."""
     for rb in batches:
         cols = [rb.column(rb.schema.get_field_index(n)) for n in ("channel", "level", "seq", "edge", "batch")]
         channel, level, seq, edge = (c.to_pylist() for c in cols[:4])
@@ -253,7 +254,10 @@ class NodeTask:
             yield from emit(channel, _call(where, ex.execute, table, stream, channel), where)
             if ex.finished and self.n_channels == 1:
                 break  # stop now, before pulling (maybe reading) another batch
-        for channel in sorted(set(executors) | {partition} if partition < self.n_channels else set(executors)):
+        channels = set(executors)
+        if partition < self.n_channels:
+            channels.add(partition)  # channel c is partition c: it gets its done() even without input
+        for channel in sorted(channels):
             ex = executor_for(channel)
             where = f"node {self.name!r}: {type(ex).__name__}.done (channel {channel})"
             yield from emit(channel, _call(where, ex.done, channel), where)
