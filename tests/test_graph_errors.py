@@ -67,7 +67,7 @@ def test_partition_key_missing_from_a_batch_fails_the_run(spark: SparkSession, c
 def test_a_graph_runs_once(spark: SparkSession, csv: Path) -> None:
     g = TaskGraph(spark)
     src = g.new_input_csv(csv, ["a", "b", "c"], 1)
-    out = g.new_blocking_node({0: src}, Count(), 1, {0: None})
+    out = g.new_blocking_node({0: src}, Count, 1, {0: None})  # an Executor class: one instance per channel
     g.run()
     assert out.to_pandas()["count"].tolist() == [100]
     with pytest.raises(GraphError, match="has already run; a graph runs once"):

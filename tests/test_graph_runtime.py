@@ -73,7 +73,7 @@ def test_dependents_order_build_before_probe_and_keep_stream_order(spark: SparkS
     g = TaskGraph(spark)
     a = g.new_input_csv(left, ["k"], 2, stride=4096, name="build")
     b = g.new_input_csv(right, ["k"], 2, stride=4096, dependents=[a], name="probe")
-    out = g.new_blocking_node({"a": a, "b": b}, Recorder("k"), 2, {"a": "k", "b": "k"})
+    out = g.new_blocking_node({"a": a, "b": b}, lambda: Recorder("k"), 2, {"a": "k", "b": "k"})  # a factory
     g.run()
     seen = out.to_pandas()
     for _, rows in seen.groupby("channel"):
