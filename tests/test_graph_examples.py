@@ -1,4 +1,5 @@
-"""The examples are scripts: each answers --help (their graphs are run by the TPC-H and PageRank tests)."""
+"""The examples are scripts: each answers --help (their graphs are run by the TPC-H and PageRank tests);
+and the TaskGraph API loads lazily."""
 
 from __future__ import annotations
 
@@ -15,3 +16,11 @@ def test_example_help(name: str) -> None:
     out = subprocess.run([sys.executable, str(ROOT / "examples" / f"{name}.py"), "--help"], capture_output=True, text=True,
                          timeout=120, check=True)  # fmt: skip
     assert "usage:" in out.stdout and "--parallelism" in out.stdout
+
+
+def test_import_conveyor_does_not_import_pyspark() -> None:
+    code = ("import sys, conveyor; assert 'pyspark' not in sys.modules and 'pyarrow' not in sys.modules; "
+            "conveyor.TaskGraph, conveyor.Executor, conveyor.Dataset; "
+            "assert 'pyspark' not in sys.modules; print('ok')")  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "ok"
