@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+pytest_plugins = ["tests.spark_fixtures"]
+
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if os.environ.get("CI") and session.testsfailed == 0:

@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .errors import ConveyorError, CorruptStoreError
 from .message import Message, Status
 from .tasks import Task, task
 
 __version__ = "0.1.0"
-__all__ = ["ConveyorError", "CorruptStoreError", "Message", "Status", "Task", "__version__", "task"]
+__all__ = ["ConveyorError", "CorruptStoreError", "Dataset", "Executor", "Message", "Status", "Task", "TaskGraph", "__version__",
+           "task"]
+
+# The TaskGraph API lives in conveyor.spark and imports pyarrow and pandas (and pyspark when it
+# runs): load it on first use so that `import conveyor` stays light.
+_LAZY = {"TaskGraph": "conveyor.spark.graph", "Executor": "conveyor.spark.executors", "Dataset": "conveyor.spark.dataset"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'conveyor' has no attribute {name!r}")

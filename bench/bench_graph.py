@@ -1,0 +1,159 @@
+"""Benchmark of the TaskGraph runtime: TPC-H Q6 and Q12 against Spark SQL and DuckDB.
+
+The same `.tbl` files (generated once with tpchgen-cli and cached in `--data-dir`) are queried by:
+
+- TaskGraph: the graphs of examples/tpch_q6.py and examples/tpch_q12.py, on a `local[2]` session
+  (local files read by pyarrow inside the Spark tasks, the default);
+- TaskGraph, Spark reader: the same graphs with `file_reader="spark"` (Spark's CSV reader feeding
+  the input nodes through mapInArrow), for comparison with the default;
+- Spark SQL: the standard SQL on the same session, over `spark.read.csv` views with an explicit
+  schema (no inference pass);
+- DuckDB: the standard SQL over `read_csv` views (2 threads, as many as Spark's cores).
+
+Each timing covers planning, running and collecting the answer. One untimed warm-up run of each
+comes first (JIT, Python workers); then the runs are interleaved (run 1 of each, then run 2, ...)
+so that a noisy machine spreads its noise over all of them. Medians and ratios go to stdout; the
+answers of the three are checked against each other. Target: TaskGraph within 2x of Spark SQL.
+
+    python bench/bench_graph.py                      # SF1, 3 runs
+    python bench/bench_graph.py --quick              # smoke run on SF0.01
+    python bench/bench_graph.py --scale 1 --runs 5 --data-dir /mnt/fast/tpch
+
+The exit status is 1 if a target is missed or the answers disagree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import duckdb
+import numpy as np
+import pandas as pd
+from rich.console import Console
+from rich.table import Table
+
+from conveyor import TaskGraph
+from conveyor.spark.session import get_or_create_session
+from conveyor.spark.tpch import QUERIES, duckdb_columns, generate, spark_ddl
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGET = 2.0
+_T0 = time.perf_counter()
+
+
+def progress(text: str) -> None:
+    print(f"[{time.perf_counter() - _T0:7.1f}s] {text}", file=sys.stderr, flush=True)
+
+
+def example(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "examples" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def timed(run: Callable[[], pd.DataFrame]) -> tuple[float, pd.DataFrame]:
+    start = time.perf_counter()
+    answer = run()
+    return time.perf_counter() - start, answer
+
+
+def same_answer(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """Equal shapes, equal text columns, numbers equal within 1e-9 (relative)."""
+    if a.shape != b.shape:
+        return False
+    for x, y in zip(a.columns, b.columns, strict=True):
+        u, v = a[x].to_numpy(), b[y].to_numpy()
+        if np.issubdtype(v.dtype, np.number):
+            if not np.allclose(u.astype(float), v.astype(float), rtol=1e-9, atol=0):
+                return False
+        elif [str(s) for s in u] != [str(s) for s in v]:
+            return False
+    return True
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", type=float, default=1.0, help="TPC-H scale factor (default 1)")
+    parser.add_argument("--quick", action="store_true", help="smoke run: scale factor 0.01, 2 runs")
+    parser.add_argument("--runs", type=int, default=3, help="timed runs of each system (default 3)")
+    parser.add_argument("--parallelism", type=int, default=2, help="TaskGraph readers and join channels (default 2)")
+    parser.add_argument("--data-dir", type=Path, default=None,
+                        help="where the generated tables are cached (default: <tmp>/conveyor-bench/tpch-sf<scale>)")  # fmt: skip
+    args = parser.parse_args()
+    scale, runs = (0.01, 2) if args.quick else (args.scale, args.runs)
+    data = args.data_dir or Path(tempfile.gettempdir()) / "conveyor-bench" / f"tpch-sf{scale:g}"
+    progress(f"TPC-H SF{scale:g} in {data} (generated when missing)")
+    generate(scale, data, ("lineitem", "orders"))
+
+    progress("starting Spark (local[2])")
+    spark = get_or_create_session("local[2]", app_name="bench-graph")
+    for table in ("lineitem", "orders"):
+        spark.read.csv(str(data / f"{table}.tbl"), schema=spark_ddl(table), sep="|").createOrReplaceTempView(table)
+    con = duckdb.connect()
+    con.execute("set threads = 2")
+    for table in ("lineitem", "orders"):
+        con.execute(f"create view {table} as select * from read_csv('{data / table}.tbl', delim='|', header=false, "
+                    f"columns={duckdb_columns(table)})")  # fmt: skip
+
+    builders = {"q6": example("tpch_q6").build_q6, "q12": example("tpch_q12").build_q12}
+
+    def taskgraph(query: str, reader: str = "auto") -> Callable[[], pd.DataFrame]:
+        def run() -> pd.DataFrame:
+            graph = TaskGraph(spark, file_reader=reader)
+            out = builders[query](graph, str(data), args.parallelism)
+            graph.run()
+            answer = out.to_pandas()
+            out.unpersist()
+            return answer
+
+        return run
+
+    systems: dict[str, Callable[[str], Callable[[], pd.DataFrame]]] = {
+        "TaskGraph": taskgraph,
+        "TaskGraph, Spark reader": lambda q: taskgraph(q, "spark"),
+        "Spark SQL": lambda q: lambda: spark.sql(QUERIES[q]).toPandas(),
+        "DuckDB": lambda q: lambda: con.execute(QUERIES[q]).df(),
+    }
+    times: dict[tuple[str, str], list[float]] = {}
+    answers: dict[tuple[str, str], Any] = {}
+    for query in builders:
+        for system, make in systems.items():
+            progress(f"warm-up: {query} on {system}")
+            answers[(query, system)] = timed(make(query))[1]
+        for i in range(runs):
+            for system, make in systems.items():
+                seconds, _ = timed(make(query))
+                times.setdefault((query, system), []).append(seconds)
+                progress(f"{query} run {i + 1}/{runs}: {system} {seconds:.2f} s")
+
+    table = Table(title=f"TPC-H SF{scale:g}, local[2], median of {runs} runs (seconds)")
+    for col in ("query", *systems, "TaskGraph / Spark SQL", "TaskGraph / DuckDB", "Spark reader / Spark SQL", "answers agree"):
+        table.add_column(col, justify="right")
+    ok = True
+    for query in builders:
+        med = {s: statistics.median(times[(query, s)]) for s in systems}
+        agree = all(same_answer(answers[(query, "TaskGraph")], answers[(query, s)]) for s in systems)
+        ratio = med["TaskGraph"] / med["Spark SQL"]
+        ok &= agree and ratio <= TARGET
+        table.add_row(query, *(f"{med[s]:.2f}" for s in systems), f"{ratio:.2f}" + ("" if ratio <= TARGET else " (MISSED)"),
+                      f"{med['TaskGraph'] / med['DuckDB']:.2f}", f"{med['TaskGraph, Spark reader'] / med['Spark SQL']:.2f}",
+                      "yes" if agree else "NO")  # fmt: skip
+    Console(width=180).print(table)
+    print(f"target: TaskGraph / Spark SQL <= {TARGET:g}: {'met' if ok else 'MISSED'}")
+    spark.stop()
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+"""Conveyor on Apache Spark: the embedded session and the TaskGraph runtime."""
+
+from __future__ import annotations

@@ -1,0 +1,118 @@
+"""Dataset: the materialised output of a blocking node.
+
+Its batches live in Spark as rows of `GRAPH_DATASET_DDL` (one Arrow IPC stream per row): persisted
+in Spark's cache (memory, spilling to disk), or written as Parquet under the graph's checkpoint
+directory. A Dataset holds only that DataFrame, not its graph: it stays readable after the graph is
+gone, and a later graph reads it with `new_input_dataset`. Lineage stays in Spark, so a lost cached
+partition is recomputed rather than lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .channels import decode
+from .errors import GraphError
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
+
+
+@dataclass(eq=False)
+class Dataset:
+    """The output of a blocking node: readable as Arrow, pandas, a Spark DataFrame, or batch by batch."""
+
+    name: str
+    n_channels: int
+    _encoded: DataFrame | None = field(default=None, repr=False)
+    _spark: SparkSession | None = field(default=None, repr=False)
+    path: str | None = None  # the Parquet directory, for a checkpointed Dataset
+    _schema: pa.Schema | None = field(default=None, repr=False)
+
+    @property
+    def materialized(self) -> bool:
+        return self._encoded is not None
+
+    def _attach(self, spark: SparkSession, encoded: DataFrame, path: str | None) -> None:
+        self._spark, self._encoded, self.path = spark, encoded, path
+
+    @property
+    def encoded(self) -> DataFrame:
+        """The rows of `GRAPH_DATASET_DDL` that hold the batches."""
+        if self._encoded is None:
+            raise GraphError(f"Dataset {self.name!r} is not materialised yet: run its graph first")
+        return self._encoded
+
+    def to_arrow(self) -> pa.Table:
+        """Every batch, in (channel, order of output) order, as one table (types unified)."""
+        rows = self.encoded.toArrow()
+        if rows.num_rows == 0:
+            return pa.table({})
+        rows = rows.take(pc.sort_indices(rows, [("channel", "ascending"), ("seq", "ascending")]))
+        tables = [decode(rows.column("batch")[i].as_buffer()) for i in range(rows.num_rows)]
+        return pa.concat_tables(tables, promote_options="permissive")
+
+    def to_pandas(self) -> pd.DataFrame:
+        return self.to_arrow().to_pandas()
+
+    def __iter__(self) -> Iterator[pa.Table]:
+        """The batches one by one, a partition at a time (never all on the driver at once)."""
+        for row in self.encoded.toLocalIterator():
+            yield decode(row["batch"])
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The unified schema of the batches (one small Spark job, remembered)."""
+        if self._schema is None:
+            serialized = self.encoded.mapInArrow(_schemas, "schema BINARY").toArrow().column("schema").to_pylist()
+            schemas = list({s: pa.ipc.read_schema(pa.py_buffer(s)) for s in serialized}.values())
+            self._schema = pa.unify_schemas(schemas, promote_options="permissive") if schemas else pa.schema([])
+        return self._schema
+
+    def to_spark(self) -> DataFrame:
+        """The rows as a typed Spark DataFrame (decoded in the executors, lazily)."""
+        from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+
+        spark_schema: StructType = from_arrow_schema(self.schema)
+        target = to_arrow_schema(spark_schema)
+
+        def to_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+            for rb in batches:
+                column = rb.column(rb.schema.get_field_index("batch"))
+                for i in range(rb.num_rows):
+                    yield from _conform(decode(column[i].as_buffer()), target).to_batches()
+
+        return self.encoded.mapInArrow(to_rows, spark_schema)
+
+    def unpersist(self) -> None:
+        """Drop the cached copy (a checkpointed Dataset keeps its Parquet files)."""
+        if self._encoded is not None and self.path is None:
+            self._encoded.unpersist()
+
+
+def _schemas(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The distinct serialised schemas of the batches of a partition."""
+    seen: dict[bytes, None] = {}
+    for rb in batches:
+        column = rb.column(rb.schema.get_field_index("batch"))
+        for i in range(rb.num_rows):
+            seen[pa.ipc.open_stream(column[i].as_buffer()).schema.serialize().to_pybytes()] = None
+    yield pa.RecordBatch.from_arrays([pa.array(list(seen), pa.binary())], names=["schema"])
+
+
+def _conform(table: pa.Table, target: pa.Schema) -> pa.Table:
+    """`table` with exactly the columns and types of `target` (absent columns are null)."""
+    columns = []
+    for f in target:
+        if f.name in table.column_names:
+            columns.append(table.column(f.name).cast(f.type))
+        else:
+            columns.append(pa.nulls(table.num_rows, f.type))
+    return pa.Table.from_arrays(columns, schema=target)

@@ -1,0 +1,229 @@
+"""File readers of input nodes: CSV by byte ranges and Parquet by row groups, read with pyarrow.
+
+A local file (a plain path or a `file:` URI) is cut into splits on the driver; Spark tasks read
+them in Python, streaming one block at a time, so a consumer that stops early stops the reading.
+Other paths (`s3a://`, `hdfs://`, ...) are read by Spark's own readers instead (see `runtime`).
+Column types of a CSV input are inferred once, on the driver, from the start of the first file,
+so that every split parses to the same schema.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from urllib.parse import urlparse
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pv
+import pyarrow.parquet as pq
+
+from ..constants import GRAPH_CSV_BLOCK_BYTES, GRAPH_CSV_SAMPLE_BYTES, GRAPH_PARQUET_BATCH_ROWS
+from .errors import GraphError, raise_in_task
+
+PLACEHOLDERS = (None, "")  # a last name like these stands for the empty field after a trailing delimiter
+
+
+def local_path(path: str) -> str | None:
+    """The local file system path of `path`, or None when Spark must read it (s3a://, hdfs://, ...)."""
+    parsed = urlparse(path)
+    if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and os.name == "nt"):
+        return parsed.path if parsed.scheme == "file" else path
+    return None
+
+
+def list_files(path: str, suffixes: Sequence[str] = ()) -> list[str]:
+    """The data files at a local path: the file itself, or the visible files under a directory, sorted."""
+    if os.path.isfile(path):
+        return [path]
+    if not os.path.isdir(path):
+        raise GraphError(f"no such file or directory: {path}")
+    found = []
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        for name in sorted(files):
+            if not name.startswith((".", "_")) and (not suffixes or name.endswith(tuple(suffixes))):
+                found.append(os.path.join(root, name))
+    if not found:
+        raise GraphError(f"no data files under {path}")
+    return found
+
+
+@dataclass(frozen=True)
+class CsvFormat:
+    """How a CSV input parses: all field names (a placeholder included), the ones kept, their types."""
+
+    names: tuple[str, ...]
+    keep: tuple[str, ...]
+    types: tuple[tuple[str, pa.DataType], ...]
+    sep: str
+
+    @property
+    def schema(self) -> pa.Schema:
+        return pa.schema(list(self.types))
+
+
+def csv_format(sample: bytes, names: Sequence[str | None], sep: str, columns: Sequence[str] | None, node: str) -> CsvFormat:
+    """Infer the types of a CSV input from a sample of its first lines."""
+    names = list(names)
+    first = sample.split(b"\n", 1)[0].rstrip(b"\r")
+    fields = first.split(sep.encode()) if first else []
+    if names and names[-1] in PLACEHOLDERS:
+        names[-1] = "__conveyor_trailing"
+    elif fields and len(fields) == len(names) + 1 and first.endswith(sep.encode()):
+        names.append("__conveyor_trailing")  # a trailing delimiter (TPC-H .tbl): an empty last field
+    if any(not isinstance(n, str) or not n for n in names):
+        raise GraphError(f"node {node}: names must be non-empty strings (only the last may be a placeholder), got {names}")
+    if len(set(names)) != len(names):
+        raise GraphError(f"node {node}: names repeat a column: {names}")
+    if fields and len(fields) != len(names):
+        raise GraphError(f"node {node}: the first line has {len(fields)} fields but {len(names)} names were given "
+                         f"(a line ending in {sep!r} needs a placeholder name at the end)")  # fmt: skip
+    keep = [n for n in names if n != "__conveyor_trailing"]
+    if columns is not None:
+        missing = [c for c in columns if c not in keep]
+        if missing:
+            raise GraphError(f"node {node}: columns {missing} are not among the names {keep}")
+        keep = list(columns)
+    types: dict[str, pa.DataType] = {n: pa.string() for n in keep}
+    if sample:
+        try:
+            table = pv.read_csv(io.BytesIO(sample), read_options=pv.ReadOptions(column_names=names, use_threads=False),
+                                parse_options=pv.ParseOptions(delimiter=sep),
+                                convert_options=pv.ConvertOptions(include_columns=keep))  # fmt: skip
+        except pa.ArrowInvalid as exc:
+            raise GraphError(f"node {node}: cannot parse the first lines as CSV with sep={sep!r}: {exc}") from exc
+        for f in table.schema:
+            types[f.name] = pa.string() if pa.types.is_null(f.type) else f.type
+    return CsvFormat(tuple(names), tuple(keep), tuple((n, types[n]) for n in keep), sep)
+
+
+def read_sample(path: str, size: int = GRAPH_CSV_SAMPLE_BYTES) -> bytes:
+    """The first whole lines of a file, about `size` bytes of them."""
+    with open(path, "rb") as f:
+        data = f.read(size)
+    if len(data) == size:
+        data = data[: data.rfind(b"\n") + 1]
+    return data
+
+
+@dataclass(frozen=True)
+class CsvSplit:
+    """A byte range of a file; it holds the lines that start inside it."""
+
+    path: str
+    start: int
+    end: int
+
+
+def csv_splits(files: Sequence[str], stride: int) -> list[CsvSplit]:
+    """Cut files into ranges of `stride` bytes (line boundaries are found when a range is read)."""
+    splits = []
+    for path in files:
+        size = os.path.getsize(path)
+        splits.extend(CsvSplit(path, start, min(start + stride, size)) for start in range(0, size, stride))
+    return splits
+
+
+def _line_start(mm: pa.MemoryMappedFile, pos: int, size: int) -> int:
+    """The offset of the first line that starts at or after `pos`."""
+    if pos <= 0:
+        return 0
+    probe = pos - 1  # a line starts at pos exactly when the byte before it ends a line
+    while probe < size:
+        chunk = mm.read_at(min(65536, size - probe), probe)
+        at = chunk.find(b"\n")
+        if at >= 0:
+            return probe + at + 1
+        probe += len(chunk)
+    return size
+
+
+@dataclass
+class CsvReader:
+    """Reads the splits of one CSV input; picklable, so it runs inside Spark tasks."""
+
+    node: str
+    fmt: CsvFormat
+    splits: list[CsvSplit] = field(default_factory=list)
+    block_bytes: int = GRAPH_CSV_BLOCK_BYTES
+
+    def __len__(self) -> int:
+        return len(self.splits)
+
+    def read(self, index: int) -> Iterator[pa.Table]:
+        """The batches of split `index`, one parsed block at a time."""
+        split = self.splits[index]
+        with pa.memory_map(split.path, "r") as mm:
+            size = mm.size()
+            start, end = _line_start(mm, split.start, size), _line_start(mm, split.end, size)
+            if end <= start:
+                return
+            mm.seek(start)
+            data = mm.read_buffer(end - start)  # zero-copy view of the mapped file
+            try:
+                reader = pv.open_csv(
+                    pa.BufferReader(data),
+                    read_options=pv.ReadOptions(column_names=list(self.fmt.names), use_threads=False,
+                                                block_size=self.block_bytes),
+                    parse_options=pv.ParseOptions(delimiter=self.fmt.sep),
+                    convert_options=pv.ConvertOptions(include_columns=list(self.fmt.keep), column_types=dict(self.fmt.types)),
+                )  # fmt: skip
+                for batch in reader:
+                    if batch.num_rows:
+                        yield pa.Table.from_batches([batch])
+            except pa.ArrowInvalid as exc:
+                raise_in_task(f"node {self.node!r}: {split.path} bytes {start}..{end}: {exc} "
+                              "(column types were inferred from the start of the first file)")  # fmt: skip
+
+
+@dataclass(frozen=True)
+class ParquetSplit:
+    path: str
+    row_group: int
+
+
+@dataclass
+class ParquetReader:
+    """Reads the row groups of one Parquet input; picklable, so it runs inside Spark tasks."""
+
+    node: str
+    columns: list[str] | None
+    filter: pc.Expression | None
+    splits: list[ParquetSplit] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.splits)
+
+    def read(self, index: int) -> Iterator[pa.Table]:
+        """The batches of row group `index`, filtered."""
+        split = self.splits[index]
+        with pq.ParquetFile(split.path) as f:
+            for batch in f.iter_batches(GRAPH_PARQUET_BATCH_ROWS, row_groups=[split.row_group], columns=self.columns):
+                table = pa.Table.from_batches([batch])
+                if self.filter is not None:
+                    table = table.filter(self.filter)
+                yield table
+
+
+def parquet_reader(node: str, files: Sequence[str], columns: Sequence[str] | None, filters: object) -> ParquetReader:
+    """A reader over every row group of `files`, checking the columns against the first file's schema."""
+    schema = pq.read_schema(files[0])
+    if columns is not None:
+        missing = [c for c in columns if c not in schema.names]
+        if missing:
+            raise GraphError(f"node {node}: columns {missing} are not in {files[0]} (columns: {schema.names})")
+    splits = [ParquetSplit(f, rg) for f in files for rg in range(pq.ParquetFile(f).metadata.num_row_groups)]
+    return ParquetReader(node, list(columns) if columns is not None else None, parquet_filter(filters, node), splits)
+
+
+def parquet_filter(filters: object, node: str) -> pc.Expression | None:
+    """`filters` (a pyarrow Expression, or DNF tuples as pyarrow.parquet takes them) as an Expression."""
+    if filters is None or isinstance(filters, pc.Expression):
+        return filters
+    try:
+        return pq.filters_to_expression(filters)
+    except (TypeError, ValueError) as exc:
+        raise GraphError(f"node {node}: bad filters {filters!r}: {exc}") from exc

@@ -1,0 +1,223 @@
+"""Running a planned TaskGraph on Spark: one DataFrame per node, one Spark job per blocking node.
+
+An input node becomes `spark.range(splits).mapInArrow(read)` (local files), or Spark's reader
+followed by `mapInArrow` (other file systems), or the Dataset's rows followed by `mapInArrow`.
+A task node's input is the union of its incoming edges, `repartitionById(channels, "channel")`
+(channel c is Spark partition c) and `sortWithinPartitions(channel, level, seq, edge)`; a
+`mapInArrow` then runs the executors. Everything is DataFrame API, so it also runs on Spark
+Connect (where only the batches-read figures, which need accumulators, are missing).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from ..constants import GRAPH_ARROW_BATCH_BYTES, GRAPH_DATASET_DDL, GRAPH_ROUTE_DDL
+from .errors import GraphError, unwrap_task_error
+from .readers import CsvReader, csv_format, csv_splits, list_files, local_path, parquet_filter, parquet_reader, read_sample
+from .tasks import InputTask, NodeTask, OutEdge
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+    from .graph import InputSpec, TaskGraph, TaskSpec
+    from .plan import Edge, Plan
+
+
+@dataclass
+class RunStats:
+    """Figures of one run: wall time, and batches read per input node (None without accumulators)."""
+
+    seconds: float = 0.0
+    batches_read: dict[str, int | None] = field(default_factory=dict)
+    fused_inputs: list[str] = field(default_factory=list)
+
+
+class Runner:
+    """Builds the DataFrames of a planned graph and materialises its blocking nodes."""
+
+    def __init__(self, graph: TaskGraph, plan: Plan, spark: SparkSession) -> None:
+        self.graph, self.plan, self.spark = graph, plan, spark
+        self.outputs: dict[int, DataFrame] = {}
+        self.persisted: list[DataFrame] = []
+        self.counters: dict[int, Any] = {}
+
+    def run(self) -> RunStats:
+        from .graph import InputSpec, TaskSpec
+
+        start = time.perf_counter()
+        self._make_counters()
+        # a session-wide setting: it applies to this run's jobs and is put back afterwards
+        conf_key = "spark.sql.execution.arrow.maxBytesPerBatch"
+        previous = self.spark.conf.get(conf_key, None)
+        limit = min(int(previous), GRAPH_ARROW_BATCH_BYTES) if previous and previous.isdigit() else GRAPH_ARROW_BATCH_BYTES
+        self.spark.conf.set(conf_key, str(limit))
+        try:
+            for nid in self.plan.order:
+                spec = self.graph.specs[nid]
+                if isinstance(spec, TaskSpec) and spec.blocking:
+                    self._materialize(spec)
+        except GraphError:
+            raise
+        except Exception as exc:
+            error = unwrap_task_error(exc)
+            if error is None:
+                raise
+            raise error from None
+        finally:
+            if previous is None:
+                self.spark.conf.unset(conf_key)
+            else:
+                self.spark.conf.set(conf_key, previous)
+            for df in self.persisted:
+                df.unpersist()
+        inputs = [s for s in self.graph.specs.values() if isinstance(s, InputSpec)]
+        return RunStats(
+            seconds=time.perf_counter() - start,
+            batches_read={s.node.name: (self.counters[s.node.id].value if s.node.id in self.counters else None) for s in inputs},
+            fused_inputs=[self.graph.specs[n].node.name for n in sorted(self.plan.fused)],
+        )
+
+    def _make_counters(self) -> None:
+        try:
+            sc = self.spark.sparkContext
+        except Exception:  # Spark Connect has no SparkContext, hence no accumulators
+            return
+        for nid in self._input_ids():
+            self.counters[nid] = sc.accumulator(0)
+
+    def _input_ids(self) -> set[int]:
+        from .graph import InputSpec
+
+        return {nid for nid, s in self.graph.specs.items() if isinstance(s, InputSpec)}
+
+    # --- blocking nodes --------------------------------------------------------------------------
+    def _materialize(self, spec: TaskSpec) -> None:
+        from pyspark import StorageLevel
+
+        df = self._task_df(spec)
+        assert spec.output is not None
+        if self.graph.checkpoint_dir is not None:
+            path = os.path.join(self.graph.checkpoint_dir, f"graph{self.graph._id}-{uuid.uuid4().hex[:8]}", spec.node.name)
+            df.write.parquet(path)
+            spec.output._attach(self.spark, self.spark.read.parquet(path), path)
+            return
+        df = df.persist(StorageLevel.MEMORY_AND_DISK)
+        df.count()  # materialise now: errors surface in run(), and later reads hit the cache
+        spec.output._attach(self.spark, df, None)
+
+    # --- DataFrames --------------------------------------------------------------------------------
+    def _out_edges(self, nid: int) -> list[OutEdge]:
+        return [OutEdge(e.id, e.key, e.n_channels, e.level, e.label) for e in self.plan.outputs_of(nid)]
+
+    def _output(self, nid: int) -> DataFrame:
+        """The routed rows a non-blocking node emits (computed once: persisted when several edges read it)."""
+        from pyspark import StorageLevel
+
+        from .graph import InputSpec
+
+        if nid not in self.outputs:
+            spec = self.graph.specs[nid]
+            df = self._input_df(spec) if isinstance(spec, InputSpec) else self._task_df(spec)
+            if len([e for e in self.plan.outputs_of(nid) if not e.fused]) > 1:
+                df = df.persist(StorageLevel.MEMORY_AND_DISK)
+                self.persisted.append(df)
+            self.outputs[nid] = df
+        return self.outputs[nid]
+
+    def _input_task(self, spec: InputSpec) -> InputTask:
+        """The reader of an input node; file splits are listed (and CSV types inferred) here."""
+        from .graph import NodeKind
+
+        where = str(spec.node)  # the name, quoted
+        path = local_path(spec.path) if spec.path is not None and self.graph.file_reader == "auto" else None
+        reader: CsvReader | Any = None
+        source = "dataset" if spec.kind is NodeKind.DATASET else "spark" if path is None else "files"
+        if source == "files" and spec.kind is NodeKind.CSV:
+            files = list_files(path)
+            fmt = csv_format(read_sample(files[0]), spec.names, spec.sep, spec.columns, where)
+            reader = CsvReader(spec.node.name, fmt, csv_splits(files, spec.stride))
+        elif source == "files":
+            reader = parquet_reader(where, list_files(path, (".parquet", ".pq")), spec.columns, spec.filters)
+        return InputTask(spec.node.name, source, reader, spec.batch_func, self._out_edges(spec.node.id),
+                         self.plan.levels[spec.node.id], self.counters.get(spec.node.id))  # fmt: skip
+
+    def _input_df(self, spec: InputSpec) -> DataFrame:
+        from .graph import NodeKind
+
+        task = self._input_task(spec)
+        if task.source == "files":
+            n = len(task.reader)
+            df = self.spark.range(0, n, 1, max(1, min(spec.parallelism, n)))
+        elif spec.kind is NodeKind.DATASET:
+            assert spec.dataset is not None
+            df = spec.dataset.encoded.coalesce(spec.parallelism)
+        elif spec.kind is NodeKind.CSV:
+            df = self._spark_csv(spec)
+        else:
+            df = self.spark.read.parquet(spec.path)
+            if spec.columns is not None:
+                df = df.select(*spec.columns)
+            task.reader = None
+            filt = parquet_filter(spec.filters, str(spec.node))
+            if filt is not None:
+                task.batch_func = _filtered(filt, spec.batch_func)
+        return df.mapInArrow(task, GRAPH_ROUTE_DDL)
+
+    def _spark_csv(self, spec: InputSpec) -> DataFrame:
+        """A CSV input on a file system only Spark reads: Spark's parser, types inferred from a sample."""
+        from pyspark.sql.pandas.types import from_arrow_type
+        from pyspark.sql.types import StringType, StructField, StructType
+
+        lines = [r[0] for r in self.spark.read.text(spec.path).limit(2000).collect()]
+        fmt = csv_format("\n".join(lines).encode() + b"\n" if lines else b"", spec.names, spec.sep, spec.columns,
+                         str(spec.node))  # fmt: skip
+        types = dict(fmt.types)
+        schema = StructType([StructField(n, from_arrow_type(types[n]) if n in types else StringType()) for n in fmt.names])
+        reader = self.spark.read.csv(spec.path, schema=schema, sep=spec.sep, mode="FAILFAST", header=False)
+        return reader.select(*fmt.keep)
+
+    def _task_df(self, spec: TaskSpec) -> DataFrame:
+        from .graph import InputSpec
+
+        nid = spec.node.id
+        edges: list[Edge] = self.plan.inputs_of(nid)
+        parts = []
+        for e in edges:
+            if e.fused:
+                continue
+            df = self._output(e.src)
+            if len([o for o in self.plan.outputs_of(e.src) if not o.fused]) > 1:
+                df = df.where(df["edge"] == e.id)
+            parts.append(df)
+        fused = []
+        for e in edges:
+            if e.fused:
+                src = self.graph.specs[e.src]
+                assert isinstance(src, InputSpec)
+                fused.append((self._input_task(src), OutEdge(e.id, e.key, e.n_channels, e.level, e.label)))
+        task = NodeTask(spec.node.name, spec.executor, spec.parallelism, spec.blocking, {e.id: e.stream for e in edges},
+                        [] if spec.blocking else self._out_edges(nid), bool(parts), fused)  # fmt: skip
+        if parts:
+            df = parts[0]
+            for other in parts[1:]:
+                df = df.unionByName(other)
+            df = df.repartitionById(spec.parallelism, "channel").sortWithinPartitions("channel", "level", "seq", "edge")
+        else:
+            df = self.spark.range(0, 1, 1, 1)  # one empty-handed task: every input is read inside it
+        return df.mapInArrow(task, GRAPH_DATASET_DDL if spec.blocking else GRAPH_ROUTE_DDL)
+
+
+def _filtered(expression: Any, batch_func: Any) -> Any:
+    """A batch function that applies a Parquet filter first (for Parquet read by Spark)."""
+    import pyarrow as pa
+
+    def apply(df: Any) -> Any:
+        table = pa.Table.from_pandas(df, preserve_index=False).filter(expression)
+        return batch_func(table.to_pandas()) if batch_func is not None else table
+
+    return apply

@@ -1,0 +1,65 @@
+"""The embedded Spark session: one local session, loopback only, quiet, Arrow on.
+
+Every Spark-backed part of Conveyor asks `get_or_create_session` for its session, so a process
+holds one JVM whatever mix of features it uses.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+_LOCK = threading.Lock()
+
+# Settings every embedded session gets. Loopback addresses because the host name may resolve to an
+# unreachable address here; Arrow because every Python stage of Conveyor exchanges Arrow batches.
+LOCAL_CONF: dict[str, str] = {
+    "spark.driver.host": "127.0.0.1",
+    "spark.driver.bindAddress": "127.0.0.1",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "false",
+    "spark.sql.execution.arrow.pyspark.enabled": "true",
+    "spark.sql.session.timeZone": "UTC",
+    # local mode runs few, large partitions: 200 shuffle partitions would mean 200 tiny tasks
+    "spark.sql.shuffle.partitions": "8",
+    "spark.python.worker.reuse": "true",
+    "spark.log.level": "ERROR",  # quiet from the start (setLogLevel only acts once the JVM is up)
+}
+
+
+def get_or_create_session(
+    master: str | None = None,
+    app_name: str = "conveyor",
+    conf: dict[str, str] | None = None,
+) -> SparkSession:
+    """Return the active Spark session, or start an embedded local one.
+
+    `master` defaults to `local[*]`. An already active session is returned as is (its master and
+    settings are not changed), so a user's own session always wins over the embedded defaults.
+    """
+    from pyspark.sql import SparkSession
+
+    with _LOCK:
+        active = SparkSession.getActiveSession()
+        if active is not None:
+            return active
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # the Python workers must run the interpreter (and venv) of the driver
+        os.environ.setdefault("PYSPARK_PYTHON", _python())
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", _python())
+        builder = SparkSession.builder.master(master or "local[*]").appName(app_name)
+        for key, value in {**LOCAL_CONF, **(conf or {})}.items():
+            builder = builder.config(key, value)
+        session = builder.getOrCreate()
+        session.sparkContext.setLogLevel("ERROR")
+        return session
+
+
+def _python() -> str:
+    import sys
+
+    return sys.executable
