@@ -18,7 +18,7 @@ from conveyor.constants import H_CONTENT_TYPE, H_TASK
 from conveyor.errors import TaskFailedError, TaskOptionError
 from conveyor.pool import QueuePool
 from conveyor.serialization import encode_call
-from conveyor.worker import Consumer, ConsumerPool, QueueConfig, TaskFailure
+from conveyor.worker import Consumer, ConsumerPool, Middleware, QueueConfig, TaskFailure
 
 from . import worker_tasks as wt
 from .servers import wait_for
@@ -125,23 +125,19 @@ def test_process_mode_replaces_a_killed_child(pool: QueuePool) -> None:
 
 
 def test_back_pressure_fetches_only_what_it_can_start(pool: QueuePool) -> None:
-    wt.sleeps.publish_many([(0.2,)] * 12, _pool=pool)
+    """Every fetched message starts at once: never more fetched and unfinished than there are slots."""
+    wt.sleeps.publish_many([(0.1,)] * 12, _pool=pool)
+    c = Consumer(pool, ["jobs"], max_concurrency=2, batch_size=100, until_empty=True, task_modules=MODULES)
     seen: list[int] = []
-    stop = threading.Event()
 
-    def watch() -> None:
-        while not stop.is_set():
-            seen.append(pool.stats("jobs")["jobs"].delivered)
-            stop.wait(0.02)
+    class Watch(Middleware):
+        def deadline(self, message: Message, started: float) -> float | None:
+            seen.append(len(c._running) + 1)  # the running ones, and this one, starting now
+            return None
 
-    t = threading.Thread(target=watch)
-    t.start()
-    try:
-        consume(pool, max_concurrency=2, batch_size=100)
-    finally:
-        stop.set()
-        t.join()
-    assert max(seen) <= 2 and max(seen) >= 1
+    c.middleware.insert(0, Watch())
+    c.run()
+    assert len(seen) == 12 and max(seen) == 2
     assert pool.stats("jobs")["jobs"].acked == 12
 
 

@@ -106,21 +106,24 @@ def _put_ids(h: Header, frames: Frames) -> list[int]:
     return h["ids"] if "ids" in h else list(range(h["first"], h["first"] + h["n"]))
 
 
-def _messages(h: Header, frames: Frames) -> list[Message]:
-    """Messages from a get or dead_letters reply: columns in the header, payloads in the frames."""
+def _messages(h: Header, frames: Frames, id_base: int = 0) -> list[Message]:
+    """Messages from a get or dead_letters reply: columns in the header, payloads in the frames.
+
+    id_base is added to every id (a pool's shard bits).
+    """
     n = len(frames)
     q, lease = h["queue"], h["lease_s"]
     cols = [expand(h[k], n, k) for k in ("ids", "prio", "att", "at", "nb", "ma", "hdr")]
-    return [make_message(i, q, p, pr, a, at, nb, lease, ma, hd)
+    return [make_message(id_base + i, q, p, pr, a, at, nb, lease, ma, hd)
             for i, p, pr, a, at, nb, ma, hd in zip(cols[0], frames, *cols[1:], strict=True)]  # fmt: skip
 
 
-def get(queue: str, n: int, *, lease_s: float | None = None, wait_s: float = 0.0) -> Call[list[Message]]:
+def get(queue: str, n: int, *, lease_s: float | None = None, wait_s: float = 0.0, id_base: int = 0) -> Call[list[Message]]:
     """Lease up to n messages; with `wait_s`, wait that long for some to arrive (long poll)."""
     args: dict[str, Any] = {"queue": queue, "n": n, "wait_s": wait_s}
     if lease_s is not None:
         args["lease_s"] = lease_s
-    return Call("get", args, parse=_messages, wait_s=max(0.0, wait_s))
+    return Call("get", args, parse=lambda h, f: _messages(h, f, id_base), wait_s=max(0.0, wait_s))
 
 
 def ack(queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None = None) -> Call[list[bool]]:

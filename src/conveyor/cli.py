@@ -172,6 +172,7 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
     from .errors import ConveyorError
     from .worker import ConsumerPool, load_queues, load_settings
     from .worker.consumer import Consumer
+    from .worker.consumer_pool import own_process
 
     try:
         settings = load_settings()
@@ -194,6 +195,7 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
         console.print(f"[bold]conveyor worker[/]: {processes} consumer(s) x {concurrency} {mode}(s) on {names} "
                       f"from {', '.join(pool.addresses)}")  # fmt: skip
         if processes == 1:
+            own_process()
             consumer = Consumer(pool, queues, batch_size=batch_size, max_concurrency=concurrency, concurrency=mode,  # type: ignore[arg-type]
                                 selector=sel if isinstance(sel, str) else sel(), task_modules=modules,
                                 until_empty=until_empty)  # fmt: skip

@@ -251,14 +251,14 @@ class QueuePool(PoolTasks):
             up = [s for s in order if self._down.get(s, 0.0) <= time.monotonic()] or order
             for s in up:
                 try:
-                    got = self.clients[s].get(queue, n, lease_s=lease_s, wait_s=wait)
+                    got = self.clients[s].call(calls.get(queue, n, lease_s=lease_s, wait_s=wait, id_base=s << SHARD_SHIFT))
                 except ConnectionLostError as e:  # serve from the other shards meanwhile
                     self._down[s] = time.monotonic() + SHARD_DOWN_S
                     error = e
                     continue
                 self._down.pop(s, None)
                 if got:
-                    return [dataclasses.replace(m, id=s << SHARD_SHIFT | m.id) for m in got]
+                    return got
             if error is not None and all(s in self._down for s in up):
                 raise error
             left = deadline - time.monotonic()

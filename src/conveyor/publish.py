@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .constants import H_IDEMPOTENCY_KEY, H_TASK
 from .errors import ConveyorError, NoPublisherError, TaskArgumentError, TaskOptionError
-from .message import Message
+from .message import Message, make_message
 from .options import TaskOptions, check_priority
 from .serialization import FunctionPickler, FunctionRef, adhoc_task_name, encode_call, function_ref
 
@@ -140,8 +140,8 @@ def build_message(task_name: str, options: TaskOptions, args: tuple[Any, ...], k
     if key is not None:
         headers[H_IDEMPOTENCY_KEY] = key
     not_before = ((time.time() if now is None else now) + delay) if delay else 0.0
-    return Message(queue=options.queue, payload=payload, priority=options.priority if priority is None else priority,
-                   not_before=not_before, max_attempts=options.max_attempts, headers=headers)  # fmt: skip
+    return make_message(0, options.queue, payload, options.priority if priority is None else priority, 0, 0.0,
+                        not_before, 0.0, options.max_attempts, headers)  # fmt: skip
 
 
 def adhoc_message(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -71,8 +71,9 @@ def is_plain(obj: object, depth: int = 0) -> bool:
 
 def _default(obj: object) -> msgpack.ExtType:
     # strict_types sends tuples here instead of packing them as arrays: tag them so they come back as tuples
-    if type(obj) is tuple:
-        return msgpack.ExtType(MSGPACK_EXT_TUPLE, _pack(list(obj)))
+    if type(obj) is tuple:  # a Packer of its own: this runs inside the calling thread's Packer
+        return msgpack.ExtType(MSGPACK_EXT_TUPLE, msgpack.packb(list(obj), use_bin_type=True, strict_types=True,
+                                                               default=_default))  # fmt: skip
     raise TypeError(f"not plain data: {type(obj).__name__}")
 
 
@@ -82,9 +83,15 @@ def _ext_hook(code: int, data: bytes) -> object:
     raise ValueError(f"unknown msgpack extension type {code}")
 
 
+_packers = threading.local()  # a Packer is not thread-safe: one per thread, reused (building one costs ~1 us)
+
+
 def _pack(obj: object) -> bytes:
-    # a Packer per call: a shared one is not thread-safe, and this costs ~1 us
-    return msgpack.packb(obj, use_bin_type=True, strict_types=True, default=_default)
+    try:
+        packer = _packers.p
+    except AttributeError:
+        packer = _packers.p = msgpack.Packer(use_bin_type=True, strict_types=True, default=_default)
+    return packer.pack(obj)
 
 
 def _unpack(data: bytes) -> Any:

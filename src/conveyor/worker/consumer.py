@@ -131,7 +131,12 @@ class Consumer:
         self._iterations_left = 0
         self._stash: list[Message] = []
         self._settler: Settler
+        self._peeked: list[Completion] = []  # completions `_wait` took, for the next `_completed`
         self._empty_polls = 0  # fetches in a row that found nothing
+        self._last_short = True  # the last fetch got less than it asked for: the queues are not busy
+        # with tasks running and the queues busy, fetch once this many slots are free: one request
+        # for several messages, while the running tasks keep the machine busy
+        self._refill = max(1, min(max(q.batch_size for q in self.queues), max_concurrency) // 2)
 
     @staticmethod
     def _queue(q: QueueConfig | str, batch_size: int | None) -> _Queue:
@@ -155,11 +160,11 @@ class Consumer:
 
         for name in self.task_modules:
             importlib.import_module(name)
-        self._settler = Settler(self.pool, self._counts, REPORT_EVERY_S)
         fetcher = BlobFetcher(self.pool)
         slots = (ThreadSlots(self.max_concurrency, self._done, fetcher()) if self.concurrency == "thread"
                  else ProcessSlots(self.max_concurrency, self._done, fetcher, self.task_modules))  # fmt: skip
         slots.start()
+        self._settler = Settler(self.pool, self._counts, REPORT_EVERY_S)  # reports: this consumer is ready
         log.info("consumer %s: %s x %d on %s, shards %s", self.name, self.concurrency, self.max_concurrency,
                  ", ".join(q.name for q in self.queues), self.shards)  # fmt: skip
         try:
@@ -187,8 +192,8 @@ class Consumer:
                     self._wait(BUSY_POLL_S)
                     continue
                 free = self.max_concurrency - len(self._running)
-                if free <= 0:
-                    self._wait(BUSY_POLL_S)
+                if free <= 0 or (self._running and not self._last_short and free < self._refill):
+                    self._wait(BUSY_POLL_S)  # while the queue is busy, fetch in batches rather than one by one
                     continue
                 got = self._fetch(free)
                 if self._stop.is_set() and got:
@@ -232,6 +237,7 @@ class Consumer:
             wait = min(q.long_poll_s, IDLE_POLL_S) if idle else 0.0
             got = self._get(q, min(q.batch_size, free), wait)
         self._iterations_left = self._iterations_left - 1 if got else 0
+        self._last_short = len(got) < min(q.batch_size if q is not None else 1, free)
         return got
 
     def _probe_for(self, free: int) -> Callable[[_Queue], bool]:
@@ -265,7 +271,7 @@ class Consumer:
         slots.submit(m)
 
     def _completed(self) -> list[Completion]:
-        out = []
+        out, self._peeked = self._peeked, []
         while True:
             try:
                 out.append(self._done.get_nowait())
@@ -275,10 +281,9 @@ class Consumer:
     def _wait(self, timeout: float) -> None:
         """Wait for a completion (left for the next loop) or the timeout."""
         try:
-            c = self._done.get(timeout=timeout)
+            self._peeked.append(self._done.get(timeout=timeout))
         except queue.Empty:
             return
-        self._done.put(c)
 
     def _enforce_limits(self, slots: ThreadSlots | ProcessSlots, now: float) -> None:
         over = [r for r in self._running.values() if r.deadline is not None and now >= r.deadline]

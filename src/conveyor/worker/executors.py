@@ -16,12 +16,13 @@ import os
 import queue
 import signal
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..errors import TaskError
+from ..errors import ConveyorError, TaskError
 from ..message import Message
 from ..runner import run_message
 
@@ -120,6 +121,7 @@ def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: Any) -> 
     for name in task_modules:
         importlib.import_module(name)
     fetch = None if fetcher is None else fetcher()
+    conn.send(_READY)
     while True:
         try:
             message = conn.recv()
@@ -128,6 +130,10 @@ def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: Any) -> 
         if message is None:
             return
         conn.send(_run(message, fetch))
+
+
+_READY = "ready"  # a child's first word: its imports are done
+READY_TIMEOUT_S = 120.0
 
 
 @dataclass(eq=False)
@@ -151,6 +157,10 @@ class ProcessSlots:
         self._task_modules = list(task_modules)
         methods = multiprocessing.get_all_start_methods()
         self._ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        if self._ctx.get_start_method() == "forkserver":
+            # children fork from a server that has imported these already: a replacement starts in milliseconds
+            self._ctx.set_forkserver_preload(["conveyor.runner", "conveyor.worker.executors", *self._task_modules])
+        self._ready = threading.Semaphore(0)
         self._idle: queue.SimpleQueue[_Child] = queue.SimpleQueue()
         self._children: dict[int, _Child] = {}
         self._lock = threading.Lock()
@@ -158,8 +168,13 @@ class ProcessSlots:
         self._closing = False
 
     def start(self) -> None:
+        """Start the children and wait until each has imported what it needs."""
         for _ in range(self.n):
             self._spawn()
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        for _ in range(self.n):
+            if not self._ready.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+                raise ConveyorError(f"worker processes did not start within {READY_TIMEOUT_S:.0f} s")
 
     def _spawn(self) -> None:
         with self._lock:
@@ -173,10 +188,15 @@ class ProcessSlots:
         c = _Child(slot, proc, parent)
         self._children[slot] = c
         threading.Thread(target=self._read, args=(c,), name=f"conveyor-slot-{slot}", daemon=True).start()
-        self._idle.put(c)
 
     def _read(self, c: _Child) -> None:
         """Forward the child's results; report its death while it held a message."""
+        try:
+            if c.conn.recv() == _READY:
+                self._ready.release()
+                self._idle.put(c)
+        except (EOFError, OSError):
+            pass
         while True:
             try:
                 result, error = c.conn.recv()

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("conveyor.worker")
 
 RETRY_S = 0.5  # wait between tries while a server does not answer
+COALESCE_S = 0.05  # after the first settlement, how long to gather more before sending
 _STOP = object()
 
 
@@ -85,6 +86,8 @@ class Settler:
                 first = self._items.get(timeout=max(next_report - time.monotonic(), 0.01) if self._report else None)
             except queue.Empty:
                 continue
+            if first is not _STOP:
+                time.sleep(COALESCE_S)  # let settlements arriving together go in one request
             batch = [first]
             while True:
                 try:
