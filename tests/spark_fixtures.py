@@ -18,7 +18,8 @@ from conveyor.spark.tpch import generate
 
 @pytest.fixture(scope="session")
 def spark() -> Iterator[SparkSession]:
-    session = get_or_create_session("local[2]", app_name="conveyor-tests")
+    # local[2, 4]: a failed task is retried, as on a cluster (tests kill Python workers on purpose)
+    session = get_or_create_session("local[2,4]", app_name="conveyor-tests")
     yield session
     session.stop()
 

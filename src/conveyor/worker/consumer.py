@@ -39,6 +39,7 @@ REPORT_EVERY_S = 2.0  # how often a consumer tells the servers its counts
 BUSY_POLL_S = 0.05  # with tasks running, how long to wait for one to finish before looking for more work
 IDLE_POLL_S = 1.0  # longest long poll while idle (so a stop is noticed within it)
 RETRY_CONNECT_S = 1.0
+STOP_CHECK_S = 1.0  # how often `stop_when` is asked
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +100,10 @@ class Consumer:
                  n_consumers: int = 1, batch_size: int | None = None, max_concurrency: int = 8,
                  concurrency: Literal["thread", "process"] = "thread", selector: QueueSelector | str = "ReducedLottery",
                  middleware: Sequence[Middleware] | None = None, task_modules: Sequence[str] = (),
-                 until_empty: bool = False, name: str | None = None, seed: int | None = None) -> None:  # fmt: skip
+                 until_empty: bool = False, name: str | None = None, seed: int | None = None,
+                 stop_when: Callable[[], bool] | None = None) -> None:  # fmt: skip
+        """See the module docstring. `stop_when`, asked about once a second, stops the consumer
+        gracefully when it returns True (a stop signalled from elsewhere, e.g. through the servers)."""
         if not queues:
             raise ValueError("a consumer needs at least one queue")
         if max_concurrency < 1:
@@ -121,6 +125,8 @@ class Consumer:
         self.middleware = list(default_middleware() if middleware is None else middleware)
         self.task_modules = list(task_modules)
         self.until_empty = until_empty
+        self.stop_when = stop_when
+        self._next_stop_check = 0.0
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{consumer}"
         self.stats = ConsumerStats()
         self._done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
@@ -186,6 +192,10 @@ class Consumer:
                 now = time.monotonic()
                 self._enforce_limits(slots, now)
                 self._heartbeat(now)
+                if self.stop_when is not None and now >= self._next_stop_check:
+                    self._next_stop_check = now + STOP_CHECK_S
+                    if self.stop_when():
+                        self._stop.set()
                 if self._stop.is_set():
                     if self._hard_stop or not self._running:
                         return

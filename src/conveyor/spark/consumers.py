@@ -1,0 +1,184 @@
+"""SparkConsumerPool: consumers running as long-lived Spark tasks on the executors.
+
+`spark.range(n, numPartitions=n).mapInArrow(...)` starts n Spark tasks; each runs one `Consumer`
+(consumer i of n, serving its own shards first and stealing from the others) in the executor's
+Python worker until the queues are drained (`until_empty`) or a stop is signalled. Only the
+DataFrame API is used, so it runs wherever that exists (Spark Connect included; there the job is
+tagged instead of grouped). A Spark task that fails is retried by Spark; the messages its consumer
+held come back when their leases end (a running task's lease is extended only while it runs).
+
+A stop travels through the queue servers, not Spark: `stop()` stores a blob whose key the
+consumers know, and each checks for it about once a second, then stops gracefully.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..errors import ConveyorError
+from ..worker.consumer_pool import CONSUMER_SWITCH_INTERVAL_S
+from ..worker.settings import QueueConfig
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+    from ..pool import QueuePool
+
+log = logging.getLogger("conveyor.spark")
+
+STATS_DDL = ("consumer long, host string, pid long, started double, finished double, processed long, failed long, "
+             "retried long, dead long, timed_out long, stolen long")  # fmt: skip
+STOP_PREFIX = b"conveyor-stop:"
+
+
+def _stop_key(job: str) -> str:
+    return hashlib.sha256(STOP_PREFIX + job.encode()).hexdigest()
+
+
+def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str, options: dict[str, Any]) -> Any:
+    """The function each Spark task runs: one consumer, then one row of its counts."""
+
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        from ..worker.consumer import Consumer
+
+        for _ in batches:  # the range rows: only the partition number matters
+            pass
+        index = TaskContext.get().partitionId()  # type: ignore[union-attr]
+        key = _stop_key(job)
+        consumer = Consumer(pool, queues, consumer=index, n_consumers=n, stop_when=lambda: pool.get_blob(key) is not None,
+                            name=f"spark:{job}:{index}:{os.getpid()}", **options)  # fmt: skip
+        old = sys.getswitchinterval()
+        sys.setswitchinterval(CONSUMER_SWITCH_INTERVAL_S)  # see conveyor.worker.consumer_pool
+        started = time.time()
+        try:
+            s = consumer.run()
+        finally:
+            sys.setswitchinterval(old)
+        row = {"consumer": index, "host": os.uname().nodename, "pid": os.getpid(), "started": started,
+               "finished": time.time(), "processed": s.processed, "failed": s.failed, "retried": s.retried,
+               "dead": s.dead, "timed_out": s.timed_out, "stolen": s.stolen}  # fmt: skip
+        yield pa.RecordBatch.from_pylist([row])
+
+    return run
+
+
+class SparkConsumerPool:
+    """Consumers as Spark tasks: `run()` until drained, or `start()` ... `stop()`.
+
+    n_consumers: Spark tasks to run (default: `spark.sparkContext.defaultParallelism`, one per slot).
+    The other options are `Consumer`'s; `until_empty=False` keeps consumers running until `stop()`.
+    """
+
+    def __init__(self, spark: SparkSession, pool: QueuePool, n_consumers: int | None = None, *,
+                 queues: Sequence[QueueConfig | str] = ("default",), batch_size: int | None = None,
+                 max_concurrency: int = 8, concurrency: Literal["thread", "process"] = "thread",
+                 task_modules: Sequence[str] = (), until_empty: bool = True, description: str | None = None) -> None:  # fmt: skip
+        self.spark = spark
+        self.pool = pool
+        self.n_consumers = n_consumers or _default_parallelism(spark)
+        if self.n_consumers < 1:
+            raise ValueError(f"n_consumers must be >= 1, got {n_consumers}")
+        self.queues = list(queues)
+        names = ", ".join(q if isinstance(q, str) else q.name for q in self.queues)
+        self.options = {"batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency,
+                        "task_modules": list(task_modules), "until_empty": until_empty}  # fmt: skip
+        self.job = uuid.uuid4().hex[:12]
+        self.description = description or (f"conveyor: {self.n_consumers} consumer(s) x {max_concurrency} "
+                                            f"{concurrency}(s) on {names}")  # fmt: skip
+        self.stats: list[dict[str, Any]] | None = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def dataframe(self) -> DataFrame:
+        """The (lazy) DataFrame whose evaluation runs the consumers: one row of counts per consumer."""
+        fn = _consume(self.pool, self.queues, self.n_consumers, self.job, self.options)
+        return self.spark.range(self.n_consumers, numPartitions=self.n_consumers).mapInArrow(fn, STATS_DDL)
+
+    def run(self) -> list[dict[str, Any]]:
+        """Run the consumers as one Spark job and return each one's counts (blocks until they end)."""
+        df = self.dataframe()
+        with _JobGroup(self.spark, f"conveyor-{self.job}", self.description):
+            rows = df.collect()
+        self.stats = sorted((r.asDict() for r in rows), key=lambda r: r["consumer"])
+        return self.stats
+
+    def start(self) -> SparkConsumerPool:
+        """Run in a background thread of the driver; `join()` waits, `stop()` ends it early."""
+
+        def target() -> None:
+            try:
+                self.run()
+            except BaseException as e:
+                self._error = e
+
+        self._thread = threading.Thread(target=target, name=f"conveyor-spark-{self.job}", daemon=True)
+        self._thread.start()
+        return self
+
+    def join(self, timeout: float | None = None) -> list[dict[str, Any]]:
+        """Wait for the consumers to end; re-raises the Spark job's error."""
+        if self._thread is None:
+            raise ConveyorError("SparkConsumerPool.join() before start()")
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the Spark consumers still run after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        assert self.stats is not None
+        return self.stats
+
+    def stop(self, wait: bool = True, timeout: float | None = None) -> None:
+        """Tell the consumers to stop (each finishes its running tasks); with `wait`, wait for them."""
+        self.pool.put_blob(STOP_PREFIX + self.job.encode())
+        if wait and self._thread is not None:
+            self.join(timeout)
+
+
+def _default_parallelism(spark: SparkSession) -> int:
+    try:
+        return int(spark.sparkContext.defaultParallelism)
+    except Exception:  # Spark Connect: no SparkContext; ask the configuration
+        return int(spark.conf.get("spark.default.parallelism", "2") or 2)
+
+
+class _JobGroup:
+    """Name a job in the Spark UI: a job group and description, or (Spark Connect) a tag."""
+
+    def __init__(self, spark: SparkSession, group: str, description: str) -> None:
+        self.spark, self.group, self.description = spark, group, description
+        self._sc: Any = None
+
+    def __enter__(self) -> None:
+        try:
+            self._sc = self.spark.sparkContext
+        except Exception:
+            self._sc = None
+        if self._sc is not None:
+            self._sc.setJobGroup(self.group, self.description, interruptOnCancel=True)
+        else:
+            try:
+                self.spark.addTag(self.group)
+            except Exception as e:  # naming is a courtesy: never fail the job for it
+                log.debug("could not tag the Spark job: %s", e)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._sc is not None:
+            self._sc.setLocalProperty("spark.jobGroup.id", None)
+            self._sc.setLocalProperty("spark.job.description", None)
+        else:
+            try:
+                self.spark.removeTag(self.group)
+            except Exception as e:
+                log.debug("could not untag the Spark job: %s", e)

@@ -1,0 +1,302 @@
+"""`conveyor.spark.map`: a DataFrame mapped through the queue, row by row, back into a DataFrame.
+
+1. Enqueue: each executor puts its own partitions' rows on the queue servers (a Spark job over the
+   input; nothing is collected on the driver). Every row is one message: `func(row)` as an ad-hoc
+   task, with an idempotency key `job:partition:row`, so a Spark task retried after a failure does
+   not enqueue its rows twice.
+2. Consume: a `SparkConsumerPool` runs consumers as long-lived Spark tasks until the queue is
+   drained: work is balanced item by item, failures retried, and the rows held by a killed
+   consumer come back when their leases end.
+3. Read back: one Spark partition per queue server reads its results (and dead letters) in
+   parallel into the output DataFrame, which is materialized before `map` returns.
+
+The output has one row per input row, whatever happened on the way (the store keeps exactly one
+result per message): the `schema` columns from `func(row)`, plus `_id` (the message id) and
+`_error` (None, or the error of a row that failed after its retries, whose `schema` columns are
+then null and whose input row is in `_input`, as JSON).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from ..constants import SHARD_SHIFT
+from ..errors import ConveyorError
+from ..options import TaskOptions
+from ..progress import JoinProgress
+from ..publish import build_message
+from ..serialization import adhoc_task_name, decode_call, decode_result, function_ref
+from .consumers import SparkConsumerPool
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame
+    from pyspark.sql.types import StructType
+
+    from ..pool import QueuePool
+
+log = logging.getLogger("conveyor.spark")
+
+EXTRA_COLUMNS = ("_id", "_error", "_input")  # added to every output row
+READ_BATCH_ROWS = 10_000
+
+
+@dataclass(frozen=True)
+class MapStats:
+    """What the last `map` did, for reports: rows in and out, failures, and the consumers' times."""
+
+    rows: int
+    failed: int
+    enqueue_s: float
+    consume_s: float
+    read_s: float
+    first_start: float  # the earliest consumer start (wall clock)
+    consumers: list[dict[str, Any]]
+
+
+last_stats: MapStats | None = None
+
+
+def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType,
+        pool: QueuePool | None = None, n_consumers: int | None = None, batch_size: int | None = None,
+        max_concurrency: int = 8, concurrency: Literal["thread", "process"] = "thread", max_retries: int = 3,
+        time_limit: float | None = None, lease_s: float = 60.0, progress: bool | None = None) -> DataFrame:  # fmt: skip
+    """Apply `func` to every row of `df` through the queue; returns the results as a DataFrame.
+
+    func: called with each row as a dict; returns the output row as a dict (by column name), a
+        tuple (in `schema` order) or, for a one-column schema, the value.
+    schema: the output columns (DDL string or StructType), without `_id`, `_error`, `_input`.
+    pool: the queue servers; None: the embedded default of `conveyor.local()`, or local servers
+        started for this call (on the driver's host: for local Spark only) and stopped after it.
+    n_consumers, batch_size, max_concurrency, concurrency: the consumers (see `SparkConsumerPool`).
+    max_retries, time_limit: per row, as for tasks; lease_s: the queue's lease (extended while a
+        row runs), so rows held by a consumer that died come back after at most this long.
+    progress: a progress bar while the rows are processed (default: when stderr is a terminal).
+    """
+    import pyarrow as pa  # noqa: F401 - fail early, here, if it is missing
+    from pyspark.sql import SparkSession
+
+    global last_stats
+    spark: SparkSession = df.sparkSession
+    out_schema = _output_schema(spark, schema)
+    with ExitStack() as stack:
+        ephemeral = pool is None and _embedded() is None  # servers that stop when map returns
+        if pool is None:
+            pool = _default_pool(stack)
+        job = uuid.uuid4().hex[:12]
+        queue = f"map-{job}"
+        pool.declare(queue, lease_s=lease_s, max_attempts=max_retries + 1)
+        opts = TaskOptions(queue=queue, time_limit=time_limit, max_retries=max_retries)
+        ref = function_ref(func)
+        pool.put_blob(ref.data)
+
+        t0 = time.time()
+        counts = df.mapInArrow(_enqueuer(pool, queue, job, adhoc_task_name(ref.digest), opts), "partition long, rows long")
+        rows = sum(r["rows"] for r in counts.collect())
+        t1 = time.time()
+
+        consumers = SparkConsumerPool(spark, pool, n_consumers, queues=[queue], batch_size=batch_size,
+                                      max_concurrency=max_concurrency, concurrency=concurrency,
+                                      description=f"conveyor.spark.map: {rows:,} rows through {queue}")  # fmt: skip
+        with _Progress(pool, queue, progress):
+            stats = consumers.run()
+        t2 = time.time()
+
+        reader = _reader(pool, queue, out_schema)
+        result = spark.range(len(pool), numPartitions=len(pool)).mapInArrow(reader, _with_extra(out_schema))
+        result = _materialize(result, ephemeral)
+        got = result.count()
+        failed = result.where("_error IS NOT NULL").count()
+        t3 = time.time()
+        if got != rows:
+            raise ConveyorError(f"map: {rows:,} rows went in but {got:,} came out (queue {queue}); please report this")
+        last_stats = MapStats(rows, failed, t1 - t0, t2 - t1, t3 - t2, min((s["started"] for s in stats), default=t1), stats)
+        if failed:
+            log.warning("map: %d of %d rows failed; see the _error column", failed, rows)
+        return result
+
+
+def _embedded() -> QueuePool | None:
+    from .local import current
+
+    embedded = current()
+    return None if embedded is None else embedded.pool
+
+
+def _default_pool(stack: ExitStack) -> QueuePool:
+    embedded = _embedded()
+    if embedded is not None:
+        return embedded
+    from ..pool import QueuePool
+
+    log.info("conveyor.spark.map: no pool given and no conveyor.local(): starting local queue servers for this call")
+    return stack.enter_context(QueuePool.local(n_servers=2))
+
+
+def _output_schema(spark: Any, schema: str | StructType) -> StructType:
+    from pyspark.sql.types import StructType
+
+    st = schema if isinstance(schema, StructType) else spark.createDataFrame([], schema).schema
+    clash = [f.name for f in st.fields if f.name in EXTRA_COLUMNS]
+    if clash:
+        raise ValueError(f"map: schema columns {clash} clash with the columns map adds ({', '.join(EXTRA_COLUMNS)})")
+    return st
+
+
+def _with_extra(schema: StructType) -> StructType:
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    return StructType([*schema.fields, StructField("_id", LongType(), False), StructField("_error", StringType(), True),
+                       StructField("_input", StringType(), True)])  # fmt: skip
+
+
+def _materialize(result: DataFrame, ephemeral: bool) -> DataFrame:
+    """Compute the rows once and keep them in Spark.
+
+    With servers that stop when `map` returns, the lineage is cut (a local checkpoint): the rows no
+    longer need the servers. With servers that stay, the rows are persisted and the lineage kept,
+    so that rows lost with an executor are read again from the servers.
+    """
+    from pyspark import StorageLevel
+
+    if ephemeral:
+        return result.localCheckpoint(eager=True)
+    return result.persist(StorageLevel.MEMORY_AND_DISK)
+
+
+# --- executor side --------------------------------------------------------------------------------
+def _enqueuer(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOptions) -> Callable[..., Any]:
+    def enqueue(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        part = TaskContext.get().partitionId()  # type: ignore[union-attr]
+        n = 0
+        now = time.time()
+        for batch in batches:
+            rows = batch.to_pylist()
+            messages = [build_message(task_name, opts, (row,), {}, key=f"{job}:{part}:{n + i}", now=now)
+                        for i, row in enumerate(rows)]  # fmt: skip
+            pool.put(queue, messages)
+            n += len(rows)
+        pool.close()
+        yield pa.RecordBatch.from_pylist([{"partition": part, "rows": n}])
+
+    return enqueue
+
+
+def _reader(pool: QueuePool, queue: str, schema: StructType) -> Callable[..., Any]:
+    names = [f.name for f in schema.fields]
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        for _ in batches:
+            pass
+        arrow = to_arrow_schema(_with_extra(schema))
+        shard = TaskContext.get().partitionId()  # type: ignore[union-attr]
+        client = pool.clients[shard]
+        base = shard << SHARD_SHIFT
+        have = {q.name for q in client.queues()}
+        rows: list[dict[str, Any]] = []
+        if queue in have:
+            for i, r in client.iter_results(queue, page=READ_BATCH_ROWS):
+                try:
+                    row = _row(decode_result(r), names)
+                    row.update(_id=base | i, _error=None, _input=None)
+                except Exception as e:  # a result that is not a row: reported on its row, never dropped
+                    row = dict.fromkeys(names)
+                    row.update(_id=base | i, _error=f"{type(e).__name__}: {e}", _input=None)
+                rows.append(row)
+                if len(rows) >= READ_BATCH_ROWS:
+                    yield _batch(rows, arrow, names)
+                    rows = []
+            after = 0
+            while page := client.dead_letters(queue, after, READ_BATCH_ROWS):
+                for d in page:
+                    row = dict.fromkeys(names)
+                    row.update(_id=base | d.message.id, _error=d.error, _input=_input_json(d.message.payload, d.message.headers))
+                    rows.append(row)
+                after = page[-1].message.id
+        pool.close()
+        if rows:
+            yield _batch(rows, arrow, names)
+
+    return read
+
+
+def _batch(rows: list[dict[str, Any]], arrow: pa.Schema, names: list[str]) -> pa.RecordBatch:
+    """Rows as an Arrow batch; a row whose values do not fit the schema gets an error instead."""
+    import pyarrow as pa
+
+    try:
+        return pa.RecordBatch.from_pylist(rows, schema=arrow)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        pass
+    fixed = []
+    for row in rows:
+        try:
+            pa.RecordBatch.from_pylist([row], schema=arrow)
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+            values = {n: row[n] for n in names}
+            row = {**dict.fromkeys(names), "_id": row["_id"], "_input": None,
+                   "_error": f"the result {values!r:.200} does not fit the schema {arrow.remove_metadata()}: {e}"}  # fmt: skip
+        fixed.append(row)
+    return pa.RecordBatch.from_pylist(fixed, schema=arrow)
+
+
+def _row(value: Any, names: list[str]) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {n: value.get(n) for n in names}
+    if isinstance(value, (tuple, list)):
+        if len(value) != len(names):
+            raise ConveyorError(f"map: func returned {len(value)} values for the {len(names)} columns {names}")
+        return dict(zip(names, value, strict=True))
+    if len(names) == 1:
+        return {names[0]: value}
+    raise ConveyorError(f"map: func returned a {type(value).__name__}; return a dict or a tuple for the columns {names}")
+
+
+def _input_json(payload: bytes, headers: dict[str, str]) -> str:
+    try:
+        row = decode_call(payload, headers).args[0]
+        return json.dumps(row, default=str)
+    except Exception as e:
+        return f"(the input row could not be decoded: {e})"
+
+
+class _Progress:
+    """A progress bar over the map's queue while its consumers run (a driver thread polls the stats)."""
+
+    def __init__(self, pool: QueuePool, queue: str, enabled: bool | None) -> None:
+        self.pool, self.queue = pool, queue
+        self.bar = JoinProgress(enabled=enabled, description="rows")
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, name="conveyor-map-progress", daemon=True)
+
+    def _poll(self) -> None:
+        while not self._stop.wait(0.25):
+            with contextlib.suppress(ConveyorError):  # a glitch in the display must not fail the job
+                self.bar.update(self.pool.stats(self.queue))
+
+    def __enter__(self) -> _Progress:
+        self.bar.__enter__()
+        if self.bar.enabled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.bar.__exit__(None, None, None)
