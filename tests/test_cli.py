@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -10,18 +11,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_demo_runs_and_reports(tmp_path: Path) -> None:
-    out = subprocess.run([sys.executable, "-m", "conveyor", "demo", "--messages", "5000", "--data-dir", str(tmp_path)],
-                         capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
-    assert "MemoryStore" in out.stdout and "DurableStore" in out.stdout
-    assert "4,995" in out.stdout  # acked: all but the 5 poison messages
-    assert (tmp_path / "demo-queue").is_dir()
+def test_demo_runs_kills_a_worker_and_reports() -> None:
+    cmd = [sys.executable, "-m", "conveyor", "demo", "--pages", "1500", "--kill-worker"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "COLUMNS": "160"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "conveyor.spark.map" in out.stdout and "plain Spark (mapInPandas)" in out.stdout
+    row = next(line for line in out.stdout.splitlines() if "pages" in line and "failed" not in line)
+    assert row.count("1,500") == 2  # every page, in both runs, although a consumer was killed
+    assert "killed midway" in out.stdout
 
 
 def test_demo_rejects_bad_arguments() -> None:
-    cmd = [sys.executable, "-m", "conveyor", "demo", "--messages", "0"]
+    cmd = [sys.executable, "-m", "conveyor", "demo", "--pages", "0"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "--messages" in out.stderr
+    assert out.returncode == 2 and "--pages" in out.stderr
 
 
 def test_version() -> None:

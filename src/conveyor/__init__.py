@@ -15,7 +15,7 @@ __all__ = ["ConveyorError", "CorruptStoreError", "Dataset", "Executor", "Message
 # The TaskGraph API lives in conveyor.spark and imports pyarrow and pandas (and pyspark when it
 # runs): load it on first use so that `import conveyor` stays light.
 _LAZY = {"TaskGraph": "conveyor.spark.graph", "Executor": "conveyor.spark.executors", "Dataset": "conveyor.spark.dataset",
-         "local": "conveyor.spark.local"}
+         "local": "conveyor.spark.embedded"}
 
 
 def __getattr__(name: str) -> Any:

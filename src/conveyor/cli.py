@@ -25,24 +25,21 @@ def main(verbose: bool) -> None:
 
 
 @main.command()
-@click.option("--messages", default=200_000, show_default=True, type=click.IntRange(1), help="Messages to put and consume.")
-@click.option("--poison-every", default=1000, show_default=True, type=click.IntRange(1),
-              help="Every Nth message fails each attempt and ends in the dead letters.")  # fmt: skip
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where the durable store lives (default: a temporary directory, removed afterwards).")  # fmt: skip
-def demo(messages: int, poison_every: int, data_dir: Path | None) -> None:
-    """Put a workload through the memory and durable stores and print a summary."""
-    from .demo import run_demo, summary_table
+@click.option("--pages", default=6000, show_default=True, type=click.IntRange(10), help="Pages in the synthetic corpus.")
+@click.option("--workers", default=None, type=click.IntRange(1), help="Consumers (default: one per Spark slot).")
+@click.option("--kill-worker", is_flag=True, help="Kill one consumer midway, to show that nothing is lost.")
+def demo(pages: int, workers: int | None, kill_worker: bool) -> None:
+    """Process a corpus of documents page by page through the queue on Spark, then with plain Spark, and compare."""
+    from .demo import expected_failures, run_demo, summary_table
 
     console = Console(stderr=True)
-    console.print(f"[bold]conveyor demo[/]: {messages:,} messages, every {poison_every:,}th a poison message")
-    outcomes = run_demo(messages, data_dir, poison_every, console)
-    Console().print(summary_table(outcomes))
-    poison = messages // poison_every
-    for o in outcomes:
-        if o.acked != messages - poison or o.dead_letters != poison:
-            raise click.ClickException(f"{o.store}: expected {messages - poison} acked and {poison} dead letters, "
-                                       f"got {o.acked} and {o.dead_letters}")  # fmt: skip
+    console.print(f"[bold]conveyor demo[/]: {pages:,} pages of documents through conveyor.spark.map, then plain Spark")
+    runs = run_demo(pages, workers, kill_worker, console)
+    Console().print(summary_table(runs))
+    for r in runs:
+        if r.pages != pages or r.failed != expected_failures(pages):
+            raise click.ClickException(f"{r.name}: expected {pages:,} pages with {expected_failures(pages)} failed, "
+                                       f"got {r.pages:,} with {r.failed}")  # fmt: skip
 
 
 @main.command()

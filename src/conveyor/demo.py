@@ -1,119 +1,184 @@
-"""`conveyor demo` at this stage: a workload through both stores, with a summary table.
+"""`conveyor demo`: the seed problem, end to end on the embedded default.
 
-Each store gets the same no-op workload (~100-byte payloads, batches of 1,000) with a few poison
-messages that fail every attempt: the demo puts it, consumes it to the end (acking with a result,
-nacking the poison), reopens the durable store to show nothing was lost, and prints what happened.
+A synthetic corpus ("documents": 1-200 pages each, heavy-tailed, per-page cost varying widely)
+is processed page by page twice on the same local Spark session and the same input DataFrame:
+
+- through `conveyor.spark.map`: pages go through the queue to consumers running as Spark tasks,
+  which balance work page by page (optionally one consumer is killed midway: nothing is lost);
+- with plain Spark: `mapInPandas` over the input's static partitions.
+
+Both aggregate pages back to documents with Spark. The summary compares makespan and efficiency
+(total work / (workers x makespan)). A few pages are damaged and fail every attempt: conveyor
+reports them in `_error`; the plain job has to catch them itself or lose the whole job.
 """
 
 from __future__ import annotations
 
-import shutil
-import tempfile
+import os
+import signal
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
+from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from .message import Message
-from .storage import DurableStore, MemoryStore, Store
+from .workloads import busy, documents
 
-BATCH = 1000
+PAGE_SCHEMA = "doc long, page long, words long, seconds double"
+DAMAGED_EVERY = 997  # one page in this many is damaged: it fails every attempt
+INPUT_PARTITIONS = 4  # the input DataFrame's partitions (documents in order, as files often come)
 
 
 @dataclass
-class Outcome:
-    store: str
-    messages: int
-    put_rate: float
-    consume_rate: float
-    acked: int
-    dead_letters: int
-    results: int
-    bytes_on_disk: int
-    reopen_s: float | None
+class Run:
+    name: str
+    pages: int
+    documents: int
+    failed: int
+    work_s: float
+    makespan_s: float
+    workers: int
+    note: str = ""
+
+    @property
+    def efficiency(self) -> float:
+        return self.work_s / (self.workers * self.makespan_s)
 
 
-def _workload(n: int, poison_every: int) -> list[list[Message]]:
-    batches = []
-    for start in range(0, n, BATCH):
-        batches.append([
-            Message(payload=(b"P" if (i + 1) % poison_every == 0 else b"M") + b"%099d" % i, max_attempts=3)
-            for i in range(start, min(start + BATCH, n))
-        ])  # fmt: skip
-    return batches
+def process_page(row: dict[str, Any]) -> dict[str, Any]:
+    """The per-page work: CPU for the page's cost; a damaged page raises."""
+    if row["damaged"]:
+        raise ValueError(f"page {row['page']} of document {row['doc']} is damaged")
+    seconds = busy(row["cost"])
+    return {"doc": row["doc"], "page": row["page"], "words": 250 + (row["page"] * 7919) % 500, "seconds": seconds}
 
 
-def _run(name: str, store: Store, batches: list[list[Message]], progress: Progress) -> tuple[float, float]:
-    n = sum(map(len, batches))
-    task = progress.add_task(f"{name}: put", total=n)
-    t0 = time.perf_counter()
-    for b in batches:
-        store.put(b)
-        progress.advance(task, len(b))
-    put_s = time.perf_counter() - t0
-    progress.update(task, description=f"{name}: consume", completed=0)
-    t0 = time.perf_counter()
-    while got := store.get(BATCH):
-        ok = [m for m in got if m.payload[:1] != b"P"]
-        bad = [m.id for m in got if m.payload[:1] == b"P"]
-        store.ack_many([m.id for m in ok], [m.payload[1:9] for m in ok])
-        store.nack_many(bad, ["poison message: fails every attempt"] * len(bad))
-        s = store.stats()
-        progress.update(task, completed=s.acked + s.failed)
-    return n / put_s, n / (time.perf_counter() - t0)
+def _pages_frame(spark: Any, n_pages: int, scale: float) -> tuple[Any, float, int]:
+    """The corpus as a DataFrame of pages, documents in order over INPUT_PARTITIONS partitions;
+    with the work it holds (seconds of CPU) and how many pages are damaged."""
+    sizes, costs = documents(n_pages)
+    rows, k, work, damaged = [], 0, 0.0, 0
+    for doc, size in enumerate(sizes):
+        for page in range(size):
+            bad = (k + 1) % DAMAGED_EVERY == 0
+            rows.append((doc, page, costs[k] * scale, bad))
+            work += 0.0 if bad else costs[k] * scale
+            damaged += bad
+            k += 1
+    frame = spark.createDataFrame(rows, "doc long, page long, cost double, damaged boolean")
+    return frame.repartitionByRange(INPUT_PARTITIONS, "doc").sortWithinPartitions("doc", "page").cache(), work, damaged
 
 
-def run_demo(messages: int, data_dir: Path | None, poison_every: int, console: Console) -> list[Outcome]:
-    """Run the workload through a MemoryStore and a DurableStore; returns what each did."""
-    batches = _workload(messages, poison_every)
-    tmp = None if data_dir is not None else Path(tempfile.mkdtemp(prefix="conveyor-demo-"))
-    path = (data_dir or tmp) / "demo-queue"  # type: ignore[operator]
-    if path.exists():
-        shutil.rmtree(path)
-    outcomes = []
-    try:
-        with Progress(TextColumn("{task.description:<22}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-                      console=console, transient=True) as progress:  # fmt: skip
-            for name, make in (("MemoryStore", lambda: MemoryStore("demo")),
-                               ("DurableStore", lambda: DurableStore(path, queue="demo", fsync="interval"))):  # fmt: skip
-                store = make()
-                reopen_s = None
+def _plain(spark: Any, pages: Any, workers: int, work_s: float) -> Run:
+    """The same job with plain Spark: each static partition runs its pages in turn."""
+    import pandas as pd
+
+    def run(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
+        for f in frames:
+            out = []
+            for row in f.to_dict("records"):
                 try:
-                    put_rate, consume_rate = _run(name, store, batches, progress)
-                    if isinstance(store, DurableStore):  # reopen: everything must still be there
-                        store.close()
-                        t0 = time.perf_counter()
-                        store = DurableStore(path, queue="demo")
-                        reopen_s = time.perf_counter() - t0
-                    s = store.stats()
-                    outcomes.append(Outcome(name, messages, put_rate, consume_rate, s.acked, len(store.dead_letters()),
-                                            sum(1 for _ in store.results()), s.bytes_on_disk, reopen_s))  # fmt: skip
-                finally:
-                    store.close()
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
-    return outcomes
+                    out.append(process_page(row))
+                except ValueError:
+                    out.append({"doc": row["doc"], "page": row["page"], "words": None, "seconds": None})
+            yield pd.DataFrame(out, columns=["doc", "page", "words", "seconds"])
+
+    t0 = time.perf_counter()
+    done = pages.mapInPandas(run, PAGE_SCHEMA).cache()
+    docs = done.groupBy("doc").agg({"words": "sum"}).count()
+    failed = done.where("words IS NULL").count()
+    makespan = time.perf_counter() - t0
+    n = done.count()
+    done.unpersist()
+    return Run("plain Spark (mapInPandas)", n, docs, failed, work_s, makespan, workers, f"{INPUT_PARTITIONS} static partitions")
 
 
-def summary_table(outcomes: list[Outcome]) -> Table:
-    t = Table(title="conveyor demo: one workload through each queue store")
-    t.add_column("")
-    for o in outcomes:
-        t.add_column(o.store, justify="right")
+def _conveyor(spark: Any, pages: Any, workers: int, work_s: float, kill: bool, progress: bool) -> Run:
+    import conveyor.spark as cs
+
+    from .spark.embedded import current
+
+    env = current()
+    assert env is not None
+    killer = _Killer(env.pool) if kill else None
+    if killer:
+        killer.start()
+    t0 = time.perf_counter()
+    done = cs.map(pages, process_page, schema=PAGE_SCHEMA, n_consumers=workers, max_concurrency=8, lease_s=10.0,
+                  max_retries=2, progress=progress)  # fmt: skip
+    docs = done.where("_error IS NULL").groupBy("doc").agg({"words": "sum"}).count()
+    failed = done.where("_error IS NOT NULL").count()
+    makespan = time.perf_counter() - t0
+    note = "pages balanced one by one"
+    if killer:
+        killer.stop.set()
+        note += f"; consumer pid {killer.killed} killed midway" if killer.killed else "; (no consumer to kill)"
+    return Run("conveyor.spark.map", done.count(), docs, failed, work_s, makespan, workers, note)
+
+
+class _Killer(threading.Thread):
+    """Once a third of the pages are done, SIGKILL one consumer's Spark Python worker."""
+
+    def __init__(self, pool: Any) -> None:
+        super().__init__(name="conveyor-demo-killer", daemon=True)
+        self.pool = pool
+        self.stop = threading.Event()
+        self.killed: int | None = None
+
+    def run(self) -> None:
+        while not self.stop.wait(0.2):
+            try:
+                st = [s for q, s in self.pool.stats().items() if q.startswith("map-")]
+            except Exception:
+                continue
+            if not st or st[-1].acked < (st[-1].acked + st[-1].pending) / 3:
+                continue
+            for name, w in self.pool.workers().items():
+                if name.startswith("spark:") and w.get("running", 0) > 0:
+                    self.killed = int(w["pid"])
+                    os.kill(self.killed, signal.SIGKILL)
+                    return
+
+
+def expected_failures(pages: int) -> int:
+    return pages // DAMAGED_EVERY
+
+
+def run_demo(pages: int, workers: int | None, kill: bool, console: Console, scale: float = 1.0) -> list[Run]:
+    """Both runs on the embedded default; returns what each did (conveyor's first)."""
+    import conveyor
+
+    console.print("starting the embedded Spark session and queue servers ...")
+    with conveyor.local() as env:
+        spark = env.spark
+        n_workers = workers or int(spark.sparkContext.defaultParallelism)
+        frame, work_s, damaged = _pages_frame(spark, pages, scale)
+        frame.count()  # built once, before either timing
+        console.print(f"corpus: {pages:,} pages ({damaged} damaged), {work_s:.1f} s of work, {n_workers} workers")
+        runs = [_conveyor(spark, frame, n_workers, work_s, kill, console.is_terminal)]
+        console.print("now the same with plain Spark ...")
+        runs.append(_plain(spark, frame, n_workers, work_s))
+    return runs
+
+
+def summary_table(runs: list[Run]) -> Table:
+    t = Table(title="conveyor demo: documents, page by page")
+    for col in ("", *(r.name for r in runs)):
+        t.add_column(col, justify="left" if not col else "right")
     rows = [
-        ("messages", lambda o: f"{o.messages:,}"),
-        ("put (msg/s)", lambda o: f"{o.put_rate:,.0f}"),
-        ("get + ack (msg/s)", lambda o: f"{o.consume_rate:,.0f}"),
-        ("acked", lambda o: f"{o.acked:,}"),
-        ("dead letters", lambda o: f"{o.dead_letters:,}"),
-        ("results kept", lambda o: f"{o.results:,}"),
-        ("bytes on disk", lambda o: f"{o.bytes_on_disk:,}"),
-        ("reopen", lambda o: "-" if o.reopen_s is None else f"{o.reopen_s * 1000:,.0f} ms"),
+        ("pages", lambda r: f"{r.pages:,}"),
+        ("documents", lambda r: f"{r.documents:,}"),
+        ("failed pages", lambda r: f"{r.failed:,}"),
+        ("work (CPU)", lambda r: f"{r.work_s:.1f} s"),
+        ("makespan", lambda r: f"{r.makespan_s:.1f} s"),
+        ("efficiency", lambda r: f"{r.efficiency:.2f}"),
+        ("", lambda r: r.note),
     ]
     for label, cell in rows:
-        t.add_row(label, *(cell(o) for o in outcomes))
+        t.add_row(label, *(cell(r) for r in runs))
+    if len(runs) == 2:
+        t.caption = f"conveyor makespan / plain Spark makespan: {runs[0].makespan_s / runs[1].makespan_s:.2f}x"
     return t

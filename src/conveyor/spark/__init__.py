@@ -11,7 +11,7 @@ _LAZY = {
     "map": "conveyor.spark.mapping",
     "MapStats": "conveyor.spark.mapping",
     "SparkConsumerPool": "conveyor.spark.consumers",
-    "local": "conveyor.spark.local",
+    "local": "conveyor.spark.embedded",
     "get_or_create_session": "conveyor.spark.session",
 }
 __all__ = sorted(_LAZY)

@@ -126,7 +126,7 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
 
 
 def _embedded() -> QueuePool | None:
-    from .local import current
+    from .embedded import current
 
     embedded = current()
     return None if embedded is None else embedded.pool

@@ -1,0 +1,131 @@
+"""conveyor.spark: DataFrames mapped through the queue, and consumers running as Spark tasks (local[2,4])."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+import conveyor
+import conveyor.spark as cs
+from conveyor.pool import QueuePool
+
+from . import worker_tasks as wt
+from .servers import wait_for
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[QueuePool]:
+    with QueuePool.local(n_servers=2) as p:
+        yield p
+
+
+def double(row: dict[str, Any]) -> dict[str, Any]:
+    if row["id"] % 100 == 42:
+        raise ValueError(f"row {row['id']} is bad")
+    return {"id": row["id"], "twice": row["id"] * 2, "label": f"n{row['id']}"}
+
+
+def test_map_gives_one_row_per_input_row_and_reports_failures(spark: SparkSession, pool: QueuePool) -> None:
+    df = spark.range(1000, numPartitions=4)
+    out = cs.map(df, double, schema="id long, twice long, label string", pool=pool, max_retries=1, progress=False)
+    rows = out.collect()
+    assert len(rows) == 1000 and len({r["_id"] for r in rows}) == 1000
+    ok = [r for r in rows if r["_error"] is None]
+    bad = sorted((r for r in rows if r["_error"] is not None), key=lambda r: r["_input"])
+    assert sorted(r["id"] for r in ok) == [i for i in range(1000) if i % 100 != 42]
+    assert all(r["twice"] == 2 * r["id"] and r["label"] == f"n{r['id']}" for r in ok)
+    assert len(bad) == 10 and all(r["id"] is None and "ValueError: row" in r["_error"] for r in bad)
+    assert bad[0]["_input"] == '{"id": 142}'
+    assert out.schema.simpleString().startswith("struct<id:bigint,twice:bigint,label:string,_id:bigint")
+    stats = cs.mapping.last_stats
+    assert stats is not None and stats.rows == 1000 and stats.failed == 10
+    assert sum(c["processed"] for c in stats.consumers) == 990
+
+
+def test_results_as_tuples_values_and_the_wrong_shape(spark: SparkSession, pool: QueuePool) -> None:
+    df = spark.createDataFrame([(i, f"w{i}") for i in range(20)], "n long, word string")
+    out = cs.map(df, lambda r: (r["word"].upper(), r["n"] + 1), schema="word string, n long", pool=pool, progress=False)
+    assert sorted((r["word"], r["n"]) for r in out.collect()) == sorted((f"W{i}", i + 1) for i in range(20))
+    one = cs.map(df, lambda r: len(r["word"]), schema="length int", pool=pool, progress=False)
+    assert sorted(r["length"] for r in one.collect()) == sorted(len(f"w{i}") for i in range(20))
+    wrong = cs.map(df, lambda r: "not a number" if r["n"] == 3 else r["n"], schema="n long", pool=pool, progress=False)
+    rows = wrong.collect()
+    assert len(rows) == 20
+    [bad] = [r for r in rows if r["_error"] is not None]
+    assert "does not fit the schema" in bad["_error"] and bad["n"] is None
+
+
+def test_schema_columns_may_not_clash(spark: SparkSession, pool: QueuePool) -> None:
+    with pytest.raises(ValueError, match=r"clash with the columns map adds"):
+        cs.map(spark.range(3), lambda r: r, schema="_id long", pool=pool)
+
+
+def killer(marker: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """A func that kills its Python worker (a consumer's Spark task) the first time it meets row 77."""
+
+    def kill_once(row: dict[str, Any]) -> dict[str, Any]:
+        import os
+        import time
+
+        if row["id"] == 77 and not os.path.exists(marker):
+            with open(marker, "w") as f:
+                f.write("killed")
+            os._exit(9)
+        time.sleep(0.002)
+        return {"id": row["id"]}
+
+    return kill_once
+
+
+def test_a_killed_consumer_loses_no_row_and_duplicates_none(spark: SparkSession, pool: QueuePool, tmp_path: Path) -> None:
+    marker = tmp_path / "marker"
+    df = spark.range(600, numPartitions=3)
+    out = cs.map(df, killer(str(marker)), schema="id long", pool=pool, lease_s=2.0, progress=False)
+    rows = out.collect()
+    assert marker.exists(), "the consumer was never killed: the test did not test anything"
+    assert sorted(r["id"] for r in rows) == list(range(600))
+    assert all(r["_error"] is None for r in rows)
+
+
+def test_spark_consumer_pool_runs_tasks_until_stopped(spark: SparkSession, pool: QueuePool) -> None:
+    pool.declare("spark-jobs")
+    handles = [pool.submit(pow, i, 2, _queue="spark-jobs") for i in range(50)]
+    sp = cs.SparkConsumerPool(spark, pool, 2, queues=["spark-jobs"], until_empty=False, description="test consumers")
+    sp.start()
+    assert pool.gather(handles, timeout=120) == [i * i for i in range(50)]
+    late = pool.submit(pow, 3, 3, _queue="spark-jobs")  # still running: it takes new work
+    assert pool.gather([late], timeout=60) == [27]
+    sp.stop(timeout=60)
+    stats = sp.join()
+    assert len(stats) == 2 and sum(s["processed"] for s in stats) == 51
+    jobs = spark.sparkContext.statusTracker().getJobIdsForGroup(f"conveyor-{sp.job}")
+    assert jobs, "the consumers' Spark job is named by its job group"
+
+
+def test_spark_consumers_run_registered_tasks_until_drained(spark: SparkSession, pool: QueuePool) -> None:
+    handles = wt.add.publish_many([(i, 1) for i in range(100)], _pool=pool)
+    stats = cs.SparkConsumerPool(spark, pool, queues=["jobs"], task_modules=["tests.worker_tasks"]).run()
+    assert sum(s["processed"] for s in stats) == 100
+    assert pool.gather(handles) == [i + 1 for i in range(100)]
+
+
+def test_local_gives_the_embedded_default(spark: SparkSession) -> None:
+    with conveyor.local() as env:
+        assert env.spark is spark  # an active session is reused, not replaced
+        assert cs.local is conveyor.local
+        out = cs.map(spark.range(10), lambda r: r["id"] + 1, schema="n long", progress=False)  # no pool: env's
+        assert sorted(r["n"] for r in out.collect()) == list(range(1, 11))
+        assert any(q.name.startswith("map-") for q in env.pool.clients[0].queues())
+    assert SparkSession.getActiveSession() is spark  # the session the block did not start stays
+
+
+def test_map_without_a_pool_starts_and_stops_its_own_servers(spark: SparkSession) -> None:
+    before = threading.active_count()
+    out = cs.map(spark.range(5), lambda r: r["id"] * 10, schema="n long", progress=False)
+    assert sorted(r["n"] for r in out.collect()) == [0, 10, 20, 30, 40]  # readable after the servers stopped
+    wait_for(lambda: threading.active_count() <= before + 1, what="map's own pool closed")
