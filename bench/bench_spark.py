@@ -159,9 +159,9 @@ def main(argv: list[str] | None = None) -> int:
     for w in workloads:
         best = min(("a", "b", "c", "d"), key=lambda h: med(fig[f"{w} ({h}) makespan" + (", scaled" if h == "d" else "")]))
         best_key = f"{w} ({best}) makespan" + (", scaled" if best == "d" else "")
-        for h in "abc":
-            rows.append(Row(f"{w} ({h}) {dict(a='own 16 partitions', b='repartition(2)', c='repartition(16)')[h]}",
-                            fig[f"{w} ({h}) makespan"], seconds, note=f"efficiency {med(fig[f'{w} ({h}) efficiency']):.3f}"))  # fmt: skip
+        for h, what in (("a", "own 16 partitions"), ("b", "repartition(2)"), ("c", "repartition(16)")):
+            eff = med(fig[f"{w} ({h}) efficiency"])
+            rows.append(Row(f"{w} ({h}) {what}", fig[f"{w} ({h}) makespan"], seconds, note=f"efficiency {eff:.3f}"))
         rows.append(Row(f"{w} (d) one partition per item: efficiency", fig[f"{w} (d) efficiency"], number,
                         note="first 500 items"))  # fmt: skip
         rows.append(Row(f"{w} (e) conveyor.spark.map", fig[f"{w} (e) makespan"], seconds,
