@@ -91,7 +91,7 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
     with ExitStack() as stack:
         ephemeral = pool is None and _embedded() is None  # servers that stop when map returns
         if pool is None:
-            pool = _default_pool(stack)
+            pool = _default_pool(stack, spark)
         job = uuid.uuid4().hex[:12]
         queue = f"map-{job}"
         pool.declare(queue, lease_s=lease_s, max_attempts=max_retries + 1)
@@ -132,10 +132,15 @@ def _embedded() -> QueuePool | None:
     return None if embedded is None else embedded.pool
 
 
-def _default_pool(stack: ExitStack) -> QueuePool:
+def _default_pool(stack: ExitStack, spark: Any) -> QueuePool:
     embedded = _embedded()
     if embedded is not None:
         return embedded
+    master = spark.conf.get("spark.master", "")
+    if not master.startswith("local"):
+        raise ConveyorError(f"map: no pool given, and Spark runs on {master!r}: servers started here on 127.0.0.1 would be "
+                            "out of the executors' reach. Start queue servers they can reach (conveyor serve --host ... "
+                            "--token ...) and pass pool=QueuePool.connect([...], token=...)")  # fmt: skip
     from ..pool import QueuePool
 
     log.info("conveyor.spark.map: no pool given and no conveyor.local(): starting local queue servers for this call")
