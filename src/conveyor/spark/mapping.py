@@ -114,8 +114,8 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         reader = _reader(pool, queue, out_schema)
         result = spark.range(len(pool), numPartitions=len(pool)).mapInArrow(reader, _with_extra(out_schema))
         result = _materialize(result, ephemeral)
-        got = result.count()
-        failed = result.where("_error IS NOT NULL").count()
+        [counts] = result.selectExpr("count(*) AS rows", "count(_error) AS failed").collect()  # one pass
+        got, failed = counts["rows"], counts["failed"]
         t3 = time.time()
         if got != rows:
             raise ConveyorError(f"map: {rows:,} rows went in but {got:,} came out (queue {queue}); please report this")

@@ -38,6 +38,7 @@ log = logging.getLogger("conveyor.worker")
 REPORT_EVERY_S = 2.0  # how often a consumer tells the servers its counts
 BUSY_POLL_S = 0.05  # with tasks running, how long to wait for one to finish before looking for more work
 IDLE_POLL_S = 1.0  # longest long poll while idle (so a stop is noticed within it)
+DRAIN_POLL_S = 0.1  # with until_empty, the long poll between checks that the queues are drained
 RETRY_CONNECT_S = 1.0
 STOP_CHECK_S = 1.0  # how often `stop_when` is asked
 
@@ -242,9 +243,11 @@ class Consumer:
             self._stop.wait(BUSY_POLL_S)
             return []
         else:
-            # long poll only when idle, and (until_empty) once a quick look found the queues not drained
-            idle = not self._running and not (self.until_empty and self._empty_polls == 0)
-            wait = min(q.long_poll_s, IDLE_POLL_S) if idle else 0.0
+            # long poll only when idle; with until_empty, short ones, so that the end of the others'
+            # last tasks (which a long poll would not notice) ends this consumer promptly
+            wait = 0.0
+            if not self._running and not (self.until_empty and self._empty_polls == 0):
+                wait = min(q.long_poll_s, DRAIN_POLL_S if self.until_empty else IDLE_POLL_S)
             got = self._get(q, min(q.batch_size, free), wait)
         self._iterations_left = self._iterations_left - 1 if got else 0
         self._last_short = len(got) < min(q.batch_size if q is not None else 1, free)
