@@ -28,23 +28,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from benchlib import Row, make_console, print_report, progress, ratio
+from benchlib import Row, make_console, micros, number, print_report, progress, ratio, seconds
 
 WORKERS = 2
 ROW_DDL = "i long, seconds double"
 OUT_DDL = "i long, start double, finish double"
 
 
-def seconds(v: float) -> str:
-    return f"{v:.2f} s"
 
-
-def number(v: float) -> str:
-    return f"{v:.3f}"
-
-
-def micros(v: float) -> str:
-    return f"{v * 1e6:.1f} us"
 
 
 def run_item(row: dict[str, Any]) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import bench_tasks
-from benchlib import Row, make_console, print_report, progress, rate, ratio
+from benchlib import Row, make_console, number, print_report, progress, rate, ratio
 from conveyor.pool import QueuePool
 from conveyor.worker import ConsumerPool
 from conveyor.workloads import NOOP_PAYLOAD, busy, noop, skewed
@@ -44,12 +44,6 @@ SKEWED_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-def number(v: float) -> str:
-    return f"{v:.3f}"
-
-
-def seconds(v: float) -> str:
-    return f"{v:.2f} s"
 
 
 def _started(pool: QueuePool, n: int) -> None:

@@ -52,6 +52,14 @@ def seconds(v: float) -> str:
     return f"{v:.3f} s" if v >= 0.01 else f"{v * 1e3:.2f} ms"
 
 
+def number(v: float) -> str:
+    return f"{v:.3f}"
+
+
+def micros(v: float) -> str:
+    return f"{v * 1e6:.1f} us"
+
+
 def per_msg(v: float) -> str:
     return f"{v:.1f} B"
 

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from .errors import ConveyorError, CorruptStoreError
+from .lazy import lazy_attributes
 from .message import Message, Status
 from .tasks import Task, task
 
@@ -18,11 +17,4 @@ _LAZY = {"TaskGraph": "conveyor.spark.graph", "Executor": "conveyor.spark.execut
          "local": "conveyor.spark.embedded"}
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'conveyor' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -5,7 +5,7 @@ Importing this package does not start Spark; its pieces load on first use.
 
 from __future__ import annotations
 
-from typing import Any
+from ..lazy import lazy_attributes
 
 _LAZY = {
     "map": "conveyor.spark.mapping",
@@ -17,11 +17,4 @@ _LAZY = {
 __all__ = sorted(_LAZY)
 
 
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'conveyor.spark' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

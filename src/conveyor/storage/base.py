@@ -45,7 +45,7 @@ from ..constants import (
 )
 from ..errors import StoreClosedError
 from ..message import Message, MessageBatch, Status
-from .state import QueueState
+from .state import QueueState, first_occurrences
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,11 +240,7 @@ class Store(ABC):
             raise TypeError("nack: errors must be str")
         if not delay_s >= 0:
             raise ValueError(f"nack: delay_s must be >= 0, got {delay_s}")
-        ok = self._state.delivered(arr)
-        if len(arr) > 1:
-            first = np.zeros(len(arr), bool)
-            first[np.unique(arr, return_index=True)[1]] = True
-            ok &= first
+        ok = self._state.delivered(arr) & first_occurrences(arr)
         if ok.any():
             now = time.time()
             sel = np.flatnonzero(ok)
@@ -259,11 +255,7 @@ class Store(ABC):
         """
         self._check_open()
         arr = self._ids(ids)
-        ok = self._state.delivered(arr)
-        if len(arr) > 1:
-            first = np.zeros(len(arr), bool)
-            first[np.unique(arr, return_index=True)[1]] = True
-            ok &= first
+        ok = self._state.delivered(arr) & first_occurrences(arr)
         if ok.any():
             back = arr[ok]
             now = time.time()

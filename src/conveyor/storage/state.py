@@ -55,6 +55,15 @@ class _Fifo:
         return self.tail - self.head
 
 
+def first_occurrences(ids: np.ndarray) -> np.ndarray:
+    """Mask of each id's first place in `ids`: a duplicate within one call counts once."""
+    if len(ids) < 2:
+        return np.ones(len(ids), bool)
+    first = np.zeros(len(ids), bool)
+    first[np.unique(ids, return_index=True)[1]] = True
+    return first
+
+
 class QueueState:
     """Per-message status, priority, attempts and deadlines, plus the ready/delay/lease orders.
 
@@ -262,11 +271,7 @@ class QueueState:
         """Mark messages ACKED or FAILED where they are not finished yet; returns that mask."""
         idx, inside = self.index(ids)
         st = self.status[idx]
-        ok = inside & (st != ST_ACKED) & (st != ST_FAILED) & (st != ST_NONE)
-        if len(ids) > 1:  # a duplicate id within one call: only its first occurrence counts
-            first = np.zeros(len(ids), bool)
-            first[np.unique(ids, return_index=True)[1]] = True
-            ok &= first
+        ok = inside & (st != ST_ACKED) & (st != ST_FAILED) & (st != ST_NONE) & first_occurrences(ids)
         self.status[idx[ok]] = status
         return ok
 
