@@ -105,7 +105,8 @@ def main(master: str, out_path: str) -> None:
             watcher.start()
             try:
                 result = conveyor.spark.map(df, func, schema="id long, pid long, t double", pool=pool,
-                                            max_concurrency=MAX_CONCURRENCY, lease_s=LEASE_S, progress=False)  # fmt: skip
+                                            max_concurrency=MAX_CONCURRENCY, lease_s=LEASE_S, rows_per_message=1,
+                                            progress=False)  # fmt: skip
                 note("map returned")
                 rows = [r.asDict() for r in result.select("id", "pid", "t", "_error").collect()]
             finally:

@@ -1,19 +1,20 @@
 """`conveyor.spark.map`: a DataFrame mapped through the queue, row by row, back into a DataFrame.
 
 1. Enqueue: each executor puts its own partitions' rows on the queue servers (a Spark job over the
-   input; nothing is collected on the driver). Every row is one message: `func(row)` as an ad-hoc
-   task, with an idempotency key `job:partition:row`, so a Spark task retried after a failure does
-   not enqueue its rows twice.
+   input; nothing is collected on the driver). A few rows in order make one message, a
+   `RowRunner(func)` call as an ad-hoc task, with an idempotency key `job:partition:first row`, so
+   a Spark task retried after a failure does not enqueue its rows twice.
 2. Consume: a `SparkConsumerPool` runs consumers as long-lived Spark tasks until the queue is
-   drained: work is balanced item by item, failures retried, and the rows held by a killed
-   consumer come back when their leases end.
+   drained: work is balanced message by message, failing rows retried, and the messages held by a
+   killed consumer come back when their leases end.
 3. Read back: one Spark partition per queue server reads its results (and dead letters) in
    parallel into the output DataFrame, which is materialized before `map` returns.
 
-The output has one row per input row, whatever happened on the way (the store keeps exactly one
-result per message): the `schema` columns from `func(row)`, plus `_id` (the message id) and
-`_error` (None, or the error of a row that failed after its retries, whose `schema` columns are
-then null and whose input row is in `_input`, as JSON).
+Rows travel `rows_per_message` to a message (a few rows per message cut the queue's overhead per
+row; balancing is at that grain). The output has one row per input row, whatever happened on the
+way (the store keeps exactly one result per message): the `schema` columns from `func(row)`, plus
+`_id` (the id of the row's message) and `_error` (None, or the error of a row that failed after its
+retries, whose `schema` columns are then null and whose input row is in `_input`, as JSON).
 """
 
 from __future__ import annotations
@@ -48,6 +49,34 @@ log = logging.getLogger("conveyor.spark")
 
 EXTRA_COLUMNS = ("_id", "_error", "_input")  # added to every output row
 READ_BATCH_ROWS = 10_000
+MAX_ROWS_PER_MESSAGE = 1000
+
+
+class RowRunner:
+    """The task of one message: `func` over its rows, each tried up to 1 + max_retries times.
+
+    Returns one outcome per row: [True, value] or [False, error text, the input row as JSON]. A
+    row's failure never fails its neighbours; the message itself fails only if its worker dies or
+    it runs over its time limit.
+    """
+
+    def __init__(self, func: Callable[[dict[str, Any]], Any], max_retries: int) -> None:
+        self.func = func
+        self.max_retries = max_retries
+
+    def __call__(self, rows: list[dict[str, Any]]) -> list[list[Any]]:
+        from ..serialization import encode_error
+
+        out: list[list[Any]] = []
+        for row in rows:
+            for attempt in range(self.max_retries + 1):
+                try:
+                    out.append([True, self.func(row)])
+                    break
+                except Exception as e:
+                    if attempt == self.max_retries:
+                        out.append([False, encode_error(e), json.dumps(row, default=str)])
+        return out
 
 
 @dataclass(frozen=True)
@@ -69,7 +98,8 @@ last_stats: MapStats | None = None
 def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType,
         pool: QueuePool | None = None, n_consumers: int | None = None, batch_size: int | None = None,
         max_concurrency: int = 8, concurrency: Literal["thread", "process"] = "thread", max_retries: int = 3,
-        time_limit: float | None = None, lease_s: float = 60.0, progress: bool | None = None) -> DataFrame:  # fmt: skip
+        time_limit: float | None = None, lease_s: float = 60.0, rows_per_message: int = 4,
+        progress: bool | None = None) -> DataFrame:  # fmt: skip
     """Apply `func` to every row of `df` through the queue; returns the results as a DataFrame.
 
     func: called with each row as a dict; returns the output row as a dict (by column name), a
@@ -78,14 +108,21 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
     pool: the queue servers; None: the embedded default of `conveyor.local()`, or local servers
         started for this call (on the driver's host: for local Spark only) and stopped after it.
     n_consumers, batch_size, max_concurrency, concurrency: the consumers (see `SparkConsumerPool`).
-    max_retries, time_limit: per row, as for tasks; lease_s: the queue's lease (extended while a
-        row runs), so rows held by a consumer that died come back after at most this long.
+    max_retries: a row that raises is run again, up to this many times, then reported.
+    time_limit: seconds a row may take (its message gets rows_per_message times as long).
+    lease_s: the queue's lease (extended while a message runs): rows held by a consumer that died
+        come back after at most this long.
+    rows_per_message: rows that travel and run together (in order, on one worker). Balancing is
+        at this grain; each message costs the queue the same, so a few rows per message cut its
+        overhead per row. Use 1 for rows that take seconds, more (up to 1,000) for tiny ones.
     progress: a progress bar while the rows are processed (default: when stderr is a terminal).
     """
     import pyarrow as pa  # noqa: F401 - fail early, here, if it is missing
     from pyspark.sql import SparkSession
 
     global last_stats
+    if not 1 <= rows_per_message <= MAX_ROWS_PER_MESSAGE:
+        raise ValueError(f"map: rows_per_message must be in 1..{MAX_ROWS_PER_MESSAGE}, got {rows_per_message}")
     spark: SparkSession = df.sparkSession
     out_schema = _output_schema(spark, schema)
     with ExitStack() as stack:
@@ -95,12 +132,15 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         job = uuid.uuid4().hex[:12]
         queue = f"map-{job}"
         pool.declare(queue, lease_s=lease_s, max_attempts=max_retries + 1)
-        opts = TaskOptions(queue=queue, time_limit=time_limit, max_retries=max_retries)
-        ref = function_ref(func)
+        # a message is delivered again only when its worker died or it ran over its time limit
+        opts = TaskOptions(queue=queue, time_limit=None if time_limit is None else time_limit * rows_per_message,
+                           max_retries=max_retries)  # fmt: skip
+        ref = function_ref(RowRunner(func, max_retries))
         pool.put_blob(ref.data)
 
         t0 = time.time()
-        counts = df.mapInArrow(_enqueuer(pool, queue, job, adhoc_task_name(ref.digest), opts), "partition long, rows long")
+        enqueue = _enqueuer(pool, queue, job, adhoc_task_name(ref.digest), opts, rows_per_message)
+        counts = df.mapInArrow(enqueue, "partition long, rows long")
         rows = sum(r["rows"] for r in counts.collect())
         t1 = time.time()
 
@@ -179,20 +219,28 @@ def _materialize(result: DataFrame, ephemeral: bool) -> DataFrame:
 
 
 # --- executor side --------------------------------------------------------------------------------
-def _enqueuer(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOptions) -> Callable[..., Any]:
+def _enqueuer(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOptions, k: int) -> Callable[..., Any]:
     def enqueue(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
         from pyspark import TaskContext
 
         part = TaskContext.get().partitionId()  # type: ignore[union-attr]
-        n = 0
+        n = sent = 0
         now = time.time()
+        pending: list[dict[str, Any]] = []
         for batch in batches:
-            rows = batch.to_pylist()
-            messages = [build_message(task_name, opts, (row,), {}, key=f"{job}:{part}:{n + i}", now=now)
-                        for i, row in enumerate(rows)]  # fmt: skip
-            pool.put(queue, messages)
-            n += len(rows)
+            pending += batch.to_pylist()
+            n += batch.num_rows
+            cut = len(pending) - len(pending) % k  # whole messages now; the rest waits for the next batch
+            # the key (job, partition, first row) lets a retried Spark task put nothing twice
+            messages = [build_message(task_name, opts, (pending[i : i + k],), {}, key=f"{job}:{part}:{sent + i}", now=now)
+                        for i in range(0, cut, k)]  # fmt: skip
+            if messages:
+                pool.put(queue, messages)
+            sent += cut
+            pending = pending[cut:]
+        if pending:
+            pool.put(queue, [build_message(task_name, opts, (pending,), {}, key=f"{job}:{part}:{sent}", now=now)])
         pool.close()
         yield pa.RecordBatch.from_pylist([{"partition": part, "rows": n}])
 
@@ -216,22 +264,27 @@ def _reader(pool: QueuePool, queue: str, schema: StructType) -> Callable[..., An
         rows: list[dict[str, Any]] = []
         if queue in have:
             for i, r in client.iter_results(queue, page=READ_BATCH_ROWS):
-                try:
-                    row = _row(decode_result(r), names)
-                    row.update(_id=base | i, _error=None, _input=None)
-                except Exception as e:  # a result that is not a row: reported on its row, never dropped
+                for outcome in decode_result(r):  # type: ignore[attr-defined]
                     row = dict.fromkeys(names)
-                    row.update(_id=base | i, _error=f"{type(e).__name__}: {e}", _input=None)
-                rows.append(row)
+                    if outcome[0]:
+                        try:
+                            row = _row(outcome[1], names)
+                            row.update(_id=base | i, _error=None, _input=None)
+                        except Exception as e:  # a value that is not a row: reported on its row, never dropped
+                            row.update(_id=base | i, _error=f"{type(e).__name__}: {e}", _input=None)
+                    else:
+                        row.update(_id=base | i, _error=outcome[1], _input=outcome[2])
+                    rows.append(row)
                 if len(rows) >= READ_BATCH_ROWS:
                     yield _batch(rows, arrow, names)
                     rows = []
             after = 0
             while page := client.dead_letters(queue, after, READ_BATCH_ROWS):
-                for d in page:
-                    row = dict.fromkeys(names)
-                    row.update(_id=base | d.message.id, _error=d.error, _input=_input_json(d.message.payload, d.message.headers))
-                    rows.append(row)
+                for d in page:  # a whole message failed (its workers died, or it ran out of time): each row
+                    for inp in _input_rows(d.message.payload, d.message.headers):
+                        row = dict.fromkeys(names)
+                        row.update(_id=base | d.message.id, _error=d.error, _input=inp)
+                        rows.append(row)
                 after = page[-1].message.id
         pool.close()
         if rows:
@@ -272,12 +325,9 @@ def _row(value: Any, names: list[str]) -> dict[str, Any]:
     raise ConveyorError(f"map: func returned a {type(value).__name__}; return a dict or a tuple for the columns {names}")
 
 
-def _input_json(payload: bytes, headers: dict[str, str]) -> str:
-    try:
-        row = decode_call(payload, headers).args[0]
-        return json.dumps(row, default=str)
-    except Exception as e:
-        return f"(the input row could not be decoded: {e})"
+def _input_rows(payload: bytes, headers: dict[str, str]) -> list[str]:
+    """The input rows of a message, as JSON."""
+    return [json.dumps(row, default=str) for row in decode_call(payload, headers).args[0]]
 
 
 class _Progress:
