@@ -25,7 +25,7 @@ def main(verbose: bool) -> None:
 
 
 @main.command()
-@click.option("--pages", default=6000, show_default=True, type=click.IntRange(10), help="Pages in the synthetic corpus.")
+@click.option("--pages", default=9000, show_default=True, type=click.IntRange(10), help="Pages in the synthetic corpus.")
 @click.option("--workers", default=None, type=click.IntRange(1), help="Consumers (default: one per Spark slot).")
 @click.option("--kill-worker", is_flag=True, help="Kill one consumer midway, to show that nothing is lost.")
 def demo(pages: int, workers: int | None, kill_worker: bool) -> None:

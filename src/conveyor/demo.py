@@ -1,7 +1,8 @@
 """`conveyor demo`: the seed problem, end to end on the embedded default.
 
-A synthetic corpus ("documents": 1-200 pages each, heavy-tailed, per-page cost varying widely)
-is processed page by page twice on the same local Spark session and the same input DataFrame:
+A synthetic corpus ("documents": 1-200 pages each, heavy-tailed, per-page cost varying widely,
+listed by size as batches of scans often arrive) is processed page by page twice on the same
+local Spark session and the same input DataFrame:
 
 - through `conveyor.spark.map`: pages go through the queue to consumers running as Spark tasks,
   which balance work page by page (optionally one consumer is killed midway: nothing is lost);
@@ -57,15 +58,21 @@ def process_page(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def _pages_frame(spark: Any, n_pages: int, scale: float) -> tuple[Any, float, int]:
-    """The corpus as a DataFrame of pages, documents in order over INPUT_PARTITIONS partitions;
-    with the work it holds (seconds of CPU) and how many pages are damaged."""
+    """The corpus as a DataFrame of pages over INPUT_PARTITIONS partitions, documents in order of
+    size (as batches of scans often arrive: the big ones together); with the work it holds
+    (seconds of CPU) and how many pages are damaged."""
     sizes, costs = documents(n_pages)
+    docs, k = [], 0
+    for size in sizes:
+        docs.append(costs[k : k + size])
+        k += size
+    docs.sort(key=sum)
     rows, k, work, damaged = [], 0, 0.0, 0
-    for doc, size in enumerate(sizes):
-        for page in range(size):
+    for doc, pages in enumerate(docs):
+        for page, cost in enumerate(pages):
             bad = (k + 1) % DAMAGED_EVERY == 0
-            rows.append((doc, page, costs[k] * scale, bad))
-            work += 0.0 if bad else costs[k] * scale
+            rows.append((doc, page, cost * scale, bad))
+            work += 0.0 if bad else cost * scale
             damaged += bad
             k += 1
     frame = spark.createDataFrame(rows, "doc long, page long, cost double, damaged boolean")
@@ -112,7 +119,10 @@ def _conveyor(spark: Any, pages: Any, workers: int, work_s: float, kill: bool, p
     docs = done.where("_error IS NULL").groupBy("doc").agg({"words": "sum"}).count()
     failed = done.where("_error IS NOT NULL").count()
     makespan = time.perf_counter() - t0
-    note = "pages balanced one by one"
+    st = cs.mapping.last_stats
+    note = "pages balanced a few at a time"
+    if st is not None:
+        note += f"; enqueue {st.enqueue_s:.1f} s, process {st.consume_s:.1f} s, read {st.read_s:.1f} s"
     if killer:
         killer.stop.set()
         note += f"; consumer pid {killer.killed} killed midway" if killer.killed else "; (no consumer to kill)"
@@ -157,6 +167,8 @@ def run_demo(pages: int, workers: int | None, kill: bool, console: Console, scal
         n_workers = workers or int(spark.sparkContext.defaultParallelism)
         frame, work_s, damaged = _pages_frame(spark, pages, scale)
         frame.count()  # built once, before either timing
+        # start the executors' Python workers, so that neither run pays for them
+        spark.range(n_workers, numPartitions=n_workers).mapInArrow(lambda batches: batches, "id long").count()
         console.print(f"corpus: {pages:,} pages ({damaged} damaged), {work_s:.1f} s of work, {n_workers} workers")
         runs = [_conveyor(spark, frame, n_workers, work_s, kill, console.is_terminal)]
         console.print("now the same with plain Spark ...")
