@@ -32,9 +32,11 @@ def double(row: dict[str, Any]) -> dict[str, Any]:
 
 def test_map_gives_one_row_per_input_row_and_reports_failures(spark: SparkSession, pool: QueuePool) -> None:
     df = spark.range(1000, numPartitions=4)
-    out = cs.map(df, double, schema="id long, twice long, label string", pool=pool, max_retries=1, progress=False)
+    out = cs.map(df, double, schema="id long, twice long, label string", pool=pool, max_retries=1, rows_per_message=4,
+                 progress=False)  # fmt: skip
     rows = out.collect()
-    assert len(rows) == 1000 and len({r["_id"] for r in rows}) == 4 * 63  # four rows to a message, per partition
+    # 2 consumer tasks each put their half (2 input partitions, coalesced) 4 rows to a message
+    assert len(rows) == 1000 and len({r["_id"] for r in rows}) == 250
     ok = [r for r in rows if r["_error"] is None]
     bad = sorted((r for r in rows if r["_error"] is not None), key=lambda r: r["_input"])
     assert sorted(r["id"] for r in ok) == [i for i in range(1000) if i % 100 != 42]
@@ -44,7 +46,8 @@ def test_map_gives_one_row_per_input_row_and_reports_failures(spark: SparkSessio
     assert out.schema.simpleString().startswith("struct<id:bigint,twice:bigint,label:string,_id:bigint")
     stats = cs.mapping.last_stats
     assert stats is not None and stats.rows == 1000 and stats.failed == 10
-    assert sum(c["processed"] for c in stats.consumers) == 4 * 63  # a failing row does not fail its message
+    assert sum(c["processed"] for c in stats.consumers) == 250  # a failing row does not fail its message
+    assert sorted(c["rows"] for c in stats.consumers) == [500, 500]
 
 
 def test_results_as_tuples_values_and_the_wrong_shape(spark: SparkSession, pool: QueuePool) -> None:
@@ -129,3 +132,11 @@ def test_map_without_a_pool_starts_and_stops_its_own_servers(spark: SparkSession
     out = cs.map(spark.range(5), lambda r: r["id"] * 10, schema="n long", progress=False)
     assert sorted(r["n"] for r in out.collect()) == [0, 10, 20, 30, 40]  # readable after the servers stopped
     wait_for(lambda: threading.active_count() <= before + 1, what="map's own pool closed")
+
+
+def test_map_over_fewer_partitions_than_consumers_puts_rows_first(spark: SparkSession, pool: QueuePool) -> None:
+    df = spark.range(100, numPartitions=1)  # one partition, two consumers: rows are put by a job of their own
+    out = cs.map(df, lambda r: r["id"], schema="n long", pool=pool, progress=False)
+    assert sorted(r["n"] for r in out.collect()) == list(range(100))
+    stats = cs.mapping.last_stats
+    assert stats is not None and len(stats.consumers) == 2 and stats.enqueue_s > 0

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConveyorError
@@ -36,16 +36,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("conveyor.spark")
 
 STATS_DDL = ("consumer long, host string, pid long, started double, finished double, processed long, failed long, "
-             "retried long, dead long, timed_out long, stolen long")  # fmt: skip
+             "retried long, dead long, timed_out long, stolen long, rows long")  # fmt: skip
 STOP_PREFIX = b"conveyor-stop:"
+FED_PREFIX = b"conveyor-fed:"  # + job and task: that task's prelude is done
+
+Prelude = Callable[[Iterator["pa.RecordBatch"], int], int]  # (the task's input batches, task index) -> rows fed
 
 
-def _stop_key(job: str) -> str:
-    return hashlib.sha256(STOP_PREFIX + job.encode()).hexdigest()
+def _key(prefix: bytes, job: str) -> str:
+    return hashlib.sha256(prefix + job.encode()).hexdigest()
 
 
-def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str, options: dict[str, Any]) -> Any:
-    """The function each Spark task runs: one consumer, then one row of its counts."""
+def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str, options: dict[str, Any],
+             prelude: Prelude | None) -> Any:  # fmt: skip
+    """The function each Spark task runs: its prelude (if any), one consumer, then one row of counts."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -53,12 +57,23 @@ def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str,
 
         from ..worker.consumer import Consumer
 
-        for _ in batches:  # the range rows: only the partition number matters
-            pass
         index = TaskContext.get().partitionId()  # type: ignore[union-attr]
-        key = _stop_key(job)
-        consumer = Consumer(pool, queues, consumer=index, n_consumers=n, stop_when=lambda: pool.get_blob(key) is not None,
-                            name=f"spark:{job}:{index}:{os.getpid()}", **options)  # fmt: skip
+        rows = 0
+        expect_more = None
+        if prelude is None:
+            for _ in batches:  # the range rows: only the partition number matters
+                pass
+        else:
+            rows = prelude(batches, index)
+            pool.put_blob(FED_PREFIX + f"{job}:{index}".encode())
+            fed = [_key(FED_PREFIX, f"{job}:{i}") for i in range(n)]
+
+            def expect_more() -> bool:  # another task is still feeding the queue
+                return any(pool.get_blob(k) is None for k in fed)
+
+        stop = _key(STOP_PREFIX, job)
+        consumer = Consumer(pool, queues, consumer=index, n_consumers=n, stop_when=lambda: pool.get_blob(stop) is not None,
+                            expect_more=expect_more, name=f"spark:{job}:{index}:{os.getpid()}", **options)  # fmt: skip
         old = sys.getswitchinterval()
         sys.setswitchinterval(CONSUMER_SWITCH_INTERVAL_S)  # see conveyor.worker.consumer_pool
         started = time.time()
@@ -68,7 +83,7 @@ def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str,
             sys.setswitchinterval(old)
         row = {"consumer": index, "host": os.uname().nodename, "pid": os.getpid(), "started": started,
                "finished": time.time(), "processed": s.processed, "failed": s.failed, "retried": s.retried,
-               "dead": s.dead, "timed_out": s.timed_out, "stolen": s.stolen}  # fmt: skip
+               "dead": s.dead, "timed_out": s.timed_out, "stolen": s.stolen, "rows": rows}  # fmt: skip
         yield pa.RecordBatch.from_pylist([row])
 
     return run
@@ -79,15 +94,20 @@ class SparkConsumerPool:
 
     n_consumers: Spark tasks to run (default: `spark.sparkContext.defaultParallelism`, one per slot).
     The other options are `Consumer`'s; `until_empty=False` keeps consumers running until `stop()`.
+    feed: (df, prelude): each consumer task first runs `prelude(batches, task)` over its share of
+        df's rows (df coalesced to n_consumers tasks: no shuffle), e.g. to put them on the queue,
+        then consumes; drained queues end no consumer before every task's prelude is done. This is
+        how `map` overlaps putting rows on the queue with working them off.
     """
 
     def __init__(self, spark: SparkSession, pool: QueuePool, n_consumers: int | None = None, *,
                  queues: Sequence[QueueConfig | str] = ("default",), batch_size: int | None = None,
                  max_concurrency: int = 8, concurrency: Literal["thread", "process"] = "thread",
-                 task_modules: Sequence[str] = (), until_empty: bool = True, description: str | None = None) -> None:  # fmt: skip
+                 task_modules: Sequence[str] = (), until_empty: bool = True, description: str | None = None,
+                 feed: tuple[DataFrame, Prelude] | None = None) -> None:  # fmt: skip
         self.spark = spark
         self.pool = pool
-        self.n_consumers = n_consumers or _default_parallelism(spark)
+        self.n_consumers = n_consumers or default_parallelism(spark)
         if self.n_consumers < 1:
             raise ValueError(f"n_consumers must be >= 1, got {n_consumers}")
         self.queues = list(queues)
@@ -97,14 +117,19 @@ class SparkConsumerPool:
         self.job = uuid.uuid4().hex[:12]
         self.description = description or (f"conveyor: {self.n_consumers} consumer(s) x {max_concurrency} "
                                             f"{concurrency}(s) on {names}")  # fmt: skip
+        self.feed = feed
         self.stats: list[dict[str, Any]] | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
     def dataframe(self) -> DataFrame:
         """The (lazy) DataFrame whose evaluation runs the consumers: one row of counts per consumer."""
-        fn = _consume(self.pool, self.queues, self.n_consumers, self.job, self.options)
-        return self.spark.range(self.n_consumers, numPartitions=self.n_consumers).mapInArrow(fn, STATS_DDL)
+        if self.feed is None:
+            fn = _consume(self.pool, self.queues, self.n_consumers, self.job, self.options, None)
+            return self.spark.range(self.n_consumers, numPartitions=self.n_consumers).mapInArrow(fn, STATS_DDL)
+        df, prelude = self.feed
+        fn = _consume(self.pool, self.queues, self.n_consumers, self.job, self.options, prelude)
+        return df.coalesce(self.n_consumers).mapInArrow(fn, STATS_DDL)
 
     def run(self) -> list[dict[str, Any]]:
         """Run the consumers as one Spark job and return each one's counts (blocks until they end)."""
@@ -141,12 +166,12 @@ class SparkConsumerPool:
 
     def stop(self, wait: bool = True, timeout: float | None = None) -> None:
         """Tell the consumers to stop (each finishes its running tasks); with `wait`, wait for them."""
-        self.pool.put_blob(STOP_PREFIX + self.job.encode())
+        self.pool.put_blob(STOP_PREFIX + self.job.encode())  # its key: _key(STOP_PREFIX, job)
         if wait and self._thread is not None:
             self.join(timeout)
 
 
-def _default_parallelism(spark: SparkSession) -> int:
+def default_parallelism(spark: SparkSession) -> int:
     try:
         return int(spark.sparkContext.defaultParallelism)
     except Exception:  # Spark Connect: no SparkContext; ask the configuration

@@ -36,7 +36,7 @@ from ..options import TaskOptions
 from ..progress import JoinProgress
 from ..publish import build_message
 from ..serialization import adhoc_task_name, decode_call, decode_result, function_ref
-from .consumers import SparkConsumerPool
+from .consumers import SparkConsumerPool, default_parallelism
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -139,16 +139,26 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         pool.put_blob(ref.data)
 
         t0 = time.time()
-        enqueue = _enqueuer(pool, queue, job, adhoc_task_name(ref.digest), opts, rows_per_message)
-        counts = df.mapInArrow(enqueue, "partition long, rows long")
-        rows = sum(r["rows"] for r in counts.collect())
-        t1 = time.time()
-
-        consumers = SparkConsumerPool(spark, pool, n_consumers, queues=[queue], batch_size=batch_size,
-                                      max_concurrency=max_concurrency, concurrency=concurrency,
-                                      description=f"conveyor.spark.map: {rows:,} rows through {queue}")  # fmt: skip
-        with _Progress(pool, queue, progress):
-            stats = consumers.run()
+        put_rows = _putter(pool, queue, job, adhoc_task_name(ref.digest), opts, rows_per_message)
+        n = n_consumers or default_parallelism(spark)
+        options: dict[str, Any] = {"queues": [queue], "batch_size": batch_size, "max_concurrency": max_concurrency,
+                                   "concurrency": concurrency}  # fmt: skip
+        if _partitions(df) >= n:
+            # one Spark job: each of n tasks puts its share of the rows on the queue, then consumes
+            consumers = SparkConsumerPool(spark, pool, n, feed=(df, put_rows), **options,
+                                          description=f"conveyor.spark.map through {queue}")  # fmt: skip
+            with _Progress(pool, queue, progress):
+                stats = consumers.run()
+            rows = sum(s["rows"] for s in stats)
+            t1 = t0
+        else:  # fewer partitions than consumers: put the rows first (a job of its own), then consume
+            counts = df.mapInArrow(_put_partitions(pool, put_rows), "partition long, rows long")
+            rows = sum(r["rows"] for r in counts.collect())
+            t1 = time.time()
+            consumers = SparkConsumerPool(spark, pool, n, **options,
+                                          description=f"conveyor.spark.map: {rows:,} rows through {queue}")  # fmt: skip
+            with _Progress(pool, queue, progress):
+                stats = consumers.run()
         t2 = time.time()
 
         reader = _reader(pool, queue, out_schema)
@@ -219,12 +229,33 @@ def _materialize(result: DataFrame, ephemeral: bool) -> DataFrame:
 
 
 # --- executor side --------------------------------------------------------------------------------
-def _enqueuer(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOptions, k: int) -> Callable[..., Any]:
-    def enqueue(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+def _partitions(df: DataFrame) -> int:
+    """The DataFrame's partitions (0 where it cannot be told without computing it: Spark Connect)."""
+    try:
+        return int(df.rdd.getNumPartitions())
+    except Exception:
+        return 0
+
+
+def _put_partitions(pool: QueuePool, put_rows: Callable[..., int]) -> Callable[..., Any]:
+    """mapInArrow function: put a partition's rows on the queue; one row of counts."""
+
+    def put(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
         from pyspark import TaskContext
 
         part = TaskContext.get().partitionId()  # type: ignore[union-attr]
+        n = put_rows(batches, part)
+        pool.close()
+        yield pa.RecordBatch.from_pylist([{"partition": part, "rows": n}])
+
+    return put
+
+
+def _putter(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOptions, k: int) -> Callable[..., int]:
+    """(batches, task) -> rows put: a task's rows onto the queue, k to a message."""
+
+    def put_rows(batches: Iterator[pa.RecordBatch], part: int) -> int:
         n = sent = 0
         now = time.time()
         pending: list[dict[str, Any]] = []
@@ -241,10 +272,9 @@ def _enqueuer(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskO
             pending = pending[cut:]
         if pending:
             pool.put(queue, [build_message(task_name, opts, (pending,), {}, key=f"{job}:{part}:{sent}", now=now)])
-        pool.close()
-        yield pa.RecordBatch.from_pylist([{"partition": part, "rows": n}])
+        return n
 
-    return enqueue
+    return put_rows
 
 
 def _reader(pool: QueuePool, queue: str, schema: StructType) -> Callable[..., Any]:

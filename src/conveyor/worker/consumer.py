@@ -102,9 +102,11 @@ class Consumer:
                  concurrency: Literal["thread", "process"] = "thread", selector: QueueSelector | str = "ReducedLottery",
                  middleware: Sequence[Middleware] | None = None, task_modules: Sequence[str] = (),
                  until_empty: bool = False, name: str | None = None, seed: int | None = None,
-                 stop_when: Callable[[], bool] | None = None) -> None:  # fmt: skip
+                 stop_when: Callable[[], bool] | None = None, expect_more: Callable[[], bool] | None = None) -> None:  # fmt: skip
         """See the module docstring. `stop_when`, asked about once a second, stops the consumer
-        gracefully when it returns True (a stop signalled from elsewhere, e.g. through the servers)."""
+        gracefully when it returns True (a stop signalled from elsewhere, e.g. through the servers).
+        `expect_more` (with `until_empty`): while it returns True, drained queues do not end the
+        consumer (producers are still at work)."""
         if not queues:
             raise ValueError("a consumer needs at least one queue")
         if max_concurrency < 1:
@@ -127,6 +129,7 @@ class Consumer:
         self.task_modules = list(task_modules)
         self.until_empty = until_empty
         self.stop_when = stop_when
+        self.expect_more = expect_more
         self._next_stop_check = 0.0
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{consumer}"
         self.stats = ConsumerStats()
@@ -271,6 +274,8 @@ class Consumer:
         return got
 
     def _drained(self) -> bool:
+        if self.expect_more is not None and self.expect_more():
+            return False
         self._settler.flush()  # our own acks count: send them before asking
         st = self.pool.stats()
         return all(st[q.name].pending == 0 for q in self.queues if q.name in st)
