@@ -98,7 +98,7 @@ last_stats: MapStats | None = None
 def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType,
         pool: QueuePool | None = None, n_consumers: int | None = None, batch_size: int | None = None,
         max_concurrency: int = 8, concurrency: Literal["thread", "process"] = "thread", max_retries: int = 3,
-        time_limit: float | None = None, lease_s: float = 60.0, rows_per_message: int = 4,
+        time_limit: float | None = None, lease_s: float = 60.0, rows_per_message: int = 8,
         progress: bool | None = None) -> DataFrame:  # fmt: skip
     """Apply `func` to every row of `df` through the queue; returns the results as a DataFrame.
 
