@@ -213,8 +213,7 @@ class Consumer:
                 if self._stop.is_set() and got:
                     self._release(got)
                     continue
-                for m in got:
-                    self._start(slots, m)
+                self._start(slots, got)
                 self._empty_polls = 0 if got else self._empty_polls + 1
                 if not got:
                     if not self._running and self.until_empty and self._drained():
@@ -281,12 +280,13 @@ class Consumer:
         return all(st[q.name].pending == 0 for q in self.queues if q.name in st)
 
     # --- running --------------------------------------------------------------------------
-    def _start(self, slots: ThreadSlots | ProcessSlots, m: Message) -> None:
+    def _start(self, slots: ThreadSlots | ProcessSlots, got: list[Message]) -> None:
         now = time.monotonic()
-        deadlines = [d for mw in self.middleware if (d := mw.deadline(m, now)) is not None]
-        lease = m.lease_s or 30.0
-        self._running[m.id] = _Running(m, now, min(deadlines) if deadlines else None, now + lease / 3)
-        slots.submit(m)
+        middleware, running = self.middleware, self._running
+        for m in got:
+            deadlines = [d for mw in middleware if (d := mw.deadline(m, now)) is not None]
+            running[m.id] = _Running(m, now, min(deadlines) if deadlines else None, now + (m.lease_s or 30.0) / 3)
+            slots.submit(m)
 
     def _completed(self) -> list[Completion]:
         out, self._peeked = self._peeked, []
@@ -322,23 +322,22 @@ class Consumer:
                 lease = r.message.lease_s or 30.0
                 due.setdefault((r.message.queue, lease), []).append(r.message.id)
                 r.heartbeat_at = now + lease / 3
-        for (q, lease), ids in due.items():
-            for i in ids:
-                self._settler.extend(q, i, lease)
+        self._settler.put([Settler.extend(q, i, lease) for (q, lease), ids in due.items() for i in ids])
 
     def _settle(self, done: list[Completion]) -> None:
         """Ack successes with their results and hand failures to the middleware (sent by the settler)."""
+        out = []
         for c in done:
             r = self._running.pop(c.message.id, None)
             if r is None:
                 continue  # stopped over its time limit and settled then: a late result
             m = c.message
             if c.error is None:
-                self._settler.ack(m.queue, m.id, c.result)
+                out.append(Settler.ack(m.queue, m.id, c.result))
                 self.stats.processed += 1
             else:
                 d = next((d for mw in self.middleware if (d := mw.on_failure(m, c.error)) is not None), Decision(False))
-                self._settler.nack(m.queue, m.id, c.error.error, d.delay_s, d.final)
+                out.append(Settler.nack(m.queue, m.id, c.error.error, d.delay_s, d.final))
                 self.stats.failed += 1
                 if d.final or m.attempts >= m.max_attempts:
                     self.stats.dead += 1
@@ -348,10 +347,10 @@ class Consumer:
                          c.error.error.split("\n", 1)[0])  # fmt: skip
             for mw in self.middleware:
                 mw.on_finish(m, c.error)
+        self._settler.put(out)
 
     def _release(self, got: list[Message]) -> None:
-        for m in got:
-            self._settler.release(m.queue, m.id)
+        self._settler.put([Settler.release(m.queue, m.id) for m in got])
         self.stats.released += len(got)
 
     def _counts(self) -> tuple[str, dict[str, float]]:

@@ -45,22 +45,28 @@ class Settler:
         self._thread.start()
 
     # --- what a consumer queues ---------------------------------------------------------
-    def _put(self, item: tuple[Any, ...]) -> None:
-        with self._cond:
-            self._pending += 1
-        self._items.put(item)
+    def put(self, items: list[tuple[Any, ...]]) -> None:
+        """Queue settlements, each one of `ack`, `nack`, `release` or `extend` below."""
+        if items:
+            with self._cond:
+                self._pending += len(items)
+            self._items.put(items)
 
-    def ack(self, queue_name: str, msg_id: int, result: bytes | None) -> None:
-        self._put(("ack", queue_name, False, msg_id, result))
+    @staticmethod
+    def ack(queue_name: str, msg_id: int, result: bytes | None) -> tuple[Any, ...]:
+        return ("ack", queue_name, False, msg_id, result)
 
-    def nack(self, queue_name: str, msg_id: int, error: str, delay_s: float, final: bool) -> None:
-        self._put(("nack", queue_name, final, msg_id, (error, delay_s)))
+    @staticmethod
+    def nack(queue_name: str, msg_id: int, error: str, delay_s: float, final: bool) -> tuple[Any, ...]:
+        return ("nack", queue_name, final, msg_id, (error, delay_s))
 
-    def release(self, queue_name: str, msg_id: int) -> None:
-        self._put(("release", queue_name, False, msg_id, None))
+    @staticmethod
+    def release(queue_name: str, msg_id: int) -> tuple[Any, ...]:
+        return ("release", queue_name, False, msg_id, None)
 
-    def extend(self, queue_name: str, msg_id: int, lease_s: float) -> None:
-        self._put(("extend", queue_name, lease_s, msg_id, None))
+    @staticmethod
+    def extend(queue_name: str, msg_id: int, lease_s: float) -> tuple[Any, ...]:
+        return ("extend", queue_name, lease_s, msg_id, None)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued so far was sent; False on timeout."""
@@ -88,14 +94,14 @@ class Settler:
                 continue
             if first is not _STOP:
                 time.sleep(COALESCE_S)  # let settlements arriving together go in one request
-            batch = [first]
+            lists = [first]
             while True:
                 try:
-                    batch.append(self._items.get_nowait())
+                    lists.append(self._items.get_nowait())
                 except queue.Empty:
                     break
-            stop = any(i is _STOP for i in batch)
-            batch = [i for i in batch if i is not _STOP]
+            stop = any(i is _STOP for i in lists)
+            batch = [item for items in lists if items is not _STOP for item in items]
             self._send(batch)
             with self._cond:
                 self._pending -= len(batch)
