@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for run in range(1, runs + 1):
         progress(f"run {run}/{runs}: no-op through conveyor")
-        dt = conveyor_run(args.fsync, publish_noop, 0.05, concurrency="thread", max_concurrency=64, batch_size=1000)
+        dt = conveyor_run(args.fsync, publish_noop, 0.05, concurrency="thread", max_concurrency=128, batch_size=1000)
         record("noop conveyor", n / dt)
         progress(f"run {run}/{runs}: no-op through ProcessPoolExecutor.map")
         best = max(n / executor_run(noop, payloads, c) for c in (100, 1000, 10_000))
