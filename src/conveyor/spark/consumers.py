@@ -9,11 +9,16 @@ held come back when their leases end (a running task's lease is extended only wh
 
 A stop travels through the queue servers, not Spark: `stop()` stores a blob whose key the
 consumers know, and each checks for it about once a second, then stops gracefully.
+
+With `then=(schema, rows)`, each task yields `rows(task)` once the queues are drained instead of
+its counts, which it puts on a queue of their own: how `map` reads its results back in the same
+Spark job that consumed them.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import sys
@@ -24,12 +29,14 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConveyorError
+from ..message import Message
 from ..worker.consumer_pool import CONSUMER_SWITCH_INTERVAL_S
 from ..worker.settings import QueueConfig
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.types import StructType
 
     from ..pool import QueuePool
 
@@ -41,15 +48,21 @@ STOP_PREFIX = b"conveyor-stop:"
 FED_PREFIX = b"conveyor-fed:"  # + job and task: that task's prelude is done
 
 Prelude = Callable[[Iterator["pa.RecordBatch"], int], int]  # (the task's input batches, task index) -> rows fed
+Epilogue = Callable[[int], Iterator["pa.RecordBatch"]]  # task index -> the rows it yields once drained
 
 
 def _key(prefix: bytes, job: str) -> str:
     return hashlib.sha256(prefix + job.encode()).hexdigest()
 
 
+def _stats_queue(job: str) -> str:
+    return f"conveyor-consumers-{job}"
+
+
 def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str, options: dict[str, Any],
-             prelude: Prelude | None) -> Any:  # fmt: skip
-    """The function each Spark task runs: its prelude (if any), one consumer, then one row of counts."""
+             prelude: Prelude | None, epilogue: Epilogue | None) -> Any:  # fmt: skip
+    """The function each Spark task runs: its prelude (if any), one consumer, then one row of counts
+    (or, with an epilogue, the epilogue's rows, the counts going to the stats queue)."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -84,7 +97,11 @@ def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str,
         row = {"consumer": index, "host": os.uname().nodename, "pid": os.getpid(), "started": started,
                "finished": time.time(), "processed": s.processed, "failed": s.failed, "retried": s.retried,
                "dead": s.dead, "timed_out": s.timed_out, "stolen": s.stolen, "rows": rows}  # fmt: skip
-        yield pa.RecordBatch.from_pylist([row])
+        if epilogue is None:
+            yield pa.RecordBatch.from_pylist([row])
+            return
+        pool.put(_stats_queue(job), [Message(payload=json.dumps(row).encode())])
+        yield from epilogue(index)
 
     return run
 
@@ -98,13 +115,16 @@ class SparkConsumerPool:
         df's rows (df coalesced to n_consumers tasks: no shuffle), e.g. to put them on the queue,
         then consumes; drained queues end no consumer before every task's prelude is done. This is
         how `map` overlaps putting rows on the queue with working them off.
+    then: (schema, epilogue): `dataframe()` has this schema and each task yields `epilogue(task)`
+        once the queues are drained (every task's work done); `consumer_stats()` gives the counts.
     """
 
     def __init__(self, spark: SparkSession, pool: QueuePool, n_consumers: int | None = None, *,
                  queues: Sequence[QueueConfig | str] = ("default",), batch_size: int | None = None,
                  max_concurrency: int = 8, concurrency: Literal["thread", "process"] = "thread",
                  task_modules: Sequence[str] = (), until_empty: bool = True, description: str | None = None,
-                 feed: tuple[DataFrame, Prelude] | None = None) -> None:  # fmt: skip
+                 feed: tuple[DataFrame, Prelude] | None = None,
+                 then: tuple[StructType, Epilogue] | None = None) -> None:  # fmt: skip
         self.spark = spark
         self.pool = pool
         self.n_consumers = n_consumers or default_parallelism(spark)
@@ -118,25 +138,44 @@ class SparkConsumerPool:
         self.description = description or (f"conveyor: {self.n_consumers} consumer(s) x {max_concurrency} "
                                             f"{concurrency}(s) on {names}")  # fmt: skip
         self.feed = feed
+        self.then = then
         self.stats: list[dict[str, Any]] | None = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
     def dataframe(self) -> DataFrame:
-        """The (lazy) DataFrame whose evaluation runs the consumers: one row of counts per consumer."""
+        """The (lazy) DataFrame whose evaluation runs the consumers: one row of counts per consumer
+        (with `then`: the epilogues' rows)."""
+        schema, epilogue = self.then if self.then is not None else (STATS_DDL, None)
+        prelude = None if self.feed is None else self.feed[1]
+        fn = _consume(self.pool, self.queues, self.n_consumers, self.job, self.options, prelude, epilogue)
         if self.feed is None:
-            fn = _consume(self.pool, self.queues, self.n_consumers, self.job, self.options, None)
-            return self.spark.range(self.n_consumers, numPartitions=self.n_consumers).mapInArrow(fn, STATS_DDL)
-        df, prelude = self.feed
-        fn = _consume(self.pool, self.queues, self.n_consumers, self.job, self.options, prelude)
-        return df.coalesce(self.n_consumers).mapInArrow(fn, STATS_DDL)
+            return self.spark.range(self.n_consumers, numPartitions=self.n_consumers).mapInArrow(fn, schema)
+        return self.feed[0].coalesce(self.n_consumers).mapInArrow(fn, schema)
+
+    def job_group(self) -> _JobGroup:
+        """A context naming the Spark jobs started inside it after these consumers (in the Spark UI)."""
+        return _JobGroup(self.spark, f"conveyor-{self.job}", self.description)
 
     def run(self) -> list[dict[str, Any]]:
         """Run the consumers as one Spark job and return each one's counts (blocks until they end)."""
-        df = self.dataframe()
-        with _JobGroup(self.spark, f"conveyor-{self.job}", self.description):
-            rows = df.collect()
+        if self.then is not None:
+            raise ConveyorError("SparkConsumerPool.run() with `then`: evaluate dataframe() and call consumer_stats()")
+        with self.job_group():
+            rows = self.dataframe().collect()
         self.stats = sorted((r.asDict() for r in rows), key=lambda r: r["consumer"])
+        return self.stats
+
+    def consumer_stats(self) -> list[dict[str, Any]]:
+        """With `then`, once `dataframe()` was evaluated: each consumer's counts (a consumer's Spark
+        task that ran again, e.g. after its executor was lost, counts once, as its last run)."""
+        name, latest = _stats_queue(self.job), {}
+        while got := self.pool.get(name, 1000):
+            self.pool.ack(name, [m.id for m in got])
+            for m in got:
+                row = json.loads(m.payload)
+                latest.setdefault(row["consumer"], []).append(row)
+        self.stats = [max(rows, key=lambda r: r["finished"]) for _, rows in sorted(latest.items())]
         return self.stats
 
     def start(self) -> SparkConsumerPool:

@@ -7,8 +7,10 @@
 2. Consume: a `SparkConsumerPool` runs consumers as long-lived Spark tasks until the queue is
    drained: work is balanced message by message, failing rows retried, and the messages held by a
    killed consumer come back when their leases end.
-3. Read back: one Spark partition per queue server reads its results (and dead letters) in
-   parallel into the output DataFrame, which is materialized before `map` returns.
+3. Read back: each queue server's results (and dead letters) are read by one Spark task, in
+   parallel, into the output DataFrame, which is materialized before `map` returns. When rows
+   are put by the consumer tasks themselves (1 and 2 in one Spark job), the same tasks read the
+   results once the queue is drained: steps 1 to 3 are one job.
 
 Rows travel `rows_per_message` to a message (a few rows per message cut the queue's overhead per
 row; balancing is at that grain). The output has one row per input row, whatever happened on the
@@ -25,7 +27,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -144,13 +146,19 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         options: dict[str, Any] = {"queues": [queue], "batch_size": batch_size, "max_concurrency": max_concurrency,
                                    "concurrency": concurrency}  # fmt: skip
         if _partitions(df) >= n:
-            # one Spark job: each of n tasks puts its share of the rows on the queue, then consumes
+            # one Spark job: each of n tasks puts its share of the rows on the queue, consumes, and
+            # once the queue is drained reads the results of its share of the servers
+            shards = len(pool)
             consumers = SparkConsumerPool(spark, pool, n, feed=(df, put_rows), **options,
+                                          then=(_with_extra(out_schema),
+                                                lambda task: _read(pool, queue, out_schema, range(task, shards, n))),
                                           description=f"conveyor.spark.map through {queue}")  # fmt: skip
-            with _Progress(pool, queue, progress):
-                stats = consumers.run()
+            with _Progress(pool, queue, progress), consumers.job_group():  # persist is lazy: the count runs it
+                result = _materialize(consumers.dataframe(), ephemeral)
+                got, failed = _count(result)
+            stats = consumers.consumer_stats()
             rows = sum(s["rows"] for s in stats)
-            t1 = t0
+            t1, t2 = t0, min(max((s["finished"] for s in stats), default=t0), time.time())
         else:  # fewer partitions than consumers: put the rows first (a job of its own), then consume
             counts = df.mapInArrow(_put_partitions(pool, put_rows), "partition long, rows long")
             rows = sum(r["rows"] for r in counts.collect())
@@ -159,13 +167,11 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
                                           description=f"conveyor.spark.map: {rows:,} rows through {queue}")  # fmt: skip
             with _Progress(pool, queue, progress):
                 stats = consumers.run()
-        t2 = time.time()
-
-        reader = _reader(pool, queue, out_schema)
-        result = spark.range(len(pool), numPartitions=len(pool)).mapInArrow(reader, _with_extra(out_schema))
-        result = _materialize(result, ephemeral)
-        [counts] = result.selectExpr("count(*) AS rows", "count(_error) AS failed").collect()  # one pass
-        got, failed = counts["rows"], counts["failed"]
+            t2 = time.time()
+            reader = _reader(pool, queue, out_schema)
+            result = spark.range(len(pool), numPartitions=len(pool)).mapInArrow(reader, _with_extra(out_schema))
+            result = _materialize(result, ephemeral)
+            got, failed = _count(result)
         t3 = time.time()
         if got != rows:
             raise ConveyorError(f"map: {rows:,} rows went in but {got:,} came out (queue {queue}); please report this")
@@ -212,6 +218,12 @@ def _with_extra(schema: StructType) -> StructType:
 
     return StructType([*schema.fields, StructField("_id", LongType(), False), StructField("_error", StringType(), True),
                        StructField("_input", StringType(), True)])  # fmt: skip
+
+
+def _count(result: DataFrame) -> tuple[int, int]:
+    """(rows, failed rows), in one pass."""
+    [counts] = result.selectExpr("count(*) AS rows", "count(_error) AS failed").collect()
+    return counts["rows"], counts["failed"]
 
 
 def _materialize(result: DataFrame, ephemeral: bool) -> DataFrame:
@@ -278,49 +290,56 @@ def _putter(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOpt
 
 
 def _reader(pool: QueuePool, queue: str, schema: StructType) -> Callable[..., Any]:
-    names = [f.name for f in schema.fields]
+    """mapInArrow function over `range(len(pool))`: task i reads shard i's results."""
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
-        from pyspark.sql.pandas.types import to_arrow_schema
 
         for _ in batches:
             pass
-        arrow = to_arrow_schema(_with_extra(schema))
-        shard = TaskContext.get().partitionId()  # type: ignore[union-attr]
-        client = pool.clients[shard]
-        base = shard << SHARD_SHIFT
-        have = {q.name for q in client.queues()}
-        rows: list[dict[str, Any]] = []
-        if queue in have:
-            for i, r in client.iter_results(queue, page=READ_BATCH_ROWS):
-                for outcome in decode_result(r):  # type: ignore[attr-defined]
-                    row = dict.fromkeys(names)
-                    if outcome[0]:
-                        try:
-                            row = _row(outcome[1], names)
-                            row.update(_id=base | i, _error=None, _input=None)
-                        except Exception as e:  # a value that is not a row: reported on its row, never dropped
-                            row.update(_id=base | i, _error=f"{type(e).__name__}: {e}", _input=None)
-                    else:
-                        row.update(_id=base | i, _error=outcome[1], _input=outcome[2])
-                    rows.append(row)
-                if len(rows) >= READ_BATCH_ROWS:
-                    yield _batch(rows, arrow, names)
-                    rows = []
-            after = 0
-            while page := client.dead_letters(queue, after, READ_BATCH_ROWS):
-                for d in page:  # a whole message failed (its workers died, or it ran out of time): each row
-                    for inp in _input_rows(d.message.payload, d.message.headers):
-                        row = dict.fromkeys(names)
-                        row.update(_id=base | d.message.id, _error=d.error, _input=inp)
-                        rows.append(row)
-                after = page[-1].message.id
-        pool.close()
-        if rows:
-            yield _batch(rows, arrow, names)
+        yield from _read(pool, queue, schema, [TaskContext.get().partitionId()])  # type: ignore[union-attr]
 
     return read
+
+
+def _read(pool: QueuePool, queue: str, schema: StructType, shards: Iterable[int]) -> Iterator[pa.RecordBatch]:
+    """The output rows of `shards`: one per row of every result and of every dead letter."""
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    names = [f.name for f in schema.fields]
+    arrow = to_arrow_schema(_with_extra(schema))
+    rows: list[dict[str, Any]] = []
+    for shard in shards:
+        client = pool.clients[shard]
+        base = shard << SHARD_SHIFT
+        if queue not in {q.name for q in client.queues()}:
+            continue
+        for i, r in client.iter_results(queue, page=READ_BATCH_ROWS):
+            for outcome in decode_result(r):  # type: ignore[attr-defined]
+                row = dict.fromkeys(names)
+                if outcome[0]:
+                    try:
+                        row = _row(outcome[1], names)
+                        row.update(_id=base | i, _error=None, _input=None)
+                    except Exception as e:  # a value that is not a row: reported on its row, never dropped
+                        row.update(_id=base | i, _error=f"{type(e).__name__}: {e}", _input=None)
+                else:
+                    row.update(_id=base | i, _error=outcome[1], _input=outcome[2])
+                rows.append(row)
+            if len(rows) >= READ_BATCH_ROWS:
+                yield _batch(rows, arrow, names)
+                rows = []
+        after = 0
+        while page := client.dead_letters(queue, after, READ_BATCH_ROWS):
+            for d in page:  # a whole message failed (its workers died, or it ran out of time): each row
+                for inp in _input_rows(d.message.payload, d.message.headers):
+                    row = dict.fromkeys(names)
+                    row.update(_id=base | d.message.id, _error=d.error, _input=inp)
+                    rows.append(row)
+            after = page[-1].message.id
+    pool.close()
+    if rows:
+        yield _batch(rows, arrow, names)
 
 
 def _batch(rows: list[dict[str, Any]], arrow: pa.Schema, names: list[str]) -> pa.RecordBatch:

@@ -38,7 +38,7 @@ log = logging.getLogger("conveyor.worker")
 REPORT_EVERY_S = 2.0  # how often a consumer tells the servers its counts
 BUSY_POLL_S = 0.05  # with tasks running, how long to wait for one to finish before looking for more work
 IDLE_POLL_S = 1.0  # longest long poll while idle (so a stop is noticed within it)
-DRAIN_POLL_S = 0.1  # with until_empty, the long poll between checks that the queues are drained
+DRAIN_POLL_S = 0.05  # with until_empty, the long poll between checks that the queues are drained
 RETRY_CONNECT_S = 1.0
 STOP_CHECK_S = 1.0  # how often `stop_when` is asked
 
@@ -142,7 +142,7 @@ class Consumer:
         self._stash: list[Message] = []
         self._settler: Settler
         self._peeked: list[Completion] = []  # completions `_wait` took, for the next `_completed`
-        self._empty_polls = 0  # fetches in a row that found nothing
+        self._undrained = False  # with until_empty: the last drained check found work still pending
         self._last_short = True  # the last fetch got less than it asked for: the queues are not busy
         # with tasks running and the queues busy, fetch once this many slots are free: one request
         # for several messages, while the running tasks keep the machine busy
@@ -214,10 +214,11 @@ class Consumer:
                     self._release(got)
                     continue
                 self._start(slots, got)
-                self._empty_polls = 0 if got else self._empty_polls + 1
                 if not got:
-                    if not self._running and self.until_empty and self._drained():
-                        return
+                    if not self._running and self.until_empty:
+                        if self._drained():
+                            return
+                        self._undrained = True  # others' tasks still run: long poll until they end
                     if self._running:
                         self._wait(BUSY_POLL_S)
             except (ConnectionLostError, TimeoutError) as e:
@@ -245,11 +246,14 @@ class Consumer:
             self._stop.wait(BUSY_POLL_S)
             return []
         else:
-            # long poll only when idle; with until_empty, short ones, so that the end of the others'
-            # last tasks (which a long poll would not notice) ends this consumer promptly
+            # long poll only when idle; with until_empty, only once a drained check said others'
+            # tasks still run, and short ones, so that their end (which a long poll would not
+            # notice) ends this consumer promptly
             wait = 0.0
-            if not self._running and not (self.until_empty and self._empty_polls == 0):
-                wait = min(q.long_poll_s, DRAIN_POLL_S if self.until_empty else IDLE_POLL_S)
+            if not self._running and not self.until_empty:
+                wait = min(q.long_poll_s, IDLE_POLL_S)
+            elif not self._running and self._undrained:
+                wait = min(q.long_poll_s, DRAIN_POLL_S)
             got = self._get(q, min(q.batch_size, free), wait)
         self._iterations_left = self._iterations_left - 1 if got else 0
         self._last_short = len(got) < min(q.batch_size if q is not None else 1, free)
@@ -326,6 +330,8 @@ class Consumer:
 
     def _settle(self, done: list[Completion]) -> None:
         """Ack successes with their results and hand failures to the middleware (sent by the settler)."""
+        if done:
+            self._undrained = False  # a task of ours ended: the queues may be drained now
         out = []
         for c in done:
             r = self._running.pop(c.message.id, None)

@@ -40,6 +40,7 @@ class Settler:
         self._report_every_s = report_every_s
         self._pending = 0
         self._cond = threading.Condition()
+        self._hurry = threading.Event()  # a flush is waiting: send without gathering more
         self.errors = 0
         self._thread = threading.Thread(target=self._loop, name="conveyor-settler", daemon=True)
         self._thread.start()
@@ -70,6 +71,7 @@ class Settler:
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued so far was sent; False on timeout."""
+        self._hurry.set()
         with self._cond:
             return self._cond.wait_for(lambda: self._pending == 0, timeout)
 
@@ -93,7 +95,8 @@ class Settler:
             except queue.Empty:
                 continue
             if first is not _STOP:
-                time.sleep(COALESCE_S)  # let settlements arriving together go in one request
+                self._hurry.wait(COALESCE_S)  # let settlements arriving together go in one request
+            self._hurry.clear()
             lists = [first]
             while True:
                 try:
