@@ -117,6 +117,27 @@ def test_spark_consumers_run_registered_tasks_until_drained(spark: SparkSession,
     assert pool.gather(handles) == [i + 1 for i in range(100)]
 
 
+def _tally(task: int) -> Iterator[Any]:
+    import pyarrow as pa
+
+    yield pa.RecordBatch.from_pylist([{"task": task, "ready": 1}])
+
+
+def test_spark_consumers_then_yield_rows_once_drained(spark: SparkSession, pool: QueuePool) -> None:
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    handles = wt.add.publish_many([(i, 2) for i in range(60)], _pool=pool)
+    schema = StructType([StructField("task", LongType()), StructField("ready", LongType())])
+    sp = cs.SparkConsumerPool(spark, pool, 2, queues=["jobs"], task_modules=["tests.worker_tasks"], then=(schema, _tally))
+    with pytest.raises(conveyor.ConveyorError, match="consumer_stats"):
+        sp.run()  # with `then`, the DataFrame is the caller's to evaluate
+    rows = sp.dataframe().collect()
+    assert sorted(r["task"] for r in rows) == [0, 1]
+    stats = sp.consumer_stats()  # the counts come on the side, one per consumer
+    assert [s["consumer"] for s in stats] == [0, 1] and sum(s["processed"] for s in stats) == 60
+    assert pool.gather(handles) == [i + 2 for i in range(60)]
+
+
 def test_local_gives_the_embedded_default(spark: SparkSession) -> None:
     with conveyor.local() as env:
         assert env.spark is spark  # an active session is reused, not replaced
