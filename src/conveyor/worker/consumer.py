@@ -38,7 +38,7 @@ log = logging.getLogger("conveyor.worker")
 REPORT_EVERY_S = 2.0  # how often a consumer tells the servers its counts
 BUSY_POLL_S = 0.05  # with tasks running, how long to wait for one to finish before looking for more work
 IDLE_POLL_S = 1.0  # longest long poll while idle (so a stop is noticed within it)
-DRAIN_POLL_S = 0.05  # with until_empty, the long poll between checks that the queues are drained
+DRAIN_POLL_S = 0.1  # with until_empty, the long poll between checks that the queues are drained
 RETRY_CONNECT_S = 1.0
 STOP_CHECK_S = 1.0  # how often `stop_when` is asked
 
