@@ -35,9 +35,6 @@ ROW_DDL = "i long, seconds double"
 OUT_DDL = "i long, start double, finish double"
 
 
-
-
-
 def run_item(row: dict[str, Any]) -> dict[str, Any]:
     """One work item: busy for its seconds; returns when it ran."""
     from conveyor.workloads import busy

@@ -51,6 +51,8 @@ from conveyor.storage import DurableStore, MemoryStore, Store
 BATCH = 1_000
 PAYLOAD_BYTES = 100
 LEASE_S = 3600.0  # long enough that no lease expires during a run
+
+
 def make_payloads() -> list[bytes]:
     """BATCH distinct payloads of exactly PAYLOAD_BYTES bytes."""
     return [(b"%06d-" % i).ljust(PAYLOAD_BYTES, b"x") for i in range(BATCH)]

@@ -44,8 +44,6 @@ SKEWED_CONFIGS: dict[str, dict[str, Any]] = {
 }
 
 
-
-
 def _started(pool: QueuePool, n: int) -> None:
     deadline = time.monotonic() + 60
     while len(pool.workers()) < n:
@@ -102,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         """As a producer streams work: batches of PUBLISH_BATCH, so consumers start while it goes on."""
         for i in range(0, n, PUBLISH_BATCH):
             bench_tasks.noop.publish_many([(x,) for x in payloads[i : i + PUBLISH_BATCH]], _pool=pool)
+
     fig: dict[str, list[float]] = {}
 
     def record(name: str, v: float) -> None:
@@ -128,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
 
     med = statistics.median
     skew_best = max(SKEWED_CONFIGS, key=lambda k: med(fig[f"skewed conveyor {k}"]))
+
     def vs(a: str, b: str) -> Row:
         return Row("  conveyor / executor", [x / y for x, y in zip(fig[a], fig[b], strict=True)], ratio,
                    value=med(fig[a]) / med(fig[b]), note="of the medians (runs: per run)")  # fmt: skip

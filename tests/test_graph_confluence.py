@@ -130,8 +130,10 @@ def test_filter_project_map_count_sort_are_confluent(seed: int) -> None:
         if name in ("sort", "top"):  # a sort's output is also the same sequence
             assert all(o.column("x").to_pylist() == outs[0].column("x").to_pylist() for o in outs), name
     assert feed(Count(), [(0, table)]).column("count").to_pylist() == [400]
-    assert feed(Sort("x", limit=7), [(0, b) for b in batchings(table, rng)]).column("x").to_pylist() == sorted(
-        table.column("x").to_pylist())[:7]
+    assert (
+        feed(Sort("x", limit=7), [(0, b) for b in batchings(table, rng)]).column("x").to_pylist()
+        == sorted(table.column("x").to_pylist())[:7]
+    )
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -61,7 +61,10 @@ def test_routing_by_integer_string_callable_and_broadcast(spark: SparkSession, n
 def test_stable_hash_is_pinned() -> None:
     # the documented hash (pandas.util.hash_array, SipHash-2-4, fixed key): a change here re-routes data
     assert stable_hash(pa.array(["a", "b", None])).tolist() == [
-        int(pd.util.hash_array(np.array(["a"], dtype=object))[0]), int(pd.util.hash_array(np.array(["b"], dtype=object))[0]), 0]
+        int(pd.util.hash_array(np.array(["a"], dtype=object))[0]),
+        int(pd.util.hash_array(np.array(["b"], dtype=object))[0]),
+        0,
+    ]
     assert int(pd.util.hash_array(np.array(["MAIL"], dtype=object))[0]) == 5726641970519379524
 
 

@@ -47,19 +47,16 @@ def same(a: object, b: object) -> bool:
 
 
 scalars = (
-    st.none()
-    | st.booleans()
-    | st.integers(-(2**63), 2**64 - 1)
-    | st.floats()
-    | st.text(max_size=20)
-    | st.binary(max_size=20)
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=20) | st.binary(max_size=20)
 )
 keys = st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.text(max_size=8) | st.binary(max_size=8)
 plain = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=4)
-    | st.lists(inner, max_size=4).map(tuple)
-    | st.dictionaries(keys | st.tuples(keys, keys), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.lists(inner, max_size=4).map(tuple)
+        | st.dictionaries(keys | st.tuples(keys, keys), inner, max_size=4)
+    ),
     max_leaves=20,
 )
 kwargs_st = st.dictionaries(st.text(min_size=1, max_size=8), plain, max_size=4)

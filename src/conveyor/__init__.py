@@ -8,13 +8,28 @@ from .message import Message, Status
 from .tasks import Task, task
 
 __version__ = "0.1.0"
-__all__ = ["ConveyorError", "CorruptStoreError", "Dataset", "Executor", "Message", "Status", "Task", "TaskGraph", "__version__",
-           "local", "task"]
+__all__ = [
+    "ConveyorError",
+    "CorruptStoreError",
+    "Dataset",
+    "Executor",
+    "Message",
+    "Status",
+    "Task",
+    "TaskGraph",
+    "__version__",
+    "local",
+    "task",
+]
 
 # The TaskGraph API lives in conveyor.spark and imports pyarrow and pandas (and pyspark when it
 # runs): load it on first use so that `import conveyor` stays light.
-_LAZY = {"TaskGraph": "conveyor.spark.graph", "Executor": "conveyor.spark.executors", "Dataset": "conveyor.spark.dataset",
-         "local": "conveyor.spark.embedded"}
+_LAZY = {
+    "TaskGraph": "conveyor.spark.graph",
+    "Executor": "conveyor.spark.executors",
+    "Dataset": "conveyor.spark.dataset",
+    "local": "conveyor.spark.embedded",
+}
 
 
 __getattr__ = lazy_attributes(__name__, _LAZY)

@@ -168,6 +168,7 @@ def result(queue: str, ids: Sequence[int]) -> Call[list[bytes | None]]:
 
 def status(queue: str, ids: Sequence[int]) -> Call[list[Status | None]]:
     """Where each message is (None: never assigned on this server, or purged)."""
+
     def parse(h: Header, f: Frames) -> list[Status | None]:
         return [None if s is None else Status(s) for s in h["status"]]
 

@@ -61,6 +61,7 @@ class ConnectionLostError(ConveyorError, ConnectionError):
     The request may or may not have taken effect on the server.
     """
 
+
 # --- Tasks: definitions, publishing, envelopes and runs -------------------------------------------
 class ConfigError(ConveyorError, ValueError):
     """A settings module or a queue configuration file holds an invalid value.

@@ -70,6 +70,7 @@ def make_message(id: int, queue: str, payload: bytes, priority: int, attempts: i
     s9(m, headers)
     return m
 
+
 @dataclass(slots=True)
 class MessageBatch:
     """Delivered messages as columns, one list per field: what a server sends without building Messages."""

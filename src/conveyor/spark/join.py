@@ -137,4 +137,3 @@ def combine(left: pa.Table, left_rows: np.ndarray, right: pa.Table, right_rows: 
         names.append(out)
         columns.append(column)
     return pa.Table.from_arrays(columns, names=names)
-

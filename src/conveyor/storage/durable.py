@@ -87,6 +87,8 @@ def _parse(buf: bytes | mmap.mmap, off: int, size: int, queue: str, attempts: in
     start = off + _MSG_PREFIX
     headers = msgpack.unpackb(buf[start : start + hlen]) if hlen else {}
     return make_message(msg_id, queue, buf[start + hlen : off + size], prio, attempts, at, nb, lease_s, max_att, headers)
+
+
 _packb = msgpack.Packer(use_bin_type=True).pack
 
 
