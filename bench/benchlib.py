@@ -72,7 +72,8 @@ def mib(v: float) -> str:
     return f"{v / 2**20:,.1f} MiB"
 
 
-def print_report(console: Console, title: str, rows: list[Row]) -> None:
+def print_report(console: Console, title: str, rows: list[Row]) -> int:
+    """Print the table and the verdict; returns the exit status (1 if a target was missed)."""
     table = Table(title=title, title_justify="left")
     table.add_column("figure")
     table.add_column("median", justify="right")
@@ -86,3 +87,6 @@ def print_report(console: Console, title: str, rows: list[Row]) -> None:
         target = f"{r.op} {r.fmt(r.target)}" if r.op else ""
         table.add_row(r.name, r.fmt(r.figure), target, verdict, "  ".join(r.fmt(v) for v in r.runs), r.note)
     console.print(table)
+    failed = [r.name for r in rows if r.passed is False]
+    console.print(f"FAIL: {', '.join(failed)}" if failed else "All targets met.")
+    return 1 if failed else 0
