@@ -72,9 +72,11 @@ def is_plain(obj: object, depth: int = 0) -> bool:
 def _default(obj: object) -> msgpack.ExtType:
     # strict_types sends tuples here instead of packing them as arrays: tag them so they come back as tuples
     if type(obj) is tuple:  # a Packer of its own: this runs inside the calling thread's Packer
-        return msgpack.ExtType(MSGPACK_EXT_TUPLE, msgpack.packb(list(obj), use_bin_type=True, strict_types=True,
-                                                               default=_default))  # fmt: skip
+        return msgpack.ExtType(MSGPACK_EXT_TUPLE, msgpack.packb(list(obj), **_PACK_OPTIONS))
     raise TypeError(f"not plain data: {type(obj).__name__}")
+
+
+_PACK_OPTIONS: dict[str, Any] = {"use_bin_type": True, "strict_types": True, "default": _default}
 
 
 def _ext_hook(code: int, data: bytes) -> object:
@@ -90,7 +92,7 @@ def _pack(obj: object) -> bytes:
     try:
         packer = _packers.p
     except AttributeError:
-        packer = _packers.p = msgpack.Packer(use_bin_type=True, strict_types=True, default=_default)
+        packer = _packers.p = msgpack.Packer(**_PACK_OPTIONS)
     return packer.pack(obj)
 
 
