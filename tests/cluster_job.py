@@ -4,8 +4,8 @@ Usage: python tests/cluster_job.py SPARK_MASTER_URL OUTPUT_JSON
 
 Starts queue servers here, on the driver side, and runs `conveyor.spark.map` over ROWS rows on the
 standalone cluster. A driver thread watches the queue servers and prints one line
-`CONSUMING {json}` once both consumers (Spark tasks) have reported and some rows are done while
-many are left: the test kills a Spark worker then. At the end the output rows go to OUTPUT_JSON.
+`CONSUMING {json}` once both consumers (Spark tasks) have reported rows done and many rows are
+left: the test kills a Spark worker then. At the end the output rows go to OUTPUT_JSON.
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ from conveyor.spark.session import get_or_create_session
 ROWS = 400
 PARTITIONS = 8
 EXECUTORS = 2
-ROW_SLEEP_S = 0.04
-MAX_CONCURRENCY = 2  # per consumer: 2 consumers x 2 threads x 40 ms: ~100 rows/s, ~4 s for all rows
+ROW_SLEEP_S = 0.1
+MAX_CONCURRENCY = 2  # per consumer: 2 consumers x 2 threads x 100 ms: ~40 rows/s, ~10 s for all rows
 LEASE_S = 5.0  # rows held by the killed consumer come back after this long
-MARK_MIN_ACKED = 20  # the marker: at least this many rows done ...
-MARK_MIN_PENDING = ROWS // 4  # ... and at least this many still to do (one consumer may start seconds late)
+# the marker: each consumer has reported rows done (reports come every 2 s, and one consumer may
+# start seconds after the other) and at least this many rows are still to do
+MARK_MIN_PENDING = ROWS // 4
 EXECUTORS_TIMEOUT_S = 60.0
 WATCH_POLL_S = 0.05
 MARKER = "CONSUMING"
@@ -73,18 +74,18 @@ def wait_for_executors(spark: Any, n: int, timeout: float) -> None:
 
 
 def watch(pool: QueuePool, done: threading.Event) -> None:
-    """Print the marker once, when both consumers run and the map's queue is part done."""
+    """Print the marker once, when both consumers have done rows and the map's queue is part done."""
     while not done.wait(WATCH_POLL_S):
         try:
             stats = {q: s for q, s in pool.stats().items() if q.startswith("map-")}
-            consumers = [w for w in pool.workers() if w.startswith("spark:")]
+            consumers = {w: c for w, c in pool.workers().items() if w.startswith("spark:")}
         except ConveyorError:
             continue
-        if len(stats) != 1 or len(consumers) < EXECUTORS:
+        if len(stats) != 1 or len(consumers) < EXECUTORS or any(c["processed"] < 1 for c in consumers.values()):
             continue
         ((queue, st),) = stats.items()
-        if st.acked >= MARK_MIN_ACKED and st.pending >= MARK_MIN_PENDING:
-            pids = sorted(int(w.rsplit(":", 1)[1]) for w in consumers)  # names: spark:<job>:<index>:<pid>
+        if st.pending >= MARK_MIN_PENDING:
+            pids = sorted(int(c["pid"]) for c in consumers.values())
             info = {"queue": queue, "acked": st.acked, "pending": st.pending, "consumer_pids": pids}
             print(MARKER, json.dumps(info), flush=True)
             note(f"consumers running: {info}")
