@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for run in range(1, runs + 1):
         progress(f"run {run}/{runs}: no-op through conveyor")
-        dt = conveyor_run(args.fsync, publish_noop, 0.05, concurrency="thread", max_concurrency=128, batch_size=1000)
+        dt = conveyor_run(args.fsync, publish_noop, 0.5, concurrency="thread", max_concurrency=128, batch_size=1000)
         record("noop conveyor", n / dt)
         progress(f"run {run}/{runs}: no-op through ProcessPoolExecutor.map")
         best = max(n / executor_run(noop, payloads, c) for c in (100, 1000, 10_000))
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"run {run}/{runs}: skewed through conveyor")
         items = [(d,) for d in durations]
         for label, options in SKEWED_CONFIGS.items():
-            dt = conveyor_run(args.fsync, lambda p, items=items: bench_tasks.spin.publish_many(items, _pool=p), 0.05,
+            dt = conveyor_run(args.fsync, lambda p, items=items: bench_tasks.spin.publish_many(items, _pool=p), 0.5,
                               **options)  # fmt: skip
             record(f"skewed conveyor {label}", work / (WORKERS * dt))
         progress(f"run {run}/{runs}: skewed through ProcessPoolExecutor.map")

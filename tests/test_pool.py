@@ -6,6 +6,7 @@ import pickle
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -114,6 +115,20 @@ def test_join_times_out_with_a_count(pool: QueuePool, queue: str) -> None:
     with pytest.raises(TimeoutError, match="3 messages still pending"):
         pool.join(queue, timeout=0.3, progress=False)
     pool.purge(queue)
+
+
+def test_join_hears_of_the_last_ack_at_once(pool: QueuePool, queue: str) -> None:
+    pool.put(queue, msgs(150))  # on both shards
+    got = []
+    while batch := pool.get(queue, 100, lease_s=30):
+        got += batch
+    pool.ack(queue, [m.id for m in got[1:]])
+    timer = threading.Timer(0.3, lambda: pool.ack(queue, [got[0].id]))
+    timer.start()
+    t0 = time.monotonic()
+    st = pool.join(queue, timeout=20, poll_s=15, progress=False)[queue]  # polling would take 15 s
+    timer.join()
+    assert time.monotonic() - t0 < 10 and (st.acked, st.pending) == (150, 0)
 
 
 def test_join_draws_a_progress_bar_when_asked(pool: QueuePool, queue: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -158,6 +158,8 @@ def test_unknown_operation_and_bad_arguments_keep_the_connection(client: QueueCl
         (Call("put", {"queue": "../etc", "n": 0}), "bad queue name"),
         (Call("get_blob", {"key": "nothex"}), "64 hex digits"),
         (Call("results", {"queue": "q", "limit": 0}), "'limit' must be an integer"),
+        (Call("stats", {"queues": "q"}), "'queues' must be a list of strings"),
+        (Call("stats", {"queues": ["q"], "drained_wait_s": -1}), "'drained_wait_s' must be a number"),
     ]
     client.put("q", msgs(1))
     for call, match in bad:
@@ -305,3 +307,32 @@ def test_idempotency_keys_store_a_message_once(tmp_path: Path) -> None:
     with thread_server(data_dir=d) as s, QueueClient(s.address) as c:  # remembered across a restart
         assert c.put("q", [Message(payload=b"late retry", headers={KEY: "order-1"})]) == [a[0]]
         assert [m.payload for m in c.get("q", 10)] == [b"a", b"plain", b"b"]
+
+
+def test_stats_waits_for_the_queues_to_drain(client: QueueClient) -> None:
+    from conveyor import calls
+
+    client.put("q", msgs(2, max_attempts=1))
+    client.put("other", msgs(1))  # not asked about: it may stay pending
+    [a, b] = client.get("q", 2, lease_s=0.3)
+    client.ack("q", [a.id])
+    t0 = time.monotonic()
+    st = client.call(calls.stats(queues=["q", "not-here"], drained_wait_s=0.1))
+    assert 0.09 <= time.monotonic() - t0 < 5 and set(st) == {"q"} and st["q"].pending == 1  # timed out
+
+    def ack_later() -> None:
+        time.sleep(0.2)
+        with QueueClient(client.address, timeout=10) as c:
+            c.ack("q", [b.id])
+
+    threading.Thread(target=ack_later).start()
+    t0 = time.monotonic()
+    st = client.call(calls.stats(queues=["q"], drained_wait_s=30))
+    assert time.monotonic() - t0 < 5 and st["q"].pending == 0 and st["q"].acked == 2  # answered at the ack
+
+    # a message whose last lease runs out ends without a settle: the sweeper's expiry answers
+    client.put("q", msgs(1, max_attempts=1))
+    client.get("q", 1, lease_s=0.2)
+    t0 = time.monotonic()
+    st = client.call(calls.stats(queues=["q"], drained_wait_s=30))
+    assert time.monotonic() - t0 < 5 and st["q"].pending == 0 and st["q"].failed == 1

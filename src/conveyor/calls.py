@@ -190,10 +190,20 @@ def extend_lease(queue: str, ids: Sequence[int], lease_s: float) -> Call[list[bo
     return Call("extend_lease", {"queue": queue, "ids": list(ids), "lease_s": lease_s}, parse=lambda h, f: h["ok"])
 
 
-def stats(queue: str | None = None) -> Call[dict[str, QueueStats]]:
-    """Counts and rates of one queue, or of every queue on the server."""
-    args = {} if queue is None else {"queue": queue}
-    return Call("stats", args, parse=lambda h, f: {q: QueueStats(q, **s) for q, s in h["queues"].items()})
+def stats(queue: str | None = None, *, queues: Sequence[str] | None = None,
+          drained_wait_s: float = 0.0) -> Call[dict[str, QueueStats]]:  # fmt: skip
+    """Counts and rates of one queue, of those of `queues` on the server, or of every queue.
+
+    With `drained_wait_s`, the server answers once those queues have nothing pending (or after
+    that long).
+    """
+    args: dict[str, Any] = {} if queue is None else {"queue": queue}
+    if queues is not None:
+        args["queues"] = list(queues)
+    if drained_wait_s > 0:
+        args["drained_wait_s"] = drained_wait_s
+    return Call("stats", args, parse=lambda h, f: {q: QueueStats(q, **s) for q, s in h["queues"].items()},
+                wait_s=drained_wait_s)  # fmt: skip
 
 
 def purge(queue: str) -> Call[int]:

@@ -78,6 +78,12 @@ class Args:
             raise self._bad(name, "a list of non-negative 64-bit integers", v)
         return v
 
+    def names(self, name: str) -> list[str] | None:
+        v = self._get(name, None)
+        if v is not None and (type(v) is not list or not all(type(e) is str for e in v)):
+            raise self._bad(name, "a list of strings", v)
+        return v
+
     def strs(self, name: str, n: int) -> list[str]:
         v = self._get(name, None)
         if v is None:
@@ -204,6 +210,7 @@ async def ack(host: QueueHost, a: Args, frames: Frames) -> Reply:
     ok = q.store.ack_many(ids, results)
     q.acks += sum(ok)
     await q.durable()
+    host.settled.notify()
     return {"ok": ok}, []
 
 
@@ -227,6 +234,7 @@ async def nack(host: QueueHost, a: Args, frames: Frames) -> Reply:
     if any(ok):
         q.changed.notify()
         await q.durable()
+        host.settled.notify()  # a last attempt's nack ends the message
     return {"ok": ok}, []
 
 
@@ -270,8 +278,23 @@ async def extend_lease(host: QueueHost, a: Args, frames: Frames) -> Reply:
 
 
 async def stats(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    """Counts of one queue (`queue`), of the named ones here (`queues`: names not here are left
+    out) or of all. With `drained_wait_s`, the answer waits up to that long for those queues to have
+    nothing pending: a join learns of the end at once instead of polling for it."""
     name = a.str("queue", None)
-    qs = host.queues.values() if name is None else [a.queue(host)]
+    names = a.names("queues")
+    wait = a.num("drained_wait_s", 0.0, 0.0, MAX_WAIT_S)
+    if name is not None:
+        qs = [a.queue(host)]
+    elif names is not None:
+        qs = [host.queues[n] for n in names if n in host.queues]
+    else:
+        qs = list(host.queues.values())
+    if wait > 0:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait
+        while not all(q.store.drained() for q in qs) and (left := deadline - loop.time()) > 0 and not host.closing:
+            await host.settled.wait(left)
     out = {}
     for q in qs:
         s = asdict(q.stats())
@@ -284,6 +307,7 @@ async def purge(host: QueueHost, a: Args, frames: Frames) -> Reply:
     q = a.queue(host)
     n = q.store.purge()
     await q.durable()
+    host.settled.notify()
     return {"n": n}, []
 
 

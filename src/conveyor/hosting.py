@@ -46,7 +46,7 @@ MAX_WORKERS = 10_000
 
 
 class Signal:
-    """Wakes every waiter when a queue may have new work (a put, a nack, an expired lease)."""
+    """Wakes every waiter at the next `notify`: a queue may have new work, or messages were settled."""
 
     def __init__(self) -> None:
         self._fut: asyncio.Future[None] | None = None
@@ -146,6 +146,7 @@ class QueueHost:
         self.queues: dict[str, HostedQueue] = {}
         self.unavailable: dict[str, str] = {}  # queue -> why its store could not be opened
         self.closing = False  # set when the server stops: long polls return at once
+        self.settled = Signal()  # messages left the pending count (acked, failed for good, purged)
         self._workers: dict[str, tuple[float, dict[str, float]]] = {}  # worker -> (when, counts)
         self.blobs = Blobs(None if data_dir is None else data_dir / BLOB_DIR)
         self._lock_fd = -1

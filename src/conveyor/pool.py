@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import os
+import pickle
 import select
 import shutil
 import subprocess
@@ -332,6 +333,16 @@ class QueuePool(PoolTasks):
                 out[q] = out[q] + st if q in out else st
         return out
 
+    def wait_drained(self, queues: Sequence[str] | None, wait_s: float) -> dict[str, QueueStats]:
+        """Stats of `queues` (default: all), summed over the shards, once every shard has nothing
+        pending in them, or after `wait_s`. Queues no shard has are left out."""
+        done = self._each({s: [calls.stats(queues=queues, drained_wait_s=wait_s)] for s in range(len(self.clients))})
+        out: dict[str, QueueStats] = {}
+        for [per] in done.values():
+            for q, st in per.items():
+                out[q] = out[q] + st if q in out else st
+        return out
+
     def _shards_with(self, queue: str) -> list[int]:
         """The shards that host `queue` (a queue exists where it was put, got or declared)."""
         have = [s for s, per in enumerate(self.shard_stats()) if queue in per]
@@ -377,24 +388,27 @@ class QueuePool(PoolTasks):
              progress: bool | None = None) -> dict[str, QueueStats]:  # fmt: skip
         """Wait until the queues (default: all) have nothing ready, delayed or delivered on any shard.
 
-        Shows a progress bar on a terminal (`progress=None`: when stderr is one). Raises TimeoutError
-        after `timeout` seconds. Returns the final stats.
+        The servers answer as soon as their share is drained, so the end is seen at once; `poll_s`
+        is how often the counts are refreshed meanwhile. Shows a progress bar on a terminal
+        (`progress=None`: when stderr is one). Raises TimeoutError after `timeout` seconds.
+        Returns the final stats.
         """
         from .progress import JoinProgress
 
         names = [queues] if isinstance(queues, str) else None if queues is None else list(queues)
         deadline = None if timeout is None else time.monotonic() + timeout
-        with JoinProgress(enabled=progress) as bar:
+        wait = 0.0  # the first look answers at once; then each server answers when drained or after poll_s
+        # connections of its own: a waiting request would hold up other threads' calls on ours
+        with JoinProgress(enabled=progress) as bar, pickle.loads(pickle.dumps(self)) as own:
             while True:
-                st = self.stats()
-                mine = {q: s for q, s in st.items() if names is None or q in names}
+                mine = own.wait_drained(names, wait)
                 bar.update(mine)
                 if all(s.pending == 0 for s in mine.values()):
                     return mine
-                if deadline is not None and time.monotonic() >= deadline:
+                if deadline is not None and (left := deadline - time.monotonic()) <= 0:
                     pending = sum(s.pending for s in mine.values())
                     raise TimeoutError(f"join: {pending:,} messages still pending after {timeout} s")
-                time.sleep(poll_s)
+                wait = poll_s if deadline is None else max(min(poll_s, left), 0.001)
 
     # --- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:

@@ -164,6 +164,7 @@ class QueueServer:
         self.queues.closing = True
         for q in self.queues.queues.values():
             q.changed.notify()
+        self.queues.settled.notify()
         conns = list(self._conns)
         for c in conns:
             if c.reader_task is not None:
@@ -285,6 +286,7 @@ class QueueServer:
                 try:
                     if q.store.expire():
                         q.changed.notify()
+                        self.queues.settled.notify()  # past its last attempt, a message ends here
                 except Exception:
                     log.exception("expiring leases of queue %s", q.info.name)
             if time.monotonic() >= next_sample:

@@ -350,6 +350,11 @@ class Store(ABC):
         self._check_open()
         return self._state.next_wakeup()
 
+    def drained(self) -> bool:
+        """True when no message is ready, delayed or delivered; cheap (amortized) to ask often."""
+        self._check_open()
+        return self._state.advance_low() == self._state.next_id
+
     def forget(self, ids: Iterable[int]) -> int:
         """Drop the stored results and dead letters of finished messages, freeing their space."""
         self._check_open()

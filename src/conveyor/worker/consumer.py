@@ -38,7 +38,7 @@ log = logging.getLogger("conveyor.worker")
 REPORT_EVERY_S = 2.0  # how often a consumer tells the servers its counts
 BUSY_POLL_S = 0.05  # with tasks running, how long to wait for one to finish before looking for more work
 IDLE_POLL_S = 1.0  # longest long poll while idle (so a stop is noticed within it)
-DRAIN_POLL_S = 0.1  # with until_empty, the long poll between checks that the queues are drained
+DRAIN_POLL_S = 0.1  # with until_empty, how long an idle consumer waits before looking at the queues again
 RETRY_CONNECT_S = 1.0
 STOP_CHECK_S = 1.0  # how often `stop_when` is asked
 
@@ -216,9 +216,11 @@ class Consumer:
                 self._start(slots, got)
                 if not got:
                     if not self._running and self.until_empty:
-                        if self._drained():
+                        # others' tasks still run: the servers answer at their end, or after a while
+                        # for another look at the queues (a retry may bring work back)
+                        if self._drained(DRAIN_POLL_S if self._undrained else 0.0):
                             return
-                        self._undrained = True  # others' tasks still run: long poll until they end
+                        self._undrained = True
                     if self._running:
                         self._wait(BUSY_POLL_S)
             except (ConnectionLostError, TimeoutError) as e:
@@ -246,14 +248,11 @@ class Consumer:
             self._stop.wait(BUSY_POLL_S)
             return []
         else:
-            # long poll only when idle; with until_empty, only once a drained check said others'
-            # tasks still run, and short ones, so that their end (which a long poll would not
-            # notice) ends this consumer promptly
+            # long poll only when idle; with until_empty, only while others still put work (once
+            # all is put, an idle consumer waits for the end instead: see _drained)
             wait = 0.0
-            if not self._running and not self.until_empty:
-                wait = min(q.long_poll_s, IDLE_POLL_S)
-            elif not self._running and self._undrained:
-                wait = min(q.long_poll_s, DRAIN_POLL_S)
+            if not self._running and (not self.until_empty or (self._undrained and self.expect_more is not None)):
+                wait = min(q.long_poll_s, IDLE_POLL_S if not self.until_empty else DRAIN_POLL_S)
             got = self._get(q, min(q.batch_size, free), wait)
         self._iterations_left = self._iterations_left - 1 if got else 0
         self._last_short = len(got) < min(q.batch_size if q is not None else 1, free)
@@ -276,12 +275,15 @@ class Consumer:
                 self.stats.stolen += len(got)
         return got
 
-    def _drained(self) -> bool:
-        if self.expect_more is not None and self.expect_more():
-            return False
+    def _drained(self, wait_s: float) -> bool:
+        """Whether the queues are drained, waiting up to `wait_s` for it (not while others still put work)."""
+        if self.expect_more is not None:
+            if self.expect_more():
+                return False
+            self.expect_more = None  # all is put: it stays so
         self._settler.flush()  # our own acks count: send them before asking
-        st = self.pool.stats()
-        return all(st[q.name].pending == 0 for q in self.queues if q.name in st)
+        st = self.pool.wait_drained([q.name for q in self.queues], wait_s)
+        return all(s.pending == 0 for s in st.values())
 
     # --- running --------------------------------------------------------------------------
     def _start(self, slots: ThreadSlots | ProcessSlots, got: list[Message]) -> None:
@@ -354,6 +356,8 @@ class Consumer:
             for mw in self.middleware:
                 mw.on_finish(m, c.error)
         self._settler.put(out)
+        if done and not self._running:
+            self._settler.hurry()  # the last task ended: whoever waits for the end should hear of it now
 
     def _release(self, got: list[Message]) -> None:
         self._settler.put([Settler.release(m.queue, m.id) for m in got])

@@ -69,9 +69,13 @@ class Settler:
     def extend(queue_name: str, msg_id: int, lease_s: float) -> tuple[Any, ...]:
         return ("extend", queue_name, lease_s, msg_id, None)
 
+    def hurry(self) -> None:
+        """Send what is queued without gathering more (nothing else is coming soon)."""
+        self._hurry.set()
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued so far was sent; False on timeout."""
-        self._hurry.set()
+        self.hurry()
         with self._cond:
             return self._cond.wait_for(lambda: self._pending == 0, timeout)
 
