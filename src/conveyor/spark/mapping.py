@@ -12,8 +12,9 @@
    are put by the consumer tasks themselves (1 and 2 in one Spark job), the same tasks read the
    results once the queue is drained: steps 1 to 3 are one job.
 
-Rows travel `rows_per_message` to a message (a few rows per message cut the queue's overhead per
-row; balancing is at that grain). The output has one row per input row, whatever happened on the
+Rows travel up to `rows_per_message` to a message (a few rows per message cut the queue's overhead
+per row; balancing is at that grain), dealt from each Arrow batch so that neighbours spread out.
+The output has one row per input row, whatever happened on the
 way (the store keeps exactly one result per message): the `schema` columns from `func(row)`, plus
 `_id` (the id of the row's message) and `_error` (None, or the error of a row that failed after its
 retries, whose `schema` columns are then null and whose input row is in `_input`, as JSON).
@@ -114,7 +115,8 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
     time_limit: seconds a row may take (its message gets rows_per_message times as long).
     lease_s: the queue's lease (extended while a message runs): rows held by a consumer that died
         come back after at most this long.
-    rows_per_message: rows that travel and run together (in order, on one worker). Balancing is
+    rows_per_message: at most this many rows travel and run together (on one worker; an Arrow batch
+        is dealt out over its messages like cards, so costly neighbours spread out). Balancing is
         at this grain; each message costs the queue the same, so a few rows per message cut its
         overhead per row. Use 1 for rows that take seconds, more (up to 1,000) for tiny ones.
     progress: a progress bar while the rows are processed (default: when stderr is a terminal).
@@ -265,25 +267,25 @@ def _put_partitions(pool: QueuePool, put_rows: Callable[..., int]) -> Callable[.
 
 
 def _putter(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOptions, k: int) -> Callable[..., int]:
-    """(batches, task) -> rows put: a task's rows onto the queue, k to a message."""
+    """(batches, task) -> rows put: a task's rows onto the queue, up to k to a message.
+
+    An Arrow batch of n rows makes ceil(n / k) messages, dealt like cards (message j takes rows j,
+    j + m, j + 2m, ...): inputs often arrive clustered by cost (sorted by size, say), and k costly
+    neighbours in one message would make one long message that ends the run late.
+    """
 
     def put_rows(batches: Iterator[pa.RecordBatch], part: int) -> int:
-        n = sent = 0
+        n = 0
         now = time.time()
-        pending: list[dict[str, Any]] = []
         for batch in batches:
-            pending += batch.to_pylist()
-            n += batch.num_rows
-            cut = len(pending) - len(pending) % k  # whole messages now; the rest waits for the next batch
-            # the key (job, partition, first row) lets a retried Spark task put nothing twice
-            messages = [build_message(task_name, opts, (pending[i : i + k],), {}, key=f"{job}:{part}:{sent + i}", now=now)
-                        for i in range(0, cut, k)]  # fmt: skip
+            rows = batch.to_pylist()
+            m = -(-len(rows) // k)
+            # the key (job, partition, first row of the batch, message) lets a retried Spark task put nothing twice
+            messages = [build_message(task_name, opts, (rows[j::m],), {}, key=f"{job}:{part}:{n}:{j}", now=now)
+                        for j in range(m)]  # fmt: skip
             if messages:
                 pool.put(queue, messages)
-            sent += cut
-            pending = pending[cut:]
-        if pending:
-            pool.put(queue, [build_message(task_name, opts, (pending,), {}, key=f"{job}:{part}:{sent}", now=now)])
+            n += len(rows)
         return n
 
     return put_rows

@@ -215,6 +215,8 @@ class Consumer:
                     continue
                 self._start(slots, got)
                 if not got:
+                    if not self._running:
+                        self._settler.hurry()  # idle: our last acks may be what others wait for
                     if not self._running and self.until_empty:
                         # others' tasks still run: the servers answer at their end, or after a while
                         # for another look at the queues (a retry may bring work back)
@@ -356,8 +358,6 @@ class Consumer:
             for mw in self.middleware:
                 mw.on_finish(m, c.error)
         self._settler.put(out)
-        if done and not self._running:
-            self._settler.hurry()  # the last task ended: whoever waits for the end should hear of it now
 
     def _release(self, got: list[Message]) -> None:
         self._settler.put([Settler.release(m.queue, m.id) for m in got])
