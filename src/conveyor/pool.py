@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -327,21 +327,13 @@ class QueuePool(PoolTasks):
 
     def stats(self, queue: str | None = None) -> dict[str, QueueStats]:
         """Stats per queue, summed over the shards."""
-        out: dict[str, QueueStats] = {}
-        for per in self.shard_stats(queue):
-            for q, st in per.items():
-                out[q] = out[q] + st if q in out else st
-        return out
+        return _summed(self.shard_stats(queue))
 
     def wait_drained(self, queues: Sequence[str] | None, wait_s: float) -> dict[str, QueueStats]:
         """Stats of `queues` (default: all), summed over the shards, once every shard has nothing
         pending in them, or after `wait_s`. Queues no shard has are left out."""
         done = self._each({s: [calls.stats(queues=queues, drained_wait_s=wait_s)] for s in range(len(self.clients))})
-        out: dict[str, QueueStats] = {}
-        for [per] in done.values():
-            for q, st in per.items():
-                out[q] = out[q] + st if q in out else st
-        return out
+        return _summed(per for [per] in done.values())
 
     def _shards_with(self, queue: str) -> list[int]:
         """The shards that host `queue` (a queue exists where it was put, got or declared)."""
@@ -440,3 +432,12 @@ class QueuePool(PoolTasks):
 
     def __repr__(self) -> str:
         return f"QueuePool({self.addresses!r})"
+
+
+def _summed(shards: Iterable[dict[str, QueueStats]]) -> dict[str, QueueStats]:
+    """Per-queue stats summed over the shards."""
+    out: dict[str, QueueStats] = {}
+    for per in shards:
+        for q, st in per.items():
+            out[q] = out[q] + st if q in out else st
+    return out

@@ -13,11 +13,11 @@
    results once the queue is drained: steps 1 to 3 are one job.
 
 Rows travel up to `rows_per_message` to a message (a few rows per message cut the queue's overhead
-per row; balancing is at that grain), dealt from each Arrow batch so that neighbours spread out.
-The output has one row per input row, whatever happened on the
-way (the store keeps exactly one result per message): the `schema` columns from `func(row)`, plus
-`_id` (the id of the row's message) and `_error` (None, or the error of a row that failed after its
-retries, whose `schema` columns are then null and whose input row is in `_input`, as JSON).
+per row; balancing is at that grain), dealt from each Arrow batch so that neighbours spread out. The
+output has one row per input row, whatever happened on the way (the store keeps exactly one result
+per message): the `schema` columns from `func(row)`, plus `_id` (the id of the row's message) and
+`_error` (None, or the error of a row that failed after its retries, whose `schema` columns are then
+null and whose input row is in `_input`, as JSON).
 """
 
 from __future__ import annotations
