@@ -214,17 +214,18 @@ class Consumer:
                     self._release(got)
                     continue
                 self._start(slots, got)
-                if not got:
-                    if not self._running:
-                        self._settler.hurry()  # idle: our last acks may be what others wait for
-                    if not self._running and self.until_empty:
-                        # others' tasks still run: the servers answer at their end, or after a while
-                        # for another look at the queues (a retry may bring work back)
-                        if self._drained(DRAIN_POLL_S if self._undrained else 0.0):
-                            return
-                        self._undrained = True
-                    if self._running:
-                        self._wait(BUSY_POLL_S)
+                if got:
+                    continue
+                if self._running:
+                    self._wait(BUSY_POLL_S)
+                    continue
+                self._settler.hurry()  # idle: our last acks may be what others wait for
+                if self.until_empty:
+                    # others' tasks still run: the servers answer at their end, or after a while
+                    # for another look at the queues (a retry may bring work back)
+                    if self._drained(DRAIN_POLL_S if self._undrained else 0.0):
+                        return
+                    self._undrained = True
             except (ConnectionLostError, TimeoutError) as e:
                 log.warning("consumer %s: %s; retrying in %.0f s", self.name, e, RETRY_CONNECT_S)
                 self._stop.wait(RETRY_CONNECT_S)
@@ -253,8 +254,10 @@ class Consumer:
             # long poll only when idle; with until_empty, only while others still put work (once
             # all is put, an idle consumer waits for the end instead: see _drained)
             wait = 0.0
-            if not self._running and (not self.until_empty or (self._undrained and self.expect_more is not None)):
-                wait = min(q.long_poll_s, IDLE_POLL_S if not self.until_empty else DRAIN_POLL_S)
+            if not self._running and not self.until_empty:
+                wait = min(q.long_poll_s, IDLE_POLL_S)
+            elif not self._running and self._undrained and self.expect_more is not None:
+                wait = min(q.long_poll_s, DRAIN_POLL_S)
             got = self._get(q, min(q.batch_size, free), wait)
         self._iterations_left = self._iterations_left - 1 if got else 0
         self._last_short = len(got) < min(q.batch_size if q is not None else 1, free)

@@ -40,7 +40,7 @@ class Settler:
         self._report_every_s = report_every_s
         self._pending = 0
         self._cond = threading.Condition()
-        self._hurry = threading.Event()  # a flush is waiting: send without gathering more
+        self._hurry = threading.Event()  # send without gathering more (a flush waits, or the consumer is idle)
         self.errors = 0
         self._thread = threading.Thread(target=self._loop, name="conveyor-settler", daemon=True)
         self._thread.start()
