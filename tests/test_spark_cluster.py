@@ -12,12 +12,9 @@ them, and the output must still hold exactly one result, without error, for ever
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import queue
-import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,7 +22,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -34,6 +31,7 @@ import pytest
 from pyspark.find_spark_home import _find_spark_home
 
 from tests.cluster_job import MARKER, ROWS
+from tests.spark_procs import Daemon, cmdline, free_port, kill_tree, process_tree, spawn, tail, wait_gone, wait_until
 
 JOB = Path(__file__).with_name("cluster_job.py")
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -44,93 +42,9 @@ START_TIMEOUT_S = 90.0  # a JVM takes ~5-10 s to start on a busy 2-core machine
 MARKER_TIMEOUT_S = 120.0  # driver JVM, executors, enqueue stage, then the consumers start
 FINISH_TIMEOUT_S = 120.0  # after the kill: the rest of the rows on one worker, leases of 5 s
 GONE_TIMEOUT_S = 10.0
-POLL_S = 0.1
-TAIL_CHARS = 4000
 
 
-# --- processes ------------------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _stat(pid: int) -> tuple[str, int] | None:
-    """(state, parent pid) of a process, from /proc; None when it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text.rsplit(")", 1)[1].split()  # after "pid (comm)": state, ppid, ...
-    return fields[0], int(fields[1])
-
-
-def cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def alive(pid: int) -> bool:
-    st = _stat(pid)
-    return st is not None and st[0] not in ("Z", "X")
-
-
-def process_tree(pid: int) -> list[int]:
-    """`pid` and all its descendants (whatever their process group), parents first."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (st := _stat(int(entry))) is not None:
-            children.setdefault(st[1], []).append(int(entry))
-    tree, todo = [], [pid]
-    while todo:
-        p = todo.pop(0)
-        tree.append(p)
-        todo += children.get(p, [])
-    return tree
-
-
-def kill_tree(proc: subprocess.Popen[Any]) -> list[int]:
-    """SIGKILL a child started in its own session: its process group and every descendant; returns their pids.
-
-    Descendants in other groups (Spark's Python daemon makes its own) are found through /proc while
-    the child runs; once it has exited, its group is still killed (what it left behind).
-    """
-    pids = process_tree(proc.pid) if proc.poll() is None else []
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-    proc.wait()
-    return pids
-
-
-def wait_gone(pids: list[int], timeout: float) -> list[int]:
-    """Poll until none of `pids` runs; returns those still running at the deadline."""
-    deadline = time.monotonic() + timeout
-    while (left := [p for p in pids if alive(p)]) and time.monotonic() < deadline:
-        time.sleep(POLL_S)
-    return left
-
-
-def tail(path: Path) -> str:
-    try:
-        return path.read_text(errors="replace")[-TAIL_CHARS:]
-    except OSError as e:
-        return f"({path}: {e})"
-
-
-# --- the cluster ----------------------------------------------------------------------------------
-@dataclass
-class Daemon:
-    name: str
-    proc: subprocess.Popen[bytes]
-    log: Path
-    webui_port: int
-
-
+# --- the cluster ---------------------------------------------------------------------------------
 @dataclass
 class Cluster:
     url: str
@@ -141,14 +55,6 @@ class Cluster:
         return "\n".join(f"--- {d.name} ({d.log}) ---\n{tail(d.log)}" for d in [self.master, *self.workers])
 
 
-def _spawn(name: str, args: list[str], env: dict[str, str], logs: Path, webui_port: int) -> Daemon:
-    log = logs / f"{name}.log"
-    with open(log, "wb") as out:  # the child keeps its own descriptor
-        proc = subprocess.Popen([str(Path(env["SPARK_HOME"]) / "bin" / "spark-class"), *args], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
-    return Daemon(name, proc, log, webui_port)
-
-
 def master_state(webui_port: int) -> dict[str, Any] | None:
     """The master's state from its web UI (`/json/`), or None while it does not answer."""
     try:
@@ -156,19 +62,6 @@ def master_state(webui_port: int) -> dict[str, Any] | None:
             return json.loads(r.read())
     except (OSError, urllib.error.URLError, ValueError):
         return None
-
-
-def wait_until(what: str, ready: Callable[[], bool], daemons: list[Daemon], timeout: float,
-               cluster_logs: Callable[[], str]) -> None:  # fmt: skip
-    """Poll `ready()` until it returns something true; fail if a daemon exits or the deadline passes."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if ready():
-            return
-        dead = [f"{d.name} (exit {d.proc.returncode})" for d in daemons if d.proc.poll() is not None]
-        assert not dead, f"waiting for {what}: {', '.join(dead)} exited\n{cluster_logs()}"
-        assert time.monotonic() < deadline, f"{what}: not within {timeout:.0f} s\n{cluster_logs()}"
-        time.sleep(POLL_S)
 
 
 @pytest.fixture
@@ -183,17 +76,17 @@ def spark_cluster(tmp_path: Path) -> Iterator[Cluster]:
     daemons: list[Daemon] = []
     try:
         port, ui = free_port(), free_port()
-        master = _spawn("master", [MASTER_CLASS, "--host", "127.0.0.1", "--port", str(port), "--webui-port", str(ui)],
-                        env, logs, ui)  # fmt: skip
+        master = spawn("master", "spark-class", [MASTER_CLASS, "--host", "127.0.0.1", "--port", str(port),
+                                                 "--webui-port", str(ui)], env, logs, ui)  # fmt: skip
         daemons.append(master)
         cluster = Cluster(f"spark://127.0.0.1:{port}", master, [])
         wait_until("the master", lambda: (master_state(ui) or {}).get("status") == "ALIVE", daemons, START_TIMEOUT_S,
                    cluster.logs)  # fmt: skip
         for i in range(N_WORKERS):
             wui = free_port()
-            worker = _spawn(f"worker-{i}", [WORKER_CLASS, cluster.url, "--host", "127.0.0.1", "--cores", "1", "--memory", "1g",
-                                            "--webui-port", str(wui), "--work-dir", str(tmp_path / f"work-{i}")],
-                            env, logs, wui)  # fmt: skip
+            worker = spawn(f"worker-{i}", "spark-class", [WORKER_CLASS, cluster.url, "--host", "127.0.0.1", "--cores", "1",
+                                                          "--memory", "1g", "--webui-port", str(wui),
+                                                          "--work-dir", str(tmp_path / f"work-{i}")], env, logs, wui)  # fmt: skip
             daemons.append(worker)
             cluster.workers.append(worker)
 
