@@ -16,10 +16,10 @@ import pytest
 from pyspark.find_spark_home import _find_spark_home
 
 from tests.connect_job import CSV_ROWS, FAILING, ROWS, TASKS
+from tests.graph_helpers import ROOT
 from tests.spark_procs import Daemon, free_port, kill_tree, spawn, tail, wait_until
 
 JOB = Path(__file__).with_name("connect_job.py")
-ROOT = Path(__file__).resolve().parents[1]
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 START_TIMEOUT_S = 90.0  # a JVM takes ~5-10 s to start on a busy 2-core machine
 JOB_TIMEOUT_S = 240.0
