@@ -177,6 +177,7 @@ def test_serve_exits_cleanly_on_sigterm(tmp_path: Path) -> None:
     proc, _ = spawn_server(tmp_path / "d")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(30) == 0
+    stop_server(proc)  # what is left to do: close the pipe to its stdin
 
 
 def test_spawn_reports_a_server_that_cannot_start(tmp_path: Path) -> None:

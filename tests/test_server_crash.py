@@ -122,7 +122,7 @@ def test_sigkilled_server_loses_nothing_answered(tmp_path: Path) -> None:
             wait_for(lambda b=before: len(ledger.put) > b + 200, timeout=60, what="progress before the kill")
             time.sleep(rng.uniform(0.05, 0.4))  # a random moment of a busy run: the kill point, not synchronisation
             os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+            stop_server(proc)  # reaps it, and closes the pipe to its stdin
             proc, _ = spawn_server(data, port, args=["--fsync", "batch"], stderr=log)
             check(address, ledger, drain=False)
         stop.set()

@@ -4,8 +4,12 @@ work stealing, graceful stops, and local consumer pools surviving killed workers
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import select
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +25,9 @@ from conveyor.serialization import encode_call
 from conveyor.worker import Consumer, ConsumerPool, Middleware, QueueConfig, TaskFailure
 
 from . import worker_tasks as wt
+from .graph_helpers import ROOT
 from .servers import wait_for
+from .spark_procs import process_tree, wait_gone
 
 MODULES = ["tests.worker_tasks"]
 
@@ -229,6 +235,28 @@ def test_sigkilled_consumer_loses_nothing_and_runs_each_task_to_completion_once(
     assert sorted(results) == sorted(h.id for h in handles)  # exactly one result per task
     assert set(results.values()) == {"finished"}
     assert len(lines(log)) >= 12  # some ran twice (killed mid-task), each message acked once
+
+
+def test_servers_and_consumers_do_not_outlive_their_pool_process(tmp_path: Path) -> None:
+    """SIGKILL the process that started a local pool and its consumers mid-task: every process it
+    started exits soon after, and the queue still holds every task (none acked, none lost)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    job = subprocess.Popen([sys.executable, str(ROOT / "tests" / "pool_job.py"), str(tmp_path / "data"),
+                            str(tmp_path / "done.log"), "8"], stdout=subprocess.PIPE, env=env)  # fmt: skip
+    try:
+        assert job.stdout is not None
+        assert select.select([job.stdout], [], [], 60)[0], "the pool did not start within 60 s"
+        started = json.loads(job.stdout.readline())
+        descendants = process_tree(job.pid)[1:]  # servers, consumers, multiprocessing's helpers
+        assert set(started["servers"] + started["consumers"]) <= set(descendants)
+    finally:
+        job.kill()
+        job.wait()
+        job.stdout.close()  # type: ignore[union-attr]
+    assert wait_gone(descendants, timeout=20) == [], "processes outlived the process that started them"
+    with QueuePool.local(2, data_dir=tmp_path / "data") as again:
+        st = again.stats("jobs")["jobs"]
+    assert st.acked + st.pending == 8 and st.failed == 0
 
 
 def test_a_task_that_kills_its_worker_ends_in_the_dead_letters(pool: QueuePool) -> None:

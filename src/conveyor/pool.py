@@ -43,31 +43,31 @@ def spawn_server(data_dir: str | Path | None, port: int = 0, *, token: str | Non
                  stderr: Any = None) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
     """Start `conveyor serve` on 127.0.0.1 in a child process; returns it and its address once it listens.
 
-    The server logs to `stderr` (default: this process's stderr).
+    The server logs to `stderr` (default: this process's stderr). Its stdin is a pipe from this
+    process, which the server watches: it stops when this process ends, even by SIGKILL.
     """
-    cmd = [sys.executable, "-m", "conveyor", "serve", "--host", "127.0.0.1", "--port", str(port), *args]
+    cmd = [sys.executable, "-m", "conveyor", "serve", "--host", "127.0.0.1", "--port", str(port), "--stop-with-stdin", *args]
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
     env = dict(os.environ)
     env.pop("CONVEYOR_TOKEN", None)
     if token:
         env["CONVEYOR_TOKEN"] = token  # not on the command line, where `ps` would show it
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, stderr=stderr, env=env)
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.PIPE, stderr=stderr, env=env)
     assert proc.stdout is not None
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     line = b""
     while not line.endswith(b"\n"):
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([proc.stdout], [], [], left)[0]:
-            proc.kill()
-            proc.wait()
-            proc.stdout.close()
-            raise ConveyorError(f"queue server did not start within {SERVER_START_TIMEOUT_S:.0f} s: {' '.join(cmd)}")
-        chunk = os.read(proc.stdout.fileno(), 4096)
+        chunk = os.read(proc.stdout.fileno(), 4096) if left > 0 and select.select([proc.stdout], [], [], left)[0] else None
         if not chunk:
+            proc.kill()
             code = proc.wait()
             proc.stdout.close()
-            raise ConveyorError(f"queue server exited with code {code} before listening (see its errors above): {' '.join(cmd)}")
+            stop_server(proc)  # closes its stdin
+            why = f"did not start within {SERVER_START_TIMEOUT_S:.0f} s" if chunk is None else \
+                f"exited with code {code} before listening (see its errors above)"  # fmt: skip
+            raise ConveyorError(f"queue server {why}: {' '.join(cmd)}")
         line += chunk
     proc.stdout.close()  # the server prints nothing more
     return proc, line.decode().split()[-1]
@@ -82,6 +82,8 @@ def stop_server(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+    if proc.stdin is not None:
+        proc.stdin.close()
 
 
 class QueuePool(PoolTasks):

@@ -13,8 +13,10 @@ import contextlib
 import hmac
 import ipaddress
 import logging
+import os
 import signal
 import socket
+import sys
 import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -181,14 +183,38 @@ class QueueServer:
         assert self._stopped is not None
         self._stopped.set()
 
-    def run(self, on_ready: Callable[[str], None] | None = None) -> None:
-        """Serve until SIGTERM or SIGINT, then stop cleanly. `on_ready(address)` runs once listening."""
+    def run(self, on_ready: Callable[[str], None] | None = None, *, stop_with_stdin: bool = False) -> None:
+        """Serve until SIGTERM or SIGINT, then stop cleanly. `on_ready(address)` runs once listening.
+
+        With `stop_with_stdin`, the end of standard input stops it too: a parent that starts the
+        server with a pipe as its stdin and never writes to it is gone when the pipe closes, however
+        it ended (even SIGKILL), and the server should not outlive it.
+        """
 
         async def main() -> None:
             await self.start()
             loop = asyncio.get_running_loop()
+            stopping: list[asyncio.Future[None]] = []  # a reference, so the stop is not collected midway
+
+            def stop() -> None:
+                stopping.append(asyncio.ensure_future(self.stop()))
+
             for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, lambda: asyncio.ensure_future(self.stop()))
+                loop.add_signal_handler(sig, stop)
+            if stop_with_stdin:
+                fd = sys.stdin.fileno()
+
+                def readable() -> None:
+                    try:
+                        more = os.read(fd, 4096)
+                    except OSError:
+                        more = b""
+                    if not more:
+                        loop.remove_reader(fd)
+                        log.warning("standard input closed (the process that started this server is gone): stopping")
+                        stop()
+
+                loop.add_reader(fd, readable)
             if on_ready is not None:
                 on_ready(self.address)
             await self.wait_stopped()

@@ -40,6 +40,8 @@ BUSY_POLL_S = 0.05  # with tasks running, how long to wait for one to finish bef
 IDLE_POLL_S = 1.0  # longest long poll while idle (so a stop is noticed within it)
 DRAIN_POLL_S = 0.1  # with until_empty, how long an idle consumer waits before looking at the queues again
 RETRY_CONNECT_S = 1.0
+SETTLE_S = 30.0  # on the way out, how long the last acks may take to go through (a hard stop: HARD_SETTLE_S)
+HARD_SETTLE_S = 2.0
 STOP_CHECK_S = 1.0  # how often `stop_when` is asked
 
 
@@ -186,7 +188,7 @@ class Consumer:
                               for r in self._running.values()])  # fmt: skip
                 self._running.clear()
             slots.close(wait=not self._hard_stop)
-            self._settler.close()
+            self._settler.close(HARD_SETTLE_S if self._hard_stop else SETTLE_S)
         return self.stats
 
     def _loop(self, slots: ThreadSlots | ProcessSlots) -> None:

@@ -13,6 +13,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from .settings import QueueConfig
 
 if TYPE_CHECKING:
     from ..pool import QueuePool
+    from .consumer import Consumer
 
 log = logging.getLogger("conveyor.worker")
 
@@ -35,6 +37,7 @@ STOP_GRACE_S = 30.0  # how long a stopping consumer may take to finish its runni
 # every switch costs the process time on the CPU (measured: 0.86 -> 0.90 efficiency on the skewed
 # workload going from 1 ms to 20 ms). Set only in processes Conveyor starts (and `conveyor worker`).
 CONSUMER_SWITCH_INTERVAL_S = 0.02
+PARENT_GONE_EXIT_S = 8.0  # a consumer whose pool process is gone exits within this time
 
 
 def own_process() -> None:
@@ -63,6 +66,9 @@ def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int,
     consumer = Consumer(pool, queues, consumer=index, n_consumers=n, **options)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: consumer.stop())
+    parent, done = multiprocessing.parent_process(), threading.Event()
+    if parent is not None:  # a pool whose process is gone, even by SIGKILL, leaves no consumer behind
+        threading.Thread(target=_stop_with, args=(parent, consumer, done), name="conveyor-parent-watch", daemon=True).start()
     if settings.on_worker_startup is not None:
         settings.on_worker_startup()
     try:
@@ -70,6 +76,19 @@ def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int,
     finally:
         if settings.on_worker_shutdown is not None:
             settings.on_worker_shutdown()
+        done.set()
+
+
+def _stop_with(parent: multiprocessing.process.BaseProcess, consumer: Consumer, done: threading.Event) -> None:
+    """Stop at once when the parent exits: the pool is gone (with it, likely, the servers it started),
+    so running tasks are handed back, or come back by lease, rather than waited for."""
+    parent.join()  # returns when the parent process has exited
+    log.warning("consumer %s: the process that started it is gone: stopping now", consumer.name)
+    consumer.stop(graceful=False)
+    # then exit without the interpreter's wait for threads: a request to a server that is gone
+    # can keep trying to connect for a while
+    done.wait(PARENT_GONE_EXIT_S)
+    os._exit(1)
 
 
 class ConsumerPool:

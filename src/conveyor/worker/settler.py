@@ -42,6 +42,7 @@ class Settler:
         self._cond = threading.Condition()
         self._hurry = threading.Event()  # send without gathering more (a flush waits, or the consumer is idle)
         self.errors = 0
+        self._give_up_at = float("inf")  # set by close: stop retrying after this
         self._thread = threading.Thread(target=self._loop, name="conveyor-settler", daemon=True)
         self._thread.start()
 
@@ -79,15 +80,22 @@ class Settler:
         with self._cond:
             return self._cond.wait_for(lambda: self._pending == 0, timeout)
 
-    def close(self, timeout: float | None = 30.0) -> None:
-        """Send what is queued (up to `timeout`), a last report, and stop."""
+    def close(self, timeout: float = 30.0) -> None:
+        """Send what is queued and a last report, and stop. Gives up after `timeout` s (what was not
+        sent by then comes back to the queues when its lease ends) and returns."""
+        self._give_up_at = deadline = time.monotonic() + timeout
         self.flush(timeout)
         self._items.put(_STOP)
-        self._thread.join(timeout)
-        self._pool.close()
+        self._thread.join(max(deadline - time.monotonic(), 0.0))
 
     # --- the thread ---------------------------------------------------------------------
     def _loop(self) -> None:
+        try:
+            self._run()
+        finally:
+            self._pool.close()
+
+    def _run(self) -> None:
         next_report = 0.0
         while True:
             now = time.monotonic()
@@ -137,6 +145,10 @@ class Settler:
                     break
                 except (ConnectionLostError, TimeoutError) as e:
                     self.errors += 1
+                    if time.monotonic() >= self._give_up_at:
+                        log.error("gave up trying to %s %d message(s) on %r (%s): they come back when their "
+                                  "leases end", kind, len(ids), q, e)  # fmt: skip
+                        break
                     log.warning("could not %s %d message(s) on %r (%s); retrying", kind, len(ids), q, e)
                     time.sleep(RETRY_S)
                 except ConveyorError as e:  # refused (a queue gone): retrying cannot help

@@ -1,0 +1,36 @@
+"""A process that starts a local pool and consumer processes, then waits to be killed
+(tests/test_worker.py: what it started must not outlive it).
+
+Usage: python tests/pool_job.py DATA_DIR LOG TASKS
+
+It starts 2 durable servers under DATA_DIR and 2 consumers, publishes TASKS `slow_once` tasks
+(1 s each, noted in LOG as they finish), and once two are running prints a JSON line with the
+servers' and consumers' pids.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+
+def main(data_dir: str, log: str, tasks: int) -> None:
+    from conveyor.pool import QueuePool
+    from conveyor.worker import ConsumerPool
+    from tests import worker_tasks
+
+    pool = QueuePool.local(2, data_dir=data_dir)
+    cp = ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=2, task_modules=["tests.worker_tasks"]).start()
+    worker_tasks.slow_once.publish_many([(log, 1.0)] * tasks, _pool=pool)
+    deadline = time.monotonic() + 60
+    while pool.stats("jobs")["jobs"].delivered < 2:
+        if time.monotonic() > deadline:
+            raise SystemExit("no task started within 60 s")
+        time.sleep(0.01)
+    print(json.dumps({"servers": [p.pid for p in pool.processes], "consumers": [p.pid for p in cp.processes]}), flush=True)
+    time.sleep(600)
+
+
+if __name__ == "__main__":  # consumer processes import this module too (forkserver): start nothing then
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
