@@ -3,9 +3,9 @@
 
 Usage: python tests/pool_job.py DATA_DIR LOG TASKS
 
-It starts 2 durable servers under DATA_DIR and 2 consumers, publishes TASKS `slow_once` tasks
-(1 s each, noted in LOG as they finish), and once two are running prints a JSON line with the
-servers' and consumers' pids.
+It starts 2 durable servers under DATA_DIR (`-`: temporary directories) and 2 consumers,
+publishes TASKS `slow_once` tasks (1 s each, noted in LOG as they finish), and once two are
+running prints a JSON line with the servers' and consumers' pids and the temporary directories.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ def main(data_dir: str, log: str, tasks: int) -> None:
     from conveyor.worker import ConsumerPool
     from tests import worker_tasks
 
-    pool = QueuePool.local(2, data_dir=data_dir)
+    pool = QueuePool.local(2, data_dir=None if data_dir == "-" else data_dir)
     cp = ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=2, task_modules=["tests.worker_tasks"]).start()
     worker_tasks.slow_once.publish_many([(log, 1.0)] * tasks, _pool=pool)
     deadline = time.monotonic() + 60
@@ -28,7 +28,8 @@ def main(data_dir: str, log: str, tasks: int) -> None:
         if time.monotonic() > deadline:
             raise SystemExit("no task started within 60 s")
         time.sleep(0.01)
-    print(json.dumps({"servers": [p.pid for p in pool.processes], "consumers": [p.pid for p in cp.processes]}), flush=True)
+    print(json.dumps({"servers": [p.pid for p in pool.processes], "consumers": [p.pid for p in cp.processes],
+                      "temporary": [str(d) for d in pool._tmp]}), flush=True)  # fmt: skip
     time.sleep(600)
 
 

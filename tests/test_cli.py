@@ -67,6 +67,12 @@ def test_stats_and_dead_letters_commands(tmp_path: Path) -> None:
         assert out.returncode == 1 and "no queue named 'nope'" in out.stderr
 
 
+def test_serve_temporary_needs_a_data_dir() -> None:
+    out = subprocess.run([sys.executable, "-m", "conveyor", "serve", "--port", "0", "--temporary"], capture_output=True,
+                         text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 1 and "a temporary server needs a data directory" in out.stderr
+
+
 def test_stats_reports_an_unreachable_server() -> None:
     out = subprocess.run([sys.executable, "-m", "conveyor", "stats", "--connect", "tcp://127.0.0.1:1"], capture_output=True,
                          text=True, timeout=60)  # fmt: skip

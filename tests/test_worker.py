@@ -237,11 +237,14 @@ def test_sigkilled_consumer_loses_nothing_and_runs_each_task_to_completion_once(
     assert len(lines(log)) >= 12  # some ran twice (killed mid-task), each message acked once
 
 
-def test_servers_and_consumers_do_not_outlive_their_pool_process(tmp_path: Path) -> None:
+@pytest.mark.parametrize("data", ["kept", "temporary"])
+def test_servers_and_consumers_do_not_outlive_their_pool_process(tmp_path: Path, data: str) -> None:
     """SIGKILL the process that started a local pool and its consumers mid-task: every process it
-    started exits soon after, and the queue still holds every task (none acked, none lost)."""
+    started exits soon after; the queue still holds every task (none acked, none lost), or, in
+    temporary directories, those are removed."""
+    data_dir = tmp_path / "data" if data == "kept" else "-"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    job = subprocess.Popen([sys.executable, str(ROOT / "tests" / "pool_job.py"), str(tmp_path / "data"),
+    job = subprocess.Popen([sys.executable, str(ROOT / "tests" / "pool_job.py"), str(data_dir),
                             str(tmp_path / "done.log"), "8"], stdout=subprocess.PIPE, env=env)  # fmt: skip
     try:
         assert job.stdout is not None
@@ -254,6 +257,9 @@ def test_servers_and_consumers_do_not_outlive_their_pool_process(tmp_path: Path)
         job.wait()
         job.stdout.close()  # type: ignore[union-attr]
     assert wait_gone(descendants, timeout=20) == [], "processes outlived the process that started them"
+    if data == "temporary":
+        assert len(started["temporary"]) == 2 and not any(Path(d).exists() for d in started["temporary"])
+        return
     with QueuePool.local(2, data_dir=tmp_path / "data") as again:
         st = again.stats("jobs")["jobs"]
     assert st.acked + st.pending == 8 and st.failed == 0

@@ -104,7 +104,7 @@ class QueuePool(PoolTasks):
         self._down: dict[int, float] = {}  # shard -> until when `get` skips it (it failed to answer)
         self._threads: ThreadPoolExecutor | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
-        self._tmp: str | None = None
+        self._tmp: list[Path] = []  # temporary data directories of servers started here
         self._init_tasks()
 
     @classmethod
@@ -120,30 +120,34 @@ class QueuePool(PoolTasks):
               token: str | None = None, fsync: str = "batch", batch_size: int = 1000) -> QueuePool:  # fmt: skip
         """Start `n_servers` queue servers as child processes on free loopback ports.
 
-        Durable servers keep their queues under `data_dir/shard-<i>` (a temporary directory, removed
-        on close, when None). `close()` or leaving the `with` block stops the servers cleanly.
+        Durable servers keep their queues under `data_dir/shard-<i>`; without a `data_dir`, each in a
+        temporary directory of its own, which the server removes when it stops (on `close()`, or when
+        this process ends however it ends). `close()` or leaving the `with` block stops the servers
+        cleanly.
         """
         if n_servers < 1:
             raise ValueError(f"n_servers must be >= 1, got {n_servers}")
-        tmp = None
-        if durable and data_dir is None:
-            data_dir = tmp = tempfile.mkdtemp(prefix="conveyor-pool-")
+        temporary = durable and data_dir is None
         procs: list[subprocess.Popen[bytes]] = []
+        tmps: list[Path] = []
         try:
             addresses = []
             for i in range(n_servers):
-                d = None if not durable else Path(data_dir) / f"shard-{i}"  # type: ignore[arg-type]
-                proc, address = spawn_server(d, token=token, args=["--fsync", fsync])
+                if temporary:
+                    tmps.append(d := Path(tempfile.mkdtemp(prefix=f"conveyor-shard{i}-")))
+                else:
+                    d = None if not durable else Path(data_dir) / f"shard-{i}"  # type: ignore[arg-type]
+                proc, address = spawn_server(d, token=token, args=["--fsync", fsync, *(["--temporary"] if temporary else [])])
                 procs.append(proc)
                 addresses.append(address)
             pool = cls.connect(addresses, token, batch_size=batch_size)
         except BaseException:
             for p in procs:
                 stop_server(p)
-            if tmp:
-                shutil.rmtree(tmp, ignore_errors=True)
+            for d in tmps:
+                shutil.rmtree(d, ignore_errors=True)
             raise
-        pool._procs, pool._tmp = procs, tmp
+        pool._procs, pool._tmp = procs, tmps
         return pool
 
     @property
@@ -415,9 +419,9 @@ class QueuePool(PoolTasks):
         for p in self._procs:
             stop_server(p)
         self._procs = []
-        if self._tmp is not None:
-            shutil.rmtree(self._tmp, ignore_errors=True)
-            self._tmp = None
+        for d in self._tmp:  # the servers removed them as they stopped, unless one had to be killed
+            shutil.rmtree(d, ignore_errors=True)
+        self._tmp = []
 
     def __enter__(self) -> QueuePool:
         return self

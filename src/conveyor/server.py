@@ -14,6 +14,7 @@ import hmac
 import ipaddress
 import logging
 import os
+import shutil
 import signal
 import socket
 import sys
@@ -105,13 +106,16 @@ class QueueServer:
     """Serves the queues under `data_dir` (durable) or in memory (no data dir) on host:port.
 
     Binds 127.0.0.1 by default. A non-loopback address needs a `token` (every client must prove it
-    knows it) unless `insecure` is set. Port 0 picks a free port; `address` tells which.
+    knows it) unless `insecure` is set. Port 0 picks a free port; `address` tells which. With
+    `temporary`, `data_dir` is removed once the server has stopped.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, data_dir: str | Path | None = None,
                  token: str | bytes | None = None, insecure: bool = False, limits: Limits | None = None,
                  defaults: Defaults | None = None, repair: bool = False, sweep_interval_s: float = 0.5,
-                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT) -> None:  # fmt: skip
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, temporary: bool = False) -> None:  # fmt: skip
+        if temporary and data_dir is None:
+            raise ConveyorError("a temporary server needs a data directory (to remove when it stops)")
         self._key = as_key(token)
         if self._key is None and not insecure and not is_loopback(host):
             raise ConveyorError(f"refusing to listen on {host} without a token: anyone who can reach it could read and "
@@ -123,6 +127,7 @@ class QueueServer:
         self.limits = limits or Limits()
         self.defaults = defaults or Defaults(durable=data_dir is not None)
         self.repair = repair
+        self.temporary = temporary
         self.sweep_interval_s = sweep_interval_s
         self.max_in_flight = max_in_flight
         self.queues: QueueHost | None = None
@@ -179,7 +184,10 @@ class QueueServer:
         for c in conns:
             c.writer.close()
         self.queues.close()
-        log.info("stopped; queues closed")
+        if self.temporary:
+            assert self.data_dir is not None
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+        log.info("stopped; queues closed%s", f", {self.data_dir} removed" if self.temporary else "")
         assert self._stopped is not None
         self._stopped.set()
 
