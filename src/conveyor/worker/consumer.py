@@ -211,6 +211,8 @@ class Consumer:
                 if free <= 0 or (self._running and not self._last_short and free < self._refill):
                     self._wait(BUSY_POLL_S)  # while the queue is busy, fetch in batches rather than one by one
                     continue
+                if not self._running and self._last_short:
+                    self._settler.hurry()  # idle, the queues look drained: our last acks may be what ends the work
                 got = self._fetch(free)
                 if self._stop.is_set() and got:
                     self._release(got)
@@ -221,7 +223,6 @@ class Consumer:
                 if self._running:
                     self._wait(BUSY_POLL_S)
                     continue
-                self._settler.hurry()  # idle: our last acks may be what others wait for
                 if self.until_empty:
                     # others' tasks still run: the servers answer at their end, or after a while
                     # for another look at the queues (a retry may bring work back)
