@@ -1,21 +1,24 @@
 """A process that starts a local pool and consumer processes, then waits to be killed
 (tests/test_worker.py: what it started must not outlive it).
 
-Usage: python tests/pool_job.py DATA_DIR LOG TASKS
+Usage: python tests/pool_job.py DATA_DIR LOG TASKS [fork]
 
 It starts 2 durable servers under DATA_DIR (`-`: temporary directories) and 2 consumers,
 publishes TASKS `slow_once` tasks (1 s each, noted in LOG as they finish), and once two are
 running prints a JSON line with the servers' and consumers' pids and the temporary directories.
+With `fork`, it first forks a child that sleeps (holding every descriptor it inherited, so pipe
+ends the servers and consumers watch stay open), and adds its pid.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 
 
-def main(data_dir: str, log: str, tasks: int) -> None:
+def main(data_dir: str, log: str, tasks: int, fork: bool) -> None:
     from conveyor.pool import QueuePool
     from conveyor.worker import ConsumerPool
     from tests import worker_tasks
@@ -28,10 +31,14 @@ def main(data_dir: str, log: str, tasks: int) -> None:
         if time.monotonic() > deadline:
             raise SystemExit("no task started within 60 s")
         time.sleep(0.01)
+    forked = 0
+    if fork and (forked := os.fork()) == 0:
+        time.sleep(60)
+        os._exit(0)
     print(json.dumps({"servers": [p.pid for p in pool.processes], "consumers": [p.pid for p in cp.processes],
-                      "temporary": [str(d) for d in pool._tmp]}), flush=True)  # fmt: skip
+                      "temporary": [str(d) for d in pool._tmp], "forked": forked}), flush=True)  # fmt: skip
     time.sleep(600)
 
 
 if __name__ == "__main__":  # consumer processes import this module too (forkserver): start nothing then
-    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:] == ["fork"])

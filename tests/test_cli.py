@@ -67,10 +67,27 @@ def test_stats_and_dead_letters_commands(tmp_path: Path) -> None:
         assert out.returncode == 1 and "no queue named 'nope'" in out.stderr
 
 
-def test_serve_temporary_needs_a_data_dir() -> None:
-    out = subprocess.run([sys.executable, "-m", "conveyor", "serve", "--port", "0", "--temporary"], capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+def test_serve_temporary_needs_a_new_or_empty_data_dir(tmp_path: Path) -> None:
+    serve = [sys.executable, "-m", "conveyor", "serve", "--port", "0", "--temporary"]
+    out = subprocess.run(serve, capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and "a temporary server needs a data directory" in out.stderr
+    (tmp_path / "keep.txt").write_text("not the server's to delete")
+    out = subprocess.run([*serve, "--data-dir", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "needs a new or empty data directory" in out.stderr
+    assert (tmp_path / "keep.txt").exists()
+
+
+def test_serve_stop_with_parent_runs_with_stdin_not_a_pipe(tmp_path: Path) -> None:
+    """Started by hand or by a service manager, stdin is /dev/null: nothing to watch there, it serves."""
+    proc = subprocess.Popen([sys.executable, "-m", "conveyor", "serve", "--port", "0", "--stop-with-parent"],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert proc.stdout is not None and "listening on" in proc.stdout.readline()
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        assert proc.wait(30) == 0
+        proc.stdout.close()  # type: ignore[union-attr]
 
 
 def test_stats_reports_an_unreachable_server() -> None:

@@ -237,27 +237,37 @@ def test_sigkilled_consumer_loses_nothing_and_runs_each_task_to_completion_once(
     assert len(lines(log)) >= 12  # some ran twice (killed mid-task), each message acked once
 
 
-@pytest.mark.parametrize("data", ["kept", "temporary"])
-def test_servers_and_consumers_do_not_outlive_their_pool_process(tmp_path: Path, data: str) -> None:
+@pytest.mark.parametrize("case", ["kept", "temporary", "forked"])
+def test_servers_and_consumers_do_not_outlive_their_pool_process(tmp_path: Path, case: str) -> None:
     """SIGKILL the process that started a local pool and its consumers mid-task: every process it
-    started exits soon after; the queue still holds every task (none acked, none lost), or, in
-    temporary directories, those are removed."""
-    data_dir = tmp_path / "data" if data == "kept" else "-"
+    started exits soon after, even when a child it forked still holds the pipes they watch; the
+    queue still holds every task (none acked, none lost), or, in temporary directories, those are
+    removed."""
+    data_dir = "-" if case == "temporary" else tmp_path / "data"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    job = subprocess.Popen([sys.executable, str(ROOT / "tests" / "pool_job.py"), str(data_dir),
-                            str(tmp_path / "done.log"), "8"], stdout=subprocess.PIPE, env=env)  # fmt: skip
+    job = subprocess.Popen([sys.executable, str(ROOT / "tests" / "pool_job.py"), str(data_dir), str(tmp_path / "done.log"),
+                            "8", *(["fork"] if case == "forked" else [])], stdout=subprocess.PIPE, env=env)  # fmt: skip
+    forked = 0
     try:
         assert job.stdout is not None
         assert select.select([job.stdout], [], [], 60)[0], "the pool did not start within 60 s"
         started = json.loads(job.stdout.readline())
-        descendants = process_tree(job.pid)[1:]  # servers, consumers, multiprocessing's helpers
+        forked = started["forked"]
+        descendants = [p for p in process_tree(job.pid)[1:] if p != forked]  # servers, consumers, helpers
         assert set(started["servers"] + started["consumers"]) <= set(descendants)
     finally:
         job.kill()
         job.wait()
         job.stdout.close()  # type: ignore[union-attr]
-    assert wait_gone(descendants, timeout=20) == [], "processes outlived the process that started them"
-    if data == "temporary":
+    # with a forked child alive, multiprocessing's own helpers (forkserver, resource tracker) wait
+    # for it as well: they watch pipes it holds; ours must go regardless
+    must_go = started["servers"] + started["consumers"] if case == "forked" else descendants
+    try:
+        assert wait_gone(must_go, timeout=20) == [], "processes outlived the process that started them"
+    finally:
+        if forked:
+            os.kill(forked, signal.SIGKILL)
+    if case == "temporary":
         assert len(started["temporary"]) == 2 and not any(Path(d).exists() for d in started["temporary"])
         return
     with QueuePool.local(2, data_dir=tmp_path / "data") as again:

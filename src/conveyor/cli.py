@@ -62,11 +62,11 @@ def demo(pages: int, workers: int | None, kill_worker: bool) -> None:
               help="Open damaged durable queues keeping what is intact (damaged files are moved aside).")  # fmt: skip
 @click.option("--temporary", is_flag=True,
               help="Remove --data-dir when the server stops: queues on disk, not kept.")  # fmt: skip
-@click.option("--stop-with-stdin", is_flag=True,
-              help="Also stop cleanly when standard input ends: started with a pipe as stdin, the server "
-                   "does not outlive the process holding its other end.")  # fmt: skip
+@click.option("--stop-with-parent", is_flag=True,
+              help="Also stop cleanly when the process that started the server ends, however it ends "
+                   "(seen at once when stdin is a pipe from that process).")  # fmt: skip
 def serve(host: str, port: int, data_dir: Path | None, token: str | None, insecure: bool, fsync: str, lease_s: float,
-          max_attempts: int, max_frame_bytes: int, repair: bool, temporary: bool, stop_with_stdin: bool) -> None:  # fmt: skip
+          max_attempts: int, max_frame_bytes: int, repair: bool, temporary: bool, stop_with_parent: bool) -> None:  # fmt: skip
     """Run a queue server until SIGTERM or Ctrl-C.
 
     Prints "listening on tcp://HOST:PORT" on stdout once it accepts connections.
@@ -82,7 +82,7 @@ def serve(host: str, port: int, data_dir: Path | None, token: str | None, insecu
         server = QueueServer(host, port, data_dir=data_dir, token=token, insecure=insecure, limits=limits,
                              defaults=defaults, repair=repair, temporary=temporary)  # fmt: skip
         server.run(on_ready=lambda address: click.echo(f"listening on {address}", nl=True) or sys.stdout.flush(),
-                   stop_with_stdin=stop_with_stdin)  # fmt: skip
+                   stop_with_parent=stop_with_parent)  # fmt: skip
     except ConveyorError as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:

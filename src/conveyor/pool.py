@@ -43,10 +43,10 @@ def spawn_server(data_dir: str | Path | None, port: int = 0, *, token: str | Non
                  stderr: Any = None) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
     """Start `conveyor serve` on 127.0.0.1 in a child process; returns it and its address once it listens.
 
-    The server logs to `stderr` (default: this process's stderr). Its stdin is a pipe from this
-    process, which the server watches: it stops when this process ends, even by SIGKILL.
+    The server logs to `stderr` (default: this process's stderr). It stops when this process ends,
+    even by SIGKILL (`--stop-with-parent`, its stdin a pipe from here).
     """
-    cmd = [sys.executable, "-m", "conveyor", "serve", "--host", "127.0.0.1", "--port", str(port), "--stop-with-stdin", *args]
+    cmd = [sys.executable, "-m", "conveyor", "serve", "--host", "127.0.0.1", "--port", str(port), "--stop-with-parent", *args]
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
     env = dict(os.environ)

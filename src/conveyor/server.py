@@ -17,6 +17,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import sys
 import time
 from collections.abc import Callable, Coroutine
@@ -49,6 +50,7 @@ log = logging.getLogger("conveyor.server")
 AUTH_TIMEOUT_S = 10.0
 LINGER_S = 2.0  # after a protocol error: how long, and how much, to drain before closing
 LINGER_BYTES = 256 * 1024 * 1024
+PARENT_CHECK_S = 1.0  # with stop_with_parent: how often to look whether the parent is still there
 _AUTH_LIMITS = Limits(max_header_bytes=4096, max_frames=1, max_frame_bytes=1, max_message_bytes=1)
 
 
@@ -116,6 +118,9 @@ class QueueServer:
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, temporary: bool = False) -> None:  # fmt: skip
         if temporary and data_dir is None:
             raise ConveyorError("a temporary server needs a data directory (to remove when it stops)")
+        if temporary and Path(data_dir).is_dir() and any(Path(data_dir).iterdir()):  # type: ignore[arg-type]
+            raise ConveyorError(f"a temporary server needs a new or empty data directory: {data_dir} holds files, "
+                                "which it would delete when it stops")  # fmt: skip
         self._key = as_key(token)
         if self._key is None and not insecure and not is_loopback(host):
             raise ConveyorError(f"refusing to listen on {host} without a token: anyone who can reach it could read and "
@@ -191,12 +196,12 @@ class QueueServer:
         assert self._stopped is not None
         self._stopped.set()
 
-    def run(self, on_ready: Callable[[str], None] | None = None, *, stop_with_stdin: bool = False) -> None:
+    def run(self, on_ready: Callable[[str], None] | None = None, *, stop_with_parent: bool = False) -> None:
         """Serve until SIGTERM or SIGINT, then stop cleanly. `on_ready(address)` runs once listening.
 
-        With `stop_with_stdin`, the end of standard input stops it too: a parent that starts the
-        server with a pipe as its stdin and never writes to it is gone when the pipe closes, however
-        it ended (even SIGKILL), and the server should not outlive it.
+        With `stop_with_parent`, the end of the process that started it stops it too, however that
+        process ended (even SIGKILL): seen at once when stdin is a pipe from that process (it
+        closes), else within PARENT_CHECK_S (this process is handed to another parent).
         """
 
         async def main() -> None:
@@ -209,20 +214,8 @@ class QueueServer:
 
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop)
-            if stop_with_stdin:
-                fd = sys.stdin.fileno()
-
-                def readable() -> None:
-                    try:
-                        more = os.read(fd, 4096)
-                    except OSError:
-                        more = b""
-                    if not more:
-                        loop.remove_reader(fd)
-                        log.warning("standard input closed (the process that started this server is gone): stopping")
-                        stop()
-
-                loop.add_reader(fd, readable)
+            if stop_with_parent:
+                stopping.append(asyncio.ensure_future(_watch_parent(loop, stop)))
             if on_ready is not None:
                 on_ready(self.address)
             await self.wait_stopped()
@@ -326,6 +319,38 @@ class QueueServer:
             if time.monotonic() >= next_sample:
                 self.queues.sample()
                 next_sample = time.monotonic() + 1.0
+
+
+async def _watch_parent(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> None:
+    """Call `stop` once the parent process is gone: stdin (a pipe from it) ends, or we are re-parented.
+
+    The pipe alone is not enough: a child the parent forked may hold its end open. A terminal or
+    /dev/null as stdin is never read (a background read of a terminal would suspend the server).
+    """
+    parent = os.getppid()
+    ended = asyncio.Event()
+    try:
+        fd = sys.stdin.fileno()
+        mode = os.fstat(fd).st_mode
+    except (AttributeError, OSError, ValueError):  # no stdin at all
+        fd, mode = -1, 0
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+
+        def readable() -> None:
+            try:
+                more = os.read(fd, 4096)
+            except OSError:
+                more = b""
+            if not more:
+                loop.remove_reader(fd)
+                ended.set()
+
+        loop.add_reader(fd, readable)
+    while not ended.is_set() and os.getppid() == parent:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(ended.wait(), PARENT_CHECK_S)
+    log.warning("the process that started this server is gone: stopping")
+    stop()
 
 
 def _run_loop(main: Coroutine[Any, Any, None]) -> None:

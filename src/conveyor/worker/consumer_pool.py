@@ -38,6 +38,7 @@ STOP_GRACE_S = 30.0  # how long a stopping consumer may take to finish its runni
 # workload going from 1 ms to 20 ms). Set only in processes Conveyor starts (and `conveyor worker`).
 CONSUMER_SWITCH_INTERVAL_S = 0.02
 PARENT_GONE_EXIT_S = 8.0  # a consumer whose pool process is gone exits within this time
+PARENT_CHECK_S = 1.0  # how often a consumer looks whether its pool process still exists
 
 
 def own_process() -> None:
@@ -82,13 +83,28 @@ def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int,
 def _stop_with(parent: multiprocessing.process.BaseProcess, consumer: Consumer, done: threading.Event) -> None:
     """Stop at once when the parent exits: the pool is gone (with it, likely, the servers it started),
     so running tasks are handed back, or come back by lease, rather than waited for."""
-    parent.join()  # returns when the parent process has exited
+    # the sentinel closes when the parent exits, unless a child it forked holds it open: hence
+    # also a look whether the parent still exists
+    while parent.is_alive() and _exists(parent.pid):  # type: ignore[arg-type]
+        parent.join(PARENT_CHECK_S)
     log.warning("consumer %s: the process that started it is gone: stopping now", consumer.name)
     consumer.stop(graceful=False)
     # then exit without the interpreter's wait for threads: a request to a server that is gone
     # can keep trying to connect for a while
     done.wait(PARENT_GONE_EXIT_S)
+    for child in multiprocessing.active_children():  # task processes (process mode) go too
+        child.kill()
     os._exit(1)
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        pass
+    return True
 
 
 class ConsumerPool:

@@ -2,9 +2,9 @@
 
 Over connections of its own, so that an ack waiting for its fsync never holds up the next fetch.
 Whatever piles up while a request is out goes in the next one (one call per queue and kind), and a
-request that fails because a server is restarting is retried until it goes through: an ack is
-never dropped (at worst it arrives late, after the lease, and still counts if no one else finished
-the message).
+request that fails because a server is restarting is retried until it goes through (an ack that
+arrives late, after the lease, still counts if no one else finished the message). Only `close`
+sets a limit: what could not be sent by then is given up, and comes back when its lease ends.
 """
 
 from __future__ import annotations
