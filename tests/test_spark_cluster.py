@@ -31,7 +31,7 @@ import pytest
 from pyspark.find_spark_home import _find_spark_home
 
 from tests.cluster_job import MARKER, ROWS
-from tests.spark_procs import Daemon, cmdline, free_port, kill_tree, process_tree, spawn, tail, wait_gone, wait_until
+from tests.procs import Daemon, cmdline, free_port, kill_tree, process_tree, spawn, tail, wait_gone, wait_until
 
 JOB = Path(__file__).with_name("cluster_job.py")
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"

@@ -17,7 +17,7 @@ from pyspark.find_spark_home import _find_spark_home
 
 from tests.connect_job import CSV_ROWS, FAILING, ROWS, TASKS
 from tests.graph_helpers import ROOT
-from tests.spark_procs import Daemon, free_port, kill_tree, spawn, tail, wait_until
+from tests.procs import Daemon, free_port, kill_tree, spawn, tail, wait_until
 
 JOB = Path(__file__).with_name("connect_job.py")
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"

@@ -26,8 +26,8 @@ from conveyor.worker import Consumer, ConsumerPool, Middleware, QueueConfig, Tas
 
 from . import worker_tasks as wt
 from .graph_helpers import ROOT
+from .procs import process_tree, wait_gone
 from .servers import wait_for
-from .spark_procs import process_tree, wait_gone
 
 MODULES = ["tests.worker_tasks"]
 

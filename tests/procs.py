@@ -1,5 +1,6 @@
-"""Processes of the tests that start Spark daemons (a standalone cluster, a Spark Connect server):
-start them in sessions of their own, wait for them, and kill them with everything under them."""
+"""Processes the tests start and must see gone: Spark daemons (a standalone cluster, a Spark Connect
+server) started in sessions of their own, waited for and killed with everything under them, and
+the process trees of other children (a pool's process and what it started)."""
 
 from __future__ import annotations
 
