@@ -62,11 +62,10 @@ def spawn_server(data_dir: str | Path | None, port: int = 0, *, token: str | Non
         chunk = os.read(proc.stdout.fileno(), 4096) if left > 0 and select.select([proc.stdout], [], [], left)[0] else None
         if not chunk:
             proc.kill()
-            code = proc.wait()
+            stop_server(proc)  # reaps it and closes its stdin
             proc.stdout.close()
-            stop_server(proc)  # closes its stdin
             why = f"did not start within {SERVER_START_TIMEOUT_S:.0f} s" if chunk is None else \
-                f"exited with code {code} before listening (see its errors above)"  # fmt: skip
+                f"exited with code {proc.returncode} before listening (see its errors above)"  # fmt: skip
             raise ConveyorError(f"queue server {why}: {' '.join(cmd)}")
         line += chunk
     proc.stdout.close()  # the server prints nothing more
