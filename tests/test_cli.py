@@ -65,6 +65,13 @@ def test_stats_and_dead_letters_commands(tmp_path: Path) -> None:
         out = subprocess.run([*run, "dead-letters", "--connect", connect, "--queue", "nope"], capture_output=True, text=True,
                              timeout=60, env=env)  # fmt: skip
         assert out.returncode == 1 and "no queue named 'nope'" in out.stderr
+        out = subprocess.run([*run, "drop", "jobs", "--connect", connect], input="n\n", capture_output=True, text=True,
+                             timeout=60, env=env)  # fmt: skip
+        assert out.returncode == 1 and "Aborted" in out.stderr and "jobs" in pool.stats()  # asked first; kept
+        out = subprocess.run([*run, "drop", "jobs", "nope", "--connect", connect, "--yes"], capture_output=True, text=True,
+                             timeout=60, env=env)  # fmt: skip
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.splitlines() == ["jobs: dropped", "nope: no such queue"] and "jobs" not in pool.stats()
 
 
 def test_serve_temporary_needs_a_new_or_empty_data_dir(tmp_path: Path) -> None:

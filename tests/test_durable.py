@@ -194,3 +194,16 @@ def test_release_and_final_nack_survive_reopening(tmp_path: Path) -> None:
         [m] = s.get(5)
         assert m.id == a and m.attempts == 1
         assert s.status(b) == Status.FAILED and s.dead_letters()[0].error == "no retry can mend this"
+
+
+def test_skipped_ids_stay_skipped_after_reopen_without_messages(tmp_path: Path) -> None:
+    s = DurableStore(tmp_path / "q", fsync="never")
+    s.skip_ids(123_456)
+    s.close()
+    s = DurableStore(tmp_path / "q", fsync="never")
+    assert s.next_id == 123_456 and s.status(17) is None  # never assigned here
+    assert s.put([Message(payload=b"x")]) == [123_456]
+    s.close()
+    s = DurableStore(tmp_path / "q", fsync="never")
+    assert s.status(17) is None and s.status(123_456) == Status.READY
+    s.close()

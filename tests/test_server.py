@@ -336,3 +336,50 @@ def test_stats_waits_for_the_queues_to_drain(client: QueueClient) -> None:
     t0 = time.monotonic()
     st = client.call(calls.stats(queues=["q"], drained_wait_s=30))
     assert time.monotonic() - t0 < 5 and st["q"].pending == 0 and st["q"].failed == 1
+
+
+def test_drop_removes_a_queue_and_never_reuses_its_ids(tmp_path: Path) -> None:
+    d = tmp_path / "data"
+    with thread_server(data_dir=d) as s, QueueClient(s.address) as c:
+        ids = c.put("q", msgs(5))
+        got = c.get("q", 3)
+        c.ack("q", [got[0].id], [b"r"])
+        c.put("other", msgs(1))
+        c.declare("mem", durable=False)
+        assert c.drop("q") is True and c.drop("q") is False and c.drop("mem") is True
+        assert not (d / QUEUES_DIR / "q").exists()
+        assert {q.name for q in c.queues()} == {"other"}
+        assert c.stats("other")["other"].ready == 1  # the others keep what they hold
+        new = c.put("q", msgs(2))
+        assert min(new) > max(ids)  # a queue made again continues past the old one's ids
+        assert c.ack("q", [got[1].id], [b"late"]) == [False]  # an ack meant for the dropped queue finds nothing
+        assert c.stats("q")["q"].ready == 2 and c.results("q") == []
+        with pytest.raises(RequestError, match="bad queue name") as e:
+            c.drop("../x")
+        assert e.value.kind == "bad-argument"
+    (d / QUEUES_DIR / ".dropping-gone").mkdir()  # as a crash in the middle of a drop leaves it
+    (d / QUEUES_DIR / ".dropping-gone" / QUEUE_CONFIG_NAME).write_text("{}")
+    with thread_server(data_dir=d) as s, QueueClient(s.address) as c:
+        assert not (d / QUEUES_DIR / ".dropping-gone").exists()
+        assert {q.name for q in c.queues()} == {"other", "q"}
+        assert c.drop("q") is True
+        assert min(c.put("fresh", msgs(1))) > max(new)  # the floor outlives restarts
+
+
+def test_drop_ends_requests_waiting_on_the_queue(server: ThreadServer) -> None:
+    async def main() -> None:
+        async with AsyncQueueClient(server.address) as c:
+            from conveyor import calls
+
+            await c.put("q", msgs(1))
+            await c.get("q", 1, lease_s=60)  # pending: a join on it waits
+            t0 = time.monotonic()
+            # one connection: the server starts them in this order, so both wait when the drop comes
+            poll, join, dropped = await asyncio.gather(
+                c.get("q", 1, wait_s=30), c.call(calls.stats(queues=["q"], drained_wait_s=30)), c.drop("q"),
+                return_exceptions=True)  # fmt: skip
+            assert time.monotonic() - t0 < 5
+            assert (poll, join, dropped) == ([], {}, True)
+            assert await c.queues() == []  # the get that waited did not make it again
+
+    asyncio.run(main())

@@ -55,6 +55,10 @@ def test_map_gives_one_row_per_input_row_and_reports_failures(spark: SparkSessio
     assert stats is not None and stats.rows == 1000 and stats.failed == 10
     assert sum(c["processed"] for c in stats.consumers) == len(groups)  # a failing row does not fail its message
     assert sorted(c["rows"] for c in stats.consumers) == [500, 500]
+    names = set(pool.stats())  # the results stay in the map's queue until dropped; its bookkeeping is gone
+    assert stats.queue in names and not any(n.startswith("conveyor-consumers-") for n in names)
+    out.unpersist()
+    assert pool.drop(stats.queue) and stats.queue not in pool.stats()
 
 
 def test_results_as_tuples_values_and_the_wrong_shape(spark: SparkSession, pool: QueuePool) -> None:

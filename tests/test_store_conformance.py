@@ -299,6 +299,26 @@ class StoreContract:
         more = store.put(msgs(b"z"))
         assert more[0] > ids[-1]
 
+    def test_skip_ids_on_a_new_store_moves_the_first_id(self, store: Store) -> None:
+        store.skip_ids(5_000_000)
+        store.skip_ids(10)  # never back
+        assert store.next_id == 5_000_000
+        ids = store.put(msgs(b"a", b"b"))
+        assert ids == [5_000_000, 5_000_001]
+        assert store.stats().ready == 2 and store.status(17) is None
+
+    def test_skip_ids_keeps_live_messages_and_finished_counts(self, store: Store) -> None:
+        ids = store.put(msgs(b"a", b"b", b"c"))
+        store.ack(store.get(1)[0].id, b"r")
+        store.skip_ids(ids[-1] + 1000)
+        [new] = store.put(msgs(b"d"))
+        assert new == ids[-1] + 1000
+        assert [m.id for m in store.get(10)] == [ids[1], ids[2], new]
+        s = store.stats()
+        assert (s.delivered, s.acked) == (3, 1)
+        assert store.result(ids[0]) == b"r" and store.status(ids[0]) == Status.ACKED
+        assert not store.ack(new - 1)  # a skipped id is nobody's
+
     # --- bad input ------------------------------------------------------------------------
     def test_bad_input_is_rejected_without_side_effects(self, store: Store) -> None:
         store.put(msgs(b"ok"))

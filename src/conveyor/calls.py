@@ -211,6 +211,11 @@ def purge(queue: str) -> Call[int]:
     return Call("purge", {"queue": queue}, parse=lambda h, f: h["n"])
 
 
+def drop(queue: str) -> Call[bool]:
+    """Remove the queue and everything it holds; False if there was none."""
+    return Call("drop", {"queue": queue}, parse=lambda h, f: h["dropped"])
+
+
 def results(queue: str, after: int = 0, limit: int = 1000) -> Call[list[tuple[int, bytes]]]:
     """Stored results in id order from the first id above `after`: one page of at most `limit`."""
     args = {"queue": queue, "after": after, "limit": limit}

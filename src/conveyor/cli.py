@@ -154,6 +154,28 @@ def dead_letters(addresses: tuple[str, ...], token: str | None, queue: str, limi
 
 @main.command()
 @_connect_option
+@click.argument("queues", nargs=-1, required=True)
+@click.option("--yes", is_flag=True, help="Do not ask first.")
+def drop(addresses: tuple[str, ...], token: str | None, queues: tuple[str, ...], yes: bool) -> None:
+    """Remove QUEUES from every server, with their messages, results and dead letters.
+
+    For queues nothing uses any more, such as those `conveyor.spark.map` leaves holding its
+    results. Stop their consumers first: a consumer still fetching would make a queue anew.
+    """
+    from .errors import ConveyorError
+
+    if not yes:
+        click.confirm(f"Remove {', '.join(queues)} and everything in them?", abort=True, err=True)
+    with _pool(addresses, token) as pool:
+        try:
+            for q in queues:
+                click.echo(f"{q}: {'dropped' if pool.drop(q) else 'no such queue'}")
+        except ConveyorError as e:
+            raise click.ClickException(str(e)) from None
+
+
+@main.command()
+@_connect_option
 @click.option("--tasks", "task_modules", multiple=True, help="A module to import so its tasks register (repeat it).")
 @click.option("--queues-config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Queue YAML in ndkale's format (default: the settings module's QUEUE_CONFIG).")  # fmt: skip

@@ -274,6 +274,9 @@ class QueueClient(_Settings):
     def purge(self, queue: str) -> int:
         return self.call(calls.purge(queue))
 
+    def drop(self, queue: str) -> bool:
+        return self.call(calls.drop(queue))
+
     def results(self, queue: str, after: int = 0, limit: int = 1000) -> list[tuple[int, bytes]]:
         return self.call(calls.results(queue, after, limit))
 
@@ -464,6 +467,9 @@ class AsyncQueueClient(_Settings):
 
     async def purge(self, queue: str) -> int:
         return await self.call(calls.purge(queue))
+
+    async def drop(self, queue: str) -> bool:
+        return await self.call(calls.drop(queue))
 
     async def results(self, queue: str, after: int = 0, limit: int = 1000) -> list[tuple[int, bytes]]:
         return await self.call(calls.results(queue, after, limit))

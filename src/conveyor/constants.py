@@ -120,6 +120,10 @@ QUEUE_NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
 QUEUES_DIR = "queues"  # <data dir>/queues/<name>/ holds a durable queue's store
 QUEUE_CONFIG_NAME = "queue.json"  # a durable queue's settings, beside its store files
 SERVER_LOCK_NAME = "SERVER.lock"
+# {"next_id": n}: every queue dropped so far used only ids below n; a queue created after starts at n,
+# so an ack meant for a dropped queue's message never finishes a message of its successor
+ID_FLOOR_NAME = "id-floor.json"
+DROPPING_PREFIX = ".dropping-"  # a dropped queue's directory is renamed so before it is removed
 KEYS_LOG_NAME = "keys.log"  # a durable queue's idempotency keys (conveyor.dedupe), beside its store
 DEDUPE_MAX_KEYS = 1_000_000  # idempotency keys a queue remembers (the most recent)
 MAX_KEY_BYTES = 1024

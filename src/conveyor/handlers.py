@@ -8,6 +8,8 @@ reply header fields and frames. Payload frames go into the store as the bytes th
 from __future__ import annotations
 
 import asyncio
+import functools
+import shutil
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
@@ -190,6 +192,8 @@ async def get(host: QueueHost, a: Args, frames: Frames) -> Reply:
         if wake is not None:  # a delayed message comes due or a lease runs out before anything is put
             left = min(left, max(wake - time.time(), 0.0) + 0.002)
         await q.changed.wait(left)
+        if q.dropped:  # while we waited: nothing will come (and `got` is empty)
+            break
     cols = {"ids": got.ids, "prio": column(got.priority), "att": column(got.attempts), "at": column(got.enqueued_at),
             "nb": column(got.not_before), "ma": column(got.max_attempts), "hdr": column(got.headers)}  # fmt: skip
     return {"queue": q.info.name, "lease_s": got.lease_s, **cols}, got.payloads
@@ -293,10 +297,11 @@ async def stats(host: QueueHost, a: Args, frames: Frames) -> Reply:
     if wait > 0:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        while not all(q.store.drained() for q in qs) and (left := deadline - loop.time()) > 0 and not host.closing:
+        while not all(q.dropped or q.store.drained() for q in qs) and (left := deadline - loop.time()) > 0 \
+                and not host.closing:  # fmt: skip
             await host.settled.wait(left)
     out = {}
-    for q in qs:
+    for q in (q for q in qs if not q.dropped):
         s = asdict(q.stats())
         del s["queue"]
         out[q.info.name] = s
@@ -309,6 +314,17 @@ async def purge(host: QueueHost, a: Args, frames: Frames) -> Reply:
     await q.durable()
     host.settled.notify()
     return {"n": n}, []
+
+
+async def drop(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    name = a.str("queue")
+    q = host.queues.get(name)
+    if q is not None:
+        await q.durable()  # an fsync under way ends before the files go
+    dropped, trash = host.drop(name)
+    if trash is not None:  # off the event loop: deleting gigabytes of segments takes a while
+        await asyncio.get_running_loop().run_in_executor(None, functools.partial(shutil.rmtree, trash, ignore_errors=True))
+    return {"dropped": dropped}, []
 
 
 def _page_limit(a: Args) -> tuple[int, int]:
@@ -373,6 +389,7 @@ HANDLERS: dict[str, Handler] = {
     "report": report,
     "stats": stats,
     "purge": purge,
+    "drop": drop,
     "results": results,
     "dead_letters": dead_letters,
     "forget": forget,

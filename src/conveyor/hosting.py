@@ -14,7 +14,9 @@ import json
 import logging
 import os
 import re
+import shutil
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -23,10 +25,12 @@ from pathlib import Path
 from .calls import QueueInfo, QueueStats
 from .constants import (
     BLOB_DIR,
+    DROPPING_PREFIX,
     ERR_BAD_ARGUMENT,
     ERR_NO_QUEUE,
     ERR_QUEUE_CONFLICT,
     ERR_UNAVAILABLE,
+    ID_FLOOR_NAME,
     QUEUE_CONFIG_NAME,
     QUEUE_NAME_PATTERN,
     QUEUES_DIR,
@@ -105,6 +109,7 @@ class HostedQueue:
     puts: int = 0
     acks: int = 0
     samples: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW + 1))
+    dropped: bool = False  # requests waiting on it when it is dropped answer at once
 
     async def durable(self) -> None:
         """Wait until everything written so far is durable under the queue's fsync policy."""
@@ -149,6 +154,7 @@ class QueueHost:
         self.settled = Signal()  # messages left the pending count (acked, failed for good, purged)
         self._workers: dict[str, tuple[float, dict[str, float]]] = {}  # worker -> (when, counts)
         self.blobs = Blobs(None if data_dir is None else data_dir / BLOB_DIR)
+        self.id_floor = 1  # new queues start here: above every id a dropped queue used
         self._lock_fd = -1
         if data_dir is not None:
             data_dir.mkdir(parents=True, exist_ok=True)
@@ -158,12 +164,17 @@ class QueueHost:
             except BlockingIOError:
                 os.close(self._lock_fd)
                 raise ConveyorError(f"{data_dir} is in use by another server") from None
+            self.id_floor = _read_floor(data_dir / ID_FLOOR_NAME)
             self._open_existing()
 
     def _open_existing(self) -> None:
         assert self.queue_dir is not None
+        for left in self.queue_dir.glob(f"{DROPPING_PREFIX}*"):  # a drop the server did not finish
+            shutil.rmtree(left, ignore_errors=True)
         for conf in sorted(self.queue_dir.glob(f"*/{QUEUE_CONFIG_NAME}")):
             name = conf.parent.name
+            if name.startswith(DROPPING_PREFIX):
+                continue
             try:
                 info = QueueInfo(**json.loads(conf.read_text()))
                 self.queues[name] = self._open(info)
@@ -226,12 +237,47 @@ class QueueHost:
             q = self._open(info)
         except ValueError as e:
             raise RequestError(ERR_BAD_ARGUMENT, f"queue {name!r}: {e}") from None
+        if q.store.next_id < self.id_floor:  # a new queue (an existing store has its own ids)
+            q.store.skip_ids(self.id_floor)
         if durable:
             assert self.queue_dir is not None
             _write_atomically(self.queue_dir / name / QUEUE_CONFIG_NAME, json.dumps(asdict(info)).encode())
         self.queues[name] = q
         log.info("declared queue %s", info)
         return q
+
+    def drop(self, name: str) -> tuple[bool, Path | None]:
+        """Remove a queue with everything in it (messages, results, dead letters, keys). Returns
+        whether there was one, and the directory left to delete (renamed so that it is no queue).
+
+        Its ids are never used again here: an ack or lease extension meant for one of its messages
+        cannot touch a message of a queue made later under the same name.
+        """
+        q = self.queues.get(name)
+        if q is None:
+            if name in self.unavailable:
+                why = "it cannot be dropped while its ids are unknown (repair it, or stop the server and remove its directory)"
+                raise RequestError(ERR_UNAVAILABLE, f"{self.unavailable[name]}; {why}")
+            _check_name(name)
+            return False, None
+        if q.store.next_id > self.id_floor:
+            self.id_floor = q.store.next_id
+            if self.data_dir is not None:  # first: a crash midway leaves the queue whole, never an id to reuse
+                _write_atomically(self.data_dir / ID_FLOOR_NAME, json.dumps({"next_id": self.id_floor}).encode())
+        trash = None
+        if q.info.durable:  # renamed first: if that fails, the queue is still served as it was
+            assert self.queue_dir is not None
+            trash = self.queue_dir / f"{DROPPING_PREFIX}{uuid.uuid4().hex[:12]}-{name}"
+            os.replace(self.queue_dir / name, trash)
+            _fsync_dir(self.queue_dir)
+        del self.queues[name]
+        q.dropped = True
+        q.changed.notify()
+        self.settled.notify()  # its pending messages are gone: a join may be over
+        q.store.close()
+        q.dedupe.close()
+        log.info("dropped queue %s", name)
+        return True, trash
 
     def report(self, worker: str, counts: dict[str, float]) -> None:
         self._workers[worker[:200]] = (time.time(), counts)
@@ -273,7 +319,21 @@ def _write_atomically(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY)
+    _fsync_dir(path.parent)
+
+
+def _read_floor(path: Path) -> int:
+    if not path.exists():
+        return 1
+    try:
+        return int(json.loads(path.read_text())["next_id"])
+    except (ValueError, KeyError, TypeError) as e:
+        raise ConveyorError(f"{path} is damaged ({type(e).__name__}: {e}); it holds the first message id a new "
+                            'queue may use, as {"next_id": <integer>}') from None  # fmt: skip
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

@@ -320,6 +320,14 @@ class QueuePool(PoolTasks):
     def purge(self, queue: str) -> int:
         return sum(r[0] for r in self._each({s: [calls.purge(queue)] for s in self._shards_with(queue)}).values())
 
+    def drop(self, queue: str) -> bool:
+        """Remove `queue` from every server with everything it holds (messages, results, dead
+        letters); False if no server had it. Consumers still fetching from it would make it anew,
+        empty: stop them first. Ids are not reused: a late ack meant for the dropped queue's
+        messages finds nothing in a queue made later under the same name."""
+        done = self._each({s: [calls.drop(queue)] for s in range(len(self.clients))})
+        return any(r[0] for r in done.values())
+
     def shard_stats(self, queue: str | None = None) -> list[dict[str, QueueStats]]:
         """Stats per shard, in shard order (a queue appears on the shards that have it)."""
         done = self._each({s: [calls.stats()] for s in range(len(self.clients))})

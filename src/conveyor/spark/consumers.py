@@ -176,6 +176,10 @@ class SparkConsumerPool:
                 row = json.loads(m.payload)
                 latest.setdefault(row["consumer"], []).append(row)
         self.stats = [max(rows, key=lambda r: r["finished"]) for _, rows in sorted(latest.items())]
+        try:
+            self.pool.drop(name)  # read once: nothing else needs it
+        except ConveyorError as e:  # the work is done; a leftover is no reason to fail it
+            log.warning("could not drop %s: %s", name, e)
         return self.stats
 
     def start(self) -> SparkConsumerPool:

@@ -93,6 +93,7 @@ class MapStats:
     read_s: float
     first_start: float  # the earliest consumer start (wall clock)
     consumers: list[dict[str, Any]]
+    queue: str  # holds the results until dropped (`QueuePool.drop`, `conveyor drop`)
 
 
 last_stats: MapStats | None = None
@@ -177,7 +178,8 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         t3 = time.time()
         if got != rows:
             raise ConveyorError(f"map: {rows:,} rows went in but {got:,} came out (queue {queue}); please report this")
-        last_stats = MapStats(rows, failed, t1 - t0, t2 - t1, t3 - t2, min((s["started"] for s in stats), default=t1), stats)
+        first = min((s["started"] for s in stats), default=t1)
+        last_stats = MapStats(rows, failed, t1 - t0, t2 - t1, t3 - t2, first, stats, queue)
         if failed:
             log.warning("map: %d of %d rows failed; see the _error column", failed, rows)
         return result

@@ -325,6 +325,16 @@ class Store(ABC):
         ids = _sorted_above(self._kept_ids(True), after)
         return [self._dead_letter(i) for i in ids[:limit].tolist()]
 
+    @property
+    def next_id(self) -> int:
+        """The id the next message put will get."""
+        return self._state.next_id
+
+    def skip_ids(self, next_id: int) -> None:
+        """Never assign ids below `next_id` (a queue made again after a drop continues past the old one's)."""
+        self._check_open()
+        self._state.skip_to(next_id)
+
     def purge(self) -> int:
         """Drop every READY message (delayed ones too); returns how many. Delivered ones stay leased.
 

@@ -144,6 +144,8 @@ class DurableStore(Store):
         header = self._index.header
         st = self._state
         st.base = st.low = st.next_id = header.base
+        if not header.acked_below and not header.failed_below:  # none below base was ever assigned (or all purged)
+            st.first_id = header.base
         st.finished_below_base = {ST_ACKED: header.acked_below, ST_FAILED: header.failed_below}
         now = time.time()
 
@@ -302,6 +304,12 @@ class DurableStore(Store):
                 self._segments.sync()  # bodies before the index records that point at them
                 self._index.sync()
             self._compact()
+
+    def skip_ids(self, next_id: int) -> None:
+        super().skip_ids(next_id)
+        with self._lock:
+            self._segments.id_floor = self._state.next_id
+            self._rewrite_index()  # its header keeps the floor across restarts, messages or not
 
     def sync(self) -> None:
         with self._lock:  # only to take the descriptors: fsync runs without blocking operations

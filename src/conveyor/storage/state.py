@@ -75,6 +75,7 @@ class QueueState:
         self.base = first_id  # id at array index 0
         self.low = first_id  # every id below is finished
         self.next_id = first_id
+        self.first_id = first_id  # below it: ids this state never assigned
         self.finished_below_base = {ST_ACKED: 0, ST_FAILED: 0}
         dtypes: dict[str, object] = {
             "status": np.uint8,
@@ -137,7 +138,7 @@ class QueueState:
         return np.where(inside, idx, 0), inside
 
     def status_of(self, msg_id: int) -> int:
-        if msg_id >= self.next_id:
+        if msg_id >= self.next_id or msg_id < self.first_id:
             return ST_NONE
         if msg_id < self.base:
             return ST_ACKED  # finished; the caller knows which ids failed
@@ -192,7 +193,11 @@ class QueueState:
 
     def skip_to(self, next_id: int) -> None:
         """Make sure ids below `next_id` are never assigned again."""
-        if next_id > self.next_id:
+        if next_id <= self.next_id:
+            return
+        if self.next_id == self.first_id:  # none assigned yet: start later rather than grow over the gap
+            self.base = self.low = self.next_id = self.first_id = next_id
+        else:
             self._reserve(next_id - self.next_id)
             self.status[self.next_id - self.base : next_id - self.base] = ST_NONE
             self.next_id = next_id
