@@ -240,6 +240,11 @@ def test_blobs_are_content_addressed(server: ThreadServer, client: QueueClient) 
     key = client.put_blob(b"pickled function")
     assert len(key) == 64 and client.get_blob(key) == b"pickled function"
     assert client.get_blob("0" * 64) is None
+    assert client.forget_blobs([key, "0" * 64]) == 1 and client.get_blob(key) is None
+    assert client.forget_blobs([key]) == 0
+    with pytest.raises(RequestError, match="64 hex digits") as e:
+        client.forget_blobs(["../../etc/passwd"])
+    assert e.value.kind == "bad-argument"
 
 
 def test_client_reconnects_after_a_server_restart(tmp_path: Path) -> None:

@@ -244,3 +244,8 @@ def put_blob(data: bytes) -> Call[str]:
 def get_blob(key: str) -> Call[bytes | None]:
     """The bytes stored under a key, or None."""
     return Call("get_blob", {"key": key}, parse=lambda h, f: f[0] if f else None)
+
+
+def forget_blobs(keys: Sequence[str]) -> Call[int]:
+    """Remove blobs; returns how many there were."""
+    return Call("forget_blobs", {"keys": list(keys)}, parse=lambda h, f: h["n"])

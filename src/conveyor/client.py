@@ -298,6 +298,9 @@ class QueueClient(_Settings):
     def get_blob(self, key: str) -> bytes | None:
         return self.call(calls.get_blob(key))
 
+    def forget_blobs(self, keys: Sequence[str]) -> int:
+        return self.call(calls.forget_blobs(keys))
+
 
 class AsyncQueueClient(_Settings):
     """An asyncio client of one queue server: any number of requests in flight on one connection."""
@@ -492,3 +495,6 @@ class AsyncQueueClient(_Settings):
 
     async def get_blob(self, key: str) -> bytes | None:
         return await self.call(calls.get_blob(key))
+
+    async def forget_blobs(self, keys: Sequence[str]) -> int:
+        return await self.call(calls.forget_blobs(keys))

@@ -374,6 +374,13 @@ async def get_blob(host: QueueHost, a: Args, frames: Frames) -> Reply:
     return {"found": data is not None}, [] if data is None else [data]
 
 
+async def forget_blobs(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    keys = a.names("keys")
+    if keys is None:
+        raise RequestError(ERR_BAD_ARGUMENT, "forget_blobs: missing argument 'keys'")
+    return {"n": host.blobs.forget(keys)}, []
+
+
 HANDLERS: dict[str, Handler] = {
     "ping": ping,
     "declare": declare,
@@ -395,4 +402,5 @@ HANDLERS: dict[str, Handler] = {
     "forget": forget,
     "put_blob": put_blob,
     "get_blob": get_blob,
+    "forget_blobs": forget_blobs,
 }

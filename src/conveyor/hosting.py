@@ -357,11 +357,29 @@ class Blobs:
         return key
 
     def get(self, key: str) -> bytes | None:
-        if not re.fullmatch(r"[0-9a-f]{64}", key):
-            raise RequestError(ERR_BAD_ARGUMENT, f"a blob key is 64 hex digits (sha256), got {key!r:.80}")
+        _check_key(key)
         if self.path is None:
             return self._mem.get(key)
         try:
             return (self.path / key).read_bytes()
         except FileNotFoundError:
             return None
+
+    def forget(self, keys: list[str]) -> int:
+        """Remove blobs nothing needs any more; returns how many there were."""
+        for key in keys:
+            _check_key(key)
+        n = 0
+        for key in keys:
+            if self.path is None:
+                n += self._mem.pop(key, None) is not None
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                (self.path / key).unlink()
+                n += 1
+        return n
+
+
+def _check_key(key: str) -> None:
+    if type(key) is not str or not re.fullmatch(r"[0-9a-f]{64}", key):
+        raise RequestError(ERR_BAD_ARGUMENT, f"a blob key is 64 hex digits (sha256), got {key!r:.80}")

@@ -380,6 +380,10 @@ class QueuePool(PoolTasks):
     def get_blob(self, key: str, shard: int = 0) -> bytes | None:
         return self.clients[shard].get_blob(key)
 
+    def forget_blobs(self, keys: Sequence[str]) -> None:
+        """Remove blobs from every shard (markers nothing needs any more)."""
+        self._each({s: [calls.forget_blobs(keys)] for s in range(len(self.clients))})
+
     def assign(self, consumer: int, n_consumers: int) -> list[int]:
         """The shards consumer `consumer` of `n_consumers` serves first (it may steal from the others)."""
         if not 0 <= consumer < n_consumers:

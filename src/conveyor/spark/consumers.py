@@ -164,6 +164,7 @@ class SparkConsumerPool:
         with self.job_group():
             rows = self.dataframe().collect()
         self.stats = sorted((r.asDict() for r in rows), key=lambda r: r["consumer"])
+        self._forget_markers()
         return self.stats
 
     def consumer_stats(self) -> list[dict[str, Any]]:
@@ -180,7 +181,16 @@ class SparkConsumerPool:
             self.pool.drop(name)  # read once: nothing else needs it
         except ConveyorError as e:  # the work is done; a leftover is no reason to fail it
             log.warning("could not drop %s: %s", name, e)
+        self._forget_markers()
         return self.stats
+
+    def _forget_markers(self) -> None:
+        """The consumers have ended: the blobs that told them a task had fed the queue, or to stop, can go."""
+        keys = [_key(FED_PREFIX, f"{self.job}:{i}") for i in range(self.n_consumers)] if self.feed is not None else []
+        try:
+            self.pool.forget_blobs([*keys, _key(STOP_PREFIX, self.job)])
+        except ConveyorError as e:
+            log.warning("could not remove the markers of %s: %s", self.job, e)
 
     def start(self) -> SparkConsumerPool:
         """Run in a background thread of the driver; `join()` waits, `stop()` ends it early."""
@@ -209,6 +219,8 @@ class SparkConsumerPool:
 
     def stop(self, wait: bool = True, timeout: float | None = None) -> None:
         """Tell the consumers to stop (each finishes its running tasks); with `wait`, wait for them."""
+        if self._thread is not None and not self._thread.is_alive():
+            return  # they have ended (and nobody would remove the marker)
         self.pool.put_blob(STOP_PREFIX + self.job.encode())  # its key: _key(STOP_PREFIX, job)
         if wait and self._thread is not None:
             self.join(timeout)
