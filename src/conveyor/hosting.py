@@ -37,7 +37,7 @@ from .constants import (
     SERVER_LOCK_NAME,
 )
 from .dedupe import Dedupe
-from .errors import ConveyorError, RequestError
+from .errors import ConveyorError, RequestError, StoreError
 from .storage import DurableStore, MemoryStore, Store
 
 log = logging.getLogger("conveyor.server")
@@ -268,8 +268,12 @@ class QueueHost:
         if q.info.durable:  # renamed first: if that fails, the queue is still served as it was
             assert self.queue_dir is not None
             trash = self.queue_dir / f"{DROPPING_PREFIX}{uuid.uuid4().hex[:12]}-{name}"
-            os.replace(self.queue_dir / name, trash)
-            _fsync_dir(self.queue_dir)
+            try:
+                os.replace(self.queue_dir / name, trash)
+            except OSError as e:
+                raise StoreError(f"could not drop queue {name!r}: {e}") from e
+            with contextlib.suppress(OSError):  # else a crash may bring the queue back: as one before the rename
+                _fsync_dir(self.queue_dir)
         del self.queues[name]
         q.dropped = True
         q.changed.notify()
