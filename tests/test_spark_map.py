@@ -58,8 +58,7 @@ def test_map_gives_one_row_per_input_row_and_reports_failures(spark: SparkSessio
     names = set(pool.stats())  # the results stay in the map's queue until dropped; its bookkeeping is gone
     assert stats.queue in names and not any(n.startswith("conveyor-consumers-") for n in names)
     job = stats.queue.removeprefix("map-")  # the markers that told consumers a task had fed the queue are gone
-    assert all(pool.get_blob(cs.consumers._key(cs.consumers.FED_PREFIX, f"{job}:{i}"), s) is None
-               for i in range(2) for s in range(len(pool)))  # fmt: skip
+    assert all(pool.get_blob(k, s) is None for k in cs.consumers._fed_keys(job, 2) for s in range(len(pool)))
     out.unpersist()
     assert pool.drop(stats.queue) and stats.queue not in pool.stats()
 

@@ -55,6 +55,11 @@ def _key(prefix: bytes, job: str) -> str:
     return hashlib.sha256(prefix + job.encode()).hexdigest()
 
 
+def _fed_keys(job: str, n: int) -> list[str]:
+    """The blobs by which each of the n tasks of a job says it has put its rows on the queue."""
+    return [_key(FED_PREFIX, f"{job}:{i}") for i in range(n)]
+
+
 def _stats_queue(job: str) -> str:
     return f"conveyor-consumers-{job}"
 
@@ -79,7 +84,7 @@ def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str,
         else:
             rows = prelude(batches, index)
             pool.put_blob(FED_PREFIX + f"{job}:{index}".encode())
-            fed = [_key(FED_PREFIX, f"{job}:{i}") for i in range(n)]
+            fed = _fed_keys(job, n)
 
             def expect_more() -> bool:  # another task is still feeding the queue
                 return any(pool.get_blob(k) is None for k in fed)
@@ -186,7 +191,7 @@ class SparkConsumerPool:
 
     def _forget_markers(self) -> None:
         """The consumers have ended: the blobs that told them a task had fed the queue, or to stop, can go."""
-        keys = [_key(FED_PREFIX, f"{self.job}:{i}") for i in range(self.n_consumers)] if self.feed is not None else []
+        keys = _fed_keys(self.job, self.n_consumers) if self.feed is not None else []
         try:
             self.pool.forget_blobs([*keys, _key(STOP_PREFIX, self.job)])
         except ConveyorError as e:
