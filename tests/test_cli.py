@@ -18,7 +18,8 @@ def test_demo_runs_kills_a_worker_and_reports() -> None:
     assert "conveyor.spark.map" in out.stdout and "plain Spark (mapInPandas)" in out.stdout
     row = next(line for line in out.stdout.splitlines() if "pages" in line and "failed" not in line)
     assert row.count("1,500") == 2  # every page, in both runs, although a consumer was killed
-    assert "killed midway" in out.stdout
+    assert "killed midway" in out.stdout and "killed consumer pid" in out.stderr
+    assert "Python worker exited unexpectedly" not in out.stderr  # the crash we cause is told, not logged with a trace
 
 
 def test_demo_rejects_bad_arguments() -> None:

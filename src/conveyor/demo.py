@@ -19,7 +19,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,21 +103,26 @@ def _plain(spark: Any, pages: Any, workers: int, work_s: float) -> Run:
     return Run("plain Spark (mapInPandas)", n, docs, failed, work_s, makespan, workers, f"{INPUT_PARTITIONS} static partitions")
 
 
-def _conveyor(spark: Any, pages: Any, workers: int, work_s: float, kill: bool, progress: bool) -> Run:
+def _conveyor(spark: Any, pages: Any, workers: int, work_s: float, kill: bool, console: Console) -> Run:
     import conveyor.spark as cs
 
     from .spark.embedded import current
 
     env = current()
     assert env is not None
-    killer = _Killer(env.pool) if kill else None
+    killer = _Killer(env.pool, console.print) if kill else None
     if killer:
+        spark.sparkContext.setLogLevel("FATAL")  # Spark logs the crash we cause with a long trace: the demo says it instead
         killer.start()
     t0 = time.perf_counter()
-    done = cs.map(pages, process_page, schema=PAGE_SCHEMA, n_consumers=workers, max_concurrency=8, lease_s=10.0,
-                  max_retries=2, progress=progress)  # fmt: skip
-    docs = done.where("_error IS NULL").groupBy("doc").agg({"words": "sum"}).count()
-    failed = done.where("_error IS NOT NULL").count()
+    try:
+        done = cs.map(pages, process_page, schema=PAGE_SCHEMA, n_consumers=workers, max_concurrency=8, lease_s=10.0,
+                      max_retries=2, progress=console.is_terminal)  # fmt: skip
+        docs = done.where("_error IS NULL").groupBy("doc").agg({"words": "sum"}).count()
+        failed = done.where("_error IS NOT NULL").count()
+    finally:
+        if killer:
+            spark.sparkContext.setLogLevel(spark.conf.get("spark.log.level", "ERROR"))
     makespan = time.perf_counter() - t0
     st = cs.mapping.last_stats
     note = "pages balanced a few at a time"
@@ -132,9 +137,10 @@ def _conveyor(spark: Any, pages: Any, workers: int, work_s: float, kill: bool, p
 class _Killer(threading.Thread):
     """Once a third of the pages are done, SIGKILL one consumer's Spark Python worker."""
 
-    def __init__(self, pool: Any) -> None:
+    def __init__(self, pool: Any, say: Callable[[str], None]) -> None:
         super().__init__(name="conveyor-demo-killer", daemon=True)
         self.pool = pool
+        self.say = say
         self.stop = threading.Event()
         self.killed: int | None = None
 
@@ -150,6 +156,8 @@ class _Killer(threading.Thread):
                 if name.startswith("spark:") and w.get("running", 0) > 0:
                     self.killed = int(w["pid"])
                     os.kill(self.killed, signal.SIGKILL)
+                    self.say(f"killed consumer pid {self.killed} (SIGKILL) a third of the way: Spark runs its task again, "
+                             "and the pages it held come back to the queue when their leases end")  # fmt: skip
                     return
 
 
@@ -170,7 +178,7 @@ def run_demo(pages: int, workers: int | None, kill: bool, console: Console, scal
         # start the executors' Python workers, so that neither run pays for them
         spark.range(n_workers, numPartitions=n_workers).mapInArrow(lambda batches: batches, "id long").count()
         console.print(f"corpus: {pages:,} pages ({damaged} damaged), {work_s:.1f} s of work, {n_workers} workers")
-        runs = [_conveyor(spark, frame, n_workers, work_s, kill, console.is_terminal)]
+        runs = [_conveyor(spark, frame, n_workers, work_s, kill, console)]
         console.print("now the same with plain Spark ...")
         runs.append(_plain(spark, frame, n_workers, work_s))
     return runs
