@@ -39,6 +39,7 @@ from .constants import (
 from .dedupe import Dedupe
 from .errors import ConveyorError, RequestError, StoreError
 from .storage import DurableStore, MemoryStore, Store
+from .storage.segments import fsync_dir
 
 log = logging.getLogger("conveyor.server")
 
@@ -273,7 +274,7 @@ class QueueHost:
             except OSError as e:
                 raise StoreError(f"could not drop queue {name!r}: {e}") from e
             with contextlib.suppress(OSError):  # else a crash may bring the queue back: as one before the rename
-                _fsync_dir(self.queue_dir)
+                fsync_dir(self.queue_dir)
         del self.queues[name]
         q.dropped = True
         q.changed.notify()
@@ -323,7 +324,7 @@ def _write_atomically(path: Path, data: bytes) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
 def _read_floor(path: Path) -> int:
@@ -334,14 +335,6 @@ def _read_floor(path: Path) -> int:
     except (ValueError, KeyError, TypeError) as e:
         raise ConveyorError(f"{path} is damaged ({type(e).__name__}: {e}); it holds the first message id a new "
                             'queue may use, as {"next_id": <integer>}') from None  # fmt: skip
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class Blobs:

@@ -170,7 +170,7 @@ class SegmentLog:
         aside = f.with_name(f"{f.name}.damaged-{int(time.time())}")
         os.link(f, aside)
         os.replace(tmp, f)
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         spans = ", ".join(f"{a}..{b}" for a, b in bad)
         log.warning("%s: damaged bytes %s replaced by padding; original kept as %s", f, spans, aside.name)
         scan.repaired.append(str(aside))
@@ -187,7 +187,7 @@ class SegmentLog:
         self._fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
         os.write(self._fd, SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, self.active, self.id_floor))
         self.sizes[self.active] = SEGMENT_HEADER.size
-        _fsync_dir(self.path)
+        fsync_dir(self.path)
         self.dirty = True
 
     def append(self, bodies: Sequence[bytes]) -> tuple[list[int], list[int]]:
@@ -380,7 +380,8 @@ def _pad(span: int) -> bytes:
     return RECORD_HEAD.pack(zlib.crc32(body), n) + body + _FOOT_BYTES
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make the entries of directory `path` (files created, renamed or removed in it) durable."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)

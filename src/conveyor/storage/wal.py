@@ -19,6 +19,7 @@ import numpy as np
 
 from ..constants import INDEX_DTYPE, INDEX_HEADER, INDEX_MAGIC, INDEX_NAME, INDEX_RECORD, INDEX_VERSION
 from ..errors import CorruptStoreError
+from .segments import fsync_dir
 
 log = logging.getLogger("conveyor.storage")
 
@@ -136,11 +137,7 @@ class IndexLog:
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.file)
-        fd = os.open(self.file.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(self.file.parent)
         if self._fd >= 0:
             os.close(self._fd)
         self._fd = os.open(self.file, os.O_WRONLY | os.O_APPEND)
