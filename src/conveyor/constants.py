@@ -26,6 +26,9 @@ PRIORITY_MAX = 2**31 - 1
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 MAX_SEGMENT_BYTES = 2**31  # offsets are stored as u32
 DEFAULT_FSYNC_INTERVAL_S = 0.2
+# how often a server started with stop_with_parent, or a consumer process, looks whether the
+# process that started it still exists (its pipe or sentinel can be held open by a forked child)
+PARENT_CHECK_S = 1.0
 
 LOCK_NAME = "LOCK"  # flock()ed by the process that has the store open
 

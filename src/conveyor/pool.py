@@ -191,6 +191,11 @@ class QueuePool(PoolTasks):
         futures = {s: self._threads.submit(self.clients[s].pipeline, batch) for s, batch in work.items()}
         return {s: f.result() for s, f in futures.items()}
 
+    def _everywhere(self, call: Call[Any]) -> list[Any]:
+        """The same call on every shard, in parallel; the results in shard order."""
+        done = self._each({s: [call] for s in range(len(self.clients))})
+        return [done[s][0] for s in range(len(self.clients))]
+
     def _scatter(self, ids: Sequence[int], make: Callable[[list[int], list[int]], Call[list[Any]]]) -> list[Any]:
         """Route a per-id operation to the shards holding the ids; results in the order of `ids`."""
         groups = self._by_shard(ids)
@@ -204,8 +209,7 @@ class QueuePool(PoolTasks):
     # --- operations -------------------------------------------------------------------------
     def declare(self, queue: str, **settings: Any) -> QueueInfo:
         """Declare a queue on every shard (see `QueueClient.declare` for the settings)."""
-        infos = self._each({s: [calls.declare(queue, **settings)] for s in range(len(self.clients))})
-        return infos[0][0]
+        return self._everywhere(calls.declare(queue, **settings))[0]
 
     def put(self, queue: str, messages: Sequence[Message]) -> list[int]:
         """Put messages in batches of `batch_size`, round-robin over the shards; returns pool-wide ids.
@@ -298,13 +302,13 @@ class QueuePool(PoolTasks):
 
     def report(self, worker: str, counts: dict[str, float]) -> None:
         """A consumer's counts, to every shard (so `stats` on any of them shows it)."""
-        self._each({s: [calls.report(worker, counts)] for s in range(len(self.clients))})
+        self._everywhere(calls.report(worker, counts))
 
     def workers(self) -> dict[str, dict[str, float]]:
         """Consumers heard from within the last minute, with their latest counts."""
         out: dict[str, dict[str, float]] = {}
-        for per in self._each({s: [calls.workers()] for s in range(len(self.clients))}).values():
-            for w, counts in per[0].items():
+        for per in self._everywhere(calls.workers()):
+            for w, counts in per.items():
                 if w not in out or counts["seen"] < out[w]["seen"]:
                     out[w] = counts
         return out
@@ -325,13 +329,11 @@ class QueuePool(PoolTasks):
         letters); False if no server had it. Consumers still fetching from it would make it anew,
         empty: stop them first. Ids are not reused: a late ack meant for the dropped queue's
         messages finds nothing in a queue made later under the same name."""
-        done = self._each({s: [calls.drop(queue)] for s in range(len(self.clients))})
-        return any(r[0] for r in done.values())
+        return any(self._everywhere(calls.drop(queue)))
 
     def shard_stats(self, queue: str | None = None) -> list[dict[str, QueueStats]]:
         """Stats per shard, in shard order (a queue appears on the shards that have it)."""
-        done = self._each({s: [calls.stats()] for s in range(len(self.clients))})
-        per = [done[s][0] for s in range(len(self.clients))]
+        per = self._everywhere(calls.stats())
         if queue is not None:
             per = [{q: st for q, st in p.items() if q == queue} for p in per]
             if not any(per):
@@ -345,8 +347,7 @@ class QueuePool(PoolTasks):
     def wait_drained(self, queues: Sequence[str] | None, wait_s: float) -> dict[str, QueueStats]:
         """Stats of `queues` (default: all), summed over the shards, once every shard has nothing
         pending in them, or after `wait_s`. Queues no shard has are left out."""
-        done = self._each({s: [calls.stats(queues=queues, drained_wait_s=wait_s)] for s in range(len(self.clients))})
-        return _summed(per for [per] in done.values())
+        return _summed(self._everywhere(calls.stats(queues=queues, drained_wait_s=wait_s)))
 
     def _shards_with(self, queue: str) -> list[int]:
         """The shards that host `queue` (a queue exists where it was put, got or declared)."""
@@ -374,15 +375,14 @@ class QueuePool(PoolTasks):
 
     def put_blob(self, data: bytes) -> str:
         """Store bytes on every shard (so any consumer finds them); returns the sha256 key."""
-        keys = self._each({s: [calls.put_blob(data)] for s in range(len(self.clients))})
-        return keys[0][0]
+        return self._everywhere(calls.put_blob(data))[0]
 
     def get_blob(self, key: str, shard: int = 0) -> bytes | None:
         return self.clients[shard].get_blob(key)
 
     def forget_blobs(self, keys: Sequence[str]) -> None:
         """Remove blobs from every shard (markers nothing needs any more)."""
-        self._each({s: [calls.forget_blobs(keys)] for s in range(len(self.clients))})
+        self._everywhere(calls.forget_blobs(keys))
 
     def assign(self, consumer: int, n_consumers: int) -> list[int]:
         """The shards consumer `consumer` of `n_consumers` serves first (it may steal from the others)."""

@@ -39,6 +39,7 @@ from .constants import (
     ERR_PROTOCOL,
     ERR_STORE,
     ERR_UNKNOWN_OP,
+    PARENT_CHECK_S,
 )
 from .errors import ConveyorError, ProtocolError, RequestError, StoreError
 from .handlers import HANDLERS, Args
@@ -50,7 +51,6 @@ log = logging.getLogger("conveyor.server")
 AUTH_TIMEOUT_S = 10.0
 LINGER_S = 2.0  # after a protocol error: how long, and how much, to drain before closing
 LINGER_BYTES = 256 * 1024 * 1024
-PARENT_CHECK_S = 1.0  # with stop_with_parent: how often to look whether the parent is still there
 _AUTH_LIMITS = Limits(max_header_bytes=4096, max_frames=1, max_frame_bytes=1, max_message_bytes=1)
 
 

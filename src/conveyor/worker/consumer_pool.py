@@ -21,6 +21,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..calls import QueueStats
+from ..constants import PARENT_CHECK_S
 from ..errors import ConveyorError, RequestError
 from ..progress import JoinProgress
 from ..serialization import decode_result
@@ -38,7 +39,6 @@ STOP_GRACE_S = 30.0  # how long a stopping consumer may take to finish its runni
 # workload going from 1 ms to 20 ms). Set only in processes Conveyor starts (and `conveyor worker`).
 CONSUMER_SWITCH_INTERVAL_S = 0.02
 PARENT_GONE_EXIT_S = 8.0  # a consumer whose pool process is gone exits within this time
-PARENT_CHECK_S = 1.0  # how often a consumer looks whether its pool process still exists
 
 
 def own_process() -> None:
