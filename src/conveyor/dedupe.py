@@ -15,6 +15,7 @@ import zlib
 from pathlib import Path
 
 from .constants import DEDUPE_MAX_KEYS, KEYS_LOG_NAME, MAX_KEY_BYTES
+from .storage.files import write_atomically
 
 log = logging.getLogger("conveyor.server")
 
@@ -51,12 +52,7 @@ class Dedupe:
         self._fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def _rewrite(self, f: Path) -> None:
-        tmp = f.with_name(f.name + ".tmp")
-        with open(tmp, "wb") as out:
-            out.write(b"".join(_record(k, i) for k, i in self._ids.items()))
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, f)
+        write_atomically(f, b"".join(_record(k, i) for k, i in self._ids.items()))
 
     def _remember(self, key: str, msg_id: int) -> None:
         self._ids.pop(key, None)

@@ -39,7 +39,7 @@ from .constants import (
 from .dedupe import Dedupe
 from .errors import ConveyorError, RequestError, StoreError
 from .storage import DurableStore, MemoryStore, Store
-from .storage.segments import fsync_dir
+from .storage.files import fsync_dir, write_atomically
 
 log = logging.getLogger("conveyor.server")
 
@@ -242,7 +242,7 @@ class QueueHost:
             q.store.skip_ids(self.id_floor)
         if durable:
             assert self.queue_dir is not None
-            _write_atomically(self.queue_dir / name / QUEUE_CONFIG_NAME, json.dumps(asdict(info)).encode())
+            write_atomically(self.queue_dir / name / QUEUE_CONFIG_NAME, json.dumps(asdict(info)).encode())
         self.queues[name] = q
         log.info("declared queue %s", info)
         return q
@@ -264,7 +264,7 @@ class QueueHost:
         if q.store.next_id > self.id_floor:
             self.id_floor = q.store.next_id
             if self.data_dir is not None:  # first: a crash midway leaves the queue whole, never an id to reuse
-                _write_atomically(self.data_dir / ID_FLOOR_NAME, json.dumps({"next_id": self.id_floor}).encode())
+                write_atomically(self.data_dir / ID_FLOOR_NAME, json.dumps({"next_id": self.id_floor}).encode())
         trash = None
         if q.info.durable:  # renamed first: if that fails, the queue is still served as it was
             assert self.queue_dir is not None
@@ -317,16 +317,6 @@ def _check_name(name: str) -> None:
                                              "not starting with '.' or '-'")  # fmt: skip
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
-
-
 def _read_floor(path: Path) -> int:
     if not path.exists():
         return 1
@@ -350,7 +340,7 @@ class Blobs:
             self._mem[key] = data
         elif not (self.path / key).exists():
             self.path.mkdir(exist_ok=True)
-            _write_atomically(self.path / key, data)
+            write_atomically(self.path / key, data)
         return key
 
     def get(self, key: str) -> bytes | None:

@@ -39,6 +39,7 @@ from ..constants import (
     SEGMENT_VERSION,
 )
 from ..errors import CorruptStoreError
+from .files import fsync_dir
 
 log = logging.getLogger("conveyor.storage")
 
@@ -378,12 +379,3 @@ def _pad(span: int) -> bytes:
     n = span - RECORD_OVERHEAD
     body = BODY_PREFIX.pack(KIND_PAD, 0) + bytes(n - BODY_PREFIX.size)
     return RECORD_HEAD.pack(zlib.crc32(body), n) + body + _FOOT_BYTES
-
-
-def fsync_dir(path: Path) -> None:
-    """Make the entries of directory `path` (files created, renamed or removed in it) durable."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

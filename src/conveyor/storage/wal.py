@@ -19,7 +19,7 @@ import numpy as np
 
 from ..constants import INDEX_DTYPE, INDEX_HEADER, INDEX_MAGIC, INDEX_NAME, INDEX_RECORD, INDEX_VERSION
 from ..errors import CorruptStoreError
-from .segments import fsync_dir
+from .files import write_atomically
 
 log = logging.getLogger("conveyor.storage")
 
@@ -129,15 +129,8 @@ class IndexLog:
                     self.file, n_bad, offsets, aside.name)  # fmt: skip
 
     def _create(self, header: Header, records: bytes) -> None:
-        """Write a complete new log atomically: temp file, fsync, rename, fsync the directory."""
-        tmp = self.file.with_name(INDEX_NAME + ".tmp")
-        with open(tmp, "wb") as fh:
-            fh.write(header.pack())
-            fh.write(records)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.file)
-        fsync_dir(self.file.parent)
+        """Write a complete new log atomically."""
+        write_atomically(self.file, header.pack(), records)
         if self._fd >= 0:
             os.close(self._fd)
         self._fd = os.open(self.file, os.O_WRONLY | os.O_APPEND)
