@@ -319,6 +319,19 @@ class StoreContract:
         assert store.result(ids[0]) == b"r" and store.status(ids[0]) == Status.ACKED
         assert not store.ack(new - 1)  # a skipped id is nobody's
 
+    def test_absent_ids_stay_absent_once_the_window_moves_past_them(self, store: Store) -> None:
+        purged = store.put(msgs(*[b"p"] * 10))
+        store.purge()
+        [live] = store.put(msgs(b"live"))
+        store.skip_ids(store.next_id + 7)
+        skipped = store.next_id - 1
+        for _ in range(30):  # enough finished messages for the window to slide past all of them
+            store.put(msgs(*[b"y"] * 100))
+            store.ack_many([m.id for m in store.get(100)])
+        assert store.status(live) == Status.ACKED
+        assert store.status(purged[0]) is None and store.status(purged[-1]) is None and store.status(skipped) is None
+        assert (store.stats().ready, store.stats().acked) == (1, 3000)
+
     # --- bad input ------------------------------------------------------------------------
     def test_bad_input_is_rejected_without_side_effects(self, store: Store) -> None:
         store.put(msgs(b"ok"))

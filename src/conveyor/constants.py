@@ -67,17 +67,20 @@ INDEX_VERSION = 1
 # file header: magic, version, base id (all ids below are finished), next id,
 # acked and failed counts of the ids below base, crc32 of the preceding fields
 INDEX_HEADER = struct.Struct("<8sIQQQQI")
-# record: crc32(rest) | timestamp | message id | status | pad | attempts |
+# record: crc32(rest) | timestamp | message id | status | flags | attempts |
 #         segment, offset, length (of the message, its result or its dead letter) | until
 #         (`until` is the lease deadline when DELIVERED, not-before when READY/DELAYED)
 INDEX_RECORD = struct.Struct("<IdQBBHIIId")
+# flags: a gap record (status ST_NONE, written by a rewrite for ids below the header's base) says
+# that the `length` ids from `message id` on hold no message (purged, skipped, or torn by a crash)
+INDEX_FLAG_GAP = 1
 INDEX_DTYPE = np.dtype(
     [
         ("crc", "<u4"),
         ("ts", "<f8"),
         ("id", "<u8"),
         ("status", "u1"),
-        ("pad", "u1"),
+        ("flags", "u1"),
         ("attempts", "<u2"),
         ("seg", "<u4"),
         ("off", "<u4"),

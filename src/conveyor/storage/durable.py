@@ -53,7 +53,7 @@ from ..errors import StoreError
 from ..message import Message, MessageBatch, make_message
 from .base import DeadLetter, Store
 from .segments import KEPT_DTYPE, SCAN_DTYPE, SegmentLog
-from .wal import Header, IndexLog, last_per_id, make_records
+from .wal import Header, IndexLog, gap_ranges, last_per_id, make_gap_records, make_records
 
 log = logging.getLogger("conveyor.storage")
 
@@ -173,6 +173,7 @@ class DurableStore(Store):
                 what = "result" if kind == KIND_RESULT else "dead letter"
                 log.warning("%s: the %s of message %d was lost (cut off or damaged)", self.path, what, i)
         self._failed_ids.update(last["id"][last["status"] == ST_FAILED].tolist())
+        st.add_gaps(r for r in gap_ranges(last) if r[0] < header.base)
         last = last[last["id"] >= header.base]
 
         # merge: a message body with no index record is READY as put (both id lists are sorted)
@@ -338,7 +339,7 @@ class DurableStore(Store):
             segs.drop(s)  # segments holding only padding or superseded records
         st = self._state
         # records a rewrite would keep, or more (an overestimate only delays a rewrite)
-        live = st.next_id - st.advance_low() + len(self._kept) + len(self._failed_ids)
+        live = st.next_id - st.advance_low() + len(self._kept) + len(self._failed_ids) + len(st.gaps)
         if self._index.records >= INDEX_REWRITE_MIN_RECORDS and self._index.records > INDEX_REWRITE_RATIO * live:
             self._rewrite_index()
 
@@ -368,7 +369,8 @@ class DurableStore(Store):
         seg, off, size = (np.fromiter((x[j] for x in loc), np.uint32, len(loc)) for j in range(3))
         attempts = np.where(inside, c["attempts"][idx], 0)
         until = np.where(inside, c["until"][idx], 0.0)
-        self._index.rewrite(header, make_records(ids, stat, attempts, seg, off, size, until))
+        gaps = make_gap_records(st.gaps_below(low))  # so that ids below the new base still read as absent
+        self._index.rewrite(header, gaps + make_records(ids, stat, attempts, seg, off, size, until))
 
     # --- results and dead letters ---------------------------------------------------------
     def result(self, msg_id: int) -> bytes | None:

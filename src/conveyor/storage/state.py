@@ -2,7 +2,9 @@
 
 Ids are assigned sequentially, so per-message state lives in arrays indexed by `id - base`.
 Ids below `low` are all finished (acked, failed or absent); the window slides past them, so
-memory follows the number of live messages, not the number ever put. Ready messages wait in
+memory follows the number of live messages, not the number ever put. Below the window, the
+absent ids (purged, skipped, or never stored because a crash tore their put) are kept as ranges,
+so that they still read as absent rather than finished. Ready messages wait in
 one FIFO per priority, delayed ones in a heap by time, deliveries in a heap by lease deadline;
 entries whose message moved on are skipped when popped (lazy deletion), never searched for.
 
@@ -11,6 +13,7 @@ This module owns the transitions and nothing else: stores persist what it decide
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections.abc import Iterable
@@ -21,6 +24,14 @@ from ..constants import ST_ACKED, ST_DELAYED, ST_DELIVERED, ST_FAILED, ST_NONE, 
 
 _FINISHED = (ST_ACKED, ST_FAILED, ST_NONE)
 _SCAN = 4096
+
+
+def _runs(mask: np.ndarray, first: int) -> list[tuple[int, int]]:
+    """[start, end) id ranges where `mask` is True; mask[0] stands for id `first`."""
+    if not mask.any():
+        return []
+    edges = np.flatnonzero(np.diff(np.r_[False, mask, False]))
+    return [(first + int(a), first + int(b)) for a, b in zip(edges[0::2], edges[1::2], strict=True)]
 
 
 class _Fifo:
@@ -76,6 +87,7 @@ class QueueState:
         self.low = first_id  # every id below is finished
         self.next_id = first_id
         self.first_id = first_id  # below it: ids this state never assigned
+        self.gaps: list[tuple[int, int]] = []  # [start, end) ranges below base that hold no message
         self.finished_below_base = {ST_ACKED: 0, ST_FAILED: 0}
         dtypes: dict[str, object] = {
             "status": np.uint8,
@@ -107,6 +119,7 @@ class QueueState:
             head = self.status[:drop]
             for st in (ST_ACKED, ST_FAILED):
                 self.finished_below_base[st] += int(np.count_nonzero(head == st))
+            self.add_gaps(_runs(head == ST_NONE, self.base))
         for name, col in self.cols.items():
             grown = col if new_cap == cap else np.zeros(new_cap, col.dtype)
             grown[:live] = col[drop:used]
@@ -141,8 +154,26 @@ class QueueState:
         if msg_id >= self.next_id or msg_id < self.first_id:
             return ST_NONE
         if msg_id < self.base:
+            k = bisect.bisect_right(self.gaps, (msg_id, np.iinfo(np.int64).max)) - 1
+            if k >= 0 and self.gaps[k][0] <= msg_id < self.gaps[k][1]:
+                return ST_NONE
             return ST_ACKED  # finished; the caller knows which ids failed
         return int(self.status[msg_id - self.base])
+
+    def add_gaps(self, ranges: Iterable[tuple[int, int]]) -> None:
+        """Record ranges of absent ids below the window (ascending, above the ones recorded)."""
+        for a, b in ranges:
+            if self.gaps and self.gaps[-1][1] == a:
+                self.gaps[-1] = (self.gaps[-1][0], b)
+            else:
+                self.gaps.append((a, b))
+
+    def gaps_below(self, end: int) -> list[tuple[int, int]]:
+        """The ranges of absent ids below `end` (at most `low`): those below the window and those in it."""
+        inside = _runs(self.status[: end - self.base] == ST_NONE, self.base)
+        if self.gaps and inside and self.gaps[-1][1] == inside[0][0]:
+            return [*self.gaps[:-1], (self.gaps[-1][0], inside[0][1]), *inside[1:]]
+        return self.gaps + inside
 
     # --- transitions ----------------------------------------------------------------------
     def add(self, priority: np.ndarray, not_before: np.ndarray, max_attempts: np.ndarray,

@@ -17,7 +17,16 @@ from pathlib import Path
 
 import numpy as np
 
-from ..constants import INDEX_DTYPE, INDEX_HEADER, INDEX_MAGIC, INDEX_NAME, INDEX_RECORD, INDEX_VERSION
+from ..constants import (
+    INDEX_DTYPE,
+    INDEX_FLAG_GAP,
+    INDEX_HEADER,
+    INDEX_MAGIC,
+    INDEX_NAME,
+    INDEX_RECORD,
+    INDEX_VERSION,
+    ST_NONE,
+)
 from ..errors import CorruptStoreError
 from .files import write_atomically
 
@@ -53,7 +62,30 @@ def make_records(ids: np.ndarray, status: int | np.ndarray, attempts: np.ndarray
     rec["off"] = off
     rec["len"] = length
     rec["until"] = until
-    raw = rec.view(np.uint8).reshape(len(ids), _REC)
+    return _sealed(rec)
+
+
+def make_gap_records(ranges: list[tuple[int, int]]) -> bytes:
+    """Encode [start, end) ranges of absent ids as gap records (see INDEX_FLAG_GAP)."""
+    most = np.iinfo(np.uint32).max
+    pieces = [(a, min(end - a, most)) for start, end in ranges for a in range(start, end, most)]
+    rec = np.zeros(len(pieces), INDEX_DTYPE)
+    rec["ts"] = time.time()
+    rec["id"] = [a for a, _ in pieces]
+    rec["len"] = [n for _, n in pieces]
+    rec["status"] = ST_NONE
+    rec["flags"] = INDEX_FLAG_GAP
+    return _sealed(rec)
+
+
+def gap_ranges(last: np.ndarray) -> list[tuple[int, int]]:
+    """The ranges that gap records among `last` (one record per id, in id order) describe."""
+    gaps = last[(last["flags"] & INDEX_FLAG_GAP) != 0]
+    return [(a, a + n) for a, n in zip(gaps["id"].tolist(), gaps["len"].tolist(), strict=True)]
+
+
+def _sealed(rec: np.ndarray) -> bytes:
+    raw = rec.view(np.uint8).reshape(len(rec), _REC)
     crc32 = zlib.crc32
     rec["crc"] = [crc32(row) for row in raw[:, 4:]]
     return rec.tobytes()
