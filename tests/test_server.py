@@ -309,9 +309,25 @@ def test_idempotency_keys_store_a_message_once(tmp_path: Path) -> None:
         assert c.stats("q")["q"].ready == 3
         with pytest.raises(RequestError, match="idempotency key must be a non-empty string"):
             c.put("q", [Message(payload=b"x", headers={KEY: ""})])
+        with pytest.raises(RequestError, match="priority"):  # a put that fails stores nothing under its keys
+            c.put("q", [Message(payload=b"x", headers={KEY: "order-3"}, priority=2**40)])
+        [p] = c.put("p", [Message(payload=b"to purge", headers={KEY: "order-4"})])
+        c.purge("p")
+        [p2] = c.put("p", [Message(payload=b"put again", headers={KEY: "order-4"})])  # a purged message is gone
+        assert p2 != p
+    # a crash between writing a put's keys and its messages leaves a key naming an id with no message
+    from conveyor.dedupe import Dedupe
+
+    keys = Dedupe(d / QUEUES_DIR / "q")
+    keys.add([("order-5", 999)])
+    keys.close()
     with thread_server(data_dir=d) as s, QueueClient(s.address) as c:  # remembered across a restart
         assert c.put("q", [Message(payload=b"late retry", headers={KEY: "order-1"})]) == [a[0]]
-        assert [m.payload for m in c.get("q", 10)] == [b"a", b"plain", b"b"]
+        [x] = c.put("q", [Message(payload=b"x", headers={KEY: "order-3"})])
+        [y] = c.put("q", [Message(payload=b"y", headers={KEY: "order-5"})])
+        assert y != 999 and c.put("q", [Message(payload=b"y again", headers={KEY: "order-5"})]) == [y]
+        assert c.put("q", [Message(payload=b"x again", headers={KEY: "order-3"})]) == [x]
+        assert [m.payload for m in c.get("q", 10)] == [b"a", b"plain", b"b", b"x", b"y"]
 
 
 def test_stats_waits_for_the_queues_to_drain(client: QueueClient) -> None:

@@ -4,6 +4,7 @@ The server answers such a put with the id of the message first put under the key
 DEDUPE_MAX_KEYS keys are remembered; a durable queue keeps them in `keys.log` beside its store
 (records `crc32 | key length | id | key`, synced with the queue's group commit, compacted on
 open when mostly superseded), so a retried publish after a crash or a lost reply is still dropped.
+The server writes a put's keys before its messages (see `handlers._put_once`); id 0 means "none".
 """
 
 from __future__ import annotations

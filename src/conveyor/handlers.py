@@ -17,7 +17,7 @@ from typing import Any
 
 from .constants import ERR_BAD_ARGUMENT, H_IDEMPOTENCY_KEY, PAGE_BYTES, PROTOCOL_VERSION
 from .dedupe import check_key
-from .errors import RequestError
+from .errors import RequestError, StoreError
 from .hosting import HostedQueue, QueueHost
 from .message import Message
 from .protocol import Frames, Header, column
@@ -143,7 +143,13 @@ async def put(host: QueueHost, a: Args, frames: Frames) -> Reply:
 
 
 def _put_once(q: HostedQueue, frames: Frames, cols: list[Any], hdr: list[dict[str, str]], keys: list[str | None]) -> list[int]:
-    """Put the messages whose idempotency key is new; every message gets the id stored under its key."""
+    """Put the messages whose idempotency key is new; every message gets the id stored under its key.
+
+    The keys are written before their messages, with the ids the store is about to assign: a crash
+    between the two leaves keys naming ids that hold no message, which count as new. The other
+    order would leave stored messages whose keys are forgotten, and a retried put would store them
+    again.
+    """
     first: dict[str, int] = {}  # key -> position of its first message in this batch
     new: list[int] = []
     for i, k in enumerate(keys):
@@ -154,19 +160,31 @@ def _put_once(q: HostedQueue, frames: Frames, cols: list[Any], hdr: list[dict[st
             check_key(k)
         except ValueError as e:
             raise RequestError(ERR_BAD_ARGUMENT, f"put: message {i}: {e}") from None
-        if q.dedupe.get(k) is None and k not in first:
+        if _stored_under(q, k) is None and k not in first:
             first[k] = i
             new.append(i)
+    at = {i: q.store.next_id + j for j, i in enumerate(new)}
+    q.dedupe.add([(k, at[i]) for k, i in first.items()])
     pick = [c if type(c) is not list else [c[i] for i in new] for c in cols]
-    stored = q.store.put_columns([frames[i] for i in new], *pick, [hdr[i] for i in new])
-    ids: list[int] = [0] * len(frames)
-    for i, msg_id in zip(new, stored, strict=True):
-        ids[i] = msg_id
-    q.dedupe.add([(k, ids[i]) for k, i in first.items()])
+    try:
+        stored = q.store.put_columns([frames[i] for i in new], *pick, [hdr[i] for i in new])
+    except BaseException:
+        q.dedupe.add([(k, 0) for k in first])  # nothing was stored under them, and their ids may be reused
+        raise
+    if stored != [at[i] for i in new]:
+        raise StoreError(f"put: the store assigned ids {stored[:3]}... where {[at[i] for i in new][:3]}... were expected")
+    ids = [at.get(i, 0) for i in range(len(frames))]
     for i, k in enumerate(keys):
         if k is not None and ids[i] == 0:
-            ids[i] = q.dedupe.get(k) or ids[first[k]]
+            ids[i] = _stored_under(q, k) or ids[first[k]]
     return ids
+
+
+def _stored_under(q: HostedQueue, key: str) -> int | None:
+    """The id of the message stored under `key`; None if none is (or its id holds no message:
+    its put failed or was cut short by a crash, or it was purged)."""
+    i = q.dedupe.get(key)
+    return i if i and q.store.status(i) is not None else None
 
 
 def _columns(messages: list[Message]) -> dict[str, Any]:
