@@ -199,7 +199,8 @@ class QueueHost:
         except BaseException:
             store.close()
             raise
-        commit = GroupCommit(store.sync, dedupe.sync) if info.fsync == "batch" else None
+        # keys before messages, as they are written (see handlers._put_once)
+        commit = GroupCommit(dedupe.sync, store.sync) if info.fsync == "batch" else None
         return HostedQueue(info, store, commit, dedupe)
 
     def get(self, name: str, create: bool = False) -> HostedQueue:

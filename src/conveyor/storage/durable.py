@@ -2,8 +2,9 @@
 
 Layout (see constants): message bodies, results and dead letters are records in append-only
 segment files; every state change after a put is a fixed-size record in the index WAL. Opening
-replays both into a `QueueState`. A segment is deleted once nothing in it is needed; the index
-is rewritten once it is mostly superseded records.
+replays both into a `QueueState`. A segment is deleted once nothing in it is needed, and not
+before the index records that say so are synced; the index is rewritten once it is mostly
+superseded records.
 
 fsync policies, and what a crash can lose (a crash of the *process* alone loses nothing that
 an operation returned: every write reaches the OS before the call returns):
@@ -119,7 +120,11 @@ class DurableStore(Store):
         self._index = IndexLog(self.path)
         self._kept: dict[int, tuple[int, int, int]] = {}  # id -> (seg, off, size) of result/dead letter
         self._live: dict[int, int] = {}  # segment -> records in it still needed
+        # segments whose records are all dead, kept until the index records saying so are synced:
+        # deleted before, a machine crash could leave answered puts with neither body nor record
+        self._doomed: list[int] = []
         self._lock = threading.Lock()  # between operations and the interval syncer
+        self._sync_lock = threading.Lock()  # one sync at a time: a sync drops what was doomed before it began
         self._syncer: threading.Thread | None = None
         self._stop = threading.Event()
         try:
@@ -313,16 +318,23 @@ class DurableStore(Store):
             self._rewrite_index()  # its header keeps the floor across restarts, messages or not
 
     def sync(self) -> None:
-        with self._lock:  # only to take the descriptors: fsync runs without blocking operations
-            if self._closed:
-                return
-            fds = [self._segments.take_dirty(), self._index.take_dirty()]  # bodies before the index
-        for fd in fds:
-            if fd >= 0:
-                try:
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
+        with self._sync_lock:
+            with self._lock:  # only to take the descriptors: fsync runs without blocking operations
+                if self._closed:
+                    return
+                fds = [self._segments.take_dirty(), self._index.take_dirty()]  # bodies before the index
+                doomed, self._doomed = self._doomed, []
+            for fd in fds:
+                if fd >= 0:
+                    try:
+                        os.fsync(fd)
+                    finally:
+                        os.close(fd)
+            if doomed:
+                with self._lock:
+                    if not self._closed:
+                        for s in doomed:
+                            self._segments.drop(s)
 
     def _sync_every(self, interval: float) -> None:
         while not self._stop.wait(interval):
@@ -331,12 +343,18 @@ class DurableStore(Store):
     # --- compaction -----------------------------------------------------------------------
     def _compact(self) -> None:
         segs = self._segments
+        at_once = self.fsync == "never" or self._sync_each  # else: at the next sync (see _doomed)
         for s in [s for s, k in self._live.items() if k <= 0]:
             if s != segs.active or segs.sizes.get(s, 0) >= segs.segment_bytes // 4:
                 del self._live[s]
-                segs.drop(s)
-        for s in [s for s in segs.sizes if s not in self._live and s != segs.active]:
-            segs.drop(s)  # segments holding only padding or superseded records
+                if at_once:
+                    segs.drop(s)
+                else:
+                    if s == segs.active:
+                        segs.roll()  # no more records go to a segment waiting to be deleted
+                    self._doomed.append(s)
+        for s in [s for s in segs.sizes if s not in self._live and s != segs.active and s not in self._doomed]:
+            segs.drop(s)  # segments holding only padding or superseded records (found so on opening)
         st = self._state
         # records a rewrite would keep, or more (an overestimate only delays a rewrite)
         live = st.next_id - st.advance_low() + len(self._kept) + len(self._failed_ids) + len(st.gaps)

@@ -95,7 +95,7 @@ class SegmentLog:
             self.active = max(self.sizes)
             self._fd = os.open(self._file(self.active), os.O_WRONLY | os.O_APPEND)
         else:
-            self._roll()
+            self.roll()
         return scan
 
     def _verify(self, f: Path, seg: int, last: bool, repair: bool, scan: Scan) -> None:
@@ -178,7 +178,8 @@ class SegmentLog:
         return new_size
 
     # --- writing --------------------------------------------------------------------------
-    def _roll(self) -> None:
+    def roll(self) -> None:
+        """Start a new active segment."""
         if self._fd >= 0:
             if self.dirty:  # the store's sync() will only see the new segment
                 os.fsync(self._fd)
@@ -202,7 +203,7 @@ class SegmentLog:
         for b, n in zip(bodies, sizes, strict=True):  # record by record across rolls
             pos = self.sizes[self.active]
             if pos + n + RECORD_OVERHEAD > self.segment_bytes and pos > SEGMENT_HEADER.size:
-                self._roll()
+                self.roll()
             segs.append(self.active)
             offs += self._append([b], [n])
         return segs, offs
@@ -265,7 +266,7 @@ class SegmentLog:
     def drop(self, seg: int) -> None:
         """Delete a segment whose records are all dead."""
         if seg == self.active:
-            self._roll()
+            self.roll()
         mm = self._maps.pop(seg, None)
         if mm is not None:
             mm.close()
