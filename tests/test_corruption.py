@@ -517,3 +517,51 @@ def test_repair_of_a_damaged_span_shorter_than_a_record(tmp_path: Path, where: s
     with no_error("reopening the repaired store", lambda: DurableStore(path, segment_bytes=SEG)) as s:
         assert {i: s.result(i) for i in results} == results
         assert s.stats().delivered == len(served)
+
+
+@pytest.mark.parametrize("damage", ["flip", "torn"])
+def test_damaged_idempotency_key_log_keeps_every_intact_key(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                            damage: str) -> None:  # fmt: skip
+    """A flipped byte costs the one record it hits, not every one after it; a copy of the file is kept aside."""
+    from conveyor.constants import KEYS_LOG_NAME
+    from conveyor.dedupe import Dedupe
+
+    keys = Dedupe(tmp_path)
+    for i in range(50):
+        keys.add([(f"key-{i}", i + 1)])
+    keys.close()
+    f = tmp_path / KEYS_LOG_NAME
+    data = f.read_bytes()
+    if damage == "flip":
+        flip(f, len(data) // 2)
+    else:
+        f.write_bytes(data[:-7])
+    damaged = f.read_bytes()
+    with caplog.at_level(logging.WARNING):
+        keys = Dedupe(tmp_path)
+    kept = {f"key-{i}": keys.get(f"key-{i}") for i in range(50)}
+    assert sum(v is None for v in kept.values()) == 1 and all(v in (None, i + 1) for i, v in enumerate(kept.values()))
+    assert (kept["key-49"] is None) == (damage == "torn")
+    [warning] = [r.getMessage() for r in caplog.records if KEYS_LOG_NAME in r.getMessage()]
+    assert ("torn tail" if damage == "torn" else "damaged records") in warning
+    assert [p.read_bytes() for p in tmp_path.glob(f"{KEYS_LOG_NAME}.damaged-*")] == [damaged]
+    keys.add([("after", 99)])
+    keys.close()
+    reopened = Dedupe(tmp_path)
+    assert reopened.get("after") == 99 and reopened.get("key-0") == 1
+    reopened.close()
+
+
+def test_an_empty_index_needs_repair_and_then_loses_no_message(tmp_path: Path) -> None:
+    """Finished messages come back (at least once); no message is lost."""
+    path = tmp_path / "q"
+    with DurableStore(path, segment_bytes=SEG, fsync="never") as s:
+        ids = s.put([Message(payload=payload(i)) for i in range(N)])
+        s.ack_many([m.id for m in s.get(10)])
+    (path / INDEX_NAME).write_bytes(b"")
+    with pytest.raises(CorruptStoreError, match="shorter than the index header"):
+        DurableStore(path, segment_bytes=SEG)
+    with DurableStore(path, segment_bytes=SEG, repair=True) as s:
+        assert sorted(take_all(s)) == ids
+    with DurableStore(path, segment_bytes=SEG) as s:  # repaired: opens without repair
+        assert s.stats().delivered == N

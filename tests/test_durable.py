@@ -90,7 +90,8 @@ def test_compaction_deletes_dead_segments_and_rewrites_the_index(tmp_path: Path)
 def test_dead_segments_are_deleted_only_once_the_acks_that_killed_them_are_synced(tmp_path: Path, fsync: str) -> None:
     """Deleted earlier, a machine crash could keep the deletion and lose the acks: answered puts would be gone."""
     path = tmp_path / "q"
-    opts = {"fsync": "batch", "group_commit": True} if fsync == "batch-group" else {"fsync": "interval", "fsync_interval_s": 3600.0}
+    group = fsync == "batch-group"
+    opts = {"fsync": "batch", "group_commit": True} if group else {"fsync": "interval", "fsync_interval_s": 3600.0}
     with DurableStore(path, segment_bytes=4096, **opts) as s:  # type: ignore[arg-type]
         ids = s.put([Message(payload=b"p" * 200) for _ in range(60)])  # several segments
         s.sync()

@@ -223,6 +223,9 @@ def test_a_damaged_queue_is_unavailable_and_the_rest_keeps_serving(tmp_path: Pat
     with thread_server(data_dir=d) as s, QueueClient(s.address) as c:
         c.put("bad", msgs(50))
         c.put("good", msgs(5))
+        c.declare("conf", lease_s=7.0)
+        c.put("conf", msgs(3))
+    (d / QUEUES_DIR / "conf" / QUEUE_CONFIG_NAME).write_text('{"name": "conf", "dura')  # a damaged settings file
     seg = sorted((d / QUEUES_DIR / "bad").glob(SEGMENT_GLOB))[0]
     raw = bytearray(seg.read_bytes())
     raw[100] ^= 0xFF  # inside an early record, followed by intact ones: not a torn tail
@@ -231,9 +234,14 @@ def test_a_damaged_queue_is_unavailable_and_the_rest_keeps_serving(tmp_path: Pat
         with pytest.raises(RequestError, match=r"could not be opened.*corrupt.*--repair") as e:
             c.get("bad", 1)
         assert e.value.kind == "unavailable"
+        with pytest.raises(RequestError, match=r"queue.json is damaged.*--repair"):
+            c.get("conf", 1)
         assert len(c.get("good", 10)) == 5
     with thread_server(data_dir=d, repair=True) as s, QueueClient(s.address) as c:
         assert 40 <= len(c.get("bad", 100)) < 50
+        assert len(c.get("conf", 10)) == 3  # its messages, under the server's default settings
+        assert [q.lease_s for q in c.queues() if q.name == "conf"] == [30.0]
+    assert len(list((d / QUEUES_DIR / "conf").glob(QUEUE_CONFIG_NAME + ".damaged-*"))) == 1
 
 
 def test_blobs_are_content_addressed(server: ThreadServer, client: QueueClient) -> None:
@@ -335,7 +343,7 @@ def test_stats_waits_for_the_queues_to_drain(client: QueueClient) -> None:
 
     client.put("q", msgs(2, max_attempts=1))
     client.put("other", msgs(1))  # not asked about: it may stay pending
-    [a, b] = client.get("q", 2, lease_s=0.3)
+    [a, b] = client.get("q", 2, lease_s=5.0)  # b is acked from another thread: its lease must outlast that
     client.ack("q", [a.id])
     t0 = time.monotonic()
     st = client.call(calls.stats(queues=["q", "not-here"], drained_wait_s=0.1))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import time
 import zlib
 from pathlib import Path
 
@@ -39,17 +40,26 @@ class Dedupe:
         f = path / KEYS_LOG_NAME
         data = f.read_bytes() if f.exists() else b""
         pos = records = 0
-        while pos + _REC.size <= len(data):
-            crc, klen, msg_id = _REC.unpack_from(data, pos)
-            end = pos + _REC.size + klen
-            body = data[pos + 4 : end]
-            if end > len(data) or zlib.crc32(body) != crc:
-                log.warning("%s: cut a damaged or torn record at offset %d (%d bytes dropped)", f, pos, len(data) - pos)
-                break
-            self._remember(data[pos + _REC.size : end].decode(), msg_id)
-            pos, records = end, records + 1
-        if records > 2 * max(len(self._ids), 1024) or pos < len(data):
-            self._rewrite(f)  # mostly superseded or evicted keys, or a torn tail: start clean
+        damaged: list[tuple[int, int]] = []  # (offset, bytes) skipped
+        while pos < len(data):
+            rec = _record_at(data, pos)
+            if rec is None:  # damaged: resume at the next place a whole record checks out
+                nxt = next((p for p in range(pos + 1, len(data)) if _record_at(data, p) is not None), len(data))
+                damaged.append((pos, nxt - pos))
+                pos = nxt
+                continue
+            key, msg_id, pos = rec
+            self._remember(key, msg_id)
+            records += 1
+        if damaged:
+            aside = f.with_name(f"{f.name}.damaged-{int(time.time())}")
+            os.link(f, aside)
+            torn = damaged == [(damaged[0][0], len(data) - damaged[0][0])]
+            log.warning("%s: %s skipped (offset, bytes: %s); %d keys kept; original kept as %s. A retried put "
+                        "with a lost key is stored again", f, "a torn tail" if torn else "damaged records",
+                        damaged[:10], len(self._ids), aside.name)  # fmt: skip
+        if records > 2 * max(len(self._ids), 1024) or damaged:
+            self._rewrite(f)  # mostly superseded or evicted keys, or damage: start clean
         self._fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def _rewrite(self, f: Path) -> None:
@@ -85,6 +95,20 @@ class Dedupe:
             self.sync()
             os.close(self._fd)
             self._fd = -1
+
+
+def _record_at(data: bytes, pos: int) -> tuple[str, int, int] | None:
+    """(key, id, end) of the record at `pos`, or None if there is no whole, valid one there."""
+    if pos + _REC.size > len(data):
+        return None
+    crc, klen, msg_id = _REC.unpack_from(data, pos)
+    end = pos + _REC.size + klen
+    if not 0 < klen <= MAX_KEY_BYTES or end > len(data) or zlib.crc32(data[pos + 4 : end]) != crc:
+        return None
+    try:
+        return data[pos + _REC.size : end].decode(), msg_id, end
+    except UnicodeDecodeError:
+        return None
 
 
 def _record(key: str, msg_id: int) -> bytes:

@@ -177,13 +177,32 @@ class QueueHost:
             if name.startswith(DROPPING_PREFIX):
                 continue
             try:
-                info = QueueInfo(**json.loads(conf.read_text()))
-                self.queues[name] = self._open(info)
+                self.queues[name] = self._open(self._read_info(conf))
             except Exception as e:  # one damaged queue must not take the others down
                 self.unavailable[name] = f"queue {name!r} could not be opened: {e}"
                 log.error("%s", self.unavailable[name])
         if self.queues:
             log.info("reopened %d queue(s): %s", len(self.queues), ", ".join(self.queues))
+
+    def _read_info(self, conf: Path) -> QueueInfo:
+        """A durable queue's settings; with --repair, the server's defaults in place of a damaged file."""
+        name = conf.parent.name
+        try:
+            info = QueueInfo(**json.loads(conf.read_text()))
+            if info.name != name or not info.durable:
+                raise ValueError(f"it names {'queue ' + repr(info.name) if info.name != name else 'a transient queue'}")
+            return info
+        except (ValueError, TypeError, UnicodeDecodeError) as e:
+            if not self.repair:
+                raise ConveyorError(f"{conf} is damaged ({type(e).__name__}: {e})") from None
+            d = self.defaults
+            info = QueueInfo(name, True, float(d.lease_s), int(d.max_attempts), d.fsync)
+            aside = conf.with_name(f"{conf.name}.damaged-{int(time.time())}")
+            os.replace(conf, aside)
+            write_atomically(conf, json.dumps(asdict(info)).encode())
+            log.warning("%s was damaged (%s: %s): queue %r reopened with the server's defaults %s; original kept as %s",
+                        conf, type(e).__name__, e, name, info, aside.name)  # fmt: skip
+            return info
 
     def _open(self, info: QueueInfo) -> HostedQueue:
         if not info.durable:

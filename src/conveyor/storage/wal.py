@@ -109,7 +109,11 @@ class IndexLog:
         data = self.file.read_bytes()
         hs = INDEX_HEADER.size
         if len(data) < hs:
-            raise CorruptStoreError(str(self.file), 0, "shorter than the index header")
+            if not repair:
+                raise CorruptStoreError(str(self.file), 0, "shorter than the index header")
+            self._move_aside(len(data) // _REC, [])
+            self._create(Header(), b"")
+            return np.zeros(0, INDEX_DTYPE)
         magic, version, base, next_id, acked, failed, crc = INDEX_HEADER.unpack_from(data, 0)
         header_ok = magic == INDEX_MAGIC and version == INDEX_VERSION and crc == zlib.crc32(data[: hs - 4])
         if not header_ok and not repair:
