@@ -74,11 +74,59 @@ def test_results_as_tuples_values_and_the_wrong_shape(spark: SparkSession, pool:
     assert len(rows) == 20
     [bad] = [r for r in rows if r["_error"] is not None]
     assert "does not fit the schema" in bad["_error"] and bad["n"] is None
+    assert json.loads(bad["_input"]) == {"n": 3, "word": "w3"}  # which input row it was
 
 
 def test_schema_columns_may_not_clash(spark: SparkSession, pool: QueuePool) -> None:
     with pytest.raises(ValueError, match=r"clash with the columns map adds"):
         cs.map(spark.range(3), lambda r: r, schema="_id long", pool=pool)
+
+
+def test_dict_results_must_have_the_schema_keys(spark: SparkSession, pool: QueuePool) -> None:
+    df = spark.createDataFrame([(i,) for i in range(6)], "n long")
+    out = cs.map(df, lambda r: {"n": r["n"], "W": 1} if r["n"] == 1 else {"n": r["n"]} if r["n"] == 2 else {"n": r["n"], "w": 2},
+                 schema="n long, w long", pool=pool, progress=False)  # fmt: skip
+    rows = {r["_input"] and json.loads(r["_input"])["n"]: r for r in out.collect() if r["_error"]}
+    assert sorted(rows) == [1, 2]
+    assert "unknown keys ['W']" in rows[1]["_error"] and "no value for ['w']" in rows[1]["_error"]
+    assert "no value for ['w']" in rows[2]["_error"] and rows[2]["w"] is None
+
+
+@pytest.mark.parametrize(("kw", "error"), [
+    ({"func": 42}, r"func must be callable"),
+    ({"max_retries": -1}, r"max_retries must be an integer >= 0"),
+    ({"n_consumers": 0}, r"n_consumers must be an integer >= 1"),
+    ({"max_concurrency": 0}, r"max_concurrency must be an integer >= 1"),
+    ({"time_limit": 0}, r"time_limit must be a number of seconds > 0"),
+    ({"concurrency": "fibers"}, r"concurrency must be 'thread' or 'process'"),
+])  # fmt: skip
+def test_bad_arguments_are_refused_before_any_work(spark: SparkSession, pool: QueuePool, kw: dict[str, Any],
+                                                   error: str) -> None:  # fmt: skip
+    before = set(pool.stats())
+    args: dict[str, Any] = {"func": lambda r: r["id"], "schema": "id long", "pool": pool, **kw}
+    with pytest.raises((TypeError, ValueError), match=error):
+        cs.map(spark.range(3), args.pop("func"), **args)
+    assert set(pool.stats()) == before  # no queue declared
+
+
+def test_a_time_limit_sends_rows_one_to_a_message(spark: SparkSession, pool: QueuePool) -> None:
+    out = cs.map(spark.range(12), lambda r: r["id"], schema="id long", pool=pool, time_limit=30, progress=False)
+    assert len({r["_id"] for r in out.collect()}) == 12
+    assert cs.mapping.last_stats is not None
+    pool.drop(cs.mapping.last_stats.queue)
+
+
+def test_workers_python_that_cannot_import_conveyor_is_named_with_the_remedy(tmp_path: Path) -> None:
+    import sys
+
+    from conveyor.spark.session import workers_python_error
+
+    assert workers_python_error(sys.executable) is None
+    bare = tmp_path / "python-without-site"  # the interpreter without its site-packages: no conveyor
+    bare.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    bare.chmod(0o755)
+    error = workers_python_error(str(bare))
+    assert error is not None and "cannot import conveyor" in error and f"PYSPARK_PYTHON={sys.executable}" in error
 
 
 def killer(marker: str) -> Callable[[dict[str, Any]], dict[str, Any]]:

@@ -32,6 +32,7 @@ from ..errors import ConveyorError
 from ..message import Message
 from ..worker.consumer_pool import CONSUMER_SWITCH_INTERVAL_S
 from ..worker.settings import QueueConfig
+from .session import check_workers_python
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -132,9 +133,9 @@ class SparkConsumerPool:
                  then: tuple[StructType, Epilogue] | None = None) -> None:  # fmt: skip
         self.spark = spark
         self.pool = pool
-        self.n_consumers = n_consumers or default_parallelism(spark)
-        if self.n_consumers < 1:
-            raise ValueError(f"n_consumers must be >= 1, got {n_consumers}")
+        check_consumer_options(n_consumers, max_concurrency, batch_size, concurrency)
+        self.n_consumers = default_parallelism(spark) if n_consumers is None else n_consumers
+        check_workers_python(spark)
         self.queues = list(queues)
         names = ", ".join(q if isinstance(q, str) else q.name for q in self.queues)
         self.options = {"batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency,
@@ -229,6 +230,15 @@ class SparkConsumerPool:
         self.pool.put_blob(STOP_PREFIX + self.job.encode())  # its key: _key(STOP_PREFIX, job)
         if wait and self._thread is not None:
             self.join(timeout)
+
+
+def check_consumer_options(n_consumers: int | None, max_concurrency: int, batch_size: int | None, concurrency: str) -> None:
+    """Refuse bad consumer settings here, on the driver, rather than in every Spark task."""
+    for name, value in (("n_consumers", n_consumers), ("max_concurrency", max_concurrency), ("batch_size", batch_size)):
+        if value is not None and (type(value) is not int or value < 1):
+            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+    if concurrency not in ("thread", "process"):
+        raise ValueError(f"concurrency must be 'thread' or 'process', got {concurrency!r}")
 
 
 def default_parallelism(spark: SparkSession) -> int:

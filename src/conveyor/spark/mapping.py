@@ -39,7 +39,8 @@ from ..options import TaskOptions
 from ..progress import JoinProgress
 from ..publish import build_message
 from ..serialization import adhoc_task_name, decode_call, decode_result, function_ref
-from .consumers import SparkConsumerPool, default_parallelism
+from .consumers import SparkConsumerPool, check_consumer_options, default_parallelism
+from .session import check_workers_python
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -58,28 +59,54 @@ MAX_ROWS_PER_MESSAGE = 1000
 class RowRunner:
     """The task of one message: `func` over its rows, each tried up to 1 + max_retries times.
 
-    Returns one outcome per row: [True, value] or [False, error text, the input row as JSON]. A
-    row's failure never fails its neighbours; the message itself fails only if its worker dies or
-    it runs over its time limit.
+    Returns one outcome per row: [True, output row as a dict] or [False, error text, the input row
+    as JSON]. A result that does not fit `schema` fails its row here, where the input is at hand.
+    A row's failure never fails its neighbours; the message itself fails only if its worker dies
+    or it runs over its time limit.
     """
 
-    def __init__(self, func: Callable[[dict[str, Any]], Any], max_retries: int) -> None:
+    def __init__(self, func: Callable[[dict[str, Any]], Any], max_retries: int, schema: pa.Schema) -> None:
         self.func = func
         self.max_retries = max_retries
+        self.schema = schema
 
     def __call__(self, rows: list[dict[str, Any]]) -> list[list[Any]]:
         from ..serialization import encode_error
 
+        names = self.schema.names
         out: list[list[Any]] = []
         for row in rows:
             for attempt in range(self.max_retries + 1):
                 try:
-                    out.append([True, self.func(row)])
-                    break
+                    value = self.func(row)
                 except Exception as e:
                     if attempt == self.max_retries:
                         out.append([False, encode_error(e), json.dumps(row, default=str)])
+                    continue
+                try:
+                    out.append([True, _row(value, names)])
+                except ConveyorError as e:
+                    out.append([False, str(e), json.dumps(row, default=str)])
+                break
+        for k in _misfits([o[1] for o in out if o[0]], self.schema):
+            j = [i for i, o in enumerate(out) if o[0]][k]
+            out[j] = [False, f"map: the result {out[j][1]!r:.200} does not fit the schema {self.schema}",
+                      json.dumps(rows[j], default=str)]  # fmt: skip
         return out
+
+
+def _misfits(rows: list[dict[str, Any]], schema: pa.Schema) -> list[int]:
+    """Positions of the rows that do not convert to `schema` (one conversion when they all do)."""
+    import pyarrow as pa
+
+    def fits(batch: list[dict[str, Any]]) -> bool:
+        try:
+            pa.RecordBatch.from_pylist(batch, schema=schema)
+            return True
+        except (pa.ArrowException, TypeError, ValueError, OverflowError):
+            return False
+
+    return [] if fits(rows) else [k for k, row in enumerate(rows) if not fits([row])]
 
 
 @dataclass(frozen=True)
@@ -102,7 +129,7 @@ last_stats: MapStats | None = None
 def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType,
         pool: QueuePool | None = None, n_consumers: int | None = None, batch_size: int | None = None,
         max_concurrency: int = 8, concurrency: Literal["thread", "process"] = "thread", max_retries: int = 3,
-        time_limit: float | None = None, lease_s: float = 60.0, rows_per_message: int = 8,
+        time_limit: float | None = None, lease_s: float = 60.0, rows_per_message: int | None = None,
         progress: bool | None = None) -> DataFrame:  # fmt: skip
     """Apply `func` to every row of `df` through the queue; returns the results as a DataFrame.
 
@@ -113,23 +140,38 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         started for this call (on the driver's host: for local Spark only) and stopped after it.
     n_consumers, batch_size, max_concurrency, concurrency: the consumers (see `SparkConsumerPool`).
     max_retries: a row that raises is run again, up to this many times, then reported.
-    time_limit: seconds a row may take (its message gets rows_per_message times as long).
+    time_limit: seconds a row may take; a row over it fails (and is retried). The limit holds a
+        message, so with it rows travel one to a message unless `rows_per_message` is given: then
+        a message of k rows gets k * time_limit, and running over fails all its rows.
     lease_s: the queue's lease (extended while a message runs): rows held by a consumer that died
         come back after at most this long.
-    rows_per_message: at most this many rows travel and run together (on one worker; an Arrow batch
-        is dealt out over its messages like cards, so costly neighbours spread out). Balancing is
-        at this grain; each message costs the queue the same, so a few rows per message cut its
-        overhead per row. Use 1 for rows that take seconds, more (up to 1,000) for tiny ones.
+    rows_per_message: at most this many rows travel and run together (default 8; 1 with a
+        `time_limit`). They run on one worker; an Arrow batch is dealt out over its messages like
+        cards, so costly neighbours spread out. Balancing is at this grain; each message costs the
+        queue the same, so a few rows per message cut its overhead per row. Use 1 for rows that
+        take seconds, more (up to 1,000) for tiny ones.
     progress: a progress bar while the rows are processed (default: when stderr is a terminal).
     """
     import pyarrow as pa  # noqa: F401 - fail early, here, if it is missing
     from pyspark.sql import SparkSession
+    from pyspark.sql.pandas.types import to_arrow_schema
 
     global last_stats
-    if not 1 <= rows_per_message <= MAX_ROWS_PER_MESSAGE:
-        raise ValueError(f"map: rows_per_message must be in 1..{MAX_ROWS_PER_MESSAGE}, got {rows_per_message}")
+    if not callable(func):
+        raise TypeError(f"map: func must be callable (it gets each row as a dict), got {type(func).__name__}")
+    if rows_per_message is None:
+        rows_per_message = 8 if time_limit is None else 1
+    if type(rows_per_message) is not int or not 1 <= rows_per_message <= MAX_ROWS_PER_MESSAGE:
+        raise ValueError(f"map: rows_per_message must be an integer in 1..{MAX_ROWS_PER_MESSAGE}, got {rows_per_message!r}")
+    if type(max_retries) is not int or max_retries < 0:
+        raise ValueError(f"map: max_retries must be an integer >= 0, got {max_retries!r}")
+    for name, value in (("time_limit", time_limit), ("lease_s", lease_s)):
+        if value is not None and not (isinstance(value, (int, float)) and value > 0):
+            raise ValueError(f"map: {name} must be a number of seconds > 0, got {value!r}")
+    check_consumer_options(n_consumers, max_concurrency, batch_size, concurrency)
     spark: SparkSession = df.sparkSession
     out_schema = _output_schema(spark, schema)
+    check_workers_python(spark)
     with ExitStack() as stack:
         ephemeral = pool is None and _embedded() is None  # servers that stop when map returns
         if pool is None:
@@ -140,12 +182,12 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         # a message is delivered again only when its worker died or it ran over its time limit
         opts = TaskOptions(queue=queue, time_limit=None if time_limit is None else time_limit * rows_per_message,
                            max_retries=max_retries)  # fmt: skip
-        ref = function_ref(RowRunner(func, max_retries))
+        ref = function_ref(RowRunner(func, max_retries, to_arrow_schema(out_schema)))
         pool.put_blob(ref.data)
 
         t0 = time.time()
         put_rows = _putter(pool, queue, job, adhoc_task_name(ref.digest), opts, rows_per_message)
-        n = n_consumers or default_parallelism(spark)
+        n = default_parallelism(spark) if n_consumers is None else n_consumers
         options: dict[str, Any] = {"queues": [queue], "batch_size": batch_size, "max_concurrency": max_concurrency,
                                    "concurrency": concurrency}  # fmt: skip
         if _partitions(df) >= n:
@@ -368,7 +410,13 @@ def _batch(rows: list[dict[str, Any]], arrow: pa.Schema, names: list[str]) -> pa
 
 def _row(value: Any, names: list[str]) -> dict[str, Any]:
     if isinstance(value, dict):
-        return {n: value.get(n) for n in names}
+        if value.keys() != set(names):
+            unknown = [k for k in value if k not in names]
+            missing = [n for n in names if n not in value]
+            raise ConveyorError(f"map: func returned a dict that does not fit the columns {names}: "
+                                + "; ".join([*([f"unknown keys {unknown}"] if unknown else []),
+                                             *([f"no value for {missing}"] if missing else [])]))  # fmt: skip
+        return {n: value[n] for n in names}
     if isinstance(value, (tuple, list)):
         if len(value) != len(names):
             raise ConveyorError(f"map: func returned {len(value)} values for the {len(names)} columns {names}")

@@ -63,3 +63,51 @@ def _python() -> str:
     import sys
 
     return sys.executable
+
+
+_CHECKED: set[str] = set()
+
+
+def check_workers_python(spark: SparkSession) -> None:
+    """Fail early, with the remedy, when a local session's Python workers cannot import conveyor.
+
+    Spark starts its Python workers with PYSPARK_PYTHON (default `python3` on the PATH), not the
+    driver's interpreter: with a venv that is not activated, every task would fail with a wall of
+    ModuleNotFoundError traces. Only local masters are checked: there the workers are children of
+    this machine's JVM, which has this process's environment. `conveyor.local()` sets it right.
+    """
+    try:
+        master = spark.sparkContext.master
+        exe = spark.sparkContext.pythonExec
+    except Exception:  # Spark Connect: no SparkContext, and the workers are elsewhere
+        return
+    if master.startswith("local") and exe not in _CHECKED:
+        error = workers_python_error(exe)
+        if error:
+            from ..errors import ConveyorError
+
+            raise ConveyorError(error)
+        _CHECKED.add(exe)
+
+
+def workers_python_error(exe: str) -> str | None:
+    """Why Python workers started as `exe` could not run conveyor's tasks; None if they can."""
+    import subprocess
+
+    if os.path.realpath(_which(exe)) == os.path.realpath(_python()):
+        return None
+    try:
+        probe = subprocess.run([exe, "-c", "import conveyor"], capture_output=True, text=True, timeout=60)
+        why = None if probe.returncode == 0 else (probe.stderr.strip().splitlines() or ["it did not start"])[-1]
+    except OSError as e:
+        why = str(e)
+    if why is None:
+        return None
+    return (f"Spark's Python workers run {exe!r}, which cannot import conveyor ({why}). Set PYSPARK_PYTHON={_python()} "
+            "before the Spark session is created, or use conveyor.local()")  # fmt: skip
+
+
+def _which(exe: str) -> str:
+    import shutil
+
+    return shutil.which(exe) or exe
