@@ -109,6 +109,16 @@ def test_bad_arguments_are_refused_before_any_work(spark: SparkSession, pool: Qu
     assert set(pool.stats()) == before  # no queue declared
 
 
+def test_more_consumers_than_task_slots_still_ends(spark: SparkSession, pool: QueuePool,
+                                                   caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    """In one job, consumers wait for every task to have put its rows: tasks without a slot never would."""
+    n = spark.sparkContext.defaultParallelism + 1
+    out = cs.map(spark.range(40, numPartitions=8), lambda r: r["id"], schema="id long", pool=pool, n_consumers=n,
+                 progress=False)  # fmt: skip
+    assert sorted(r["id"] for r in out.collect()) == list(range(40))
+    assert any(f"{n} consumers but {n - 1} Spark task slots" in r.getMessage() for r in caplog.records)
+
+
 def test_a_time_limit_sends_rows_one_to_a_message(spark: SparkSession, pool: QueuePool) -> None:
     out = cs.map(spark.range(12), lambda r: r["id"], schema="id long", pool=pool, time_limit=30, progress=False)
     assert len({r["_id"] for r in out.collect()}) == 12

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from .workloads import busy, documents
@@ -79,7 +80,7 @@ def _pages_frame(spark: Any, n_pages: int, scale: float) -> tuple[Any, float, in
     return frame.repartitionByRange(INPUT_PARTITIONS, "doc").sortWithinPartitions("doc", "page").cache(), work, damaged
 
 
-def _plain(spark: Any, pages: Any, workers: int, work_s: float) -> Run:
+def _plain(spark: Any, pages: Any, workers: int, work_s: float, console: Console) -> Run:
     """The same job with plain Spark: each static partition runs its pages in turn."""
     import pandas as pd
 
@@ -94,9 +95,10 @@ def _plain(spark: Any, pages: Any, workers: int, work_s: float) -> Run:
             yield pd.DataFrame(out, columns=["doc", "page", "words", "seconds"])
 
     t0 = time.perf_counter()
-    done = pages.mapInPandas(run, PAGE_SCHEMA).cache()
-    docs = done.groupBy("doc").agg({"words": "sum"}).count()
-    failed = done.where("words IS NULL").count()
+    with _SparkTasks(spark, console, "plain Spark: tasks"):
+        done = pages.mapInPandas(run, PAGE_SCHEMA).cache()
+        docs = done.groupBy("doc").agg({"words": "sum"}).count()
+        failed = done.where("words IS NULL").count()
     makespan = time.perf_counter() - t0
     n = done.count()
     done.unpersist()
@@ -132,6 +134,39 @@ def _conveyor(spark: Any, pages: Any, workers: int, work_s: float, kill: bool, c
         killer.stop.set()
         note += f"; consumer pid {killer.killed} killed midway" if killer.killed else "; (no consumer to kill)"
     return Run("conveyor.spark.map", done.count(), docs, failed, work_s, makespan, workers, note)
+
+
+class _SparkTasks:
+    """A progress bar of the Spark tasks finished in the running stages (on a terminal only)."""
+
+    def __init__(self, spark: Any, console: Console, description: str) -> None:
+        self.tracker = spark.sparkContext.statusTracker()
+        self.progress = Progress(TextColumn(description), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 console=console, disable=not console.is_terminal)  # fmt: skip
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._poll, name="conveyor-demo-progress", daemon=True)
+
+    def _poll(self) -> None:
+        task = self.progress.add_task("", total=None)
+        while not self.stop.wait(0.25):
+            try:
+                stages = [self.tracker.getStageInfo(s) for s in self.tracker.getActiveStageIds()]
+            except Exception:  # the display must never fail the job
+                continue
+            stages = [s for s in stages if s is not None]
+            if stages:
+                self.progress.update(task, completed=sum(s.numCompletedTasks for s in stages),
+                                     total=sum(s.numTasks for s in stages))  # fmt: skip
+
+    def __enter__(self) -> _SparkTasks:
+        self.progress.start()
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.progress.stop()
 
 
 class _Killer(threading.Thread):
@@ -172,7 +207,10 @@ def run_demo(pages: int, workers: int | None, kill: bool, console: Console, scal
     console.print("starting the embedded Spark session and queue servers ...")
     with conveyor.local() as env:
         spark = env.spark
-        n_workers = workers or int(spark.sparkContext.defaultParallelism)
+        slots = int(spark.sparkContext.defaultParallelism)
+        n_workers = min(workers or slots, slots)
+        if n_workers != (workers or slots):  # more would wait for a slot, and hold up the others' end
+            console.print(f"--workers {workers}: local Spark has {slots} task slots on this machine; using {slots}")
         frame, work_s, damaged = _pages_frame(spark, pages, scale)
         frame.count()  # built once, before either timing
         # start the executors' Python workers, so that neither run pays for them
@@ -180,7 +218,7 @@ def run_demo(pages: int, workers: int | None, kill: bool, console: Console, scal
         console.print(f"corpus: {pages:,} pages ({damaged} damaged), {work_s:.1f} s of work, {n_workers} workers")
         runs = [_conveyor(spark, frame, n_workers, work_s, kill, console)]
         console.print("now the same with plain Spark ...")
-        runs.append(_plain(spark, frame, n_workers, work_s))
+        runs.append(_plain(spark, frame, n_workers, work_s, console))
     return runs
 
 

@@ -187,10 +187,15 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
 
         t0 = time.time()
         put_rows = _putter(pool, queue, job, adhoc_task_name(ref.digest), opts, rows_per_message)
-        n = default_parallelism(spark) if n_consumers is None else n_consumers
+        slots = default_parallelism(spark)
+        n = slots if n_consumers is None else n_consumers
+        if n > slots:
+            log.warning("map: %d consumers but %d Spark task slots: the consumers beyond them start only as others end",
+                        n, slots)  # fmt: skip
         options: dict[str, Any] = {"queues": [queue], "batch_size": batch_size, "max_concurrency": max_concurrency,
                                    "concurrency": concurrency}  # fmt: skip
-        if _partitions(df) >= n:
+        # in one job, a consumer waits for every task to have put its rows: all n must run at once
+        if n <= _partitions(df) and n <= slots:
             # one Spark job: each of n tasks puts its share of the rows on the queue, consumes, and
             # once the queue is drained reads the results of its share of the servers
             shards = len(pool)
