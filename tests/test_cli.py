@@ -7,6 +7,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -126,3 +127,40 @@ def test_worker_command_reports_a_missing_task_module() -> None:
     cmd = [sys.executable, "-m", "conveyor", "worker", "--connect", "tcp://127.0.0.1:1", "--tasks", "no.such.module"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "no.such.module" in out.stderr
+
+
+def conveyor(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    """Run the `conveyor` command from the repository's directory (where `tests.worker_tasks` imports)."""
+    kw.setdefault("cwd", ROOT)
+    return subprocess.run([sys.executable, "-m", "conveyor", *args], capture_output=True, text=True,
+                          timeout=kw.pop("timeout", 120), **kw)  # fmt: skip
+
+
+def test_worker_without_task_modules_warns_and_dead_letters_can_be_requeued(tmp_path: Path) -> None:
+    from conveyor.pool import QueuePool
+    from conveyor.serialization import decode_result
+    from tests import worker_tasks as wt
+
+    with QueuePool.local(n_servers=2, data_dir=tmp_path) as pool:
+        wt.add.publish_many([(i, 1) for i in range(20)], _pool=pool)
+        connect = ",".join(pool.addresses)
+        out = conveyor("worker", "--connect", connect, "--queues", "jobs", "--until-empty")
+        assert out.returncode == 0, out.stderr
+        assert "warning" in out.stderr and "no task modules (--tasks MODULE" in out.stderr
+        assert "only ad-hoc callables" in out.stderr
+        dead = pool.dead_letters("jobs")
+        assert len(dead) == 20 and all(d.message.attempts == 1 for d in dead)  # unknown: no retry can mend it
+        assert "conveyor worker --tasks MODULE" in dead[0].error and "unknown task 'tests.worker_tasks.add'" in dead[0].error
+        out = conveyor("dead-letters", "--connect", connect, "--queue", "jobs", "--requeue", input="n\n")
+        assert out.returncode == 1 and "Put 20 dead letter(s) of 'jobs' back" in out.stderr and "Aborted" in out.stderr
+        assert len(pool.dead_letters("jobs")) == 20  # asked first; kept
+        out = conveyor("dead-letters", "--connect", connect, "--queue", "jobs", "--requeue", "--yes")
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip() == "jobs: requeued 20 dead letter(s)" and pool.dead_letters("jobs") == []
+        out = conveyor("worker", "--connect", connect, "--queues", "jobs", "--tasks", "tests.worker_tasks", "--until-empty")
+        assert out.returncode == 0, out.stderr
+        assert "warning" not in out.stderr and "processed 20," in out.stderr
+        assert sorted(decode_result(r) for _, r in pool.results("jobs")) == [i + 1 for i in range(20)]
+        assert pool.dead_letters("jobs") == []
+        out = conveyor("dead-letters", "--connect", connect, "--queue", "jobs", "--requeue")
+        assert out.returncode == 0 and out.stdout.strip() == "jobs: no dead letters"

@@ -98,6 +98,40 @@ def test_long_poll_across_shards(pool: QueuePool, queue: str) -> None:
     assert time.monotonic() - t0 >= 0.59
 
 
+def get_all(pool: QueuePool, queue: str, n: int) -> list[Message]:
+    """Exactly `n` messages, from whichever shards hold them (a get serves one shard at a time)."""
+    got: list[Message] = []
+    wait_for(lambda: got.extend(pool.get(queue, n - len(got))) or len(got) == n, what=f"{n} messages")
+    return got
+
+
+def test_requeue_dead_letters_puts_them_back_on_their_shards_with_fresh_attempts(pool: QueuePool, queue: str) -> None:
+    ms = [Message(payload=b"d%d" % i, priority=i % 3, max_attempts=4, headers={"task": "t", "key": f"k{i}"})
+          for i in range(6)]  # fmt: skip
+    ids = pool.put(queue, ms)
+    assert {pool.split_id(i)[0] for i in ids} == {0, 1}  # keys spread them over both shards
+    got = get_all(pool, queue, 6)
+    pool.nack(queue, [m.id for m in got], [f"error {m.id}" for m in got], final=True)
+    dead = {d.message.id: d.message for d in pool.dead_letters(queue)}
+    assert sorted(dead) == sorted(ids)
+    pick = [ids[0], ids[1], 12345]  # an id that is no dead letter is skipped
+    assert pool.requeue_dead_letters(queue, pick) == 2
+    assert sorted(d.message.id for d in pool.dead_letters(queue)) == sorted(ids[2:])
+    back = get_all(pool, queue, 2)
+    assert not set(ids) & {m.id for m in back}  # new ids
+    for m in back:
+        old = next(d for d in dead.values() if d.payload == m.payload)
+        assert pool.split_id(m.id)[0] == pool.split_id(old.id)[0]  # on the shard it died on
+        assert (m.priority, m.max_attempts, m.attempts) == (old.priority, 4, 1)
+        assert m.headers == {"task": "t"}  # the key would make the server take it for the dead one
+    pool.ack(queue, [m.id for m in back])
+    assert pool.requeue_dead_letters(queue) == 4 and pool.dead_letters(queue) == []
+    assert sorted(m.payload for m in get_all(pool, queue, 4)) == [b"d2", b"d3", b"d4", b"d5"]
+    assert pool.requeue_dead_letters(queue) == 0
+    with pytest.raises(ValueError, match="names shard 5"):
+        pool.requeue_dead_letters(queue, [5 << SHARD_SHIFT])
+
+
 def test_ids_from_another_pool_size_are_refused(pool: QueuePool, queue: str) -> None:
     with pytest.raises(ValueError, match="names shard 5, but this pool has 2"):
         pool.ack(queue, [5 << SHARD_SHIFT | 1])

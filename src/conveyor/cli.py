@@ -140,14 +140,30 @@ def stats(addresses: tuple[str, ...], token: str | None, queue: str | None, per_
 @_connect_option
 @click.option("--queue", required=True, help="The queue whose dead letters to list.")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1), help="Show at most this many.")
-def dead_letters(addresses: tuple[str, ...], token: str | None, queue: str, limit: int) -> None:
-    """List a queue's dead letters: id, attempts, when and why they failed, and a payload preview."""
+@click.option("--requeue", is_flag=True,
+              help="Put every dead letter of the queue back on it (fresh attempts), then forget them.")  # fmt: skip
+@click.option("--yes", is_flag=True, help="With --requeue: do not ask first.")
+def dead_letters(addresses: tuple[str, ...], token: str | None, queue: str, limit: int, requeue: bool, yes: bool) -> None:
+    """List a queue's dead letters: id, attempts, when and why they failed, and a payload preview.
+
+    With --requeue, put them back on the queue instead (for a worker that lacked a task module,
+    say); a crash midway can leave a message both requeued and still a dead letter.
+    """
     from .errors import ConveyorError
     from .report import dead_letter_table
 
     with _pool(addresses, token) as pool:
         try:
-            Console().print(dead_letter_table(pool, queue, limit))
+            if not requeue:
+                Console().print(dead_letter_table(pool, queue, limit))
+                return
+            n = len(pool.dead_letters(queue))
+            if n == 0:
+                click.echo(f"{queue}: no dead letters")
+                return
+            if not yes:
+                click.confirm(f"Put {n:,} dead letter(s) of {queue!r} back on the queue?", abort=True, err=True)
+            click.echo(f"{queue}: requeued {pool.requeue_dead_letters(queue):,} dead letter(s)")
         except ConveyorError as e:
             raise click.ClickException(str(e)) from None
 
@@ -219,6 +235,10 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
         console = Console(stderr=True)
         console.print(f"[bold]conveyor worker[/]: {processes} consumer(s) x {concurrency} {mode}(s) on {names} "
                       f"from {', '.join(pool.addresses)}")  # fmt: skip
+        if not modules:  # said up front: otherwise every named task's message ends in the dead letters
+            console.print("[yellow]warning[/]: no task modules (--tasks MODULE, or TASK_MODULES in the settings module): "
+                          "only ad-hoc callables (pool.submit, pool.map, which travel cloudpickled) can run; "
+                          "messages of named tasks will fail as unknown tasks and go to the dead letters")  # fmt: skip
         if processes == 1:
             own_process()
             consumer = Consumer(pool, queues, batch_size=batch_size, max_concurrency=concurrency, concurrency=mode,  # type: ignore[arg-type]

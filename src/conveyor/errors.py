@@ -117,7 +117,8 @@ class UnknownTaskError(ConveyorError, LookupError):
         shown = ", ".join(registered[:20]) + (f", ... ({len(registered) - 20} more)" if len(registered) > 20 else "")
         super().__init__(
             f"unknown task {name!r}{hint}; registered: {shown or '(none)'}. "
-            "Import the module that defines it in the worker (settings TASK_MODULES)"
+            "Import the module that defines it in the worker (`conveyor worker --tasks MODULE`, "
+            "task_modules=[...], or settings TASK_MODULES)"
         )
 
 

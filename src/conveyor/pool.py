@@ -373,6 +373,40 @@ class QueuePool(PoolTasks):
                 after = page[-1].message.id
         return out
 
+    def requeue_dead_letters(self, queue: str, ids: Sequence[int] | None = None) -> int:
+        """Put dead letters of `queue` (default all; else those of the pool-wide `ids` that are dead
+        letters) back on the queue, then forget them; returns how many were put back.
+
+        Each goes back to the shard it died on as a new message (a new id) with its payload,
+        headers, priority and max_attempts, and fresh attempts. Its idempotency key is dropped:
+        the server would take the message for the dead one and store nothing. Not atomic: a crash
+        between the put and the forget leaves a message both requeued and still a dead letter, and
+        requeueing again would put it twice (at-least-once, like every delivery).
+        """
+        wanted: dict[int, set[int]] | None = None
+        if ids is not None:
+            wanted = {s: {ids[k] & LOCAL_MASK for k in pos} for s, pos in self._by_shard(ids).items()}
+        n = 0
+        for s in self._shards_with(queue) if wanted is None else sorted(wanted):
+            client, local = self.clients[s], None if wanted is None else wanted[s]
+            # ids only grow: a dead letter at or above the first id put here is one of ours that
+            # died again meanwhile (a worker still failing it), not one to requeue in this pass
+            after, first_new = 0, None
+            while page := client.dead_letters(queue, after):
+                after = page[-1].message.id
+                dead = [d.message for d in page if (local is None or d.message.id in local)
+                        and (first_new is None or d.message.id < first_new)]  # fmt: skip
+                if dead:
+                    new = client.put(queue, [_fresh(m) for m in dead])
+                    first_new = min(new) if first_new is None else first_new
+                    client.forget(queue, [m.id for m in dead])
+                    n += len(dead)
+                    if local is not None:
+                        local -= {m.id for m in dead}
+                if (first_new is not None and after >= first_new) or local == set():
+                    break
+        return n
+
     def put_blob(self, data: bytes) -> str:
         """Store bytes on every shard (so any consumer finds them); returns the sha256 key."""
         return self._everywhere(calls.put_blob(data))[0]
@@ -458,3 +492,10 @@ def _summed(shards: Iterable[dict[str, QueueStats]]) -> dict[str, QueueStats]:
         for q, st in per.items():
             out[q] = out[q] + st if q in out else st
     return out
+
+
+def _fresh(m: Message) -> Message:
+    """A dead message as a new one to put: same payload, headers (less the idempotency key),
+    priority and max_attempts; the store gives it a new id and fresh attempts."""
+    headers = {k: v for k, v in m.headers.items() if k != H_IDEMPOTENCY_KEY}
+    return Message(queue=m.queue, payload=m.payload, priority=m.priority, max_attempts=m.max_attempts, headers=headers)
