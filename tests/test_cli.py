@@ -164,3 +164,9 @@ def test_worker_without_task_modules_warns_and_dead_letters_can_be_requeued(tmp_
         assert pool.dead_letters("jobs") == []
         out = conveyor("dead-letters", "--connect", connect, "--queue", "jobs", "--requeue")
         assert out.returncode == 0 and out.stdout.strip() == "jobs: no dead letters"
+
+
+def test_worker_refuses_both_a_queue_yaml_and_queue_names(tmp_path: Path) -> None:
+    (tmp_path / "q.yaml").write_text("images:\n  priority: 10\n")
+    out = conveyor("worker", "--connect", "tcp://127.0.0.1:1", "--queues-config", str(tmp_path / "q.yaml"), "--queues", "nothing")
+    assert out.returncode == 2 and "--queues-config or --queues, not both" in out.stderr

@@ -195,7 +195,7 @@ def drop(addresses: tuple[str, ...], token: str | None, queues: tuple[str, ...],
 @click.option("--tasks", "task_modules", multiple=True, help="A module to import so its tasks register (repeat it).")
 @click.option("--queues-config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Queue YAML in ndkale's format (default: the settings module's QUEUE_CONFIG).")  # fmt: skip
-@click.option("--queues", "queue_names", default=None, help="Comma-separated queue names, when there is no queue YAML.")
+@click.option("--queues", "queue_names", default=None, help="Comma-separated queue names, instead of a queue YAML.")
 @click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1), help="Tasks one consumer runs at once.")
 @click.option("--pool", "mode", type=click.Choice(["thread", "process"]), default="thread", show_default=True,
               help="Run tasks in threads, or in child processes (CPU-bound work; over its time limit, killed).")  # fmt: skip
@@ -215,6 +215,8 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
     from .worker.consumer import Consumer
     from .worker.consumer_pool import own_process
 
+    if queues_config is not None and queue_names is not None:  # which one would win is a guess: say so
+        raise click.UsageError("give --queues-config or --queues, not both (the YAML names its queues)")
     try:
         settings = load_settings()
         modules = [*settings.task_modules, *task_modules]
