@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -170,3 +172,32 @@ def test_worker_refuses_both_a_queue_yaml_and_queue_names(tmp_path: Path) -> Non
     (tmp_path / "q.yaml").write_text("images:\n  priority: 10\n")
     out = conveyor("worker", "--connect", "tcp://127.0.0.1:1", "--queues-config", str(tmp_path / "q.yaml"), "--queues", "nothing")
     assert out.returncode == 2 and "--queues-config or --queues, not both" in out.stderr
+
+
+@pytest.mark.parametrize("how", [[], ["--processes", "2", "--pool", "process"]], ids=["one-process", "children"])
+def test_worker_imports_task_modules_from_the_current_directory(tmp_path: Path, how: list[str]) -> None:
+    """As Celery's worker does: `--tasks myapp.tasks` from the project's directory imports, in the
+    worker and in its consumer and task processes, although `python -P` (like the console script)
+    leaves the current directory off sys.path."""
+    from conveyor import Message
+    from conveyor.constants import H_TASK
+    from conveyor.pool import QueuePool
+    from conveyor.serialization import decode_result, encode_call
+
+    project = tmp_path / "project"
+    (project / "myapp").mkdir(parents=True)
+    (project / "myapp" / "__init__.py").write_text("")
+    (project / "myapp" / "tasks.py").write_text(
+        "import conveyor\n\n\n@conveyor.task(queue='jobs')\ndef shout(s):\n    return s.upper()\n"
+    )
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    with QueuePool.local(n_servers=1, data_dir=tmp_path / "data") as pool:
+        payload, headers = encode_call("myapp.tasks.shout", ("hi",), {})
+        pool.put("jobs", [Message(payload=payload, headers={**headers, H_TASK: "myapp.tasks.shout"}) for _ in range(4)])
+        args = ["worker", "--connect", pool.addresses[0], "--queues", "jobs", "--until-empty", *how]
+        out = conveyor(*args, "--tasks", "myapp.tasks", cwd=project, env=env)
+        assert out.returncode == 0, out.stderr
+        assert [decode_result(r) for _, r in pool.results("jobs")] == ["HI"] * 4 and pool.dead_letters("jobs") == []
+        out = conveyor(*args, "--tasks", "myapp.nothing", cwd=project, env=env)
+        assert out.returncode == 1 and "cannot import task module 'myapp.nothing'" in out.stderr
+        assert "current directory" in out.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -217,6 +218,7 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
 
     if queues_config is not None and queue_names is not None:  # which one would win is a guess: say so
         raise click.UsageError("give --queues-config or --queues, not both (the YAML names its queues)")
+    _cwd_on_path()
     try:
         settings = load_settings()
         modules = [*settings.task_modules, *task_modules]
@@ -224,7 +226,8 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
             try:
                 importlib.import_module(m)
             except ImportError as e:
-                raise click.ClickException(f"cannot import task module {m!r}: {e} (is it on PYTHONPATH?)") from None
+                raise click.ClickException(f"cannot import task module {m!r}: {e} "
+                                           "(is it under the current directory, or on PYTHONPATH?)") from None  # fmt: skip
         if queues_config is not None:
             queues: list[Any] = load_queues(queues_config)
         elif queue_names:
@@ -277,6 +280,18 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
             cp.cancel()
     except ConveyorError as e:
         raise click.ClickException(str(e)) from None
+
+
+def _cwd_on_path() -> None:
+    """Make modules under the current directory importable, as Celery's worker does.
+
+    The console script puts its own directory first on sys.path, not the current one (nor does
+    `python -m` in safe-path mode), so `--tasks myapp.tasks` from the project's directory would not
+    import. Children (consumer and task processes) start with this sys.path too.
+    """
+    cwd = os.getcwd()
+    if not any(os.path.abspath(p or os.curdir) == cwd for p in sys.path):
+        sys.path.insert(0, cwd)
 
 
 def _wait_for_signal() -> None:
