@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -201,3 +202,29 @@ def test_worker_imports_task_modules_from_the_current_directory(tmp_path: Path, 
         out = conveyor(*args, "--tasks", "myapp.nothing", cwd=project, env=env)
         assert out.returncode == 1 and "cannot import task module 'myapp.nothing'" in out.stderr
         assert "current directory" in out.stderr
+
+
+@pytest.mark.parametrize("until_empty", [True, False], ids=["until-empty", "until-sigterm"])
+def test_worker_with_several_processes_prints_their_summed_counts(tmp_path: Path, until_empty: bool) -> None:
+    from conveyor.pool import QueuePool
+    from tests import worker_tasks as wt
+
+    with QueuePool.local(n_servers=2, data_dir=tmp_path) as pool:
+        handles = wt.add.publish_many([(i, 1) for i in range(40)], _pool=pool)
+        args = ["worker", "--connect", ",".join(pool.addresses), "--tasks", "tests.worker_tasks", "--queues", "jobs",
+                "--processes", "2", "--concurrency", "2"]  # fmt: skip
+        if until_empty:
+            out = conveyor(*args, "--until-empty")
+            assert out.returncode == 0, out.stderr
+            stderr = out.stderr
+        else:
+            proc = subprocess.Popen([sys.executable, "-m", "conveyor", *args], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+            try:
+                pool.join("jobs", timeout=60, progress=False)
+            finally:
+                proc.terminate()
+                _, stderr = proc.communicate(timeout=60)
+            assert proc.returncode == 0, stderr
+        assert pool.gather(handles) == [i + 1 for i in range(40)]
+        summary = stderr.strip().splitlines()[-1]  # stealing depends on timing
+        assert re.fullmatch(r"processed 40, failed 0 \(retried 0, dead 0\), timed out 0, stolen \d+", summary), stderr

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -213,6 +214,7 @@ def test_consumer_pool_results_and_failures(pool: QueuePool) -> None:
         st = cp.join(timeout=60, progress=False)
         results = dict(cp.results())
     assert st["jobs"].acked == 100 and st["jobs"].failed == 1
+    assert (cp.stats.processed, cp.stats.failed, cp.stats.dead) == (100, 1, 1)  # summed as the consumers stopped
     assert {results[h.id] for h in handles} == {2 * i for i in range(100)}
     assert isinstance(results[bad.id], TaskFailure) and "no retry can mend this" in str(results[bad.id])
     assert all(not p.is_alive() for p in cp.processes)
@@ -303,3 +305,46 @@ def test_publishing_with_a_key_twice_runs_the_task_once(pool: QueuePool) -> None
     assert a == b
     consume(pool)
     assert pool.stats("jobs")["jobs"].acked == 1 and pool.gather([a, b]) == [3, 3]
+
+
+SCRIPT = """
+import sys
+from conveyor.pool import QueuePool
+from conveyor.worker import Consumer, ConsumerPool
+
+def main():
+    with QueuePool.local(n_servers=1) as pool:
+        handles = pool.map(abs, [-1, -2, -3], queue="jobs")
+        if sys.argv[1] == "process-mode":
+            Consumer(pool, ["jobs"], max_concurrency=2, concurrency="process", until_empty=True).run()
+        else:
+            with ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=1) as workers:
+                workers.join(timeout=120, progress=False)
+                print("stats:", workers.stats.processed, "restarts:", workers.restarts)
+        print("results:", pool.gather(handles))
+"""
+
+
+@pytest.mark.parametrize("how", ["pool", "process-mode"])
+@pytest.mark.parametrize("guarded", [True, False], ids=["guarded", "unguarded"])
+def test_a_script_without_the_main_guard_fails_once_with_a_clear_error(tmp_path: Path, guarded: bool, how: str) -> None:
+    """Consumer processes, and the task processes of a consumer in process mode, import the main
+    module again: without the guard each one runs the script and dies before it starts. After a few
+    such deaths in a row the script fails, saying why, instead of restarting them forever; with the
+    guard the same script runs."""
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT + ('\nif __name__ == "__main__":\n    main()\n' if guarded else "\nmain()\n"))
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, timeout=180, cwd=tmp_path)
+    if guarded:
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "results: [1, 2, 3]" in out.stdout
+        assert how != "pool" or "stats: 3 restarts: 0" in out.stdout
+        return
+    assert out.returncode == 1 and "results:" not in out.stdout
+    what = "consumer process" if how == "pool" else "worker process"
+    assert re.search(f"{what} [0-9]* ?exited 3 times in a row before it started", out.stderr), out.stderr[-3000:]
+    assert 'without the `if __name__ == "__main__":` guard' in out.stderr
+    if how == "pool":  # each of the two consumers was restarted at most twice, then the pool gave up
+        assert 2 <= out.stderr.count("before it started; restarting it") <= 4
+    assert time.monotonic() - started < 90

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -265,8 +266,7 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
             finally:
                 if settings.on_worker_shutdown is not None:
                     settings.on_worker_shutdown()
-            console.print(f"processed {st.processed:,}, failed {st.failed:,} (retried {st.retried:,}, dead {st.dead:,}), "
-                          f"timed out {st.timed_out:,}, stolen {st.stolen:,}")  # fmt: skip
+            console.print(st.summary())
             return
         cp = ConsumerPool(pool, processes, queues=queues, batch_size=batch_size, max_concurrency=concurrency,
                           concurrency=mode, task_modules=modules, selector=sel if isinstance(sel, str) else sel.__name__)  # type: ignore[arg-type]  # fmt: skip
@@ -275,9 +275,10 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
             if until_empty:
                 cp.join()
             else:
-                _wait_for_signal()
+                _wait_for_signal(cp.check)
         finally:
             cp.cancel()
+        console.print(cp.stats.summary())  # the sum over the consumer processes, as one process prints its own
     except ConveyorError as e:
         raise click.ClickException(str(e)) from None
 
@@ -294,8 +295,8 @@ def _cwd_on_path() -> None:
         sys.path.insert(0, cwd)
 
 
-def _wait_for_signal() -> None:
-    """Block until SIGTERM or SIGINT."""
+def _wait_for_signal(every_s: Callable[[], object]) -> None:
+    """Block until SIGTERM or SIGINT, calling `every_s` about once a second meanwhile."""
     import signal as signals
     import threading
 
@@ -303,4 +304,4 @@ def _wait_for_signal() -> None:
     for sig in (signals.SIGTERM, signals.SIGINT):
         signals.signal(sig, lambda *_: got.set())
     while not got.wait(1.0):
-        pass
+        every_s()

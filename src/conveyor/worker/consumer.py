@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Literal
 
 from ..errors import ConnectionLostError, ConveyorError, TaskError
@@ -76,6 +76,19 @@ class ConsumerStats:
     released: int = 0
     fetched_by_shard: dict[int, int] = field(default_factory=dict)
 
+    def __add__(self, other: ConsumerStats) -> ConsumerStats:
+        """The counts of two consumers together (a pool of them)."""
+        shards = dict(self.fetched_by_shard)
+        for s, n in other.fetched_by_shard.items():
+            shards[s] = shards.get(s, 0) + n
+        counts = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self) if f.name != "fetched_by_shard"}
+        return ConsumerStats(**counts, fetched_by_shard=shards)
+
+    def summary(self) -> str:
+        """One line, as `conveyor worker` prints it when it stops."""
+        return (f"processed {self.processed:,}, failed {self.failed:,} (retried {self.retried:,}, dead {self.dead:,}), "
+                f"timed out {self.timed_out:,}, stolen {self.stolen:,}")  # fmt: skip
+
 
 @dataclass(frozen=True)
 class BlobFetcher:
@@ -104,11 +117,13 @@ class Consumer:
                  concurrency: Literal["thread", "process"] = "thread", selector: QueueSelector | str = "ReducedLottery",
                  middleware: Sequence[Middleware] | None = None, task_modules: Sequence[str] = (),
                  until_empty: bool = False, name: str | None = None, seed: int | None = None,
-                 stop_when: Callable[[], bool] | None = None, expect_more: Callable[[], bool] | None = None) -> None:  # fmt: skip
+                 stop_when: Callable[[], bool] | None = None, expect_more: Callable[[], bool] | None = None,
+                 on_started: Callable[[], object] | None = None) -> None:  # fmt: skip
         """See the module docstring. `stop_when`, asked about once a second, stops the consumer
         gracefully when it returns True (a stop signalled from elsewhere, e.g. through the servers).
         `expect_more` (with `until_empty`): while it returns True, drained queues do not end the
-        consumer (producers are still at work)."""
+        consumer (producers are still at work). `on_started` is called once `run()` is ready to
+        work: task modules imported, task slots started."""
         if not queues:
             raise ValueError("a consumer needs at least one queue")
         if max_concurrency < 1:
@@ -132,6 +147,7 @@ class Consumer:
         self.until_empty = until_empty
         self.stop_when = stop_when
         self.expect_more = expect_more
+        self.on_started = on_started
         self._next_stop_check = 0.0
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{consumer}"
         self.stats = ConsumerStats()
@@ -180,6 +196,8 @@ class Consumer:
         log.info("consumer %s: %s x %d on %s, shards %s", self.name, self.concurrency, self.max_concurrency,
                  ", ".join(q.name for q in self.queues), self.shards)  # fmt: skip
         try:
+            if self.on_started is not None:
+                self.on_started()
             self._loop(slots)
         finally:
             if self._running:  # a hard stop: hand running messages back for another worker

@@ -3,6 +3,10 @@
 Each process runs one `Consumer` (consumer i of n, so each serves its own shards first). SIGTERM
 or SIGINT makes a consumer stop gracefully; `join()` waits until the queues are drained and
 nothing is in flight, then stops them; `results()` reads back every result and failure.
+
+Each consumer process has a pipe to the pool: it says when it has started (its imports done, its
+task slots up) and, when it stops, sends its counts (`ConsumerPool.stats` sums them). A process
+that keeps exiting before it started is not restarted forever: the pool gives up with an error.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -25,6 +30,8 @@ from ..constants import PARENT_CHECK_S
 from ..errors import ConveyorError, RequestError
 from ..progress import JoinProgress
 from ..serialization import decode_result
+from .consumer import ConsumerStats
+from .executors import START_FAILURES_MAX, never_started
 from .settings import QueueConfig
 
 if TYPE_CHECKING:
@@ -39,6 +46,9 @@ STOP_GRACE_S = 30.0  # how long a stopping consumer may take to finish its runni
 # workload going from 1 ms to 20 ms). Set only in processes Conveyor starts (and `conveyor worker`).
 CONSUMER_SWITCH_INTERVAL_S = 0.02
 PARENT_GONE_EXIT_S = 8.0  # a consumer whose pool process is gone exits within this time
+# A consumer process that exits before it started START_FAILURES_MAX times in a row fails the pool
+# (see executors: what kills it at startup kills every replacement too).
+_STARTED, _STATS = "started", "stats"  # what a consumer process sends up its pipe
 
 
 def own_process() -> None:
@@ -56,15 +66,18 @@ class TaskFailure:
         return self.error.split("\n", 1)[0]
 
 
-def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int, n: int, options: dict[str, Any]) -> None:
-    """One consumer process: run until SIGTERM or SIGINT, then stop gracefully."""
+def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int, n: int, options: dict[str, Any],
+                   conn: Connection) -> None:  # fmt: skip
+    """One consumer process: run until SIGTERM or SIGINT, then stop gracefully; tell the pool
+    through `conn` when it has started and, at the end, its counts."""
     from .consumer import Consumer
     from .settings import load_settings
 
     logging.basicConfig(level=options.pop("log_level", logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
     settings = load_settings()
     own_process()
-    consumer = Consumer(pool, queues, consumer=index, n_consumers=n, **options)
+    consumer = Consumer(pool, queues, consumer=index, n_consumers=n, on_started=lambda: conn.send((_STARTED, None)),
+                        **options)  # fmt: skip
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: consumer.stop())
     parent, done = multiprocessing.parent_process(), threading.Event()
@@ -73,11 +86,13 @@ def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int,
     if settings.on_worker_startup is not None:
         settings.on_worker_startup()
     try:
-        consumer.run()
+        stats = consumer.run()
     finally:
         if settings.on_worker_shutdown is not None:
             settings.on_worker_shutdown()
         done.set()
+    with contextlib.suppress(OSError):  # the pool is gone: no one to tell
+        conn.send((_STATS, stats))
 
 
 def _stop_with(parent: multiprocessing.process.BaseProcess, consumer: Consumer, done: threading.Event) -> None:
@@ -128,9 +143,13 @@ class ConsumerPool:
             raise ValueError("max_concurrency and batch_size must be >= 1")
         self.restart = restart
         self.restarts = 0
+        self.stats = ConsumerStats()  # the counts of the consumer processes that have stopped (see `_spawn`)
         methods = multiprocessing.get_all_start_methods()
         self._ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
         self._procs: list[multiprocessing.process.BaseProcess | None] = [None] * self.n_consumers
+        self._conns: list[Connection | None] = [None] * self.n_consumers  # the read ends of their pipes
+        self._started = [False] * self.n_consumers
+        self._start_failures = [0] * self.n_consumers  # exits before starting, in a row
         self._stopping = False
 
     @property
@@ -138,10 +157,31 @@ class ConsumerPool:
         return [p for p in self._procs if p is not None]
 
     def _spawn(self, i: int) -> None:
-        p = self._ctx.Process(target=_consumer_main, args=(self.pool, self.queues, i, self.n_consumers, dict(self.options)),
+        """Start consumer i with a pipe of its own: it sends when it has started and, when it stops
+        (not when killed), its counts, which go into `stats`."""
+        read, write = self._ctx.Pipe(duplex=False)
+        p = self._ctx.Process(target=_consumer_main,
+                              args=(self.pool, self.queues, i, self.n_consumers, dict(self.options), write),
                               name=f"conveyor-consumer-{i}", daemon=False)  # fmt: skip
         p.start()
-        self._procs[i] = p
+        write.close()  # the child's end: with it closed here, the read end sees EOF when the child exits
+        self._procs[i], self._conns[i], self._started[i] = p, read, False
+
+    def _hear(self, i: int) -> None:
+        """Read what consumer i has sent so far; after it exited, everything, and close its pipe."""
+        conn = self._conns[i]
+        if conn is None:
+            return
+        try:
+            while conn.poll():
+                what, data = conn.recv()
+                if what == _STARTED:
+                    self._started[i], self._start_failures[i] = True, 0
+                else:
+                    self.stats += data
+        except (EOFError, OSError):  # it exited: nothing more will come
+            conn.close()
+            self._conns[i] = None
 
     def start(self) -> ConsumerPool:
         """Start the consumer processes."""
@@ -150,17 +190,31 @@ class ConsumerPool:
             self._spawn(i)
         return self
 
-    def _check(self) -> None:
-        """Restart consumers that died (their messages come back to the queue when their leases end)."""
+    def check(self) -> None:
+        """Restart consumers that died (their messages come back to the queue when their leases end).
+
+        `join()` calls it while it waits; call it now and then when waiting otherwise. Raises
+        ConveyorError when a consumer keeps exiting before it started (START_FAILURES_MAX times in a
+        row): a replacement would die the same way, forever.
+        """
         for i, p in enumerate(self._procs):
+            self._hear(i)
             if p is not None and p.exitcode is not None and not self._stopping:
-                log.warning("consumer %d (pid %s) exited with code %s%s", i, p.pid, p.exitcode,
-                            "; restarting it" if self.restart else "")  # fmt: skip
+                self._hear(i)  # all it sent before it exited, "started" included
                 self._procs[i] = None
+                if not self._started[i]:
+                    self._start_failures[i] += 1
+                    if self.restart and self._start_failures[i] >= START_FAILURES_MAX:
+                        raise ConveyorError(never_started(f"consumer process {i}", self._start_failures[i], p.exitcode))
+                log.warning("consumer %d (pid %s) exited with code %s%s%s", i, p.pid, p.exitcode,
+                            "" if self._started[i] else " before it started",
+                            "; restarting it" if self.restart else "")  # fmt: skip
                 if self.restart:
                     self.restarts += 1
                     self._spawn(i)
         if not any(p is not None and p.is_alive() for p in self._procs) and not self.restart:
+            if (i := next((i for i, n in enumerate(self._start_failures) if n), None)) is not None:
+                raise ConveyorError(never_started(f"consumer process {i}", 1, None))
             raise ConveyorError("every consumer process has exited")
 
     def join(self, timeout: float | None = None, progress: bool | None = None, poll_s: float = 0.2) -> dict[str, QueueStats]:
@@ -171,7 +225,7 @@ class ConsumerPool:
         deadline = None if timeout is None else time.monotonic() + timeout
         with JoinProgress(enabled=progress) as bar:
             while True:
-                self._check()
+                self.check()
                 st = {q: s for q, s in self.pool.stats().items() if q in self.queue_names}
                 bar.update(st)
                 if all(s.pending == 0 for s in st.values()):
@@ -197,6 +251,8 @@ class ConsumerPool:
                 log.warning("consumer pid %s did not stop within %.0f s: killing it", p.pid, STOP_GRACE_S)
                 p.kill()
                 p.join()
+        for i in range(self.n_consumers):  # their last counts
+            self._hear(i)
         self._procs = [None] * self.n_consumers
 
     def results(self) -> Iterator[tuple[int, Any]]:

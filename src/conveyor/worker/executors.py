@@ -134,6 +134,21 @@ def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: Any) -> 
 
 _READY = "ready"  # a child's first word: its imports are done
 READY_TIMEOUT_S = 120.0
+# A child process that exits before it is ready this many times in a row is not replaced again:
+# what kills it at startup (a script without the main guard, a task module that does not import)
+# kills every replacement too. One or two may be chance (killed while starting).
+START_FAILURES_MAX = 3
+MAIN_GUARD_HINT = (
+    "The likely cause: a script that starts worker processes (a ConsumerPool, or a consumer in process mode) "
+    'without the `if __name__ == "__main__":` guard: each process imports the main module again and runs it. '
+    "Otherwise, see the process's errors above (a task module or settings module that fails to import, say)"
+)
+
+
+def never_started(what: str, times: int, code: int | None) -> str:
+    """The error of processes that keep exiting before they start, with the likely cause."""
+    exited = f"exited {times} times in a row" if times > 1 else "exited"
+    return f"{what} {exited} before it started{f' (exit code {code})' if code is not None else ''}; giving up. {MAIN_GUARD_HINT}"
 
 
 @dataclass(eq=False)
@@ -166,6 +181,8 @@ class ProcessSlots:
         self._lock = threading.Lock()
         self._next_slot = 0
         self._closing = False
+        self._start_failures = 0  # children that exited before they were ready, in a row
+        self._broken: str | None = None  # why children are no longer replaced
 
     def start(self) -> None:
         """Start the children and wait until each has imported what it needs."""
@@ -173,8 +190,10 @@ class ProcessSlots:
             self._spawn()
         deadline = time.monotonic() + READY_TIMEOUT_S
         for _ in range(self.n):
-            if not self._ready.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
-                raise ConveyorError(f"worker processes did not start within {READY_TIMEOUT_S:.0f} s")
+            ready = self._ready.acquire(timeout=max(deadline - time.monotonic(), 0.0))
+            if self._broken is not None or not ready:
+                self.close(wait=False)
+                raise ConveyorError(self._broken or f"worker processes did not start within {READY_TIMEOUT_S:.0f} s")
 
     def _spawn(self) -> None:
         with self._lock:
@@ -191,8 +210,10 @@ class ProcessSlots:
 
     def _read(self, c: _Child) -> None:
         """Forward the child's results; report its death while it held a message."""
+        ready = False
         try:
             if c.conn.recv() == _READY:
+                ready, self._start_failures = True, 0
                 self._ready.release()
                 self._idle.put(c)
         except (EOFError, OSError):
@@ -220,6 +241,13 @@ class ProcessSlots:
             why = f"WorkerDied: the worker process running it died (exit code {code})"
             err = TaskError(m.headers.get("task", "?"), why, True)
             self._done.put(Completion(m, None, err, c.slot))
+        if not ready:
+            self._start_failures += 1
+            if self._start_failures >= START_FAILURES_MAX:  # a replacement would die the same way, forever
+                self._broken = never_started("worker process", self._start_failures, code)
+                log.error("%s", self._broken)
+                self._ready.release()  # start() raises it
+                return
         self._spawn()
 
     def submit(self, message: Message) -> None:
