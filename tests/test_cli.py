@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -228,3 +229,44 @@ def test_worker_with_several_processes_prints_their_summed_counts(tmp_path: Path
         assert pool.gather(handles) == [i + 1 for i in range(40)]
         summary = stderr.strip().splitlines()[-1]  # stealing depends on timing
         assert re.fullmatch(r"processed 40, failed 0 \(retried 0, dead 0\), timed out 0, stolen \d+", summary), stderr
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_worker_until_empty_gives_up_on_servers_it_cannot_reach(processes: str) -> None:
+    from .procs import free_port
+
+    started = time.monotonic()
+    out = conveyor("worker", "--connect", f"tcp://127.0.0.1:{free_port()}", "--tasks", "tests.worker_tasks", "--queues",
+                   "jobs", "--until-empty", "--connect-timeout", "2", "--processes", processes, timeout=60)  # fmt: skip
+    assert out.returncode == 1 and "cannot connect to tcp://127.0.0.1:" in out.stderr
+    assert "--connect-timeout (2 s): is the server running?" in out.stderr
+    assert time.monotonic() - started < 30
+
+
+def test_worker_without_until_empty_waits_for_a_server_to_come_up(tmp_path: Path) -> None:
+    """A long-lived worker keeps retrying: it serves a server started after it."""
+    from conveyor.pool import QueuePool, spawn_server, stop_server
+    from tests import worker_tasks as wt
+
+    from .procs import free_port
+
+    address = f"tcp://127.0.0.1:{free_port()}"
+    args = ["worker", "--connect", address, "--tasks", "tests.worker_tasks", "--queues", "jobs", "--connect-timeout", "1"]
+    proc = subprocess.Popen([sys.executable, "-m", "conveyor", *args], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):  # past --connect-timeout, it is still trying
+            proc.wait(3)
+        server, _ = spawn_server(tmp_path, port=int(address.rsplit(":", 1)[1]))
+        try:
+            with QueuePool.connect(address) as pool:
+                handles = wt.add.publish_many([(i, 2) for i in range(10)], _pool=pool)
+                assert pool.gather(handles, timeout=60) == [i + 2 for i in range(10)]
+        finally:
+            proc.terminate()
+            _, stderr = proc.communicate(timeout=60)
+            stop_server(server)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0 and "processed 10," in stderr, stderr

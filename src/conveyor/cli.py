@@ -97,12 +97,12 @@ def _connect_option(f: Any) -> Any:
                         help="A server address (tcp://HOST:PORT); repeat it or separate with commas for a pool.")(f)  # fmt: skip
 
 
-def _pool(addresses: tuple[str, ...], token: str | None) -> Any:
+def _pool(addresses: tuple[str, ...], token: str | None, connect_timeout: float = 5.0) -> Any:
     from .pool import QueuePool
 
     flat = [a.strip() for item in addresses for a in item.split(",") if a.strip()]
     try:
-        return QueuePool.connect(flat, token, connect_timeout=5.0, timeout=30.0)
+        return QueuePool.connect(flat, token, connect_timeout=connect_timeout, timeout=30.0)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--connect") from None
 
@@ -206,9 +206,12 @@ def drop(addresses: tuple[str, ...], token: str | None, queues: tuple[str, ...],
               help="Messages per fetch (default: each queue's batch_size).")  # fmt: skip
 @click.option("--selector", default=None, help="Queue selection algorithm (default: settings QUEUE_SELECTOR, ReducedLottery).")
 @click.option("--until-empty", is_flag=True, help="Exit once the queues are drained.")
+@click.option("--connect-timeout", default=30.0, show_default=True, type=click.FloatRange(0, min_open=True),
+              help="With --until-empty: give up, with an error, when the servers cannot be reached within this many "
+                   "seconds of starting. Without it, a worker keeps trying (it rides out a server restart).")  # fmt: skip
 def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[str, ...], queues_config: Path | None,
            queue_names: str | None, concurrency: int, mode: str, processes: int, batch_size: int | None,
-           selector: str | None, until_empty: bool) -> None:  # fmt: skip
+           selector: str | None, until_empty: bool, connect_timeout: float) -> None:  # fmt: skip
     """Run consumers: fetch tasks from the queues and run them, until SIGTERM or Ctrl-C (a graceful stop)."""
     import signal as signals
 
@@ -245,6 +248,8 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
             console.print("[yellow]warning[/]: no task modules (--tasks MODULE, or TASK_MODULES in the settings module): "
                           "only ad-hoc callables (pool.submit, pool.map, which travel cloudpickled) can run; "
                           "messages of named tasks will fail as unknown tasks and go to the dead letters")  # fmt: skip
+        if until_empty:
+            _reach(addresses, token, connect_timeout)
         if processes == 1:
             own_process()
             consumer = Consumer(pool, queues, batch_size=batch_size, max_concurrency=concurrency, concurrency=mode,  # type: ignore[arg-type]
@@ -281,6 +286,22 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
         console.print(cp.stats.summary())  # the sum over the consumer processes, as one process prints its own
     except ConveyorError as e:
         raise click.ClickException(str(e)) from None
+
+
+def _reach(addresses: tuple[str, ...], token: str | None, timeout: float) -> None:
+    """Wait up to `timeout` s for every server to answer; a ClickException if one does not.
+
+    For `--until-empty`: a worker meant to drain the queues and exit would otherwise retry forever
+    against a server that is not running (a long-lived worker keeps retrying, on purpose).
+    """
+    from .errors import ConnectionLostError
+
+    with _pool(addresses, token, connect_timeout=timeout) as probe:
+        try:
+            probe.stats()
+        except ConnectionLostError as e:
+            raise click.ClickException(f"{e}; with --until-empty, a worker gives up on servers it cannot reach "
+                                       f"within --connect-timeout ({timeout:g} s): is the server running?") from None  # fmt: skip
 
 
 def _cwd_on_path() -> None:
