@@ -76,7 +76,7 @@ def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int,
     logging.basicConfig(level=options.pop("log_level", logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
     settings = load_settings()
     own_process()
-    consumer = Consumer(pool, queues, consumer=index, n_consumers=n, on_started=lambda: conn.send((_STARTED, None)),
+    consumer = Consumer(pool, queues, consumer=index, n_consumers=n, on_started=lambda: _tell(conn, _STARTED, None),
                         **options)  # fmt: skip
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: consumer.stop())
@@ -91,8 +91,13 @@ def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int,
         if settings.on_worker_shutdown is not None:
             settings.on_worker_shutdown()
         done.set()
-    with contextlib.suppress(OSError):  # the pool is gone: no one to tell
-        conn.send((_STATS, stats))
+    _tell(conn, _STATS, stats)
+
+
+def _tell(conn: Connection, what: str, data: object) -> None:
+    """Send the pool a word up the pipe (nothing when the pool is gone: no one to tell)."""
+    with contextlib.suppress(OSError):
+        conn.send((what, data))
 
 
 def _stop_with(parent: multiprocessing.process.BaseProcess, consumer: Consumer, done: threading.Event) -> None:
