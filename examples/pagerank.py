@@ -49,7 +49,8 @@ def prepare(edges_path: Path, nodes_path: Path, n_nodes: int, parallelism: int) 
     renamed = graph.new_non_blocking_node({0: degrees}, FilterProject(columns={"node": "src", "degree": "degree"}), parallelism,
                                           {0: "src"}, name="renamed")  # fmt: skip
     weighted = graph.new_blocking_node(
-        {0: edges, 1: renamed}, HashJoin("src", "node"), parallelism, {0: "src", 1: "node"}, name="weighted")
+        {0: edges, 1: renamed}, HashJoin("src", "node"), parallelism, {0: "src", 1: "node"}, name="weighted"
+    )
     nodes = graph.new_input_parquet(nodes_path, parallelism, name="nodes")
     initial = Map(lambda t: t.append_column("rank", pa.array(np.full(t.num_rows, 1 / n_nodes))))
     ranks = graph.new_blocking_node({0: nodes}, initial, parallelism, {0: "node"}, name="ranks0")

@@ -56,6 +56,7 @@ def main(url: str, out: Path) -> None:
     count = g.new_blocking_node({0: g.new_input_csv(csv, ["n", "word"], 2, name="numbers")}, Count(), 1, {0: None})
     g.run()
     result["graph_count"] = int(count.to_pandas()["count"].sum())
+    count.unpersist()  # a local checkpoint under Connect: no JVM handle, the reference is dropped
     spark.stop()
     out.write_text(json.dumps(result))
 

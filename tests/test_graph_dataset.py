@@ -7,9 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pytest
 from pyspark.sql import SparkSession
 
 from conveyor import Dataset, TaskGraph
+from conveyor.spark.errors import GraphError
 from conveyor.spark.executors import FilterProject, HashAggregate, Map
 from tests.graph_helpers import example
 
@@ -50,6 +52,31 @@ def test_dataset_feeds_a_later_graph_and_checkpoints_as_parquet(spark: SparkSess
     g.run()
     result = per_group.to_pandas().sort_values("g", ignore_index=True)
     assert result.rows.tolist() == [125, 125, 125, 125] and result.top.tolist() == [996, 997, 998, 999]
+
+
+def test_a_chain_of_graphs_keeps_a_plan_of_one_graph(spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    # each graph reads the Dataset of the one before on two edges, as PageRank's iterations do: a
+    # Dataset that kept its lineage doubled the plan per graph (and its description, which prints
+    # every cached plan, grew ~8x) until the driver ran out of heap
+    data = squares(spark, tmp_path / "n.csv")
+    for _ in range(3):
+        g = TaskGraph(spark)
+        src = g.new_input_dataset(data, 2)
+        none = g.new_non_blocking_node({0: src}, FilterProject(pa.compute.field("n") < 0), 2, {0: "n"})
+        out = g.new_blocking_node({0: src, 1: none}, Map(lambda t: t), 2, {0: "n", 1: "n"})
+        g.run()
+        data.unpersist()
+        data = out
+    assert sorted(data.to_pandas().n) == list(range(1000))
+    data.encoded.explain()
+    assert "MapInArrow" not in capsys.readouterr().out  # nothing of the graphs that made the rows
+    data.unpersist()  # frees the rows: reading fails and says why
+    with pytest.raises(GraphError, match="was unpersisted"):
+        data.to_arrow()
+    g = TaskGraph(spark)
+    g.new_blocking_node({0: g.new_input_dataset(data, 1)}, Map(lambda t: t), 1, {0: None})
+    with pytest.raises(GraphError, match="was unpersisted"):
+        g.initialize()
 
 
 def test_empty_outputs_keep_their_columns(spark: SparkSession, tmp_path: Path) -> None:

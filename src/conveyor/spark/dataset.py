@@ -1,10 +1,12 @@
 """Dataset: the materialised output of a blocking node.
 
-Its batches live in Spark as rows of `GRAPH_DATASET_DDL` (one Arrow IPC stream per row): persisted
-in Spark's cache (memory, spilling to disk), or written as Parquet under the graph's checkpoint
-directory. A Dataset holds only that DataFrame, not its graph: it stays readable after the graph is
-gone, and a later graph reads it with `new_input_dataset`. Lineage stays in Spark, so a lost cached
-partition is recomputed rather than lost.
+Its batches live in Spark as rows of `GRAPH_DATASET_DDL` (one Arrow IPC stream per row): a local
+checkpoint in the executors' block stores (memory, spilling to disk), or written as Parquet under the
+graph's checkpoint directory and read back. Either way the DataFrame's lineage is cut: a Dataset
+holds neither its graph nor the plans that made it, so it stays readable after the graph is gone, and
+a chain of graphs, each reading the Datasets of the one before (an iterative job), keeps a plan the
+size of one graph. The price: a locally checkpointed partition lost with its executor cannot be
+recomputed (reading it fails); a Dataset that must survive that needs a `checkpoint_dir`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class Dataset:
     _spark: SparkSession | None = field(default=None, repr=False)
     path: str | None = None  # the Parquet directory, for a checkpointed Dataset
     _schema: pa.Schema | None = field(default=None, repr=False)
+    _dropped: bool = field(default=False, repr=False)  # unpersist() freed the rows
 
     @property
     def materialized(self) -> bool:
@@ -47,8 +50,14 @@ class Dataset:
     def encoded(self) -> DataFrame:
         """The rows of `GRAPH_DATASET_DDL` that hold the batches."""
         if self._encoded is None:
-            raise GraphError(f"Dataset {self.name!r} is not materialised yet: run its graph first")
+            raise GraphError(self.unreadable_reason())
         return self._encoded
+
+    def unreadable_reason(self) -> str:
+        """Why there are no rows to read (for a Dataset that is not `materialized`)."""
+        if self._dropped:
+            return f"Dataset {self.name!r} was unpersisted: its batches are gone"
+        return f"Dataset {self.name!r} is not materialised yet: run its graph first"
 
     def to_arrow(self) -> pa.Table:
         """Every batch, in (channel, order of output) order, as one table (types unified)."""
@@ -92,9 +101,29 @@ class Dataset:
         return self.encoded.mapInArrow(to_rows, spark_schema)
 
     def unpersist(self) -> None:
-        """Drop the cached copy (a checkpointed Dataset keeps its Parquet files)."""
+        """Free the stored batches; the Dataset cannot be read afterwards (nothing recomputes them).
+
+        A Dataset written under `checkpoint_dir` keeps its Parquet files and stays readable.
+        """
         if self._encoded is not None and self.path is None:
-            self._encoded.unpersist()
+            _drop_local_checkpoint(self._encoded)
+            self._encoded, self._dropped = None, True
+
+
+def _drop_local_checkpoint(df: DataFrame) -> None:
+    """Free the blocks of a locally checkpointed DataFrame.
+
+    `DataFrame.unpersist()` does not: the rows are not in Spark's cache manager but are the blocks of
+    the RDD under the plan's `LogicalRDD`, which classic PySpark reaches through the JVM. Spark Connect
+    has no such handle; there the server releases the checkpoint once the client drops the DataFrame
+    (its cached relation is removed when garbage-collected, then Spark's ContextCleaner frees the RDD).
+    """
+    jdf = getattr(df, "_jdf", None)  # None under Spark Connect
+    if jdf is None:
+        return
+    plan = jdf.queryExecution().analyzed()
+    if plan.getClass().getSimpleName() == "LogicalRDD":
+        plan.rdd().unpersist(False)
 
 
 def _schemas(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

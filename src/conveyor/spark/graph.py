@@ -100,7 +100,8 @@ class TaskGraph:
     """A dataflow graph executed by Spark; see docs/graph.md.
 
     `spark`: the session to run on (default: the embedded local session). `checkpoint_dir`: when
-    given, Datasets are written there as Parquet instead of being persisted in Spark's cache.
+    given, Datasets are written there as Parquet (and read back) instead of being kept as local
+    checkpoints in the executors; Parquet survives the loss of an executor.
     `file_reader`: "auto" reads local files with pyarrow inside Spark tasks and anything else with
     Spark's readers; "spark" uses Spark's readers for every file input.
     """

@@ -76,7 +76,7 @@ def make_plan(graph: TaskGraph) -> Plan:
                     raise GraphError(f"{where}: cycle: the node lists itself in its dependents")
                 deps[nid].append(dep.node.id)
             if spec.kind is NodeKind.DATASET and spec.dataset is not None and not spec.dataset.materialized:
-                raise GraphError(f"{where}: Dataset {spec.dataset.name!r} is not materialised yet: run its graph first")
+                raise GraphError(f"{where}: {spec.dataset.unreadable_reason()}")
         else:
             sources[nid] = []
             for stream, ref in spec.sources.items():

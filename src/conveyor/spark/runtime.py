@@ -106,8 +106,12 @@ class Runner:
             df.write.parquet(path)
             spec.output._attach(self.spark, self.spark.read.parquet(path), path)
             return
-        df = df.persist(StorageLevel.MEMORY_AND_DISK)
-        df.count()  # materialise now: errors surface in run(), and later reads hit the cache
+        # A local checkpoint rather than persist(): the Dataset must not carry this graph's plan, which
+        # holds the plans of every earlier graph whose Datasets it read. A graph chain (an iterative
+        # job) otherwise plans and describes a tree that multiplies with every stage (a Dataset read
+        # by two edges appears twice, each cached relation prints its whole cached plan) until the
+        # driver runs out of heap. Eager: errors surface in run(), and later reads use the stored rows.
+        df = df.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
         spec.output._attach(self.spark, df, None)
 
     # --- DataFrames --------------------------------------------------------------------------------
