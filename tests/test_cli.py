@@ -7,11 +7,14 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .servers import wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,6 +67,19 @@ def test_stats_and_dead_letters_commands(tmp_path: Path) -> None:
         out = subprocess.run([*run, "stats", "--connect", connect, "--per-shard"], capture_output=True, text=True, timeout=60,
                              env=env)  # fmt: skip
         assert out.stdout.count("jobs") >= 1 and pool.addresses[0] in out.stdout
+        # --watch into a pipe: a dated snapshot per interval as it comes, not one table when stopped
+        watch = subprocess.Popen([*run, "stats", "--connect", connect, "--watch", "0.2"], stdout=subprocess.PIPE,
+                                 text=True, env=env)  # fmt: skip
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(iter(watch.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        try:
+            wait_for(lambda: sum("jobs" in line for line in lines) >= 2, timeout=30, what="two snapshots")
+        finally:
+            watch.terminate()
+            watch.wait(30)
+            reader.join(30)
+            watch.stdout.close()  # type: ignore[union-attr]
         out = subprocess.run([*run, "dead-letters", "--connect", pool.addresses[0], "--connect", pool.addresses[1],
                               "--queue", "jobs"], capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
         assert out.returncode == 0, out.stderr

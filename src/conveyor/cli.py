@@ -125,10 +125,16 @@ def stats(addresses: tuple[str, ...], token: str | None, queue: str | None, per_
 
     with _pool(addresses, token) as pool:
         try:
+            console = Console()
             if watch is None:
-                Console().print(tables())
+                console.print(tables())
                 return
-            with Live(tables(), console=Console(), auto_refresh=False) as live:
+            if not console.is_terminal:  # a file or a pipe: one dated snapshot per interval, as it comes
+                while True:
+                    console.print(time.strftime("%Y-%m-%d %H:%M:%S"), tables())
+                    console.file.flush()
+                    time.sleep(watch)
+            with Live(tables(), console=console, auto_refresh=False) as live:
                 while True:
                     time.sleep(watch)
                     live.update(tables(), refresh=True)
