@@ -88,25 +88,29 @@ class RowRunner:
                 except ConveyorError as e:
                     out.append([False, str(e), json.dumps(row, default=str)])
                 break
-        for k in _misfits([o[1] for o in out if o[0]], self.schema):
-            j = [i for i, o in enumerate(out) if o[0]][k]
-            out[j] = [False, f"map: the result {out[j][1]!r:.200} does not fit the schema {self.schema}",
-                      json.dumps(rows[j], default=str)]  # fmt: skip
+        ok = [j for j, o in enumerate(out) if o[0]]
+        for k, why in _misfits([out[j][1] for j in ok], self.schema).items():
+            j = ok[k]
+            out[j] = [False, f"map: {why}", json.dumps(rows[j], default=str)]
         return out
 
 
-def _misfits(rows: list[dict[str, Any]], schema: pa.Schema) -> list[int]:
-    """Positions of the rows that do not convert to `schema` (one conversion when they all do)."""
+def _misfits(rows: list[dict[str, Any]], schema: pa.Schema) -> dict[int, str]:
+    """The rows that do not convert to `schema`, by position, with why (one conversion when all do)."""
     import pyarrow as pa
 
-    def fits(batch: list[dict[str, Any]]) -> bool:
+    def why(batch: list[dict[str, Any]]) -> str | None:
         try:
             pa.RecordBatch.from_pylist(batch, schema=schema)
-            return True
-        except (pa.ArrowException, TypeError, ValueError, OverflowError):
-            return False
+            return None
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+            return str(e)
 
-    return [] if fits(rows) else [k for k, row in enumerate(rows) if not fits([row])]
+    if why(rows) is None:
+        return {}
+    plain = schema.remove_metadata()
+    return {k: f"the result {row!r:.200} does not fit the schema {plain}: {e}" for k, row in enumerate(rows)
+            if (e := why([row])) is not None}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -401,16 +405,9 @@ def _batch(rows: list[dict[str, Any]], arrow: pa.Schema, names: list[str]) -> pa
         return pa.RecordBatch.from_pylist(rows, schema=arrow)
     except (pa.ArrowException, TypeError, ValueError, OverflowError):
         pass
-    fixed = []
-    for row in rows:
-        try:
-            pa.RecordBatch.from_pylist([row], schema=arrow)
-        except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
-            values = {n: row[n] for n in names}
-            row = {**dict.fromkeys(names), "_id": row["_id"], "_input": None,
-                   "_error": f"the result {values!r:.200} does not fit the schema {arrow.remove_metadata()}: {e}"}  # fmt: skip
-        fixed.append(row)
-    return pa.RecordBatch.from_pylist(fixed, schema=arrow)
+    for k, why in _misfits(rows, arrow).items():
+        rows[k] = {**dict.fromkeys(names), "_id": rows[k]["_id"], "_input": None, "_error": why}
+    return pa.RecordBatch.from_pylist(rows, schema=arrow)
 
 
 def _row(value: Any, names: list[str]) -> dict[str, Any]:
