@@ -34,6 +34,15 @@ def _runs(mask: np.ndarray, first: int) -> list[tuple[int, int]]:
     return [(first + int(a), first + int(b)) for a, b in zip(edges[0::2], edges[1::2], strict=True)]
 
 
+def _extend(gaps: list[tuple[int, int]], ranges: Iterable[tuple[int, int]]) -> None:
+    """Append ascending [start, end) ranges to `gaps`, joining a range that starts where the last one ends."""
+    for a, b in ranges:
+        if gaps and gaps[-1][1] == a:
+            gaps[-1] = (gaps[-1][0], b)
+        else:
+            gaps.append((a, b))
+
+
 class _Fifo:
     """An append-only array of ids with a moving head."""
 
@@ -162,18 +171,13 @@ class QueueState:
 
     def add_gaps(self, ranges: Iterable[tuple[int, int]]) -> None:
         """Record ranges of absent ids below the window (ascending, above the ones recorded)."""
-        for a, b in ranges:
-            if self.gaps and self.gaps[-1][1] == a:
-                self.gaps[-1] = (self.gaps[-1][0], b)
-            else:
-                self.gaps.append((a, b))
+        _extend(self.gaps, ranges)
 
     def gaps_below(self, end: int) -> list[tuple[int, int]]:
         """The ranges of absent ids below `end` (at most `low`): those below the window and those in it."""
-        inside = _runs(self.status[: end - self.base] == ST_NONE, self.base)
-        if self.gaps and inside and self.gaps[-1][1] == inside[0][0]:
-            return [*self.gaps[:-1], (self.gaps[-1][0], inside[0][1]), *inside[1:]]
-        return self.gaps + inside
+        out = list(self.gaps)
+        _extend(out, _runs(self.status[: end - self.base] == ST_NONE, self.base))
+        return out
 
     # --- transitions ----------------------------------------------------------------------
     def add(self, priority: np.ndarray, not_before: np.ndarray, max_attempts: np.ndarray,
