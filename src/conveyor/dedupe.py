@@ -12,12 +12,11 @@ from __future__ import annotations
 import logging
 import os
 import struct
-import time
 import zlib
 from pathlib import Path
 
 from .constants import DEDUPE_MAX_KEYS, KEYS_LOG_NAME, MAX_KEY_BYTES
-from .storage.files import write_atomically
+from .storage.files import keep_aside, write_atomically
 
 log = logging.getLogger("conveyor.server")
 
@@ -52,8 +51,7 @@ class Dedupe:
             self._remember(key, msg_id)
             records += 1
         if damaged:
-            aside = f.with_name(f"{f.name}.damaged-{int(time.time())}")
-            os.link(f, aside)
+            aside = keep_aside(f)
             torn = damaged == [(damaged[0][0], len(data) - damaged[0][0])]
             log.warning("%s: %s skipped (offset, bytes: %s); %d keys kept; original kept as %s. A retried put "
                         "with a lost key is stored again", f, "a torn tail" if torn else "damaged records",

@@ -39,7 +39,7 @@ from .constants import (
 from .dedupe import Dedupe
 from .errors import ConveyorError, RequestError, StoreError
 from .storage import DurableStore, MemoryStore, Store
-from .storage.files import fsync_dir, write_atomically
+from .storage.files import fsync_dir, keep_aside, write_atomically
 
 log = logging.getLogger("conveyor.server")
 
@@ -197,8 +197,7 @@ class QueueHost:
                 raise ConveyorError(f"{conf} is damaged ({type(e).__name__}: {e})") from None
             d = self.defaults
             info = QueueInfo(name, True, float(d.lease_s), int(d.max_attempts), d.fsync)
-            aside = conf.with_name(f"{conf.name}.damaged-{int(time.time())}")
-            os.replace(conf, aside)
+            aside = keep_aside(conf)
             write_atomically(conf, json.dumps(asdict(info)).encode())
             log.warning("%s was damaged (%s: %s): queue %r reopened with the server's defaults %s; original kept as %s",
                         conf, type(e).__name__, e, name, info, aside.name)  # fmt: skip

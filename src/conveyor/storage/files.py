@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 
@@ -13,6 +14,17 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def keep_aside(path: Path, *, move: bool = False) -> Path:
+    """Keep a damaged file as `<name>.damaged-<unix time>` beside it: a hard link (the caller then
+    replaces `path`), or with `move`, a rename. Returns the new name."""
+    aside = path.with_name(f"{path.name}.damaged-{int(time.time())}")
+    if move:
+        path.rename(aside)
+    else:
+        os.link(path, aside)
+    return aside
 
 
 def write_atomically(path: Path, *parts: bytes) -> None:

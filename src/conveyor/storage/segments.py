@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import mmap
 import os
-import time
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from ..constants import (
     SEGMENT_VERSION,
 )
 from ..errors import CorruptStoreError
-from .files import fsync_dir
+from .files import fsync_dir, keep_aside
 
 log = logging.getLogger("conveyor.storage")
 
@@ -148,8 +147,7 @@ class SegmentLog:
     def _damaged(self, f: Path, offset: int, reason: str, repair: bool, scan: Scan) -> None:
         if not repair:
             raise CorruptStoreError(str(f), offset, reason)
-        aside = f.with_name(f"{f.name}.damaged-{int(time.time())}")
-        f.rename(aside)
+        aside = keep_aside(f, move=True)
         log.warning("%s: %s; moved aside to %s", f, reason, aside.name)
         scan.repaired.append(str(aside))
 
@@ -168,8 +166,7 @@ class SegmentLog:
             out.flush()
             os.fsync(out.fileno())
             new_size = out.tell()
-        aside = f.with_name(f"{f.name}.damaged-{int(time.time())}")
-        os.link(f, aside)
+        aside = keep_aside(f)
         os.replace(tmp, f)
         fsync_dir(self.path)
         spans = ", ".join(f"{a}..{b}" for a, b in bad)

@@ -28,7 +28,7 @@ from ..constants import (
     ST_NONE,
 )
 from ..errors import CorruptStoreError
-from .files import write_atomically
+from .files import keep_aside, write_atomically
 
 log = logging.getLogger("conveyor.storage")
 
@@ -159,8 +159,7 @@ class IndexLog:
         return rec.copy()
 
     def _move_aside(self, n_bad: int, offsets: list[int]) -> None:
-        aside = self.file.with_name(f"{INDEX_NAME}.damaged-{int(time.time())}")
-        os.link(self.file, aside)
+        aside = keep_aside(self.file)
         log.warning("%s: damaged index header or records (%d records dropped, at offsets %s); original kept as %s",
                     self.file, n_bad, offsets, aside.name)  # fmt: skip
 
