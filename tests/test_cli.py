@@ -192,6 +192,11 @@ def test_worker_refuses_both_a_queue_yaml_and_queue_names(tmp_path: Path) -> Non
     assert out.returncode == 2 and "--queues-config or --queues, not both" in out.stderr
 
 
+def test_worker_refuses_pinning_task_processes() -> None:
+    out = conveyor("worker", "--connect", "tcp://127.0.0.1:1", "--queues", "q", "--pool", "process", "--pin-core")
+    assert out.returncode == 2 and "--pin-core is for --pool thread" in out.stderr
+
+
 @pytest.mark.parametrize("how", [[], ["--processes", "2", "--pool", "process"]], ids=["one-process", "children"])
 def test_worker_imports_task_modules_from_the_current_directory(tmp_path: Path, how: list[str]) -> None:
     """As Celery's worker does: `--tasks myapp.tasks` from the project's directory imports, in the

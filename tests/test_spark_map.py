@@ -63,6 +63,34 @@ def test_map_gives_one_row_per_input_row_and_reports_failures(spark: SparkSessio
     assert pool.drop(stats.queue) and stats.queue not in pool.stats()
 
 
+def cores_of(row: dict[str, Any]) -> dict[str, Any]:
+    import os
+
+    return {"id": row["id"], "pid": os.getpid(), "cores": ",".join(map(str, sorted(os.sched_getaffinity(0))))}
+
+
+def test_pinned_consumers_run_rows_on_cores_of_their_own(spark: SparkSession, pool: QueuePool) -> None:
+    import os
+
+    df = spark.range(200, numPartitions=2)
+    rows = cs.map(df, cores_of, schema="id long, pid long, cores string", pool=pool, pin_core=True, progress=False).collect()
+    assert sorted(r["id"] for r in rows) == list(range(200)) and all(r["_error"] is None for r in rows)
+    by_pid: dict[int, set[str]] = {}
+    for r in rows:
+        by_pid.setdefault(r["pid"], set()).add(r["cores"])
+    masks = [m for ms in by_pid.values() for m in ms]
+    assert all("," not in m for m in masks)  # each consumer on one core
+    if len(by_pid) == 2 and len(os.sched_getaffinity(0)) >= 2:
+        assert len(set(masks)) == 2  # and not the same one
+    # the Python workers got their cores back: a plain job after it runs anywhere
+    after = (
+        spark.range(2, numPartitions=2)
+        .mapInPandas(lambda frames: (f.assign(n=len(__import__("os").sched_getaffinity(0))) for f in frames), "id long, n long")
+        .collect()
+    )
+    assert all(r["n"] == len(os.sched_getaffinity(0)) for r in after)
+
+
 def test_results_as_tuples_values_and_the_wrong_shape(spark: SparkSession, pool: QueuePool) -> None:
     df = spark.createDataFrame([(i, f"w{i}") for i in range(20)], "n long, word string")
     out = cs.map(df, lambda r: (r["word"].upper(), r["n"] + 1), schema="word string, n long", pool=pool, progress=False)

@@ -66,6 +66,13 @@ def pid_of_worker() -> int:
     return os.getpid()
 
 
+@conveyor.task(queue="jobs", max_retries=0)
+def cores_of_worker(seconds: float = 0.0) -> tuple[int, list[int]]:
+    """The worker's pid and the cores this task's thread may run on (after `seconds` of sleep)."""
+    time.sleep(seconds)
+    return os.getpid(), sorted(os.sched_getaffinity(0))
+
+
 @conveyor.task(queue="jobs", max_retries=3)
 def slow_once(log: str, seconds: float) -> str:
     """Sleeps, then records that it finished (for counting runs across killed workers)."""

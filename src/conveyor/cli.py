@@ -215,9 +215,11 @@ def drop(addresses: tuple[str, ...], token: str | None, queues: tuple[str, ...],
 @click.option("--connect-timeout", default=30.0, show_default=True, type=click.FloatRange(0, min_open=True),
               help="With --until-empty: give up, with an error, when the servers cannot be reached within this many "
                    "seconds of starting. Without it, a worker keeps trying (it rides out a server restart).")  # fmt: skip
+@click.option("--pin-core", is_flag=True,
+              help="Run each consumer on a core of its own while one is free (--pool thread, CPU-bound tasks).")  # fmt: skip
 def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[str, ...], queues_config: Path | None,
            queue_names: str | None, concurrency: int, mode: str, processes: int, batch_size: int | None,
-           selector: str | None, until_empty: bool, connect_timeout: float) -> None:  # fmt: skip
+           selector: str | None, until_empty: bool, connect_timeout: float, pin_core: bool) -> None:  # fmt: skip
     """Run consumers: fetch tasks from the queues and run them, until SIGTERM or Ctrl-C (a graceful stop)."""
     import signal as signals
 
@@ -228,6 +230,8 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
 
     if queues_config is not None and queue_names is not None:  # which one would win is a guess: say so
         raise click.UsageError("give --queues-config or --queues, not both (the YAML names its queues)")
+    if pin_core and mode != "thread":
+        raise click.UsageError("--pin-core is for --pool thread: the OS spreads task processes over the cores")
     _cwd_on_path()
     try:
         settings = load_settings()
@@ -260,7 +264,7 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
             own_process()
             consumer = Consumer(pool, queues, batch_size=batch_size, max_concurrency=concurrency, concurrency=mode,  # type: ignore[arg-type]
                                 selector=sel if isinstance(sel, str) else sel(), task_modules=modules,
-                                until_empty=until_empty)  # fmt: skip
+                                until_empty=until_empty, pin_core=pin_core)  # fmt: skip
             stops = [0]
 
             def on_signal(*_: object) -> None:
@@ -280,7 +284,8 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
             console.print(st.summary())
             return
         cp = ConsumerPool(pool, processes, queues=queues, batch_size=batch_size, max_concurrency=concurrency,
-                          concurrency=mode, task_modules=modules, selector=sel if isinstance(sel, str) else sel.__name__)  # type: ignore[arg-type]  # fmt: skip
+                          concurrency=mode, task_modules=modules, selector=sel if isinstance(sel, str) else sel.__name__,  # type: ignore[arg-type]
+                          pin_core=pin_core)  # fmt: skip
         cp.start()
         try:
             if until_empty:

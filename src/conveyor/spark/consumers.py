@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConveyorError
 from ..message import Message
+from ..worker.affinity import check_pin
 from ..worker.consumer_pool import CONSUMER_SWITCH_INTERVAL_S
 from ..worker.settings import QueueConfig
 from .session import check_workers_python
@@ -128,18 +129,18 @@ class SparkConsumerPool:
     def __init__(self, spark: SparkSession, pool: QueuePool, n_consumers: int | None = None, *,
                  queues: Sequence[QueueConfig | str] = ("default",), batch_size: int | None = None,
                  max_concurrency: int = 8, concurrency: Literal["thread", "process"] = "thread",
-                 task_modules: Sequence[str] = (), until_empty: bool = True, description: str | None = None,
-                 feed: tuple[DataFrame, Prelude] | None = None,
+                 task_modules: Sequence[str] = (), until_empty: bool = True, pin_core: bool = False,
+                 description: str | None = None, feed: tuple[DataFrame, Prelude] | None = None,
                  then: tuple[StructType, Epilogue] | None = None) -> None:  # fmt: skip
         self.spark = spark
         self.pool = pool
-        check_consumer_options(n_consumers, max_concurrency, batch_size, concurrency)
+        check_consumer_options(n_consumers, max_concurrency, batch_size, concurrency, pin_core)
         self.n_consumers = default_parallelism(spark) if n_consumers is None else n_consumers
         check_workers_python(spark)
         self.queues = list(queues)
         names = ", ".join(q if isinstance(q, str) else q.name for q in self.queues)
         self.options = {"batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency,
-                        "task_modules": list(task_modules), "until_empty": until_empty}  # fmt: skip
+                        "task_modules": list(task_modules), "until_empty": until_empty, "pin_core": pin_core}  # fmt: skip
         self.job = uuid.uuid4().hex[:12]
         self.description = description or (f"conveyor: {self.n_consumers} consumer(s) x {max_concurrency} "
                                             f"{concurrency}(s) on {names}")  # fmt: skip
@@ -232,13 +233,15 @@ class SparkConsumerPool:
             self.join(timeout)
 
 
-def check_consumer_options(n_consumers: int | None, max_concurrency: int, batch_size: int | None, concurrency: str) -> None:
+def check_consumer_options(n_consumers: int | None, max_concurrency: int, batch_size: int | None, concurrency: str,
+                           pin_core: bool) -> None:  # fmt: skip
     """Refuse bad consumer settings here, on the driver, rather than in every Spark task."""
     for name, value in (("n_consumers", n_consumers), ("max_concurrency", max_concurrency), ("batch_size", batch_size)):
         if value is not None and (type(value) is not int or value < 1):
             raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
     if concurrency not in ("thread", "process"):
         raise ValueError(f"concurrency must be 'thread' or 'process', got {concurrency!r}")
+    check_pin(pin_core, concurrency)
 
 
 def default_parallelism(spark: SparkSession) -> int:

@@ -134,7 +134,7 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         pool: QueuePool | None = None, n_consumers: int | None = None, batch_size: int | None = None,
         max_concurrency: int = 8, concurrency: Literal["thread", "process"] = "thread", max_retries: int = 3,
         time_limit: float | None = None, lease_s: float = 60.0, rows_per_message: int | None = None,
-        progress: bool | None = None) -> DataFrame:  # fmt: skip
+        pin_core: bool = False, progress: bool | None = None) -> DataFrame:  # fmt: skip
     """Apply `func` to every row of `df` through the queue; returns the results as a DataFrame.
 
     func: called with each row as a dict; returns the output row as a dict (by column name), a
@@ -142,7 +142,8 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
     schema: the output columns (DDL string or StructType), without `_id`, `_error`, `_input`.
     pool: the queue servers; None: the embedded default of `conveyor.local()`, or local servers
         started for this call (on the driver's host: for local Spark only) and stopped after it.
-    n_consumers, batch_size, max_concurrency, concurrency: the consumers (see `SparkConsumerPool`).
+    n_consumers, batch_size, max_concurrency, concurrency, pin_core: the consumers (see
+        `SparkConsumerPool` and `Consumer`).
     max_retries: a row that raises is run again, up to this many times, then reported.
     time_limit: seconds a row may take; a row over it fails (and is retried). The limit holds a
         message, so with it rows travel one to a message unless `rows_per_message` is given: then
@@ -172,7 +173,7 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
     for name, value in (("time_limit", time_limit), ("lease_s", lease_s)):
         if value is not None and not (isinstance(value, (int, float)) and value > 0):
             raise ValueError(f"map: {name} must be a number of seconds > 0, got {value!r}")
-    check_consumer_options(n_consumers, max_concurrency, batch_size, concurrency)
+    check_consumer_options(n_consumers, max_concurrency, batch_size, concurrency, pin_core)
     spark: SparkSession = df.sparkSession
     out_schema = _output_schema(spark, schema)
     check_workers_python(spark)
@@ -197,7 +198,7 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
             log.warning("map: %d consumers but %d Spark task slots: the consumers beyond them start only as others end",
                         n, slots)  # fmt: skip
         options: dict[str, Any] = {"queues": [queue], "batch_size": batch_size, "max_concurrency": max_concurrency,
-                                   "concurrency": concurrency}  # fmt: skip
+                                   "concurrency": concurrency, "pin_core": pin_core}  # fmt: skip
         # in one job, a consumer waits for every task to have put its rows: all n must run at once
         if n <= _partitions(df) and n <= slots:
             # one Spark job: each of n tasks puts its share of the rows on the queue, consumes, and

@@ -26,6 +26,7 @@ from ..errors import ConnectionLostError, ConveyorError, TaskError
 from ..message import Message
 from ..worker.selectors import QueueSelector, selector_class
 from ..worker.settings import QueueConfig
+from .affinity import check_pin, pin_core
 from .executors import Completion, Fetch, ProcessSlots, ThreadSlots
 from .middleware import Decision, Middleware, default_middleware
 from .settler import Settler
@@ -118,12 +119,13 @@ class Consumer:
                  middleware: Sequence[Middleware] | None = None, task_modules: Sequence[str] = (),
                  until_empty: bool = False, name: str | None = None, seed: int | None = None,
                  stop_when: Callable[[], bool] | None = None, expect_more: Callable[[], bool] | None = None,
-                 on_started: Callable[[], object] | None = None) -> None:  # fmt: skip
+                 on_started: Callable[[], object] | None = None, pin_core: bool = False) -> None:  # fmt: skip
         """See the module docstring. `stop_when`, asked about once a second, stops the consumer
         gracefully when it returns True (a stop signalled from elsewhere, e.g. through the servers).
         `expect_more` (with `until_empty`): while it returns True, drained queues do not end the
         consumer (producers are still at work). `on_started` is called once `run()` is ready to
-        work: task modules imported, task slots started."""
+        work: task modules imported, task slots started. `pin_core` (thread concurrency only) runs
+        the consumer on a core of its own while one is free (see `conveyor.worker.affinity`)."""
         if not queues:
             raise ValueError("a consumer needs at least one queue")
         if max_concurrency < 1:
@@ -132,6 +134,7 @@ class Consumer:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if concurrency not in ("thread", "process"):
             raise ValueError(f"concurrency must be 'thread' or 'process', got {concurrency!r}")
+        check_pin(pin_core, concurrency)
         self.pool = pool
         self.queues = [self._queue(q, batch_size) for q in queues]
         self._by_name = {q.name: q for q in self.queues}
@@ -148,6 +151,7 @@ class Consumer:
         self.stop_when = stop_when
         self.expect_more = expect_more
         self.on_started = on_started
+        self.pin_core = pin_core
         self._next_stop_check = 0.0
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{consumer}"
         self.stats = ConsumerStats()
@@ -188,13 +192,22 @@ class Consumer:
 
         for name in self.task_modules:
             importlib.import_module(name)
+        pin = pin_core() if self.pin_core else None  # before any thread starts: they inherit it
+        try:
+            self._run(pin.core if pin is not None else None)
+        finally:
+            if pin is not None:
+                pin.release()
+        return self.stats
+
+    def _run(self, core: int | None) -> None:
         fetcher = BlobFetcher(self.pool)
         slots = (ThreadSlots(self.max_concurrency, self._done, fetcher()) if self.concurrency == "thread"
                  else ProcessSlots(self.max_concurrency, self._done, fetcher, self.task_modules))  # fmt: skip
         slots.start()
         self._settler = Settler(self.pool, self._counts, REPORT_EVERY_S)  # reports: this consumer is ready
-        log.info("consumer %s: %s x %d on %s, shards %s", self.name, self.concurrency, self.max_concurrency,
-                 ", ".join(q.name for q in self.queues), self.shards)  # fmt: skip
+        log.info("consumer %s: %s x %d on %s, shards %s%s", self.name, self.concurrency, self.max_concurrency,
+                 ", ".join(q.name for q in self.queues), self.shards, "" if core is None else f", core {core}")  # fmt: skip
         try:
             if self.on_started is not None:
                 self.on_started()
@@ -207,7 +220,6 @@ class Consumer:
                 self._running.clear()
             slots.close(wait=not self._hard_stop)
             self._settler.close(HARD_SETTLE_S if self._hard_stop else SETTLE_S)
-        return self.stats
 
     def _loop(self, slots: ThreadSlots | ProcessSlots) -> None:
         while True:

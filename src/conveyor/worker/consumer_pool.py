@@ -30,6 +30,7 @@ from ..constants import PARENT_CHECK_S
 from ..errors import ConveyorError, RequestError
 from ..progress import JoinProgress
 from ..serialization import decode_result
+from .affinity import check_pin
 from .consumer import ConsumerStats
 from .executors import START_FAILURES_MAX, never_started
 from .settings import QueueConfig
@@ -132,7 +133,8 @@ class ConsumerPool:
 
     def __init__(self, pool: QueuePool, n_consumers: int | None = None, *, queues: Sequence[QueueConfig | str] = ("default",),
                  batch_size: int | None = None, max_concurrency: int = 8, concurrency: Literal["thread", "process"] = "thread",
-                 task_modules: Sequence[str] = (), selector: str = "ReducedLottery", restart: bool = True) -> None:  # fmt: skip
+                 task_modules: Sequence[str] = (), selector: str = "ReducedLottery", restart: bool = True,
+                 pin_core: bool = False) -> None:  # fmt: skip
         self.pool = pool
         self.n_consumers = n_consumers or os.cpu_count() or 1
         if self.n_consumers < 1:
@@ -141,11 +143,12 @@ class ConsumerPool:
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
         self.options: dict[str, Any] = {
             "batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency,
-            "task_modules": list(task_modules), "selector": selector,
+            "task_modules": list(task_modules), "selector": selector, "pin_core": pin_core,
             "log_level": logging.getLogger().level or logging.WARNING,
         }  # fmt: skip
         if max_concurrency < 1 or (batch_size is not None and batch_size < 1):
             raise ValueError("max_concurrency and batch_size must be >= 1")
+        check_pin(pin_core, concurrency)
         self.restart = restart
         self.restarts = 0
         self.stats = ConsumerStats()  # the counts of the consumer processes that have stopped (see `_spawn`)

@@ -1,0 +1,74 @@
+"""A core of its own for a consumer whose tasks are CPU-bound threads (Linux).
+
+A thread-mode consumer runs Python on one core at a time (the GIL), yet the OS moves its threads
+between cores at every GIL hand-off, and a core can sit idle while the woken thread waits to be
+run on the other. Pinning the consumer to one core avoids that (measured on the skewed workload,
+2 consumers on 2 cores: efficiency 0.91 unpinned, 0.94 pinned, medians of 3).
+
+Consumers on one host share out the cores through lock files, one per core, in a directory of the
+user's under the temporary directory: a consumer takes the first core whose file it can lock and
+holds the lock while it runs. The kernel drops the lock when the process dies, even by SIGKILL.
+With every core taken, a consumer runs unpinned.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger("conveyor.worker")
+
+CORE_LOCK_DIR = "conveyor-cores-{uid}"
+CORE_LOCK_NAME = "core-{}.lock"
+
+
+@dataclass
+class CorePin:
+    """This thread (and the threads it starts from now on) pinned to `core`; `release()` undoes it."""
+
+    core: int
+    before: set[int]
+    _fd: int
+
+    def release(self) -> None:
+        """Back to the cores this thread had before, and the core free for another consumer."""
+        if self._fd < 0:
+            return
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, self.before)
+        os.close(self._fd)
+        self._fd = -1
+
+
+def check_pin(pin_core: bool, concurrency: str) -> None:
+    """Refuse pinning where it does not apply."""
+    if pin_core and concurrency != "thread":
+        raise ValueError("pin_core is for concurrency='thread': the OS spreads task processes over the cores")
+
+
+def pin_core(lock_dir: Path | None = None) -> CorePin | None:
+    """Pin the calling thread to a core no other consumer on this host holds; None when every
+    core is held or the platform cannot pin (the consumer then runs as it would have)."""
+    if not hasattr(os, "sched_setaffinity"):
+        log.warning("this platform cannot pin a thread to a core: the consumer runs unpinned")
+        return None
+    import fcntl  # where sched_setaffinity is, so is fcntl
+
+    before = os.sched_getaffinity(0)
+    directory = lock_dir or Path(tempfile.gettempdir()) / CORE_LOCK_DIR.format(uid=os.getuid())
+    directory.mkdir(mode=0o700, exist_ok=True)
+    for core in sorted(before):
+        fd = os.open(directory / CORE_LOCK_NAME.format(core), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        os.sched_setaffinity(0, {core})
+        return CorePin(core, before, fd)
+    log.info("every core of this host (%s) is held by another consumer: this one runs unpinned", sorted(before))
+    return None

@@ -1,0 +1,129 @@
+"""Pinning thread-mode consumers to cores of their own: the lock files that share the cores out
+(also across processes, and after a SIGKILL), the masks set and restored, and consumers that run
+their tasks pinned."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conveyor.pool import QueuePool
+from conveyor.spark.consumers import check_consumer_options
+from conveyor.worker import Consumer, ConsumerPool
+from conveyor.worker.affinity import CorePin, pin_core
+
+from . import worker_tasks as wt
+
+CORES = sorted(os.sched_getaffinity(0))
+
+
+def in_thread(fn, *args):  # type: ignore[no-untyped-def]
+    """fn(*args) in a new thread (a pin holds the calling thread); its return value and the
+    thread's cores afterwards."""
+    out: list[object] = []
+    t = threading.Thread(target=lambda: out.extend([fn(*args), sorted(os.sched_getaffinity(0))]))
+    t.start()
+    t.join(30)
+    assert not t.is_alive()
+    return out
+
+
+@pytest.fixture
+def pool() -> Iterator[QueuePool]:
+    with QueuePool.local(n_servers=2) as p:
+        yield p
+
+
+def test_each_pin_takes_a_core_no_one_holds_and_release_gives_it_back(tmp_path: Path) -> None:
+    pins: list[CorePin] = []
+    for _ in CORES:
+        pin, mask = in_thread(pin_core, tmp_path)
+        assert isinstance(pin, CorePin) and mask == [pin.core]
+        pins.append(pin)
+    assert sorted(p.core for p in pins) == CORES  # one consumer per core
+    assert in_thread(pin_core, tmp_path)[0] is None  # every core held: unpinned, not doubled up
+    pins[0].release()
+    pins[0].release()  # twice is harmless
+    again = in_thread(pin_core, tmp_path)[0]
+    assert isinstance(again, CorePin) and again.core == pins[0].core
+    for p in [again, *pins[1:]]:
+        p.release()
+
+
+def test_release_restores_the_threads_cores(tmp_path: Path) -> None:
+    def pin_then_release() -> tuple[int, list[int]]:
+        pin = pin_core(tmp_path)
+        assert pin is not None
+        pinned = sorted(os.sched_getaffinity(0))
+        pin.release()
+        return pin.core, pinned
+
+    (core, pinned), after = in_thread(pin_then_release)
+    assert pinned == [core] and after == CORES
+
+
+def test_a_core_held_by_a_killed_process_is_free_again(tmp_path: Path) -> None:
+    code = ("import sys, time; from pathlib import Path; from conveyor.worker.affinity import pin_core; "
+            "p = pin_core(Path(sys.argv[1])); print(p.core, flush=True); time.sleep(600)")  # fmt: skip
+    child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None
+        held = int(child.stdout.readline())
+        mine = [in_thread(pin_core, tmp_path)[0] for _ in CORES[1:]]
+        assert held not in [p.core for p in mine if p is not None]  # another process's core is left alone
+        assert in_thread(pin_core, tmp_path)[0] is None
+        for p in mine:
+            p.release()  # type: ignore[union-attr]
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(30)
+        child.stdout.close()  # type: ignore[union-attr]
+    pins = [in_thread(pin_core, tmp_path)[0] for _ in CORES]  # the kernel dropped the dead process's lock
+    assert sorted(p.core for p in pins) == CORES  # type: ignore[union-attr]
+
+
+def test_pinning_is_refused_for_process_concurrency(pool: QueuePool) -> None:
+    with pytest.raises(ValueError, match="pin_core is for concurrency='thread'"):
+        Consumer(pool, ["jobs"], concurrency="process", pin_core=True)
+    with pytest.raises(ValueError, match="pin_core is for concurrency='thread'"):
+        ConsumerPool(pool, 1, queues=["jobs"], concurrency="process", pin_core=True)
+    with pytest.raises(ValueError, match="pin_core is for concurrency='thread'"):
+        check_consumer_options(None, 8, None, "process", True)
+
+
+def test_a_pinned_consumer_runs_its_tasks_on_its_core_then_unpins(pool: QueuePool, monkeypatch: pytest.MonkeyPatch,
+                                                                   tmp_path: Path) -> None:  # fmt: skip
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the lock files of this test only
+    handles = wt.cores_of_worker.publish_many([() for _ in range(20)], _pool=pool)
+
+    def run() -> None:
+        Consumer(pool, ["jobs"], max_concurrency=4, until_empty=True, pin_core=True, task_modules=["tests.worker_tasks"]).run()
+
+    _, after = in_thread(run)
+    masks = {tuple(cores) for _, cores in pool.gather(handles)}
+    assert len(masks) == 1 and len(next(iter(masks))) == 1  # all on the one core it took
+    assert after == CORES  # the thread that ran the consumer has its cores back
+    assert in_thread(pin_core, tmp_path)[0] is not None  # and the core is free again
+
+
+@pytest.mark.skipif(len(CORES) < 2, reason="needs two cores to show two consumers on two of them")
+def test_a_pool_of_pinned_consumers_spreads_over_the_cores(pool: QueuePool) -> None:
+    # tasks that wait a little, so that both consumers take some while the other runs
+    handles = wt.cores_of_worker.publish_many([(0.05,) for _ in range(40)], _pool=pool)
+    with ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=2, batch_size=1, pin_core=True,
+                      task_modules=["tests.worker_tasks"]) as cp:  # fmt: skip
+        cp.join(timeout=60, progress=False)
+    by_pid: dict[int, set[tuple[int, ...]]] = {}
+    for pid, cores in pool.gather(handles):
+        by_pid.setdefault(pid, set()).add(tuple(cores))
+    assert len(by_pid) == 2
+    masks = [m for ms in by_pid.values() for m in ms]
+    assert all(len(m) == 1 for m in masks) and len(set(masks)) == 2  # each on a core, not the same one
