@@ -88,6 +88,8 @@ def test_a_core_held_by_a_killed_process_is_free_again(tmp_path: Path) -> None:
         child.stdout.close()  # type: ignore[union-attr]
     pins = [in_thread(pin_core, tmp_path)[0] for _ in CORES]  # the kernel dropped the dead process's lock
     assert sorted(p.core for p in pins) == CORES  # type: ignore[union-attr]
+    for p in pins:
+        p.release()  # type: ignore[union-attr]
 
 
 def test_pinning_is_refused_for_process_concurrency(pool: QueuePool) -> None:
@@ -111,7 +113,9 @@ def test_a_pinned_consumer_runs_its_tasks_on_its_core_then_unpins(pool: QueuePoo
     masks = {tuple(cores) for _, cores in pool.gather(handles)}
     assert len(masks) == 1 and len(next(iter(masks))) == 1  # all on the one core it took
     assert after == CORES  # the thread that ran the consumer has its cores back
-    assert in_thread(pin_core, tmp_path)[0] is not None  # and the core is free again
+    free = in_thread(pin_core, tmp_path)[0]
+    assert isinstance(free, CorePin)  # and the core is free again
+    free.release()
 
 
 @pytest.mark.skipif(len(CORES) < 2, reason="needs two cores to show two consumers on two of them")
