@@ -118,6 +118,19 @@ def test_a_pinned_consumer_runs_its_tasks_on_its_core_then_unpins(pool: QueuePoo
     free.release()
 
 
+def test_a_pinned_consumer_fetches_whole_batches(pool: QueuePool, monkeypatch: pytest.MonkeyPatch,
+                                                 tmp_path: Path) -> None:  # fmt: skip
+    """Pinned, any one running task keeps the core busy: with a batch still running, the consumer
+    waits for a whole batch of free slots rather than fetching a few at a time."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    wt.cores_of_worker.publish_many([(0.01,) for _ in range(40)], _pool=pool)
+    consumer = Consumer(pool, ["jobs"], max_concurrency=8, batch_size=4, until_empty=True, pin_core=True,
+                        task_modules=["tests.worker_tasks"])  # fmt: skip
+    stats = in_thread(consumer.run)[0]
+    assert stats.processed == 40
+    assert stats.fetches == 10  # 4 at a time, never fewer
+
+
 @pytest.mark.skipif(len(CORES) < 2, reason="needs two cores to show two consumers on two of them")
 def test_a_pool_of_pinned_consumers_spreads_over_the_cores(pool: QueuePool) -> None:
     # tasks that wait a little, so that both consumers take some while the other runs

@@ -22,6 +22,7 @@ import mmap
 import os
 import threading
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Literal
@@ -290,8 +291,8 @@ class DurableStore(Store):
                 seg[has], off[has], size[has] = self._keep(ids[has], [r for r in results if r is not None], KIND_RESULT)
             self._index.append(make_records(ids, status, c["attempts"][idx], seg, off, size, c["until"][idx]))
             if status in (ST_ACKED, ST_FAILED, ST_NONE):
-                for s, k in zip(*np.unique(c["seg"][idx], return_counts=True), strict=True):
-                    self._live[int(s)] -= int(k)
+                for s, k in Counter(c["seg"][idx].tolist()).items():
+                    self._live[s] -= k
 
     def _keep(self, ids: np.ndarray, data: list[bytes], kind: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Append result or dead-letter records and remember where they are."""

@@ -24,6 +24,7 @@ from ..constants import ST_ACKED, ST_DELAYED, ST_DELIVERED, ST_FAILED, ST_NONE, 
 
 _FINISHED = (ST_ACKED, ST_FAILED, ST_NONE)
 _SCAN = 4096
+_SMALL = 64  # below this many ids, plain Python beats numpy's per-call cost
 
 
 def _runs(mask: np.ndarray, first: int) -> list[tuple[int, int]]:
@@ -78,6 +79,8 @@ class _Fifo:
 def first_occurrences(ids: np.ndarray) -> np.ndarray:
     """Mask of each id's first place in `ids`: a duplicate within one call counts once."""
     if len(ids) < 2:
+        return np.ones(len(ids), bool)
+    if len(ids) <= _SMALL and len(set(ids.tolist())) == len(ids):  # the usual case, without sorting
         return np.ones(len(ids), bool)
     first = np.zeros(len(ids), bool)
     first[np.unique(ids, return_index=True)[1]] = True
@@ -143,13 +146,17 @@ class QueueState:
         end = self.next_id - self.base
         i = self.low - self.base
         status = self.status
+        if i < end and status.item(i) not in _FINISHED:  # the usual case: the oldest message still runs
+            return self.low
+        step = _SMALL  # low mostly moves a little: look near it first
         while i < end:
-            chunk = status[i : min(i + _SCAN, end)]
+            chunk = status[i : min(i + step, end)]
             unfinished = np.flatnonzero((chunk != ST_ACKED) & (chunk != ST_FAILED) & (chunk != ST_NONE))
             if len(unfinished):
                 i += int(unfinished[0])
                 break
             i += len(chunk)
+            step = _SCAN
         self.low = self.base + i
         return self.low
 

@@ -74,6 +74,7 @@ class ConsumerStats:
     dead: int = 0
     timed_out: int = 0
     stolen: int = 0  # messages taken from shards not assigned to this consumer
+    fetches: int = 0  # requests that brought messages (processed / fetches: messages per request)
     released: int = 0
     fetched_by_shard: dict[int, int] = field(default_factory=dict)
 
@@ -166,9 +167,7 @@ class Consumer:
         self._peeked: list[Completion] = []  # completions `_wait` took, for the next `_completed`
         self._undrained = False  # with until_empty: the last drained check found work still pending
         self._last_short = True  # the last fetch got less than it asked for: the queues are not busy
-        # with tasks running and the queues busy, fetch once this many slots are free: one request
-        # for several messages, while the running tasks keep the machine busy
-        self._refill = max(1, min(max(q.batch_size for q in self.queues), max_concurrency) // 2)
+        self._refill = 1  # set by _run
 
     @staticmethod
     def _queue(q: QueueConfig | str, batch_size: int | None) -> _Queue:
@@ -201,6 +200,12 @@ class Consumer:
         return self.stats
 
     def _run(self, core: int | None) -> None:
+        # with tasks running and the queues busy, fetch once this many slots are free: one request
+        # for several messages, while the running tasks keep the machine busy. Pinned, any one
+        # running task keeps the consumer's core busy: with a batch still running, wait for a
+        # whole batch (half the requests, each costing CPU in the servers and here)
+        fill = min(max(q.batch_size for q in self.queues), self.max_concurrency)
+        self._refill = fill if core is not None and self.max_concurrency >= 2 * fill else max(1, fill // 2)
         fetcher = BlobFetcher(self.pool)
         slots = (ThreadSlots(self.max_concurrency, self._done, fetcher()) if self.concurrency == "thread"
                  else ProcessSlots(self.max_concurrency, self._done, fetcher, self.task_modules))  # fmt: skip
@@ -307,6 +312,7 @@ class Consumer:
     def _get(self, q: _Queue, n: int, wait_s: float) -> list[Message]:
         got = self.pool.get(q.name, n, lease_s=q.lease_s, wait_s=wait_s, shards=self.shards)
         if got:
+            self.stats.fetches += 1
             shard = self.pool.split_id(got[0].id)[0]
             self.stats.fetched_by_shard[shard] = self.stats.fetched_by_shard.get(shard, 0) + len(got)
             if shard not in self.shards[: self.n_assigned]:
