@@ -7,8 +7,8 @@ Variants, all in one run on one session:
   (a) mapInPandas over the input's own 16 partitions     (b) after repartition(2)
   (c) after repartition(16)                               (d) one Spark partition per item
       ((d) on the first 500 items only: Spark schedules ~30 tiny tasks/s here)
-  (e) conveyor.spark.map (2 consumers as Spark tasks, 8 threads each, each pinned to a core of its
-      own, on 2 local durable servers)
+  (e) conveyor.spark.map (2 consumers as Spark tasks, 32 threads each fetching 16 at a time, each
+      pinned to a core of its own, on 2 local durable servers)
 
 Each prints its end-to-end makespan (the call to the results collected) and efficiency = work /
 (2 x makespan); (e) also its steady-state efficiency (first item started to last item finished,
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                 record(f"{w} (d) efficiency", sum(d[:500]) / (WORKERS * t))
                 record(f"{w} (d) makespan, scaled", t * work / sum(d[:500]))
                 progress(f"run {run}/{runs}, {w}: (e) conveyor.spark.map")
-                t, window, k = through_conveyor(df, run_item, max_concurrency=8, batch_size=8, pin_core=True)
+                t, window, k = through_conveyor(df, run_item, max_concurrency=32, batch_size=16, pin_core=True)
                 assert k == len(d)
                 record(f"{w} (e) makespan", t)
                 record(f"{w} (e) efficiency", work / (WORKERS * t))

@@ -118,17 +118,21 @@ def test_a_pinned_consumer_runs_its_tasks_on_its_core_then_unpins(pool: QueuePoo
     free.release()
 
 
-def test_a_pinned_consumer_fetches_whole_batches(pool: QueuePool, monkeypatch: pytest.MonkeyPatch,
-                                                 tmp_path: Path) -> None:  # fmt: skip
-    """Pinned, any one running task keeps the core busy: with a batch still running, the consumer
-    waits for a whole batch of free slots rather than fetching a few at a time."""
+def test_a_pinned_consumer_holds_fewer_tasks_as_the_queue_drains(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """With 16 slots and batches of 8, a pinned consumer would run 16 tasks at once; one of 2
+    consumers holds at most half its share of what is left, so the last tasks wait in the queue
+    for whichever consumer frees a slot first."""
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
-    wt.cores_of_worker.publish_many([(0.01,) for _ in range(40)], _pool=pool)
-    consumer = Consumer(pool, ["jobs"], max_concurrency=8, batch_size=4, until_empty=True, pin_core=True,
-                        task_modules=["tests.worker_tasks"])  # fmt: skip
-    stats = in_thread(consumer.run)[0]
+    with QueuePool.local(n_servers=1) as pool:
+        handles = wt.running_at_start.publish_many([(0.05,) for _ in range(40)], _pool=pool)
+        assert pool.clients[0].get("jobs", 0).left == 40  # what a get tells of the queue
+        consumer = Consumer(pool, ["jobs"], n_consumers=2, max_concurrency=16, batch_size=8, until_empty=True,
+                            pin_core=True, task_modules=["tests.worker_tasks"])  # fmt: skip
+        stats = in_thread(consumer.run)[0]
+        at_once = pool.gather(handles)
     assert stats.processed == 40
-    assert stats.fetches == 10  # 4 at a time, never fewer
+    assert max(at_once) <= 8  # after the first batch of 8, 32 left: hold 8, not 16
+    assert max(at_once[-4:]) <= 2  # the last ones: 2 at a time
 
 
 @pytest.mark.skipif(len(CORES) < 2, reason="needs two cores to show two consumers on two of them")

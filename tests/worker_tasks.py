@@ -6,6 +6,7 @@ Tasks that must leave a trace across processes append a line to a file named by 
 from __future__ import annotations
 
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,24 @@ def cores_of_worker(seconds: float = 0.0) -> tuple[int, list[int]]:
     """The worker's pid and the cores this task's thread may run on (after `seconds` of sleep)."""
     time.sleep(seconds)
     return os.getpid(), sorted(os.sched_getaffinity(0))
+
+
+_running = [0]
+_running_lock = threading.Lock()
+
+
+@conveyor.task(queue="jobs", max_retries=0)
+def running_at_start(seconds: float) -> int:
+    """Sleeps; returns how many of these tasks ran in this process when it started (itself included)."""
+    with _running_lock:
+        _running[0] += 1
+        now = _running[0]
+    try:
+        time.sleep(seconds)
+    finally:
+        with _running_lock:
+            _running[0] -= 1
+    return now
 
 
 @conveyor.task(queue="jobs", max_retries=3)

@@ -118,12 +118,25 @@ def _messages(h: Header, frames: Frames, id_base: int = 0) -> list[Message]:
             for i, p, pr, a, at, nb, ma, hd in zip(cols[0], frames, *cols[1:], strict=True)]  # fmt: skip
 
 
-def get(queue: str, n: int, *, lease_s: float | None = None, wait_s: float = 0.0, id_base: int = 0) -> Call[list[Message]]:
+class Fetched(list[Message]):
+    """The messages a get delivered, and how many READY ones its queue had left on that server
+    (`left`; None from a server that does not tell)."""
+
+    left: int | None = None
+
+
+def _fetched(h: Header, frames: Frames, id_base: int) -> Fetched:
+    out = Fetched(_messages(h, frames, id_base))
+    out.left = h.get("left")
+    return out
+
+
+def get(queue: str, n: int, *, lease_s: float | None = None, wait_s: float = 0.0, id_base: int = 0) -> Call[Fetched]:
     """Lease up to n messages; with `wait_s`, wait that long for some to arrive (long poll)."""
     args: dict[str, Any] = {"queue": queue, "n": n, "wait_s": wait_s}
     if lease_s is not None:
         args["lease_s"] = lease_s
-    return Call("get", args, parse=lambda h, f: _messages(h, f, id_base), wait_s=max(0.0, wait_s))
+    return Call("get", args, parse=lambda h, f: _fetched(h, f, id_base), wait_s=max(0.0, wait_s))
 
 
 def ack(queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None = None) -> Call[list[bool]]:

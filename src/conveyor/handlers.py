@@ -214,7 +214,7 @@ async def get(host: QueueHost, a: Args, frames: Frames) -> Reply:
             break
     cols = {"ids": got.ids, "prio": column(got.priority), "att": column(got.attempts), "at": column(got.enqueued_at),
             "nb": column(got.not_before), "ma": column(got.max_attempts), "hdr": column(got.headers)}  # fmt: skip
-    return {"queue": q.info.name, "lease_s": got.lease_s, **cols}, got.payloads
+    return {"queue": q.info.name, "lease_s": got.lease_s, "left": q.store.ready_left(), **cols}, got.payloads
 
 
 async def ack(host: QueueHost, a: Args, frames: Frames) -> Reply:

@@ -352,6 +352,10 @@ class Store(ABC):
         """Make everything written so far durable (group commit); safe to call from another thread."""
         return  # nothing to do for a store that keeps nothing on disk
 
+    def ready_left(self) -> int:
+        """How many READY messages wait (at most a little high): a get's reply tells the consumer."""
+        return self._state.ready_left()
+
     def next_wakeup(self) -> float | None:
         """The earliest time a delayed message may come due or a lease may run out; None if neither.
 

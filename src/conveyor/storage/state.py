@@ -364,6 +364,10 @@ class QueueState:
         return np.unique(np.concatenate(out))
 
     # --- inspection -----------------------------------------------------------------------
+    def ready_left(self) -> int:
+        """READY messages waiting, or a few more: one finished while ready counts until it is popped."""
+        return sum(len(f) for f in self._fifos.values())
+
     def next_wakeup(self) -> float | None:
         """The earliest time a delayed message may become due or a lease may run out (or None).
 

@@ -29,6 +29,7 @@ from ..worker.settings import QueueConfig
 from .affinity import check_pin, pin_core
 from .executors import Completion, Fetch, ProcessSlots, ThreadSlots
 from .middleware import Decision, Middleware, default_middleware
+from .pacing import Pacing
 from .settler import Settler
 
 if TYPE_CHECKING:
@@ -142,6 +143,7 @@ class Consumer:
         mine = pool.assign(consumer, n_consumers)
         self.shards = mine + [s for s in range(len(pool)) if s not in mine]  # assigned first, then steal
         self.n_assigned = len(mine)
+        self.n_consumers = max(1, n_consumers)
         self.max_concurrency = max_concurrency
         self.concurrency = concurrency
         rng = random.Random(seed)
@@ -167,7 +169,8 @@ class Consumer:
         self._peeked: list[Completion] = []  # completions `_wait` took, for the next `_completed`
         self._undrained = False  # with until_empty: the last drained check found work still pending
         self._last_short = True  # the last fetch got less than it asked for: the queues are not busy
-        self._refill = 1  # set by _run
+        self._pacing: Pacing  # set by _run, which knows whether the consumer got a core of its own
+        self._left: int | None = None  # READY messages the last fetch's queue had left on its server
 
     @staticmethod
     def _queue(q: QueueConfig | str, batch_size: int | None) -> _Queue:
@@ -200,12 +203,8 @@ class Consumer:
         return self.stats
 
     def _run(self, core: int | None) -> None:
-        # with tasks running and the queues busy, fetch once this many slots are free: one request
-        # for several messages, while the running tasks keep the machine busy. Pinned, any one
-        # running task keeps the consumer's core busy: with a batch still running, wait for a
-        # whole batch (half the requests, each costing CPU in the servers and here)
-        fill = min(max(q.batch_size for q in self.queues), self.max_concurrency)
-        self._refill = fill if core is not None and self.max_concurrency >= 2 * fill else max(1, fill // 2)
+        self._pacing = Pacing(self.max_concurrency, max(q.batch_size for q in self.queues), core is not None,
+                              self.n_consumers, len(self.pool))  # fmt: skip
         fetcher = BlobFetcher(self.pool)
         slots = (ThreadSlots(self.max_concurrency, self._done, fetcher()) if self.concurrency == "thread"
                  else ProcessSlots(self.max_concurrency, self._done, fetcher, self.task_modules))  # fmt: skip
@@ -242,8 +241,8 @@ class Consumer:
                         return
                     self._wait(BUSY_POLL_S)
                     continue
-                free = self.max_concurrency - len(self._running)
-                if free <= 0 or (self._running and not self._last_short and free < self._refill):
+                free = self._pacing.want(len(self._running), self._left, not self._last_short)
+                if not free:
                     self._wait(BUSY_POLL_S)  # while the queue is busy, fetch in batches rather than one by one
                     continue
                 if not self._running and self._last_short:
@@ -311,6 +310,7 @@ class Consumer:
 
     def _get(self, q: _Queue, n: int, wait_s: float) -> list[Message]:
         got = self.pool.get(q.name, n, lease_s=q.lease_s, wait_s=wait_s, shards=self.shards)
+        self._left = getattr(got, "left", None)
         if got:
             self.stats.fetches += 1
             shard = self.pool.split_id(got[0].id)[0]
