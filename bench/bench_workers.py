@@ -39,16 +39,17 @@ from conveyor.workloads import NOOP_PAYLOAD, busy, noop, skewed
 WORKERS = 2
 PUBLISH_BATCH = 10_000
 # skewed: 8 threads fetching 8 at a time keep a core busy while a fetch is out (and all 8 run at
-# once: nothing waits behind a long task); pinned, each consumer keeps its threads on one core and
-# fetches whole batches while one still runs (32 threads fetching 16 at a time: fewer requests);
-# 2 processes per consumer run tasks truly in parallel
+# once: nothing waits behind a long task); pinned, each consumer keeps its threads on one core,
+# fetches whole batches while one still runs (32 threads fetching 16 at a time, or 64 fetching 32:
+# fewer requests) and holds fewer as the queue drains; 2 processes per consumer run tasks truly
+# in parallel
 # no-op: a consumer fetches at most what its free slots can start, so many slots mean large fetches
 # (measured, medians of 3: 128 slots ~52k tasks/s, 256 ~58k, 512 ~64k, 1,000 ~65k)
 NOOP_CONFIG: dict[str, Any] = {"concurrency": "thread", "max_concurrency": 512, "batch_size": 1000}
 SKEWED_CONFIGS: dict[str, dict[str, Any]] = {
     "thread x8": {"concurrency": "thread", "max_concurrency": 8, "batch_size": 8},
-    "thread x16 pinned": {"concurrency": "thread", "max_concurrency": 16, "batch_size": 8, "pin_core": True},
     "thread x32 pinned": {"concurrency": "thread", "max_concurrency": 32, "batch_size": 16, "pin_core": True},
+    "thread x64 pinned": {"concurrency": "thread", "max_concurrency": 64, "batch_size": 32, "pin_core": True},
     "process x2": {"concurrency": "process", "max_concurrency": 2, "batch_size": 2},
 }
 

@@ -156,6 +156,7 @@ class Consumer:
         self.on_started = on_started
         self.pin_core = pin_core
         self._next_stop_check = 0.0
+        self._next_sweep = 0.0  # when to look for tasks over their time limit or due a lease extension
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{consumer}"
         self.stats = ConsumerStats()
         self._done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
@@ -230,8 +231,10 @@ class Consumer:
             try:
                 self._settle(self._completed())
                 now = time.monotonic()
-                self._enforce_limits(slots, now)
-                self._heartbeat(now)
+                if now >= self._next_sweep:  # not at every completion: each looks at every running task
+                    self._next_sweep = now + BUSY_POLL_S
+                    self._enforce_limits(slots, now)
+                    self._heartbeat(now)
                 if self.stop_when is not None and now >= self._next_stop_check:
                     self._next_stop_check = now + STOP_CHECK_S
                     if self.stop_when():
