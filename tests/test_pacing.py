@@ -36,6 +36,7 @@ def test_pinned_it_holds_half_an_even_share_of_what_is_left() -> None:
     assert p.hold(40) == 20  # 80 left on 2 shards, 2 consumers: half of 40 each
     assert p.hold(3) == 2  # never fewer than 2: one runs while the next is fetched
     assert p.hold(0) == 2
+    assert Pacing(max_concurrency=1, batch_size=1, pinned=True).hold(0) == 1  # nor more than max_concurrency
     assert p.want(running=20, left=40, busy=True) == 0
     assert p.want(running=13, left=40, busy=True) == 0
     assert p.want(running=12, left=40, busy=True) == 8  # no room for two batches in 20: half a batch

@@ -143,7 +143,7 @@ class Consumer:
         mine = pool.assign(consumer, n_consumers)
         self.shards = mine + [s for s in range(len(pool)) if s not in mine]  # assigned first, then steal
         self.n_assigned = len(mine)
-        self.n_consumers = max(1, n_consumers)
+        self.n_consumers = n_consumers
         self.max_concurrency = max_concurrency
         self.concurrency = concurrency
         rng = random.Random(seed)

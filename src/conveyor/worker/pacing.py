@@ -34,7 +34,7 @@ class Pacing:
         if not self.pinned or left is None:
             return self.max_concurrency
         share = -(-left * self.n_shards // (2 * max(1, self.n_consumers)))  # ceil; shards hold about as much each
-        return max(2, min(self.max_concurrency, share))
+        return min(self.max_concurrency, max(2, share))
 
     def refill(self, hold: int) -> int:
         """With tasks running and the queues busy, fetch once this many slots are free."""
