@@ -25,6 +25,7 @@ from ..constants import ST_ACKED, ST_DELAYED, ST_DELIVERED, ST_FAILED, ST_NONE, 
 _FINISHED = (ST_ACKED, ST_FAILED, ST_NONE)
 _SCAN = 4096
 _SMALL = 64  # below this many ids, plain Python beats numpy's per-call cost
+_NEAR = 64  # advance_low's first look: low mostly moves a little
 
 
 def _runs(mask: np.ndarray, first: int) -> list[tuple[int, int]]:
@@ -148,7 +149,7 @@ class QueueState:
         status = self.status
         if i < end and status.item(i) not in _FINISHED:  # the usual case: the oldest message still runs
             return self.low
-        step = _SMALL  # low mostly moves a little: look near it first
+        step = _NEAR
         while i < end:
             chunk = status[i : min(i + step, end)]
             unfinished = np.flatnonzero((chunk != ST_ACKED) & (chunk != ST_FAILED) & (chunk != ST_NONE))
