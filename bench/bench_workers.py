@@ -62,7 +62,7 @@ def _started(pool: QueuePool, n: int) -> None:
         time.sleep(0.05)
 
 
-def conveyor_run(fsync: str, publish: Callable[[QueuePool], None], poll_s: float, **consumer: Any) -> float:
+def conveyor_run(fsync: str, publish: Callable[[QueuePool], None], **consumer: Any) -> float:
     """Seconds from the first publish to the queue drained, on fresh servers and consumers."""
     with QueuePool.local(n_servers=2, fsync=fsync) as pool:
         cp = ConsumerPool(pool, WORKERS, queues=["bench"], task_modules=["bench_tasks"], **consumer).start()
@@ -70,7 +70,7 @@ def conveyor_run(fsync: str, publish: Callable[[QueuePool], None], poll_s: float
             _started(pool, WORKERS)
             t0 = time.perf_counter()
             publish(pool)
-            st = pool.join("bench", poll_s=poll_s, progress=False)["bench"]
+            st = pool.join("bench", progress=False)["bench"]
             dt = time.perf_counter() - t0
             if st.failed:
                 raise RuntimeError(f"{st.failed} tasks failed")
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for run in range(1, runs + 1):
         progress(f"run {run}/{runs}: no-op through conveyor")
-        dt = conveyor_run(args.fsync, publish_noop, 0.5, **NOOP_CONFIG)
+        dt = conveyor_run(args.fsync, publish_noop, **NOOP_CONFIG)
         record("noop conveyor", n / dt)
         progress(f"run {run}/{runs}: no-op through ProcessPoolExecutor.map")
         best = max(n / executor_run(noop, payloads, c) for c in (100, 1000, 10_000))
@@ -127,8 +127,7 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"run {run}/{runs}: skewed through conveyor")
         items = [(d,) for d in durations]
         for label, options in SKEWED_CONFIGS.items():
-            dt = conveyor_run(args.fsync, lambda p, items=items: bench_tasks.spin.publish_many(items, _pool=p), 0.5,
-                              **options)  # fmt: skip
+            dt = conveyor_run(args.fsync, lambda p, items=items: bench_tasks.spin.publish_many(items, _pool=p), **options)
             record(f"skewed conveyor {label}", work / (WORKERS * dt))
         progress(f"run {run}/{runs}: skewed through ProcessPoolExecutor.map")
         best = max(work / (WORKERS * executor_run(busy, durations, c, w)) for c in (1, 4, 16, 64) for w in (2, 4))

@@ -37,6 +37,7 @@ from .storage import DeadLetter
 LOCAL_MASK = (1 << SHARD_SHIFT) - 1
 SERVER_START_TIMEOUT_S = 30.0
 SHARD_DOWN_S = 2.0  # after a shard fails to answer a get, the others are served for this long
+QUIET_POLL_S = 5.0  # join without a progress bar: the longest wait of one request (the servers answer at the end)
 
 
 def spawn_server(data_dir: str | Path | None, port: int = 0, *, token: str | None = None, args: Sequence[str] = (),
@@ -432,9 +433,10 @@ class QueuePool(PoolTasks):
         """Wait until the queues (default: all) have nothing ready, delayed or delivered on any shard.
 
         The servers answer as soon as their share is drained, so the end is seen at once; `poll_s`
-        is how often the counts are refreshed meanwhile. Shows a progress bar on a terminal
-        (`progress=None`: when stderr is one). Raises TimeoutError after `timeout` seconds.
-        Returns the final stats.
+        is how often the counts are refreshed meanwhile for the progress bar, shown on a terminal
+        (`progress=None`: when stderr is one). Without a bar the servers are asked far less often
+        (every QUIET_POLL_S): each request costs them CPU the work could use. Raises TimeoutError
+        after `timeout` seconds. Returns the final stats.
         """
         from .progress import JoinProgress
 
@@ -443,6 +445,8 @@ class QueuePool(PoolTasks):
         wait = 0.0  # the first look answers at once; then each server answers when drained or after poll_s
         # connections of its own: a waiting request would hold up other threads' calls on ours
         with JoinProgress(enabled=progress) as bar, pickle.loads(pickle.dumps(self)) as own:
+            if not bar.enabled:
+                poll_s = max(poll_s, QUIET_POLL_S)
             while True:
                 mine = own.wait_drained(names, wait)
                 bar.update(mine)

@@ -301,6 +301,7 @@ class Consumer:
             got = self._get(q, min(q.batch_size, free), wait)
         self._iterations_left = self._iterations_left - 1 if got else 0
         self._last_short = len(got) < min(q.batch_size if q is not None else 1, free)
+        self._settler.busy = not self._last_short
         return got
 
     def _probe_for(self, free: int) -> Callable[[_Queue], bool]:

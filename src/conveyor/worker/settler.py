@@ -26,6 +26,10 @@ log = logging.getLogger("conveyor.worker")
 
 RETRY_S = 0.5  # wait between tries while a server does not answer
 COALESCE_S = 0.05  # after the first settlement, how long to gather more before sending
+# the same while the consumer's queues are busy: a request costs the server and the consumer about
+# the same CPU whatever it carries, so under load fewer, larger acks leave more for the tasks (an
+# idle consumer, a flush and close hurry them: the end of the work is not delayed)
+BUSY_COALESCE_S = 0.25
 _STOP = object()
 
 
@@ -41,6 +45,7 @@ class Settler:
         self._pending = 0
         self._cond = threading.Condition()
         self._hurry = threading.Event()  # send without gathering more (a flush waits, or the consumer is idle)
+        self.busy = False  # set by the consumer while its queues are busy: gather for BUSY_COALESCE_S
         self.errors = 0
         self._give_up_at = float("inf")  # set by close: stop retrying after this
         self._thread = threading.Thread(target=self._loop, name="conveyor-settler", daemon=True)
@@ -107,7 +112,8 @@ class Settler:
             except queue.Empty:
                 continue
             if first is not _STOP:
-                self._hurry.wait(COALESCE_S)  # let settlements arriving together go in one request
+                # let settlements arriving together go in one request
+                self._hurry.wait(BUSY_COALESCE_S if self.busy else COALESCE_S)
             self._hurry.clear()
             lists = [first]
             while True:

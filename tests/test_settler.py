@@ -1,0 +1,64 @@
+"""The settler against a real server: how long it gathers settlements, and that hurrying cuts it short."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from conveyor import Message
+from conveyor.pool import QueuePool
+from conveyor.worker.settler import BUSY_COALESCE_S, COALESCE_S, Settler
+
+from .servers import thread_server, wait_for
+
+
+@pytest.fixture
+def pool() -> Iterator[QueuePool]:
+    with thread_server() as s, QueuePool.connect([s.address]) as p:
+        yield p
+
+
+def leased(pool: QueuePool, n: int) -> list[int]:
+    pool.put("q", [Message(b"x") for _ in range(n)])
+    got = pool.get("q", n, lease_s=30)
+    assert len(got) == n
+    return [m.id for m in got]
+
+
+def acked(pool: QueuePool) -> int:
+    return pool.stats("q")["q"].acked
+
+
+def test_a_busy_settler_gathers_acks_longer_and_a_hurry_sends_them_together(pool: QueuePool) -> None:
+    assert BUSY_COALESCE_S >= 4 * COALESCE_S
+    a, b = leased(pool, 2)
+    settler = Settler(pool)
+    try:
+        settler.busy = True
+        settler.put([Settler.ack("q", a, b"ra")])
+        # twice the quiet window: a settler that is not busy would have sent this ack by now
+        until = time.monotonic() + 2 * COALESCE_S
+        while time.monotonic() < until:
+            assert acked(pool) == 0, "a busy settler sent an ack within the quiet window"
+        settler.put([Settler.ack("q", b, b"rb")])
+        settler.hurry()  # the consumer went idle: send now, without waiting out the window
+        n = wait_for(lambda: acked(pool), what="the acks")
+        assert n == 2, "acks gathered together should go in one request"
+        assert settler.flush(10)
+        assert dict(pool.results("q")) == {a: b"ra", b: b"rb"}
+    finally:
+        settler.close(10)
+
+
+def test_a_flush_sends_a_busy_settlers_acks_and_waits_for_them(pool: QueuePool) -> None:
+    ids = leased(pool, 3)
+    settler = Settler(pool)
+    try:
+        settler.busy = True
+        settler.put([Settler.ack("q", i, None) for i in ids])
+        assert settler.flush(10)
+        assert acked(pool) == 3  # sent and answered when flush returns
+    finally:
+        settler.close(10)
