@@ -256,7 +256,10 @@ def test_map_without_a_pool_starts_and_stops_its_own_servers(spark: SparkSession
 
 def test_map_over_fewer_partitions_than_consumers_puts_rows_first(spark: SparkSession, pool: QueuePool) -> None:
     df = spark.range(100, numPartitions=1)  # one partition, two consumers: rows are put by a job of their own
-    out = cs.map(df, lambda r: r["id"], schema="n long", pool=pool, progress=False)
-    assert sorted(r["n"] for r in out.collect()) == list(range(100))
+    out = cs.map(df, lambda r: r["id"] // (r["id"] % 10), schema="n long", pool=pool, max_retries=0, progress=False)
+    rows = out.collect()
+    assert sorted(r["n"] for r in rows if r["_error"] is None) == sorted(i // (i % 10) for i in range(100) if i % 10)
+    assert sorted(r["_input"] for r in rows if r["_error"] is not None) == sorted(f'{{"id": {i}}}' for i in range(0, 100, 10))
     stats = cs.mapping.last_stats
     assert stats is not None and len(stats.consumers) == 2 and stats.enqueue_s > 0
+    assert stats.rows == 100 and stats.failed == 10  # counted as the consumers read the results back

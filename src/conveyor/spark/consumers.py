@@ -11,8 +11,8 @@ A stop travels through the queue servers, not Spark: `stop()` stores a blob whos
 consumers know, and each checks for it about once a second, then stops gracefully.
 
 With `then=(schema, rows)`, each task yields `rows(task)` once the queues are drained instead of
-its counts, which it puts on a queue of their own: how `map` reads its results back in the same
-Spark job that consumed them.
+its counts, which it puts on a queue of their own (with any counts `rows` returns): how `map`
+reads its results back in the same Spark job that consumed them.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from ..errors import ConveyorError
@@ -50,7 +50,8 @@ STOP_PREFIX = b"conveyor-stop:"
 FED_PREFIX = b"conveyor-fed:"  # + job and task: that task's prelude is done
 
 Prelude = Callable[[Iterator["pa.RecordBatch"], int], int]  # (the task's input batches, task index) -> rows fed
-Epilogue = Callable[[int], Iterator["pa.RecordBatch"]]  # task index -> the rows it yields once drained
+# task index -> the rows it yields once drained; it may return counts to add to the task's stats row
+Epilogue = Callable[[int], Generator["pa.RecordBatch", None, "dict[str, int] | None"]]
 
 
 def _key(prefix: bytes, job: str) -> str:
@@ -107,8 +108,10 @@ def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str,
         if epilogue is None:
             yield pa.RecordBatch.from_pylist([row])
             return
+        counts = yield from epilogue(index)
+        row.update(counts or {})
         pool.put(_stats_queue(job), [Message(payload=json.dumps(row).encode())])
-        yield from epilogue(index)
+        pool.close()
 
     return run
 
@@ -123,7 +126,8 @@ class SparkConsumerPool:
         then consumes; drained queues end no consumer before every task's prelude is done. This is
         how `map` overlaps putting rows on the queue with working them off.
     then: (schema, epilogue): `dataframe()` has this schema and each task yields `epilogue(task)`
-        once the queues are drained (every task's work done); `consumer_stats()` gives the counts.
+        once the queues are drained (every task's work done); `consumer_stats()` gives the counts,
+        with those the epilogue returned (a generator's return value).
     """
 
     def __init__(self, spark: SparkSession, pool: QueuePool, n_consumers: int | None = None, *,

@@ -28,7 +28,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -199,34 +199,28 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
                         n, slots)  # fmt: skip
         options: dict[str, Any] = {"queues": [queue], "batch_size": batch_size, "max_concurrency": max_concurrency,
                                    "concurrency": concurrency, "pin_core": pin_core}  # fmt: skip
+        # once drained, each consumer task reads back the results of its share of the servers
+        shards = len(pool)
+        then = (_with_extra(out_schema), lambda task: _read(pool, queue, out_schema, range(task, shards, n)))
         # in one job, a consumer waits for every task to have put its rows: all n must run at once
-        if n <= _partitions(df) and n <= slots:
-            # one Spark job: each of n tasks puts its share of the rows on the queue, consumes, and
-            # once the queue is drained reads the results of its share of the servers
-            shards = len(pool)
-            consumers = SparkConsumerPool(spark, pool, n, feed=(df, put_rows), **options,
-                                          then=(_with_extra(out_schema),
-                                                lambda task: _read(pool, queue, out_schema, range(task, shards, n))),
+        one_job = n <= _partitions(df) and n <= slots
+        if one_job:  # each of n tasks puts its share of the rows on the queue, then consumes
+            consumers = SparkConsumerPool(spark, pool, n, feed=(df, put_rows), then=then, **options,
                                           description=f"conveyor.spark.map through {queue}")  # fmt: skip
-            with _Progress(pool, queue, progress), consumers.job_group():  # persist is lazy: the count runs it
-                result = _materialize(consumers.dataframe(), ephemeral)
-                got, failed = _count(result)
-            stats = consumers.consumer_stats()
-            rows = sum(s["rows"] for s in stats)
-            t1, t2 = t0, min(max((s["finished"] for s in stats), default=t0), time.time())
         else:  # fewer partitions than consumers: put the rows first (a job of its own), then consume
             counts = df.mapInArrow(_put_partitions(pool, put_rows), "partition long, rows long")
             rows = sum(r["rows"] for r in counts.collect())
             t1 = time.time()
-            consumers = SparkConsumerPool(spark, pool, n, **options,
+            consumers = SparkConsumerPool(spark, pool, n, then=then, **options,
                                           description=f"conveyor.spark.map: {rows:,} rows through {queue}")  # fmt: skip
-            with _Progress(pool, queue, progress):
-                stats = consumers.run()
-            t2 = time.time()
-            reader = _reader(pool, queue, out_schema)
-            result = spark.range(len(pool), numPartitions=len(pool)).mapInArrow(reader, _with_extra(out_schema))
-            result = _materialize(result, ephemeral)
-            got, failed = _count(result)
+        with _Progress(pool, queue, progress), consumers.job_group():
+            result = _materialize(consumers.dataframe(), ephemeral)
+        stats = consumers.consumer_stats()
+        if one_job:
+            rows = sum(s["rows"] for s in stats)
+            t1 = t0
+        got, failed = sum(s["out_rows"] for s in stats), sum(s["out_failed"] for s in stats)
+        t2 = min(max((s["finished"] for s in stats), default=t1), time.time())
         t3 = time.time()
         if got != rows:
             raise ConveyorError(f"map: {rows:,} rows went in but {got:,} came out (queue {queue}); please report this")
@@ -276,12 +270,6 @@ def _with_extra(schema: StructType) -> StructType:
                        StructField("_input", StringType(), True)])  # fmt: skip
 
 
-def _count(result: DataFrame) -> tuple[int, int]:
-    """(rows, failed rows), in one pass."""
-    [counts] = result.selectExpr("count(*) AS rows", "count(_error) AS failed").collect()
-    return counts["rows"], counts["failed"]
-
-
 def _materialize(result: DataFrame, ephemeral: bool) -> DataFrame:
     """Compute the rows once and keep them in Spark.
 
@@ -293,7 +281,10 @@ def _materialize(result: DataFrame, ephemeral: bool) -> DataFrame:
 
     if ephemeral:
         return result.localCheckpoint(eager=True)
-    return result.persist(StorageLevel.MEMORY_AND_DISK)
+    result = result.persist(StorageLevel.MEMORY_AND_DISK)
+    # the cheapest action that computes (and so caches) every row: no aggregate, nothing returned
+    result.write.format("noop").mode("overwrite").save()
+    return result
 
 
 # --- executor side --------------------------------------------------------------------------------
@@ -345,26 +336,24 @@ def _putter(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOpt
     return put_rows
 
 
-def _reader(pool: QueuePool, queue: str, schema: StructType) -> Callable[..., Any]:
-    """mapInArrow function over `range(len(pool))`: task i reads shard i's results."""
+def _read(pool: QueuePool, queue: str, schema: StructType,
+          shards: Iterable[int]) -> Generator[pa.RecordBatch, None, dict[str, int]]:  # fmt: skip
+    """The output rows of `shards`: one per row of every result and of every dead letter.
 
-    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        for _ in batches:
-            pass
-        yield from _read(pool, queue, schema, [TaskContext.get().partitionId()])  # type: ignore[union-attr]
-
-    return read
-
-
-def _read(pool: QueuePool, queue: str, schema: StructType, shards: Iterable[int]) -> Iterator[pa.RecordBatch]:
-    """The output rows of `shards`: one per row of every result and of every dead letter."""
+    Returns how many rows it yielded, and how many of them failed (`out_rows`, `out_failed`).
+    """
     from pyspark.sql.pandas.types import to_arrow_schema
 
     names = [f.name for f in schema.fields]
     arrow = to_arrow_schema(_with_extra(schema))
     rows: list[dict[str, Any]] = []
+    counts = {"out_rows": 0, "out_failed": 0}
+
+    def tally(batch: pa.RecordBatch) -> pa.RecordBatch:
+        counts["out_rows"] += batch.num_rows
+        counts["out_failed"] += batch.num_rows - batch.column("_error").null_count
+        return batch
+
     for shard in shards:
         client = pool.clients[shard]
         base = shard << SHARD_SHIFT
@@ -383,7 +372,7 @@ def _read(pool: QueuePool, queue: str, schema: StructType, shards: Iterable[int]
                     row.update(_id=base | i, _error=outcome[1], _input=outcome[2])
                 rows.append(row)
             if len(rows) >= READ_BATCH_ROWS:
-                yield _batch(rows, arrow, names)
+                yield tally(_batch(rows, arrow, names))
                 rows = []
         after = 0
         while page := client.dead_letters(queue, after, READ_BATCH_ROWS):
@@ -393,9 +382,9 @@ def _read(pool: QueuePool, queue: str, schema: StructType, shards: Iterable[int]
                     row.update(_id=base | d.message.id, _error=d.error, _input=inp)
                     rows.append(row)
             after = page[-1].message.id
-    pool.close()
     if rows:
-        yield _batch(rows, arrow, names)
+        yield tally(_batch(rows, arrow, names))
+    return counts
 
 
 def _batch(rows: list[dict[str, Any]], arrow: pa.Schema, names: list[str]) -> pa.RecordBatch:
