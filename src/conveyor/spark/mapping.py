@@ -203,8 +203,8 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         shards = len(pool)
         then = (_with_extra(out_schema), lambda task: _read(pool, queue, out_schema, range(task, shards, n)))
         # in one job, a consumer waits for every task to have put its rows: all n must run at once
-        one_job = n <= _partitions(df) and n <= slots
-        if one_job:  # each of n tasks puts its share of the rows on the queue, then consumes
+        rows, t1 = 0, t0  # rows put before consuming, and when that ended (in one job: none, at once)
+        if n <= _partitions(df) and n <= slots:  # each of n tasks puts its share of the rows, then consumes
             consumers = SparkConsumerPool(spark, pool, n, feed=(df, put_rows), then=then, **options,
                                           description=f"conveyor.spark.map through {queue}")  # fmt: skip
         else:  # fewer partitions than consumers: put the rows first (a job of its own), then consume
@@ -216,9 +216,7 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         with _Progress(pool, queue, progress), consumers.job_group():
             result = _materialize(consumers.dataframe(), ephemeral)
         stats = consumers.consumer_stats()
-        if one_job:
-            rows = sum(s["rows"] for s in stats)
-            t1 = t0
+        rows += sum(s["rows"] for s in stats)  # what each consumer task put itself
         got, failed = sum(s["out_rows"] for s in stats), sum(s["out_failed"] for s in stats)
         t2 = min(max((s["finished"] for s in stats), default=t1), time.time())
         t3 = time.time()
