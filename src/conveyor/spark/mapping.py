@@ -7,10 +7,10 @@
 2. Consume: a `SparkConsumerPool` runs consumers as long-lived Spark tasks until the queue is
    drained: work is balanced message by message, failing rows retried, and the messages held by a
    killed consumer come back when their leases end.
-3. Read back: each queue server's results (and dead letters) are read by one Spark task, in
-   parallel, into the output DataFrame, which is materialized before `map` returns. When rows
-   are put by the consumer tasks themselves (1 and 2 in one Spark job), the same tasks read the
-   results once the queue is drained: steps 1 to 3 are one job.
+3. Read back: once the queue is drained, each consumer task reads the results (and dead letters)
+   of its share of the queue servers into the output DataFrame, counting the rows and failures it
+   yields; the output is materialized before `map` returns. When rows are put by the consumer
+   tasks themselves (the usual case), steps 1 to 3 are one Spark job; else 2 and 3 are.
 
 Rows travel up to `rows_per_message` to a message (a few rows per message cut the queue's overhead
 per row; balancing is at that grain), dealt from each Arrow batch so that neighbours spread out. The
