@@ -144,7 +144,7 @@ def test_unknown_operation_and_bad_arguments_keep_the_connection(client: QueueCl
     bad = [
         (Call("put", {"queue": 5, "n": 0}), "'queue' must be a string"),
         (Call("put", {"queue": "q", "n": 2}, [b"x"]), "'n' is 2 but 1 payload frames came"),
-        (Call("put", {"queue": "q", "n": 1, "prio": "high"}, [b"x"]), "non-numeric priority"),
+        (Call("put", {"queue": "q", "n": 1, "prio": "high"}, [b"x"]), "priority must be an integer"),
         (Call("put", {"queue": "q", "n": 2, "prio": [1]}, [b"x", b"y"]), "'prio' has 1 values for 2 messages"),
         (Call("put", {"queue": "q", "n": 1, "hdr": [{"k": 1}]}, [b"x"]), "headers must be a dict of str to str"),
         (Call("get", {"queue": "q", "n": -1}), "'n' must be an integer"),

@@ -20,6 +20,7 @@ ST_NONE = 255  # an id with no message (lost to repair, or a put torn by a crash
 # --- Defaults ----------------------------------------------------------------------------------
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_LEASE_S = 30.0
+MAX_LEASE_S = 7 * 24 * 3600.0  # a longer task extends its lease (a heartbeat) instead: an endless one never returns
 MAX_ATTEMPTS_LIMIT = 0xFFFF  # attempts are stored as u16
 PRIORITY_MIN = -(2**31)
 PRIORITY_MAX = 2**31 - 1
@@ -31,6 +32,11 @@ DEFAULT_FSYNC_INTERVAL_S = 0.2
 PARENT_CHECK_S = 1.0
 
 LOCK_NAME = "LOCK"  # flock()ed by the process that has the store open
+# a server's reserve of disk space (conveyor.storage.space): a file in its data dir, given up when the
+# disk fills so that deliveries and acks keep working; the smaller of these bytes and 1/DIVISOR of the disk
+SPACE_RESERVE_NAME = "space.reserve"
+SPACE_RESERVE_BYTES = 16 * 1024 * 1024
+SPACE_RESERVE_DIVISOR = 64
 
 # --- Log segments: seg-00000001.log -------------------------------------------------------------
 SEGMENT_NAME = "seg-{:08d}.log"
@@ -63,7 +69,8 @@ assert MESSAGE_PREFIX_DTYPE.itemsize == MESSAGE_PREFIX.size
 # --- Index write-ahead log: index.wal ----------------------------------------------------------
 INDEX_NAME = "index.wal"
 INDEX_MAGIC = b"CNVYIDX1"
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: reservation records (INDEX_FLAG_RESERVE)
+INDEX_VERSIONS_READ = (1, 2)
 # file header: magic, version, base id (all ids below are finished), next id,
 # acked and failed counts of the ids below base, crc32 of the preceding fields
 INDEX_HEADER = struct.Struct("<8sIQQQQI")
@@ -74,6 +81,11 @@ INDEX_RECORD = struct.Struct("<IdQBBHIIId")
 # flags: a gap record (status ST_NONE, written by a rewrite for ids below the header's base) says
 # that the `length` ids from `message id` on hold no message (purged, skipped, or torn by a crash)
 INDEX_FLAG_GAP = 1
+# a reservation record (status ST_NONE) says that ids below its `message id` may have been handed
+# out (to a put under way, or to the idempotency keys written before their messages): the store
+# never assigns them again, whatever crashed when. Written and synced before the ids are used.
+INDEX_FLAG_RESERVE = 2
+ID_RESERVE_CHUNK = 65536  # ids reserved beyond what a put needs (one synced record per this many ids)
 INDEX_DTYPE = np.dtype(
     [
         ("crc", "<u4"),

@@ -16,7 +16,7 @@ import zlib
 from pathlib import Path
 
 from .constants import DEDUPE_MAX_KEYS, KEYS_LOG_NAME, MAX_KEY_BYTES
-from .storage.files import keep_aside, write_atomically
+from .storage.files import keep_aside, store_error, write_all, write_atomically
 
 log = logging.getLogger("conveyor.server")
 
@@ -31,6 +31,7 @@ class Dedupe:
         self.limit = limit
         self._ids: dict[str, int] = {}
         self._fd = -1
+        self._size = 0  # of keys.log
         self._dirty = False
         if path is not None:
             self._load(path)
@@ -59,6 +60,7 @@ class Dedupe:
         if records > 2 * max(len(self._ids), 1024) or damaged:
             self._rewrite(f)  # mostly superseded or evicted keys, or damage: start clean
         self._fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._size = os.fstat(self._fd).st_size
 
     def _rewrite(self, f: Path) -> None:
         write_atomically(f, b"".join(_record(k, i) for k, i in self._ids.items()))
@@ -73,15 +75,18 @@ class Dedupe:
         return self._ids.get(key)
 
     def add(self, pairs: list[tuple[str, int]]) -> None:
-        """Remember keys of messages just stored (written to the OS now, durable at the next `sync`)."""
-        for k, i in pairs:
-            self._remember(k, i)
+        """Remember keys of messages about to be stored (written to the OS now, durable at the next
+        `sync`); all or none (a full disk raises DiskFullError and remembers none)."""
         if self._fd >= 0 and pairs:
             data = b"".join(_record(k, i) for k, i in pairs)
-            written = os.write(self._fd, data)
-            while written < len(data):
-                written += os.write(self._fd, data[written:])
+            try:
+                write_all(self._fd, data, self._size)
+            except OSError as e:
+                raise store_error(e, f"{self.path}: idempotency keys") from e
+            self._size += len(data)
             self._dirty = True
+        for k, i in pairs:
+            self._remember(k, i)
 
     def sync(self) -> None:
         if self._fd >= 0 and self._dirty:

@@ -15,6 +15,10 @@ class StoreClosedError(StoreError):
     """The store was closed."""
 
 
+class DiskFullError(StoreError):
+    """The disk (or quota) holding a store is full: the operation changed nothing; retry once space is freed."""
+
+
 class CorruptStoreError(StoreError):
     """A store file holds damaged bytes outside a torn tail.
 

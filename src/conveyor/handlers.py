@@ -145,10 +145,10 @@ async def put(host: QueueHost, a: Args, frames: Frames) -> Reply:
 def _put_once(q: HostedQueue, frames: Frames, cols: list[Any], hdr: list[dict[str, str]], keys: list[str | None]) -> list[int]:
     """Put the messages whose idempotency key is new; every message gets the id stored under its key.
 
-    The keys are written before their messages, with the ids the store is about to assign: a crash
-    between the two leaves keys naming ids that hold no message, which count as new. The other
-    order would leave stored messages whose keys are forgotten, and a retried put would store them
-    again.
+    The keys are written before their messages, with the ids the store reserved for them (durably:
+    no other message ever gets them, whatever crashed when). A crash between the two leaves keys
+    naming ids that hold no message, which count as new. The other order would leave stored
+    messages whose keys are forgotten, and a retried put would store them again.
     """
     first: dict[str, int] = {}  # key -> position of its first message in this batch
     new: list[int] = []
@@ -163,14 +163,12 @@ def _put_once(q: HostedQueue, frames: Frames, cols: list[Any], hdr: list[dict[st
         if _stored_under(q, k) is None and k not in first:
             first[k] = i
             new.append(i)
-    at = {i: q.store.next_id + j for j, i in enumerate(new)}
+    start = q.store.reserve_ids(len(new))  # never given to another message, even after a crash
+    at = {i: start + j for j, i in enumerate(new)}
     q.dedupe.add([(k, at[i]) for k, i in first.items()])
     pick = [c if type(c) is not list else [c[i] for i in new] for c in cols]
-    try:
-        stored = q.store.put_columns([frames[i] for i in new], *pick, [hdr[i] for i in new])
-    except BaseException:
-        q.dedupe.add([(k, 0) for k in first])  # nothing was stored under them, and their ids may be reused
-        raise
+    # if this fails, the keys name ids that hold no message: they count as new (see _stored_under)
+    stored = q.store.put_columns([frames[i] for i in new], *pick, [hdr[i] for i in new])
     if stored != [at[i] for i in new]:
         raise StoreError(f"put: the store assigned ids {stored[:3]}... where {[at[i] for i in new][:3]}... were expected")
     ids = [at.get(i, 0) for i in range(len(frames))]
@@ -208,7 +206,7 @@ async def get(host: QueueHost, a: Args, frames: Frames) -> Reply:
             break
         wake = q.store.next_wakeup()
         if wake is not None:  # a delayed message comes due or a lease runs out before anything is put
-            left = min(left, max(wake - time.time(), 0.0) + 0.002)
+            left = min(left, max(wake - q.store.clock(), 0.0) + 0.002)
         await q.changed.wait(left)
         if q.dropped:  # while we waited: nothing will come (and `got` is empty)
             break

@@ -35,11 +35,13 @@ from .constants import (
     QUEUE_NAME_PATTERN,
     QUEUES_DIR,
     SERVER_LOCK_NAME,
+    SPACE_RESERVE_NAME,
 )
 from .dedupe import Dedupe
 from .errors import ConveyorError, RequestError, StoreError
 from .storage import DurableStore, MemoryStore, Store
-from .storage.files import fsync_dir, keep_aside, write_atomically
+from .storage.files import fsync_dir, keep_aside, store_error, write_atomically
+from .storage.space import SpaceReserve
 
 log = logging.getLogger("conveyor.server")
 
@@ -156,6 +158,7 @@ class QueueHost:
         self._workers: dict[str, tuple[float, dict[str, float]]] = {}  # worker -> (when, counts)
         self.blobs = Blobs(None if data_dir is None else data_dir / BLOB_DIR)
         self.id_floor = 1  # new queues start here: above every id a dropped queue used
+        self.space: SpaceReserve | None = None  # disk space held back for a full disk (see conveyor.storage.space)
         self._lock_fd = -1
         if data_dir is not None:
             data_dir.mkdir(parents=True, exist_ok=True)
@@ -166,6 +169,7 @@ class QueueHost:
                 os.close(self._lock_fd)
                 raise ConveyorError(f"{data_dir} is in use by another server") from None
             self.id_floor = _read_floor(data_dir / ID_FLOOR_NAME)
+            self.space = SpaceReserve(data_dir / SPACE_RESERVE_NAME)
             self._open_existing()
 
     def _open_existing(self) -> None:
@@ -211,7 +215,7 @@ class QueueHost:
         path = self.queue_dir / info.name
         store = DurableStore(path, fsync=info.fsync, queue=info.name,  # type: ignore[arg-type]
                              max_attempts=info.max_attempts, lease_s=info.lease_s, repair=self.repair,
-                             group_commit=True)  # fmt: skip
+                             group_commit=True, space=self.space)  # fmt: skip
         try:
             dedupe = Dedupe(path)
         except BaseException:
@@ -257,11 +261,20 @@ class QueueHost:
             q = self._open(info)
         except ValueError as e:
             raise RequestError(ERR_BAD_ARGUMENT, f"queue {name!r}: {e}") from None
-        if q.store.next_id < self.id_floor:  # a new queue (an existing store has its own ids)
-            q.store.skip_ids(self.id_floor)
-        if durable:
-            assert self.queue_dir is not None
-            write_atomically(self.queue_dir / name / QUEUE_CONFIG_NAME, json.dumps(asdict(info)).encode())
+        except OSError as e:
+            raise store_error(e, f"queue {name!r}") from e
+        try:
+            if q.store.next_id < self.id_floor:  # a new queue (an existing store has its own ids)
+                q.store.skip_ids(self.id_floor)
+            if durable:
+                assert self.queue_dir is not None
+                write_atomically(self.queue_dir / name / QUEUE_CONFIG_NAME, json.dumps(asdict(info)).encode())
+        except BaseException as e:  # not declared: close it, so that a retry can open it again
+            q.store.close()
+            q.dedupe.close()
+            if isinstance(e, OSError):
+                raise store_error(e, f"queue {name!r}") from e
+            raise
         self.queues[name] = q
         log.info("declared queue %s", info)
         return q

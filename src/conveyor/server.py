@@ -45,10 +45,12 @@ from .errors import ConveyorError, ProtocolError, RequestError, StoreError
 from .handlers import HANDLERS, Args
 from .hosting import Defaults, QueueHost
 from .protocol import Frames, Header, Limits
+from .storage.files import store_error
 
 log = logging.getLogger("conveyor.server")
 
 AUTH_TIMEOUT_S = 10.0
+COMPLAIN_EVERY_S = 60.0  # a store error that recurs at every sweep is logged this often
 LINGER_S = 2.0  # after a protocol error: how long, and how much, to drain before closing
 LINGER_BYTES = 256 * 1024 * 1024
 _AUTH_LIMITS = Limits(max_header_bytes=4096, max_frames=1, max_frame_bytes=1, max_message_bytes=1)
@@ -298,6 +300,9 @@ class QueueServer:
             reply = {"id": rid, "error": ERR_STORE, "message": f"{op}: {e}"}
         except (TypeError, ValueError) as e:  # the stores' own checks of what a request holds
             reply = {"id": rid, "error": ERR_BAD_ARGUMENT, "message": f"{op}: {e}"}
+        except OSError as e:  # a file the server writes beside the stores (blobs, settings): a full disk, say
+            log.error("%s %s: %s", conn.peer, op, e)
+            reply = {"id": rid, "error": ERR_STORE, "message": f"{op}: {store_error(e, 'server files')}"}
         except Exception as e:
             log.exception("%s %s failed", conn.peer, op)
             reply = {"id": rid, "error": ERR_INTERNAL, "message": f"{op}: internal error: {type(e).__name__}: {e}"}
@@ -307,6 +312,7 @@ class QueueServer:
         """Return expired leases to their queues, and sample the counters behind the rates."""
         assert self.queues is not None
         next_sample = 0.0
+        complained: dict[str, float] = {}  # queue -> when its expiry last failed (a full disk fails it often)
         while True:
             await asyncio.sleep(self.sweep_interval_s)
             for q in list(self.queues.queues.values()):
@@ -314,6 +320,10 @@ class QueueServer:
                     if q.store.expire():
                         q.changed.notify()
                         self.queues.settled.notify()  # past its last attempt, a message ends here
+                except StoreError as e:
+                    if time.monotonic() - complained.get(q.info.name, -COMPLAIN_EVERY_S) >= COMPLAIN_EVERY_S:
+                        complained[q.info.name] = time.monotonic()
+                        log.error("expiring leases of queue %s: %s (tried again at every sweep)", q.info.name, e)
                 except Exception:
                     log.exception("expiring leases of queue %s", q.info.name)
             if time.monotonic() >= next_sample:

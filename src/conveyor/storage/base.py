@@ -26,14 +26,16 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
+from typing import Any
 
 import numpy as np
 
 from ..constants import (
     MAX_ATTEMPTS_LIMIT,
+    MAX_LEASE_S,
     PRIORITY_MAX,
     PRIORITY_MIN,
     ST_ACKED,
@@ -43,7 +45,7 @@ from ..constants import (
     ST_NONE,
     ST_READY,
 )
-from ..errors import StoreClosedError
+from ..errors import DiskFullError, StoreClosedError
 from ..message import Message, MessageBatch, Status
 from .state import QueueState, first_occurrences
 
@@ -75,11 +77,12 @@ class Store(ABC):
     def __init__(self, queue: str, max_attempts: int, lease_s: float, extra: dict[str, object]) -> None:
         if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
             raise ValueError(f"max_attempts must be in 1..{MAX_ATTEMPTS_LIMIT}, got {max_attempts}")
-        if not lease_s > 0:
-            raise ValueError(f"lease_s must be positive, got {lease_s}")
         self.queue = queue
         self.max_attempts = max_attempts
-        self.lease_s = lease_s
+        self.lease_s = check_lease(lease_s, "a store's default")
+        # leases and delays follow this clock: wall-clock time as of when the store was opened,
+        # advanced by the monotonic clock, so that a step of the system clock does not end leases
+        self.clock = steady_clock()
         self._state = QueueState(extra=extra)
         # every failed id, forgotten or not: status() must say FAILED after the window slides past it
         self._failed_ids: set[int] = set()
@@ -92,13 +95,38 @@ class Store(ABC):
         """Keep new messages' payloads and headers (state already holds their scheduling fields)."""
 
     @abstractmethod
+    def _reserve_ids(self, upto: int) -> None:
+        """Make sure ids below `upto` are never assigned again, even after a crash (a durable store
+        records that before the ids are used). A put starts here: it may be refused (disk full)."""
+
+    @abstractmethod
     def _load(self, ids: np.ndarray, lease_s: float) -> MessageBatch:
         """The delivered messages `ids`, with attempts and lease from the state."""
 
     @abstractmethod
-    def _record(self, ids: np.ndarray, status: int, results: Sequence[bytes | None] | None,
-                errors: Sequence[str] | None, now: float) -> None:  # fmt: skip
-        """Persist a transition of `ids` to `status` (results for ACKED, errors for FAILED)."""
+    def _prepare(self, n: int) -> None:
+        """Make sure the records of a transition of `n` messages can be written whatever happens to
+        the free space meanwhile (raises DiskFullError when they cannot be). Called before anything
+        changes, so that a full disk refuses an operation whole rather than failing it halfway."""
+
+    @abstractmethod
+    def _sizes(self, ids: np.ndarray) -> np.ndarray:
+        """Bytes each message takes in a reply (payload, headers and per-message fields, or a little more)."""
+
+    @abstractmethod
+    def _keep_results(self, ids: np.ndarray, results: Sequence[bytes | None]) -> Any:
+        """Write the results of messages about to be ACKED, before they are (None: no result).
+        Returns what `_record` needs to find them."""
+
+    @abstractmethod
+    def _keep_dead(self, ids: np.ndarray, errors: Sequence[str], now: float) -> Any:
+        """Write the dead letters of DELIVERED messages about to be FAILED, before they are."""
+
+    @abstractmethod
+    def _record(self, ids: np.ndarray, status: int, kept: Any, now: float) -> None:
+        """Persist a transition of `ids` to `status` (`kept`: what `_keep_results` or `_keep_dead` returned).
+
+        Must not fail for lack of space: `_prepare` made room for it."""
 
     @abstractmethod
     def _commit(self) -> None:
@@ -148,12 +176,9 @@ class Store(ABC):
         n = len(payloads)
         if not n:
             return []
-        try:
-            prio = _column(priority, n, np.int64)
-            max_att = _column(max_attempts, n, np.int64)
-            nb = _column(not_before, n, np.float64)
-        except (TypeError, ValueError, OverflowError) as e:
-            raise TypeError(f"put: a message has a non-numeric priority, max_attempts or not_before: {e}") from None
+        prio = _column(priority, n, np.int64, "priority")
+        max_att = _column(max_attempts, n, np.int64, "max_attempts")
+        nb = _column(not_before, n, np.float64, "not_before")
         if not all(type(p) is bytes for p in payloads):
             bad = next(i for i, p in enumerate(payloads) if type(p) is not bytes)
             raise TypeError(f"put: message {bad} has a {type(payloads[bad]).__name__} payload, not bytes")
@@ -167,8 +192,11 @@ class Store(ABC):
                     raise TypeError(f"put: message {i} headers must be a dict of str to str")
         if (max_att < 0).any() or (max_att > MAX_ATTEMPTS_LIMIT).any():
             raise ValueError(f"put: max_attempts must be within [0, {MAX_ATTEMPTS_LIMIT}] (0: store default)")
+        if not np.isfinite(nb).all():
+            raise ValueError("put: not_before must be a finite time")
         max_att[max_att == 0] = self.max_attempts
-        now = time.time()
+        now = self.clock()
+        self._reserve_ids(self._state.next_id + n)
         ids = self._state.add(prio, nb, max_att, now)
         try:
             self._store_messages(ids, payloads, headers, now)
@@ -182,23 +210,32 @@ class Store(ABC):
         """Deliver up to n messages under a lease of `lease_s` seconds (store default if None)."""
         return self.get_batch(n, lease_s).messages()
 
-    def get_batch(self, n: int, lease_s: float | None = None) -> MessageBatch:
-        """`get`, as columns rather than Message objects (what a server sends on)."""
+    def get_batch(self, n: int, lease_s: float | None = None, max_bytes: int | None = None) -> MessageBatch:
+        """`get`, as columns rather than Message objects (what a server sends on).
+
+        max_bytes: deliver no more messages than fit in this many bytes of payload and headers
+        (always at least one: a message bigger than that comes alone).
+        """
         self._check_open()
         if n < 0:
             raise ValueError(f"get: n must be >= 0, got {n}")
-        lease = self.lease_s if lease_s is None else float(lease_s)
-        if not lease > 0:
-            raise ValueError(f"get: lease_s must be positive, got {lease_s}")
-        now = time.time()
+        lease = self.lease_s if lease_s is None else check_lease(lease_s, "get")
+        now = self.clock()
         self._expire(now)
-        ids = self._state.take(n, lease, now)
+        self._state.promote(now)
+        self._prepare(min(n, self._state.ready_left()))
+        ids, until = self._state.take(n, lease, now, None if max_bytes is None else (self._sizes, max_bytes))
         if not len(ids):
             self._commit()
             return MessageBatch(self.queue, lease, [], [], [], [], [], [], [], [])
-        self._record(ids, ST_DELIVERED, None, None, now)
+        try:
+            batch = self._load(ids, lease)  # before the delivery is recorded: a failed read changes nothing
+        except BaseException:
+            self._state.untake(ids, until)
+            raise
+        self._record(ids, ST_DELIVERED, None, now)
         self._commit()
-        return self._load(ids, lease)
+        return batch
 
     def ack(self, msg_id: int, result: bytes | None = None) -> bool:
         """Finish a message with an optional result; False if it was finished already or unknown."""
@@ -214,10 +251,15 @@ class Store(ABC):
             for r in results:
                 if r is not None and type(r) is not bytes:
                     raise TypeError(f"ack: a result must be bytes or None, not {type(r).__name__}")
-        ok = self._state.finish(arr, ST_ACKED)
+        ok = self._state.finishable(arr)
         if ok.any():
-            kept = None if results is None else [r for r, o in zip(results, ok, strict=True) if o]
-            self._record(arr[ok], ST_ACKED, kept, None, time.time())
+            done = arr[ok]
+            self._prepare(len(done))
+            kept = None
+            if results is not None and any(r is not None for r in results):  # written first: a full disk changes nothing
+                kept = self._keep_results(done, [r for r, o in zip(results, ok, strict=True) if o])
+            self._state.finish(done, ST_ACKED)
+            self._record(done, ST_ACKED, kept, self.clock())
             self._commit()
         return ok.tolist()
 
@@ -238,11 +280,11 @@ class Store(ABC):
             raise ValueError(f"nack: {len(arr)} ids but {len(errs)} errors")
         if not all(type(e) is str for e in errs):
             raise TypeError("nack: errors must be str")
-        if not delay_s >= 0:
-            raise ValueError(f"nack: delay_s must be >= 0, got {delay_s}")
+        if not 0 <= delay_s < float("inf"):
+            raise ValueError(f"nack: delay_s must be a finite number >= 0, got {delay_s}")
         ok = self._state.delivered(arr) & first_occurrences(arr)
         if ok.any():
-            now = time.time()
+            now = self.clock()
             sel = np.flatnonzero(ok)
             self._retry_or_fail(arr[sel], [errs[i] for i in sel], now + delay_s, now, final)
             self._commit()
@@ -258,30 +300,31 @@ class Store(ABC):
         ok = self._state.delivered(arr) & first_occurrences(arr)
         if ok.any():
             back = arr[ok]
-            now = time.time()
+            now = self.clock()
+            self._prepare(len(back))
             self._state.cols["attempts"][back - self._state.base] -= 1
             self._state.requeue(back, np.zeros(len(back), np.float64), now)
-            self._record(back, ST_READY, None, None, now)
+            self._record(back, ST_READY, None, now)
             self._commit()
         return ok.tolist()
 
     def extend_lease(self, msg_id: int, lease_s: float) -> bool:
         """Push a delivered message's lease to now + lease_s; False if it is not delivered."""
         self._check_open()
-        if not lease_s > 0:
-            raise ValueError(f"extend_lease: lease_s must be positive, got {lease_s}")
-        now = time.time()
+        lease = check_lease(lease_s, "extend_lease")
+        now = self.clock()
         arr = self._ids([msg_id])
-        ok = self._state.extend(arr, float(lease_s), now)
+        self._prepare(1)
+        ok = self._state.extend(arr, lease, now)
         if ok[0]:
-            self._record(arr, ST_DELIVERED, None, None, now)
+            self._record(arr, ST_DELIVERED, None, now)
             self._commit()
         return bool(ok[0])
 
     def expire(self, now: float | None = None) -> int:
         """Return deliveries whose lease ended by `now`; returns how many came back or failed."""
         self._check_open()
-        n = self._expire(time.time() if now is None else now)
+        n = self._expire(self.clock() if now is None else now)
         if n:
             self._commit()
         return n
@@ -289,27 +332,44 @@ class Store(ABC):
     def _expire(self, now: float) -> int:
         ids = self._state.expired(now)
         if len(ids):
-            self._retry_or_fail(ids, None, np.float64(0.0), now)
+            try:
+                self._retry_or_fail(ids, None, np.float64(0.0), now)
+            except BaseException:
+                self._state.relist(ids)  # still delivered: they expire at the next look
+                raise
         return len(ids)
 
     def _retry_or_fail(self, ids: np.ndarray, errors: list[str] | None, not_before: float | np.floating,
                        now: float, final: bool = False) -> None:  # fmt: skip
-        """Requeue delivered ids, or fail those out of attempts, or all if final (errors None: lease expiry)."""
+        """Requeue delivered ids, or fail those out of attempts, or all if final (errors None: lease expiry).
+
+        The dead letters are written first: on a full disk a nack is refused whole, and a lease
+        expiry leaves the messages it would fail delivered (they expire again at the next look).
+        """
+        self._prepare(len(ids))
         out = np.ones(len(ids), bool) if final else self._state.out_of_attempts(ids)
-        if out.any():
-            failed = ids[out]
+        failed = ids[out]
+        if len(failed):
             if errors is None:
                 attempts = self._state.cols["attempts"][failed - self._state.base].tolist()
                 msgs = [f"lease expired on its last attempt ({a} of {a})" for a in attempts]
             else:
                 msgs = [e for e, o in zip(errors, out, strict=True) if o]
-            self._state.finish(failed, ST_FAILED)
-            self._failed_ids.update(failed.tolist())
-            self._record(failed, ST_FAILED, None, msgs, now)
+            try:
+                kept = self._keep_dead(failed, msgs, now)
+            except DiskFullError:
+                if errors is not None:
+                    raise
+                self._state.relist(failed)
+                failed = failed[:0]
+            if len(failed):
+                self._state.finish(failed, ST_FAILED)
+                self._failed_ids.update(failed.tolist())
+                self._record(failed, ST_FAILED, kept, now)
         back = ids[~out]
         if len(back):
             self._state.requeue(back, np.full(len(back), not_before, np.float64), now)
-            self._record(back, ST_READY, None, None, now)
+            self._record(back, ST_READY, None, now)
 
     def results(self, after: int = 0) -> Iterator[tuple[int, bytes]]:
         """Stored results as (id, result) in id order, from the first id above `after` (for paging)."""
@@ -330,6 +390,13 @@ class Store(ABC):
         """The id the next message put will get."""
         return self._state.next_id
 
+    def reserve_ids(self, n: int) -> int:
+        """The first of the ids the next put of `n` messages will get; they are never given to
+        anything else, even after a crash (a server writes idempotency keys with them first)."""
+        self._check_open()
+        self._reserve_ids(self._state.next_id + n)
+        return self._state.next_id
+
     def skip_ids(self, next_id: int) -> None:
         """Never assign ids below `next_id` (a queue made again after a drop continues past the old one's)."""
         self._check_open()
@@ -342,9 +409,10 @@ class Store(ABC):
         """
         self._check_open()
         ids = self._state.live_ids((ST_READY, ST_DELAYED))
+        self._prepare(len(ids))
         ok = self._state.finish(ids, ST_NONE)
         if ok.any():
-            self._record(ids[ok], ST_NONE, None, None, time.time())
+            self._record(ids[ok], ST_NONE, None, self.clock())
             self._commit()
         return int(ok.sum())
 
@@ -373,6 +441,7 @@ class Store(ABC):
         """Drop the stored results and dead letters of finished messages, freeing their space."""
         self._check_open()
         ids = list(ids)
+        self._prepare(len(ids))
         n = self._forget(ids)
         self._commit()
         return n
@@ -391,7 +460,7 @@ class Store(ABC):
 
     def stats(self) -> Stats:
         self._check_open()
-        c = self._state.counts(time.time())
+        c = self._state.counts(self.clock())
         return Stats(ready=c[ST_READY], delivered=c[ST_DELIVERED], acked=c[ST_ACKED], failed=c[ST_FAILED],
                      delayed=c[ST_DELAYED], bytes_on_disk=self._bytes_on_disk())  # fmt: skip
 
@@ -422,6 +491,20 @@ class Store(ABC):
         return arr.astype(np.int64, copy=False)
 
 
+def steady_clock() -> Callable[[], float]:
+    """Seconds since the epoch, read off the wall clock once and advanced by the monotonic clock."""
+    offset = time.time() - time.monotonic()
+    monotonic = time.monotonic
+    return lambda: offset + monotonic()
+
+
+def check_lease(lease_s: object, what: str) -> float:
+    """A lease as a float within (0, MAX_LEASE_S], else ValueError (an endless lease would never return a message)."""
+    if type(lease_s) not in (int, float) or not 0 < lease_s <= MAX_LEASE_S:  # type: ignore[operator]
+        raise ValueError(f"{what}: lease_s must be a number of seconds in (0, {MAX_LEASE_S:g}], got {lease_s!r}")
+    return float(lease_s)  # type: ignore[arg-type]
+
+
 def _sorted_above(ids: Iterable[int], after: int) -> np.ndarray:
     """The ids above `after`, sorted (numpy: paging through a million ids stays cheap)."""
     arr = np.fromiter(ids, np.int64)
@@ -430,9 +513,12 @@ def _sorted_above(ids: Iterable[int], after: int) -> np.ndarray:
     return arr
 
 
-def _column(value: object, n: int, dtype: type) -> np.ndarray:
-    """A writable array of n values from a sequence, or from one value for all."""
-    if isinstance(value, (int, float)):
-        return np.full(n, value, dtype)
-    arr = np.fromiter(value, dtype, n)  # type: ignore[call-overload]
-    return arr
+def _column(value: object, n: int, dtype: type, name: str) -> np.ndarray:
+    """A writable array of n values from a sequence, or from one value for all; TypeError unless every
+    value is an integer (an integer dtype) or a number (a float dtype): 2.7 is no max_attempts."""
+    kinds = "iu" if np.dtype(dtype).kind in "iu" else "iuf"
+    arr = np.asarray(value) if isinstance(value, (int, float, np.number, list, tuple, np.ndarray)) else None
+    if arr is None or arr.dtype.kind not in kinds or arr.ndim > 1 or (arr.ndim == 1 and len(arr) != n):
+        want = "an integer" if kinds == "iu" else "a number"
+        raise TypeError(f"put: {name} must be {want} (one for all, or one per message), got {value!r:.60}")
+    return np.full(n, arr, dtype) if arr.ndim == 0 else arr.astype(dtype)

@@ -16,6 +16,7 @@ an operation returned: every write reaches the OS before the call returns):
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import logging
 import mmap
@@ -25,7 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import msgpack
 import numpy as np
@@ -36,6 +37,7 @@ from ..constants import (
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_SEGMENT_BYTES,
+    ID_RESERVE_CHUNK,
     INDEX_NAME,
     INDEX_REWRITE_MIN_RECORDS,
     INDEX_REWRITE_RATIO,
@@ -54,8 +56,10 @@ from ..constants import (
 from ..errors import StoreError
 from ..message import Message, MessageBatch, make_message
 from .base import DeadLetter, Store
+from .files import store_error
 from .segments import KEPT_DTYPE, SCAN_DTYPE, SegmentLog
-from .wal import Header, IndexLog, gap_ranges, last_per_id, make_gap_records, make_records
+from .space import SpaceReserve
+from .wal import Header, IndexLog, gap_ranges, last_per_id, make_gap_records, make_records, make_reserve_record, split_reserved
 
 log = logging.getLogger("conveyor.storage")
 
@@ -100,12 +104,14 @@ class DurableStore(Store):
     def __init__(self, path: str | Path, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES,
                  fsync: FsyncPolicy = "batch", fsync_interval_s: float = DEFAULT_FSYNC_INTERVAL_S,
                  repair: bool = False, queue: str = "", max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-                 lease_s: float = DEFAULT_LEASE_S, group_commit: bool = False) -> None:  # fmt: skip
+                 lease_s: float = DEFAULT_LEASE_S, group_commit: bool = False,
+                 space: SpaceReserve | None = None) -> None:  # fmt: skip
         """Open (or create) the store in `path`.
 
         group_commit: with fsync="batch", operations return before their fsync and the owner calls
         `sync()` before it acknowledges them, so that concurrent operations share one fsync (the
         queue server does this). Ignored by the other policies.
+        space: the reserve of the disk the store is on (see `conveyor.storage.space`), if any.
         """
         if fsync not in ("batch", "interval", "never"):
             raise ValueError(f"fsync must be 'batch', 'interval' or 'never', got {fsync!r}")
@@ -116,6 +122,7 @@ class DurableStore(Store):
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock_fd = _lock_dir(self.path)
         self.fsync = fsync
+        self._space = space
         self._sync_each = fsync == "batch" and not group_commit
         self._segments = SegmentLog(self.path, segment_bytes)
         self._index = IndexLog(self.path)
@@ -124,6 +131,7 @@ class DurableStore(Store):
         # segments whose records are all dead, kept until the index records saying so are synced:
         # deleted before, a machine crash could leave answered puts with neither body nor record
         self._doomed: list[int] = []
+        self._reserved = 0  # no id below it is ever assigned again (synced in the index: see _reserve_ids)
         self._lock = threading.Lock()  # between operations and the interval syncer
         self._sync_lock = threading.Lock()  # one sync at a time: a sync drops what was doomed before it began
         self._syncer: threading.Thread | None = None
@@ -144,7 +152,7 @@ class DurableStore(Store):
     def _recover(self, repair: bool) -> None:
         scan = self._segments.open(repair)
         had_index = self._index.file.exists()
-        rec = self._index.open(repair)
+        rec, reserved = split_reserved(self._index.open(repair))
         if not had_index and scan.messages:
             log.warning("%s: no %s beside the segments: every message in them is READY again", self.path, INDEX_NAME)
         header = self._index.header
@@ -209,8 +217,9 @@ class DurableStore(Store):
         body_idx = idx[in_msgs]
         for name in ("seg", "off", "size"):
             c[name][body_idx] = msgs[name]
-        st.skip_to(max(header.next_id, scan.id_floor, st.next_id))  # may slide the window: idx is stale now
-        self._segments.id_floor = st.next_id
+        # ids a put reserved before a crash stay unused: keys written for them must never name another message
+        st.skip_to(max(header.next_id, scan.id_floor, st.next_id, reserved))  # may slide the window: idx is stale now
+        self._segments.id_floor = self._reserved = st.next_id
 
         # segment liveness: unfinished message bodies plus kept results and dead letters
         unfinished = in_msgs & (status != ST_ACKED) & (status != ST_FAILED) & (status != ST_NONE)
@@ -219,6 +228,40 @@ class DurableStore(Store):
         for s, _, _ in self._kept.values():
             self._live[s] = self._live.get(s, 0) + 1
         self._compact()
+
+    # --- writes, and what a full disk does to them -------------------------------------------
+    def _disk_error(self, e: OSError, what: str) -> StoreError:
+        """The store error for a failed write (which left the files as they were); a full disk gives
+        up the space reserve, so that the writes that take little keep working."""
+        if e.errno in (errno.ENOSPC, errno.EDQUOT) and self._space is not None:
+            self._space.give_up()
+        return store_error(e, f"{self.path}: {what}")
+
+    def _append(self, bodies: list[bytes], what: str) -> tuple[list[int], list[int]]:
+        """Append records to the segments, all or nothing (refused while the disk is full)."""
+        if self._space is not None:
+            self._space.check(f"{self.path}: {what}")
+        with self._lock:
+            self._segments.id_floor = self._state.next_id
+            try:
+                return self._segments.append(bodies)
+            except OSError as e:
+                raise self._disk_error(e, what) from e
+
+    def _prepare(self, n: int) -> None:
+        if not n:
+            return
+        with self._lock:
+            try:
+                self._index.make_room(n)
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT) or self._space is None or self._space.given_up:
+                    raise self._disk_error(e, "index") from e
+                self._space.give_up()  # the reserve is there for this
+                try:
+                    self._index.make_room(n)
+                except OSError as e2:
+                    raise self._disk_error(e2, "index") from e2
 
     # --- hooks ----------------------------------------------------------------------------
     def _store_messages(self, ids: np.ndarray, payloads: Sequence[bytes], headers: Sequence[dict[str, str]] | None,
@@ -237,18 +280,35 @@ class DurableStore(Store):
                 else b"".join((pack(KIND_MESSAGE, i, p, x, t, now, len(hb := _packb(h))), hb, d))
                 for d, h, i, p, x, t in zip(payloads, headers, *cols, strict=True)
             ]
-        with self._lock:
-            self._segments.id_floor = self._state.next_id
-            segs, offs = self._segments.append(bodies)
+        segs, offs = self._append(bodies, "put")
         c["seg"][a:b] = segs
         c["off"][a:b] = offs
         c["size"][a:b] = list(map(len, bodies))
         for s, k in zip(*np.unique(c["seg"][a:b], return_counts=True), strict=True):
             self._live[int(s)] = self._live.get(int(s), 0) + int(k)
 
+    def _reserve_ids(self, upto: int) -> None:
+        """Make sure no id below `upto` can be assigned again after a crash: a reservation record,
+        synced before the ids are used (whatever the fsync policy: one sync per ID_RESERVE_CHUNK ids).
+        A put starts here: while the disk is full it is refused before anything is written."""
+        if self._space is not None:
+            self._space.check(f"{self.path}: put")
+        if upto <= self._reserved:
+            return
+        upto += ID_RESERVE_CHUNK
+        self._prepare(1)
+        with self._lock:
+            self._index.append(make_reserve_record(upto))
+            self._index.sync()
+        self._reserved = upto
+
     def _body(self, i: int) -> bytes:
         c, j = self._state.cols, i - self._state.base
         return self._segments.read(int(c["seg"][j]), int(c["off"][j]), int(c["size"][j]))
+
+    def _sizes(self, ids: np.ndarray) -> np.ndarray:
+        # a body holds the payload and headers behind a prefix of about the fields a reply adds per message
+        return self._state.cols["size"][ids - self._state.base].astype(np.int64) + 16
 
     def _load(self, ids: np.ndarray, lease_s: float) -> MessageBatch:
         st = self._state
@@ -271,39 +331,40 @@ class DurableStore(Store):
         return MessageBatch(self.queue, lease_s, ids.tolist(), c["priority"][idx].tolist(), c["attempts"][idx].tolist(),
                             at, nb, c["max_attempts"][idx].tolist(), headers, payloads)  # fmt: skip
 
-    def _record(self, ids: np.ndarray, status: int, results: Sequence[bytes | None] | None,
-                errors: Sequence[str] | None, now: float) -> None:  # fmt: skip
-        st = self._state
-        idx = ids - st.base
-        c = st.cols
-        seg: np.ndarray | int = 0
-        off: np.ndarray | int = 0
-        size: np.ndarray | int = 0
-        with self._lock:
-            if status == ST_FAILED:
-                assert errors is not None
-                attempts = c["attempts"][idx].tolist()
-                bodies = [_packb([e, now, a, self._body(i)]) for i, e, a in zip(ids.tolist(), errors, attempts, strict=True)]
-                seg, off, size = self._keep(ids, bodies, KIND_DEAD)
-            elif status == ST_ACKED and results is not None and any(r is not None for r in results):
-                has = np.fromiter((r is not None for r in results), bool, len(results))
-                seg, off, size = (np.zeros(len(ids), np.uint32) for _ in range(3))
-                seg[has], off[has], size[has] = self._keep(ids[has], [r for r in results if r is not None], KIND_RESULT)
-            self._index.append(make_records(ids, status, c["attempts"][idx], seg, off, size, c["until"][idx]))
-            if status in (ST_ACKED, ST_FAILED, ST_NONE):
-                for s, k in Counter(c["seg"][idx].tolist()).items():
-                    self._live[s] -= k
+    def _keep_results(self, ids: np.ndarray, results: Sequence[bytes | None]) -> Any:
+        has = np.fromiter((r is not None for r in results), bool, len(results))
+        loc = tuple(np.zeros(len(ids), np.uint32) for _ in range(3))
+        done = self._keep(ids[has], [r for r in results if r is not None], KIND_RESULT, "ack with results")
+        for col, got in zip(loc, done, strict=True):
+            col[has] = got
+        return loc
 
-    def _keep(self, ids: np.ndarray, data: list[bytes], kind: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _keep_dead(self, ids: np.ndarray, errors: Sequence[str], now: float) -> Any:
+        attempts = self._state.cols["attempts"][ids - self._state.base].tolist()
+        with self._lock:
+            bodies = [_packb([e, now, a, self._body(i)]) for i, e, a in zip(ids.tolist(), errors, attempts, strict=True)]
+        return self._keep(ids, bodies, KIND_DEAD, "dead letters")
+
+    def _keep(self, ids: np.ndarray, data: list[bytes], kind: int, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Append result or dead-letter records and remember where they are."""
         bodies = [BODY_PREFIX.pack(kind, i) + d for i, d in zip(ids.tolist(), data, strict=True)]
-        self._segments.id_floor = self._state.next_id
-        segs, offs = self._segments.append(bodies)
+        segs, offs = self._append(bodies, what)
         sizes = list(map(len, bodies))
         for i, s, o, n in zip(ids.tolist(), segs, offs, sizes, strict=True):
             self._kept[i] = (s, o, n)
             self._live[s] = self._live.get(s, 0) + 1
         return np.array(segs, np.uint32), np.array(offs, np.uint32), np.array(sizes, np.uint32)
+
+    def _record(self, ids: np.ndarray, status: int, kept: Any, now: float) -> None:
+        st = self._state
+        idx = ids - st.base
+        c = st.cols
+        seg, off, size = (0, 0, 0) if kept is None else kept
+        with self._lock:
+            self._index.append(make_records(ids, status, c["attempts"][idx], seg, off, size, c["until"][idx]))
+            if status in (ST_ACKED, ST_FAILED, ST_NONE):
+                for s, k in Counter(c["seg"][idx].tolist()).items():
+                    self._live[s] -= k
 
     def _commit(self) -> None:
         with self._lock:
@@ -316,7 +377,10 @@ class DurableStore(Store):
         super().skip_ids(next_id)
         with self._lock:
             self._segments.id_floor = self._state.next_id
-            self._rewrite_index()  # its header keeps the floor across restarts, messages or not
+            try:
+                self._rewrite_index()  # its header keeps the floor across restarts, messages or not
+            except OSError as e:
+                raise self._disk_error(e, "index") from e
 
     def sync(self) -> None:
         with self._sync_lock:
@@ -347,12 +411,16 @@ class DurableStore(Store):
         at_once = self.fsync == "never" or self._sync_each  # else: at the next sync (see _doomed)
         for s in [s for s, k in self._live.items() if k <= 0]:
             if s != segs.active or segs.sizes.get(s, 0) >= segs.segment_bytes // 4:
+                if s == segs.active:
+                    try:
+                        segs.roll()  # no more records go to a segment about to be deleted
+                    except OSError as e:  # a full disk: it stays the active one for now
+                        log.warning("%s: no new segment could be started (%s)", self.path, e)
+                        continue
                 del self._live[s]
                 if at_once:
                     segs.drop(s)
                 else:
-                    if s == segs.active:
-                        segs.roll()  # no more records go to a segment waiting to be deleted
                     self._doomed.append(s)
         for s in [s for s in segs.sizes if s not in self._live and s != segs.active and s not in self._doomed]:
             segs.drop(s)  # segments holding only padding or superseded records (found so on opening)
@@ -360,7 +428,10 @@ class DurableStore(Store):
         # records a rewrite would keep, or more (an overestimate only delays a rewrite)
         live = st.next_id - st.advance_low() + len(self._kept) + len(self._failed_ids) + len(st.gaps)
         if self._index.records >= INDEX_REWRITE_MIN_RECORDS and self._index.records > INDEX_REWRITE_RATIO * live:
-            self._rewrite_index()
+            try:
+                self._rewrite_index()
+            except OSError as e:  # a full disk: the old index stays, whole; a later commit tries again
+                log.warning("%s: the index could not be rewritten (%s); it stays as it is", self.path, e)
 
     def _rewrite_index(self) -> None:
         """Replace the index by one record per id that still matters."""
@@ -370,7 +441,7 @@ class DurableStore(Store):
         a, b = low - st.base, st.next_id - st.base
         status = st.status[a:b]
         acked, failed = (st.finished_below_base[s] + int(np.count_nonzero(st.status[:a] == s)) for s in (ST_ACKED, ST_FAILED))
-        header = Header(low, st.next_id, acked, failed)
+        header = Header(low, max(st.next_id, self._reserved), acked, failed)
         # fresh READY messages need no record: their body says all; a purged one (ST_NONE with a
         # body) needs its record, or its body would make it READY again on reopening
         purged = (status == ST_NONE) & (c["size"][a:b] > 0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -49,17 +50,31 @@ class MemoryStore(Store):
                             float(c["at"][i]), float(c["nb"][i]), lease_s, int(c["max_attempts"][i]),
                             {} if h is None else dict(h))  # fmt: skip
 
-    def _record(self, ids: np.ndarray, status: int, results: Sequence[bytes | None] | None,
-                errors: Sequence[str] | None, now: float) -> None:  # fmt: skip
-        if status == ST_ACKED:
-            if results is not None:
-                for i, r in zip(ids.tolist(), results, strict=True):
-                    if r is not None:
-                        self._results[i] = r
+    def _reserve_ids(self, upto: int) -> None:
+        pass  # ids live and die with this process: none can be reused after a crash
+
+    def _prepare(self, n: int) -> None:
+        pass  # nothing to write
+
+    def _sizes(self, ids: np.ndarray) -> np.ndarray:
+        c, idx = self._state.cols, ids - self._state.base
+        return np.fromiter((len(p) + 64 + sum(len(k) + len(v) + 4 for k, v in (h or {}).items())
+                            for p, h in zip(c["payload"][idx].tolist(), c["headers"][idx].tolist(), strict=True)),
+                           np.int64, len(ids))  # fmt: skip
+
+    def _keep_results(self, ids: np.ndarray, results: Sequence[bytes | None]) -> Any:
+        return results
+
+    def _keep_dead(self, ids: np.ndarray, errors: Sequence[str], now: float) -> Any:
+        return [DeadLetter(self._message(i, 0.0), e, now) for i, e in zip(ids.tolist(), errors, strict=True)]
+
+    def _record(self, ids: np.ndarray, status: int, kept: Any, now: float) -> None:
+        if status == ST_ACKED and kept is not None:
+            for i, r in zip(ids.tolist(), kept, strict=True):
+                if r is not None:
+                    self._results[i] = r
         elif status == ST_FAILED:
-            assert errors is not None
-            for i, e in zip(ids.tolist(), errors, strict=True):
-                self._dead[i] = DeadLetter(self._message(i, 0.0), e, now)
+            self._dead.update(zip(ids.tolist(), kept, strict=True))
         if status in _FINISHED:
             # drop the body so finished messages hold no memory while the window slides
             idx = ids - self._state.base

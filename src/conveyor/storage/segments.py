@@ -38,7 +38,7 @@ from ..constants import (
     SEGMENT_VERSION,
 )
 from ..errors import CorruptStoreError
-from .files import fsync_dir, keep_aside
+from .files import aside_name, fsync_dir, keep_aside, write_all
 
 log = logging.getLogger("conveyor.storage")
 
@@ -152,58 +152,97 @@ class SegmentLog:
         scan.repaired.append(str(aside))
 
     def _repair(self, f: Path, mm: mmap.mmap, size: int, bad: list[tuple[int, int]], scan: Scan) -> int:
-        """Write a copy of `f` with each damaged span turned into one padding record (a damaged
-        tail is cut instead), so intact records keep their offsets; returns the new size."""
-        tmp = f.with_name(f.name + ".repair")
-        with open(tmp, "wb") as out:
-            pos = 0
+        """Turn each damaged span of `f` into one padding record, in place (a damaged tail is cut
+        instead), so intact records keep their offsets and no room for a copy is needed; returns the
+        new size. The damaged bytes are kept first, at their offsets, in a sparse file beside it."""
+        aside = aside_name(f)
+        with open(aside, "wb") as out:
             for start, end in bad:
-                out.write(mm[pos:start])
-                if end < size:
-                    out.write(_pad(end - start))
-                pos = end
-            out.write(mm[pos:size])
+                out.seek(start)
+                out.write(mm[start:end])
+            out.truncate(size)
             out.flush()
             os.fsync(out.fileno())
-            new_size = out.tell()
-        aside = keep_aside(f)
-        os.replace(tmp, f)
+        fd = os.open(f, os.O_WRONLY)
+        try:
+            for start, end in bad:
+                if end < size:
+                    os.pwrite(fd, _pad(end - start), start)
+                else:
+                    os.ftruncate(fd, start)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         fsync_dir(self.path)
         spans = ", ".join(f"{a}..{b}" for a, b in bad)
-        log.warning("%s: damaged bytes %s replaced by padding; original kept as %s", f, spans, aside.name)
+        log.warning("%s: damaged bytes %s replaced by padding; the damaged bytes are kept in %s", f, spans, aside.name)
         scan.repaired.append(str(aside))
-        return new_size
+        return bad[-1][0] if bad[-1][1] >= size else size
 
     # --- writing --------------------------------------------------------------------------
     def roll(self) -> None:
-        """Start a new active segment."""
+        """Start a new active segment (if that fails, the active one stays as it was)."""
+        seg = max(self.sizes, default=0) + 1
+        f = self._file(seg)
+        fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
+        try:
+            write_all(fd, SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, seg, self.id_floor), 0)
+            fsync_dir(self.path)
+        except BaseException:
+            os.close(fd)
+            f.unlink(missing_ok=True)
+            raise
         if self._fd >= 0:
             if self.dirty:  # the store's sync() will only see the new segment
                 os.fsync(self._fd)
             os.close(self._fd)
-        self.active = max(self.sizes, default=0) + 1
-        f = self._file(self.active)
-        self._fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
-        os.write(self._fd, SEGMENT_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, self.active, self.id_floor))
-        self.sizes[self.active] = SEGMENT_HEADER.size
-        fsync_dir(self.path)
+        self._fd, self.active = fd, seg
+        self.sizes[seg] = SEGMENT_HEADER.size
         self.dirty = True
 
     def append(self, bodies: Sequence[bytes]) -> tuple[list[int], list[int]]:
-        """Append one record per body; returns (segments, body offsets)."""
+        """Append one record per body; returns (segments, body offsets).
+
+        All or nothing: when a write fails (a full disk), what this call wrote is removed again
+        (segments it started are deleted) before the error is raised.
+        """
         sizes = list(map(len, bodies))
         start = self.sizes[self.active]
         if start + sum(sizes) + RECORD_OVERHEAD * len(sizes) <= self.segment_bytes:
             return [self.active] * len(sizes), self._append(bodies, sizes)
+        first = self.active
         segs: list[int] = []
         offs: list[int] = []
-        for b, n in zip(bodies, sizes, strict=True):  # record by record across rolls
-            pos = self.sizes[self.active]
-            if pos + n + RECORD_OVERHEAD > self.segment_bytes and pos > SEGMENT_HEADER.size:
-                self.roll()
-            segs.append(self.active)
-            offs += self._append([b], [n])
+        try:
+            for b, n in zip(bodies, sizes, strict=True):  # record by record across rolls
+                pos = self.sizes[self.active]
+                if pos + n + RECORD_OVERHEAD > self.segment_bytes and pos > SEGMENT_HEADER.size:
+                    self.roll()
+                segs.append(self.active)
+                offs += self._append([b], [n])
+        except BaseException:
+            self._undo(first, start)
+            raise
         return segs, offs
+
+    def _undo(self, seg: int, size: int) -> None:
+        """Make segment `seg` the active one again, `size` bytes long, deleting the segments after it."""
+        for s in [s for s in self.sizes if s > seg]:
+            if s == self.active:
+                os.close(self._fd)
+                self._fd = -1
+            mm = self._maps.pop(s, None)
+            if mm is not None:
+                mm.close()
+            del self.sizes[s]
+            self._file(s).unlink(missing_ok=True)
+        if self._fd < 0:
+            self._fd = os.open(self._file(seg), os.O_WRONLY | os.O_APPEND)
+            self.active = seg
+        os.ftruncate(self._fd, size)
+        self.sizes[seg] = size
+        os.fsync(self._fd)  # the records of a refused put must not come back after a machine crash
+        fsync_dir(self.path)
 
     def _append(self, bodies: Sequence[bytes], sizes: list[int]) -> list[int]:
         """Write records to the active segment in one write; returns their body offsets."""
@@ -223,10 +262,7 @@ class SegmentLog:
 
     def _write(self, parts: list[bytes], end: int) -> None:
         if parts:
-            data = b"".join(parts)
-            written = os.write(self._fd, data)
-            while written < len(data):  # short writes only happen on full disks or signals
-                written += os.write(self._fd, data[written:])
+            write_all(self._fd, b"".join(parts), self.sizes[self.active])
             self.sizes[self.active] = end
             self.dirty = True
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -65,6 +65,17 @@ class _Fifo:
             self.ids, self.head, self.tail = grown, 0, live
         self.ids[self.tail : self.tail + n] = ids
         self.tail += n
+
+    def push_front(self, ids: np.ndarray) -> None:
+        """Put ids back at the head, in order (ids just popped that are not taken after all)."""
+        n = len(ids)
+        if n <= self.head:
+            self.head -= n
+            self.ids[self.head : self.head + n] = ids
+        else:
+            live = self.ids[self.head : self.tail]
+            self.ids = np.concatenate([ids, live, np.empty(max(256, len(live)), np.int64)])
+            self.head, self.tail = 0, n + len(live)
 
     def pop(self, n: int) -> np.ndarray:
         out = self.ids[self.head : min(self.head + n, self.tail)].copy()
@@ -285,11 +296,15 @@ class QueueState:
             self.status[idx] = ST_READY
             self._schedule(ids, np.zeros(len(ids), bool), self.cols["priority"][idx], self.cols["until"][idx])
 
-    def take(self, n: int, lease_s: float, now: float) -> np.ndarray:
-        """Deliver up to n ready messages, highest priority first; returns their ids."""
+    def take(self, n: int, lease_s: float, now: float,
+             budget: tuple[Callable[[np.ndarray], np.ndarray], int] | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+        """Deliver up to n ready messages, highest priority first; returns their ids and their `until`
+        before (for `untake`). budget: (sizes of ids, most bytes in all): stop before the messages
+        taken would exceed it (the first one is taken whatever its size)."""
         self.promote(now)
         taken: list[np.ndarray] = []
-        want = n
+        want, got = n, 0
+        room = budget[1] if budget is not None else 0
         for p in self._prios:
             fifo = self._fifos[p]
             while want and len(fifo):
@@ -298,29 +313,59 @@ class QueueState:
                 ok = inside & (self.status[idx] == ST_READY)  # skip messages acked meanwhile
                 if not ok.all():
                     ids = ids[ok]
+                if budget is not None and len(ids):
+                    used = np.cumsum(budget[0](ids))
+                    fit = max(int(np.searchsorted(used, room, side="right")), 0 if got else 1)
+                    if fit < len(ids):  # the budget is spent: the rest stay first in line
+                        fifo.push_front(ids[fit:])
+                        ids = ids[:fit]
+                        want = len(ids)
+                    if len(ids):
+                        room -= int(used[len(ids) - 1])
                 taken.append(ids)
+                got += len(ids)
                 want -= len(ids)
             if not want:
                 break
         if not taken:
-            return np.empty(0, np.int64)
+            return np.empty(0, np.int64), np.empty(0, np.float64)
         ids = np.concatenate(taken) if len(taken) > 1 else taken[0]
         if not len(ids):
-            return ids
+            return ids, np.empty(0, np.float64)
         idx = ids - self.base
+        before = self.cols["until"][idx]
         self.status[idx] = ST_DELIVERED
         self.cols["attempts"][idx] += 1
         deadline = now + lease_s
         self.cols["until"][idx] = deadline
         heapq.heappush(self._leases, (deadline, next(self._seq), ids))
-        return ids
+        return ids, before
 
-    def finish(self, ids: np.ndarray, status: int) -> np.ndarray:
-        """Mark messages ACKED or FAILED where they are not finished yet; returns that mask."""
+    def untake(self, ids: np.ndarray, until: np.ndarray) -> None:
+        """Undo the `take` that returned ids and until (nothing else changed them since): READY
+        again, at the head of their queues, the attempt not counted."""
+        idx = ids - self.base
+        self.status[idx] = ST_READY
+        self.cols["attempts"][idx] -= 1
+        self.cols["until"][idx] = until
+        prio = self.cols["priority"][idx]
+        for p in np.unique(prio):
+            self._fifo(int(p)).push_front(ids[prio == p])
+
+    def relist(self, ids: np.ndarray) -> None:
+        """Watch the leases of delivered ids again (`expired` handed them out, and they stay delivered)."""
+        self._push_by_time(self._leases, ids, self.cols["until"][ids - self.base])
+
+    def finishable(self, ids: np.ndarray) -> np.ndarray:
+        """Mask of the ids `finish` would finish: not finished yet, first occurrences."""
         idx, inside = self.index(ids)
         st = self.status[idx]
-        ok = inside & (st != ST_ACKED) & (st != ST_FAILED) & (st != ST_NONE) & first_occurrences(ids)
-        self.status[idx[ok]] = status
+        return inside & (st != ST_ACKED) & (st != ST_FAILED) & (st != ST_NONE) & first_occurrences(ids)
+
+    def finish(self, ids: np.ndarray, status: int) -> np.ndarray:
+        """Mark messages ACKED, FAILED or absent (ST_NONE) where they are not finished yet; returns that mask."""
+        ok = self.finishable(ids)
+        self.status[(ids - self.base)[ok]] = status
         return ok
 
     def delivered(self, ids: np.ndarray) -> np.ndarray:

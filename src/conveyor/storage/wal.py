@@ -20,19 +20,22 @@ import numpy as np
 from ..constants import (
     INDEX_DTYPE,
     INDEX_FLAG_GAP,
+    INDEX_FLAG_RESERVE,
     INDEX_HEADER,
     INDEX_MAGIC,
     INDEX_NAME,
     INDEX_RECORD,
     INDEX_VERSION,
+    INDEX_VERSIONS_READ,
     ST_NONE,
 )
 from ..errors import CorruptStoreError
-from .files import keep_aside, write_atomically
+from .files import keep_aside, preallocate, unallocate, write_all, write_atomically
 
 log = logging.getLogger("conveyor.storage")
 
 _REC = INDEX_RECORD.size
+ROOM_BYTES = 64 * 1024  # blocks allocated ahead of the records written (see IndexLog.make_room)
 
 
 @dataclass
@@ -78,6 +81,24 @@ def make_gap_records(ranges: list[tuple[int, int]]) -> bytes:
     return _sealed(rec)
 
 
+def make_reserve_record(upto: int) -> bytes:
+    """Encode a reservation: no id below `upto` is ever assigned again (see INDEX_FLAG_RESERVE)."""
+    rec = np.zeros(1, INDEX_DTYPE)
+    rec["ts"] = time.time()
+    rec["id"] = upto
+    rec["status"] = ST_NONE
+    rec["flags"] = INDEX_FLAG_RESERVE
+    return _sealed(rec)
+
+
+def split_reserved(rec: np.ndarray) -> tuple[np.ndarray, int]:
+    """The records other than reservations, and the highest reservation among them (0 if none)."""
+    mask = (rec["flags"] & INDEX_FLAG_RESERVE) != 0
+    if not mask.any():
+        return rec, 0
+    return rec[~mask], int(rec["id"][mask].max())
+
+
 def gap_ranges(last: np.ndarray) -> list[tuple[int, int]]:
     """The ranges that gap records among `last` (one record per id, in id order) describe."""
     gaps = last[(last["flags"] & INDEX_FLAG_GAP) != 0]
@@ -100,6 +121,8 @@ class IndexLog:
         self.records = 0
         self.dirty = False
         self._fd = -1
+        self._allocated = 0  # the file's blocks are allocated up to here (beyond its end: see make_room)
+        self._can_allocate = True
 
     def open(self, repair: bool) -> np.ndarray:
         """Read the log; returns its valid records, oldest first. Creates the file if missing."""
@@ -115,7 +138,7 @@ class IndexLog:
             self._create(Header(), b"")
             return np.zeros(0, INDEX_DTYPE)
         magic, version, base, next_id, acked, failed, crc = INDEX_HEADER.unpack_from(data, 0)
-        header_ok = magic == INDEX_MAGIC and version == INDEX_VERSION and crc == zlib.crc32(data[: hs - 4])
+        header_ok = magic == INDEX_MAGIC and version in INDEX_VERSIONS_READ and crc == zlib.crc32(data[: hs - 4])
         if not header_ok and not repair:
             raise CorruptStoreError(str(self.file), 0, "bad index header (magic, version or CRC)")
         # a lost header forgets which ids were finished: finished messages whose segments still
@@ -169,13 +192,34 @@ class IndexLog:
         if self._fd >= 0:
             os.close(self._fd)
         self._fd = os.open(self.file, os.O_WRONLY | os.O_APPEND)
+        self._allocated = 0
         self.header = header
         self.dirty = False
 
+    def make_room(self, n: int) -> None:
+        """Make sure the next `n` records can be appended even when the disk fills meanwhile: their
+        blocks are allocated now (ROOM_BYTES ahead, so this is rarely a system call). Raises OSError
+        (ENOSPC) when they cannot be. A store calls it before it changes anything, so that a full
+        disk refuses an operation whole instead of failing it halfway."""
+        size = self.bytes_on_disk()
+        end = size + n * _REC
+        if end <= self._allocated or not self._can_allocate:
+            return
+        start = max(size, self._allocated)
+        try:
+            ahead = ROOM_BYTES
+            done = preallocate(self._fd, start, end + ahead - start)
+        except OSError:
+            ahead = 0
+            done = preallocate(self._fd, start, end - start)  # no room to spare: just what is needed
+        if not done:  # the file system cannot: appends take their chances
+            self._can_allocate = False
+            return
+        self._allocated = end + ahead
+
     def append(self, data: bytes) -> None:
-        written = os.write(self._fd, data)
-        while written < len(data):
-            written += os.write(self._fd, data[written:])
+        """Append whole records, or nothing (the file is cut back if a write fails)."""
+        write_all(self._fd, data, self.bytes_on_disk())
         self.records += len(data) // _REC
         self.dirty = True
 
@@ -201,8 +245,11 @@ class IndexLog:
     def close(self) -> None:
         if self._fd >= 0:
             self.sync()
+            size = self.bytes_on_disk()
+            unallocate(self._fd, size, self._allocated - size)
             os.close(self._fd)
             self._fd = -1
+            self._allocated = 0
 
 
 def last_per_id(rec: np.ndarray) -> np.ndarray:
