@@ -10,6 +10,7 @@ import pytest
 
 import conveyor.storage.durable
 from conveyor import Message, Status
+from conveyor.errors import DiskFullError
 from conveyor.storage import DurableStore, MemoryStore, Store
 from conveyor.storage.segments import SegmentLog
 from conveyor.storage.wal import Header, IndexLog
@@ -78,7 +79,7 @@ def test_reopen_after_a_failed_put_counts_segment_liveness_correctly(tmp_path: P
 
         with monkeypatch.context() as m:
             m.setattr(SegmentLog, "append", disk_full)
-            with pytest.raises(OSError):
+            with pytest.raises(DiskFullError):
                 s.put([Message(payload=b"y") for _ in range(30)])
         # big results roll segments, so the newest segment's id floor is above every stored id
         assert s.ack_many(ids[:10], [b"r" * 3000] * 10) == [True] * 10

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor import Message
+from conveyor import Message, calls
 from conveyor.calls import QueueInfo
 from conveyor.client import AsyncQueueClient, QueueClient
 from conveyor.constants import QUEUE_CONFIG_NAME, QUEUES_DIR, SEGMENT_GLOB
@@ -184,8 +184,12 @@ def test_protocol_violation_closes_only_that_connection(server: ThreadServer, cl
 
 def test_frame_limit_is_configurable_and_reported(tmp_path: Path) -> None:
     with thread_server(limits=Limits(max_frame_bytes=1000)) as s, QueueClient(s.address) as c:
-        with pytest.raises(ProtocolError, match="payload frame of 1,001 bytes exceeds the limit of 1,000"):
+        # the server says its limits in its hello: a client refuses what the server would, before sending
+        with pytest.raises(ValueError, match="message 0 does not fit in a request: 1,001 bytes, over the server's limit"):
             c.put("q", [Message(payload=b"x" * 1001)])
+        assert c.server_limits.max_frame_bytes == 1000
+        with pytest.raises(ProtocolError, match="payload frame of 1,001 bytes exceeds the limit of 1,000"):
+            c.call(calls.put("q", [Message(payload=b"x" * 1001)]))  # sent anyway: the server refuses it
         assert c.put("q", [Message(payload=b"x" * 1000)]) == [1]  # reconnected by itself
 
 

@@ -10,7 +10,7 @@ import pickle
 import random
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -55,10 +55,13 @@ class StorePool:
     def __init__(self, *configs: QueueConfig) -> None:
         self.configs = {c.name: c for c in configs}
         self.stores: dict[str, MemoryStore] = {}
+        self.clock: Callable[[], float] | None = None  # the stores' clock, for a test to move
 
     def store(self, queue: str) -> MemoryStore:
         if queue not in self.stores:
             self.stores[queue] = MemoryStore(queue)
+            if self.clock is not None:
+                self.stores[queue].clock = self.clock
         return self.stores[queue]
 
     def put(self, queue: str, messages: Sequence[Message]) -> list[int]:
@@ -261,8 +264,8 @@ def test_default_options_add_no_optional_headers(pool: StorePool) -> None:
 
 
 def test_publish_options_delay_priority_and_key(pool: StorePool, monkeypatch: pytest.MonkeyPatch) -> None:
-    clock = Clock()
-    monkeypatch.setattr(time, "time", clock)  # publisher's and store's clock: move time without sleeping
+    clock = pool.clock = Clock()  # the store's clock, and the publisher's: move time without sleeping
+    monkeypatch.setattr(time, "time", clock)
     h = add.publish(1, _delay=60, _priority=-5, _key="order-17")
     assert pool.take() == [] and pool.store("default").stats().delayed == 1
     clock.now += 59.9
@@ -492,8 +495,8 @@ def test_backoff_delays_grow_are_capped_and_reproducible() -> None:
 
 def test_retries_are_counted_spaced_and_end_in_the_dead_letters(pool: StorePool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A consumer's loop over the real store: nack with backoff_delay until the dead letters."""
-    clock = Clock()
-    monkeypatch.setattr(time, "time", clock)  # the store's clock: let the test move time, no sleeping
+    clock = pool.clock = Clock()  # the store's clock: let the test move time, no sleeping
+    monkeypatch.setattr(time, "time", clock)
     h = always_fails.publish(5)
     store = pool.store("default")
     delays: list[float] = []

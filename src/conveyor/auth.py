@@ -13,8 +13,8 @@ import hmac
 import secrets
 from typing import Any
 
-from .constants import AUTH_CLIENT_LABEL, AUTH_NONCE_BYTES, AUTH_SERVER_LABEL, PROTOCOL_VERSION
-from .errors import AuthError, ProtocolError
+from .constants import AUTH_CLIENT_LABEL, AUTH_NONCE_BYTES, AUTH_SERVER_LABEL, ERR_BUSY, PROTOCOL_VERSION
+from .errors import AuthError, ProtocolError, ServerBusyError
 
 
 def as_key(token: str | bytes | None) -> bytes | None:
@@ -36,9 +36,16 @@ def proof(key: bytes, label: bytes, server_nonce: bytes, client_nonce: bytes) ->
     return hmac.new(key, label + server_nonce + client_nonce, hashlib.sha256).digest()
 
 
-def hello(key: bytes | None, nonce: bytes) -> dict[str, Any]:
-    """The server's greeting (request id 0)."""
-    return {"op": "hello", "id": 0, "version": PROTOCOL_VERSION, "auth": key is not None, "nonce": nonce}
+def hello(key: bytes | None, nonce: bytes, limits: list[int], idle_s: float) -> dict[str, Any]:
+    """The server's greeting (request id 0): what it accepts in a request (`Limits.as_list`), and
+    after how long it closes a connection that sends nothing."""
+    return {"op": "hello", "id": 0, "version": PROTOCOL_VERSION, "auth": key is not None, "nonce": nonce,
+            "limits": limits, "idle_s": idle_s}  # fmt: skip
+
+
+def refusal(message: str) -> dict[str, Any]:
+    """The greeting of a server that takes no more connections: the client may try again later."""
+    return {"op": "hello", "id": 0, "version": PROTOCOL_VERSION, "error": ERR_BUSY, "message": message}
 
 
 def auth_request(greeting: dict[str, Any], key: bytes | None, address: str, rid: int) -> tuple[dict[str, Any], bytes] | None:
@@ -46,6 +53,8 @@ def auth_request(greeting: dict[str, Any], key: bytes | None, address: str, rid:
     if greeting.get("op") != "hello" or greeting.get("version") != PROTOCOL_VERSION:
         raise ProtocolError(f"{address} did not greet as a Conveyor server of protocol version {PROTOCOL_VERSION} "
                             f"(got {greeting!r:.120})")  # fmt: skip
+    if greeting.get("error") == ERR_BUSY:
+        raise ServerBusyError(f"{address} refused the connection: {greeting.get('message', '')}")
     if not greeting.get("auth"):
         if key is not None:
             raise AuthError(f"{address} does not require a token, so it cannot prove it knows yours; "

@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from .message import Message, Status, make_message
-from .protocol import Frames, Header, column, expand
+from .protocol import Frames, Header, Limits, column, expand
 from .storage import DeadLetter
 
 T = TypeVar("T")
+_HEAD_BYTES = 48  # a message's fields in a request header, besides its headers (id, priority, ...: at most)
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +102,21 @@ def put(queue: str, messages: Sequence[Message]) -> Call[list[int]]:
     return Call("put", args, [m.payload for m in messages], parse=_put_ids)
 
 
+def puts(queue: str, messages: Sequence[Message], limits: Limits) -> list[Call[list[int]]]:
+    """`put` as as many requests as it takes to fit a server's limits (ValueError for a message that
+    fits in none); the ids are the replies' ids, in order."""
+    try:
+        frames = [len(m.payload) for m in messages]
+        heads = [_HEAD_BYTES + sum(len(k) + len(v) + 4 for k, v in m.headers.items()) for m in messages]
+    except AttributeError:
+        bad = next(m for m in messages if not isinstance(m, Message))
+        raise TypeError(f"put takes Message objects, not {type(bad).__name__}") from None
+    pieces = limits.pieces(frames, heads, "put: message")
+    if len(pieces) == 1:
+        return [put(queue, messages)]
+    return [put(queue, messages[r.start : r.stop]) for r in pieces]
+
+
 def _put_ids(h: Header, frames: Frames) -> list[int]:
     """Consecutive ids (first, n), or a list when idempotency keys mapped some to earlier messages."""
     return h["ids"] if "ids" in h else list(range(h["first"], h["first"] + h["n"]))
@@ -137,6 +153,15 @@ def get(queue: str, n: int, *, lease_s: float | None = None, wait_s: float = 0.0
     if lease_s is not None:
         args["lease_s"] = lease_s
     return Call("get", args, parse=lambda h, f: _fetched(h, f, id_base), wait_s=max(0.0, wait_s))
+
+
+def acks(queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None, limits: Limits) -> list[Call[list[bool]]]:
+    """`ack` as as many requests as it takes to fit a server's limits (ValueError for a result that
+    fits in none); the replies' lists, joined, are the acks' outcomes in order."""
+    if results is None:
+        return [ack(queue, ids)]
+    pieces = limits.pieces([0 if r is None else len(r) for r in results], [_HEAD_BYTES] * len(results), "ack: result")
+    return [ack(queue, ids[r.start : r.stop], results[r.start : r.stop]) for r in pieces]
 
 
 def ack(queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None = None) -> Call[list[bool]]:

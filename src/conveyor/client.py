@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import select
 import socket
 import threading
 import time
@@ -29,6 +30,7 @@ from .storage import DeadLetter
 
 T = TypeVar("T")
 PIPELINE_WINDOW = 16  # requests a blocking client keeps in flight in `pipeline`
+STALE_CHECK_S = 1.0  # a connection idle this long is looked at (closed by the server?) before it is used
 _FATAL = (ERR_PROTOCOL, ERR_AUTH)  # error kinds after which the server closes the connection
 
 
@@ -69,8 +71,27 @@ class _Settings:
         self._key = as_key(token)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
-        self.limits = limits or Limits()
+        self.limits = limits or Limits()  # what this client accepts in a reply
+        # told to the server in every request when not the default (a server never sends more)
+        self._lim = None if self.limits == Limits() else self.limits.as_list()
+        self.server_limits = Limits()  # what the server accepts in a request: from its hello
+        self.server_idle_s: float | None = None  # the server closes a connection silent for this long
         self._ids = itertools.count(1)
+
+    def _greeted(self, greeting: Header) -> None:
+        """Take in what a server's hello says of it (a server before these fields: the defaults)."""
+        try:
+            self.server_limits = Limits.from_list(greeting.get("limits", Limits().as_list()))
+        except ValueError:
+            self.server_limits = Limits()
+        idle = greeting.get("idle_s")
+        self.server_idle_s = float(idle) if type(idle) in (int, float) and idle > 0 else None
+
+    def _request(self, call: Call[Any], rid: int) -> Header:
+        header = {**call.args, "op": call.op, "id": rid}
+        if self._lim is not None:
+            header["lim"] = self._lim
+        return header
 
     def _backoff(self) -> Iterator[float]:
         """Delays between connection attempts; ends when `connect_timeout` has passed."""
@@ -96,6 +117,7 @@ class QueueClient(_Settings):
         self._sock: socket.socket | None = None
         self._reader: protocol.SocketReader | None = None
         self._lock = threading.RLock()
+        self._used = 0.0  # monotonic time of the last reply
 
     # --- transport ------------------------------------------------------------------------
     def connect(self) -> QueueClient:
@@ -133,6 +155,7 @@ class QueueClient(_Settings):
         assert self._reader is not None
         greeting, _ = self._reader.read()
         req = auth_request(greeting, self._key, self.address, next(self._ids))
+        self._greeted(greeting)
         if req is not None:
             header, mine = req
             self._send(header, ())
@@ -167,6 +190,8 @@ class QueueClient(_Settings):
         The first failing request's error is raised after every reply has been read.
         """
         with self._lock:
+            if self._sock is not None and self._stale():
+                self.close()
             if self._sock is None:
                 self._connect()
             assert self._sock is not None
@@ -180,8 +205,9 @@ class QueueClient(_Settings):
                 for k, (rid, c) in enumerate(zip(rids, batch, strict=True)):
                     if k >= PIPELINE_WINDOW:
                         replies.append(self._recv(rids[k - PIPELINE_WINDOW], got, pending))
-                    self._send({**c.args, "op": c.op, "id": rid}, c.frames)
+                    self._send(self._request(c, rid), c.frames)
                 replies += [self._recv(rid, got, pending) for rid in rids[len(replies) :]]
+                self._used = time.monotonic()
                 if any(h.get("error") in _FATAL for h, _ in replies):
                     self.close()  # the server closes a connection after a protocol error
             except TimeoutError:
@@ -204,6 +230,24 @@ class QueueClient(_Settings):
         if error is not None:
             raise error
         return out
+
+    def _stale(self) -> bool:
+        """Whether the connection was idle long enough that the server may have closed it (it says
+        after how long in its hello), or has: then a request is sent on a new one, never lost on it."""
+        idle = time.monotonic() - self._used
+        if self.server_idle_s is not None and idle > self.server_idle_s / 2:
+            return True
+        if idle < STALE_CHECK_S:
+            return False
+        assert self._sock is not None
+        try:
+            poll = select.poll()  # not select(): a server's process may hold descriptors past FD_SETSIZE
+            poll.register(self._sock, select.POLLIN)
+            if not poll.poll(0):
+                return False
+            return self._sock.recv(1, socket.MSG_PEEK) == b""  # else: a late reply, read in turn
+        except OSError:
+            return True
 
     def close(self) -> None:
         with self._lock:
@@ -238,13 +282,13 @@ class QueueClient(_Settings):
         return self.call(calls.queues())
 
     def put(self, queue: str, messages: Sequence[Message]) -> list[int]:
-        return self.call(calls.put(queue, messages))
+        return [i for ids in self.pipeline(calls.puts(queue, messages, self.connect().server_limits)) for i in ids]
 
     def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0) -> list[Message]:
         return self.call(calls.get(queue, n, lease_s=lease_s, wait_s=wait_s))
 
     def ack(self, queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None = None) -> list[bool]:
-        return self.call(calls.ack(queue, ids, results))
+        return [o for ok in self.pipeline(calls.acks(queue, ids, results, self.connect().server_limits)) for o in ok]
 
     def nack(self, queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
              delay_s: float | Sequence[float] = 0.0, final: bool = False) -> list[bool]:  # fmt: skip
@@ -254,7 +298,10 @@ class QueueClient(_Settings):
         return self.call(calls.release(queue, ids))
 
     def result(self, queue: str, ids: Sequence[int]) -> list[bytes | None]:
-        return self.call(calls.result(queue, ids))
+        out: list[bytes | None] = []
+        while len(out) < len(ids):  # a reply holds what fits in this client's limits
+            out += self.call(calls.result(queue, ids[len(out) :]))
+        return out
 
     def status(self, queue: str, ids: Sequence[int]) -> list[Status | None]:
         return self.call(calls.status(queue, ids))
@@ -350,6 +397,7 @@ class AsyncQueueClient(_Settings):
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         greeting, _ = await protocol.read(reader, self.limits, request=False)
         req = auth_request(greeting, self._key, self.address, next(self._ids))
+        self._greeted(greeting)
         if req is not None:
             header, mine = req
             writer.writelines(protocol.encode(header))
@@ -394,7 +442,7 @@ class AsyncQueueClient(_Settings):
         fut: asyncio.Future[tuple[Header, Frames]] = asyncio.get_running_loop().create_future()
         self._pending[rid] = fut
         try:
-            self._writer.writelines(protocol.encode({**call.args, "op": call.op, "id": rid}, call.frames))
+            self._writer.writelines(protocol.encode(self._request(call, rid), call.frames))
             await self._writer.drain()
             header, frames = await asyncio.wait_for(fut, self.timeout + call.wait_s)
         except TimeoutError:
@@ -435,13 +483,15 @@ class AsyncQueueClient(_Settings):
         return await self.call(calls.queues())
 
     async def put(self, queue: str, messages: Sequence[Message]) -> list[int]:
-        return await self.call(calls.put(queue, messages))
+        await self.connect()
+        return [i for c in calls.puts(queue, messages, self.server_limits) for i in await self.call(c)]
 
     async def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0) -> list[Message]:
         return await self.call(calls.get(queue, n, lease_s=lease_s, wait_s=wait_s))
 
     async def ack(self, queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None = None) -> list[bool]:
-        return await self.call(calls.ack(queue, ids, results))
+        await self.connect()
+        return [o for c in calls.acks(queue, ids, results, self.server_limits) for o in await self.call(c)]
 
     async def nack(self, queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
                    delay_s: float | Sequence[float] = 0.0, final: bool = False) -> list[bool]:  # fmt: skip
@@ -451,7 +501,10 @@ class AsyncQueueClient(_Settings):
         return await self.call(calls.release(queue, ids))
 
     async def result(self, queue: str, ids: Sequence[int]) -> list[bytes | None]:
-        return await self.call(calls.result(queue, ids))
+        out: list[bytes | None] = []
+        while len(out) < len(ids):  # a reply holds what fits in this client's limits
+            out += await self.call(calls.result(queue, ids[len(out) :]))
+        return out
 
     async def status(self, queue: str, ids: Sequence[int]) -> list[Status | None]:
         return await self.call(calls.status(queue, ids))

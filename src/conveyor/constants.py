@@ -117,7 +117,9 @@ DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024  # one payload frame
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024 * 1024  # per-message metadata of a large batch fits
 DEFAULT_MAX_FRAMES = 1_000_000
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # all payload frames of one message
-PAGE_BYTES = 16 * 1024 * 1024  # a results page stops growing past this many bytes
+# a reply of messages, results or dead letters stops growing past this many bytes (or the client's limits)
+PAGE_BYTES = 16 * 1024 * 1024
+REQUEST_SLACK_BYTES = 64 * 1024  # of a header limit, kept for the fields that are not per message
 DEFAULT_MAX_IN_FLIGHT = 64  # requests a server runs at once per connection
 # error kinds in a reply's "error" field
 ERR_PROTOCOL = "protocol"  # malformed frames or a limit exceeded: the server closes the connection
@@ -129,6 +131,8 @@ ERR_QUEUE_CONFLICT = "queue-conflict"  # declared again with other settings
 ERR_UNAVAILABLE = "unavailable"  # the queue's store could not be opened (damaged): see the message
 ERR_STORE = "store"  # the store failed (disk full, closed)
 ERR_INTERNAL = "internal"
+ERR_BUSY = "busy"  # in a hello: the server takes no more connections (its limit); try again later
+ERR_TOO_LARGE = "too-large"  # a message or result that does not fit in a reply within the client's limits
 # authentication: HMAC-SHA256 over both sides' nonces, each side proving it knows the token
 AUTH_NONCE_BYTES = 32
 AUTH_CLIENT_LABEL = b"conveyor-auth-client\x00"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
+import threading
 import zlib
 from pathlib import Path
 
@@ -33,6 +34,7 @@ class Dedupe:
         self._fd = -1
         self._size = 0  # of keys.log
         self._dirty = False
+        self._lock = threading.Lock()  # `sync` runs in a group commit's thread
         if path is not None:
             self._load(path)
 
@@ -59,8 +61,8 @@ class Dedupe:
                         damaged[:10], len(self._ids), aside.name)  # fmt: skip
         if records > 2 * max(len(self._ids), 1024) or damaged:
             self._rewrite(f)  # mostly superseded or evicted keys, or damage: start clean
-        self._fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        self._size = os.fstat(self._fd).st_size
+        with open(f, "ab") as fh:  # made if missing; opened for appends when a key comes (see `_out`)
+            self._size = fh.tell()
 
     def _rewrite(self, f: Path) -> None:
         write_atomically(f, b"".join(_record(k, i) for k, i in self._ids.items()))
@@ -77,27 +79,39 @@ class Dedupe:
     def add(self, pairs: list[tuple[str, int]]) -> None:
         """Remember keys of messages about to be stored (written to the OS now, durable at the next
         `sync`); all or none (a full disk raises DiskFullError and remembers none)."""
-        if self._fd >= 0 and pairs:
+        if self.path is not None and pairs:
             data = b"".join(_record(k, i) for k, i in pairs)
-            try:
-                write_all(self._fd, data, self._size)
-            except OSError as e:
-                raise store_error(e, f"{self.path}: idempotency keys") from e
-            self._size += len(data)
-            self._dirty = True
+            with self._lock:
+                try:
+                    write_all(self._out(), data, self._size)
+                except OSError as e:
+                    raise store_error(e, f"{self.path}: idempotency keys") from e
+                self._size += len(data)
+                self._dirty = True
         for k, i in pairs:
             self._remember(k, i)
 
+    def _out(self) -> int:
+        if self._fd < 0:
+            assert self.path is not None
+            self._fd = os.open(self.path / KEYS_LOG_NAME, os.O_WRONLY | os.O_APPEND)
+        return self._fd
+
     def sync(self) -> None:
-        if self._fd >= 0 and self._dirty:
-            self._dirty = False
-            os.fsync(self._fd)
+        with self._lock:
+            if self._fd >= 0 and self._dirty:
+                self._dirty = False
+                os.fsync(self._fd)
 
     def close(self) -> None:
-        if self._fd >= 0:
-            self.sync()
-            os.close(self._fd)
-            self._fd = -1
+        """Sync and let go of the descriptor; a later `add` opens it again."""
+        with self._lock:
+            if self._fd >= 0:
+                if self._dirty:
+                    self._dirty = False
+                    os.fsync(self._fd)
+                os.close(self._fd)
+                self._fd = -1
 
 
 def _record_at(data: bytes, pos: int) -> tuple[str, int, int] | None:

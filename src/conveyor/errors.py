@@ -59,6 +59,11 @@ class RequestError(ConveyorError):
         super().__init__(message)
 
 
+class ServerBusyError(ConveyorError, ConnectionRefusedError):
+    """The server takes no more connections now (its connection limit): a client tries again until
+    its `connect_timeout`."""
+
+
 class ConnectionLostError(ConveyorError, ConnectionError):
     """The connection to a server failed or closed before a reply came.
 

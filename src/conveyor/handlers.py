@@ -9,25 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import shutil
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
-from .constants import ERR_BAD_ARGUMENT, H_IDEMPOTENCY_KEY, PAGE_BYTES, PROTOCOL_VERSION
+from .constants import ERR_BAD_ARGUMENT, ERR_TOO_LARGE, H_IDEMPOTENCY_KEY, MAX_LEASE_S, PROTOCOL_VERSION
 from .dedupe import check_key
 from .errors import RequestError, StoreError
 from .hosting import HostedQueue, QueueHost
 from .message import Message
-from .protocol import Frames, Header, column
+from .protocol import Frames, Header, Limits, column
 
 Reply = tuple[dict[str, Any], list[bytes]]
 Handler = Callable[[QueueHost, "Args", Frames], Awaitable[Reply]]
 
 MAX_BATCH = 1_000_000  # messages per get or page
 MAX_WAIT_S = 3600.0
+MAX_DELAY_S = 1e12  # finite: a message nacked with an endless delay would never come back
 _MISSING = object()
+_DEFAULT_LIMITS = Limits()
+_PER_ITEM = 16  # bytes of header fields an item of a results reply adds (its id, its place in 'found')
 
 
 class Args:
@@ -104,6 +108,26 @@ class Args:
     def queue(self, host: QueueHost, create: bool = False) -> HostedQueue:
         return host.get(self.str("queue"), create)
 
+    def reply_limits(self) -> Limits:
+        """What the client accepts in a reply: it says so when that is not the default (`Limits`)."""
+        v = self.h.get("lim")
+        if v is None:
+            return _DEFAULT_LIMITS
+        try:
+            return Limits.from_list(v)
+        except ValueError as e:
+            raise RequestError(ERR_BAD_ARGUMENT, f"{self.op}: 'lim': {e}") from None
+
+
+def _too_large(what: str, size: int, lim: Limits, more: str) -> RequestError:
+    return RequestError(ERR_TOO_LARGE, f"{what} of {size:,} bytes does not fit in a reply to this client, which takes "
+                                       f"at most {lim.max_frame_bytes:,} bytes per frame and {lim.max_message_bytes:,} "
+                                       f"per reply: give the client larger limits{more}")  # fmt: skip
+
+
+def _fits(size: int, lim: Limits) -> bool:
+    return size <= min(lim.max_frame_bytes, lim.max_message_bytes)
+
 
 # --- operations ---------------------------------------------------------------------------------
 async def ping(host: QueueHost, a: Args, frames: Frames) -> Reply:
@@ -111,7 +135,7 @@ async def ping(host: QueueHost, a: Args, frames: Frames) -> Reply:
 
 
 async def declare(host: QueueHost, a: Args, frames: Frames) -> Reply:
-    q = host.declare(a.str("queue"), a.bool("durable", None), a.num("lease_s", None, open_lo=True),
+    q = host.declare(a.str("queue"), a.bool("durable", None), a.num("lease_s", None, open_lo=True, hi=MAX_LEASE_S),
                      a.int("max_attempts", None, 1, 0xFFFF), a.str("fsync", None))  # fmt: skip
     await q.durable()
     return {"info": asdict(q.info)}, []
@@ -193,14 +217,15 @@ def _columns(messages: list[Message]) -> dict[str, Any]:
 
 
 async def get(host: QueueHost, a: Args, frames: Frames) -> Reply:
-    n = a.int("n", 1, 0, MAX_BATCH)
-    lease = a.num("lease_s", None, open_lo=True)
+    lim = a.reply_limits()
+    n = min(a.int("n", 1, 0, MAX_BATCH), lim.max_frames)
+    lease = a.num("lease_s", None, open_lo=True, hi=MAX_LEASE_S)
     wait = a.num("wait_s", 0.0, 0.0, MAX_WAIT_S)
     q = a.queue(host, create=True)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     while True:
-        got = q.store.get_batch(n, lease)
+        got = q.store.get_batch(n, lease, lim.reply_bytes())  # what fits in the client's limits
         left = deadline - loop.time()
         if len(got) or n == 0 or left <= 0 or host.closing:
             break
@@ -210,6 +235,9 @@ async def get(host: QueueHost, a: Args, frames: Frames) -> Reply:
         await q.changed.wait(left)
         if q.dropped:  # while we waited: nothing will come (and `got` is empty)
             break
+    if len(got) == 1 and not _fits(len(got.payloads[0]), lim):  # it came alone: bigger than any reply
+        q.store.release_many(got.ids)
+        raise _too_large(f"message {got.ids[0]}", len(got.payloads[0]), lim, "; the message stays queued")
     cols = {"ids": got.ids, "prio": column(got.priority), "att": column(got.attempts), "at": column(got.enqueued_at),
             "nb": column(got.not_before), "ma": column(got.max_attempts), "hdr": column(got.headers)}  # fmt: skip
     return {"queue": q.info.name, "lease_s": got.lease_s, "left": q.store.ready_left(), **cols}, got.payloads
@@ -240,10 +268,10 @@ async def nack(host: QueueHost, a: Args, frames: Frames) -> Reply:
     q = a.queue(host)
     delays = a.packed("delay_s", len(ids), 0.0)
     if type(delays) is list:
-        if not all(type(d) in (int, float) and d >= 0 for d in delays):
-            raise RequestError(ERR_BAD_ARGUMENT, "nack: 'delay_s' must hold non-negative numbers")
+        if not all(type(d) in (int, float) and 0 <= d < math.inf for d in delays):
+            raise RequestError(ERR_BAD_ARGUMENT, "nack: 'delay_s' must hold finite numbers >= 0")
     else:
-        delays = [a.num("delay_s", 0.0)] * len(ids)
+        delays = [a.num("delay_s", 0.0, hi=MAX_DELAY_S)] * len(ids)
     final = a.bool("final", False)
     ok = [False] * len(ids)
     for d in dict.fromkeys(delays):  # one store call per distinct delay
@@ -268,9 +296,21 @@ async def release(host: QueueHost, a: Args, frames: Frames) -> Reply:
 
 
 async def result(host: QueueHost, a: Args, frames: Frames) -> Reply:
+    """The results of the first of `ids` that fit in a reply (at least one): the client asks for the rest."""
     ids = a.ids()
     q = a.queue(host)
-    found = [q.store.result(i) for i in ids]
+    lim = a.reply_limits()
+    room, size = lim.reply_bytes(), 0
+    found: list[bytes | None] = []
+    for i in ids:
+        r = q.store.result(i)
+        cost = _PER_ITEM + (0 if r is None else len(r))
+        if found and (size + cost > room or len(found) >= lim.max_frames):
+            break
+        if r is not None and not _fits(len(r), lim):
+            raise _too_large(f"the result of message {i}", len(r), lim, "")
+        found.append(r)
+        size += cost
     return {"found": [r is not None for r in found]}, [r for r in found if r is not None]
 
 
@@ -292,7 +332,7 @@ async def report(host: QueueHost, a: Args, frames: Frames) -> Reply:
 
 async def extend_lease(host: QueueHost, a: Args, frames: Frames) -> Reply:
     ids = a.ids()
-    lease = a.num("lease_s", _MISSING, open_lo=True)
+    lease = a.num("lease_s", _MISSING, open_lo=True, hi=MAX_LEASE_S)
     q = a.queue(host)
     return {"ok": [q.store.extend_lease(i, lease) for i in ids]}, []
 
@@ -350,22 +390,29 @@ def _page_limit(a: Args) -> tuple[int, int]:
 async def results(host: QueueHost, a: Args, frames: Frames) -> Reply:
     after, limit = _page_limit(a)
     q = a.queue(host)
+    lim = a.reply_limits()
+    limit, room = min(limit, lim.max_frames), lim.reply_bytes()
     ids: list[int] = []
     out: list[bytes] = []
     size = 0
     for i, r in q.store.results(after):
-        if len(ids) >= limit or (ids and size + len(r) > PAGE_BYTES):
+        if len(ids) >= limit or (ids and size + _PER_ITEM + len(r) > room):
             break
+        if not _fits(len(r), lim):
+            raise _too_large(f"the result of message {i}", len(r), lim, "")
         ids.append(i)
         out.append(r)
-        size += len(r)
+        size += _PER_ITEM + len(r)
     return {"ids": ids}, out
 
 
 async def dead_letters(host: QueueHost, a: Args, frames: Frames) -> Reply:
     after, limit = _page_limit(a)
     q = a.queue(host)
-    dls = q.store.dead_letters(after, limit)
+    lim = a.reply_limits()
+    dls = q.store.dead_letters(after, min(limit, lim.max_frames), lim.reply_bytes())
+    if len(dls) == 1 and not _fits(len(dls[0].message.payload), lim):
+        raise _too_large(f"dead letter {dls[0].message.id}", len(dls[0].message.payload), lim, "")
     msgs = [d.message for d in dls]
     return ({"queue": q.info.name, "lease_s": 0.0, **_columns(msgs), "errors": [d.error for d in dls],
              "failed_at": [d.failed_at for d in dls]}, [m.payload for m in msgs])  # fmt: skip
@@ -387,6 +434,8 @@ async def put_blob(host: QueueHost, a: Args, frames: Frames) -> Reply:
 
 async def get_blob(host: QueueHost, a: Args, frames: Frames) -> Reply:
     data = host.blobs.get(a.str("key"))
+    if data is not None and not _fits(len(data), lim := a.reply_limits()):
+        raise _too_large("the blob", len(data), lim, "")
     return {"found": data is not None}, [] if data is None else [data]
 
 

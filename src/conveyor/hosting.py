@@ -17,7 +17,7 @@ import re
 import shutil
 import time
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -41,6 +41,7 @@ from .dedupe import Dedupe
 from .errors import ConveyorError, RequestError, StoreError
 from .storage import DurableStore, MemoryStore, Store
 from .storage.files import fsync_dir, keep_aside, store_error, write_atomically
+from .storage.segments import MAX_MAPS
 from .storage.space import SpaceReserve
 
 log = logging.getLogger("conveyor.server")
@@ -50,6 +51,7 @@ _FSYNC = ("batch", "interval", "never")
 RATE_WINDOW = 10  # samples (one a second) behind the rates in stats
 WORKER_TTL_S = 60.0  # a consumer not heard from for this long drops out of stats
 MAX_WORKERS = 10_000
+FDS_PER_OPEN_QUEUE = 3 + MAX_MAPS  # a durable queue in use: its newest segment, index, keys, mapped segments
 
 
 class Signal:
@@ -122,6 +124,12 @@ class HostedQueue:
     def sample(self, now: float) -> None:
         self.samples.append((now, self.puts, self.acks))
 
+    def suspend(self) -> None:
+        """Let go of the queue's file descriptors but its lock, until it next reads or writes."""
+        if isinstance(self.store, DurableStore):
+            self.store.suspend()
+        self.dedupe.close()
+
     def stats(self) -> QueueStats:
         s = self.store.stats()
         put_rate = ack_rate = 0.0
@@ -146,7 +154,10 @@ class Defaults:
 class QueueHost:
     """The named queues of one server, created on first use or by `declare`, reopened on restart."""
 
-    def __init__(self, data_dir: Path | None, defaults: Defaults, repair: bool = False) -> None:
+    def __init__(self, data_dir: Path | None, defaults: Defaults, repair: bool = False, fd_budget: int | None = None) -> None:
+        """fd_budget: descriptors the durable queues may hold in all (None: no limit). Each holds one
+        (its lock) while it exists, and FDS_PER_OPEN_QUEUE more while in use: the least recently used
+        let go of theirs when the rest would not fit, and a durable queue beyond the budget is refused."""
         self.data_dir = data_dir
         self.queue_dir = None if data_dir is None else data_dir / QUEUES_DIR
         self.defaults = defaults
@@ -159,6 +170,9 @@ class QueueHost:
         self.blobs = Blobs(None if data_dir is None else data_dir / BLOB_DIR)
         self.id_floor = 1  # new queues start here: above every id a dropped queue used
         self.space: SpaceReserve | None = None  # disk space held back for a full disk (see conveyor.storage.space)
+        self.fd_budget = fd_budget
+        self._holding: OrderedDict[str, HostedQueue] = OrderedDict()  # durable queues with files open, oldest use first
+        self._durable = 0  # durable queues open here (each holds its lock)
         self._lock_fd = -1
         if data_dir is not None:
             data_dir.mkdir(parents=True, exist_ok=True)
@@ -181,7 +195,8 @@ class QueueHost:
             if name.startswith(DROPPING_PREFIX):
                 continue
             try:
-                self.queues[name] = self._open(self._read_info(conf))
+                self.queues[name] = q = self._open(self._read_info(conf))
+                self.touch(q)
             except Exception as e:  # one damaged queue must not take the others down
                 self.unavailable[name] = f"queue {name!r} could not be opened: {e}"
                 log.error("%s", self.unavailable[name])
@@ -212,6 +227,10 @@ class QueueHost:
             store = MemoryStore(info.name, max_attempts=info.max_attempts, lease_s=info.lease_s)
             return HostedQueue(info, store, None, Dedupe(None))
         assert self.queue_dir is not None and info.fsync is not None
+        if self.fd_budget is not None and self._durable + 1 + FDS_PER_OPEN_QUEUE > self.fd_budget:
+            raise StoreError(f"queue {info.name!r}: this server holds {self._durable:,} durable queues, as many as its "
+                             f"descriptor limit allows ({self.fd_budget:,} for queues: ulimit -n less the connections "
+                             "it takes): raise the limit (ulimit -n), lower --max-connections, or drop queues")  # fmt: skip
         path = self.queue_dir / info.name
         store = DurableStore(path, fsync=info.fsync, queue=info.name,  # type: ignore[arg-type]
                              max_attempts=info.max_attempts, lease_s=info.lease_s, repair=self.repair,
@@ -223,11 +242,25 @@ class QueueHost:
             raise
         # keys before messages, as they are written (see handlers._put_once)
         commit = GroupCommit(dedupe.sync, store.sync) if info.fsync == "batch" else None
+        self._durable += 1
         return HostedQueue(info, store, commit, dedupe)
+
+    def touch(self, q: HostedQueue) -> None:
+        """`q` is in use: it keeps its files open, and the least recently used queues let go of theirs
+        while all would not fit in the descriptor budget."""
+        if self.fd_budget is None or not q.info.durable:
+            return
+        self._holding[q.info.name] = q
+        self._holding.move_to_end(q.info.name)
+        room = max(1, (self.fd_budget - self._durable) // FDS_PER_OPEN_QUEUE)
+        while len(self._holding) > room:
+            _, old = self._holding.popitem(last=False)
+            old.suspend()
 
     def get(self, name: str, create: bool = False) -> HostedQueue:
         q = self.queues.get(name)
         if q is not None:
+            self.touch(q)
             return q
         if name in self.unavailable:
             why = self.unavailable[name]
@@ -256,6 +289,7 @@ class QueueHost:
             diff = [f"{k}={have[k]!r} (asked {v!r})" for k, v in asked.items() if v is not None and v != have[k]]
             if diff:
                 raise RequestError(ERR_QUEUE_CONFLICT, f"queue {name!r} exists with {', '.join(diff)}")
+            self.touch(q)
             return q
         try:
             q = self._open(info)
@@ -270,12 +304,14 @@ class QueueHost:
                 assert self.queue_dir is not None
                 write_atomically(self.queue_dir / name / QUEUE_CONFIG_NAME, json.dumps(asdict(info)).encode())
         except BaseException as e:  # not declared: close it, so that a retry can open it again
+            self._durable -= durable
             q.store.close()
             q.dedupe.close()
             if isinstance(e, OSError):
                 raise store_error(e, f"queue {name!r}") from e
             raise
         self.queues[name] = q
+        self.touch(q)
         log.info("declared queue %s", info)
         return q
 
@@ -308,6 +344,8 @@ class QueueHost:
             with contextlib.suppress(OSError):  # else a crash may bring the queue back: as one before the rename
                 fsync_dir(self.queue_dir)
         del self.queues[name]
+        self._holding.pop(name, None)
+        self._durable -= q.info.durable
         q.dropped = True
         q.changed.notify()
         self.settled.notify()  # its pending messages are gone: a join may be over

@@ -32,6 +32,7 @@ from .constants import ERR_NO_QUEUE, H_IDEMPOTENCY_KEY, SHARD_SHIFT
 from .errors import ConnectionLostError, ConveyorError, RequestError
 from .message import Message, Status
 from .pooltasks import PoolTasks
+from .protocol import Limits
 from .storage import DeadLetter
 
 LOCAL_MASK = (1 << SHARD_SHIFT) - 1
@@ -199,11 +200,17 @@ class QueuePool(PoolTasks):
 
     def _scatter(self, ids: Sequence[int], make: Callable[[list[int], list[int]], Call[list[Any]]]) -> list[Any]:
         """Route a per-id operation to the shards holding the ids; results in the order of `ids`."""
+        return self._scatter_many(ids, lambda s, pos, local: [make(pos, local)])
+
+    def _scatter_many(self, ids: Sequence[int],
+                      make: Callable[[int, list[int], list[int]], list[Call[list[Any]]]]) -> list[Any]:  # fmt: skip
+        """`_scatter` with any number of requests per shard (`make(shard, positions, local ids)`),
+        whose replies, joined, answer its ids in order."""
         groups = self._by_shard(ids)
-        work = {s: [make(pos, [ids[k] & LOCAL_MASK for k in pos])] for s, pos in groups.items()}
+        work = {s: make(s, pos, [ids[k] & LOCAL_MASK for k in pos]) for s, pos in groups.items()}
         out: list[Any] = [None] * len(ids)
-        for s, [res] in self._each(work).items():
-            for k, r in zip(groups[s], res, strict=True):
+        for s, replies in self._each(work).items():
+            for k, r in zip(groups[s], (r for res in replies for r in res), strict=True):
                 out[k] = r
         return out
 
@@ -232,16 +239,21 @@ class QueuePool(PoolTasks):
         groups = [((first + k) % n, chunk) for k, chunk in enumerate(chunks)]
         groups += [(s, pos[i : i + b]) for s, pos in keyed.items() for i in range(0, len(pos), b)]
         work: dict[int, list[Call[Any]]] = {}
-        where: list[tuple[int, int]] = []  # (shard, index of its call) per group
+        where: list[tuple[int, int, int]] = []  # (shard, index of its first call, calls) per group
         for s, pos in groups:
-            work.setdefault(s, []).append(calls.put(queue, [messages[i] for i in pos]))
-            where.append((s, len(work[s]) - 1))
+            made = calls.puts(queue, [messages[i] for i in pos], self._server_limits(s))  # several if big
+            work.setdefault(s, []).extend(made)
+            where.append((s, len(work[s]) - len(made), len(made)))
         done = self._each(work)
         out = [0] * len(messages)
-        for (s, pos), (_, j) in zip(groups, where, strict=True):
-            for i, local in zip(pos, done[s][j], strict=True):
+        for (_, pos), (s, j, k) in zip(groups, where, strict=True):
+            for i, local in zip(pos, (i for ids in done[s][j : j + k] for i in ids), strict=True):
                 out[i] = s << SHARD_SHIFT | local
         return out
+
+    def _server_limits(self, shard: int) -> Limits:
+        """What the shard's server accepts in a request (it says so when a connection is made)."""
+        return self.clients[shard].connect().server_limits
 
     def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0,
             shards: Sequence[int] | None = None) -> list[Message]:  # fmt: skip
@@ -278,10 +290,12 @@ class QueuePool(PoolTasks):
             wait = min(left, slice_s)
 
     def ack(self, queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None = None) -> list[bool]:
-        def make(pos: list[int], local: list[int]) -> Call[list[bool]]:
-            return calls.ack(queue, local, None if results is None else [results[k] for k in pos])
+        """Finish messages, with optional results; in as many requests as the servers' limits take."""
 
-        return self._scatter(ids, make)
+        def make(s: int, pos: list[int], local: list[int]) -> list[Call[list[bool]]]:
+            return calls.acks(queue, local, None if results is None else [results[k] for k in pos], self._server_limits(s))
+
+        return self._scatter_many(ids, make)
 
     def nack(self, queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
              delay_s: float | Sequence[float] = 0.0, final: bool = False) -> list[bool]:  # fmt: skip
@@ -296,7 +310,18 @@ class QueuePool(PoolTasks):
 
     def result(self, queue: str, ids: Sequence[int]) -> list[bytes | None]:
         """Stored results of pool-wide ids, in order (None where there is none)."""
-        return self._scatter(ids, lambda pos, local: calls.result(queue, local))
+        out: list[bytes | None] = [None] * len(ids)
+        todo = list(range(len(ids)))
+        while todo:  # a reply holds what fits in this client's limits: ask again for the rest
+            groups = self._by_shard([ids[k] for k in todo])
+            done = self._each({s: [calls.result(queue, [ids[todo[k]] & LOCAL_MASK for k in pos])] for s, pos in groups.items()})
+            left = []
+            for s, [res] in done.items():
+                for k, r in zip(groups[s], res, strict=False):
+                    out[todo[k]] = r
+                left += [todo[k] for k in groups[s][len(res) :]]
+            todo = sorted(left)
+        return out
 
     def status(self, queue: str, ids: Sequence[int]) -> list[Status | None]:
         return self._scatter(ids, lambda pos, local: calls.status(queue, local))

@@ -12,7 +12,7 @@ import asyncio
 import itertools
 import socket
 import struct
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,8 @@ from .constants import (
     DEFAULT_MAX_MESSAGE_BYTES,
     FRAME_LENGTH,
     FRAME_PREFIX,
+    PAGE_BYTES,
+    REQUEST_SLACK_BYTES,
 )
 from .errors import ConnectionLostError, ProtocolError
 
@@ -46,10 +48,51 @@ class Limits:
     max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
 
     def __post_init__(self) -> None:
-        for name in ("max_frame_bytes", "max_header_bytes", "max_frames", "max_message_bytes"):
+        for name in _LIMIT_FIELDS:
             v = getattr(self, name)
             if type(v) is not int or not 0 < v < 2**32:
                 raise ValueError(f"{name} must be an integer in [1, 2**32), got {v!r}")
+
+    def as_list(self) -> list[int]:
+        """How a side tells the other its limits (the server in its hello, a client in its requests)."""
+        return [getattr(self, name) for name in _LIMIT_FIELDS]
+
+    @classmethod
+    def from_list(cls, value: object) -> Limits:
+        """Limits from `as_list`; ValueError for anything else."""
+        if type(value) is not list or len(value) != len(_LIMIT_FIELDS):
+            raise ValueError(f"limits must be a list of {len(_LIMIT_FIELDS)} integers, got {value!r:.80}")
+        return cls(*value)
+
+    def reply_bytes(self) -> int:
+        """Bytes a reply to this side may carry, counting each message's header fields with its
+        payload (`Store._sizes`): a page of at most PAGE_BYTES, within every limit of the side. Only
+        an item bigger than that alone can break a limit (a reply holds at least one item)."""
+        return min(PAGE_BYTES, self.max_message_bytes, self.max_frame_bytes, self.max_header_bytes - REQUEST_SLACK_BYTES)
+
+    def pieces(self, frames: Sequence[int], headers: Sequence[int], what: str = "item") -> list[range]:
+        """Split a request's items (each one payload frame of `frames[i]` bytes and about `headers[i]`
+        bytes of header fields) into runs that each fit these limits. ValueError for an item that
+        fits in no request, naming it (`what` and its index) and its size."""
+        out: list[range] = []
+        start, size, head = 0, 0, 0
+        room = self.max_header_bytes - REQUEST_SLACK_BYTES
+        for i, (f, h) in enumerate(zip(frames, headers, strict=True)):
+            if f > self.max_frame_bytes or h > room:
+                why = f"{f:,} bytes, over the server's limit of {self.max_frame_bytes:,} per frame" \
+                    if f > self.max_frame_bytes else f"about {h:,} bytes of headers, over the limit of {room:,}"  # fmt: skip
+                raise ValueError(f"{what} {i} does not fit in a request: {why}")
+            if i > start and (size + f > self.max_message_bytes or head + h > room or i - start >= self.max_frames):
+                out.append(range(start, i))
+                start, size, head = i, 0, 0
+            size += f
+            head += h
+        if start < len(frames):
+            out.append(range(start, len(frames)))
+        return out
+
+
+_LIMIT_FIELDS = ("max_frame_bytes", "max_header_bytes", "max_frames", "max_message_bytes")
 
 
 def encode(header: Header, frames: Sequence[bytes] = ()) -> list[bytes]:
@@ -107,8 +150,12 @@ def decode_header(raw: bytes, request: bool) -> Header:
     return header
 
 
-async def read(reader: asyncio.StreamReader, limits: Limits, request: bool) -> tuple[Header, Frames]:
-    """Read one frame set from a stream; raises EOFError at a clean end of stream."""
+async def read(reader: asyncio.StreamReader, limits: Limits, request: bool,
+               started: Callable[[], None] | None = None) -> tuple[Header, Frames]:  # fmt: skip
+    """Read one frame set from a stream; raises EOFError at a clean end of stream.
+
+    `started` is called once its first bytes are in (a server times how long the rest takes).
+    """
     gen = parser(limits, request)
     n = next(gen)
     first = True
@@ -120,6 +167,8 @@ async def read(reader: asyncio.StreamReader, limits: Limits, request: bool) -> t
                 if first and not e.partial:
                     raise EOFError from None
                 raise ProtocolError(f"connection closed in the middle of a message ({len(e.partial)} of {n} bytes)") from None
+            if first and started is not None:
+                started()
             first = False
             n = gen.send(data)
     except StopIteration as stop:

@@ -29,9 +29,12 @@ def default_function_cache() -> FunctionCache:
 def is_retryable(exc: BaseException, options: TaskOptions | None = None) -> bool:
     """Whether a retry could help: not if the exception's class says `retryable = False`,
     nor if it is one of the task's `no_retry` types."""
-    if getattr(exc, "retryable", True) is False:
-        return False
-    return not (options is not None and options.no_retry and isinstance(exc, options.no_retry))
+    try:  # an exception object may do anything, even when asked this
+        if getattr(exc, "retryable", True) is False:
+            return False
+        return not (options is not None and options.no_retry and isinstance(exc, options.no_retry))
+    except Exception:
+        return True
 
 
 def run_message(message: Message, registry: Registry | None = None, function_cache: FunctionCache | None = None,

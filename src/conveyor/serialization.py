@@ -205,13 +205,26 @@ def encode_error(exc: BaseException) -> str:
     """Readable error text: "module.Type: message", then the traceback (if the exception has one).
 
     This is the text a nack and a dead letter keep; `decode_error` splits it again.
+    Never raises, whatever the exception object does (a `__str__` that raises, say): what cannot be
+    said is replaced by a note saying so, so the task is still settled with what can be said.
     """
     t = type(exc)
-    name = t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}"
-    head = f"{name}: {exc}"
+    name = _safe(lambda: t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}",
+                 "an exception whose type has no name")  # fmt: skip
+    head = f"{name}: {_safe(lambda: str(exc), f'<the message of this {name} could not be read: str() raised>')}"
     if exc.__traceback__ is None:
         return head
-    return head + "\n" + "".join(traceback.format_exception(t, exc, exc.__traceback__)).rstrip("\n")
+    tb = _safe(lambda: "".join(traceback.format_exception(t, exc, exc.__traceback__)).rstrip("\n"),
+               "(the traceback could not be formatted)")  # fmt: skip
+    return head + "\n" + tb
+
+
+def _safe(text: Callable[[], str], instead: str) -> str:
+    try:
+        out = text()
+        return out if type(out) is str else instead
+    except Exception:
+        return instead
 
 
 @dataclass(frozen=True, slots=True)

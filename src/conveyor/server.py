@@ -14,6 +14,7 @@ import hmac
 import ipaddress
 import logging
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from . import protocol
-from .auth import as_key, hello, new_nonce, proof
+from .auth import as_key, hello, new_nonce, proof, refusal
 from .constants import (
     AUTH_CLIENT_LABEL,
     AUTH_NONCE_BYTES,
@@ -50,6 +51,11 @@ from .storage.files import store_error
 log = logging.getLogger("conveyor.server")
 
 AUTH_TIMEOUT_S = 10.0
+DEFAULT_MAX_CONNECTIONS = 4096
+DEFAULT_IDLE_TIMEOUT_S = 300.0
+DEFAULT_REQUEST_TIMEOUT_S = 120.0  # from the first byte of a request to its last
+RESERVED_FDS = 128  # descriptors kept for the rest: listening socket, pipes, blobs, logs, thread pools
+FD_LIMIT_CAP = 1 << 20
 COMPLAIN_EVERY_S = 60.0  # a store error that recurs at every sweep is logged this often
 LINGER_S = 2.0  # after a protocol error: how long, and how much, to drain before closing
 LINGER_BYTES = 256 * 1024 * 1024
@@ -94,6 +100,8 @@ class _Connection:
     reader_task: asyncio.Task[None] | None = None
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    active: float = field(default_factory=time.monotonic)  # when it last sent or was sent something
+    reading: float | None = None  # since when a request is coming in, part of it read
 
     async def send(self, header: Header, frames: Frames = ()) -> None:  # type: ignore[assignment]
         """Write one frame set; a peer that went away is not an error of ours."""
@@ -101,6 +109,10 @@ class _Connection:
             async with self.lock:
                 self.writer.writelines(protocol.encode(header, frames))
                 await self.writer.drain()
+        self.active = time.monotonic()
+
+    def started(self) -> None:
+        self.reading = self.active = time.monotonic()
 
     async def error(self, rid: int, kind: str, message: str) -> None:
         await self.send({"id": rid, "error": kind, "message": message})
@@ -117,7 +129,13 @@ class QueueServer:
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, data_dir: str | Path | None = None,
                  token: str | bytes | None = None, insecure: bool = False, limits: Limits | None = None,
                  defaults: Defaults | None = None, repair: bool = False, sweep_interval_s: float = 0.5,
-                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, temporary: bool = False) -> None:  # fmt: skip
+                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, temporary: bool = False,
+                 max_connections: int | None = None, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> None:  # fmt: skip
+        """max_connections: more are refused with a clear error (None: as many as the descriptor
+        limit leaves room for, at most DEFAULT_MAX_CONNECTIONS). A connection with no request under
+        way is closed after `idle_timeout_s` of silence (clients reconnect unseen: the hello says
+        when), and one that sent part of a request but not the rest within `request_timeout_s`."""
         if temporary and data_dir is None:
             raise ConveyorError("a temporary server needs a data directory (to remove when it stops)")
         if temporary and Path(data_dir).is_dir() and any(Path(data_dir).iterdir()):  # type: ignore[arg-type]
@@ -137,12 +155,20 @@ class QueueServer:
         self.temporary = temporary
         self.sweep_interval_s = sweep_interval_s
         self.max_in_flight = max_in_flight
+        if max_connections is not None and max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {max_connections}")
+        self.max_connections = max_connections
+        if not idle_timeout_s > 0 or not request_timeout_s > 0:
+            raise ValueError("idle_timeout_s and request_timeout_s must be positive")
+        self.idle_timeout_s = idle_timeout_s
+        self.request_timeout_s = request_timeout_s
         self.queues: QueueHost | None = None
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[_Connection] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._stopped: asyncio.Event | None = None
         self._closing = False
+        self._quiet_until = 0.0  # see _complain
 
     @property
     def address(self) -> str:
@@ -152,7 +178,14 @@ class QueueServer:
     async def start(self) -> None:
         """Open the queues and start listening."""
         self._stopped = asyncio.Event()
-        self.queues = QueueHost(self.data_dir, self.defaults, self.repair)
+        fds = raise_fd_limit()
+        if self.max_connections is None:
+            self.max_connections = max(1, min(DEFAULT_MAX_CONNECTIONS, fds // 4))
+        budget = fds - self.max_connections - RESERVED_FDS
+        if budget < 16:
+            raise ConveyorError(f"a descriptor limit of {fds} (ulimit -n) leaves no room for queues beside "
+                                f"{self.max_connections} connections: raise it, or lower --max-connections")  # fmt: skip
+        self.queues = QueueHost(self.data_dir, self.defaults, self.repair, fd_budget=budget)
         try:
             self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=2**20)
         except BaseException:
@@ -228,17 +261,24 @@ class QueueServer:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
         conn = _Connection(writer, f"{peer[0]}:{peer[1]}" if peer else "?", asyncio.current_task())  # type: ignore[arg-type]
+        assert self.max_connections is not None
+        if len(self._conns) >= self.max_connections:  # refused in words, not by running out of descriptors
+            self._complain(f"refused {conn.peer}: {self.max_connections} connections already (--max-connections)")
+            await conn.send(refusal(f"it has {self.max_connections} connections, its limit (--max-connections); "
+                                    "try again later"))  # fmt: skip
+            writer.close()
+            return
         self._conns.add(conn)
         try:
             nonce = new_nonce()
-            await conn.send(hello(self._key, nonce))
+            await conn.send(hello(self._key, nonce, self.limits.as_list(), self.idle_timeout_s))
             if self._key is not None and not await self._authenticate(reader, conn, nonce):
                 await _linger(reader, writer)
                 return
             slots = asyncio.Semaphore(self.max_in_flight)
             while not self._closing:
                 try:
-                    header, frames = await protocol.read(reader, self.limits, request=True)
+                    header, frames = await protocol.read(reader, self.limits, request=True, started=conn.started)
                 except EOFError:
                     break
                 except ProtocolError as e:
@@ -246,6 +286,8 @@ class QueueServer:
                     await conn.error(e.request_id, ERR_PROTOCOL, str(e))
                     await _linger(reader, writer)
                     break
+                finally:
+                    conn.reading = None
                 await slots.acquire()
                 task = asyncio.create_task(self._handle(conn, header, frames))
                 conn.tasks.add(task)
@@ -308,16 +350,37 @@ class QueueServer:
             reply = {"id": rid, "error": ERR_INTERNAL, "message": f"{op}: internal error: {type(e).__name__}: {e}"}
         await conn.send(reply, out)
 
+    def _complain(self, message: str) -> None:
+        """Log a warning that may recur often (a flood of connections) at most once a COMPLAIN_EVERY_S."""
+        now = time.monotonic()
+        if now >= self._quiet_until:
+            self._quiet_until = now + COMPLAIN_EVERY_S
+            log.warning("%s", message)
+
+    def _close_silent(self) -> None:
+        """Close connections idle past the idle timeout, and those stuck in the middle of a request."""
+        now = time.monotonic()
+        for c in list(self._conns):
+            if c.reading is not None and now - c.reading > self.request_timeout_s:
+                log.warning("%s: sent part of a request and not the rest within %g s: closing the connection",
+                            c.peer, self.request_timeout_s)  # fmt: skip
+            elif c.reading is not None or c.tasks or now - c.active <= self.idle_timeout_s:
+                continue
+            c.writer.transport.abort()
+
     async def _sweep(self) -> None:
-        """Return expired leases to their queues, and sample the counters behind the rates."""
+        """Return expired leases to their queues, close silent connections, and sample the counters
+        behind the rates."""
         assert self.queues is not None
         next_sample = 0.0
         complained: dict[str, float] = {}  # queue -> when its expiry last failed (a full disk fails it often)
         while True:
             await asyncio.sleep(self.sweep_interval_s)
+            self._close_silent()
             for q in list(self.queues.queues.values()):
                 try:
                     if q.store.expire():
+                        self.queues.touch(q)  # it wrote: its files are open again
                         q.changed.notify()
                         self.queues.settled.notify()  # past its last attempt, a message ends here
                 except StoreError as e:
@@ -361,6 +424,18 @@ async def _watch_parent(loop: asyncio.AbstractEventLoop, stop: Callable[[], None
             await asyncio.wait_for(ended.wait(), PARENT_CHECK_S)
     log.warning("the process that started this server is gone: stopping")
     stop()
+
+
+def raise_fd_limit() -> int:
+    """Raise this process's descriptor limit as far as the OS lets it (a server holds a few per queue
+    and one per connection); returns the limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = FD_LIMIT_CAP if hard == resource.RLIM_INFINITY else min(hard, FD_LIMIT_CAP)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return FD_LIMIT_CAP if soft == resource.RLIM_INFINITY else soft
 
 
 def _run_loop(main: Coroutine[Any, Any, None]) -> None:

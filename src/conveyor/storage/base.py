@@ -379,11 +379,19 @@ class Store(ABC):
             if r is not None:
                 yield i, r
 
-    def dead_letters(self, after: int = 0, limit: int | None = None) -> list[DeadLetter]:
-        """FAILED messages not forgotten, in id order, from the first id above `after`, at most `limit`."""
+    def dead_letters(self, after: int = 0, limit: int | None = None, max_bytes: int | None = None) -> list[DeadLetter]:
+        """FAILED messages not forgotten, in id order, from the first id above `after`, at most `limit`,
+        and no more than fit in `max_bytes` of payloads, headers and errors (at least one)."""
         self._check_open()
-        ids = _sorted_above(self._kept_ids(True), after)
-        return [self._dead_letter(i) for i in ids[:limit].tolist()]
+        out: list[DeadLetter] = []
+        size = 0
+        for i in _sorted_above(self._kept_ids(True), after)[:limit].tolist():
+            d = self._dead_letter(i)
+            size += len(d.message.payload) + len(d.error) + 64 + sum(len(k) + len(v) + 4 for k, v in d.message.headers.items())
+            if out and max_bytes is not None and size > max_bytes:
+                break
+            out.append(d)
+        return out
 
     @property
     def next_id(self) -> int:

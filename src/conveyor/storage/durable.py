@@ -382,6 +382,14 @@ class DurableStore(Store):
             except OSError as e:
                 raise self._disk_error(e, "index") from e
 
+    def suspend(self) -> None:
+        """Sync and let go of every descriptor but the lock (a server holding many queues does so
+        for the least used): the next read or write opens what it needs again."""
+        with self._sync_lock, self._lock:
+            if not self._closed:
+                self._segments.close()
+                self._index.close()
+
     def sync(self) -> None:
         with self._sync_lock:
             with self._lock:  # only to take the descriptors: fsync runs without blocking operations

@@ -53,6 +53,7 @@ SCAN_DTYPE = np.dtype([("id", "<i8"), ("seg", "<u4"), ("off", "<u4"), ("size", "
 # and per result or dead-letter record
 KEPT_DTYPE = np.dtype([("kind", "u1"), ("id", "<i8"), ("seg", "<u4"), ("off", "<u4"), ("size", "<u4")])
 _CHUNK = 65536  # records verified per vectorised step
+MAX_MAPS = 4  # segments a log keeps mapped at once (reads go mostly to the oldest and the newest)
 
 
 @dataclass
@@ -92,7 +93,6 @@ class SegmentLog:
             self._verify(f, int(f.name[4:-4]), last=n == len(files) - 1, repair=repair, scan=scan)
         if self.sizes:
             self.active = max(self.sizes)
-            self._fd = os.open(self._file(self.active), os.O_WRONLY | os.O_APPEND)
         else:
             self.roll()
         return scan
@@ -228,7 +228,7 @@ class SegmentLog:
     def _undo(self, seg: int, size: int) -> None:
         """Make segment `seg` the active one again, `size` bytes long, deleting the segments after it."""
         for s in [s for s in self.sizes if s > seg]:
-            if s == self.active:
+            if s == self.active and self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
             mm = self._maps.pop(s, None)
@@ -236,10 +236,8 @@ class SegmentLog:
                 mm.close()
             del self.sizes[s]
             self._file(s).unlink(missing_ok=True)
-        if self._fd < 0:
-            self._fd = os.open(self._file(seg), os.O_WRONLY | os.O_APPEND)
-            self.active = seg
-        os.ftruncate(self._fd, size)
+        self.active = seg
+        os.ftruncate(self._out(), size)
         self.sizes[seg] = size
         os.fsync(self._fd)  # the records of a refused put must not come back after a machine crash
         fsync_dir(self.path)
@@ -262,9 +260,15 @@ class SegmentLog:
 
     def _write(self, parts: list[bytes], end: int) -> None:
         if parts:
-            write_all(self._fd, b"".join(parts), self.sizes[self.active])
+            write_all(self._out(), b"".join(parts), self.sizes[self.active])
             self.sizes[self.active] = end
             self.dirty = True
+
+    def _out(self) -> int:
+        """The active segment's descriptor, opened again if `suspend` closed it."""
+        if self._fd < 0:
+            self._fd = os.open(self._file(self.active), os.O_WRONLY | os.O_APPEND)
+        return self._fd
 
     def sync(self) -> None:
         if self.dirty and self._fd >= 0:
@@ -287,13 +291,17 @@ class SegmentLog:
         return self.mapped(seg, off + size)[off : off + size]
 
     def mapped(self, seg: int, end: int) -> mmap.mmap:
-        """The map of a segment, covering at least its first `end` bytes."""
-        mm = self._maps.get(seg)
+        """The map of a segment, covering at least its first `end` bytes. At most MAX_MAPS stay
+        mapped (each holds a descriptor): use it before asking for another."""
+        mm = self._maps.pop(seg, None)
         if mm is None or end > len(mm):
             if mm is not None:
                 mm.close()
             with open(self._file(seg), "rb") as fh:
-                mm = self._maps[seg] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            while len(self._maps) >= MAX_MAPS:
+                self._maps.pop(next(iter(self._maps))).close()  # the least recently used
+        self._maps[seg] = mm
         return mm
 
     def drop(self, seg: int) -> None:
@@ -318,6 +326,7 @@ class SegmentLog:
         return sum(self.sizes.values())
 
     def close(self) -> None:
+        """Sync and let go of every descriptor; a later write or read opens what it needs again."""
         for mm in self._maps.values():
             mm.close()
         self._maps.clear()

@@ -177,7 +177,6 @@ class IndexLog:
             log.warning("%s: torn tail at offset %d: cut off %d bytes", self.file, keep, len(data) - keep)
         if keep != len(data):
             os.truncate(self.file, keep)
-        self._fd = os.open(self.file, os.O_WRONLY | os.O_APPEND)
         self.records = len(rec)
         return rec.copy()
 
@@ -191,7 +190,7 @@ class IndexLog:
         write_atomically(self.file, header.pack(), records)
         if self._fd >= 0:
             os.close(self._fd)
-        self._fd = os.open(self.file, os.O_WRONLY | os.O_APPEND)
+            self._fd = -1
         self._allocated = 0
         self.header = header
         self.dirty = False
@@ -208,10 +207,10 @@ class IndexLog:
         start = max(size, self._allocated)
         try:
             ahead = ROOM_BYTES
-            done = preallocate(self._fd, start, end + ahead - start)
+            done = preallocate(self._out(), start, end + ahead - start)
         except OSError:
             ahead = 0
-            done = preallocate(self._fd, start, end - start)  # no room to spare: just what is needed
+            done = preallocate(self._out(), start, end - start)  # no room to spare: just what is needed
         if not done:  # the file system cannot: appends take their chances
             self._can_allocate = False
             return
@@ -219,9 +218,15 @@ class IndexLog:
 
     def append(self, data: bytes) -> None:
         """Append whole records, or nothing (the file is cut back if a write fails)."""
-        write_all(self._fd, data, self.bytes_on_disk())
+        write_all(self._out(), data, self.bytes_on_disk())
         self.records += len(data) // _REC
         self.dirty = True
+
+    def _out(self) -> int:
+        """The log's descriptor, opened again if `close` let go of it."""
+        if self._fd < 0:
+            self._fd = os.open(self.file, os.O_WRONLY | os.O_APPEND)
+        return self._fd
 
     def rewrite(self, header: Header, records: bytes) -> None:
         self._create(header, records)
@@ -243,6 +248,7 @@ class IndexLog:
         return INDEX_HEADER.size + self.records * _REC
 
     def close(self) -> None:
+        """Sync and let go of the descriptor (and the room allocated ahead); a later append opens it again."""
         if self._fd >= 0:
             self.sync()
             size = self.bytes_on_disk()

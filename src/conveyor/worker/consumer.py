@@ -77,6 +77,7 @@ class ConsumerStats:
     stolen: int = 0  # messages taken from shards not assigned to this consumer
     fetches: int = 0  # requests that brought messages (processed / fetches: messages per request)
     released: int = 0
+    unsettled: int = 0  # acks and nacks the servers never took (their messages come back after their leases)
     fetched_by_shard: dict[int, int] = field(default_factory=dict)
 
     def __add__(self, other: ConsumerStats) -> ConsumerStats:
@@ -89,8 +90,9 @@ class ConsumerStats:
 
     def summary(self) -> str:
         """One line, as `conveyor worker` prints it when it stops."""
+        unsettled = f", unsettled {self.unsettled:,} (back in their queues once their leases end)" if self.unsettled else ""
         return (f"processed {self.processed:,}, failed {self.failed:,} (retried {self.retried:,}, dead {self.dead:,}), "
-                f"timed out {self.timed_out:,}, stolen {self.stolen:,}")  # fmt: skip
+                f"timed out {self.timed_out:,}, stolen {self.stolen:,}{unsettled}")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -225,6 +227,7 @@ class Consumer:
                 self._running.clear()
             slots.close(wait=not self._hard_stop)
             self._settler.close(HARD_SETTLE_S if self._hard_stop else SETTLE_S)
+            self.stats.unsettled += self._settler.unsettled
 
     def _loop(self, slots: ThreadSlots | ProcessSlots) -> None:
         while True:
@@ -388,6 +391,10 @@ class Consumer:
             if r is None:
                 continue  # stopped over its time limit and settled then: a late result
             m = c.message
+            if c.result is not None and len(c.result) > (limit := self._result_limit(m)):  # fails this task, not its batch
+                why = (f"ResultTooLarge: the result is {len(c.result):,} bytes, over the server's limit of {limit:,} "
+                       "bytes (return less, or store it elsewhere and return where)")  # fmt: skip
+                c = Completion(m, None, TaskError(m.headers.get("task", "?"), why, False), c.slot)
             if c.error is None:
                 out.append(Settler.ack(m.queue, m.id, c.result))
                 self.stats.processed += 1
@@ -404,6 +411,11 @@ class Consumer:
             for mw in self.middleware:
                 mw.on_finish(m, c.error)
         self._settler.put(out)
+
+    def _result_limit(self, m: Message) -> int:
+        """The largest result the server holding `m` takes (its hello says: this consumer fetched `m` there)."""
+        lim = self.pool.clients[self.pool.split_id(m.id)[0]].server_limits
+        return min(lim.max_frame_bytes, lim.max_message_bytes)
 
     def _release(self, got: list[Message]) -> None:
         self._settler.put([Settler.release(m.queue, m.id) for m in got])

@@ -22,9 +22,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
+from ..constants import H_TASK
 from ..errors import ConveyorError, TaskError
 from ..message import Message
 from ..runner import run_message
+from ..serialization import encode_error
 
 log = logging.getLogger("conveyor.worker")
 
@@ -42,10 +44,14 @@ class Completion:
 
 
 def _run(message: Message, fetch: Fetch | None) -> tuple[bytes | None, TaskError | None]:
+    """Run one message; every outcome is a result or a TaskError, never an exception out of the slot
+    (a task raising SystemExit in a thread, say, would otherwise end the slot with its message unsettled)."""
     try:
         return run_message(message, fetch=fetch), None
     except TaskError as e:
         return None, e
+    except BaseException as e:
+        return None, TaskError(message.headers.get(H_TASK, "?"), encode_error(e), True)
 
 
 class ThreadSlots:

@@ -1,10 +1,11 @@
 """Settler: a consumer's acks, nacks, releases, lease extensions and reports, sent from a thread of their own.
 
 Over connections of its own, so that an ack waiting for its fsync never holds up the next fetch.
-Whatever piles up while a request is out goes in the next one (one call per queue and kind), and a
-request that fails because a server is restarting is retried until it goes through (an ack that
-arrives late, after the lease, still counts if no one else finished the message). Only `close`
-sets a limit: what could not be sent by then is given up, and comes back when its lease ends.
+Whatever piles up while a request is out goes in the next one (one call per queue and kind, split
+to fit the servers' limits), and a request that fails because a server is restarting or its disk is
+full is retried until it goes through (an ack that arrives late, after the lease, still counts if no
+one else finished the message). Only `close` sets a limit: what could not be sent by then is given
+up (counted in `unsettled`), and comes back when its lease ends.
 """
 
 from __future__ import annotations
@@ -17,14 +18,16 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ConnectionLostError, ConveyorError
+from ..constants import ERR_STORE
+from ..errors import ConnectionLostError, ConveyorError, RequestError
 
 if TYPE_CHECKING:
     from ..pool import QueuePool
 
 log = logging.getLogger("conveyor.worker")
 
-RETRY_S = 0.5  # wait between tries while a server does not answer
+RETRY_S = 0.5  # first wait between tries while a server does not answer (or its disk is full)
+MAX_RETRY_S = 5.0
 COALESCE_S = 0.05  # after the first settlement, how long to gather more before sending
 # the same while the consumer's queues are busy: a request costs the server and the consumer about
 # the same CPU whatever it carries, so under load fewer, larger acks leave more for the tasks (an
@@ -47,6 +50,7 @@ class Settler:
         self._hurry = threading.Event()  # send without gathering more (a flush waits, or the consumer is idle)
         self.busy = False  # set by the consumer while its queues are busy: gather for BUSY_COALESCE_S
         self.errors = 0
+        self.unsettled = 0  # acks and nacks given up: their messages come back when their leases end
         self._give_up_at = float("inf")  # set by close: stop retrying after this
         self._thread = threading.Thread(target=self._loop, name="conveyor-settler", daemon=True)
         self._thread.start()
@@ -138,6 +142,7 @@ class Settler:
             groups.setdefault((kind, q, extra), []).append((msg_id, data))
         for (kind, q, extra), items in groups.items():
             ids = [i for i, _ in items]
+            wait = RETRY_S
             while True:
                 try:
                     if kind == "ack":
@@ -149,18 +154,28 @@ class Settler:
                     else:
                         self._pool.extend_lease(q, ids, extra)
                     break
-                except (ConnectionLostError, TimeoutError) as e:
+                except (ConnectionLostError, TimeoutError, RequestError) as e:
                     self.errors += 1
-                    if time.monotonic() >= self._give_up_at:
-                        log.error("gave up trying to %s %d message(s) on %r (%s): they come back when their "
-                                  "leases end", kind, len(ids), q, e)  # fmt: skip
+                    if isinstance(e, RequestError) and e.kind != ERR_STORE:
+                        self._lost(kind, ids, q, e)  # refused (a queue gone): retrying cannot help
                         break
-                    log.warning("could not %s %d message(s) on %r (%s); retrying", kind, len(ids), q, e)
-                    time.sleep(RETRY_S)
-                except ConveyorError as e:  # refused (a queue gone): retrying cannot help
+                    if time.monotonic() >= self._give_up_at:
+                        self._lost(kind, ids, q, e)
+                        break
+                    # a server restarting, or a full disk: the same settlements again, less and less often
+                    log.warning("could not %s %d message(s) on %r (%s); retrying in %.1f s", kind, len(ids), q, e, wait)
+                    time.sleep(wait)
+                    wait = min(wait * 2, MAX_RETRY_S)
+                except Exception as e:  # anything else (a bug, or a settlement no server takes): not retried
                     self.errors += 1
-                    log.error("could not %s %d message(s) on %r: %s", kind, len(ids), q, e)
+                    self._lost(kind, ids, q, e)
                     break
+
+    def _lost(self, kind: str, ids: list[int], q: str, e: BaseException) -> None:
+        if kind in ("ack", "nack"):
+            self.unsettled += len(ids)
+        log.error("gave up trying to %s %d message(s) on %r (%s: %s): they come back when their leases end",
+                  kind, len(ids), q, type(e).__name__, e)  # fmt: skip
 
     def _send_report(self) -> None:
         assert self._report is not None
