@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 _T0 = time.perf_counter()
+FIGURES_ENV = "CONVEYOR_BENCH_FIGURES"  # a file to write the report's figures to, as JSON
 
 
 def progress(text: str) -> None:
@@ -89,4 +93,7 @@ def print_report(console: Console, title: str, rows: list[Row]) -> int:
     console.print(table)
     failed = [r.name for r in rows if r.passed is False]
     console.print(f"FAIL: {', '.join(failed)}" if failed else "All targets met.")
+    if path := os.environ.get(FIGURES_ENV):  # for bench/compare.py
+        figures = [{"name": r.name, "figure": r.figure, "shown": r.fmt(r.figure), "unit": r.fmt.__name__} for r in rows]
+        Path(path).write_text(json.dumps(figures))
     return 1 if failed else 0

@@ -8,6 +8,7 @@ import threading
 import time
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from conveyor import Message, calls
@@ -160,6 +161,18 @@ def test_unknown_operation_and_bad_arguments_keep_the_connection(client: QueueCl
         (Call("results", {"queue": "q", "limit": 0}), "'limit' must be an integer"),
         (Call("stats", {"queues": "q"}), "'queues' must be a list of strings"),
         (Call("stats", {"queues": ["q"], "drained_wait_s": -1}), "'drained_wait_s' must be a number"),
+        # an endless lease or delay would never give the message back; a priority is an integer, not
+        # something msgpack can turn into one (an ExtType iterates as (code, data)); 2.7 attempts are none
+        (Call("get", {"queue": "q", "n": 1, "lease_s": float("inf")}), "'lease_s' must be a number in"),
+        (Call("declare", {"queue": "q2", "lease_s": float("inf")}), "'lease_s' must be a number in"),
+        (Call("extend_lease", {"queue": "q", "ids": [1], "lease_s": 1e300}), "'lease_s' must be a number in"),
+        (Call("nack", {"queue": "q", "ids": [1], "delay_s": float("inf")}), "'delay_s' must be a number"),
+        (Call("nack", {"queue": "q", "ids": [1, 2], "delay_s": [1, float("inf")]}), "'delay_s' must hold finite"),
+        (Call("put", {"queue": "q", "n": 1, "prio": msgpack.ExtType(1, b"x")}, [b"x"]), "priority must be an integer"),
+        (Call("put", {"queue": "q", "n": 1, "ma": 2.7}, [b"x"]), "max_attempts must be an integer"),
+        (Call("put", {"queue": "q", "n": 1, "nb": float("inf")}, [b"x"]), "not_before must be a finite time"),
+        (Call("put", {"queue": "q", "n": 1, "prio": True}, [b"x"]), "priority must be an integer"),
+        (Call("get", {"queue": "q", "n": 1, "lim": [1, 2]}), "'lim': limits must be a list of 4 integers"),
     ]
     client.put("q", msgs(1))
     for call, match in bad:
@@ -323,6 +336,14 @@ def test_idempotency_keys_store_a_message_once(tmp_path: Path) -> None:
             c.put("q", [Message(payload=b"x", headers={KEY: ""})])
         with pytest.raises(RequestError, match="priority"):  # a put that fails stores nothing under its keys
             c.put("q", [Message(payload=b"x", headers={KEY: "order-3"}, priority=2**40)])
+        # ... nor names the id the next put gets: its retry is stored, not answered with another message's id
+        [between] = c.put("between", [Message(payload=b"another client's")])
+        with pytest.raises(RequestError, match="priority"):
+            c.put("between", [Message(payload=b"keyed", headers={KEY: "k"}, priority=2**40)])
+        [other] = c.put("between", [Message(payload=b"another client's, later")])
+        [keyed] = c.put("between", [Message(payload=b"keyed", headers={KEY: "k"})])
+        assert len({between, other, keyed}) == 3
+        assert [m.payload for m in c.get("between", 10)] == [b"another client's", b"another client's, later", b"keyed"]
         [p] = c.put("p", [Message(payload=b"to purge", headers={KEY: "order-4"})])
         c.purge("p")
         [p2] = c.put("p", [Message(payload=b"put again", headers={KEY: "order-4"})])  # a purged message is gone

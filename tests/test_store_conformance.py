@@ -114,6 +114,14 @@ class StoreContract:
         assert store.expire(time.time() + 101) == 1
         assert store.status(i) == Status.READY
 
+    def test_a_step_of_the_wall_clock_does_not_end_leases(self, store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+        [i] = store.put(msgs(b"x"))
+        store.get(1, lease_s=30)
+        wall = time.time
+        monkeypatch.setattr(time, "time", lambda: wall() + 3600)  # the system clock is set an hour ahead
+        assert store.expire() == 0 and store.status(i) == Status.DELIVERED
+        assert store.get(1) == []
+
     def test_extend_lease(self, store: Store) -> None:
         [i] = store.put(msgs(b"x"))
         store.get(1, lease_s=0.2)

@@ -137,3 +137,28 @@ class Hooked(Task):
 
     def cleanup(self, exc: Exception | None) -> None:
         note(self.app_data["log"], f"cleanup {type(exc).__name__ if exc else None}")
+
+
+class Unprintable(Exception):
+    """An exception that cannot even say what it is."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("no words for this")
+
+    def __repr__(self) -> str:
+        raise RuntimeError("nor these")
+
+
+@conveyor.task(queue="jobs", max_retries=0)
+def raises_unprintable() -> None:
+    raise Unprintable()
+
+
+@conveyor.task(queue="jobs", max_retries=0)
+def exits(code: int) -> None:
+    raise SystemExit(code)
+
+
+@conveyor.task(queue="jobs", max_retries=0)
+def returns_bytes(n: int) -> bytes:
+    return b"r" * n

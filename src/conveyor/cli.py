@@ -15,7 +15,15 @@ import click
 from rich.console import Console
 
 from . import __version__
-from .constants import DEFAULT_MAX_FRAME_BYTES, DEFAULT_MAX_MESSAGE_BYTES, DEFAULT_PORT
+from .constants import (
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    DEFAULT_MAX_FRAME_BYTES,
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_PORT,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    MAX_LEASE_S,
+)
 
 
 @click.group()
@@ -54,21 +62,31 @@ def demo(pages: int, workers: int | None, kill_worker: bool) -> None:
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback address without a token.")
 @click.option("--fsync", type=click.Choice(["batch", "interval", "never"]), default="batch", show_default=True,
               help="Default fsync policy of durable queues (see docs/storage.md for what each can lose).")  # fmt: skip
-@click.option("--lease", "lease_s", default=30.0, show_default=True, type=click.FloatRange(0, min_open=True),
+@click.option("--lease", "lease_s", default=30.0, show_default=True, type=click.FloatRange(0, MAX_LEASE_S, min_open=True),
               help="Default lease (visibility timeout) in seconds.")  # fmt: skip
 @click.option("--max-attempts", default=5, show_default=True, type=click.IntRange(1, 0xFFFF),
               help="Default deliveries before a dead letter.")  # fmt: skip
 @click.option("--max-frame-bytes", default=DEFAULT_MAX_FRAME_BYTES, show_default=True, type=click.IntRange(1, 2**32 - 1),
               help="Largest payload frame accepted.")  # fmt: skip
+@click.option("--max-connections", default=None, type=click.IntRange(1),
+              help=f"Connections served at once; more are refused with an error saying so [default: a quarter of "
+                   f"the descriptor limit, at most {DEFAULT_MAX_CONNECTIONS}].")  # fmt: skip
+@click.option("--idle-timeout", "idle_timeout_s", default=DEFAULT_IDLE_TIMEOUT_S, show_default=True,
+              type=click.FloatRange(0, min_open=True),
+              help="Seconds after which a connection with nothing under way is closed (clients reconnect unseen).")  # fmt: skip
+@click.option("--request-timeout", "request_timeout_s", default=DEFAULT_REQUEST_TIMEOUT_S, show_default=True,
+              type=click.FloatRange(0, min_open=True),
+              help="Seconds a request may take to arrive, from its first byte to its last.")  # fmt: skip
 @click.option("--repair", is_flag=True,
-              help="Open damaged durable queues keeping what is intact (damaged files are moved aside).")  # fmt: skip
+              help="Open damaged durable queues keeping what is intact (damaged bytes are kept aside).")  # fmt: skip
 @click.option("--temporary", is_flag=True,
               help="Remove --data-dir when the server stops: queues on disk, not kept.")  # fmt: skip
 @click.option("--stop-with-parent", is_flag=True,
               help="Also stop cleanly when the process that started the server ends, however it ends "
                    "(seen at once when stdin is a pipe from that process).")  # fmt: skip
 def serve(host: str, port: int, data_dir: Path | None, token: str | None, insecure: bool, fsync: str, lease_s: float,
-          max_attempts: int, max_frame_bytes: int, repair: bool, temporary: bool, stop_with_parent: bool) -> None:  # fmt: skip
+          max_attempts: int, max_frame_bytes: int, max_connections: int | None, idle_timeout_s: float,
+          request_timeout_s: float, repair: bool, temporary: bool, stop_with_parent: bool) -> None:  # fmt: skip
     """Run a queue server until SIGTERM or Ctrl-C.
 
     Prints "listening on tcp://HOST:PORT" on stdout once it accepts connections.
@@ -82,7 +100,8 @@ def serve(host: str, port: int, data_dir: Path | None, token: str | None, insecu
     defaults = Defaults(durable=data_dir is not None, lease_s=lease_s, max_attempts=max_attempts, fsync=fsync)
     try:
         server = QueueServer(host, port, data_dir=data_dir, token=token, insecure=insecure, limits=limits,
-                             defaults=defaults, repair=repair, temporary=temporary)  # fmt: skip
+                             defaults=defaults, repair=repair, temporary=temporary, max_connections=max_connections,
+                             idle_timeout_s=idle_timeout_s, request_timeout_s=request_timeout_s)  # fmt: skip
         server.run(on_ready=lambda address: click.echo(f"listening on {address}", nl=True) or sys.stdout.flush(),
                    stop_with_parent=stop_with_parent)  # fmt: skip
     except ConveyorError as e:

@@ -115,12 +115,17 @@ FRAME_LENGTH = "<{}I"  # format of the frame length array, for n frames
 DEFAULT_PORT = 7070
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024  # one payload frame
 DEFAULT_MAX_HEADER_BYTES = 16 * 1024 * 1024  # per-message metadata of a large batch fits
-DEFAULT_MAX_FRAMES = 1_000_000
+# messages (payload frames) per request or reply: a server works one request at a time, and 65,536
+# small messages take it about a quarter of a second (clients split bigger puts; replies stop here)
+DEFAULT_MAX_FRAMES = 65_536
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # all payload frames of one message
 # a reply of messages, results or dead letters stops growing past this many bytes (or the client's limits)
 PAGE_BYTES = 16 * 1024 * 1024
 REQUEST_SLACK_BYTES = 64 * 1024  # of a header limit, kept for the fields that are not per message
 DEFAULT_MAX_IN_FLIGHT = 64  # requests a server runs at once per connection
+DEFAULT_MAX_CONNECTIONS = 4096  # at most; fewer where the descriptor limit is low (a quarter of it)
+DEFAULT_IDLE_TIMEOUT_S = 300.0  # a connection with nothing under way is closed after this much silence
+DEFAULT_REQUEST_TIMEOUT_S = 120.0  # from the first byte of a request to its last
 # error kinds in a reply's "error" field
 ERR_PROTOCOL = "protocol"  # malformed frames or a limit exceeded: the server closes the connection
 ERR_AUTH = "auth"  # authentication failed or missing: the server closes the connection

@@ -187,12 +187,15 @@ def _put_once(q: HostedQueue, frames: Frames, cols: list[Any], hdr: list[dict[st
         if _stored_under(q, k) is None and k not in first:
             first[k] = i
             new.append(i)
-    start = q.store.reserve_ids(len(new))  # never given to another message, even after a crash
-    at = {i: start + j for j, i in enumerate(new)}
-    q.dedupe.add([(k, at[i]) for k, i in first.items()])
+    at: dict[int, int] = {}  # position -> the id the store gives it
+
+    def keys_first(start: int) -> None:  # with the ids reserved for them: never another message's
+        at.update((i, start + j) for j, i in enumerate(new))
+        q.dedupe.add([(k, at[i]) for k, i in first.items()])
+
     pick = [c if type(c) is not list else [c[i] for i in new] for c in cols]
-    # if this fails, the keys name ids that hold no message: they count as new (see _stored_under)
-    stored = q.store.put_columns([frames[i] for i in new], *pick, [hdr[i] for i in new])
+    # if this fails after the keys were written, they name ids that hold no message: they count as new
+    stored = q.store.put_columns([frames[i] for i in new], *pick, [hdr[i] for i in new], before=keys_first)
     if stored != [at[i] for i in new]:
         raise StoreError(f"put: the store assigned ids {stored[:3]}... where {[at[i] for i in new][:3]}... were expected")
     ids = [at.get(i, 0) for i in range(len(frames))]

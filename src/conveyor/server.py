@@ -32,8 +32,11 @@ from .constants import (
     AUTH_CLIENT_LABEL,
     AUTH_NONCE_BYTES,
     AUTH_SERVER_LABEL,
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_IN_FLIGHT,
     DEFAULT_PORT,
+    DEFAULT_REQUEST_TIMEOUT_S,
     ERR_AUTH,
     ERR_BAD_ARGUMENT,
     ERR_INTERNAL,
@@ -51,9 +54,6 @@ from .storage.files import store_error
 log = logging.getLogger("conveyor.server")
 
 AUTH_TIMEOUT_S = 10.0
-DEFAULT_MAX_CONNECTIONS = 4096
-DEFAULT_IDLE_TIMEOUT_S = 300.0
-DEFAULT_REQUEST_TIMEOUT_S = 120.0  # from the first byte of a request to its last
 RESERVED_FDS = 128  # descriptors kept for the rest: listening socket, pipes, blobs, logs, thread pools
 FD_LIMIT_CAP = 1 << 20
 COMPLAIN_EVERY_S = 60.0  # a store error that recurs at every sweep is logged this often

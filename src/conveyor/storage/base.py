@@ -167,10 +167,14 @@ class Store(ABC):
 
     def put_columns(self, payloads: Sequence[bytes], priority: int | Sequence[int] = 0,
                     not_before: float | Sequence[float] = 0.0, max_attempts: int | Sequence[int] = 0,
-                    headers: Sequence[dict[str, str]] | None = None) -> list[int]:  # fmt: skip
+                    headers: Sequence[dict[str, str]] | None = None,
+                    before: Callable[[int], None] | None = None) -> list[int]:  # fmt: skip
         """`put` from per-message columns (a scalar applies to all), without building Messages.
 
-        Ids are consecutive, ascending in the order given.
+        Ids are consecutive, ascending in the order given. `before(first id)` runs once the put is
+        checked and its ids reserved (never given to another message, even after a crash), before
+        anything is stored: a server writes the put's idempotency keys there. If it raises, nothing
+        was put; if the put fails after it, its ids stay unused.
         """
         self._check_open()
         n = len(payloads)
@@ -197,6 +201,8 @@ class Store(ABC):
         max_att[max_att == 0] = self.max_attempts
         now = self.clock()
         self._reserve_ids(self._state.next_id + n)
+        if before is not None:
+            before(self._state.next_id)
         ids = self._state.add(prio, nb, max_att, now)
         try:
             self._store_messages(ids, payloads, headers, now)
@@ -396,13 +402,6 @@ class Store(ABC):
     @property
     def next_id(self) -> int:
         """The id the next message put will get."""
-        return self._state.next_id
-
-    def reserve_ids(self, n: int) -> int:
-        """The first of the ids the next put of `n` messages will get; they are never given to
-        anything else, even after a crash (a server writes idempotency keys with them first)."""
-        self._check_open()
-        self._reserve_ids(self._state.next_id + n)
         return self._state.next_id
 
     def skip_ids(self, next_id: int) -> None:

@@ -20,7 +20,8 @@ class MemoryStore(Store):
     def __init__(self, queue: str = "", *, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
                  lease_s: float = DEFAULT_LEASE_S) -> None:  # fmt: skip
         super().__init__(queue, max_attempts, lease_s,
-                         {"payload": object, "headers": object, "nb": np.float64, "at": np.float64})  # fmt: skip
+                         {"payload": object, "headers": object, "nb": np.float64, "at": np.float64,
+                          "size": np.int64})  # fmt: skip
         self._results: dict[int, bytes] = {}
         self._dead: dict[int, DeadLetter] = {}
 
@@ -33,6 +34,11 @@ class MemoryStore(Store):
         cols["headers"][a:b] = None if headers is None else [dict(h) if h else None for h in headers]
         cols["nb"][a:b] = cols["until"][a:b]
         cols["at"][a:b] = now
+        # what a message takes in a reply: its payload, its headers, and about 64 bytes of fields
+        sizes = [len(p) + 64 for p in payloads]
+        if headers is not None and any(headers):
+            sizes = [n + sum(len(k) + len(v) + 4 for k, v in h.items()) if h else n for n, h in zip(sizes, headers, strict=True)]
+        cols["size"][a:b] = sizes
 
     def _load(self, ids: np.ndarray, lease_s: float) -> MessageBatch:
         idx = ids - self._state.base
@@ -57,10 +63,7 @@ class MemoryStore(Store):
         pass  # nothing to write
 
     def _sizes(self, ids: np.ndarray) -> np.ndarray:
-        c, idx = self._state.cols, ids - self._state.base
-        return np.fromiter((len(p) + 64 + sum(len(k) + len(v) + 4 for k, v in (h or {}).items())
-                            for p, h in zip(c["payload"][idx].tolist(), c["headers"][idx].tolist(), strict=True)),
-                           np.int64, len(ids))  # fmt: skip
+        return self._state.cols["size"][ids - self._state.base]
 
     def _keep_results(self, ids: np.ndarray, results: Sequence[bytes | None]) -> Any:
         return results

@@ -338,12 +338,12 @@ class Consumer:
 
     # --- running --------------------------------------------------------------------------
     def _start(self, slots: ThreadSlots | ProcessSlots, got: list[Message]) -> None:
-        now = time.monotonic()
         middleware, running = self.middleware, self._running
         for m in got:
+            slots.submit(m)  # may wait for a slot's process to be ready (a replaced one is starting)
+            now = time.monotonic()  # its time limit counts from here, not from the wait
             deadlines = [d for mw in middleware if (d := mw.deadline(m, now)) is not None]
             running[m.id] = _Running(m, now, min(deadlines) if deadlines else None, now + (m.lease_s or 30.0) / 3)
-            slots.submit(m)
 
     def _completed(self) -> list[Completion]:
         out, self._peeked = self._peeked, []
