@@ -9,7 +9,9 @@ Then every confirmed operation is reconciled, before and after a restart.
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -17,7 +19,7 @@ import pytest
 from conveyor import Message, Status
 from conveyor.client import QueueClient
 from conveyor.constants import ERR_STORE, H_IDEMPOTENCY_KEY
-from conveyor.errors import DiskFullError, RequestError
+from conveyor.errors import CorruptStoreError, DiskFullError, RequestError
 from conveyor.pool import spawn_server, stop_server
 from conveyor.storage import DurableStore
 
@@ -174,3 +176,29 @@ def test_a_store_on_a_full_disk_leaves_its_files_as_they_were(tmp_path: Path, ki
             assert dict(s.results()) == {m.id: b"r%d" % m.id for m in got}
             served = {m.id: m.payload for m in s.get(len(put), lease_s=600)}
             assert served == {i: p for i, p in put.items() if i not in {m.id for m in got}}
+
+
+@pytest.mark.timeout(120)
+def test_repair_needs_no_room_for_a_copy(tmp_path: Path) -> None:
+    """A damaged 4 MiB segment is repaired in place on a disk with far less than that free."""
+    with small_disk("tmpfs", tmp_path / "disk", 16) as disk:
+        path = disk / "q"
+        with DurableStore(path, segment_bytes=4 * 1024 * 1024, fsync="never") as s:
+            put = dict(zip(s.put([Message(payload=_payload(k)) for k in range(80)]), map(_payload, range(80)), strict=True))
+        seg = sorted(path.glob("seg-*.log"))[0]
+        assert seg.stat().st_size > 3 * 1024 * 1024
+        data = bytearray(seg.read_bytes())
+        hit = len(data) // 2
+        data[hit] ^= 0xFF  # one flipped byte in a message in the middle
+        seg.write_bytes(bytes(data))
+        with pytest.raises(CorruptStoreError):
+            DurableStore(path)
+        size = fill(disk / "filler")
+        os.truncate(disk / "filler", size - 1024 * 1024)  # a MiB free: room for the damaged bytes, not for a copy
+        assert shutil.disk_usage(disk).free < seg.stat().st_size / 2
+        with DurableStore(path, repair=True) as s:
+            served = {m.id: m.payload for m in s.get(100, lease_s=600)}
+        lost = set(put) - set(served)
+        assert len(lost) == 1 and all(served[i] == put[i] for i in served)
+        [aside] = path.glob(f"{seg.name}.damaged-*")
+        assert aside.read_bytes()[hit] == data[hit]

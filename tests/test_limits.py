@@ -83,7 +83,7 @@ def test_replies_stop_at_what_the_client_takes() -> None:
         (huge,) = c.put("q", [Message(payload=b"h" * (5 * MB // 2))])
         with pytest.raises(RequestError) as e:
             little.get("q", 10)
-        assert e.value.kind == ERR_TOO_LARGE and "2,500,000 bytes does not fit in a reply to this client" in str(e.value)
+        assert e.value.kind == ERR_TOO_LARGE and "of 2,500,000 bytes (and 0 of headers) does not fit in a reply" in str(e.value)
         assert c.status("q", [huge]) == [Status.READY]
         assert [m.id for m in c.get("q", 10)] == [huge]
 

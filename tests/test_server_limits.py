@@ -3,6 +3,7 @@ timeouts (with or without a token), and a bounded number of descriptors per queu
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import resource
@@ -17,8 +18,9 @@ import pytest
 from conveyor import Message, Status
 from conveyor.client import QueueClient
 from conveyor.constants import ERR_STORE
-from conveyor.errors import ConnectionLostError, RequestError
+from conveyor.errors import ConnectionLostError, DiskFullError, RequestError, StoreError
 from conveyor.pool import SERVER_START_TIMEOUT_S, stop_server
+from conveyor.storage.files import store_error
 
 from .servers import RawConnection, frame, thread_server, wait_for
 
@@ -128,3 +130,10 @@ def test_ten_thousand_durable_queues_work_with_the_limit_the_server_raises(tmp_p
         for i in range(0, n, 7):
             assert [m.payload for m in c.get(f"q{i}", 1)] == [b"%d" % i]
         assert len(c.queues()) == n
+
+
+def test_os_errors_say_what_ran_out() -> None:
+    full = store_error(OSError(errno.ENOSPC, "No space left on device"), "q: put")
+    assert isinstance(full, DiskFullError) and "the disk is full" in str(full)
+    fds = store_error(OSError(errno.EMFILE, "Too many open files"), "q: open")
+    assert type(fds) is StoreError and "too many open files" in str(fds) and "ulimit -n" in str(fds)

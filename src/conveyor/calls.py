@@ -11,7 +11,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from .message import Message, Status, make_message
+from .errors import ProtocolError
+from .message import Message, Status, headers_bytes, make_message
 from .protocol import Frames, Header, Limits, column, expand
 from .storage import DeadLetter
 
@@ -107,14 +108,11 @@ def puts(queue: str, messages: Sequence[Message], limits: Limits) -> list[Call[l
     fits in none); the ids are the replies' ids, in order."""
     try:
         frames = [len(m.payload) for m in messages]
-        heads = [_HEAD_BYTES + sum(len(k) + len(v) + 4 for k, v in m.headers.items()) for m in messages]
+        heads = [_HEAD_BYTES + headers_bytes(m.headers) for m in messages]
     except AttributeError:
         bad = next(m for m in messages if not isinstance(m, Message))
         raise TypeError(f"put takes Message objects, not {type(bad).__name__}") from None
-    pieces = limits.pieces(frames, heads, "put: message")
-    if len(pieces) == 1:
-        return [put(queue, messages)]
-    return [put(queue, messages[r.start : r.stop]) for r in pieces]
+    return [put(queue, messages[r.start : r.stop]) for r in limits.pieces(frames, heads, "put: message")]
 
 
 def _put_ids(h: Header, frames: Frames) -> list[int]:
@@ -189,6 +187,17 @@ def nack(queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
     return Call("nack", args, parse=lambda h, f: h["ok"])
 
 
+def nacks(queue: str, ids: Sequence[int], errors: Sequence[str] | None, delay_s: float | Sequence[float],
+          final: bool, limits: Limits) -> list[Call[list[bool]]]:  # fmt: skip
+    """`nack` as as many requests as it takes to fit a server's limits (errors travel in the header)."""
+    if errors is None:
+        return [nack(queue, ids, None, delay_s, final)]
+    pieces = limits.pieces([0] * len(errors), [_HEAD_BYTES + len(e.encode()) for e in errors], "nack: error")
+    if isinstance(delay_s, (int, float)):
+        return [nack(queue, ids[r.start : r.stop], errors[r.start : r.stop], delay_s, final) for r in pieces]
+    return [nack(queue, ids[r.start : r.stop], errors[r.start : r.stop], delay_s[r.start : r.stop], final) for r in pieces]
+
+
 def release(queue: str, ids: Sequence[int]) -> Call[list[bool]]:
     """Give back delivered messages never started: READY at once, the attempt not counted."""
     return Call("release", {"queue": queue, "ids": list(ids)}, parse=lambda h, f: h["ok"])
@@ -197,6 +206,13 @@ def release(queue: str, ids: Sequence[int]) -> Call[list[bool]]:
 def _found(h: Header, frames: Frames) -> list[bytes | None]:
     it = iter(frames)
     return [next(it) if ok else None for ok in h["found"]]
+
+
+def progress(got: list[T], op: str) -> list[T]:
+    """A page of a paged reply, which holds at least one item (a reply of none would be asked again forever)."""
+    if not got:
+        raise ProtocolError(f"{op}: the server answered none of the ids asked for")
+    return got
 
 
 def result(queue: str, ids: Sequence[int]) -> Call[list[bytes | None]]:

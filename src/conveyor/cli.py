@@ -76,7 +76,7 @@ def demo(pages: int, workers: int | None, kill_worker: bool) -> None:
               help="Seconds after which a connection with nothing under way is closed (clients reconnect unseen).")  # fmt: skip
 @click.option("--request-timeout", "request_timeout_s", default=DEFAULT_REQUEST_TIMEOUT_S, show_default=True,
               type=click.FloatRange(0, min_open=True),
-              help="Seconds a request may take to arrive, from its first byte to its last.")  # fmt: skip
+              help="Seconds a request may take to arrive, first bytes to last (and a reply to be read).")  # fmt: skip
 @click.option("--repair", is_flag=True,
               help="Open damaged durable queues keeping what is intact (damaged bytes are kept aside).")  # fmt: skip
 @click.option("--temporary", is_flag=True,

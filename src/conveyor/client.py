@@ -138,6 +138,7 @@ class QueueClient(_Settings):
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sock, self._reader = sock, protocol.SocketReader(sock, self.limits)
+            self._used = time.monotonic()
             try:
                 self._handshake()
             except OSError as e:  # a server starting or stopping: try again
@@ -292,7 +293,8 @@ class QueueClient(_Settings):
 
     def nack(self, queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
              delay_s: float | Sequence[float] = 0.0, final: bool = False) -> list[bool]:  # fmt: skip
-        return self.call(calls.nack(queue, ids, errors, delay_s, final))
+        made = calls.nacks(queue, ids, errors, delay_s, final, self.connect().server_limits)
+        return [o for ok in self.pipeline(made) for o in ok]
 
     def release(self, queue: str, ids: Sequence[int]) -> list[bool]:
         return self.call(calls.release(queue, ids))
@@ -300,7 +302,7 @@ class QueueClient(_Settings):
     def result(self, queue: str, ids: Sequence[int]) -> list[bytes | None]:
         out: list[bytes | None] = []
         while len(out) < len(ids):  # a reply holds what fits in this client's limits
-            out += self.call(calls.result(queue, ids[len(out) :]))
+            out += calls.progress(self.call(calls.result(queue, ids[len(out) :])), "result")
         return out
 
     def status(self, queue: str, ids: Sequence[int]) -> list[Status | None]:
@@ -359,6 +361,7 @@ class AsyncQueueClient(_Settings):
         self._reading: asyncio.Task[None] | None = None
         self._pending: dict[int, asyncio.Future[tuple[Header, Frames]]] = {}
         self._connecting: asyncio.Lock | None = None
+        self._used = 0.0  # monotonic time of the last reply
 
     # --- transport ------------------------------------------------------------------------
     async def connect(self) -> AsyncQueueClient:
@@ -389,7 +392,7 @@ class AsyncQueueClient(_Settings):
             except BaseException:
                 writer.close()
                 raise
-            self._writer = writer
+            self._writer, self._used = writer, time.monotonic()
             self._reading = asyncio.create_task(self._read_replies(reader))
             return
         raise self._cannot_connect(started, error)
@@ -435,6 +438,9 @@ class AsyncQueueClient(_Settings):
 
     async def call(self, call: Call[T]) -> T:
         """Send one request and await its parsed reply."""
+        idle = time.monotonic() - self._used
+        if self._writer is not None and self.server_idle_s is not None and idle > self.server_idle_s / 2:
+            self._drop_connection(ConnectionLostError(f"{self.address}: idle too long"))  # before the server closes it
         if self._writer is None:
             await self.connect()
         assert self._writer is not None
@@ -453,6 +459,7 @@ class AsyncQueueClient(_Settings):
             raise ConnectionLostError(f"{self.address}: connection lost: {e}") from None
         finally:
             self._pending.pop(rid, None)
+        self._used = time.monotonic()
         if header.get("error") in _FATAL:
             self._drop_connection(ConnectionLostError(f"{self.address}: closed after a protocol error"))
         return _result(call, header, frames)
@@ -495,7 +502,8 @@ class AsyncQueueClient(_Settings):
 
     async def nack(self, queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
                    delay_s: float | Sequence[float] = 0.0, final: bool = False) -> list[bool]:  # fmt: skip
-        return await self.call(calls.nack(queue, ids, errors, delay_s, final))
+        await self.connect()
+        return [o for c in calls.nacks(queue, ids, errors, delay_s, final, self.server_limits) for o in await self.call(c)]
 
     async def release(self, queue: str, ids: Sequence[int]) -> list[bool]:
         return await self.call(calls.release(queue, ids))
@@ -503,7 +511,7 @@ class AsyncQueueClient(_Settings):
     async def result(self, queue: str, ids: Sequence[int]) -> list[bytes | None]:
         out: list[bytes | None] = []
         while len(out) < len(ids):  # a reply holds what fits in this client's limits
-            out += await self.call(calls.result(queue, ids[len(out) :]))
+            out += calls.progress(await self.call(calls.result(queue, ids[len(out) :])), "result")
         return out
 
     async def status(self, queue: str, ids: Sequence[int]) -> list[Status | None]:

@@ -182,6 +182,9 @@ PICKLE_PROTOCOL = 5
 # an encoded result is one tag byte, then the msgpack or pickle bytes
 RESULT_TAG_MSGPACK = 0x01
 RESULT_TAG_PICKLE = 0x02
+# an error's text (type, message, traceback) kept with a nack or a dead letter: a longer one keeps its
+# start and its end (it travels in a request header, and a million-line message helps no one)
+MAX_ERROR_CHARS = 64 * 1024
 # task option defaults
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_RETRIES = 3

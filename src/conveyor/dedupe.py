@@ -97,19 +97,30 @@ class Dedupe:
             self._fd = os.open(self.path / KEYS_LOG_NAME, os.O_WRONLY | os.O_APPEND)
         return self._fd
 
-    def sync(self) -> None:
-        with self._lock:
-            if self._fd >= 0 and self._dirty:
-                self._dirty = False
-                os.fsync(self._fd)
+    @property
+    def dirty(self) -> bool:
+        """Keys written and not synced yet."""
+        return self._dirty
 
-    def close(self) -> None:
-        """Sync and let go of the descriptor; a later `add` opens it again."""
+    def sync(self) -> None:
+        """Make the keys written so far durable (from a group commit's thread: `add` never waits for it)."""
+        with self._lock:
+            if self._fd < 0 or not self._dirty:
+                return
+            self._dirty = False
+            fd = os.dup(self._fd)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def close(self, sync: bool = True) -> None:
+        """Sync (unless told not to) and let go of the descriptor; a later `add` opens it again."""
         with self._lock:
             if self._fd >= 0:
-                if self._dirty:
-                    self._dirty = False
+                if self._dirty and sync:
                     os.fsync(self._fd)
+                self._dirty = False
                 os.close(self._fd)
                 self._fd = -1
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import math
 import shutil
 import time
 from collections.abc import Awaitable, Callable
@@ -20,7 +19,7 @@ from .constants import ERR_BAD_ARGUMENT, ERR_TOO_LARGE, H_IDEMPOTENCY_KEY, MAX_L
 from .dedupe import check_key
 from .errors import RequestError, StoreError
 from .hosting import HostedQueue, QueueHost
-from .message import Message
+from .message import Message, headers_bytes
 from .protocol import Frames, Header, Limits, column
 
 Reply = tuple[dict[str, Any], list[bytes]]
@@ -119,14 +118,14 @@ class Args:
             raise RequestError(ERR_BAD_ARGUMENT, f"{self.op}: 'lim': {e}") from None
 
 
-def _too_large(what: str, size: int, lim: Limits, more: str) -> RequestError:
-    return RequestError(ERR_TOO_LARGE, f"{what} of {size:,} bytes does not fit in a reply to this client, which takes "
-                                       f"at most {lim.max_frame_bytes:,} bytes per frame and {lim.max_message_bytes:,} "
-                                       f"per reply: give the client larger limits{more}")  # fmt: skip
-
-
-def _fits(size: int, lim: Limits) -> bool:
-    return size <= min(lim.max_frame_bytes, lim.max_message_bytes)
+def _check_fits(what: str, size: int, head: int, lim: Limits, more: str = "") -> None:
+    """An item a reply holds alone (it came alone: bigger than a page): a `too-large` error if even so
+    it breaks the client's limits (`size`: its frame; `head`: its fields in the header)."""
+    if size > min(lim.max_frame_bytes, lim.max_message_bytes) or head > lim.header_room():
+        raise RequestError(ERR_TOO_LARGE, f"{what} of {size:,} bytes (and {head:,} of headers) does not fit in a reply "
+                                          f"to this client, which takes at most {lim.max_frame_bytes:,} bytes per frame, "
+                                          f"{lim.max_message_bytes:,} per reply and {lim.header_room():,} of headers: "
+                                          f"give the client larger limits{more}")  # fmt: skip
 
 
 # --- operations ---------------------------------------------------------------------------------
@@ -238,9 +237,15 @@ async def get(host: QueueHost, a: Args, frames: Frames) -> Reply:
         await q.changed.wait(left)
         if q.dropped:  # while we waited: nothing will come (and `got` is empty)
             break
-    if len(got) == 1 and not _fits(len(got.payloads[0]), lim):  # it came alone: bigger than any reply
-        q.store.release_many(got.ids)
-        raise _too_large(f"message {got.ids[0]}", len(got.payloads[0]), lim, "; the message stays queued")
+    if len(got):
+        host.touch(q)  # it may have let go of its files while the get waited: they are open again
+    if len(got) == 1:
+        try:
+            _check_fits(f"message {got.ids[0]}", len(got.payloads[0]), headers_bytes(got.headers[0]), lim,
+                        "; the message stays queued")  # fmt: skip
+        except RequestError:
+            q.store.release_many(got.ids)
+            raise
     cols = {"ids": got.ids, "prio": column(got.priority), "att": column(got.attempts), "at": column(got.enqueued_at),
             "nb": column(got.not_before), "ma": column(got.max_attempts), "hdr": column(got.headers)}  # fmt: skip
     return {"queue": q.info.name, "lease_s": got.lease_s, "left": q.store.ready_left(), **cols}, got.payloads
@@ -271,8 +276,8 @@ async def nack(host: QueueHost, a: Args, frames: Frames) -> Reply:
     q = a.queue(host)
     delays = a.packed("delay_s", len(ids), 0.0)
     if type(delays) is list:
-        if not all(type(d) in (int, float) and 0 <= d < math.inf for d in delays):
-            raise RequestError(ERR_BAD_ARGUMENT, "nack: 'delay_s' must hold finite numbers >= 0")
+        if not all(type(d) in (int, float) and 0 <= d <= MAX_DELAY_S for d in delays):
+            raise RequestError(ERR_BAD_ARGUMENT, f"nack: 'delay_s' must hold numbers in [0, {MAX_DELAY_S:g}]")
     else:
         delays = [a.num("delay_s", 0.0, hi=MAX_DELAY_S)] * len(ids)
     final = a.bool("final", False)
@@ -310,8 +315,8 @@ async def result(host: QueueHost, a: Args, frames: Frames) -> Reply:
         cost = _PER_ITEM + (0 if r is None else len(r))
         if found and (size + cost > room or len(found) >= lim.max_frames):
             break
-        if r is not None and not _fits(len(r), lim):
-            raise _too_large(f"the result of message {i}", len(r), lim, "")
+        if not found and r is not None:
+            _check_fits(f"the result of message {i}", len(r), 0, lim)
         found.append(r)
         size += cost
     return {"found": [r is not None for r in found]}, [r for r in found if r is not None]
@@ -401,8 +406,8 @@ async def results(host: QueueHost, a: Args, frames: Frames) -> Reply:
     for i, r in q.store.results(after):
         if len(ids) >= limit or (ids and size + _PER_ITEM + len(r) > room):
             break
-        if not _fits(len(r), lim):
-            raise _too_large(f"the result of message {i}", len(r), lim, "")
+        if not ids:
+            _check_fits(f"the result of message {i}", len(r), 0, lim)
         ids.append(i)
         out.append(r)
         size += _PER_ITEM + len(r)
@@ -414,8 +419,10 @@ async def dead_letters(host: QueueHost, a: Args, frames: Frames) -> Reply:
     q = a.queue(host)
     lim = a.reply_limits()
     dls = q.store.dead_letters(after, min(limit, lim.max_frames), lim.reply_bytes())
-    if len(dls) == 1 and not _fits(len(dls[0].message.payload), lim):
-        raise _too_large(f"dead letter {dls[0].message.id}", len(dls[0].message.payload), lim, "")
+    if len(dls) == 1:
+        d = dls[0]
+        _check_fits(f"dead letter {d.message.id}", len(d.message.payload), headers_bytes(d.message.headers)
+                    + len(d.error.encode()), lim)  # fmt: skip
     msgs = [d.message for d in dls]
     return ({"queue": q.info.name, "lease_s": 0.0, **_columns(msgs), "errors": [d.error for d in dls],
              "failed_at": [d.failed_at for d in dls]}, [m.payload for m in msgs])  # fmt: skip
@@ -437,8 +444,8 @@ async def put_blob(host: QueueHost, a: Args, frames: Frames) -> Reply:
 
 async def get_blob(host: QueueHost, a: Args, frames: Frames) -> Reply:
     data = host.blobs.get(a.str("key"))
-    if data is not None and not _fits(len(data), lim := a.reply_limits()):
-        raise _too_large("the blob", len(data), lim, "")
+    if data is not None:
+        _check_fits("the blob", len(data), 0, a.reply_limits())
     return {"found": data is not None}, [] if data is None else [data]
 
 

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from .calls import QueueInfo, QueueStats
@@ -31,6 +31,7 @@ from .constants import (
     ERR_QUEUE_CONFLICT,
     ERR_UNAVAILABLE,
     ID_FLOOR_NAME,
+    MAX_LEASE_S,
     QUEUE_CONFIG_NAME,
     QUEUE_NAME_PATTERN,
     QUEUES_DIR,
@@ -124,11 +125,15 @@ class HostedQueue:
     def sample(self, now: float) -> None:
         self.samples.append((now, self.puts, self.acks))
 
-    def suspend(self) -> None:
-        """Let go of the queue's file descriptors but its lock, until it next reads or writes."""
-        if isinstance(self.store, DurableStore):
-            self.store.suspend()
-        self.dedupe.close()
+    def suspend(self) -> bool:
+        """Let go of the queue's file descriptors but its lock, until it next reads or writes; False
+        (nothing done) while it has writes its fsync policy has yet to sync (closing would sync them
+        on the event loop)."""
+        never = self.info.fsync == "never"  # its writes are left to the OS: nothing to wait for
+        if not isinstance(self.store, DurableStore) or (self.dedupe.dirty and not never) or not self.store.suspend():
+            return False
+        self.dedupe.close(sync=not never)
+        return True
 
     def stats(self) -> QueueStats:
         s = self.store.stats()
@@ -210,6 +215,9 @@ class QueueHost:
             info = QueueInfo(**json.loads(conf.read_text()))
             if info.name != name or not info.durable:
                 raise ValueError(f"it names {'queue ' + repr(info.name) if info.name != name else 'a transient queue'}")
+            if type(info.lease_s) in (int, float) and info.lease_s > MAX_LEASE_S:  # declared before leases had a limit
+                log.warning("queue %r: its lease of %g s is over the limit: served with %g s", name, info.lease_s, MAX_LEASE_S)
+                info = replace(info, lease_s=MAX_LEASE_S)
             return info
         except (ValueError, TypeError, UnicodeDecodeError) as e:
             if not self.repair:
@@ -255,7 +263,10 @@ class QueueHost:
         room = max(1, (self.fd_budget - self._durable) // FDS_PER_OPEN_QUEUE)
         while len(self._holding) > room:
             _, old = self._holding.popitem(last=False)
-            old.suspend()
+            if not old.suspend():  # writes not synced yet: let go of it at a later touch
+                self._holding[old.info.name] = old
+                self._holding.move_to_end(old.info.name, last=False)
+                break
 
     def get(self, name: str, create: bool = False) -> HostedQueue:
         q = self.queues.get(name)

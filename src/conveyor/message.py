@@ -52,6 +52,12 @@ FIELDS = tuple(Message.__dataclass_fields__)
 _S = tuple(Message.__dict__[f].__set__ for f in FIELDS)  # slot setters, which bypass the frozen check
 
 
+def headers_bytes(headers: dict[str, str]) -> int:
+    """About the bytes a message's headers take on the wire (their strings, encoded, and a little
+    around each): what requests and replies count against a header limit."""
+    return sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items()) if headers else 0
+
+
 def make_message(id: int, queue: str, payload: bytes, priority: int, attempts: int, enqueued_at: float,
                  not_before: float, lease_s: float, max_attempts: int, headers: dict[str, str],
                  _new=object.__new__, _M=Message, _s=_S) -> Message:  # fmt: skip

@@ -299,11 +299,12 @@ class QueuePool(PoolTasks):
 
     def nack(self, queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
              delay_s: float | Sequence[float] = 0.0, final: bool = False) -> list[bool]:  # fmt: skip
-        def make(pos: list[int], local: list[int]) -> Call[list[bool]]:
+        def make(s: int, pos: list[int], local: list[int]) -> list[Call[list[bool]]]:
             d = delay_s if isinstance(delay_s, (int, float)) else [delay_s[k] for k in pos]
-            return calls.nack(queue, local, None if errors is None else [errors[k] for k in pos], d, final)
+            errs = None if errors is None else [errors[k] for k in pos]
+            return calls.nacks(queue, local, errs, d, final, self._server_limits(s))
 
-        return self._scatter(ids, make)
+        return self._scatter_many(ids, make)
 
     def release(self, queue: str, ids: Sequence[int]) -> list[bool]:
         return self._scatter(ids, lambda pos, local: calls.release(queue, local))
@@ -317,7 +318,7 @@ class QueuePool(PoolTasks):
             done = self._each({s: [calls.result(queue, [ids[todo[k]] & LOCAL_MASK for k in pos])] for s, pos in groups.items()})
             left = []
             for s, [res] in done.items():
-                for k, r in zip(groups[s], res, strict=False):
+                for k, r in zip(groups[s], calls.progress(res, "result"), strict=False):
                     out[todo[k]] = r
                 left += [todo[k] for k in groups[s][len(res) :]]
             todo = sorted(left)

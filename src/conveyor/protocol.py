@@ -68,7 +68,11 @@ class Limits:
         """Bytes a reply to this side may carry, counting each message's header fields with its
         payload (`Store._sizes`): a page of at most PAGE_BYTES, within every limit of the side. Only
         an item bigger than that alone can break a limit (a reply holds at least one item)."""
-        return min(PAGE_BYTES, self.max_message_bytes, self.max_frame_bytes, self.max_header_bytes - REQUEST_SLACK_BYTES)
+        return min(PAGE_BYTES, self.max_message_bytes, self.max_frame_bytes, self.header_room())
+
+    def header_room(self) -> int:
+        """Header bytes for per-item fields: the header limit less a little for the rest of the header."""
+        return max(self.max_header_bytes // 2, self.max_header_bytes - REQUEST_SLACK_BYTES)
 
     def pieces(self, frames: Sequence[int], headers: Sequence[int], what: str = "item") -> list[range]:
         """Split a request's items (each one payload frame of `frames[i]` bytes and about `headers[i]`
@@ -76,7 +80,7 @@ class Limits:
         fits in no request, naming it (`what` and its index) and its size."""
         out: list[range] = []
         start, size, head = 0, 0, 0
-        room = self.max_header_bytes - REQUEST_SLACK_BYTES
+        room = self.header_room()
         for i, (f, h) in enumerate(zip(frames, headers, strict=True)):
             if f > self.max_frame_bytes or h > room:
                 why = f"{f:,} bytes, over the server's limit of {self.max_frame_bytes:,} per frame" \

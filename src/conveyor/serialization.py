@@ -32,6 +32,7 @@ from .constants import (
     ENVELOPE_VERSION,
     H_CONTENT_TYPE,
     INT64_MIN,
+    MAX_ERROR_CHARS,
     MSGPACK_EXT_TUPLE,
     MSGPACK_MAX_DEPTH,
     PICKLE_PROTOCOL,
@@ -212,11 +213,13 @@ def encode_error(exc: BaseException) -> str:
     name = _safe(lambda: t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}",
                  "an exception whose type has no name")  # fmt: skip
     head = f"{name}: {_safe(lambda: str(exc), f'<the message of this {name} could not be read: str() raised>')}"
-    if exc.__traceback__ is None:
+    if exc.__traceback__ is not None:
+        head += "\n" + _safe(lambda: "".join(traceback.format_exception(t, exc, exc.__traceback__)).rstrip("\n"),
+                             "(the traceback could not be formatted)")  # fmt: skip
+    if len(head) <= MAX_ERROR_CHARS:
         return head
-    tb = _safe(lambda: "".join(traceback.format_exception(t, exc, exc.__traceback__)).rstrip("\n"),
-               "(the traceback could not be formatted)")  # fmt: skip
-    return head + "\n" + tb
+    half = MAX_ERROR_CHARS // 2  # the start says what, the end where: keep both
+    return f"{head[:half]}\n... ({len(head) - 2 * half:,} characters cut) ...\n{head[-half:]}"
 
 
 def _safe(text: Callable[[], str], instead: str) -> str:

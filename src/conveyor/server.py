@@ -102,13 +102,18 @@ class _Connection:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     active: float = field(default_factory=time.monotonic)  # when it last sent or was sent something
     reading: float | None = None  # since when a request is coming in, part of it read
+    sending: float | None = None  # since when a reply waits for the peer to read what is before it
 
     async def send(self, header: Header, frames: Frames = ()) -> None:  # type: ignore[assignment]
         """Write one frame set; a peer that went away is not an error of ours."""
         with contextlib.suppress(ConnectionError, RuntimeError):
             async with self.lock:
                 self.writer.writelines(protocol.encode(header, frames))
-                await self.writer.drain()
+                self.sending = time.monotonic()
+                try:
+                    await self.writer.drain()
+                finally:
+                    self.sending = None
         self.active = time.monotonic()
 
     def started(self) -> None:
@@ -358,12 +363,15 @@ class QueueServer:
             log.warning("%s", message)
 
     def _close_silent(self) -> None:
-        """Close connections idle past the idle timeout, and those stuck in the middle of a request."""
+        """Close connections idle past the idle timeout, and those stuck in the middle of a request,
+        or not reading their replies."""
         now = time.monotonic()
         for c in list(self._conns):
             if c.reading is not None and now - c.reading > self.request_timeout_s:
                 log.warning("%s: sent part of a request and not the rest within %g s: closing the connection",
                             c.peer, self.request_timeout_s)  # fmt: skip
+            elif c.sending is not None and now - c.sending > self.request_timeout_s:
+                log.warning("%s: read none of its replies for %g s: closing the connection", c.peer, self.request_timeout_s)
             elif c.reading is not None or c.tasks or now - c.active <= self.idle_timeout_s:
                 continue
             c.writer.transport.abort()

@@ -46,8 +46,10 @@ from ..constants import (
     ST_READY,
 )
 from ..errors import DiskFullError, StoreClosedError
-from ..message import Message, MessageBatch, Status
+from ..message import Message, MessageBatch, Status, headers_bytes
 from .state import QueueState, first_occurrences
+
+EXPIRE_RETRY_S = 1.0  # a lease expiry that could not be settled (a full disk) is tried again this much later
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,9 +263,9 @@ class Store(ABC):
         if ok.any():
             done = arr[ok]
             self._prepare(len(done))
-            kept = None
-            if results is not None and any(r is not None for r in results):  # written first: a full disk changes nothing
-                kept = self._keep_results(done, [r for r, o in zip(results, ok, strict=True) if o])
+            mine = None if results is None else [r for r, o in zip(results, ok, strict=True) if o]
+            # the results are written first: on a full disk the ack is refused before anything changed
+            kept = self._keep_results(done, mine) if mine and any(r is not None for r in mine) else None
             self._state.finish(done, ST_ACKED)
             self._record(done, ST_ACKED, kept, self.clock())
             self._commit()
@@ -336,21 +338,23 @@ class Store(ABC):
         return n
 
     def _expire(self, now: float) -> int:
+        """Requeue or fail deliveries whose lease ended by `now`; returns how many."""
         ids = self._state.expired(now)
-        if len(ids):
-            try:
-                self._retry_or_fail(ids, None, np.float64(0.0), now)
-            except BaseException:
-                self._state.relist(ids)  # still delivered: they expire at the next look
-                raise
-        return len(ids)
+        if not len(ids):
+            return 0
+        try:
+            return len(ids) - self._retry_or_fail(ids, None, np.float64(0.0), now)
+        except BaseException:
+            self._state.relist(ids, now + EXPIRE_RETRY_S)  # still delivered: they expire again a little later
+            raise
 
     def _retry_or_fail(self, ids: np.ndarray, errors: list[str] | None, not_before: float | np.floating,
-                       now: float, final: bool = False) -> None:  # fmt: skip
+                       now: float, final: bool = False) -> int:  # fmt: skip
         """Requeue delivered ids, or fail those out of attempts, or all if final (errors None: lease expiry).
 
         The dead letters are written first: on a full disk a nack is refused whole, and a lease
-        expiry leaves the messages it would fail delivered (they expire again at the next look).
+        expiry leaves the messages it would fail delivered (they expire again EXPIRE_RETRY_S later).
+        Returns how many were left so.
         """
         self._prepare(len(ids))
         out = np.ones(len(ids), bool) if final else self._state.out_of_attempts(ids)
@@ -366,7 +370,7 @@ class Store(ABC):
             except DiskFullError:
                 if errors is not None:
                     raise
-                self._state.relist(failed)
+                self._state.relist(failed, now + EXPIRE_RETRY_S)
                 failed = failed[:0]
             if len(failed):
                 self._state.finish(failed, ST_FAILED)
@@ -376,6 +380,7 @@ class Store(ABC):
         if len(back):
             self._state.requeue(back, np.full(len(back), not_before, np.float64), now)
             self._record(back, ST_READY, None, now)
+        return int(out.sum()) - len(failed)
 
     def results(self, after: int = 0) -> Iterator[tuple[int, bytes]]:
         """Stored results as (id, result) in id order, from the first id above `after` (for paging)."""
@@ -393,7 +398,7 @@ class Store(ABC):
         size = 0
         for i in _sorted_above(self._kept_ids(True), after)[:limit].tolist():
             d = self._dead_letter(i)
-            size += len(d.message.payload) + len(d.error) + 64 + sum(len(k) + len(v) + 4 for k, v in d.message.headers.items())
+            size += len(d.message.payload) + len(d.error.encode()) + 64 + headers_bytes(d.message.headers)
             if out and max_bytes is not None and size > max_bytes:
                 break
             out.append(d)

@@ -41,6 +41,7 @@ from ..constants import (
     INDEX_NAME,
     INDEX_REWRITE_MIN_RECORDS,
     INDEX_REWRITE_RATIO,
+    INDEX_VERSION,
     KIND_DEAD,
     KIND_MESSAGE,
     KIND_RESULT,
@@ -132,6 +133,7 @@ class DurableStore(Store):
         # deleted before, a machine crash could leave answered puts with neither body nor record
         self._doomed: list[int] = []
         self._reserved = 0  # no id below it is ever assigned again (synced in the index: see _reserve_ids)
+        self._rewrite_from = 0  # after a rewrite failed (a full disk): the index records before the next try
         self._lock = threading.Lock()  # between operations and the interval syncer
         self._sync_lock = threading.Lock()  # one sync at a time: a sync drops what was doomed before it began
         self._syncer: threading.Thread | None = None
@@ -227,6 +229,11 @@ class DurableStore(Store):
             self._live[int(s)] = self._live.get(int(s), 0) + int(k)
         for s, _, _ in self._kept.values():
             self._live[s] = self._live.get(s, 0) + 1
+        if self._index.version < INDEX_VERSION:  # written in the format of today before anything is appended
+            try:
+                self._rewrite_index()
+            except OSError as e:
+                log.warning("%s: the index could not be rewritten in format %d (%s)", self.path, INDEX_VERSION, e)
         self._compact()
 
     # --- writes, and what a full disk does to them -------------------------------------------
@@ -242,7 +249,7 @@ class DurableStore(Store):
         if self._space is not None:
             self._space.check(f"{self.path}: {what}")
         with self._lock:
-            self._segments.id_floor = self._state.next_id
+            self._segments.id_floor = max(self._state.next_id, self._reserved)  # new segments say so too
             try:
                 return self._segments.append(bodies)
             except OSError as e:
@@ -298,8 +305,12 @@ class DurableStore(Store):
         upto += ID_RESERVE_CHUNK
         self._prepare(1)
         with self._lock:
-            self._index.append(make_reserve_record(upto))
-            self._index.sync()
+            try:
+                self._index.append(make_reserve_record(upto))
+                self._segments.sync()  # the bodies before the index records that point at them, as always
+                self._index.sync()
+            except OSError as e:
+                raise self._disk_error(e, "index") from e
         self._reserved = upto
 
     def _body(self, i: int) -> bytes:
@@ -314,20 +325,24 @@ class DurableStore(Store):
         st = self._state
         idx = ids - st.base
         c = st.cols
-        at: list[float] = []
-        nb: list[float] = []
-        headers: list[dict[str, str]] = []
-        payloads: list[bytes] = []
+        k = len(ids)
+        at: list[float] = [0.0] * k
+        nb: list[float] = [0.0] * k
+        headers: list[dict[str, str]] = [{}] * k
+        payloads: list[bytes] = [b""] * k
+        seg = c["seg"][idx]
+        # segment by segment (a log keeps few mapped), each message into its place
+        order = np.argsort(seg, kind="stable").tolist() if k > 1 and (seg[1:] != seg[:-1]).any() else range(k)
         mapped, unpack, unpackb = self._segments.mapped, _unpack_msg, msgpack.unpackb
+        segs, offs, sizes = seg.tolist(), c["off"][idx].tolist(), c["size"][idx].tolist()
         with self._lock:
-            for s, o, n in zip(c["seg"][idx].tolist(), c["off"][idx].tolist(), c["size"][idx].tolist(), strict=True):
-                mm = mapped(s, o + n)
-                _, _, _, _, t_nb, t_at, hlen = unpack(mm, o)
+            for j in order:
+                o, n = offs[j], sizes[j]
+                mm = mapped(segs[j], o + n)
+                _, _, _, _, nb[j], at[j], hlen = unpack(mm, o)
                 start = o + _MSG_PREFIX
-                at.append(t_at)
-                nb.append(t_nb)
-                headers.append(unpackb(mm[start : start + hlen]) if hlen else {})
-                payloads.append(mm[start + hlen : o + n])
+                headers[j] = unpackb(mm[start : start + hlen]) if hlen else {}  # each its own
+                payloads[j] = mm[start + hlen : o + n]
         return MessageBatch(self.queue, lease_s, ids.tolist(), c["priority"][idx].tolist(), c["attempts"][idx].tolist(),
                             at, nb, c["max_attempts"][idx].tolist(), headers, payloads)  # fmt: skip
 
@@ -361,7 +376,10 @@ class DurableStore(Store):
         c = st.cols
         seg, off, size = (0, 0, 0) if kept is None else kept
         with self._lock:
-            self._index.append(make_records(ids, status, c["attempts"][idx], seg, off, size, c["until"][idx]))
+            try:
+                self._index.append(make_records(ids, status, c["attempts"][idx], seg, off, size, c["until"][idx]))
+            except OSError as e:  # not for lack of space (_prepare made room): a failing disk
+                raise self._disk_error(e, "index") from e
             if status in (ST_ACKED, ST_FAILED, ST_NONE):
                 for s, k in Counter(c["seg"][idx].tolist()).items():
                     self._live[s] -= k
@@ -376,19 +394,23 @@ class DurableStore(Store):
     def skip_ids(self, next_id: int) -> None:
         super().skip_ids(next_id)
         with self._lock:
-            self._segments.id_floor = self._state.next_id
+            self._segments.id_floor = max(self._state.next_id, self._reserved)
             try:
                 self._rewrite_index()  # its header keeps the floor across restarts, messages or not
             except OSError as e:
                 raise self._disk_error(e, "index") from e
 
-    def suspend(self) -> None:
-        """Sync and let go of every descriptor but the lock (a server holding many queues does so
-        for the least used): the next read or write opens what it needs again."""
-        with self._sync_lock, self._lock:
-            if not self._closed:
-                self._segments.close()
-                self._index.close()
+    def suspend(self) -> bool:
+        """Let go of every descriptor but the lock (a server holding many queues does so for the least
+        used): the next read or write opens what it needs again. False (nothing done) while writes
+        wait for a sync, which closing would run (on a server's event loop); under fsync="never"
+        they are left to the OS."""
+        with self._lock:
+            if self._closed or (self.fsync != "never" and (self._segments.dirty or self._index.dirty)):
+                return False
+            self._segments.close(sync=False)
+            self._index.close(sync=False)
+            return True
 
     def sync(self) -> None:
         with self._sync_lock:
@@ -435,10 +457,12 @@ class DurableStore(Store):
         st = self._state
         # records a rewrite would keep, or more (an overestimate only delays a rewrite)
         live = st.next_id - st.advance_low() + len(self._kept) + len(self._failed_ids) + len(st.gaps)
-        if self._index.records >= INDEX_REWRITE_MIN_RECORDS and self._index.records > INDEX_REWRITE_RATIO * live:
+        n = self._index.records
+        if n >= max(INDEX_REWRITE_MIN_RECORDS, self._rewrite_from) and n > INDEX_REWRITE_RATIO * live:
             try:
                 self._rewrite_index()
-            except OSError as e:  # a full disk: the old index stays, whole; a later commit tries again
+            except OSError as e:  # a full disk: the old index stays, whole; tried again once it has grown
+                self._rewrite_from = n + INDEX_REWRITE_MIN_RECORDS
                 log.warning("%s: the index could not be rewritten (%s); it stays as it is", self.path, e)
 
     def _rewrite_index(self) -> None:
@@ -498,7 +522,10 @@ class DurableStore(Store):
         arr = np.array(gone, np.int64)
         stat = np.array([ST_FAILED if i in self._failed_ids else ST_ACKED for i in gone], np.uint8)
         with self._lock:
-            self._index.append(make_records(arr, stat, np.zeros(len(arr), np.uint16), 0, 0, 0, 0.0))
+            try:
+                self._index.append(make_records(arr, stat, np.zeros(len(arr), np.uint16), 0, 0, 0, 0.0))
+            except OSError as e:
+                raise self._disk_error(e, "index") from e
             for i in gone:
                 s, _, _ = self._kept.pop(i)
                 self._live[s] -= 1

@@ -59,16 +59,21 @@ def store_error(e: OSError, what: str) -> StoreError:
     return StoreError(f"{what}: {type(e).__name__}: {e}")
 
 
-def write_all(fd: int, data: bytes, size: int) -> None:
+def write_all(fd: int, data: bytes, size: int, *, sync_cut: bool = True) -> None:
     """Append `data` to `fd` (opened O_APPEND, now `size` bytes long) whole, or not at all: after a
-    failed or short write the file is cut back to `size` and the error raised."""
+    failed or short write the file is cut back to `size` and the error raised.
+
+    sync_cut: sync the cut, so that a machine crash cannot bring back what the caller was told is
+    not there (off for a file that must not be synced before others: the index, before its segments).
+    """
     try:
         written = os.write(fd, data)
         while written < len(data):  # short writes only happen on full disks or signals
             written += os.write(fd, data[written:])
     except OSError:
         os.ftruncate(fd, size)
-        os.fsync(fd)  # else a machine crash could bring back what the caller was told is not there
+        if sync_cut:
+            os.fsync(fd)
         raise
 
 

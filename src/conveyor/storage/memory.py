@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..constants import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, ST_ACKED, ST_FAILED, ST_NONE
-from ..message import Message, MessageBatch, make_message
+from ..message import Message, MessageBatch, headers_bytes, make_message
 from .base import DeadLetter, Store
 
 _FINISHED = (ST_ACKED, ST_FAILED, ST_NONE)
@@ -37,7 +37,7 @@ class MemoryStore(Store):
         # what a message takes in a reply: its payload, its headers, and about 64 bytes of fields
         sizes = [len(p) + 64 for p in payloads]
         if headers is not None and any(headers):
-            sizes = [n + sum(len(k) + len(v) + 4 for k, v in h.items()) if h else n for n, h in zip(sizes, headers, strict=True)]
+            sizes = [n + headers_bytes(h) for n, h in zip(sizes, headers, strict=True)]
         cols["size"][a:b] = sizes
 
     def _load(self, ids: np.ndarray, lease_s: float) -> MessageBatch:

@@ -3,9 +3,10 @@
 A record is `crc32(body) | size | body | footer`; the body starts with its kind and message id.
 Opening verifies every record. A bad record with nothing valid after it in the newest segment is
 a torn tail (a crash mid-write): it is cut off with a warning. Any other bad record raises
-CorruptStoreError naming the file and offset, unless `repair=True`: then the damaged file is
-moved aside and replaced by a copy whose damaged spans are padding records, so every intact
-record keeps its offset.
+CorruptStoreError naming the file and offset, unless `repair=True`: then each damaged span is
+overwritten in place by a padding record (no room for a copy is needed), so every intact record
+keeps its offset; the damaged bytes are kept first, at their offsets, in a sparse file beside it.
+An append is whole or absent: a failed write is cut back, across segment rolls too.
 """
 
 from __future__ import annotations
@@ -163,6 +164,7 @@ class SegmentLog:
             out.truncate(size)
             out.flush()
             os.fsync(out.fileno())
+        fsync_dir(self.path)  # the damaged bytes are kept for good before they are overwritten
         fd = os.open(f, os.O_WRONLY)
         try:
             for start, end in bad:
@@ -182,6 +184,8 @@ class SegmentLog:
     # --- writing --------------------------------------------------------------------------
     def roll(self) -> None:
         """Start a new active segment (if that fails, the active one stays as it was)."""
+        if self._fd >= 0 and self.dirty:  # the store's sync() will only see the new segment
+            os.fsync(self._fd)
         seg = max(self.sizes, default=0) + 1
         f = self._file(seg)
         fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND, 0o644)
@@ -193,8 +197,6 @@ class SegmentLog:
             f.unlink(missing_ok=True)
             raise
         if self._fd >= 0:
-            if self.dirty:  # the store's sync() will only see the new segment
-                os.fsync(self._fd)
             os.close(self._fd)
         self._fd, self.active = fd, seg
         self.sizes[seg] = SEGMENT_HEADER.size
@@ -325,13 +327,14 @@ class SegmentLog:
     def bytes_on_disk(self) -> int:
         return sum(self.sizes.values())
 
-    def close(self) -> None:
-        """Sync and let go of every descriptor; a later write or read opens what it needs again."""
+    def close(self, sync: bool = True) -> None:
+        """Sync (unless told not to) and let go of every descriptor; a later write or read opens what it needs again."""
         for mm in self._maps.values():
             mm.close()
         self._maps.clear()
         if self._fd >= 0:
-            self.sync()
+            if sync:
+                self.sync()
             os.close(self._fd)
             self._fd = -1
 

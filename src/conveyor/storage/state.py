@@ -352,9 +352,10 @@ class QueueState:
         for p in np.unique(prio):
             self._fifo(int(p)).push_front(ids[prio == p])
 
-    def relist(self, ids: np.ndarray) -> None:
-        """Watch the leases of delivered ids again (`expired` handed them out, and they stay delivered)."""
-        self._push_by_time(self._leases, ids, self.cols["until"][ids - self.base])
+    def relist(self, ids: np.ndarray, at: float) -> None:
+        """Watch the leases of delivered ids again, from `at` (`expired` handed them out, and they
+        stay delivered: their leases ended, but they could not be settled yet)."""
+        self._push_by_time(self._leases, ids, np.full(len(ids), at))
 
     def finishable(self, ids: np.ndarray) -> np.ndarray:
         """Mask of the ids `finish` would finish: not finished yet, first occurrences."""

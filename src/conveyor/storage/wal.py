@@ -122,6 +122,7 @@ class IndexLog:
         self.dirty = False
         self._fd = -1
         self._allocated = 0  # the file's blocks are allocated up to here (beyond its end: see make_room)
+        self.version = INDEX_VERSION  # of the file's format, as its header says
         self._can_allocate = True
 
     def open(self, repair: bool) -> np.ndarray:
@@ -144,6 +145,7 @@ class IndexLog:
         # a lost header forgets which ids were finished: finished messages whose segments still
         # exist may be delivered again (at-least-once), but nothing is lost
         self.header = Header(base, next_id, acked, failed) if header_ok else Header()
+        self.version = version if header_ok else INDEX_VERSION
         body = len(data) - hs
         whole = body // _REC
         rec = np.frombuffer(data, INDEX_DTYPE, whole, hs)
@@ -193,6 +195,7 @@ class IndexLog:
             self._fd = -1
         self._allocated = 0
         self.header = header
+        self.version = INDEX_VERSION
         self.dirty = False
 
     def make_room(self, n: int) -> None:
@@ -200,6 +203,7 @@ class IndexLog:
         blocks are allocated now (ROOM_BYTES ahead, so this is rarely a system call). Raises OSError
         (ENOSPC) when they cannot be. A store calls it before it changes anything, so that a full
         disk refuses an operation whole instead of failing it halfway."""
+        fd = self._out()  # opened now if need be: a failure to open, too, comes before any change
         size = self.bytes_on_disk()
         end = size + n * _REC
         if end <= self._allocated or not self._can_allocate:
@@ -207,10 +211,10 @@ class IndexLog:
         start = max(size, self._allocated)
         try:
             ahead = ROOM_BYTES
-            done = preallocate(self._out(), start, end + ahead - start)
+            done = preallocate(fd, start, end + ahead - start)
         except OSError:
             ahead = 0
-            done = preallocate(self._out(), start, end - start)  # no room to spare: just what is needed
+            done = preallocate(fd, start, end - start)  # no room to spare: just what is needed
         if not done:  # the file system cannot: appends take their chances
             self._can_allocate = False
             return
@@ -218,7 +222,9 @@ class IndexLog:
 
     def append(self, data: bytes) -> None:
         """Append whole records, or nothing (the file is cut back if a write fails)."""
-        write_all(self._out(), data, self.bytes_on_disk())
+        # the cut is not synced: the index must not reach the disk before its segments (and after
+        # make_room an append fails only on a failing disk)
+        write_all(self._out(), data, self.bytes_on_disk(), sync_cut=False)
         self.records += len(data) // _REC
         self.dirty = True
 
@@ -247,10 +253,12 @@ class IndexLog:
     def bytes_on_disk(self) -> int:
         return INDEX_HEADER.size + self.records * _REC
 
-    def close(self) -> None:
-        """Sync and let go of the descriptor (and the room allocated ahead); a later append opens it again."""
+    def close(self, sync: bool = True) -> None:
+        """Sync (unless told not to) and let go of the descriptor (and the room allocated ahead); a
+        later append opens it again."""
         if self._fd >= 0:
-            self.sync()
+            if sync:
+                self.sync()
             size = self.bytes_on_disk()
             unallocate(self._fd, size, self._allocated - size)
             os.close(self._fd)

@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Literal
 
+from ..constants import H_TASK
 from ..errors import ConnectionLostError, ConveyorError, TaskError
 from ..message import Message
 from ..worker.selectors import QueueSelector, selector_class
@@ -221,7 +222,7 @@ class Consumer:
             self._loop(slots)
         finally:
             if self._running:  # a hard stop: hand running messages back for another worker
-                self._settle([Completion(r.message, None, TaskError(r.message.headers.get("task", "?"),
+                self._settle([Completion(r.message, None, TaskError(r.message.headers.get(H_TASK, "?"),
                               "WorkerStopped: the worker stopped before the task finished", True), -1)
                               for r in self._running.values()])  # fmt: skip
                 self._running.clear()
@@ -367,7 +368,7 @@ class Consumer:
                 self.stats.timed_out += 1
                 limit = r.deadline - r.started  # type: ignore[operator]
                 how = "its process was killed" if slots.kind == "process" else "its thread was abandoned and may still be running"
-                err = TaskError(r.message.headers.get("task", "?"),
+                err = TaskError(r.message.headers.get(H_TASK, "?"),
                                 f"TimeLimitExceeded: the task ran over its time limit of {limit:g} s ({how})", True)  # fmt: skip
                 self._settle([Completion(r.message, None, err, -1)])
 
@@ -394,7 +395,7 @@ class Consumer:
             if c.result is not None and len(c.result) > (limit := self._result_limit(m)):  # fails this task, not its batch
                 why = (f"ResultTooLarge: the result is {len(c.result):,} bytes, over the server's limit of {limit:,} "
                        "bytes (return less, or store it elsewhere and return where)")  # fmt: skip
-                c = Completion(m, None, TaskError(m.headers.get("task", "?"), why, False), c.slot)
+                c = Completion(m, None, TaskError(m.headers.get(H_TASK, "?"), why, False), c.slot)
             if c.error is None:
                 out.append(Settler.ack(m.queue, m.id, c.result))
                 self.stats.processed += 1

@@ -245,7 +245,7 @@ class ProcessSlots:
                     f" running message {m.id}" if m is not None else "")  # fmt: skip
         if m is not None:
             why = f"WorkerDied: the worker process running it died (exit code {code})"
-            err = TaskError(m.headers.get("task", "?"), why, True)
+            err = TaskError(m.headers.get(H_TASK, "?"), why, True)
             self._done.put(Completion(m, None, err, c.slot))
         if not ready:
             self._start_failures += 1

@@ -34,6 +34,7 @@ COALESCE_S = 0.05  # after the first settlement, how long to gather more before 
 # idle consumer, a flush and close hurry them: the end of the work is not delayed)
 BUSY_COALESCE_S = 0.25
 _STOP = object()
+_SETTLES = ("ack", "nack")  # the kinds that finish or return a message (a consumer counts those not sent)
 
 
 class Settler:
@@ -50,7 +51,9 @@ class Settler:
         self._hurry = threading.Event()  # send without gathering more (a flush waits, or the consumer is idle)
         self.busy = False  # set by the consumer while its queues are busy: gather for BUSY_COALESCE_S
         self.errors = 0
-        self.unsettled = 0  # acks and nacks given up: their messages come back when their leases end
+        self._owed = 0  # acks and nacks queued and neither sent nor given up yet
+        self._given_up = 0  # acks and nacks given up
+        self.unsettled = 0  # set by close: acks and nacks not sent (their messages come back when their leases end)
         self._give_up_at = float("inf")  # set by close: stop retrying after this
         self._thread = threading.Thread(target=self._loop, name="conveyor-settler", daemon=True)
         self._thread.start()
@@ -61,6 +64,7 @@ class Settler:
         if items:
             with self._cond:
                 self._pending += len(items)
+                self._owed += sum(1 for item in items if item[0] in _SETTLES)
             self._items.put(items)
 
     @staticmethod
@@ -96,6 +100,8 @@ class Settler:
         self.flush(timeout)
         self._items.put(_STOP)
         self._thread.join(max(deadline - time.monotonic(), 0.0))
+        with self._cond:  # what is still queued or under way when the time is up counts as not sent
+            self.unsettled = self._given_up + self._owed
 
     # --- the thread ---------------------------------------------------------------------
     def _loop(self) -> None:
@@ -153,6 +159,7 @@ class Settler:
                         self._pool.release(q, ids)
                     else:
                         self._pool.extend_lease(q, ids, extra)
+                    self._done(kind, len(ids))
                     break
                 except (ConnectionLostError, TimeoutError, RequestError) as e:
                     self.errors += 1
@@ -171,9 +178,14 @@ class Settler:
                     self._lost(kind, ids, q, e)
                     break
 
+    def _done(self, kind: str, n: int, given_up: bool = False) -> None:
+        if kind in _SETTLES:
+            with self._cond:
+                self._owed -= n
+                self._given_up += n if given_up else 0
+
     def _lost(self, kind: str, ids: list[int], q: str, e: BaseException) -> None:
-        if kind in ("ack", "nack"):
-            self.unsettled += len(ids)
+        self._done(kind, len(ids), given_up=True)
         log.error("gave up trying to %s %d message(s) on %r (%s: %s): they come back when their leases end",
                   kind, len(ids), q, type(e).__name__, e)  # fmt: skip
 
