@@ -83,19 +83,19 @@ class StoreContract:
         got: list[Message] = []
         wait_for(lambda: got.extend(store.get(10)) or got)
         assert [m.id for m in got] == [late]
-        assert time.time() >= due
+        assert store.clock() >= due  # not before, by the store's clock (the wall clock as of its opening)
 
     def test_nack_with_delay(self, store: Store) -> None:
         [i] = store.put(msgs(b"x"))
         store.get(1)
-        t0 = time.time()
+        t0 = store.clock()
         assert store.nack(i, "later", delay_s=0.3)
         assert store.get(1) == []
         assert store.status(i) == Status.READY
         got: list[Message] = []
         wait_for(lambda: got.extend(store.get(1)) or got)
         assert got[0].id == i and got[0].attempts == 2
-        assert time.time() - t0 >= 0.3
+        assert store.clock() - t0 >= 0.3
 
     # --- leases ---------------------------------------------------------------------------
     def test_lease_expiry_returns_message_and_counts_attempt(self, store: Store) -> None:
@@ -275,9 +275,9 @@ class StoreContract:
         store.put([Message(payload=b"late", not_before=due)])
         assert store.next_wakeup() == pytest.approx(due)
         store.put(msgs(b"now"))
-        t0 = time.time()
+        t0 = store.clock()  # leases follow the store's steady clock
         store.get(1, lease_s=5)
-        assert t0 + 5 <= store.next_wakeup() <= time.time() + 5  # type: ignore[operator]
+        assert t0 + 5 <= store.next_wakeup() <= store.clock() + 5  # type: ignore[operator]
         store.sync()  # callable on every store
 
     # --- status and stats -----------------------------------------------------------------

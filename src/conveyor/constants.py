@@ -32,6 +32,16 @@ DEFAULT_FSYNC_INTERVAL_S = 0.2
 PARENT_CHECK_S = 1.0
 
 LOCK_NAME = "LOCK"  # flock()ed by the process that has the store open
+
+# --- Reserved ids: ids.reserved -------------------------------------------------------------------
+# No id below the reservation is ever assigned again, whatever crashed when: a put under way, or the
+# idempotency keys a server writes before their messages, may have been handed them. Two slots of
+# (reserved id, crc32 of it), written in turn and synced before the ids are used: a write torn by
+# a crash leaves the other slot, whose value is the previous reservation (no id above it was used).
+RESERVED_NAME = "ids.reserved"
+RESERVED_SLOT = struct.Struct("<QI")
+RESERVED_SLOT_BYTES = 16  # slot k at k * RESERVED_SLOT_BYTES
+ID_RESERVE_CHUNK = 65536  # ids reserved beyond what a put needs: one small synced write per this many ids
 # a server's reserve of disk space (conveyor.storage.space): a file in its data dir, given up when the
 # disk fills so that deliveries and acks keep working; the smaller of these bytes and 1/DIVISOR of the disk
 SPACE_RESERVE_NAME = "space.reserve"
@@ -69,8 +79,7 @@ assert MESSAGE_PREFIX_DTYPE.itemsize == MESSAGE_PREFIX.size
 # --- Index write-ahead log: index.wal ----------------------------------------------------------
 INDEX_NAME = "index.wal"
 INDEX_MAGIC = b"CNVYIDX1"
-INDEX_VERSION = 2  # 2: reservation records (INDEX_FLAG_RESERVE)
-INDEX_VERSIONS_READ = (1, 2)
+INDEX_VERSION = 1
 # file header: magic, version, base id (all ids below are finished), next id,
 # acked and failed counts of the ids below base, crc32 of the preceding fields
 INDEX_HEADER = struct.Struct("<8sIQQQQI")
@@ -81,11 +90,6 @@ INDEX_RECORD = struct.Struct("<IdQBBHIIId")
 # flags: a gap record (status ST_NONE, written by a rewrite for ids below the header's base) says
 # that the `length` ids from `message id` on hold no message (purged, skipped, or torn by a crash)
 INDEX_FLAG_GAP = 1
-# a reservation record (status ST_NONE) says that ids below its `message id` may have been handed
-# out (to a put under way, or to the idempotency keys written before their messages): the store
-# never assigns them again, whatever crashed when. Written and synced before the ids are used.
-INDEX_FLAG_RESERVE = 2
-ID_RESERVE_CHUNK = 65536  # ids reserved beyond what a put needs (one synced record per this many ids)
 INDEX_DTYPE = np.dtype(
     [
         ("crc", "<u4"),

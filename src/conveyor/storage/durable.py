@@ -16,6 +16,7 @@ an operation returned: every write reaches the OS before the call returns):
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import logging
@@ -41,7 +42,6 @@ from ..constants import (
     INDEX_NAME,
     INDEX_REWRITE_MIN_RECORDS,
     INDEX_REWRITE_RATIO,
-    INDEX_VERSION,
     KIND_DEAD,
     KIND_MESSAGE,
     KIND_RESULT,
@@ -58,9 +58,10 @@ from ..errors import StoreError
 from ..message import Message, MessageBatch, make_message
 from .base import DeadLetter, Store
 from .files import store_error
+from .reservation import IdReservation
 from .segments import KEPT_DTYPE, SCAN_DTYPE, SegmentLog
 from .space import SpaceReserve
-from .wal import Header, IndexLog, gap_ranges, last_per_id, make_gap_records, make_records, make_reserve_record, split_reserved
+from .wal import Header, IndexLog, gap_ranges, last_per_id, make_gap_records, make_records
 
 log = logging.getLogger("conveyor.storage")
 
@@ -132,7 +133,7 @@ class DurableStore(Store):
         # segments whose records are all dead, kept until the index records saying so are synced:
         # deleted before, a machine crash could leave answered puts with neither body nor record
         self._doomed: list[int] = []
-        self._reserved = 0  # no id below it is ever assigned again (synced in the index: see _reserve_ids)
+        self._reserved = IdReservation(self.path)  # no id below it is ever assigned again
         self._rewrite_from = 0  # after a rewrite failed (a full disk): the index records before the next try
         self._lock = threading.Lock()  # between operations and the interval syncer
         self._sync_lock = threading.Lock()  # one sync at a time: a sync drops what was doomed before it began
@@ -154,7 +155,7 @@ class DurableStore(Store):
     def _recover(self, repair: bool) -> None:
         scan = self._segments.open(repair)
         had_index = self._index.file.exists()
-        rec, reserved = split_reserved(self._index.open(repair))
+        rec = self._index.open(repair)
         if not had_index and scan.messages:
             log.warning("%s: no %s beside the segments: every message in them is READY again", self.path, INDEX_NAME)
         header = self._index.header
@@ -220,8 +221,8 @@ class DurableStore(Store):
         for name in ("seg", "off", "size"):
             c[name][body_idx] = msgs[name]
         # ids a put reserved before a crash stay unused: keys written for them must never name another message
-        st.skip_to(max(header.next_id, scan.id_floor, st.next_id, reserved))  # may slide the window: idx is stale now
-        self._segments.id_floor = self._reserved = st.next_id
+        st.skip_to(max(header.next_id, scan.id_floor, st.next_id, self._reserved.upto))  # may slide the window
+        self._segments.id_floor = st.next_id
 
         # segment liveness: unfinished message bodies plus kept results and dead letters
         unfinished = in_msgs & (status != ST_ACKED) & (status != ST_FAILED) & (status != ST_NONE)
@@ -229,11 +230,8 @@ class DurableStore(Store):
             self._live[int(s)] = self._live.get(int(s), 0) + int(k)
         for s, _, _ in self._kept.values():
             self._live[s] = self._live.get(s, 0) + 1
-        if self._index.version < INDEX_VERSION:  # written in the format of today before anything is appended
-            try:
-                self._rewrite_index()
-            except OSError as e:
-                log.warning("%s: the index could not be rewritten in format %d (%s)", self.path, INDEX_VERSION, e)
+        with contextlib.suppress(OSError):  # room for index records, made while there is space (see make_room)
+            self._index.make_room(0)
         self._compact()
 
     # --- writes, and what a full disk does to them -------------------------------------------
@@ -249,7 +247,7 @@ class DurableStore(Store):
         if self._space is not None:
             self._space.check(f"{self.path}: {what}")
         with self._lock:
-            self._segments.id_floor = max(self._state.next_id, self._reserved)  # new segments say so too
+            self._segments.id_floor = max(self._state.next_id, self._reserved.upto)  # new segments say so too
             try:
                 return self._segments.append(bodies)
             except OSError as e:
@@ -295,23 +293,16 @@ class DurableStore(Store):
             self._live[int(s)] = self._live.get(int(s), 0) + int(k)
 
     def _reserve_ids(self, upto: int) -> None:
-        """Make sure no id below `upto` can be assigned again after a crash: a reservation record,
-        synced before the ids are used (whatever the fsync policy: one sync per ID_RESERVE_CHUNK ids).
-        A put starts here: while the disk is full it is refused before anything is written."""
+        """Make sure no id below `upto` can be assigned again after a crash (see `IdReservation`:
+        synced whatever the fsync policy, once per ID_RESERVE_CHUNK ids). A put starts here: while
+        the disk is full it is refused before anything is written."""
         if self._space is not None:
             self._space.check(f"{self.path}: put")
-        if upto <= self._reserved:
-            return
-        upto += ID_RESERVE_CHUNK
-        self._prepare(1)
-        with self._lock:
+        if upto > self._reserved.upto:
             try:
-                self._index.append(make_reserve_record(upto))
-                self._segments.sync()  # the bodies before the index records that point at them, as always
-                self._index.sync()
+                self._reserved.raise_to(upto + ID_RESERVE_CHUNK)
             except OSError as e:
-                raise self._disk_error(e, "index") from e
-        self._reserved = upto
+                raise self._disk_error(e, "ids.reserved") from e
 
     def _body(self, i: int) -> bytes:
         c, j = self._state.cols, i - self._state.base
@@ -394,7 +385,7 @@ class DurableStore(Store):
     def skip_ids(self, next_id: int) -> None:
         super().skip_ids(next_id)
         with self._lock:
-            self._segments.id_floor = max(self._state.next_id, self._reserved)
+            self._segments.id_floor = max(self._state.next_id, self._reserved.upto)
             try:
                 self._rewrite_index()  # its header keeps the floor across restarts, messages or not
             except OSError as e:
@@ -473,7 +464,7 @@ class DurableStore(Store):
         a, b = low - st.base, st.next_id - st.base
         status = st.status[a:b]
         acked, failed = (st.finished_below_base[s] + int(np.count_nonzero(st.status[:a] == s)) for s in (ST_ACKED, ST_FAILED))
-        header = Header(low, max(st.next_id, self._reserved), acked, failed)
+        header = Header(low, max(st.next_id, self._reserved.upto), acked, failed)
         # fresh READY messages need no record: their body says all; a purged one (ST_NONE with a
         # body) needs its record, or its body would make it READY again on reopening
         purged = (status == ST_NONE) & (c["size"][a:b] > 0)

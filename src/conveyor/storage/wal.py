@@ -20,13 +20,11 @@ import numpy as np
 from ..constants import (
     INDEX_DTYPE,
     INDEX_FLAG_GAP,
-    INDEX_FLAG_RESERVE,
     INDEX_HEADER,
     INDEX_MAGIC,
     INDEX_NAME,
     INDEX_RECORD,
     INDEX_VERSION,
-    INDEX_VERSIONS_READ,
     ST_NONE,
 )
 from ..errors import CorruptStoreError
@@ -81,24 +79,6 @@ def make_gap_records(ranges: list[tuple[int, int]]) -> bytes:
     return _sealed(rec)
 
 
-def make_reserve_record(upto: int) -> bytes:
-    """Encode a reservation: no id below `upto` is ever assigned again (see INDEX_FLAG_RESERVE)."""
-    rec = np.zeros(1, INDEX_DTYPE)
-    rec["ts"] = time.time()
-    rec["id"] = upto
-    rec["status"] = ST_NONE
-    rec["flags"] = INDEX_FLAG_RESERVE
-    return _sealed(rec)
-
-
-def split_reserved(rec: np.ndarray) -> tuple[np.ndarray, int]:
-    """The records other than reservations, and the highest reservation among them (0 if none)."""
-    mask = (rec["flags"] & INDEX_FLAG_RESERVE) != 0
-    if not mask.any():
-        return rec, 0
-    return rec[~mask], int(rec["id"][mask].max())
-
-
 def gap_ranges(last: np.ndarray) -> list[tuple[int, int]]:
     """The ranges that gap records among `last` (one record per id, in id order) describe."""
     gaps = last[(last["flags"] & INDEX_FLAG_GAP) != 0]
@@ -122,7 +102,6 @@ class IndexLog:
         self.dirty = False
         self._fd = -1
         self._allocated = 0  # the file's blocks are allocated up to here (beyond its end: see make_room)
-        self.version = INDEX_VERSION  # of the file's format, as its header says
         self._can_allocate = True
 
     def open(self, repair: bool) -> np.ndarray:
@@ -139,13 +118,12 @@ class IndexLog:
             self._create(Header(), b"")
             return np.zeros(0, INDEX_DTYPE)
         magic, version, base, next_id, acked, failed, crc = INDEX_HEADER.unpack_from(data, 0)
-        header_ok = magic == INDEX_MAGIC and version in INDEX_VERSIONS_READ and crc == zlib.crc32(data[: hs - 4])
+        header_ok = magic == INDEX_MAGIC and version == INDEX_VERSION and crc == zlib.crc32(data[: hs - 4])
         if not header_ok and not repair:
             raise CorruptStoreError(str(self.file), 0, "bad index header (magic, version or CRC)")
         # a lost header forgets which ids were finished: finished messages whose segments still
         # exist may be delivered again (at-least-once), but nothing is lost
         self.header = Header(base, next_id, acked, failed) if header_ok else Header()
-        self.version = version if header_ok else INDEX_VERSION
         body = len(data) - hs
         whole = body // _REC
         rec = np.frombuffer(data, INDEX_DTYPE, whole, hs)
@@ -195,26 +173,29 @@ class IndexLog:
             self._fd = -1
         self._allocated = 0
         self.header = header
-        self.version = INDEX_VERSION
         self.dirty = False
 
     def make_room(self, n: int) -> None:
         """Make sure the next `n` records can be appended even when the disk fills meanwhile: their
-        blocks are allocated now (ROOM_BYTES ahead, so this is rarely a system call). Raises OSError
-        (ENOSPC) when they cannot be. A store calls it before it changes anything, so that a full
-        disk refuses an operation whole instead of failing it halfway."""
+        blocks are allocated now. Raises OSError (ENOSPC) when they cannot be. A store calls it
+        before it changes anything, so that a full disk refuses an operation whole instead of
+        failing it halfway. While there is space, it keeps ROOM_BYTES allocated ahead (topped up
+        when half is used: rarely a system call), so that records still go in for a while once the
+        disk is full, whoever took the last of it."""
         fd = self._out()  # opened now if need be: a failure to open, too, comes before any change
         size = self.bytes_on_disk()
         end = size + n * _REC
-        if end <= self._allocated or not self._can_allocate:
+        if end + ROOM_BYTES // 2 <= self._allocated or not self._can_allocate:
             return
         start = max(size, self._allocated)
         try:
+            done = preallocate(fd, start, end + ROOM_BYTES - start)
             ahead = ROOM_BYTES
-            done = preallocate(fd, start, end + ahead - start)
         except OSError:
-            ahead = 0
+            if end <= self._allocated:  # what is allocated serves this one: no more for now
+                return
             done = preallocate(fd, start, end - start)  # no room to spare: just what is needed
+            ahead = 0
         if not done:  # the file system cannot: appends take their chances
             self._can_allocate = False
             return
