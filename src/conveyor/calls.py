@@ -11,12 +11,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+import msgpack
+
 from .errors import ProtocolError
 from .message import Message, Status, headers_bytes, make_message
 from .protocol import Frames, Header, Limits, column, expand
 from .storage import DeadLetter
 
 T = TypeVar("T")
+_packb = msgpack.Packer(use_bin_type=True).pack
 _HEAD_BYTES = 48  # a message's fields in a request header, besides its headers (id, priority, ...: at most)
 
 
@@ -106,13 +109,19 @@ def put(queue: str, messages: Sequence[Message]) -> Call[list[int]]:
 def puts(queue: str, messages: Sequence[Message], limits: Limits) -> list[Call[list[int]]]:
     """`put` as as many requests as it takes to fit a server's limits (ValueError for a message that
     fits in none); the ids are the replies' ids, in order."""
-    try:
-        frames = [len(m.payload) for m in messages]
-        heads = [_HEAD_BYTES + headers_bytes(m.headers) for m in messages]
-    except AttributeError:
-        bad = next(m for m in messages if not isinstance(m, Message))
-        raise TypeError(f"put takes Message objects, not {type(bad).__name__}") from None
+    whole = put(queue, messages)
+    if _fits(whole, limits):
+        return [whole]
+    frames = [len(m.payload) for m in messages]
+    heads = [_HEAD_BYTES + headers_bytes(m.headers) for m in messages]
     return [put(queue, messages[r.start : r.stop]) for r in limits.pieces(frames, heads, "put: message")]
+
+
+def _fits(c: Call[Any], limits: Limits) -> bool:
+    """Whether a request fits a server's limits as it is: the usual case, found at C speed."""
+    f = c.frames
+    return (len(f) <= limits.max_frames and (not f or max(map(len, f)) <= limits.max_frame_bytes)
+            and sum(map(len, f)) <= limits.max_message_bytes and len(_packb(c.args)) <= limits.header_room())  # fmt: skip
 
 
 def _put_ids(h: Header, frames: Frames) -> list[int]:
@@ -156,8 +165,9 @@ def get(queue: str, n: int, *, lease_s: float | None = None, wait_s: float = 0.0
 def acks(queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None, limits: Limits) -> list[Call[list[bool]]]:
     """`ack` as as many requests as it takes to fit a server's limits (ValueError for a result that
     fits in none); the replies' lists, joined, are the acks' outcomes in order."""
-    if results is None:
-        return [ack(queue, ids)]
+    whole = ack(queue, ids, results)
+    if results is None or _fits(whole, limits):
+        return [whole]
     pieces = limits.pieces([0 if r is None else len(r) for r in results], [_HEAD_BYTES] * len(results), "ack: result")
     return [ack(queue, ids[r.start : r.stop], results[r.start : r.stop]) for r in pieces]
 
@@ -190,8 +200,9 @@ def nack(queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
 def nacks(queue: str, ids: Sequence[int], errors: Sequence[str] | None, delay_s: float | Sequence[float],
           final: bool, limits: Limits) -> list[Call[list[bool]]]:  # fmt: skip
     """`nack` as as many requests as it takes to fit a server's limits (errors travel in the header)."""
-    if errors is None:
-        return [nack(queue, ids, None, delay_s, final)]
+    whole = nack(queue, ids, errors, delay_s, final)
+    if errors is None or _fits(whole, limits):
+        return [whole]
     pieces = limits.pieces([0] * len(errors), [_HEAD_BYTES + len(e.encode()) for e in errors], "nack: error")
     if isinstance(delay_s, (int, float)):
         return [nack(queue, ids[r.start : r.stop], errors[r.start : r.stop], delay_s, final) for r in pieces]

@@ -245,7 +245,7 @@ class DurableStore(Store):
     def _append(self, bodies: list[bytes], what: str) -> tuple[list[int], list[int]]:
         """Append records to the segments, all or nothing (refused while the disk is full)."""
         if self._space is not None:
-            self._space.check(f"{self.path}: {what}")
+            self._space.check(self.path, what)
         with self._lock:
             self._segments.id_floor = max(self._state.next_id, self._reserved.upto)  # new segments say so too
             try:
@@ -297,7 +297,7 @@ class DurableStore(Store):
         synced whatever the fsync policy, once per ID_RESERVE_CHUNK ids). A put starts here: while
         the disk is full it is refused before anything is written."""
         if self._space is not None:
-            self._space.check(f"{self.path}: put")
+            self._space.check(self.path, "put")
         if upto > self._reserved.upto:
             try:
                 self._reserved.raise_to(upto + ID_RESERVE_CHUNK)

@@ -68,8 +68,9 @@ class SpaceReserve:
             self._next_check = time.monotonic() + CHECK_EVERY_S
         self.path.unlink(missing_ok=True)
 
-    def check(self, what: str) -> None:
-        """Raise DiskFullError for a bulk write while the reserve is given up and the disk still full."""
+    def check(self, where: object, what: str) -> None:
+        """Raise DiskFullError for a bulk write (`what`, to `where`) while the reserve is given up and
+        the disk still full."""
         if not self.given_up:
             return
         now = time.monotonic()
@@ -79,5 +80,5 @@ class SpaceReserve:
             if st.f_bavail * st.f_frsize >= 2 * self.size and self._take():
                 log.warning("%s: there is room again: the reserve is back and every write is served", self.path.parent)
                 return
-        raise DiskFullError(f"{what}: the disk is full: refused (nothing was changed) until space is freed; "
+        raise DiskFullError(f"{where}: {what}: the disk is full: refused (nothing was changed) until space is freed; "
                             "deliveries and acks without results still work")  # fmt: skip
