@@ -316,26 +316,30 @@ class DurableStore(Store):
         st = self._state
         idx = ids - st.base
         c = st.cols
-        k = len(ids)
-        at: list[float] = [0.0] * k
-        nb: list[float] = [0.0] * k
-        headers: list[dict[str, str]] = [{}] * k
-        payloads: list[bytes] = [b""] * k
         seg = c["seg"][idx]
-        # segment by segment (a log keeps few mapped), each message into its place
-        order = np.argsort(seg, kind="stable").tolist() if k > 1 and (seg[1:] != seg[:-1]).any() else range(k)
+        back = None  # a log keeps few segments mapped: out of segment order (requeued messages among
+        if len(seg) > 1 and (seg[1:] < seg[:-1]).any():  # newer ones), read segment by segment
+            order = np.argsort(seg, kind="stable")
+            idx, seg, back = idx[order], seg[order], np.argsort(order).tolist()
+        at: list[float] = []
+        nb: list[float] = []
+        headers: list[dict[str, str]] = []
+        payloads: list[bytes] = []
         mapped, unpack, unpackb = self._segments.mapped, _unpack_msg, msgpack.unpackb
-        segs, offs, sizes = seg.tolist(), c["off"][idx].tolist(), c["size"][idx].tolist()
         with self._lock:
-            for j in order:
-                o, n = offs[j], sizes[j]
-                mm = mapped(segs[j], o + n)
-                _, _, _, _, nb[j], at[j], hlen = unpack(mm, o)
+            for s, o, n in zip(seg.tolist(), c["off"][idx].tolist(), c["size"][idx].tolist(), strict=True):
+                mm = mapped(s, o + n)
+                _, _, _, _, t_nb, t_at, hlen = unpack(mm, o)
                 start = o + _MSG_PREFIX
-                headers[j] = unpackb(mm[start : start + hlen]) if hlen else {}  # each its own
-                payloads[j] = mm[start + hlen : o + n]
-        return MessageBatch(self.queue, lease_s, ids.tolist(), c["priority"][idx].tolist(), c["attempts"][idx].tolist(),
-                            at, nb, c["max_attempts"][idx].tolist(), headers, payloads)  # fmt: skip
+                at.append(t_at)
+                nb.append(t_nb)
+                headers.append(unpackb(mm[start : start + hlen]) if hlen else {})
+                payloads.append(mm[start + hlen : o + n])
+        cols = [c["priority"][idx].tolist(), c["attempts"][idx].tolist(), at, nb, c["max_attempts"][idx].tolist(),
+                headers, payloads]  # fmt: skip
+        if back is not None:  # in the order taken
+            cols = [[col[j] for j in back] for col in cols]
+        return MessageBatch(self.queue, lease_s, ids.tolist(), *cols)
 
     def _keep_results(self, ids: np.ndarray, results: Sequence[bytes | None]) -> Any:
         has = np.fromiter((r is not None for r in results), bool, len(results))

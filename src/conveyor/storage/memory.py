@@ -35,10 +35,9 @@ class MemoryStore(Store):
         cols["nb"][a:b] = cols["until"][a:b]
         cols["at"][a:b] = now
         # what a message takes in a reply: its payload, its headers, and about 64 bytes of fields
-        sizes = [len(p) + 64 for p in payloads]
+        cols["size"][a:b] = np.fromiter(map(len, payloads), np.int64, len(ids)) + 64
         if headers is not None and any(headers):
-            sizes = [n + headers_bytes(h) for n, h in zip(sizes, headers, strict=True)]
-        cols["size"][a:b] = sizes
+            cols["size"][a:b] += np.fromiter(map(headers_bytes, headers), np.int64, len(ids))
 
     def _load(self, ids: np.ndarray, lease_s: float) -> MessageBatch:
         idx = ids - self._state.base
