@@ -3,9 +3,10 @@
 Each round runs the script once per tree (the order alternating, so that a noisy machine spreads its
 noise over both), with the tree's `src` first on the import path: the script itself, and the
 servers it starts, use that tree's Conveyor. The script is the working tree's, so both trees are
-measured the same way. The report gives, per figure, the median of the rounds for each tree and
-their ratio; for a rate (per second) a ratio under 1 means the working tree is slower, for a time
-over 1 does.
+measured the same way. The report gives, per figure, the median of the rounds for each tree, and
+the median of the rounds' ratios (after / before of the same round: the two ran back to back, so a
+machine that slows down or speeds up between rounds — a shared one does — moves both alike). For a
+rate (per second) a ratio under 1 means the working tree is slower, for a time over 1 does.
 
 Run it from the repository root:
 
@@ -70,7 +71,7 @@ def main() -> int:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)
     title = f"{script.name} {' '.join(a.args)}: medians of {a.rounds} rounds, {a.base} vs the working tree"
     table = Table(title=title, title_justify="left")
-    for col in ("figure", "before", "after", "after / before", "runs before", "runs after"):
+    for col in ("figure", "before", "after", "after / before (paired)", "runs before", "runs after"):
         table.add_column(col, justify="left" if col == "figure" else "right")
     worse = []
     for fig, before in figs["before"].items():
@@ -78,7 +79,7 @@ def main() -> int:
         if not after:
             continue
         b, c = statistics.median(before), statistics.median(after)
-        r = c / b if b else float("nan")
+        r = statistics.median(x / y if y else float("nan") for x, y in zip(after, before, strict=True))
         slower = r > 1.05 if units[fig] in LOWER_IS_BETTER else r < 0.95
         if slower:
             worse.append(fig)

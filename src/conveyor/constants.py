@@ -41,7 +41,10 @@ LOCK_NAME = "LOCK"  # flock()ed by the process that has the store open
 RESERVED_NAME = "ids.reserved"
 RESERVED_SLOT = struct.Struct("<QI")
 RESERVED_SLOT_BYTES = 16  # slot k at k * RESERVED_SLOT_BYTES
-ID_RESERVE_CHUNK = 65536  # ids reserved beyond what a put needs: one small synced write per this many ids
+# ids reserved beyond what a put needs: one small synced write per this many ids, doubled (up to the
+# most) while reservations come less than a second apart, so that a fast stream of puts syncs rarely
+ID_RESERVE_CHUNK = 65536
+ID_RESERVE_MOST = 1 << 20
 # a server's reserve of disk space (conveyor.storage.space): a file in its data dir, given up when the
 # disk fills so that deliveries and acks keep working; the smaller of these bytes and 1/DIVISOR of the disk
 SPACE_RESERVE_NAME = "space.reserve"

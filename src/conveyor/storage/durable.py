@@ -39,6 +39,7 @@ from ..constants import (
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_SEGMENT_BYTES,
     ID_RESERVE_CHUNK,
+    ID_RESERVE_MOST,
     INDEX_NAME,
     INDEX_REWRITE_MIN_RECORDS,
     INDEX_REWRITE_RATIO,
@@ -134,6 +135,7 @@ class DurableStore(Store):
         # deleted before, a machine crash could leave answered puts with neither body nor record
         self._doomed: list[int] = []
         self._reserved = IdReservation(self.path)  # no id below it is ever assigned again
+        self._chunk, self._raised_at = ID_RESERVE_CHUNK, -1.0  # see _reserve_ids
         self._rewrite_from = 0  # after a rewrite failed (a full disk): the index records before the next try
         self._lock = threading.Lock()  # between operations and the interval syncer
         self._sync_lock = threading.Lock()  # one sync at a time: a sync drops what was doomed before it began
@@ -299,10 +301,13 @@ class DurableStore(Store):
         if self._space is not None:
             self._space.check(self.path, "put")
         if upto > self._reserved.upto:
+            now = time.monotonic()
+            self._chunk = min(2 * self._chunk, ID_RESERVE_MOST) if now - self._raised_at < 1.0 else ID_RESERVE_CHUNK
             try:
-                self._reserved.raise_to(upto + ID_RESERVE_CHUNK)
+                self._reserved.raise_to(upto + self._chunk)
             except OSError as e:
                 raise self._disk_error(e, "ids.reserved") from e
+            self._raised_at = now
 
     def _body(self, i: int) -> bytes:
         c, j = self._state.cols, i - self._state.base
