@@ -266,7 +266,7 @@ class Store(ABC):
             mine = None if results is None else [r for r, o in zip(results, ok, strict=True) if o]
             # the results are written first: on a full disk the ack is refused before anything changed
             kept = self._keep_results(done, mine) if mine and any(r is not None for r in mine) else None
-            self._state.finish(done, ST_ACKED)
+            self._state.mark(done, ST_ACKED)
             self._record(done, ST_ACKED, kept, self.clock())
             self._commit()
         return ok.tolist()
@@ -373,7 +373,7 @@ class Store(ABC):
                 self._state.relist(failed, now + EXPIRE_RETRY_S)
                 failed = failed[:0]
             if len(failed):
-                self._state.finish(failed, ST_FAILED)
+                self._state.mark(failed, ST_FAILED)  # delivered, and each once
                 self._failed_ids.update(failed.tolist())
                 self._record(failed, ST_FAILED, kept, now)
         back = ids[~out]
@@ -529,6 +529,8 @@ def _column(value: object, n: int, dtype: type, name: str) -> np.ndarray:
     """A writable array of n values from a sequence, or from one value for all; TypeError unless every
     value is an integer (an integer dtype) or a number (a float dtype): 2.7 is no max_attempts."""
     kinds = "iu" if np.dtype(dtype).kind in "iu" else "iuf"
+    if type(value) in (list, tuple) and value and value.count(value[0]) == len(value):  # type: ignore[union-attr]
+        value = value[0]  # the usual case: one value for all (equal values: 1 and 1.0 hold the same)  # type: ignore[index]
     arr = np.asarray(value) if isinstance(value, (int, float, np.number, list, tuple, np.ndarray)) else None
     if arr is None or arr.dtype.kind not in kinds or arr.ndim > 1 or (arr.ndim == 1 and len(arr) != n):
         want = "an integer" if kinds == "iu" else "a number"

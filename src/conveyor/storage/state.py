@@ -366,8 +366,12 @@ class QueueState:
     def finish(self, ids: np.ndarray, status: int) -> np.ndarray:
         """Mark messages ACKED, FAILED or absent (ST_NONE) where they are not finished yet; returns that mask."""
         ok = self.finishable(ids)
-        self.status[(ids - self.base)[ok]] = status
+        self.mark(ids[ok], status)
         return ok
+
+    def mark(self, ids: np.ndarray, status: int) -> None:
+        """Finish ids that `finishable` passed (distinct, in the window, not finished)."""
+        self.status[ids - self.base] = status
 
     def delivered(self, ids: np.ndarray) -> np.ndarray:
         """Mask of ids currently DELIVERED."""
