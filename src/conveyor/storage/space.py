@@ -43,18 +43,21 @@ class SpaceReserve:
 
     def _take(self) -> bool:
         """Make the reserve file; False (and given up) when the disk has no room for it."""
-        try:
-            fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+        if self.size:
             try:
-                os.posix_fallocate(fd, 0, self.size)
-            finally:
-                os.close(fd)
-        except OSError as e:
-            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise
-            self.path.unlink(missing_ok=True)
-            self.given_up = True
-            return False
+                fd = os.open(self.path, os.O_WRONLY | os.O_CREAT, 0o644)
+                try:
+                    os.posix_fallocate(fd, 0, self.size)
+                finally:
+                    os.close(fd)
+            except OSError as e:
+                self.path.unlink(missing_ok=True)
+                if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                    self.given_up = True
+                    return False
+                log.warning("%s: no space reserve can be kept here (%s): on a full disk, deliveries and acks "
+                            "fail too", self.path.parent, e)  # fmt: skip
+                self.size = 0  # none: a full disk is still refused whole, only sooner
         self.given_up = False
         return True
 
