@@ -76,7 +76,13 @@ class _Settings:
         self._lim = None if self.limits == Limits() else self.limits.as_list()
         self.server_limits = Limits()  # what the server accepts in a request: from its hello
         self.server_idle_s: float | None = None  # the server closes a connection silent for this long
+        self._used = 0.0  # monotonic time of the last reply (or of connecting)
         self._ids = itertools.count(1)
+
+    def _idle_too_long(self) -> bool:
+        """Idle for half the server's idle timeout: connect anew before the server closes this one
+        under a request (which would then be lost to the caller as may-or-may-not-have-happened)."""
+        return self.server_idle_s is not None and time.monotonic() - self._used > self.server_idle_s / 2
 
     def _greeted(self, greeting: Header) -> None:
         """Take in what a server's hello says of it (a server before these fields: the defaults)."""
@@ -117,7 +123,6 @@ class QueueClient(_Settings):
         self._sock: socket.socket | None = None
         self._reader: protocol.SocketReader | None = None
         self._lock = threading.RLock()
-        self._used = 0.0  # monotonic time of the last reply
 
     # --- transport ------------------------------------------------------------------------
     def connect(self) -> QueueClient:
@@ -235,10 +240,9 @@ class QueueClient(_Settings):
     def _stale(self) -> bool:
         """Whether the connection was idle long enough that the server may have closed it (it says
         after how long in its hello), or has: then a request is sent on a new one, never lost on it."""
-        idle = time.monotonic() - self._used
-        if self.server_idle_s is not None and idle > self.server_idle_s / 2:
+        if self._idle_too_long():
             return True
-        if idle < STALE_CHECK_S:
+        if time.monotonic() - self._used < STALE_CHECK_S:
             return False
         assert self._sock is not None
         try:
@@ -361,7 +365,6 @@ class AsyncQueueClient(_Settings):
         self._reading: asyncio.Task[None] | None = None
         self._pending: dict[int, asyncio.Future[tuple[Header, Frames]]] = {}
         self._connecting: asyncio.Lock | None = None
-        self._used = 0.0  # monotonic time of the last reply
 
     # --- transport ------------------------------------------------------------------------
     async def connect(self) -> AsyncQueueClient:
@@ -438,9 +441,8 @@ class AsyncQueueClient(_Settings):
 
     async def call(self, call: Call[T]) -> T:
         """Send one request and await its parsed reply."""
-        idle = time.monotonic() - self._used
-        if self._writer is not None and self.server_idle_s is not None and idle > self.server_idle_s / 2:
-            self._drop_connection(ConnectionLostError(f"{self.address}: idle too long"))  # before the server closes it
+        if self._writer is not None and self._idle_too_long():
+            self._drop_connection(ConnectionLostError(f"{self.address}: idle too long"))
         if self._writer is None:
             await self.connect()
         assert self._writer is not None

@@ -121,7 +121,7 @@ class Args:
 def _check_fits(what: str, size: int, head: int, lim: Limits, more: str = "") -> None:
     """An item a reply holds alone (it came alone: bigger than a page): a `too-large` error if even so
     it breaks the client's limits (`size`: its frame; `head`: its fields in the header)."""
-    if size > min(lim.max_frame_bytes, lim.max_message_bytes) or head > lim.header_room():
+    if size > lim.max_item_bytes or head > lim.header_room():
         raise RequestError(ERR_TOO_LARGE, f"{what} of {size:,} bytes (and {head:,} of headers) does not fit in a reply "
                                           f"to this client, which takes at most {lim.max_frame_bytes:,} bytes per frame, "
                                           f"{lim.max_message_bytes:,} per reply and {lim.header_room():,} of headers: "

@@ -64,6 +64,11 @@ class Limits:
             raise ValueError(f"limits must be a list of {len(_LIMIT_FIELDS)} integers, got {value!r:.80}")
         return cls(*value)
 
+    @property
+    def max_item_bytes(self) -> int:
+        """The largest single payload, result or blob this side takes: one frame, within one message."""
+        return min(self.max_frame_bytes, self.max_message_bytes)
+
     def reply_bytes(self) -> int:
         """Bytes a reply to this side may carry, counting each message's header fields with its
         payload (`Store._sizes`): a page of at most PAGE_BYTES, within every limit of the side. Only

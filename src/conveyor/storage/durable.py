@@ -17,7 +17,6 @@ an operation returned: every write reaches the OS before the call returns):
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import logging
 import mmap
@@ -58,7 +57,7 @@ from ..constants import (
 from ..errors import StoreError
 from ..message import Message, MessageBatch, make_message
 from .base import DeadLetter, Store
-from .files import store_error
+from .files import DISK_FULL, store_error
 from .reservation import IdReservation
 from .segments import KEPT_DTYPE, SCAN_DTYPE, SegmentLog
 from .space import SpaceReserve
@@ -240,7 +239,7 @@ class DurableStore(Store):
     def _disk_error(self, e: OSError, what: str) -> StoreError:
         """The store error for a failed write (which left the files as they were); a full disk gives
         up the space reserve, so that the writes that take little keep working."""
-        if e.errno in (errno.ENOSPC, errno.EDQUOT) and self._space is not None:
+        if e.errno in DISK_FULL and self._space is not None:
             self._space.give_up()
         return store_error(e, f"{self.path}: {what}")
 
@@ -259,16 +258,14 @@ class DurableStore(Store):
         if not n:
             return
         with self._lock:
-            try:
-                self._index.make_room(n)
-            except OSError as e:
-                if e.errno not in (errno.ENOSPC, errno.EDQUOT) or self._space is None or self._space.given_up:
-                    raise self._disk_error(e, "index") from e
-                self._space.give_up()  # the reserve is there for this
+            for last in (False, True):
                 try:
                     self._index.make_room(n)
-                except OSError as e2:
-                    raise self._disk_error(e2, "index") from e2
+                    return
+                except OSError as e:
+                    if last or e.errno not in DISK_FULL or self._space is None or self._space.given_up:
+                        raise self._disk_error(e, "index") from e
+                    self._space.give_up()  # what the reserve is for: try again in the room it leaves
 
     # --- hooks ----------------------------------------------------------------------------
     def _store_messages(self, ids: np.ndarray, payloads: Sequence[bytes], headers: Sequence[dict[str, str]] | None,

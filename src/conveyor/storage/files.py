@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ..errors import DiskFullError, StoreError
 
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # the errnos of a full disk (or quota)
 _FALLOC_FL_KEEP_SIZE = 1
 _FALLOC_FL_PUNCH_HOLE = 2
 
@@ -51,7 +52,7 @@ def unallocate(fd: int, offset: int, length: int) -> None:
 
 def store_error(e: OSError, what: str) -> StoreError:
     """A store error for an OS error, saying plainly when the disk is full or descriptors ran out."""
-    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+    if e.errno in DISK_FULL:
         return DiskFullError(f"{what}: the disk is full ({e.strerror}); nothing was changed: retry once space is freed")
     if e.errno in (errno.EMFILE, errno.ENFILE):
         return StoreError(f"{what}: too many open files ({e.strerror}): raise the descriptor limit (ulimit -n) "

@@ -12,7 +12,6 @@ with no restart.
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import time
@@ -20,6 +19,7 @@ from pathlib import Path
 
 from ..constants import SPACE_RESERVE_BYTES, SPACE_RESERVE_DIVISOR
 from ..errors import DiskFullError
+from .files import DISK_FULL
 
 log = logging.getLogger("conveyor.storage")
 
@@ -52,7 +52,7 @@ class SpaceReserve:
                     os.close(fd)
             except OSError as e:
                 self.path.unlink(missing_ok=True)
-                if e.errno in (errno.ENOSPC, errno.EDQUOT):
+                if e.errno in DISK_FULL:
                     self.given_up = True
                     return False
                 log.warning("%s: no space reserve can be kept here (%s): on a full disk, deliveries and acks "

@@ -415,8 +415,7 @@ class Consumer:
 
     def _result_limit(self, m: Message) -> int:
         """The largest result the server holding `m` takes (its hello says: this consumer fetched `m` there)."""
-        lim = self.pool.clients[self.pool.split_id(m.id)[0]].server_limits
-        return min(lim.max_frame_bytes, lim.max_message_bytes)
+        return self.pool.clients[self.pool.split_id(m.id)[0]].server_limits.max_item_bytes
 
     def _release(self, got: list[Message]) -> None:
         self._settler.put([Settler.release(m.queue, m.id) for m in got])
