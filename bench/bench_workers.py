@@ -32,7 +32,7 @@ from typing import Any
 
 import bench_tasks
 from benchlib import Row, make_console, number, print_report, progress, rate, ratio
-from conveyor.pool import QueuePool
+from conveyor.client.pool import QueuePool
 from conveyor.worker import ConsumerPool
 from conveyor.workloads import NOOP_PAYLOAD, busy, noop, skewed
 

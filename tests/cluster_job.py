@@ -18,8 +18,8 @@ import time
 from typing import Any
 
 import conveyor.spark
+from conveyor.client.pool import QueuePool
 from conveyor.errors import ConveyorError
-from conveyor.pool import QueuePool
 from conveyor.spark import mapping
 from conveyor.spark.session import get_or_create_session
 

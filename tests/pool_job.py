@@ -19,7 +19,7 @@ import time
 
 
 def main(data_dir: str, log: str, tasks: int, fork: bool) -> None:
-    from conveyor.pool import QueuePool
+    from conveyor.client.pool import QueuePool
     from conveyor.worker import ConsumerPool
     from tests import worker_tasks
 

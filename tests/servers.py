@@ -15,7 +15,7 @@ from typing import Any
 import msgpack
 
 from conveyor.constants import FRAME_LENGTH, FRAME_PREFIX
-from conveyor.server import QueueServer
+from conveyor.server.queue_server import QueueServer
 
 
 class ThreadServer:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.pool import QueuePool
+from conveyor.client.pool import QueuePool
 from conveyor.spark.consumers import check_consumer_options
 from conveyor.worker import Consumer, ConsumerPool
 from conveyor.worker.affinity import CorePin, pin_core

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from conveyor.client import AsyncQueueClient, QueueClient
+from conveyor.client.queue_client import AsyncQueueClient, QueueClient
 from conveyor.errors import AuthError, ConveyorError
-from conveyor.server import QueueServer, is_loopback
+from conveyor.server.queue_server import QueueServer, is_loopback
 
 from .servers import RawConnection, frame, thread_server
 

@@ -49,8 +49,8 @@ def test_ruff_clean() -> None:
 
 
 def test_stats_and_dead_letters_commands(tmp_path: Path) -> None:
-    from conveyor import Message
-    from conveyor.pool import QueuePool
+    from conveyor.client.pool import QueuePool
+    from conveyor.protocol.message import Message
 
     with QueuePool.local(n_servers=2, data_dir=tmp_path) as pool:
         pool.put("jobs", [Message(payload=b"job-%d" % i, max_attempts=1) for i in range(30)])
@@ -126,7 +126,7 @@ def test_stats_reports_an_unreachable_server() -> None:
 
 
 def test_worker_command_runs_tasks_until_empty_and_stats_shows_it(tmp_path: Path) -> None:
-    from conveyor.pool import QueuePool
+    from conveyor.client.pool import QueuePool
     from tests import worker_tasks as wt
 
     with QueuePool.local(n_servers=1, data_dir=tmp_path) as pool:
@@ -157,8 +157,8 @@ def conveyor(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
 
 
 def test_worker_without_task_modules_warns_and_dead_letters_can_be_requeued(tmp_path: Path) -> None:
-    from conveyor.pool import QueuePool
-    from conveyor.serialization import decode_result
+    from conveyor.client.pool import QueuePool
+    from conveyor.tasks.envelope import decode_result
     from tests import worker_tasks as wt
 
     with QueuePool.local(n_servers=2, data_dir=tmp_path) as pool:
@@ -202,10 +202,10 @@ def test_worker_imports_task_modules_from_the_current_directory(tmp_path: Path, 
     """As Celery's worker does: `--tasks myapp.tasks` from the project's directory imports, in the
     worker and in its consumer and task processes, although `python -P` (like the console script)
     leaves the current directory off sys.path."""
-    from conveyor import Message
+    from conveyor.client.pool import QueuePool
     from conveyor.constants import H_TASK
-    from conveyor.pool import QueuePool
-    from conveyor.serialization import decode_result, encode_call
+    from conveyor.protocol.message import Message
+    from conveyor.tasks.envelope import decode_result, encode_call
 
     project = tmp_path / "project"
     (project / "myapp").mkdir(parents=True)
@@ -228,7 +228,7 @@ def test_worker_imports_task_modules_from_the_current_directory(tmp_path: Path, 
 
 @pytest.mark.parametrize("until_empty", [True, False], ids=["until-empty", "until-sigterm"])
 def test_worker_with_several_processes_prints_their_summed_counts(tmp_path: Path, until_empty: bool) -> None:
-    from conveyor.pool import QueuePool
+    from conveyor.client.pool import QueuePool
     from tests import worker_tasks as wt
 
     with QueuePool.local(n_servers=2, data_dir=tmp_path) as pool:
@@ -266,7 +266,7 @@ def test_worker_until_empty_gives_up_on_servers_it_cannot_reach(processes: str) 
 
 def test_worker_without_until_empty_waits_for_a_server_to_come_up(tmp_path: Path) -> None:
     """A long-lived worker keeps retrying: it serves a server started after it."""
-    from conveyor.pool import QueuePool, spawn_server, stop_server
+    from conveyor.client.pool import QueuePool, spawn_server, stop_server
     from tests import worker_tasks as wt
 
     from .procs import free_port

@@ -17,7 +17,6 @@ from typing import TypeVar
 import numpy as np
 import pytest
 
-from conveyor import Message, Status
 from conveyor.constants import (
     BODY_PREFIX,
     INDEX_DTYPE,
@@ -36,6 +35,7 @@ from conveyor.constants import (
     ST_ACKED,
 )
 from conveyor.errors import CorruptStoreError
+from conveyor.protocol.message import Message, Status
 from conveyor.storage import DurableStore
 
 SEG = 8192
@@ -526,7 +526,7 @@ def test_damaged_idempotency_key_log_keeps_every_intact_key(tmp_path: Path, capl
                                                             damage: str) -> None:  # fmt: skip
     """A flipped byte costs the one record it hits, not every one after it; a copy of the file is kept aside."""
     from conveyor.constants import KEYS_LOG_NAME
-    from conveyor.dedupe import Dedupe
+    from conveyor.server.idempotency import Dedupe
 
     keys = Dedupe(tmp_path)
     for i in range(50):

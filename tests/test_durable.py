@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from conveyor import Message, Status
 from conveyor.constants import INDEX_NAME, INDEX_REWRITE_MIN_RECORDS, SEGMENT_GLOB
 from conveyor.errors import StoreError
+from conveyor.protocol.message import Message, Status
 from conveyor.storage import DurableStore
 
 from .test_store_conformance import wait_for

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from conveyor import Message
-from conveyor.client import QueueClient
+from conveyor.client.pool import spawn_server, stop_server
+from conveyor.client.queue_client import QueueClient
 from conveyor.constants import H_IDEMPOTENCY_KEY
 from conveyor.errors import ConnectionLostError
-from conveyor.pool import spawn_server, stop_server
+from conveyor.protocol.message import Message
 
 ROUNDS = 20
 N = 10_000  # messages per put: big enough that a kill often lands between the keys and the messages

@@ -8,8 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conveyor import Message, Status
-from conveyor.message import decode, encode, make_message
+from conveyor.protocol.message import Message, Status, decode, encode, make_message
 
 messages = st.builds(
     Message,

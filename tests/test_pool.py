@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from conveyor import Message
+from conveyor.client.pool import QueuePool, spawn_server, stop_server
 from conveyor.constants import SHARD_SHIFT
 from conveyor.errors import ConveyorError, RequestError
-from conveyor.pool import QueuePool, spawn_server, stop_server
+from conveyor.protocol.message import Message
 
 from .servers import wait_for
 

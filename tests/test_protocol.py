@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from conveyor.errors import ProtocolError
-from conveyor.protocol import Frames, Header, Limits, column, encode, expand, parser
+from conveyor.protocol.framing import Frames, Header, Limits, column, encode, expand, parser
 
 
 def feed(data: bytes, limits: Limits | None = None, request: bool = True) -> tuple[Header, Frames]:

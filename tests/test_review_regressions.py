@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 import conveyor.storage.durable
-from conveyor import Message, Status
 from conveyor.errors import DiskFullError
+from conveyor.protocol.message import Message, Status
 from conveyor.storage import DurableStore, MemoryStore, Store
 from conveyor.storage.segments import SegmentLog
 from conveyor.storage.wal import Header, IndexLog

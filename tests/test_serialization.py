@@ -1,4 +1,4 @@
-"""Task envelopes, results, error text and ad-hoc callables (conveyor.serialization)."""
+"""Task envelopes, results, error text and ad-hoc callables (conveyor.tasks.envelope)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 from conveyor.constants import CT_MSGPACK, CT_PICKLE, H_CONTENT_TYPE, RESULT_TAG_MSGPACK, RESULT_TAG_PICKLE
 from conveyor.errors import SerializationError
-from conveyor.serialization import (
+from conveyor.tasks.envelope import (
     Call,
     FunctionCache,
     FunctionPickler,

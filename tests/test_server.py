@@ -11,12 +11,13 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from conveyor import Message, calls
-from conveyor.calls import QueueInfo
-from conveyor.client import AsyncQueueClient, QueueClient
+from conveyor.client.queue_client import AsyncQueueClient, QueueClient
 from conveyor.constants import QUEUE_CONFIG_NAME, QUEUES_DIR, SEGMENT_GLOB
 from conveyor.errors import ConnectionLostError, ProtocolError, RequestError
-from conveyor.protocol import Limits
+from conveyor.protocol import operations as calls
+from conveyor.protocol.framing import Limits
+from conveyor.protocol.message import Message
+from conveyor.protocol.operations import QueueInfo
 from conveyor.storage import DurableStore
 
 from .servers import RawConnection, ThreadServer, frame, thread_server, wait_for
@@ -137,7 +138,7 @@ def test_concurrent_puts_share_fsyncs(server: ThreadServer, monkeypatch: pytest.
 
 
 def test_unknown_operation_and_bad_arguments_keep_the_connection(client: QueueClient) -> None:
-    from conveyor.calls import Call
+    from conveyor.protocol.operations import Call
 
     with pytest.raises(RequestError, match="unknown operation 'frobnicate'") as e:
         client.call(Call("frobnicate", {}))
@@ -349,7 +350,7 @@ def test_idempotency_keys_store_a_message_once(tmp_path: Path) -> None:
         [p2] = c.put("p", [Message(payload=b"put again", headers={KEY: "order-4"})])  # a purged message is gone
         assert p2 != p
     # a crash between writing a put's keys and its messages leaves a key naming an id with no message
-    from conveyor.dedupe import Dedupe
+    from conveyor.server.idempotency import Dedupe
 
     keys = Dedupe(d / QUEUES_DIR / "q")
     keys.add([("order-5", 999)])
@@ -364,7 +365,7 @@ def test_idempotency_keys_store_a_message_once(tmp_path: Path) -> None:
 
 
 def test_stats_waits_for_the_queues_to_drain(client: QueueClient) -> None:
-    from conveyor import calls
+    from conveyor.protocol import operations as calls
 
     client.put("q", msgs(2, max_attempts=1))
     client.put("other", msgs(1))  # not asked about: it may stay pending
@@ -423,7 +424,7 @@ def test_drop_removes_a_queue_and_never_reuses_its_ids(tmp_path: Path) -> None:
 def test_drop_ends_requests_waiting_on_the_queue(server: ThreadServer) -> None:
     async def main() -> None:
         async with AsyncQueueClient(server.address) as c:
-            from conveyor import calls
+            from conveyor.protocol import operations as calls
 
             await c.put("q", msgs(1))
             await c.get("q", 1, lease_s=60)  # pending: a join on it waits

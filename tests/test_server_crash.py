@@ -14,10 +14,10 @@ import threading
 import time
 from pathlib import Path
 
-from conveyor import Message
-from conveyor.client import QueueClient
+from conveyor.client.pool import spawn_server, stop_server
+from conveyor.client.queue_client import QueueClient
 from conveyor.errors import ConnectionLostError
-from conveyor.pool import spawn_server, stop_server
+from conveyor.protocol.message import Message
 
 from .servers import wait_for
 

@@ -12,7 +12,7 @@ import pytest
 
 from conveyor.constants import SETTINGS_ENV
 from conveyor.errors import ConfigError
-from conveyor.registry import registry
+from conveyor.tasks.registry import registry
 from conveyor.worker import QueueConfig, Settings, load_queues, load_settings
 from conveyor.worker.selectors import HighestPriorityFirst, ReducedLottery
 

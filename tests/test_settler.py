@@ -7,8 +7,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from conveyor import Message
-from conveyor.pool import QueuePool
+from conveyor.client.pool import QueuePool
+from conveyor.protocol.message import Message
 from conveyor.worker.settler import BUSY_COALESCE_S, COALESCE_S, Settler
 
 from .servers import thread_server, wait_for

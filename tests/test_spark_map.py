@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 
 import conveyor
 import conveyor.spark as cs
-from conveyor.pool import QueuePool
+from conveyor.client.pool import QueuePool
 
 from . import worker_tasks as wt
 from .servers import wait_for

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from conveyor import Message, Status
 from conveyor.errors import StoreClosedError
+from conveyor.protocol.message import Message, Status
 from conveyor.storage import DurableStore, MemoryStore, Store
 
 

@@ -1,4 +1,4 @@
-"""Defining, publishing and running tasks (conveyor.tasks, conveyor.registry, conveyor.runner).
+"""Defining, publishing and running tasks (conveyor.tasks.definition, conveyor.tasks.registry, conveyor.tasks.runner).
 
 Publishing goes to `StorePool`, a minimal `Publisher` over real `MemoryStore`s (one per queue).
 """
@@ -18,7 +18,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import conveyor
-from conveyor import Message
 from conveyor.constants import H_CONTENT_TYPE, H_IDEMPOTENCY_KEY, H_RETRY_BACKOFF, H_TASK, H_TIME_LIMIT
 from conveyor.errors import (
     DuplicateTaskError,
@@ -29,11 +28,9 @@ from conveyor.errors import (
     TaskOptionError,
     UnknownTaskError,
 )
-from conveyor.options import DEFAULT_BACKOFF, Backoff, Jitter, TaskOptions, backoff_of, time_limit_of
-from conveyor.registry import Registry, registry
-from conveyor.serialization import FunctionCache, decode_call, decode_error, decode_result
+from conveyor.protocol.message import Message
 from conveyor.storage import MemoryStore
-from conveyor.tasks import (
+from conveyor.tasks.definition import (
     Args,
     Task,
     TaskFunction,
@@ -46,6 +43,9 @@ from conveyor.tasks import (
     set_default_pool,
     task,
 )
+from conveyor.tasks.envelope import FunctionCache, decode_call, decode_error, decode_result
+from conveyor.tasks.options import DEFAULT_BACKOFF, Backoff, Jitter, TaskOptions, backoff_of, time_limit_of
+from conveyor.tasks.registry import Registry, registry
 from conveyor.worker import QueueConfig
 
 
@@ -252,7 +252,7 @@ def test_publish_puts_one_message_with_the_task_options(pool: StorePool) -> None
     assert m.headers[H_TIME_LIMIT] == "30.0" and m.headers[H_RETRY_BACKOFF] == "0.5,3.0,60.0,equal"
     assert time_limit_of(m.headers) == 30.0 and backoff_of(m.headers) == Backoff(0.5, 3.0, 60.0)
     assert H_IDEMPOTENCY_KEY not in m.headers
-    assert decode_call(m.payload, m.headers) == conveyor.serialization.Call("custom.name", ("http://x",), {"timeout": 3.5})
+    assert decode_call(m.payload, m.headers) == conveyor.tasks.envelope.Call("custom.name", ("http://x",), {"timeout": 3.5})
 
 
 def test_default_options_add_no_optional_headers(pool: StorePool) -> None:

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from conveyor import Message
+from conveyor.client.pool import QueuePool
 from conveyor.constants import H_CONTENT_TYPE, H_TASK
 from conveyor.errors import TaskFailedError, TaskOptionError
-from conveyor.pool import QueuePool
-from conveyor.serialization import encode_call
+from conveyor.protocol.message import Message
+from conveyor.tasks.envelope import encode_call
 from conveyor.worker import Consumer, ConsumerPool, Middleware, QueueConfig, TaskFailure
 
 from . import worker_tasks as wt
@@ -309,7 +309,7 @@ def test_publishing_with_a_key_twice_runs_the_task_once(pool: QueuePool) -> None
 
 SCRIPT = """
 import sys
-from conveyor.pool import QueuePool
+from conveyor.client.pool import QueuePool
 from conveyor.worker import Consumer, ConsumerPool
 
 def main():

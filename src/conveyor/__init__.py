@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .errors import ConveyorError, CorruptStoreError
-from .lazy import lazy_attributes
-from .message import Message, Status
-from .tasks import Task, task
+from conveyor.errors import ConveyorError, CorruptStoreError
+from conveyor.lazy import lazy_attributes
+from conveyor.protocol.message import Message, Status
+from conveyor.tasks.definition import Task, task
 
 __version__ = "0.1.0"
 __all__ = [

@@ -112,7 +112,7 @@ assert INDEX_DTYPE.itemsize == INDEX_RECORD.size
 INDEX_REWRITE_MIN_RECORDS = 65536
 INDEX_REWRITE_RATIO = 2
 
-# --- Wire protocol (conveyor.protocol) -----------------------------------------------------------
+# --- Wire protocol (conveyor.protocol.framing) -----------------------------------------------------------
 # A message on the wire is a frame set: FRAME_PREFIX (header length, payload frame count), one u32
 # length per payload frame, the msgpack header (a map with at least "op" and "id"), then the payload
 # frames back to back. Payloads are raw bytes, never re-encoded. Replies echo the request's "id".
@@ -158,7 +158,7 @@ SERVER_LOCK_NAME = "SERVER.lock"
 # so an ack meant for a dropped queue's message never finishes a message of its successor
 ID_FLOOR_NAME = "id-floor.json"
 DROPPING_PREFIX = ".dropping-"  # a dropped queue's directory is renamed so before it is removed
-KEYS_LOG_NAME = "keys.log"  # a durable queue's idempotency keys (conveyor.dedupe), beside its store
+KEYS_LOG_NAME = "keys.log"  # a durable queue's idempotency keys (conveyor.server.idempotency), beside its store
 DEDUPE_MAX_KEYS = 1_000_000  # idempotency keys a queue remembers (the most recent)
 MAX_KEY_BYTES = 1024
 BLOB_DIR = "blobs"  # content-addressed blobs (sha256 hex names), e.g. pickled functions

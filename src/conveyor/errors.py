@@ -135,7 +135,7 @@ class TaskError(ConveyorError):
     """A task run failed: the consumer nacks (or dead-letters) the message with `error`.
 
     task: the task name (or "?" when the envelope could not be read).
-    error: `conveyor.serialization.encode_error` text of the cause (type, message, traceback).
+    error: `conveyor.tasks.envelope.encode_error` text of the cause (type, message, traceback).
     retryable: False when retrying cannot help (unknown task, undecodable payload, an exception
         type the task lists in `no_retry`, or one whose class sets `retryable = False`).
     cause: the original exception; None after crossing a process boundary, where only the

@@ -5,7 +5,7 @@ Importing this package does not start Spark; its pieces load on first use.
 
 from __future__ import annotations
 
-from ..lazy import lazy_attributes
+from conveyor.lazy import lazy_attributes
 
 _LAZY = {
     "map": "conveyor.spark.mapping",

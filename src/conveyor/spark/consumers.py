@@ -28,19 +28,19 @@ import uuid
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..errors import ConveyorError
-from ..message import Message
-from ..worker.affinity import check_pin
-from ..worker.consumer_pool import CONSUMER_SWITCH_INTERVAL_S
-from ..worker.settings import QueueConfig
-from .session import check_workers_python
+from conveyor.errors import ConveyorError
+from conveyor.protocol.message import Message
+from conveyor.spark.session import check_workers_python
+from conveyor.worker.affinity import check_pin
+from conveyor.worker.consumer_pool import CONSUMER_SWITCH_INTERVAL_S
+from conveyor.worker.settings import QueueConfig
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
-    from ..pool import QueuePool
+    from conveyor.client.pool import QueuePool
 
 log = logging.getLogger("conveyor.spark")
 
@@ -76,7 +76,7 @@ def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str,
         import pyarrow as pa
         from pyspark import TaskContext
 
-        from ..worker.consumer import Consumer
+        from conveyor.worker.consumer import Consumer
 
         index = TaskContext.get().partitionId()  # type: ignore[union-attr]
         rows = 0

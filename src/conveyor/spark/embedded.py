@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..pool import QueuePool
-from .session import get_or_create_session
+from conveyor.client.pool import QueuePool
+from conveyor.spark.session import get_or_create_session
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession

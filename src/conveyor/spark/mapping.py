@@ -33,21 +33,21 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..constants import SHARD_SHIFT
-from ..errors import ConveyorError
-from ..options import TaskOptions
-from ..progress import JoinProgress
-from ..publish import build_message
-from ..serialization import adhoc_task_name, decode_call, decode_result, function_ref
-from .consumers import SparkConsumerPool, check_consumer_options, default_parallelism
-from .session import check_workers_python
+from conveyor.client.progress import JoinProgress
+from conveyor.constants import SHARD_SHIFT
+from conveyor.errors import ConveyorError
+from conveyor.spark.consumers import SparkConsumerPool, check_consumer_options, default_parallelism
+from conveyor.spark.session import check_workers_python
+from conveyor.tasks.envelope import adhoc_task_name, decode_call, decode_result, function_ref
+from conveyor.tasks.options import TaskOptions
+from conveyor.tasks.publish import build_message
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-    from ..pool import QueuePool
+    from conveyor.client.pool import QueuePool
 
 log = logging.getLogger("conveyor.spark")
 
@@ -71,7 +71,7 @@ class RowRunner:
         self.schema = schema
 
     def __call__(self, rows: list[dict[str, Any]]) -> list[list[Any]]:
-        from ..serialization import encode_error
+        from conveyor.tasks.envelope import encode_error
 
         names = self.schema.names
         out: list[list[Any]] = []
@@ -230,7 +230,7 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
 
 
 def _embedded() -> QueuePool | None:
-    from .embedded import current
+    from conveyor.spark.embedded import current
 
     embedded = current()
     return None if embedded is None else embedded.pool
@@ -245,7 +245,7 @@ def _default_pool(stack: ExitStack, spark: Any) -> QueuePool:
         raise ConveyorError(f"map: no pool given, and Spark runs on {master!r}: servers started here on 127.0.0.1 would be "
                             "out of the executors' reach. Start queue servers they can reach (conveyor serve --host ... "
                             "--token ...) and pass pool=QueuePool.connect([...], token=...)")  # fmt: skip
-    from ..pool import QueuePool
+    from conveyor.client.pool import QueuePool
 
     log.info("conveyor.spark.map: no pool given and no conveyor.local(): starting local queue servers for this call")
     return stack.enter_context(QueuePool.local(n_servers=2))

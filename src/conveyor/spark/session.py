@@ -84,7 +84,7 @@ def check_workers_python(spark: SparkSession) -> None:
     if master.startswith("local") and exe not in _CHECKED:
         error = workers_python_error(exe)
         if error:
-            from ..errors import ConveyorError
+            from conveyor.errors import ConveyorError
 
             raise ConveyorError(error)
         _CHECKED.add(exe)

@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from ..constants import (
+from conveyor.constants import (
     MAX_ATTEMPTS_LIMIT,
     MAX_LEASE_S,
     PRIORITY_MAX,
@@ -45,9 +45,9 @@ from ..constants import (
     ST_NONE,
     ST_READY,
 )
-from ..errors import DiskFullError, StoreClosedError
-from ..message import Message, MessageBatch, Status, headers_bytes
-from .state import QueueState, first_occurrences
+from conveyor.errors import DiskFullError, StoreClosedError
+from conveyor.protocol.message import Message, MessageBatch, Status, headers_bytes
+from conveyor.storage.state import QueueState, first_occurrences
 
 EXPIRE_RETRY_S = 1.0  # a lease expiry that could not be settled (a full disk) is tried again this much later
 

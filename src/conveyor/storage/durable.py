@@ -31,7 +31,7 @@ from typing import Any, Literal
 import msgpack
 import numpy as np
 
-from ..constants import (
+from conveyor.constants import (
     BODY_PREFIX,
     DEFAULT_FSYNC_INTERVAL_S,
     DEFAULT_LEASE_S,
@@ -54,14 +54,14 @@ from ..constants import (
     ST_NONE,
     ST_READY,
 )
-from ..errors import StoreError
-from ..message import Message, MessageBatch, make_message
-from .base import DeadLetter, Store
-from .files import DISK_FULL, store_error
-from .reservation import IdReservation
-from .segments import KEPT_DTYPE, SCAN_DTYPE, SegmentLog
-from .space import SpaceReserve
-from .wal import Header, IndexLog, gap_ranges, last_per_id, make_gap_records, make_records
+from conveyor.errors import StoreError
+from conveyor.protocol.message import Message, MessageBatch, make_message
+from conveyor.storage.base import DeadLetter, Store
+from conveyor.storage.files import DISK_FULL, store_error
+from conveyor.storage.reservation import IdReservation
+from conveyor.storage.segments import KEPT_DTYPE, SCAN_DTYPE, SegmentLog
+from conveyor.storage.space import SpaceReserve
+from conveyor.storage.wal import Header, IndexLog, gap_ranges, last_per_id, make_gap_records, make_records
 
 log = logging.getLogger("conveyor.storage")
 

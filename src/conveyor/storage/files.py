@@ -10,7 +10,7 @@ import os
 import time
 from pathlib import Path
 
-from ..errors import DiskFullError, StoreError
+from conveyor.errors import DiskFullError, StoreError
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # the errnos of a full disk (or quota)
 _FALLOC_FL_KEEP_SIZE = 1

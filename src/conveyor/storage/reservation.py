@@ -16,8 +16,8 @@ import os
 import zlib
 from pathlib import Path
 
-from ..constants import RESERVED_NAME, RESERVED_SLOT, RESERVED_SLOT_BYTES
-from .files import fsync_dir
+from conveyor.constants import RESERVED_NAME, RESERVED_SLOT, RESERVED_SLOT_BYTES
+from conveyor.storage.files import fsync_dir
 
 
 class IdReservation:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..constants import (
+from conveyor.constants import (
     BODY_PREFIX,
     KIND_DEAD,
     KIND_MESSAGE,
@@ -38,8 +38,8 @@ from ..constants import (
     SEGMENT_NAME,
     SEGMENT_VERSION,
 )
-from ..errors import CorruptStoreError
-from .files import aside_name, fsync_dir, keep_aside, write_all
+from conveyor.errors import CorruptStoreError
+from conveyor.storage.files import aside_name, fsync_dir, keep_aside, write_all
 
 log = logging.getLogger("conveyor.storage")
 

@@ -17,9 +17,9 @@ import os
 import time
 from pathlib import Path
 
-from ..constants import SPACE_RESERVE_BYTES, SPACE_RESERVE_DIVISOR
-from ..errors import DiskFullError
-from .files import DISK_FULL
+from conveyor.constants import SPACE_RESERVE_BYTES, SPACE_RESERVE_DIVISOR
+from conveyor.errors import DiskFullError
+from conveyor.storage.files import DISK_FULL
 
 log = logging.getLogger("conveyor.storage")
 

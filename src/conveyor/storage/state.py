@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from ..constants import ST_ACKED, ST_DELAYED, ST_DELIVERED, ST_FAILED, ST_NONE, ST_READY
+from conveyor.constants import ST_ACKED, ST_DELAYED, ST_DELIVERED, ST_FAILED, ST_NONE, ST_READY
 
 _FINISHED = (ST_ACKED, ST_FAILED, ST_NONE)
 _SCAN = 4096

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..constants import (
+from conveyor.constants import (
     INDEX_DTYPE,
     INDEX_FLAG_GAP,
     INDEX_HEADER,
@@ -27,8 +27,8 @@ from ..constants import (
     INDEX_VERSION,
     ST_NONE,
 )
-from ..errors import CorruptStoreError
-from .files import keep_aside, preallocate, unallocate, write_all, write_atomically
+from conveyor.errors import CorruptStoreError
+from conveyor.storage.files import keep_aside, preallocate, unallocate, write_all, write_atomically
 
 log = logging.getLogger("conveyor.storage")
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .consumer import Consumer, ConsumerStats
-from .consumer_pool import ConsumerPool, TaskFailure
-from .middleware import Decision, Middleware, Retries, TimeLimits
-from .selectors import (
+from conveyor.worker.consumer import Consumer, ConsumerStats
+from conveyor.worker.consumer_pool import ConsumerPool, TaskFailure
+from conveyor.worker.middleware import Decision, Middleware, Retries, TimeLimits
+from conveyor.worker.selectors import (
     SELECTORS,
     HighestPriorityFirst,
     HighestPriorityLottery,
@@ -16,7 +16,7 @@ from .selectors import (
     ReducedLottery,
     selector_class,
 )
-from .settings import QueueConfig, Settings, load_queues, load_settings
+from conveyor.worker.settings import QueueConfig, Settings, load_queues, load_settings
 
 __all__ = [
     "SELECTORS",

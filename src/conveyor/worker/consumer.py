@@ -22,19 +22,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Literal
 
-from ..constants import H_TASK
-from ..errors import ConnectionLostError, ConveyorError, TaskError
-from ..message import Message
-from ..worker.selectors import QueueSelector, selector_class
-from ..worker.settings import QueueConfig
-from .affinity import check_pin, pin_core
-from .executors import Completion, Fetch, ProcessSlots, ThreadSlots
-from .middleware import Decision, Middleware, default_middleware
-from .pacing import Pacing
-from .settler import Settler
+from conveyor.constants import H_TASK
+from conveyor.errors import ConnectionLostError, ConveyorError, TaskError
+from conveyor.protocol.message import Message
+from conveyor.worker.affinity import check_pin, pin_core
+from conveyor.worker.executors import Completion, Fetch, ProcessSlots, ThreadSlots
+from conveyor.worker.middleware import Decision, Middleware, default_middleware
+from conveyor.worker.pacing import Pacing
+from conveyor.worker.selectors import QueueSelector, selector_class
+from conveyor.worker.settings import QueueConfig
+from conveyor.worker.settler import Settler
 
 if TYPE_CHECKING:
-    from ..pool import QueuePool
+    from conveyor.client.pool import QueuePool
 
 log = logging.getLogger("conveyor.worker")
 

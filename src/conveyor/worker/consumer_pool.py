@@ -25,19 +25,19 @@ from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Literal
 
-from ..calls import QueueStats
-from ..constants import PARENT_CHECK_S
-from ..errors import ConveyorError, RequestError
-from ..progress import JoinProgress
-from ..serialization import decode_result
-from .affinity import check_pin
-from .consumer import ConsumerStats
-from .executors import START_FAILURES_MAX, never_started
-from .settings import QueueConfig
+from conveyor.client.progress import JoinProgress
+from conveyor.constants import PARENT_CHECK_S
+from conveyor.errors import ConveyorError, RequestError
+from conveyor.protocol.operations import QueueStats
+from conveyor.tasks.envelope import decode_result
+from conveyor.worker.affinity import check_pin
+from conveyor.worker.consumer import ConsumerStats
+from conveyor.worker.executors import START_FAILURES_MAX, never_started
+from conveyor.worker.settings import QueueConfig
 
 if TYPE_CHECKING:
-    from ..pool import QueuePool
-    from .consumer import Consumer
+    from conveyor.client.pool import QueuePool
+    from conveyor.worker.consumer import Consumer
 
 log = logging.getLogger("conveyor.worker")
 
@@ -71,8 +71,8 @@ def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int,
                    conn: Connection) -> None:  # fmt: skip
     """One consumer process: run until SIGTERM or SIGINT, then stop gracefully; tell the pool
     through `conn` when it has started and, at the end, its counts."""
-    from .consumer import Consumer
-    from .settings import load_settings
+    from conveyor.worker.consumer import Consumer
+    from conveyor.worker.settings import load_settings
 
     logging.basicConfig(level=options.pop("log_level", logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
     settings = load_settings()

@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from ..constants import H_TASK
-from ..errors import ConveyorError, TaskError
-from ..message import Message
-from ..runner import run_message
-from ..serialization import encode_error
+from conveyor.constants import H_TASK
+from conveyor.errors import ConveyorError, TaskError
+from conveyor.protocol.message import Message
+from conveyor.tasks.envelope import encode_error
+from conveyor.tasks.runner import run_message
 
 log = logging.getLogger("conveyor.worker")
 
@@ -180,7 +180,7 @@ class ProcessSlots:
         self._ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
         if self._ctx.get_start_method() == "forkserver":
             # children fork from a server that has imported these already: a replacement starts in milliseconds
-            self._ctx.set_forkserver_preload(["conveyor.runner", "conveyor.worker.executors", *self._task_modules])
+            self._ctx.set_forkserver_preload(["conveyor.tasks.runner", "conveyor.worker.executors", *self._task_modules])
         self._ready = threading.Semaphore(0)
         self._idle: queue.SimpleQueue[_Child] = queue.SimpleQueue()
         self._children: dict[int, _Child] = {}

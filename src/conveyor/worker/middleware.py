@@ -11,9 +11,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from ..errors import TaskError
-from ..message import Message
-from ..options import backoff_delay, backoff_of, time_limit_of
+from conveyor.errors import TaskError
+from conveyor.protocol.message import Message
+from conveyor.tasks.options import backoff_delay, backoff_of, time_limit_of
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,8 +26,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Collection, Sequence
 from typing import Protocol, TypeVar, Union
 
-from ..constants import DEFAULT_SELECTOR, LOTTERY_LOTTERY_DRAWS, LOTTERY_PRIORITY_MAX, LOTTERY_PRIORITY_MIN
-from ..errors import ConfigError
+from conveyor.constants import DEFAULT_SELECTOR, LOTTERY_LOTTERY_DRAWS, LOTTERY_PRIORITY_MAX, LOTTERY_PRIORITY_MIN
+from conveyor.errors import ConfigError
 
 
 class PrioritizedQueue(Protocol):

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..constants import (
+from conveyor.constants import (
     DEFAULT_QUEUE,
     DEFAULT_SELECTOR,
     QUEUE_DEFAULT_BATCH_SIZE,
@@ -50,8 +50,8 @@ from ..constants import (
     QUEUE_DEFAULT_VISIBILITY_TIMEOUT_S,
     SETTINGS_ENV,
 )
-from ..errors import ConfigError
-from .selectors import QueueSelector, selector_class
+from conveyor.errors import ConfigError
+from conveyor.worker.selectors import QueueSelector, selector_class
 
 
 def _int(v: object) -> bool:

@@ -18,11 +18,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..constants import ERR_STORE
-from ..errors import ConnectionLostError, ConveyorError, RequestError
+from conveyor.constants import ERR_STORE
+from conveyor.errors import ConnectionLostError, ConveyorError, RequestError
 
 if TYPE_CHECKING:
-    from ..pool import QueuePool
+    from conveyor.client.pool import QueuePool
 
 log = logging.getLogger("conveyor.worker")
 

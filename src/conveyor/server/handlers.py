@@ -15,12 +15,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
-from .constants import ERR_BAD_ARGUMENT, ERR_TOO_LARGE, H_IDEMPOTENCY_KEY, MAX_LEASE_S, PROTOCOL_VERSION
-from .dedupe import check_key
-from .errors import RequestError, StoreError
-from .hosting import HostedQueue, QueueHost
-from .message import Message, headers_bytes
-from .protocol import Frames, Header, Limits, column
+from conveyor.constants import ERR_BAD_ARGUMENT, ERR_TOO_LARGE, H_IDEMPOTENCY_KEY, MAX_LEASE_S, PROTOCOL_VERSION
+from conveyor.errors import RequestError, StoreError
+from conveyor.protocol.framing import Frames, Header, Limits, column
+from conveyor.protocol.message import Message, headers_bytes
+from conveyor.server.idempotency import check_key
+from conveyor.server.queues import HostedQueue, QueueHost
 
 Reply = tuple[dict[str, Any], list[bytes]]
 Handler = Callable[[QueueHost, "Args", Frames], Awaitable[Reply]]

@@ -25,15 +25,15 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from . import calls
-from .calls import Call, QueueInfo, QueueStats
-from .client import QueueClient
-from .constants import ERR_NO_QUEUE, H_IDEMPOTENCY_KEY, SHARD_SHIFT
-from .errors import ConnectionLostError, ConveyorError, RequestError
-from .message import Message, Status
-from .pooltasks import PoolTasks
-from .protocol import Limits
-from .storage import DeadLetter
+from conveyor.client.pool_tasks import PoolTasks
+from conveyor.client.queue_client import QueueClient
+from conveyor.constants import ERR_NO_QUEUE, H_IDEMPOTENCY_KEY, SHARD_SHIFT
+from conveyor.errors import ConnectionLostError, ConveyorError, RequestError
+from conveyor.protocol import operations as calls
+from conveyor.protocol.framing import Limits
+from conveyor.protocol.message import Message, Status
+from conveyor.protocol.operations import Call, QueueInfo, QueueStats
+from conveyor.storage import DeadLetter
 
 LOCAL_MASK = (1 << SHARD_SHIFT) - 1
 SERVER_START_TIMEOUT_S = 30.0
@@ -464,7 +464,7 @@ class QueuePool(PoolTasks):
         (every QUIET_POLL_S): each request costs them CPU the work could use. Raises TimeoutError
         after `timeout` seconds. Returns the final stats.
         """
-        from .progress import JoinProgress
+        from conveyor.client.progress import JoinProgress
 
         names = [queues] if isinstance(queues, str) else None if queues is None else list(queues)
         deadline = None if timeout is None else time.monotonic() + timeout

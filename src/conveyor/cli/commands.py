@@ -14,8 +14,8 @@ from typing import Any
 import click
 from rich.console import Console
 
-from . import __version__
-from .constants import (
+from conveyor import __version__
+from conveyor.constants import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_FRAME_BYTES,
@@ -40,7 +40,7 @@ def main(verbose: bool) -> None:
 @click.option("--kill-worker", is_flag=True, help="Kill one consumer midway, to show that nothing is lost.")
 def demo(pages: int, workers: int | None, kill_worker: bool) -> None:
     """Process a corpus of documents page by page through the queue on Spark, then with plain Spark, and compare."""
-    from .demo import expected_failures, run_demo, summary_table
+    from conveyor.cli.demo import expected_failures, run_demo, summary_table
 
     console = Console(stderr=True)
     console.print(f"[bold]conveyor demo[/]: {pages:,} pages of documents through conveyor.spark.map, then plain Spark")
@@ -91,10 +91,10 @@ def serve(host: str, port: int, data_dir: Path | None, token: str | None, insecu
 
     Prints "listening on tcp://HOST:PORT" on stdout once it accepts connections.
     """
-    from .errors import ConveyorError
-    from .hosting import Defaults
-    from .protocol import Limits
-    from .server import QueueServer
+    from conveyor.errors import ConveyorError
+    from conveyor.protocol.framing import Limits
+    from conveyor.server.queue_server import QueueServer
+    from conveyor.server.queues import Defaults
 
     limits = Limits(max_frame_bytes=max_frame_bytes, max_message_bytes=max(DEFAULT_MAX_MESSAGE_BYTES, max_frame_bytes))
     defaults = Defaults(durable=data_dir is not None, lease_s=lease_s, max_attempts=max_attempts, fsync=fsync)
@@ -117,7 +117,7 @@ def _connect_option(f: Any) -> Any:
 
 
 def _pool(addresses: tuple[str, ...], token: str | None, connect_timeout: float = 5.0) -> Any:
-    from .pool import QueuePool
+    from conveyor.client.pool import QueuePool
 
     flat = [a.strip() for item in addresses for a in item.split(",") if a.strip()]
     try:
@@ -136,8 +136,8 @@ def stats(addresses: tuple[str, ...], token: str | None, queue: str | None, per_
     from rich.console import Group
     from rich.live import Live
 
-    from .errors import ConveyorError
-    from .report import stats_table, workers_table
+    from conveyor.cli.tables import stats_table, workers_table
+    from conveyor.errors import ConveyorError
 
     def tables() -> Group:
         return Group(*(t for t in (stats_table(pool, queue, per_shard), workers_table(pool)) if t is not None))
@@ -176,8 +176,8 @@ def dead_letters(addresses: tuple[str, ...], token: str | None, queue: str, limi
     With --requeue, put them back on the queue instead (for a worker that lacked a task module,
     say); a crash midway can leave a message both requeued and still a dead letter.
     """
-    from .errors import ConveyorError
-    from .report import dead_letter_table
+    from conveyor.cli.tables import dead_letter_table
+    from conveyor.errors import ConveyorError
 
     with _pool(addresses, token) as pool:
         try:
@@ -205,7 +205,7 @@ def drop(addresses: tuple[str, ...], token: str | None, queues: tuple[str, ...],
     For queues nothing uses any more, such as those `conveyor.spark.map` leaves holding its
     results. Stop their consumers first: a consumer still fetching would make a queue anew.
     """
-    from .errors import ConveyorError
+    from conveyor.errors import ConveyorError
 
     if not yes:
         click.confirm(f"Remove {', '.join(queues)} and everything in them?", abort=True, err=True)
@@ -242,10 +242,10 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
     """Run consumers: fetch tasks from the queues and run them, until SIGTERM or Ctrl-C (a graceful stop)."""
     import signal as signals
 
-    from .errors import ConveyorError
-    from .worker import ConsumerPool, load_queues, load_settings
-    from .worker.consumer import Consumer
-    from .worker.consumer_pool import own_process
+    from conveyor.errors import ConveyorError
+    from conveyor.worker import ConsumerPool, load_queues, load_settings
+    from conveyor.worker.consumer import Consumer
+    from conveyor.worker.consumer_pool import own_process
 
     if queues_config is not None and queue_names is not None:  # which one would win is a guess: say so
         raise click.UsageError("give --queues-config or --queues, not both (the YAML names its queues)")
@@ -324,7 +324,7 @@ def _reach(addresses: tuple[str, ...], token: str | None, timeout: float) -> Non
     For `--until-empty`: a worker meant to drain the queues and exit would otherwise retry forever
     against a server that is not running (a long-lived worker keeps retrying, on purpose).
     """
-    from .errors import ConnectionLostError
+    from conveyor.errors import ConnectionLostError
 
     with _pool(addresses, token, connect_timeout=timeout) as probe:
         try:

@@ -25,7 +25,7 @@ from typing import Any
 import cloudpickle
 import msgpack
 
-from .constants import (
+from conveyor.constants import (
     ADHOC_TASK_PREFIX,
     CT_MSGPACK,
     CT_PICKLE,
@@ -40,7 +40,7 @@ from .constants import (
     RESULT_TAG_PICKLE,
     UINT64_MAX,
 )
-from .errors import SerializationError
+from conveyor.errors import SerializationError
 
 _SCALARS = frozenset({type(None), bool, float, str, bytes})
 

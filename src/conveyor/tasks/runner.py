@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .constants import H_TASK
-from .errors import ConveyorError, TaskError
-from .message import Message
-from .options import TaskOptions
-from .registry import Registry
-from .registry import registry as default_registry
-from .serialization import FunctionCache, adhoc_digest, decode_call, encode_error, encode_result
+from conveyor.constants import H_TASK
+from conveyor.errors import ConveyorError, TaskError
+from conveyor.protocol.message import Message
+from conveyor.tasks.envelope import FunctionCache, adhoc_digest, decode_call, encode_error, encode_result
+from conveyor.tasks.options import TaskOptions
+from conveyor.tasks.registry import Registry
+from conveyor.tasks.registry import registry as default_registry
 
 _function_cache = FunctionCache()
 

@@ -19,14 +19,15 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from types import TracebackType
 from typing import Any, NoReturn, TypeVar
 
-from . import calls, protocol
-from .auth import as_key, auth_request, check_server_proof
-from .calls import Call, QueueInfo, QueueStats
-from .constants import DEFAULT_PORT, ERR_AUTH, ERR_PROTOCOL
-from .errors import AuthError, ConnectionLostError, ConveyorError, ProtocolError, RequestError
-from .message import Message, Status
-from .protocol import Frames, Header, Limits
-from .storage import DeadLetter
+from conveyor.constants import DEFAULT_PORT, ERR_AUTH, ERR_PROTOCOL
+from conveyor.errors import AuthError, ConnectionLostError, ConveyorError, ProtocolError, RequestError
+from conveyor.protocol import framing as protocol
+from conveyor.protocol import operations as calls
+from conveyor.protocol.auth import as_key, auth_request, check_server_proof
+from conveyor.protocol.framing import Frames, Header, Limits
+from conveyor.protocol.message import Message, Status
+from conveyor.protocol.operations import Call, QueueInfo, QueueStats
+from conveyor.storage import DeadLetter
 
 T = TypeVar("T")
 PIPELINE_WINDOW = 16  # requests a blocking client keeps in flight in `pipeline`
@@ -275,7 +276,7 @@ class QueueClient(_Settings):
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _lock=threading.RLock(), _ids=itertools.count(1))
 
-    # --- operations (see `conveyor.calls` for each one's contract) --------------------------
+    # --- operations (see `conveyor.protocol.operations` for each one's contract) --------------------------
     def ping(self) -> Header:
         return self.call(calls.ping())
 
@@ -480,7 +481,7 @@ class AsyncQueueClient(_Settings):
     async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         await self.close()
 
-    # --- operations (see `conveyor.calls` for each one's contract) --------------------------
+    # --- operations (see `conveyor.protocol.operations` for each one's contract) --------------------------
     async def ping(self) -> Header:
         return await self.call(calls.ping())
 

@@ -16,10 +16,10 @@ import threading
 import zlib
 from pathlib import Path
 
-from .constants import DEDUPE_MAX_KEYS, KEYS_LOG_NAME, MAX_KEY_BYTES
-from .storage.files import keep_aside, store_error, write_all, write_atomically
+from conveyor.constants import DEDUPE_MAX_KEYS, KEYS_LOG_NAME, MAX_KEY_BYTES
+from conveyor.storage.files import keep_aside, store_error, write_all, write_atomically
 
-log = logging.getLogger("conveyor.server")
+log = logging.getLogger("conveyor.server.queue_server")
 
 _REC = struct.Struct("<IHQ")  # crc32 of the rest, key length, message id; then the key bytes
 

@@ -11,23 +11,23 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .constants import DEFAULT_QUEUE
-from .errors import ConveyorError, TaskFailedError
-from .message import Status
-from .options import BackoffSpec, TaskOptions
-from .publish import TaskHandle, _check_publish_options, build_message, check_time_limit
-from .serialization import adhoc_task_name, decode_result, function_ref
+from conveyor.constants import DEFAULT_QUEUE
+from conveyor.errors import ConveyorError, TaskFailedError
+from conveyor.protocol.message import Status
+from conveyor.tasks.envelope import adhoc_task_name, decode_result, function_ref
+from conveyor.tasks.options import BackoffSpec, TaskOptions
+from conveyor.tasks.publish import TaskHandle, _check_publish_options, build_message, check_time_limit
 
 if TYPE_CHECKING:
-    from .calls import QueueInfo
-    from .pool import QueuePool
-    from .worker.settings import QueueConfig
+    from conveyor.client.pool import QueuePool
+    from conveyor.protocol.operations import QueueInfo
+    from conveyor.worker.settings import QueueConfig
 
 QUEUE_INFO_TTL_S = 5.0  # how long a pool trusts what the servers said about a queue's settings
 
 
 class PoolTasks:
-    """Task methods of `QueuePool` (see `conveyor.tasks` for defining tasks)."""
+    """Task methods of `QueuePool` (see `conveyor.tasks.definition` for defining tasks)."""
 
     _queue_configs: dict[str, QueueConfig]
     _queue_info: tuple[float, dict[str, QueueInfo]]
@@ -45,7 +45,7 @@ class PoolTasks:
     # --- Publisher ---------------------------------------------------------------------------
     def queue_config(self: QueuePool, queue: str) -> QueueConfig | None:  # type: ignore[misc]
         """The queue's configuration: from `use_queues`, else its lease on the servers as the visibility timeout."""
-        from .worker.settings import QueueConfig
+        from conveyor.worker.settings import QueueConfig
 
         if queue in self._queue_configs:
             return self._queue_configs[queue]

@@ -22,8 +22,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .calls import QueueInfo, QueueStats
-from .constants import (
+from conveyor.constants import (
     BLOB_DIR,
     DROPPING_PREFIX,
     ERR_BAD_ARGUMENT,
@@ -38,14 +37,15 @@ from .constants import (
     SERVER_LOCK_NAME,
     SPACE_RESERVE_NAME,
 )
-from .dedupe import Dedupe
-from .errors import ConveyorError, RequestError, StoreError
-from .storage import DurableStore, MemoryStore, Store
-from .storage.files import fsync_dir, keep_aside, store_error, write_atomically
-from .storage.segments import MAX_MAPS
-from .storage.space import SpaceReserve
+from conveyor.errors import ConveyorError, RequestError, StoreError
+from conveyor.protocol.operations import QueueInfo, QueueStats
+from conveyor.server.idempotency import Dedupe
+from conveyor.storage import DurableStore, MemoryStore, Store
+from conveyor.storage.files import fsync_dir, keep_aside, store_error, write_atomically
+from conveyor.storage.segments import MAX_MAPS
+from conveyor.storage.space import SpaceReserve
 
-log = logging.getLogger("conveyor.server")
+log = logging.getLogger("conveyor.server.queue_server")
 
 _QUEUE_NAME = re.compile(QUEUE_NAME_PATTERN)
 _FSYNC = ("batch", "interval", "never")

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from .workloads import busy, documents
+from conveyor.workloads import busy, documents
 
 PAGE_SCHEMA = "doc long, page long, words long, seconds double"
 DAMAGED_EVERY = 997  # one page in this many is damaged: it fails every attempt
@@ -107,8 +107,7 @@ def _plain(spark: Any, pages: Any, workers: int, work_s: float, console: Console
 
 def _conveyor(spark: Any, pages: Any, workers: int, work_s: float, kill: bool, console: Console) -> Run:
     import conveyor.spark as cs
-
-    from .spark.embedded import current
+    from conveyor.spark.embedded import current
 
     env = current()
     assert env is not None

@@ -15,7 +15,7 @@ import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .constants import (
+from conveyor.constants import (
     DEFAULT_BACKOFF_BASE_S,
     DEFAULT_BACKOFF_CAP_S,
     DEFAULT_BACKOFF_FACTOR,
@@ -27,7 +27,7 @@ from .constants import (
     PRIORITY_MAX,
     PRIORITY_MIN,
 )
-from .errors import TaskOptionError
+from conveyor.errors import TaskOptionError
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import datetime
 
 from rich.table import Table
 
-from .pool import QueuePool
+from conveyor.client.pool import QueuePool
 
 
 def _size(n: float) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgpack
 
-from .constants import (
+from conveyor.constants import (
     DEFAULT_MAX_FRAME_BYTES,
     DEFAULT_MAX_FRAMES,
     DEFAULT_MAX_HEADER_BYTES,
@@ -28,7 +28,7 @@ from .constants import (
     PAGE_BYTES,
     REQUEST_SLACK_BYTES,
 )
-from .errors import ConnectionLostError, ProtocolError
+from conveyor.errors import ConnectionLostError, ProtocolError
 
 Header = dict[str, Any]
 Frames = list[bytes]

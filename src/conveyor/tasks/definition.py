@@ -1,5 +1,5 @@
 """Defining tasks: `@task` functions and `Task` classes (ndkale style), which register by name
-and publish through a `Publisher` (see conveyor.publish).
+and publish through a `Publisher` (see conveyor.tasks.publish).
 
 Publish options are keyword-only with a leading underscore (`_delay`, `_priority`, `_key`,
 `_pool`) so they never collide with a task's own arguments. See docs/tasks.md.
@@ -12,11 +12,12 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar, Generic, ParamSpec, TypeVar, overload
 
-from .constants import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE
-from .errors import TaskOptionError
-from .message import Message
-from .options import DEFAULT_BACKOFF, BackoffSpec, TaskOptions, backoff_delay
-from .publish import (
+from conveyor.constants import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE
+from conveyor.errors import TaskOptionError
+from conveyor.protocol.message import Message
+from conveyor.tasks.envelope import Call
+from conveyor.tasks.options import DEFAULT_BACKOFF, BackoffSpec, TaskOptions, backoff_delay
+from conveyor.tasks.publish import (
     ArgCheck,
     Args,
     Publisher,
@@ -30,10 +31,9 @@ from .publish import (
     publish_calls,
     set_default_pool,
 )
-from .registry import Registry
-from .registry import registry as default_registry
-from .runner import run_message
-from .serialization import Call
+from conveyor.tasks.registry import Registry
+from conveyor.tasks.registry import registry as default_registry
+from conveyor.tasks.runner import run_message
 
 __all__ = ["Args", "Publisher", "Task", "TaskFunction", "TaskHandle", "adhoc_message", "backoff_delay", "build_message",
            "default_pool", "get_default_pool", "run_message", "set_default_pool", "task"]  # fmt: skip

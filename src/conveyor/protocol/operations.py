@@ -13,10 +13,10 @@ from typing import Any, Generic, TypeVar
 
 import msgpack
 
-from .errors import ProtocolError
-from .message import Message, Status, headers_bytes, make_message
-from .protocol import Frames, Header, Limits, column, expand
-from .storage import DeadLetter
+from conveyor.errors import ProtocolError
+from conveyor.protocol.framing import Frames, Header, Limits, column, expand
+from conveyor.protocol.message import Message, Status, headers_bytes, make_message
+from conveyor.storage import DeadLetter
 
 T = TypeVar("T")
 _packb = msgpack.Packer(use_bin_type=True).pack

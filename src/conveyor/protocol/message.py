@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import msgpack
 
-from .constants import ST_ACKED, ST_DELIVERED, ST_FAILED, ST_READY
+from conveyor.constants import ST_ACKED, ST_DELIVERED, ST_FAILED, ST_READY
 
 
 class Status(enum.IntEnum):

@@ -3,7 +3,7 @@ message building and the checks done before anything is put.
 
 Publishing validates everything before anything is put: publish options, the arguments against
 the task's signature, that the arguments serialize, and that the time limit stays below the
-queue's visibility timeout. `conveyor.tasks` builds `publish` and `publish_many` on this.
+queue's visibility timeout. `conveyor.tasks.definition` builds `publish` and `publish_many` on this.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .constants import H_IDEMPOTENCY_KEY, H_TASK
-from .errors import ConveyorError, NoPublisherError, TaskArgumentError, TaskOptionError
-from .message import Message, make_message
-from .options import TaskOptions, check_priority
-from .serialization import FunctionPickler, FunctionRef, adhoc_task_name, encode_call, function_ref
+from conveyor.constants import H_IDEMPOTENCY_KEY, H_TASK
+from conveyor.errors import ConveyorError, NoPublisherError, TaskArgumentError, TaskOptionError
+from conveyor.protocol.message import Message, make_message
+from conveyor.tasks.envelope import FunctionPickler, FunctionRef, adhoc_task_name, encode_call, function_ref
+from conveyor.tasks.options import TaskOptions, check_priority
 
 if TYPE_CHECKING:
-    from .worker.settings import QueueConfig
+    from conveyor.worker.settings import QueueConfig
 
 
 class Publisher(Protocol):
@@ -98,7 +98,7 @@ def _resolve_pool(pool: Publisher | None, task_name: str) -> Publisher:
     p = pool if pool is not None else _default
     if p is None:
         raise NoPublisherError(f"cannot publish {task_name!r}: no pool. Pass _pool=..., or call "
-                               "conveyor.tasks.set_default_pool(pool) (or use `with default_pool(pool):`)")  # fmt: skip
+                               "conveyor.set_default_pool(pool) (or use `with default_pool(pool):`)")  # fmt: skip
     return p
 
 

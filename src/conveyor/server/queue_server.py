@@ -26,9 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import protocol
-from .auth import as_key, hello, new_nonce, proof, refusal
-from .constants import (
+from conveyor.constants import (
     AUTH_CLIENT_LABEL,
     AUTH_NONCE_BYTES,
     AUTH_SERVER_LABEL,
@@ -45,13 +43,15 @@ from .constants import (
     ERR_UNKNOWN_OP,
     PARENT_CHECK_S,
 )
-from .errors import ConveyorError, ProtocolError, RequestError, StoreError
-from .handlers import HANDLERS, Args
-from .hosting import Defaults, QueueHost
-from .protocol import Frames, Header, Limits
-from .storage.files import store_error
+from conveyor.errors import ConveyorError, ProtocolError, RequestError, StoreError
+from conveyor.protocol import framing as protocol
+from conveyor.protocol.auth import as_key, hello, new_nonce, proof, refusal
+from conveyor.protocol.framing import Frames, Header, Limits
+from conveyor.server.handlers import HANDLERS, Args
+from conveyor.server.queues import Defaults, QueueHost
+from conveyor.storage.files import store_error
 
-log = logging.getLogger("conveyor.server")
+log = logging.getLogger("conveyor.server.queue_server")
 
 AUTH_TIMEOUT_S = 10.0
 RESERVED_FDS = 128  # descriptors kept for the rest: listening socket, pipes, blobs, logs, thread pools

@@ -13,8 +13,8 @@ import hmac
 import secrets
 from typing import Any
 
-from .constants import AUTH_CLIENT_LABEL, AUTH_NONCE_BYTES, AUTH_SERVER_LABEL, ERR_BUSY, PROTOCOL_VERSION
-from .errors import AuthError, ProtocolError, ServerBusyError
+from conveyor.constants import AUTH_CLIENT_LABEL, AUTH_NONCE_BYTES, AUTH_SERVER_LABEL, ERR_BUSY, PROTOCOL_VERSION
+from conveyor.errors import AuthError, ProtocolError, ServerBusyError
 
 
 def as_key(token: str | bytes | None) -> bytes | None:

@@ -15,13 +15,13 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .constants import ADHOC_TASK_PREFIX
-from .errors import DuplicateTaskError, TaskOptionError, UnknownTaskError
+from conveyor.constants import ADHOC_TASK_PREFIX
+from conveyor.errors import DuplicateTaskError, TaskOptionError, UnknownTaskError
 
 if TYPE_CHECKING:
-    from .message import Message
-    from .options import TaskOptions
-    from .serialization import Call
+    from conveyor.protocol.message import Message
+    from conveyor.tasks.envelope import Call
+    from conveyor.tasks.options import TaskOptions
 
 
 class RegisteredTask(Protocol):
