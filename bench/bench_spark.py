@@ -38,7 +38,7 @@ OUT_DDL = "i long, start double, finish double"
 
 def run_item(row: dict[str, Any]) -> dict[str, Any]:
     """One work item: busy for its seconds; returns when it ran."""
-    from conveyor.workloads import busy
+    from conveyor.cli.corpus import busy  # on the executors: from the installed library
 
     start = time.time()
     busy(row["seconds"])
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = 1 if args.quick else args.runs
 
     import conveyor
-    from conveyor.workloads import skewed
+    from workloads import skewed
 
     n, total = (2000, 10.0) if args.quick else (12_000, 60.0)
     n_noop = 10_000 if args.quick else 100_000

@@ -45,7 +45,7 @@ import numpy as np
 
 from benchlib import Row, make_console, mib, per_msg, print_report, progress, rate, ratio, seconds
 from conveyor.constants import DEFAULT_SEGMENT_BYTES
-from conveyor.protocol.message import Message
+from conveyor.message import Message
 from conveyor.storage import DurableStore, MemoryStore, Store
 
 BATCH = 1_000

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import conveyor
-from conveyor.workloads import busy
+from workloads import busy
 
 
 @conveyor.task(queue="bench", max_retries=0)

@@ -7,7 +7,7 @@ consumer processes (started before timing, as the executor's processes are):
   (512 threads per consumer, fetching up to 1,000 at a time);
   throughput = tasks / (publish start to drained). Baseline: `ProcessPoolExecutor(2).map` of a
   no-op function over the same payloads, with the best chunksize of several tried.
-- skewed: 2,000 CPU busy-loops summing to 10 s (`conveyor.workloads.skewed`), with each of the
+- skewed: 2,000 CPU busy-loops summing to 10 s (`bench/workloads.py`), with each of the
   consumer settings below (threads, pinned or not; processes);
   efficiency = total work / (2 workers x makespan). Baseline: `ProcessPoolExecutor.map` over
   the same durations, with the best chunksize (and 2 or 4 processes) of those tried.
@@ -34,7 +34,7 @@ import bench_tasks
 from benchlib import Row, make_console, number, print_report, progress, rate, ratio
 from conveyor.client.pool import QueuePool
 from conveyor.worker import ConsumerPool
-from conveyor.workloads import NOOP_PAYLOAD, busy, noop, skewed
+from workloads import NOOP_PAYLOAD, busy, noop, skewed
 
 WORKERS = 2
 PUBLISH_BATCH = 10_000

@@ -20,7 +20,6 @@ from typing import Any
 import conveyor.spark
 from conveyor.client.pool import QueuePool
 from conveyor.errors import ConveyorError
-from conveyor.spark import mapping
 from conveyor.spark.session import get_or_create_session
 
 ROWS = 400
@@ -105,17 +104,16 @@ def main(master: str, out_path: str) -> None:
             watcher = threading.Thread(target=watch, args=(pool, done), name="marker", daemon=True)
             watcher.start()
             try:
-                result = conveyor.spark.map(df, func, schema="id long, pid long, t double", pool=pool,
-                                            max_concurrency=MAX_CONCURRENCY, lease_s=LEASE_S, rows_per_message=1,
-                                            progress=False)  # fmt: skip
+                result, stats = conveyor.spark.map(df, func, schema="id long, pid long, t double", pool=pool,
+                                                   max_concurrency=MAX_CONCURRENCY, lease_s=LEASE_S, rows_per_message=1,
+                                                   progress=False, stats=True)  # fmt: skip
                 note("map returned")
                 rows = [r.asDict() for r in result.select("id", "pid", "t", "_error").collect()]
             finally:
                 done.set()
                 watcher.join()
-        stats = mapping.last_stats
         out = {"rows": rows, "errors": sum(r["_error"] is not None for r in rows),
-               "consumers": stats.consumers if stats else None}  # fmt: skip
+               "consumers": stats.consumers}  # fmt: skip
         with open(out_path, "w") as f:
             json.dump(out, f)
         note(f"{len(rows)} rows written")

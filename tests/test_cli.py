@@ -50,7 +50,7 @@ def test_ruff_clean() -> None:
 
 def test_stats_and_dead_letters_commands(tmp_path: Path) -> None:
     from conveyor.client.pool import QueuePool
-    from conveyor.protocol.message import Message
+    from conveyor.message import Message
 
     with QueuePool.local(n_servers=2, data_dir=tmp_path) as pool:
         pool.put("jobs", [Message(payload=b"job-%d" % i, max_attempts=1) for i in range(30)])
@@ -204,7 +204,7 @@ def test_worker_imports_task_modules_from_the_current_directory(tmp_path: Path, 
     leaves the current directory off sys.path."""
     from conveyor.client.pool import QueuePool
     from conveyor.constants import H_TASK
-    from conveyor.protocol.message import Message
+    from conveyor.message import Message
     from conveyor.tasks.envelope import decode_result, encode_call
 
     project = tmp_path / "project"
@@ -266,7 +266,8 @@ def test_worker_until_empty_gives_up_on_servers_it_cannot_reach(processes: str) 
 
 def test_worker_without_until_empty_waits_for_a_server_to_come_up(tmp_path: Path) -> None:
     """A long-lived worker keeps retrying: it serves a server started after it."""
-    from conveyor.client.pool import QueuePool, spawn_server, stop_server
+    from conveyor.client.pool import QueuePool
+    from conveyor.server.processes import spawn_server, stop_server
     from tests import worker_tasks as wt
 
     from .procs import free_port

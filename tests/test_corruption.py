@@ -35,7 +35,7 @@ from conveyor.constants import (
     ST_ACKED,
 )
 from conveyor.errors import CorruptStoreError
-from conveyor.protocol.message import Message, Status
+from conveyor.message import Message, Status
 from conveyor.storage import DurableStore
 
 SEG = 8192

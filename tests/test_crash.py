@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.constants import INDEX_NAME, SEGMENT_GLOB
-from conveyor.protocol.message import Message, Status
+from conveyor.message import Message, Status
 from conveyor.storage import DurableStore
 
 SEGMENT_BYTES = 256 * 1024
@@ -35,7 +35,7 @@ CHILD = r"""
 import os, random, sys, time
 
 import conveyor.storage.durable as durable
-from conveyor.protocol.message import Message
+from conveyor.message import Message
 from conveyor.storage import DurableStore
 
 path, journal, rnd, seed, seg_bytes, max_att = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:])

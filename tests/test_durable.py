@@ -10,7 +10,7 @@ import pytest
 
 from conveyor.constants import INDEX_NAME, INDEX_REWRITE_MIN_RECORDS, SEGMENT_GLOB
 from conveyor.errors import StoreError
-from conveyor.protocol.message import Message, Status
+from conveyor.message import Message, Status
 from conveyor.storage import DurableStore
 
 from .test_store_conformance import wait_for

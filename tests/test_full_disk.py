@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.client.pool import spawn_server, stop_server
 from conveyor.client.queue_client import QueueClient
 from conveyor.constants import ERR_STORE, H_IDEMPOTENCY_KEY
 from conveyor.errors import CorruptStoreError, DiskFullError, RequestError
-from conveyor.protocol.message import Message, Status
+from conveyor.message import Message, Status
+from conveyor.server.processes import spawn_server, stop_server
 from conveyor.storage import DurableStore
 
 from .disks import KINDS, fill, small_disk

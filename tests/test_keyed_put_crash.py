@@ -18,11 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.client.pool import spawn_server, stop_server
 from conveyor.client.queue_client import QueueClient
 from conveyor.constants import H_IDEMPOTENCY_KEY
 from conveyor.errors import ConnectionLostError
-from conveyor.protocol.message import Message
+from conveyor.message import Message
+from conveyor.server.processes import spawn_server, stop_server
 
 ROUNDS = 20
 N = 10_000  # messages per put: big enough that a kill often lands between the keys and the messages

@@ -11,8 +11,8 @@ from conveyor.client.pool import QueuePool
 from conveyor.client.queue_client import QueueClient
 from conveyor.constants import ERR_TOO_LARGE
 from conveyor.errors import RequestError, TaskFailedError
+from conveyor.message import Message, Status
 from conveyor.protocol.framing import Limits
-from conveyor.protocol.message import Message, Status
 from conveyor.worker import Consumer
 
 from . import worker_tasks as wt

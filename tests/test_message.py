@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conveyor.protocol.message import Message, Status, decode, encode, make_message
+from conveyor.message import Message, Status, decode, encode, make_message
 
 messages = st.builds(
     Message,

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.client.pool import QueuePool, spawn_server, stop_server
+from conveyor.client.pool import QueuePool
 from conveyor.constants import SHARD_SHIFT
 from conveyor.errors import ConveyorError, RequestError
-from conveyor.protocol.message import Message
+from conveyor.message import Message
+from conveyor.server.processes import spawn_server, stop_server
 
 from .servers import wait_for
 

@@ -10,7 +10,7 @@ import pytest
 
 import conveyor.storage.durable
 from conveyor.errors import DiskFullError
-from conveyor.protocol.message import Message, Status
+from conveyor.message import Message, Status
 from conveyor.storage import DurableStore, MemoryStore, Store
 from conveyor.storage.segments import SegmentLog
 from conveyor.storage.wal import Header, IndexLog

@@ -14,9 +14,9 @@ import pytest
 from conveyor.client.queue_client import AsyncQueueClient, QueueClient
 from conveyor.constants import QUEUE_CONFIG_NAME, QUEUES_DIR, SEGMENT_GLOB
 from conveyor.errors import ConnectionLostError, ProtocolError, RequestError
+from conveyor.message import Message
 from conveyor.protocol import operations as calls
 from conveyor.protocol.framing import Limits
-from conveyor.protocol.message import Message
 from conveyor.protocol.operations import QueueInfo
 from conveyor.storage import DurableStore
 

@@ -14,10 +14,10 @@ import threading
 import time
 from pathlib import Path
 
-from conveyor.client.pool import spawn_server, stop_server
 from conveyor.client.queue_client import QueueClient
 from conveyor.errors import ConnectionLostError
-from conveyor.protocol.message import Message
+from conveyor.message import Message
+from conveyor.server.processes import spawn_server, stop_server
 
 from .servers import wait_for
 

@@ -11,10 +11,10 @@ from typing import Any
 
 import msgpack
 
-from conveyor.client.pool import spawn_server, stop_server
 from conveyor.client.queue_client import QueueClient
-from conveyor.protocol.message import Message
+from conveyor.message import Message
 from conveyor.server.handlers import HANDLERS
+from conveyor.server.processes import spawn_server, stop_server
 
 from .servers import RawConnection, frame
 

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from conveyor.client.pool import SERVER_START_TIMEOUT_S, stop_server
 from conveyor.client.queue_client import QueueClient
 from conveyor.constants import ERR_STORE
 from conveyor.errors import ConnectionLostError, DiskFullError, RequestError, StoreError
-from conveyor.protocol.message import Message, Status
+from conveyor.message import Message, Status
+from conveyor.server.processes import SERVER_START_TIMEOUT_S, stop_server
 from conveyor.storage.files import store_error
 
 from .servers import RawConnection, frame, thread_server, wait_for

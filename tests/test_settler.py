@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from conveyor.client.pool import QueuePool
-from conveyor.protocol.message import Message
+from conveyor.message import Message
 from conveyor.worker.settler import BUSY_COALESCE_S, COALESCE_S, Settler
 
 from .servers import thread_server, wait_for

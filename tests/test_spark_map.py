@@ -34,8 +34,8 @@ def double(row: dict[str, Any]) -> dict[str, Any]:
 
 def test_map_gives_one_row_per_input_row_and_reports_failures(spark: SparkSession, pool: QueuePool) -> None:
     df = spark.range(1000, numPartitions=4)
-    out = cs.map(df, double, schema="id long, twice long, label string", pool=pool, max_retries=1, rows_per_message=4,
-                 progress=False)  # fmt: skip
+    out, stats = cs.map(df, double, schema="id long, twice long, label string", pool=pool, max_retries=1,
+                        rows_per_message=4, progress=False, stats=True)  # fmt: skip
     rows = out.collect()
     # 2 consumer tasks each put their half (2 input partitions, coalesced), up to 4 rows to a
     # message, dealt from each Arrow batch: no message holds two neighbouring rows
@@ -51,8 +51,7 @@ def test_map_gives_one_row_per_input_row_and_reports_failures(spark: SparkSessio
     assert len(bad) == 10 and all(r["id"] is None and "ValueError: row" in r["_error"] for r in bad)
     assert bad[0]["_input"] == '{"id": 142}'
     assert out.schema.simpleString().startswith("struct<id:bigint,twice:bigint,label:string,_id:bigint")
-    stats = cs.mapping.last_stats
-    assert stats is not None and stats.rows == 1000 and stats.failed == 10
+    assert stats.rows == 1000 and stats.failed == 10
     assert sum(c["processed"] for c in stats.consumers) == len(groups)  # a failing row does not fail its message
     assert sorted(c["rows"] for c in stats.consumers) == [500, 500]
     names = set(pool.stats())  # the results stay in the map's queue until dropped; its bookkeeping is gone
@@ -148,10 +147,10 @@ def test_more_consumers_than_task_slots_still_ends(spark: SparkSession, pool: Qu
 
 
 def test_a_time_limit_sends_rows_one_to_a_message(spark: SparkSession, pool: QueuePool) -> None:
-    out = cs.map(spark.range(12), lambda r: r["id"], schema="id long", pool=pool, time_limit=30, progress=False)
+    out, stats = cs.map(spark.range(12), lambda r: r["id"], schema="id long", pool=pool, time_limit=30, progress=False,
+                        stats=True)  # fmt: skip
     assert len({r["_id"] for r in out.collect()}) == 12
-    assert cs.mapping.last_stats is not None
-    pool.drop(cs.mapping.last_stats.queue)
+    assert pool.drop(stats.queue)
 
 
 def test_workers_python_that_cannot_import_conveyor_is_named_with_the_remedy(tmp_path: Path) -> None:
@@ -256,10 +255,10 @@ def test_map_without_a_pool_starts_and_stops_its_own_servers(spark: SparkSession
 
 def test_map_over_fewer_partitions_than_consumers_puts_rows_first(spark: SparkSession, pool: QueuePool) -> None:
     df = spark.range(100, numPartitions=1)  # one partition, two consumers: rows are put by a job of their own
-    out = cs.map(df, lambda r: r["id"] // (r["id"] % 10), schema="n long", pool=pool, max_retries=0, progress=False)
+    out, stats = cs.map(df, lambda r: r["id"] // (r["id"] % 10), schema="n long", pool=pool, max_retries=0, progress=False,
+                        stats=True)  # fmt: skip
     rows = out.collect()
     assert sorted(r["n"] for r in rows if r["_error"] is None) == sorted(i // (i % 10) for i in range(100) if i % 10)
     assert sorted(r["_input"] for r in rows if r["_error"] is not None) == sorted(f'{{"id": {i}}}' for i in range(0, 100, 10))
-    stats = cs.mapping.last_stats
-    assert stats is not None and len(stats.consumers) == 2 and stats.enqueue_s > 0
+    assert len(stats.consumers) == 2 and stats.enqueue_s > 0
     assert stats.rows == 100 and stats.failed == 10  # counted as the consumers read the results back

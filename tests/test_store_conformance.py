@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conveyor.errors import StoreClosedError
-from conveyor.protocol.message import Message, Status
+from conveyor.message import Message, Status
 from conveyor.storage import DurableStore, MemoryStore, Store
 
 

@@ -17,7 +17,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from conveyor.protocol.message import Message, Status
+from conveyor.message import Message, Status
 from conveyor.storage import DurableStore, MemoryStore, Store
 
 LEASE = 3600.0

@@ -28,7 +28,7 @@ from conveyor.errors import (
     TaskOptionError,
     UnknownTaskError,
 )
-from conveyor.protocol.message import Message
+from conveyor.message import Message
 from conveyor.storage import MemoryStore
 from conveyor.tasks.definition import (
     Args,

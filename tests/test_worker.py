@@ -21,7 +21,7 @@ import pytest
 from conveyor.client.pool import QueuePool
 from conveyor.constants import H_CONTENT_TYPE, H_TASK
 from conveyor.errors import TaskFailedError, TaskOptionError
-from conveyor.protocol.message import Message
+from conveyor.message import Message
 from conveyor.tasks.envelope import encode_call
 from conveyor.worker import Consumer, ConsumerPool, Middleware, QueueConfig, TaskFailure
 

@@ -1,35 +1,83 @@
-"""Conveyor: a durable distributed task queue and dataflow runtime on Apache Spark."""
+"""Conveyor: a durable distributed task queue and dataflow runtime on Apache Spark.
+
+The public API is what this package exports (see docs/architecture.md for the packages behind it):
+
+- tasks: `task`, `Task`, `TaskHandle` (`handle.result(timeout=...)`, `handle.status()`), `Args`;
+- queues: `QueuePool` (servers used as one; `submit`, `map`, `gather`), `QueueClient` (one server);
+- workers: `ConsumerPool`;
+- the ambient pool: `local()` (an embedded Spark session and local servers), `set_default_pool`,
+  `default_pool`, `get_default_pool`: every API that takes an optional pool uses it;
+- dataflow: `TaskGraph`, `Executor`, `Dataset` (after Quokka's runtime API);
+- the errors a user catches, all `ConveyorError`s.
+
+`conveyor.spark.map` maps a DataFrame through the queue. Everything but the task API loads on first
+use, so `import conveyor` stays light.
+"""
 
 from __future__ import annotations
 
-from conveyor.errors import ConveyorError, CorruptStoreError
+from conveyor.errors import (
+    AuthError,
+    ConfigError,
+    ConnectionLostError,
+    ConveyorError,
+    DiskFullError,
+    NoPublisherError,
+    ProtocolError,
+    RequestError,
+    SerializationError,
+    ServerBusyError,
+    StoreError,
+    TaskArgumentError,
+    TaskError,
+    TaskFailedError,
+    TaskOptionError,
+    UnknownTaskError,
+)
 from conveyor.lazy import lazy_attributes
-from conveyor.protocol.message import Message, Status
-from conveyor.tasks.definition import Task, task
+from conveyor.tasks import Args, Task, TaskHandle, default_pool, get_default_pool, set_default_pool, task
 
 __version__ = "0.1.0"
+
+_LAZY = {
+    "QueuePool": "conveyor.client.pool",
+    "QueueClient": "conveyor.client.queue_client",
+    "ConsumerPool": "conveyor.worker.consumer_pool",
+    "local": "conveyor.spark.embedded",
+    "TaskGraph": "conveyor.graph",
+    "Executor": "conveyor.graph",
+    "Dataset": "conveyor.graph",
+    "GraphError": "conveyor.graph",
+}
+# internals once exported here: still found, with a warning, for one release
+_MOVED = {"Message": "conveyor.message", "Status": "conveyor.message", "CorruptStoreError": "conveyor.errors"}
+
 __all__ = [
+    "Args",
+    "AuthError",
+    "ConfigError",
+    "ConnectionLostError",
     "ConveyorError",
-    "CorruptStoreError",
-    "Dataset",
-    "Executor",
-    "Message",
-    "Status",
+    "DiskFullError",
+    "NoPublisherError",
+    "ProtocolError",
+    "RequestError",
+    "SerializationError",
+    "ServerBusyError",
+    "StoreError",
     "Task",
-    "TaskGraph",
+    "TaskArgumentError",
+    "TaskError",
+    "TaskFailedError",
+    "TaskHandle",
+    "TaskOptionError",
+    "UnknownTaskError",
     "__version__",
-    "local",
+    "default_pool",
+    "get_default_pool",
+    "set_default_pool",
     "task",
+    *_LAZY,
 ]
 
-# The TaskGraph API lives in conveyor.spark and imports pyarrow and pandas (and pyspark when it
-# runs): load it on first use so that `import conveyor` stays light.
-_LAZY = {
-    "TaskGraph": "conveyor.spark.graph",
-    "Executor": "conveyor.spark.executors",
-    "Dataset": "conveyor.spark.dataset",
-    "local": "conveyor.spark.embedded",
-}
-
-
-__getattr__ = lazy_attributes(__name__, _LAZY)
+__getattr__ = lazy_attributes(__name__, _LAZY, _MOVED)

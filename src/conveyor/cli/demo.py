@@ -27,7 +27,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from conveyor.workloads import busy, documents
+from conveyor.cli.corpus import busy, documents
+from conveyor.client.pool import QueuePool
+from conveyor.spark import mapping
+from conveyor.spark.embedded import local
 
 PAGE_SCHEMA = "doc long, page long, words long, seconds double"
 DAMAGED_EVERY = 997  # one page in this many is damaged: it fails every attempt
@@ -105,30 +108,23 @@ def _plain(spark: Any, pages: Any, workers: int, work_s: float, console: Console
     return Run("plain Spark (mapInPandas)", n, docs, failed, work_s, makespan, workers, f"{INPUT_PARTITIONS} static partitions")
 
 
-def _conveyor(spark: Any, pages: Any, workers: int, work_s: float, kill: bool, console: Console) -> Run:
-    import conveyor.spark as cs
-    from conveyor.spark.embedded import current
-
-    env = current()
-    assert env is not None
-    killer = _Killer(env.pool, console.print) if kill else None
+def _conveyor(spark: Any, pool: QueuePool, pages: Any, workers: int, work_s: float, kill: bool, console: Console) -> Run:
+    killer = _Killer(pool, console.print) if kill else None
     if killer:
         spark.sparkContext.setLogLevel("FATAL")  # Spark logs the crash we cause with a long trace: the demo says it instead
         killer.start()
     t0 = time.perf_counter()
     try:
-        done = cs.map(pages, process_page, schema=PAGE_SCHEMA, n_consumers=workers, max_concurrency=8, lease_s=10.0,
-                      max_retries=2, progress=console.is_terminal)  # fmt: skip
+        done, st = mapping.map(pages, process_page, schema=PAGE_SCHEMA, n_consumers=workers, max_concurrency=8, lease_s=10.0,
+                               max_retries=2, progress=console.is_terminal, stats=True)  # fmt: skip
         docs = done.where("_error IS NULL").groupBy("doc").agg({"words": "sum"}).count()
         failed = done.where("_error IS NOT NULL").count()
     finally:
         if killer:
             spark.sparkContext.setLogLevel(spark.conf.get("spark.log.level", "ERROR"))
     makespan = time.perf_counter() - t0
-    st = cs.mapping.last_stats
     note = "pages balanced a few at a time"
-    if st is not None:
-        note += f"; enqueue {st.enqueue_s:.1f} s, process {st.consume_s:.1f} s, read {st.read_s:.1f} s"
+    note += f"; enqueue {st.enqueue_s:.1f} s, process {st.consume_s:.1f} s, read {st.read_s:.1f} s"
     if killer:
         killer.stop.set()
         note += f"; consumer pid {killer.killed} killed midway" if killer.killed else "; (no consumer to kill)"
@@ -201,10 +197,8 @@ def expected_failures(pages: int) -> int:
 
 def run_demo(pages: int, workers: int | None, kill: bool, console: Console, scale: float = 1.0) -> list[Run]:
     """Both runs on the embedded default; returns what each did (conveyor's first)."""
-    import conveyor
-
     console.print("starting the embedded Spark session and queue servers ...")
-    with conveyor.local() as env:
+    with local() as env:
         spark = env.spark
         slots = int(spark.sparkContext.defaultParallelism)
         n_workers = min(workers or slots, slots)
@@ -215,7 +209,7 @@ def run_demo(pages: int, workers: int | None, kill: bool, console: Console, scal
         # start the executors' Python workers, so that neither run pays for them
         spark.range(n_workers, numPartitions=n_workers).mapInArrow(lambda batches: batches, "id long").count()
         console.print(f"corpus: {pages:,} pages ({damaged} damaged), {work_s:.1f} s of work, {n_workers} workers")
-        runs = [_conveyor(spark, frame, n_workers, work_s, kill, console)]
+        runs = [_conveyor(spark, env.pool, frame, n_workers, work_s, kill, console)]
         console.print("now the same with plain Spark ...")
         runs.append(_plain(spark, frame, n_workers, work_s, console))
     return runs

@@ -21,13 +21,12 @@ from typing import Any, NoReturn, TypeVar
 
 from conveyor.constants import DEFAULT_PORT, ERR_AUTH, ERR_PROTOCOL
 from conveyor.errors import AuthError, ConnectionLostError, ConveyorError, ProtocolError, RequestError
+from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol import framing as protocol
 from conveyor.protocol import operations as calls
 from conveyor.protocol.auth import as_key, auth_request, check_server_proof
 from conveyor.protocol.framing import Frames, Header, Limits
-from conveyor.protocol.message import Message, Status
 from conveyor.protocol.operations import Call, QueueInfo, QueueStats
-from conveyor.storage import DeadLetter
 
 T = TypeVar("T")
 PIPELINE_WINDOW = 16  # requests a blocking client keeps in flight in `pipeline`

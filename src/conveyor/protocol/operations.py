@@ -14,9 +14,8 @@ from typing import Any, Generic, TypeVar
 import msgpack
 
 from conveyor.errors import ProtocolError
+from conveyor.message import DeadLetter, Message, Status, headers_bytes, make_message
 from conveyor.protocol.framing import Frames, Header, Limits, column, expand
-from conveyor.protocol.message import Message, Status, headers_bytes, make_message
-from conveyor.storage import DeadLetter
 
 T = TypeVar("T")
 _packb = msgpack.Packer(use_bin_type=True).pack

@@ -17,8 +17,8 @@ from typing import Any
 
 from conveyor.constants import ERR_BAD_ARGUMENT, ERR_TOO_LARGE, H_IDEMPOTENCY_KEY, MAX_LEASE_S, PROTOCOL_VERSION
 from conveyor.errors import RequestError, StoreError
+from conveyor.message import Message, headers_bytes
 from conveyor.protocol.framing import Frames, Header, Limits, column
-from conveyor.protocol.message import Message, headers_bytes
 from conveyor.server.idempotency import check_key
 from conveyor.server.queues import HostedQueue, QueueHost
 

@@ -29,11 +29,11 @@ from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from conveyor.errors import ConveyorError
-from conveyor.protocol.message import Message
+from conveyor.message import Message
 from conveyor.spark.session import check_workers_python
+from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import check_pin
 from conveyor.worker.consumer_pool import CONSUMER_SWITCH_INTERVAL_S
-from conveyor.worker.settings import QueueConfig
 
 if TYPE_CHECKING:
     import pyarrow as pa

@@ -1,12 +1,12 @@
 """`conveyor.local()`: the embedded default — a local Spark session and local durable queue servers.
 
-Inside the `with` block, `conveyor.spark.map` (and anything else given no pool) uses them. On exit
+Inside the `with` block its pool is the default pool (`conveyor.set_default_pool`): `conveyor.spark.map`,
+`task.publish()`, task handles and anything else given no pool use it. On exit
 the servers stop (SIGTERM: a clean stop) and, if the block started it, the Spark session too.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from conveyor.client.pool import QueuePool
 from conveyor.spark.session import get_or_create_session
+from conveyor.tasks.publish import default_pool
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -32,16 +33,6 @@ class Embedded:
     data_dir: Path | None
 
 
-_stack: list[Embedded] = []
-_lock = threading.Lock()
-
-
-def current() -> Embedded | None:
-    """The innermost active `conveyor.local()`, or None."""
-    with _lock:
-        return _stack[-1] if _stack else None
-
-
 @contextmanager
 def local(data_dir: str | Path | None = None, *, n_servers: int = 2, master: str | None = None,
           app_name: str = "conveyor", fsync: str = "batch") -> Iterator[Embedded]:  # fmt: skip
@@ -54,15 +45,9 @@ def local(data_dir: str | Path | None = None, *, n_servers: int = 2, master: str
     had_session = SparkSession.getActiveSession() is not None
     spark = get_or_create_session(master or DEFAULT_MASTER, app_name)
     try:
-        with QueuePool.local(n_servers=n_servers, durable=True, data_dir=data_dir, fsync=fsync) as pool:
-            env = Embedded(spark, pool, None if data_dir is None else Path(data_dir))
-            with _lock:
-                _stack.append(env)
-            try:
-                yield env
-            finally:
-                with _lock:
-                    _stack.remove(env)
+        # the one ambient pool: publish, spark.map and task handles given no pool use it
+        with QueuePool.local(n_servers=n_servers, durable=True, data_dir=data_dir, fsync=fsync) as pool, default_pool(pool):
+            yield Embedded(spark, pool, None if data_dir is None else Path(data_dir))
     finally:
         if not had_session:
             spark.stop()

@@ -31,8 +31,9 @@ import uuid
 from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
+from conveyor.client.pool import QueuePool
 from conveyor.client.progress import JoinProgress
 from conveyor.constants import SHARD_SHIFT
 from conveyor.errors import ConveyorError
@@ -40,14 +41,13 @@ from conveyor.spark.consumers import SparkConsumerPool, check_consumer_options, 
 from conveyor.spark.session import check_workers_python
 from conveyor.tasks.envelope import adhoc_task_name, decode_call, decode_result, function_ref
 from conveyor.tasks.options import TaskOptions
-from conveyor.tasks.publish import build_message
+from conveyor.tasks.publish import build_message, get_default_pool
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
-    from conveyor.client.pool import QueuePool
 
 log = logging.getLogger("conveyor.spark")
 
@@ -115,7 +115,7 @@ def _misfits(rows: list[dict[str, Any]], schema: pa.Schema) -> dict[int, str]:
 
 @dataclass(frozen=True)
 class MapStats:
-    """What the last `map` did, for reports: rows in and out, failures, and the consumers' times."""
+    """What a `map` did (`map(..., stats=True)`), for reports: rows in and out, failures, and the consumers' times."""
 
     rows: int
     failed: int
@@ -127,14 +127,24 @@ class MapStats:
     queue: str  # holds the results until dropped (`QueuePool.drop`, `conveyor drop`)
 
 
-last_stats: MapStats | None = None
-
-
+@overload
+def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType, pool: QueuePool | None = ...,
+        n_consumers: int | None = ..., batch_size: int | None = ..., max_concurrency: int = ...,
+        concurrency: Literal["thread", "process"] = ..., max_retries: int = ..., time_limit: float | None = ...,
+        lease_s: float = ..., rows_per_message: int | None = ..., pin_core: bool = ..., progress: bool | None = ...,
+        stats: Literal[False] = ...) -> DataFrame: ...  # fmt: skip
+@overload
+def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType, pool: QueuePool | None = ...,
+        n_consumers: int | None = ..., batch_size: int | None = ..., max_concurrency: int = ...,
+        concurrency: Literal["thread", "process"] = ..., max_retries: int = ..., time_limit: float | None = ...,
+        lease_s: float = ..., rows_per_message: int | None = ..., pin_core: bool = ..., progress: bool | None = ...,
+        stats: Literal[True]) -> tuple[DataFrame, MapStats]: ...  # fmt: skip
 def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType,
         pool: QueuePool | None = None, n_consumers: int | None = None, batch_size: int | None = None,
         max_concurrency: int = 8, concurrency: Literal["thread", "process"] = "thread", max_retries: int = 3,
         time_limit: float | None = None, lease_s: float = 60.0, rows_per_message: int | None = None,
-        pin_core: bool = False, progress: bool | None = None) -> DataFrame:  # fmt: skip
+        pin_core: bool = False, progress: bool | None = None,
+        stats: bool = False) -> DataFrame | tuple[DataFrame, MapStats]:  # fmt: skip
     """Apply `func` to every row of `df` through the queue; returns the results as a DataFrame.
 
     func: called with each row as a dict; returns the output row as a dict (by column name), a
@@ -156,12 +166,13 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         queue the same, so a few rows per message cut its overhead per row. Use 1 for rows that
         take seconds, more (up to 1,000) for tiny ones.
     progress: a progress bar while the rows are processed (default: when stderr is a terminal).
+    stats: also return what the call did (`MapStats`: rows, failures, times, the results queue):
+        `out, st = map(..., stats=True)`.
     """
     import pyarrow as pa  # noqa: F401 - fail early, here, if it is missing
     from pyspark.sql import SparkSession
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    global last_stats
     if not callable(func):
         raise TypeError(f"map: func must be callable (it gets each row as a dict), got {type(func).__name__}")
     if rows_per_message is None:
@@ -178,7 +189,7 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
     out_schema = _output_schema(spark, schema)
     check_workers_python(spark)
     with ExitStack() as stack:
-        ephemeral = pool is None and _embedded() is None  # servers that stop when map returns
+        ephemeral = pool is None and _ambient() is None  # servers that stop when map returns
         if pool is None:
             pool = _default_pool(stack, spark)
         job = uuid.uuid4().hex[:12]
@@ -215,38 +226,36 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
                                           description=f"conveyor.spark.map: {rows:,} rows through {queue}")  # fmt: skip
         with _Progress(pool, queue, progress), consumers.job_group():
             result = _materialize(consumers.dataframe(), ephemeral)
-        stats = consumers.consumer_stats()
-        rows += sum(s["rows"] for s in stats)  # what each consumer task put itself
-        got, failed = sum(s["out_rows"] for s in stats), sum(s["out_failed"] for s in stats)
-        t2 = min(max((s["finished"] for s in stats), default=t1), time.time())
+        done = consumers.consumer_stats()
+        rows += sum(s["rows"] for s in done)  # what each consumer task put itself
+        got, failed = sum(s["out_rows"] for s in done), sum(s["out_failed"] for s in done)
+        t2 = min(max((s["finished"] for s in done), default=t1), time.time())
         t3 = time.time()
         if got != rows:
             raise ConveyorError(f"map: {rows:,} rows went in but {got:,} came out (queue {queue}); please report this")
-        first = min((s["started"] for s in stats), default=t1)
-        last_stats = MapStats(rows, failed, t1 - t0, t2 - t1, t3 - t2, first, stats, queue)
+        first = min((s["started"] for s in done), default=t1)
         if failed:
             log.warning("map: %d of %d rows failed; see the _error column", failed, rows)
-        return result
+        return (result, MapStats(rows, failed, t1 - t0, t2 - t1, t3 - t2, first, done, queue)) if stats else result
 
 
-def _embedded() -> QueuePool | None:
-    from conveyor.spark.embedded import current
-
-    embedded = current()
-    return None if embedded is None else embedded.pool
+def _ambient() -> QueuePool | None:
+    """The default pool (`conveyor.local()`, `set_default_pool`), which must be a QueuePool."""
+    pool = get_default_pool()
+    if pool is not None and not isinstance(pool, QueuePool):
+        raise ConveyorError(f"map: the default pool is a {type(pool).__name__}, not a QueuePool: pass pool=...")
+    return pool
 
 
 def _default_pool(stack: ExitStack, spark: Any) -> QueuePool:
-    embedded = _embedded()
-    if embedded is not None:
-        return embedded
+    ambient = _ambient()
+    if ambient is not None:
+        return ambient
     master = spark.conf.get("spark.master", "")
     if not master.startswith("local"):
         raise ConveyorError(f"map: no pool given, and Spark runs on {master!r}: servers started here on 127.0.0.1 would be "
                             "out of the executors' reach. Start queue servers they can reach (conveyor serve --host ... "
                             "--token ...) and pass pool=QueuePool.connect([...], token=...)")  # fmt: skip
-    from conveyor.client.pool import QueuePool
-
     log.info("conveyor.spark.map: no pool given and no conveyor.local(): starting local queue servers for this call")
     return stack.enter_context(QueuePool.local(n_servers=2))
 

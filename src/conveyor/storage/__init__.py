@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from conveyor.storage.base import DeadLetter, Stats, Store
+from conveyor.storage.base import Stats, Store
 from conveyor.storage.durable import DurableStore
 from conveyor.storage.memory import MemoryStore
 
-__all__ = ["DeadLetter", "DurableStore", "MemoryStore", "Stats", "Store"]
+__all__ = ["DurableStore", "MemoryStore", "Stats", "Store"]

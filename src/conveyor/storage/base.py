@@ -46,7 +46,7 @@ from conveyor.constants import (
     ST_READY,
 )
 from conveyor.errors import DiskFullError, StoreClosedError
-from conveyor.protocol.message import Message, MessageBatch, Status, headers_bytes
+from conveyor.message import DeadLetter, Message, MessageBatch, Status, headers_bytes
 from conveyor.storage.state import QueueState, first_occurrences
 
 EXPIRE_RETRY_S = 1.0  # a lease expiry that could not be settled (a full disk) is tried again this much later
@@ -62,15 +62,6 @@ class Stats:
     failed: int
     delayed: int
     bytes_on_disk: int
-
-
-@dataclass(frozen=True, slots=True)
-class DeadLetter:
-    """A message that used up its attempts, with the last error and when it failed."""
-
-    message: Message
-    error: str
-    failed_at: float
 
 
 class Store(ABC):

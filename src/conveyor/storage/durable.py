@@ -55,8 +55,8 @@ from conveyor.constants import (
     ST_READY,
 )
 from conveyor.errors import StoreError
-from conveyor.protocol.message import Message, MessageBatch, make_message
-from conveyor.storage.base import DeadLetter, Store
+from conveyor.message import DeadLetter, Message, MessageBatch, make_message
+from conveyor.storage.base import Store
 from conveyor.storage.files import DISK_FULL, store_error
 from conveyor.storage.reservation import IdReservation
 from conveyor.storage.segments import KEPT_DTYPE, SCAN_DTYPE, SegmentLog

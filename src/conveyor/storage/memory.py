@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from conveyor.constants import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, ST_ACKED, ST_FAILED, ST_NONE
-from conveyor.protocol.message import Message, MessageBatch, headers_bytes, make_message
-from conveyor.storage.base import DeadLetter, Store
+from conveyor.message import DeadLetter, Message, MessageBatch, headers_bytes, make_message
+from conveyor.storage.base import Store
 
 _FINISHED = (ST_ACKED, ST_FAILED, ST_NONE)
 

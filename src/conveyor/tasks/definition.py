@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Generic, ParamSpec, TypeVar, overload
 
 from conveyor.constants import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE
 from conveyor.errors import TaskOptionError
-from conveyor.protocol.message import Message
+from conveyor.message import Message
 from conveyor.tasks.envelope import Call
 from conveyor.tasks.options import DEFAULT_BACKOFF, BackoffSpec, TaskOptions, backoff_delay
 from conveyor.tasks.publish import (

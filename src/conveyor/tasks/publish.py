@@ -14,17 +14,17 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from conveyor.constants import H_IDEMPOTENCY_KEY, H_TASK
 from conveyor.errors import ConveyorError, NoPublisherError, TaskArgumentError, TaskOptionError
-from conveyor.protocol.message import Message, make_message
+from conveyor.message import Message, Status, make_message
 from conveyor.tasks.envelope import FunctionPickler, FunctionRef, adhoc_task_name, encode_call, function_ref
 from conveyor.tasks.options import TaskOptions, check_priority
 
 if TYPE_CHECKING:
-    from conveyor.worker.settings import QueueConfig
+    from conveyor.tasks.queue_config import QueueConfig
 
 
 class Publisher(Protocol):
@@ -39,13 +39,46 @@ class Publisher(Protocol):
         ...
 
 
+class ResultReader(Protocol):
+    """What a `TaskHandle` asks of the pool it was published to; `QueuePool` implements it."""
+
+    def gather(self, handles: Sequence[TaskHandle], timeout: float | None = None) -> list[Any]:
+        """The results of these tasks, in order, once all have finished."""
+        ...
+
+    def task_status(self, handle: TaskHandle) -> Status | None:
+        """Where the task's message is (None: no such message)."""
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class TaskHandle:
-    """A published task: its message id, queue and task name."""
+    """A published task: its message id, queue and task name, and the pool it went to.
+
+    `result(timeout=...)` waits for its result (as Celery's `AsyncResult.get()` and Dramatiq's
+    `get_result` do); `status()` says where its message is.
+    """
 
     id: int
     queue: str
     task: str
+    pool: Publisher | None = field(default=None, compare=False, repr=False)
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The task's return value, once it has finished: `TaskFailedError` if it ended in the dead
+        letters, `TimeoutError` if it has not finished within `timeout` seconds (None: no limit)."""
+        return self._reader().gather([self], timeout)[0]
+
+    def status(self) -> Status | None:
+        """READY, DELIVERED, ACKED or FAILED (None: no such message, e.g. purged)."""
+        return self._reader().task_status(self)
+
+    def _reader(self) -> ResultReader:
+        pool = self.pool if self.pool is not None else _default
+        if pool is None or not callable(getattr(pool, "gather", None)) or not callable(getattr(pool, "task_status", None)):
+            raise NoPublisherError(f"{self}: no pool to read its result from (it was published to {pool!r}); "
+                                   "use QueuePool.gather, or set_default_pool(pool)")  # fmt: skip
+        return cast("ResultReader", pool)
 
 
 class Args:
@@ -113,7 +146,7 @@ def check_time_limit(task_name: str, options: TaskOptions, config: QueueConfig |
         )
 
 
-def _check_publish_options(task_name: str, delay: float | None, priority: int | None, key: str | None) -> None:
+def check_publish_options(task_name: str, delay: float | None, priority: int | None, key: str | None) -> None:
     try:
         if delay is not None and not (isinstance(delay, (int, float)) and not isinstance(delay, bool)
                                       and math.isfinite(delay) and delay >= 0):  # fmt: skip
@@ -155,7 +188,7 @@ def adhoc_message(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
     ref = function_ref(func) if pickler is None else pickler.ref(func)
     opts = options if options is not None else TaskOptions()
     name = adhoc_task_name(ref.digest)
-    _check_publish_options(name, delay, priority, key)
+    check_publish_options(name, delay, priority, key)
     return build_message(name, opts, tuple(args), dict(kwargs), delay=delay, priority=priority, key=key), ref
 
 
@@ -206,7 +239,7 @@ def publish_calls(task_name: str, options: TaskOptions, sig: ArgCheck | None, ca
                   delay: float | None, priority: int | None, key: str | None,
                   pool: Publisher | None) -> list[TaskHandle]:  # fmt: skip
     """Check, encode and put calls of one task in one batch; nothing is put if any check fails."""
-    _check_publish_options(task_name, delay, priority, key)
+    check_publish_options(task_name, delay, priority, key)
     target = _resolve_pool(pool, task_name)
     now = time.time()
     messages = []
@@ -223,7 +256,7 @@ def publish_calls(task_name: str, options: TaskOptions, sig: ArgCheck | None, ca
     ids = target.put(options.queue, messages)
     if len(ids) != len(messages):
         raise ConveyorError(f"publisher returned {len(ids)} ids for {len(messages)} messages")
-    return [TaskHandle(int(i), options.queue, task_name) for i in ids]
+    return [TaskHandle(int(i), options.queue, task_name, target) for i in ids]
 
 
 def calls_of(items: Iterable[Any], task_name: str, app_data: dict[str, Any] | None = None) -> Iterator[CallArgs]:

@@ -19,7 +19,7 @@ from conveyor.constants import ADHOC_TASK_PREFIX
 from conveyor.errors import DuplicateTaskError, TaskOptionError, UnknownTaskError
 
 if TYPE_CHECKING:
-    from conveyor.protocol.message import Message
+    from conveyor.message import Message
     from conveyor.tasks.envelope import Call
     from conveyor.tasks.options import TaskOptions
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from conveyor.constants import H_TASK
 from conveyor.errors import ConveyorError, TaskError
-from conveyor.protocol.message import Message
+from conveyor.message import Message
 from conveyor.tasks.envelope import FunctionCache, adhoc_digest, decode_call, encode_error, encode_result
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.registry import Registry

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from conveyor.tasks.queue_config import QueueConfig, load_queues
 from conveyor.worker.consumer import Consumer, ConsumerStats
 from conveyor.worker.consumer_pool import ConsumerPool, TaskFailure
 from conveyor.worker.middleware import Decision, Middleware, Retries, TimeLimits
@@ -16,7 +17,7 @@ from conveyor.worker.selectors import (
     ReducedLottery,
     selector_class,
 )
-from conveyor.worker.settings import QueueConfig, Settings, load_queues, load_settings
+from conveyor.worker.settings import Settings, load_settings
 
 __all__ = [
     "SELECTORS",

@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Literal
 
 from conveyor.constants import H_TASK
 from conveyor.errors import ConnectionLostError, ConveyorError, TaskError
-from conveyor.protocol.message import Message
+from conveyor.message import Message
+from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import check_pin, pin_core
 from conveyor.worker.executors import Completion, Fetch, ProcessSlots, ThreadSlots
 from conveyor.worker.middleware import Decision, Middleware, default_middleware
 from conveyor.worker.pacing import Pacing
 from conveyor.worker.selectors import QueueSelector, selector_class
-from conveyor.worker.settings import QueueConfig
 from conveyor.worker.settler import Settler
 
 if TYPE_CHECKING:

@@ -30,10 +30,10 @@ from conveyor.constants import PARENT_CHECK_S
 from conveyor.errors import ConveyorError, RequestError
 from conveyor.protocol.operations import QueueStats
 from conveyor.tasks.envelope import decode_result
+from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import check_pin
 from conveyor.worker.consumer import ConsumerStats
 from conveyor.worker.executors import START_FAILURES_MAX, never_started
-from conveyor.worker.settings import QueueConfig
 
 if TYPE_CHECKING:
     from conveyor.client.pool import QueuePool

@@ -24,7 +24,7 @@ from typing import Any
 
 from conveyor.constants import H_TASK
 from conveyor.errors import ConveyorError, TaskError
-from conveyor.protocol.message import Message
+from conveyor.message import Message
 from conveyor.tasks.envelope import encode_error
 from conveyor.tasks.runner import run_message
 

@@ -12,7 +12,7 @@ import random
 from dataclasses import dataclass
 
 from conveyor.errors import TaskError
-from conveyor.protocol.message import Message
+from conveyor.message import Message
 from conveyor.tasks.options import backoff_delay, backoff_of, time_limit_of
 
 

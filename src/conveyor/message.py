@@ -1,4 +1,5 @@
-"""The message model: an immutable `Message`, its `Status`, and the msgpack codec.
+"""The message model every layer shares: an immutable `Message`, its `Status`, a `DeadLetter`, the
+columns of a batch (`MessageBatch`) and the msgpack codec.
 
 A store assigns `id`, `attempts`, `enqueued_at` and `lease_s`; producers set the rest.
 The payload is opaque bytes: nothing in Conveyor's servers or stores ever decodes it.
@@ -75,6 +76,15 @@ def make_message(id: int, queue: str, payload: bytes, priority: int, attempts: i
     s8(m, max_attempts)
     s9(m, headers)
     return m
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    """A message that used up its attempts, with the last error and when it failed."""
+
+    message: Message
+    error: str
+    failed_at: float
 
 
 @dataclass(slots=True)

@@ -1,10 +1,5 @@
-"""The reference workloads every benchmark and the demo use (see the architecture page).
-
-- no-op: messages of ~100-byte payloads whose task does nothing;
-- skewed: CPU busy-loop durations drawn from a lognormal, rescaled to a total (the shape of
-  real work items: most short, a few very long);
-- documents: documents of 1-200 pages (heavy-tailed) whose per-page cost varies.
-"""
+"""The demo's synthetic corpus: documents of 1-200 pages (heavy-tailed) whose per-page cost varies,
+and the CPU busy-loop that stands for a page's work (the benchmarks in bench/ use both too)."""
 
 from __future__ import annotations
 
@@ -12,12 +7,6 @@ import math
 import time
 
 import numpy as np
-
-NOOP_PAYLOAD = b"x" * 100
-
-
-def noop(payload: bytes = NOOP_PAYLOAD) -> None:
-    """The no-op task."""
 
 
 def busy(seconds: float) -> float:
@@ -29,17 +18,6 @@ def busy(seconds: float) -> float:
     while time.thread_time() < end:
         pass
     return seconds
-
-
-def skewed(n: int = 2000, total_s: float = 10.0, seed: int = 7, ordered: bool = False) -> list[float]:
-    """Busy-loop durations: `default_rng(seed).lognormal(log(0.002), 1.5, n)` rescaled to sum to `total_s`.
-
-    `skewed()` is the "skewed" workload, `skewed(12000, 60.0)` "skewed-60", and with `ordered=True`
-    (ascending durations) "skewed-60-sorted".
-    """
-    d = np.random.default_rng(seed).lognormal(mean=math.log(0.002), sigma=1.5, size=n)
-    d *= total_s / d.sum()
-    return sorted(d.tolist()) if ordered else d.tolist()
 
 
 def documents(n_pages: int, seed: int = 11) -> tuple[list[int], list[float]]:

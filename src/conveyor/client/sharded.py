@@ -1,0 +1,446 @@
+"""ShardedQueues: one logical queue spread over several queue servers (shards), with no central broker.
+
+Puts go out in batches, round-robin over the shards. Every other operation goes to the shard that
+holds the message: a pool folds the shard number into the ids it hands out
+(`shard << SHARD_SHIFT | id on the server`), so shard order is part of a pool's identity —
+every pool over the same servers must list them in the same order.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import pickle
+import shutil
+import subprocess
+import time
+import zlib
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from conveyor.client.queue_client import QueueClient
+from conveyor.constants import ERR_NO_QUEUE, H_IDEMPOTENCY_KEY, SHARD_SHIFT
+from conveyor.errors import ConnectionLostError, RequestError
+from conveyor.message import DeadLetter, Message, Status
+from conveyor.protocol import operations as calls
+from conveyor.protocol.framing import Limits
+from conveyor.protocol.operations import Call, QueueInfo, QueueStats
+from conveyor.server.processes import stop_server
+
+if TYPE_CHECKING:
+    from typing import Self
+
+LOCAL_MASK = (1 << SHARD_SHIFT) - 1
+SHARD_DOWN_S = 2.0  # after a shard fails to answer a get, the others are served for this long
+QUIET_POLL_S = 5.0  # join without a progress bar: the longest wait of one request (the servers answer at the end)
+
+
+class ShardedQueues:
+    """Queue servers used as one: routing, aggregated stats, consumer assignment and `join`.
+
+    `QueuePool` adds tasks on top (`submit`, `map`, `gather`, the `Publisher` protocol).
+    """
+
+    def __init__(self, clients: Sequence[QueueClient], *, batch_size: int = 1000) -> None:
+        if not clients:
+            raise ValueError("a pool needs at least one server")
+        if len(clients) > 1 << (63 - SHARD_SHIFT):
+            raise ValueError(f"a pool holds at most {1 << (63 - SHARD_SHIFT)} servers")
+        self.clients = list(clients)
+        self.batch_size = batch_size
+        self._rr = itertools.count()  # rotates the shard a shard-less get looks at first
+        self._next_put = 0
+        self._down: dict[int, float] = {}  # shard -> until when `get` skips it (it failed to answer)
+        self._threads: ThreadPoolExecutor | None = None
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._tmp: list[Path] = []  # temporary data directories of servers started here
+
+    @classmethod
+    def connect(cls, addresses: str | Sequence[str], token: str | bytes | None = None, *, batch_size: int = 1000,
+                **client_options: Any) -> Self:  # fmt: skip
+        """A pool over running servers: a list, or one string of comma-separated addresses."""
+        if isinstance(addresses, str):
+            addresses = [a.strip() for a in addresses.split(",") if a.strip()]
+        return cls([QueueClient(a, token, **client_options) for a in addresses], batch_size=batch_size)
+
+    @property
+    def addresses(self) -> list[str]:
+        return [c.address for c in self.clients]
+
+    @property
+    def processes(self) -> list[subprocess.Popen[bytes]]:
+        """The server processes this pool started (`local`), in shard order."""
+        return list(self._procs)
+
+    def __len__(self) -> int:
+        return len(self.clients)
+
+    # --- ids --------------------------------------------------------------------------------
+    @staticmethod
+    def global_id(shard: int, local_id: int) -> int:
+        return shard << SHARD_SHIFT | local_id
+
+    @staticmethod
+    def split_id(msg_id: int) -> tuple[int, int]:
+        """(shard, id on that shard's server) of a pool-wide message id."""
+        return msg_id >> SHARD_SHIFT, msg_id & LOCAL_MASK
+
+    def _by_shard(self, ids: Sequence[int]) -> dict[int, list[int]]:
+        """Positions of `ids` per shard, checking every id names a shard of this pool."""
+        out: dict[int, list[int]] = {}
+        for k, i in enumerate(ids):
+            s = i >> SHARD_SHIFT
+            if not 0 <= s < len(self.clients):
+                raise ValueError(f"message id {i} names shard {s}, but this pool has {len(self.clients)}")
+            out.setdefault(s, []).append(k)
+        return out
+
+    def _each(self, work: dict[int, list[Call[Any]]]) -> dict[int, list[Any]]:
+        """Run each shard's calls (pipelined), the shards in parallel; results per shard."""
+        if len(work) == 1:
+            [(s, batch)] = work.items()
+            return {s: self.clients[s].pipeline(batch)}
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(len(self.clients), thread_name_prefix="conveyor-pool")
+        futures = {s: self._threads.submit(self.clients[s].pipeline, batch) for s, batch in work.items()}
+        return {s: f.result() for s, f in futures.items()}
+
+    def _everywhere(self, call: Call[Any]) -> list[Any]:
+        """The same call on every shard, in parallel; the results in shard order."""
+        done = self._each({s: [call] for s in range(len(self.clients))})
+        return [done[s][0] for s in range(len(self.clients))]
+
+    def _scatter(self, ids: Sequence[int], make: Callable[[list[int], list[int]], Call[list[Any]]]) -> list[Any]:
+        """Route a per-id operation to the shards holding the ids; results in the order of `ids`."""
+        return self._scatter_many(ids, lambda s, pos, local: [make(pos, local)])
+
+    def _scatter_many(self, ids: Sequence[int],
+                      make: Callable[[int, list[int], list[int]], list[Call[list[Any]]]]) -> list[Any]:  # fmt: skip
+        """`_scatter` with any number of requests per shard (`make(shard, positions, local ids)`),
+        whose replies, joined, answer its ids in order."""
+        groups = self._by_shard(ids)
+        work = {s: make(s, pos, [ids[k] & LOCAL_MASK for k in pos]) for s, pos in groups.items()}
+        out: list[Any] = [None] * len(ids)
+        for s, replies in self._each(work).items():
+            for k, r in zip(groups[s], (r for res in replies for r in res), strict=True):
+                out[k] = r
+        return out
+
+    # --- operations -------------------------------------------------------------------------
+    def declare(self, queue: str, **settings: Any) -> QueueInfo:
+        """Declare a queue on every shard (see `QueueClient.declare` for the settings)."""
+        return self._everywhere(calls.declare(queue, **settings))[0]
+
+    def put(self, queue: str, messages: Sequence[Message]) -> list[int]:
+        """Put messages in batches of `batch_size`, round-robin over the shards; returns pool-wide ids.
+
+        A message with an idempotency key goes to the shard the key hashes to, so that the server
+        holding earlier messages with that key sees it and does not store it twice.
+        """
+        n, b = len(self.clients), self.batch_size
+        plain: list[int] = []
+        keyed: dict[int, list[int]] = {}
+        for i, m in enumerate(messages):
+            key = m.headers.get(H_IDEMPOTENCY_KEY) if m.headers else None
+            if key is None:
+                plain.append(i)
+            else:
+                keyed.setdefault(zlib.crc32(str(key).encode()) % n, []).append(i)
+        chunks = [plain[i : i + b] for i in range(0, len(plain), b)]
+        first, self._next_put = self._next_put, (self._next_put + len(chunks)) % n
+        groups = [((first + k) % n, chunk) for k, chunk in enumerate(chunks)]
+        groups += [(s, pos[i : i + b]) for s, pos in keyed.items() for i in range(0, len(pos), b)]
+        work: dict[int, list[Call[Any]]] = {}
+        where: list[tuple[int, int, int]] = []  # (shard, index of its first call, calls) per group
+        for s, pos in groups:
+            made = calls.puts(queue, [messages[i] for i in pos], self._server_limits(s))  # several if big
+            work.setdefault(s, []).extend(made)
+            where.append((s, len(work[s]) - len(made), len(made)))
+        done = self._each(work)
+        out = [0] * len(messages)
+        for (_, pos), (s, j, k) in zip(groups, where, strict=True):
+            for i, local in zip(pos, (i for ids in done[s][j : j + k] for i in ids), strict=True):
+                out[i] = s << SHARD_SHIFT | local
+        return out
+
+    def _server_limits(self, shard: int) -> Limits:
+        """What the shard's server accepts in a request (it says so when a connection is made)."""
+        return self.clients[shard].connect().server_limits
+
+    def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0,
+            shards: Sequence[int] | None = None) -> list[Message]:  # fmt: skip
+        """Lease up to n messages from the first of `shards` (default: all, rotating) that has some.
+
+        With `wait_s`, keeps trying (long polls of a fraction of a second on each shard) until then.
+        """
+        order = list(range(len(self.clients))) if shards is None else list(shards)
+        if shards is None:
+            k = next(self._rr) % len(order)
+            order = order[k:] + order[:k]
+        # one slice of a long poll per shard in turn: a message put on another shard waits at most that long
+        slice_s = wait_s if len(order) == 1 else 0.25
+        deadline = time.monotonic() + wait_s
+        wait = 0.0  # first a quick look at every shard
+        while True:
+            error: ConnectionLostError | None = None
+            up = [s for s in order if self._down.get(s, 0.0) <= time.monotonic()] or order
+            for s in up:
+                try:
+                    got = self.clients[s].call(calls.get(queue, n, lease_s=lease_s, wait_s=wait, id_base=s << SHARD_SHIFT))
+                except ConnectionLostError as e:  # serve from the other shards meanwhile
+                    self._down[s] = time.monotonic() + SHARD_DOWN_S
+                    error = e
+                    continue
+                self._down.pop(s, None)
+                if got:
+                    return got
+            if error is not None and all(s in self._down for s in up):
+                raise error
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            wait = min(left, slice_s)
+
+    def ack(self, queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None = None) -> list[bool]:
+        """Finish messages, with optional results; in as many requests as the servers' limits take."""
+
+        def make(s: int, pos: list[int], local: list[int]) -> list[Call[list[bool]]]:
+            return calls.acks(queue, local, None if results is None else [results[k] for k in pos], self._server_limits(s))
+
+        return self._scatter_many(ids, make)
+
+    def nack(self, queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
+             delay_s: float | Sequence[float] = 0.0, final: bool = False) -> list[bool]:  # fmt: skip
+        def make(s: int, pos: list[int], local: list[int]) -> list[Call[list[bool]]]:
+            d = delay_s if isinstance(delay_s, (int, float)) else [delay_s[k] for k in pos]
+            errs = None if errors is None else [errors[k] for k in pos]
+            return calls.nacks(queue, local, errs, d, final, self._server_limits(s))
+
+        return self._scatter_many(ids, make)
+
+    def release(self, queue: str, ids: Sequence[int]) -> list[bool]:
+        return self._scatter(ids, lambda pos, local: calls.release(queue, local))
+
+    def result(self, queue: str, ids: Sequence[int]) -> list[bytes | None]:
+        """Stored results of pool-wide ids, in order (None where there is none)."""
+        out: list[bytes | None] = [None] * len(ids)
+        todo = list(range(len(ids)))
+        while todo:  # a reply holds what fits in this client's limits: ask again for the rest
+            groups = self._by_shard([ids[k] for k in todo])
+            done = self._each({s: [calls.result(queue, [ids[todo[k]] & LOCAL_MASK for k in pos])] for s, pos in groups.items()})
+            left = []
+            for s, [res] in done.items():
+                for k, r in zip(groups[s], calls.progress(res, "result"), strict=False):
+                    out[todo[k]] = r
+                left += [todo[k] for k in groups[s][len(res) :]]
+            todo = sorted(left)
+        return out
+
+    def status(self, queue: str, ids: Sequence[int]) -> list[Status | None]:
+        return self._scatter(ids, lambda pos, local: calls.status(queue, local))
+
+    def report(self, worker: str, counts: dict[str, float]) -> None:
+        """A consumer's counts, to every shard (so `stats` on any of them shows it)."""
+        self._everywhere(calls.report(worker, counts))
+
+    def workers(self) -> dict[str, dict[str, float]]:
+        """Consumers heard from within the last minute, with their latest counts."""
+        out: dict[str, dict[str, float]] = {}
+        for per in self._everywhere(calls.workers()):
+            for w, counts in per.items():
+                if w not in out or counts["seen"] < out[w]["seen"]:
+                    out[w] = counts
+        return out
+
+    def extend_lease(self, queue: str, ids: Sequence[int], lease_s: float) -> list[bool]:
+        return self._scatter(ids, lambda pos, local: calls.extend_lease(queue, local, lease_s))
+
+    def forget(self, queue: str, ids: Sequence[int]) -> int:
+        groups = self._by_shard(ids)
+        done = self._each({s: [calls.forget(queue, [ids[k] & LOCAL_MASK for k in pos])] for s, pos in groups.items()})
+        return sum(r[0] for r in done.values())
+
+    def purge(self, queue: str) -> int:
+        return sum(r[0] for r in self._each({s: [calls.purge(queue)] for s in self._shards_with(queue)}).values())
+
+    def drop(self, queue: str) -> bool:
+        """Remove `queue` from every server with everything it holds (messages, results, dead
+        letters); False if no server had it. Consumers still fetching from it would make it anew,
+        empty: stop them first. Ids are not reused: a late ack meant for the dropped queue's
+        messages finds nothing in a queue made later under the same name."""
+        return any(self._everywhere(calls.drop(queue)))
+
+    def shard_stats(self, queue: str | None = None) -> list[dict[str, QueueStats]]:
+        """Stats per shard, in shard order (a queue appears on the shards that have it)."""
+        per = self._everywhere(calls.stats())
+        if queue is not None:
+            per = [{q: st for q, st in p.items() if q == queue} for p in per]
+            if not any(per):
+                raise RequestError(ERR_NO_QUEUE, f"no queue named {queue!r} on any of the {len(self.clients)} servers")
+        return per
+
+    def stats(self, queue: str | None = None) -> dict[str, QueueStats]:
+        """Stats per queue, summed over the shards."""
+        return _summed(self.shard_stats(queue))
+
+    def wait_drained(self, queues: Sequence[str] | None, wait_s: float) -> dict[str, QueueStats]:
+        """Stats of `queues` (default: all), summed over the shards, once every shard has nothing
+        pending in them, or after `wait_s`. Queues no shard has are left out."""
+        return _summed(self._everywhere(calls.stats(queues=queues, drained_wait_s=wait_s)))
+
+    def _shards_with(self, queue: str) -> list[int]:
+        """The shards that host `queue` (a queue exists where it was put, got or declared)."""
+        have = [s for s, per in enumerate(self.shard_stats()) if queue in per]
+        if not have:
+            raise RequestError(ERR_NO_QUEUE, f"no queue named {queue!r} on any of the {len(self.clients)} servers")
+        return have
+
+    def results(self, queue: str) -> Iterator[tuple[int, bytes]]:
+        """Every stored result as (pool-wide id, result), shard by shard."""
+        for s in self._shards_with(queue):
+            for i, r in self.clients[s].iter_results(queue):
+                yield s << SHARD_SHIFT | i, r
+
+    def dead_letters(self, queue: str) -> list[DeadLetter]:
+        """Every dead letter of the queue, with pool-wide ids."""
+        out = []
+        for s in self._shards_with(queue):
+            after = 0
+            while page := self.clients[s].dead_letters(queue, after):
+                out += [dataclasses.replace(d, message=dataclasses.replace(d.message, id=s << SHARD_SHIFT | d.message.id))
+                        for d in page]  # fmt: skip
+                after = page[-1].message.id
+        return out
+
+    def requeue_dead_letters(self, queue: str, ids: Sequence[int] | None = None) -> int:
+        """Put dead letters of `queue` (default all; else those of the pool-wide `ids` that are dead
+        letters) back on the queue, then forget them; returns how many were put back.
+
+        Each goes back to the shard it died on as a new message (a new id) with its payload,
+        headers, priority and max_attempts, and fresh attempts. Its idempotency key is dropped:
+        the server would take the message for the dead one and store nothing. Not atomic: a crash
+        between the put and the forget leaves a message both requeued and still a dead letter, and
+        requeueing again would put it twice (at-least-once, like every delivery).
+        """
+        wanted: dict[int, set[int]] | None = None
+        if ids is not None:
+            wanted = {s: {ids[k] & LOCAL_MASK for k in pos} for s, pos in self._by_shard(ids).items()}
+        n = 0
+        for s in self._shards_with(queue) if wanted is None else sorted(wanted):
+            client, local = self.clients[s], None if wanted is None else wanted[s]
+            # ids only grow: a dead letter at or above the first id put here is one of ours that
+            # died again meanwhile (a worker still failing it), not one to requeue in this pass
+            after, first_new = 0, None
+            while page := client.dead_letters(queue, after):
+                after = page[-1].message.id
+                dead = [d.message for d in page if (local is None or d.message.id in local)
+                        and (first_new is None or d.message.id < first_new)]  # fmt: skip
+                if dead:
+                    new = client.put(queue, [_fresh(m) for m in dead])
+                    first_new = min(new) if first_new is None else first_new
+                    client.forget(queue, [m.id for m in dead])
+                    n += len(dead)
+                    if local is not None:
+                        local -= {m.id for m in dead}
+                if (first_new is not None and after >= first_new) or local == set():
+                    break
+        return n
+
+    def put_blob(self, data: bytes) -> str:
+        """Store bytes on every shard (so any consumer finds them); returns the sha256 key."""
+        return self._everywhere(calls.put_blob(data))[0]
+
+    def get_blob(self, key: str, shard: int = 0) -> bytes | None:
+        return self.clients[shard].get_blob(key)
+
+    def forget_blobs(self, keys: Sequence[str]) -> None:
+        """Remove blobs from every shard (markers nothing needs any more)."""
+        self._everywhere(calls.forget_blobs(keys))
+
+    def assign(self, consumer: int, n_consumers: int) -> list[int]:
+        """The shards consumer `consumer` of `n_consumers` serves first (it may steal from the others)."""
+        if not 0 <= consumer < n_consumers:
+            raise ValueError(f"consumer must be in [0, {n_consumers}), got {consumer}")
+        n = len(self.clients)
+        if n_consumers >= n:
+            return [consumer % n]
+        return [s for s in range(n) if s % n_consumers == consumer]
+
+    def join(self, queues: str | Sequence[str] | None = None, *, timeout: float | None = None, poll_s: float = 0.2,
+             progress: bool | None = None) -> dict[str, QueueStats]:  # fmt: skip
+        """Wait until the queues (default: all) have nothing ready, delayed or delivered on any shard.
+
+        The servers answer as soon as their share is drained, so the end is seen at once; `poll_s`
+        is how often the counts are refreshed meanwhile for the progress bar, shown on a terminal
+        (`progress=None`: when stderr is one). Without a bar the servers are asked far less often
+        (every QUIET_POLL_S): each request costs them CPU the work could use. Raises TimeoutError
+        after `timeout` seconds. Returns the final stats.
+        """
+        from conveyor.client.progress import JoinProgress
+
+        names = [queues] if isinstance(queues, str) else None if queues is None else list(queues)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = 0.0  # the first look answers at once; then each server answers when drained or after poll_s
+        # connections of its own: a waiting request would hold up other threads' calls on ours
+        with JoinProgress(enabled=progress) as bar, pickle.loads(pickle.dumps(self)) as own:
+            if not bar.enabled:
+                poll_s = max(poll_s, QUIET_POLL_S)
+            while True:
+                mine = own.wait_drained(names, wait)
+                bar.update(mine)
+                if all(s.pending == 0 for s in mine.values()):
+                    return mine
+                if deadline is not None and (left := deadline - time.monotonic()) <= 0:
+                    pending = sum(s.pending for s in mine.values())
+                    raise TimeoutError(f"join: {pending:,} messages still pending after {timeout} s")
+                wait = poll_s if deadline is None else max(min(poll_s, left), 0.001)
+
+    # --- lifecycle --------------------------------------------------------------------------
+    def close(self) -> None:
+        """Close the connections; stop the servers this pool started and remove their temporary data."""
+        for c in self.clients:
+            c.close()
+        if self._threads is not None:
+            self._threads.shutdown()
+            self._threads = None
+        for p in self._procs:
+            stop_server(p)
+        self._procs = []
+        for d in self._tmp:  # the servers removed them as they stopped, unless one had to be killed
+            shutil.rmtree(d, ignore_errors=True)
+        self._tmp = []
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A pool crosses to other processes (Spark executors) as its connections' settings only."""
+        return {"clients": self.clients, "batch_size": self.batch_size}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["clients"], batch_size=state["batch_size"])  # type: ignore[misc]
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.addresses!r})"
+
+
+def _summed(shards: Iterable[dict[str, QueueStats]]) -> dict[str, QueueStats]:
+    """Per-queue stats summed over the shards."""
+    out: dict[str, QueueStats] = {}
+    for per in shards:
+        for q, st in per.items():
+            out[q] = out[q] + st if q in out else st
+    return out
+
+
+def _fresh(m: Message) -> Message:
+    """A dead message as a new one to put: same payload, headers (less the idempotency key),
+    priority and max_attempts; the store gives it a new id and fresh attempts."""
+    headers = {k: v for k, v in m.headers.items() if k != H_IDEMPOTENCY_KEY}
+    return Message(queue=m.queue, payload=m.payload, priority=m.priority, max_attempts=m.max_attempts, headers=headers)

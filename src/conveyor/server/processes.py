@@ -1,0 +1,62 @@
+"""Starting and stopping queue server processes (`conveyor serve` in a child process)."""
+
+from __future__ import annotations
+
+import os
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from conveyor.errors import ConveyorError
+
+SERVER_START_TIMEOUT_S = 30.0
+
+
+def spawn_server(data_dir: str | Path | None, port: int = 0, *, token: str | None = None, args: Sequence[str] = (),
+                 stderr: Any = None) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
+    """Start `conveyor serve` on 127.0.0.1 in a child process; returns it and its address once it listens.
+
+    The server logs to `stderr` (default: this process's stderr). It stops when this process ends,
+    even by SIGKILL (`--stop-with-parent`, its stdin a pipe from here).
+    """
+    cmd = [sys.executable, "-m", "conveyor", "serve", "--host", "127.0.0.1", "--port", str(port), "--stop-with-parent", *args]
+    if data_dir is not None:
+        cmd += ["--data-dir", str(data_dir)]
+    env = dict(os.environ)
+    env.pop("CONVEYOR_TOKEN", None)
+    if token:
+        env["CONVEYOR_TOKEN"] = token  # not on the command line, where `ps` would show it
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.PIPE, stderr=stderr, env=env)
+    assert proc.stdout is not None
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    line = b""
+    while not line.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        chunk = os.read(proc.stdout.fileno(), 4096) if left > 0 and select.select([proc.stdout], [], [], left)[0] else None
+        if not chunk:
+            proc.kill()
+            stop_server(proc)  # reaps it and closes its stdin
+            proc.stdout.close()
+            why = f"did not start within {SERVER_START_TIMEOUT_S:.0f} s" if chunk is None else \
+                f"exited with code {proc.returncode} before listening (see its errors above)"  # fmt: skip
+            raise ConveyorError(f"queue server {why}: {' '.join(cmd)}")
+        line += chunk
+    proc.stdout.close()  # the server prints nothing more
+    return proc, line.decode().split()[-1]
+
+
+def stop_server(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM (a clean stop: stores closed), then SIGKILL if it does not exit in time."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    if proc.stdin is not None:
+        proc.stdin.close()
