@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import msgpack
 import pytest
 
-from conveyor.client.queue_client import AsyncQueueClient, QueueClient
+from conveyor.client.queue_client import QueueClient
 from conveyor.constants import QUEUE_CONFIG_NAME, QUEUES_DIR, SEGMENT_GLOB
 from conveyor.errors import ConnectionLostError, ProtocolError, RequestError
 from conveyor.message import Message
@@ -101,38 +101,32 @@ def test_long_poll_wakes_when_a_delayed_message_comes_due(client: QueueClient) -
 
 
 def test_many_requests_in_flight_on_one_connection_reply_out_of_order(server: ThreadServer) -> None:
-    async def run() -> list[str]:
-        async with AsyncQueueClient(server.address) as c:
-            order: list[str] = []
-
-            async def slow() -> None:
-                await c.get("empty", 1, wait_s=0.5)
-                order.append("long poll")
-
-            async def fast(k: int) -> None:
-                await c.put("q", msgs(10))
-                order.append(f"put {k}")
-
-            await asyncio.gather(slow(), *(fast(k) for k in range(50)))
-            assert (await c.stats("q"))["q"].ready == 500
-            return order
-
-    order = asyncio.run(run())
-    assert order[-1] == "long poll" and len(order) == 51
+    conn = RawConnection(server.address)
+    try:
+        long_poll = calls.get("empty", 1, wait_s=0.5)
+        conn.send(frame({**long_poll.args, "op": long_poll.op, "id": 1}))
+        for k in range(50):  # sent after the long poll, on the same connection, answered before it
+            put = calls.put("q", msgs(10))
+            conn.send(frame({**put.args, "op": put.op, "id": 2 + k}, list(put.frames)))
+        order = [conn.read()["id"] for _ in range(51)]
+    finally:
+        conn.close()
+    assert order[-1] == 1 and sorted(order[:-1]) == list(range(2, 52))
+    with QueueClient(server.address) as c:
+        assert c.stats("q")["q"].ready == 500
 
 
 def test_concurrent_puts_share_fsyncs(server: ThreadServer, monkeypatch: pytest.MonkeyPatch) -> None:
     syncs = []
     real = DurableStore.sync
     monkeypatch.setattr(DurableStore, "sync", lambda self: (syncs.append(1), real(self))[1])
-
-    async def run() -> None:
-        clients = [AsyncQueueClient(server.address) for _ in range(8)]
-        await asyncio.gather(*(c.put("q", msgs(50)) for c in clients for _ in range(10)))
+    clients = [QueueClient(server.address) for _ in range(8)]
+    try:
+        with ThreadPoolExecutor(8) as ex:  # 8 connections, 10 puts each, all at once
+            list(ex.map(lambda c: c.pipeline([calls.put("q", msgs(50)) for _ in range(10)]), clients))
+    finally:
         for c in clients:
-            await c.close()
-
-    asyncio.run(run())
+            c.close()
     assert server.call(lambda: server.server.queues.get("q").store.stats().ready) == 8 * 10 * 50
     assert 0 < len(syncs) < 80  # group commit: fewer fsyncs than puts
 
@@ -422,19 +416,13 @@ def test_drop_removes_a_queue_and_never_reuses_its_ids(tmp_path: Path) -> None:
 
 
 def test_drop_ends_requests_waiting_on_the_queue(server: ThreadServer) -> None:
-    async def main() -> None:
-        async with AsyncQueueClient(server.address) as c:
-            from conveyor.protocol import operations as calls
-
-            await c.put("q", msgs(1))
-            await c.get("q", 1, lease_s=60)  # pending: a join on it waits
-            t0 = time.monotonic()
-            # one connection: the server starts them in this order, so both wait when the drop comes
-            poll, join, dropped = await asyncio.gather(
-                c.get("q", 1, wait_s=30), c.call(calls.stats(queues=["q"], drained_wait_s=30)), c.drop("q"),
-                return_exceptions=True)  # fmt: skip
-            assert time.monotonic() - t0 < 5
-            assert (poll, join, dropped) == ([], {}, True)
-            assert await c.queues() == []  # the get that waited did not make it again
-
-    asyncio.run(main())
+    with QueueClient(server.address) as c:
+        c.put("q", msgs(1))
+        c.get("q", 1, lease_s=60)  # pending: a join on it waits
+        t0 = time.monotonic()
+        # one connection: the server starts them in this order, so both wait when the drop comes
+        poll, join, dropped = c.pipeline([calls.get("q", 1, wait_s=30), calls.stats(queues=["q"], drained_wait_s=30),
+                                          calls.drop("q")])  # fmt: skip
+        assert time.monotonic() - t0 < 5
+        assert (poll, join, dropped) == ([], {}, True)
+        assert c.queues() == []  # the get that waited did not make it again

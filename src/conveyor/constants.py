@@ -20,6 +20,9 @@ ST_NONE = 255  # an id with no message (lost to repair, or a put torn by a crash
 # --- Defaults ----------------------------------------------------------------------------------
 DEFAULT_MAX_ATTEMPTS = 5
 DEFAULT_LEASE_S = 30.0
+MAX_BATCH = 1_000_000  # messages per get, or items per page of results or dead letters
+MAX_WAIT_S = 3600.0  # the longest a request may wait on purpose (long poll, drained wait)
+MAX_DELAY_S = 1e12  # finite: a message nacked with an endless delay would never come back
 MAX_LEASE_S = 7 * 24 * 3600.0  # a longer task extends its lease (a heartbeat) instead: an endless one never returns
 MAX_ATTEMPTS_LIMIT = 0xFFFF  # attempts are stored as u16
 PRIORITY_MIN = -(2**31)

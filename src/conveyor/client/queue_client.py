@@ -1,6 +1,6 @@
-"""Clients of one queue server: `QueueClient` (blocking) and `AsyncQueueClient` (asyncio).
+"""`QueueClient`: a blocking client of one queue server, many requests in flight per connection (`pipeline`).
 
-Both speak the same `calls`; only the transport differs. A client connects lazily and reconnects
+It sends the requests of `conveyor.protocol.operations`. A client connects lazily and reconnects
 with exponential backoff (up to `connect_timeout`) when its connection is gone. A request whose
 connection breaks before its reply raises `ConnectionLostError` and is not retried: it may have
 taken effect (a put may have been stored), and only the caller knows whether repeating it is safe.
@@ -8,14 +8,13 @@ taken effect (a put may have been stored), and only the caller knows whether rep
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import select
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any, NoReturn, TypeVar
 
@@ -25,6 +24,7 @@ from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol import framing as protocol
 from conveyor.protocol import operations as calls
 from conveyor.protocol.auth import as_key, auth_request, check_server_proof
+from conveyor.protocol.declarations import LIMITS_KEY
 from conveyor.protocol.framing import Frames, Header, Limits
 from conveyor.protocol.operations import Call, QueueInfo, QueueStats
 
@@ -63,9 +63,11 @@ def _result(call: Call[T], header: Header, frames: Frames) -> T:
     return call.parse(header, frames)
 
 
-class _Settings:
-    def __init__(self, address: str, token: str | bytes | None, timeout: float, connect_timeout: float,
-                 limits: Limits | None) -> None:  # fmt: skip
+class QueueClient:
+    """A blocking client of one queue server; thread-safe (one request at a time, or `pipeline`)."""
+
+    def __init__(self, address: str = f"tcp://127.0.0.1:{DEFAULT_PORT}", token: str | bytes | None = None, *,
+                 timeout: float = 30.0, connect_timeout: float = 10.0, limits: Limits | None = None) -> None:  # fmt: skip
         self.address = address if address.startswith("tcp://") else f"tcp://{address}"
         self.host, self.port = parse_address(address)
         self._key = as_key(token)
@@ -78,6 +80,9 @@ class _Settings:
         self.server_idle_s: float | None = None  # the server closes a connection silent for this long
         self._used = 0.0  # monotonic time of the last reply (or of connecting)
         self._ids = itertools.count(1)
+        self._sock: socket.socket | None = None
+        self._reader: protocol.SocketReader | None = None
+        self._lock = threading.RLock()
 
     def _idle_too_long(self) -> bool:
         """Idle for half the server's idle timeout: connect anew before the server closes this one
@@ -96,7 +101,7 @@ class _Settings:
     def _request(self, call: Call[Any], rid: int) -> Header:
         header = {**call.args, "op": call.op, "id": rid}
         if self._lim is not None:
-            header["lim"] = self._lim
+            header[LIMITS_KEY] = self._lim
         return header
 
     def _backoff(self) -> Iterator[float]:
@@ -112,17 +117,6 @@ class _Settings:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.address!r})"
-
-
-class QueueClient(_Settings):
-    """A blocking client of one queue server; thread-safe (one request at a time, or `pipeline`)."""
-
-    def __init__(self, address: str = f"tcp://127.0.0.1:{DEFAULT_PORT}", token: str | bytes | None = None, *,
-                 timeout: float = 30.0, connect_timeout: float = 10.0, limits: Limits | None = None) -> None:  # fmt: skip
-        super().__init__(address, token, timeout, connect_timeout, limits)
-        self._sock: socket.socket | None = None
-        self._reader: protocol.SocketReader | None = None
-        self._lock = threading.RLock()
 
     # --- transport ------------------------------------------------------------------------
     def connect(self) -> QueueClient:
@@ -353,211 +347,3 @@ class QueueClient(_Settings):
 
     def forget_blobs(self, keys: Sequence[str]) -> int:
         return self.call(calls.forget_blobs(keys))
-
-
-class AsyncQueueClient(_Settings):
-    """An asyncio client of one queue server: any number of requests in flight on one connection."""
-
-    def __init__(self, address: str = f"tcp://127.0.0.1:{DEFAULT_PORT}", token: str | bytes | None = None, *,
-                 timeout: float = 30.0, connect_timeout: float = 10.0, limits: Limits | None = None) -> None:  # fmt: skip
-        super().__init__(address, token, timeout, connect_timeout, limits)
-        self._writer: asyncio.StreamWriter | None = None
-        self._reading: asyncio.Task[None] | None = None
-        self._pending: dict[int, asyncio.Future[tuple[Header, Frames]]] = {}
-        self._connecting: asyncio.Lock | None = None
-
-    # --- transport ------------------------------------------------------------------------
-    async def connect(self) -> AsyncQueueClient:
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
-        async with self._connecting:
-            if self._writer is None:
-                await self._connect()
-        return self
-
-    async def _connect(self) -> None:
-        started, error = time.monotonic(), None
-        for delay in self._backoff():
-            try:
-                reader, writer = await asyncio.wait_for(asyncio.open_connection(self.host, self.port, limit=2**20),
-                                                        max(delay, self.timeout))  # fmt: skip
-            except (OSError, TimeoutError) as e:
-                error = e
-                await asyncio.sleep(delay)
-                continue
-            try:
-                await asyncio.wait_for(self._handshake(reader, writer), self.timeout)
-            except (OSError, EOFError, asyncio.IncompleteReadError) as e:  # a server starting or stopping
-                writer.close()
-                error = e
-                await asyncio.sleep(delay)
-                continue
-            except BaseException:
-                writer.close()
-                raise
-            self._writer, self._used = writer, time.monotonic()
-            self._reading = asyncio.create_task(self._read_replies(reader))
-            return
-        raise self._cannot_connect(started, error)
-
-    async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        greeting, _ = await protocol.read(reader, self.limits, request=False)
-        req = auth_request(greeting, self._key, self.address, next(self._ids))
-        self._greeted(greeting)
-        if req is not None:
-            header, mine = req
-            writer.writelines(protocol.encode(header))
-            reply, _ = await protocol.read(reader, self.limits, request=False)
-            if "error" in reply:
-                _raise_remote(reply)
-            assert self._key is not None
-            check_server_proof(reply, self._key, greeting["nonce"], mine, self.address)
-
-    async def _read_replies(self, reader: asyncio.StreamReader) -> None:
-        error: BaseException = ConnectionLostError(f"{self.address}: the server closed the connection")
-        try:
-            while True:
-                header, frames = await protocol.read(reader, self.limits, request=False)
-                fut = self._pending.pop(header.get("id", -1), None)
-                if fut is not None and not fut.done():
-                    fut.set_result((header, frames))
-        except EOFError:
-            pass
-        except ProtocolError as e:
-            error = e
-        except (OSError, asyncio.IncompleteReadError) as e:
-            error = ConnectionLostError(f"{self.address}: connection lost: {e}")
-        finally:
-            self._drop_connection(error)
-
-    def _drop_connection(self, error: BaseException) -> None:
-        if self._writer is not None:
-            self._writer.close()
-        self._writer = None
-        pending, self._pending = self._pending, {}
-        for fut in pending.values():
-            if not fut.done():
-                fut.set_exception(error)
-
-    async def call(self, call: Call[T]) -> T:
-        """Send one request and await its parsed reply."""
-        if self._writer is not None and self._idle_too_long():
-            self._drop_connection(ConnectionLostError(f"{self.address}: idle too long"))
-        if self._writer is None:
-            await self.connect()
-        assert self._writer is not None
-        rid = next(self._ids)
-        fut: asyncio.Future[tuple[Header, Frames]] = asyncio.get_running_loop().create_future()
-        self._pending[rid] = fut
-        try:
-            self._writer.writelines(protocol.encode(self._request(call, rid), call.frames))
-            await self._writer.drain()
-            header, frames = await asyncio.wait_for(fut, self.timeout + call.wait_s)
-        except TimeoutError:
-            raise TimeoutError(f"{self.address}: no reply to {call.op} within {self.timeout + call.wait_s:.1f} s") from None
-        except (ConnectionError, RuntimeError) as e:
-            if isinstance(e, ConnectionLostError):
-                raise
-            raise ConnectionLostError(f"{self.address}: connection lost: {e}") from None
-        finally:
-            self._pending.pop(rid, None)
-        self._used = time.monotonic()
-        if header.get("error") in _FATAL:
-            self._drop_connection(ConnectionLostError(f"{self.address}: closed after a protocol error"))
-        return _result(call, header, frames)
-
-    async def close(self) -> None:
-        if self._reading is not None:
-            self._reading.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reading
-            self._reading = None
-        self._drop_connection(ConnectionLostError(f"{self.address}: the client was closed"))
-
-    async def __aenter__(self) -> AsyncQueueClient:
-        return await self.connect()
-
-    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
-        await self.close()
-
-    # --- operations (see `conveyor.protocol.operations` for each one's contract) --------------------------
-    async def ping(self) -> Header:
-        return await self.call(calls.ping())
-
-    async def declare(self, queue: str, *, durable: bool | None = None, lease_s: float | None = None,
-                      max_attempts: int | None = None, fsync: str | None = None) -> QueueInfo:  # fmt: skip
-        return await self.call(calls.declare(queue, durable=durable, lease_s=lease_s, max_attempts=max_attempts, fsync=fsync))
-
-    async def queues(self) -> list[QueueInfo]:
-        return await self.call(calls.queues())
-
-    async def put(self, queue: str, messages: Sequence[Message]) -> list[int]:
-        await self.connect()
-        return [i for c in calls.puts(queue, messages, self.server_limits) for i in await self.call(c)]
-
-    async def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0) -> list[Message]:
-        return await self.call(calls.get(queue, n, lease_s=lease_s, wait_s=wait_s))
-
-    async def ack(self, queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None = None) -> list[bool]:
-        await self.connect()
-        return [o for c in calls.acks(queue, ids, results, self.server_limits) for o in await self.call(c)]
-
-    async def nack(self, queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
-                   delay_s: float | Sequence[float] = 0.0, final: bool = False) -> list[bool]:  # fmt: skip
-        await self.connect()
-        return [o for c in calls.nacks(queue, ids, errors, delay_s, final, self.server_limits) for o in await self.call(c)]
-
-    async def release(self, queue: str, ids: Sequence[int]) -> list[bool]:
-        return await self.call(calls.release(queue, ids))
-
-    async def result(self, queue: str, ids: Sequence[int]) -> list[bytes | None]:
-        out: list[bytes | None] = []
-        while len(out) < len(ids):  # a reply holds what fits in this client's limits
-            out += calls.progress(await self.call(calls.result(queue, ids[len(out) :])), "result")
-        return out
-
-    async def status(self, queue: str, ids: Sequence[int]) -> list[Status | None]:
-        return await self.call(calls.status(queue, ids))
-
-    async def report(self, worker: str, counts: dict[str, float]) -> None:
-        await self.call(calls.report(worker, counts))
-
-    async def workers(self) -> dict[str, dict[str, float]]:
-        return await self.call(calls.workers())
-
-    async def extend_lease(self, queue: str, ids: Sequence[int], lease_s: float) -> list[bool]:
-        return await self.call(calls.extend_lease(queue, ids, lease_s))
-
-    async def stats(self, queue: str | None = None) -> dict[str, QueueStats]:
-        return await self.call(calls.stats(queue))
-
-    async def purge(self, queue: str) -> int:
-        return await self.call(calls.purge(queue))
-
-    async def drop(self, queue: str) -> bool:
-        return await self.call(calls.drop(queue))
-
-    async def results(self, queue: str, after: int = 0, limit: int = 1000) -> list[tuple[int, bytes]]:
-        return await self.call(calls.results(queue, after, limit))
-
-    async def iter_results(self, queue: str, after: int = 0, page: int = 1000) -> AsyncIterator[tuple[int, bytes]]:
-        """Every stored result from the first id above `after`, fetched a page at a time."""
-        while rows := await self.results(queue, after, page):
-            for row in rows:
-                yield row
-            after = rows[-1][0]
-
-    async def dead_letters(self, queue: str, after: int = 0, limit: int = 1000) -> list[DeadLetter]:
-        return await self.call(calls.dead_letters(queue, after, limit))
-
-    async def forget(self, queue: str, ids: Sequence[int]) -> int:
-        return await self.call(calls.forget(queue, ids))
-
-    async def put_blob(self, data: bytes) -> str:
-        return await self.call(calls.put_blob(data))
-
-    async def get_blob(self, key: str) -> bytes | None:
-        return await self.call(calls.get_blob(key))
-
-    async def forget_blobs(self, keys: Sequence[str]) -> int:
-        return await self.call(calls.forget_blobs(keys))

@@ -1,6 +1,7 @@
 """The operations a client can ask of a queue server: how each request is built and its reply read.
 
-Both clients (`QueueClient`, `AsyncQueueClient`) send these `Call`s; only the transport differs.
+`QueueClient` sends these `Call`s; the fields of each request and reply are declared once, in
+`conveyor.protocol.declarations`.
 Per-message fields travel as columns in the header (a scalar when all messages agree), payloads
 and results as raw frames.
 """
@@ -9,12 +10,37 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import msgpack
 
 from conveyor.errors import ProtocolError
 from conveyor.message import DeadLetter, Message, Status, headers_bytes, make_message
+from conveyor.protocol.declarations import (
+    ACK,
+    COL_IDS,
+    DEAD_LETTERS,
+    DECLARE,
+    DROP,
+    EXTEND_LEASE,
+    FORGET,
+    FORGET_BLOBS,
+    GET,
+    GET_BLOB,
+    MESSAGE_COLUMNS,
+    NACK,
+    PING,
+    PURGE,
+    PUT,
+    PUT_BLOB,
+    QUEUES,
+    RELEASE,
+    REPORT,
+    RESULT,
+    RESULTS,
+    STATS,
+    STATUS,
+)
 from conveyor.protocol.framing import Frames, Header, Limits, column, expand
 
 T = TypeVar("T")
@@ -71,38 +97,36 @@ _STAT_FIELDS = ("ready", "delivered", "delayed", "acked", "failed", "bytes_on_di
 
 
 def ping() -> Call[Header]:
-    return Call("ping", {})
+    return Call(PING.name, {})
 
 
 def declare(queue: str, *, durable: bool | None = None, lease_s: float | None = None,
             max_attempts: int | None = None, fsync: str | None = None) -> Call[QueueInfo]:  # fmt: skip
     """Create a queue, or check that it exists with these settings (None: the server's default)."""
-    args = {"queue": queue, "durable": durable, "lease_s": lease_s, "max_attempts": max_attempts, "fsync": fsync}
-    return Call("declare", {k: v for k, v in args.items() if v is not None}, parse=lambda h, f: QueueInfo(**h["info"]))
+    args = DECLARE.header(queue=queue, durable=durable, lease_s=lease_s, max_attempts=max_attempts, fsync=fsync)
+    return Call(DECLARE.name, args, parse=lambda h, f: QueueInfo(**h["info"]))
 
 
 def queues() -> Call[list[QueueInfo]]:
-    return Call("queues", {}, parse=lambda h, f: [QueueInfo(**i) for i in h["queues"]])
+    return Call(QUEUES.name, {}, parse=lambda h, f: [QueueInfo(**i) for i in h["queues"]])
 
 
 def put(queue: str, messages: Sequence[Message]) -> Call[list[int]]:
     """Append messages (their `id`, `queue`, `attempts`, `enqueued_at` and `lease_s` are ignored)."""
-    args: dict[str, Any] = {"queue": queue, "n": len(messages)}
     try:
-        args["prio"] = column([m.priority for m in messages])
+        priority = column([m.priority for m in messages])
     except AttributeError:
         bad = next(m for m in messages if not isinstance(m, Message))
         raise TypeError(f"put takes Message objects, not {type(bad).__name__}") from None
-    nb = column([m.not_before for m in messages])
-    if nb != 0.0:
-        args["nb"] = nb
-    ma = column([m.max_attempts for m in messages])
-    if ma != 0:
-        args["ma"] = ma
-    hdr = column([m.headers for m in messages])
-    if hdr != {}:
-        args["hdr"] = hdr
-    return Call("put", args, [m.payload for m in messages], parse=_put_ids)
+    args = PUT.header(
+        queue=queue,
+        n=len(messages),
+        priority=priority,
+        not_before=column([m.not_before for m in messages]),
+        max_attempts=column([m.max_attempts for m in messages]),
+        headers=column([m.headers for m in messages]),
+    )
+    return Call(PUT.name, args, [m.payload for m in messages], parse=_put_ids)
 
 
 def puts(queue: str, messages: Sequence[Message], limits: Limits) -> list[Call[list[int]]]:
@@ -135,7 +159,7 @@ def _messages(h: Header, frames: Frames, id_base: int = 0) -> list[Message]:
     """
     n = len(frames)
     q, lease = h["queue"], h["lease_s"]
-    cols = [expand(h[k], n, k) for k in ("ids", "prio", "att", "at", "nb", "ma", "hdr")]
+    cols = [expand(h[k], n, k) for k in MESSAGE_COLUMNS]
     return [make_message(id_base + i, q, p, pr, a, at, nb, lease, ma, hd)
             for i, p, pr, a, at, nb, ma, hd in zip(cols[0], frames, *cols[1:], strict=True)]  # fmt: skip
 
@@ -155,10 +179,8 @@ def _fetched(h: Header, frames: Frames, id_base: int) -> Fetched:
 
 def get(queue: str, n: int, *, lease_s: float | None = None, wait_s: float = 0.0, id_base: int = 0) -> Call[Fetched]:
     """Lease up to n messages; with `wait_s`, wait that long for some to arrive (long poll)."""
-    args: dict[str, Any] = {"queue": queue, "n": n, "wait_s": wait_s}
-    if lease_s is not None:
-        args["lease_s"] = lease_s
-    return Call("get", args, parse=lambda h, f: _fetched(h, f, id_base), wait_s=max(0.0, wait_s))
+    args = GET.header(queue=queue, n=n, lease_s=lease_s, wait_s=wait_s)
+    return Call(GET.name, args, parse=lambda h, f: _fetched(h, f, id_base), wait_s=max(0.0, wait_s))
 
 
 def acks(queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None, limits: Limits) -> list[Call[list[bool]]]:
@@ -173,14 +195,14 @@ def acks(queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None,
 
 def ack(queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None = None) -> Call[list[bool]]:
     """Finish messages, with optional results; returns which acks took effect (the first ack wins)."""
-    args: dict[str, Any] = {"queue": queue, "ids": list(ids)}
     frames: list[bytes] = []
+    none = None
     if results is not None:
-        if len(results) != len(args["ids"]):
-            raise ValueError(f"ack: {len(args['ids'])} ids but {len(results)} results")
-        args["none"] = [i for i, r in enumerate(results) if r is None]
+        if len(results) != len(ids):
+            raise ValueError(f"ack: {len(ids)} ids but {len(results)} results")
+        none = [i for i, r in enumerate(results) if r is None]
         frames = [b"" if r is None else r for r in results]
-    return Call("ack", args, frames, parse=lambda h, f: h["ok"])
+    return Call(ACK.name, ACK.header(queue=queue, ids=list(ids), none=none), frames, parse=_ok)
 
 
 def nack(queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
@@ -188,12 +210,8 @@ def nack(queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
     """Give messages back (READY after the delay, per message or for all) or to the dead letters
     (when out of attempts, or at once with `final`)."""
     delay = delay_s if isinstance(delay_s, (int, float)) else list(delay_s)
-    args: dict[str, Any] = {"queue": queue, "ids": list(ids), "delay_s": delay}
-    if final:
-        args["final"] = True
-    if errors is not None:
-        args["errors"] = list(errors)
-    return Call("nack", args, parse=lambda h, f: h["ok"])
+    args = NACK.header(queue=queue, ids=list(ids), errors=None if errors is None else list(errors), delay_s=delay, final=final)
+    return Call(NACK.name, args, parse=_ok)
 
 
 def nacks(queue: str, ids: Sequence[int], errors: Sequence[str] | None, delay_s: float | Sequence[float],
@@ -210,7 +228,11 @@ def nacks(queue: str, ids: Sequence[int], errors: Sequence[str] | None, delay_s:
 
 def release(queue: str, ids: Sequence[int]) -> Call[list[bool]]:
     """Give back delivered messages never started: READY at once, the attempt not counted."""
-    return Call("release", {"queue": queue, "ids": list(ids)}, parse=lambda h, f: h["ok"])
+    return Call(RELEASE.name, RELEASE.header(queue=queue, ids=list(ids)), parse=_ok)
+
+
+def _ok(h: Header, frames: Frames) -> list[bool]:
+    return cast("list[bool]", h["ok"])
 
 
 def _found(h: Header, frames: Frames) -> list[bytes | None]:
@@ -227,7 +249,7 @@ def progress(got: list[T], op: str) -> list[T]:
 
 def result(queue: str, ids: Sequence[int]) -> Call[list[bytes | None]]:
     """The stored results of these ids (None: not acked, acked without a result, or forgotten)."""
-    return Call("result", {"queue": queue, "ids": list(ids)}, parse=_found)
+    return Call(RESULT.name, RESULT.header(queue=queue, ids=list(ids)), parse=_found)
 
 
 def status(queue: str, ids: Sequence[int]) -> Call[list[Status | None]]:
@@ -236,22 +258,22 @@ def status(queue: str, ids: Sequence[int]) -> Call[list[Status | None]]:
     def parse(h: Header, f: Frames) -> list[Status | None]:
         return [None if s is None else Status(s) for s in h["status"]]
 
-    return Call("status", {"queue": queue, "ids": list(ids)}, parse=parse)
+    return Call(STATUS.name, STATUS.header(queue=queue, ids=list(ids)), parse=parse)
 
 
 def report(worker: str, counts: dict[str, float]) -> Call[Header]:
     """A consumer's counts (processed, failed, running...), shown by `stats` for a minute."""
-    return Call("report", {"worker": worker, "counts": counts})
+    return Call(REPORT.name, REPORT.header(worker=worker, counts=counts))
 
 
 def workers() -> Call[dict[str, dict[str, float]]]:
     """Counts of the consumers that reported within the last minute (with `seen`: seconds ago)."""
-    return Call("stats", {}, parse=lambda h, f: h["workers"])
+    return Call(STATS.name, {}, parse=lambda h, f: h["workers"])
 
 
 def extend_lease(queue: str, ids: Sequence[int], lease_s: float) -> Call[list[bool]]:
     """Push the leases of delivered messages to now + lease_s (a running task's heartbeat)."""
-    return Call("extend_lease", {"queue": queue, "ids": list(ids), "lease_s": lease_s}, parse=lambda h, f: h["ok"])
+    return Call(EXTEND_LEASE.name, EXTEND_LEASE.header(queue=queue, ids=list(ids), lease_s=lease_s), parse=_ok)
 
 
 def stats(queue: str | None = None, *, queues: Sequence[str] | None = None,
@@ -261,29 +283,25 @@ def stats(queue: str | None = None, *, queues: Sequence[str] | None = None,
     With `drained_wait_s`, the server answers once those queues have nothing pending (or after
     that long).
     """
-    args: dict[str, Any] = {} if queue is None else {"queue": queue}
-    if queues is not None:
-        args["queues"] = list(queues)
-    if drained_wait_s > 0:
-        args["drained_wait_s"] = drained_wait_s
-    return Call("stats", args, parse=lambda h, f: {q: QueueStats(q, **s) for q, s in h["queues"].items()},
+    args = STATS.header(queue=queue, queues=None if queues is None else list(queues), drained_wait_s=drained_wait_s)
+    return Call(STATS.name, args, parse=lambda h, f: {q: QueueStats(q, **s) for q, s in h["queues"].items()},
                 wait_s=drained_wait_s)  # fmt: skip
 
 
 def purge(queue: str) -> Call[int]:
     """Drop every READY (and delayed) message; returns how many."""
-    return Call("purge", {"queue": queue}, parse=lambda h, f: h["n"])
+    return Call(PURGE.name, PURGE.header(queue=queue), parse=lambda h, f: h["n"])
 
 
 def drop(queue: str) -> Call[bool]:
     """Remove the queue and everything it holds; False if there was none."""
-    return Call("drop", {"queue": queue}, parse=lambda h, f: h["dropped"])
+    return Call(DROP.name, DROP.header(queue=queue), parse=lambda h, f: h["dropped"])
 
 
 def results(queue: str, after: int = 0, limit: int = 1000) -> Call[list[tuple[int, bytes]]]:
     """Stored results in id order from the first id above `after`: one page of at most `limit`."""
-    args = {"queue": queue, "after": after, "limit": limit}
-    return Call("results", args, parse=lambda h, f: list(zip(h["ids"], f, strict=True)))
+    args = RESULTS.header(queue=queue, after=after, limit=limit)
+    return Call(RESULTS.name, args, parse=lambda h, f: list(zip(h[COL_IDS], f, strict=True)))
 
 
 def _dead(h: Header, frames: Frames) -> list[DeadLetter]:
@@ -292,24 +310,24 @@ def _dead(h: Header, frames: Frames) -> list[DeadLetter]:
 
 def dead_letters(queue: str, after: int = 0, limit: int = 1000) -> Call[list[DeadLetter]]:
     """Dead letters in id order from the first id above `after`: one page of at most `limit`."""
-    return Call("dead_letters", {"queue": queue, "after": after, "limit": limit}, parse=_dead)
+    return Call(DEAD_LETTERS.name, DEAD_LETTERS.header(queue=queue, after=after, limit=limit), parse=_dead)
 
 
 def forget(queue: str, ids: Sequence[int]) -> Call[int]:
     """Drop stored results and dead letters of these ids, freeing their space; returns how many."""
-    return Call("forget", {"queue": queue, "ids": list(ids)}, parse=lambda h, f: h["n"])
+    return Call(FORGET.name, FORGET.header(queue=queue, ids=list(ids)), parse=lambda h, f: h["n"])
 
 
 def put_blob(data: bytes) -> Call[str]:
     """Store bytes under their sha256 (hex); returns the key. Used for pickled functions."""
-    return Call("put_blob", {}, [data], parse=lambda h, f: h["key"])
+    return Call(PUT_BLOB.name, {}, [data], parse=lambda h, f: h["key"])
 
 
 def get_blob(key: str) -> Call[bytes | None]:
     """The bytes stored under a key, or None."""
-    return Call("get_blob", {"key": key}, parse=lambda h, f: f[0] if f else None)
+    return Call(GET_BLOB.name, GET_BLOB.header(key=key), parse=lambda h, f: f[0] if f else None)
 
 
 def forget_blobs(keys: Sequence[str]) -> Call[int]:
     """Remove blobs; returns how many there were."""
-    return Call("forget_blobs", {"keys": list(keys)}, parse=lambda h, f: h["n"])
+    return Call(FORGET_BLOBS.name, FORGET_BLOBS.header(keys=list(keys)), parse=lambda h, f: h["n"])

@@ -47,7 +47,7 @@ from conveyor.errors import ConveyorError, ProtocolError, RequestError, StoreErr
 from conveyor.protocol import framing as protocol
 from conveyor.protocol.auth import as_key, hello, new_nonce, proof, refusal
 from conveyor.protocol.framing import Frames, Header, Limits
-from conveyor.server.handlers import HANDLERS, Args
+from conveyor.server.handlers import HANDLERS
 from conveyor.server.queues import Defaults, QueueHost
 from conveyor.storage.files import store_error
 
@@ -334,11 +334,12 @@ class QueueServer:
         reply: dict[str, Any]
         out: Frames = []
         try:
-            handler = HANDLERS.get(op)
-            if handler is None:
+            found = HANDLERS.get(op)
+            if found is None:
                 raise RequestError(ERR_UNKNOWN_OP, f"unknown operation {op!r:.60}; known: {', '.join(HANDLERS)}")
             assert self.queues is not None
-            reply, out = await handler(self.queues, Args(header), frames)
+            declared, handler = found
+            reply, out = await handler(self.queues, declared.arguments(header), frames)
             reply["id"] = rid
         except RequestError as e:
             reply = {"id": rid, "error": e.kind, "message": str(e)}
