@@ -25,9 +25,9 @@ __all__ = [
 # The TaskGraph API lives in conveyor.spark and imports pyarrow and pandas (and pyspark when it
 # runs): load it on first use so that `import conveyor` stays light.
 _LAZY = {
-    "TaskGraph": "conveyor.spark.graph",
-    "Executor": "conveyor.spark.executors",
-    "Dataset": "conveyor.spark.dataset",
+    "TaskGraph": "conveyor.graph",
+    "Executor": "conveyor.graph",
+    "Dataset": "conveyor.graph",
     "local": "conveyor.spark.embedded",
 }
 
