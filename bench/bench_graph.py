@@ -43,9 +43,10 @@ from rich.table import Table
 
 from conveyor import TaskGraph
 from conveyor.spark.session import get_or_create_session
-from conveyor.spark.tpch import QUERIES, duckdb_columns, generate, spark_ddl
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))  # the examples import their TPC-H helpers (examples/tpch.py) by name
+tpch = importlib.import_module("tpch")
 TARGET = 2.0
 _T0 = time.perf_counter()
 
@@ -94,17 +95,17 @@ def main() -> int:
     scale, runs = (0.01, 2) if args.quick else (args.scale, args.runs)
     data = args.data_dir or Path(tempfile.gettempdir()) / "conveyor-bench" / f"tpch-sf{scale:g}"
     progress(f"TPC-H SF{scale:g} in {data} (generated when missing)")
-    generate(scale, data, ("lineitem", "orders"))
+    tpch.generate(scale, data, ("lineitem", "orders"))
 
     progress("starting Spark (local[2])")
     spark = get_or_create_session("local[2]", app_name="bench-graph")
     for table in ("lineitem", "orders"):
-        spark.read.csv(str(data / f"{table}.tbl"), schema=spark_ddl(table), sep="|").createOrReplaceTempView(table)
+        spark.read.csv(str(data / f"{table}.tbl"), schema=tpch.spark_ddl(table), sep="|").createOrReplaceTempView(table)
     con = duckdb.connect()
     con.execute("set threads = 2")
     for table in ("lineitem", "orders"):
         con.execute(f"create view {table} as select * from read_csv('{data / table}.tbl', delim='|', header=false, "
-                    f"columns={duckdb_columns(table)})")  # fmt: skip
+                    f"columns={tpch.duckdb_columns(table)})")  # fmt: skip
 
     builders = {"q6": example("tpch_q6").build_q6, "q12": example("tpch_q12").build_q12}
 
@@ -122,8 +123,8 @@ def main() -> int:
     systems: dict[str, Callable[[str], Callable[[], pd.DataFrame]]] = {
         "TaskGraph": taskgraph,
         "TaskGraph, Spark reader": lambda q: taskgraph(q, "spark"),
-        "Spark SQL": lambda q: lambda: spark.sql(QUERIES[q]).toPandas(),
-        "DuckDB": lambda q: lambda: con.execute(QUERIES[q]).df(),
+        "Spark SQL": lambda q: lambda: spark.sql(tpch.QUERIES[q]).toPandas(),
+        "DuckDB": lambda q: lambda: con.execute(tpch.QUERIES[q]).df(),
     }
     times: dict[tuple[str, str], list[float]] = {}
     answers: dict[tuple[str, str], Any] = {}

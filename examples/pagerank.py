@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from conveyor import Dataset, TaskGraph
-from conveyor.spark.executors import FilterProject, HashAggregate, HashJoin, Map
+from conveyor.graph import FilterProject, HashAggregate, HashJoin, Map
 
 DAMPING = 0.85
 

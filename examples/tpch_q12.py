@@ -16,10 +16,10 @@ import time
 
 import numpy as np
 import pandas as pd
+from tpch import generate, names
 
 from conveyor import Dataset, TaskGraph
-from conveyor.spark.executors import HashAggregate, HashJoin, Sort
-from conveyor.spark.tpch import generate, names
+from conveyor.graph import HashAggregate, HashJoin, Sort
 
 LINEITEM_COLUMNS = ["l_orderkey", "l_shipdate", "l_commitdate", "l_receiptdate", "l_shipmode"]
 

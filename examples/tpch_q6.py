@@ -14,10 +14,10 @@ import tempfile
 import time
 
 import pandas as pd
+from tpch import generate, names
 
 from conveyor import Dataset, TaskGraph
-from conveyor.spark.executors import HashAggregate
-from conveyor.spark.tpch import generate, names
+from conveyor.graph import HashAggregate
 
 COLUMNS = ["l_quantity", "l_extendedprice", "l_discount", "l_shipdate"]
 

@@ -32,9 +32,9 @@ def main(url: str, out: Path) -> None:
 
     import conveyor.spark
     from conveyor import TaskGraph
+    from conveyor.graph import Count
     from conveyor.pool import QueuePool
     from conveyor.serialization import decode_result
-    from conveyor.spark.executors import Count
     from tests import worker_tasks
 
     spark = SparkSession.builder.remote(url).getOrCreate()

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
 import duckdb
 import numpy as np
 import pandas as pd
-
-from conveyor.spark.tpch import QUERIES, TABLES, duckdb_columns
+from examples.tpch import QUERIES, TABLES, duckdb_columns
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def example(name: str) -> ModuleType:
-    """A script of examples/ imported as a module."""
+    """A script of examples/ imported as a module (with examples/ on sys.path: it imports `tpch` by name, as a script does)."""
+    if str(ROOT / "examples") not in sys.path:
+        sys.path.append(str(ROOT / "examples"))
     spec = importlib.util.spec_from_file_location(f"example_{name}", ROOT / "examples" / f"{name}.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from examples.tpch import generate
 from pyspark.sql import SparkSession
 
 from conveyor.spark.session import get_or_create_session
-from conveyor.spark.tpch import generate
 
 
 @pytest.fixture(scope="session")

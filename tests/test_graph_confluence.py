@@ -12,8 +12,8 @@ import pyarrow.compute as pc
 import pytest
 
 from conveyor import Executor
-from conveyor.spark.channels import to_table
-from conveyor.spark.executors import Count, FilterProject, HashAggregate, HashJoin, Limit, Map, Sort
+from conveyor.graph import Count, FilterProject, HashAggregate, HashJoin, Limit, Map, Sort
+from conveyor.graph.channels import to_table
 
 SEEDS = range(6)
 

@@ -11,8 +11,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from conveyor import Dataset, TaskGraph
-from conveyor.spark.errors import GraphError
-from conveyor.spark.executors import FilterProject, HashAggregate, Map
+from conveyor.graph import FilterProject, GraphError, HashAggregate, Map
 from tests.graph_helpers import example
 
 

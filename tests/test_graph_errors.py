@@ -10,8 +10,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from conveyor import Executor, TaskGraph
-from conveyor.spark.errors import GraphError
-from conveyor.spark.executors import Count, FilterProject, HashJoin
+from conveyor.graph import Count, FilterProject, GraphError, HashJoin
 
 
 @pytest.fixture

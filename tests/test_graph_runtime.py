@@ -11,12 +11,12 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from examples.tpch import names
 from pyspark.sql import SparkSession
 
 from conveyor import Executor, TaskGraph
-from conveyor.spark.channels import stable_hash
-from conveyor.spark.executors import Count, FilterProject, Limit
-from conveyor.spark.tpch import names
+from conveyor.graph import Count, FilterProject, Limit
+from conveyor.graph.channels import stable_hash
 
 
 class Recorder(Executor):

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from examples.tpch import names
 from pyspark.sql import SparkSession
 
 from conveyor import Dataset, TaskGraph
-from conveyor.spark.executors import HashAggregate, HashJoin, Sort
-from conveyor.spark.tpch import names
+from conveyor.graph import HashAggregate, HashJoin, Sort
 from tests.graph_helpers import assert_frames_close, duckdb_answer, example
 
 

@@ -214,36 +214,3 @@ QUEUE_DEFAULT_BATCH_SIZE = 5
 QUEUE_DEFAULT_VISIBILITY_TIMEOUT_S = 600.0
 QUEUE_DEFAULT_LONG_POLL_S = 5.0
 QUEUE_DEFAULT_NUM_ITERATIONS = 2
-# =================================================================================================
-# --- TaskGraph on Spark (conveyor.spark): the rows that carry Arrow batches between nodes ---------
-# =================================================================================================
-# Every edge of a TaskGraph moves Arrow batches as rows of a Spark DataFrame; each row holds one
-# batch serialised as an Arrow IPC stream (schema + one or more record batches, uncompressed: Spark
-# compresses its shuffle files itself).
-#
-# A routed batch, as emitted by a producer node: the consumer edge it travels on (the graph's edge
-# number), the consumer channel it is for (= the consumer's Spark partition), the producer's
-# dependency level (build sides sort before probe sides), its sequence number within the edge, and
-# the batch. Consumers sort by (channel, level, seq, edge).
-GRAPH_ROUTE_DDL = "edge INT, channel INT, level INT, seq BIGINT, batch BINARY"
-GRAPH_ROUTE_COLUMNS = ("edge", "channel", "level", "seq", "batch")
-# A Dataset (a blocking node's materialised output): the channel that produced the batch, its
-# sequence number within the channel, the batch. Also the layout of a Dataset checkpointed as Parquet.
-GRAPH_DATASET_DDL = "channel INT, seq BIGINT, batch BINARY"
-GRAPH_DATASET_COLUMNS = ("channel", "seq", "batch")
-# seq = (producer channel or input split) << GRAPH_SEQ_SHIFT | batch number within it
-GRAPH_SEQ_SHIFT = 32
-# a batch bigger than this is cut into slices before it is routed (keeps rows of the shuffle small)
-GRAPH_BATCH_MAX_BYTES = 16 * 1024 * 1024
-# a producer flushes a RecordBatch of routed rows to Spark once it holds this many payload bytes
-GRAPH_FLUSH_BYTES = 32 * 1024 * 1024
-# bytes per Arrow batch handed to a node's Python task while a graph runs
-# (spark.sql.execution.arrow.maxBytesPerBatch): the row limit alone (10,000 rows) would put
-# gigabytes of batches in one Arrow batch, and lowering it would starve Spark-read inputs
-GRAPH_ARROW_BATCH_BYTES = 64 * 1024 * 1024
-# CSV inputs: the column types are inferred from this many bytes at the start of the first file
-GRAPH_CSV_SAMPLE_BYTES = 1024 * 1024
-# CSV inputs: bytes per parsed block (one block = one batch read)
-GRAPH_CSV_BLOCK_BYTES = 4 * 1024 * 1024
-# Parquet inputs: rows per batch read
-GRAPH_PARQUET_BATCH_ROWS = 128 * 1024

@@ -13,19 +13,29 @@ from __future__ import annotations
 import os
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..constants import GRAPH_ARROW_BATCH_BYTES, GRAPH_DATASET_DDL, GRAPH_ROUTE_DDL
 from .errors import GraphError, unwrap_task_error
-from .readers import CsvReader, csv_format, csv_splits, list_files, local_path, parquet_filter, parquet_reader, read_sample
-from .tasks import InputTask, NodeTask, OutEdge
+from .layout import ARROW_BATCH_BYTES, DATASET_DDL, ROUTE_DDL
+from .nodes import InputSpec, NodeKind, Spec, TaskSpec
+from .plan import Edge, Plan
+from .readers import (
+    CsvReader,
+    ParquetReader,
+    csv_format,
+    csv_splits,
+    list_files,
+    local_path,
+    parquet_filter,
+    parquet_reader,
+    read_sample,
+)
+from .stages import InputTask, NodeTask, OutEdge
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
-
-    from .graph import InputSpec, TaskGraph, TaskSpec
-    from .plan import Edge, Plan
 
 
 @dataclass
@@ -40,25 +50,25 @@ class RunStats:
 class Runner:
     """Builds the DataFrames of a planned graph and materialises its blocking nodes."""
 
-    def __init__(self, graph: TaskGraph, plan: Plan, spark: SparkSession) -> None:
-        self.graph, self.plan, self.spark = graph, plan, spark
+    def __init__(self, specs: Mapping[int, Spec], plan: Plan, spark: SparkSession, name: str, checkpoint_dir: str | None,
+                 file_reader: str) -> None:  # fmt: skip
+        self.specs, self.plan, self.spark = specs, plan, spark
+        self.name, self.checkpoint_dir, self.file_reader = name, checkpoint_dir, file_reader
         self.outputs: dict[int, DataFrame] = {}
         self.persisted: list[DataFrame] = []
         self.counters: dict[int, Any] = {}
 
     def run(self) -> RunStats:
-        from .graph import InputSpec, TaskSpec
-
         start = time.perf_counter()
         self._make_counters()
         # a session-wide setting: it applies to this run's jobs and is put back afterwards
         conf_key = "spark.sql.execution.arrow.maxBytesPerBatch"
         previous = self.spark.conf.get(conf_key, None)
-        limit = min(int(previous), GRAPH_ARROW_BATCH_BYTES) if previous and previous.isdigit() else GRAPH_ARROW_BATCH_BYTES
+        limit = min(int(previous), ARROW_BATCH_BYTES) if previous and previous.isdigit() else ARROW_BATCH_BYTES
         self.spark.conf.set(conf_key, str(limit))
         try:
             for nid in self.plan.order:
-                spec = self.graph.specs[nid]
+                spec = self.specs[nid]
                 if isinstance(spec, TaskSpec) and spec.blocking:
                     self._materialize(spec)
         except GraphError:
@@ -75,11 +85,11 @@ class Runner:
                 self.spark.conf.set(conf_key, previous)
             for df in self.persisted:
                 df.unpersist()
-        inputs = [s for s in self.graph.specs.values() if isinstance(s, InputSpec)]
+        inputs = [s for s in self.specs.values() if isinstance(s, InputSpec)]
         return RunStats(
             seconds=time.perf_counter() - start,
             batches_read={s.node.name: (self.counters[s.node.id].value if s.node.id in self.counters else None) for s in inputs},
-            fused_inputs=[self.graph.specs[n].node.name for n in sorted(self.plan.fused)],
+            fused_inputs=[self.specs[n].node.name for n in sorted(self.plan.fused)],
         )
 
     def _make_counters(self) -> None:
@@ -91,9 +101,7 @@ class Runner:
             self.counters[nid] = sc.accumulator(0)
 
     def _input_ids(self) -> set[int]:
-        from .graph import InputSpec
-
-        return {nid for nid, s in self.graph.specs.items() if isinstance(s, InputSpec)}
+        return {nid for nid, s in self.specs.items() if isinstance(s, InputSpec)}
 
     # --- blocking nodes --------------------------------------------------------------------------
     def _materialize(self, spec: TaskSpec) -> None:
@@ -101,8 +109,8 @@ class Runner:
 
         df = self._task_df(spec)
         assert spec.output is not None
-        if self.graph.checkpoint_dir is not None:
-            path = os.path.join(self.graph.checkpoint_dir, f"graph{self.graph._id}-{uuid.uuid4().hex[:8]}", spec.node.name)
+        if self.checkpoint_dir is not None:
+            path = os.path.join(self.checkpoint_dir, f"{self.name}-{uuid.uuid4().hex[:8]}", spec.node.name)
             df.write.parquet(path)
             spec.output._attach(self.spark, self.spark.read.parquet(path), path)
             return
@@ -122,10 +130,8 @@ class Runner:
         """The routed rows a non-blocking node emits (computed once: persisted when several edges read it)."""
         from pyspark import StorageLevel
 
-        from .graph import InputSpec
-
         if nid not in self.outputs:
-            spec = self.graph.specs[nid]
+            spec = self.specs[nid]
             df = self._input_df(spec) if isinstance(spec, InputSpec) else self._task_df(spec)
             if len([e for e in self.plan.outputs_of(nid) if not e.fused]) > 1:
                 df = df.persist(StorageLevel.MEMORY_AND_DISK)
@@ -135,26 +141,22 @@ class Runner:
 
     def _input_task(self, spec: InputSpec) -> InputTask:
         """The reader of an input node; file splits are listed (and CSV types inferred) here."""
-        from .graph import NodeKind
-
         where = str(spec.node)  # the name, quoted
-        path = local_path(spec.path) if spec.path is not None and self.graph.file_reader == "auto" else None
-        reader: CsvReader | Any = None
+        path = local_path(spec.path) if spec.path is not None and self.file_reader == "auto" else None
+        reader: CsvReader | ParquetReader | None = None
         source = "dataset" if spec.kind is NodeKind.DATASET else "spark" if path is None else "files"
-        if source == "files" and spec.kind is NodeKind.CSV:
+        if path is not None and source == "files" and spec.kind is NodeKind.CSV:
             files = list_files(path)
             fmt = csv_format(read_sample(files[0]), spec.names, spec.sep, spec.columns, where)
             reader = CsvReader(spec.node.name, fmt, csv_splits(files, spec.stride))
-        elif source == "files":
+        elif path is not None and source == "files":
             reader = parquet_reader(where, list_files(path, (".parquet", ".pq")), spec.columns, spec.filters)
         return InputTask(spec.node.name, source, reader, spec.batch_func, self._out_edges(spec.node.id),
                          self.plan.levels[spec.node.id], self.counters.get(spec.node.id))  # fmt: skip
 
     def _input_df(self, spec: InputSpec) -> DataFrame:
-        from .graph import NodeKind
-
         task = self._input_task(spec)
-        if task.source == "files":
+        if task.reader is not None:  # local files, read in the tasks
             n = len(task.reader)
             df = self.spark.range(0, n, 1, max(1, min(spec.parallelism, n)))
         elif spec.kind is NodeKind.DATASET:
@@ -163,6 +165,7 @@ class Runner:
         elif spec.kind is NodeKind.CSV:
             df = self._spark_csv(spec)
         else:
+            assert spec.path is not None  # every file input has one
             df = self.spark.read.parquet(spec.path)
             if spec.columns is not None:
                 df = df.select(*spec.columns)
@@ -170,13 +173,14 @@ class Runner:
             filt = parquet_filter(spec.filters, str(spec.node))
             if filt is not None:
                 task.batch_func = _filtered(filt, spec.batch_func)
-        return df.mapInArrow(task, GRAPH_ROUTE_DDL)
+        return df.mapInArrow(task, ROUTE_DDL)
 
     def _spark_csv(self, spec: InputSpec) -> DataFrame:
         """A CSV input on a file system only Spark reads: Spark's parser, types inferred from a sample."""
         from pyspark.sql.pandas.types import from_arrow_type
         from pyspark.sql.types import StringType, StructField, StructType
 
+        assert spec.path is not None  # every file input has one
         lines = [r[0] for r in self.spark.read.text(spec.path).limit(2000).collect()]
         fmt = csv_format("\n".join(lines).encode() + b"\n" if lines else b"", spec.names, spec.sep, spec.columns,
                          str(spec.node))  # fmt: skip
@@ -186,8 +190,6 @@ class Runner:
         return reader.select(*fmt.keep)
 
     def _task_df(self, spec: TaskSpec) -> DataFrame:
-        from .graph import InputSpec
-
         nid = spec.node.id
         edges: list[Edge] = self.plan.inputs_of(nid)
         parts = []
@@ -201,7 +203,7 @@ class Runner:
         fused = []
         for e in edges:
             if e.fused:
-                src = self.graph.specs[e.src]
+                src = self.specs[e.src]
                 assert isinstance(src, InputSpec)
                 fused.append((self._input_task(src), OutEdge(e.id, e.key, e.n_channels, e.level, e.label)))
         task = NodeTask(spec.node.name, spec.executor, spec.parallelism, spec.blocking, {e.id: e.stream for e in edges},
@@ -213,7 +215,7 @@ class Runner:
             df = df.repartitionById(spec.parallelism, "channel").sortWithinPartitions("channel", "level", "seq", "edge")
         else:
             df = self.spark.range(0, 1, 1, 1)  # one empty-handed task: every input is read inside it
-        return df.mapInArrow(task, GRAPH_DATASET_DDL if spec.blocking else GRAPH_ROUTE_DDL)
+        return df.mapInArrow(task, DATASET_DDL if spec.blocking else ROUTE_DDL)
 
 
 def _filtered(expression: Any, batch_func: Any) -> Any:

@@ -1,7 +1,7 @@
 """What runs inside Spark tasks: input readers and task-node channels, as `mapInArrow` functions.
 
 Both are picklable objects called with the partition's iterator of Arrow batches. A reader yields
-routed rows (`GRAPH_ROUTE_DDL`); a task node gets its input rows sorted by (channel, level, seq,
+routed rows (`ROUTE_DDL`); a task node gets its input rows sorted by (channel, level, seq,
 edge), runs one executor per channel, and yields routed rows, or Dataset rows when blocking.
 """
 
@@ -16,15 +16,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from ..constants import GRAPH_FLUSH_BYTES, GRAPH_SEQ_SHIFT
 from .channels import PartitionKey, channels_of, decode, encode, slices, split_by_channel, to_pandas, to_table
-from .errors import TaskError, raise_in_task
+from .errors import NodeTaskError, raise_in_task
 from .executors import Executor
+from .layout import DATASET_SCHEMA, FLUSH_BYTES, ROUTE_SCHEMA, SEQ_SHIFT
 from .readers import CsvReader, ParquetReader
 
-ROUTE_SCHEMA = pa.schema([("edge", pa.int32()), ("channel", pa.int32()), ("level", pa.int32()), ("seq", pa.int64()),
-                          ("batch", pa.binary())])  # fmt: skip
-DATASET_SCHEMA = pa.schema([("channel", pa.int32()), ("seq", pa.int64()), ("batch", pa.binary())])
 Row = tuple[int, int, int, int, Any]  # channel, level, seq, edge, batch (IPC bytes, or a Table when read in-task)
 
 
@@ -49,7 +46,7 @@ class RowWriter:
         for column, value in zip(self.columns, values, strict=True):
             column.append(value)
         self.nbytes += len(values[-1])
-        return self.flush() if self.nbytes >= GRAPH_FLUSH_BYTES else None
+        return self.flush() if self.nbytes >= FLUSH_BYTES else None
 
     def flush(self) -> pa.RecordBatch | None:
         if not self.columns[0]:
@@ -73,16 +70,25 @@ class RowWriter:
 
 
 def counter(base: int) -> Callable[[], int]:
-    """Sequence numbers base << GRAPH_SEQ_SHIFT, +1, +2, ..."""
-    numbers = itertools.count(base << GRAPH_SEQ_SHIFT)
+    """Sequence numbers base << SEQ_SHIFT, +1, +2, ..."""
+    numbers = itertools.count(base << SEQ_SHIFT)
     return lambda: next(numbers)
+
+
+def partition_id() -> int:
+    """The Spark partition the running task computes (called inside Spark tasks only)."""
+    from pyspark import TaskContext
+
+    context = TaskContext.get()
+    assert context is not None, "not in a Spark task"
+    return context.partitionId()
 
 
 def _call(where: str, func: Callable[..., Any], *args: Any) -> Any:
     """Call user code; an exception becomes a task error naming the node."""
     try:
         return func(*args)
-    except TaskError:
+    except NodeTaskError:
         raise
     except Exception as exc:
         raise_in_task(f"{where} raised {type(exc).__name__}: {exc}")
@@ -117,8 +123,6 @@ class InputTask:
                 yield out
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
         writer = RowWriter(ROUTE_SCHEMA)
         if self.source == "files":
             for rb in batches:
@@ -127,7 +131,7 @@ class InputTask:
                     for table in self.tables(split):
                         yield from writer.route(table, self.out_edges, seq)
         else:
-            seq = counter(TaskContext.get().partitionId())
+            seq = counter(partition_id())
             for rb in batches:
                 if self.source == "spark":
                     tables: Iterable[pa.Table] = [pa.Table.from_batches([rb])]
@@ -207,9 +211,7 @@ class NodeTask:
     fused: list[tuple[InputTask, OutEdge]] = field(default_factory=list)
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        partition = TaskContext.get().partitionId()
+        partition = partition_id()
         rows: Iterator[Row] = _shuffled_rows(batches) if self.has_shuffled_input else iter(())
         if self.fused:
             rows = _merge_fused(rows, [(edge.level, task.rows(edge)) for task, edge in self.fused])

@@ -20,10 +20,11 @@ import pyarrow.compute as pc
 import pyarrow.csv as pv
 import pyarrow.parquet as pq
 
-from ..constants import GRAPH_CSV_BLOCK_BYTES, GRAPH_CSV_SAMPLE_BYTES, GRAPH_PARQUET_BATCH_ROWS
 from .errors import GraphError, raise_in_task
+from .layout import CSV_BLOCK_BYTES, CSV_SAMPLE_BYTES, PARQUET_BATCH_ROWS
 
 PLACEHOLDERS = (None, "")  # a last name like these stands for the empty field after a trailing delimiter
+TRAILING = "__conveyor_trailing"  # the column name of that empty field (never kept)
 
 
 def local_path(path: str) -> str | None:
@@ -60,28 +61,25 @@ class CsvFormat:
     types: tuple[tuple[str, pa.DataType], ...]
     sep: str
 
-    @property
-    def schema(self) -> pa.Schema:
-        return pa.schema(list(self.types))
-
 
 def csv_format(sample: bytes, names: Sequence[str | None], sep: str, columns: Sequence[str] | None, node: str) -> CsvFormat:
     """Infer the types of a CSV input from a sample of its first lines."""
-    names = list(names)
+    given = list(names)
     first = sample.split(b"\n", 1)[0].rstrip(b"\r")
     fields = first.split(sep.encode()) if first else []
-    if names and names[-1] in PLACEHOLDERS:
-        names[-1] = "__conveyor_trailing"
-    elif fields and len(fields) == len(names) + 1 and first.endswith(sep.encode()):
-        names.append("__conveyor_trailing")  # a trailing delimiter (TPC-H .tbl): an empty last field
-    if any(not isinstance(n, str) or not n for n in names):
-        raise GraphError(f"node {node}: names must be non-empty strings (only the last may be a placeholder), got {names}")
-    if len(set(names)) != len(names):
-        raise GraphError(f"node {node}: names repeat a column: {names}")
-    if fields and len(fields) != len(names):
-        raise GraphError(f"node {node}: the first line has {len(fields)} fields but {len(names)} names were given "
+    if given and given[-1] in PLACEHOLDERS:
+        given[-1] = TRAILING
+    elif fields and len(fields) == len(given) + 1 and first.endswith(sep.encode()):
+        given.append(TRAILING)  # a trailing delimiter (TPC-H .tbl): an empty last field
+    if any(not isinstance(n, str) or not n for n in given):
+        raise GraphError(f"node {node}: names must be non-empty strings (only the last may be a placeholder), got {given}")
+    full = [n for n in given if n]  # all of them: every name is a non-empty string
+    if len(set(full)) != len(full):
+        raise GraphError(f"node {node}: names repeat a column: {full}")
+    if fields and len(fields) != len(full):
+        raise GraphError(f"node {node}: the first line has {len(fields)} fields but {len(full)} names were given "
                          f"(a line ending in {sep!r} needs a placeholder name at the end)")  # fmt: skip
-    keep = [n for n in names if n != "__conveyor_trailing"]
+    keep = [n for n in full if n != TRAILING]
     if columns is not None:
         missing = [c for c in columns if c not in keep]
         if missing:
@@ -90,17 +88,17 @@ def csv_format(sample: bytes, names: Sequence[str | None], sep: str, columns: Se
     types: dict[str, pa.DataType] = {n: pa.string() for n in keep}
     if sample:
         try:
-            table = pv.read_csv(io.BytesIO(sample), read_options=pv.ReadOptions(column_names=names, use_threads=False),
+            table = pv.read_csv(io.BytesIO(sample), read_options=pv.ReadOptions(column_names=full, use_threads=False),
                                 parse_options=pv.ParseOptions(delimiter=sep),
                                 convert_options=pv.ConvertOptions(include_columns=keep))  # fmt: skip
         except pa.ArrowInvalid as exc:
             raise GraphError(f"node {node}: cannot parse the first lines as CSV with sep={sep!r}: {exc}") from exc
         for f in table.schema:
             types[f.name] = pa.string() if pa.types.is_null(f.type) else f.type
-    return CsvFormat(tuple(names), tuple(keep), tuple((n, types[n]) for n in keep), sep)
+    return CsvFormat(tuple(full), tuple(keep), tuple((n, types[n]) for n in keep), sep)
 
 
-def read_sample(path: str, size: int = GRAPH_CSV_SAMPLE_BYTES) -> bytes:
+def read_sample(path: str, size: int = CSV_SAMPLE_BYTES) -> bytes:
     """The first whole lines of a file, about `size` bytes of them."""
     with open(path, "rb") as f:
         data = f.read(size)
@@ -120,7 +118,7 @@ class CsvSplit:
 
 def csv_splits(files: Sequence[str], stride: int) -> list[CsvSplit]:
     """Cut files into ranges of `stride` bytes (line boundaries are found when a range is read)."""
-    splits = []
+    splits: list[CsvSplit] = []
     for path in files:
         size = os.path.getsize(path)
         splits.extend(CsvSplit(path, start, min(start + stride, size)) for start in range(0, size, stride))
@@ -134,7 +132,7 @@ def _line_start(mm: pa.MemoryMappedFile, pos: int, size: int) -> int:
     probe = pos - 1  # a line starts at pos exactly when the byte before it ends a line
     while probe < size:
         chunk = mm.read_at(min(65536, size - probe), probe)
-        at = chunk.find(b"\n")
+        at: int = chunk.find(b"\n")
         if at >= 0:
             return probe + at + 1
         probe += len(chunk)
@@ -148,7 +146,7 @@ class CsvReader:
     node: str
     fmt: CsvFormat
     splits: list[CsvSplit] = field(default_factory=list)
-    block_bytes: int = GRAPH_CSV_BLOCK_BYTES
+    block_bytes: int = CSV_BLOCK_BYTES
 
     def __len__(self) -> int:
         return len(self.splits)
@@ -201,7 +199,7 @@ class ParquetReader:
         """The batches of row group `index`, filtered."""
         split = self.splits[index]
         with pq.ParquetFile(split.path) as f:
-            for batch in f.iter_batches(GRAPH_PARQUET_BATCH_ROWS, row_groups=[split.row_group], columns=self.columns):
+            for batch in f.iter_batches(PARQUET_BATCH_ROWS, row_groups=[split.row_group], columns=self.columns):
                 table = pa.Table.from_batches([batch])
                 if self.filter is not None:
                     table = table.filter(self.filter)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import NoReturn
+
 from ..errors import ConveyorError
 
 # Marks the message of a GraphError raised inside a Spark task, so that the driver can find it in
@@ -21,13 +23,13 @@ class GraphError(ConveyorError):
         return f"{_MARK_OPEN}{self}{_MARK_CLOSE}"
 
 
-class TaskError(RuntimeError):
+class NodeTaskError(RuntimeError):
     """Raised inside a Spark task: carries a marked GraphError message through Spark."""
 
 
-def raise_in_task(message: str) -> None:
+def raise_in_task(message: str) -> NoReturn:
     """Raise from a Spark task an error the driver re-raises as a GraphError with `message`."""
-    raise TaskError(GraphError(message).marked())
+    raise NodeTaskError(GraphError(message).marked())
 
 
 def unwrap_task_error(exc: BaseException) -> GraphError | None:

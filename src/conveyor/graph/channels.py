@@ -20,8 +20,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ..constants import GRAPH_BATCH_MAX_BYTES
 from .errors import raise_in_task
+from .layout import BATCH_MAX_BYTES
 
 Batch = pa.Table | pa.RecordBatch | pd.DataFrame
 PartitionKey = None | str | Callable[[pa.Table, int], Any]
@@ -45,7 +45,6 @@ def to_table(value: object, where: str) -> pa.Table | None:
         return table
     raise_in_task(f"{where} returned a {type(value).__name__}; expected a pyarrow Table or RecordBatch, "
                   "a pandas DataFrame, or None")  # fmt: skip
-    raise AssertionError  # unreachable: raise_in_task raises
 
 
 def to_pandas(table: pa.Table) -> pd.DataFrame:
@@ -63,7 +62,8 @@ def encode(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, table.schema) as writer:
         writer.write_table(table)
-    return sink.getvalue().to_pybytes()
+    blob: bytes = sink.getvalue().to_pybytes()
+    return blob
 
 
 def decode(blob: pa.Buffer | bytes) -> pa.Table:
@@ -71,7 +71,7 @@ def decode(blob: pa.Buffer | bytes) -> pa.Table:
     return pa.ipc.open_stream(blob).read_all()
 
 
-def slices(table: pa.Table, max_bytes: int = GRAPH_BATCH_MAX_BYTES) -> Iterator[pa.Table]:
+def slices(table: pa.Table, max_bytes: int = BATCH_MAX_BYTES) -> Iterator[pa.Table]:
     """The table cut into row slices of at most about `max_bytes` each (one slice when small)."""
     size = table.nbytes
     if size <= max_bytes or table.num_rows <= 1:
@@ -120,9 +120,10 @@ def channels_of(table: pa.Table, key: PartitionKey, n_channels: int, where: str)
         raise_in_task(f"{where}: partition key column {key!r} is missing from the batch (columns: {table.column_names})")
     column = table.column(key)
     if pa.types.is_integer(column.type):
-        keys = column.fill_null(0).to_numpy() if column.null_count else column.to_numpy()
+        keys: np.ndarray = column.fill_null(0).to_numpy() if column.null_count else column.to_numpy()
         return np.mod(keys.astype(np.int64, copy=False), n_channels)
-    return (stable_hash(column) % np.uint64(n_channels)).astype(np.int64)
+    hashes: np.ndarray = stable_hash(column) % np.uint64(n_channels)
+    return hashes.astype(np.int64)
 
 
 def split_by_channel(table: pa.Table, channels: np.ndarray | None, n_channels: int) -> Iterator[tuple[int, pa.Table]]:

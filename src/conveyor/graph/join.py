@@ -26,7 +26,7 @@ def _codes(column: pa.ChunkedArray) -> tuple[np.ndarray, pd.Index]:
 def _lookup(column: pa.ChunkedArray, uniques: pd.Index) -> np.ndarray:
     """The code of each value in `uniques` (-1 when absent or null)."""
     values = column.to_pandas() if not pa.types.is_dictionary(column.type) else column.cast(column.type.value_type).to_pandas()
-    codes = uniques.get_indexer(values)
+    codes: np.ndarray = uniques.get_indexer(values)
     if column.null_count:
         codes[column.is_null().to_numpy(zero_copy_only=False)] = -1
     return codes.astype(np.int64, copy=False)

@@ -1,6 +1,6 @@
 """Dataset: the materialised output of a blocking node.
 
-Its batches live in Spark as rows of `GRAPH_DATASET_DDL` (one Arrow IPC stream per row): a local
+Its batches live in Spark as rows of `DATASET_DDL` (one Arrow IPC stream per row): a local
 checkpoint in the executors' block stores (memory, spilling to disk), or written as Parquet under the
 graph's checkpoint directory and read back. Either way the DataFrame's lineage is cut: a Dataset
 holds neither its graph nor the plans that made it, so it stays readable after the graph is gone, and
@@ -48,7 +48,7 @@ class Dataset:
 
     @property
     def encoded(self) -> DataFrame:
-        """The rows of `GRAPH_DATASET_DDL` that hold the batches."""
+        """The rows of `DATASET_DDL` that hold the batches."""
         if self._encoded is None:
             raise GraphError(self.unreadable_reason())
         return self._encoded

@@ -12,16 +12,13 @@ Fusing an input with parallelism > 1 trades its parallel read for stopping early
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .channels import PartitionKey
 from .errors import GraphError
+from .nodes import InputSpec, NodeKind, Spec, TaskSpec, resolve
 from .readers import local_path
-
-if TYPE_CHECKING:
-    from .graph import InputSpec, Spec, TaskGraph
 
 
 @dataclass(frozen=True)
@@ -55,11 +52,8 @@ class Plan:
         return [e for e in self.edges if e.src == node]
 
 
-def make_plan(graph: TaskGraph) -> Plan:
-    """Check `graph` and plan it; every error names the node at fault."""
-    from .graph import InputSpec, NodeKind, TaskSpec
-
-    specs = graph.specs
+def make_plan(specs: Mapping[int, Spec], graph: int, file_reader: str) -> Plan:
+    """Check the nodes of graph `graph` and plan them; every error names the node at fault."""
     if not specs:
         raise GraphError("the graph has no nodes")
     deps: dict[int, list[int]] = {}  # node -> nodes that must come first (sources and dependents)
@@ -69,7 +63,7 @@ def make_plan(graph: TaskGraph) -> Plan:
         if isinstance(spec, InputSpec):
             deps[nid] = []
             for ref in spec.dependents:
-                dep = graph.resolve(ref, f"{where}: dependents")
+                dep = resolve(specs, graph, ref, f"{where}: dependents")
                 if not isinstance(dep, InputSpec):
                     raise GraphError(f"{where}: dependents must be input nodes, {dep.node} is a task node")
                 if dep.node.id == nid:
@@ -80,7 +74,7 @@ def make_plan(graph: TaskGraph) -> Plan:
         else:
             sources[nid] = []
             for stream, ref in spec.sources.items():
-                src = graph.resolve(ref, f"{where}: source of stream {stream!r}")
+                src = resolve(specs, graph, ref, f"{where}: source of stream {stream!r}")
                 if src.node.id == nid:
                     raise GraphError(f"{where}: cycle: stream {stream!r} reads the node's own output")
                 if isinstance(src, TaskSpec) and src.blocking:
@@ -101,23 +95,24 @@ def make_plan(graph: TaskGraph) -> Plan:
         if not consumers[nid] and not (isinstance(spec, TaskSpec) and spec.blocking):
             raise GraphError(f"node {spec.node} has no consumer: its output would be lost "
                              "(make the last node of each branch a blocking node)")  # fmt: skip
-    fusing = graph.file_reader == "auto"
+    fusing = file_reader == "auto"
     fused = {n for n, s in specs.items() if fusing and isinstance(s, InputSpec) and _fusable(s, consumers[n], specs)}
-    edges = []
+    edges: list[Edge] = []
     for nid in order:
         if nid not in sources:
             continue
-        spec = specs[nid]
-        assert isinstance(spec, TaskSpec)
-        for stream, src in sources[nid]:
-            key = spec.partition_key[stream]
-            label = f"edge {specs[src].node} -> {spec.node} (stream {stream!r})"
-            edges.append(Edge(len(edges), src, nid, stream, key, spec.parallelism, levels[src], src in fused, label))
-            _check_key_statically(specs[src], key, label)
+        consumer = specs[nid]
+        assert isinstance(consumer, TaskSpec)
+        for stream, producer in sources[nid]:
+            key = consumer.partition_key[stream]
+            label = f"edge {specs[producer].node} -> {consumer.node} (stream {stream!r})"
+            edges.append(Edge(len(edges), producer, nid, stream, key, consumer.parallelism, levels[producer], producer in fused,
+                              label))  # fmt: skip
+            _check_key_statically(specs[producer], key, label)
     return Plan(order, levels, edges, fused)
 
 
-def _topological(deps: dict[int, list[int]], specs: dict[int, Spec]) -> list[int]:
+def _topological(deps: dict[int, list[int]], specs: Mapping[int, Spec]) -> list[int]:
     """Nodes with every dependency first; a cycle is an error naming a node on it."""
     state: dict[int, int] = {}  # 1 = on the current path, 2 = done
     order: list[int] = []
@@ -143,9 +138,7 @@ def _topological(deps: dict[int, list[int]], specs: dict[int, Spec]) -> list[int
     return order
 
 
-def _fusable(spec: InputSpec, consumers: list[int], specs: dict[int, Spec]) -> bool:
-    from .graph import NodeKind
-
+def _fusable(spec: InputSpec, consumers: list[int], specs: Mapping[int, Spec]) -> bool:
     if spec.kind is NodeKind.DATASET or spec.path is None or local_path(spec.path) is None or len(consumers) != 1:
         return False
     consumer = specs[consumers[0]]
@@ -157,8 +150,6 @@ def _fusable(spec: InputSpec, consumers: list[int], specs: dict[int, Spec]) -> b
 
 def _check_key_statically(src: Spec, key: PartitionKey, label: str) -> None:
     """A key column missing from an input whose columns are known before reading is an error now."""
-    from .graph import InputSpec, NodeKind
-
     if not isinstance(key, str) or not isinstance(src, InputSpec) or src.batch_func is not None:
         return
     if src.kind is NodeKind.CSV:

@@ -9,84 +9,24 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import TYPE_CHECKING, Any
 
-import pandas as pd
-
+from ..spark.session import get_or_create_session
 from .channels import PartitionKey
 from .dataset import Dataset
 from .errors import GraphError
 from .executors import Executor
+from .layout import CSV_STRIDE_BYTES
+from .nodes import BatchFunc, ExecutorSource, InputSpec, Node, NodeKind, NodeRef, Spec, TaskSpec
+from .plan import Plan, make_plan
+from .runtime import Runner, RunStats
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from .plan import Plan
-    from .runtime import RunStats
-
 _GRAPH_IDS = itertools.count(1)
-MiB = 1024 * 1024
-
-
-class NodeKind(Enum):
-    CSV = "csv"
-    PARQUET = "parquet"
-    DATASET = "dataset"
-    TASK = "task"
-
-
-@dataclass(frozen=True)
-class Node:
-    """A handle on a node of a TaskGraph (what the `new_*` methods return, except blocking nodes)."""
-
-    graph: int
-    id: int
-    name: str
-
-    def __str__(self) -> str:
-        return repr(self.name)
-
-
-NodeRef = Node | int | str
-BatchFunc = Callable[[pd.DataFrame], Any]
-ExecutorSource = Executor | type | Callable[[], Executor]
-
-
-@dataclass
-class InputSpec:
-    """An input node: where its batches come from and how they are read."""
-
-    node: Node
-    kind: NodeKind
-    parallelism: int
-    batch_func: BatchFunc | None
-    dependents: tuple[NodeRef, ...]
-    path: str | None = None
-    names: tuple[str | None, ...] = ()
-    sep: str = ","
-    stride: int = 64 * MiB
-    columns: tuple[str, ...] | None = None
-    filters: Any = None
-    dataset: Dataset | None = None
-
-
-@dataclass
-class TaskSpec:
-    """A task node: its sources (stream id -> node), executor, channels and partition keys."""
-
-    node: Node
-    sources: dict[Hashable, NodeRef]
-    executor: ExecutorSource
-    parallelism: int
-    partition_key: dict[Hashable, PartitionKey]
-    blocking: bool
-    output: Dataset | None = None
-
-
-Spec = InputSpec | TaskSpec
 
 
 def _check_parallelism(value: object, what: str) -> int:
@@ -131,7 +71,7 @@ class TaskGraph:
 
     def new_input_csv(self, path: str | os.PathLike[str], names: Sequence[str | None], parallelism: int,
                       batch_func: BatchFunc | None = None, sep: str = ",", dependents: Sequence[NodeRef] = (),
-                      stride: int = 64 * MiB, *, columns: Sequence[str] | None = None,
+                      stride: int = CSV_STRIDE_BYTES, *, columns: Sequence[str] | None = None,
                       name: str | None = None) -> Node:  # fmt: skip
         """A CSV input: a file or directory Spark can read; `names` may end with a placeholder
         (None or "") for the empty field after a trailing delimiter. `columns` keeps only those
@@ -211,39 +151,20 @@ class TaskGraph:
         return spec.output
 
     # --- checking and running -------------------------------------------------------------------
-    def resolve(self, ref: NodeRef, what: str) -> Spec:
-        """The spec a node reference (handle, id or name) stands for; an unknown one is an error."""
-        if isinstance(ref, Node):
-            if ref.graph == self._id and ref.id in self.specs:
-                return self.specs[ref.id]
-        elif isinstance(ref, int) and not isinstance(ref, bool):
-            if ref in self.specs:
-                return self.specs[ref]
-        elif isinstance(ref, str):
-            for spec in self.specs.values():
-                if spec.node.name == ref:
-                    return spec
-        raise GraphError(f"{what}: unknown node {ref!r} (not a node of this graph)")
-
     def initialize(self) -> Plan:
         """Check the graph and plan its execution; errors name the node at fault."""
-        from .plan import make_plan
-
         if self._ran:
             raise GraphError(f"graph {self._id} has already run; a graph runs once (build a new one)")
         if self.plan is None:
-            self.plan = make_plan(self)
+            self.plan = make_plan(self.specs, self._id, self.file_reader)
         return self.plan
 
     def run(self) -> RunStats:
         """Run the graph on Spark; fills the Datasets of the blocking nodes. Returns the run's figures."""
-        from .runtime import Runner
-        from .session import get_or_create_session
-
         if self._ran:
             raise GraphError(f"graph {self._id} has already run; a graph runs once (build a new one)")
         plan = self.initialize()
         self._ran = True
         spark = self.spark if self.spark is not None else get_or_create_session()
-        self.stats = Runner(self, plan, spark).run()
+        self.stats = Runner(self.specs, plan, spark, f"graph{self._id}", self.checkpoint_dir, self.file_reader).run()
         return self.stats

@@ -1,5 +1,8 @@
 """TPC-H helpers shared by the examples, the tests and the benchmark: data generation with
 `tpchgen-cli`, the table layouts of its `.tbl` files, and the standard SQL of the queries used.
+
+The examples import it as `tpch` (a script has examples/ on `sys.path`); the tests import it as
+`examples.tpch` (their Spark tasks import the test modules from the repository root).
 """
 
 from __future__ import annotations

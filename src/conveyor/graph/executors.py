@@ -236,9 +236,9 @@ class HashAggregate(Executor):
         self.partials: list[pa.Table] = []
         self.partial_rows = 0
 
-    def _partial_specs(self) -> list[tuple[Any, str, str]]:
+    def _partial_specs(self) -> list[tuple[str | list[str], str, str]]:
         """(input column(s), pyarrow function, partial column name) of the partial aggregates."""
-        specs = []
+        specs: list[tuple[str | list[str], str, str]] = []
         for i, (func, col) in enumerate(self.aggs.values()):
             if col is None:
                 specs.append(([], "count_all", f"p{i}_n"))
