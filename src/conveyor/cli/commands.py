@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import click
 from rich.console import Console
@@ -98,12 +98,16 @@ def serve(host: str, port: int, data_dir: Path | None, token: str | None, insecu
 
     limits = Limits(max_frame_bytes=max_frame_bytes, max_message_bytes=max(DEFAULT_MAX_MESSAGE_BYTES, max_frame_bytes))
     defaults = Defaults(durable=data_dir is not None, lease_s=lease_s, max_attempts=max_attempts, fsync=fsync)
+
+    def ready(address: str) -> None:
+        click.echo(f"listening on {address}", nl=True)
+        sys.stdout.flush()
+
     try:
         server = QueueServer(host, port, data_dir=data_dir, token=token, insecure=insecure, limits=limits,
                              defaults=defaults, repair=repair, temporary=temporary, max_connections=max_connections,
                              idle_timeout_s=idle_timeout_s, request_timeout_s=request_timeout_s)  # fmt: skip
-        server.run(on_ready=lambda address: click.echo(f"listening on {address}", nl=True) or sys.stdout.flush(),
-                   stop_with_parent=stop_with_parent)  # fmt: skip
+        server.run(on_ready=ready, stop_with_parent=stop_with_parent)
     except ConveyorError as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:
@@ -237,7 +241,7 @@ def drop(addresses: tuple[str, ...], token: str | None, queues: tuple[str, ...],
 @click.option("--pin-core", is_flag=True,
               help="Run each consumer on a core of its own while one is free (--pool thread, CPU-bound tasks).")  # fmt: skip
 def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[str, ...], queues_config: Path | None,
-           queue_names: str | None, concurrency: int, mode: str, processes: int, batch_size: int | None,
+           queue_names: str | None, concurrency: int, mode: Literal["thread", "process"], processes: int, batch_size: int | None,
            selector: str | None, until_empty: bool, connect_timeout: float, pin_core: bool) -> None:  # fmt: skip
     """Run consumers: fetch tasks from the queues and run them, until SIGTERM or Ctrl-C (a graceful stop)."""
     import signal as signals
@@ -281,7 +285,7 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
             _reach(addresses, token, connect_timeout)
         if processes == 1:
             own_process()
-            consumer = Consumer(pool, queues, batch_size=batch_size, max_concurrency=concurrency, concurrency=mode,  # type: ignore[arg-type]
+            consumer = Consumer(pool, queues, batch_size=batch_size, max_concurrency=concurrency, concurrency=mode,
                                 selector=sel if isinstance(sel, str) else sel(), task_modules=modules,
                                 until_empty=until_empty, pin_core=pin_core)  # fmt: skip
             stops = [0]
@@ -303,7 +307,7 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
             console.print(st.summary())
             return
         cp = ConsumerPool(pool, processes, queues=queues, batch_size=batch_size, max_concurrency=concurrency,
-                          concurrency=mode, task_modules=modules, selector=sel if isinstance(sel, str) else sel.__name__,  # type: ignore[arg-type]
+                          concurrency=mode, task_modules=modules, selector=sel if isinstance(sel, str) else sel.__name__,
                           pin_core=pin_core)  # fmt: skip
         cp.start()
         try:

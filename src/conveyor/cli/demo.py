@@ -219,7 +219,7 @@ def summary_table(runs: list[Run]) -> Table:
     t = Table(title="conveyor demo: documents, page by page")
     for col in ("", *(r.name for r in runs)):
         t.add_column(col, justify="left" if not col else "right")
-    rows = [
+    rows: list[tuple[str, Callable[[Run], str]]] = [
         ("pages", lambda r: f"{r.pages:,}"),
         ("documents", lambda r: f"{r.documents:,}"),
         ("failed pages", lambda r: f"{r.failed:,}"),

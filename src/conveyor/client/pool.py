@@ -9,6 +9,8 @@ cache the function.
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
 import shutil
 import subprocess
 import tempfile
@@ -17,22 +19,26 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from conveyor.client.sharded import ShardedQueues
-from conveyor.constants import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE
+from conveyor.client.progress import JoinProgress
+from conveyor.client.sharded import LOCAL_MASK, ShardedQueues
+from conveyor.constants import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE, H_IDEMPOTENCY_KEY
 from conveyor.errors import ConveyorError, TaskFailedError
-from conveyor.message import Status
-from conveyor.protocol.operations import QueueInfo
+from conveyor.message import Message, Status
+from conveyor.protocol.operations import QueueInfo, QueueStats
 from conveyor.server.processes import spawn_server, stop_server
 from conveyor.tasks.envelope import adhoc_task_name, decode_result, function_ref
-from conveyor.tasks.options import BackoffSpec, TaskOptions
+from conveyor.tasks.options import Backoff, BackoffSpec, TaskOptions
 from conveyor.tasks.publish import TaskHandle, build_message, check_publish_options, check_time_limit
 from conveyor.tasks.queue_config import QueueConfig
 
+QUIET_POLL_S = 5.0  # join without a progress bar: the longest wait of one request (the servers answer at the end)
 QUEUE_INFO_TTL_S = 5.0  # how long a pool trusts what the servers said about a queue's settings
 
 
 class QueuePool(ShardedQueues):
-    """Queue servers used as one, and where tasks are published and their results read."""
+    """Queue servers used as one (`ShardedQueues`: routing, stats, consumer assignment), waiting for
+    queues to drain (`join`), requeueing dead letters, and where tasks are published and their
+    results read."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -58,10 +64,11 @@ class QueuePool(ShardedQueues):
         try:
             addresses = []
             for i in range(n_servers):
+                d: Path | None = None  # a transient server
                 if temporary:
                     tmps.append(d := Path(tempfile.mkdtemp(prefix=f"conveyor-shard{i}-")))
-                else:
-                    d = None if not durable else Path(data_dir) / f"shard-{i}"  # type: ignore[arg-type]
+                elif durable and data_dir is not None:
+                    d = Path(data_dir) / f"shard-{i}"
                 proc, address = spawn_server(d, token=token, args=["--fsync", fsync, *(["--temporary"] if temporary else [])])
                 procs.append(proc)
                 addresses.append(address)
@@ -74,6 +81,68 @@ class QueuePool(ShardedQueues):
             raise
         pool._procs, pool._tmp = procs, tmps
         return pool
+
+    def requeue_dead_letters(self, queue: str, ids: Sequence[int] | None = None) -> int:
+        """Put dead letters of `queue` (default all; else those of the pool-wide `ids` that are dead
+        letters) back on the queue, then forget them; returns how many were put back.
+
+        Each goes back to the shard it died on as a new message (a new id) with its payload,
+        headers, priority and max_attempts, and fresh attempts. Its idempotency key is dropped:
+        the server would take the message for the dead one and store nothing. Not atomic: a crash
+        between the put and the forget leaves a message both requeued and still a dead letter, and
+        requeueing again would put it twice (at-least-once, like every delivery).
+        """
+        wanted: dict[int, set[int]] | None = None
+        if ids is not None:
+            wanted = {s: {ids[k] & LOCAL_MASK for k in pos} for s, pos in self._by_shard(ids).items()}
+        n = 0
+        for s in self._shards_with(queue) if wanted is None else sorted(wanted):
+            client, local = self.clients[s], None if wanted is None else wanted[s]
+            # ids only grow: a dead letter at or above the first id put here is one of ours that
+            # died again meanwhile (a worker still failing it), not one to requeue in this pass
+            after, first_new = 0, None
+            while page := client.dead_letters(queue, after):
+                after = page[-1].message.id
+                dead = [d.message for d in page if (local is None or d.message.id in local)
+                        and (first_new is None or d.message.id < first_new)]  # fmt: skip
+                if dead:
+                    new = client.put(queue, [_fresh(m) for m in dead])
+                    first_new = min(new) if first_new is None else first_new
+                    client.forget(queue, [m.id for m in dead])
+                    n += len(dead)
+                    if local is not None:
+                        local -= {m.id for m in dead}
+                if (first_new is not None and after >= first_new) or local == set():
+                    break
+        return n
+
+    def join(self, queues: str | Sequence[str] | None = None, *, timeout: float | None = None, poll_s: float = 0.2,
+             progress: bool | None = None) -> dict[str, QueueStats]:  # fmt: skip
+        """Wait until the queues (default: all) have nothing ready, delayed or delivered on any shard.
+
+        The servers answer as soon as their share is drained, so the end is seen at once; `poll_s`
+        is how often the counts are refreshed meanwhile for the progress bar, shown on a terminal
+        (`progress=None`: when stderr is one). Without a bar the servers are asked far less often
+        (every QUIET_POLL_S): each request costs them CPU the work could use. Raises TimeoutError
+        after `timeout` seconds. Returns the final stats.
+        """
+        names = [queues] if isinstance(queues, str) else None if queues is None else list(queues)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        wait = 0.0  # the first look answers at once; then each server answers when drained or after poll_s
+        # connections of its own: a waiting request would hold up other threads' calls on ours
+        own: ShardedQueues = pickle.loads(pickle.dumps(self))
+        with JoinProgress(enabled=progress) as bar, own:
+            if not bar.enabled:
+                poll_s = max(poll_s, QUIET_POLL_S)
+            while True:
+                mine = own.wait_drained(names, wait)
+                bar.update(mine)
+                if all(s.pending == 0 for s in mine.values()):
+                    return mine
+                if deadline is not None and (left := deadline - time.monotonic()) <= 0:
+                    pending = sum(s.pending for s in mine.values())
+                    raise TimeoutError(f"join: {pending:,} messages still pending after {timeout} s")
+                wait = poll_s if deadline is None else max(min(poll_s, left), 0.001)
 
     def use_queues(self, configs: Iterable[QueueConfig]) -> None:
         """Queue configurations (from the queue YAML) that publishing checks time limits against."""
@@ -114,8 +183,9 @@ class QueuePool(ShardedQueues):
 
         Returns the handles in item order; `gather(handles)` waits for the results.
         """
-        opts = TaskOptions(queue=queue, time_limit=time_limit, max_retries=max_retries,
-                           **({} if retry_backoff is None else {"retry_backoff": retry_backoff}))  # fmt: skip
+        opts = TaskOptions(queue=queue, time_limit=time_limit, max_retries=max_retries)
+        if retry_backoff is not None:
+            opts = dataclasses.replace(opts, retry_backoff=Backoff.of(retry_backoff))
         ref = function_ref(func)
         name = adhoc_task_name(ref.digest)
         check_publish_options(name, delay, priority, key)
@@ -173,3 +243,10 @@ class QueuePool(ShardedQueues):
         shard, local = self.split_id(msg_id)
         page = self.clients[shard].dead_letters(queue, after=local - 1, limit=1)
         return page[0].error if page and page[0].message.id == local else "failed (its dead letter was forgotten)"
+
+
+def _fresh(m: Message) -> Message:
+    """A dead message as a new one to put: same payload, headers (less the idempotency key),
+    priority and max_attempts; the store gives it a new id and fresh attempts."""
+    headers = {k: v for k, v in m.headers.items() if k != H_IDEMPOTENCY_KEY}
+    return Message(queue=m.queue, payload=m.payload, priority=m.priority, max_attempts=m.max_attempts, headers=headers)

@@ -96,7 +96,7 @@ class QueueClient:
         except ValueError:
             self.server_limits = Limits()
         idle = greeting.get("idle_s")
-        self.server_idle_s = float(idle) if type(idle) in (int, float) and idle > 0 else None
+        self.server_idle_s = float(idle) if isinstance(idle, (int, float)) and idle > 0 else None
 
     def _request(self, call: Call[Any], rid: int) -> Header:
         header = {**call.args, "op": call.op, "id": rid}
@@ -182,7 +182,8 @@ class QueueClient:
 
     def call(self, call: Call[T]) -> T:
         """Send one request and return its parsed reply."""
-        return self.pipeline([call])[0]
+        result: T = self.pipeline([call])[0]
+        return result
 
     def pipeline(self, batch: Sequence[Call[Any]]) -> list[Any]:
         """Run several requests with up to PIPELINE_WINDOW in flight at once; results in order.

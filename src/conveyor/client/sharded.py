@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import pickle
 import shutil
 import subprocess
 import time
@@ -19,7 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from conveyor.client.queue_client import QueueClient
 from conveyor.constants import ERR_NO_QUEUE, H_IDEMPOTENCY_KEY, SHARD_SHIFT
@@ -33,9 +32,9 @@ from conveyor.server.processes import stop_server
 if TYPE_CHECKING:
     from typing import Self
 
+T = TypeVar("T")
 LOCAL_MASK = (1 << SHARD_SHIFT) - 1
 SHARD_DOWN_S = 2.0  # after a shard fails to answer a get, the others are served for this long
-QUIET_POLL_S = 5.0  # join without a progress bar: the longest wait of one request (the servers answer at the end)
 
 
 class ShardedQueues:
@@ -108,7 +107,7 @@ class ShardedQueues:
         futures = {s: self._threads.submit(self.clients[s].pipeline, batch) for s, batch in work.items()}
         return {s: f.result() for s, f in futures.items()}
 
-    def _everywhere(self, call: Call[Any]) -> list[Any]:
+    def _everywhere(self, call: Call[T]) -> list[T]:
         """The same call on every shard, in parallel; the results in shard order."""
         done = self._each({s: [call] for s in range(len(self.clients))})
         return [done[s][0] for s in range(len(self.clients))]
@@ -271,7 +270,8 @@ class ShardedQueues:
         letters); False if no server had it. Consumers still fetching from it would make it anew,
         empty: stop them first. Ids are not reused: a late ack meant for the dropped queue's
         messages finds nothing in a queue made later under the same name."""
-        return any(self._everywhere(calls.drop(queue)))
+        dropped = self._everywhere(calls.drop(queue))
+        return any(dropped)
 
     def shard_stats(self, queue: str | None = None) -> list[dict[str, QueueStats]]:
         """Stats per shard, in shard order (a queue appears on the shards that have it)."""
@@ -315,40 +315,6 @@ class ShardedQueues:
                 after = page[-1].message.id
         return out
 
-    def requeue_dead_letters(self, queue: str, ids: Sequence[int] | None = None) -> int:
-        """Put dead letters of `queue` (default all; else those of the pool-wide `ids` that are dead
-        letters) back on the queue, then forget them; returns how many were put back.
-
-        Each goes back to the shard it died on as a new message (a new id) with its payload,
-        headers, priority and max_attempts, and fresh attempts. Its idempotency key is dropped:
-        the server would take the message for the dead one and store nothing. Not atomic: a crash
-        between the put and the forget leaves a message both requeued and still a dead letter, and
-        requeueing again would put it twice (at-least-once, like every delivery).
-        """
-        wanted: dict[int, set[int]] | None = None
-        if ids is not None:
-            wanted = {s: {ids[k] & LOCAL_MASK for k in pos} for s, pos in self._by_shard(ids).items()}
-        n = 0
-        for s in self._shards_with(queue) if wanted is None else sorted(wanted):
-            client, local = self.clients[s], None if wanted is None else wanted[s]
-            # ids only grow: a dead letter at or above the first id put here is one of ours that
-            # died again meanwhile (a worker still failing it), not one to requeue in this pass
-            after, first_new = 0, None
-            while page := client.dead_letters(queue, after):
-                after = page[-1].message.id
-                dead = [d.message for d in page if (local is None or d.message.id in local)
-                        and (first_new is None or d.message.id < first_new)]  # fmt: skip
-                if dead:
-                    new = client.put(queue, [_fresh(m) for m in dead])
-                    first_new = min(new) if first_new is None else first_new
-                    client.forget(queue, [m.id for m in dead])
-                    n += len(dead)
-                    if local is not None:
-                        local -= {m.id for m in dead}
-                if (first_new is not None and after >= first_new) or local == set():
-                    break
-        return n
-
     def put_blob(self, data: bytes) -> str:
         """Store bytes on every shard (so any consumer finds them); returns the sha256 key."""
         return self._everywhere(calls.put_blob(data))[0]
@@ -368,35 +334,6 @@ class ShardedQueues:
         if n_consumers >= n:
             return [consumer % n]
         return [s for s in range(n) if s % n_consumers == consumer]
-
-    def join(self, queues: str | Sequence[str] | None = None, *, timeout: float | None = None, poll_s: float = 0.2,
-             progress: bool | None = None) -> dict[str, QueueStats]:  # fmt: skip
-        """Wait until the queues (default: all) have nothing ready, delayed or delivered on any shard.
-
-        The servers answer as soon as their share is drained, so the end is seen at once; `poll_s`
-        is how often the counts are refreshed meanwhile for the progress bar, shown on a terminal
-        (`progress=None`: when stderr is one). Without a bar the servers are asked far less often
-        (every QUIET_POLL_S): each request costs them CPU the work could use. Raises TimeoutError
-        after `timeout` seconds. Returns the final stats.
-        """
-        from conveyor.client.progress import JoinProgress
-
-        names = [queues] if isinstance(queues, str) else None if queues is None else list(queues)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        wait = 0.0  # the first look answers at once; then each server answers when drained or after poll_s
-        # connections of its own: a waiting request would hold up other threads' calls on ours
-        with JoinProgress(enabled=progress) as bar, pickle.loads(pickle.dumps(self)) as own:
-            if not bar.enabled:
-                poll_s = max(poll_s, QUIET_POLL_S)
-            while True:
-                mine = own.wait_drained(names, wait)
-                bar.update(mine)
-                if all(s.pending == 0 for s in mine.values()):
-                    return mine
-                if deadline is not None and (left := deadline - time.monotonic()) <= 0:
-                    pending = sum(s.pending for s in mine.values())
-                    raise TimeoutError(f"join: {pending:,} messages still pending after {timeout} s")
-                wait = poll_s if deadline is None else max(min(poll_s, left), 0.001)
 
     # --- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
@@ -424,7 +361,7 @@ class ShardedQueues:
         return {"clients": self.clients, "batch_size": self.batch_size}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["clients"], batch_size=state["batch_size"])  # type: ignore[misc]
+        type(self).__init__(self, state["clients"], batch_size=state["batch_size"])
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.addresses!r})"
@@ -437,10 +374,3 @@ def _summed(shards: Iterable[dict[str, QueueStats]]) -> dict[str, QueueStats]:
         for q, st in per.items():
             out[q] = out[q] + st if q in out else st
     return out
-
-
-def _fresh(m: Message) -> Message:
-    """A dead message as a new one to put: same payload, headers (less the idempotency key),
-    priority and max_attempts; the store gives it a new id and fresh attempts."""
-    headers = {k: v for k, v in m.headers.items() if k != H_IDEMPOTENCY_KEY}
-    return Message(queue=m.queue, payload=m.payload, priority=m.priority, max_attempts=m.max_attempts, headers=headers)

@@ -86,7 +86,7 @@ class Field:
             return f"an integer in [{self.lo:g}, {self.hi:g}]" if self.hi < _I64 else f"an integer in [{self.lo:g}, {_I64}]"
         if self.kind is Kind.NUM:
             return f"a number in {'(' if self.open_lo else '['}{self.lo:g}, {self.hi:g}]"
-        return self.kind.value
+        return str(self.kind.value)
 
 
 @dataclass(frozen=True, slots=True)

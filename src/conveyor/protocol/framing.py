@@ -181,7 +181,8 @@ async def read(reader: asyncio.StreamReader, limits: Limits, request: bool,
             first = False
             n = gen.send(data)
     except StopIteration as stop:
-        return stop.value
+        message: tuple[Header, Frames] = stop.value
+        return message
 
 
 class SocketReader:
@@ -214,7 +215,8 @@ class SocketReader:
             while True:
                 n = gen.send(self._exactly(n))
         except StopIteration as stop:
-            return stop.value
+            message: tuple[Header, Frames] = stop.value
+            return message
 
 
 # --- columns: per-message fields of a batch, a scalar when all values are equal -------------------

@@ -55,7 +55,7 @@ class Call(Generic[T]):
     op: str
     args: dict[str, Any]
     frames: Sequence[bytes] = ()
-    parse: Callable[[Header, Frames], T] = field(default=lambda h, f: h)  # type: ignore[assignment,return-value]
+    parse: Callable[[Header, Frames], T] = field(default=lambda h, f: h)
     wait_s: float = 0.0  # how long the server may hold it on purpose (long poll), beyond the timeout
 
 

@@ -76,23 +76,24 @@ async def put(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     if n != len(frames):
         raise RequestError(ERR_BAD_ARGUMENT, f"put: 'n' is {n} but {len(frames)} payload frames came")
     q = _queue(host, a, create=True)
-    cols = [a.column("priority", n), a.column("not_before", n), a.column("max_attempts", n)]
+    cols = (a.column("priority", n), a.column("not_before", n), a.column("max_attempts", n))
     hdr = a.column("headers", n)
     if type(hdr) is not list:
         hdr = None if not hdr else [hdr] * n
     keys = None if hdr is None else [h.get(H_IDEMPOTENCY_KEY) if type(h) is dict else None for h in hdr]
     if keys is None or all(k is None for k in keys):
-        ids = q.store.put_columns(frames, *cols, hdr)
+        ids = q.store.put_columns(frames, cols[0], cols[1], cols[2], hdr)
         reply: dict[str, Any] = {"first": ids[0] if ids else 0, "n": len(ids)}
     else:
-        reply = {"ids": _put_once(q, frames, cols, hdr, keys)}  # type: ignore[arg-type]
+        reply = {"ids": _put_once(q, frames, cols, hdr, keys)}
     q.puts += n
     q.changed.notify()
     await q.durable()
     return reply, []
 
 
-def _put_once(q: HostedQueue, frames: Frames, cols: list[Any], hdr: list[dict[str, str]], keys: list[str | None]) -> list[int]:
+def _put_once(q: HostedQueue, frames: Frames, cols: tuple[Any, Any, Any], hdr: list[dict[str, str]],
+              keys: list[str | None]) -> list[int]:  # fmt: skip
     """Put the messages whose idempotency key is new; every message gets the id stored under its key.
 
     The keys are written before their messages, with the ids the store reserved for them (durably:
@@ -119,9 +120,9 @@ def _put_once(q: HostedQueue, frames: Frames, cols: list[Any], hdr: list[dict[st
         at.update((i, start + j) for j, i in enumerate(new))
         q.dedupe.add([(k, at[i]) for k, i in first.items()])
 
-    pick = [c if type(c) is not list else [c[i] for i in new] for c in cols]
+    prio, nb, ma = (c if type(c) is not list else [c[i] for i in new] for c in cols)
     # if this fails after the keys were written, they name ids that hold no message: they count as new
-    stored = q.store.put_columns([frames[i] for i in new], *pick, [hdr[i] for i in new], before=keys_first)
+    stored = q.store.put_columns([frames[i] for i in new], prio, nb, ma, [hdr[i] for i in new], before=keys_first)
     if stored != [at[i] for i in new]:
         raise StoreError(f"put: the store assigned ids {stored[:3]}... where {[at[i] for i in new][:3]}... were expected")
     ids = [at.get(i, 0) for i in range(len(frames))]

@@ -10,18 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hmac
 import ipaddress
 import logging
-import os
-import resource
 import shutil
 import signal
 import socket
-import stat
-import sys
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +38,6 @@ from conveyor.constants import (
     ERR_PROTOCOL,
     ERR_STORE,
     ERR_UNKNOWN_OP,
-    PARENT_CHECK_S,
 )
 from conveyor.errors import ConveyorError, ProtocolError, RequestError, StoreError
 from conveyor.protocol import framing as protocol
@@ -49,13 +45,13 @@ from conveyor.protocol.auth import as_key, hello, new_nonce, proof, refusal
 from conveyor.protocol.framing import Frames, Header, Limits
 from conveyor.server.handlers import HANDLERS
 from conveyor.server.queues import Defaults, QueueHost
+from conveyor.server.runtime import raise_fd_limit, run_loop, watch_parent
 from conveyor.storage.files import store_error
 
 log = logging.getLogger("conveyor.server.queue_server")
 
 AUTH_TIMEOUT_S = 10.0
 RESERVED_FDS = 128  # descriptors kept for the rest: listening socket, pipes, blobs, logs, thread pools
-FD_LIMIT_CAP = 1 << 20
 COMPLAIN_EVERY_S = 60.0  # a store error that recurs at every sweep is logged this often
 LINGER_S = 2.0  # after a protocol error: how long, and how much, to drain before closing
 LINGER_BYTES = 256 * 1024 * 1024
@@ -97,14 +93,14 @@ async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) ->
 class _Connection:
     writer: asyncio.StreamWriter
     peer: str
-    reader_task: asyncio.Task[None] | None = None
+    reader_task: asyncio.Task[Any] | None = None
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     active: float = field(default_factory=time.monotonic)  # when it last sent or was sent something
     reading: float | None = None  # since when a request is coming in, part of it read
     sending: float | None = None  # since when a reply waits for the peer to read what is before it
 
-    async def send(self, header: Header, frames: Frames = ()) -> None:  # type: ignore[assignment]
+    async def send(self, header: Header, frames: Sequence[bytes] = ()) -> None:
         """Write one frame set; a peer that went away is not an error of ours."""
         with contextlib.suppress(ConnectionError, RuntimeError):
             async with self.lock:
@@ -121,6 +117,12 @@ class _Connection:
 
     async def error(self, rid: int, kind: str, message: str) -> None:
         await self.send({"id": rid, "error": kind, "message": message})
+
+
+def _finished(conn: _Connection, slots: asyncio.Semaphore, task: asyncio.Task[None]) -> None:
+    """A request's task ended: it no longer counts against its connection's requests in flight."""
+    conn.tasks.discard(task)
+    slots.release()
 
 
 class QueueServer:
@@ -143,7 +145,7 @@ class QueueServer:
         when), and one that sent part of a request but not the rest within `request_timeout_s`."""
         if temporary and data_dir is None:
             raise ConveyorError("a temporary server needs a data directory (to remove when it stops)")
-        if temporary and Path(data_dir).is_dir() and any(Path(data_dir).iterdir()):  # type: ignore[arg-type]
+        if temporary and data_dir is not None and Path(data_dir).is_dir() and any(Path(data_dir).iterdir()):
             raise ConveyorError(f"a temporary server needs a new or empty data directory: {data_dir} holds files, "
                                 "which it would delete when it stops")  # fmt: skip
         self._key = as_key(token)
@@ -255,17 +257,17 @@ class QueueServer:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, stop)
             if stop_with_parent:
-                stopping.append(asyncio.ensure_future(_watch_parent(loop, stop)))
+                stopping.append(asyncio.ensure_future(watch_parent(loop, stop)))
             if on_ready is not None:
                 on_ready(self.address)
             await self.wait_stopped()
 
-        _run_loop(main())
+        run_loop(main())
 
     # --- connections ----------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        conn = _Connection(writer, f"{peer[0]}:{peer[1]}" if peer else "?", asyncio.current_task())  # type: ignore[arg-type]
+        conn = _Connection(writer, f"{peer[0]}:{peer[1]}" if peer else "?", asyncio.current_task())
         assert self.max_connections is not None
         if len(self._conns) >= self.max_connections:  # refused in words, not by running out of descriptors
             self._complain(f"refused {conn.peer}: {self.max_connections} connections already (--max-connections)")
@@ -296,7 +298,7 @@ class QueueServer:
                 await slots.acquire()
                 task = asyncio.create_task(self._handle(conn, header, frames))
                 conn.tasks.add(task)
-                task.add_done_callback(lambda t: (conn.tasks.discard(t), slots.release()))
+                task.add_done_callback(functools.partial(_finished, conn, slots))
         except (ConnectionError, asyncio.CancelledError):
             pass
         finally:
@@ -401,57 +403,3 @@ class QueueServer:
             if time.monotonic() >= next_sample:
                 self.queues.sample()
                 next_sample = time.monotonic() + 1.0
-
-
-async def _watch_parent(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> None:
-    """Call `stop` once the parent process is gone: stdin (a pipe from it) ends, or we are re-parented.
-
-    The pipe alone is not enough: a child the parent forked may hold its end open. A terminal or
-    /dev/null as stdin is never read (a background read of a terminal would suspend the server).
-    """
-    parent = os.getppid()
-    ended = asyncio.Event()
-    try:
-        fd = sys.stdin.fileno()
-        mode = os.fstat(fd).st_mode
-    except (AttributeError, OSError, ValueError):  # no stdin at all
-        fd, mode = -1, 0
-    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
-
-        def readable() -> None:
-            try:
-                more = os.read(fd, 4096)
-            except OSError:
-                more = b""
-            if not more:
-                loop.remove_reader(fd)
-                ended.set()
-
-        loop.add_reader(fd, readable)
-    while not ended.is_set() and os.getppid() == parent:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ended.wait(), PARENT_CHECK_S)
-    log.warning("the process that started this server is gone: stopping")
-    stop()
-
-
-def raise_fd_limit() -> int:
-    """Raise this process's descriptor limit as far as the OS lets it (a server holds a few per queue
-    and one per connection); returns the limit now."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    want = FD_LIMIT_CAP if hard == resource.RLIM_INFINITY else min(hard, FD_LIMIT_CAP)
-    if soft != resource.RLIM_INFINITY and soft < want:
-        with contextlib.suppress(ValueError, OSError):
-            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
-    soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-    return FD_LIMIT_CAP if soft == resource.RLIM_INFINITY else soft
-
-
-def _run_loop(main: Coroutine[Any, Any, None]) -> None:
-    """Run on uvloop where it is installed (about a third less CPU per request), else asyncio's loop."""
-    try:
-        import uvloop
-    except ImportError:
-        asyncio.run(main)
-        return
-    uvloop.run(main)

@@ -6,10 +6,8 @@ runs in a worker thread so that one fsync covers every operation written before 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import fcntl
-import hashlib
 import json
 import logging
 import os
@@ -18,9 +16,9 @@ import shutil
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import cast
 
 from conveyor.constants import (
     BLOB_DIR,
@@ -39,8 +37,11 @@ from conveyor.constants import (
 )
 from conveyor.errors import ConveyorError, RequestError, StoreError
 from conveyor.protocol.operations import QueueInfo, QueueStats
+from conveyor.server.blobs import Blobs
 from conveyor.server.idempotency import Dedupe
+from conveyor.server.signals import GroupCommit, Signal
 from conveyor.storage import DurableStore, MemoryStore, Store
+from conveyor.storage.durable import FsyncPolicy
 from conveyor.storage.files import fsync_dir, keep_aside, store_error, write_atomically
 from conveyor.storage.segments import MAX_MAPS
 from conveyor.storage.space import SpaceReserve
@@ -53,54 +54,6 @@ RATE_WINDOW = 10  # samples (one a second) behind the rates in stats
 WORKER_TTL_S = 60.0  # a consumer not heard from for this long drops out of stats
 MAX_WORKERS = 10_000
 FDS_PER_OPEN_QUEUE = 3 + MAX_MAPS  # a durable queue in use: its newest segment, index, keys, mapped segments
-
-
-class Signal:
-    """Wakes every waiter at the next `notify`: a queue may have new work, or messages were settled."""
-
-    def __init__(self) -> None:
-        self._fut: asyncio.Future[None] | None = None
-
-    def notify(self) -> None:
-        if self._fut is not None and not self._fut.done():
-            self._fut.set_result(None)
-        self._fut = None
-
-    async def wait(self, timeout: float) -> None:
-        """Return on the next notify, or after `timeout` seconds."""
-        if self._fut is None:
-            self._fut = asyncio.get_running_loop().create_future()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._fut), timeout)
-
-
-class GroupCommit:
-    """Answers writes only once durable, sharing one fsync among all writes made before it began."""
-
-    def __init__(self, *syncs: Callable[[], None]) -> None:
-        self.syncs = syncs
-        self.written = 0  # generation of the last write
-        self.synced = 0  # every generation up to this one is durable
-        self._task: asyncio.Future[None] | None = None
-
-    def wrote(self) -> int:
-        self.written += 1
-        return self.written
-
-    async def durable(self, generation: int) -> None:
-        while self.synced < generation:
-            if self._task is None or self._task.done():
-                self._task = asyncio.ensure_future(self._sync())
-            await asyncio.shield(self._task)
-
-    async def _sync(self) -> None:
-        target = self.written
-        await asyncio.get_running_loop().run_in_executor(None, self._sync_all)
-        self.synced = max(self.synced, target)
-
-    def _sync_all(self) -> None:
-        for sync in self.syncs:
-            sync()
 
 
 @dataclass
@@ -232,15 +185,15 @@ class QueueHost:
 
     def _open(self, info: QueueInfo) -> HostedQueue:
         if not info.durable:
-            store = MemoryStore(info.name, max_attempts=info.max_attempts, lease_s=info.lease_s)
-            return HostedQueue(info, store, None, Dedupe(None))
+            transient = MemoryStore(info.name, max_attempts=info.max_attempts, lease_s=info.lease_s)
+            return HostedQueue(info, transient, None, Dedupe(None))
         assert self.queue_dir is not None and info.fsync is not None
         if self.fd_budget is not None and self._durable + 1 + FDS_PER_OPEN_QUEUE > self.fd_budget:
             raise StoreError(f"queue {info.name!r}: this server holds {self._durable:,} durable queues, as many as its "
                              f"descriptor limit allows ({self.fd_budget:,} for queues: ulimit -n less the connections "
                              "it takes): raise the limit (ulimit -n), lower --max-connections, or drop queues")  # fmt: skip
         path = self.queue_dir / info.name
-        store = DurableStore(path, fsync=info.fsync, queue=info.name,  # type: ignore[arg-type]
+        store = DurableStore(path, fsync=cast(FsyncPolicy, info.fsync), queue=info.name,
                              max_attempts=info.max_attempts, lease_s=info.lease_s, repair=self.repair,
                              group_commit=True, space=self.space)  # fmt: skip
         try:
@@ -406,48 +359,3 @@ def _read_floor(path: Path) -> int:
     except (ValueError, KeyError, TypeError) as e:
         raise ConveyorError(f"{path} is damaged ({type(e).__name__}: {e}); it holds the first message id a new "
                             'queue may use, as {"next_id": <integer>}') from None  # fmt: skip
-
-
-class Blobs:
-    """Content-addressed bytes (key: sha256 hex), on disk under the data dir or in memory."""
-
-    def __init__(self, path: Path | None) -> None:
-        self.path = path
-        self._mem: dict[str, bytes] = {}
-
-    def put(self, data: bytes) -> str:
-        key = hashlib.sha256(data).hexdigest()
-        if self.path is None:
-            self._mem[key] = data
-        elif not (self.path / key).exists():
-            self.path.mkdir(exist_ok=True)
-            write_atomically(self.path / key, data)
-        return key
-
-    def get(self, key: str) -> bytes | None:
-        _check_key(key)
-        if self.path is None:
-            return self._mem.get(key)
-        try:
-            return (self.path / key).read_bytes()
-        except FileNotFoundError:
-            return None
-
-    def forget(self, keys: list[str]) -> int:
-        """Remove blobs nothing needs any more; returns how many there were."""
-        for key in keys:
-            _check_key(key)
-        n = 0
-        for key in keys:
-            if self.path is None:
-                n += self._mem.pop(key, None) is not None
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                (self.path / key).unlink()
-                n += 1
-        return n
-
-
-def _check_key(key: str) -> None:
-    if type(key) is not str or not re.fullmatch(r"[0-9a-f]{64}", key):
-        raise RequestError(ERR_BAD_ARGUMENT, f"a blob key is 64 hex digits (sha256), got {key!r:.80}")

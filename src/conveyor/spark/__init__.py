@@ -1,4 +1,4 @@
-"""Conveyor on Apache Spark: consumers as Spark tasks, `map` over DataFrames, and the TaskGraph runtime.
+"""Conveyor on Apache Spark: consumers as Spark tasks, `map` over DataFrames, `conveyor.local()` and the session.
 
 Importing this package does not start Spark; its pieces load on first use.
 """

@@ -26,7 +26,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Generator, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from conveyor.errors import ConveyorError
 from conveyor.message import Message
@@ -78,7 +78,7 @@ def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str,
 
         from conveyor.worker.consumer import Consumer
 
-        index = TaskContext.get().partitionId()  # type: ignore[union-attr]
+        index = cast("TaskContext", TaskContext.get()).partitionId()  # always set inside a Spark task
         rows = 0
         expect_more = None
         if prelude is None:
@@ -181,7 +181,8 @@ class SparkConsumerPool:
     def consumer_stats(self) -> list[dict[str, Any]]:
         """With `then`, once `dataframe()` was evaluated: each consumer's counts (a consumer's Spark
         task that ran again, e.g. after its executor was lost, counts once, as its last run)."""
-        name, latest = _stats_queue(self.job), {}
+        name = _stats_queue(self.job)
+        latest: dict[str, list[dict[str, Any]]] = {}
         while got := self.pool.get(name, 1000):
             self.pool.ack(name, [m.id for m in got])
             for m in got:

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable, Generator, Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.progress import JoinProgress
@@ -310,7 +310,7 @@ def _put_partitions(pool: QueuePool, put_rows: Callable[..., int]) -> Callable[.
         import pyarrow as pa
         from pyspark import TaskContext
 
-        part = TaskContext.get().partitionId()  # type: ignore[union-attr]
+        part = cast("TaskContext", TaskContext.get()).partitionId()  # always set inside a Spark task
         n = put_rows(batches, part)
         pool.close()
         yield pa.RecordBatch.from_pylist([{"partition": part, "rows": n}])
@@ -367,7 +367,7 @@ def _read(pool: QueuePool, queue: str, schema: StructType,
         if queue not in {q.name for q in client.queues()}:
             continue
         for i, r in client.iter_results(queue, page=READ_BATCH_ROWS):
-            for outcome in decode_result(r):  # type: ignore[attr-defined]
+            for outcome in cast("list[list[Any]]", decode_result(r)):  # RowRunner's outcomes
                 row = dict.fromkeys(names)
                 if outcome[0]:
                     try:

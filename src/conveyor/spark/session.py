@@ -81,6 +81,7 @@ def check_workers_python(spark: SparkSession) -> None:
         exe = spark.sparkContext.pythonExec
     except Exception:  # Spark Connect: no SparkContext, and the workers are elsewhere
         return
+    assert master is not None  # a SparkContext refuses to start without spark.master
     if master.startswith("local") and exe not in _CHECKED:
         error = workers_python_error(exe)
         if error:

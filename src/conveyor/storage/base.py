@@ -29,7 +29,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -203,7 +203,7 @@ class Store(ABC):
             self._state.finish(ids, ST_NONE)  # never stored: the ids stay unused
             raise
         self._commit()
-        return ids.tolist()
+        return cast(list[int], ids.tolist())
 
     def get(self, n: int, lease_s: float | None = None) -> list[Message]:
         """Deliver up to n messages under a lease of `lease_s` seconds (store default if None)."""
@@ -260,7 +260,7 @@ class Store(ABC):
             self._state.mark(done, ST_ACKED)
             self._record(done, ST_ACKED, kept, self.clock())
             self._commit()
-        return ok.tolist()
+        return cast(list[bool], ok.tolist())
 
     def nack(self, msg_id: int, error: str = "", delay_s: float = 0.0, final: bool = False) -> bool:
         """Give a delivered message back: READY after `delay_s`, or FAILED when out of attempts."""
@@ -287,7 +287,7 @@ class Store(ABC):
             sel = np.flatnonzero(ok)
             self._retry_or_fail(arr[sel], [errs[i] for i in sel], now + delay_s, now, final)
             self._commit()
-        return ok.tolist()
+        return cast(list[bool], ok.tolist())
 
     def release_many(self, ids: Sequence[int]) -> list[bool]:
         """Give back delivered messages that were never started: READY again, the attempt not counted.
@@ -305,7 +305,7 @@ class Store(ABC):
             self._state.requeue(back, np.zeros(len(back), np.float64), now)
             self._record(back, ST_READY, None, now)
             self._commit()
-        return ok.tolist()
+        return cast(list[bool], ok.tolist())
 
     def extend_lease(self, msg_id: int, lease_s: float) -> bool:
         """Push a delivered message's lease to now + lease_s; False if it is not delivered."""
@@ -503,9 +503,9 @@ def steady_clock() -> Callable[[], float]:
 
 def check_lease(lease_s: object, what: str) -> float:
     """A lease as a float within (0, MAX_LEASE_S], else ValueError (an endless lease would never return a message)."""
-    if type(lease_s) not in (int, float) or not 0 < lease_s <= MAX_LEASE_S:  # type: ignore[operator]
+    if type(lease_s) not in (int, float) or not 0 < cast(float, lease_s) <= MAX_LEASE_S:
         raise ValueError(f"{what}: lease_s must be a number of seconds in (0, {MAX_LEASE_S:g}], got {lease_s!r}")
-    return float(lease_s)  # type: ignore[arg-type]
+    return float(cast(float, lease_s))
 
 
 def _sorted_above(ids: Iterable[int], after: int) -> np.ndarray:
@@ -520,8 +520,8 @@ def _column(value: object, n: int, dtype: type, name: str) -> np.ndarray:
     """A writable array of n values from a sequence, or from one value for all; TypeError unless every
     value is an integer (an integer dtype) or a number (a float dtype): 2.7 is no max_attempts."""
     kinds = "iu" if np.dtype(dtype).kind in "iu" else "iuf"
-    if type(value) in (list, tuple) and value and value.count(value[0]) == len(value):  # type: ignore[union-attr]
-        value = value[0]  # the usual case: one value for all (equal values: 1 and 1.0 hold the same)  # type: ignore[index]
+    if type(value) in (list, tuple) and (seq := cast("Sequence[object]", value)) and seq.count(seq[0]) == len(seq):
+        value = seq[0]  # the usual case: one value for all (equal values: 1 and 1.0 hold the same)
     arr = np.asarray(value) if isinstance(value, (int, float, np.number, list, tuple, np.ndarray)) else None
     if arr is None or arr.dtype.kind not in kinds or arr.ndim > 1 or (arr.ndim == 1 and len(arr) != n):
         want = "an integer" if kinds == "iu" else "a number"

@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import msgpack
 import numpy as np
@@ -86,7 +86,7 @@ def _member(ids: np.ndarray, sub: np.ndarray) -> np.ndarray:
     if not len(sub):
         return np.zeros(len(ids), bool)
     pos = np.searchsorted(sub, ids)
-    return (pos < len(sub)) & (sub[np.minimum(pos, len(sub) - 1)] == ids)
+    return cast(np.ndarray, (pos < len(sub)) & (sub[np.minimum(pos, len(sub) - 1)] == ids))
 
 
 def _parse(buf: bytes | mmap.mmap, off: int, size: int, queue: str, attempts: int, lease_s: float) -> Message:
@@ -312,7 +312,7 @@ class DurableStore(Store):
 
     def _sizes(self, ids: np.ndarray) -> np.ndarray:
         # a body holds the payload and headers behind a prefix of about the fields a reply adds per message
-        return self._state.cols["size"][ids - self._state.base].astype(np.int64) + 16
+        return cast(np.ndarray, self._state.cols["size"][ids - self._state.base].astype(np.int64) + 16)
 
     def _load(self, ids: np.ndarray, lease_s: float) -> MessageBatch:
         st = self._state

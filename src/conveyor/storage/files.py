@@ -9,15 +9,19 @@ import errno
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from conveyor.errors import DiskFullError, StoreError
+
+if TYPE_CHECKING:
+    from _ctypes import CFuncPtr
 
 DISK_FULL = (errno.ENOSPC, errno.EDQUOT)  # the errnos of a full disk (or quota)
 _FALLOC_FL_KEEP_SIZE = 1
 _FALLOC_FL_PUNCH_HOLE = 2
 
 
-def _libc_fallocate() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+def _libc_fallocate() -> CFuncPtr | None:
     try:
         fn = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True).fallocate
     except (OSError, AttributeError):  # not Linux (or no glibc): no preallocation

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -62,7 +62,7 @@ class MemoryStore(Store):
         pass  # nothing to write
 
     def _sizes(self, ids: np.ndarray) -> np.ndarray:
-        return self._state.cols["size"][ids - self._state.base]
+        return cast(np.ndarray, self._state.cols["size"][ids - self._state.base])
 
     def _keep_results(self, ids: np.ndarray, results: Sequence[bytes | None]) -> Any:
         return results

@@ -18,6 +18,7 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -249,7 +250,7 @@ class SegmentLog:
         pack_head = RECORD_HEAD.pack
         crc32 = zlib.crc32
         foot = _FOOT_BYTES
-        parts = []
+        parts: list[bytes] = []
         for b, n in zip(bodies, sizes, strict=True):
             parts += (pack_head(crc32(b), n), b, foot)
         pos = self.sizes[self.active] + _HEAD
@@ -397,7 +398,7 @@ def _valid_record(mv: memoryview, pos: int, size: int) -> int:
     if pos + _MIN_RECORD > size:
         return 0
     crc, n = RECORD_HEAD.unpack_from(mv, pos)
-    end = pos + _HEAD + n + RECORD_FOOT.size
+    end: int = pos + _HEAD + n + RECORD_FOOT.size
     if n < BODY_PREFIX.size or end > size:
         return 0
     if mv[end - RECORD_FOOT.size : end] != _FOOT_BYTES or zlib.crc32(mv[pos + _HEAD : end - RECORD_FOOT.size]) != crc:
@@ -408,16 +409,16 @@ def _valid_record(mv: memoryview, pos: int, size: int) -> int:
 def _resync(mv: memoryview, pos: int, size: int) -> int | None:
     """The start of the next valid record after a bad one at `pos`, or None if there is none."""
     _, n = RECORD_HEAD.unpack_from(mv, pos) if pos + _HEAD <= size else (0, 0)
-    guess = pos + n + RECORD_OVERHEAD  # the size field may be intact even if the body is not
+    guess: int = pos + n + RECORD_OVERHEAD  # the size field may be intact even if the body is not
     if pos < guess < size and _valid_record(mv, guess, size):
         return guess
-    data = mv.obj  # the mmap: find() is fast
-    q = data.find(_FOOT_BYTES, pos + 1, size)  # type: ignore[attr-defined]
+    data = cast(mmap.mmap, mv.obj)  # the mmap: find() is fast
+    q = data.find(_FOOT_BYTES, pos + 1, size)
     while q != -1:
         start = q + RECORD_FOOT.size
         if _valid_record(mv, start, size):
             return start
-        q = data.find(_FOOT_BYTES, q + 1, size)  # type: ignore[attr-defined]
+        q = data.find(_FOOT_BYTES, q + 1, size)
     return None
 
 

@@ -17,6 +17,7 @@ import bisect
 import heapq
 import itertools
 from collections.abc import Callable, Iterable
+from typing import cast
 
 import numpy as np
 
@@ -121,7 +122,7 @@ class QueueState:
             "until": np.float64,
         }
         dtypes.update(extra or {})
-        self.cols = {name: np.zeros(1024, dt) for name, dt in dtypes.items()}  # type: ignore[call-overload]
+        self.cols = {name: np.zeros(1024, dt) for name, dt in dtypes.items()}
         self.status = self.cols["status"]
         self._fifos: dict[int, _Fifo] = {}
         self._prios: list[int] = []  # descending
@@ -361,7 +362,7 @@ class QueueState:
         """Mask of the ids `finish` would finish: not finished yet, first occurrences."""
         idx, inside = self.index(ids)
         st = self.status[idx]
-        return inside & (st != ST_ACKED) & (st != ST_FAILED) & (st != ST_NONE) & first_occurrences(ids)
+        return cast(np.ndarray, inside & (st != ST_ACKED) & (st != ST_FAILED) & (st != ST_NONE) & first_occurrences(ids))
 
     def finish(self, ids: np.ndarray, status: int) -> np.ndarray:
         """Mark messages ACKED, FAILED or absent (ST_NONE) where they are not finished yet; returns that mask."""
@@ -376,11 +377,11 @@ class QueueState:
     def delivered(self, ids: np.ndarray) -> np.ndarray:
         """Mask of ids currently DELIVERED."""
         idx, inside = self.index(ids)
-        return inside & (self.status[idx] == ST_DELIVERED)
+        return cast(np.ndarray, inside & (self.status[idx] == ST_DELIVERED))
 
     def out_of_attempts(self, ids: np.ndarray) -> np.ndarray:
         idx = ids - self.base
-        return self.cols["attempts"][idx] >= self.cols["max_attempts"][idx]
+        return cast(np.ndarray, self.cols["attempts"][idx] >= self.cols["max_attempts"][idx])
 
     def requeue(self, ids: np.ndarray, not_before: np.ndarray, now: float) -> None:
         """Return delivered messages to READY (or DELAYED until `not_before`)."""

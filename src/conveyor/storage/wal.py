@@ -126,7 +126,7 @@ class IndexLog:
         self.header = Header(base, next_id, acked, failed) if header_ok else Header()
         body = len(data) - hs
         whole = body // _REC
-        rec = np.frombuffer(data, INDEX_DTYPE, whole, hs)
+        rec: np.ndarray = np.frombuffer(data, INDEX_DTYPE, whole, hs)
         raw = np.frombuffer(data, np.uint8, whole * _REC, hs).reshape(whole, _REC)
         crc32 = zlib.crc32
         computed = np.fromiter((crc32(row) for row in raw[:, 4:]), np.uint32, whole)

@@ -111,7 +111,7 @@ def task(fn: Callable[P, R] | None = None, /, *, queue: str = DEFAULT_QUEUE, pri
     (default `module.qualname`); `registry` registers elsewhere than the process-wide registry.
     """
     options = TaskOptions(queue=queue, priority=priority, time_limit=time_limit, max_retries=max_retries,
-                          retry_backoff=retry_backoff, no_retry=no_retry)  # type: ignore[arg-type]  # fmt: skip
+                          retry_backoff=retry_backoff, no_retry=no_retry)  # fmt: skip
 
     def wrap(f: Callable[P, R]) -> TaskFunction[P, R]:
         return TaskFunction(f, options, name, registry)
@@ -151,14 +151,14 @@ class Task:
         super().__init_subclass__(**kwargs)
         try:
             cls.options = TaskOptions(queue=cls.queue, priority=cls.priority, time_limit=cls.time_limit,
-                                      max_retries=cls.max_retries, retry_backoff=cls.retry_backoff,  # type: ignore[arg-type]
+                                      max_retries=cls.max_retries, retry_backoff=cls.retry_backoff,
                                       no_retry=cls.no_retry)  # fmt: skip
         except TaskOptionError as e:
             raise TaskOptionError(f"task class {cls.__module__}.{cls.__qualname__}: {e}") from None
         cls.task_name = name if name is not None else f"{cls.__module__}.{cls.__qualname__}"
         cls._sig = arg_check(cls.run_task, drop_first=True)
         if not abstract and cls.run_task is not Task.run_task:
-            (default_registry if registry is None else registry).register(cls.task_name, cls)  # type: ignore[arg-type]
+            (default_registry if registry is None else registry).register(cls.task_name, cls)
 
     def __init__(self, app_data: dict[str, Any] | None = None, message: Message | None = None) -> None:
         """app_data: the data published with the task. message: the delivery (None when run directly)."""

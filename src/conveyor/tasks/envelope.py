@@ -20,7 +20,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import cloudpickle
 import msgpack
@@ -51,17 +51,17 @@ def is_plain(obj: object, depth: int = 0) -> bool:
     if t in _SCALARS:
         return True
     if t is int:
-        return INT64_MIN <= obj <= UINT64_MAX  # type: ignore[operator]
+        return INT64_MIN <= cast(int, obj) <= UINT64_MAX
     if depth >= MSGPACK_MAX_DEPTH:  # also stops self-referencing containers; pickle copes with those
         return False
     # loops rather than all(generator): this runs for every published message
     if t is list or t is tuple:
-        for x in obj:  # type: ignore[attr-defined]  # noqa: SIM110 (a loop is faster than all() here)
+        for x in cast("list[object] | tuple[object, ...]", obj):
             if type(x) not in _SCALARS and not is_plain(x, depth + 1):
                 return False
         return True
     if t is dict:
-        for k, v in obj.items():  # type: ignore[attr-defined]
+        for k, v in cast("dict[object, object]", obj).items():
             if type(k) not in _SCALARS and not is_plain(k, depth + 1):
                 return False
             if type(v) not in _SCALARS and not is_plain(v, depth + 1):
@@ -94,7 +94,7 @@ def _pack(obj: object) -> bytes:
         packer = _packers.p
     except AttributeError:
         packer = _packers.p = msgpack.Packer(**_PACK_OPTIONS)
-    return packer.pack(obj)
+    return cast(bytes, packer.pack(obj))
 
 
 def _unpack(data: bytes) -> Any:
@@ -103,7 +103,7 @@ def _unpack(data: bytes) -> Any:
 
 
 def _pickle(obj: object) -> bytes:
-    return cloudpickle.dumps(obj, protocol=PICKLE_PROTOCOL)
+    return cast(bytes, cloudpickle.dumps(obj, protocol=PICKLE_PROTOCOL))
 
 
 # --- task envelopes -----------------------------------------------------------------------------
@@ -306,7 +306,7 @@ class FunctionPickler:
         ref = FunctionRef(hashlib.sha256(data).hexdigest(), data)
         with self._lock:
             try:
-                self._weak[key] = (weakref.ref(func, lambda _, k=key: self._weak.pop(k, None)), ref)
+                self._weak[key] = (weakref.ref(func, lambda _: self._weak.pop(key, None)), ref)
             except TypeError:  # not weakly referenceable: keep it alive in the LRU (ids stay unique)
                 self._strong[key] = (func, ref)
                 if len(self._strong) > self._max_strong:
@@ -353,17 +353,17 @@ class FunctionCache:
         if got != digest:
             raise SerializationError(f"function bytes fetched for {digest} hash to {got}", task=adhoc_task_name(digest))
         try:
-            f = pickle.loads(data)
+            loaded: object = pickle.loads(data)
         except Exception as e:
             raise SerializationError(f"function {digest} cannot be unpickled: {type(e).__name__}: {e}",
                                      task=adhoc_task_name(digest)) from e  # fmt: skip
-        if not callable(f):
-            raise SerializationError(f"function {digest} unpickled to a {type(f).__name__}", task=adhoc_task_name(digest))
+        if not callable(loaded):
+            raise SerializationError(f"function {digest} unpickled to a {type(loaded).__name__}", task=adhoc_task_name(digest))
         with self._lock:
-            self._funcs[digest] = f
+            self._funcs[digest] = loaded
             if len(self._funcs) > self._max:
                 self._funcs.popitem(last=False)
-        return f
+        return loaded
 
     def __contains__(self, digest: object) -> bool:
         return digest in self._funcs

@@ -14,6 +14,7 @@ import math
 import random
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from conveyor.constants import (
     DEFAULT_BACKOFF_BASE_S,
@@ -45,7 +46,7 @@ class Jitter(str, enum.Enum):
     NONE = "none"
 
 
-def _number(v: object) -> bool:
+def _number(v: object) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -77,7 +78,7 @@ class Backoff:
         if isinstance(spec, Backoff):
             return spec
         if _number(spec):
-            base = float(spec)  # type: ignore[arg-type]
+            base = float(spec)
             return cls(base, cap=max(DEFAULT_BACKOFF_CAP_S, base))
         if isinstance(spec, tuple) and 1 <= len(spec) <= 4:
             return cls(*spec)
@@ -101,7 +102,7 @@ class Backoff:
 
 
 DEFAULT_BACKOFF = Backoff()
-BackoffSpec = Backoff | float | int | tuple  # what `retry_backoff=` accepts (see Backoff.of)
+BackoffSpec = Backoff | float | int | tuple[Any, ...]  # what `retry_backoff=` accepts (see Backoff.of)
 
 
 def backoff_delay(attempt: int, retry_backoff: BackoffSpec = DEFAULT_BACKOFF, rng: random.Random | None = None) -> float:
@@ -145,6 +146,11 @@ class TaskOptions:
     max_retries: int = DEFAULT_MAX_RETRIES
     retry_backoff: Backoff = field(default=DEFAULT_BACKOFF)
     no_retry: tuple[type[BaseException], ...] = ()
+
+    if TYPE_CHECKING:
+        # the signature of the dataclass's own __init__, which also takes a BackoffSpec (__post_init__ makes it a Backoff)
+        def __init__(self, queue: str = ..., priority: int = ..., time_limit: float | None = ..., max_retries: int = ...,
+                     retry_backoff: BackoffSpec = ..., no_retry: tuple[type[BaseException], ...] = ...) -> None: ...  # fmt: skip
 
     def __post_init__(self) -> None:
         check_queue(self.queue)

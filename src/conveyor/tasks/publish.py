@@ -93,7 +93,7 @@ class Args:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Args) and (self.args, self.kwargs) == (other.args, other.kwargs)
 
-    __hash__ = None  # type: ignore[assignment]
+    # unhashable: Python sets __hash__ = None for a class that defines __eq__ without __hash__
 
     def __repr__(self) -> str:
         parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.kwargs.items()]

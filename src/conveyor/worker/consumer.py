@@ -20,8 +20,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
+from conveyor.client.backend import QueueBackend
 from conveyor.constants import H_TASK
 from conveyor.errors import ConnectionLostError, ConveyorError, TaskError
 from conveyor.message import Message
@@ -32,9 +33,6 @@ from conveyor.worker.middleware import Decision, Middleware, default_middleware
 from conveyor.worker.pacing import Pacing
 from conveyor.worker.selectors import QueueSelector, selector_class
 from conveyor.worker.settler import Settler
-
-if TYPE_CHECKING:
-    from conveyor.client.pool import QueuePool
 
 log = logging.getLogger("conveyor.worker")
 
@@ -100,10 +98,10 @@ class ConsumerStats:
 class BlobFetcher:
     """Picklable: in a worker (thread or child process) it gives `fetch(digest)` over its own connections."""
 
-    pool: QueuePool
+    pool: QueueBackend
 
     def __call__(self) -> Fetch:
-        pool = pickle.loads(pickle.dumps(self.pool))  # connections of its own, never the consumer's
+        pool: QueueBackend = pickle.loads(pickle.dumps(self.pool))  # connections of its own, never the consumer's
 
         def fetch(digest: str) -> bytes:
             for shard in range(len(pool)):
@@ -118,7 +116,7 @@ class BlobFetcher:
 class Consumer:
     """Runs tasks from `queues` of `pool` until stopped (or, with `until_empty`, until they are drained)."""
 
-    def __init__(self, pool: QueuePool, queues: Sequence[QueueConfig | str] = ("default",), *, consumer: int = 0,
+    def __init__(self, pool: QueueBackend, queues: Sequence[QueueConfig | str] = ("default",), *, consumer: int = 0,
                  n_consumers: int = 1, batch_size: int | None = None, max_concurrency: int = 8,
                  concurrency: Literal["thread", "process"] = "thread", selector: QueueSelector | str = "ReducedLottery",
                  middleware: Sequence[Middleware] | None = None, task_modules: Sequence[str] = (),
@@ -281,6 +279,7 @@ class Consumer:
         A selector's probe of a queue is a fetch: what it finds is run, not fetched twice.
         """
         self._stash = []
+        q: _Queue | None
         if self._current is not None and self._iterations_left > 0:
             q = self._current
         else:
@@ -366,7 +365,8 @@ class Consumer:
         for r in over:
             if slots.stop_task(r.message.id):
                 self.stats.timed_out += 1
-                limit = r.deadline - r.started  # type: ignore[operator]
+                assert r.deadline is not None  # only tasks with a deadline are over it
+                limit = r.deadline - r.started
                 how = "its process was killed" if slots.kind == "process" else "its thread was abandoned and may still be running"
                 err = TaskError(r.message.headers.get(H_TASK, "?"),
                                 f"TimeLimitExceeded: the task ran over its time limit of {limit:g} s ({how})", True)  # fmt: skip

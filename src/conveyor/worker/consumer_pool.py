@@ -22,9 +22,11 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.context import ForkServerContext, SpawnContext
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
+from conveyor.client.pool import QueuePool
 from conveyor.client.progress import JoinProgress
 from conveyor.constants import PARENT_CHECK_S
 from conveyor.errors import ConveyorError, RequestError
@@ -32,12 +34,9 @@ from conveyor.protocol.operations import QueueStats
 from conveyor.tasks.envelope import decode_result
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import check_pin
-from conveyor.worker.consumer import ConsumerStats
+from conveyor.worker.consumer import Consumer, ConsumerStats
 from conveyor.worker.executors import START_FAILURES_MAX, never_started
-
-if TYPE_CHECKING:
-    from conveyor.client.pool import QueuePool
-    from conveyor.worker.consumer import Consumer
+from conveyor.worker.settings import load_settings
 
 log = logging.getLogger("conveyor.worker")
 
@@ -71,9 +70,6 @@ def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int,
                    conn: Connection) -> None:  # fmt: skip
     """One consumer process: run until SIGTERM or SIGINT, then stop gracefully; tell the pool
     through `conn` when it has started and, at the end, its counts."""
-    from conveyor.worker.consumer import Consumer
-    from conveyor.worker.settings import load_settings
-
     logging.basicConfig(level=options.pop("log_level", logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
     settings = load_settings()
     own_process()
@@ -106,7 +102,7 @@ def _stop_with(parent: multiprocessing.process.BaseProcess, consumer: Consumer, 
     so running tasks are handed back, or come back by lease, rather than waited for."""
     # the sentinel closes when the parent exits, unless a child it forked holds it open: hence
     # also a look whether the parent still exists
-    while parent.is_alive() and _exists(parent.pid):  # type: ignore[arg-type]
+    while parent.is_alive() and parent.pid is not None and _exists(parent.pid):
         parent.join(PARENT_CHECK_S)
     log.warning("consumer %s: the process that started it is gone: stopping now", consumer.name)
     consumer.stop(graceful=False)
@@ -153,7 +149,9 @@ class ConsumerPool:
         self.restarts = 0
         self.stats = ConsumerStats()  # the counts of the consumer processes that have stopped (see `_spawn`)
         methods = multiprocessing.get_all_start_methods()
-        self._ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        self._ctx: ForkServerContext | SpawnContext = multiprocessing.get_context("spawn")
+        if "forkserver" in methods:
+            self._ctx = multiprocessing.get_context("forkserver")
         self._procs: list[multiprocessing.process.BaseProcess | None] = [None] * self.n_consumers
         self._conns: list[Connection | None] = [None] * self.n_consumers  # the read ends of their pipes
         self._started = [False] * self.n_consumers
@@ -221,8 +219,9 @@ class ConsumerPool:
                     self.restarts += 1
                     self._spawn(i)
         if not any(p is not None and p.is_alive() for p in self._procs) and not self.restart:
-            if (i := next((i for i, n in enumerate(self._start_failures) if n), None)) is not None:
-                raise ConveyorError(never_started(f"consumer process {i}", 1, None))
+            failed = next((k for k, n in enumerate(self._start_failures) if n), None)
+            if failed is not None:
+                raise ConveyorError(never_started(f"consumer process {failed}", 1, None))
             raise ConveyorError("every consumer process has exited")
 
     def join(self, timeout: float | None = None, progress: bool | None = None, poll_s: float = 0.2) -> dict[str, QueueStats]:
@@ -250,9 +249,9 @@ class ConsumerPool:
         self._stopping = True
         procs = self.processes
         for p in procs:
-            if p.is_alive():
+            if p.is_alive() and p.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
-                    os.kill(p.pid, signal.SIGTERM if graceful else signal.SIGKILL)  # type: ignore[arg-type]
+                    os.kill(p.pid, signal.SIGTERM if graceful else signal.SIGKILL)
         for p in procs:
             p.join(STOP_GRACE_S if graceful else 10)
             if p.is_alive():

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
+from multiprocessing.context import ForkServerContext, SpawnContext
 from typing import Any
 
 from conveyor.constants import H_TASK
@@ -177,7 +178,9 @@ class ProcessSlots:
         self._fetcher = fetcher  # a picklable callable returning a `fetch` in the child (or None)
         self._task_modules = list(task_modules)
         methods = multiprocessing.get_all_start_methods()
-        self._ctx = multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
+        self._ctx: ForkServerContext | SpawnContext = multiprocessing.get_context("spawn")
+        if "forkserver" in methods:
+            self._ctx = multiprocessing.get_context("forkserver")
         if self._ctx.get_start_method() == "forkserver":
             # children fork from a server that has imported these already: a replacement starts in milliseconds
             self._ctx.set_forkserver_preload(["conveyor.tasks.runner", "conveyor.worker.executors", *self._task_modules])
@@ -268,8 +271,9 @@ class ProcessSlots:
         if c is None:
             return False
         c.stopped = True
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(c.proc.pid, signal.SIGKILL)  # type: ignore[arg-type]
+        if c.proc.pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(c.proc.pid, signal.SIGKILL)
         self._spawn()
         return True
 

@@ -88,8 +88,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     path: Path | None = None
     if qc is not None:
         path = Path(qc)
-        if not path.is_absolute() and getattr(mod, "__file__", None):
-            path = Path(mod.__file__).parent / path  # type: ignore[arg-type]
+        where_file = getattr(mod, "__file__", None)
+        if not path.is_absolute() and where_file:
+            path = Path(where_file).parent / path
     selector = get("QUEUE_SELECTOR", DEFAULT_SELECTOR, lambda v: isinstance(v, (str, type)), "a name or a class")
     try:
         selector_class(selector)

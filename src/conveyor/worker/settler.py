@@ -16,13 +16,11 @@ import queue
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from conveyor.client.backend import QueueBackend
 from conveyor.constants import ERR_STORE
 from conveyor.errors import ConnectionLostError, ConveyorError, RequestError
-
-if TYPE_CHECKING:
-    from conveyor.client.pool import QueuePool
 
 log = logging.getLogger("conveyor.worker")
 
@@ -40,9 +38,9 @@ _SETTLES = ("ack", "nack")  # the kinds that finish or return a message (a consu
 class Settler:
     """Queues settlements for a background thread; `flush()` waits until all were sent."""
 
-    def __init__(self, pool: QueuePool, report: Callable[[], tuple[str, dict[str, float]]] | None = None,
+    def __init__(self, pool: QueueBackend, report: Callable[[], tuple[str, dict[str, float]]] | None = None,
                  report_every_s: float = 2.0) -> None:  # fmt: skip
-        self._pool = pickle.loads(pickle.dumps(pool))  # connections of its own
+        self._pool: QueueBackend = pickle.loads(pickle.dumps(pool))  # connections of its own
         self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._report = report
         self._report_every_s = report_every_s

@@ -1,0 +1,66 @@
+"""The shape of the code, checked as part of the tests (see docs/architecture.md).
+
+- the import contracts in pyproject.toml (layers, the graph independent of the queue, no cycles);
+- a strict type check of src/ (mypy, configured in pyproject.toml);
+- no module over MAX_MODULE_LINES lines, and no import of our own modules inside a function
+  (which is how an import cycle is usually dodged).
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src" / "conveyor"
+MAX_MODULE_LINES = 400
+BIN = Path(sys.executable).parent
+
+
+def test_import_contracts_hold() -> None:
+    run = subprocess.run([str(BIN / "lint-imports"), "--no-cache"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "0 broken" in run.stdout
+
+
+@pytest.mark.timeout(600)
+def test_strict_type_check_passes() -> None:
+    run = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=540)  # fmt: skip
+    assert run.returncode == 0, run.stdout[-20_000:] + run.stderr
+    assert "Success: no issues found" in run.stdout
+
+
+def _modules() -> list[Path]:
+    return sorted(SRC.rglob("*.py"))
+
+
+def test_no_module_is_too_long() -> None:
+    long = {str(p.relative_to(SRC)): n for p in _modules() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by what they hold): {long}"
+
+
+def test_no_function_level_imports_of_our_own_modules() -> None:
+    found = []
+    for p in _modules():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.ImportFrom):
+                    ours = sub.level > 0 or (sub.module or "").split(".")[0] == "conveyor"
+                else:
+                    ours = isinstance(sub, ast.Import) and any(a.name.split(".")[0] == "conveyor" for a in sub.names)
+                if ours:
+                    found.append(f"{p.relative_to(SRC)}:{sub.lineno}")
+    assert not found, f"imports of conveyor modules inside functions (import at the top; a cycle means a layer is wrong): {found}"
+
+
+def test_no_type_ignore_comments_in_the_library() -> None:
+    found = [f"{p.relative_to(SRC)}:{i}" for p in _modules() for i, line in enumerate(p.read_text().splitlines(), 1)
+             if "type: ignore" in line]  # fmt: skip
+    assert not found, f"'type: ignore' in src/ (type it properly, or cast where a library is untyped): {found}"
