@@ -34,11 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from benchlib import Row, make_console, print_report, progress, rate, ratio
-from conveyor.client.pool import QueuePool
-from conveyor.client.queue_client import QueueClient
+from compat import QueueClient, QueuePool, calls, spawn_server, stop_server
 from conveyor.message import Message
-from conveyor.protocol import operations as calls
-from conveyor.server.processes import spawn_server, stop_server
 from conveyor.storage import DurableStore
 
 BATCH = 1_000

@@ -32,7 +32,7 @@ from typing import Any
 
 import bench_tasks
 from benchlib import Row, make_console, number, print_report, progress, rate, ratio
-from conveyor.client.pool import QueuePool
+from compat import QueuePool
 from conveyor.worker import ConsumerPool
 from workloads import NOOP_PAYLOAD, busy, noop, skewed
 

@@ -12,7 +12,7 @@ import math
 
 import numpy as np
 
-from conveyor.cli.corpus import busy, documents
+from compat import busy, documents
 
 __all__ = ["NOOP_PAYLOAD", "busy", "documents", "noop", "skewed"]
 

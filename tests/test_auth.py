@@ -9,7 +9,8 @@ import pytest
 
 from conveyor.client.queue_client import QueueClient
 from conveyor.errors import AuthError, ConveyorError
-from conveyor.server.queue_server import QueueServer, is_loopback
+from conveyor.protocol.auth import is_loopback
+from conveyor.server.queue_server import QueueServer
 
 from .servers import RawConnection, frame, thread_server
 

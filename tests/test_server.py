@@ -15,9 +15,9 @@ from conveyor.client.queue_client import QueueClient
 from conveyor.constants import QUEUE_CONFIG_NAME, QUEUES_DIR, SEGMENT_GLOB
 from conveyor.errors import ConnectionLostError, ProtocolError, RequestError
 from conveyor.message import Message
-from conveyor.protocol import operations as calls
+from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Limits
-from conveyor.protocol.operations import QueueInfo
+from conveyor.protocol.requests import QueueInfo
 from conveyor.storage import DurableStore
 
 from .servers import RawConnection, ThreadServer, frame, thread_server, wait_for
@@ -132,7 +132,7 @@ def test_concurrent_puts_share_fsyncs(server: ThreadServer, monkeypatch: pytest.
 
 
 def test_unknown_operation_and_bad_arguments_keep_the_connection(client: QueueClient) -> None:
-    from conveyor.protocol.operations import Call
+    from conveyor.protocol.requests import Call
 
     with pytest.raises(RequestError, match="unknown operation 'frobnicate'") as e:
         client.call(Call("frobnicate", {}))
@@ -359,7 +359,7 @@ def test_idempotency_keys_store_a_message_once(tmp_path: Path) -> None:
 
 
 def test_stats_waits_for_the_queues_to_drain(client: QueueClient) -> None:
-    from conveyor.protocol import operations as calls
+    from conveyor.protocol import requests as calls
 
     client.put("q", msgs(2, max_attempts=1))
     client.put("other", msgs(1))  # not asked about: it may stay pending

@@ -121,7 +121,7 @@ def test_dict_results_must_have_the_schema_keys(spark: SparkSession, pool: Queue
 
 @pytest.mark.parametrize(("kw", "error"), [
     ({"func": 42}, r"func must be callable"),
-    ({"max_retries": -1}, r"max_retries must be an integer >= 0"),
+    ({"max_retries": -1}, r"map: max_retries must be an int in 0\.\."),
     ({"n_consumers": 0}, r"n_consumers must be an integer >= 1"),
     ({"max_concurrency": 0}, r"max_concurrency must be an integer >= 1"),
     ({"time_limit": 0}, r"time_limit must be a number of seconds > 0"),

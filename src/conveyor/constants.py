@@ -198,6 +198,9 @@ MAX_ERROR_CHARS = 64 * 1024
 # task option defaults
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_RETRIES = 3
+DEFAULT_MAX_CONCURRENCY = 8  # tasks one consumer runs at once
+MAP_DEFAULT_LEASE_S = 60.0  # conveyor.spark.map: the queue's lease (extended while a message runs)
+MAP_DEFAULT_ROWS_PER_MESSAGE = 8  # conveyor.spark.map without a time limit (with one: 1)
 DEFAULT_BACKOFF_BASE_S = 1.0
 DEFAULT_BACKOFF_FACTOR = 2.0
 DEFAULT_BACKOFF_CAP_S = 300.0

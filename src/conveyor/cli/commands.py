@@ -2,21 +2,26 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal
 
 import click
-from rich.console import Console
+from rich.console import Console, Group
+from rich.live import Live
 
 from conveyor import __version__
+from conveyor.cli.demo import expected_failures, run_demo, summary_table
+from conveyor.cli.tables import dead_letter_table, stats_table, workers_table
+from conveyor.client.pool import QueuePool
 from conveyor.constants import (
     DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_CONCURRENCY,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_FRAME_BYTES,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -24,6 +29,13 @@ from conveyor.constants import (
     DEFAULT_REQUEST_TIMEOUT_S,
     MAX_LEASE_S,
 )
+from conveyor.errors import ConnectionLostError, ConveyorError
+from conveyor.protocol.framing import Limits
+from conveyor.server.queue_server import QueueServer
+from conveyor.server.queues import Defaults
+from conveyor.tasks.queue_config import QueueConfig, load_queues
+from conveyor.worker.runtime import WorkerOptions, run_worker
+from conveyor.worker.settings import load_settings
 
 
 @click.group()
@@ -40,7 +52,6 @@ def main(verbose: bool) -> None:
 @click.option("--kill-worker", is_flag=True, help="Kill one consumer midway, to show that nothing is lost.")
 def demo(pages: int, workers: int | None, kill_worker: bool) -> None:
     """Process a corpus of documents page by page through the queue on Spark, then with plain Spark, and compare."""
-    from conveyor.cli.demo import expected_failures, run_demo, summary_table
 
     console = Console(stderr=True)
     console.print(f"[bold]conveyor demo[/]: {pages:,} pages of documents through conveyor.spark.map, then plain Spark")
@@ -62,9 +73,10 @@ def demo(pages: int, workers: int | None, kill_worker: bool) -> None:
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback address without a token.")
 @click.option("--fsync", type=click.Choice(["batch", "interval", "never"]), default="batch", show_default=True,
               help="Default fsync policy of durable queues (see docs/storage.md for what each can lose).")  # fmt: skip
-@click.option("--lease", "lease_s", default=30.0, show_default=True, type=click.FloatRange(0, MAX_LEASE_S, min_open=True),
+@click.option("--lease", "lease_s", default=DEFAULT_LEASE_S, show_default=True,
+              type=click.FloatRange(0, MAX_LEASE_S, min_open=True),
               help="Default lease (visibility timeout) in seconds.")  # fmt: skip
-@click.option("--max-attempts", default=5, show_default=True, type=click.IntRange(1, 0xFFFF),
+@click.option("--max-attempts", default=DEFAULT_MAX_ATTEMPTS, show_default=True, type=click.IntRange(1, 0xFFFF),
               help="Default deliveries before a dead letter.")  # fmt: skip
 @click.option("--max-frame-bytes", default=DEFAULT_MAX_FRAME_BYTES, show_default=True, type=click.IntRange(1, 2**32 - 1),
               help="Largest payload frame accepted.")  # fmt: skip
@@ -91,10 +103,6 @@ def serve(host: str, port: int, data_dir: Path | None, token: str | None, insecu
 
     Prints "listening on tcp://HOST:PORT" on stdout once it accepts connections.
     """
-    from conveyor.errors import ConveyorError
-    from conveyor.protocol.framing import Limits
-    from conveyor.server.queue_server import QueueServer
-    from conveyor.server.queues import Defaults
 
     limits = Limits(max_frame_bytes=max_frame_bytes, max_message_bytes=max(DEFAULT_MAX_MESSAGE_BYTES, max_frame_bytes))
     defaults = Defaults(durable=data_dir is not None, lease_s=lease_s, max_attempts=max_attempts, fsync=fsync)
@@ -121,7 +129,6 @@ def _connect_option(f: Any) -> Any:
 
 
 def _pool(addresses: tuple[str, ...], token: str | None, connect_timeout: float = 5.0) -> Any:
-    from conveyor.client.pool import QueuePool
 
     flat = [a.strip() for item in addresses for a in item.split(",") if a.strip()]
     try:
@@ -137,11 +144,6 @@ def _pool(addresses: tuple[str, ...], token: str | None, connect_timeout: float 
 @click.option("--watch", type=click.FloatRange(0.1), default=None, help="Refresh every N seconds until Ctrl-C.")
 def stats(addresses: tuple[str, ...], token: str | None, queue: str | None, per_shard: bool, watch: float | None) -> None:
     """Show each queue's ready, delivered, delayed, acked and failed counts, and its rates."""
-    from rich.console import Group
-    from rich.live import Live
-
-    from conveyor.cli.tables import stats_table, workers_table
-    from conveyor.errors import ConveyorError
 
     def tables() -> Group:
         return Group(*(t for t in (stats_table(pool, queue, per_shard), workers_table(pool)) if t is not None))
@@ -180,8 +182,6 @@ def dead_letters(addresses: tuple[str, ...], token: str | None, queue: str, limi
     With --requeue, put them back on the queue instead (for a worker that lacked a task module,
     say); a crash midway can leave a message both requeued and still a dead letter.
     """
-    from conveyor.cli.tables import dead_letter_table
-    from conveyor.errors import ConveyorError
 
     with _pool(addresses, token) as pool:
         try:
@@ -209,7 +209,6 @@ def drop(addresses: tuple[str, ...], token: str | None, queues: tuple[str, ...],
     For queues nothing uses any more, such as those `conveyor.spark.map` leaves holding its
     results. Stop their consumers first: a consumer still fetching would make a queue anew.
     """
-    from conveyor.errors import ConveyorError
 
     if not yes:
         click.confirm(f"Remove {', '.join(queues)} and everything in them?", abort=True, err=True)
@@ -227,7 +226,8 @@ def drop(addresses: tuple[str, ...], token: str | None, queues: tuple[str, ...],
 @click.option("--queues-config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Queue YAML in ndkale's format (default: the settings module's QUEUE_CONFIG).")  # fmt: skip
 @click.option("--queues", "queue_names", default=None, help="Comma-separated queue names, instead of a queue YAML.")
-@click.option("--concurrency", default=8, show_default=True, type=click.IntRange(1), help="Tasks one consumer runs at once.")
+@click.option("--concurrency", default=DEFAULT_MAX_CONCURRENCY, show_default=True, type=click.IntRange(1),
+              help="Tasks one consumer runs at once.")  # fmt: skip
 @click.option("--pool", "mode", type=click.Choice(["thread", "process"]), default="thread", show_default=True,
               help="Run tasks in threads, or in child processes (CPU-bound work; over its time limit, killed).")  # fmt: skip
 @click.option("--processes", default=1, show_default=True, type=click.IntRange(1), help="Consumer processes to run.")
@@ -244,13 +244,6 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
            queue_names: str | None, concurrency: int, mode: Literal["thread", "process"], processes: int, batch_size: int | None,
            selector: str | None, until_empty: bool, connect_timeout: float, pin_core: bool) -> None:  # fmt: skip
     """Run consumers: fetch tasks from the queues and run them, until SIGTERM or Ctrl-C (a graceful stop)."""
-    import signal as signals
-
-    from conveyor.errors import ConveyorError
-    from conveyor.worker import ConsumerPool, load_queues, load_settings
-    from conveyor.worker.consumer import Consumer
-    from conveyor.worker.consumer_pool import own_process
-
     if queues_config is not None and queue_names is not None:  # which one would win is a guess: say so
         raise click.UsageError("give --queues-config or --queues, not both (the YAML names its queues)")
     if pin_core and mode != "thread":
@@ -259,19 +252,13 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
     try:
         settings = load_settings()
         modules = [*settings.task_modules, *task_modules]
-        for m in modules:
-            try:
-                importlib.import_module(m)
-            except ImportError as e:
-                raise click.ClickException(f"cannot import task module {m!r}: {e} "
-                                           "(is it under the current directory, or on PYTHONPATH?)") from None  # fmt: skip
+        queues: list[QueueConfig | str]
         if queues_config is not None:
-            queues: list[Any] = load_queues(queues_config)
+            queues = list(load_queues(queues_config))
         elif queue_names:
             queues = [q.strip() for q in queue_names.split(",") if q.strip()]
         else:
-            queues = settings.queues()
-        sel = selector or settings.queue_selector
+            queues = list(settings.queues())
         pool = _pool(addresses, token)
         names = ", ".join(q if isinstance(q, str) else q.name for q in queues)
         console = Console(stderr=True)
@@ -283,41 +270,10 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
                           "messages of named tasks will fail as unknown tasks and go to the dead letters")  # fmt: skip
         if until_empty:
             _reach(addresses, token, connect_timeout)
-        if processes == 1:
-            own_process()
-            consumer = Consumer(pool, queues, batch_size=batch_size, max_concurrency=concurrency, concurrency=mode,
-                                selector=sel if isinstance(sel, str) else sel(), task_modules=modules,
-                                until_empty=until_empty, pin_core=pin_core)  # fmt: skip
-            stops = [0]
-
-            def on_signal(*_: object) -> None:
-                stops[0] += 1
-                consumer.stop(graceful=stops[0] == 1)
-                console.print("stopping: finishing running tasks (again to stop at once)" if stops[0] == 1 else "stopping now")
-
-            for sig in (signals.SIGTERM, signals.SIGINT):
-                signals.signal(sig, on_signal)
-            if settings.on_worker_startup is not None:
-                settings.on_worker_startup()
-            try:
-                st = consumer.run()
-            finally:
-                if settings.on_worker_shutdown is not None:
-                    settings.on_worker_shutdown()
-            console.print(st.summary())
-            return
-        cp = ConsumerPool(pool, processes, queues=queues, batch_size=batch_size, max_concurrency=concurrency,
-                          concurrency=mode, task_modules=modules, selector=sel if isinstance(sel, str) else sel.__name__,
-                          pin_core=pin_core)  # fmt: skip
-        cp.start()
-        try:
-            if until_empty:
-                cp.join()
-            else:
-                _wait_for_signal(cp.check)
-        finally:
-            cp.cancel()
-        console.print(cp.stats.summary())  # the sum over the consumer processes, as one process prints its own
+        options = WorkerOptions(processes=processes, concurrency=concurrency, mode=mode, batch_size=batch_size,
+                                selector=selector, until_empty=until_empty, pin_core=pin_core)  # fmt: skip
+        st = run_worker(pool, queues, settings, modules, options, say=console.print)
+        console.print(st.summary())
     except ConveyorError as e:
         raise click.ClickException(str(e)) from None
 
@@ -328,7 +284,6 @@ def _reach(addresses: tuple[str, ...], token: str | None, timeout: float) -> Non
     For `--until-empty`: a worker meant to drain the queues and exit would otherwise retry forever
     against a server that is not running (a long-lived worker keeps retrying, on purpose).
     """
-    from conveyor.errors import ConnectionLostError
 
     with _pool(addresses, token, connect_timeout=timeout) as probe:
         try:
@@ -348,15 +303,3 @@ def _cwd_on_path() -> None:
     cwd = os.getcwd()
     if not any(os.path.abspath(p or os.curdir) == cwd for p in sys.path):
         sys.path.insert(0, cwd)
-
-
-def _wait_for_signal(every_s: Callable[[], object]) -> None:
-    """Block until SIGTERM or SIGINT, calling `every_s` about once a second meanwhile."""
-    import signal as signals
-    import threading
-
-    got = threading.Event()
-    for sig in (signals.SIGTERM, signals.SIGINT):
-        signals.signal(sig, lambda *_: got.set())
-    while not got.wait(1.0):
-        every_s()

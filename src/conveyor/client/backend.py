@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 
 from conveyor.message import DeadLetter, Message
 from conveyor.protocol.framing import Limits
-from conveyor.protocol.operations import QueueStats
+from conveyor.protocol.requests import QueueStats
 
 
 class ShardLimits(Protocol):

@@ -25,7 +25,7 @@ from conveyor.constants import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, ERR_NO_QUE
 from conveyor.errors import ConveyorError, RequestError, TaskFailedError
 from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol.framing import Limits
-from conveyor.protocol.operations import Fetched, QueueInfo, QueueStats
+from conveyor.protocol.requests import Fetched, QueueInfo, QueueStats
 from conveyor.server.queues import WORKER_TTL_S
 from conveyor.storage import MemoryStore
 from conveyor.tasks.envelope import decode_result

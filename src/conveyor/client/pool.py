@@ -24,10 +24,11 @@ from conveyor.client.sharded import LOCAL_MASK, ShardedQueues
 from conveyor.constants import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE, H_IDEMPOTENCY_KEY
 from conveyor.errors import ConveyorError, TaskFailedError
 from conveyor.message import Message, Status
-from conveyor.protocol.operations import QueueInfo, QueueStats
+from conveyor.protocol.requests import QueueInfo, QueueStats
 from conveyor.server.processes import spawn_server, stop_server
 from conveyor.tasks.envelope import adhoc_task_name, decode_result, function_ref
-from conveyor.tasks.options import Backoff, BackoffSpec, TaskOptions
+from conveyor.tasks.options import TaskOptions
+from conveyor.tasks.policy import Backoff, BackoffSpec
 from conveyor.tasks.publish import TaskHandle, build_message, check_publish_options, check_time_limit
 from conveyor.tasks.queue_config import QueueConfig
 

@@ -8,7 +8,7 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
-from conveyor.protocol.operations import QueueStats
+from conveyor.protocol.requests import QueueStats
 
 
 class JoinProgress:

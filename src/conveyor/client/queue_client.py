@@ -1,6 +1,6 @@
 """`QueueClient`: a blocking client of one queue server, many requests in flight per connection (`pipeline`).
 
-It sends the requests of `conveyor.protocol.operations`. A client connects lazily and reconnects
+It sends the requests of `conveyor.protocol.requests`. A client connects lazily and reconnects
 with exponential backoff (up to `connect_timeout`) when its connection is gone. A request whose
 connection breaks before its reply raises `ConnectionLostError` and is not retried: it may have
 taken effect (a put may have been stored), and only the caller knows whether repeating it is safe.
@@ -22,11 +22,11 @@ from conveyor.constants import DEFAULT_PORT, ERR_AUTH, ERR_PROTOCOL
 from conveyor.errors import AuthError, ConnectionLostError, ConveyorError, ProtocolError, RequestError
 from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol import framing as protocol
-from conveyor.protocol import operations as calls
+from conveyor.protocol import requests as calls
 from conveyor.protocol.auth import as_key, auth_request, check_server_proof
 from conveyor.protocol.declarations import LIMITS_KEY
 from conveyor.protocol.framing import Frames, Header, Limits
-from conveyor.protocol.operations import Call, QueueInfo, QueueStats
+from conveyor.protocol.requests import Call, QueueInfo, QueueStats
 
 T = TypeVar("T")
 PIPELINE_WINDOW = 16  # requests a blocking client keeps in flight in `pipeline`
@@ -270,7 +270,7 @@ class QueueClient:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state, _lock=threading.RLock(), _ids=itertools.count(1))
 
-    # --- operations (see `conveyor.protocol.operations` for each one's contract) --------------------------
+    # --- operations (see `conveyor.protocol.requests` for each one's contract) --------------------------
     def ping(self) -> Header:
         return self.call(calls.ping())
 

@@ -24,9 +24,9 @@ from conveyor.client.queue_client import QueueClient
 from conveyor.constants import ERR_NO_QUEUE, H_IDEMPOTENCY_KEY, SHARD_SHIFT
 from conveyor.errors import ConnectionLostError, RequestError
 from conveyor.message import DeadLetter, Message, Status
-from conveyor.protocol import operations as calls
+from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Limits
-from conveyor.protocol.operations import Call, QueueInfo, QueueStats
+from conveyor.protocol.requests import Call, QueueInfo, QueueStats
 from conveyor.server.processes import stop_server
 
 if TYPE_CHECKING:

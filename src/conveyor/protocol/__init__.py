@@ -1,2 +1,3 @@
-"""The wire protocol both the server and the client speak: framing, authentication, the message
-model and the declaration of every server operation (`operations`)."""
+"""The wire protocol both the server and the client speak: `framing` (frame sets and limits), `auth`
+(the token handshake), `declarations` (every server operation, declared once) and `requests` (the
+request a client sends for each operation, and how its reply reads)."""

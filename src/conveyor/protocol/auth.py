@@ -3,14 +3,17 @@
 The server greets every connection with a hello carrying a fresh nonce when it has a token. The
 client answers with its own nonce and an HMAC of both nonces; the server checks it and answers with
 an HMAC of its own, so the client knows the server has the token too before it trusts what the
-server sends (task payloads may be pickles). The token itself never crosses the wire.
+server sends (task payloads may be pickles). The token itself never crosses the wire. A server
+listens without a token only on loopback (`is_loopback`) unless told it may.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import secrets
+import socket
 from typing import Any
 
 from conveyor.constants import AUTH_CLIENT_LABEL, AUTH_NONCE_BYTES, AUTH_SERVER_LABEL, ERR_BUSY, PROTOCOL_VERSION
@@ -75,3 +78,16 @@ def check_server_proof(reply: dict[str, Any], key: bytes, server_nonce: bytes, c
     want = proof(key, AUTH_SERVER_LABEL, server_nonce, client_nonce)
     if type(got) is not bytes or not hmac.compare_digest(got, want):
         raise AuthError(f"{address} accepted the token but could not prove it knows it: not the server you meant")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether every address `host` names is a loopback address."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)

@@ -12,11 +12,9 @@ import asyncio
 import contextlib
 import functools
 import hmac
-import ipaddress
 import logging
 import shutil
 import signal
-import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,7 +39,7 @@ from conveyor.constants import (
 )
 from conveyor.errors import ConveyorError, ProtocolError, RequestError, StoreError
 from conveyor.protocol import framing as protocol
-from conveyor.protocol.auth import as_key, hello, new_nonce, proof, refusal
+from conveyor.protocol.auth import as_key, hello, is_loopback, new_nonce, proof, refusal
 from conveyor.protocol.framing import Frames, Header, Limits
 from conveyor.server.handlers import HANDLERS
 from conveyor.server.queues import Defaults, QueueHost
@@ -56,19 +54,6 @@ COMPLAIN_EVERY_S = 60.0  # a store error that recurs at every sweep is logged th
 LINGER_S = 2.0  # after a protocol error: how long, and how much, to drain before closing
 LINGER_BYTES = 256 * 1024 * 1024
 _AUTH_LIMITS = Limits(max_header_bytes=4096, max_frames=1, max_frame_bytes=1, max_message_bytes=1)
-
-
-def is_loopback(host: str) -> bool:
-    """Whether every address `host` names is a loopback address."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(i[4][0]).is_loopback for i in infos)
 
 
 async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

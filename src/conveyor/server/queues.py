@@ -1,4 +1,4 @@
-"""What a queue server hosts: named queues (each a store), their settings, and blobs.
+"""What a queue server hosts: named queues (each a store), their settings, and its blobs (`blobs`).
 
 Everything here runs on the server's event loop thread except `Store.sync`, which group commit
 runs in a worker thread so that one fsync covers every operation written before it started.
@@ -22,6 +22,8 @@ from typing import cast
 
 from conveyor.constants import (
     BLOB_DIR,
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_ATTEMPTS,
     DROPPING_PREFIX,
     ERR_BAD_ARGUMENT,
     ERR_NO_QUEUE,
@@ -36,7 +38,7 @@ from conveyor.constants import (
     SPACE_RESERVE_NAME,
 )
 from conveyor.errors import ConveyorError, RequestError, StoreError
-from conveyor.protocol.operations import QueueInfo, QueueStats
+from conveyor.protocol.requests import QueueInfo, QueueStats
 from conveyor.server.blobs import Blobs
 from conveyor.server.idempotency import Dedupe
 from conveyor.server.signals import GroupCommit, Signal
@@ -104,8 +106,8 @@ class Defaults:
     """Settings of queues declared without them."""
 
     durable: bool
-    lease_s: float = 30.0
-    max_attempts: int = 5
+    lease_s: float = DEFAULT_LEASE_S
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
     fsync: str = "batch"
 
 

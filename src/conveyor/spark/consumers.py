@@ -28,6 +28,7 @@ import uuid
 from collections.abc import Callable, Generator, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from conveyor.constants import DEFAULT_MAX_CONCURRENCY
 from conveyor.errors import ConveyorError
 from conveyor.message import Message
 from conveyor.spark.session import check_workers_python
@@ -132,7 +133,7 @@ class SparkConsumerPool:
 
     def __init__(self, spark: SparkSession, pool: QueuePool, n_consumers: int | None = None, *,
                  queues: Sequence[QueueConfig | str] = ("default",), batch_size: int | None = None,
-                 max_concurrency: int = 8, concurrency: Literal["thread", "process"] = "thread",
+                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY, concurrency: Literal["thread", "process"] = "thread",
                  task_modules: Sequence[str] = (), until_empty: bool = True, pin_core: bool = False,
                  description: str | None = None, feed: tuple[DataFrame, Prelude] | None = None,
                  then: tuple[StructType, Epilogue] | None = None) -> None:  # fmt: skip

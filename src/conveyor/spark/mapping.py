@@ -23,94 +23,38 @@ null and whose input row is in `_input`, as JSON).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.progress import JoinProgress
-from conveyor.constants import SHARD_SHIFT
+from conveyor.constants import (
+    DEFAULT_MAX_CONCURRENCY,
+    DEFAULT_MAX_RETRIES,
+    MAP_DEFAULT_LEASE_S,
+    MAP_DEFAULT_ROWS_PER_MESSAGE,
+)
 from conveyor.errors import ConveyorError
 from conveyor.spark.consumers import SparkConsumerPool, check_consumer_options, default_parallelism
+from conveyor.spark.rows import EXTRA_COLUMNS, MAX_ROWS_PER_MESSAGE, RowRunner, put_partitions, putter, read_results, with_extra
 from conveyor.spark.session import check_workers_python
-from conveyor.tasks.envelope import adhoc_task_name, decode_call, decode_result, function_ref
+from conveyor.tasks.envelope import adhoc_task_name, function_ref
 from conveyor.tasks.options import TaskOptions
-from conveyor.tasks.publish import build_message, get_default_pool
+from conveyor.tasks.policy import attempts_for, check_max_retries
+from conveyor.tasks.publish import get_default_pool
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
 
 log = logging.getLogger("conveyor.spark")
-
-EXTRA_COLUMNS = ("_id", "_error", "_input")  # added to every output row
-READ_BATCH_ROWS = 10_000
-MAX_ROWS_PER_MESSAGE = 1000
-
-
-class RowRunner:
-    """The task of one message: `func` over its rows, each tried up to 1 + max_retries times.
-
-    Returns one outcome per row: [True, output row as a dict] or [False, error text, the input row
-    as JSON]. A result that does not fit `schema` fails its row here, where the input is at hand.
-    A row's failure never fails its neighbours; the message itself fails only if its worker dies
-    or it runs over its time limit.
-    """
-
-    def __init__(self, func: Callable[[dict[str, Any]], Any], max_retries: int, schema: pa.Schema) -> None:
-        self.func = func
-        self.max_retries = max_retries
-        self.schema = schema
-
-    def __call__(self, rows: list[dict[str, Any]]) -> list[list[Any]]:
-        from conveyor.tasks.envelope import encode_error
-
-        names = self.schema.names
-        out: list[list[Any]] = []
-        for row in rows:
-            for attempt in range(self.max_retries + 1):
-                try:
-                    value = self.func(row)
-                except Exception as e:
-                    if attempt == self.max_retries:
-                        out.append([False, encode_error(e), json.dumps(row, default=str)])
-                    continue
-                try:
-                    out.append([True, _row(value, names)])
-                except ConveyorError as e:
-                    out.append([False, str(e), json.dumps(row, default=str)])
-                break
-        ok = [j for j, o in enumerate(out) if o[0]]
-        for k, why in _misfits([out[j][1] for j in ok], self.schema).items():
-            j = ok[k]
-            out[j] = [False, f"map: {why}", json.dumps(rows[j], default=str)]
-        return out
-
-
-def _misfits(rows: list[dict[str, Any]], schema: pa.Schema) -> dict[int, str]:
-    """The rows that do not convert to `schema`, by position, with why (one conversion when all do)."""
-    import pyarrow as pa
-
-    def why(batch: list[dict[str, Any]]) -> str | None:
-        try:
-            pa.RecordBatch.from_pylist(batch, schema=schema)
-            return None
-        except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
-            return str(e)
-
-    if why(rows) is None:
-        return {}
-    plain = schema.remove_metadata()
-    return {k: f"the result {row!r:.200} does not fit the schema {plain}: {e}" for k, row in enumerate(rows)
-            if (e := why([row])) is not None}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -141,8 +85,9 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         stats: Literal[True]) -> tuple[DataFrame, MapStats]: ...  # fmt: skip
 def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType,
         pool: QueuePool | None = None, n_consumers: int | None = None, batch_size: int | None = None,
-        max_concurrency: int = 8, concurrency: Literal["thread", "process"] = "thread", max_retries: int = 3,
-        time_limit: float | None = None, lease_s: float = 60.0, rows_per_message: int | None = None,
+        max_concurrency: int = DEFAULT_MAX_CONCURRENCY, concurrency: Literal["thread", "process"] = "thread",
+        max_retries: int = DEFAULT_MAX_RETRIES, time_limit: float | None = None, lease_s: float = MAP_DEFAULT_LEASE_S,
+        rows_per_message: int | None = None,
         pin_core: bool = False, progress: bool | None = None,
         stats: bool = False) -> DataFrame | tuple[DataFrame, MapStats]:  # fmt: skip
     """Apply `func` to every row of `df` through the queue; returns the results as a DataFrame.
@@ -176,11 +121,10 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
     if not callable(func):
         raise TypeError(f"map: func must be callable (it gets each row as a dict), got {type(func).__name__}")
     if rows_per_message is None:
-        rows_per_message = 8 if time_limit is None else 1
+        rows_per_message = MAP_DEFAULT_ROWS_PER_MESSAGE if time_limit is None else 1
     if type(rows_per_message) is not int or not 1 <= rows_per_message <= MAX_ROWS_PER_MESSAGE:
         raise ValueError(f"map: rows_per_message must be an integer in 1..{MAX_ROWS_PER_MESSAGE}, got {rows_per_message!r}")
-    if type(max_retries) is not int or max_retries < 0:
-        raise ValueError(f"map: max_retries must be an integer >= 0, got {max_retries!r}")
+    check_max_retries(max_retries, "map: ")
     for name, value in (("time_limit", time_limit), ("lease_s", lease_s)):
         if value is not None and not (isinstance(value, (int, float)) and value > 0):
             raise ValueError(f"map: {name} must be a number of seconds > 0, got {value!r}")
@@ -194,7 +138,7 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
             pool = _default_pool(stack, spark)
         job = uuid.uuid4().hex[:12]
         queue = f"map-{job}"
-        pool.declare(queue, lease_s=lease_s, max_attempts=max_retries + 1)
+        pool.declare(queue, lease_s=lease_s, max_attempts=attempts_for(max_retries))
         # a message is delivered again only when its worker died or it ran over its time limit
         opts = TaskOptions(queue=queue, time_limit=None if time_limit is None else time_limit * rows_per_message,
                            max_retries=max_retries)  # fmt: skip
@@ -202,7 +146,7 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         pool.put_blob(ref.data)
 
         t0 = time.time()
-        put_rows = _putter(pool, queue, job, adhoc_task_name(ref.digest), opts, rows_per_message)
+        put_rows = putter(pool, queue, job, adhoc_task_name(ref.digest), opts, rows_per_message)
         slots = default_parallelism(spark)
         n = slots if n_consumers is None else n_consumers
         if n > slots:
@@ -212,14 +156,14 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
                                    "concurrency": concurrency, "pin_core": pin_core}  # fmt: skip
         # once drained, each consumer task reads back the results of its share of the servers
         shards = len(pool)
-        then = (_with_extra(out_schema), lambda task: _read(pool, queue, out_schema, range(task, shards, n)))
+        then = (with_extra(out_schema), lambda task: read_results(pool, queue, out_schema, range(task, shards, n)))
         # in one job, a consumer waits for every task to have put its rows: all n must run at once
         rows, t1 = 0, t0  # rows put before consuming, and when that ended (in one job: none, at once)
         if n <= _partitions(df) and n <= slots:  # each of n tasks puts its share of the rows, then consumes
             consumers = SparkConsumerPool(spark, pool, n, feed=(df, put_rows), then=then, **options,
                                           description=f"conveyor.spark.map through {queue}")  # fmt: skip
         else:  # fewer partitions than consumers: put the rows first (a job of its own), then consume
-            counts = df.mapInArrow(_put_partitions(pool, put_rows), "partition long, rows long")
+            counts = df.mapInArrow(put_partitions(pool, put_rows), "partition long, rows long")
             rows = sum(r["rows"] for r in counts.collect())
             t1 = time.time()
             consumers = SparkConsumerPool(spark, pool, n, then=then, **options,
@@ -270,13 +214,6 @@ def _output_schema(spark: Any, schema: str | StructType) -> StructType:
     return st
 
 
-def _with_extra(schema: StructType) -> StructType:
-    from pyspark.sql.types import LongType, StringType, StructField, StructType
-
-    return StructType([*schema.fields, StructField("_id", LongType(), False), StructField("_error", StringType(), True),
-                       StructField("_input", StringType(), True)])  # fmt: skip
-
-
 def _materialize(result: DataFrame, ephemeral: bool) -> DataFrame:
     """Compute the rows once and keep them in Spark.
 
@@ -301,133 +238,6 @@ def _partitions(df: DataFrame) -> int:
         return int(df.rdd.getNumPartitions())
     except Exception:
         return 0
-
-
-def _put_partitions(pool: QueuePool, put_rows: Callable[..., int]) -> Callable[..., Any]:
-    """mapInArrow function: put a partition's rows on the queue; one row of counts."""
-
-    def put(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow as pa
-        from pyspark import TaskContext
-
-        part = cast("TaskContext", TaskContext.get()).partitionId()  # always set inside a Spark task
-        n = put_rows(batches, part)
-        pool.close()
-        yield pa.RecordBatch.from_pylist([{"partition": part, "rows": n}])
-
-    return put
-
-
-def _putter(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOptions, k: int) -> Callable[..., int]:
-    """(batches, task) -> rows put: a task's rows onto the queue, up to k to a message.
-
-    An Arrow batch of n rows makes ceil(n / k) messages, dealt like cards (message j takes rows j,
-    j + m, j + 2m, ...): inputs often arrive clustered by cost (sorted by size, say), and k costly
-    neighbours in one message would make one long message that ends the run late.
-    """
-
-    def put_rows(batches: Iterator[pa.RecordBatch], part: int) -> int:
-        n = 0
-        now = time.time()
-        for batch in batches:
-            rows = batch.to_pylist()
-            m = -(-len(rows) // k)
-            # the key (job, partition, first row of the batch, message) lets a retried Spark task put nothing twice
-            messages = [build_message(task_name, opts, (rows[j::m],), {}, key=f"{job}:{part}:{n}:{j}", now=now)
-                        for j in range(m)]  # fmt: skip
-            if messages:
-                pool.put(queue, messages)
-            n += len(rows)
-        return n
-
-    return put_rows
-
-
-def _read(pool: QueuePool, queue: str, schema: StructType,
-          shards: Iterable[int]) -> Generator[pa.RecordBatch, None, dict[str, int]]:  # fmt: skip
-    """The output rows of `shards`: one per row of every result and of every dead letter.
-
-    Returns how many rows it yielded, and how many of them failed (`out_rows`, `out_failed`).
-    """
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    names = [f.name for f in schema.fields]
-    arrow = to_arrow_schema(_with_extra(schema))
-    rows: list[dict[str, Any]] = []
-    counts = {"out_rows": 0, "out_failed": 0}
-
-    def tally(batch: pa.RecordBatch) -> pa.RecordBatch:
-        counts["out_rows"] += batch.num_rows
-        counts["out_failed"] += batch.num_rows - batch.column("_error").null_count
-        return batch
-
-    for shard in shards:
-        client = pool.clients[shard]
-        base = shard << SHARD_SHIFT
-        if queue not in {q.name for q in client.queues()}:
-            continue
-        for i, r in client.iter_results(queue, page=READ_BATCH_ROWS):
-            for outcome in cast("list[list[Any]]", decode_result(r)):  # RowRunner's outcomes
-                row = dict.fromkeys(names)
-                if outcome[0]:
-                    try:
-                        row = _row(outcome[1], names)
-                        row.update(_id=base | i, _error=None, _input=None)
-                    except Exception as e:  # a value that is not a row: reported on its row, never dropped
-                        row.update(_id=base | i, _error=f"{type(e).__name__}: {e}", _input=None)
-                else:
-                    row.update(_id=base | i, _error=outcome[1], _input=outcome[2])
-                rows.append(row)
-            if len(rows) >= READ_BATCH_ROWS:
-                yield tally(_batch(rows, arrow, names))
-                rows = []
-        after = 0
-        while page := client.dead_letters(queue, after, READ_BATCH_ROWS):
-            for d in page:  # a whole message failed (its workers died, or it ran out of time): each row
-                for inp in _input_rows(d.message.payload, d.message.headers):
-                    row = dict.fromkeys(names)
-                    row.update(_id=base | d.message.id, _error=d.error, _input=inp)
-                    rows.append(row)
-            after = page[-1].message.id
-    if rows:
-        yield tally(_batch(rows, arrow, names))
-    return counts
-
-
-def _batch(rows: list[dict[str, Any]], arrow: pa.Schema, names: list[str]) -> pa.RecordBatch:
-    """Rows as an Arrow batch; a row whose values do not fit the schema gets an error instead."""
-    import pyarrow as pa
-
-    try:
-        return pa.RecordBatch.from_pylist(rows, schema=arrow)
-    except (pa.ArrowException, TypeError, ValueError, OverflowError):
-        pass
-    for k, why in _misfits(rows, arrow).items():
-        rows[k] = {**dict.fromkeys(names), "_id": rows[k]["_id"], "_input": None, "_error": why}
-    return pa.RecordBatch.from_pylist(rows, schema=arrow)
-
-
-def _row(value: Any, names: list[str]) -> dict[str, Any]:
-    if isinstance(value, dict):
-        if value.keys() != set(names):
-            unknown = [k for k in value if k not in names]
-            missing = [n for n in names if n not in value]
-            raise ConveyorError(f"map: func returned a dict that does not fit the columns {names}: "
-                                + "; ".join([*([f"unknown keys {unknown}"] if unknown else []),
-                                             *([f"no value for {missing}"] if missing else [])]))  # fmt: skip
-        return {n: value[n] for n in names}
-    if isinstance(value, (tuple, list)):
-        if len(value) != len(names):
-            raise ConveyorError(f"map: func returned {len(value)} values for the {len(names)} columns {names}")
-        return dict(zip(names, value, strict=True))
-    if len(names) == 1:
-        return {names[0]: value}
-    raise ConveyorError(f"map: func returned a {type(value).__name__}; return a dict or a tuple for the columns {names}")
-
-
-def _input_rows(payload: bytes, headers: dict[str, str]) -> list[str]:
-    """The input rows of a message, as JSON."""
-    return [json.dumps(row, default=str) for row in decode_call(payload, headers).args[0]]
 
 
 class _Progress:

@@ -16,7 +16,8 @@ from conveyor.constants import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE
 from conveyor.errors import TaskOptionError
 from conveyor.message import Message
 from conveyor.tasks.envelope import Call
-from conveyor.tasks.options import DEFAULT_BACKOFF, BackoffSpec, TaskOptions, backoff_delay
+from conveyor.tasks.options import TaskOptions
+from conveyor.tasks.policy import DEFAULT_BACKOFF, BackoffSpec, backoff_delay
 from conveyor.tasks.publish import (
     ArgCheck,
     Args,

@@ -320,11 +320,6 @@ class FunctionPickler:
 _pickler = FunctionPickler()
 
 
-def pickle_function(func: Callable[..., Any]) -> tuple[str, bytes]:
-    """`FunctionPickler.pickle_function` on the process-wide pickler."""
-    return _pickler.pickle_function(func)
-
-
 def function_ref(func: Callable[..., Any]) -> FunctionRef:
     """The process-wide pickler's `FunctionRef` of `func`."""
     return _pickler.ref(func)

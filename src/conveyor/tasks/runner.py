@@ -15,26 +15,11 @@ from conveyor.errors import ConveyorError, TaskError
 from conveyor.message import Message
 from conveyor.tasks.envelope import FunctionCache, adhoc_digest, decode_call, encode_error, encode_result
 from conveyor.tasks.options import TaskOptions
+from conveyor.tasks.policy import is_retryable
 from conveyor.tasks.registry import Registry
 from conveyor.tasks.registry import registry as default_registry
 
-_function_cache = FunctionCache()
-
-
-def default_function_cache() -> FunctionCache:
-    """The process-wide cache of ad-hoc callables `run_message` uses when given none."""
-    return _function_cache
-
-
-def is_retryable(exc: BaseException, options: TaskOptions | None = None) -> bool:
-    """Whether a retry could help: not if the exception's class says `retryable = False`,
-    nor if it is one of the task's `no_retry` types."""
-    try:  # an exception object may do anything, even when asked this
-        if getattr(exc, "retryable", True) is False:
-            return False
-        return not (options is not None and options.no_retry and isinstance(exc, options.no_retry))
-    except Exception:
-        return True
+_function_cache = FunctionCache()  # the process-wide cache of ad-hoc callables, when given none
 
 
 def run_message(message: Message, registry: Registry | None = None, function_cache: FunctionCache | None = None,
@@ -68,4 +53,4 @@ def run_message(message: Message, registry: Registry | None = None, function_cac
             value = func(*call.args, **call.kwargs)
         return encode_result(value)
     except Exception as exc:
-        raise TaskError(name, encode_error(exc), is_retryable(exc, options), exc) from exc
+        raise TaskError(name, encode_error(exc), is_retryable(exc, options.no_retry if options is not None else ()), exc) from exc

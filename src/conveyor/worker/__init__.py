@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from conveyor.tasks.queue_config import QueueConfig, load_queues
-from conveyor.worker.consumer import Consumer, ConsumerStats
+from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import ConsumerPool, TaskFailure
 from conveyor.worker.middleware import Decision, Middleware, Retries, TimeLimits
 from conveyor.worker.selectors import (
@@ -18,6 +18,7 @@ from conveyor.worker.selectors import (
     selector_class,
 )
 from conveyor.worker.settings import Settings, load_settings
+from conveyor.worker.stats import ConsumerStats
 
 __all__ = [
     "SELECTORS",

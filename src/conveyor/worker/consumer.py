@@ -12,27 +12,28 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import queue
 import random
 import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from typing import Literal
 
 from conveyor.client.backend import QueueBackend
-from conveyor.constants import H_TASK
-from conveyor.errors import ConnectionLostError, ConveyorError, TaskError
+from conveyor.constants import DEFAULT_LEASE_S, DEFAULT_MAX_CONCURRENCY, DEFAULT_SELECTOR, H_TASK
+from conveyor.errors import ConnectionLostError, TaskError
 from conveyor.message import Message
+from conveyor.tasks.policy import heartbeat_s
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import check_pin, pin_core
-from conveyor.worker.executors import Completion, Fetch, ProcessSlots, ThreadSlots
+from conveyor.worker.executors import BlobFetcher, Completion, ProcessSlots, ThreadSlots
 from conveyor.worker.middleware import Decision, Middleware, default_middleware
 from conveyor.worker.pacing import Pacing
 from conveyor.worker.selectors import QueueSelector, selector_class
 from conveyor.worker.settler import Settler
+from conveyor.worker.stats import ConsumerStats
 
 log = logging.getLogger("conveyor.worker")
 
@@ -64,61 +65,12 @@ class _Running:
     heartbeat_at: float
 
 
-@dataclass
-class ConsumerStats:
-    """What a consumer did: `processed` (acked), `failed` (nacked, retried or dead), and more."""
-
-    processed: int = 0
-    failed: int = 0
-    retried: int = 0
-    dead: int = 0
-    timed_out: int = 0
-    stolen: int = 0  # messages taken from shards not assigned to this consumer
-    fetches: int = 0  # requests that brought messages (processed / fetches: messages per request)
-    released: int = 0
-    unsettled: int = 0  # acks and nacks the servers never took (their messages come back after their leases)
-    fetched_by_shard: dict[int, int] = field(default_factory=dict)
-
-    def __add__(self, other: ConsumerStats) -> ConsumerStats:
-        """The counts of two consumers together (a pool of them)."""
-        shards = dict(self.fetched_by_shard)
-        for s, n in other.fetched_by_shard.items():
-            shards[s] = shards.get(s, 0) + n
-        counts = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self) if f.name != "fetched_by_shard"}
-        return ConsumerStats(**counts, fetched_by_shard=shards)
-
-    def summary(self) -> str:
-        """One line, as `conveyor worker` prints it when it stops."""
-        unsettled = f", unsettled {self.unsettled:,} (back in their queues once their leases end)" if self.unsettled else ""
-        return (f"processed {self.processed:,}, failed {self.failed:,} (retried {self.retried:,}, dead {self.dead:,}), "
-                f"timed out {self.timed_out:,}, stolen {self.stolen:,}{unsettled}")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class BlobFetcher:
-    """Picklable: in a worker (thread or child process) it gives `fetch(digest)` over its own connections."""
-
-    pool: QueueBackend
-
-    def __call__(self) -> Fetch:
-        pool: QueueBackend = pickle.loads(pickle.dumps(self.pool))  # connections of its own, never the consumer's
-
-        def fetch(digest: str) -> bytes:
-            for shard in range(len(pool)):
-                data = pool.get_blob(digest, shard)
-                if data is not None:
-                    return data
-            raise ConveyorError(f"function {digest[:12]}... is on none of the servers {pool.addresses}")
-
-        return fetch
-
-
 class Consumer:
     """Runs tasks from `queues` of `pool` until stopped (or, with `until_empty`, until they are drained)."""
 
     def __init__(self, pool: QueueBackend, queues: Sequence[QueueConfig | str] = ("default",), *, consumer: int = 0,
-                 n_consumers: int = 1, batch_size: int | None = None, max_concurrency: int = 8,
-                 concurrency: Literal["thread", "process"] = "thread", selector: QueueSelector | str = "ReducedLottery",
+                 n_consumers: int = 1, batch_size: int | None = None, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+                 concurrency: Literal["thread", "process"] = "thread", selector: QueueSelector | str = DEFAULT_SELECTOR,
                  middleware: Sequence[Middleware] | None = None, task_modules: Sequence[str] = (),
                  until_empty: bool = False, name: str | None = None, seed: int | None = None,
                  stop_when: Callable[[], bool] | None = None, expect_more: Callable[[], bool] | None = None,
@@ -140,7 +92,6 @@ class Consumer:
         check_pin(pin_core, concurrency)
         self.pool = pool
         self.queues = [self._queue(q, batch_size) for q in queues]
-        self._by_name = {q.name: q for q in self.queues}
         mine = pool.assign(consumer, n_consumers)
         self.shards = mine + [s for s in range(len(pool)) if s not in mine]  # assigned first, then steal
         self.n_assigned = len(mine)
@@ -343,7 +294,7 @@ class Consumer:
             slots.submit(m)  # may wait for a slot's process to be ready (a replaced one is starting)
             now = time.monotonic()  # its time limit counts from here, not from the wait
             deadlines = [d for mw in middleware if (d := mw.deadline(m, now)) is not None]
-            running[m.id] = _Running(m, now, min(deadlines) if deadlines else None, now + (m.lease_s or 30.0) / 3)
+            running[m.id] = _Running(m, now, min(deadlines) if deadlines else None, now + heartbeat_s(m.lease_s))
 
     def _completed(self) -> list[Completion]:
         out, self._peeked = self._peeked, []
@@ -377,9 +328,9 @@ class Consumer:
         due: dict[tuple[str, float], list[int]] = {}
         for r in self._running.values():
             if now >= r.heartbeat_at:
-                lease = r.message.lease_s or 30.0
+                lease = r.message.lease_s or DEFAULT_LEASE_S
                 due.setdefault((r.message.queue, lease), []).append(r.message.id)
-                r.heartbeat_at = now + lease / 3
+                r.heartbeat_at = now + heartbeat_s(lease)
         self._settler.put([Settler.extend(q, i, lease) for (q, lease), ids in due.items() for i in ids])
 
     def _settle(self, done: list[Completion]) -> None:

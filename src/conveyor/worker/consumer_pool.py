@@ -28,15 +28,16 @@ from typing import Any, Literal
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.progress import JoinProgress
-from conveyor.constants import PARENT_CHECK_S
+from conveyor.constants import DEFAULT_MAX_CONCURRENCY, DEFAULT_SELECTOR, PARENT_CHECK_S
 from conveyor.errors import ConveyorError, RequestError
-from conveyor.protocol.operations import QueueStats
+from conveyor.protocol.requests import QueueStats
 from conveyor.tasks.envelope import decode_result
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import check_pin
-from conveyor.worker.consumer import Consumer, ConsumerStats
+from conveyor.worker.consumer import Consumer
 from conveyor.worker.executors import START_FAILURES_MAX, never_started
 from conveyor.worker.settings import load_settings
+from conveyor.worker.stats import ConsumerStats
 
 log = logging.getLogger("conveyor.worker")
 
@@ -128,8 +129,9 @@ class ConsumerPool:
     """`n_consumers` consumer processes on this machine (see `Consumer` for the options)."""
 
     def __init__(self, pool: QueuePool, n_consumers: int | None = None, *, queues: Sequence[QueueConfig | str] = ("default",),
-                 batch_size: int | None = None, max_concurrency: int = 8, concurrency: Literal["thread", "process"] = "thread",
-                 task_modules: Sequence[str] = (), selector: str = "ReducedLottery", restart: bool = True,
+                 batch_size: int | None = None, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+                 concurrency: Literal["thread", "process"] = "thread", task_modules: Sequence[str] = (),
+                 selector: str = DEFAULT_SELECTOR, restart: bool = True,
                  pin_core: bool = False) -> None:  # fmt: skip
         self.pool = pool
         self.n_consumers = n_consumers or os.cpu_count() or 1

@@ -13,6 +13,7 @@ import importlib
 import logging
 import multiprocessing
 import os
+import pickle
 import queue
 import signal
 import threading
@@ -23,6 +24,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.context import ForkServerContext, SpawnContext
 from typing import Any
 
+from conveyor.client.backend import QueueBackend
 from conveyor.constants import H_TASK
 from conveyor.errors import ConveyorError, TaskError
 from conveyor.message import Message
@@ -288,3 +290,22 @@ class ProcessSlots:
         for c in list(self._children.values()):
             if c.proc.is_alive():
                 c.proc.kill()
+
+
+@dataclass(frozen=True)
+class BlobFetcher:
+    """Picklable: in a worker (thread or child process) it gives `fetch(digest)` over its own connections."""
+
+    pool: QueueBackend
+
+    def __call__(self) -> Fetch:
+        pool: QueueBackend = pickle.loads(pickle.dumps(self.pool))  # connections of its own, never the consumer's
+
+        def fetch(digest: str) -> bytes:
+            for shard in range(len(pool)):
+                data = pool.get_blob(digest, shard)
+                if data is not None:
+                    return data
+            raise ConveyorError(f"function {digest[:12]}... is on none of the servers {pool.addresses}")
+
+        return fetch

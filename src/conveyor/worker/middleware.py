@@ -9,19 +9,11 @@ every outcome. Users add their own (metrics, logging) by subclassing `Middleware
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 
 from conveyor.errors import TaskError
 from conveyor.message import Message
-from conveyor.tasks.options import backoff_delay, backoff_of, time_limit_of
-
-
-@dataclass(frozen=True, slots=True)
-class Decision:
-    """What to do with a failed message: retry after `delay_s`, or fail it now (`final`)."""
-
-    final: bool
-    delay_s: float = 0.0
+from conveyor.tasks.policy import RetryDecision as Decision  # the name middleware authors use
+from conveyor.tasks.policy import retry_decision, time_limit_of
 
 
 class Middleware:
@@ -53,21 +45,20 @@ class TimeLimits(Middleware):
 
 
 class Retries(Middleware):
-    """Exponential backoff with jitter (the task's `retry_backoff`) while attempts are left.
-
-    A non-retryable error (unknown task, damaged payload, a `no_retry` exception) fails at once.
-    Once a message has used its `max_attempts`, the store makes the nack a dead letter.
+    """The retry policy (`conveyor.tasks.policy.retry_decision`): exponential backoff with jitter
+    (the task's `retry_backoff`) while attempts are left; a non-retryable error (unknown task,
+    damaged payload, a `no_retry` exception) fails at once. Once a message has used its
+    `max_attempts`, the store makes the nack a dead letter.
     """
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self.rng = rng or random.Random()
 
     def on_failure(self, message: Message, error: TaskError) -> Decision | None:
-        if not error.retryable:
-            return Decision(final=True)
-        if message.attempts >= message.max_attempts:
-            return Decision(final=False)  # out of attempts: the store fails it with this error
-        return Decision(final=False, delay_s=backoff_delay(message.attempts, backoff_of(message.headers), self.rng))
+        return retry_decision(message, error.retryable, self.rng)
+
+
+__all__ = ["Decision", "Middleware", "Retries", "TimeLimits", "default_middleware"]
 
 
 def default_middleware() -> list[Middleware]:

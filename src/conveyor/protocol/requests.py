@@ -1,4 +1,4 @@
-"""The operations a client can ask of a queue server: how each request is built and its reply read.
+"""The requests a client sends a queue server: how each operation's request is built and its reply read.
 
 `QueueClient` sends these `Call`s; the fields of each request and reply are declared once, in
 `conveyor.protocol.declarations`.

@@ -1,0 +1,215 @@
+"""Rows through the queue for `conveyor.spark.map`: putting them as messages (a few to a message,
+each a `RowRunner` call), running them (each row tried per the retry policy), and reading the
+outcomes back as Arrow batches with `_id`, `_error` and `_input`."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Generator, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, cast
+
+from conveyor.client.pool import QueuePool
+from conveyor.constants import SHARD_SHIFT
+from conveyor.errors import ConveyorError
+from conveyor.tasks.envelope import decode_call, decode_result, encode_error
+from conveyor.tasks.options import TaskOptions
+from conveyor.tasks.policy import attempts_for
+from conveyor.tasks.publish import build_message
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+EXTRA_COLUMNS = ("_id", "_error", "_input")  # added to every output row
+READ_BATCH_ROWS = 10_000
+MAX_ROWS_PER_MESSAGE = 1000
+
+
+class RowRunner:
+    """The task of one message: `func` over its rows, each tried up to 1 + max_retries times.
+
+    Returns one outcome per row: [True, output row as a dict] or [False, error text, the input row
+    as JSON]. A result that does not fit `schema` fails its row here, where the input is at hand.
+    A row's failure never fails its neighbours; the message itself fails only if its worker dies
+    or it runs over its time limit.
+    """
+
+    def __init__(self, func: Callable[[dict[str, Any]], Any], max_retries: int, schema: pa.Schema) -> None:
+        self.func = func
+        self.max_retries = max_retries
+        self.schema = schema
+
+    def __call__(self, rows: list[dict[str, Any]]) -> list[list[Any]]:
+        names = self.schema.names
+        out: list[list[Any]] = []
+        for row in rows:
+            for attempt in range(attempts_for(self.max_retries)):  # the same policy as a task's retries
+                try:
+                    value = self.func(row)
+                except Exception as e:
+                    if attempt == self.max_retries:
+                        out.append([False, encode_error(e), json.dumps(row, default=str)])
+                    continue
+                try:
+                    out.append([True, _row(value, names)])
+                except ConveyorError as e:
+                    out.append([False, str(e), json.dumps(row, default=str)])
+                break
+        ok = [j for j, o in enumerate(out) if o[0]]
+        for k, why in _misfits([out[j][1] for j in ok], self.schema).items():
+            j = ok[k]
+            out[j] = [False, f"map: {why}", json.dumps(rows[j], default=str)]
+        return out
+
+
+def _misfits(rows: list[dict[str, Any]], schema: pa.Schema) -> dict[int, str]:
+    """The rows that do not convert to `schema`, by position, with why (one conversion when all do)."""
+    import pyarrow as pa
+
+    def why(batch: list[dict[str, Any]]) -> str | None:
+        try:
+            pa.RecordBatch.from_pylist(batch, schema=schema)
+            return None
+        except (pa.ArrowException, TypeError, ValueError, OverflowError) as e:
+            return str(e)
+
+    if why(rows) is None:
+        return {}
+    plain = schema.remove_metadata()
+    return {k: f"the result {row!r:.200} does not fit the schema {plain}: {e}" for k, row in enumerate(rows)
+            if (e := why([row])) is not None}  # fmt: skip
+
+
+def with_extra(schema: StructType) -> StructType:
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+
+    return StructType([*schema.fields, StructField("_id", LongType(), False), StructField("_error", StringType(), True),
+                       StructField("_input", StringType(), True)])  # fmt: skip
+
+
+def put_partitions(pool: QueuePool, put_rows: Callable[..., int]) -> Callable[..., Any]:
+    """mapInArrow function: put a partition's rows on the queue; one row of counts."""
+
+    def put(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        part = cast("TaskContext", TaskContext.get()).partitionId()  # always set inside a Spark task
+        n = put_rows(batches, part)
+        pool.close()
+        yield pa.RecordBatch.from_pylist([{"partition": part, "rows": n}])
+
+    return put
+
+
+def putter(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOptions, k: int) -> Callable[..., int]:
+    """(batches, task) -> rows put: a task's rows onto the queue, up to k to a message.
+
+    An Arrow batch of n rows makes ceil(n / k) messages, dealt like cards (message j takes rows j,
+    j + m, j + 2m, ...): inputs often arrive clustered by cost (sorted by size, say), and k costly
+    neighbours in one message would make one long message that ends the run late.
+    """
+
+    def put_rows(batches: Iterator[pa.RecordBatch], part: int) -> int:
+        n = 0
+        now = time.time()
+        for batch in batches:
+            rows = batch.to_pylist()
+            m = -(-len(rows) // k)
+            # the key (job, partition, first row of the batch, message) lets a retried Spark task put nothing twice
+            messages = [build_message(task_name, opts, (rows[j::m],), {}, key=f"{job}:{part}:{n}:{j}", now=now)
+                        for j in range(m)]  # fmt: skip
+            if messages:
+                pool.put(queue, messages)
+            n += len(rows)
+        return n
+
+    return put_rows
+
+
+def read_results(pool: QueuePool, queue: str, schema: StructType,
+          shards: Iterable[int]) -> Generator[pa.RecordBatch, None, dict[str, int]]:  # fmt: skip
+    """The output rows of `shards`: one per row of every result and of every dead letter.
+
+    Returns how many rows it yielded, and how many of them failed (`out_rows`, `out_failed`).
+    """
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    names = [f.name for f in schema.fields]
+    arrow = to_arrow_schema(with_extra(schema))
+    rows: list[dict[str, Any]] = []
+    counts = {"out_rows": 0, "out_failed": 0}
+
+    def tally(batch: pa.RecordBatch) -> pa.RecordBatch:
+        counts["out_rows"] += batch.num_rows
+        counts["out_failed"] += batch.num_rows - batch.column("_error").null_count
+        return batch
+
+    for shard in shards:
+        client = pool.clients[shard]
+        base = shard << SHARD_SHIFT
+        if queue not in {q.name for q in client.queues()}:
+            continue
+        for i, r in client.iter_results(queue, page=READ_BATCH_ROWS):
+            for outcome in cast("list[list[Any]]", decode_result(r)):  # RowRunner's outcomes
+                row = dict.fromkeys(names)
+                if outcome[0]:
+                    try:
+                        row = _row(outcome[1], names)
+                        row.update(_id=base | i, _error=None, _input=None)
+                    except Exception as e:  # a value that is not a row: reported on its row, never dropped
+                        row.update(_id=base | i, _error=f"{type(e).__name__}: {e}", _input=None)
+                else:
+                    row.update(_id=base | i, _error=outcome[1], _input=outcome[2])
+                rows.append(row)
+            if len(rows) >= READ_BATCH_ROWS:
+                yield tally(_batch(rows, arrow, names))
+                rows = []
+        after = 0
+        while page := client.dead_letters(queue, after, READ_BATCH_ROWS):
+            for d in page:  # a whole message failed (its workers died, or it ran out of time): each row
+                for inp in _input_rows(d.message.payload, d.message.headers):
+                    row = dict.fromkeys(names)
+                    row.update(_id=base | d.message.id, _error=d.error, _input=inp)
+                    rows.append(row)
+            after = page[-1].message.id
+    if rows:
+        yield tally(_batch(rows, arrow, names))
+    return counts
+
+
+def _batch(rows: list[dict[str, Any]], arrow: pa.Schema, names: list[str]) -> pa.RecordBatch:
+    """Rows as an Arrow batch; a row whose values do not fit the schema gets an error instead."""
+    import pyarrow as pa
+
+    try:
+        return pa.RecordBatch.from_pylist(rows, schema=arrow)
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
+        pass
+    for k, why in _misfits(rows, arrow).items():
+        rows[k] = {**dict.fromkeys(names), "_id": rows[k]["_id"], "_input": None, "_error": why}
+    return pa.RecordBatch.from_pylist(rows, schema=arrow)
+
+
+def _row(value: Any, names: list[str]) -> dict[str, Any]:
+    if isinstance(value, dict):
+        if value.keys() != set(names):
+            unknown = [k for k in value if k not in names]
+            missing = [n for n in names if n not in value]
+            raise ConveyorError(f"map: func returned a dict that does not fit the columns {names}: "
+                                + "; ".join([*([f"unknown keys {unknown}"] if unknown else []),
+                                             *([f"no value for {missing}"] if missing else [])]))  # fmt: skip
+        return {n: value[n] for n in names}
+    if isinstance(value, (tuple, list)):
+        if len(value) != len(names):
+            raise ConveyorError(f"map: func returned {len(value)} values for the {len(names)} columns {names}")
+        return dict(zip(names, value, strict=True))
+    if len(names) == 1:
+        return {names[0]: value}
+    raise ConveyorError(f"map: func returned a {type(value).__name__}; return a dict or a tuple for the columns {names}")
+
+
+def _input_rows(payload: bytes, headers: dict[str, str]) -> list[str]:
+    """The input rows of a message, as JSON."""
+    return [json.dumps(row, default=str) for row in decode_call(payload, headers).args[0]]
