@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 import conveyor
 import conveyor.spark as cs
 from conveyor.client.pool import QueuePool
+from conveyor.message import Status
 
 from . import worker_tasks as wt
 from .servers import wait_for
@@ -243,6 +244,13 @@ def test_local_gives_the_embedded_default(spark: SparkSession) -> None:
         out = cs.map(spark.range(10), lambda r: r["id"] + 1, schema="n long", progress=False)  # no pool: env's
         assert sorted(r["n"] for r in out.collect()) == list(range(1, 11))
         assert any(q.name.startswith("map-") for q in env.pool.clients[0].queues())
+        # the one ambient pool: a task published with no pool goes to env's, and its handle reads from it
+        assert conveyor.get_default_pool() is env.pool
+        handle = wt.add.publish(2, 3)
+        assert handle.pool is env.pool and handle.status() is Status.READY
+        with conveyor.ConsumerPool(env.pool, 1, queues=["jobs"], task_modules=["tests.worker_tasks"]):
+            assert handle.result(timeout=60) == 5
+    assert conveyor.get_default_pool() is None  # restored on exit
     assert SparkSession.getActiveSession() is spark  # the session the block did not start stays
 
 

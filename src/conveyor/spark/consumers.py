@@ -34,6 +34,7 @@ from conveyor.message import Message
 from conveyor.spark.session import check_workers_python
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import check_pin
+from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import CONSUMER_SWITCH_INTERVAL_S
 
 if TYPE_CHECKING:
@@ -76,8 +77,6 @@ def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str,
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
         from pyspark import TaskContext
-
-        from conveyor.worker.consumer import Consumer
 
         index = cast("TaskContext", TaskContext.get()).partitionId()  # always set inside a Spark task
         rows = 0

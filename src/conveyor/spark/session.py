@@ -10,6 +10,8 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
+from conveyor.errors import ConveyorError
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
@@ -85,8 +87,6 @@ def check_workers_python(spark: SparkSession) -> None:
     if master.startswith("local") and exe not in _CHECKED:
         error = workers_python_error(exe)
         if error:
-            from conveyor.errors import ConveyorError
-
             raise ConveyorError(error)
         _CHECKED.add(exe)
 

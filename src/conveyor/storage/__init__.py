@@ -1,9 +1,21 @@
-"""Queue stores: one bytes-level interface (`Store`), a transient and a durable implementation."""
+"""Queue stores: one bytes-level interface (`Store`), a transient and a durable implementation.
+
+Modules:
+- `base`: `Store`, the operations that change a queue; `inspection`: the read-only ones and `Stats`;
+  `hooks`: what an implementation fills in; `checks`: the checks of what callers pass.
+- `state`: `QueueState`, a queue's scheduling state in numpy columns; `schedule`: its ready FIFOs and
+  time heaps; `ids`: helpers over arrays of ids.
+- `memory`: `MemoryStore`. `durable`: `DurableStore`, on top of `segments` (the record log; verified
+  on opening by `segment_scan`), `bodies` (what its records hold), `wal` (the index), `recovery`
+  (opening), `compaction`, `reservation` (ids reserved across crashes), `space` (a disk's reserve)
+  and `files` (file operations, shared with the server).
+"""
 
 from __future__ import annotations
 
-from conveyor.storage.base import Stats, Store
+from conveyor.storage.base import Store
 from conveyor.storage.durable import DurableStore
+from conveyor.storage.inspection import Stats
 from conveyor.storage.memory import MemoryStore
 
 __all__ = ["DurableStore", "MemoryStore", "Stats", "Store"]

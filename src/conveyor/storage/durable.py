@@ -4,7 +4,8 @@ Layout (see constants): message bodies, results and dead letters are records in 
 segment files; every state change after a put is a fixed-size record in the index WAL. Opening
 replays both into a `QueueState`. A segment is deleted once nothing in it is needed, and not
 before the index records that say so are synced; the index is rewritten once it is mostly
-superseded records.
+superseded records. Opening is in `recovery`, what compaction deletes and rewrites in
+`compaction`, the encoding of record bodies in `bodies` (all in `conveyor.storage`).
 
 fsync policies, and what a crash can lose (a crash of the *process* alone loses nothing that
 an operation returned: every write reaches the OS before the call returns):
@@ -17,9 +18,7 @@ an operation returned: every write reaches the OS before the call returns):
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
-import mmap
 import os
 import threading
 import time
@@ -28,7 +27,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Literal, cast
 
-import msgpack
 import numpy as np
 
 from conveyor.constants import (
@@ -39,65 +37,30 @@ from conveyor.constants import (
     DEFAULT_SEGMENT_BYTES,
     ID_RESERVE_CHUNK,
     ID_RESERVE_MOST,
-    INDEX_NAME,
     INDEX_REWRITE_MIN_RECORDS,
     INDEX_REWRITE_RATIO,
     KIND_DEAD,
-    KIND_MESSAGE,
     KIND_RESULT,
-    LOCK_NAME,
     MAX_SEGMENT_BYTES,
-    MESSAGE_PREFIX,
     ST_ACKED,
-    ST_DELAYED,
     ST_FAILED,
     ST_NONE,
-    ST_READY,
 )
 from conveyor.errors import StoreError
-from conveyor.message import DeadLetter, Message, MessageBatch, make_message
+from conveyor.message import DeadLetter, MessageBatch
 from conveyor.storage.base import Store
-from conveyor.storage.files import DISK_FULL, store_error
+from conveyor.storage.bodies import dead_letter_bodies, message_bodies, parse_dead_letter, read_messages
+from conveyor.storage.compaction import drop_dead_segments, index_snapshot
+from conveyor.storage.files import DISK_FULL, lock_dir, store_error
+from conveyor.storage.recovery import recover
 from conveyor.storage.reservation import IdReservation
-from conveyor.storage.segments import KEPT_DTYPE, SCAN_DTYPE, SegmentLog
+from conveyor.storage.segments import SegmentLog
 from conveyor.storage.space import SpaceReserve
-from conveyor.storage.wal import Header, IndexLog, gap_ranges, last_per_id, make_gap_records, make_records
+from conveyor.storage.wal import IndexLog, make_records
 
 log = logging.getLogger("conveyor.storage")
 
 FsyncPolicy = Literal["batch", "interval", "never"]
-_MSG_PREFIX = MESSAGE_PREFIX.size
-_unpack_msg = MESSAGE_PREFIX.unpack_from
-
-
-def _lock_dir(path: Path) -> int:
-    """Lock the store directory for this process; the OS drops the lock when the process dies."""
-    fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise StoreError(f"{path}: the store is open elsewhere (in this or another process)") from None
-    return fd
-
-
-def _member(ids: np.ndarray, sub: np.ndarray) -> np.ndarray:
-    """Mask of `ids` (sorted, unique) that are in `sub` (sorted, unique)."""
-    if not len(sub):
-        return np.zeros(len(ids), bool)
-    pos = np.searchsorted(sub, ids)
-    return cast(np.ndarray, (pos < len(sub)) & (sub[np.minimum(pos, len(sub) - 1)] == ids))
-
-
-def _parse(buf: bytes | mmap.mmap, off: int, size: int, queue: str, attempts: int, lease_s: float) -> Message:
-    """A Message from its KIND_MESSAGE body at `buf[off:off + size]`."""
-    _, msg_id, prio, max_att, nb, at, hlen = _unpack_msg(buf, off)
-    start = off + _MSG_PREFIX
-    headers = msgpack.unpackb(buf[start : start + hlen]) if hlen else {}
-    return make_message(msg_id, queue, buf[start + hlen : off + size], prio, attempts, at, nb, lease_s, max_att, headers)
-
-
-_packb = msgpack.Packer(use_bin_type=True).pack
 
 
 class DurableStore(Store):
@@ -122,7 +85,7 @@ class DurableStore(Store):
         super().__init__(queue, max_attempts, lease_s, {"seg": np.uint32, "off": np.uint32, "size": np.uint32})
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = _lock_dir(self.path)
+        self._lock_fd = lock_dir(self.path)
         self.fsync = fsync
         self._space = space
         self._sync_each = fsync == "batch" and not group_commit
@@ -154,83 +117,9 @@ class DurableStore(Store):
 
     # --- recovery -------------------------------------------------------------------------
     def _recover(self, repair: bool) -> None:
-        scan = self._segments.open(repair)
-        had_index = self._index.file.exists()
-        rec = self._index.open(repair)
-        if not had_index and scan.messages:
-            log.warning("%s: no %s beside the segments: every message in them is READY again", self.path, INDEX_NAME)
-        header = self._index.header
-        st = self._state
-        st.base = st.low = st.next_id = header.base
-        if not header.acked_below and not header.failed_below:  # none below base was ever assigned (or all purged)
-            st.first_id = header.base
-        st.finished_below_base = {ST_ACKED: header.acked_below, ST_FAILED: header.failed_below}
-        now = time.time()
-
-        msgs = np.concatenate(scan.messages) if scan.messages else np.zeros(0, SCAN_DTYPE)
-        msgs = msgs[msgs["id"] >= header.base]
-        last = last_per_id(rec)
-        # results and dead letters still kept, whatever their id
-        kept = ((last["status"] == ST_ACKED) | (last["status"] == ST_FAILED)) & (last["len"] > 0)
-        cols = (last[c][kept].tolist() for c in ("id", "status", "seg", "off", "len"))
-        found: dict[tuple[int, int], tuple[int, int, int]] | None = None
-        for i, status_, s, o, n in zip(*cols, strict=True):
-            kind = KIND_RESULT if status_ == ST_ACKED else KIND_DEAD
-            loc: tuple[int, int, int] | None = (s, o, n)
-            if not self._segments.holds(s, o, n, kind, i):
-                # the record moved (a repaired segment) or is gone: look for it by kind and id
-                if found is None:
-                    k = np.concatenate(scan.kept) if scan.kept else np.zeros(0, KEPT_DTYPE)
-                    found = dict(zip(zip(k["kind"].tolist(), k["id"].tolist(), strict=True),
-                                     zip(k["seg"].tolist(), k["off"].tolist(), k["size"].tolist(), strict=True),
-                                     strict=True))  # fmt: skip
-                loc = found.get((kind, i))
-            if loc is not None:
-                self._kept[i] = loc
-            else:
-                what = "result" if kind == KIND_RESULT else "dead letter"
-                log.warning("%s: the %s of message %d was lost (cut off or damaged)", self.path, what, i)
-        self._failed_ids.update(last["id"][last["status"] == ST_FAILED].tolist())
-        st.add_gaps(r for r in gap_ranges(last) if r[0] < header.base)
-        last = last[last["id"] >= header.base]
-
-        # merge: a message body with no index record is READY as put (both id lists are sorted)
-        m_ids, l_ids = msgs["id"], last["id"].astype(np.int64)
-        ids = m_ids
-        if len(l_ids) and not _member(l_ids, m_ids).all():
-            ids = np.sort(np.concatenate([m_ids, l_ids]), kind="stable")  # radix sort: linear for ints
-            ids = ids[np.r_[True, ids[1:] != ids[:-1]]]
-        n = len(ids)
-        in_msgs = _member(ids, m_ids)
-        in_last = _member(ids, l_ids)
-        status = np.full(n, ST_READY, np.uint8)
-        attempts = np.zeros(n, np.uint16)
-        until = np.zeros(n, np.float64)
-        prio = np.zeros(n, np.int32)
-        max_att = np.zeros(n, np.uint16)
-        prio[in_msgs], max_att[in_msgs], until[in_msgs] = msgs["priority"], msgs["max_attempts"], msgs["not_before"]
-        status[in_last], attempts[in_last], until[in_last] = last["status"], last["attempts"], last["until"]
-        lost = ~in_msgs & (status != ST_ACKED) & (status != ST_FAILED) & (status != ST_NONE)
-        if lost.any():
-            log.warning("%s: %d messages have index records but no body (lost to repair): %s",
-                        self.path, int(lost.sum()), ids[lost][:10].tolist())  # fmt: skip
-            status[lost] = ST_NONE
-        status[status == ST_DELAYED] = ST_READY
-        idx = st.load(ids, status, prio, attempts, max_att, until, now)
-        c = st.cols
-        body_idx = idx[in_msgs]
-        for name in ("seg", "off", "size"):
-            c[name][body_idx] = msgs[name]
-        # ids a put reserved before a crash stay unused: keys written for them must never name another message
-        st.skip_to(max(header.next_id, scan.id_floor, st.next_id, self._reserved.upto))  # may slide the window
-        self._segments.id_floor = st.next_id
-
-        # segment liveness: unfinished message bodies plus kept results and dead letters
-        unfinished = in_msgs & (status != ST_ACKED) & (status != ST_FAILED) & (status != ST_NONE)
-        for s, k in zip(*np.unique(c["seg"][ids[unfinished] - st.base], return_counts=True), strict=True):
-            self._live[int(s)] = self._live.get(int(s), 0) + int(k)
-        for s, _, _ in self._kept.values():
-            self._live[s] = self._live.get(s, 0) + 1
+        found = recover(self.path, self._segments, self._index, self._state, self._reserved.upto, repair)
+        self._kept, self._live = found.kept, found.live
+        self._failed_ids.update(found.failed)
         with contextlib.suppress(OSError):  # room for index records, made while there is space (see make_room)
             self._index.make_room(0)
         self._compact()
@@ -273,17 +162,7 @@ class DurableStore(Store):
         c = self._state.cols
         a = int(ids[0]) - self._state.base
         b = a + len(ids)
-        pack = MESSAGE_PREFIX.pack
-        cols = (ids.tolist(), c["priority"][a:b].tolist(), c["max_attempts"][a:b].tolist(), c["until"][a:b].tolist())
-        if headers is None or not any(headers):
-            bodies = [pack(KIND_MESSAGE, i, p, x, t, now, 0) + d for d, i, p, x, t in zip(payloads, *cols, strict=True)]
-        else:
-            bodies = [
-                pack(KIND_MESSAGE, i, p, x, t, now, 0) + d
-                if not h
-                else b"".join((pack(KIND_MESSAGE, i, p, x, t, now, len(hb := _packb(h))), hb, d))
-                for d, h, i, p, x, t in zip(payloads, headers, *cols, strict=True)
-            ]
+        bodies = message_bodies(ids, c["priority"][a:b], c["max_attempts"][a:b], c["until"][a:b], payloads, headers, now)
         segs, offs = self._append(bodies, "put")
         c["seg"][a:b] = segs
         c["off"][a:b] = offs
@@ -323,20 +202,9 @@ class DurableStore(Store):
         if len(seg) > 1 and (seg[1:] < seg[:-1]).any():  # newer ones), read segment by segment
             order = np.argsort(seg, kind="stable")
             idx, seg, back = idx[order], seg[order], np.argsort(order).tolist()
-        at: list[float] = []
-        nb: list[float] = []
-        headers: list[dict[str, str]] = []
-        payloads: list[bytes] = []
-        mapped, unpack, unpackb = self._segments.mapped, _unpack_msg, msgpack.unpackb
         with self._lock:
-            for s, o, n in zip(seg.tolist(), c["off"][idx].tolist(), c["size"][idx].tolist(), strict=True):
-                mm = mapped(s, o + n)
-                _, _, _, _, t_nb, t_at, hlen = unpack(mm, o)
-                start = o + _MSG_PREFIX
-                at.append(t_at)
-                nb.append(t_nb)
-                headers.append(unpackb(mm[start : start + hlen]) if hlen else {})
-                payloads.append(mm[start + hlen : o + n])
+            at, nb, headers, payloads = read_messages(self._segments.mapped, seg.tolist(), c["off"][idx].tolist(),
+                                                      c["size"][idx].tolist())  # fmt: skip
         cols = [c["priority"][idx].tolist(), c["attempts"][idx].tolist(), at, nb, c["max_attempts"][idx].tolist(),
                 headers, payloads]  # fmt: skip
         if back is not None:  # in the order taken
@@ -354,7 +222,7 @@ class DurableStore(Store):
     def _keep_dead(self, ids: np.ndarray, errors: Sequence[str], now: float) -> Any:
         attempts = self._state.cols["attempts"][ids - self._state.base].tolist()
         with self._lock:
-            bodies = [_packb([e, now, a, self._body(i)]) for i, e, a in zip(ids.tolist(), errors, attempts, strict=True)]
+            bodies = dead_letter_bodies(errors, now, attempts, [self._body(i) for i in ids.tolist()])
         return self._keep(ids, bodies, KIND_DEAD, "dead letters")
 
     def _keep(self, ids: np.ndarray, data: list[bytes], kind: int, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -434,23 +302,10 @@ class DurableStore(Store):
 
     # --- compaction -----------------------------------------------------------------------
     def _compact(self) -> None:
-        segs = self._segments
+        """Delete dead segments; rewrite the index once it is mostly superseded records (the thresholds
+        are read from this module's globals, so that a test can lower them)."""
         at_once = self.fsync == "never" or self._sync_each  # else: at the next sync (see _doomed)
-        for s in [s for s, k in self._live.items() if k <= 0]:
-            if s != segs.active or segs.sizes.get(s, 0) >= segs.segment_bytes // 4:
-                if s == segs.active:
-                    try:
-                        segs.roll()  # no more records go to a segment about to be deleted
-                    except OSError as e:  # a full disk: it stays the active one for now
-                        log.warning("%s: no new segment could be started (%s)", self.path, e)
-                        continue
-                del self._live[s]
-                if at_once:
-                    segs.drop(s)
-                else:
-                    self._doomed.append(s)
-        for s in [s for s in segs.sizes if s not in self._live and s != segs.active and s not in self._doomed]:
-            segs.drop(s)  # segments holding only padding or superseded records (found so on opening)
+        drop_dead_segments(self.path, self._segments, self._live, self._doomed, at_once)
         st = self._state
         # records a rewrite would keep, or more (an overestimate only delays a rewrite)
         live = st.next_id - st.advance_low() + len(self._kept) + len(self._failed_ids) + len(st.gaps)
@@ -464,32 +319,7 @@ class DurableStore(Store):
 
     def _rewrite_index(self) -> None:
         """Replace the index by one record per id that still matters."""
-        st = self._state
-        low = st.advance_low()
-        c = st.cols
-        a, b = low - st.base, st.next_id - st.base
-        status = st.status[a:b]
-        acked, failed = (st.finished_below_base[s] + int(np.count_nonzero(st.status[:a] == s)) for s in (ST_ACKED, ST_FAILED))
-        header = Header(low, max(st.next_id, self._reserved.upto), acked, failed)
-        # fresh READY messages need no record: their body says all; a purged one (ST_NONE with a
-        # body) needs its record, or its body would make it READY again on reopening
-        purged = (status == ST_NONE) & (c["size"][a:b] > 0)
-        need = purged | ((status != ST_NONE) & ((status != ST_READY) | (c["attempts"][a:b] > 0)))
-        ids = np.flatnonzero(need) + low
-        kept_below = sorted({i for i in self._kept if i < low} | {i for i in self._failed_ids if i < low})
-        ids = np.concatenate([np.array(kept_below, np.int64), ids])
-        idx, inside = st.index(ids)
-        stat = np.where(inside, st.status[idx], ST_ACKED).astype(np.uint8)
-        for i, k in enumerate(kept_below):
-            if k in self._failed_ids:
-                stat[i] = ST_FAILED
-        stat[stat == ST_DELAYED] = ST_READY
-        loc = [self._kept.get(i, (0, 0, 0)) for i in ids.tolist()]
-        seg, off, size = (np.fromiter((x[j] for x in loc), np.uint32, len(loc)) for j in range(3))
-        attempts = np.where(inside, c["attempts"][idx], 0)
-        until = np.where(inside, c["until"][idx], 0.0)
-        gaps = make_gap_records(st.gaps_below(low))  # so that ids below the new base still read as absent
-        self._index.rewrite(header, gaps + make_records(ids, stat, attempts, seg, off, size, until))
+        self._index.rewrite(*index_snapshot(self._state, self._kept, self._failed_ids, self._reserved.upto))
 
     # --- results and dead letters ---------------------------------------------------------
     def result(self, msg_id: int) -> bytes | None:
@@ -509,8 +339,7 @@ class DurableStore(Store):
         s, o, n = self._kept[msg_id]
         with self._lock:
             raw = self._segments.read(s, o + BODY_PREFIX.size, n - BODY_PREFIX.size)
-        error, failed_at, attempts, body = msgpack.unpackb(raw, raw=False)
-        return DeadLetter(_parse(body, 0, len(body), self.queue, attempts, 0.0), error, failed_at)
+        return parse_dead_letter(raw, self.queue)
 
     def _forget(self, ids: list[int]) -> int:
         gone = [i for i in dict.fromkeys(ids) if i in self._kept]

@@ -1,16 +1,19 @@
 """File operations shared by the stores and the server: durable directory entries, a file replaced
-whole, a damaged file kept aside, space made sure of before it is needed, and OS errors said plainly."""
+whole, a damaged file kept aside, space made sure of before it is needed, a directory locked for one
+process, and OS errors said plainly."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import errno
+import fcntl
 import os
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from conveyor.constants import LOCK_NAME
 from conveyor.errors import DiskFullError, StoreError
 
 if TYPE_CHECKING:
@@ -125,3 +128,14 @@ def write_atomically(path: Path, *parts: bytes) -> None:
         tmp.unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def lock_dir(path: Path) -> int:
+    """Lock the store directory for this process; the OS drops the lock when the process dies."""
+    fd = os.open(path / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StoreError(f"{path}: the store is open elsewhere (in this or another process)") from None
+    return fd

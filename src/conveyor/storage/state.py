@@ -6,7 +6,8 @@ memory follows the number of live messages, not the number ever put. Below the w
 absent ids (purged, skipped, or never stored because a crash tore their put) are kept as ranges,
 so that they still read as absent rather than finished. Ready messages wait in
 one FIFO per priority, delayed ones in a heap by time, deliveries in a heap by lease deadline;
-entries whose message moved on are skipped when popped (lazy deletion), never searched for.
+entries whose message moved on are skipped when popped (lazy deletion), never searched for
+(those orders are in `conveyor.storage.schedule`).
 
 This module owns the transitions and nothing else: stores persist what it decides.
 """
@@ -22,82 +23,12 @@ from typing import cast
 import numpy as np
 
 from conveyor.constants import ST_ACKED, ST_DELAYED, ST_DELIVERED, ST_FAILED, ST_NONE, ST_READY
+from conveyor.storage.ids import extend_ranges, first_occurrences, runs
+from conveyor.storage.schedule import Fifo, TimeHeap, push_by_time
 
 _FINISHED = (ST_ACKED, ST_FAILED, ST_NONE)
 _SCAN = 4096
-_SMALL = 64  # below this many ids, plain Python beats numpy's per-call cost
 _NEAR = 64  # advance_low's first look: low mostly moves a little
-
-
-def _runs(mask: np.ndarray, first: int) -> list[tuple[int, int]]:
-    """[start, end) id ranges where `mask` is True; mask[0] stands for id `first`."""
-    if not mask.any():
-        return []
-    edges = np.flatnonzero(np.diff(np.r_[False, mask, False]))
-    return [(first + int(a), first + int(b)) for a, b in zip(edges[0::2], edges[1::2], strict=True)]
-
-
-def _extend(gaps: list[tuple[int, int]], ranges: Iterable[tuple[int, int]]) -> None:
-    """Append ascending [start, end) ranges to `gaps`, joining a range that starts where the last one ends."""
-    for a, b in ranges:
-        if gaps and gaps[-1][1] == a:
-            gaps[-1] = (gaps[-1][0], b)
-        else:
-            gaps.append((a, b))
-
-
-class _Fifo:
-    """An append-only array of ids with a moving head."""
-
-    __slots__ = ("head", "ids", "tail")
-
-    def __init__(self) -> None:
-        self.ids = np.empty(256, np.int64)
-        self.head = 0
-        self.tail = 0
-
-    def push(self, ids: np.ndarray) -> None:
-        n = len(ids)
-        if self.tail + n > len(self.ids):
-            live = self.tail - self.head
-            # reuse the array when dropping the consumed head makes enough room
-            grown = self.ids if live + n <= len(self.ids) // 2 else np.empty(max(2 * (live + n), 256), np.int64)
-            grown[:live] = self.ids[self.head : self.tail]
-            self.ids, self.head, self.tail = grown, 0, live
-        self.ids[self.tail : self.tail + n] = ids
-        self.tail += n
-
-    def push_front(self, ids: np.ndarray) -> None:
-        """Put ids back at the head, in order (ids just popped that are not taken after all)."""
-        n = len(ids)
-        if n <= self.head:
-            self.head -= n
-            self.ids[self.head : self.head + n] = ids
-        else:
-            live = self.ids[self.head : self.tail]
-            self.ids = np.concatenate([ids, live, np.empty(max(256, len(live)), np.int64)])
-            self.head, self.tail = 0, n + len(live)
-
-    def pop(self, n: int) -> np.ndarray:
-        out = self.ids[self.head : min(self.head + n, self.tail)].copy()
-        self.head += len(out)
-        if self.head == self.tail:
-            self.head = self.tail = 0
-        return out
-
-    def __len__(self) -> int:
-        return self.tail - self.head
-
-
-def first_occurrences(ids: np.ndarray) -> np.ndarray:
-    """Mask of each id's first place in `ids`: a duplicate within one call counts once."""
-    if len(ids) < 2:
-        return np.ones(len(ids), bool)
-    if len(ids) <= _SMALL and len(set(ids.tolist())) == len(ids):  # the usual case, without sorting
-        return np.ones(len(ids), bool)
-    first = np.zeros(len(ids), bool)
-    first[np.unique(ids, return_index=True)[1]] = True
-    return first
 
 
 class QueueState:
@@ -124,10 +55,10 @@ class QueueState:
         dtypes.update(extra or {})
         self.cols = {name: np.zeros(1024, dt) for name, dt in dtypes.items()}
         self.status = self.cols["status"]
-        self._fifos: dict[int, _Fifo] = {}
+        self._fifos: dict[int, Fifo] = {}
         self._prios: list[int] = []  # descending
-        self._delays: list[tuple[float, int, np.ndarray]] = []
-        self._leases: list[tuple[float, int, np.ndarray]] = []
+        self._delays: TimeHeap = []
+        self._leases: TimeHeap = []
         self._seq = itertools.count()
 
     # --- window ---------------------------------------------------------------------------
@@ -144,7 +75,7 @@ class QueueState:
             head = self.status[:drop]
             for st in (ST_ACKED, ST_FAILED):
                 self.finished_below_base[st] += int(np.count_nonzero(head == st))
-            self.add_gaps(_runs(head == ST_NONE, self.base))
+            self.add_gaps(runs(head == ST_NONE, self.base))
         for name, col in self.cols.items():
             grown = col if new_cap == cap else np.zeros(new_cap, col.dtype)
             grown[:live] = col[drop:used]
@@ -191,12 +122,12 @@ class QueueState:
 
     def add_gaps(self, ranges: Iterable[tuple[int, int]]) -> None:
         """Record ranges of absent ids below the window (ascending, above the ones recorded)."""
-        _extend(self.gaps, ranges)
+        extend_ranges(self.gaps, ranges)
 
     def gaps_below(self, end: int) -> list[tuple[int, int]]:
         """The ranges of absent ids below `end` (at most `low`): those below the window and those in it."""
         out = list(self.gaps)
-        _extend(out, _runs(self.status[: end - self.base] == ST_NONE, self.base))
+        extend_ranges(out, runs(self.status[: end - self.base] == ST_NONE, self.base))
         return out
 
     # --- transitions ----------------------------------------------------------------------
@@ -243,7 +174,7 @@ class QueueState:
         self.status[idx] = status
         self._schedule(ids[ready], delayed[ready], priority[ready], until[ready])
         delivered = status == ST_DELIVERED
-        self._push_by_time(self._leases, ids[delivered], until[delivered])
+        push_by_time(self._leases, self._seq, ids[delivered], until[delivered])
         return idx
 
     def skip_to(self, next_id: int) -> None:
@@ -260,7 +191,7 @@ class QueueState:
     def _schedule(self, ids: np.ndarray, delayed: np.ndarray, priority: np.ndarray,
                   until: np.ndarray) -> None:  # fmt: skip
         if delayed.any():
-            self._push_by_time(self._delays, ids[delayed], until[delayed])
+            push_by_time(self._delays, self._seq, ids[delayed], until[delayed])
             ids, priority = ids[~delayed], priority[~delayed]
         if not len(ids):
             return
@@ -270,20 +201,10 @@ class QueueState:
         for p in np.unique(priority):
             self._fifo(int(p)).push(ids[priority == p])
 
-    def _push_by_time(self, heap: list[tuple[float, int, np.ndarray]], ids: np.ndarray, times: np.ndarray) -> None:
-        """Push ids onto a time heap, one entry per distinct time (heap work per batch, not per id)."""
-        if not len(ids):
-            return
-        order = np.argsort(times, kind="stable")
-        ids, times = ids[order], times[order]
-        cuts = np.flatnonzero(np.diff(times)) + 1
-        for part, t in zip(np.split(ids, cuts), times[np.r_[0, cuts]].tolist(), strict=True):
-            heapq.heappush(heap, (t, next(self._seq), part))
-
-    def _fifo(self, priority: int) -> _Fifo:
+    def _fifo(self, priority: int) -> Fifo:
         fifo = self._fifos.get(priority)
         if fifo is None:
-            fifo = self._fifos[priority] = _Fifo()
+            fifo = self._fifos[priority] = Fifo()
             self._prios = sorted(self._fifos, reverse=True)
         return fifo
 
@@ -356,7 +277,7 @@ class QueueState:
     def relist(self, ids: np.ndarray, at: float) -> None:
         """Watch the leases of delivered ids again, from `at` (`expired` handed them out, and they
         stay delivered: their leases ended, but they could not be settled yet)."""
-        self._push_by_time(self._leases, ids, np.full(len(ids), at))
+        push_by_time(self._leases, self._seq, ids, np.full(len(ids), at))
 
     def finishable(self, ids: np.ndarray) -> np.ndarray:
         """Mask of the ids `finish` would finish: not finished yet, first occurrences."""

@@ -1,0 +1,90 @@
+"""The public API at the top of the package, the names kept for a release, and the declarations
+both sides of the protocol are made from."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import pytest
+
+import conveyor
+from conveyor.protocol import requests
+from conveyor.protocol.declarations import OPERATIONS
+from conveyor.server.handlers import HANDLERS
+
+
+def test_the_public_names_resolve() -> None:
+    for name in conveyor.__all__:
+        assert getattr(conveyor, name) is not None, name
+    from conveyor.client.pool import QueuePool
+    from conveyor.errors import TaskFailedError
+    from conveyor.graph import TaskGraph
+    from conveyor.worker import ConsumerPool
+
+    assert (conveyor.QueuePool, conveyor.ConsumerPool, conveyor.TaskFailedError, conveyor.TaskGraph) == (
+        QueuePool, ConsumerPool, TaskFailedError, TaskGraph)  # fmt: skip
+
+
+def test_import_conveyor_stays_light() -> None:
+    code = "import sys, conveyor; print(sorted(m for m in ('pyspark', 'pyarrow', 'pandas') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize(("module", "name", "home"), [
+    ("conveyor", "Message", "conveyor.message"),
+    ("conveyor", "Status", "conveyor.message"),
+    ("conveyor", "CorruptStoreError", "conveyor.errors"),
+    ("conveyor.pool", "QueuePool", "conveyor.client.pool"),
+])  # fmt: skip
+def test_old_names_still_resolve_with_one_warning(module: str, name: str, home: str) -> None:
+    code = f"""
+import importlib, warnings
+warnings.simplefilter("always")
+with warnings.catch_warnings(record=True) as caught:
+    m = importlib.import_module({module!r})
+    first = getattr(m, {name!r})
+    again = getattr(m, {name!r})
+assert first is again is getattr(importlib.import_module({home!r}), {name!r})
+assert [str(w.message) for w in caught if w.category is DeprecationWarning] == [
+    "{module}.{name} is deprecated and goes in the next release: import it from {home}"], caught
+"""
+    subprocess.run([sys.executable, "-c", code], timeout=60, check=True)
+
+
+def test_unknown_names_are_attribute_errors() -> None:
+    with warnings.catch_warnings(), pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        warnings.simplefilter("error")
+        conveyor.Nope  # noqa: B018
+
+
+def test_every_declared_operation_has_one_handler() -> None:
+    assert set(HANDLERS) == set(OPERATIONS)
+    assert all(HANDLERS[name][0] is op for name, op in OPERATIONS.items())
+
+
+def test_requests_carry_only_declared_fields() -> None:
+    from conveyor.message import Message
+
+    made = [
+        requests.ping(), requests.declare("q", durable=True, lease_s=5.0, max_attempts=3, fsync="batch"), requests.queues(),
+        requests.put("q", [Message(payload=b"x", priority=2, not_before=1.0, max_attempts=4, headers={"k": "v"})]),
+        requests.get("q", 5, lease_s=3.0, wait_s=1.0), requests.ack("q", [1, 2], [b"r", None]),
+        requests.nack("q", [1], ["boom"], delay_s=2.0, final=True), requests.release("q", [1]), requests.result("q", [1]),
+        requests.status("q", [1]), requests.report("w", {"processed": 1}), requests.workers(),
+        requests.extend_lease("q", [1], 9.0), requests.stats(queues=["q"], drained_wait_s=1.0), requests.purge("q"),
+        requests.drop("q"), requests.results("q", 3, 10), requests.dead_letters("q", 3, 10), requests.forget("q", [1]),
+        requests.put_blob(b"b"), requests.get_blob("0" * 64), requests.forget_blobs(["0" * 64]),
+    ]  # fmt: skip
+    assert {c.op for c in made} == set(OPERATIONS)
+    for c in made:
+        declared = {f.key for f in OPERATIONS[c.op].request}
+        assert set(c.args) <= declared, (c.op, set(c.args) - declared)
+
+
+def test_a_value_equal_to_the_default_is_not_sent() -> None:
+    assert requests.get("q", 1).args == {"queue": "q"}  # n=1 and wait_s=0 are the server's defaults
+    assert requests.nack("q", [1]).args == {"queue": "q", "ids": [1]}
+    assert requests.results("q").args == {"queue": "q"}
