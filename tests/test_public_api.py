@@ -38,6 +38,7 @@ def test_import_conveyor_stays_light() -> None:
     ("conveyor", "Status", "conveyor.message"),
     ("conveyor", "CorruptStoreError", "conveyor.errors"),
     ("conveyor.pool", "QueuePool", "conveyor.client.pool"),
+    ("conveyor.spark.executors", "HashJoin", "conveyor.graph"),
 ])  # fmt: skip
 def test_old_names_still_resolve_with_one_warning(module: str, name: str, home: str) -> None:
     code = f"""
@@ -88,3 +89,30 @@ def test_a_value_equal_to_the_default_is_not_sent() -> None:
     assert requests.get("q", 1).args == {"queue": "q"}  # n=1 and wait_s=0 are the server's defaults
     assert requests.nack("q", [1]).args == {"queue": "q", "ids": [1]}
     assert requests.results("q").args == {"queue": "q"}
+
+
+def test_a_handle_is_its_id_queue_and_task() -> None:
+    import pickle
+
+    from conveyor.tasks.publish import TaskHandle, default_pool, get_default_pool
+
+    class Pool:  # not picklable: a handle never takes its pool along
+        lock = __import__("threading").Lock()
+
+    h = TaskHandle(7, "q", "t", Pool())  # type: ignore[arg-type]
+    assert h == TaskHandle(7, "q", "t") and hash(h) == hash(TaskHandle(7, "q", "t"))
+    assert repr(h) == "TaskHandle(id=7, queue='q', task='t')"
+    again = pickle.loads(pickle.dumps(h))
+    assert again == h and again.pool is None and isinstance(h.pool, Pool)
+    a, b = object(), object()
+    with default_pool(a):  # type: ignore[arg-type]
+        with default_pool(b) as inner:  # type: ignore[arg-type]
+            assert get_default_pool() is inner
+        assert get_default_pool() is a
+    blocks = [default_pool(a), default_pool(b)]  # type: ignore[arg-type]
+    for blk in blocks:
+        blk.__enter__()
+    blocks[0].__exit__(None, None, None)  # the outer block ends first (another thread's, say)
+    assert get_default_pool() is b
+    blocks[1].__exit__(None, None, None)
+    assert get_default_pool() is None

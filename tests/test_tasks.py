@@ -44,7 +44,8 @@ from conveyor.tasks.definition import (
     task,
 )
 from conveyor.tasks.envelope import FunctionCache, decode_call, decode_error, decode_result
-from conveyor.tasks.options import DEFAULT_BACKOFF, Backoff, Jitter, TaskOptions, backoff_of, time_limit_of
+from conveyor.tasks.options import TaskOptions
+from conveyor.tasks.policy import DEFAULT_BACKOFF, Backoff, Jitter, backoff_of, time_limit_of
 from conveyor.tasks.registry import Registry, registry
 from conveyor.worker import QueueConfig
 

@@ -34,7 +34,7 @@ from conveyor.protocol.framing import Limits
 from conveyor.server.queue_server import QueueServer
 from conveyor.server.queues import Defaults
 from conveyor.tasks.queue_config import QueueConfig, load_queues
-from conveyor.worker.runtime import WorkerOptions, run_worker
+from conveyor.worker.runtime import WorkerOptions, import_task_modules, run_worker
 from conveyor.worker.settings import load_settings
 
 
@@ -259,6 +259,7 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
             queues = [q.strip() for q in queue_names.split(",") if q.strip()]
         else:
             queues = list(settings.queues())
+        import_task_modules(modules)  # a module that does not import is said first, before any server is tried
         pool = _pool(addresses, token)
         names = ", ".join(q if isinstance(q, str) else q.name for q in queues)
         console = Console(stderr=True)

@@ -8,6 +8,7 @@ error naming the operation and the field.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -39,6 +40,7 @@ class Kind(Enum):
 
 
 REQUIRED: Any = object()  # the default of a field a request must carry
+_ABSENT: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +52,7 @@ class Field:
     default: Any = REQUIRED
     wire: str = ""  # "" : the same as the name
     lo: float = 0
-    hi: float = _I64
+    hi: float | None = None  # None: the largest 64-bit integer, or no bound for a number
     open_lo: bool = False  # lo itself is out of range
 
     @property
@@ -63,9 +65,10 @@ class Field:
         if k is Kind.STR:
             ok = type(v) is str
         elif k is Kind.INT:
-            ok = type(v) is int and self.lo <= v <= self.hi
+            ok = type(v) is int and self.lo <= v <= (_I64 if self.hi is None else self.hi)
         elif k is Kind.NUM:
-            ok = type(v) in (int, float) and (self.lo < v if self.open_lo else self.lo <= v) and v <= self.hi
+            hi = math.inf if self.hi is None else self.hi
+            ok = type(v) in (int, float) and (self.lo < v if self.open_lo else self.lo <= v) and v <= hi
             v = float(v) if ok else v
         elif k is Kind.BOOL:
             ok = type(v) is bool
@@ -83,9 +86,10 @@ class Field:
 
     def _want(self) -> str:
         if self.kind is Kind.INT:
-            return f"an integer in [{self.lo:g}, {self.hi:g}]" if self.hi < _I64 else f"an integer in [{self.lo:g}, {_I64}]"
+            return f"an integer in [{int(self.lo)}, {_I64 if self.hi is None else int(self.hi)}]"
         if self.kind is Kind.NUM:
-            return f"a number in {'(' if self.open_lo else '['}{self.lo:g}, {self.hi:g}]"
+            hi = math.inf if self.hi is None else float(self.hi)
+            return f"a number in {'(' if self.open_lo else '['}{float(self.lo)}, {hi}]"
         return str(self.kind.value)
 
 
@@ -118,7 +122,10 @@ class Operation:
 
 
 def _same(v: Any, default: Any) -> bool:
-    return bool(v == default) and (type(v) is bool) == (type(default) is bool)
+    """Whether a value is the field's default as the server reads it (1.0 is no default count)."""
+    if type(v) is type(default) or (type(default) is float and type(v) is int):
+        return bool(v == default)
+    return False
 
 
 class Arguments:
@@ -132,10 +139,14 @@ class Arguments:
 
     def __getitem__(self, name: str) -> Any:
         f = self.op.fields[name]
-        v = self.header.get(f.key, f.default)
-        if v is REQUIRED:
-            raise RequestError(ERR_BAD_ARGUMENT, f"{self.op.name}: missing argument '{f.key}'")
-        return v if v is f.default else f.check(self.op.name, v)
+        v = self.header.get(f.key, _ABSENT)
+        if v is _ABSENT:
+            if f.default is REQUIRED:
+                raise RequestError(ERR_BAD_ARGUMENT, f"{self.op.name}: missing argument '{f.key}'")
+            return f.default
+        if v is None and f.default is None and f.kind is not Kind.IDS:  # sent as None: as if left out
+            return None
+        return f.check(self.op.name, v)
 
     def given(self, name: str) -> bool:
         return self.op.fields[name].key in self.header

@@ -283,7 +283,7 @@ def stats(queue: str | None = None, *, queues: Sequence[str] | None = None,
     With `drained_wait_s`, the server answers once those queues have nothing pending (or after
     that long).
     """
-    args = STATS.header(queue=queue, queues=None if queues is None else list(queues), drained_wait_s=drained_wait_s)
+    args = STATS.header(queue=queue, queues=None if queues is None else list(queues), drained_wait_s=max(drained_wait_s, 0.0))
     return Call(STATS.name, args, parse=lambda h, f: {q: QueueStats(q, **s) for q, s in h["queues"].items()},
                 wait_s=drained_wait_s)  # fmt: skip
 

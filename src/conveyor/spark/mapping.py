@@ -95,8 +95,9 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
     func: called with each row as a dict; returns the output row as a dict (by column name), a
         tuple (in `schema` order) or, for a one-column schema, the value.
     schema: the output columns (DDL string or StructType), without `_id`, `_error`, `_input`.
-    pool: the queue servers; None: the embedded default of `conveyor.local()`, or local servers
-        started for this call (on the driver's host: for local Spark only) and stopped after it.
+    pool: the queue servers; None: the default pool (`conveyor.local()`'s, or `set_default_pool`'s,
+        which must be a QueuePool), or else local servers started for this call (on the driver's
+        host: for local Spark only) and stopped after it.
     n_consumers, batch_size, max_concurrency, concurrency, pin_core: the consumers (see
         `SparkConsumerPool` and `Consumer`).
     max_retries: a row that raises is run again, up to this many times, then reported.

@@ -169,9 +169,9 @@ def is_retryable(exc: BaseException, no_retry: tuple[type[BaseException], ...] =
     try:  # an exception object may do anything, even when asked this
         if getattr(exc, "retryable", True) is False:
             return False
-        return not (no_retry and isinstance(exc, no_retry))
     except Exception:
         return True
+    return not (no_retry and isinstance(exc, no_retry))
 
 
 def heartbeat_s(lease_s: float | None) -> float:

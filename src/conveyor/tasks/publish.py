@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from conveyor.constants import H_IDEMPOTENCY_KEY, H_TASK
@@ -51,18 +51,32 @@ class ResultReader(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class TaskHandle:
     """A published task: its message id, queue and task name, and the pool it went to.
 
     `result(timeout=...)` waits for its result (as Celery's `AsyncResult.get()` and Dramatiq's
-    `get_result` do); `status()` says where its message is.
+    `get_result` do); `status()` says where its message is. The pool is not part of the handle's
+    value: equal, hashed, printed and pickled by (id, queue, task); a handle that crossed to another
+    process reads through that process's default pool.
     """
 
     id: int
     queue: str
     task: str
-    pool: Publisher | None = field(default=None, compare=False, repr=False)
+    source: InitVar[Publisher | None] = None
+
+    def __post_init__(self, source: Publisher | None) -> None:
+        object.__setattr__(self, "_pool", source)
+
+    @property
+    def pool(self) -> Publisher | None:
+        """The pool it was published to (None: unknown here, e.g. after pickling)."""
+        pool: Publisher | None = self.__dict__.get("_pool")
+        return pool
+
+    def __reduce__(self) -> tuple[type[TaskHandle], tuple[int, str, str]]:
+        return TaskHandle, (self.id, self.queue, self.task)
 
     def result(self, timeout: float | None = None) -> Any:
         """The task's return value, once it has finished: `TaskFailedError` if it ended in the dead
@@ -74,7 +88,7 @@ class TaskHandle:
         return self._reader().task_status(self)
 
     def _reader(self) -> ResultReader:
-        pool = self.pool if self.pool is not None else _default
+        pool = self.pool if self.pool is not None else get_default_pool()
         if pool is None or not callable(getattr(pool, "gather", None)) or not callable(getattr(pool, "task_status", None)):
             raise NoPublisherError(f"{self}: no pool to read its result from (it was published to {pool!r}); "
                                    "use QueuePool.gather, or set_default_pool(pool)")  # fmt: skip
@@ -101,12 +115,14 @@ class Args:
 
 
 # --- the default publisher ----------------------------------------------------------------------
-_default: Publisher | None = None
+_default: Publisher | None = None  # set_default_pool's
+_scoped: list[Publisher] = []  # default_pool blocks (conveyor.local() among them), innermost last
 _default_lock = threading.Lock()
 
 
 def set_default_pool(pool: Publisher | None) -> Publisher | None:
-    """Make `pool` where `publish` goes without `_pool=` (process-wide; None unsets). Returns the previous."""
+    """Make `pool` where `publish` goes without `_pool=` (process-wide; None unsets). Returns the
+    previous one. A `default_pool` block open meanwhile still wins until it ends."""
     global _default
     with _default_lock:
         old, _default = _default, pool
@@ -114,21 +130,27 @@ def set_default_pool(pool: Publisher | None) -> Publisher | None:
 
 
 def get_default_pool() -> Publisher | None:
-    return _default
+    """The pool every API given none uses: the innermost open `default_pool` block's, else the one
+    `set_default_pool` set (None: none)."""
+    with _default_lock:
+        return _scoped[-1] if _scoped else _default
 
 
 @contextmanager
 def default_pool(pool: Publisher) -> Iterator[Publisher]:
-    """`set_default_pool(pool)` for a `with` block, restoring the previous one after it."""
-    old = set_default_pool(pool)
+    """Make `pool` the default for a `with` block. Blocks may end in any order (other threads'
+    included): each takes only its own pool off, and the default is the innermost one still open."""
+    with _default_lock:
+        _scoped.append(pool)
     try:
         yield pool
     finally:
-        set_default_pool(old)
+        with _default_lock:
+            del _scoped[len(_scoped) - 1 - _scoped[::-1].index(pool)]
 
 
 def _resolve_pool(pool: Publisher | None, task_name: str) -> Publisher:
-    p = pool if pool is not None else _default
+    p = pool if pool is not None else get_default_pool()
     if p is None:
         raise NoPublisherError(f"cannot publish {task_name!r}: no pool. Pass _pool=..., or call "
                                "conveyor.set_default_pool(pool) (or use `with default_pool(pool):`)")  # fmt: skip
