@@ -28,13 +28,13 @@ def double(row: dict[str, int]) -> dict[str, int]:
 
 
 def main(url: str, out: Path) -> None:
-    from conveyor.tasks.envelope import decode_result
     from pyspark.sql import SparkSession
 
     import conveyor.spark
     from conveyor import TaskGraph
-    from conveyor.graph import Count
     from conveyor.client.pool import QueuePool
+    from conveyor.graph import Count
+    from conveyor.tasks.envelope import decode_result
     from tests import worker_tasks
 
     spark = SparkSession.builder.remote(url).getOrCreate()
