@@ -58,14 +58,16 @@ def main() -> int:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(base), a.base], check=True)
         try:
             trees = {"before": base / "src", "after": ROOT / "src"}
-            figs: dict[str, dict[str, list[float]]] = {"before": {}, "after": {}}
+            # per tree, figure and round: a figure whose name depends on the run (the best of several
+            # configurations, say) is not in every round, and only rounds that have it on both sides pair up
+            figs: dict[str, dict[str, dict[int, float]]] = {"before": {}, "after": {}}
             units: dict[str, str] = {}
             for k in range(a.rounds):
                 for name in ("before", "after") if k % 2 == 0 else ("after", "before"):
                     which = a.base if name == "before" else "the working tree"
                     progress(f"round {k + 1}/{a.rounds}: {script.name} on {name} ({which})")
                     for fig, (v, unit) in run(script, a.args, trees[name]).items():
-                        figs[name].setdefault(fig, []).append(v)
+                        figs[name].setdefault(fig, {})[k] = v
                         units[fig] = unit
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)
@@ -74,10 +76,11 @@ def main() -> int:
     for col in ("figure", "before", "after", "after / before (paired)", "runs before", "runs after"):
         table.add_column(col, justify="left" if col == "figure" else "right")
     worse = []
-    for fig, before in figs["before"].items():
-        after = figs["after"].get(fig)
-        if not after:
+    for fig, by_round in figs["before"].items():
+        paired = sorted(set(by_round) & set(figs["after"].get(fig, {})))
+        if not paired:
             continue
+        before, after = [by_round[k] for k in paired], [figs["after"][fig][k] for k in paired]
         b, c = statistics.median(before), statistics.median(after)
         r = statistics.median(x / y if y else float("nan") for x, y in zip(after, before, strict=True))
         slower = r > 1.05 if units[fig] in LOWER_IS_BETTER else r < 0.95

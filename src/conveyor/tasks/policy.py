@@ -2,7 +2,8 @@
 `conveyor.spark.map` all follow.
 
 - A message gets `attempts_for(max_retries)` deliveries (its `max_attempts`); the store makes the
-  last failed one a dead letter.
+  last failed one a dead letter. `conveyor.spark.map` gives each row as many tries, at once inside
+  its message (a row's neighbours keep their results), and its messages as many deliveries.
 - A failure is retried after `backoff_delay` (exponential, with jitter) unless it is not retryable
   (`is_retryable`: the exception says so, or is one of the task's `no_retry` types): then it is
   failed at once (`retry_decision`).
