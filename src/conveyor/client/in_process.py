@@ -10,6 +10,7 @@ runs tasks in threads (`concurrency="thread"`), not in child processes.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 import time
@@ -22,14 +23,13 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, ERR_NO_QUEUE, ERR_QUEUE_CONFLICT, H_IDEMPOTENCY_KEY
-from conveyor.errors import ConveyorError, RequestError, TaskFailedError
+from conveyor.errors import ConveyorError, RequestError
 from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol.framing import Limits
 from conveyor.protocol.requests import Fetched, QueueInfo, QueueStats
 from conveyor.server.queues import WORKER_TTL_S
 from conveyor.storage import MemoryStore
-from conveyor.tasks.envelope import decode_result
-from conveyor.tasks.publish import TaskHandle
+from conveyor.tasks.publish import TaskHandle, outcome
 from conveyor.tasks.queue_config import QueueConfig
 
 if TYPE_CHECKING:
@@ -273,16 +273,8 @@ class InProcessQueues:
                 for k in todo:
                     h = handles[k]
                     store = self._queue(h.queue).store
-                    r, st = store.result(h.id), store.status(h.id)
-                    if r is not None:
-                        out[k] = decode_result(r)
-                    elif st is Status.FAILED:
-                        dead = store.dead_letters(after=h.id - 1, limit=1)
-                        ok = dead and dead[0].message.id == h.id
-                        raise TaskFailedError(h, dead[0].error if ok else "failed (its dead letter was forgotten)")
-                    elif st is None:
-                        raise ConveyorError(f"{h}: no such message (purged, or another pool's id)")
-                    else:
+                    done, out[k] = outcome(h, store.result(h.id), store.status(h.id), functools.partial(_dead_error, store, h.id))
+                    if not done:
                         left.append(k)
                 todo = left
                 if not todo:
@@ -307,3 +299,8 @@ class InProcessQueues:
 
     def __repr__(self) -> str:
         return f"InProcessQueues({sorted(self._queues)!r})"
+
+
+def _dead_error(store: MemoryStore, msg_id: int) -> str | None:
+    dead = store.dead_letters(after=msg_id - 1, limit=1)
+    return dead[0].error if dead and dead[0].message.id == msg_id else None

@@ -10,6 +10,7 @@ cache the function.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import pickle
 import shutil
 import subprocess
@@ -22,14 +23,14 @@ from typing import Any
 from conveyor.client.progress import JoinProgress
 from conveyor.client.sharded import LOCAL_MASK, ShardedQueues
 from conveyor.constants import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE, H_IDEMPOTENCY_KEY
-from conveyor.errors import ConveyorError, TaskFailedError
+from conveyor.errors import ConveyorError
 from conveyor.message import Message, Status
 from conveyor.protocol.requests import QueueInfo, QueueStats
 from conveyor.server.processes import spawn_server, stop_server
-from conveyor.tasks.envelope import adhoc_task_name, decode_result, function_ref
+from conveyor.tasks.envelope import adhoc_task_name, function_ref
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import Backoff, BackoffSpec
-from conveyor.tasks.publish import TaskHandle, build_message, check_publish_options, check_time_limit
+from conveyor.tasks.publish import TaskHandle, build_message, check_publish_options, check_time_limit, outcome
 from conveyor.tasks.queue_config import QueueConfig
 
 QUIET_POLL_S = 5.0  # join without a progress bar: the longest wait of one request (the servers answer at the end)
@@ -221,13 +222,8 @@ class QueuePool(ShardedQueues):
             for queue, ks in by_queue.items():
                 ids = [handles[k].id for k in ks]
                 for k, r, st in zip(ks, self.result(queue, ids), self.status(queue, ids), strict=True):
-                    if r is not None:
-                        out[k] = decode_result(r)
-                    elif st is Status.FAILED:
-                        raise TaskFailedError(handles[k], self._dead_error(queue, handles[k].id))
-                    elif st is None:
-                        raise ConveyorError(f"{handles[k]}: no such message (purged, or another pool's id)")
-                    else:
+                    done, out[k] = outcome(handles[k], r, st, functools.partial(self._dead_error, queue, handles[k].id))
+                    if not done:
                         left.append(k)
             todo = left
             if todo:
@@ -240,10 +236,10 @@ class QueuePool(ShardedQueues):
         """Where a published task's message is (None: no such message on these servers)."""
         return self.status(handle.queue, [handle.id])[0]
 
-    def _dead_error(self, queue: str, msg_id: int) -> str:
+    def _dead_error(self, queue: str, msg_id: int) -> str | None:
         shard, local = self.split_id(msg_id)
         page = self.clients[shard].dead_letters(queue, after=local - 1, limit=1)
-        return page[0].error if page and page[0].message.id == local else "failed (its dead letter was forgotten)"
+        return page[0].error if page and page[0].message.id == local else None
 
 
 def _fresh(m: Message) -> Message:

@@ -18,9 +18,9 @@ from dataclasses import InitVar, dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from conveyor.constants import H_IDEMPOTENCY_KEY, H_TASK
-from conveyor.errors import ConveyorError, NoPublisherError, TaskArgumentError, TaskOptionError
+from conveyor.errors import ConveyorError, NoPublisherError, TaskArgumentError, TaskFailedError, TaskOptionError
 from conveyor.message import Message, Status, make_message
-from conveyor.tasks.envelope import FunctionPickler, FunctionRef, adhoc_task_name, encode_call, function_ref
+from conveyor.tasks.envelope import FunctionPickler, FunctionRef, adhoc_task_name, decode_result, encode_call, function_ref
 from conveyor.tasks.options import TaskOptions, check_priority
 
 if TYPE_CHECKING:
@@ -93,6 +93,20 @@ class TaskHandle:
             raise NoPublisherError(f"{self}: no pool to read its result from (it was published to {pool!r}); "
                                    "use QueuePool.gather, or set_default_pool(pool)")  # fmt: skip
         return cast("ResultReader", pool)
+
+
+def outcome(handle: TaskHandle, result: bytes | None, status: Status | None,
+            dead_error: Callable[[], str | None]) -> tuple[bool, Any]:  # fmt: skip
+    """A published task's outcome from its stored result and its status: (True, its value) once it
+    has finished, (False, None) while it has not; `TaskFailedError` (with the error `dead_error()`
+    reads from its dead letter) if it ended in the dead letters. Every pool's `gather` decides so."""
+    if result is not None:
+        return True, decode_result(result)
+    if status is Status.FAILED:
+        raise TaskFailedError(handle, dead_error() or "failed (its dead letter was forgotten)")
+    if status is None:
+        raise ConveyorError(f"{handle}: no such message (purged, or another pool's id)")
+    return False, None
 
 
 class Args:
