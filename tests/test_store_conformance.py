@@ -97,6 +97,15 @@ class StoreContract:
         assert got[0].id == i and got[0].attempts == 2
         assert store.clock() - t0 >= 0.3
 
+    def test_nack_each_gives_each_message_its_own_delay(self, store: Store) -> None:
+        assert store.poll_wait(5.0) == 5.0  # nothing delayed or leased: a poll waits all it may
+        a, b, c = store.put(msgs(b"a", b"b", b"c"))
+        store.get(3)
+        assert store.nack_each([a, b, c, 999], ["ea", "eb", "ec", "none"], [0.0, 60.0, 0.0, 0.0]) == [True, True, True, False]
+        assert sorted(m.id for m in store.get(3)) == [a, c]  # b waits its 60 s
+        assert store.status(b) == Status.READY
+        assert 0 < store.poll_wait(1e9) <= 60.01  # never later than b's delay (maybe earlier: a lease)
+
     # --- leases ---------------------------------------------------------------------------
     def test_lease_expiry_returns_message_and_counts_attempt(self, store: Store) -> None:
         [i] = store.put(msgs(b"x"))

@@ -149,10 +149,7 @@ class InProcessQueues:
                 left = deadline - time.monotonic()
                 if batch.ids or n == 0 or left <= 0:
                     break
-                wake = store.next_wakeup()
-                if wake is not None:
-                    left = min(left, max(wake - store.clock(), 0.0) + 0.002)
-                self._cond.wait(left)
+                self._cond.wait(store.poll_wait(left))
             self._cond.notify_all()  # its sweep may have ended leases: messages back, or dead (a gather waits)
             out = Fetched(batch.messages())
             out.left = store.ready_left()
@@ -171,16 +168,7 @@ class InProcessQueues:
              delay_s: float | Sequence[float] = 0.0, final: bool = False) -> list[bool]:  # fmt: skip
         delays = [float(delay_s)] * len(ids) if isinstance(delay_s, (int, float)) else [float(d) for d in delay_s]
         errs = [""] * len(ids) if errors is None else list(errors)
-
-        def change(store: MemoryStore) -> list[bool]:
-            ok = [False] * len(ids)
-            for d in dict.fromkeys(delays):  # one store call per distinct delay, as a server does
-                sel = [i for i, x in enumerate(delays) if x == d]
-                for i, o in zip(sel, store.nack_many([ids[i] for i in sel], [errs[i] for i in sel], d, final), strict=True):
-                    ok[i] = o
-            return ok
-
-        return self._settle(queue, change)
+        return self._settle(queue, lambda s: s.nack_each(ids, errs, delays, final))
 
     def release(self, queue: str, ids: Sequence[int]) -> list[bool]:
         return self._settle(queue, lambda s: s.release_many(ids))

@@ -158,10 +158,7 @@ async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
         left = deadline - loop.time()
         if len(got) or n == 0 or left <= 0 or host.closing:
             break
-        wake = q.store.next_wakeup()
-        if wake is not None:  # a delayed message comes due or a lease runs out before anything is put
-            left = min(left, max(wake - q.store.clock(), 0.0) + 0.002)
-        await q.changed.wait(left)
+        await q.changed.wait(q.store.poll_wait(left))  # woken by a put, or when something comes due
         if q.dropped:  # while we waited: nothing will come (and `got` is empty)
             break
     if len(got):
@@ -208,13 +205,7 @@ async def nack(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
         if not (type(delays) in (int, float) and 0 <= delays <= MAX_DELAY_S):
             raise RequestError(ERR_BAD_ARGUMENT, f"nack: 'delay_s' must be a number in [0, {MAX_DELAY_S:g}]")
         delays = [float(delays)] * len(ids)
-    final = a["final"]
-    ok = [False] * len(ids)
-    for d in dict.fromkeys(delays):  # one store call per distinct delay
-        sel = [i for i, x in enumerate(delays) if x == d]
-        done = q.store.nack_many([ids[i] for i in sel], [errors[i] for i in sel], float(d), final)
-        for i, o in zip(sel, done, strict=True):
-            ok[i] = o
+    ok = q.store.nack_each(ids, errors, delays, a["final"])
     if any(ok):
         q.changed.notify()
         await q.durable()

@@ -175,6 +175,15 @@ class Store(StoreInspection):
             self._commit()
         return cast(list[bool], ok.tolist())
 
+    def nack_each(self, ids: Sequence[int], errors: Sequence[str], delays: Sequence[float], final: bool = False) -> list[bool]:
+        """`nack_many` with a delay per message: one call per distinct delay; which nacks took effect."""
+        ok = [False] * len(ids)
+        for d in dict.fromkeys(delays):
+            sel = [i for i, x in enumerate(delays) if x == d]
+            for i, o in zip(sel, self.nack_many([ids[i] for i in sel], [errors[i] for i in sel], float(d), final), strict=True):
+                ok[i] = o
+        return ok
+
     def release_many(self, ids: Sequence[int]) -> list[bool]:
         """Give back delivered messages that were never started: READY again, the attempt not counted.
 

@@ -11,6 +11,8 @@ from conveyor.message import DeadLetter, Status, headers_bytes
 from conveyor.storage.hooks import StoreHooks
 from conveyor.storage.ids import sorted_above
 
+POLL_GRACE_S = 0.002  # a poll wakes this long after a wakeup time, so that what came due has
+
 
 @dataclass(frozen=True, slots=True)
 class Stats:
@@ -65,6 +67,12 @@ class StoreInspection(StoreHooks):
         """
         self._check_open()
         return self._state.next_wakeup()
+
+    def poll_wait(self, left: float) -> float:
+        """How long a long poll may wait for a put: at most `left`, and no later than just after a
+        delayed message may come due or a lease run out (then `get` may find something)."""
+        wake = self.next_wakeup()
+        return left if wake is None else min(left, max(wake - self.clock(), 0.0) + POLL_GRACE_S)
 
     def drained(self) -> bool:
         """True when no message is ready, delayed or delivered; cheap (amortized) to ask often."""
