@@ -199,7 +199,12 @@ MAX_ERROR_CHARS = 64 * 1024
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_RETRIES = 3
 DEFAULT_MAX_CONCURRENCY = 8  # tasks one consumer runs at once
-MAP_DEFAULT_LEASE_S = 60.0  # conveyor.spark.map: the queue's lease (extended while a message runs)
+# conveyor.spark.map: the queue's lease. A running message's lease is extended every third of it (a
+# heartbeat), so a short lease costs a few requests and brings back the rows of a lost host quickly.
+MAP_DEFAULT_LEASE_S = 10.0
+# how long a queue server may be out of reach before the consumers, joins and maps that need it fail
+# with ServerUnreachableError (a server started again on its data dir within it: the work goes on)
+DEFAULT_UNREACHABLE_S = 30.0
 MAP_DEFAULT_ROWS_PER_MESSAGE = 8  # conveyor.spark.map without a time limit (with one: 1)
 DEFAULT_BACKOFF_BASE_S = 1.0
 DEFAULT_BACKOFF_FACTOR = 2.0

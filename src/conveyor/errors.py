@@ -71,6 +71,23 @@ class ConnectionLostError(ConveyorError, ConnectionError):
     """
 
 
+class ServerUnreachableError(ConnectionLostError):
+    """A queue server has not answered for longer than the caller's bound (`unreachable_s`).
+
+    Raised instead of retrying forever: the work it holds cannot finish without it. `address` is
+    the server, `seconds` how long it has been out of reach, `held` the messages pending on it per
+    queue when it was last heard from (empty when unknown).
+    """
+
+    def __init__(self, address: str, seconds: float, held: dict[str, int] | None = None, what: str = "") -> None:
+        self.address, self.seconds, self.held = address, seconds, dict(held or {})
+        holds = ", ".join(f"{n:,} message(s) pending in {q!r}" for q, n in self.held.items()) or "messages unknown"
+        super().__init__(
+            f"{what}queue server {address} unreachable for {seconds:.0f} s (when last heard from it held "
+            f"{holds}); start it again on its data dir to go on, or drop the work"
+        )
+
+
 # --- Tasks: definitions, publishing, envelopes and runs -------------------------------------------
 class ConfigError(ConveyorError, ValueError):
     """A settings module or a queue configuration file holds an invalid value.

@@ -95,6 +95,10 @@ class QueueBackend(Protocol):
         """Stats of `queues` (default: all) once nothing is pending in them, or after `wait_s`."""
         ...
 
+    def check_reachable(self, limit_s: float, queues: Sequence[str] | None = None, what: str = "") -> None:
+        """Raise `ServerUnreachableError` when a server has not answered for longer than `limit_s`."""
+        ...
+
     def results(self, queue: str) -> Iterator[tuple[int, bytes]]:
         """Every stored result of `queue` as (message id, result)."""
         ...

@@ -216,6 +216,9 @@ class InProcessQueues:
         with self._cond:
             return self._stats([self._queue(queue).info.name] if queue is not None else list(self._queues))
 
+    def check_reachable(self, limit_s: float, queues: Sequence[str] | None = None, what: str = "") -> None:
+        """Never: the queues are in this process."""
+
     def wait_drained(self, queues: Sequence[str] | None, wait_s: float) -> dict[str, QueueStats]:
         with self._cond:
             names = list(self._queues) if queues is None else [q for q in queues if q in self._queues]

@@ -83,6 +83,8 @@ class QueueClient:
         self._sock: socket.socket | None = None
         self._reader: protocol.SocketReader | None = None
         self._lock = threading.RLock()
+        # monotonic time of the first failure in the current run of failures (None: the last exchange worked)
+        self.unreachable_since: float | None = None
 
     def _idle_too_long(self) -> bool:
         """Idle for half the server's idle timeout: connect anew before the server closes this one
@@ -112,6 +114,15 @@ class QueueClient:
             yield min(delay, left)
             delay = min(delay * 2, 1.0)
 
+    def _failed(self) -> None:
+        if self.unreachable_since is None:
+            self.unreachable_since = time.monotonic()
+
+    def unreachable_s(self) -> float:
+        """Seconds since the server stopped answering (0.0 while it answers)."""
+        since = self.unreachable_since
+        return 0.0 if since is None else time.monotonic() - since
+
     def _cannot_connect(self, started: float, error: BaseException | None) -> ConnectionLostError:
         return ConnectionLostError(f"cannot connect to {self.address} (tried for {time.monotonic() - started:.1f} s): {error}")
 
@@ -133,6 +144,7 @@ class QueueClient:
                 sock = socket.create_connection((self.host, self.port), timeout=max(delay, self.timeout))
             except OSError as e:
                 error = e
+                self._failed()
                 time.sleep(delay)
                 continue
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -143,6 +155,7 @@ class QueueClient:
             except OSError as e:  # a server starting or stopping: try again
                 self.close()
                 error = e
+                self._failed()
                 time.sleep(delay)
                 continue
             except BaseException:
@@ -209,16 +222,19 @@ class QueueClient:
                     self._send(self._request(c, rid), c.frames)
                 replies += [self._recv(rid, got, pending) for rid in rids[len(replies) :]]
                 self._used = time.monotonic()
+                self.unreachable_since = None
                 if any(h.get("error") in _FATAL for h, _ in replies):
                     self.close()  # the server closes a connection after a protocol error
             except TimeoutError:
                 self.close()
+                self._failed()
                 raise TimeoutError(f"{self.address}: no reply within {wait:.1f} s") from None
             except ProtocolError:
                 self.close()
                 raise
             except OSError as e:
                 self.close()
+                self._failed()
                 raise ConnectionLostError(f"{self.address}: connection lost: {e}") from None
         out: list[Any] = []
         error: ConveyorError | None = None
@@ -264,7 +280,7 @@ class QueueClient:
 
     def __getstate__(self) -> dict[str, Any]:  # a client crosses to Spark executors as its settings
         state = self.__dict__.copy()
-        state.update(_sock=None, _reader=None, _lock=None, _ids=None)
+        state.update(_sock=None, _reader=None, _lock=None, _ids=None, unreachable_since=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

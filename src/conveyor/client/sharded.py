@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from conveyor.client.queue_client import QueueClient
 from conveyor.constants import ERR_NO_QUEUE, H_IDEMPOTENCY_KEY, SHARD_SHIFT
-from conveyor.errors import ConnectionLostError, RequestError
+from conveyor.errors import ConnectionLostError, ConveyorError, RequestError, ServerUnreachableError
 from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Limits
@@ -53,6 +53,7 @@ class ShardedQueues:
         self._rr = itertools.count()  # rotates the shard a shard-less get looks at first
         self._next_put = 0
         self._down: dict[int, float] = {}  # shard -> until when `get` skips it (it failed to answer)
+        self._held: dict[int, dict[str, int]] = {}  # shard -> pending per queue, when last heard from
         self._threads: ThreadPoolExecutor | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
         self._tmp: list[Path] = []  # temporary data directories of servers started here
@@ -111,6 +112,19 @@ class ShardedQueues:
         """The same call on every shard, in parallel; the results in shard order."""
         done = self._each({s: [call] for s in range(len(self.clients))})
         return [done[s][0] for s in range(len(self.clients))]
+
+    def _everywhere_or_errors(self, call: Call[T]) -> list[T | ConveyorError]:
+        """`_everywhere`, a shard that fails giving its error in its place instead of failing the call."""
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(len(self.clients), thread_name_prefix="conveyor-pool")
+        futures = [self._threads.submit(c.call, call) for c in self.clients]
+        out: list[T | ConveyorError] = []
+        for f in futures:
+            try:
+                out.append(f.result())
+            except (ConveyorError, TimeoutError) as e:
+                out.append(e if isinstance(e, ConveyorError) else ConnectionLostError(str(e)))
+        return out
 
     def _scatter(self, ids: Sequence[int], make: Callable[[list[int], list[int]], Call[list[Any]]]) -> list[Any]:
         """Route a per-id operation to the shards holding the ids; results in the order of `ids`."""
@@ -275,7 +289,7 @@ class ShardedQueues:
 
     def shard_stats(self, queue: str | None = None) -> list[dict[str, QueueStats]]:
         """Stats per shard, in shard order (a queue appears on the shards that have it)."""
-        per = self._everywhere(calls.stats())
+        per = self._heard(self._everywhere(calls.stats()))
         if queue is not None:
             per = [{q: st for q, st in p.items() if q == queue} for p in per]
             if not any(per):
@@ -284,12 +298,35 @@ class ShardedQueues:
 
     def stats(self, queue: str | None = None) -> dict[str, QueueStats]:
         """Stats per queue, summed over the shards."""
-        return _summed(self.shard_stats(queue))
+        return summed_stats(self.shard_stats(queue))
 
     def wait_drained(self, queues: Sequence[str] | None, wait_s: float) -> dict[str, QueueStats]:
         """Stats of `queues` (default: all), summed over the shards, once every shard has nothing
         pending in them, or after `wait_s`. Queues no shard has are left out."""
-        return _summed(self._everywhere(calls.stats(queues=queues, drained_wait_s=wait_s)))
+        return summed_stats(self._heard(self._everywhere(calls.stats(queues=queues, drained_wait_s=wait_s))))
+
+    def _heard(self, per: list[dict[str, QueueStats]]) -> list[dict[str, QueueStats]]:
+        """Note what each shard held (for the error that names a server gone out of reach)."""
+        for s, st in enumerate(per):
+            self._held.setdefault(s, {}).update({q: x.pending for q, x in st.items()})
+        return per
+
+    def reachable_stats(self) -> list[dict[str, QueueStats] | ConveyorError]:
+        """Stats per shard, in shard order; a shard that does not answer gives its error instead."""
+        per = self._everywhere_or_errors(calls.stats())
+        for s, p in enumerate(per):
+            if not isinstance(p, ConveyorError):
+                self._held[s] = {q: x.pending for q, x in p.items()}
+        return per
+
+    def check_reachable(self, limit_s: float, queues: Sequence[str] | None = None, what: str = "") -> None:
+        """Raise `ServerUnreachableError` for the first server that has not answered for longer than
+        `limit_s` (naming what it held of `queues`, when last heard from)."""
+        for s, c in enumerate(self.clients):
+            gone = c.unreachable_s()
+            if gone > limit_s:
+                held = {q: n for q, n in self._held.get(s, {}).items() if queues is None or q in queues}
+                raise ServerUnreachableError(c.address, gone, held, what)
 
     def _shards_with(self, queue: str) -> list[int]:
         """The shards that host `queue` (a queue exists where it was put, got or declared)."""
@@ -367,7 +404,7 @@ class ShardedQueues:
         return f"{type(self).__name__}({self.addresses!r})"
 
 
-def _summed(shards: Iterable[dict[str, QueueStats]]) -> dict[str, QueueStats]:
+def summed_stats(shards: Iterable[dict[str, QueueStats]]) -> dict[str, QueueStats]:
     """Per-queue stats summed over the shards."""
     out: dict[str, QueueStats] = {}
     for per in shards:

@@ -7,12 +7,14 @@ DataFrame API is used, so it runs wherever that exists (Spark Connect included; 
 tagged instead of grouped). A Spark task that fails is retried by Spark; the messages its consumer
 held come back when their leases end (a running task's lease is extended only while it runs).
 
+No task ever waits for another to start: on a cluster some may never get a slot (fewer slots than
+tasks, a lost host whose retried task waits for a free one). With `feed`, a task that has worked
+off its rows waits for the other tasks' rows only while work keeps coming (FEED_IDLE_S), then ends
+and frees its slot; a task that starts later consumes its own rows. The driver watches the job
+(`conveyor.spark.watch`): a server out of reach, or no slot ever granted, ends it with the reason.
+
 A stop travels through the queue servers, not Spark: `stop()` stores a blob whose key the
 consumers know, and each checks for it about once a second, then stops gracefully.
-
-With `then=(schema, rows)`, each task yields `rows(task)` once the queues are drained instead of
-its counts, which it puts on a queue of their own (with any counts `rows` returns): how `map`
-reads its results back in the same Spark job that consumed them.
 """
 
 from __future__ import annotations
@@ -25,22 +27,23 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from conveyor.constants import DEFAULT_MAX_CONCURRENCY
+from conveyor.constants import DEFAULT_MAX_CONCURRENCY, DEFAULT_UNREACHABLE_S, H_IDEMPOTENCY_KEY
 from conveyor.errors import ConveyorError
 from conveyor.message import Message
 from conveyor.spark.session import check_workers_python
+from conveyor.spark.watch import JobWatch
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import check_pin
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import CONSUMER_SWITCH_INTERVAL_S
+from conveyor.worker.stats import ConsumerStats
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.types import StructType
 
     from conveyor.client.pool import QueuePool
 
@@ -49,30 +52,37 @@ log = logging.getLogger("conveyor.spark")
 STATS_DDL = ("consumer long, host string, pid long, started double, finished double, processed long, failed long, "
              "retried long, dead long, timed_out long, stolen long, rows long")  # fmt: skip
 STOP_PREFIX = b"conveyor-stop:"
-FED_PREFIX = b"conveyor-fed:"  # + job and task: that task's prelude is done
 
 Prelude = Callable[[Iterator["pa.RecordBatch"], int], int]  # (the task's input batches, task index) -> rows fed
-# task index -> the rows it yields once drained; it may return counts to add to the task's stats row
-Epilogue = Callable[[int], Generator["pa.RecordBatch", None, "dict[str, int] | None"]]
+FEED_IDLE_S = 5.0  # a fed consumer with nothing to do waits this long for other tasks' rows, then ends
+START_TIMEOUT_S = 120.0  # no task of the job started within this: the cluster grants no slot (NoSlotsError)
+SLOTS_WAIT_S = 10.0  # with no executor registered yet, how long to wait for one before sizing the job
 
 
 def _key(prefix: bytes, job: str) -> str:
     return hashlib.sha256(prefix + job.encode()).hexdigest()
 
 
-def _fed_keys(job: str, n: int) -> list[str]:
-    """The blobs by which each of the n tasks of a job says it has put its rows on the queue."""
-    return [_key(FED_PREFIX, f"{job}:{i}") for i in range(n)]
+def fed_queue(job: str) -> str:
+    """The queue where each task of a fed job says, once, that it has put its rows (and how many)."""
+    return f"conveyor-fed-{job}"
 
 
-def _stats_queue(job: str) -> str:
-    return f"conveyor-consumers-{job}"
+def _say_fed(pool: QueuePool, job: str, task: int, rows: int) -> None:
+    """Task `task` has put its `rows`: one message per task, whatever its attempts (an idempotency key)."""
+    body = json.dumps({"task": task, "rows": rows}).encode()
+    pool.put(fed_queue(job), [Message(payload=body, headers={H_IDEMPOTENCY_KEY: f"fed:{job}:{task}"})])
+
+
+def _fed(pool: QueuePool, job: str) -> int:
+    """How many tasks of the job have put their rows."""
+    st = pool.stats().get(fed_queue(job))
+    return 0 if st is None else st.pending
 
 
 def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str, options: dict[str, Any],
-             prelude: Prelude | None, epilogue: Epilogue | None) -> Any:  # fmt: skip
-    """The function each Spark task runs: its prelude (if any), one consumer, then one row of counts
-    (or, with an epilogue, the epilogue's rows, the counts going to the stats queue)."""
+             prelude: Prelude | None) -> Any:  # fmt: skip
+    """The function each Spark task runs: its prelude (if any), one consumer, then one row of counts."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -86,15 +96,12 @@ def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str,
                 pass
         else:
             rows = prelude(batches, index)
-            pool.put_blob(FED_PREFIX + f"{job}:{index}".encode())
-            fed = _fed_keys(job, n)
-
-            def expect_more() -> bool:  # another task is still feeding the queue
-                return any(pool.get_blob(k) is None for k in fed)
-
+            _say_fed(pool, job, index, rows)
+            expect_more = _others_feeding(pool, job, n, index, lambda: consumer.stats)
         stop = _key(STOP_PREFIX, job)
         consumer = Consumer(pool, queues, consumer=index, n_consumers=n, stop_when=lambda: pool.get_blob(stop) is not None,
-                            expect_more=expect_more, name=f"spark:{job}:{index}:{os.getpid()}", **options)  # fmt: skip
+                            expect_more=expect_more, name=f"spark:{os.uname().nodename}:{job}:{index}:{os.getpid()}",
+                            **options)  # fmt: skip
         old = sys.getswitchinterval()
         sys.setswitchinterval(CONSUMER_SWITCH_INTERVAL_S)  # see conveyor.worker.consumer_pool
         started = time.time()
@@ -102,32 +109,48 @@ def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str,
             s = consumer.run()
         finally:
             sys.setswitchinterval(old)
-        row = {"consumer": index, "host": os.uname().nodename, "pid": os.getpid(), "started": started,
-               "finished": time.time(), "processed": s.processed, "failed": s.failed, "retried": s.retried,
-               "dead": s.dead, "timed_out": s.timed_out, "stolen": s.stolen, "rows": rows}  # fmt: skip
-        if epilogue is None:
-            yield pa.RecordBatch.from_pylist([row])
-            return
-        counts = yield from epilogue(index)
-        row.update(counts or {})
-        pool.put(_stats_queue(job), [Message(payload=json.dumps(row).encode())])
-        pool.close()
+            pool.close()
+        yield pa.RecordBatch.from_pylist([{"consumer": index, "host": os.uname().nodename, "pid": os.getpid(),
+                                           "started": started, "finished": time.time(), "processed": s.processed,
+                                           "failed": s.failed, "retried": s.retried, "dead": s.dead,
+                                           "timed_out": s.timed_out, "stolen": s.stolen, "rows": rows}])  # fmt: skip
 
     return run
+
+
+def _others_feeding(pool: QueuePool, job: str, n: int, index: int, stats: Callable[[], ConsumerStats]) -> Callable[[], bool]:
+    """`expect_more` of a fed consumer: True while another task has not put its rows yet and work
+    came within FEED_IDLE_S. Never longer: that task may have no slot (it may be waiting for this
+    one's), or have died; when it runs, it consumes its own rows."""
+    seen, since = -1, time.monotonic()
+
+    def expect_more() -> bool:
+        nonlocal seen, since
+        if _fed(pool, job) >= n:
+            return False
+        done = stats().processed + stats().failed
+        if done != seen:
+            seen, since = done, time.monotonic()
+        if time.monotonic() - since < FEED_IDLE_S:
+            return True
+        log.info("consumer %d of job %s: other tasks have not put their rows after %.0f s idle; ending "
+                 "(they consume their own rows when they run)", index, job, FEED_IDLE_S)  # fmt: skip
+        return False
+
+    return expect_more
 
 
 class SparkConsumerPool:
     """Consumers as Spark tasks: `run()` until drained, or `start()` ... `stop()`.
 
-    n_consumers: Spark tasks to run (default: `spark.sparkContext.defaultParallelism`, one per slot).
+    n_consumers: Spark tasks to run (default: the task slots the cluster has, see `task_slots`).
     The other options are `Consumer`'s; `until_empty=False` keeps consumers running until `stop()`.
     feed: (df, prelude): each consumer task first runs `prelude(batches, task)` over its share of
         df's rows (df coalesced to n_consumers tasks: no shuffle), e.g. to put them on the queue,
-        then consumes; drained queues end no consumer before every task's prelude is done. This is
-        how `map` overlaps putting rows on the queue with working them off.
-    then: (schema, epilogue): `dataframe()` has this schema and each task yields `epilogue(task)`
-        once the queues are drained (every task's work done); `consumer_stats()` gives the counts,
-        with those the epilogue returned (a generator's return value).
+        then consumes (see the module docstring for how long it waits for the others' rows). This
+        is how `map` overlaps putting rows on the queue with working them off.
+    unreachable_s: a queue server out of reach for longer fails the job (`ServerUnreachableError`).
+    start_timeout_s: no task started within it fails the job (`NoSlotsError`).
     """
 
     def __init__(self, spark: SparkSession, pool: QueuePool, n_consumers: int | None = None, *,
@@ -135,74 +158,103 @@ class SparkConsumerPool:
                  max_concurrency: int = DEFAULT_MAX_CONCURRENCY, concurrency: Literal["thread", "process"] = "thread",
                  task_modules: Sequence[str] = (), until_empty: bool = True, pin_core: bool = False,
                  description: str | None = None, feed: tuple[DataFrame, Prelude] | None = None,
-                 then: tuple[StructType, Epilogue] | None = None) -> None:  # fmt: skip
+                 unreachable_s: float = DEFAULT_UNREACHABLE_S, start_timeout_s: float = START_TIMEOUT_S,
+                 progress: bool | None = False) -> None:  # fmt: skip
         self.spark = spark
         self.pool = pool
         check_consumer_options(n_consumers, max_concurrency, batch_size, concurrency, pin_core)
-        self.n_consumers = default_parallelism(spark) if n_consumers is None else n_consumers
+        self.n_consumers = consumer_count(spark, n_consumers)
         check_workers_python(spark)
         self.queues = list(queues)
-        names = ", ".join(q if isinstance(q, str) else q.name for q in self.queues)
+        self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
         self.options = {"batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency,
-                        "task_modules": list(task_modules), "until_empty": until_empty, "pin_core": pin_core}  # fmt: skip
+                        "task_modules": list(task_modules), "until_empty": until_empty, "pin_core": pin_core,
+                        "unreachable_s": unreachable_s}  # fmt: skip
         self.job = uuid.uuid4().hex[:12]
         self.description = description or (f"conveyor: {self.n_consumers} consumer(s) x {max_concurrency} "
-                                            f"{concurrency}(s) on {names}")  # fmt: skip
+                                            f"{concurrency}(s) on {', '.join(self.queue_names)}")  # fmt: skip
         self.feed = feed
-        self.then = then
+        self.unreachable_s, self.start_timeout_s, self.progress = unreachable_s, start_timeout_s, progress
         self.stats: list[dict[str, Any]] | None = None
+        self.fed_rows = 0  # with `feed`, after `run`: the rows the tasks put
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
 
+    @property
+    def group(self) -> str:
+        """The Spark job group (or, under Spark Connect, tag) of the consumers' job."""
+        return f"conveyor-{self.job}"
+
     def dataframe(self) -> DataFrame:
-        """The (lazy) DataFrame whose evaluation runs the consumers: one row of counts per consumer
-        (with `then`: the epilogues' rows)."""
-        schema, epilogue = self.then if self.then is not None else (STATS_DDL, None)
+        """The (lazy) DataFrame whose evaluation runs the consumers: one row of counts per consumer."""
         prelude = None if self.feed is None else self.feed[1]
-        fn = _consume(self.pool, self.queues, self.n_consumers, self.job, self.options, prelude, epilogue)
+        fn = _consume(self.pool, self.queues, self.n_consumers, self.job, self.options, prelude)
         if self.feed is None:
-            return self.spark.range(self.n_consumers, numPartitions=self.n_consumers).mapInArrow(fn, schema)
-        return self.feed[0].coalesce(self.n_consumers).mapInArrow(fn, schema)
+            return self.spark.range(self.n_consumers, numPartitions=self.n_consumers).mapInArrow(fn, STATS_DDL)
+        return self.feed[0].coalesce(self.n_consumers).mapInArrow(fn, STATS_DDL)
 
     def job_group(self) -> _JobGroup:
         """A context naming the Spark jobs started inside it after these consumers (in the Spark UI)."""
-        return _JobGroup(self.spark, f"conveyor-{self.job}", self.description)
+        return _JobGroup(self.spark, self.group, self.description)
+
+    def watch(self) -> JobWatch:
+        """The driver's watch over the consumers' job (see `conveyor.spark.watch`)."""
+        return JobWatch(self.spark, self.pool, self.group, self.queue_names, unreachable_s=self.unreachable_s,
+                        start_timeout_s=self.start_timeout_s, progress=self.progress,
+                        finished=self._all_fed if self.options["until_empty"] else None)  # fmt: skip
 
     def run(self) -> list[dict[str, Any]]:
-        """Run the consumers as one Spark job and return each one's counts (blocks until they end)."""
-        if self.then is not None:
-            raise ConveyorError("SparkConsumerPool.run() with `then`: evaluate dataframe() and call consumer_stats()")
-        with self.job_group():
-            rows = self.dataframe().collect()
-        self.stats = sorted((r.asDict() for r in rows), key=lambda r: r["consumer"])
-        self._forget_markers()
+        """Run the consumers as one Spark job and return each one's counts (blocks until they end;
+        a Spark task that ran again, e.g. after its executor was lost, counts once, as its last run).
+
+        When the work is all done but Spark still counts some tasks as running (their executors
+        were lost without a word: Spark notices only after `spark.network.timeout`), the watch
+        ends the job early; the counts then come from the consumers' last reports.
+        """
+        if self.feed is not None:
+            self.pool.declare(fed_queue(self.job))
+        watch = self.watch()
+        try:
+            with self.job_group(), watch:
+                try:
+                    rows = [r.asDict() for r in self.dataframe().collect()]
+                except Exception:
+                    if not watch.finished:
+                        raise
+                    rows = self._reported()
+        finally:
+            self._clean_up()
+        self.stats = sorted(rows, key=lambda r: r["consumer"])
         return self.stats
 
-    def consumer_stats(self) -> list[dict[str, Any]]:
-        """With `then`, once `dataframe()` was evaluated: each consumer's counts (a consumer's Spark
-        task that ran again, e.g. after its executor was lost, counts once, as its last run)."""
-        name = _stats_queue(self.job)
-        latest: dict[str, list[dict[str, Any]]] = {}
-        while got := self.pool.get(name, 1000):
-            self.pool.ack(name, [m.id for m in got])
-            for m in got:
-                row = json.loads(m.payload)
-                latest.setdefault(row["consumer"], []).append(row)
-        self.stats = [max(rows, key=lambda r: r["finished"]) for _, rows in sorted(latest.items())]
-        try:
-            self.pool.drop(name)  # read once: nothing else needs it
-        except ConveyorError as e:  # the work is done; a leftover is no reason to fail it
-            log.warning("could not drop %s: %s", name, e)
-        self._forget_markers()
-        return self.stats
+    def _all_fed(self) -> bool:
+        return self.feed is None or _fed(self.pool, self.job) >= self.n_consumers
 
-    def _forget_markers(self) -> None:
-        """The consumers have ended: the blobs that told them a task had fed the queue, or to stop, can go."""
-        keys = _fed_keys(self.job, self.n_consumers) if self.feed is not None else []
+    def _reported(self) -> list[dict[str, Any]]:
+        """Each consumer's counts from its last report to the servers (the job ended before they could return them)."""
+        out: dict[int, dict[str, Any]] = {}
+        now = time.time()
+        for name, c in self.pool.workers().items():
+            parts = name.split(":")
+            if len(parts) == 5 and parts[0] == "spark" and parts[2] == self.job:
+                counts = {k: int(c.get(k, 0)) for k in ("processed", "failed", "retried", "dead", "stolen")}
+                out[int(parts[3])] = {"consumer": int(parts[3]), "host": parts[1], "pid": int(parts[4]), "started": now,
+                                      "finished": now, "timed_out": 0, "rows": 0, **counts}  # fmt: skip
+        return list(out.values())
+
+    def _clean_up(self) -> None:
+        """The consumers have ended: read how many rows each fed task put, then drop the bookkeeping."""
         try:
-            self.pool.forget_blobs([*keys, _key(STOP_PREFIX, self.job)])
+            if self.feed is not None:
+                name = fed_queue(self.job)
+                by_task: dict[int, int] = {}
+                while got := self.pool.get(name, 1000):
+                    by_task.update((d["task"], d["rows"]) for d in (json.loads(m.payload) for m in got))
+                self.fed_rows = sum(by_task.values())
+                self.pool.drop(name)
+            self.pool.forget_blobs([_key(STOP_PREFIX, self.job)])
         except ConveyorError as e:
-            log.warning("could not remove the markers of %s: %s", self.job, e)
+            log.warning("could not remove the bookkeeping of %s: %s", self.job, e)
 
     def start(self) -> SparkConsumerPool:
         """Run in a background thread of the driver; `join()` waits, `stop()` ends it early."""
@@ -249,11 +301,40 @@ def check_consumer_options(n_consumers: int | None, max_concurrency: int, batch_
     check_pin(pin_core, concurrency)
 
 
-def default_parallelism(spark: SparkSession) -> int:
+def task_slots(spark: SparkSession) -> int:
+    """The Spark tasks that can run at once now: executors x cores / spark.task.cpus (0: no executor yet).
+
+    Not `defaultParallelism`, which is a setting (Spark's tuning guide suggests 2-3 tasks per core)
+    and may promise slots that do not exist. Spark Connect: the setting, or 2.
+    """
     try:
-        return int(spark.sparkContext.defaultParallelism)
-    except Exception:  # Spark Connect: no SparkContext; ask the configuration
+        sc: Any = spark.sparkContext._jsc.sc()
+        return int(sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile()))
+    except Exception:
         return int(spark.conf.get("spark.default.parallelism", "2") or 2)
+
+
+def consumer_count(spark: SparkSession, requested: int | None) -> int:
+    """`requested`, or one consumer per task slot. With no executor yet, wait up to SLOTS_WAIT_S for
+    one; then (dynamic allocation, or a cluster still starting) `defaultParallelism`: tasks never
+    wait for each other, so a guess too high only runs some later, and the job's watch ends it if
+    no slot ever comes."""
+    if requested is not None:
+        if requested > (slots := task_slots(spark)) > 0:
+            log.warning("%d consumers but %d Spark task slots: the consumers beyond them start only as others end",
+                        requested, slots)  # fmt: skip
+        return requested
+    deadline = time.monotonic() + SLOTS_WAIT_S
+    while (slots := task_slots(spark)) == 0 and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if slots:
+        return slots
+    try:
+        guess = int(spark.sparkContext.defaultParallelism)
+    except Exception:
+        guess = 2
+    log.warning("no Spark executor has registered within %.0f s: sizing for %d consumers", SLOTS_WAIT_S, guess)
+    return guess
 
 
 class _JobGroup:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from conveyor.client.pool import QueuePool
+from conveyor.errors import ConveyorError
 from conveyor.spark.session import get_or_create_session
 from conveyor.tasks.publish import default_pool
 
@@ -39,15 +40,30 @@ def local(data_dir: str | Path | None = None, *, n_servers: int = 2, master: str
     """A local Spark session (`local[*,4]` unless one is active) and `n_servers` durable queue servers.
 
     data_dir: where the queues live (default: a temporary directory, removed on exit).
+    Local masters only: given a cluster's master (or inside a session on one) it refuses, with what
+    to do instead.
     """
     from pyspark.sql import SparkSession
 
-    had_session = SparkSession.getActiveSession() is not None
+    active = SparkSession.getActiveSession()
+    _check_local(master if master is not None or active is None else active.conf.get("spark.master", ""))
     spark = get_or_create_session(master or DEFAULT_MASTER, app_name)
     try:
         # the one ambient pool: publish, spark.map and task handles given no pool use it
         with QueuePool.local(n_servers=n_servers, durable=True, data_dir=data_dir, fsync=fsync) as pool, default_pool(pool):
             yield Embedded(spark, pool, None if data_dir is None else Path(data_dir))
     finally:
-        if not had_session:
+        if active is None:
             spark.stop()
+
+
+def _check_local(master: str | None) -> None:
+    """`local()` is for one machine: its servers listen on 127.0.0.1, its session binds the driver to
+    it. On a cluster the executors could reach neither (they would crash-loop trying), so refuse."""
+    if master is None or master.startswith("local"):
+        return
+    raise ConveyorError(f"conveyor.local() runs everything on this machine, but the Spark master is {master!r}: its "
+                        "executors could not reach servers or a driver on 127.0.0.1. On a cluster, start queue servers "
+                        "the executors can reach (conveyor serve --host ADDRESS --token TOKEN on each server host), "
+                        "create your own SparkSession, and pass pool=QueuePool.connect([...], token=TOKEN) to "
+                        "conveyor.spark.map (see docs/spark.md, 'On a cluster')")  # fmt: skip

@@ -1,16 +1,21 @@
 """`conveyor.spark.map`: a DataFrame mapped through the queue, row by row, back into a DataFrame.
 
-1. Enqueue: each executor puts its own partitions' rows on the queue servers (a Spark job over the
-   input; nothing is collected on the driver). A few rows in order make one message, a
-   `RowRunner(func)` call as an ad-hoc task, with an idempotency key `job:partition:first row`, so
-   a Spark task retried after a failure does not enqueue its rows twice.
-2. Consume: a `SparkConsumerPool` runs consumers as long-lived Spark tasks until the queue is
-   drained: work is balanced message by message, failing rows retried, and the messages held by a
-   killed consumer come back when their leases end.
-3. Read back: once the queue is drained, each consumer task reads the results (and dead letters)
-   of its share of the queue servers into the output DataFrame, counting the rows and failures it
-   yields; the output is materialized before `map` returns. When rows are put by the consumer
-   tasks themselves (the usual case), steps 1 to 3 are one Spark job; else 2 and 3 are.
+1. Enqueue and consume (one Spark job): each consumer task puts its share of the input rows on the
+   queue servers (nothing is collected on the driver), then works off the queue with the others
+   until it is drained. A few rows in order make one message, a `RowRunner(func)` call as an
+   ad-hoc task, with an idempotency key `job:partition:first row`, so a Spark task retried after a
+   failure does not enqueue its rows twice. Work is balanced message by message, failing rows are
+   retried, and the messages held by a lost consumer come back when their leases end (a running
+   message's lease is extended every third of `lease_s`, so a short lease costs little). With
+   fewer input partitions than consumers, the rows are put first, in a job of their own.
+2. Read back (a second Spark job): one task per queue server reads its results (and dead letters)
+   into the output DataFrame, which is computed once before `map` returns. Its lineage is only
+   that read: a partition lost with an executor later is read again from the servers.
+
+No task waits for another to start (see `SparkConsumerPool`), so fewer slots than tasks, or a lost
+host, never deadlock the job; the driver watches it and ends it with the reason when a server
+stays out of reach (`unreachable_s`) or no slot is granted. A map that fails, or is interrupted,
+drops its queue (or says how to).
 
 Rows travel up to `rows_per_message` to a message (a few rows per message cut the queue's overhead
 per row; balancing is at that grain), dealt from each Arrow batch so that neighbours spread out. The
@@ -22,26 +27,24 @@ null and whose input row is in `_input`, as JSON).
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from conveyor.client.pool import QueuePool
-from conveyor.client.progress import JoinProgress
 from conveyor.constants import (
     DEFAULT_MAX_CONCURRENCY,
     DEFAULT_MAX_RETRIES,
+    DEFAULT_UNREACHABLE_S,
     MAP_DEFAULT_LEASE_S,
     MAP_DEFAULT_ROWS_PER_MESSAGE,
 )
-from conveyor.errors import ConveyorError
-from conveyor.spark.consumers import SparkConsumerPool, check_consumer_options, default_parallelism
+from conveyor.errors import ConnectionLostError, ConveyorError
+from conveyor.spark.consumers import SparkConsumerPool, check_consumer_options, consumer_count
 from conveyor.spark.rows import EXTRA_COLUMNS, MAX_ROWS_PER_MESSAGE, RowRunner, put_partitions, putter, read_results, with_extra
 from conveyor.spark.session import check_workers_python
 from conveyor.tasks.envelope import adhoc_task_name, function_ref
@@ -50,7 +53,8 @@ from conveyor.tasks.policy import attempts_for, check_max_retries
 from conveyor.tasks.publish import get_default_pool
 
 if TYPE_CHECKING:
-    from pyspark.sql import DataFrame
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
 
 
@@ -75,19 +79,21 @@ class MapStats:
 def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType, pool: QueuePool | None = ...,
         n_consumers: int | None = ..., batch_size: int | None = ..., max_concurrency: int = ...,
         concurrency: Literal["thread", "process"] = ..., max_retries: int = ..., time_limit: float | None = ...,
-        lease_s: float = ..., rows_per_message: int | None = ..., pin_core: bool = ..., progress: bool | None = ...,
+        lease_s: float = ..., rows_per_message: int | None = ..., unreachable_s: float = ..., pin_core: bool = ...,
+        progress: bool | None = ...,
         stats: Literal[False] = ...) -> DataFrame: ...  # fmt: skip
 @overload
 def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType, pool: QueuePool | None = ...,
         n_consumers: int | None = ..., batch_size: int | None = ..., max_concurrency: int = ...,
         concurrency: Literal["thread", "process"] = ..., max_retries: int = ..., time_limit: float | None = ...,
-        lease_s: float = ..., rows_per_message: int | None = ..., pin_core: bool = ..., progress: bool | None = ...,
+        lease_s: float = ..., rows_per_message: int | None = ..., unreachable_s: float = ..., pin_core: bool = ...,
+        progress: bool | None = ...,
         stats: Literal[True]) -> tuple[DataFrame, MapStats]: ...  # fmt: skip
 def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType,
         pool: QueuePool | None = None, n_consumers: int | None = None, batch_size: int | None = None,
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY, concurrency: Literal["thread", "process"] = "thread",
         max_retries: int = DEFAULT_MAX_RETRIES, time_limit: float | None = None, lease_s: float = MAP_DEFAULT_LEASE_S,
-        rows_per_message: int | None = None,
+        rows_per_message: int | None = None, unreachable_s: float = DEFAULT_UNREACHABLE_S,
         pin_core: bool = False, progress: bool | None = None,
         stats: bool = False) -> DataFrame | tuple[DataFrame, MapStats]:  # fmt: skip
     """Apply `func` to every row of `df` through the queue; returns the results as a DataFrame.
@@ -97,27 +103,29 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
     schema: the output columns (DDL string or StructType), without `_id`, `_error`, `_input`.
     pool: the queue servers; None: the default pool (`conveyor.local()`'s, or `set_default_pool`'s,
         which must be a QueuePool), or else local servers started for this call (on the driver's
-        host: for local Spark only) and stopped after it.
+        host: for local Spark only) and stopped after it. The output is read back from these
+        servers if an executor holding part of it is lost later; with servers stopped after the
+        call it is checkpointed on the executors instead.
     n_consumers, batch_size, max_concurrency, concurrency, pin_core: the consumers (see
         `SparkConsumerPool` and `Consumer`).
     max_retries: a row that raises is run again, up to this many times, then reported.
     time_limit: seconds a row may take; a row over it fails (and is retried). The limit holds a
         message, so with it rows travel one to a message unless `rows_per_message` is given: then
         a message of k rows gets k * time_limit, and running over fails all its rows.
-    lease_s: the queue's lease (extended while a message runs): rows held by a consumer that died
-        come back after at most this long.
+    lease_s: the queue's lease, extended every third of it while a message runs (a heartbeat):
+        rows held by a consumer that died, or whose host was lost, come back after at most this long.
     rows_per_message: at most this many rows travel and run together (default 8; 1 with a
         `time_limit`). They run on one worker; an Arrow batch is dealt out over its messages like
         cards, so costly neighbours spread out. Balancing is at this grain; each message costs the
         queue the same, so a few rows per message cut its overhead per row. Use 1 for rows that
         take seconds, more (up to 1,000) for tiny ones.
+    unreachable_s: a queue server out of reach for longer fails the map (`ServerUnreachableError`,
+        naming the server and what it held); one back within it, and the map goes on.
     progress: a progress bar while the rows are processed (default: when stderr is a terminal).
     stats: also return what the call did (`MapStats`: rows, failures, times, the results queue):
         `out, st = map(..., stats=True)`.
     """
-    import pyarrow as pa  # noqa: F401 - fail early, here, if it is missing
-    from pyspark.sql import SparkSession
-    from pyspark.sql.pandas.types import to_arrow_schema
+    import pyarrow  # noqa: F401 - fail early, here, if it is missing
 
     if not callable(func):
         raise TypeError(f"map: func must be callable (it gets each row as a dict), got {type(func).__name__}")
@@ -126,7 +134,7 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
     if type(rows_per_message) is not int or not 1 <= rows_per_message <= MAX_ROWS_PER_MESSAGE:
         raise ValueError(f"map: rows_per_message must be an integer in 1..{MAX_ROWS_PER_MESSAGE}, got {rows_per_message!r}")
     check_max_retries(max_retries, "map: ")
-    for name, value in (("time_limit", time_limit), ("lease_s", lease_s)):
+    for name, value in (("time_limit", time_limit), ("lease_s", lease_s), ("unreachable_s", unreachable_s)):
         if value is not None and not (isinstance(value, (int, float)) and value > 0):
             raise ValueError(f"map: {name} must be a number of seconds > 0, got {value!r}")
     check_consumer_options(n_consumers, max_concurrency, batch_size, concurrency, pin_core)
@@ -137,51 +145,97 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         ephemeral = pool is None and _ambient() is None  # servers that stop when map returns
         if pool is None:
             pool = _default_pool(stack, spark)
+        _check_servers(pool)
         job = uuid.uuid4().hex[:12]
         queue = f"map-{job}"
-        pool.declare(queue, lease_s=lease_s, max_attempts=attempts_for(max_retries))
-        # a message is delivered again only when its worker died or it ran over its time limit
-        opts = TaskOptions(queue=queue, time_limit=None if time_limit is None else time_limit * rows_per_message,
-                           max_retries=max_retries)  # fmt: skip
-        ref = function_ref(RowRunner(func, max_retries, to_arrow_schema(out_schema)))
-        pool.put_blob(ref.data)
+        try:
+            return _run(spark, df, func, out_schema, pool, queue, job, ephemeral, stats=stats, n_consumers=n_consumers,
+                        max_retries=max_retries, time_limit=time_limit, lease_s=lease_s,
+                        rows_per_message=rows_per_message, unreachable_s=unreachable_s, progress=progress,
+                        options={"batch_size": batch_size, "max_concurrency": max_concurrency,
+                                 "concurrency": concurrency, "pin_core": pin_core})  # fmt: skip
+        except BaseException as e:
+            if not ephemeral:  # an ephemeral pool's servers and data go with it
+                _abandon(pool, queue, e)
+            raise
 
-        t0 = time.time()
-        put_rows = putter(pool, queue, job, adhoc_task_name(ref.digest), opts, rows_per_message)
-        slots = default_parallelism(spark)
-        n = slots if n_consumers is None else n_consumers
-        if n > slots:
-            log.warning("map: %d consumers but %d Spark task slots: the consumers beyond them start only as others end",
-                        n, slots)  # fmt: skip
-        options: dict[str, Any] = {"queues": [queue], "batch_size": batch_size, "max_concurrency": max_concurrency,
-                                   "concurrency": concurrency, "pin_core": pin_core}  # fmt: skip
-        # once drained, each consumer task reads back the results of its share of the servers
-        shards = len(pool)
-        then = (with_extra(out_schema), lambda task: read_results(pool, queue, out_schema, range(task, shards, n)))
-        # in one job, a consumer waits for every task to have put its rows: all n must run at once
-        rows, t1 = 0, t0  # rows put before consuming, and when that ended (in one job: none, at once)
-        if n <= _partitions(df) and n <= slots:  # each of n tasks puts its share of the rows, then consumes
-            consumers = SparkConsumerPool(spark, pool, n, feed=(df, put_rows), then=then, **options,
-                                          description=f"conveyor.spark.map through {queue}")  # fmt: skip
-        else:  # fewer partitions than consumers: put the rows first (a job of its own), then consume
-            counts = df.mapInArrow(put_partitions(pool, put_rows), "partition long, rows long")
-            rows = sum(r["rows"] for r in counts.collect())
-            t1 = time.time()
-            consumers = SparkConsumerPool(spark, pool, n, then=then, **options,
-                                          description=f"conveyor.spark.map: {rows:,} rows through {queue}")  # fmt: skip
-        with _Progress(pool, queue, progress), consumers.job_group():
-            result = _materialize(consumers.dataframe(), ephemeral)
-        done = consumers.consumer_stats()
-        rows += sum(s["rows"] for s in done)  # what each consumer task put itself
-        got, failed = sum(s["out_rows"] for s in done), sum(s["out_failed"] for s in done)
-        t2 = min(max((s["finished"] for s in done), default=t1), time.time())
-        t3 = time.time()
-        if got != rows:
-            raise ConveyorError(f"map: {rows:,} rows went in but {got:,} came out (queue {queue}); please report this")
-        first = min((s["started"] for s in done), default=t1)
-        if failed:
-            log.warning("map: %d of %d rows failed; see the _error column", failed, rows)
-        return (result, MapStats(rows, failed, t1 - t0, t2 - t1, t3 - t2, first, done, queue)) if stats else result
+
+def _run(spark: SparkSession, df: DataFrame, func: Callable[[dict[str, Any]], Any], out_schema: StructType,
+         pool: QueuePool, queue: str, job: str, ephemeral: bool, *, stats: bool, n_consumers: int | None,
+         max_retries: int, time_limit: float | None, lease_s: float, rows_per_message: int, unreachable_s: float,
+         progress: bool | None, options: dict[str, Any]) -> DataFrame | tuple[DataFrame, MapStats]:  # fmt: skip
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    pool.declare(queue, lease_s=lease_s, max_attempts=attempts_for(max_retries))
+    # a message is delivered again only when its worker died or it ran over its time limit
+    opts = TaskOptions(queue=queue, time_limit=None if time_limit is None else time_limit * rows_per_message,
+                       max_retries=max_retries)  # fmt: skip
+    ref = function_ref(RowRunner(func, max_retries, to_arrow_schema(out_schema)))
+    pool.put_blob(ref.data)
+
+    t0 = time.time()
+    put_rows = putter(pool, queue, job, adhoc_task_name(ref.digest), opts, rows_per_message)
+    n = consumer_count(spark, n_consumers)
+    common: dict[str, Any] = {"queues": [queue], "unreachable_s": unreachable_s, "progress": progress, **options}
+    rows, t1 = 0, t0  # rows put before consuming, and when that ended (when consumers put them: none, at once)
+    if n <= _partitions(df):  # each of n tasks puts its share of the rows, then consumes
+        consumers = SparkConsumerPool(spark, pool, n, feed=(df, put_rows), **common,
+                                      description=f"conveyor.spark.map through {queue}")  # fmt: skip
+    else:  # fewer partitions than consumers: put the rows first (a job of its own), then consume
+        consumers = SparkConsumerPool(spark, pool, n, **common, description=f"conveyor.spark.map through {queue}")
+        with consumers.job_group(), consumers.watch():
+            counts = df.mapInArrow(put_partitions(pool, put_rows), "partition long, rows long").collect()
+        rows, t1 = sum(r["rows"] for r in counts), time.time()
+    done = consumers.run()
+    rows += consumers.fed_rows  # what the consumer tasks put themselves
+    t2 = min(max((s["finished"] for s in done), default=t1), time.time())
+    shards = len(pool)
+    read = spark.range(shards, numPartitions=shards).mapInArrow(_reader(pool, queue, out_schema), with_extra(out_schema))
+    with consumers.job_group():
+        result, got, failed = _materialize(read, ephemeral)
+    t3 = time.time()
+    if got != rows:
+        raise ConveyorError(f"map: {rows:,} rows went in but {got:,} came out (queue {queue}); please report this")
+    first = min((s["started"] for s in done), default=t1)
+    if failed:
+        log.warning("map: %d of %d rows failed; see the _error column", failed, rows)
+    return (result, MapStats(rows, failed, t1 - t0, t2 - t1, t3 - t2, first, done, queue)) if stats else result
+
+
+def _reader(pool: QueuePool, queue: str, schema: StructType) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """mapInArrow function of the read-back job: task i yields the rows of server i."""
+
+    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        for _ in batches:
+            pass
+        shard = cast("TaskContext", TaskContext.get()).partitionId()  # always set inside a Spark task
+        try:
+            yield from read_results(pool, queue, schema, [shard])
+        finally:
+            pool.close()
+
+    return read
+
+
+def _check_servers(pool: QueuePool) -> None:
+    """Fail at once, naming the servers, when some do not answer (rather than a bare ConnectionLostError later)."""
+    down = [f"{c.address} ({p})" for c, p in zip(pool.clients, pool.reachable_stats(), strict=True)
+            if isinstance(p, ConveyorError)]  # fmt: skip
+    if down:
+        raise ConnectionLostError(f"map: {len(down)} of {len(pool)} queue server(s) do not answer: {'; '.join(down)}")
+
+
+def _abandon(pool: QueuePool, queue: str, error: BaseException) -> None:
+    """A map that failed or was interrupted: drop its queue, or say how to."""
+    try:
+        pool.drop(queue)
+        log.info("map: dropped its queue %s", queue)
+    except ConveyorError as e:
+        how = f"conveyor drop --connect {','.join(pool.addresses)} {queue}"
+        log.error("map: could not drop its queue %s (%s); drop it with: %s", queue, e, how)
+        error.add_note(f"the map's queue {queue} is left on the servers; drop it with: {how}")
 
 
 def _ambient() -> QueuePool | None:
@@ -215,21 +269,21 @@ def _output_schema(spark: Any, schema: str | StructType) -> StructType:
     return st
 
 
-def _materialize(result: DataFrame, ephemeral: bool) -> DataFrame:
-    """Compute the rows once and keep them in Spark.
+def _materialize(result: DataFrame, ephemeral: bool) -> tuple[DataFrame, int, int]:
+    """Compute the rows once and keep them in Spark; returns them with their count and failures.
 
     With servers that stop when `map` returns, the lineage is cut (a local checkpoint): the rows no
-    longer need the servers. With servers that stay, the rows are persisted and the lineage kept,
-    so that rows lost with an executor are read again from the servers.
+    longer need the servers. With servers that stay, the rows are persisted and the lineage (a read
+    from the servers) kept, so that rows lost with an executor are read again.
     """
     from pyspark import StorageLevel
+    from pyspark.sql import functions as F
 
-    if ephemeral:
-        return result.localCheckpoint(eager=True)
-    result = result.persist(StorageLevel.MEMORY_AND_DISK)
-    # the cheapest action that computes (and so caches) every row: no aggregate, nothing returned
-    result.write.format("noop").mode("overwrite").save()
-    return result
+    result = result.localCheckpoint(eager=True) if ephemeral else result.persist(StorageLevel.MEMORY_AND_DISK)
+    # one action computes (and so caches) every row, and counts them
+    row = result.agg(F.count(F.lit(1)).alias("rows"), F.count("_error").alias("failed")).first()
+    assert row is not None  # an aggregate without grouping has one row
+    return result, int(row["rows"]), int(row["failed"])
 
 
 # --- executor side --------------------------------------------------------------------------------
@@ -239,30 +293,3 @@ def _partitions(df: DataFrame) -> int:
         return int(df.rdd.getNumPartitions())
     except Exception:
         return 0
-
-
-class _Progress:
-    """A progress bar over the map's queue while its consumers run (a driver thread polls the stats)."""
-
-    def __init__(self, pool: QueuePool, queue: str, enabled: bool | None) -> None:
-        self.pool, self.queue = pool, queue
-        self.bar = JoinProgress(enabled=enabled, description="rows")
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._poll, name="conveyor-map-progress", daemon=True)
-
-    def _poll(self) -> None:
-        while not self._stop.wait(0.25):
-            with contextlib.suppress(ConveyorError):  # a glitch in the display must not fail the job
-                self.bar.update(self.pool.stats(self.queue))
-
-    def __enter__(self) -> _Progress:
-        self.bar.__enter__()
-        if self.bar.enabled:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join()
-        self.bar.__exit__(None, None, None)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from conveyor.client.backend import QueueBackend
-from conveyor.constants import DEFAULT_LEASE_S, DEFAULT_MAX_CONCURRENCY, DEFAULT_SELECTOR, H_TASK
-from conveyor.errors import ConnectionLostError, TaskError
+from conveyor.constants import DEFAULT_LEASE_S, DEFAULT_MAX_CONCURRENCY, DEFAULT_SELECTOR, DEFAULT_UNREACHABLE_S, H_TASK
+from conveyor.errors import ConnectionLostError, ServerUnreachableError, TaskError
 from conveyor.message import Message
 from conveyor.tasks.policy import heartbeat_s
 from conveyor.tasks.queue_config import QueueConfig
@@ -74,13 +74,17 @@ class Consumer:
                  middleware: Sequence[Middleware] | None = None, task_modules: Sequence[str] = (),
                  until_empty: bool = False, name: str | None = None, seed: int | None = None,
                  stop_when: Callable[[], bool] | None = None, expect_more: Callable[[], bool] | None = None,
-                 on_started: Callable[[], object] | None = None, pin_core: bool = False) -> None:  # fmt: skip
+                 on_started: Callable[[], object] | None = None, pin_core: bool = False,
+                 unreachable_s: float = DEFAULT_UNREACHABLE_S) -> None:  # fmt: skip
         """See the module docstring. `stop_when`, asked about once a second, stops the consumer
         gracefully when it returns True (a stop signalled from elsewhere, e.g. through the servers).
         `expect_more` (with `until_empty`): while it returns True, drained queues do not end the
         consumer (producers are still at work). `on_started` is called once `run()` is ready to
         work: task modules imported, task slots started. `pin_core` (thread concurrency only) runs
-        the consumer on a core of its own while one is free (see `conveyor.worker.affinity`)."""
+        the consumer on a core of its own while one is free (see `conveyor.worker.affinity`).
+        `unreachable_s`: a queue server out of reach for longer ends the consumer with
+        `ServerUnreachableError` (its running tasks' messages come back by lease) rather than
+        retrying forever; one back within it, and the work goes on."""
         if not queues:
             raise ValueError("a consumer needs at least one queue")
         if max_concurrency < 1:
@@ -107,6 +111,7 @@ class Consumer:
         self.expect_more = expect_more
         self.on_started = on_started
         self.pin_core = pin_core
+        self.unreachable_s = unreachable_s
         self._next_stop_check = 0.0
         self._next_sweep = 0.0  # when to look for tasks over their time limit or due a lease extension
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{consumer}"
@@ -181,6 +186,7 @@ class Consumer:
 
     def _loop(self, slots: ThreadSlots | ProcessSlots) -> None:
         while True:
+            self._check_reachable()
             try:
                 self._settle(self._completed())
                 now = time.monotonic()
@@ -220,8 +226,18 @@ class Consumer:
                         return
                     self._undrained = True
             except (ConnectionLostError, TimeoutError) as e:
-                log.warning("consumer %s: %s; retrying in %.0f s", self.name, e, RETRY_CONNECT_S)
+                log.warning("consumer %s: %s; retrying in %.0f s (for up to %.0f s)", self.name, e, RETRY_CONNECT_S,
+                            self.unreachable_s)  # fmt: skip
                 self._stop.wait(RETRY_CONNECT_S)
+
+    def _check_reachable(self) -> None:
+        """End the consumer (a hard stop: no long goodbye to a server that is gone) once a server it
+        needs has been out of reach for longer than `unreachable_s`."""
+        try:
+            self.pool.check_reachable(self.unreachable_s, [q.name for q in self.queues], f"consumer {self.name}: ")
+        except ServerUnreachableError:
+            self._hard_stop = True
+            raise
 
     # --- fetching -------------------------------------------------------------------------
     def _fetch(self, free: int) -> list[Message]:

@@ -28,7 +28,8 @@ from typing import Any, Literal
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.progress import JoinProgress
-from conveyor.constants import DEFAULT_MAX_CONCURRENCY, DEFAULT_SELECTOR, PARENT_CHECK_S
+from conveyor.client.sharded import summed_stats
+from conveyor.constants import DEFAULT_MAX_CONCURRENCY, DEFAULT_SELECTOR, DEFAULT_UNREACHABLE_S, PARENT_CHECK_S
 from conveyor.errors import ConveyorError, RequestError
 from conveyor.protocol.requests import QueueStats
 from conveyor.tasks.envelope import decode_result
@@ -226,18 +227,28 @@ class ConsumerPool:
                 raise ConveyorError(never_started(f"consumer process {failed}", 1, None))
             raise ConveyorError("every consumer process has exited")
 
-    def join(self, timeout: float | None = None, progress: bool | None = None, poll_s: float = 0.2) -> dict[str, QueueStats]:
+    def join(self, timeout: float | None = None, progress: bool | None = None, poll_s: float = 0.2,
+             unreachable_s: float = DEFAULT_UNREACHABLE_S) -> dict[str, QueueStats]:  # fmt: skip
         """Wait until the queues have nothing ready, delayed or delivered, then stop the consumers.
 
-        A progress bar shows on a terminal. Raises TimeoutError (consumers left running) after `timeout`.
+        With no consumer running (a previous `join` stopped them, or `cancel`), it starts them again
+        first: work put since is served, not waited on. A progress bar shows on a terminal. Raises
+        TimeoutError (consumers left running) after `timeout`, and `ServerUnreachableError` when a
+        server has been out of reach for longer than `unreachable_s` (its work cannot finish).
         """
+        if not any(p is not None for p in self._procs):
+            log.info("join: no consumer is running: starting %d", self.n_consumers)
+            self.start()
         deadline = None if timeout is None else time.monotonic() + timeout
         with JoinProgress(enabled=progress) as bar:
             while True:
                 self.check()
-                st = {q: s for q, s in self.pool.stats().items() if q in self.queue_names}
+                per = self.pool.reachable_stats()
+                self.pool.check_reachable(unreachable_s, self.queue_names, "join: ")
+                up = [{q: s for q, s in p.items() if q in self.queue_names} for p in per if isinstance(p, dict)]
+                st = summed_stats(up)
                 bar.update(st)
-                if all(s.pending == 0 for s in st.values()):
+                if len(up) == len(per) and all(s.pending == 0 for s in st.values()):
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"join: {sum(s.pending for s in st.values()):,} messages still pending after {timeout} s")
