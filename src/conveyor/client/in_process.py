@@ -22,12 +22,18 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from conveyor.client.sharded import ShardedQueues
-from conveyor.constants import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, ERR_NO_QUEUE, ERR_QUEUE_CONFLICT, H_IDEMPOTENCY_KEY
+from conveyor.constants import (
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_ATTEMPTS,
+    ERR_NO_QUEUE,
+    ERR_QUEUE_CONFLICT,
+    H_IDEMPOTENCY_KEY,
+    WORKER_GONE_S,
+)
 from conveyor.errors import ConveyorError, RequestError
 from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol.framing import Limits
 from conveyor.protocol.requests import Fetched, QueueInfo, QueueStats
-from conveyor.server.queues import WORKER_TTL_S
 from conveyor.storage import MemoryStore
 from conveyor.tasks.publish import TaskHandle, outcome
 from conveyor.tasks.queue_config import QueueConfig
@@ -200,10 +206,10 @@ class InProcessQueues:
             self._workers[worker] = (time.time(), dict(counts))
 
     def workers(self) -> dict[str, dict[str, float]]:
-        """Consumers heard from within the last minute, with their latest counts and `seen` seconds ago."""
+        """Consumers heard from within WORKER_GONE_S, with their latest counts and `seen` seconds ago."""
         now = time.time()
         with self._cond:
-            return {w: {**c, "seen": now - t} for w, (t, c) in self._workers.items() if now - t <= WORKER_TTL_S}
+            return {w: {**c, "seen": now - t} for w, (t, c) in self._workers.items() if now - t <= WORKER_GONE_S}
 
     def _stats(self, names: Iterable[str]) -> dict[str, QueueStats]:
         out = {}

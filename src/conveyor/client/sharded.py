@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from conveyor.client.queue_client import QueueClient
 from conveyor.constants import ERR_NO_QUEUE, H_IDEMPOTENCY_KEY, SHARD_SHIFT
-from conveyor.errors import ConnectionLostError, RequestError
+from conveyor.errors import ConnectionLostError, ConveyorError, RequestError
 from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Limits
@@ -365,6 +365,21 @@ class ShardedQueues:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.addresses!r})"
+
+    def server_stats_or_errors(self) -> list[calls.ServerStats | Exception]:
+        """Each server's queues and consumers, in shard order; a server that did not answer (down,
+        unreachable, no reply within the client's timeout) gives its error instead, so that one server
+        down hides none of the others (`conveyor stats`)."""
+
+        def one(client: QueueClient) -> calls.ServerStats | Exception:
+            try:
+                return client.call(calls.server_stats())
+            except (ConveyorError, OSError) as e:  # OSError: TimeoutError, a request with no reply in time
+                return e
+
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(len(self.clients), thread_name_prefix="conveyor-pool")
+        return list(self._threads.map(one, self.clients))
 
 
 def _summed(shards: Iterable[dict[str, QueueStats]]) -> dict[str, QueueStats]:
