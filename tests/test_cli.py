@@ -122,7 +122,7 @@ def test_serve_stop_with_parent_runs_with_stdin_not_a_pipe(tmp_path: Path) -> No
 def test_stats_reports_an_unreachable_server() -> None:
     out = subprocess.run([sys.executable, "-m", "conveyor", "stats", "--connect", "tcp://127.0.0.1:1"], capture_output=True,
                          text=True, timeout=60)  # fmt: skip
-    assert out.returncode == 1 and "cannot connect to tcp://127.0.0.1:1" in out.stderr
+    assert out.returncode == 3 and "DOWN" in out.stdout and "cannot connect to tcp://127.0.0.1:1" in out.stdout
 
 
 def test_worker_command_runs_tasks_until_empty_and_stats_shows_it(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ import msgpack
 import pytest
 
 from conveyor.client.queue_client import QueueClient
-from conveyor.constants import QUEUE_CONFIG_NAME, QUEUES_DIR, SEGMENT_GLOB
+from conveyor.constants import MAX_HOST_CHARS, QUEUE_CONFIG_NAME, QUEUES_DIR, SEGMENT_GLOB
 from conveyor.errors import ConnectionLostError, ProtocolError, RequestError
 from conveyor.message import Message
 from conveyor.protocol import requests as calls
@@ -175,6 +175,17 @@ def test_unknown_operation_and_bad_arguments_keep_the_connection(client: QueueCl
             client.call(call)
     assert client.ping()["pong"] is True
     assert client.stats("q")["q"].ready == 1  # nothing stored by the bad requests
+
+
+def test_a_report_carries_numbers_and_the_host_as_a_string(client: QueueClient) -> None:
+    client.call(calls.report("w", {"processed": 2, "pid": 42, "host": "box-1.example"}))
+    w = client.workers()["w"]
+    assert w["host"] == "box-1.example" and w["processed"] == 2 and w["pid"] == 42 and 0 <= w["seen"] < 5
+    for counts in ({"pid": "42"}, {"host": 7}, {"host": "h" * (MAX_HOST_CHARS + 1)}, {"host": ["box"]}):
+        with pytest.raises(RequestError, match="'counts' must be a map of names to numbers") as e:
+            client.call(calls.report("bad", counts))  # type: ignore[arg-type]
+        assert e.value.kind == "bad-argument"
+    assert "bad" not in client.workers()
 
 
 def test_protocol_violation_closes_only_that_connection(server: ThreadServer, client: QueueClient) -> None:

@@ -222,3 +222,9 @@ QUEUE_DEFAULT_BATCH_SIZE = 5
 QUEUE_DEFAULT_VISIBILITY_TIMEOUT_S = 600.0
 QUEUE_DEFAULT_LONG_POLL_S = 5.0
 QUEUE_DEFAULT_NUM_ITERATIONS = 2
+# a consumer reports its counts (REPORT_EVERY_S in worker/consumer.py: every 2 s) to every server; one
+# not heard from for this long (several missed reports) is gone: out of `workers()` and `conveyor stats`
+WORKER_GONE_S = 10.0
+# in a report's counts, every value is a number but this one: the consumer's host name (a string)
+COUNT_HOST = "host"
+MAX_HOST_CHARS = 255

@@ -15,7 +15,7 @@ from rich.live import Live
 
 from conveyor import __version__
 from conveyor.cli.demo import expected_failures, run_demo, summary_table
-from conveyor.cli.tables import dead_letter_table, stats_table, workers_table
+from conveyor.cli.tables import dead_letter_table, servers_table, stats_table, workers_table
 from conveyor.client.pool import QueuePool
 from conveyor.constants import (
     DEFAULT_IDLE_TIMEOUT_S,
@@ -128,13 +128,26 @@ def _connect_option(f: Any) -> Any:
                         help="A server address (tcp://HOST:PORT); repeat it or separate with commas for a pool.")(f)  # fmt: skip
 
 
-def _pool(addresses: tuple[str, ...], token: str | None, connect_timeout: float = 5.0) -> Any:
+def _pool(addresses: tuple[str, ...], token: str | None, connect_timeout: float = 5.0, timeout: float = 30.0) -> Any:
 
     flat = [a.strip() for item in addresses for a in item.split(",") if a.strip()]
     try:
-        return QueuePool.connect(flat, token, connect_timeout=connect_timeout, timeout=30.0)
+        return QueuePool.connect(flat, token, connect_timeout=connect_timeout, timeout=timeout)
     except ValueError as e:
         raise click.BadParameter(str(e), param_hint="--connect") from None
+
+
+PIPE_WIDTH = 100_000  # columns of a console into a file or a pipe: more than any line needs
+EXIT_SERVER_DOWN = 3  # `conveyor stats`: what it could show is shown, but a server did not answer
+
+
+def _stdout() -> Console:
+    """A console for stdout; into a file or a pipe (80 columns to rich), as wide as what it prints:
+    a table fits its content, and no queue or consumer name is cut or folded."""
+    console = Console()
+    if not console.is_terminal:
+        console.width = PIPE_WIDTH
+    return console
 
 
 @main.command()
@@ -142,31 +155,46 @@ def _pool(addresses: tuple[str, ...], token: str | None, connect_timeout: float 
 @click.option("--queue", default=None, help="Only this queue.")
 @click.option("--per-shard", is_flag=True, help="One row per queue and shard.")
 @click.option("--watch", type=click.FloatRange(0.1), default=None, help="Refresh every N seconds until Ctrl-C.")
-def stats(addresses: tuple[str, ...], token: str | None, queue: str | None, per_shard: bool, watch: float | None) -> None:
-    """Show each queue's ready, delivered, delayed, acked and failed counts, and its rates."""
+@click.option("--timeout", "timeout_s", default=3.0, show_default=True, type=click.FloatRange(0, min_open=True),
+              help="Seconds to wait for a server (to connect, then to answer) before showing it DOWN.")  # fmt: skip
+def stats(addresses: tuple[str, ...], token: str | None, queue: str | None, per_shard: bool, watch: float | None,
+          timeout_s: float) -> None:  # fmt: skip
+    """Show each server (UP, or DOWN with its error), each queue's ready, delivered, delayed, acked and
+    failed counts and rates (summed over the servers that answered), and the consumers.
 
-    def tables() -> Group:
-        return Group(*(t for t in (stats_table(pool, queue, per_shard), workers_table(pool)) if t is not None))
+    Exit status: 0 when every server answered; 3 when one did not (after showing the others; with
+    --watch, as of the last refresh); 1 on other errors, such as a --queue no server has.
+    """
 
-    with _pool(addresses, token) as pool:
+    with _pool(addresses, token, connect_timeout=timeout_s, timeout=timeout_s) as pool:
+        got = pool.server_stats_or_errors()
+
+        def tables() -> Group:
+            shown = (servers_table(pool.addresses, got), stats_table(pool.addresses, got, queue, per_shard), workers_table(got))
+            return Group(*(t for t in shown if t is not None))
+
+        if queue is not None and watch is None and all(not isinstance(g, Exception) and queue not in g.queues for g in got):
+            raise click.ClickException(f"no queue named {queue!r} on any of the {len(got)} servers")
+        console = _stdout()
         try:
-            console = Console()
             if watch is None:
                 console.print(tables())
-                return
-            if not console.is_terminal:  # a file or a pipe: one dated snapshot per interval, as it comes
+            elif not console.is_terminal:  # a file or a pipe: one dated snapshot per interval, as it comes
                 while True:
                     console.print(time.strftime("%Y-%m-%d %H:%M:%S"), tables())
                     console.file.flush()
                     time.sleep(watch)
-            with Live(tables(), console=console, auto_refresh=False) as live:
-                while True:
-                    time.sleep(watch)
-                    live.update(tables(), refresh=True)
-        except ConveyorError as e:
-            raise click.ClickException(str(e)) from None
+                    got = pool.server_stats_or_errors()
+            else:
+                with Live(tables(), console=console, auto_refresh=False) as live:
+                    while True:
+                        time.sleep(watch)
+                        got = pool.server_stats_or_errors()
+                        live.update(tables(), refresh=True)
         except KeyboardInterrupt:
             pass
+    if any(isinstance(g, Exception) for g in got):
+        click.get_current_context().exit(EXIT_SERVER_DOWN)
 
 
 @main.command("dead-letters")
@@ -186,7 +214,7 @@ def dead_letters(addresses: tuple[str, ...], token: str | None, queue: str, limi
     with _pool(addresses, token) as pool:
         try:
             if not requeue:
-                Console().print(dead_letter_table(pool, queue, limit))
+                _stdout().print(dead_letter_table(pool, queue, limit))
                 return
             n = len(pool.dead_letters(queue))
             if n == 0:

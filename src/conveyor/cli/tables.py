@@ -1,12 +1,18 @@
-"""Tables the command line prints: queue stats and dead letters."""
+"""Tables the command line prints: servers, queue stats, consumers and dead letters."""
 
 from __future__ import annotations
 
 import datetime
+from collections.abc import Sequence
 
+from rich.markup import escape
 from rich.table import Table
 
 from conveyor.client.pool import QueuePool
+from conveyor.constants import COUNT_HOST
+from conveyor.protocol.requests import Counts, QueueStats, ServerStats
+
+Answers = Sequence[ServerStats | Exception]  # each server's stats reply, or the error it gave (shard order)
 
 
 def _size(n: float) -> str:
@@ -17,20 +23,42 @@ def _size(n: float) -> str:
     raise AssertionError
 
 
-def stats_table(pool: QueuePool, queue: str | None = None, per_shard: bool = False) -> Table:
-    t = Table(title=f"Queues on {len(pool)} server(s)")
+def servers_table(addresses: Sequence[str], got: Answers) -> Table:
+    """A row per server: UP with what it holds, or DOWN with the error it gave (the other tables
+    then show the servers that answered)."""
+    down = sum(isinstance(g, Exception) for g in got)
+    t = Table(title=f"Servers: {len(got) - down} up" + (f", [bold red]{down} down[/]" if down else ""))
+    for col in ("server", "state", "queues", "consumers", "error"):
+        t.add_column(col, overflow="fold")
+    for address, g in zip(addresses, got, strict=True):
+        if isinstance(g, Exception):
+            t.add_row(address, "[bold red]DOWN[/]", "", "", escape(str(g) or type(g).__name__))
+        else:
+            t.add_row(address, "[green]UP[/]", f"{len(g.queues):,}", f"{len(g.workers):,}", "")
+    return t
+
+
+def stats_table(addresses: Sequence[str], got: Answers, queue: str | None = None, per_shard: bool = False) -> Table:
+    """Each queue's counts and rates, summed over the servers that answered (or one row per server)."""
+    up = [(s, g) for s, g in enumerate(got) if not isinstance(g, Exception)]
+    t = Table(title=f"Queues on {len(up)} of {len(got)} server(s)" if len(up) < len(got) else f"Queues on {len(got)} server(s)")
     for col in ("queue", *(["shard"] if per_shard else []), "ready", "delivered", "delayed", "acked", "failed",
                 "put/s", "ack/s", "on disk"):  # fmt: skip
-        t.add_column(col, justify="left" if col in ("queue", "shard") else "right")
-    rows = [(s, st) for s, per in enumerate(pool.shard_stats(queue)) for st in per.values()] if per_shard \
-        else [(None, st) for st in pool.stats(queue).values()]  # fmt: skip
+        named = col in ("queue", "shard")  # a name is folded, never cut
+        t.add_column(col, justify="left" if named else "right", overflow="fold" if named else "ellipsis")
+    rows: list[tuple[int | None, QueueStats]] = [(s, st) for s, g in up for q, st in g.queues.items() if queue in (None, q)]
+    if not per_shard:
+        summed: dict[str, QueueStats] = {}
+        for _, st in rows:
+            summed[st.queue] = summed[st.queue] + st if st.queue in summed else st
+        rows = [(None, st) for st in summed.values()]
     for shard, st in sorted(rows, key=lambda r: (r[1].queue, r[0] or 0)):
-        t.add_row(st.queue, *([pool.addresses[shard]] if shard is not None else []), f"{st.ready:,}",
+        t.add_row(st.queue, *([addresses[shard]] if shard is not None else []), f"{st.ready:,}",
                   f"{st.delivered:,}", f"{st.delayed:,}", f"{st.acked:,}",
                   f"[red]{st.failed:,}[/]" if st.failed else "0", f"{st.put_rate:,.0f}", f"{st.ack_rate:,.0f}",
                   _size(st.bytes_on_disk))  # fmt: skip
     if not rows:
-        t.caption = "no queues yet"
+        t.caption = "no queues yet" if queue is None else f"no queue named {queue!r}"
     return t
 
 
@@ -53,15 +81,24 @@ def dead_letter_table(pool: QueuePool, queue: str, limit: int) -> Table:
     return t
 
 
-def workers_table(pool: QueuePool) -> Table | None:
-    """The consumers heard from in the last minute, with their counts (None when there are none)."""
-    workers = pool.workers()
+def workers_table(got: Answers) -> Table | None:
+    """The consumers the servers heard from within WORKER_GONE_S, with their host and counts (None
+    when there are none). A consumer reports to every server: the latest report is shown."""
+    workers: dict[str, Counts] = {}
+    for g in got:
+        if isinstance(g, Exception):
+            continue
+        for name, c in g.workers.items():
+            if name not in workers or float(c["seen"]) < float(workers[name]["seen"]):
+                workers[name] = c
     if not workers:
         return None
     t = Table(title=f"Consumers: {len(workers)}")
-    for col in ("consumer", "processed", "failed", "retried", "dead", "running", "stolen", "seen"):
-        t.add_column(col, justify="left" if col == "consumer" else "right")
+    for col in ("consumer", "host", "processed", "failed", "retried", "dead", "running", "stolen", "seen"):
+        named = col in ("consumer", "host")
+        t.add_column(col, justify="left" if named else "right", overflow="fold" if named else "ellipsis")
     for name, c in sorted(workers.items()):
-        t.add_row(name, *(f"{int(c.get(k, 0)):,}" for k in ("processed", "failed", "retried", "dead", "running", "stolen")),
-                  f"{c['seen']:.0f} s ago")  # fmt: skip
+        t.add_row(escape(name), escape(str(c.get(COUNT_HOST, ""))),
+                  *(f"{int(c.get(k, 0)):,}" for k in ("processed", "failed", "retried", "dead", "running", "stolen")),
+                  f"{float(c['seen']):.0f} s ago")  # fmt: skip
     return t

@@ -18,7 +18,7 @@ from typing import Protocol, runtime_checkable
 
 from conveyor.message import DeadLetter, Message
 from conveyor.protocol.framing import Limits
-from conveyor.protocol.requests import QueueStats
+from conveyor.protocol.requests import Counts, QueueStats
 
 
 class ShardLimits(Protocol):
@@ -82,7 +82,7 @@ class QueueBackend(Protocol):
         """Push the leases of delivered messages to now + `lease_s`."""
         ...
 
-    def report(self, worker: str, counts: dict[str, float]) -> None:
+    def report(self, worker: str, counts: Counts) -> None:
         """A consumer's counts (shown by `stats`)."""
         ...
 

@@ -22,12 +22,18 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from conveyor.client.sharded import ShardedQueues
-from conveyor.constants import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, ERR_NO_QUEUE, ERR_QUEUE_CONFLICT, H_IDEMPOTENCY_KEY
+from conveyor.constants import (
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_ATTEMPTS,
+    ERR_NO_QUEUE,
+    ERR_QUEUE_CONFLICT,
+    H_IDEMPOTENCY_KEY,
+    WORKER_GONE_S,
+)
 from conveyor.errors import ConveyorError, RequestError
 from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol.framing import Limits
-from conveyor.protocol.requests import Fetched, QueueInfo, QueueStats
-from conveyor.server.queues import WORKER_TTL_S
+from conveyor.protocol.requests import Counts, Fetched, QueueInfo, QueueStats
 from conveyor.storage import MemoryStore
 from conveyor.tasks.publish import TaskHandle, outcome
 from conveyor.tasks.queue_config import QueueConfig
@@ -67,7 +73,7 @@ class InProcessQueues:
         self._cond = threading.Condition()  # the one lock; notified at every change
         self._queues: dict[str, _Queue] = {}
         self._blobs: dict[str, bytes] = {}
-        self._workers: dict[str, tuple[float, dict[str, float]]] = {}
+        self._workers: dict[str, tuple[float, Counts]] = {}
         self._configs: dict[str, QueueConfig] = {}
         self._token = uuid.uuid4().hex
         self._shards = [_Shard()]
@@ -195,15 +201,15 @@ class InProcessQueues:
             return self._queue(queue).store.dead_letters()
 
     # --- workers and stats --------------------------------------------------------------------
-    def report(self, worker: str, counts: dict[str, float]) -> None:
+    def report(self, worker: str, counts: Counts) -> None:
         with self._cond:
             self._workers[worker] = (time.time(), dict(counts))
 
-    def workers(self) -> dict[str, dict[str, float]]:
-        """Consumers heard from within the last minute, with their latest counts and `seen` seconds ago."""
+    def workers(self) -> dict[str, Counts]:
+        """Consumers heard from within WORKER_GONE_S, with their latest counts and `seen` seconds ago."""
         now = time.time()
         with self._cond:
-            return {w: {**c, "seen": now - t} for w, (t, c) in self._workers.items() if now - t <= WORKER_TTL_S}
+            return {w: {**c, "seen": now - t} for w, (t, c) in self._workers.items() if now - t <= WORKER_GONE_S}
 
     def _stats(self, names: Iterable[str]) -> dict[str, QueueStats]:
         out = {}

@@ -26,7 +26,7 @@ from conveyor.protocol import requests as calls
 from conveyor.protocol.auth import as_key, auth_request, check_server_proof
 from conveyor.protocol.declarations import LIMITS_KEY
 from conveyor.protocol.framing import Frames, Header, Limits
-from conveyor.protocol.requests import Call, QueueInfo, QueueStats
+from conveyor.protocol.requests import Call, Counts, QueueInfo, QueueStats
 
 T = TypeVar("T")
 PIPELINE_WINDOW = 16  # requests a blocking client keeps in flight in `pipeline`
@@ -323,10 +323,10 @@ class QueueClient:
     def status(self, queue: str, ids: Sequence[int]) -> list[Status | None]:
         return self.call(calls.status(queue, ids))
 
-    def report(self, worker: str, counts: dict[str, float]) -> None:
+    def report(self, worker: str, counts: Counts) -> None:
         self.call(calls.report(worker, counts))
 
-    def workers(self) -> dict[str, dict[str, float]]:
+    def workers(self) -> dict[str, Counts]:
         return self.call(calls.workers())
 
     def extend_lease(self, queue: str, ids: Sequence[int], lease_s: float) -> list[bool]:

@@ -26,7 +26,7 @@ from conveyor.errors import ConnectionLostError, ConveyorError, RequestError, Se
 from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Limits
-from conveyor.protocol.requests import Call, QueueInfo, QueueStats
+from conveyor.protocol.requests import Call, Counts, QueueInfo, QueueStats
 from conveyor.server.processes import stop_server
 
 if TYPE_CHECKING:
@@ -113,18 +113,19 @@ class ShardedQueues:
         done = self._each({s: [call] for s in range(len(self.clients))})
         return [done[s][0] for s in range(len(self.clients))]
 
-    def _everywhere_or_errors(self, call: Call[T]) -> list[T | ConveyorError]:
-        """`_everywhere`, a shard that fails giving its error in its place instead of failing the call."""
+    def _everywhere_or_errors(self, call: Call[T]) -> list[T | Exception]:
+        """`_everywhere`, a shard that fails (down, out of reach, no reply within the client's
+        timeout) giving its error in its place instead of failing the call."""
+
+        def one(client: QueueClient) -> T | Exception:
+            try:
+                return client.call(call)
+            except (ConveyorError, OSError) as e:  # OSError: TimeoutError, a request with no reply in time
+                return e
+
         if self._threads is None:
             self._threads = ThreadPoolExecutor(len(self.clients), thread_name_prefix="conveyor-pool")
-        futures = [self._threads.submit(c.call, call) for c in self.clients]
-        out: list[T | ConveyorError] = []
-        for f in futures:
-            try:
-                out.append(f.result())
-            except (ConveyorError, TimeoutError) as e:
-                out.append(e if isinstance(e, ConveyorError) else ConnectionLostError(str(e)))
-        return out
+        return list(self._threads.map(one, self.clients))
 
     def _scatter(self, ids: Sequence[int], make: Callable[[list[int], list[int]], Call[list[Any]]]) -> list[Any]:
         """Route a per-id operation to the shards holding the ids; results in the order of `ids`."""
@@ -255,16 +256,16 @@ class ShardedQueues:
     def status(self, queue: str, ids: Sequence[int]) -> list[Status | None]:
         return self._scatter(ids, lambda pos, local: calls.status(queue, local))
 
-    def report(self, worker: str, counts: dict[str, float]) -> None:
+    def report(self, worker: str, counts: Counts) -> None:
         """A consumer's counts, to every shard (so `stats` on any of them shows it)."""
         self._everywhere(calls.report(worker, counts))
 
-    def workers(self) -> dict[str, dict[str, float]]:
-        """Consumers heard from within the last minute, with their latest counts."""
-        out: dict[str, dict[str, float]] = {}
+    def workers(self) -> dict[str, Counts]:
+        """Consumers heard from within WORKER_GONE_S, with their latest counts (`seen`: seconds ago)."""
+        out: dict[str, Counts] = {}
         for per in self._everywhere(calls.workers()):
             for w, counts in per.items():
-                if w not in out or counts["seen"] < out[w]["seen"]:
+                if w not in out or float(counts["seen"]) < float(out[w]["seen"]):
                     out[w] = counts
         return out
 
@@ -311,11 +312,11 @@ class ShardedQueues:
             self._held.setdefault(s, {}).update({q: x.pending for q, x in st.items()})
         return per
 
-    def reachable_stats(self) -> list[dict[str, QueueStats] | ConveyorError]:
+    def reachable_stats(self) -> list[dict[str, QueueStats] | Exception]:
         """Stats per shard, in shard order; a shard that does not answer gives its error instead."""
         per = self._everywhere_or_errors(calls.stats())
         for s, p in enumerate(per):
-            if not isinstance(p, ConveyorError):
+            if not isinstance(p, Exception):
                 self._held[s] = {q: x.pending for q, x in p.items()}
         return per
 
@@ -402,6 +403,11 @@ class ShardedQueues:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.addresses!r})"
+
+    def server_stats_or_errors(self) -> list[calls.ServerStats | Exception]:
+        """Each server's queues and consumers, in shard order; a server that did not answer gives its
+        error instead, so that one server down hides none of the others (`conveyor stats`)."""
+        return self._everywhere_or_errors(calls.server_stats())
 
 
 def summed_stats(shards: Iterable[dict[str, QueueStats]]) -> dict[str, QueueStats]:

@@ -14,8 +14,10 @@ from enum import Enum
 from typing import Any
 
 from conveyor.constants import (
+    COUNT_HOST,
     ERR_BAD_ARGUMENT,
     MAX_BATCH,
+    MAX_HOST_CHARS,
     MAX_LEASE_S,
     MAX_WAIT_S,
 )
@@ -36,7 +38,7 @@ class Kind(Enum):
     NAMES = "a list of strings"
     STRS = "a list of strings, one per id"
     COLUMN = "one value for all messages, or a list of one per message"
-    COUNTS = "a map of names to numbers"
+    COUNTS = f"a map of names to numbers ('{COUNT_HOST}': a string of at most {MAX_HOST_CHARS} characters)"
 
 
 REQUIRED: Any = object()  # the default of a field a request must carry
@@ -77,7 +79,7 @@ class Field:
         elif k is Kind.NAMES:
             ok = type(v) is list and all(type(e) is str for e in v)
         elif k is Kind.COUNTS:
-            ok = type(v) is dict and all(type(a) is str and type(b) in (int, float) for a, b in v.items())
+            ok = type(v) is dict and all(type(a) is str and _count(a, b) for a, b in v.items())
         else:  # a column or one string per id: checked where their count is known (`Arguments.column`, `strs`)
             ok = True
         if not ok:
@@ -91,6 +93,13 @@ class Field:
             hi = math.inf if self.hi is None else float(self.hi)
             return f"a number in {'(' if self.open_lo else '['}{float(self.lo)}, {hi}]"
         return str(self.kind.value)
+
+
+def _count(name: str, v: Any) -> bool:
+    """A report's count is a number; its host, a short string (shown by `conveyor stats`)."""
+    if name == COUNT_HOST:
+        return type(v) is str and len(v) <= MAX_HOST_CHARS
+    return type(v) in (int, float)
 
 
 @dataclass(frozen=True, slots=True)

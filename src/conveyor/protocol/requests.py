@@ -8,7 +8,7 @@ and results as raw frames.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
@@ -94,6 +94,15 @@ class QueueStats:
 
 
 _STAT_FIELDS = ("ready", "delivered", "delayed", "acked", "failed", "bytes_on_disk", "put_rate", "ack_rate")
+Counts = dict[str, float | str]  # a consumer's report: numbers, and its host name (COUNT_HOST) as a string
+
+
+@dataclass(frozen=True, slots=True)
+class ServerStats:
+    """One server's `stats` reply: its queues, and the consumers it heard from lately (with `seen`)."""
+
+    queues: dict[str, QueueStats]
+    workers: dict[str, Counts]
 
 
 def ping() -> Call[Header]:
@@ -261,13 +270,13 @@ def status(queue: str, ids: Sequence[int]) -> Call[list[Status | None]]:
     return Call(STATUS.name, STATUS.header(queue=queue, ids=list(ids)), parse=parse)
 
 
-def report(worker: str, counts: dict[str, float]) -> Call[Header]:
-    """A consumer's counts (processed, failed, running...), shown by `stats` for a minute."""
+def report(worker: str, counts: Mapping[str, float | str]) -> Call[Header]:
+    """A consumer's counts (processed, failed, running..., and its host), shown by `stats` while it reports."""
     return Call(REPORT.name, REPORT.header(worker=worker, counts=counts))
 
 
-def workers() -> Call[dict[str, dict[str, float]]]:
-    """Counts of the consumers that reported within the last minute (with `seen`: seconds ago)."""
+def workers() -> Call[dict[str, Counts]]:
+    """Counts of the consumers that reported within WORKER_GONE_S (with `seen`: seconds ago)."""
     return Call(STATS.name, {}, parse=lambda h, f: h["workers"])
 
 
@@ -286,6 +295,15 @@ def stats(queue: str | None = None, *, queues: Sequence[str] | None = None,
     args = STATS.header(queue=queue, queues=None if queues is None else list(queues), drained_wait_s=max(drained_wait_s, 0.0))
     return Call(STATS.name, args, parse=lambda h, f: {q: QueueStats(q, **s) for q, s in h["queues"].items()},
                 wait_s=drained_wait_s)  # fmt: skip
+
+
+def server_stats() -> Call[ServerStats]:
+    """Every queue's counts and the consumers heard from, in one request (what `conveyor stats` shows)."""
+
+    def parse(h: Header, f: Frames) -> ServerStats:
+        return ServerStats({q: QueueStats(q, **s) for q, s in h["queues"].items()}, h["workers"])
+
+    return Call(STATS.name, {}, parse=parse)
 
 
 def purge(queue: str) -> Call[int]:

@@ -36,9 +36,10 @@ from conveyor.constants import (
     QUEUES_DIR,
     SERVER_LOCK_NAME,
     SPACE_RESERVE_NAME,
+    WORKER_GONE_S,
 )
 from conveyor.errors import ConveyorError, RequestError, StoreError
-from conveyor.protocol.requests import QueueInfo, QueueStats
+from conveyor.protocol.requests import Counts, QueueInfo, QueueStats
 from conveyor.server.blobs import Blobs
 from conveyor.server.idempotency import Dedupe
 from conveyor.server.signals import GroupCommit, Signal
@@ -53,7 +54,6 @@ log = logging.getLogger("conveyor.server.queue_server")
 _QUEUE_NAME = re.compile(QUEUE_NAME_PATTERN)
 _FSYNC = ("batch", "interval", "never")
 RATE_WINDOW = 10  # samples (one a second) behind the rates in stats
-WORKER_TTL_S = 60.0  # a consumer not heard from for this long drops out of stats
 MAX_WORKERS = 10_000
 FDS_PER_OPEN_QUEUE = 3 + MAX_MAPS  # a durable queue in use: its newest segment, index, keys, mapped segments
 
@@ -126,7 +126,7 @@ class QueueHost:
         self.unavailable: dict[str, str] = {}  # queue -> why its store could not be opened
         self.closing = False  # set when the server stops: long polls return at once
         self.settled = Signal()  # messages left the pending count (acked, failed for good, purged)
-        self._workers: dict[str, tuple[float, dict[str, float]]] = {}  # worker -> (when, counts)
+        self._workers: dict[str, tuple[float, Counts]] = {}  # worker -> (when, counts)
         self.blobs = Blobs(None if data_dir is None else data_dir / BLOB_DIR)
         self.id_floor = 1  # new queues start here: above every id a dropped queue used
         self.space: SpaceReserve | None = None  # disk space held back for a full disk (see conveyor.storage.space)
@@ -320,15 +320,15 @@ class QueueHost:
         log.info("dropped queue %s", name)
         return True, trash
 
-    def report(self, worker: str, counts: dict[str, float]) -> None:
+    def report(self, worker: str, counts: Counts) -> None:
         self._workers[worker[:200]] = (time.time(), counts)
         if len(self._workers) > MAX_WORKERS:  # forget the longest silent
             del self._workers[min(self._workers, key=lambda w: self._workers[w][0])]
 
-    def workers(self) -> dict[str, dict[str, float]]:
-        """Counts of the consumers heard from within WORKER_TTL_S, with `seen` seconds ago."""
+    def workers(self) -> dict[str, Counts]:
+        """Counts of the consumers heard from within WORKER_GONE_S, with `seen` seconds ago."""
         now = time.time()
-        return {w: {**c, "seen": now - t} for w, (t, c) in self._workers.items() if now - t <= WORKER_TTL_S}
+        return {w: {**c, "seen": now - t} for w, (t, c) in self._workers.items() if now - t <= WORKER_GONE_S}
 
     def sample(self) -> None:
         now = time.monotonic()

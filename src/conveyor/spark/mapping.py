@@ -222,7 +222,7 @@ def _reader(pool: QueuePool, queue: str, schema: StructType) -> Callable[[Iterat
 def _check_servers(pool: QueuePool) -> None:
     """Fail at once, naming the servers, when some do not answer (rather than a bare ConnectionLostError later)."""
     down = [f"{c.address} ({p})" for c, p in zip(pool.clients, pool.reachable_stats(), strict=True)
-            if isinstance(p, ConveyorError)]  # fmt: skip
+            if isinstance(p, Exception)]  # fmt: skip
     if down:
         raise ConnectionLostError(f"map: {len(down)} of {len(pool)} queue server(s) do not answer: {'; '.join(down)}")
 

@@ -103,11 +103,11 @@ class JobWatch:
     def _look(self) -> ConveyorError | None:
         per = self.pool.reachable_stats()
         for c, p in zip(self.pool.clients, per, strict=True):
-            if isinstance(p, ConveyorError) and c.address not in self._down:
+            if isinstance(p, Exception) and c.address not in self._down:
                 self._down.add(c.address)
                 log.warning("queue server %s is out of reach (%s); the consumers retry it for up to %.0f s",
                             c.address, p, self.unreachable_s)  # fmt: skip
-            elif not isinstance(p, ConveyorError) and c.address in self._down:
+            elif not isinstance(p, Exception) and c.address in self._down:
                 self._down.discard(c.address)
                 log.warning("queue server %s answers again", c.address)
         st = {q: s for q, s in summed_stats(p for p in per if isinstance(p, dict)).items() if q in self.queues}

@@ -22,9 +22,17 @@ from dataclasses import dataclass
 from typing import Literal
 
 from conveyor.client.backend import QueueBackend
-from conveyor.constants import DEFAULT_LEASE_S, DEFAULT_MAX_CONCURRENCY, DEFAULT_SELECTOR, DEFAULT_UNREACHABLE_S, H_TASK
+from conveyor.constants import (
+    COUNT_HOST,
+    DEFAULT_LEASE_S,
+    DEFAULT_MAX_CONCURRENCY,
+    DEFAULT_SELECTOR,
+    DEFAULT_UNREACHABLE_S,
+    H_TASK,
+)
 from conveyor.errors import ConnectionLostError, ServerUnreachableError, TaskError
 from conveyor.message import Message
+from conveyor.protocol.requests import Counts
 from conveyor.tasks.policy import heartbeat_s
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import check_pin, pin_core
@@ -45,6 +53,7 @@ RETRY_CONNECT_S = 1.0
 SETTLE_S = 30.0  # on the way out, how long the last acks may take to go through (a hard stop: HARD_SETTLE_S)
 HARD_SETTLE_S = 2.0
 STOP_CHECK_S = 1.0  # how often `stop_when` is asked
+_HOST = socket.gethostname()  # in every report: `conveyor stats` shows where a consumer runs
 
 
 @dataclass(frozen=True, slots=True)
@@ -388,7 +397,7 @@ class Consumer:
         self._settler.put([Settler.release(m.queue, m.id) for m in got])
         self.stats.released += len(got)
 
-    def _counts(self) -> tuple[str, dict[str, float]]:
+    def _counts(self) -> tuple[str, Counts]:
         s = self.stats
         return self.name, {"processed": s.processed, "failed": s.failed, "retried": s.retried, "dead": s.dead,
-                           "running": len(self._running), "stolen": s.stolen, "pid": os.getpid()}  # fmt: skip
+                           "running": len(self._running), "stolen": s.stolen, "pid": os.getpid(), COUNT_HOST: _HOST}  # fmt: skip

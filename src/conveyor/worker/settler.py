@@ -21,6 +21,7 @@ from typing import Any
 from conveyor.client.backend import QueueBackend
 from conveyor.constants import ERR_STORE
 from conveyor.errors import ConnectionLostError, ConveyorError, RequestError
+from conveyor.protocol.requests import Counts
 
 log = logging.getLogger("conveyor.worker")
 
@@ -38,7 +39,7 @@ _SETTLES = ("ack", "nack")  # the kinds that finish or return a message (a consu
 class Settler:
     """Queues settlements for a background thread; `flush()` waits until all were sent."""
 
-    def __init__(self, pool: QueueBackend, report: Callable[[], tuple[str, dict[str, float]]] | None = None,
+    def __init__(self, pool: QueueBackend, report: Callable[[], tuple[str, Counts]] | None = None,
                  report_every_s: float = 2.0) -> None:  # fmt: skip
         self._pool: QueueBackend = pickle.loads(pickle.dumps(pool))  # connections of its own
         self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
