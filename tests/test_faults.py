@@ -103,7 +103,7 @@ def test_a_join_fails_naming_the_server_and_what_it_holds(servers: Servers) -> N
     servers.kill(1)
     with conveyor.ConsumerPool(pool, 1, queues=["jobs"], task_modules=["tests.worker_tasks"]) as consumers:
         t0 = time.monotonic()
-        with pytest.raises(ServerUnreachableError, match="join: queue server .* unreachable") as err:
+        with pytest.raises(ServerUnreachableError, match=r"join: queue server .* unreachable") as err:
             consumers.join(timeout=60, progress=False, unreachable_s=UNREACHABLE_S)
         assert time.monotonic() - t0 < BOUND_S
     assert err.value.address == servers.addresses[1] and err.value.held.get("jobs", 0) > 0

@@ -30,6 +30,7 @@ from conveyor.constants import (
     MAX_LEASE_S,
 )
 from conveyor.errors import ConnectionLostError, ConveyorError
+from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Limits
 from conveyor.server.queue_server import QueueServer
 from conveyor.server.queues import Defaults
@@ -167,7 +168,7 @@ def stats(addresses: tuple[str, ...], token: str | None, queue: str | None, per_
     """
 
     with _pool(addresses, token, connect_timeout=timeout_s, timeout=timeout_s) as pool:
-        got = pool.server_stats_or_errors()
+        got = pool.on_every_server(calls.server_stats())
 
         def tables() -> Group:
             shown = (servers_table(pool.addresses, got), stats_table(pool.addresses, got, queue, per_shard), workers_table(got))
@@ -184,12 +185,12 @@ def stats(addresses: tuple[str, ...], token: str | None, queue: str | None, per_
                     console.print(time.strftime("%Y-%m-%d %H:%M:%S"), tables())
                     console.file.flush()
                     time.sleep(watch)
-                    got = pool.server_stats_or_errors()
+                    got = pool.on_every_server(calls.server_stats())
             else:
                 with Live(tables(), console=console, auto_refresh=False) as live:
                     while True:
                         time.sleep(watch)
-                        got = pool.server_stats_or_errors()
+                        got = pool.on_every_server(calls.server_stats())
                         live.update(tables(), refresh=True)
         except KeyboardInterrupt:
             pass

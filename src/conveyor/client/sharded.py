@@ -21,8 +21,9 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from conveyor.client.queue_client import QueueClient
+from conveyor.client.reach import Reach
 from conveyor.constants import ERR_NO_QUEUE, H_IDEMPOTENCY_KEY, SHARD_SHIFT
-from conveyor.errors import ConnectionLostError, ConveyorError, RequestError, ServerUnreachableError
+from conveyor.errors import ConnectionLostError, ConveyorError, RequestError
 from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Limits
@@ -53,7 +54,7 @@ class ShardedQueues:
         self._rr = itertools.count()  # rotates the shard a shard-less get looks at first
         self._next_put = 0
         self._down: dict[int, float] = {}  # shard -> until when `get` skips it (it failed to answer)
-        self._held: dict[int, dict[str, int]] = {}  # shard -> pending per queue, when last heard from
+        self.reach = Reach(self.clients)  # what each server held when last heard from
         self._threads: ThreadPoolExecutor | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
         self._tmp: list[Path] = []  # temporary data directories of servers started here
@@ -103,9 +104,7 @@ class ShardedQueues:
         if len(work) == 1:
             [(s, batch)] = work.items()
             return {s: self.clients[s].pipeline(batch)}
-        if self._threads is None:
-            self._threads = ThreadPoolExecutor(len(self.clients), thread_name_prefix="conveyor-pool")
-        futures = {s: self._threads.submit(self.clients[s].pipeline, batch) for s, batch in work.items()}
+        futures = {s: self._executor().submit(self.clients[s].pipeline, batch) for s, batch in work.items()}
         return {s: f.result() for s, f in futures.items()}
 
     def _everywhere(self, call: Call[T]) -> list[T]:
@@ -113,7 +112,12 @@ class ShardedQueues:
         done = self._each({s: [call] for s in range(len(self.clients))})
         return [done[s][0] for s in range(len(self.clients))]
 
-    def _everywhere_or_errors(self, call: Call[T]) -> list[T | Exception]:
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._threads is None:
+            self._threads = ThreadPoolExecutor(len(self.clients), thread_name_prefix="conveyor-pool")
+        return self._threads
+
+    def on_every_server(self, call: Call[T]) -> list[T | Exception]:
         """`_everywhere`, a shard that fails (down, out of reach, no reply within the client's
         timeout) giving its error in its place instead of failing the call."""
 
@@ -123,9 +127,7 @@ class ShardedQueues:
             except (ConveyorError, OSError) as e:  # OSError: TimeoutError, a request with no reply in time
                 return e
 
-        if self._threads is None:
-            self._threads = ThreadPoolExecutor(len(self.clients), thread_name_prefix="conveyor-pool")
-        return list(self._threads.map(one, self.clients))
+        return list(self._executor().map(one, self.clients))
 
     def _scatter(self, ids: Sequence[int], make: Callable[[list[int], list[int]], Call[list[Any]]]) -> list[Any]:
         """Route a per-id operation to the shards holding the ids; results in the order of `ids`."""
@@ -180,8 +182,7 @@ class ShardedQueues:
                 out[i] = s << SHARD_SHIFT | local
         return out
 
-    def _server_limits(self, shard: int) -> Limits:
-        """What the shard's server accepts in a request (it says so when a connection is made)."""
+    def _server_limits(self, shard: int) -> Limits:  # what its server takes in a request: said at connecting
         return self.clients[shard].connect().server_limits
 
     def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0,
@@ -290,7 +291,7 @@ class ShardedQueues:
 
     def shard_stats(self, queue: str | None = None) -> list[dict[str, QueueStats]]:
         """Stats per shard, in shard order (a queue appears on the shards that have it)."""
-        per = self._heard(self._everywhere(calls.stats()))
+        per = self.reach.heard(self._everywhere(calls.stats()))
         if queue is not None:
             per = [{q: st for q, st in p.items() if q == queue} for p in per]
             if not any(per):
@@ -302,32 +303,17 @@ class ShardedQueues:
         return summed_stats(self.shard_stats(queue))
 
     def wait_drained(self, queues: Sequence[str] | None, wait_s: float) -> dict[str, QueueStats]:
-        """Stats of `queues` (default: all), summed over the shards, once every shard has nothing
-        pending in them, or after `wait_s`. Queues no shard has are left out."""
-        return summed_stats(self._heard(self._everywhere(calls.stats(queues=queues, drained_wait_s=wait_s))))
-
-    def _heard(self, per: list[dict[str, QueueStats]]) -> list[dict[str, QueueStats]]:
-        """Note what each shard held (for the error that names a server gone out of reach)."""
-        for s, st in enumerate(per):
-            self._held.setdefault(s, {}).update({q: x.pending for q, x in st.items()})
-        return per
+        """Stats of `queues` (default: all; those no shard has left out), summed over the shards, once
+        every shard has nothing pending in them, or after `wait_s`."""
+        return summed_stats(self.reach.heard(self._everywhere(calls.stats(queues=queues, drained_wait_s=wait_s))))
 
     def reachable_stats(self) -> list[dict[str, QueueStats] | Exception]:
         """Stats per shard, in shard order; a shard that does not answer gives its error instead."""
-        per = self._everywhere_or_errors(calls.stats())
-        for s, p in enumerate(per):
-            if not isinstance(p, Exception):
-                self._held[s] = {q: x.pending for q, x in p.items()}
-        return per
+        return self.reach.heard(self.on_every_server(calls.stats()))
 
     def check_reachable(self, limit_s: float, queues: Sequence[str] | None = None, what: str = "") -> None:
-        """Raise `ServerUnreachableError` for the first server that has not answered for longer than
-        `limit_s` (naming what it held of `queues`, when last heard from)."""
-        for s, c in enumerate(self.clients):
-            gone = c.unreachable_s()
-            if gone > limit_s:
-                held = {q: n for q, n in self._held.get(s, {}).items() if queues is None or q in queues}
-                raise ServerUnreachableError(c.address, gone, held, what)
+        """Raise `ServerUnreachableError` for a server out of reach for longer than `limit_s` (see `Reach`)."""
+        self.reach.check(limit_s, queues, what)
 
     def _shards_with(self, queue: str) -> list[int]:
         """The shards that host `queue` (a queue exists where it was put, got or declared)."""
@@ -403,11 +389,6 @@ class ShardedQueues:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.addresses!r})"
-
-    def server_stats_or_errors(self) -> list[calls.ServerStats | Exception]:
-        """Each server's queues and consumers, in shard order; a server that did not answer gives its
-        error instead, so that one server down hides none of the others (`conveyor stats`)."""
-        return self._everywhere_or_errors(calls.server_stats())
 
 
 def summed_stats(shards: Iterable[dict[str, QueueStats]]) -> dict[str, QueueStats]:

@@ -91,9 +91,8 @@ class Consumer:
         consumer (producers are still at work). `on_started` is called once `run()` is ready to
         work: task modules imported, task slots started. `pin_core` (thread concurrency only) runs
         the consumer on a core of its own while one is free (see `conveyor.worker.affinity`).
-        `unreachable_s`: a queue server out of reach for longer ends the consumer with
-        `ServerUnreachableError` (its running tasks' messages come back by lease) rather than
-        retrying forever; one back within it, and the work goes on."""
+        `unreachable_s`: a server out of reach for longer ends `run()` with `ServerUnreachableError`
+        rather than retrying forever (one back within it, and the work goes on)."""
         if not queues:
             raise ValueError("a consumer needs at least one queue")
         if max_concurrency < 1:
@@ -235,13 +234,11 @@ class Consumer:
                         return
                     self._undrained = True
             except (ConnectionLostError, TimeoutError) as e:
-                log.warning("consumer %s: %s; retrying in %.0f s (for up to %.0f s)", self.name, e, RETRY_CONNECT_S,
-                            self.unreachable_s)  # fmt: skip
+                log.warning("consumer %s: %s; retrying (for up to %.0f s)", self.name, e, self.unreachable_s)
                 self._stop.wait(RETRY_CONNECT_S)
 
     def _check_reachable(self) -> None:
-        """End the consumer (a hard stop: no long goodbye to a server that is gone) once a server it
-        needs has been out of reach for longer than `unreachable_s`."""
+        """A server out of reach past `unreachable_s` ends the consumer: a hard stop (no long goodbye to it)."""
         try:
             self.pool.check_reachable(self.unreachable_s, [q.name for q in self.queues], f"consumer {self.name}: ")
         except ServerUnreachableError:
