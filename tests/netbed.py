@@ -1,0 +1,427 @@
+"""A multi-host test bed of Linux network namespaces (root only), for tests that lose hosts.
+
+`NetBed`: a namespace per host (loopback, `eth0` on a private /24, no default route), cabled by
+veth pairs to a bridge in a "switch" namespace: nothing shows in, or reaches, the root namespace.
+Processes started in it run in sessions of their own and are recorded; `close()` kills them and
+anything else in the namespaces, then deletes links and namespaces. `kill_host` is a crash: the
+cable is pulled first, so peers hear nothing (no FIN, no RST), then everything on it is SIGKILLed.
+
+`ClusterBed` on top: a Spark master on `driver`, a Spark worker (1 core, 1 GB) on each `worker<i>`,
+`conveyor serve` on each `server<i>` (fixed ports: each host has its own). Faults (`kill_host`,
+`stop_server`, ...) and `repair()` (back to the start state) let tests share one bed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeGuard
+
+from pyspark.find_spark_home import _find_spark_home
+
+from tests.procs import Daemon, alive, kill_tree, process_tree, tail, wait_gone, wait_until
+
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: processes in the bed import its src/ and tests/
+PREFIX = "cvb"  # namespaces are named cvb<pid>-<n>-<host>: unique per process and bed
+CMD_TIMEOUT_S = 10.0
+GONE_TIMEOUT_S = 10.0
+START_TIMEOUT_S = 120.0  # JVMs start in ~5-10 s, far slower when several start at once on 2 cores
+MASTER_PORT, MASTER_UI_PORT, WORKER_UI_PORT, SERVER_PORT = 7077, 8080, 8081, 7070
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+FETCH = "import sys, urllib.request as u; sys.stdout.write(u.urlopen(sys.argv[1], timeout=2).read().decode())"
+CONNECT = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2).close()"
+_SEQ = itertools.count(1)  # beds made by this process
+
+
+class BedUnavailable(Exception):
+    """Network namespaces cannot be made here (not root, no `ip`, no permission): the tests skip, or fail in CI."""
+
+
+def ip(*args: str) -> str:
+    """`ip ARGS` (bounded); raises RuntimeError with its stderr when it fails."""
+    r = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=CMD_TIMEOUT_S)
+    if r.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {r.stderr.strip()}")
+    return r.stdout
+
+
+def namespaces() -> list[str]:
+    """Names of all network namespaces (`ip netns list`)."""
+    return [line.split()[0] for line in ip("netns", "list").splitlines() if line.strip()]
+
+
+def ns_pids(ns: str) -> list[int]:
+    """Processes in namespace `ns` (none if it is gone)."""
+    try:
+        return [int(p) for p in ip("netns", "pids", ns).split()]
+    except RuntimeError:
+        return []
+
+
+def kill_ns(ns: str, timeout: float = GONE_TIMEOUT_S) -> list[int]:
+    """SIGKILL every process in `ns` until none is left (a dying parent may have forked); returns their pids."""
+    killed: list[int] = []
+    deadline = time.monotonic() + timeout
+    while pids := [p for p in ns_pids(ns) if alive(p)]:
+        assert time.monotonic() < deadline, f"processes in {ns} survive SIGKILL: {pids}"
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        killed += pids
+        wait_gone(pids, min(1.0, max(0.0, deadline - time.monotonic())))
+    return killed
+
+
+def reap_dead_runs() -> None:
+    """Remove namespaces a killed test run left (cvb<pid>-... whose pid no longer runs)."""
+    for ns in namespaces():
+        m = re.fullmatch(rf"{PREFIX}(\d+)-\d+-.+", ns)
+        if m and not alive(int(m.group(1))):
+            kill_ns(ns)
+            with contextlib.suppress(RuntimeError):
+                ip("netns", "del", ns)
+
+
+@dataclass
+class Host:
+    name: str  # in the test: driver, worker0, ...
+    ns: str  # its network namespace
+    ip: str
+    port: str  # its veth end on the bridge (in the switch namespace)
+    up: bool = True  # False once killed or cut off, until rebooted
+
+
+@dataclass
+class NetBed:
+    """Hosts (network namespaces) on one bridge, and the processes started in them."""
+
+    prefix: str
+    switch: str  # the namespace holding the bridge `br0`
+    hosts: dict[str, Host] = field(default_factory=dict)
+    procs: list[Daemon] = field(default_factory=list)  # every process started in the bed, in order
+
+    @classmethod
+    def create(cls, names: list[str]) -> NetBed:
+        """Namespaces for `names` (in that order: 10.77.N.10, .11, ...) on a bridge; BedUnavailable if not possible."""
+        if why := "not Linux" if sys.platform != "linux" else "not root" if os.geteuid() != 0 else None:
+            raise BedUnavailable(f"network namespaces need Linux, root and `ip` (iproute2): {why}")
+        if shutil.which("ip") is None:
+            raise BedUnavailable("network namespaces need Linux, root and `ip` (iproute2): no `ip` command")
+        reap_dead_runs()
+        prefix = f"{PREFIX}{os.getpid()}-{next(_SEQ)}"
+        bed = cls(prefix, f"{prefix}-switch")
+        try:
+            ip("netns", "add", bed.switch)
+        except RuntimeError as e:
+            raise BedUnavailable(f"cannot create a network namespace: {e}") from None
+        try:
+            ip("-n", bed.switch, "link", "add", "br0", "type", "bridge")
+            ip("-n", bed.switch, "link", "set", "br0", "up")
+            subnet = f"10.77.{random.randrange(256)}"  # private to the bed: its switch is its own
+            for i, name in enumerate(names):
+                bed.hosts[name] = Host(name, f"{prefix}-{name}", f"{subnet}.{10 + i}", f"p{i}")
+                bed._plug(bed.hosts[name])
+        except BaseException:
+            bed.close()
+            raise
+        return bed
+
+    def _plug(self, h: Host) -> None:
+        """Make `h`'s namespace: loopback up, eth0 with its address (no default route), cabled to the bridge."""
+        ip("netns", "add", h.ns)
+        ip("-n", h.ns, "link", "set", "lo", "up")
+        # a fixed MAC, as a real host keeps across reboots: else peers' stale ARP entries stall connections for ~30 s
+        mac = "02:00:" + ":".join(f"{int(b):02x}" for b in h.ip.split("."))
+        ip("-n", self.switch, "link", "add", h.port, "type", "veth", "peer", "name", "eth0", "address", mac, "netns", h.ns)
+        ip("-n", h.ns, "addr", "add", f"{h.ip}/24", "dev", "eth0")
+        ip("-n", h.ns, "link", "set", "eth0", "up")
+        ip("-n", self.switch, "link", "set", h.port, "master", "br0", "up")
+        h.up = True
+
+    def all_ns(self) -> list[str]:
+        return [self.switch, *(h.ns for h in self.hosts.values())]
+
+    def argv(self, host: str, argv: list[str]) -> list[str]:
+        """`argv` run in `host`'s namespace (`ip netns exec` execs it: same pid)."""
+        return ["ip", "netns", "exec", self.hosts[host].ns, *argv]
+
+    def spawn(self, host: str, name: str, argv: list[str], env: dict[str, str], log: Path) -> Daemon:
+        """Start `argv` on `host` in a session of its own, output to `log`; recorded, killed at `close()` at the latest."""
+        with open(log, "wb") as out:  # the child keeps its own descriptor
+            proc = subprocess.Popen(self.argv(host, argv), env=env, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        self.procs.append(d := Daemon(name, proc, log, 0))
+        return d
+
+    def run(self, host: str, argv: list[str], timeout: float = CMD_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+        """Run a short command on `host` and wait for it (bounded: TimeoutExpired)."""
+        return subprocess.run(self.argv(host, argv), capture_output=True, text=True, timeout=timeout)
+
+    def connectable(self, host: str, ip_: str, port: int) -> bool:
+        """Whether a TCP connection from `host` to ip_:port is accepted (within 2 s)."""
+        try:
+            return self.run(host, [sys.executable, "-S", "-c", CONNECT, ip_, str(port)]).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
+
+    def set_link(self, host: str, up: bool) -> None:
+        """Plug (`up`) or pull `host`'s cable at the switch: pulled, its peers hear nothing from it."""
+        ip("-n", self.switch, "link", "set", self.hosts[host].port, "up" if up else "down")
+        self.hosts[host].up = up
+
+    def kill_pid(self, pid: int) -> list[int]:
+        """SIGKILL `pid` with all its descendants and wait until they are gone; returns their pids."""
+        procs = [d.proc for d in self.procs if d.proc.pid == pid]
+        if procs:
+            pids = kill_tree(procs[0])  # also reaps it
+        else:
+            pids = process_tree(pid)
+            for p in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(p, signal.SIGKILL)
+        left = wait_gone(pids, GONE_TIMEOUT_S)
+        assert not left, f"still running {GONE_TIMEOUT_S:.0f} s after SIGKILL: {left}"
+        return pids
+
+    def kill_host(self, host: str) -> list[int]:
+        """A crash of `host`: its cable pulled, then every process on it SIGKILLed (bounded wait); returns their pids."""
+        self.set_link(host, False)
+        killed = kill_ns(self.hosts[host].ns)
+        self._reap()
+        return killed
+
+    def reboot_host(self, host: str) -> None:
+        """`host` afresh: whatever runs on it killed, its namespace (and so its sockets) deleted and made again, cabled."""
+        h = self.hosts[host]
+        if h.up:
+            self.set_link(host, False)
+        kill_ns(h.ns)
+        self._reap()
+        ip("-n", self.switch, "link", "del", h.port)  # both ends: the name is free again at once
+        ip("netns", "del", h.ns)
+        self._plug(h)
+
+    def _reap(self) -> None:
+        for d in self.procs:
+            d.proc.poll()  # waits for our children that died: no zombies
+
+    def close(self) -> list[str]:
+        """Kill every process of the bed, delete links and namespaces; returns what is left over (nothing, normally)."""
+        problems: list[str] = []
+        killed = [p for d in self.procs for p in kill_tree(d.proc)]
+        for ns in self.all_ns():
+            try:
+                killed += kill_ns(ns)
+            except AssertionError as e:
+                problems.append(str(e))
+        if left := wait_gone(killed, GONE_TIMEOUT_S):
+            problems.append(f"processes still running: {left}")
+        for h in self.hosts.values():
+            with contextlib.suppress(RuntimeError):
+                ip("-n", self.switch, "link", "del", h.port)
+        for ns in self.all_ns():
+            with contextlib.suppress(RuntimeError):
+                ip("netns", "del", ns)
+        if left_ns := [ns for ns in namespaces() if ns.startswith(f"{self.prefix}-")]:
+            problems.append(f"namespaces left: {left_ns}")
+        return problems
+
+
+def running(d: Daemon | None) -> TypeGuard[Daemon]:
+    return d is not None and d.proc.poll() is None
+
+
+@dataclass
+class ClusterBed:
+    """A Spark standalone cluster and queue servers on a NetBed: hosts `driver` (the master, and the test's
+    Spark driver), `worker<i>`, `server<i>`. Logs, work and data directories live under `base`."""
+
+    net: NetBed
+    base: Path
+    token: str
+    worker_timeout_s: int  # the master drops a silent worker after this long (Spark's default: 60)
+    master: Daemon | None = None
+    workers: list[Daemon | None] = field(default_factory=list)
+    servers: list[Daemon | None] = field(default_factory=list)
+    worker_ports: list[int] = field(default_factory=list)  # each start a new one: the master sees a new worker
+    _starts: Counter[str] = field(default_factory=Counter)
+
+    @classmethod
+    def start(cls, base: Path, token: str, *, n_workers: int = 2, n_servers: int = 2, worker_timeout_s: int = 10) -> ClusterBed:
+        """Make the hosts and start everything (servers with the master, then the workers); waits until all serve."""
+        names = ["driver", *(f"worker{i}" for i in range(n_workers)), *(f"server{i}" for i in range(n_servers))]
+        (base / "logs").mkdir(parents=True, exist_ok=True)
+        bed = cls(NetBed.create(names), base, token, worker_timeout_s, None, [None] * n_workers, [None] * n_servers,
+                  [7100] * n_workers)  # fmt: skip
+        try:
+            bed.repair()
+        except BaseException:
+            bed.close()
+            raise
+        return bed
+
+    def ip(self, host: str) -> str:
+        return self.net.hosts[host].ip
+
+    @property
+    def master_url(self) -> str:
+        return f"spark://{self.ip('driver')}:{MASTER_PORT}"
+
+    @property
+    def server_addresses(self) -> list[str]:
+        return [f"tcp://{self.ip(f'server{i}')}:{SERVER_PORT}" for i in range(len(self.servers))]
+
+    def env(self, host: str) -> dict[str, str]:
+        """The environment of a process on `host`: Spark binds its IP, Python workers run this interpreter and checkout."""
+        env = {k: v for k, v in os.environ.items() if k not in ("CONVEYOR_TOKEN", "SPARK_LOCAL_HOSTNAME")}
+        path = [str(ROOT / "src"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        return {**env, "SPARK_HOME": _find_spark_home(), "SPARK_LOCAL_IP": self.ip(host),
+                "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",  # no REST server: it would take port 6066
+                # master and workers: a worker heartbeats every timeout/4
+                "SPARK_DAEMON_JAVA_OPTS": f"-Dspark.worker.timeout={self.worker_timeout_s}",
+                "SPARK_LOG_DIR": str(self.base / "logs"), "SPARK_WORKER_DIR": str(self.base / f"work-{host}"),
+                "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+                "PYTHONPATH": os.pathsep.join(path), "PYTHONUNBUFFERED": "1"}  # fmt: skip
+
+    def spawn(self, host: str, name: str, argv: list[str], env: dict[str, str] | None = None) -> Daemon:
+        """Start `argv` on `host` with `env(host)` (plus `env`), logged to base/logs/<name>.<n>.log."""
+        self._starts[name] += 1
+        log = self.base / "logs" / f"{name}.{self._starts[name]}.log"
+        return self.net.spawn(host, name, argv, {**self.env(host), **(env or {})}, log)
+
+    def _spark(self, host: str, name: str, args: list[str]) -> Daemon:
+        return self.spawn(host, name, [str(Path(_find_spark_home()) / "bin" / "spark-class"), *args])
+
+    # --- the daemons ------------------------------------------------------------------------------
+    def start_master(self) -> None:
+        """Start the Spark master on `driver` (without waiting: see `wait_master`)."""
+        self.master = self._spark("driver", "master", [MASTER_CLASS, "--host", self.ip("driver"), "--port", str(MASTER_PORT),
+                                                      "--webui-port", str(MASTER_UI_PORT)])  # fmt: skip
+
+    def start_worker(self, i: int, wait: bool = True) -> None:
+        """Start the Spark worker of `worker<i>` (on a new port: a new worker to the master); `wait`: until ALIVE."""
+        host = f"worker{i}"
+        self.worker_ports[i] += 1
+        self.workers[i] = self._spark(host, host, [WORKER_CLASS, self.master_url, "--host", self.ip(host),
+                                                   "--port", str(self.worker_ports[i]), "--webui-port", str(WORKER_UI_PORT),
+                                                   "--cores", "1", "--memory", "1g", "--work-dir",
+                                                   str(self.base / f"work-{host}")])  # fmt: skip
+        if wait:
+            self.wait_workers(exact=False)
+
+    def start_server(self, i: int, wait: bool = True) -> None:
+        """Start `conveyor serve` on `server<i>`: same address, port and data directory each time; `wait`: until it serves."""
+        host, data = f"server{i}", self.base / f"data-server{i}"
+        data.mkdir(exist_ok=True)
+        self.servers[i] = self.spawn(host, host, [sys.executable, "-m", "conveyor", "serve", "--host", self.ip(host),
+                                                  "--port", str(SERVER_PORT), "--token", self.token,
+                                                  "--data-dir", str(data)])  # fmt: skip
+        if wait:
+            self.wait_server(i)
+
+    def stop_server(self, i: int) -> list[int]:
+        """SIGKILL the queue server of `server<i>` (the host stays up); returns the pids killed."""
+        d = self.servers[i]
+        return self.net.kill_pid(d.proc.pid) if running(d) else []
+
+    def kill_pid(self, pid: int) -> list[int]:
+        """SIGKILL one process of the bed with its descendants (see NetBed.kill_pid)."""
+        return self.net.kill_pid(pid)
+
+    def kill_host(self, host: str) -> list[int]:
+        """Crash `host` (see NetBed.kill_host); `repair()` or `restart_worker` brings it back."""
+        return self.net.kill_host(host)
+
+    def restart_worker(self, i: int) -> None:
+        """`worker<i>` back: rebooted if it was killed or cut off, its worker started; waits until it is ALIVE."""
+        host = f"worker{i}"
+        if not self.net.hosts[host].up:
+            self.net.reboot_host(host)
+        elif running(w := self.workers[i]):
+            self.net.kill_pid(w.proc.pid)
+        self.start_worker(i)
+
+    # --- waiting ----------------------------------------------------------------------------------
+    def master_state(self) -> dict[str, Any] | None:
+        """The master's state (its web UI's /json/, fetched on `driver`), or None while it does not answer."""
+        try:
+            r = self.net.run("driver", [sys.executable, "-S", "-c", FETCH, f"http://{self.ip('driver')}:{MASTER_UI_PORT}/json/"])
+            return json.loads(r.stdout) if r.returncode == 0 else None
+        except (subprocess.TimeoutExpired, ValueError):
+            return None
+
+    def alive_workers(self) -> set[tuple[str, int]]:
+        """(ip, port) of the workers the master holds ALIVE."""
+        state = self.master_state() or {}
+        return {(w["host"], int(w["port"])) for w in state.get("workers", []) if w["state"] == "ALIVE"}
+
+    def wait_master(self) -> None:
+        ready = lambda: (self.master_state() or {}).get("status") == "ALIVE"  # noqa: E731
+        wait_until("the master", ready, [d for d in [self.master] if d], START_TIMEOUT_S, self.logs)
+
+    def wait_workers(self, exact: bool = True) -> None:
+        """Until the master holds every running worker ALIVE (`exact`: and no other, e.g. one of a killed host)."""
+        want = {(self.ip(f"worker{i}"), self.worker_ports[i]) for i, w in enumerate(self.workers) if running(w)}
+        ready = lambda: (have := self.alive_workers()) == want or (not exact and want <= have)  # noqa: E731
+        what = f"ALIVE workers {sorted(want)}" + (" (only)" if exact else "")
+        wait_until(what, ready, [w for w in [self.master, *self.workers] if w], START_TIMEOUT_S, self.logs)
+
+    def wait_server(self, i: int) -> None:
+        """Until `server<i>` says it listens and accepts a connection from `driver`."""
+        d, ip_ = self.servers[i], self.ip(f"server{i}")
+        assert d is not None
+        ready = lambda: "listening on" in tail(d.log) and self.net.connectable("driver", ip_, SERVER_PORT)  # noqa: E731
+        wait_until(f"server{i}", ready, [d], START_TIMEOUT_S, self.logs)
+
+    # --- the whole bed ----------------------------------------------------------------------------
+    def repair(self) -> None:
+        """Back to the start state: hosts killed or cut off rebooted, dead daemons started again (all in parallel as
+        far as they allow), and waits until every server serves and the master holds exactly the workers ALIVE."""
+        for h in self.net.hosts.values():
+            if not h.up:
+                self.net.reboot_host(h.name)
+        if not running(self.master):
+            for lost in filter(running, self.workers):  # workers of a lost master: start afresh with the new one
+                self.net.kill_pid(lost.proc.pid)
+            self.start_master()
+        started = [i for i, s in enumerate(self.servers) if not running(s)]
+        for i in started:
+            self.start_server(i, wait=False)
+        self.wait_master()
+        for i, w in enumerate(self.workers):
+            if not running(w):
+                self.start_worker(i, wait=False)
+        for i in started:
+            self.wait_server(i)
+        self.wait_workers(exact=True)
+
+    def sweep(self) -> list[int]:
+        """Kill what tests started (drivers, ...): every process of the bed but its daemons; returns their pids."""
+        daemons = list(filter(running, [self.master, *self.workers, *self.servers]))
+        keep = {p for d in daemons for p in process_tree(d.proc.pid)}
+        killed = [p for d in self.net.procs if d not in daemons for p in kill_tree(d.proc)]
+        for h in self.net.hosts.values():
+            for p in ns_pids(h.ns):
+                if p not in keep:
+                    killed += self.net.kill_pid(p)
+        return killed
+
+    def logs(self) -> str:
+        """The ends of the daemons' last logs (for failure messages)."""
+        return "\n".join(f"--- {d.name} ({d.log}) ---\n{tail(d.log)}" for d in [self.master, *self.workers, *self.servers] if d)
+
+    def close(self) -> list[str]:
+        return self.net.close()
