@@ -1,33 +1,57 @@
 """The Spark driver of tests/test_multihost.py, run in the bed's `driver` namespace (one SparkContext per process).
 
-Usage: python tests/multihost_job.py SPARK_MASTER_URL DRIVER_IP SERVER_ADDRESSES TOKEN OUTPUT_JSON
+Usage: python tests/multihost_job.py MASTER_URL DRIVER_IP SERVER_ADDRESSES TOKEN OUTPUT_JSON SCENARIO WORK_DIR
 
 SERVER_ADDRESSES: comma-separated tcp://ip:port of the queue servers on their own hosts. Runs
 `conveyor.spark.map` over ROWS rows on the standalone cluster once EXECUTORS executors are
 registered; each output row says which host did it (the IP its executor sends from: every
-namespace shares the machine's hostname). The output rows go to OUTPUT_JSON.
+namespace shares the machine's hostname) and, if it ran a second time, when (`rerun_t`: a file per
+row in WORK_DIR, on the one disk every namespace shares, says it started before).
+
+A driver thread watches the servers and prints one line `MARK {json}` at the moment the scenario
+names (see `MARKS`): the test injects its fault then. For `reuse`, the job then waits for WORK_DIR/go
+and reads the output again. Whatever happens ends in OUTPUT_JSON: the rows, or the error raised.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import conveyor.spark
 from conveyor.client.pool import QueuePool
+from conveyor.errors import ConveyorError
 from conveyor.spark.session import get_or_create_session
 from tests.cluster_job import wait_for_executors
 
 ROWS = 400
 PARTITIONS = 8
 EXECUTORS = 2
-ROW_SLEEP_S = 0.02  # a few seconds of work in all: both consumers get rows, though one may start later
 MAX_CONCURRENCY = 2
 EXECUTORS_TIMEOUT_S = 90.0
+UNREACHABLE_S = 10.0  # the map's bound on a server out of reach, in the scenarios that lose one
+GO_TIMEOUT_S = 60.0
+POLL_S = 0.05
+MARK = "MARK"
+# per scenario: seconds a row takes, seconds each input partition takes to produce, and when to mark
+ROW_S = {"put": 0.03, "parallelism": 0.01, "plain": 0.02, "reuse": 0.01}  # else ROW_S_FAULT
+ROW_S_FAULT = 0.1  # 400 rows on 2 x 2 threads: ~10 s, for a fault to land mid-run
+PRODUCE_MS = {"put": 40}  # each input row takes this long to produce (in the JVM)
+MARKS = {
+    "server-lost": "consuming",  # rows done and many left
+    "server-back": "consuming",
+    "worker-lost": "consuming",
+    "put": "putting",  # rows on the queue, and no task has put all its rows yet
+    "reuse": "mapped",  # map returned
+}
 
 T0 = time.monotonic()
 
@@ -37,9 +61,18 @@ def note(what: str) -> None:
     print(f"multihost_job +{time.monotonic() - T0:.1f}s: {what}", file=sys.stderr, flush=True)
 
 
-def conf(driver_ip: str) -> dict[str, str]:
-    """The session's settings: the driver on its host's address (not the embedded session's loopback)."""
-    return {
+def mark(**info: Any) -> None:
+    print(MARK, json.dumps({**info, "t": time.time()}), flush=True)
+
+
+def conf(driver_ip: str, scenario: str) -> dict[str, str]:
+    """The session's settings: the driver on its host's address (not the embedded session's loopback).
+
+    `spark.network.timeout`: how long Spark takes to give up on an executor whose host went silent
+    (120 s by default), lowered so that the `put` scenario (which needs Spark to run the lost task
+    again) ends within the test's bound.
+    """
+    c = {
         "spark.driver.host": driver_ip,
         "spark.driver.bindAddress": driver_ip,
         "spark.driver.memory": "512m",
@@ -48,7 +81,16 @@ def conf(driver_ip: str) -> dict[str, str]:
         "spark.cores.max": str(EXECUTORS),
         "spark.scheduler.minRegisteredResourcesRatio": "1.0",
         "spark.task.maxFailures": "8",
+        "spark.network.timeout": "30s",
+        "spark.network.timeoutInterval": "10s",  # how often it is checked (60 s by default: more than the timeout)
+        "spark.executor.heartbeatInterval": "3s",
     }
+    if scenario == "put":  # rows reach the putting task a few at a time, as they are produced
+        c["spark.sql.execution.arrow.maxRecordsPerBatch"] = "25"
+        c["spark.buffer.size"] = "1024"  # else the stream to the Python worker holds 64 KiB of rows back
+    if scenario == "parallelism":  # Spark's tuning guide: 2-3 tasks per core; here only 2 slots exist
+        c["spark.default.parallelism"] = "4"
+    return c
 
 
 def host_ip(peer: str) -> str:
@@ -58,32 +100,99 @@ def host_ip(peer: str) -> str:
         return str(s.getsockname()[0])
 
 
-def make_func(peer: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+def make_func(peer: str, work: str, row_s: float) -> Callable[[dict[str, Any]], dict[str, Any]]:
     def func(row: dict[str, Any]) -> dict[str, Any]:
-        time.sleep(ROW_SLEEP_S)
-        return {"id": row["id"], "host": host_ip(peer)}
+        started = time.time()
+        try:
+            os.close(os.open(os.path.join(work, f"row-{row['id']}"), os.O_CREAT | os.O_EXCL))
+            rerun = None
+        except FileExistsError:
+            rerun = started
+        time.sleep(row_s)
+        return {"id": row["id"], "host": host_ip(peer), "rerun_t": rerun}
 
     return func
 
 
-def main(master: str, driver_ip: str, servers: str, token: str, out_path: str) -> None:
-    spark = get_or_create_session(master, app_name="conveyor-multihost-test", conf=conf(driver_ip))
+def watch(pool: QueuePool, scenario: str, done: threading.Event) -> None:
+    """Print the scenario's MARK once, at its moment (see MARKS)."""
+    want = MARKS.get(scenario)
+    before = set(pool.stats())  # queues of earlier runs are not this map's
+    while want in ("consuming", "putting") and not done.wait(POLL_S):
+        try:
+            stats = pool.stats()
+            consumers = {w: c for w, c in pool.workers().items() if w.startswith("spark:")}
+        except ConveyorError as e:
+            note(f"watch: {e}")
+            continue
+        maps = {q: s for q, s in stats.items() if q.startswith("map-") and q not in before}
+        fed = sum(s.pending for q, s in stats.items() if q.startswith("conveyor-fed-"))
+        if len(maps) != 1:
+            continue
+        ((queue, st),) = maps.items()
+        busy = len(consumers) >= EXECUTORS and all(float(c["processed"]) >= 1 for c in consumers.values())
+        if want == "consuming" and busy and st.pending >= ROWS // 4:
+            return mark(queue=queue, acked=st.acked, pending=st.pending)
+        if want == "putting" and fed == 0 and st.acked + st.pending >= 20:
+            return mark(queue=queue, acked=st.acked, pending=st.pending)
+
+
+def run(spark: Any, pool: QueuePool, driver_ip: str, scenario: str, work: str) -> dict[str, Any]:
+    df = spark.range(ROWS, numPartitions=PARTITIONS)
+    if scenario in PRODUCE_MS:  # a slow upstream stage (in the JVM: chained Python stages would run in turn)
+        df = df.selectExpr("id", f"reflect('java.lang.Thread', 'sleep', cast({PRODUCE_MS[scenario]} as bigint)) as slow")
+    func = make_func(driver_ip, work, ROW_S.get(scenario, ROW_S_FAULT))
+    done = threading.Event()
+    watcher = threading.Thread(target=watch, args=(pool, scenario, done), name="mark", daemon=True)
+    watcher.start()
+    unreachable = UNREACHABLE_S if scenario == "server-lost" else 30.0
+    try:
+        out, stats = conveyor.spark.map(df, func, schema="id long, host string, rerun_t double", pool=pool,
+                                        max_concurrency=MAX_CONCURRENCY, rows_per_message=1, progress=False,
+                                        unreachable_s=unreachable, stats=True)  # fmt: skip
+    finally:
+        done.set()
+        watcher.join()
+    ended = time.time()
+    rows = [r.asDict() for r in out.select("id", "host", "rerun_t", "_error").collect()]
+    result: dict[str, Any] = {"rows": rows, "ended": ended, "consumers": len(stats.consumers), "queue": stats.queue}
+    if scenario == "reuse":
+        mark(queue=stats.queue)
+        go = Path(work) / "go"
+        deadline = time.monotonic() + GO_TIMEOUT_S
+        while not go.exists():
+            if time.monotonic() > deadline:
+                raise ConveyorError(f"no {go} within {GO_TIMEOUT_S:.0f} s")
+            time.sleep(POLL_S)
+        note("the output again, after the executor was lost")
+        result["again"] = [r.asDict() for r in out.select("id", "host", "rerun_t", "_error").collect()]
+    out.unpersist()
+    pool.drop(stats.queue)
+    return result
+
+
+def main(master: str, driver_ip: str, servers: str, token: str, out_path: str, scenario: str, work: str) -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    spark = get_or_create_session(master, app_name=f"conveyor-multihost-{scenario}", conf=conf(driver_ip, scenario))
     note("session started")
     try:
         wait_for_executors(spark, EXECUTORS, EXECUTORS_TIMEOUT_S)
         executors = sorted(e.host() for e in spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos())
         note(f"executors: {executors}")
-        with QueuePool.connect(servers, token=token) as pool:
-            df = spark.range(ROWS, numPartitions=PARTITIONS)
-            out = conveyor.spark.map(df, make_func(driver_ip), schema="id long, host string", pool=pool,
-                                     max_concurrency=MAX_CONCURRENCY, progress=False)  # fmt: skip
-            rows = [r.asDict() for r in out.select("id", "host", "_error").collect()]
-        note(f"{len(rows)} rows")
+        with QueuePool.connect(servers, token=token, connect_timeout=2.0) as pool:
+            try:
+                result = run(spark, pool, driver_ip, scenario, work)
+            except ConveyorError as e:
+                note(f"map failed: {type(e).__name__}: {e}")
+                result = {"error": str(e), "error_type": type(e).__name__, "ended": time.time(),
+                          "notes": list(getattr(e, "__notes__", []))}  # fmt: skip
+        result["executors"] = executors
         with open(out_path, "w") as f:
-            json.dump({"rows": rows, "executors": executors}, f)
+            json.dump(result, f)
+        note("result written")
     finally:
         spark.stop()
 
 
 if __name__ == "__main__":
-    main(*sys.argv[1:6])
+    main(*sys.argv[1:8])

@@ -11,31 +11,28 @@ namespaces (root, iproute2) the tests are skipped, and fail under CI=true.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import NoReturn
+from typing import Any
 
 import pytest
 
-from tests.multihost_job import ROWS
-from tests.netbed import BedUnavailable, ClusterBed, NetBed, namespaces, ns_pids
-from tests.procs import alive, kill_tree, tail
+from tests.clusterbed import ClusterBed
+from tests.multihost_job import MARK, ROWS, UNREACHABLE_S
+from tests.netbed import BedUnavailable, ns_pids, unavailable
+from tests.procs import alive, cmdline, kill_tree, tail
+from tests.test_spark_cluster import EXECUTOR_CLASS
 
 JOB = Path(__file__).with_name("multihost_job.py")
 TOKEN = "multihost-test-token"
 JOB_TIMEOUT_S = 180.0  # driver JVM, two executors, then a few seconds of rows
-
-
-def unavailable(reason: str) -> NoReturn:
-    """No namespaces here: fail in CI (nothing may be skipped there), else skip."""
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"the multi-host bed cannot be made: {reason}")
-    pytest.skip(f"the multi-host bed cannot be made: {reason}")
+MARK_TIMEOUT_S = 120.0  # the driver JVM and its executors start, and the map is under way
+POLL_S = 0.05
+OUT_OF_REACH = "WARNING conveyor.spark: queue server"  # the driver's watch, as a server goes out of reach
 
 
 @pytest.fixture(scope="module")
@@ -70,125 +67,51 @@ def bed(cluster_bed: ClusterBed) -> Iterator[ClusterBed]:
         cluster_bed.sweep()
 
 
-def run_job(bed: ClusterBed, out: Path, timeout: float = JOB_TIMEOUT_S) -> None:
-    """tests/multihost_job.py on `driver` until it exits (bounded); fails with its log and the daemons' logs."""
-    argv = [sys.executable, str(JOB), bed.master_url, bed.ip("driver"), ",".join(bed.server_addresses), bed.token, str(out)]
-    job = bed.spawn("driver", "job", argv)
-    try:
-        code = job.proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        raise AssertionError(f"the job did not finish within {timeout:.0f} s\n{tail(job.log)}\n{bed.logs()}") from None
-    finally:
-        kill_tree(job.proc)  # also what it left (its JVM)
-    assert code == 0, f"the job failed (exit {code})\n{tail(job.log)}\n{bed.logs()}"
+class Job:
+    """tests/multihost_job.py running a scenario on `driver`: its MARK line (the moment for the fault), its result."""
+
+    def __init__(self, bed: ClusterBed, tmp_path: Path, scenario: str) -> None:
+        self.bed, self.out, self.work = bed, tmp_path / "result.json", tmp_path / "work"
+        self.work.mkdir()
+        argv = [sys.executable, str(JOB), bed.master_url, bed.ip("driver"), ",".join(bed.server_addresses), bed.token,
+                str(self.out), scenario, str(self.work)]  # fmt: skip
+        self.job = bed.spawn("driver", f"job-{scenario}", argv)
+
+    def failed(self, why: str) -> AssertionError:
+        return AssertionError(f"{why}\n--- job log ---\n{tail(self.job.log)}\n{self.bed.logs()}")
+
+    def wait_for(self, text: str, timeout: float = MARK_TIMEOUT_S) -> str:
+        """The first line of the job's log that starts with `text` (bounded: the job's end, or `timeout`)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for line in self.job.log.read_text(errors="replace").splitlines():
+                if line.startswith(text):
+                    return line
+            if self.job.proc.poll() is not None:
+                raise self.failed(f"the job exited ({self.job.proc.returncode}) before {text!r}")
+            time.sleep(POLL_S)
+        raise self.failed(f"no {text!r} from the job within {timeout:.0f} s")
+
+    def mark(self) -> dict[str, Any]:
+        info: dict[str, Any] = json.loads(self.wait_for(MARK + " ").split(" ", 1)[1])
+        return info
+
+    def result(self, timeout: float = JOB_TIMEOUT_S) -> dict[str, Any]:
+        """Wait for the job to end (bounded) and return what it wrote."""
+        try:
+            code = self.job.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise self.failed(f"the job did not finish within {timeout:.0f} s") from None
+        finally:
+            kill_tree(self.job.proc)  # also what it left (its JVM)
+        if code != 0:
+            raise self.failed(f"the job failed (exit {code})")
+        out: dict[str, Any] = json.loads(self.out.read_text())
+        return out
 
 
-@pytest.mark.cluster
-@pytest.mark.timeout(30)
-def test_bed_teardown_leaves_nothing() -> None:
-    """A bed's `close()` kills what runs in it (recorded or not, in sessions of their own) and deletes its namespaces."""
-    try:
-        net = NetBed.create(["a", "b"])
-    except BedUnavailable as e:
-        unavailable(str(e))
-    try:
-        env = dict(os.environ)
-        log = Path(os.devnull)
-        # a process whose child escapes into a session of its own, and a process `ip netns exec` started unrecorded
-        script = "import subprocess, time; subprocess.Popen(['sleep', '60'], start_new_session=True); time.sleep(60)"
-        net.spawn("a", "parent", [sys.executable, "-c", script], env, log)
-        stray = subprocess.Popen(net.argv("b", ["sleep", "60"]), start_new_session=True)
-        deadline = time.monotonic() + 10
-        while len(ns_pids(net.hosts["a"].ns)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        pids = ns_pids(net.hosts["a"].ns) + ns_pids(net.hosts["b"].ns)
-        assert len(pids) == 3, f"expected 3 processes in the bed: {pids}"
-        assert not net.connectable("a", "192.0.2.1", 9), "the bed must not reach beyond its /24"
-    finally:
-        problems = net.close()
-    stray.wait(10)
-    assert not problems, problems
-    assert not [p for p in pids if alive(p)]
-    assert not [ns for ns in namespaces() if ns.startswith(net.prefix)]
-
-
-LISTEN = """import socket, sys, time
-s = socket.create_server((sys.argv[1], 7000))
-print("listening", flush=True)
-c, _ = s.accept()
-print("accepted", flush=True)
-time.sleep(60)
-"""
-TALK = """import os, socket, sys, time
-c = socket.create_connection((sys.argv[1], 7000), timeout=5)
-print("connected", flush=True)
-deadline = time.monotonic() + 20
-while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:
-    time.sleep(0.05)
-c.settimeout(2)
-try:
-    c.sendall(b"x")
-    print("eof" if c.recv(1) == b"" else "data")
-except TimeoutError:
-    print("silent")
-except OSError as e:
-    print(type(e).__name__)
-"""
-DIAL = """import socket, sys
-try:
-    socket.create_connection((sys.argv[1], 7000), timeout=5)
-except OSError as e:
-    print(type(e).__name__)
-"""
-
-
-def wait_line(log: Path, text: str, timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while text not in tail(log):
-        assert time.monotonic() < deadline, f"{text!r} not in {log} within {timeout:.0f} s: {tail(log)!r}"
-        time.sleep(0.05)
-
-
-@pytest.mark.cluster
-@pytest.mark.timeout(60)
-def test_kill_host_is_silent_and_reboot_answers(tmp_path: Path) -> None:
-    """A killed host's peers hear nothing (no FIN, no RST: the cable is pulled before the kill), like a crash;
-    rebooted, it answers at once (a refused connection: nothing listens), with no stale ARP entry in the way."""
-    try:
-        net = NetBed.create(["a", "b"])
-    except BedUnavailable as e:
-        unavailable(str(e))
-    try:
-        env, b_ip = dict(os.environ), net.hosts["b"].ip
-        server = net.spawn("b", "listen", [sys.executable, "-c", LISTEN, b_ip], env, tmp_path / "listen.log")
-        wait_line(server.log, "listening")
-        client = net.spawn("a", "talk", [sys.executable, "-c", TALK, b_ip, str(tmp_path / "go")], env, tmp_path / "talk.log")
-        wait_line(client.log, "connected")
-        wait_line(server.log, "accepted")
-        killed = net.kill_host("b")
-        assert server.proc.pid in killed and server.proc.poll() is not None
-        (tmp_path / "go").touch()
-        assert client.proc.wait(15) == 0, tail(client.log)
-        assert tail(client.log).split()[-1] == "silent", f"the peer of a killed host must hear nothing: {tail(client.log)}"
-        net.reboot_host("b")
-        assert ns_pids(net.hosts["b"].ns) == []
-        dial = net.run("a", [sys.executable, "-c", DIAL, b_ip])
-        assert dial.stdout.strip() == "ConnectionRefusedError", f"the rebooted host must answer: {dial}"
-    finally:
-        assert not net.close()
-
-
-@pytest.mark.cluster
-@pytest.mark.timeout(300)  # with the bed's start-up (~30-60 s on 2 cores)
-def test_map_across_hosts(bed: ClusterBed, tmp_path: Path) -> None:
-    """conveyor.spark.map with executors on two hosts and queue servers on two others: one result per row, both hosts work."""
-    out = tmp_path / "result.json"
-    t0 = time.monotonic()
-    run_job(bed, out)
-    print(f"\nnetbed: job took {time.monotonic() - t0:.1f} s")
-
-    result = json.loads(out.read_text())
-    rows = result["rows"]
+def exactly_once(rows: list[dict[str, Any]]) -> None:
+    """One output row per input id, none failed."""
     counts = Counter(r["id"] for r in rows)
     missing = sorted(set(range(ROWS)) - set(counts))
     repeated = sorted(i for i, n in counts.items() if n > 1)
@@ -197,7 +120,125 @@ def test_map_across_hosts(bed: ClusterBed, tmp_path: Path) -> None:
     )
     errors = [r for r in rows if r["_error"] is not None]
     assert not errors, f"{len(errors)} rows failed, e.g. {errors[:3]}"
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(300)  # with the bed's start-up (~30-60 s on 2 cores)
+def test_map_across_hosts(bed: ClusterBed, tmp_path: Path) -> None:
+    """conveyor.spark.map with executors on two hosts and queue servers on two others: one result per row, both hosts work."""
+    t0 = time.monotonic()
+    result = Job(bed, tmp_path, "plain").result()
+    print(f"\nnetbed: job took {time.monotonic() - t0:.1f} s")
+    exactly_once(result["rows"])
     workers = {bed.ip("worker0"), bed.ip("worker1")}
     assert set(result["executors"]) >= workers, f"executors: {result['executors']}"
-    by_host = Counter(r["host"] for r in rows)
+    by_host = Counter(r["host"] for r in result["rows"])
     assert set(by_host) == workers, f"rows by host: {dict(by_host)}, workers at {sorted(workers)}"
+
+
+# --- faults: each ends in the right output or a clear error within a stated bound ---------------------
+def took_since(t: float, result: dict[str, Any]) -> float:
+    return float(result["ended"]) - t
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(240)
+def test_a_server_killed_for_good_fails_the_map_naming_it(bed: ClusterBed, tmp_path: Path) -> None:
+    """Bound: 2 x unreachable_s + 5 s (a connection attempt, cancelling the job, dropping what it can)."""
+    job = Job(bed, tmp_path, "server-lost")
+    job.mark()
+    t_kill = time.time()
+    bed.stop_server(1)
+    result = job.result()
+    took = took_since(t_kill, result)
+    print(f"\nnetbed: a server lost for good: {result.get('error_type')} {took:.1f} s after the kill")
+    assert result.get("error_type") == "ServerUnreachableError", result
+    assert bed.server_addresses[1] in result["error"] and "pending in 'map-" in result["error"], result["error"]
+    assert any("conveyor drop --connect" in n for n in result["notes"]), result["notes"]
+    assert took <= 2 * UNREACHABLE_S + 5, f"the map failed {took:.1f} s after the kill"
+    assert OUT_OF_REACH in job.job.log.read_text(errors="replace"), "the driver's log says so as it happens"
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(240)
+def test_a_server_back_within_the_bound_finishes_exactly_once(bed: ClusterBed, tmp_path: Path) -> None:
+    job = Job(bed, tmp_path, "server-back")
+    job.mark()
+    t_kill = time.time()
+    bed.stop_server(1)
+    job.wait_for(OUT_OF_REACH, timeout=30)  # the driver noticed, and said so
+    bed.start_server(1)  # on its data dir
+    t_back = time.time()
+    result = job.result()
+    print(f"\nnetbed: a server down {t_back - t_kill:.1f} s: map ended {took_since(t_kill, result):.1f} s after the kill")
+    exactly_once(result["rows"])
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(240)
+def test_a_worker_host_lost_mid_consume(bed: ClusterBed, tmp_path: Path) -> None:
+    """The lost host's rows run elsewhere within the lease (10 s by default; <= 15 s asked), and the map ends
+    without waiting for Spark to notice the silent host (spark.network.timeout)."""
+    job = Job(bed, tmp_path, "worker-lost")
+    job.mark()
+    t_kill = time.time()
+    bed.kill_host("worker0")
+    result = job.result()
+    exactly_once(result["rows"])
+    reruns = sorted(r["rerun_t"] for r in result["rows"] if r["rerun_t"] is not None)
+    assert reruns, "the lost host had rows in flight: they must have run again elsewhere"
+    recovery, took = reruns[0] - t_kill, took_since(t_kill, result)
+    print(f"\nnetbed: a worker host lost: its rows ran elsewhere {recovery:.1f} s after the kill, map ended at {took:.1f} s")
+    assert recovery <= 15, f"the lost host's rows ran again only {recovery:.1f} s after the kill"
+    assert took <= 45, f"the map ended {took:.1f} s after the kill"
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_a_worker_host_lost_while_rows_are_put(bed: ClusterBed, tmp_path: Path) -> None:
+    """The survivor works off what it can and frees its slot; Spark runs the lost task again there, which puts
+    the rest (nothing twice: idempotency keys) and works it off. Bound: Spark's own loss detection
+    (the master's worker timeout, 10 s here) + the task's input again + its rows: 90 s."""
+    job = Job(bed, tmp_path, "put")
+    job.mark()
+    t_kill = time.time()
+    bed.kill_host("worker0")
+    result = job.result()
+    exactly_once(result["rows"])
+    took = took_since(t_kill, result)
+    print(f"\nnetbed: a worker host lost while putting: map ended {took:.1f} s after the kill")
+    assert took <= 90, f"the map ended {took:.1f} s after the kill"
+    assert {r["host"] for r in result["rows"]} <= {bed.ip("worker0"), bed.ip("worker1")}
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(240)
+def test_default_parallelism_beyond_the_slots(bed: ClusterBed, tmp_path: Path) -> None:
+    """spark.default.parallelism=4 with 2 slots: map sizes its consumers from the slots, not the setting."""
+    result = Job(bed, tmp_path, "parallelism").result()
+    exactly_once(result["rows"])
+    assert result["consumers"] == 2, result["consumers"]
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(240)
+def test_the_output_survives_an_executor_lost_after_map_returned(bed: ClusterBed, tmp_path: Path) -> None:
+    job = Job(bed, tmp_path, "reuse")
+    job.mark()
+    executors = [p for p in ns_pids(bed.net.hosts["worker0"].ns) if EXECUTOR_CLASS in cmdline(p)]
+    assert len(executors) == 1, f"one executor JVM on worker0: {executors}"
+    bed.kill_pid(executors[0])
+    (job.work / "go").touch()
+    t_kill = time.time()
+    result = job.result()
+    exactly_once(result["rows"])
+    exactly_once(result["again"])
+    print(f"\nnetbed: output used again after an executor was lost: {took_since(t_kill, result):.1f} s")
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(60)
+def test_local_refuses_the_cluster_master(bed: ClusterBed) -> None:
+    code = f"import conveyor\nwith conveyor.local(master={bed.master_url!r}):\n    pass\n"
+    r = bed.net.run("driver", [sys.executable, "-c", code], timeout=30)
+    assert r.returncode == 1 and "ConveyorError" in r.stderr and "conveyor serve --host" in r.stderr, r.stderr

@@ -73,6 +73,14 @@ class StoreContract:
         assert store.nack(a, "retry")
         assert [x.id for x in store.get(3)] == [b, c, a]
 
+    def test_a_message_whose_lease_ran_out_goes_ahead_of_waiting_ones(self, store: Store) -> None:
+        """Its worker was lost: it runs again next, not after the backlog (a lost host's work comes back within a lease)."""
+        a, b, c = store.put(msgs(b"a", b"b", b"c"))
+        [m] = store.get(1, lease_s=0.05)
+        assert m.id == a
+        assert store.expire(time.time() + 1) == 1
+        assert [x.id for x in store.get(3)] == [a, b, c]
+
     # --- delays ---------------------------------------------------------------------------
     def test_not_served_before_not_before(self, store: Store) -> None:
         due = time.time() + 0.3

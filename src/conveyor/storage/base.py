@@ -264,7 +264,9 @@ class Store(StoreInspection):
                 self._record(failed, ST_FAILED, kept, now)
         back = ids[~out]
         if len(back):
-            self._state.requeue(back, np.full(len(back), not_before, np.float64), now)
+            # a lease that ran out (its worker lost) goes ahead of the waiting work, so a lost host's
+            # messages run again within about a lease, not after the backlog; a failure goes behind it
+            self._state.requeue(back, np.full(len(back), not_before, np.float64), now, front=errors is None)
             self._record(back, ST_READY, None, now)
         return int(out.sum()) - len(failed)
 

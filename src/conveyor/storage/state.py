@@ -189,17 +189,17 @@ class QueueState:
             self.next_id = next_id
 
     def _schedule(self, ids: np.ndarray, delayed: np.ndarray, priority: np.ndarray,
-                  until: np.ndarray) -> None:  # fmt: skip
+                  until: np.ndarray, front: bool = False) -> None:  # fmt: skip
+        """Ready ids to the back of their priority's FIFO (`front`: to its head), delayed ones to the heap."""
         if delayed.any():
             push_by_time(self._delays, self._seq, ids[delayed], until[delayed])
             ids, priority = ids[~delayed], priority[~delayed]
         if not len(ids):
             return
-        if (priority == priority[0]).all():
-            self._fifo(int(priority[0])).push(ids)
-            return
-        for p in np.unique(priority):
-            self._fifo(int(p)).push(ids[priority == p])
+        for p in [priority[0]] if (priority == priority[0]).all() else np.unique(priority):
+            part = ids if len(ids) == len(priority) and (priority == p).all() else ids[priority == p]
+            fifo = self._fifo(int(p))
+            fifo.push_front(part) if front else fifo.push(part)
 
     def _fifo(self, priority: int) -> Fifo:
         fifo = self._fifos.get(priority)
@@ -304,13 +304,14 @@ class QueueState:
         idx = ids - self.base
         return cast(np.ndarray, self.cols["attempts"][idx] >= self.cols["max_attempts"][idx])
 
-    def requeue(self, ids: np.ndarray, not_before: np.ndarray, now: float) -> None:
-        """Return delivered messages to READY (or DELAYED until `not_before`)."""
+    def requeue(self, ids: np.ndarray, not_before: np.ndarray, now: float, front: bool = False) -> None:
+        """Return delivered messages to READY (or DELAYED until `not_before`): behind those waiting, or
+        (`front`) ahead of them."""
         idx = ids - self.base
         self.cols["until"][idx] = not_before
         delayed = not_before > now
         self.status[idx] = np.where(delayed, ST_DELAYED, ST_READY)
-        self._schedule(ids, delayed, self.cols["priority"][idx], not_before)
+        self._schedule(ids, delayed, self.cols["priority"][idx], not_before, front)
 
     def extend(self, ids: np.ndarray, lease_s: float, now: float) -> np.ndarray:
         """Push the lease deadline of delivered messages; returns the mask of extended ids."""
