@@ -114,10 +114,9 @@ def make_func(peer: str, work: str, row_s: float) -> Callable[[dict[str, Any]], 
     return func
 
 
-def watch(pool: QueuePool, scenario: str, done: threading.Event) -> None:
-    """Print the scenario's MARK once, at its moment (see MARKS)."""
+def watch(pool: QueuePool, scenario: str, before: set[str], done: threading.Event) -> None:
+    """Print the scenario's MARK once, at its moment (see MARKS); `before`: queues that are not this map's."""
     want = MARKS.get(scenario)
-    before = set(pool.stats())  # queues of earlier runs are not this map's
     while want in ("consuming", "putting") and not done.wait(POLL_S):
         try:
             stats = pool.stats()
@@ -143,7 +142,7 @@ def run(spark: Any, pool: QueuePool, driver_ip: str, scenario: str, work: str) -
         df = df.selectExpr("id", f"reflect('java.lang.Thread', 'sleep', cast({PRODUCE_MS[scenario]} as bigint)) as slow")
     func = make_func(driver_ip, work, ROW_S.get(scenario, ROW_S_FAULT))
     done = threading.Event()
-    watcher = threading.Thread(target=watch, args=(pool, scenario, done), name="mark", daemon=True)
+    watcher = threading.Thread(target=watch, args=(pool, scenario, set(pool.stats()), done), name="mark", daemon=True)
     watcher.start()
     unreachable = UNREACHABLE_S if scenario == "server-lost" else 30.0
     try:
@@ -157,6 +156,8 @@ def run(spark: Any, pool: QueuePool, driver_ip: str, scenario: str, work: str) -
     rows = [r.asDict() for r in out.select("id", "host", "rerun_t", "_error").collect()]
     result: dict[str, Any] = {"rows": rows, "ended": ended, "consumers": len(stats.consumers), "queue": stats.queue}
     if scenario == "reuse":
+        tracker = spark.sparkContext._jsc.sc().statusTracker()
+        executors = {(e.host(), e.port()) for e in tracker.getExecutorInfos()}
         mark(queue=stats.queue)
         go = Path(work) / "go"
         deadline = time.monotonic() + GO_TIMEOUT_S
@@ -164,10 +165,16 @@ def run(spark: Any, pool: QueuePool, driver_ip: str, scenario: str, work: str) -
             if time.monotonic() > deadline:
                 raise ConveyorError(f"no {go} within {GO_TIMEOUT_S:.0f} s")
             time.sleep(POLL_S)
+        while executors <= {(e.host(), e.port()) for e in tracker.getExecutorInfos()}:  # the loss is known
+            if time.monotonic() > deadline:
+                raise ConveyorError(f"the driver still lists every executor {GO_TIMEOUT_S:.0f} s after the kill")
+            time.sleep(POLL_S)
         note("the output again, after the executor was lost")
+        t = time.monotonic()
         result["again"] = [r.asDict() for r in out.select("id", "host", "rerun_t", "_error").collect()]
+        result["again_s"] = time.monotonic() - t
     out.unpersist()
-    pool.drop(stats.queue)
+    pool.drop(stats.queue)  # the output is read (again, too): its results can go
     return result
 
 
