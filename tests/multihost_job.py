@@ -30,7 +30,6 @@ import conveyor.spark
 from conveyor.client.pool import QueuePool
 from conveyor.errors import ConveyorError
 from conveyor.spark.session import get_or_create_session
-from tests.cluster_job import wait_for_executors
 
 ROWS = 400
 PARTITIONS = 8
@@ -38,6 +37,7 @@ EXECUTORS = 2
 MAX_CONCURRENCY = 2
 EXECUTORS_TIMEOUT_S = 90.0
 UNREACHABLE_S = 10.0  # the map's bound on a server out of reach, in the scenarios that lose one
+START_TIMEOUT_S = 15.0  # the map's bound on getting a slot, in the scenario that never gets one
 GO_TIMEOUT_S = 60.0
 POLL_S = 0.05
 MARK = "MARK"
@@ -54,6 +54,16 @@ MARKS = {
 }
 
 T0 = time.monotonic()
+
+
+def wait_for_executors(spark: Any, n: int, timeout: float) -> None:
+    """Poll the driver's status tracker until `n` executors (besides the driver) are registered."""
+    tracker = spark.sparkContext._jsc.sc().statusTracker()
+    deadline = time.monotonic() + timeout
+    while (have := len(tracker.getExecutorInfos()) - 1) < n:  # the driver is listed too
+        if time.monotonic() >= deadline:
+            raise ConveyorError(f"only {have} of {n} executors registered within {timeout:.0f} s")
+        time.sleep(POLL_S)
 
 
 def note(what: str) -> None:
@@ -88,6 +98,8 @@ def conf(driver_ip: str, scenario: str) -> dict[str, str]:
     if scenario == "put":  # rows reach the putting task a few at a time, as they are produced
         c["spark.sql.execution.arrow.maxRecordsPerBatch"] = "25"
         c["spark.buffer.size"] = "1024"  # else the stream to the Python worker holds 64 KiB of rows back
+    if scenario == "noslots":  # executors of 2 cores, on workers of 1: the master can place none
+        c["spark.executor.cores"] = "2"
     if scenario == "parallelism":  # Spark's tuning guide: 2-3 tasks per core; here only 2 slots exist
         c["spark.default.parallelism"] = "4"
     return c
@@ -145,10 +157,12 @@ def run(spark: Any, pool: QueuePool, driver_ip: str, scenario: str, work: str) -
     watcher = threading.Thread(target=watch, args=(pool, scenario, set(pool.stats()), done), name="mark", daemon=True)
     watcher.start()
     unreachable = UNREACHABLE_S if scenario == "server-lost" else 30.0
+    start_timeout = START_TIMEOUT_S if scenario == "noslots" else 120.0
     try:
         out, stats = conveyor.spark.map(df, func, schema="id long, host string, rerun_t double", pool=pool,
                                         max_concurrency=MAX_CONCURRENCY, rows_per_message=1, progress=False,
-                                        unreachable_s=unreachable, stats=True)  # fmt: skip
+                                        unreachable_s=unreachable, start_timeout_s=start_timeout,
+                                        stats=True)  # fmt: skip
     finally:
         done.set()
         watcher.join()
@@ -183,7 +197,8 @@ def main(master: str, driver_ip: str, servers: str, token: str, out_path: str, s
     spark = get_or_create_session(master, app_name=f"conveyor-multihost-{scenario}", conf=conf(driver_ip, scenario))
     note("session started")
     try:
-        wait_for_executors(spark, EXECUTORS, EXECUTORS_TIMEOUT_S)
+        if scenario != "noslots":
+            wait_for_executors(spark, EXECUTORS, EXECUTORS_TIMEOUT_S)
         executors = sorted(e.host() for e in spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos())
         note(f"executors: {executors}")
         with QueuePool.connect(servers, token=token, connect_timeout=2.0) as pool:

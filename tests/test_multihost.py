@@ -22,16 +22,17 @@ from typing import Any
 import pytest
 
 from tests.clusterbed import ClusterBed
-from tests.multihost_job import MARK, ROWS, UNREACHABLE_S
+from tests.multihost_job import MARK, ROWS, START_TIMEOUT_S, UNREACHABLE_S
 from tests.netbed import BedUnavailable, ns_pids, unavailable
 from tests.procs import alive, cmdline, kill_tree, tail
-from tests.test_spark_cluster import EXECUTOR_CLASS
 
 JOB = Path(__file__).with_name("multihost_job.py")
 TOKEN = "multihost-test-token"
 JOB_TIMEOUT_S = 180.0  # driver JVM, two executors, then a few seconds of rows
+JOB_START_S = 30.0  # the driver's JVM and session start
 MARK_TIMEOUT_S = 120.0  # the driver JVM and its executors start, and the map is under way
 POLL_S = 0.05
+EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 OUT_OF_REACH = "WARNING conveyor.spark: queue server"  # the driver's watch, as a server goes out of reach
 
 
@@ -233,6 +234,19 @@ def test_the_output_survives_an_executor_lost_after_map_returned(bed: ClusterBed
     exactly_once(result["rows"])
     exactly_once(result["again"])
     print(f"\nnetbed: output used again after an executor was lost: read in {result['again_s']:.1f} s")
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(240)
+def test_no_slot_ever_granted_fails_the_map(bed: ClusterBed, tmp_path: Path) -> None:
+    """Executors of 2 cores on workers of 1: none is ever placed. Spark only logs that the job "has not
+    accepted any resources"; the map fails with NoSlotsError after start_timeout_s (15 s here) + 10 s
+    (its wait for a first executor to size the job)."""
+    t0 = time.time()
+    result = Job(bed, tmp_path, "noslots").result()
+    assert result.get("error_type") == "NoSlotsError", result
+    assert "no Spark task" in result["error"] and "0 executor(s) registered" in result["error"], result["error"]
+    assert took_since(t0, result) <= JOB_START_S + START_TIMEOUT_S + 10 + 10, result
 
 
 @pytest.mark.cluster

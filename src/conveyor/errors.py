@@ -71,6 +71,11 @@ class ConnectionLostError(ConveyorError, ConnectionError):
     """
 
 
+class NoSlotsError(ConveyorError):
+    """A Spark job of Conveyor's got no task slot within its bound (`start_timeout_s`): the cluster has
+    no executor with a free core for it."""
+
+
 class ServerUnreachableError(ConnectionLostError):
     """A queue server has not answered for longer than the caller's bound (`unreachable_s`).
 

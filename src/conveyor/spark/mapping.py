@@ -44,7 +44,7 @@ from conveyor.constants import (
     MAP_DEFAULT_ROWS_PER_MESSAGE,
 )
 from conveyor.errors import ConnectionLostError, ConveyorError
-from conveyor.spark.consumers import SparkConsumerPool, check_consumer_options, consumer_count
+from conveyor.spark.consumers import START_TIMEOUT_S, SparkConsumerPool, check_consumer_options, consumer_count
 from conveyor.spark.rows import EXTRA_COLUMNS, MAX_ROWS_PER_MESSAGE, RowRunner, put_partitions, putter, read_results, with_extra
 from conveyor.spark.session import check_workers_python
 from conveyor.tasks.envelope import adhoc_task_name, function_ref
@@ -79,14 +79,16 @@ class MapStats:
 def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType, pool: QueuePool | None = ...,
         n_consumers: int | None = ..., batch_size: int | None = ..., max_concurrency: int = ...,
         concurrency: Literal["thread", "process"] = ..., max_retries: int = ..., time_limit: float | None = ...,
-        lease_s: float = ..., rows_per_message: int | None = ..., unreachable_s: float = ..., pin_core: bool = ...,
+        lease_s: float = ..., rows_per_message: int | None = ..., unreachable_s: float = ...,
+        start_timeout_s: float = ..., pin_core: bool = ...,
         progress: bool | None = ...,
         stats: Literal[False] = ...) -> DataFrame: ...  # fmt: skip
 @overload
 def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType, pool: QueuePool | None = ...,
         n_consumers: int | None = ..., batch_size: int | None = ..., max_concurrency: int = ...,
         concurrency: Literal["thread", "process"] = ..., max_retries: int = ..., time_limit: float | None = ...,
-        lease_s: float = ..., rows_per_message: int | None = ..., unreachable_s: float = ..., pin_core: bool = ...,
+        lease_s: float = ..., rows_per_message: int | None = ..., unreachable_s: float = ...,
+        start_timeout_s: float = ..., pin_core: bool = ...,
         progress: bool | None = ...,
         stats: Literal[True]) -> tuple[DataFrame, MapStats]: ...  # fmt: skip
 def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType,
@@ -94,6 +96,7 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         max_concurrency: int = DEFAULT_MAX_CONCURRENCY, concurrency: Literal["thread", "process"] = "thread",
         max_retries: int = DEFAULT_MAX_RETRIES, time_limit: float | None = None, lease_s: float = MAP_DEFAULT_LEASE_S,
         rows_per_message: int | None = None, unreachable_s: float = DEFAULT_UNREACHABLE_S,
+        start_timeout_s: float = START_TIMEOUT_S,
         pin_core: bool = False, progress: bool | None = None,
         stats: bool = False) -> DataFrame | tuple[DataFrame, MapStats]:  # fmt: skip
     """Apply `func` to every row of `df` through the queue; returns the results as a DataFrame.
@@ -121,6 +124,8 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         take seconds, more (up to 1,000) for tiny ones.
     unreachable_s: a queue server out of reach for longer fails the map (`ServerUnreachableError`,
         naming the server and what it held); one back within it, and the map goes on.
+    start_timeout_s: no Spark task of the map started within it (the cluster grants no slot) fails
+        the map (`NoSlotsError`).
     progress: a progress bar while the rows are processed (default: when stderr is a terminal).
     stats: also return what the call did (`MapStats`: rows, failures, times, the results queue):
         `out, st = map(..., stats=True)`.
@@ -134,7 +139,8 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
     if type(rows_per_message) is not int or not 1 <= rows_per_message <= MAX_ROWS_PER_MESSAGE:
         raise ValueError(f"map: rows_per_message must be an integer in 1..{MAX_ROWS_PER_MESSAGE}, got {rows_per_message!r}")
     check_max_retries(max_retries, "map: ")
-    for name, value in (("time_limit", time_limit), ("lease_s", lease_s), ("unreachable_s", unreachable_s)):
+    for name, value in (("time_limit", time_limit), ("lease_s", lease_s), ("unreachable_s", unreachable_s),
+                        ("start_timeout_s", start_timeout_s)):  # fmt: skip
         if value is not None and not (isinstance(value, (int, float)) and value > 0):
             raise ValueError(f"map: {name} must be a number of seconds > 0, got {value!r}")
     check_consumer_options(n_consumers, max_concurrency, batch_size, concurrency, pin_core)
@@ -151,7 +157,8 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         try:
             return _run(spark, df, func, out_schema, pool, queue, job, ephemeral, stats=stats, n_consumers=n_consumers,
                         max_retries=max_retries, time_limit=time_limit, lease_s=lease_s,
-                        rows_per_message=rows_per_message, unreachable_s=unreachable_s, progress=progress,
+                        rows_per_message=rows_per_message, unreachable_s=unreachable_s,
+                        start_timeout_s=start_timeout_s, progress=progress,
                         options={"batch_size": batch_size, "max_concurrency": max_concurrency,
                                  "concurrency": concurrency, "pin_core": pin_core})  # fmt: skip
         except BaseException as e:
@@ -163,7 +170,8 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
 def _run(spark: SparkSession, df: DataFrame, func: Callable[[dict[str, Any]], Any], out_schema: StructType,
          pool: QueuePool, queue: str, job: str, ephemeral: bool, *, stats: bool, n_consumers: int | None,
          max_retries: int, time_limit: float | None, lease_s: float, rows_per_message: int, unreachable_s: float,
-         progress: bool | None, options: dict[str, Any]) -> DataFrame | tuple[DataFrame, MapStats]:  # fmt: skip
+         start_timeout_s: float, progress: bool | None,
+         options: dict[str, Any]) -> DataFrame | tuple[DataFrame, MapStats]:  # fmt: skip
     from pyspark.sql.pandas.types import to_arrow_schema
 
     pool.declare(queue, lease_s=lease_s, max_attempts=attempts_for(max_retries))
@@ -176,7 +184,8 @@ def _run(spark: SparkSession, df: DataFrame, func: Callable[[dict[str, Any]], An
     t0 = time.time()
     put_rows = putter(pool, queue, job, adhoc_task_name(ref.digest), opts, rows_per_message)
     n = consumer_count(spark, n_consumers)
-    common: dict[str, Any] = {"queues": [queue], "unreachable_s": unreachable_s, "progress": progress, **options}
+    common: dict[str, Any] = {"queues": [queue], "unreachable_s": unreachable_s, "start_timeout_s": start_timeout_s,
+                              "progress": progress, **options}  # fmt: skip
     rows, t1 = 0, t0  # rows put before consuming, and when that ended (when consumers put them: none, at once)
     if n <= _partitions(df):  # each of n tasks puts its share of the rows, then consumes
         consumers = SparkConsumerPool(spark, pool, n, feed=(df, put_rows), **common,

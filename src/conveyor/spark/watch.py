@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from conveyor.client.progress import JoinProgress
 from conveyor.client.sharded import summed_stats
-from conveyor.errors import ConveyorError
+from conveyor.errors import ConveyorError, NoSlotsError
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -37,10 +37,6 @@ log = logging.getLogger("conveyor.spark")
 POLL_S = 1.0  # how often the servers are asked (with a progress bar: BAR_POLL_S)
 BAR_POLL_S = 0.25
 DONE_GRACE_S = 5.0  # consumers end within ~1 s of the queues draining; a job running this long after is stuck
-
-
-class NoSlotsError(ConveyorError):
-    """A Spark job of Conveyor's got no task slot within its bound: the cluster has no free executor."""
 
 
 class JobWatch:
