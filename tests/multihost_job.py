@@ -54,6 +54,7 @@ MARKS = {
 }
 
 T0 = time.monotonic()
+MAP_CALLED: list[float] = []  # when conveyor.spark.map was called (wall clock)
 
 
 def wait_for_executors(spark: Any, n: int, timeout: float) -> None:
@@ -158,6 +159,7 @@ def run(spark: Any, pool: QueuePool, driver_ip: str, scenario: str, work: str) -
     watcher.start()
     unreachable = UNREACHABLE_S if scenario == "server-lost" else 30.0
     start_timeout = START_TIMEOUT_S if scenario == "noslots" else 120.0
+    MAP_CALLED.append(time.time())
     try:
         out, stats = conveyor.spark.map(df, func, schema="id long, host string, rerun_t double", pool=pool,
                                         max_concurrency=MAX_CONCURRENCY, rows_per_message=1, progress=False,
@@ -208,7 +210,7 @@ def main(master: str, driver_ip: str, servers: str, token: str, out_path: str, s
                 note(f"map failed: {type(e).__name__}: {e}")
                 result = {"error": str(e), "error_type": type(e).__name__, "ended": time.time(),
                           "notes": list(getattr(e, "__notes__", []))}  # fmt: skip
-        result["executors"] = executors
+        result["executors"], result["map_called"] = executors, MAP_CALLED[0]
         with open(out_path, "w") as f:
             json.dump(result, f)
         note("result written")
