@@ -205,6 +205,8 @@ MAP_DEFAULT_LEASE_S = 10.0
 # how long a queue server may be out of reach before the consumers, joins and maps that need it fail
 # with ServerUnreachableError (a server started again on its data dir within it: the work goes on)
 DEFAULT_UNREACHABLE_S = 30.0
+# a join or gather without a timeout warns this often while nothing finishes and no consumer reports
+STALL_WARN_S = 30.0
 MAP_DEFAULT_ROWS_PER_MESSAGE = 8  # conveyor.spark.map without a time limit (with one: 1)
 DEFAULT_BACKOFF_BASE_S = 1.0
 DEFAULT_BACKOFF_FACTOR = 2.0

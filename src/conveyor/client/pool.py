@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from conveyor.client.progress import JoinProgress
+from conveyor.client.progress import JoinProgress, Stall
 from conveyor.client.sharded import LOCAL_MASK, ShardedQueues
 from conveyor.constants import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE, H_IDEMPOTENCY_KEY
 from conveyor.errors import ConveyorError
@@ -126,13 +126,15 @@ class QueuePool(ShardedQueues):
         is how often the counts are refreshed meanwhile for the progress bar, shown on a terminal
         (`progress=None`: when stderr is one). Without a bar the servers are asked far less often
         (every QUIET_POLL_S): each request costs them CPU the work could use. Raises TimeoutError
-        after `timeout` seconds. Returns the final stats.
+        after `timeout` seconds; with none, a warning every STALL_WARN_S while nothing finishes and no
+        consumer reports. Returns the final stats.
         """
         names = [queues] if isinstance(queues, str) else None if queues is None else list(queues)
         deadline = None if timeout is None else time.monotonic() + timeout
         wait = 0.0  # the first look answers at once; then each server answers when drained or after poll_s
         # connections of its own: a waiting request would hold up other threads' calls on ours
         own: ShardedQueues = pickle.loads(pickle.dumps(self))
+        stall = Stall("join", own.workers)
         with JoinProgress(enabled=progress) as bar, own:
             if not bar.enabled:
                 poll_s = max(poll_s, QUIET_POLL_S)
@@ -141,6 +143,7 @@ class QueuePool(ShardedQueues):
                 bar.update(mine)
                 if all(s.pending == 0 for s in mine.values()):
                     return mine
+                stall.check(sum(s.acked + s.failed for s in mine.values()), sum(s.pending for s in mine.values()))
                 if deadline is not None and (left := deadline - time.monotonic()) <= 0:
                     pending = sum(s.pending for s in mine.values())
                     raise TimeoutError(f"join: {pending:,} messages still pending after {timeout} s")
@@ -209,8 +212,10 @@ class QueuePool(ShardedQueues):
         """The results of published tasks, in order, once all have finished.
 
         Raises TaskFailedError for the first that ended in the dead letters (with its error), and
-        TimeoutError after `timeout` seconds.
+        TimeoutError after `timeout` seconds; with none, warns every STALL_WARN_S while nothing
+        finishes and no consumer reports.
         """
+        stall = Stall("gather", self.workers)
         out: list[Any] = [None] * len(handles)
         todo = list(range(len(handles)))
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -227,6 +232,7 @@ class QueuePool(ShardedQueues):
                         left.append(k)
             todo = left
             if todo:
+                stall.check(len(todo), len(todo))
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"gather: {len(todo)} of {len(handles)} tasks unfinished after {timeout} s")
                 time.sleep(poll_s)

@@ -1,14 +1,20 @@
-"""Progress bars for long waits, shown only on a terminal (rich)."""
+"""Long waits: progress bars, shown only on a terminal (rich), and a warning when a wait makes no progress."""
 
 from __future__ import annotations
 
+import logging
 import sys
+import time
+from collections.abc import Callable
 from types import TracebackType
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
-from conveyor.protocol.requests import QueueStats
+from conveyor.constants import STALL_WARN_S
+from conveyor.protocol.requests import Counts, QueueStats
+
+log = logging.getLogger("conveyor.client")
 
 
 class JoinProgress:
@@ -45,3 +51,31 @@ class JoinProgress:
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         if self._progress is not None:
             self._progress.stop()
+
+
+class Stall:
+    """Warns, once per `every` seconds, while a wait without a timeout sees no progress and no consumer
+    reports: work nobody serves would otherwise be waited on for ever, without a word."""
+
+    def __init__(self, what: str, workers: Callable[[], dict[str, Counts]], every: float = STALL_WARN_S) -> None:
+        self.what, self.workers, self.every = what, workers, every
+        self._seen: object = None
+        self._since = time.monotonic()
+
+    def check(self, progress: object, pending: int) -> None:
+        """`progress`: anything that changes as work gets done; `pending`: what is left."""
+        now = time.monotonic()
+        if progress != self._seen:
+            self._seen, self._since = progress, now
+            return
+        if now - self._since < self.every:
+            return
+        self._since = now
+        try:
+            idle = not self.workers()
+        except Exception:  # the wait itself reports a server that does not answer
+            return
+        if idle:
+            log.warning("%s: %s pending and nothing finished for %.0f s, and no consumer reports: start consumers "
+                        "(ConsumerPool, SparkConsumerPool, conveyor worker), or pass a timeout", self.what,
+                        f"{pending:,}", self.every)  # fmt: skip

@@ -27,6 +27,10 @@ class Reach:
                 self.held.setdefault(s, {}).update({q: x.pending for q, x in st.items() if isinstance(x, QueueStats)})
         return per
 
+    def answering(self) -> list[QueueClient]:
+        """The servers not known to be out of reach (their last exchange worked, or none failed yet)."""
+        return [c for c in self.clients if c.unreachable_s() == 0.0]
+
     def check(self, limit_s: float, queues: Sequence[str] | None = None, what: str = "") -> None:
         """Raise `ServerUnreachableError` for the first server that has not answered for longer than
         `limit_s`, naming what it held of `queues` when last heard from."""

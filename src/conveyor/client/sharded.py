@@ -307,9 +307,9 @@ class ShardedQueues:
         every shard has nothing pending in them, or after `wait_s`."""
         return summed_stats(self.reach.heard(self._everywhere(calls.stats(queues=queues, drained_wait_s=wait_s))))
 
-    def reachable_stats(self) -> list[dict[str, QueueStats] | Exception]:
-        """Stats per shard, in shard order; a shard that does not answer gives its error instead."""
-        return self.reach.heard(self.on_every_server(calls.stats()))
+    def reachable_stats(self, queues: Sequence[str] | None = None) -> list[dict[str, QueueStats] | Exception]:
+        """Stats (of `queues`, default all) per shard, in shard order; a shard that does not answer gives its error instead."""
+        return self.reach.heard(self.on_every_server(calls.stats(queues=queues)))
 
     def check_reachable(self, limit_s: float, queues: Sequence[str] | None = None, what: str = "") -> None:
         """Raise `ServerUnreachableError` for a server out of reach for longer than `limit_s` (see `Reach`)."""

@@ -76,7 +76,7 @@ def _say_fed(pool: QueuePool, job: str, task: int, rows: int) -> None:
 
 def _fed(pool: QueuePool, job: str) -> int:
     """How many tasks of the job have put their rows."""
-    st = pool.stats().get(fed_queue(job))
+    st = pool.wait_drained([fed_queue(job)], 0.0).get(fed_queue(job))
     return 0 if st is None else st.pending
 
 
@@ -222,8 +222,10 @@ class SparkConsumerPool:
                     if not watch.finished:
                         raise
                     rows = self._reported()
-        finally:
-            self._clean_up()
+        except BaseException:
+            self._tidy()
+            raise
+        self._clean_up()
         self.stats = sorted(rows, key=lambda r: r["consumer"])
         return self.stats
 
@@ -246,15 +248,24 @@ class SparkConsumerPool:
         """The consumers have ended: read how many rows each fed task put, then drop the bookkeeping."""
         try:
             if self.feed is not None:
-                name = fed_queue(self.job)
                 by_task: dict[int, int] = {}
-                while got := self.pool.get(name, 1000):
+                while got := self.pool.get(fed_queue(self.job), 1000):
                     by_task.update((d["task"], d["rows"]) for d in (json.loads(m.payload) for m in got))
                 self.fed_rows = sum(by_task.values())
-                self.pool.drop(name)
-            self.pool.forget_blobs([_key(STOP_PREFIX, self.job)])
         except ConveyorError as e:
-            log.warning("could not remove the bookkeeping of %s: %s", self.job, e)
+            log.warning("could not read what the tasks of %s put: %s", self.job, e)
+        self._tidy()
+
+    def _tidy(self) -> None:
+        """Drop the job's bookkeeping on the servers that answer (a failed job may have lost one: no
+        wait on it; what it keeps of a job is a small queue and a blob)."""
+        for c in self.pool.reach.answering():
+            try:
+                if self.feed is not None:
+                    c.drop(fed_queue(self.job))
+                c.forget_blobs([_key(STOP_PREFIX, self.job)])
+            except (ConveyorError, OSError) as e:
+                log.warning("could not remove the bookkeeping of %s on %s: %s", self.job, c.address, e)
 
     def start(self) -> SparkConsumerPool:
         """Run in a background thread of the driver; `join()` waits, `stop()` ends it early."""

@@ -237,14 +237,21 @@ def _check_servers(pool: QueuePool) -> None:
 
 
 def _abandon(pool: QueuePool, queue: str, error: BaseException) -> None:
-    """A map that failed or was interrupted: drop its queue, or say how to."""
-    try:
-        pool.drop(queue)
+    """A map that failed or was interrupted: drop its queue where the servers answer, and say how to
+    drop it on the others (no wait on a server that is gone)."""
+    up = pool.reach.answering()
+    left = [c.address for c in pool.clients if c not in up]
+    for c in up:
+        try:
+            c.drop(queue)
+        except (ConveyorError, OSError):
+            left.append(c.address)
+    if left:
+        how = f"conveyor drop --connect {','.join(left)} {queue}"
+        log.error("map: could not drop its queue %s on %s; drop it with: %s", queue, ", ".join(left), how)
+        error.add_note(f"the map's queue {queue} is left on {', '.join(left)}; drop it with: {how}")
+    else:
         log.info("map: dropped its queue %s", queue)
-    except ConveyorError as e:
-        how = f"conveyor drop --connect {','.join(pool.addresses)} {queue}"
-        log.error("map: could not drop its queue %s (%s); drop it with: %s", queue, e, how)
-        error.add_note(f"the map's queue {queue} is left on the servers; drop it with: {how}")
 
 
 def _ambient() -> QueuePool | None:

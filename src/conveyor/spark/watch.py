@@ -97,7 +97,7 @@ class JobWatch:
                 return
 
     def _look(self) -> ConveyorError | None:
-        per = self.pool.reachable_stats()
+        per = self.pool.reachable_stats(self.queues)
         for c, p in zip(self.pool.clients, per, strict=True):
             if isinstance(p, Exception) and c.address not in self._down:
                 self._down.add(c.address)

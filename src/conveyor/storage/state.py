@@ -196,8 +196,8 @@ class QueueState:
             ids, priority = ids[~delayed], priority[~delayed]
         if not len(ids):
             return
-        for p in [priority[0]] if (priority == priority[0]).all() else np.unique(priority):
-            part = ids if len(ids) == len(priority) and (priority == p).all() else ids[priority == p]
+        groups = [(priority[0], ids)] if (priority == priority[0]).all() else [(p, ids[priority == p]) for p in np.unique(priority)]
+        for p, part in groups:
             fifo = self._fifo(int(p))
             fifo.push_front(part) if front else fifo.push(part)
 

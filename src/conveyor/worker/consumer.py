@@ -50,8 +50,7 @@ BUSY_POLL_S = 0.05  # with tasks running, how long to wait for one to finish bef
 IDLE_POLL_S = 1.0  # longest long poll while idle (so a stop is noticed within it)
 DRAIN_POLL_S = 0.1  # with until_empty, how long an idle consumer waits before looking at the queues again
 RETRY_CONNECT_S = 1.0
-SETTLE_S = 30.0  # on the way out, how long the last acks may take to go through (a hard stop: HARD_SETTLE_S)
-HARD_SETTLE_S = 2.0
+SETTLE_S, HARD_SETTLE_S = 30.0, 2.0  # on the way out, how long the last acks may take (after a hard stop)
 STOP_CHECK_S = 1.0  # how often `stop_when` is asked
 _HOST = socket.gethostname()  # in every report: `conveyor stats` shows where a consumer runs
 
@@ -194,7 +193,6 @@ class Consumer:
 
     def _loop(self, slots: ThreadSlots | ProcessSlots) -> None:
         while True:
-            self._check_reachable()
             try:
                 self._settle(self._completed())
                 now = time.monotonic()
@@ -202,6 +200,7 @@ class Consumer:
                     self._next_sweep = now + BUSY_POLL_S
                     self._enforce_limits(slots, now)
                     self._heartbeat(now)
+                    self._check_reachable()
                 if self.stop_when is not None and now >= self._next_stop_check:
                     self._next_stop_check = now + STOP_CHECK_S
                     if self.stop_when():
@@ -233,7 +232,9 @@ class Consumer:
                     if self._drained(DRAIN_POLL_S if self._undrained else 0.0):
                         return
                     self._undrained = True
-            except (ConnectionLostError, TimeoutError) as e:
+            except (ConnectionLostError, TimeoutError) as e:  # the sweep ends it once out of reach too long
+                if isinstance(e, ServerUnreachableError):
+                    raise
                 log.warning("consumer %s: %s; retrying (for up to %.0f s)", self.name, e, self.unreachable_s)
                 self._stop.wait(RETRY_CONNECT_S)
 
@@ -247,10 +248,8 @@ class Consumer:
 
     # --- fetching -------------------------------------------------------------------------
     def _fetch(self, free: int) -> list[Message]:
-        """Up to `free` messages from the selected queue (probing queues as the selector asks).
-
-        A selector's probe of a queue is a fetch: what it finds is run, not fetched twice.
-        """
+        """Up to `free` messages from the selected queue (probing queues as the selector asks: a
+        selector's probe of a queue is a fetch, and what it finds is run, not fetched twice)."""
         self._stash = []
         q: _Queue | None
         if self._current is not None and self._iterations_left > 0:

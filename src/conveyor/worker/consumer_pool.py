@@ -243,7 +243,7 @@ class ConsumerPool:
         with JoinProgress(enabled=progress) as bar:
             while True:
                 self.check()
-                per = self.pool.reachable_stats()
+                per = self.pool.reachable_stats(self.queue_names)
                 self.pool.check_reachable(unreachable_s, self.queue_names, "join: ")
                 up = [{q: s for q, s in p.items() if q in self.queue_names} for p in per if isinstance(p, dict)]
                 st = summed_stats(up)
