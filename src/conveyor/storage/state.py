@@ -196,7 +196,8 @@ class QueueState:
             ids, priority = ids[~delayed], priority[~delayed]
         if not len(ids):
             return
-        groups = [(priority[0], ids)] if (priority == priority[0]).all() else [(p, ids[priority == p]) for p in np.unique(priority)]
+        same = (priority == priority[0]).all()
+        groups = [(priority[0], ids)] if same else [(p, ids[priority == p]) for p in np.unique(priority)]
         for p, part in groups:
             fifo = self._fifo(int(p))
             fifo.push_front(part) if front else fifo.push(part)
