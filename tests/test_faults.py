@@ -151,13 +151,17 @@ def _killer(pid: int, marker: str, at: int) -> Any:
     return row
 
 
+def _map_killing_server_1(servers: Servers, tmp_path: Path) -> tuple[QueuePool, subprocess.Popen[bytes], Any]:
+    """A pool over the servers, server 1's process, and a row function that SIGKILLs it at row 100."""
+    proc = servers.procs[1]
+    assert proc is not None
+    return servers.pool(), proc, _killer(proc.pid, str(tmp_path / "killed"), 100)
+
+
 @pytest.mark.timeout(180)
 def test_map_fails_with_the_server_named_when_one_stays_out_of_reach(spark: SparkSession, servers: Servers,
                                                                      tmp_path: Path) -> None:  # fmt: skip
-    pool = servers.pool()
-    proc = servers.procs[1]
-    assert proc is not None
-    func = _killer(proc.pid, str(tmp_path / "killed"), 100)
+    pool, _, func = _map_killing_server_1(servers, tmp_path)
     t0 = time.monotonic()
     with pytest.raises(ServerUnreachableError) as err:
         cs.map(spark.range(400, numPartitions=2), func, schema="id long", pool=pool, rows_per_message=1,
@@ -176,10 +180,7 @@ def test_map_fails_with_the_server_named_when_one_stays_out_of_reach(spark: Spar
 @pytest.mark.timeout(180)
 def test_map_goes_on_when_the_server_is_back_within_the_bound(spark: SparkSession, servers: Servers,
                                                              tmp_path: Path) -> None:  # fmt: skip
-    pool = servers.pool()
-    proc = servers.procs[1]
-    assert proc is not None
-    func = _killer(proc.pid, str(tmp_path / "killed"), 100)
+    pool, proc, func = _map_killing_server_1(servers, tmp_path)
 
     def restart() -> None:
         wait_for(lambda: proc.poll() is not None, 60, "the server's kill")

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,13 @@ class Job:
         info: dict[str, Any] = json.loads(self.wait_for(MARK + " ").split(" ", 1)[1])
         return info
 
+    def fault_at_mark(self, fault: Callable[[], object]) -> float:
+        """At the job's MARK, inject `fault`; returns when (wall clock)."""
+        self.mark()
+        t = time.time()
+        fault()
+        return t
+
     def result(self, timeout: float = JOB_TIMEOUT_S) -> dict[str, Any]:
         """Wait for the job to end (bounded) and return what it wrote."""
         try:
@@ -146,9 +153,7 @@ def took_since(t: float, result: dict[str, Any]) -> float:
 def test_a_server_killed_for_good_fails_the_map_naming_it(bed: ClusterBed, tmp_path: Path) -> None:
     """Bound: 2 x unreachable_s + 5 s (a connection attempt, cancelling the job, dropping what it can)."""
     job = Job(bed, tmp_path, "server-lost")
-    job.mark()
-    t_kill = time.time()
-    bed.stop_server(1)
+    t_kill = job.fault_at_mark(lambda: bed.stop_server(1))
     result = job.result()
     took = took_since(t_kill, result)
     print(f"\nnetbed: a server lost for good: {result.get('error_type')} {took:.1f} s after the kill")
@@ -163,9 +168,7 @@ def test_a_server_killed_for_good_fails_the_map_naming_it(bed: ClusterBed, tmp_p
 @pytest.mark.timeout(240)
 def test_a_server_back_within_the_bound_finishes_exactly_once(bed: ClusterBed, tmp_path: Path) -> None:
     job = Job(bed, tmp_path, "server-back")
-    job.mark()
-    t_kill = time.time()
-    bed.stop_server(1)
+    t_kill = job.fault_at_mark(lambda: bed.stop_server(1))
     job.wait_for(OUT_OF_REACH, timeout=30)  # the driver noticed, and said so
     bed.start_server(1)  # on its data dir
     t_back = time.time()
@@ -180,9 +183,7 @@ def test_a_worker_host_lost_mid_consume(bed: ClusterBed, tmp_path: Path) -> None
     """The lost host's rows run elsewhere within the lease (10 s by default; <= 15 s asked), and the map ends
     without waiting for Spark to notice the silent host (spark.network.timeout)."""
     job = Job(bed, tmp_path, "worker-lost")
-    job.mark()
-    t_kill = time.time()
-    bed.kill_host("worker0")
+    t_kill = job.fault_at_mark(lambda: bed.kill_host("worker0"))
     result = job.result()
     exactly_once(result["rows"])
     reruns = sorted(r["rerun_t"] for r in result["rows"] if r["rerun_t"] is not None)
@@ -200,9 +201,7 @@ def test_a_worker_host_lost_while_rows_are_put(bed: ClusterBed, tmp_path: Path) 
     the rest (nothing twice: idempotency keys) and works it off. Bound: Spark's own loss detection
     (the master's worker timeout, 10 s here) + the task's input again + its rows: 90 s."""
     job = Job(bed, tmp_path, "put")
-    job.mark()
-    t_kill = time.time()
-    bed.kill_host("worker0")
+    t_kill = job.fault_at_mark(lambda: bed.kill_host("worker0"))
     result = job.result()
     exactly_once(result["rows"])
     took = took_since(t_kill, result)
