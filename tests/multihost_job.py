@@ -138,7 +138,7 @@ def watch(pool: QueuePool, scenario: str, before: set[str], done: threading.Even
             note(f"watch: {e}")
             continue
         maps = {q: s for q, s in stats.items() if q.startswith("map-") and q not in before}
-        fed = sum(s.pending for q, s in stats.items() if q.startswith("conveyor-fed-"))
+        fed = sum(s.pending for q, s in stats.items() if q.startswith("conveyor-fed-") and q not in before)
         if len(maps) != 1:
             continue
         ((queue, st),) = maps.items()

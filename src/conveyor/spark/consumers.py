@@ -197,11 +197,12 @@ class SparkConsumerPool:
         """A context naming the Spark jobs started inside it after these consumers (in the Spark UI)."""
         return _JobGroup(self.spark, self.group, self.description)
 
-    def watch(self) -> JobWatch:
-        """The driver's watch over the consumers' job (see `conveyor.spark.watch`)."""
+    def watch(self, consuming: bool = True) -> JobWatch:
+        """The driver's watch over the consumers' job (see `conveyor.spark.watch`); `consuming=False`
+        for a job that only puts work (a drained queue does not mean its work is done)."""
+        done = self._all_fed if consuming and self.options["until_empty"] else None
         return JobWatch(self.spark, self.pool, self.group, self.queue_names, unreachable_s=self.unreachable_s,
-                        start_timeout_s=self.start_timeout_s, progress=self.progress,
-                        finished=self._all_fed if self.options["until_empty"] else None)  # fmt: skip
+                        start_timeout_s=self.start_timeout_s, progress=self.progress, finished=done)  # fmt: skip
 
     def run(self) -> list[dict[str, Any]]:
         """Run the consumers as one Spark job and return each one's counts (blocks until they end;

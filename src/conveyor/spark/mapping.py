@@ -192,7 +192,7 @@ def _run(spark: SparkSession, df: DataFrame, func: Callable[[dict[str, Any]], An
                                       description=f"conveyor.spark.map through {queue}")  # fmt: skip
     else:  # fewer partitions than consumers: put the rows first (a job of its own), then consume
         consumers = SparkConsumerPool(spark, pool, n, **common, description=f"conveyor.spark.map through {queue}")
-        with consumers.job_group(), consumers.watch():
+        with consumers.job_group(), consumers.watch(consuming=False):
             counts = df.mapInArrow(put_partitions(pool, put_rows), "partition long, rows long").collect()
         rows, t1 = sum(r["rows"] for r in counts), time.time()
     done = consumers.run()
