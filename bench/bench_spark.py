@@ -15,7 +15,7 @@ Each prints its end-to-end makespan (the call to the results collected) and effi
 from timestamps the items return). Finally the per-item overhead of (e) on 100,000 no-op rows,
 once running: 2 x (last finish - first start) / rows.
 
-    python bench/bench_spark.py [--runs 3] [--quick]
+    python bench/bench_spark.py [--runs 3] [--quick] [--noop-only]
 """
 
 from __future__ import annotations
@@ -91,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="smoke run: 2,000 items summing to 10 s, 10,000 no-op rows, 1 run")
+    ap.add_argument("--noop-only", action="store_true", help="only (e) on the no-op rows, --runs times (its figure alone)")
     args = ap.parse_args(argv)
     runs = 1 if args.quick else args.runs
 
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         noop = spark.range(n_noop, numPartitions=16).selectExpr("id AS i", "0.0 AS seconds").cache()
         noop.count()
         for run in range(1, runs + 1):
-            for w, d in workloads.items():
+            for w, d in workloads.items() if not args.noop_only else ():
                 df, work = frames[w], sum(d)
                 for how in "abc":
                     progress(f"run {run}/{runs}, {w}: ({how}) plain Spark")
@@ -145,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
 
     med = statistics.median
     rows: list[Row] = []
-    for w in workloads:
+    for w in workloads if not args.noop_only else ():
         best = min(("a", "b", "c", "d"), key=lambda h: med(fig[f"{w} ({h}) makespan" + (", scaled" if h == "d" else "")]))
         best_key = f"{w} ({best}) makespan" + (", scaled" if best == "d" else "")
         for h, what in (("a", "own 16 partitions"), ("b", "repartition(2)"), ("c", "repartition(16)")):

@@ -18,20 +18,14 @@ from typing import Any, TypeGuard
 
 from pyspark.find_spark_home import _find_spark_home
 
-from tests.netbed import (
-    FETCH,
-    MASTER_CLASS,
-    MASTER_PORT,
-    MASTER_UI_PORT,
-    ROOT,
-    SERVER_PORT,
-    START_TIMEOUT_S,
-    WORKER_CLASS,
-    WORKER_UI_PORT,
-    NetBed,
-    ns_pids,
-)
+from tests.netbed import ROOT, NetBed, ns_pids
 from tests.procs import Daemon, kill_tree, process_tree, tail, wait_until
+
+START_TIMEOUT_S = 120.0  # JVMs start in ~5-10 s, far slower when several start at once on 2 cores
+MASTER_PORT, MASTER_UI_PORT, WORKER_UI_PORT, SERVER_PORT = 7077, 8080, 8081, 7070
+MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+FETCH = "import sys, urllib.request as u; sys.stdout.write(u.urlopen(sys.argv[1], timeout=2).read().decode())"
 
 
 def running(d: Daemon | None) -> TypeGuard[Daemon]:

@@ -33,11 +33,6 @@ ROOT = Path(__file__).resolve().parents[1]  # the checkout: processes in the bed
 PREFIX = "cvb"  # namespaces are named cvb<pid>-<n>-<host>: unique per process and bed
 CMD_TIMEOUT_S = 10.0
 GONE_TIMEOUT_S = 10.0
-START_TIMEOUT_S = 120.0  # JVMs start in ~5-10 s, far slower when several start at once on 2 cores
-MASTER_PORT, MASTER_UI_PORT, WORKER_UI_PORT, SERVER_PORT = 7077, 8080, 8081, 7070
-MASTER_CLASS = "org.apache.spark.deploy.master.Master"
-WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
-FETCH = "import sys, urllib.request as u; sys.stdout.write(u.urlopen(sys.argv[1], timeout=2).read().decode())"
 CONNECT = "import socket, sys; socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=2).close()"
 _SEQ = itertools.count(1)  # beds made by this process
 

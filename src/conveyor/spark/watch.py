@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conveyor.client.progress import JoinProgress
 from conveyor.client.sharded import summed_stats
@@ -130,27 +130,25 @@ class JobWatch:
             self._done_since = now
         self.finished = now - self._done_since >= DONE_GRACE_S
 
+    def _stages(self) -> list[Any]:
+        """The stage infos of the group's jobs (raises where Spark cannot tell: Spark Connect)."""
+        tracker = self.spark.sparkContext.statusTracker()
+        return [s for job in tracker.getJobIdsForGroup(self.group) if (info := tracker.getJobInfo(job))
+                for stage in info.stageIds if (s := tracker.getStageInfo(stage)) is not None]  # fmt: skip
+
     def _running(self) -> int | str:
         try:
-            tracker = self.spark.sparkContext.statusTracker()
-            return sum(s.numActiveTasks for j in tracker.getJobIdsForGroup(self.group) if (info := tracker.getJobInfo(j))
-                       for st in info.stageIds if (s := tracker.getStageInfo(st)) is not None)  # fmt: skip
+            return int(sum(s.numActiveTasks for s in self._stages()))
         except Exception:
             return "some"
 
     def _any_task_started(self) -> bool:
         """Whether any task of the group's jobs runs or ran (True where Spark cannot tell: Spark Connect)."""
         try:
-            tracker = self.spark.sparkContext.statusTracker()
+            stages = self._stages()
         except Exception:
             return True
-        for job in tracker.getJobIdsForGroup(self.group):
-            info = tracker.getJobInfo(job)
-            for stage in info.stageIds if info is not None else []:
-                s = tracker.getStageInfo(stage)
-                if s is not None and (s.numActiveTasks or s.numCompletedTasks or s.numFailedTasks):
-                    return True
-        return False
+        return any(s.numActiveTasks or s.numCompletedTasks or s.numFailedTasks for s in stages)
 
     def _cancel(self) -> None:
         try:
