@@ -8,6 +8,8 @@ each server a separate `conveyor serve` process with a fresh data directory (dur
   drained;
 - 2 servers through one `QueuePool`: one `pool.put` of all n messages (batches round-robin over
   the shards, pipelined per shard, the shards in parallel);
+- 1 server over TLS (`--tls-cert`, a self-signed certificate the client pins): the same puts and
+  get + ack, against plain TCP in the same run (target: at least 0.7x);
 - the baseline, in this process: a `DurableStore` under the same fsync policy, put and get + ack
   with no network, so the ratio server / in-process is the price of the network and the protocol.
 
@@ -17,6 +19,7 @@ Runs are interleaved and each figure is the median of `--runs`.
 
     python bench/bench_server.py            # full run (about a minute)
     python bench/bench_server.py --quick    # smoke run: 50,000 messages, 1 run
+    python bench/bench_server.py --no-tls   # without the TLS runs
 """
 
 from __future__ import annotations
@@ -63,10 +66,12 @@ def drain(get: Callable[[], list[Message]], ack: Callable[[list[int]], object]) 
     return n
 
 
-def one_server(root: Path, fsync: str, n: int, batch: list[Message]) -> dict[str, float]:
-    proc, address = spawn_server(root / f"one-{fsync}", args=["--fsync", fsync, "--lease", str(LEASE_S)])
+def one_server(root: Path, fsync: str, n: int, batch: list[Message],
+               tls: tuple[Path, Path, str] | None = None) -> dict[str, float]:  # fmt: skip
+    secure = [] if tls is None else ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
+    proc, address = spawn_server(root / f"one-{fsync}", args=["--fsync", fsync, "--lease", str(LEASE_S), *secure])
     try:
-        with QueueClient(address, timeout=120) as c:
+        with QueueClient(address, timeout=120, **({} if tls is None else {"fingerprint": tls[2]})) as c:
             c.ping()
             k = n // BATCH
             t_put = timed(lambda: [c.put("seq", batch) for _ in range(k)])
@@ -77,7 +82,14 @@ def one_server(root: Path, fsync: str, n: int, batch: list[Message]) -> dict[str
                 raise RuntimeError(f"drained {got[0]} of {k * BATCH}")
     finally:
         stop_server(proc)
-    return {"put": k * BATCH / t_put, "put pipelined": k * BATCH / t_pipe, "get + ack": k * BATCH / t_get}
+    tag = "" if tls is None else "tls "
+    return {f"{tag}put": k * BATCH / t_put, f"{tag}put pipelined": k * BATCH / t_pipe, f"{tag}get + ack": k * BATCH / t_get}
+
+
+def one_server_tls(root: Path, fsync: str, n: int, batch: list[Message]) -> dict[str, float]:
+    from conveyor.protocol.tls import self_signed
+
+    return one_server(root, fsync, n, batch, self_signed(root / "cert", ["127.0.0.1"]))
 
 
 def two_servers(root: Path, fsync: str, n: int, batch: list[Message]) -> dict[str, float]:
@@ -104,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="runs of each measurement (default 3)")
     ap.add_argument("--dir", type=Path, default=None, help="where to make the temporary data directories")
     ap.add_argument("--quick", action="store_true", help="smoke run: 50,000 messages, 1 run")
+    ap.add_argument("--no-tls", action="store_true", help="skip the TLS runs (a revision without TLS: bench/compare.py)")
     args = ap.parse_args(argv)
     n = args.n or (50_000 if args.quick else 200_000)
     runs = 1 if args.quick else args.runs
@@ -118,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for run in range(1, runs + 1):
             for fsync in POLICIES:
-                for step in (one_server, two_servers, in_process):
+                for step in (one_server, *([] if args.no_tls else [one_server_tls]), two_servers, in_process):
                     progress(f"run {run}/{runs}, fsync={fsync}: {step.__name__.replace('_', ' ')}")
                     for name, v in step(root, fsync, n, batch).items():
                         figs.setdefault((fsync, name), []).append(v)
@@ -138,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
                             ("get + ack", "1 server: get + ack"), ("pool put", "2 servers, 1 pool: put")):  # fmt: skip
             t = targets.get(name)
             rows.append(Row(f"{label} (fsync={fsync})", f[name], rate, ">=" if t else "", t or 0.0))
+        for name in ("put", "get + ack") if not args.no_tls else ():
+            rows.append(Row(f"1 server over TLS: {name} (fsync={fsync})", f[f"tls {name}"], rate))
+            per_run = [a / b for a, b in zip(f[f"tls {name}"], f[name], strict=True)]
+            rows.append(Row(f"  TLS / plain TCP {name}", per_run, ratio, ">=", 0.7, value=med(f[f"tls {name}"]) / med(f[name]),
+                            note="of the medians (runs: per run)"))  # fmt: skip
         for name, base in (("put", "store put"), ("get + ack", "store get + ack")):
             rows.append(Row(f"  in-process DurableStore {name}", f[base], rate, note=f"baseline, fsync={fsync}"))
             rows.append(Row(f"  server / in-process {name}", [a / b for a, b in zip(f[name], f[base], strict=True)], ratio,

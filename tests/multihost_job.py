@@ -42,7 +42,7 @@ GO_TIMEOUT_S = 60.0
 POLL_S = 0.05
 MARK = "MARK"
 # per scenario: seconds a row takes, seconds each input partition takes to produce, and when to mark
-ROW_S = {"put": 0.03, "parallelism": 0.01, "plain": 0.02, "reuse": 0.01}  # else ROW_S_FAULT
+ROW_S = {"put": 0.03, "parallelism": 0.01, "plain": 0.02, "reuse": 0.01, "driver-servers": 0.01}  # else ROW_S_FAULT
 ROW_S_FAULT = 0.1  # 400 rows on 2 x 2 threads: ~10 s, for a fault to land mid-run
 PRODUCE_MS = {"put": 40}  # each input row takes this long to produce (in the JVM)
 MARKS = {
@@ -103,6 +103,8 @@ def conf(driver_ip: str, scenario: str) -> dict[str, str]:
         c["spark.executor.cores"] = "2"
     if scenario == "parallelism":  # Spark's tuning guide: 2-3 tasks per core; here only 2 slots exist
         c["spark.default.parallelism"] = "4"
+    if scenario == "preflight":  # tests/preflight_tasks.py cannot be imported on worker1
+        c["spark.executorEnv.CONVEYOR_TEST_NO_TASKS_ON"] = os.environ["CONVEYOR_TEST_NO_TASKS_ON"]
     return c
 
 
@@ -122,7 +124,7 @@ def make_func(peer: str, work: str, row_s: float) -> Callable[[dict[str, Any]], 
         except FileExistsError:
             rerun = started
         time.sleep(row_s)
-        return {"id": row["id"], "host": host_ip(peer), "rerun_t": rerun}
+        return {"id": row["id"], "host": host_ip(peer), "rerun_t": rerun, "started": started}
 
     return func
 
@@ -149,11 +151,53 @@ def watch(pool: QueuePool, scenario: str, before: set[str], done: threading.Even
             return mark(queue=queue, acked=st.acked, pending=st.pending)
 
 
+SCHEMA = "id long, host string, rerun_t double, started double"
+
+
+def first_row_s(rows: list[dict[str, Any]], called: float) -> float:
+    return min(r["started"] for r in rows) - called
+
+
+def beside_the_driver(spark: Any, driver_ip: str, work: str) -> dict[str, Any]:
+    """map and SparkConsumerPool with no pool: queue servers beside the driver (TLS, a token), then the same
+    map with servers started beforehand (conveyor.cluster), for the time to the first row."""
+    from conveyor.spark.consumers import SparkConsumerPool
+
+    df = spark.range(ROWS, numPartitions=PARTITIONS)
+    func = make_func(driver_ip, work, ROW_S["driver-servers"])
+    opts: dict[str, Any] = {"schema": SCHEMA, "max_concurrency": MAX_CONCURRENCY, "rows_per_message": 1, "progress": False}
+    called = time.time()
+    rows = [r.asDict() for r in conveyor.spark.map(df, func, **opts).collect()]
+    result: dict[str, Any] = {"rows": rows, "first_row_s": first_row_s(rows, called)}
+    note(f"map with no pool: first row {result['first_row_s']:.2f} s after the call")
+    for f in os.listdir(work):  # each row's marker again: the next maps run the same ids
+        os.remove(os.path.join(work, f))
+    with conveyor.cluster(spark) as c:
+        result["cluster_addresses"] = c.pool.addresses
+        called = time.time()
+        again = [r.asDict() for r in conveyor.spark.map(df, func, pool=c.pool, **opts).collect()]
+        result["first_row_started_s"] = first_row_s(again, called)
+        result["rows_started"] = again
+    note(f"map with servers started before: first row {result['first_row_started_s']:.2f} s after the call")
+    with SparkConsumerPool(spark, max_concurrency=MAX_CONCURRENCY) as consumers:
+        result["consumer_addresses"] = consumers.pool.addresses
+        handles = [consumers.pool.submit(pow, i, 2) for i in range(ROWS)]
+        consumers.run()
+        result["squares"] = consumers.pool.gather(handles, timeout=60)
+    return result
+
+
 def run(spark: Any, pool: QueuePool, driver_ip: str, scenario: str, work: str) -> dict[str, Any]:
+    if scenario == "driver-servers":
+        return beside_the_driver(spark, driver_ip, work)
     df = spark.range(ROWS, numPartitions=PARTITIONS)
     if scenario in PRODUCE_MS:  # a slow upstream stage (in the JVM: chained Python stages would run in turn)
         df = df.selectExpr("id", f"reflect('java.lang.Thread', 'sleep', cast({PRODUCE_MS[scenario]} as bigint)) as slow")
     func = make_func(driver_ip, work, ROW_S.get(scenario, ROW_S_FAULT))
+    if scenario == "preflight":
+        from tests import preflight_tasks
+
+        func = preflight_tasks.double
     done = threading.Event()
     watcher = threading.Thread(target=watch, args=(pool, scenario, set(pool.stats()), done), name="mark", daemon=True)
     watcher.start()
@@ -161,7 +205,7 @@ def run(spark: Any, pool: QueuePool, driver_ip: str, scenario: str, work: str) -
     start_timeout = START_TIMEOUT_S if scenario == "noslots" else 120.0
     MAP_CALLED.append(time.time())
     try:
-        out, stats = conveyor.spark.map(df, func, schema="id long, host string, rerun_t double", pool=pool,
+        out, stats = conveyor.spark.map(df, func, schema=SCHEMA, pool=pool,
                                         max_concurrency=MAX_CONCURRENCY, rows_per_message=1, progress=False,
                                         unreachable_s=unreachable, start_timeout_s=start_timeout,
                                         stats=True)  # fmt: skip
@@ -209,8 +253,8 @@ def main(master: str, driver_ip: str, servers: str, token: str, out_path: str, s
             except ConveyorError as e:
                 note(f"map failed: {type(e).__name__}: {e}")
                 result = {"error": str(e), "error_type": type(e).__name__, "ended": time.time(),
-                          "notes": list(getattr(e, "__notes__", []))}  # fmt: skip
-        result["executors"], result["map_called"] = executors, MAP_CALLED[0]
+                          "notes": list(getattr(e, "__notes__", [])), "problems": getattr(e, "problems", None)}  # fmt: skip
+        result["executors"], result["map_called"] = executors, MAP_CALLED[0] if MAP_CALLED else None
         with open(out_path, "w") as f:
             json.dump(result, f)
         note("result written")

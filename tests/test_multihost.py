@@ -70,12 +70,12 @@ def bed(cluster_bed: ClusterBed) -> Iterator[ClusterBed]:
 class Job:
     """tests/multihost_job.py running a scenario on `driver`: its MARK line (the moment for the fault), its result."""
 
-    def __init__(self, bed: ClusterBed, tmp_path: Path, scenario: str) -> None:
+    def __init__(self, bed: ClusterBed, tmp_path: Path, scenario: str, env: dict[str, str] | None = None) -> None:
         self.bed, self.out, self.work = bed, tmp_path / "result.json", tmp_path / "work"
         self.work.mkdir()
         argv = [sys.executable, str(JOB), bed.master_url, bed.ip("driver"), ",".join(bed.server_addresses), bed.token,
                 str(self.out), scenario, str(self.work)]  # fmt: skip
-        self.job = bed.spawn("driver", f"job-{scenario}", argv)
+        self.job = bed.spawn("driver", f"job-{scenario}", argv, env)
 
     def failed(self, why: str) -> AssertionError:
         return AssertionError(f"{why}\n--- job log ---\n{tail(self.job.log)}\n{self.bed.logs()}")
@@ -246,6 +246,48 @@ def test_no_slot_ever_granted_fails_the_map(bed: ClusterBed, tmp_path: Path) -> 
     took = took_since(result["map_called"], result)
     print(f"\nnetbed: no slot ever granted: NoSlotsError {took:.1f} s after map was called")
     assert took <= START_TIMEOUT_S + 10 + 10, f"the map failed {took:.1f} s after it was called"
+
+
+# --- nothing to deploy: servers beside the driver, and the pre-flight ----------------------------------------
+@pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_map_and_consumers_with_no_pool_use_servers_beside_the_driver(bed: ClusterBed, tmp_path: Path) -> None:
+    """No pool on the cluster: servers on the driver's host over TLS with a token, one row per input row; the time
+    to the first row within 3 s of the same map on servers started beforehand."""
+    result = Job(bed, tmp_path, "driver-servers").result()
+    exactly_once(result["rows"])
+    exactly_once(result["rows_started"])
+    assert result["squares"] == [i * i for i in range(ROWS)]
+    driver = bed.ip("driver")
+    for addresses in (result["cluster_addresses"], result["consumer_addresses"]):
+        assert addresses and all(a.startswith(f"tls://{driver}:") for a in addresses), addresses
+    assert {r["host"] for r in result["rows"]} == {bed.ip("worker0"), bed.ip("worker1")}
+    cold, warm = result["first_row_s"], result["first_row_started_s"]
+    print(f"\nnetbed: map with no pool: first row {cold:.2f} s after the call; with servers started before: {warm:.2f} s")
+    assert cold - warm <= 3.0, f"first row {cold:.2f} s after the call with no pool, {warm:.2f} s with servers started"
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(240)
+def test_the_preflight_names_each_host_and_what_it_lacks(bed: ClusterBed, tmp_path: Path) -> None:
+    """worker1 cannot import the task module; worker0 cannot reach server1. One error names both, before any work."""
+    blocked = ["ip", "route", "add", "prohibit", f"{bed.ip('server1')}/32"]
+    r = bed.net.run("worker0", blocked)
+    assert r.returncode == 0, r.stderr
+    try:
+        result = Job(bed, tmp_path, "preflight", env={"CONVEYOR_TEST_NO_TASKS_ON": bed.ip("worker1")}).result()
+    finally:
+        bed.net.run("worker0", ["ip", "route", "del", "prohibit", f"{bed.ip('server1')}/32"])
+    assert result.get("error_type") == "PreflightError", result
+    problems = result["problems"]
+    by_ip = {h.split("(")[-1].rstrip(")"): "; ".join(ps) for h, ps in problems.items()}
+    assert set(by_ip) == {bed.ip("worker0"), bed.ip("worker1")}, problems
+    assert "tests.preflight_tasks" in by_ip[bed.ip("worker1")] and "not importable" in by_ip[bed.ip("worker1")]
+    assert bed.server_addresses[1] in by_ip[bed.ip("worker0")] and "does not answer" in by_ip[bed.ip("worker0")]
+    assert "sc.addPyFile" in result["error"] and "spark.archives" in result["error"], result["error"]
+    took = took_since(result["map_called"], result)
+    print(f"\nnetbed: pre-flight failed {took:.1f} s after map was called:\n{result['error']}")
+    assert took <= 15, f"the pre-flight took {took:.1f} s"
 
 
 @pytest.mark.cluster

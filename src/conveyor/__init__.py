@@ -5,7 +5,8 @@ The public API is what this package exports (see docs/architecture.md for the pa
 - tasks: `task`, `Task`, `TaskHandle` (`handle.result(timeout=...)`, `handle.status()`), `Args`;
 - queues: `QueuePool` (servers used as one; `submit`, `map`, `gather`), `QueueClient` (one server);
 - workers: `ConsumerPool`;
-- the ambient pool: `local()` (an embedded Spark session and local servers), `set_default_pool`,
+- the ambient pool: `local()` (an embedded Spark session and local servers), `cluster()` (servers
+  beside a cluster's Spark driver), `set_default_pool`,
   `default_pool`, `get_default_pool`: every API that takes an optional pool uses it;
 - dataflow: `TaskGraph`, `Executor`, `Dataset` (after Quokka's runtime API);
 - the errors a user catches, all `ConveyorError`s.
@@ -24,6 +25,7 @@ from conveyor.errors import (
     DiskFullError,
     NoPublisherError,
     NoSlotsError,
+    PreflightError,
     ProtocolError,
     RequestError,
     SerializationError,
@@ -46,6 +48,7 @@ _LAZY = {
     "QueueClient": "conveyor.client.queue_client",
     "ConsumerPool": "conveyor.worker.consumer_pool",
     "local": "conveyor.spark.embedded",
+    "cluster": "conveyor.spark.cluster",
     "TaskGraph": "conveyor.graph",
     "Executor": "conveyor.graph",
     "Dataset": "conveyor.graph",
@@ -63,6 +66,7 @@ __all__ = [
     "DiskFullError",
     "NoPublisherError",
     "NoSlotsError",
+    "PreflightError",
     "ProtocolError",
     "RequestError",
     "SerializationError",

@@ -76,6 +76,15 @@ class NoSlotsError(ConveyorError):
     no executor with a free core for it."""
 
 
+class PreflightError(ConveyorError):
+    """On a cluster, the executors cannot do the work (conveyor or a task module missing, a queue
+    server out of their reach): `problems` maps each host to what is wrong there."""
+
+    def __init__(self, message: str, problems: dict[str, list[str]]) -> None:
+        self.problems = problems
+        super().__init__(message)
+
+
 class ServerUnreachableError(ConnectionLostError):
     """A queue server has not answered for longer than the caller's bound (`unreachable_s`).
 

@@ -7,16 +7,16 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import click
 from rich.console import Console, Group
 from rich.live import Live
 
 from conveyor import __version__
+from conveyor.cli.connecting import Connection, connect_options, open_pool, token_of
 from conveyor.cli.demo import expected_failures, run_demo, summary_table
 from conveyor.cli.tables import dead_letter_table, servers_table, stats_table, workers_table
-from conveyor.client.pool import QueuePool
 from conveyor.constants import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_LEASE_S,
@@ -32,8 +32,10 @@ from conveyor.constants import (
 from conveyor.errors import ConnectionLostError, ConveyorError
 from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Limits
+from conveyor.protocol.tls import cert_fingerprint, server_context
 from conveyor.server.queue_server import QueueServer
 from conveyor.server.queues import Defaults
+from conveyor.server.runtime import reachable_addresses
 from conveyor.tasks.queue_config import QueueConfig, load_queues
 from conveyor.worker.runtime import WorkerOptions, import_task_modules, run_worker
 from conveyor.worker.settings import load_settings
@@ -65,13 +67,24 @@ def demo(pages: int, workers: int | None, kill_worker: bool) -> None:
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on. A non-loopback one needs --token.")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address to listen on (0.0.0.0: every interface). A non-loopback one needs a token, and TLS "
+                   "to be safe.")  # fmt: skip
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where durable queues live. Without it, every queue is transient (memory only).")  # fmt: skip
 @click.option("--token", envvar="CONVEYOR_TOKEN", default=None,
-              help="Shared secret clients must prove they know (env CONVEYOR_TOKEN).")  # fmt: skip
+              help="Shared secret clients must prove they know (env CONVEYOR_TOKEN); --token-file keeps it off "
+                   "the command line.")  # fmt: skip
+@click.option("--token-file", envvar="CONVEYOR_TOKEN_FILE", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="A file holding the token (its first line), e.g. a mounted secret (env CONVEYOR_TOKEN_FILE).")  # fmt: skip
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback address without a token.")
+@click.option("--tls-cert", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="TLS certificate (PEM): every connection encrypted and integrity-checked. Needs --tls-key.")  # fmt: skip
+@click.option("--tls-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The certificate's private key (PEM).")  # fmt: skip
+@click.option("--tls-ca", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="CA certificates (PEM): clients must present a certificate one of them signed.")  # fmt: skip
 @click.option("--fsync", type=click.Choice(["batch", "interval", "never"]), default="batch", show_default=True,
               help="Default fsync policy of durable queues (see docs/storage.md for what each can lose).")  # fmt: skip
 @click.option("--lease", "lease_s", default=DEFAULT_LEASE_S, show_default=True,
@@ -97,23 +110,36 @@ def demo(pages: int, workers: int | None, kill_worker: bool) -> None:
 @click.option("--stop-with-parent", is_flag=True,
               help="Also stop cleanly when the process that started the server ends, however it ends "
                    "(seen at once when stdin is a pipe from that process).")  # fmt: skip
-def serve(host: str, port: int, data_dir: Path | None, token: str | None, insecure: bool, fsync: str, lease_s: float,
+def serve(host: str, port: int, data_dir: Path | None, token: str | None, token_file: Path | None, insecure: bool,
+          tls_cert: Path | None, tls_key: Path | None, tls_ca: Path | None, fsync: str, lease_s: float,
           max_attempts: int, max_frame_bytes: int, max_connections: int | None, idle_timeout_s: float,
           request_timeout_s: float, repair: bool, temporary: bool, stop_with_parent: bool) -> None:  # fmt: skip
     """Run a queue server until SIGTERM or Ctrl-C.
 
-    Prints "listening on tcp://HOST:PORT" on stdout once it accepts connections.
+    Prints "listening on tcp://HOST:PORT" (tls:// with TLS) on stdout once it accepts connections;
+    bound to every interface, an address per interface; with TLS, the certificate's fingerprint.
     """
+    if (tls_cert is None) != (tls_key is None) or (tls_ca is not None and tls_cert is None):
+        raise click.UsageError("--tls-cert and --tls-key go together (and --tls-ca needs them)")
+    token = token_of(token, token_file)
 
     limits = Limits(max_frame_bytes=max_frame_bytes, max_message_bytes=max(DEFAULT_MAX_MESSAGE_BYTES, max_frame_bytes))
     defaults = Defaults(durable=data_dir is not None, lease_s=lease_s, max_attempts=max_attempts, fsync=fsync)
 
-    def ready(address: str) -> None:
-        click.echo(f"listening on {address}", nl=True)
-        sys.stdout.flush()
+    def ready(address: str) -> None:  # in one write: a parent reading the first line may close the pipe after it
+        first, *more = reachable_addresses(address, server.host, server.port)
+        lines = [f"listening on {first}", *([f"also reachable at {', '.join(more)}"] if more else []),
+                 *([f"TLS certificate sha256 fingerprint: {cert_fingerprint(tls_cert)} (clients may pin it)"]
+                   if tls_cert is not None else [])]  # fmt: skip
+        try:
+            sys.stdout.write("\n".join(lines) + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:  # nobody reads on: not a reason to stop serving
+            pass
 
     try:
-        server = QueueServer(host, port, data_dir=data_dir, token=token, insecure=insecure, limits=limits,
+        tls = None if tls_cert is None or tls_key is None else server_context(tls_cert, tls_key, tls_ca)
+        server = QueueServer(host, port, data_dir=data_dir, token=token, insecure=insecure, tls=tls, limits=limits,
                              defaults=defaults, repair=repair, temporary=temporary, max_connections=max_connections,
                              idle_timeout_s=idle_timeout_s, request_timeout_s=request_timeout_s)  # fmt: skip
         server.run(on_ready=ready, stop_with_parent=stop_with_parent)
@@ -121,21 +147,6 @@ def serve(host: str, port: int, data_dir: Path | None, token: str | None, insecu
         raise click.ClickException(str(e)) from None
     except OSError as e:
         raise click.ClickException(f"cannot listen on {host}:{port}: {e}") from None
-
-
-def _connect_option(f: Any) -> Any:
-    f = click.option("--token", envvar="CONVEYOR_TOKEN", default=None, help="The servers' token (env CONVEYOR_TOKEN).")(f)
-    return click.option("--connect", "addresses", multiple=True, required=True, envvar="CONVEYOR_CONNECT",
-                        help="A server address (tcp://HOST:PORT); repeat it or separate with commas for a pool.")(f)  # fmt: skip
-
-
-def _pool(addresses: tuple[str, ...], token: str | None, connect_timeout: float = 5.0, timeout: float = 30.0) -> Any:
-
-    flat = [a.strip() for item in addresses for a in item.split(",") if a.strip()]
-    try:
-        return QueuePool.connect(flat, token, connect_timeout=connect_timeout, timeout=timeout)
-    except ValueError as e:
-        raise click.BadParameter(str(e), param_hint="--connect") from None
 
 
 PIPE_WIDTH = 100_000  # columns of a console into a file or a pipe: more than any line needs
@@ -152,13 +163,13 @@ def _stdout() -> Console:
 
 
 @main.command()
-@_connect_option
+@connect_options
 @click.option("--queue", default=None, help="Only this queue.")
 @click.option("--per-shard", is_flag=True, help="One row per queue and shard.")
 @click.option("--watch", type=click.FloatRange(0.1), default=None, help="Refresh every N seconds until Ctrl-C.")
 @click.option("--timeout", "timeout_s", default=3.0, show_default=True, type=click.FloatRange(0, min_open=True),
               help="Seconds to wait for a server (to connect, then to answer) before showing it DOWN.")  # fmt: skip
-def stats(addresses: tuple[str, ...], token: str | None, queue: str | None, per_shard: bool, watch: float | None,
+def stats(conn: Connection, queue: str | None, per_shard: bool, watch: float | None,
           timeout_s: float) -> None:  # fmt: skip
     """Show each server (UP, or DOWN with its error), each queue's ready, delivered, delayed, acked and
     failed counts and rates (summed over the servers that answered), and the consumers.
@@ -167,7 +178,7 @@ def stats(addresses: tuple[str, ...], token: str | None, queue: str | None, per_
     --watch, as of the last refresh); 1 on other errors, such as a --queue no server has.
     """
 
-    with _pool(addresses, token, connect_timeout=timeout_s, timeout=timeout_s) as pool:
+    with open_pool(conn, connect_timeout=timeout_s, timeout=timeout_s) as pool:
         got = pool.on_every_server(calls.server_stats())
 
         def tables() -> Group:
@@ -199,20 +210,20 @@ def stats(addresses: tuple[str, ...], token: str | None, queue: str | None, per_
 
 
 @main.command("dead-letters")
-@_connect_option
+@connect_options
 @click.option("--queue", required=True, help="The queue whose dead letters to list.")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1), help="Show at most this many.")
 @click.option("--requeue", is_flag=True,
               help="Put every dead letter of the queue back on it (fresh attempts), then forget them.")  # fmt: skip
 @click.option("--yes", is_flag=True, help="With --requeue: do not ask first.")
-def dead_letters(addresses: tuple[str, ...], token: str | None, queue: str, limit: int, requeue: bool, yes: bool) -> None:
+def dead_letters(conn: Connection, queue: str, limit: int, requeue: bool, yes: bool) -> None:
     """List a queue's dead letters: id, attempts, when and why they failed, and a payload preview.
 
     With --requeue, put them back on the queue instead (for a worker that lacked a task module,
     say); a crash midway can leave a message both requeued and still a dead letter.
     """
 
-    with _pool(addresses, token) as pool:
+    with open_pool(conn) as pool:
         try:
             if not requeue:
                 _stdout().print(dead_letter_table(pool, queue, limit))
@@ -229,10 +240,10 @@ def dead_letters(addresses: tuple[str, ...], token: str | None, queue: str, limi
 
 
 @main.command()
-@_connect_option
+@connect_options
 @click.argument("queues", nargs=-1, required=True)
 @click.option("--yes", is_flag=True, help="Do not ask first.")
-def drop(addresses: tuple[str, ...], token: str | None, queues: tuple[str, ...], yes: bool) -> None:
+def drop(conn: Connection, queues: tuple[str, ...], yes: bool) -> None:
     """Remove QUEUES from every server, with their messages, results and dead letters.
 
     For queues nothing uses any more, such as those `conveyor.spark.map` leaves holding its
@@ -241,7 +252,7 @@ def drop(addresses: tuple[str, ...], token: str | None, queues: tuple[str, ...],
 
     if not yes:
         click.confirm(f"Remove {', '.join(queues)} and everything in them?", abort=True, err=True)
-    with _pool(addresses, token) as pool:
+    with open_pool(conn) as pool:
         try:
             for q in queues:
                 click.echo(f"{q}: {'dropped' if pool.drop(q) else 'no such queue'}")
@@ -250,7 +261,7 @@ def drop(addresses: tuple[str, ...], token: str | None, queues: tuple[str, ...],
 
 
 @main.command()
-@_connect_option
+@connect_options
 @click.option("--tasks", "task_modules", multiple=True, help="A module to import so its tasks register (repeat it).")
 @click.option("--queues-config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Queue YAML in ndkale's format (default: the settings module's QUEUE_CONFIG).")  # fmt: skip
@@ -269,7 +280,7 @@ def drop(addresses: tuple[str, ...], token: str | None, queues: tuple[str, ...],
                    "seconds of starting. Without it, a worker keeps trying (it rides out a server restart).")  # fmt: skip
 @click.option("--pin-core", is_flag=True,
               help="Run each consumer on a core of its own while one is free (--pool thread, CPU-bound tasks).")  # fmt: skip
-def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[str, ...], queues_config: Path | None,
+def worker(conn: Connection, task_modules: tuple[str, ...], queues_config: Path | None,
            queue_names: str | None, concurrency: int, mode: Literal["thread", "process"], processes: int, batch_size: int | None,
            selector: str | None, until_empty: bool, connect_timeout: float, pin_core: bool) -> None:  # fmt: skip
     """Run consumers: fetch tasks from the queues and run them, until SIGTERM or Ctrl-C (a graceful stop)."""
@@ -289,7 +300,7 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
         else:
             queues = list(settings.queues())
         import_task_modules(modules)  # a module that does not import is said first, before any server is tried
-        pool = _pool(addresses, token)
+        pool = open_pool(conn)
         names = ", ".join(q if isinstance(q, str) else q.name for q in queues)
         console = Console(stderr=True)
         console.print(f"[bold]conveyor worker[/]: {processes} consumer(s) x {concurrency} {mode}(s) on {names} "
@@ -299,7 +310,7 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
                           "only ad-hoc callables (pool.submit, pool.map, which travel cloudpickled) can run; "
                           "messages of named tasks will fail as unknown tasks and go to the dead letters")  # fmt: skip
         if until_empty:
-            _reach(addresses, token, connect_timeout)
+            _reach(conn, connect_timeout)
         options = WorkerOptions(processes=processes, concurrency=concurrency, mode=mode, batch_size=batch_size,
                                 selector=selector, until_empty=until_empty, pin_core=pin_core)  # fmt: skip
         st = run_worker(pool, queues, settings, modules, options, say=console.print)
@@ -308,14 +319,14 @@ def worker(addresses: tuple[str, ...], token: str | None, task_modules: tuple[st
         raise click.ClickException(str(e)) from None
 
 
-def _reach(addresses: tuple[str, ...], token: str | None, timeout: float) -> None:
+def _reach(conn: Connection, timeout: float) -> None:
     """Wait up to `timeout` s for every server to answer; a ClickException if one does not.
 
     For `--until-empty`: a worker meant to drain the queues and exit would otherwise retry forever
     against a server that is not running (a long-lived worker keeps retrying, on purpose).
     """
 
-    with _pool(addresses, token, connect_timeout=timeout) as probe:
+    with open_pool(conn, connect_timeout=timeout) as probe:
         try:
             probe.stats()
         except ConnectionLostError as e:

@@ -12,7 +12,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import pickle
+import secrets
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -25,7 +27,9 @@ from conveyor.client.sharded import LOCAL_MASK, ShardedQueues
 from conveyor.constants import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE, H_IDEMPOTENCY_KEY
 from conveyor.errors import ConveyorError
 from conveyor.message import Message, Status
+from conveyor.protocol.auth import is_loopback
 from conveyor.protocol.requests import QueueInfo, QueueStats
+from conveyor.protocol.tls import self_signed
 from conveyor.server.processes import spawn_server, stop_server
 from conveyor.tasks.envelope import adhoc_task_name, function_ref
 from conveyor.tasks.options import TaskOptions
@@ -50,31 +54,47 @@ class QueuePool(ShardedQueues):
 
     @classmethod
     def local(cls, n_servers: int = 2, durable: bool = True, data_dir: str | Path | None = None, *,
-              token: str | None = None, fsync: str = "batch", batch_size: int = 1000) -> QueuePool:  # fmt: skip
-        """Start `n_servers` queue servers as child processes on free loopback ports.
+              host: str = "127.0.0.1", token: str | None = None, tls: bool | None = None, fsync: str = "batch",
+              batch_size: int = 1000, temp_dir: str | Path | None = None) -> QueuePool:  # fmt: skip
+        """Start `n_servers` queue servers as child processes on free ports of `host` (loopback by default).
 
         Durable servers keep their queues under `data_dir/shard-<i>`; without a `data_dir`, each in a
-        temporary directory of its own, which the server removes when it stops (on `close()`, or when
-        this process ends however it ends). `close()` or leaving the `with` block stops the servers
-        cleanly.
+        temporary directory of its own (under `temp_dir`, default the system's), which the server removes
+        when it stops (on `close()`, or when this process ends however it ends). `close()` or leaving
+        the `with` block stops the servers cleanly.
+
+        On an address other hosts reach (`host` not loopback) the servers are secured by default: a
+        token is generated when none is given, and they serve TLS with a new self-signed certificate
+        that the pool pins by fingerprint (`tls=None`: TLS off loopback only; True or False to choose).
+        Token and fingerprint travel with the pool when it is pickled (to Spark executors).
         """
         if n_servers < 1:
             raise ValueError(f"n_servers must be >= 1, got {n_servers}")
         temporary = durable and data_dir is None
         procs: list[subprocess.Popen[bytes]] = []
         tmps: list[Path] = []
+        remote = not is_loopback(host)
+        token = token or (secrets.token_urlsafe(32) if remote else None)
         try:
+            secure: list[str] = []
+            fingerprint = None
+            if remote if tls is None else tls:
+                certs = Path(tempfile.mkdtemp(prefix="conveyor-tls-", dir=temp_dir))  # read by the servers as they start
+                tmps.append(certs)
+                cert, key, fingerprint = self_signed(certs, [host, socket.gethostname()])
+                secure = ["--tls-cert", str(cert), "--tls-key", str(key)]
             addresses = []
             for i in range(n_servers):
                 d: Path | None = None  # a transient server
                 if temporary:
-                    tmps.append(d := Path(tempfile.mkdtemp(prefix=f"conveyor-shard{i}-")))
+                    tmps.append(d := Path(tempfile.mkdtemp(prefix=f"conveyor-shard{i}-", dir=temp_dir)))
                 elif durable and data_dir is not None:
                     d = Path(data_dir) / f"shard-{i}"
-                proc, address = spawn_server(d, token=token, args=["--fsync", fsync, *(["--temporary"] if temporary else [])])
+                args = ["--fsync", fsync, *(["--temporary"] if temporary else []), *secure]
+                proc, address = spawn_server(d, host=host, token=token, args=args)
                 procs.append(proc)
                 addresses.append(address)
-            pool = cls.connect(addresses, token, batch_size=batch_size)
+            pool = cls.connect(addresses, token, batch_size=batch_size, fingerprint=fingerprint)
         except BaseException:
             for p in procs:
                 stop_server(p)

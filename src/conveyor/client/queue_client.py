@@ -12,9 +12,11 @@ import contextlib
 import itertools
 import select
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, NoReturn, TypeVar
 
@@ -27,6 +29,7 @@ from conveyor.protocol.auth import as_key, auth_request, check_server_proof
 from conveyor.protocol.declarations import LIMITS_KEY
 from conveyor.protocol.framing import Frames, Header, Limits
 from conveyor.protocol.requests import Call, Counts, QueueInfo, QueueStats
+from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME, ClientTLS
 
 T = TypeVar("T")
 PIPELINE_WINDOW = 16  # requests a blocking client keeps in flight in `pipeline`
@@ -35,10 +38,10 @@ _FATAL = (ERR_PROTOCOL, ERR_AUTH)  # error kinds after which the server closes t
 
 
 def parse_address(address: str) -> tuple[str, int]:
-    """("host", port) from "tcp://host:port", "host:port" or "[::1]:port"."""
-    rest = address.removeprefix("tcp://")
+    """("host", port) from "tcp://host:port", "tls://host:port", "host:port" or "[::1]:port"."""
+    rest = address.removeprefix(TCP_SCHEME).removeprefix(TLS_SCHEME)
     if "://" in rest:
-        raise ValueError(f"unsupported address {address!r}: use tcp://host:port")
+        raise ValueError(f"unsupported address {address!r}: use tcp://host:port (or tls://host:port)")
     host, sep, port = rest.rpartition(":")
     if not sep:
         host, port = rest, str(DEFAULT_PORT)
@@ -64,12 +67,20 @@ def _result(call: Call[T], header: Header, frames: Frames) -> T:
 
 
 class QueueClient:
-    """A blocking client of one queue server; thread-safe (one request at a time, or `pipeline`)."""
+    """A blocking client of one queue server; thread-safe (one request at a time, or `pipeline`).
+
+    TLS (`ClientTLS.make`): `tls=True` (or a tls:// address) trusts the system's CAs, `ca` a CA file,
+    `fingerprint` pins the server's certificate (as `conveyor serve` prints it). The address then reads tls://.
+    """
 
     def __init__(self, address: str = f"tcp://127.0.0.1:{DEFAULT_PORT}", token: str | bytes | None = None, *,
-                 timeout: float = 30.0, connect_timeout: float = 10.0, limits: Limits | None = None) -> None:  # fmt: skip
-        self.address = address if address.startswith("tcp://") else f"tcp://{address}"
+                 timeout: float = 30.0, connect_timeout: float = 10.0, limits: Limits | None = None,
+                 tls: bool | ClientTLS | None = None, ca: str | Path | None = None,
+                 fingerprint: str | Sequence[str] | None = None) -> None:  # fmt: skip
         self.host, self.port = parse_address(address)
+        self.tls = ClientTLS.make(tls or (True if address.startswith(TLS_SCHEME) else tls), ca=ca, fingerprint=fingerprint)
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.address = f"{TCP_SCHEME if self.tls is None else TLS_SCHEME}{host}:{self.port}"
         self._key = as_key(token)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
@@ -124,7 +135,16 @@ class QueueClient:
         return 0.0 if since is None else time.monotonic() - since
 
     def _cannot_connect(self, started: float, error: BaseException | None) -> ConnectionLostError:
-        return ConnectionLostError(f"cannot connect to {self.address} (tried for {time.monotonic() - started:.1f} s): {error}")
+        hint = ""
+        if isinstance(error, TimeoutError) and self.tls is None:
+            hint = " (no greeting came: if the server uses TLS, connect with a tls:// address or tls=...)"
+        elif isinstance(error, ConnectionLostError) and self.tls is not None:  # closed after the TLS handshake
+            hint = " (a server started with --tls-ca closes connections without a client certificate it accepts)"
+        return ConnectionLostError(f"cannot connect to {self.address} (tried for {time.monotonic() - started:.1f} s): "
+                                   f"{error}{hint}")  # fmt: skip
+
+    def _secure(self, sock: socket.socket) -> socket.socket:
+        return sock if self.tls is None else self.tls.wrap(sock, self.host, self.address)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.address!r})"
@@ -142,12 +162,13 @@ class QueueClient:
         for delay in self._backoff():
             try:
                 sock = socket.create_connection((self.host, self.port), timeout=max(delay, self.timeout))
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock = self._secure(sock)
             except OSError as e:
                 error = e
                 self._failed()
                 time.sleep(delay)
                 continue
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sock, self._reader = sock, protocol.SocketReader(sock, self.limits)
             self._used = time.monotonic()
             try:
@@ -232,10 +253,16 @@ class QueueClient:
             except ProtocolError:
                 self.close()
                 raise
+            except ssl.SSLError as e:  # a record that fails its integrity check: refused by either end
+                self.close()
+                self._failed()
+                raise ConnectionLostError(f"{self.address}: connection lost: TLS error ({e.reason or e}): data altered on "
+                                          "the way, or the connection broke mid-record") from None  # fmt: skip
             except OSError as e:
                 self.close()
                 self._failed()
-                raise ConnectionLostError(f"{self.address}: connection lost: {e}") from None
+                why = " (over TLS, a server also closes a connection whose data fails its integrity check)" if self.tls else ""
+                raise ConnectionLostError(f"{self.address}: connection lost: {e}{why}") from None
         out: list[Any] = []
         error: ConveyorError | None = None
         for c, (h, f) in zip(batch, replies, strict=True):
@@ -261,6 +288,8 @@ class QueueClient:
             poll.register(self._sock, select.POLLIN)
             if not poll.poll(0):
                 return False
+            if isinstance(self._sock, ssl.SSLSocket):  # no peeking through TLS: a late reply is dropped with it
+                return True
             return self._sock.recv(1, socket.MSG_PEEK) == b""  # else: a late reply, read in turn
         except OSError:
             return True

@@ -62,7 +62,7 @@ class ShardedQueues:
     @classmethod
     def connect(cls, addresses: str | Sequence[str], token: str | bytes | None = None, *, batch_size: int = 1000,
                 **client_options: Any) -> Self:  # fmt: skip
-        """A pool over running servers: a list, or one string of comma-separated addresses."""
+        """A pool over running servers: a list, or one string of comma-separated addresses (options: `QueueClient`'s, TLS too)."""
         if isinstance(addresses, str):
             addresses = [a.strip() for a in addresses.split(",") if a.strip()]
         return cls([QueueClient(a, token, **client_options) for a in addresses], batch_size=batch_size)

@@ -14,10 +14,11 @@ import hmac
 import ipaddress
 import secrets
 import socket
+from pathlib import Path
 from typing import Any
 
 from conveyor.constants import AUTH_CLIENT_LABEL, AUTH_NONCE_BYTES, AUTH_SERVER_LABEL, ERR_BUSY, PROTOCOL_VERSION
-from conveyor.errors import AuthError, ProtocolError, ServerBusyError
+from conveyor.errors import AuthError, ConveyorError, ProtocolError, ServerBusyError
 
 
 def as_key(token: str | bytes | None) -> bytes | None:
@@ -29,6 +30,19 @@ def as_key(token: str | bytes | None) -> bytes | None:
     if isinstance(token, bytes):
         return token
     raise TypeError(f"token must be str or bytes, not {type(token).__name__}")
+
+
+def load_token(path: str | Path) -> str:
+    """A token from a file (a mounted secret, say): its first line, without the line end. The error
+    names the file, never its content."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConveyorError(f"cannot read the token file {path}: {getattr(e, 'strerror', None) or e}") from None
+    token = text.splitlines()[0].strip() if text.strip() else ""
+    if not token:
+        raise ConveyorError(f"the token file {path} is empty")
+    return token
 
 
 def new_nonce() -> bytes:

@@ -16,14 +16,14 @@ from conveyor.errors import ConveyorError
 SERVER_START_TIMEOUT_S = 30.0
 
 
-def spawn_server(data_dir: str | Path | None, port: int = 0, *, token: str | None = None, args: Sequence[str] = (),
-                 stderr: Any = None) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
-    """Start `conveyor serve` on 127.0.0.1 in a child process; returns it and its address once it listens.
+def spawn_server(data_dir: str | Path | None, port: int = 0, *, host: str = "127.0.0.1", token: str | None = None,
+                 args: Sequence[str] = (), stderr: Any = None) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
+    """Start `conveyor serve` on `host` in a child process; returns it and its address once it listens.
 
     The server logs to `stderr` (default: this process's stderr). It stops when this process ends,
     even by SIGKILL (`--stop-with-parent`, its stdin a pipe from here).
     """
-    cmd = [sys.executable, "-m", "conveyor", "serve", "--host", "127.0.0.1", "--port", str(port), "--stop-with-parent", *args]
+    cmd = [sys.executable, "-m", "conveyor", "serve", "--host", host, "--port", str(port), "--stop-with-parent", *args]
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
     env = dict(os.environ)
@@ -45,8 +45,8 @@ def spawn_server(data_dir: str | Path | None, port: int = 0, *, token: str | Non
                 f"exited with code {proc.returncode} before listening (see its errors above)"  # fmt: skip
             raise ConveyorError(f"queue server {why}: {' '.join(cmd)}")
         line += chunk
-    proc.stdout.close()  # the server prints nothing more
-    return proc, line.decode().split()[-1]
+    proc.stdout.close()  # the rest is not read: the server does not wait for it to be
+    return proc, line.decode().splitlines()[0].split()[-1]  # "listening on ADDRESS"; more lines may follow
 
 
 def stop_server(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:

@@ -15,6 +15,7 @@ import hmac
 import logging
 import shutil
 import signal
+import ssl
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ from conveyor.errors import ConveyorError, ProtocolError, RequestError, StoreErr
 from conveyor.protocol import framing as protocol
 from conveyor.protocol.auth import as_key, hello, is_loopback, new_nonce, proof, refusal
 from conveyor.protocol.framing import Frames, Header, Limits
+from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME
 from conveyor.server.handlers import HANDLERS
 from conveyor.server.queues import Defaults, QueueHost
 from conveyor.server.runtime import raise_fd_limit, run_loop, watch_parent
@@ -84,12 +86,14 @@ class _Connection:
     active: float = field(default_factory=time.monotonic)  # when it last sent or was sent something
     reading: float | None = None  # since when a request is coming in, part of it read
     sending: float | None = None  # since when a reply waits for the peer to read what is before it
+    tls: bool = False  # TLS makes a record of every write: a frame set goes as one
 
     async def send(self, header: Header, frames: Sequence[bytes] = ()) -> None:
         """Write one frame set; a peer that went away is not an error of ours."""
         with contextlib.suppress(ConnectionError, RuntimeError):
             async with self.lock:
-                self.writer.writelines(protocol.encode(header, frames))
+                parts = protocol.encode(header, frames)
+                self.writer.write(b"".join(parts)) if self.tls else self.writer.writelines(parts)
                 self.sending = time.monotonic()
                 try:
                     await self.writer.drain()
@@ -114,12 +118,15 @@ class QueueServer:
     """Serves the queues under `data_dir` (durable) or in memory (no data dir) on host:port.
 
     Binds 127.0.0.1 by default. A non-loopback address needs a `token` (every client must prove it
-    knows it) unless `insecure` is set. Port 0 picks a free port; `address` tells which. With
-    `temporary`, `data_dir` is removed once the server has stopped.
+    knows it) unless `insecure` is set, and without `tls` (`conveyor.protocol.tls.server_context`)
+    draws a warning: on a network, what follows the token's handshake could be read and altered.
+    Port 0 picks a free port; `address` tells which. With `temporary`, `data_dir` is removed once
+    the server has stopped.
     """
 
     def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, data_dir: str | Path | None = None,
-                 token: str | bytes | None = None, insecure: bool = False, limits: Limits | None = None,
+                 token: str | bytes | None = None, insecure: bool = False, tls: ssl.SSLContext | None = None,
+                 limits: Limits | None = None,
                  defaults: Defaults | None = None, repair: bool = False, sweep_interval_s: float = 0.5,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, temporary: bool = False,
                  max_connections: int | None = None, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
@@ -138,8 +145,10 @@ class QueueServer:
             raise ConveyorError(f"refusing to listen on {host} without a token: anyone who can reach it could read and "
                                 "change the queues. Give a token (--token or CONVEYOR_TOKEN), or --insecure "
                                 "to accept that")  # fmt: skip
-        self.host = host
-        self.port = port
+        if tls is None and not is_loopback(host):
+            log.warning("listening on %s without TLS: the traffic can be read and altered by anyone on the network "
+                        "path (the token only proves who connects). Give --tls-cert and --tls-key", host)  # fmt: skip
+        self.tls, self.host, self.port = tls, host, port
         self.data_dir = None if data_dir is None else Path(data_dir)
         self.limits = limits or Limits()
         self.defaults = defaults or Defaults(durable=data_dir is not None)
@@ -149,11 +158,9 @@ class QueueServer:
         self.max_in_flight = max_in_flight
         if max_connections is not None and max_connections < 1:
             raise ValueError(f"max_connections must be >= 1, got {max_connections}")
-        self.max_connections = max_connections
         if not idle_timeout_s > 0 or not request_timeout_s > 0:
             raise ValueError("idle_timeout_s and request_timeout_s must be positive")
-        self.idle_timeout_s = idle_timeout_s
-        self.request_timeout_s = request_timeout_s
+        self.max_connections, self.idle_timeout_s, self.request_timeout_s = max_connections, idle_timeout_s, request_timeout_s
         self.queues: QueueHost | None = None
         self._server: asyncio.base_events.Server | None = None
         self._conns: set[_Connection] = set()
@@ -165,7 +172,7 @@ class QueueServer:
     @property
     def address(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"tcp://{host}:{self.port}"
+        return f"{TCP_SCHEME if self.tls is None else TLS_SCHEME}{host}:{self.port}"
 
     async def start(self) -> None:
         """Open the queues and start listening."""
@@ -179,7 +186,9 @@ class QueueServer:
                                 f"{self.max_connections} connections: raise it, or lower --max-connections")  # fmt: skip
         self.queues = QueueHost(self.data_dir, self.defaults, self.repair, fd_budget=budget)
         try:
-            self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=2**20)
+            handshake_s = None if self.tls is None else self.request_timeout_s  # asyncio takes it only with ssl
+            self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=2**20, ssl=self.tls,
+                                                      ssl_handshake_timeout=handshake_s)  # fmt: skip
         except BaseException:
             self.queues.close()
             raise
@@ -197,8 +206,7 @@ class QueueServer:
             return
         self._closing = True
         self._server.close()
-        if self._sweeper is not None:
-            self._sweeper.cancel()
+        self._sweeper.cancel() if self._sweeper is not None else None
         assert self.queues is not None
         self.queues.closing = True
         for q in self.queues.queues.values():
@@ -252,7 +260,7 @@ class QueueServer:
     # --- connections ----------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        conn = _Connection(writer, f"{peer[0]}:{peer[1]}" if peer else "?", asyncio.current_task())
+        conn = _Connection(writer, f"{peer[0]}:{peer[1]}" if peer else "?", asyncio.current_task(), tls=self.tls is not None)
         assert self.max_connections is not None
         if len(self._conns) >= self.max_connections:  # refused in words, not by running out of descriptors
             self._complain(f"refused {conn.peer}: {self.max_connections} connections already (--max-connections)")
@@ -286,6 +294,8 @@ class QueueServer:
                 task.add_done_callback(functools.partial(_finished, conn, slots))
         except (ConnectionError, asyncio.CancelledError):
             pass
+        except ssl.SSLError as e:  # a record failed its integrity check, say: the peer is told only by the close
+            log.warning("%s: TLS error, closing the connection: %s (data altered on the way?)", conn.peer, e.reason or e)
         finally:
             self._conns.discard(conn)
             if not self._closing:  # else stop() lets running requests answer, then closes

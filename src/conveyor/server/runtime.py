@@ -5,19 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
+import ipaddress
 import logging
 import os
 import resource
+import socket
 import stat
+import struct
 import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from conveyor.constants import PARENT_CHECK_S
+from conveyor.errors import ConveyorError
 
 log = logging.getLogger("conveyor.server.queue_server")
 
 FD_LIMIT_CAP = 1 << 20
+SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's address
 
 
 async def watch_parent(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> None:
@@ -72,3 +78,34 @@ def run_loop(main: Coroutine[Any, Any, None]) -> None:
         asyncio.run(main)
         return
     uvloop.run(main)
+
+
+def _ipv4(name: str) -> str | None:
+    """The IPv4 address of network interface `name` (None: it has none)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:  # SIOCGIFADDR: the interface's address
+            got = fcntl.ioctl(s.fileno(), SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+        except OSError:
+            return None
+    return socket.inet_ntoa(got[20:24])
+
+
+def interface_address(name: str) -> str:
+    """The IPv4 address of network interface `name`; ConveyorError naming the interfaces there are, if none."""
+    found = _ipv4(name)
+    if found is None:
+        have = {n: a for _, n in socket.if_nameindex() if (a := _ipv4(n))}
+        raise ConveyorError(f"network interface {name!r} has no IPv4 address here; these do: "
+                            f"{', '.join(f'{n} ({a})' for n, a in have.items()) or 'none'}")  # fmt: skip
+    return found
+
+
+def reachable_addresses(address: str, host: str, port: int) -> list[str]:
+    """Addresses a client can use for a server at `address`: bound to every interface (0.0.0.0 or ::),
+    one per IPv4 interface address, loopback last (0.0.0.0 itself reaches nothing from elsewhere)."""
+    if host not in ("0.0.0.0", "::", ""):
+        return [address]
+    scheme = address.split("://")[0]
+    found = {a for _, name in socket.if_nameindex() if (a := _ipv4(name))}
+    ordered = sorted(found, key=lambda a: (ipaddress.ip_address(a).is_loopback, a))
+    return [f"{scheme}://{a}:{port}" for a in ordered] or [address]

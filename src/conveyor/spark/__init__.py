@@ -12,6 +12,8 @@ _LAZY = {
     "MapStats": "conveyor.spark.mapping",
     "SparkConsumerPool": "conveyor.spark.consumers",
     "local": "conveyor.spark.embedded",
+    "cluster": "conveyor.spark.cluster",
+    "preflight": "conveyor.spark.preflight",
     "get_or_create_session": "conveyor.spark.session",
 }
 __all__ = sorted(_LAZY)

@@ -30,11 +30,15 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from conveyor.client.pool import QueuePool
 from conveyor.constants import DEFAULT_MAX_CONCURRENCY, DEFAULT_UNREACHABLE_S, H_IDEMPOTENCY_KEY
 from conveyor.errors import ConveyorError
 from conveyor.message import Message
-from conveyor.spark.session import check_workers_python
-from conveyor.spark.watch import JobWatch
+from conveyor.spark.cluster import driver_pool, is_local
+from conveyor.spark.preflight import preflight
+from conveyor.spark.session import check_workers_python, task_slots
+from conveyor.spark.watch import START_TIMEOUT_S, JobGroup, JobWatch
+from conveyor.tasks.publish import get_default_pool
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import check_pin
 from conveyor.worker.consumer import Consumer
@@ -45,8 +49,6 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
-    from conveyor.client.pool import QueuePool
-
 log = logging.getLogger("conveyor.spark")
 
 STATS_DDL = ("consumer long, host string, pid long, started double, finished double, processed long, failed long, "
@@ -55,7 +57,6 @@ STOP_PREFIX = b"conveyor-stop:"
 
 Prelude = Callable[[Iterator["pa.RecordBatch"], int], int]  # (the task's input batches, task index) -> rows fed
 FEED_IDLE_S = 5.0  # a fed consumer with nothing to do waits this long for other tasks' rows, then ends
-START_TIMEOUT_S = 120.0  # no task of the job started within this: the cluster grants no slot (NoSlotsError)
 SLOTS_WAIT_S = 10.0  # with no executor registered yet, how long to wait for one before sizing the job
 
 
@@ -151,9 +152,13 @@ class SparkConsumerPool:
         is how `map` overlaps putting rows on the queue with working them off.
     unreachable_s: a queue server out of reach for longer fails the job (`ServerUnreachableError`).
     start_timeout_s: no task started within it fails the job (`NoSlotsError`).
+    pool: the queue servers; None: the default pool, or else servers started for these consumers
+        (beside the driver on a cluster: `conveyor.spark.cluster`), put work through `.pool`,
+        stopped by `close()` (or the `with` block's end).
+    On a cluster, `run` and `start` first check the executors (`conveyor.spark.preflight`).
     """
 
-    def __init__(self, spark: SparkSession, pool: QueuePool, n_consumers: int | None = None, *,
+    def __init__(self, spark: SparkSession, pool: QueuePool | None = None, n_consumers: int | None = None, *,
                  queues: Sequence[QueueConfig | str] = ("default",), batch_size: int | None = None,
                  max_concurrency: int = DEFAULT_MAX_CONCURRENCY, concurrency: Literal["thread", "process"] = "thread",
                  task_modules: Sequence[str] = (), until_empty: bool = True, pin_core: bool = False,
@@ -161,11 +166,13 @@ class SparkConsumerPool:
                  unreachable_s: float = DEFAULT_UNREACHABLE_S, start_timeout_s: float = START_TIMEOUT_S,
                  progress: bool | None = False) -> None:  # fmt: skip
         self.spark = spark
-        self.pool = pool
         check_consumer_options(n_consumers, max_concurrency, batch_size, concurrency, pin_core)
+        default = get_default_pool()
+        self._own = None if pool is not None or isinstance(default, QueuePool) else _servers_for(spark)
+        self.pool: QueuePool = pool or self._own or cast("QueuePool", default)
         self.n_consumers = consumer_count(spark, n_consumers)
         check_workers_python(spark)
-        self.queues = list(queues)
+        self.queues, self.task_modules = list(queues), list(task_modules)
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
         self.options = {"batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency,
                         "task_modules": list(task_modules), "until_empty": until_empty, "pin_core": pin_core,
@@ -193,9 +200,9 @@ class SparkConsumerPool:
             return self.spark.range(self.n_consumers, numPartitions=self.n_consumers).mapInArrow(fn, STATS_DDL)
         return self.feed[0].coalesce(self.n_consumers).mapInArrow(fn, STATS_DDL)
 
-    def job_group(self) -> _JobGroup:
+    def job_group(self) -> JobGroup:
         """A context naming the Spark jobs started inside it after these consumers (in the Spark UI)."""
-        return _JobGroup(self.spark, self.group, self.description)
+        return JobGroup(self.spark, self.group, self.description)
 
     def watch(self, consuming: bool = True) -> JobWatch:
         """The driver's watch over the consumers' job (see `conveyor.spark.watch`); `consuming=False`
@@ -212,6 +219,9 @@ class SparkConsumerPool:
         were lost without a word: Spark notices only after `spark.network.timeout`), the watch
         ends the job early; the counts then come from the consumers' last reports.
         """
+        if not is_local(self.spark):
+            preflight(self.spark, self.pool, self.task_modules, unreachable_s=self.unreachable_s,
+                      start_timeout_s=self.start_timeout_s)  # fmt: skip
         if self.feed is not None:
             self.pool.declare(fed_queue(self.job))
         watch = self.watch()
@@ -268,6 +278,17 @@ class SparkConsumerPool:
             except (ConveyorError, OSError) as e:
                 log.warning("could not remove the bookkeeping of %s on %s: %s", self.job, c.address, e)
 
+    def close(self) -> None:
+        """Stop the servers started for these consumers (none with a pool given or a default one)."""
+        if self._own is not None:
+            self._own.close()
+
+    def __enter__(self) -> SparkConsumerPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
     def start(self) -> SparkConsumerPool:
         """Run in a background thread of the driver; `join()` waits, `stop()` ends it early."""
 
@@ -302,6 +323,11 @@ class SparkConsumerPool:
             self.join(timeout)
 
 
+def _servers_for(spark: SparkSession) -> QueuePool:
+    """Servers for consumers given no pool: local ones on a local master, else beside the driver."""
+    return QueuePool.local(n_servers=2) if is_local(spark) else driver_pool(spark)
+
+
 def check_consumer_options(n_consumers: int | None, max_concurrency: int, batch_size: int | None, concurrency: str,
                            pin_core: bool) -> None:  # fmt: skip
     """Refuse bad consumer settings here, on the driver, rather than in every Spark task."""
@@ -311,19 +337,6 @@ def check_consumer_options(n_consumers: int | None, max_concurrency: int, batch_
     if concurrency not in ("thread", "process"):
         raise ValueError(f"concurrency must be 'thread' or 'process', got {concurrency!r}")
     check_pin(pin_core, concurrency)
-
-
-def task_slots(spark: SparkSession) -> int:
-    """The Spark tasks that can run at once now: executors x cores / spark.task.cpus (0: no executor yet).
-
-    Not `defaultParallelism`, which is a setting (Spark's tuning guide suggests 2-3 tasks per core)
-    and may promise slots that do not exist. Spark Connect: the setting, or 2.
-    """
-    try:
-        sc: Any = spark.sparkContext._jsc.sc()
-        return int(sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile()))
-    except Exception:
-        return int(spark.conf.get("spark.default.parallelism", "2") or 2)
 
 
 def consumer_count(spark: SparkSession, requested: int | None) -> int:
@@ -347,34 +360,3 @@ def consumer_count(spark: SparkSession, requested: int | None) -> int:
         guess = 2
     log.warning("no Spark executor has registered within %.0f s: sizing for %d consumers", SLOTS_WAIT_S, guess)
     return guess
-
-
-class _JobGroup:
-    """Name a job in the Spark UI: a job group and description, or (Spark Connect) a tag."""
-
-    def __init__(self, spark: SparkSession, group: str, description: str) -> None:
-        self.spark, self.group, self.description = spark, group, description
-        self._sc: Any = None
-
-    def __enter__(self) -> None:
-        try:
-            self._sc = self.spark.sparkContext
-        except Exception:
-            self._sc = None
-        if self._sc is not None:
-            self._sc.setJobGroup(self.group, self.description, interruptOnCancel=True)
-        else:
-            try:
-                self.spark.addTag(self.group)
-            except Exception as e:  # naming is a courtesy: never fail the job for it
-                log.debug("could not tag the Spark job: %s", e)
-
-    def __exit__(self, *exc: object) -> None:
-        if self._sc is not None:
-            self._sc.setLocalProperty("spark.jobGroup.id", None)
-            self._sc.setLocalProperty("spark.job.description", None)
-        else:
-            try:
-                self.spark.removeTag(self.group)
-            except Exception as e:
-                log.debug("could not untag the Spark job: %s", e)

@@ -59,11 +59,12 @@ def local(data_dir: str | Path | None = None, *, n_servers: int = 2, master: str
 
 def _check_local(master: str | None) -> None:
     """`local()` is for one machine: its servers listen on 127.0.0.1, its session binds the driver to
-    it. On a cluster the executors could reach neither (they would crash-loop trying), so refuse."""
+    it. On a cluster the executors could reach neither (they would crash-loop trying), so refuse
+    (`conveyor.cluster` is the cluster's counterpart)."""
     if master is None or master.startswith("local"):
         return
     raise ConveyorError(f"conveyor.local() runs everything on this machine, but the Spark master is {master!r}: its "
-                        "executors could not reach servers or a driver on 127.0.0.1. On a cluster, start queue servers "
-                        "the executors can reach (conveyor serve --host ADDRESS --token TOKEN on each server host), "
-                        "create your own SparkSession, and pass pool=QueuePool.connect([...], token=TOKEN) to "
-                        "conveyor.spark.map (see docs/spark.md, 'On a cluster')")  # fmt: skip
+                        "executors could not reach servers or a driver on 127.0.0.1. On a cluster, create your own "
+                        "SparkSession and use conveyor.cluster(spark) (queue servers beside the driver, with a token "
+                        "and TLS), or servers of your own (conveyor serve --host ADDRESS --token-file FILE --tls-cert "
+                        "... on each server host) passed as pool=QueuePool.connect([...]) (see docs/deploy.md)")  # fmt: skip

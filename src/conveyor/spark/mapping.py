@@ -28,6 +28,7 @@ null and whose input row is in `_input`, as JSON).
 from __future__ import annotations
 
 import logging
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -44,9 +45,12 @@ from conveyor.constants import (
     MAP_DEFAULT_ROWS_PER_MESSAGE,
 )
 from conveyor.errors import ConnectionLostError, ConveyorError
-from conveyor.spark.consumers import START_TIMEOUT_S, SparkConsumerPool, check_consumer_options, consumer_count
+from conveyor.spark.cluster import driver_pool, is_local
+from conveyor.spark.consumers import SparkConsumerPool, check_consumer_options, consumer_count
+from conveyor.spark.preflight import preflight
 from conveyor.spark.rows import EXTRA_COLUMNS, MAX_ROWS_PER_MESSAGE, RowRunner, put_partitions, putter, read_results, with_extra
 from conveyor.spark.session import check_workers_python
+from conveyor.spark.watch import START_TIMEOUT_S
 from conveyor.tasks.envelope import adhoc_task_name, function_ref
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import attempts_for, check_max_retries
@@ -104,11 +108,13 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
     func: called with each row as a dict; returns the output row as a dict (by column name), a
         tuple (in `schema` order) or, for a one-column schema, the value.
     schema: the output columns (DDL string or StructType), without `_id`, `_error`, `_input`.
-    pool: the queue servers; None: the default pool (`conveyor.local()`'s, or `set_default_pool`'s,
-        which must be a QueuePool), or else local servers started for this call (on the driver's
-        host: for local Spark only) and stopped after it. The output is read back from these
-        servers if an executor holding part of it is lost later; with servers stopped after the
-        call it is checkpointed on the executors instead.
+    pool: the queue servers; None: the default pool (`conveyor.local()`'s, `conveyor.cluster()`'s,
+        or `set_default_pool`'s, which must be a QueuePool), or else servers started for this call
+        and stopped after it: on this machine for local Spark, beside the driver on a cluster (with
+        a token and TLS: `conveyor.spark.cluster`). The output is read back from the servers if an
+        executor holding part of it is lost later; with servers stopped after the call it is
+        checkpointed on the executors instead. On a cluster the executors are checked first
+        (`conveyor.spark.preflight`): conveyor and func's module importable, the servers reachable.
     n_consumers, batch_size, max_concurrency, concurrency, pin_core: the consumers (see
         `SparkConsumerPool` and `Consumer`).
     max_retries: a row that raises is run again, up to this many times, then reported.
@@ -152,6 +158,8 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         if pool is None:
             pool = _default_pool(stack, spark)
         _check_servers(pool)
+        if not is_local(spark):  # every executor can import conveyor and func's module, and reach the servers
+            preflight(spark, pool, _module_of(func), unreachable_s=unreachable_s, start_timeout_s=start_timeout_s)
         job = uuid.uuid4().hex[:12]
         queue = f"map-{job}"
         try:
@@ -228,6 +236,14 @@ def _reader(pool: QueuePool, queue: str, schema: StructType) -> Callable[[Iterat
     return read
 
 
+def _module_of(func: Callable[..., Any]) -> list[str]:
+    """The module a function is pickled by reference to (the executors import it), if not ours or __main__."""
+    module = getattr(func, "__module__", None) or getattr(type(func), "__module__", None)
+    if not module or module == "__main__" or module.split(".")[0] in ("conveyor", "builtins"):
+        return []
+    return [module] if getattr(sys.modules.get(module), "__file__", None) else []
+
+
 def _check_servers(pool: QueuePool) -> None:
     """Fail at once, naming the servers, when some do not answer (rather than a bare ConnectionLostError later)."""
     down = [f"{c.address} ({p})" for c, p in zip(pool.clients, pool.reachable_stats(), strict=True)
@@ -266,11 +282,9 @@ def _default_pool(stack: ExitStack, spark: Any) -> QueuePool:
     ambient = _ambient()
     if ambient is not None:
         return ambient
-    master = spark.conf.get("spark.master", "")
-    if not master.startswith("local"):
-        raise ConveyorError(f"map: no pool given, and Spark runs on {master!r}: servers started here on 127.0.0.1 would be "
-                            "out of the executors' reach. Start queue servers they can reach (conveyor serve --host ... "
-                            "--token ...) and pass pool=QueuePool.connect([...], token=...)")  # fmt: skip
+    if not is_local(spark):
+        log.info("conveyor.spark.map: no pool given on a cluster: starting queue servers beside the driver for this call")
+        return stack.enter_context(driver_pool(spark))
     log.info("conveyor.spark.map: no pool given and no conveyor.local(): starting local queue servers for this call")
     return stack.enter_context(QueuePool.local(n_servers=2))
 

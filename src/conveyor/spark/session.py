@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import ConveyorError
 
@@ -112,3 +112,16 @@ def _which(exe: str) -> str:
     import shutil
 
     return shutil.which(exe) or exe
+
+
+def task_slots(spark: SparkSession) -> int:
+    """The Spark tasks that can run at once now: executors x cores / spark.task.cpus (0: no executor yet).
+
+    Not `defaultParallelism`, which is a setting (Spark's tuning guide suggests 2-3 tasks per core)
+    and may promise slots that do not exist. Spark Connect: the setting, or 2.
+    """
+    try:
+        sc: Any = spark.sparkContext._jsc.sc()
+        return int(sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile()))
+    except Exception:
+        return int(spark.conf.get("spark.default.parallelism", "2") or 2)

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("conveyor.spark")
 
+START_TIMEOUT_S = 120.0  # no task of a job started within this: the cluster grants no slot (NoSlotsError)
 POLL_S = 1.0  # how often the servers are asked (with a progress bar: BAR_POLL_S)
 BAR_POLL_S = 0.25
 DONE_GRACE_S = 5.0  # consumers end within ~1 s of the queues draining; a job running this long after is stuck
@@ -165,3 +166,34 @@ def _executors(spark: SparkSession) -> int | str:
         return len(spark.sparkContext.statusTracker().getExecutorInfos()) - 1  # the driver is listed too
     except Exception:
         return "unknown"
+
+
+class JobGroup:
+    """Name a job in the Spark UI: a job group and description, or (Spark Connect) a tag."""
+
+    def __init__(self, spark: SparkSession, group: str, description: str) -> None:
+        self.spark, self.group, self.description = spark, group, description
+        self._sc: Any = None
+
+    def __enter__(self) -> None:
+        try:
+            self._sc = self.spark.sparkContext
+        except Exception:
+            self._sc = None
+        if self._sc is not None:
+            self._sc.setJobGroup(self.group, self.description, interruptOnCancel=True)
+        else:
+            try:
+                self.spark.addTag(self.group)
+            except Exception as e:  # naming is a courtesy: never fail the job for it
+                log.debug("could not tag the Spark job: %s", e)
+
+    def __exit__(self, *exc: object) -> None:
+        if self._sc is not None:
+            self._sc.setLocalProperty("spark.jobGroup.id", None)
+            self._sc.setLocalProperty("spark.job.description", None)
+        else:
+            try:
+                self.spark.removeTag(self.group)
+            except Exception as e:
+                log.debug("could not untag the Spark job: %s", e)
