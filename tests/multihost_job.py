@@ -158,14 +158,26 @@ def first_row_s(rows: list[dict[str, Any]], called: float) -> float:
     return min(r["started"] for r in rows) - called
 
 
+def warm_up(batches: Any) -> Any:
+    import conveyor.spark.consumers  # what a consumer task imports
+    import conveyor.spark.rows  # noqa: F401
+
+    return batches
+
+
 def beside_the_driver(spark: Any, driver_ip: str, work: str) -> dict[str, Any]:
     """map and SparkConsumerPool with no pool: queue servers beside the driver (TLS, a token), then the same
     map with servers started beforehand (conveyor.cluster), for the time to the first row."""
     from conveyor.spark.consumers import SparkConsumerPool
 
+    logging.getLogger("conveyor.spark").setLevel(logging.INFO)  # the servers' start and the pre-flight, timed
     df = spark.range(ROWS, numPartitions=PARTITIONS)
     func = make_func(driver_ip, work, ROW_S["driver-servers"])
     opts: dict[str, Any] = {"schema": SCHEMA, "max_concurrency": MAX_CONCURRENCY, "rows_per_message": 1, "progress": False}
+    # both maps below find the executors' Python workers started, conveyor imported (a first map pays for that
+    # with servers or without): what differs is the servers' start and the pre-flight
+    spark.range(EXECUTORS * 4, numPartitions=EXECUTORS * 4).mapInArrow(warm_up, "id long").collect()
+    note("executors' Python workers started")
     called = time.time()
     rows = [r.asDict() for r in conveyor.spark.map(df, func, **opts).collect()]
     result: dict[str, Any] = {"rows": rows, "first_row_s": first_row_s(rows, called)}
@@ -239,7 +251,8 @@ def run(spark: Any, pool: QueuePool, driver_ip: str, scenario: str, work: str) -
 
 
 def main(master: str, driver_ip: str, servers: str, token: str, out_path: str, scenario: str, work: str) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s", stream=sys.stdout)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s [+%(relativeCreated).0f ms]",
+                        stream=sys.stdout)  # fmt: skip
     spark = get_or_create_session(master, app_name=f"conveyor-multihost-{scenario}", conf=conf(driver_ip, scenario))
     note("session started")
     try:

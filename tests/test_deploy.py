@@ -28,4 +28,3 @@ def test_the_kubernetes_statefulset_runs_a_secured_server_on_its_mounts() -> Non
         assert any(path == m or m in path.parents for m in mounts), f"{key} {path} is not on a mounted volume"
     claims = [c["metadata"]["name"] for c in sts["spec"]["volumeClaimTemplates"]]
     assert "data" in claims, "each server keeps its queues on a persistent volume"
-

@@ -30,7 +30,7 @@ from conveyor.message import Message, Status
 from conveyor.protocol.auth import is_loopback
 from conveyor.protocol.requests import QueueInfo, QueueStats
 from conveyor.protocol.tls import self_signed
-from conveyor.server.processes import spawn_server, stop_server
+from conveyor.server.processes import listening, start_server, stop_server
 from conveyor.tasks.envelope import adhoc_task_name, function_ref
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import Backoff, BackoffSpec
@@ -83,17 +83,15 @@ class QueuePool(ShardedQueues):
                 tmps.append(certs)
                 cert, key, fingerprint = self_signed(certs, [host, socket.gethostname()])
                 secure = ["--tls-cert", str(cert), "--tls-key", str(key)]
-            addresses = []
-            for i in range(n_servers):
+            for i in range(n_servers):  # all start at once, then each is waited for
                 d: Path | None = None  # a transient server
                 if temporary:
                     tmps.append(d := Path(tempfile.mkdtemp(prefix=f"conveyor-shard{i}-", dir=temp_dir)))
                 elif durable and data_dir is not None:
                     d = Path(data_dir) / f"shard-{i}"
                 args = ["--fsync", fsync, *(["--temporary"] if temporary else []), *secure]
-                proc, address = spawn_server(d, host=host, token=token, args=args)
-                procs.append(proc)
-                addresses.append(address)
+                procs.append(start_server(d, host=host, token=token, args=args))
+            addresses = [listening(p)[1] for p in procs]
             pool = cls.connect(addresses, token, batch_size=batch_size, fingerprint=fingerprint)
         except BaseException:
             for p in procs:

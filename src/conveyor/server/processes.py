@@ -9,7 +9,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from conveyor.errors import ConveyorError
 
@@ -23,6 +23,12 @@ def spawn_server(data_dir: str | Path | None, port: int = 0, *, host: str = "127
     The server logs to `stderr` (default: this process's stderr). It stops when this process ends,
     even by SIGKILL (`--stop-with-parent`, its stdin a pipe from here).
     """
+    return listening(start_server(data_dir, port, host=host, token=token, args=args, stderr=stderr))
+
+
+def start_server(data_dir: str | Path | None, port: int = 0, *, host: str = "127.0.0.1", token: str | None = None,
+                 args: Sequence[str] = (), stderr: Any = None) -> subprocess.Popen[bytes]:  # fmt: skip
+    """`spawn_server` without waiting: several servers start at once, then `listening` waits for each."""
     cmd = [sys.executable, "-m", "conveyor", "serve", "--host", host, "--port", str(port), "--stop-with-parent", *args]
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
@@ -30,7 +36,11 @@ def spawn_server(data_dir: str | Path | None, port: int = 0, *, host: str = "127
     env.pop("CONVEYOR_TOKEN", None)
     if token:
         env["CONVEYOR_TOKEN"] = token  # not on the command line, where `ps` would show it
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.PIPE, stderr=stderr, env=env)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.PIPE, stderr=stderr, env=env)
+
+
+def listening(proc: subprocess.Popen[bytes]) -> tuple[subprocess.Popen[bytes], str]:
+    """Wait (up to SERVER_START_TIMEOUT_S) for a started server to say it listens; (it, its address)."""
     assert proc.stdout is not None
     deadline = time.monotonic() + SERVER_START_TIMEOUT_S
     line = b""
@@ -43,7 +53,7 @@ def spawn_server(data_dir: str | Path | None, port: int = 0, *, host: str = "127
             proc.stdout.close()
             why = f"did not start within {SERVER_START_TIMEOUT_S:.0f} s" if chunk is None else \
                 f"exited with code {proc.returncode} before listening (see its errors above)"  # fmt: skip
-            raise ConveyorError(f"queue server {why}: {' '.join(cmd)}")
+            raise ConveyorError(f"queue server {why}: {' '.join(cast('list[str]', proc.args))}")
         line += chunk
     proc.stdout.close()  # the rest is not read: the server does not wait for it to be
     return proc, line.decode().splitlines()[0].split()[-1]  # "listening on ADDRESS"; more lines may follow

@@ -35,7 +35,8 @@ log = logging.getLogger("conveyor.spark")
 
 PROBE_TIMEOUT_S = 3.0  # an executor's wait for each queue server's answer
 PREFLIGHT_TTL_S = 300.0  # a passed check is trusted this long (executors may come and go)
-PREFLIGHT_DDL = "host string, python string, problems array<string>"
+PREFLIGHT_DDL = "host string, python string, problems string"  # problems: one per line (plain columns: a first job
+# with an array column costs the executors' JVMs ~1 s of warming up)
 REMEDY = {
     "conveyor": "install conveyor on the executors: ship a packed venv with spark.archives (venv-pack; "
     "spark.archives=conveyor-env.tar.gz#env and spark.pyspark.python=./env/bin/python), or put it on a path every "
@@ -49,7 +50,7 @@ REMEDY = {
 _PROBE_SOURCE = """
 def make_probe(version, modules, pool_bytes, driver_host, timeout_s):
     def probe(batches):
-        import importlib, pickle, socket, sys
+        import importlib, pickle, socket, struct, sys
         import pyarrow as pa
         for _ in batches:
             pass
@@ -87,7 +88,12 @@ def make_probe(version, modules, pool_bytes, driver_host, timeout_s):
         except OSError:
             here = "?"
         host = f"{socket.gethostname()} ({here})"
-        yield pa.RecordBatch.from_pylist([{"host": host, "python": sys.executable, "problems": problems}])
+        # columns from buffers: converting Python objects makes pyarrow import pandas (~0.5 s on a first job)
+        def column(text):
+            data = text.encode()
+            return pa.StringArray.from_buffers(1, pa.py_buffer(struct.pack("<ii", 0, len(data))), pa.py_buffer(data))
+        values = [column(host), column(sys.executable), column("\\n".join(problems))]
+        yield pa.RecordBatch.from_arrays(values, names=["host", "python", "problems"])
     return probe
 """
 
@@ -124,14 +130,14 @@ def preflight(spark: SparkSession, pool: QueuePool, task_modules: Sequence[str] 
                              {}) from e  # fmt: skip
     problems: dict[str, list[str]] = {}
     for r in rows:
-        for p in r["problems"]:
+        for p in filter(None, r["problems"].split("\n")):
             line = f"{p.split(': ', 1)[1]} [python {r['python']}]"
             if line not in problems.setdefault(r["host"], []):
                 problems[r["host"]].append(line)
         problems.setdefault(r["host"], [])
     bad = {h: ps for h, ps in problems.items() if ps}
     if bad:
-        kinds = {p.split(": ", 1)[0] for r in rows for p in r["problems"]}
+        kinds = {p.split(": ", 1)[0] for r in rows for p in filter(None, r["problems"].split("\n"))}
         lines = [f"  - {h}: {'; '.join(ps)}" for h, ps in sorted(bad.items())]
         todo = [f"  * {REMEDY[k]}" for k in ("conveyor", "module", "server") if k in kinds]
         raise PreflightError(f"conveyor pre-flight: {len(bad)} of {len(problems)} executor host(s) cannot do the work:\n"
