@@ -30,6 +30,7 @@ def double(row: dict[str, int]) -> dict[str, int]:
 def main(url: str, out: Path) -> None:
     from pyspark.sql import SparkSession
 
+    import conveyor
     import conveyor.spark
     from conveyor import TaskGraph
     from conveyor.client.pool import QueuePool
@@ -49,6 +50,18 @@ def main(url: str, out: Path) -> None:
         result["consumers"] = [s["processed"] for s in stats]
         results = {i: decode_result(r) for i, r in pool.results("jobs")}
         result["tasks"] = sorted(results[h.id] for h in handles)
+
+    # servers beside "the driver": under Connect there is none here to follow, so an address must be named
+    try:
+        with conveyor.cluster(spark):
+            result["cluster_unnamed"] = "started"
+    except conveyor.ConveyorError as e:
+        result["cluster_unnamed"] = str(e)
+    with conveyor.cluster(spark, host="127.0.0.1") as c:  # on this (the client's) machine, which the executors reach
+        result["cluster_addresses"] = c.pool.addresses
+        rows = conveyor.spark.map(spark.range(ROWS, numPartitions=2), lambda r: {"y": r["id"]}, schema="y long",
+                                  progress=False).collect()  # fmt: skip
+        result["cluster_map"] = sorted(r["y"] for r in rows)
 
     csv = out.with_suffix(".csv")
     csv.write_text("".join(f"{i},w{i % 11}\n" for i in range(CSV_ROWS)))

@@ -21,12 +21,14 @@ from typing import Any
 
 import pytest
 
+from conveyor.protocol.tls import self_signed
 from tests.clusterbed import ClusterBed
 from tests.multihost_job import MARK, ROWS, START_TIMEOUT_S, UNREACHABLE_S
 from tests.netbed import BedUnavailable, ns_pids, unavailable
-from tests.procs import alive, cmdline, kill_tree, tail
+from tests.procs import alive, cmdline, kill_tree, tail, wait_until
 
 JOB = Path(__file__).with_name("multihost_job.py")
+RELAY = Path(__file__).with_name("relay.py")
 TOKEN = "multihost-test-token"
 JOB_TIMEOUT_S = 180.0  # driver JVM, two executors, then a few seconds of rows
 MARK_TIMEOUT_S = 120.0  # the driver JVM and its executors start, and the map is under way
@@ -288,6 +290,46 @@ def test_the_preflight_names_each_host_and_what_it_lacks(bed: ClusterBed, tmp_pa
     took = took_since(result["map_called"], result)
     print(f"\nnetbed: pre-flight failed {took:.1f} s after map was called:\n{result['error']}")
     assert took <= 15, f"the pre-flight took {took:.1f} s"
+
+
+MITM_CLIENT = """
+import sys
+from conveyor.client.queue_client import QueueClient
+from conveyor.errors import ConnectionLostError
+from conveyor.message import Message
+relayed, direct, token, fp = sys.argv[1:5]
+try:
+    QueueClient(relayed, token, fingerprint=fp, timeout=10).put("q", [Message(payload=b"pay 100 EUR to alice" * 3000)])
+    print("STORED THROUGH THE RELAY")
+except ConnectionLostError as e:
+    print("DETECTED:", e)
+with QueueClient(direct, token, fingerprint=fp) as c:
+    print("STORED:", sum(q.ready for q in c.stats().values()))
+"""
+
+
+@pytest.mark.cluster
+@pytest.mark.timeout(120)
+def test_a_relay_on_the_network_that_alters_a_byte_is_detected(bed: ClusterBed, tmp_path: Path) -> None:
+    """A TLS server on server1, a man in the middle on `driver` flipping one byte of a put after the
+    handshakes, a client on worker0: the connection fails saying so, and nothing is stored."""
+    cert, key, fp = self_signed(tmp_path / "tls", [bed.ip("server1")])
+    token = tmp_path / "token"
+    token.write_text("mitm-token\n")
+    token.chmod(0o600)
+    server = bed.spawn("server1", "tls-server", [sys.executable, "-m", "conveyor", "serve", "--host", bed.ip("server1"),
+                                                 "--port", "7171", "--token-file", str(token), "--tls-cert", str(cert),
+                                                 "--tls-key", str(key)])  # fmt: skip
+    wait_until("the TLS server", lambda: "listening on tls://" in tail(server.log), [server], 60, lambda: tail(server.log))
+    relay = bed.spawn("driver", "relay", [sys.executable, str(RELAY), bed.ip("driver"), "7272", bed.ip("server1"), "7171",
+                                          "30000"])  # fmt: skip
+    wait_until("the relay", lambda: "relaying" in tail(relay.log), [relay], 30, lambda: tail(relay.log))
+    r = bed.net.run("worker0", [sys.executable, "-c", MITM_CLIENT, f"tls://{bed.ip('driver')}:7272",
+                                f"tls://{bed.ip('server1')}:7171", "mitm-token", fp], timeout=60)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "DETECTED:" in r.stdout and "integrity check" in r.stdout, r.stdout
+    assert "STORED: 0" in r.stdout, r.stdout
+    assert "TLS error" in tail(server.log) and "mitm-token" not in tail(server.log), tail(server.log)
 
 
 @pytest.mark.cluster

@@ -84,3 +84,6 @@ def test_map_consumers_and_graph_through_spark_connect(connect_server: tuple[str
     assert sum(result["consumers"]) == TASKS and len(result["consumers"]) == 2
     assert result["tasks"] == sorted(2 * i for i in range(TASKS))
     assert result["graph_count"] == CSV_ROWS
+    assert "under Spark Connect" in result["cluster_unnamed"] and "host=" in result["cluster_unnamed"]
+    assert all(a.startswith("tcp://127.0.0.1:") for a in result["cluster_addresses"])  # loopback: no TLS needed
+    assert result["cluster_map"] == list(range(ROWS))

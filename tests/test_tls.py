@@ -5,14 +5,10 @@ from __future__ import annotations
 
 import logging
 import pickle
-import socket
 import stat
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
 from pathlib import Path
 
 import pytest
@@ -25,6 +21,7 @@ from conveyor.protocol.auth import load_token
 from conveyor.protocol.tls import ClientTLS, cert_fingerprint, normal_fingerprint, self_signed, server_context
 from conveyor.server.queue_server import QueueServer
 
+from .relay import relay
 from .servers import thread_server
 
 pytestmark = pytest.mark.timeout(60)
@@ -105,58 +102,6 @@ def test_a_server_with_a_ca_requires_a_client_certificate(certs: dict[str, tuple
         with pytest.raises(ConveyorError):
             QueueClient(s.address, tls=ClientTLS.make(fingerprint=fp, cert=stranger[0], key=stranger[1]),
                         connect_timeout=2, timeout=5).ping()  # fmt: skip
-
-
-class Relay:
-    """A man in the middle on the path: it forwards both ways, and flips one byte of what the client
-    sends once `after` bytes have gone by (after the handshakes)."""
-
-    def __init__(self, target: tuple[str, int], after: int) -> None:
-        self.target, self.after = target, after
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.flipped = False
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                a, _ = self.listener.accept()
-            except OSError:
-                return
-            b = socket.create_connection(self.target)
-            threading.Thread(target=self._pipe, args=(a, b, True), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(b, a, False), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket, upstream: bool) -> None:
-        seen = 0
-        try:
-            while chunk := src.recv(65536):
-                if upstream and not self.flipped and seen + len(chunk) > self.after:
-                    at = max(0, self.after - seen)
-                    chunk = chunk[:at] + bytes([chunk[at] ^ 0x20]) + chunk[at + 1 :]
-                    self.flipped = True
-                seen += len(chunk)
-                dst.sendall(chunk)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                with suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-
-    def close(self) -> None:
-        self.listener.close()
-
-
-@contextmanager
-def relay(target: str, after: int) -> Iterator[Relay]:
-    host, port = target.split("://")[1].rsplit(":", 1)
-    r = Relay((host, int(port)), after)
-    try:
-        yield r
-    finally:
-        r.close()
 
 
 PAYLOAD = b"pay 100 EUR to alice" * 3000  # 60 kB: the flipped byte falls inside it
