@@ -46,6 +46,16 @@ def test_a_missing_task_module_and_a_server_down_are_named_in_one_error(spark: S
     assert "1 of 1 executor host(s)" in message and "sc.addPyFile" in message and "firewalls" in message
 
 
+def test_an_import_error_of_several_lines_is_reported_on_one(spark: SparkSession) -> None:
+    with QueuePool.local(n_servers=1) as pool, pytest.raises(PreflightError) as e:
+        preflight(spark, pool, ["tests.preflight_multiline"])
+    [problems] = e.value.problems.values()
+    assert problems == [
+        "task module 'tests.preflight_multiline' is not importable (ImportError: Importing the "
+        f"C-extensions failed. Here is how to debug it: see the docs) [python {problems[0].split('[python ')[1]}"
+    ]
+
+
 def test_where_servers_beside_the_driver_would_listen(spark: SparkSession) -> None:
     assert is_local(spark) and driver_host(spark) == "127.0.0.1"
     assert driver_host(spark, host="10.1.2.3") == "10.1.2.3"

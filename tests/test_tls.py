@@ -49,6 +49,10 @@ def test_a_self_signed_certificate_its_key_and_fingerprint(certs: dict[str, tupl
         server_context(cert, cert)  # a certificate is no key
     with pytest.raises(ValueError, match="needs both cert= and key="):
         ClientTLS.make(cert=cert)
+    with pytest.raises(ValueError, match="tls=False with the TLS address"):
+        QueueClient("tls://127.0.0.1:7070", tls=False)
+    secret = ClientTLS.make(fingerprint=fp, cert=cert, key=key)
+    assert secret is not None and b"PRIVATE" in (secret.key or b"") and "PRIVATE" not in repr(secret)
 
 
 def test_a_pinned_server_serves_over_tls(certs: dict[str, tuple[Path, Path, str]]) -> None:
@@ -94,14 +98,13 @@ def test_a_server_with_a_ca_requires_a_client_certificate(certs: dict[str, tuple
     cert, key, fp = certs["server"]
     client_cert, client_key, _ = certs["client"]
     with thread_server(tls=server_context(cert, key, ca=client_cert)) as s:
-        with QueueClient(s.address, tls=ClientTLS.make(fingerprint=fp, cert=client_cert, key=client_key)) as c:
+        with QueueClient(s.address, fingerprint=fp, cert=client_cert, key=client_key) as c:
             assert c.ping()["pong"]
-        with pytest.raises(ConveyorError):
-            QueueClient(s.address, tls=ClientTLS.make(fingerprint=fp), connect_timeout=2, timeout=5).ping()
+        with pytest.raises(ConveyorError, match=r"client certificate|refused this client"):
+            QueueClient(s.address, fingerprint=fp, connect_timeout=2, timeout=5).ping()
         stranger = certs["other"]
-        with pytest.raises(ConveyorError):
-            QueueClient(s.address, tls=ClientTLS.make(fingerprint=fp, cert=stranger[0], key=stranger[1]),
-                        connect_timeout=2, timeout=5).ping()  # fmt: skip
+        with pytest.raises(ConveyorError, match=r"client certificate|refused this client"):
+            QueueClient(s.address, fingerprint=fp, cert=stranger[0], key=stranger[1], connect_timeout=2, timeout=5).ping()
 
 
 PAYLOAD = b"pay 100 EUR to alice" * 3000  # 60 kB: the flipped byte falls inside it
@@ -146,6 +149,12 @@ def test_a_token_file(tmp_path: Path) -> None:
         load_token(f)
     with pytest.raises(ConveyorError, match="cannot read the token file"):
         load_token(tmp_path / "missing")
+    f.write_bytes(b"\xef\xbb\xbf\n  s3cret  \nignored\n")  # a byte-order mark, a blank line first
+    assert load_token(f) == "s3cret"
+    f.write_bytes(b"s3cr\xffet\n")
+    with pytest.raises(ConveyorError, match="not UTF-8 text") as e:
+        load_token(f)
+    assert "s3cr" not in str(e.value)
 
 
 def test_serve_with_a_token_file_and_tls_never_prints_the_token(tmp_path: Path, certs: dict[str, tuple[Path, Path, str]]) -> None:
@@ -191,6 +200,18 @@ def test_local_servers_off_loopback_get_a_token_and_tls_by_default() -> None:
                 QueueClient(a, tls=pool.clients[0].tls).ping()
     with QueuePool.local(n_servers=1, tls=True) as pool:  # loopback: TLS only when asked
         assert pool.addresses[0].startswith("tls://127.0.0.1:") and pool.clients[0]._key is None
+        assert pool.stats() == {}
+
+
+def test_local_servers_keep_no_key_on_disk_and_ignore_a_token_file_in_the_environment(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    stray = tmp_path / "someone-elses-token"
+    stray.write_text("not the pool's\n")
+    monkeypatch.setenv("CONVEYOR_TOKEN_FILE", str(stray))  # e.g. a pod's, for servers of its own
+    with QueuePool.local(n_servers=1, host="0.0.0.0", temp_dir=tmp_path) as pool:
+        assert pool.stats() == {}  # the pool's generated token, not the file's
+        assert not list(tmp_path.glob("conveyor-tls-*")), "the certificate's key is removed once the servers listen"
+    with QueuePool.local(n_servers=1) as pool:  # loopback, no token: none from the environment either
         assert pool.stats() == {}
 
 

@@ -39,11 +39,13 @@ def connect_options(f: Any) -> Any:
 
     @functools.wraps(f)
     def wrapped(addresses: tuple[str, ...], token: str | None, token_file: Path | None, tls: bool,
-                tls_ca: Path | None, tls_fingerprint: str | None, **kw: Any) -> Any:  # fmt: skip
+                tls_ca: Path | None, tls_fingerprint: str | None, tls_client_cert: Path | None,
+                tls_client_key: Path | None, **kw: Any) -> Any:  # fmt: skip
         try:
-            client_tls = ClientTLS.make(tls or None, ca=tls_ca, fingerprint=tls_fingerprint)
+            client_tls = ClientTLS.make(tls or None, ca=tls_ca, fingerprint=tls_fingerprint, cert=tls_client_cert,
+                                        key=tls_client_key)  # fmt: skip
         except (ValueError, ConveyorError) as e:
-            raise click.BadParameter(str(e), param_hint="--tls-ca / --tls-fingerprint") from None
+            raise click.BadParameter(str(e), param_hint="--tls-*") from None
         return f(conn=Connection(addresses, token_of(token, token_file), client_tls), **kw)
 
     for option in reversed([
@@ -58,6 +60,10 @@ def connect_options(f: Any) -> Any:
                      help="Trust the servers' certificates this CA file (PEM) signed."),
         click.option("--tls-fingerprint", default=None, envvar="CONVEYOR_TLS_FINGERPRINT",
                      help="Trust only the server certificate with this sha256 fingerprint (as `conveyor serve` prints it)."),
+        click.option("--tls-client-cert", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="This client's certificate (PEM), for servers started with --tls-ca; with --tls-client-key."),
+        click.option("--tls-client-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     help="The key of --tls-client-cert (PEM)."),
     ]):  # fmt: skip
         wrapped = option(wrapped)
     return wrapped

@@ -75,12 +75,12 @@ class QueuePool(ShardedQueues):
         tmps: list[Path] = []
         remote = not is_loopback(host)
         token = token or (secrets.token_urlsafe(32) if remote else None)
+        certs = None  # the certificate and key: read by the servers as they start, removed once they listen
         try:
             secure: list[str] = []
             fingerprint = None
             if remote if tls is None else tls:
-                certs = Path(tempfile.mkdtemp(prefix="conveyor-tls-", dir=temp_dir))  # read by the servers as they start
-                tmps.append(certs)
+                certs = Path(tempfile.mkdtemp(prefix="conveyor-tls-", dir=temp_dir))
                 cert, key, fingerprint = self_signed(certs, [host, socket.gethostname()])
                 secure = ["--tls-cert", str(cert), "--tls-key", str(key)]
             for i in range(n_servers):  # all start at once, then each is waited for
@@ -99,6 +99,9 @@ class QueuePool(ShardedQueues):
             for d in tmps:
                 shutil.rmtree(d, ignore_errors=True)
             raise
+        finally:
+            if certs is not None:
+                shutil.rmtree(certs, ignore_errors=True)
         pool._procs, pool._tmp = procs, tmps
         return pool
 

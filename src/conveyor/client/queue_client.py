@@ -29,7 +29,7 @@ from conveyor.protocol.auth import as_key, auth_request, check_server_proof
 from conveyor.protocol.declarations import LIMITS_KEY
 from conveyor.protocol.framing import Frames, Header, Limits
 from conveyor.protocol.requests import Call, Counts, QueueInfo, QueueStats
-from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME, ClientTLS
+from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME, ClientTLS, connect_hint, refused_after_handshake
 
 T = TypeVar("T")
 PIPELINE_WINDOW = 16  # requests a blocking client keeps in flight in `pipeline`
@@ -70,15 +70,19 @@ class QueueClient:
     """A blocking client of one queue server; thread-safe (one request at a time, or `pipeline`).
 
     TLS (`ClientTLS.make`): `tls=True` (or a tls:// address) trusts the system's CAs, `ca` a CA file,
-    `fingerprint` pins the server's certificate (as `conveyor serve` prints it). The address then reads tls://.
+    `fingerprint` pins the server's certificate (as `conveyor serve` prints it); `cert` and `key`: this
+    client's certificate, for a server started with --tls-ca. The address then reads tls://.
     """
 
     def __init__(self, address: str = f"tcp://127.0.0.1:{DEFAULT_PORT}", token: str | bytes | None = None, *,
                  timeout: float = 30.0, connect_timeout: float = 10.0, limits: Limits | None = None,
                  tls: bool | ClientTLS | None = None, ca: str | Path | None = None,
-                 fingerprint: str | Sequence[str] | None = None) -> None:  # fmt: skip
+                 fingerprint: str | Sequence[str] | None = None, cert: str | Path | None = None,
+                 key: str | Path | None = None) -> None:  # fmt: skip
         self.host, self.port = parse_address(address)
-        self.tls = ClientTLS.make(tls or (True if address.startswith(TLS_SCHEME) else tls), ca=ca, fingerprint=fingerprint)
+        if tls is False and address.startswith(TLS_SCHEME):
+            raise ValueError(f"tls=False with the TLS address {address}: use tcp:// for plain TCP")
+        self.tls = ClientTLS.make(tls or address.startswith(TLS_SCHEME), ca=ca, fingerprint=fingerprint, cert=cert, key=key)
         host = f"[{self.host}]" if ":" in self.host else self.host
         self.address = f"{TCP_SCHEME if self.tls is None else TLS_SCHEME}{host}:{self.port}"
         self._key = as_key(token)
@@ -135,13 +139,8 @@ class QueueClient:
         return 0.0 if since is None else time.monotonic() - since
 
     def _cannot_connect(self, started: float, error: BaseException | None) -> ConnectionLostError:
-        hint = ""
-        if isinstance(error, TimeoutError) and self.tls is None:
-            hint = " (no greeting came: if the server uses TLS, connect with a tls:// address or tls=...)"
-        elif isinstance(error, ConnectionLostError) and self.tls is not None:  # closed after the TLS handshake
-            hint = " (a server started with --tls-ca closes connections without a client certificate it accepts)"
         return ConnectionLostError(f"cannot connect to {self.address} (tried for {time.monotonic() - started:.1f} s): "
-                                   f"{error}{hint}")  # fmt: skip
+                                   f"{error}{connect_hint(error, self.tls is not None)}")  # fmt: skip
 
     def _secure(self, sock: socket.socket) -> socket.socket:
         return sock if self.tls is None else self.tls.wrap(sock, self.host, self.address)
@@ -173,6 +172,9 @@ class QueueClient:
             self._used = time.monotonic()
             try:
                 self._handshake()
+            except ssl.SSLError as e:  # after the TLS handshake: the server refused our certificate, say
+                self.close()
+                raise refused_after_handshake(e, self.address) from None
             except OSError as e:  # a server starting or stopping: try again
                 self.close()
                 error = e

@@ -33,13 +33,15 @@ def as_key(token: str | bytes | None) -> bytes | None:
 
 
 def load_token(path: str | Path) -> str:
-    """A token from a file (a mounted secret, say): its first line, without the line end. The error
+    """A token from a file (a mounted secret, say): its first non-blank line, stripped. An error
     names the file, never its content."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConveyorError(f"cannot read the token file {path}: {getattr(e, 'strerror', None) or e}") from None
-    token = text.splitlines()[0].strip() if text.strip() else ""
+        text = Path(path).read_text(encoding="utf-8-sig")  # -sig: a byte-order mark is not part of the token
+    except OSError as e:
+        raise ConveyorError(f"cannot read the token file {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError:  # its message would quote a byte of the secret
+        raise ConveyorError(f"cannot read the token file {path}: it is not UTF-8 text") from None
+    token = next((line.strip() for line in text.splitlines() if line.strip()), "")
     if not token:
         raise ConveyorError(f"the token file {path} is empty")
     return token

@@ -24,10 +24,11 @@ import socket
 import ssl
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
 
-from conveyor.errors import AuthError, ConveyorError, ProtocolError
+from conveyor.errors import AuthError, ConnectionLostError, ConveyorError, ProtocolError
 
 TLS_SCHEME, TCP_SCHEME = "tls://", "tcp://"
 CERT_DAYS = 3650  # a self-signed certificate's validity: pinned by fingerprint, it is replaced, not renewed
@@ -68,9 +69,9 @@ class ClientTLS:
     """
 
     fingerprints: tuple[str, ...] = ()
-    cadata: str | None = None
-    cert: bytes | None = None
-    key: bytes | None = None
+    cadata: str | None = field(default=None, repr=False)
+    cert: bytes | None = field(default=None, repr=False)
+    key: bytes | None = field(default=None, repr=False)  # never in a repr (a log line, a traceback)
 
     @classmethod
     def make(cls, tls: bool | ClientTLS | None = None, *, ca: str | Path | None = None,
@@ -94,6 +95,10 @@ class ClientTLS:
                    key=None if key is None else _read(key, "client key"))  # fmt: skip
 
     def context(self) -> ssl.SSLContext:
+        """The client's SSL context (made once per ClientTLS and process: it loads CAs and keys)."""
+        return _context(self)
+
+    def _make_context(self) -> ssl.SSLContext:
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
         if self.fingerprints:  # pinned: the fingerprint is checked after the handshake (`check`)
@@ -112,6 +117,9 @@ class ClientTLS:
         peer that does not speak TLS (ProtocolError) is not retried: trying again would not change it."""
         try:
             tls = self.context().wrap_socket(sock, server_hostname=host)
+        except (ssl.SSLEOFError, ssl.SSLZeroReturnError):  # the peer went away mid-handshake (restarting?): retried
+            sock.close()
+            raise
         except ssl.SSLCertVerificationError as e:
             sock.close()
             raise AuthError(f"{address}: its TLS certificate was refused ({e.verify_message or e}): trust the CA that "
@@ -127,6 +135,29 @@ class ClientTLS:
             raise AuthError(f"{address}: its TLS certificate (sha256 {got or 'none'}) is not the one pinned "
                             f"({', '.join(self.fingerprints)}): not the server you meant, or one on the path")  # fmt: skip
         return tls
+
+
+def refused_after_handshake(e: ssl.SSLError, address: str) -> ConveyorError:
+    """An SSL error while reading a server's greeting: its alert refusing this client's certificate
+    (TLS 1.3 says so only after the handshake), or a broken connection."""
+    if "ALERT" in str(e.reason):
+        return AuthError(f"{address}: the server refused this client's TLS certificate ({e.reason}): give cert= and "
+                         "key= of one a CA it trusts (its --tls-ca) signed")  # fmt: skip
+    return ConnectionLostError(f"{address}: TLS error ({e.reason or e})")
+
+
+def connect_hint(error: BaseException | None, tls: bool) -> str:
+    """What a failure to connect may mean, where TLS is the likely cause."""
+    if isinstance(error, TimeoutError) and not tls:
+        return " (no greeting came: if the server uses TLS, connect with a tls:// address or tls=...)"
+    if isinstance(error, ConnectionLostError) and tls:  # closed after the TLS handshake
+        return " (a server started with --tls-ca closes connections without a client certificate it accepts)"
+    return ""
+
+
+@lru_cache(maxsize=64)
+def _context(tls: ClientTLS) -> ssl.SSLContext:
+    return tls._make_context()
 
 
 def _load_chain(ctx: ssl.SSLContext, cert: bytes, key: bytes) -> None:
@@ -188,7 +219,8 @@ def self_signed(directory: str | Path, hosts: Sequence[str], days: int = CERT_DA
     d.mkdir(parents=True, exist_ok=True)
     cert_path, key_path = d / "conveyor-cert.pem", d / "conveyor-key.pem"
     cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT: make it private
     with os.fdopen(fd, "wb") as f:
         f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                   serialization.NoEncryption()))  # fmt: skip

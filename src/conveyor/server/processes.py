@@ -32,8 +32,7 @@ def start_server(data_dir: str | Path | None, port: int = 0, *, host: str = "127
     cmd = [sys.executable, "-m", "conveyor", "serve", "--host", host, "--port", str(port), "--stop-with-parent", *args]
     if data_dir is not None:
         cmd += ["--data-dir", str(data_dir)]
-    env = dict(os.environ)
-    env.pop("CONVEYOR_TOKEN", None)
+    env = {k: v for k, v in os.environ.items() if k not in ("CONVEYOR_TOKEN", "CONVEYOR_TOKEN_FILE")}  # the pool's own
     if token:
         env["CONVEYOR_TOKEN"] = token  # not on the command line, where `ps` would show it
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.PIPE, stderr=stderr, env=env)

@@ -90,7 +90,7 @@ class _Connection:
 
     async def send(self, header: Header, frames: Sequence[bytes] = ()) -> None:
         """Write one frame set; a peer that went away is not an error of ours."""
-        with contextlib.suppress(ConnectionError, RuntimeError):
+        with contextlib.suppress(OSError, RuntimeError):  # OSError: also a TLS error the reader met first
             async with self.lock:
                 parts = protocol.encode(header, frames)
                 self.writer.write(b"".join(parts)) if self.tls else self.writer.writelines(parts)
@@ -186,7 +186,7 @@ class QueueServer:
                                 f"{self.max_connections} connections: raise it, or lower --max-connections")  # fmt: skip
         self.queues = QueueHost(self.data_dir, self.defaults, self.repair, fd_budget=budget)
         try:
-            handshake_s = None if self.tls is None else self.request_timeout_s  # asyncio takes it only with ssl
+            handshake_s = None if self.tls is None else AUTH_TIMEOUT_S  # unaccounted until done: kept short
             self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=2**20, ssl=self.tls,
                                                       ssl_handshake_timeout=handshake_s)  # fmt: skip
         except BaseException:

@@ -100,6 +100,16 @@ def interface_address(name: str) -> str:
     return found
 
 
+def _routed() -> str | None:
+    """This host's address on its default route (None: it has none)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("198.51.100.1", 9))  # no packet is sent: only the route is looked up
+            return str(s.getsockname()[0])
+        except OSError:
+            return None
+
+
 def reachable_addresses(address: str, host: str, port: int) -> list[str]:
     """Addresses a client can use for a server at `address`: bound to every interface (0.0.0.0 or ::),
     one per IPv4 interface address, loopback last (0.0.0.0 itself reaches nothing from elsewhere)."""
@@ -107,5 +117,6 @@ def reachable_addresses(address: str, host: str, port: int) -> list[str]:
         return [address]
     scheme = address.split("://")[0]
     found = {a for _, name in socket.if_nameindex() if (a := _ipv4(name))}
-    ordered = sorted(found, key=lambda a: (ipaddress.ip_address(a).is_loopback, a))
+    routed = _routed()  # the address of the default route's interface first (not docker0's, say)
+    ordered = sorted(found, key=lambda a: (a != routed, ipaddress.ip_address(a).is_loopback, a))
     return [f"{scheme}://{a}:{port}" for a in ordered] or [address]

@@ -167,11 +167,11 @@ class SparkConsumerPool:
                  progress: bool | None = False) -> None:  # fmt: skip
         self.spark = spark
         check_consumer_options(n_consumers, max_concurrency, batch_size, concurrency, pin_core)
-        default = get_default_pool()
-        self._own = None if pool is not None or isinstance(default, QueuePool) else _servers_for(spark)
-        self.pool: QueuePool = pool or self._own or cast("QueuePool", default)
         self.n_consumers = consumer_count(spark, n_consumers)
         check_workers_python(spark)
+        default = get_default_pool()  # servers started here come last: nothing below can fail and leave them running
+        self._own = None if pool is not None or isinstance(default, QueuePool) else _servers_for(spark)
+        self.pool: QueuePool = pool or self._own or cast("QueuePool", default)
         self.queues, self.task_modules = list(queues), list(task_modules)
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
         self.options = {"batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency,

@@ -1,6 +1,7 @@
 """Pre-flight: before any work starts on a cluster, check that every executor can do it.
 
-One small Spark job (a task per task slot, so every executor of an idle cluster runs one) asks each
+One small Spark job (a task per task slot: on an idle cluster every executor runs one; best effort on
+a busy one, or under dynamic allocation before executors are granted) asks each
 executor's Python: is conveyor importable, and the driver's version? Are the task modules
 importable? Does every queue server answer (TLS certificate accepted, token right)? Every problem
 comes back in one `PreflightError` that names each host (its name and the address it reaches the
@@ -55,30 +56,32 @@ def make_probe(version, modules, pool_bytes, driver_host, timeout_s):
         for _ in batches:
             pass
         problems = []
+        def why(e):  # one line: the problems travel one per line
+            return " ".join(f"{type(e).__name__}: {e}".split())
         try:
             import conveyor
         except Exception as e:
             conveyor = None
-            problems.append(f"conveyor: conveyor is not importable ({type(e).__name__}: {e})")
+            problems.append(f"conveyor: conveyor is not importable ({why(e)})")
         if conveyor is not None and getattr(conveyor, "__version__", None) != version:
             problems.append(f"conveyor: conveyor {getattr(conveyor, '__version__', '?')} here, {version} on the driver")
         for name in modules:
             try:
                 importlib.import_module(name)
             except Exception as e:
-                problems.append(f"module: task module {name!r} is not importable ({type(e).__name__}: {e})")
+                problems.append(f"module: task module {name!r} is not importable ({why(e)})")
         if conveyor is not None and pool_bytes:
             try:
                 clients = pickle.loads(pool_bytes).clients
             except Exception as e:
                 clients = []
-                problems.append(f"server: the pool could not be read here ({type(e).__name__}: {e})")
+                problems.append(f"server: the pool could not be read here ({why(e)})")
             for c in clients:
                 c.connect_timeout = c.timeout = timeout_s
                 try:
                     c.ping()
                 except Exception as e:
-                    problems.append(f"server: queue server {c.address} does not answer ({type(e).__name__}: {e})")
+                    problems.append(f"server: queue server {c.address} does not answer ({why(e)})")
                 finally:
                     c.close()
         try:
@@ -131,13 +134,13 @@ def preflight(spark: SparkSession, pool: QueuePool, task_modules: Sequence[str] 
     problems: dict[str, list[str]] = {}
     for r in rows:
         for p in filter(None, r["problems"].split("\n")):
-            line = f"{p.split(': ', 1)[1]} [python {r['python']}]"
+            line = f"{p.partition(': ')[2] or p} [python {r['python']}]"
             if line not in problems.setdefault(r["host"], []):
                 problems[r["host"]].append(line)
         problems.setdefault(r["host"], [])
     bad = {h: ps for h, ps in problems.items() if ps}
     if bad:
-        kinds = {p.split(": ", 1)[0] for r in rows for p in filter(None, r["problems"].split("\n"))}
+        kinds = {p.partition(": ")[0] for r in rows for p in filter(None, r["problems"].split("\n"))}
         lines = [f"  - {h}: {'; '.join(ps)}" for h, ps in sorted(bad.items())]
         todo = [f"  * {REMEDY[k]}" for k in ("conveyor", "module", "server") if k in kinds]
         raise PreflightError(f"conveyor pre-flight: {len(bad)} of {len(problems)} executor host(s) cannot do the work:\n"
