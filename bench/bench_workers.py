@@ -3,19 +3,22 @@
 Two reference workloads, on a `QueuePool.local` of 2 durable servers and a `ConsumerPool` of 2
 consumer processes (started before timing, as the executor's processes are):
 
-- no-op: publish `--n` (200,000) no-op tasks with ~100-byte payloads, then wait until drained
-  (512 threads per consumer, fetching up to 1,000 at a time);
+- no-op: publish `--n` (200,000) no-op tasks with ~100-byte payloads, then wait until drained,
+  with the consumers' default settings and tuned (512 threads per consumer, fetching up to 1,000
+  at a time);
   throughput = tasks / (publish start to drained). Baseline: `ProcessPoolExecutor(2).map` of a
   no-op function over the same payloads, with the best chunksize of several tried.
-- skewed: 2,000 CPU busy-loops summing to 10 s (`bench/workloads.py`), with each of the
-  consumer settings below (threads, pinned or not; processes);
+- skewed: 2,000 CPU busy-loops summing to 10 s (`bench/workloads.py`), with the default settings
+  and each of the tuned ones below (threads, pinned or not; processes);
   efficiency = total work / (2 workers x makespan). Baseline: `ProcessPoolExecutor.map` over
   the same durations, with the best chunksize (and 2 or 4 processes) of those tried.
 
 Each figure is the median of `--runs`; ratios are of the medians. The machine is small and noisy:
 compare ratios, not single times.
 
-    python bench/bench_workers.py [--quick] [--fsync batch|interval] [--runs 3]
+With --busy, everything is measured beside one CPU-bound background process (a busy machine).
+
+    python bench/bench_workers.py [--quick] [--fsync batch|interval] [--runs 3] [--busy]
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import bench_tasks
-from benchlib import Row, make_console, number, print_report, progress, rate, ratio
+from benchlib import Row, busy_machine, make_console, number, print_report, progress, rate, ratio
 from compat import QueuePool
 from conveyor.worker import ConsumerPool
 from workloads import NOOP_PAYLOAD, busy, noop, skewed
@@ -47,6 +50,7 @@ PUBLISH_BATCH = 10_000
 # (measured, medians of 3: 128 slots ~52k tasks/s, 256 ~58k, 512 ~64k, 1,000 ~65k)
 NOOP_CONFIG: dict[str, Any] = {"concurrency": "thread", "max_concurrency": 512, "batch_size": 1000}
 SKEWED_CONFIGS: dict[str, dict[str, Any]] = {
+    "defaults": {},  # as a new user runs it: 2 consumers on 2 cores pin, 8 threads, read-ahead
     "thread x8": {"concurrency": "thread", "max_concurrency": 8, "batch_size": 8},
     "thread x32 pinned": {"concurrency": "thread", "max_concurrency": 32, "batch_size": 16, "pin_core": True},
     "thread x64 pinned": {"concurrency": "thread", "max_concurrency": 64, "batch_size": 32, "pin_core": True},
@@ -95,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fsync", choices=["batch", "interval"], default="interval",
                     help="the servers' fsync policy (default interval, as in the store benchmark)")  # fmt: skip
     ap.add_argument("--quick", action="store_true", help="smoke run: 20,000 no-op tasks, 500 skewed items, 1 run")
+    ap.add_argument("--busy", action="store_true", help="busy machine: one CPU-bound background process throughout")
     args = ap.parse_args(argv)
     n = args.n or (20_000 if args.quick else 200_000)
     runs = 1 if args.quick else args.runs
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     out = make_console()
     out.print(f"Python {platform.python_version()}, {platform.platform()}, {os.cpu_count()} CPUs; {WORKERS} consumers on "
               f"2 servers (fsync={args.fsync}); no-op x {n:,}; skewed x {len(durations):,} = {work:.1f} s of work; "
-              f"{runs} run(s)")  # fmt: skip
+              f"{runs} run(s)" + ("; BUSY: one CPU-bound background process" if args.busy else ""))  # fmt: skip
     payloads = [NOOP_PAYLOAD] * n
 
     def publish_noop(pool: QueuePool) -> None:
@@ -117,10 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         fig.setdefault(name, []).append(v)
         progress(f"  {name}: {v:,.3f}")
 
-    for run in range(1, runs + 1):
+    def measure(run: int) -> None:
         progress(f"run {run}/{runs}: no-op through conveyor")
-        dt = conveyor_run(args.fsync, publish_noop, **NOOP_CONFIG)
-        record("noop conveyor", n / dt)
+        record("noop conveyor defaults", n / conveyor_run(args.fsync, publish_noop))
+        record("noop conveyor", n / conveyor_run(args.fsync, publish_noop, **NOOP_CONFIG))
         progress(f"run {run}/{runs}: no-op through ProcessPoolExecutor.map")
         best = max(n / executor_run(noop, payloads, c) for c in (100, 1000, 10_000))
         record("noop executor", best)
@@ -132,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
         progress(f"run {run}/{runs}: skewed through ProcessPoolExecutor.map")
         best = max(work / (WORKERS * executor_run(busy, durations, c, w)) for c in (1, 4, 16, 64) for w in (2, 4))
         record("skewed executor", best)
+
+    with busy_machine(args.busy):
+        for run in range(1, runs + 1):
+            measure(run)
     progress("done")
 
     med = statistics.median
@@ -143,10 +152,16 @@ def main(argv: list[str] | None = None) -> int:
 
     best = f"skewed conveyor {skew_best}"
     rows = [
-        Row("no-op: conveyor (2 consumers, 2 servers)", fig["noop conveyor"], rate, ">=", 50_000),
+        Row("no-op: conveyor, default settings (2 consumers, 2 servers)", fig["noop conveyor defaults"], rate, ">=", 100_000),
+        Row("no-op: conveyor, 512 threads fetching 1,000", fig["noop conveyor"], rate, ">=", 50_000),
         Row("no-op: ProcessPoolExecutor.map, best chunksize", fig["noop executor"], rate, note="baseline"),
         vs("noop conveyor", "noop executor"),
-        *(Row(f"skewed: conveyor, {k} per consumer", fig[f"skewed conveyor {k}"], number) for k in SKEWED_CONFIGS),
+        Row("skewed: conveyor, default settings", fig["skewed conveyor defaults"], number, ">=", 0.95),
+        *(
+            Row(f"skewed: conveyor, {k} per consumer", fig[f"skewed conveyor {k}"], number)
+            for k in SKEWED_CONFIGS
+            if k != "defaults"
+        ),
         Row(f"skewed: conveyor, best ({skew_best})", fig[best], number, ">=", 0.95),
         Row("skewed: ProcessPoolExecutor.map, best", fig["skewed executor"], number, note="baseline: chunksize 1-64, 2 or 4"),
         vs(best, "skewed executor"),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +23,21 @@ FIGURES_ENV = "CONVEYOR_BENCH_FIGURES"  # a file to write the report's figures t
 def progress(text: str) -> None:
     """A progress line on stderr with the time since the script started."""
     print(f"[{time.perf_counter() - _T0:7.1f}s] {text}", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def busy_machine(on: bool) -> Iterator[None]:
+    """With `on`, one CPU-bound background process for the duration (a benchmark's "busy machine"
+    variant: everything it measures, Conveyor and its baselines alike, shares the cores with it)."""
+    if not on:
+        yield
+        return
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        hog.kill()
+        hog.wait()
 
 
 def make_console() -> Console:

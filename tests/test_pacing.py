@@ -4,7 +4,12 @@ and test_affinity.py."""
 
 from __future__ import annotations
 
-from conveyor.worker.pacing import Pacing
+import pytest
+
+from conveyor.constants import READ_AHEAD_MAX, READ_AHEAD_WINDOW_S
+from conveyor.message import Message
+from conveyor.worker.held import Held, due_extensions, over_limit
+from conveyor.worker.pacing import Pacing, Throughput, read_ahead
 
 
 def test_never_more_held_than_max_concurrency() -> None:
@@ -47,3 +52,35 @@ def test_unpinned_it_holds_max_concurrency_whatever_is_left() -> None:
     p = Pacing(max_concurrency=8, batch_size=4, n_consumers=4, n_shards=1)
     assert p.hold(1) == 8
     assert p.want(running=0, left=1, busy=False) == 8
+
+
+def test_quick_tasks_are_read_ahead_and_the_read_ahead_goes_as_the_queues_drain() -> None:
+    assert read_ahead(0.0) == 0 and read_ahead(10.0) == 0  # long tasks: none wait in line for a slot
+    assert read_ahead(10_000.0) == int(10_000 * READ_AHEAD_WINDOW_S)
+    assert read_ahead(1e9) == READ_AHEAD_MAX
+    p = Pacing(max_concurrency=8, batch_size=None, n_consumers=2, n_shards=2)
+    assert p.want(running=0, left=None, busy=False, read_ahead=500) == 508  # no batch size: all it may hold
+    assert p.want(running=300, left=None, busy=True, read_ahead=500) == 0  # waits for half of it to be free
+    assert p.want(running=200, left=None, busy=True, read_ahead=500) == 308
+    assert p.hold(100_000, read_ahead=500) == 508
+    assert p.hold(100, read_ahead=500) == 50  # a half share of what is left
+    assert p.hold(4, read_ahead=500) == 8  # never fewer than the slots
+
+
+def test_throughput_is_smoothed() -> None:
+    t = Throughput()
+    t.update(0.0)
+    t.add(100)
+    assert t.update(1.0) == pytest.approx(100 * Throughput.SMOOTHING)
+    t.add(100)
+    assert 0 < t.update(2.0) < 100
+
+
+def test_a_time_limit_counts_from_the_start_not_from_the_wait_in_line() -> None:
+    m = Message(id=1, queue="q", lease_s=10.0)
+    held = [Held.fetched(m, 1.0, now=0.0)]
+    assert over_limit(held, lambda _id: None, now=100.0) == []  # still in line: not started
+    assert over_limit(held, lambda _id: 99.5, now=100.0) == []
+    assert over_limit(held, lambda _id: 98.0, now=100.0) == [(held[0], 1.0)]
+    assert due_extensions(held, now=100.0) == {("q", 10.0): [1]}
+    assert due_extensions(held, now=100.1) == {}  # its next is a third of the lease on

@@ -61,7 +61,8 @@ def test_ndkale_format_loads_highest_priority_first(tmp_path: Path) -> None:
 def test_a_list_of_queues_and_defaults_for_missing_fields(tmp_path: Path) -> None:
     queues = load_queues(write(tmp_path, "- name: a\n  priority: 3\n- name: b\n"))
     assert queues == [QueueConfig("b"), QueueConfig("a", priority=3)]
-    assert QueueConfig("b") == QueueConfig("b", 5, 5, 600.0, 5.0, 2)  # ndkale's TaskQueue defaults
+    # ndkale's TaskQueue defaults, but for the batch size: left out, as many as the consumer may hold
+    assert QueueConfig("b") == QueueConfig("b", 5, None, 600.0, 5.0, 2)
 
 
 def test_the_key_names_a_queue_without_a_name_field(tmp_path: Path) -> None:
@@ -74,7 +75,7 @@ def test_the_key_names_a_queue_without_a_name_field(tmp_path: Path) -> None:
         ("q:\n  name: q\n  visibility_timeout: 30\n", r"queue 'q': unknown field\(s\) \['visibility_timeout'\]"),
         ("q:\n  priority: high\n", r"queue 'q': field 'priority' must be an integer"),
         ("q:\n  priority: true\n", r"field 'priority'"),
-        ("q:\n  batch_size: 0\n", r"queue 'q': field 'batch_size' must be an integer >= 1, got 0"),
+        ("q:\n  batch_size: 0\n", r"queue 'q': field 'batch_size' must be an integer >= 1 \(or left out\), got 0"),
         ("q:\n  batch_size: 2.5\n", r"field 'batch_size'"),
         ("q:\n  visibility_timeout_sec: 0\n", r"field 'visibility_timeout_sec' must be a number of seconds > 0"),
         ("q:\n  visibility_timeout_sec: .inf\n", r"field 'visibility_timeout_sec'"),

@@ -120,6 +120,18 @@ def test_time_limit_stops_the_task(pool: QueuePool, mode: str) -> None:
     assert c.stats.timed_out == 1
 
 
+def test_a_task_that_hangs_on_every_attempt_ends_in_the_dead_letters_and_the_consumer_stops(pool: QueuePool) -> None:
+    """Each attempt's thread is abandoned in turn, though the first still hangs when the next starts
+    (the same message id in two slots): the consumer then stops without waiting for any of them."""
+    h = wt.hangs.publish(30.0, _pool=pool)
+    t0 = time.monotonic()
+    c = consume(pool, max_concurrency=2)
+    assert time.monotonic() - t0 < 10  # 3 attempts of 0.3 s and short backoffs, not a hung thread's 30 s
+    assert c.stats.timed_out == 3 and c.stats.dead == 1
+    with pytest.raises(TaskFailedError, match="TimeLimitExceeded"):
+        pool.gather([h])
+
+
 def test_process_mode_replaces_a_killed_child(pool: QueuePool) -> None:
     first = wt.pid_of_worker.publish(_pool=pool)
     consume(pool, concurrency="process", max_concurrency=1)
@@ -132,8 +144,9 @@ def test_process_mode_replaces_a_killed_child(pool: QueuePool) -> None:
 
 
 def test_back_pressure_fetches_only_what_it_can_start(pool: QueuePool) -> None:
-    """Every fetched message starts at once: never more fetched and unfinished than there are slots."""
-    wt.sleeps.publish_many([(0.1,)] * 12, _pool=pool)
+    """Tasks too long for a read-ahead start as soon as they are fetched: never more fetched and
+    unfinished than there are slots."""
+    wt.sleeps.publish_many([(0.25,)] * 12, _pool=pool)  # 8 a second: under one in the read-ahead window
     c = Consumer(pool, ["jobs"], max_concurrency=2, batch_size=100, until_empty=True, task_modules=MODULES)
     seen: list[int] = []
 
@@ -146,6 +159,16 @@ def test_back_pressure_fetches_only_what_it_can_start(pool: QueuePool) -> None:
     c.run()
     assert len(seen) == 12 and max(seen) == 2
     assert pool.stats("jobs")["jobs"].acked == 12
+
+
+def test_quick_tasks_are_read_ahead_in_large_fetches(pool: QueuePool) -> None:
+    """With the queue's batch size left out, a consumer of quick tasks holds more than its slots
+    and fetches many at a time: far fewer fetches than a fetch per free slot would take."""
+    n = 3000
+    wt.add.publish_many([(i, 1) for i in range(n)], _pool=pool)
+    c = consume(pool, max_concurrency=2)
+    assert c.stats.processed == n and pool.stats("jobs")["jobs"].acked == n
+    assert c.stats.fetches < n / 20, c.stats.fetches  # without the read-ahead: one fetch per 1-2 tasks
 
 
 def test_a_consumer_steals_from_other_shards(pool: QueuePool) -> None:

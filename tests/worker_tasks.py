@@ -62,6 +62,12 @@ def sleeps(seconds: float) -> float:
     return seconds
 
 
+@conveyor.task(queue="jobs", time_limit=0.3, max_retries=2, retry_backoff=0.05)
+def hangs(seconds: float) -> None:
+    """A task that hangs (past its time limit) on every attempt."""
+    time.sleep(seconds)
+
+
 @conveyor.task(queue="jobs", max_retries=0)
 def pid_of_worker() -> int:
     return os.getpid()

@@ -199,6 +199,10 @@ MAX_ERROR_CHARS = 64 * 1024
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_RETRIES = 3
 DEFAULT_MAX_CONCURRENCY = 8  # tasks one consumer runs at once
+# a thread-mode consumer holds, beyond its slots, the messages it finishes in this long at its pace
+# (worker/pacing.py), at most READ_AHEAD_MAX: quick tasks come in large fetches, long ones one by one
+READ_AHEAD_WINDOW_S = 0.05
+READ_AHEAD_MAX = 2000
 # conveyor.spark.map: the queue's lease. A running message's lease is extended every third of it (a
 # heartbeat), so a short lease costs a few requests and brings back the rows of a lost host quickly.
 MAP_DEFAULT_LEASE_S = 10.0
@@ -220,7 +224,6 @@ LOTTERY_PRIORITY_MAX = 100
 LOTTERY_LOTTERY_DRAWS = 10  # LotteryLottery: draws before settling for any queue (ndkale: 10)
 # a queue's defaults when its YAML entry leaves a field out (ndkale's TaskQueue defaults)
 QUEUE_DEFAULT_PRIORITY = 5
-QUEUE_DEFAULT_BATCH_SIZE = 5
 QUEUE_DEFAULT_VISIBILITY_TIMEOUT_S = 600.0
 QUEUE_DEFAULT_LONG_POLL_S = 5.0
 QUEUE_DEFAULT_NUM_ITERATIONS = 2

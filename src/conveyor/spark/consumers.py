@@ -40,7 +40,7 @@ from conveyor.spark.session import check_workers_python, task_slots
 from conveyor.spark.watch import START_TIMEOUT_S, JobGroup, JobWatch
 from conveyor.tasks.publish import get_default_pool
 from conveyor.tasks.queue_config import QueueConfig
-from conveyor.worker.affinity import check_pin
+from conveyor.worker.affinity import auto_pin, check_pin
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import CONSUMER_SWITCH_INTERVAL_S
 from conveyor.worker.stats import ConsumerStats
@@ -161,7 +161,7 @@ class SparkConsumerPool:
     def __init__(self, spark: SparkSession, pool: QueuePool | None = None, n_consumers: int | None = None, *,
                  queues: Sequence[QueueConfig | str] = ("default",), batch_size: int | None = None,
                  max_concurrency: int = DEFAULT_MAX_CONCURRENCY, concurrency: Literal["thread", "process"] = "thread",
-                 task_modules: Sequence[str] = (), until_empty: bool = True, pin_core: bool = False,
+                 task_modules: Sequence[str] = (), until_empty: bool = True, pin_core: bool | None = None,
                  description: str | None = None, feed: tuple[DataFrame, Prelude] | None = None,
                  unreachable_s: float = DEFAULT_UNREACHABLE_S, start_timeout_s: float = START_TIMEOUT_S,
                  progress: bool | None = False) -> None:  # fmt: skip
@@ -175,7 +175,8 @@ class SparkConsumerPool:
         self.queues, self.task_modules = list(queues), list(task_modules)
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
         self.options = {"batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency,
-                        "task_modules": list(task_modules), "until_empty": until_empty, "pin_core": pin_core,
+                        "task_modules": list(task_modules), "until_empty": until_empty,
+                        "pin_core": auto_pin(pin_core, concurrency, self.n_consumers, task_slots(spark)),
                         "unreachable_s": unreachable_s}  # fmt: skip
         self.job = uuid.uuid4().hex[:12]
         self.description = description or (f"conveyor: {self.n_consumers} consumer(s) x {max_concurrency} "
@@ -329,7 +330,7 @@ def _servers_for(spark: SparkSession) -> QueuePool:
 
 
 def check_consumer_options(n_consumers: int | None, max_concurrency: int, batch_size: int | None, concurrency: str,
-                           pin_core: bool) -> None:  # fmt: skip
+                           pin_core: bool | None) -> None:  # fmt: skip
     """Refuse bad consumer settings here, on the driver, rather than in every Spark task."""
     for name, value in (("n_consumers", n_consumers), ("max_concurrency", max_concurrency), ("batch_size", batch_size)):
         if value is not None and (type(value) is not int or value < 1):

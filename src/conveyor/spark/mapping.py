@@ -84,7 +84,7 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         n_consumers: int | None = ..., batch_size: int | None = ..., max_concurrency: int = ...,
         concurrency: Literal["thread", "process"] = ..., max_retries: int = ..., time_limit: float | None = ...,
         lease_s: float = ..., rows_per_message: int | None = ..., unreachable_s: float = ...,
-        start_timeout_s: float = ..., pin_core: bool = ...,
+        start_timeout_s: float = ..., pin_core: bool | None = ...,
         progress: bool | None = ...,
         stats: Literal[False] = ...) -> DataFrame: ...  # fmt: skip
 @overload
@@ -92,7 +92,7 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         n_consumers: int | None = ..., batch_size: int | None = ..., max_concurrency: int = ...,
         concurrency: Literal["thread", "process"] = ..., max_retries: int = ..., time_limit: float | None = ...,
         lease_s: float = ..., rows_per_message: int | None = ..., unreachable_s: float = ...,
-        start_timeout_s: float = ..., pin_core: bool = ...,
+        start_timeout_s: float = ..., pin_core: bool | None = ...,
         progress: bool | None = ...,
         stats: Literal[True]) -> tuple[DataFrame, MapStats]: ...  # fmt: skip
 def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType,
@@ -101,7 +101,7 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         max_retries: int = DEFAULT_MAX_RETRIES, time_limit: float | None = None, lease_s: float = MAP_DEFAULT_LEASE_S,
         rows_per_message: int | None = None, unreachable_s: float = DEFAULT_UNREACHABLE_S,
         start_timeout_s: float = START_TIMEOUT_S,
-        pin_core: bool = False, progress: bool | None = None,
+        pin_core: bool | None = None, progress: bool | None = None,
         stats: bool = False) -> DataFrame | tuple[DataFrame, MapStats]:  # fmt: skip
     """Apply `func` to every row of `df` through the queue; returns the results as a DataFrame.
 

@@ -8,7 +8,7 @@ field is an error (a typo would otherwise fall back to a default silently).
     default:
       name: default
       priority: 75                 # selectors: higher is more important; lotteries count 1..100
-      batch_size: 10               # messages per fetch
+      batch_size: 10               # messages per fetch (left out: as many as the consumer may hold)
       visibility_timeout_sec: 600  # the lease of a fetched message; task time limits stay below it
       long_poll_time_sec: 5        # how long a fetch waits on an empty queue
       num_iterations: 5            # batches served from the queue per selection
@@ -24,7 +24,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from conveyor.constants import (
-    QUEUE_DEFAULT_BATCH_SIZE,
     QUEUE_DEFAULT_LONG_POLL_S,
     QUEUE_DEFAULT_NUM_ITERATIONS,
     QUEUE_DEFAULT_PRIORITY,
@@ -47,7 +46,7 @@ class QueueConfig:
 
     name: str
     priority: int = QUEUE_DEFAULT_PRIORITY
-    batch_size: int = QUEUE_DEFAULT_BATCH_SIZE
+    batch_size: int | None = None  # None: as many as the consumer may hold (see conveyor.worker.pacing)
     visibility_timeout_sec: float = QUEUE_DEFAULT_VISIBILITY_TIMEOUT_S
     long_poll_time_sec: float = QUEUE_DEFAULT_LONG_POLL_S
     num_iterations: int = QUEUE_DEFAULT_NUM_ITERATIONS
@@ -60,8 +59,8 @@ class QueueConfig:
             raise bad("name", "a non-empty string")
         if not _int(self.priority):  # any int: lotteries skip those outside 1..100, which parks a queue
             raise bad("priority", "an integer (lotteries count 1..100)")
-        if not (_int(self.batch_size) and self.batch_size >= 1):
-            raise bad("batch_size", "an integer >= 1")
+        if self.batch_size is not None and not (_int(self.batch_size) and self.batch_size >= 1):
+            raise bad("batch_size", "an integer >= 1 (or left out)")
         if not (_seconds(self.visibility_timeout_sec) and self.visibility_timeout_sec > 0):
             raise bad("visibility_timeout_sec", "a number of seconds > 0")
         if not (_seconds(self.long_poll_time_sec) and self.long_poll_time_sec >= 0):

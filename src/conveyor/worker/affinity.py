@@ -44,10 +44,23 @@ class CorePin:
         self._fd = -1
 
 
-def check_pin(pin_core: bool, concurrency: str) -> None:
+def check_pin(pin_core: bool | None, concurrency: str) -> None:
     """Refuse pinning where it does not apply."""
     if pin_core and concurrency != "thread":
         raise ValueError("pin_core is for concurrency='thread': the OS spreads task processes over the cores")
+
+
+def auto_pin(pin_core: bool | None, concurrency: str, consumers: int, cores: int | None = None) -> bool:
+    """Whether consumers pin: as told, or (None, the default) in thread mode when there are at least
+    as many `consumers` as `cores` (default: the cores this process may use). One consumer per core
+    then gains by keeping to its own core; with cores to spare a consumer is better left free to use
+    several (tasks in native code that releases the GIL)."""
+    check_pin(pin_core, concurrency)
+    if pin_core is not None:
+        return pin_core
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return concurrency == "thread" and consumers >= cores
 
 
 def pin_core(lock_dir: Path | None = None) -> CorePin | None:

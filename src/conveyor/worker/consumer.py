@@ -24,7 +24,6 @@ from typing import Literal
 from conveyor.client.backend import QueueBackend
 from conveyor.constants import (
     COUNT_HOST,
-    DEFAULT_LEASE_S,
     DEFAULT_MAX_CONCURRENCY,
     DEFAULT_SELECTOR,
     DEFAULT_UNREACHABLE_S,
@@ -33,12 +32,12 @@ from conveyor.constants import (
 from conveyor.errors import ConnectionLostError, ServerUnreachableError, TaskError
 from conveyor.message import Message
 from conveyor.protocol.requests import Counts
-from conveyor.tasks.policy import heartbeat_s
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import check_pin, pin_core
 from conveyor.worker.executors import BlobFetcher, Completion, ProcessSlots, ThreadSlots
+from conveyor.worker.held import Held, due_extensions, over_limit
 from conveyor.worker.middleware import Decision, Middleware, default_middleware
-from conveyor.worker.pacing import Pacing
+from conveyor.worker.pacing import Pacing, Throughput, read_ahead
 from conveyor.worker.selectors import QueueSelector, selector_class
 from conveyor.worker.settler import Settler
 from conveyor.worker.stats import ConsumerStats
@@ -59,18 +58,10 @@ _HOST = socket.gethostname()  # in every report: `conveyor stats` shows where a 
 class _Queue:
     name: str
     priority: int
-    batch_size: int
+    batch_size: int | None  # None: as many as the consumer may take
     lease_s: float | None  # None: the server's default lease
     long_poll_s: float
     num_iterations: int
-
-
-@dataclass(eq=False)
-class _Running:
-    message: Message
-    started: float
-    deadline: float | None
-    heartbeat_at: float
 
 
 class Consumer:
@@ -124,7 +115,7 @@ class Consumer:
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{consumer}"
         self.stats = ConsumerStats()
         self._done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
-        self._running: dict[int, _Running] = {}
+        self._running: dict[int, Held] = {}
         self._stop = threading.Event()
         self._hard_stop = False
         self._current: _Queue | None = None
@@ -135,6 +126,7 @@ class Consumer:
         self._undrained = False  # with until_empty: the last drained check found work still pending
         self._last_short = True  # the last fetch got less than it asked for: the queues are not busy
         self._pacing: Pacing  # set by _run, which knows whether the consumer got a core of its own
+        self._throughput, self._read_ahead = Throughput(), 0
         self._left: int | None = None  # READY messages the last fetch's queue had left on its server
 
     @staticmethod
@@ -168,7 +160,8 @@ class Consumer:
         return self.stats
 
     def _run(self, core: int | None) -> None:
-        self._pacing = Pacing(self.max_concurrency, max(q.batch_size for q in self.queues), core is not None,
+        sizes = [q.batch_size or 0 for q in self.queues]  # 0: no limit of the queue's own
+        self._pacing = Pacing(self.max_concurrency, max(sizes) if min(sizes) else None, core is not None,
                               self.n_consumers, len(self.pool))  # fmt: skip
         fetcher = BlobFetcher(self.pool)
         slots = (ThreadSlots(self.max_concurrency, self._done, fetcher()) if self.concurrency == "thread"
@@ -182,6 +175,7 @@ class Consumer:
                 self.on_started()
             self._loop(slots)
         finally:
+            self._give_back(slots)
             if self._running:  # a hard stop: hand running messages back for another worker
                 self._settle([Completion(r.message, None, TaskError(r.message.headers.get(H_TASK, "?"),
                               "WorkerStopped: the worker stopped before the task finished", True), -1)
@@ -198,6 +192,8 @@ class Consumer:
                 now = time.monotonic()
                 if now >= self._next_sweep:  # not at every completion: each looks at every running task
                     self._next_sweep = now + BUSY_POLL_S
+                    if slots.kind == "thread":  # a child process takes one message at a time: no read-ahead
+                        self._read_ahead = read_ahead(self._throughput.update(now))
                     self._enforce_limits(slots, now)
                     self._heartbeat(now)
                     self._check_reachable()
@@ -206,11 +202,12 @@ class Consumer:
                     if self.stop_when():
                         self._stop.set()
                 if self._stop.is_set():
+                    self._give_back(slots)
                     if self._hard_stop or not self._running:
                         return
                     self._wait(BUSY_POLL_S)
                     continue
-                free = self._pacing.want(len(self._running), self._left, not self._last_short)
+                free = self._pacing.want(len(self._running), self._left, not self._last_short, self._read_ahead)
                 if not free:
                     self._wait(BUSY_POLL_S)  # while the queue is busy, fetch in batches rather than one by one
                     continue
@@ -273,15 +270,15 @@ class Consumer:
                 wait = min(q.long_poll_s, IDLE_POLL_S)
             elif not self._running and self._undrained and self.expect_more is not None:
                 wait = min(q.long_poll_s, DRAIN_POLL_S)
-            got = self._get(q, min(q.batch_size, free), wait)
+            got = self._get(q, min(q.batch_size or free, free), wait)
         self._iterations_left = self._iterations_left - 1 if got else 0
-        self._last_short = len(got) < min(q.batch_size if q is not None else 1, free)
+        self._last_short = len(got) < min((q.batch_size or free) if q is not None else 1, free)
         self._settler.busy = not self._last_short
         return got
 
     def _probe_for(self, free: int) -> Callable[[_Queue], bool]:
         def probe(q: _Queue) -> bool:
-            got = self._get(q, min(q.batch_size, free), 0.0)
+            got = self._get(q, min(q.batch_size or free, free), 0.0)
             self._stash += got
             return bool(got)
 
@@ -312,10 +309,10 @@ class Consumer:
     def _start(self, slots: ThreadSlots | ProcessSlots, got: list[Message]) -> None:
         middleware, running = self.middleware, self._running
         for m in got:
-            slots.submit(m)  # may wait for a slot's process to be ready (a replaced one is starting)
-            now = time.monotonic()  # its time limit counts from here, not from the wait
+            now = time.monotonic()
             deadlines = [d for mw in middleware if (d := mw.deadline(m, now)) is not None]
-            running[m.id] = _Running(m, now, min(deadlines) if deadlines else None, now + heartbeat_s(m.lease_s))
+            running[m.id] = Held.fetched(m, min(deadlines) - now if deadlines else None, now)
+            slots.submit(m)  # may wait for a slot's process to be ready (a replaced one is starting)
 
     def _completed(self) -> list[Completion]:
         out, self._peeked = self._peeked, []
@@ -333,12 +330,10 @@ class Consumer:
             return
 
     def _enforce_limits(self, slots: ThreadSlots | ProcessSlots, now: float) -> None:
-        over = [r for r in self._running.values() if r.deadline is not None and now >= r.deadline]
-        for r in over:
+        """Stop the tasks over their time limit (counted from when they started: not while in line)."""
+        for r, limit in over_limit(self._running.values(), slots.started, now):
             if slots.stop_task(r.message.id):
                 self.stats.timed_out += 1
-                assert r.deadline is not None  # only tasks with a deadline are over it
-                limit = r.deadline - r.started
                 how = "its process was killed" if slots.kind == "process" else "its thread was abandoned and may still be running"
                 err = TaskError(r.message.headers.get(H_TASK, "?"),
                                 f"TimeLimitExceeded: the task ran over its time limit of {limit:g} s ({how})", True)  # fmt: skip
@@ -346,18 +341,14 @@ class Consumer:
 
     def _heartbeat(self, now: float) -> None:
         """Extend the leases of tasks running long enough for their lease to matter."""
-        due: dict[tuple[str, float], list[int]] = {}
-        for r in self._running.values():
-            if now >= r.heartbeat_at:
-                lease = r.message.lease_s or DEFAULT_LEASE_S
-                due.setdefault((r.message.queue, lease), []).append(r.message.id)
-                r.heartbeat_at = now + heartbeat_s(lease)
+        due = due_extensions(self._running.values(), now)
         self._settler.put([Settler.extend(q, i, lease) for (q, lease), ids in due.items() for i in ids])
 
     def _settle(self, done: list[Completion]) -> None:
         """Ack successes with their results and hand failures to the middleware (sent by the settler)."""
         if done:
             self._undrained = False  # a task of ours ended: the queues may be drained now
+            self._throughput.add(len(done))
         out = []
         for c in done:
             r = self._running.pop(c.message.id, None)
@@ -388,6 +379,13 @@ class Consumer:
     def _result_limit(self, m: Message) -> int:
         """The largest result the server holding `m` takes (its hello says: this consumer fetched `m` there)."""
         return self.pool.clients[self.pool.split_id(m.id)[0]].server_limits.max_item_bytes
+
+    def _give_back(self, slots: ThreadSlots | ProcessSlots) -> None:
+        """Release the messages read ahead and not started: a stopping consumer leaves them to others."""
+        waiting = slots.unstarted()
+        for m in waiting:
+            del self._running[m.id]
+        self._release(waiting)
 
     def _release(self, got: list[Message]) -> None:
         self._settler.put([Settler.release(m.queue, m.id) for m in got])

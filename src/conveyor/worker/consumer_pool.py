@@ -34,7 +34,7 @@ from conveyor.errors import ConveyorError, RequestError
 from conveyor.protocol.requests import QueueStats
 from conveyor.tasks.envelope import decode_result
 from conveyor.tasks.queue_config import QueueConfig
-from conveyor.worker.affinity import check_pin
+from conveyor.worker.affinity import auto_pin
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.executors import START_FAILURES_MAX, never_started
 from conveyor.worker.settings import load_settings
@@ -133,7 +133,7 @@ class ConsumerPool:
                  batch_size: int | None = None, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
                  concurrency: Literal["thread", "process"] = "thread", task_modules: Sequence[str] = (),
                  selector: str = DEFAULT_SELECTOR, restart: bool = True,
-                 pin_core: bool = False) -> None:  # fmt: skip
+                 pin_core: bool | None = None) -> None:  # fmt: skip
         self.pool = pool
         self.n_consumers = n_consumers or os.cpu_count() or 1
         if self.n_consumers < 1:
@@ -142,12 +142,12 @@ class ConsumerPool:
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
         self.options: dict[str, Any] = {
             "batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency,
-            "task_modules": list(task_modules), "selector": selector, "pin_core": pin_core,
+            "task_modules": list(task_modules), "selector": selector,
+            "pin_core": auto_pin(pin_core, concurrency, self.n_consumers),
             "log_level": logging.getLogger().level or logging.WARNING,
         }  # fmt: skip
         if max_concurrency < 1 or (batch_size is not None and batch_size < 1):
             raise ValueError("max_concurrency and batch_size must be >= 1")
-        check_pin(pin_core, concurrency)
         self.restart = restart
         self.restarts = 0
         self.stats = ConsumerStats()  # the counts of the consumer processes that have stopped (see `_spawn`)

@@ -16,8 +16,10 @@ import os
 import pickle
 import queue
 import signal
+import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
@@ -32,6 +34,12 @@ from conveyor.tasks.envelope import encode_error
 from conveyor.tasks.runner import run_message
 
 log = logging.getLogger("conveyor.worker")
+
+# A forkserver that preloaded the main module's imports (see ProcessSlots) has it in sys.modules when
+# each child runs it again as __mp_main__: runpy warns of that, once per child, to no purpose here.
+# Children inherit this filter from the forkserver, which imports this module.
+warnings.filterwarnings("ignore", message=r".*found in sys.modules after import of package", category=RuntimeWarning,
+                        module="runpy")  # fmt: skip
 
 Fetch = Callable[[str], bytes]
 
@@ -67,7 +75,9 @@ class ThreadSlots:
         self._done = done
         self._fetch = fetch
         self._work: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
-        self._running: dict[int, int] = {}  # slot -> id of the message it runs
+        # message id -> the slot running it and when it started (monotonic); a message retried after
+        # its time limit may run again here while its abandoned first run still hangs in another slot
+        self._started: dict[int, tuple[int, float]] = {}
         self._retired: set[int] = set()  # slots whose task was abandoned
         self._lock = threading.Lock()
         self._threads: dict[int, threading.Thread] = {}
@@ -89,10 +99,11 @@ class ThreadSlots:
         try:
             while (message := self._work.get()) is not None:
                 with self._lock:
-                    self._running[slot] = message.id
+                    self._started[message.id] = (slot, time.monotonic())
                 result, error = _run(message, self._fetch)
                 with self._lock:
-                    self._running.pop(slot, None)
+                    if self._started.get(message.id, (-1, 0.0))[0] == slot:
+                        del self._started[message.id]
                     retired = slot in self._retired
                 if retired:  # abandoned over its time limit: the consumer has already failed it
                     log.info("abandoned task %s finished after all; its result is dropped", message.id)
@@ -102,15 +113,34 @@ class ThreadSlots:
             self._threads.pop(slot, None)
 
     def submit(self, message: Message) -> None:
+        """Run `message` in the next free slot (it waits in line while every slot is busy)."""
         self._work.put(message)
+
+    def started(self, msg_id: int) -> float | None:
+        """When a slot started `msg_id` (None: it waits in line, or has ended)."""
+        run = self._started.get(msg_id)
+        return None if run is None else run[1]
+
+    def unstarted(self) -> list[Message]:
+        """Take back the messages waiting in line for a slot (a stopping consumer gives them back)."""
+        out: list[Message] = []
+        while True:
+            try:
+                m = self._work.get_nowait()
+            except queue.Empty:
+                return out
+            if m is None:  # closing: leave the word to stop for the slots
+                self._work.put(m)
+                return out
+            out.append(m)
 
     def stop_task(self, msg_id: int) -> bool:
         """Abandon the thread running `msg_id` and start another in its place."""
         with self._lock:
-            slot = next((s for s, i in self._running.items() if i == msg_id), None)
-            if slot is None:
+            run = self._started.pop(msg_id, None)
+            if run is None:
                 return False
-            self._retired.add(slot)
+            self._retired.add(run[0])
         self._spawn()
         return True
 
@@ -135,10 +165,14 @@ def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: Any) -> 
         try:
             message = conn.recv()
         except (EOFError, OSError):
-            return
+            break
         if message is None:
-            return
+            break
         conn.send(_run(message, fetch))
+    # every result went up the pipe: exit now, not after the interpreter waits for threads a task or
+    # the blob fetcher's connections left (an idle pool thread waits forever; the consumer would
+    # wait for the child, then kill it)
+    os._exit(0)
 
 
 _READY = "ready"  # a child's first word: its imports are done
@@ -166,6 +200,7 @@ class _Child:
     proc: multiprocessing.process.BaseProcess
     conn: Connection
     message: Message | None = None
+    started: float = 0.0  # when it was handed `message`
     stopped: bool = False
 
 
@@ -185,7 +220,11 @@ class ProcessSlots:
             self._ctx = multiprocessing.get_context("forkserver")
         if self._ctx.get_start_method() == "forkserver":
             # children fork from a server that has imported these already: a replacement starts in milliseconds
-            self._ctx.set_forkserver_preload(["conveyor.tasks.runner", "conveyor.worker.executors", *self._task_modules])
+            # (and the modules the main module imports: each child runs the main module again, which,
+            # in a Spark Python worker, imports much of pyspark: seconds per child otherwise)
+            main = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)
+            self._ctx.set_forkserver_preload(["conveyor.tasks.runner", "conveyor.worker.executors", *self._task_modules,
+                                              *([main] if main and main != "__main__" else [])])  # fmt: skip
         self._ready = threading.Semaphore(0)
         self._idle: queue.SimpleQueue[_Child] = queue.SimpleQueue()
         self._children: dict[int, _Child] = {}
@@ -263,9 +302,17 @@ class ProcessSlots:
 
     def submit(self, message: Message) -> None:
         c = self._idle.get()  # the consumer submits only as many as there are free slots
-        c.message = message
+        c.message, c.started = message, time.monotonic()
         with contextlib.suppress(OSError, ValueError):  # it died while idle: its reader reports it and replaces it
             c.conn.send(message)
+
+    def started(self, msg_id: int) -> float | None:
+        """When a child started `msg_id` (None: it has ended)."""
+        return next((c.started for c in list(self._children.values()) if c.message is not None and c.message.id == msg_id), None)
+
+    def unstarted(self) -> list[Message]:
+        """None wait in line: a message goes to a child only when one is free."""
+        return []
 
     def stop_task(self, msg_id: int) -> bool:
         """Kill the child running `msg_id` and start another in its place."""

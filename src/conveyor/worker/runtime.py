@@ -19,6 +19,7 @@ from conveyor.client.pool import QueuePool
 from conveyor.constants import DEFAULT_MAX_CONCURRENCY
 from conveyor.errors import ConfigError
 from conveyor.tasks.queue_config import QueueConfig
+from conveyor.worker.affinity import auto_pin
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import ConsumerPool, own_process
 from conveyor.worker.selectors import QueueSelector
@@ -38,7 +39,7 @@ class WorkerOptions:
     batch_size: int | None = None
     selector: str | type[QueueSelector] | None = None  # None: the settings' QUEUE_SELECTOR
     until_empty: bool = False
-    pin_core: bool = False
+    pin_core: bool | None = None  # None: pin when there are as many consumer processes as cores
 
 
 def import_task_modules(modules: Sequence[str]) -> None:
@@ -82,7 +83,8 @@ def _run_here(pool: QueuePool, queues: Sequence[QueueConfig | str], settings: Se
     own_process()
     consumer = Consumer(pool, list(queues), batch_size=options.batch_size, max_concurrency=options.concurrency,
                         concurrency=options.mode, selector=sel if isinstance(sel, str) else sel(),
-                        task_modules=list(task_modules), until_empty=options.until_empty, pin_core=options.pin_core)  # fmt: skip
+                        task_modules=list(task_modules), until_empty=options.until_empty,
+                        pin_core=auto_pin(options.pin_core, options.mode, 1))  # fmt: skip
     stops = [0]
 
     def on_signal(*_: object) -> None:

@@ -1,0 +1,40 @@
+"""The messages a consumer holds (fetched, not yet settled): when each is over its time limit, and
+when its lease is due an extension (a heartbeat)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from conveyor.constants import DEFAULT_LEASE_S
+from conveyor.message import Message
+from conveyor.tasks.policy import heartbeat_s
+
+
+@dataclass(eq=False)
+class Held:
+    message: Message
+    limit: float | None  # its time limit in seconds, counted from when a slot starts it
+    heartbeat_at: float  # when its lease is next extended (monotonic)
+
+    @classmethod
+    def fetched(cls, message: Message, limit: float | None, now: float) -> Held:
+        return cls(message, limit, now + heartbeat_s(message.lease_s))
+
+
+def over_limit(held: Iterable[Held], started: Callable[[int], float | None], now: float) -> list[tuple[Held, float]]:
+    """The held messages running past their time limit, with the limit; `started(id)` says when a
+    slot started one (None: waiting in line for a slot, whose wait does not count)."""
+    return [(h, limit) for h in held if (limit := h.limit) is not None
+            and (t0 := started(h.message.id)) is not None and now >= t0 + limit]  # fmt: skip
+
+
+def due_extensions(held: Iterable[Held], now: float) -> dict[tuple[str, float], list[int]]:
+    """The ids of held messages whose lease is due an extension, by (queue, lease); their next is set."""
+    due: dict[tuple[str, float], list[int]] = {}
+    for h in held:
+        if now >= h.heartbeat_at:
+            lease = h.message.lease_s or DEFAULT_LEASE_S
+            due.setdefault((h.message.queue, lease), []).append(h.message.id)
+            h.heartbeat_at = now + heartbeat_s(lease)
+    return due
