@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from conveyor.client.pool import QueuePool
+from conveyor.constants import DEFAULT_MAX_CONCURRENCY
 from conveyor.spark.consumers import check_consumer_options
 from conveyor.worker import Consumer, ConsumerPool
-from conveyor.worker.affinity import CorePin, pin_core
+from conveyor.worker.affinity import CorePin, auto_pin, default_slots, pin_core
 
 from . import worker_tasks as wt
 
@@ -90,6 +91,28 @@ def test_a_core_held_by_a_killed_process_is_free_again(tmp_path: Path) -> None:
     assert sorted(p.core for p in pins) == CORES  # type: ignore[union-attr]
     for p in pins:
         p.release()  # type: ignore[union-attr]
+
+
+def test_by_default_consumers_pin_when_there_is_one_per_core(pool: QueuePool) -> None:
+    assert auto_pin(None, "thread", consumers=2, cores=2) is True
+    assert auto_pin(None, "thread", consumers=3, cores=2) is True  # the third runs unpinned (no core left)
+    assert auto_pin(None, "thread", consumers=1, cores=2) is False  # cores to spare: left free to use several
+    assert auto_pin(None, "process", consumers=4, cores=2) is False  # the OS spreads task processes
+    assert auto_pin(False, "thread", consumers=2, cores=2) is False and auto_pin(True, "thread", 1, 8) is True
+    with pytest.raises(ValueError, match="pin_core is for concurrency='thread'"):
+        auto_pin(True, "process", consumers=2, cores=2)
+    cores = len(os.sched_getaffinity(0))
+    assert ConsumerPool(pool, cores).options["pin_core"] is True  # resolved here, told to each consumer
+    assert ConsumerPool(pool, cores, pin_core=False).options["pin_core"] is False
+
+
+def test_by_default_a_consumer_has_8_threads_or_a_process_per_core_of_its_share_plus_one(pool: QueuePool) -> None:
+    assert default_slots("thread", consumers=2, cores=2) == DEFAULT_MAX_CONCURRENCY
+    assert default_slots("process", consumers=1, cores=1) == 2  # a Spark consumer: its task slot's core
+    assert default_slots("process", consumers=2, cores=16) == 9
+    assert default_slots("process", consumers=4, cores=2) == 2  # never fewer than one core's worth
+    assert ConsumerPool(pool, 1, concurrency="process").options["max_concurrency"] == default_slots("process", 1)
+    assert ConsumerPool(pool, 1, concurrency="process", max_concurrency=5).options["max_concurrency"] == 5
 
 
 def test_pinning_is_refused_for_process_concurrency(pool: QueuePool) -> None:

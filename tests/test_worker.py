@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import queue
 import re
 import select
 import signal
@@ -24,6 +25,7 @@ from conveyor.errors import TaskFailedError, TaskOptionError
 from conveyor.message import Message
 from conveyor.tasks.envelope import encode_call
 from conveyor.worker import Consumer, ConsumerPool, Middleware, QueueConfig, TaskFailure
+from conveyor.worker.executors import Completion, ThreadSlots
 
 from . import worker_tasks as wt
 from .graph_helpers import ROOT
@@ -130,6 +132,24 @@ def test_a_task_that_hangs_on_every_attempt_ends_in_the_dead_letters_and_the_con
     assert c.stats.timed_out == 3 and c.stats.dead == 1
     with pytest.raises(TaskFailedError, match="TimeLimitExceeded"):
         pool.gather([h])
+
+
+def test_messages_in_line_for_a_slot_have_not_started_and_can_be_taken_back(pool: QueuePool) -> None:
+    """A read-ahead message waits in line: no start time (its time limit has not begun), and a
+    stopping consumer takes it back rather than running it."""
+    wt.sleeps.publish_many([(0.5,), (0.01,), (0.01,)], _pool=pool)
+    msgs = pool.get("jobs", 3)
+    done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
+    slots = ThreadSlots(1, done, None)
+    slots.start()
+    for m in msgs:
+        slots.submit(m)
+    wait_for(lambda: slots.started(msgs[0].id) is not None, timeout=5)
+    assert slots.started(msgs[1].id) is None and slots.started(msgs[2].id) is None
+    assert [m.id for m in slots.unstarted()] == [msgs[1].id, msgs[2].id]
+    assert done.get(timeout=5).message.id == msgs[0].id
+    assert slots.started(msgs[0].id) is None  # ended
+    slots.close()
 
 
 def test_process_mode_replaces_a_killed_child(pool: QueuePool) -> None:

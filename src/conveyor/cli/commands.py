@@ -21,7 +21,6 @@ from conveyor.constants import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MAX_CONCURRENCY,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_FRAME_BYTES,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -37,6 +36,7 @@ from conveyor.server.queue_server import QueueServer
 from conveyor.server.queues import Defaults
 from conveyor.server.runtime import reachable_addresses
 from conveyor.tasks.queue_config import QueueConfig, load_queues
+from conveyor.worker.affinity import default_slots
 from conveyor.worker.runtime import WorkerOptions, import_task_modules, run_worker
 from conveyor.worker.settings import load_settings
 
@@ -276,8 +276,9 @@ def drop(conn: Connection, queues: tuple[str, ...], yes: bool) -> None:
 @click.option("--queues-config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
               help="Queue YAML in ndkale's format (default: the settings module's QUEUE_CONFIG).")  # fmt: skip
 @click.option("--queues", "queue_names", default=None, help="Comma-separated queue names, instead of a queue YAML.")
-@click.option("--concurrency", default=DEFAULT_MAX_CONCURRENCY, show_default=True, type=click.IntRange(1),
-              help="Tasks one consumer runs at once.")  # fmt: skip
+@click.option("--concurrency", default=None, type=click.IntRange(1),
+              help="Tasks one consumer runs at once (default: 8 threads; or, with --pool process, child processes "
+                   "for the consumer's share of the cores, plus one).")  # fmt: skip
 @click.option("--pool", "mode", type=click.Choice(["thread", "process"]), default="thread", show_default=True,
               help="Run tasks in threads, or in child processes (CPU-bound work; over its time limit, killed).")  # fmt: skip
 @click.option("--processes", default=1, show_default=True, type=click.IntRange(1), help="Consumer processes to run.")
@@ -291,8 +292,8 @@ def drop(conn: Connection, queues: tuple[str, ...], yes: bool) -> None:
 @click.option("--pin-core/--no-pin-core", default=None,
               help="Run each consumer on a core of its own while one is free (--pool thread, CPU-bound tasks). "
                    "Default: pinned when --processes is at least the number of cores.")  # fmt: skip
-def worker(conn: Connection, task_modules: tuple[str, ...], queues_config: Path | None,
-           queue_names: str | None, concurrency: int, mode: Literal["thread", "process"], processes: int, batch_size: int | None,
+def worker(conn: Connection, task_modules: tuple[str, ...], queues_config: Path | None, queue_names: str | None,
+           concurrency: int | None, mode: Literal["thread", "process"], processes: int, batch_size: int | None,
            selector: str | None, until_empty: bool, connect_timeout: float, pin_core: bool | None) -> None:  # fmt: skip
     """Run consumers: fetch tasks from the queues and run them, until SIGTERM or Ctrl-C (a graceful stop)."""
     if queues_config is not None and queue_names is not None:  # which one would win is a guess: say so
@@ -314,6 +315,7 @@ def worker(conn: Connection, task_modules: tuple[str, ...], queues_config: Path 
         pool = open_pool(conn)
         names = ", ".join(q if isinstance(q, str) else q.name for q in queues)
         console = Console(stderr=True)
+        concurrency = concurrency or default_slots(mode, processes)
         console.print(f"[bold]conveyor worker[/]: {processes} consumer(s) x {concurrency} {mode}(s) on {names} "
                       f"from {', '.join(pool.addresses)}")  # fmt: skip
         if not modules:  # said up front: otherwise every named task's message ends in the dead letters

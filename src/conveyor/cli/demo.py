@@ -34,6 +34,7 @@ DEFAULT_SCENES = "abc"  # d (--kill-worker) too would take the demo past 2 minut
 PATIENCE_FACTOR = 1.5
 PATIENCE_MIN_S = 15.0
 HANG_LIMIT_S = 1.0  # scene c: the map's time limit per page (the corpus's longest page takes well under it)
+WARM_UP_PAGES = 600
 KILL_LEASE_S = 4.0  # scene d: the map's lease, so the pages a killed consumer held come back within it
 
 
@@ -95,11 +96,17 @@ def run_demo(pages: int, workers: int | None, keys: str, console: Console, scale
         n_workers = min(workers or slots, slots)
         if n_workers != (workers or slots):  # more would wait for a slot, and hold up the others' end
             console.print(f"--workers {workers}: local Spark has {slots} task slots on this machine; using {slots}")
-        # start the executors' Python workers, so that no run pays for them
-        spark.range(n_workers, numPartitions=n_workers).mapInArrow(lambda batches: batches, "id long").count()
         level = spark.conf.get("spark.log.level", "ERROR") or "ERROR"
         spark.sparkContext.setLogLevel("FATAL")  # the faults we cause are logged with long traces: the demo tells them
         try:
+            # both ways once on a small corpus first, so that neither timed run pays for starting the
+            # executors' Python workers or for the JVM compiling the code paths both use (seconds of CPU)
+            console.print("warming up: both ways once on a few pages ...")
+            warm = Scene("warm-up", "warm-up", WARM_UP_PAGES)
+            c = corpus(spark, warm)
+            run_map(spark, env.pool, warm, c, n_workers, False, say)
+            run_plain(spark, warm, c, n_workers, PATIENCE_MIN_S, None, say)
+            c.frame.unpersist()
             for key in keys:
                 scene = scenes(pages)[key]
                 c = corpus(spark, scene, scale)

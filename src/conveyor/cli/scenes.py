@@ -255,20 +255,22 @@ class _ConsumerKiller(threading.Thread):
     def __init__(self, pool: QueuePool, say: Callable[[str], None]) -> None:
         super().__init__(name="conveyor-demo-killer", daemon=True)
         self.pool, self.say = pool, say
+        self.before = {*pool.stats(), *pool.workers()}  # queues and consumers of earlier maps
         self.stop = threading.Event()
         self.killed_at: float | None = None
 
     def run(self) -> None:
         while not self.stop.wait(0.1):
             try:
-                st = [s for q, s in self.pool.stats().items() if q.startswith("map-")]
-                if not st or st[-1].acked < (st[-1].acked + st[-1].pending) / 3:
+                st = {q: s for q, s in self.pool.stats().items() if q.startswith("map-") and q not in self.before}
+                q = next(iter(st), None)  # this map's queue: the one that was not there before
+                if q is None or st[q].acked < (st[q].acked + st[q].pending) / 3:
                     continue
                 workers = self.pool.workers()
-            except Exception:  # the display must never fail the job
+            except Exception:  # the demo's killer must never fail the job
                 continue
-            for name, w in workers.items():
-                if name.startswith("spark:") and int(w.get("running", 0)) > 0:
+            for name, w in workers.items():  # this map's consumers: those not seen before it (any will do)
+                if name.startswith("spark:") and name not in self.before:
                     os.kill(int(w["pid"]), signal.SIGKILL)
                     self.killed_at = time.perf_counter()
                     self.say(f"killed consumer pid {w['pid']} (SIGKILL) a third of the way: Spark runs its task again, "

@@ -33,6 +33,7 @@ from conveyor.errors import ConveyorError
 from conveyor.protocol.auth import is_loopback
 from conveyor.server.runtime import interface_address
 from conveyor.spark.preflight import preflight
+from conveyor.spark.session import conf
 from conveyor.tasks.publish import default_pool
 
 if TYPE_CHECKING:
@@ -45,11 +46,7 @@ DRIVER_SERVERS = 2
 
 def is_local(spark: SparkSession) -> bool:
     """Whether Spark runs on this machine only (a local master)."""
-    try:
-        master = spark.conf.get("spark.master", "") or ""
-    except Exception:
-        master = ""
-    return master.startswith("local")
+    return conf(spark, "spark.master").startswith("local")
 
 
 def driver_host(spark: SparkSession, host: str | None = None, interface: str | None = None) -> str:
@@ -67,20 +64,17 @@ def driver_host(spark: SparkSession, host: str | None = None, interface: str | N
         raise ConveyorError("under Spark Connect the queue servers cannot start beside the driver, which runs "
                             "elsewhere: pass host= (or interface=) naming an address of this machine that the "
                             "executors reach, or pool=QueuePool.connect([...]) with servers of your own") from None  # fmt: skip
-    found = spark.conf.get("spark.driver.host", None)
+    found = conf(spark, "spark.driver.host")
     if not found or (is_loopback(found) and not is_local(spark)):
-        raise ConveyorError(f"spark.driver.host is {found!r}: executors on other hosts could not reach queue servers "
+        said = repr(found) if found else "unset"
+        raise ConveyorError(f"spark.driver.host is {said}: executors on other hosts could not reach queue servers "
                             "there. Set spark.driver.host to an address they reach, or pass host= or interface=")  # fmt: skip
     return found
 
 
 def _local_dir(spark: SparkSession) -> str | None:
     """The driver's scratch directory (`spark.local.dir`: the first of a list), or None: the system's."""
-    try:
-        found = spark.conf.get("spark.local.dir", None)
-    except Exception:
-        found = None
-    return found.split(",")[0].strip() or None if found else None
+    return conf(spark, "spark.local.dir").split(",")[0].strip() or None
 
 
 def driver_pool(spark: SparkSession, n_servers: int = DRIVER_SERVERS, *, host: str | None = None,

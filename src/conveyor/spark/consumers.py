@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from conveyor.client.pool import QueuePool
-from conveyor.constants import DEFAULT_MAX_CONCURRENCY, DEFAULT_UNREACHABLE_S, H_IDEMPOTENCY_KEY
+from conveyor.constants import DEFAULT_UNREACHABLE_S, H_IDEMPOTENCY_KEY
 from conveyor.errors import ConveyorError
 from conveyor.message import Message
 from conveyor.spark.cluster import driver_pool, is_local
@@ -40,7 +40,7 @@ from conveyor.spark.session import check_workers_python, task_slots
 from conveyor.spark.watch import START_TIMEOUT_S, JobGroup, JobWatch
 from conveyor.tasks.publish import get_default_pool
 from conveyor.tasks.queue_config import QueueConfig
-from conveyor.worker.affinity import auto_pin, check_pin
+from conveyor.worker.affinity import auto_pin, check_pin, default_slots
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import CONSUMER_SWITCH_INTERVAL_S
 from conveyor.worker.stats import ConsumerStats
@@ -160,7 +160,7 @@ class SparkConsumerPool:
 
     def __init__(self, spark: SparkSession, pool: QueuePool | None = None, n_consumers: int | None = None, *,
                  queues: Sequence[QueueConfig | str] = ("default",), batch_size: int | None = None,
-                 max_concurrency: int = DEFAULT_MAX_CONCURRENCY, concurrency: Literal["thread", "process"] = "thread",
+                 max_concurrency: int | None = None, concurrency: Literal["thread", "process"] = "thread",
                  task_modules: Sequence[str] = (), until_empty: bool = True, pin_core: bool | None = None,
                  description: str | None = None, feed: tuple[DataFrame, Prelude] | None = None,
                  unreachable_s: float = DEFAULT_UNREACHABLE_S, start_timeout_s: float = START_TIMEOUT_S,
@@ -174,6 +174,8 @@ class SparkConsumerPool:
         self.pool: QueuePool = pool or self._own or cast("QueuePool", default)
         self.queues, self.task_modules = list(queues), list(task_modules)
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
+        # each consumer is a Spark task: one task slot, a core (processes in its stead: for that core)
+        max_concurrency = max_concurrency or default_slots(concurrency, 1, cores=1)
         self.options = {"batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency,
                         "task_modules": list(task_modules), "until_empty": until_empty,
                         "pin_core": auto_pin(pin_core, concurrency, self.n_consumers, task_slots(spark)),
@@ -329,7 +331,7 @@ def _servers_for(spark: SparkSession) -> QueuePool:
     return QueuePool.local(n_servers=2) if is_local(spark) else driver_pool(spark)
 
 
-def check_consumer_options(n_consumers: int | None, max_concurrency: int, batch_size: int | None, concurrency: str,
+def check_consumer_options(n_consumers: int | None, max_concurrency: int | None, batch_size: int | None, concurrency: str,
                            pin_core: bool | None) -> None:  # fmt: skip
     """Refuse bad consumer settings here, on the driver, rather than in every Spark task."""
     for name, value in (("n_consumers", n_consumers), ("max_concurrency", max_concurrency), ("batch_size", batch_size)):

@@ -38,7 +38,6 @@ from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from conveyor.client.pool import QueuePool
 from conveyor.constants import (
-    DEFAULT_MAX_CONCURRENCY,
     DEFAULT_MAX_RETRIES,
     DEFAULT_UNREACHABLE_S,
     MAP_DEFAULT_LEASE_S,
@@ -81,7 +80,7 @@ class MapStats:
 
 @overload
 def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType, pool: QueuePool | None = ...,
-        n_consumers: int | None = ..., batch_size: int | None = ..., max_concurrency: int = ...,
+        n_consumers: int | None = ..., batch_size: int | None = ..., max_concurrency: int | None = ...,
         concurrency: Literal["thread", "process"] = ..., max_retries: int = ..., time_limit: float | None = ...,
         lease_s: float = ..., rows_per_message: int | None = ..., unreachable_s: float = ...,
         start_timeout_s: float = ..., pin_core: bool | None = ...,
@@ -89,7 +88,7 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         stats: Literal[False] = ...) -> DataFrame: ...  # fmt: skip
 @overload
 def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType, pool: QueuePool | None = ...,
-        n_consumers: int | None = ..., batch_size: int | None = ..., max_concurrency: int = ...,
+        n_consumers: int | None = ..., batch_size: int | None = ..., max_concurrency: int | None = ...,
         concurrency: Literal["thread", "process"] = ..., max_retries: int = ..., time_limit: float | None = ...,
         lease_s: float = ..., rows_per_message: int | None = ..., unreachable_s: float = ...,
         start_timeout_s: float = ..., pin_core: bool | None = ...,
@@ -97,7 +96,7 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         stats: Literal[True]) -> tuple[DataFrame, MapStats]: ...  # fmt: skip
 def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType,
         pool: QueuePool | None = None, n_consumers: int | None = None, batch_size: int | None = None,
-        max_concurrency: int = DEFAULT_MAX_CONCURRENCY, concurrency: Literal["thread", "process"] = "thread",
+        max_concurrency: int | None = None, concurrency: Literal["thread", "process"] = "thread",
         max_retries: int = DEFAULT_MAX_RETRIES, time_limit: float | None = None, lease_s: float = MAP_DEFAULT_LEASE_S,
         rows_per_message: int | None = None, unreachable_s: float = DEFAULT_UNREACHABLE_S,
         start_timeout_s: float = START_TIMEOUT_S,

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor import __version__
 from conveyor.constants import DEFAULT_UNREACHABLE_S
 from conveyor.errors import ConveyorError, PreflightError
-from conveyor.spark.session import task_slots
+from conveyor.spark.session import conf, task_slots
 from conveyor.spark.watch import START_TIMEOUT_S, JobGroup, JobWatch
 
 if TYPE_CHECKING:
@@ -117,7 +117,7 @@ def preflight(spark: SparkSession, pool: QueuePool, task_modules: Sequence[str] 
     started = time.monotonic()
     namespace: dict[str, Any] = {"__name__": "conveyor_preflight_probe"}  # not importable: pickled by value
     exec(compile(_PROBE_SOURCE, "<conveyor preflight>", "exec"), namespace)
-    host = _conf(spark, "spark.driver.host", "127.0.0.1")
+    host = conf(spark, "spark.driver.host", "127.0.0.1")
     probe = namespace["make_probe"](__version__, list(task_modules), pickle.dumps(pool), host, PROBE_TIMEOUT_S)
     n = max(task_slots(spark), 1)
     group = f"conveyor-preflight-{uuid.uuid4().hex[:12]}"
@@ -154,13 +154,6 @@ def _app_id(spark: SparkSession) -> str:
         return str(spark.sparkContext.applicationId)
     except Exception:  # Spark Connect
         return str(id(spark))
-
-
-def _conf(spark: SparkSession, key: str, default: str) -> str:
-    try:
-        return str(spark.conf.get(key, default) or default)
-    except Exception:
-        return default
 
 
 def _first_line(e: BaseException) -> str:

@@ -114,6 +114,15 @@ def _which(exe: str) -> str:
     return shutil.which(exe) or exe
 
 
+def conf(spark: SparkSession, key: str, default: str = "") -> str:
+    """A Spark setting, or `default` when it is unset, empty or cannot be read (a session stopped, or
+    a Spark Connect server that refuses the key): callers only ever use settings to choose defaults."""
+    try:
+        return str(spark.conf.get(key, default) or default)
+    except Exception:
+        return default
+
+
 def task_slots(spark: SparkSession) -> int:
     """The Spark tasks that can run at once now: executors x cores / spark.task.cpus (0: no executor yet).
 
@@ -124,4 +133,4 @@ def task_slots(spark: SparkSession) -> int:
         sc: Any = spark.sparkContext._jsc.sc()
         return int(sc.maxNumConcurrentTasks(sc.resourceProfileManager().defaultResourceProfile()))
     except Exception:
-        return int(spark.conf.get("spark.default.parallelism", "2") or 2)
+        return int(conf(spark, "spark.default.parallelism", "2"))

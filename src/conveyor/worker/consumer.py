@@ -24,7 +24,6 @@ from typing import Literal
 from conveyor.client.backend import QueueBackend
 from conveyor.constants import (
     COUNT_HOST,
-    DEFAULT_MAX_CONCURRENCY,
     DEFAULT_SELECTOR,
     DEFAULT_UNREACHABLE_S,
     H_TASK,
@@ -33,7 +32,7 @@ from conveyor.errors import ConnectionLostError, ServerUnreachableError, TaskErr
 from conveyor.message import Message
 from conveyor.protocol.requests import Counts
 from conveyor.tasks.queue_config import QueueConfig
-from conveyor.worker.affinity import check_pin, pin_core
+from conveyor.worker.affinity import check_pin, default_slots, pin_core
 from conveyor.worker.executors import BlobFetcher, Completion, ProcessSlots, ThreadSlots
 from conveyor.worker.held import Held, due_extensions, over_limit
 from conveyor.worker.middleware import Decision, Middleware, default_middleware
@@ -68,7 +67,7 @@ class Consumer:
     """Runs tasks from `queues` of `pool` until stopped (or, with `until_empty`, until they are drained)."""
 
     def __init__(self, pool: QueueBackend, queues: Sequence[QueueConfig | str] = ("default",), *, consumer: int = 0,
-                 n_consumers: int = 1, batch_size: int | None = None, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+                 n_consumers: int = 1, batch_size: int | None = None, max_concurrency: int | None = None,
                  concurrency: Literal["thread", "process"] = "thread", selector: QueueSelector | str = DEFAULT_SELECTOR,
                  middleware: Sequence[Middleware] | None = None, task_modules: Sequence[str] = (),
                  until_empty: bool = False, name: str | None = None, seed: int | None = None,
@@ -85,6 +84,7 @@ class Consumer:
         rather than retrying forever (one back within it, and the work goes on)."""
         if not queues:
             raise ValueError("a consumer needs at least one queue")
+        max_concurrency = max_concurrency or default_slots(concurrency, 1)  # None: see conveyor.worker.affinity
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         if batch_size is not None and batch_size < 1:

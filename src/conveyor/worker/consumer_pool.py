@@ -29,12 +29,12 @@ from typing import Any, Literal
 from conveyor.client.pool import QueuePool
 from conveyor.client.progress import JoinProgress
 from conveyor.client.sharded import summed_stats
-from conveyor.constants import DEFAULT_MAX_CONCURRENCY, DEFAULT_SELECTOR, DEFAULT_UNREACHABLE_S, PARENT_CHECK_S
+from conveyor.constants import DEFAULT_SELECTOR, DEFAULT_UNREACHABLE_S, PARENT_CHECK_S
 from conveyor.errors import ConveyorError, RequestError
 from conveyor.protocol.requests import QueueStats
 from conveyor.tasks.envelope import decode_result
 from conveyor.tasks.queue_config import QueueConfig
-from conveyor.worker.affinity import auto_pin
+from conveyor.worker.affinity import auto_pin, default_slots
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.executors import START_FAILURES_MAX, never_started
 from conveyor.worker.settings import load_settings
@@ -130,7 +130,7 @@ class ConsumerPool:
     """`n_consumers` consumer processes on this machine (see `Consumer` for the options)."""
 
     def __init__(self, pool: QueuePool, n_consumers: int | None = None, *, queues: Sequence[QueueConfig | str] = ("default",),
-                 batch_size: int | None = None, max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
+                 batch_size: int | None = None, max_concurrency: int | None = None,
                  concurrency: Literal["thread", "process"] = "thread", task_modules: Sequence[str] = (),
                  selector: str = DEFAULT_SELECTOR, restart: bool = True,
                  pin_core: bool | None = None) -> None:  # fmt: skip
@@ -140,6 +140,7 @@ class ConsumerPool:
             raise ValueError(f"n_consumers must be >= 1, got {n_consumers}")
         self.queues = list(queues)
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
+        max_concurrency = max_concurrency or default_slots(concurrency, self.n_consumers)
         self.options: dict[str, Any] = {
             "batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency,
             "task_modules": list(task_modules), "selector": selector,

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from conveyor.client.pool import QueuePool
-from conveyor.constants import DEFAULT_MAX_CONCURRENCY
 from conveyor.errors import ConfigError
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import auto_pin
@@ -34,7 +33,7 @@ class WorkerOptions:
     """How a worker runs (the `conveyor worker` options)."""
 
     processes: int = 1
-    concurrency: int = DEFAULT_MAX_CONCURRENCY
+    concurrency: int | None = None  # None: see conveyor.worker.affinity.default_slots
     mode: Literal["thread", "process"] = "thread"
     batch_size: int | None = None
     selector: str | type[QueueSelector] | None = None  # None: the settings' QUEUE_SELECTOR
