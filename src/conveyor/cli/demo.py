@@ -32,9 +32,9 @@ DEFAULT_SCENES = "abc"  # d (--kill-worker) too would take the demo past 2 minut
 # plain Spark is given this many times the map's makespan (at least PATIENCE_MIN_S) before the demo
 # stops waiting for it: a job that needs more is hung or far behind
 PATIENCE_FACTOR = 1.5
-PATIENCE_MIN_S = 15.0
+PATIENCE_MIN_S = 10.0
 HANG_LIMIT_S = 1.0  # scene c: the map's time limit per page (the corpus's longest page takes well under it)
-WARM_UP_PAGES = 600
+WARM_UP_PAGES = 600  # at most: a tenth of the corpus for small ones
 KILL_LEASE_S = 4.0  # scene d: the map's lease, so the pages a killed consumer held come back within it
 
 
@@ -102,7 +102,7 @@ def run_demo(pages: int, workers: int | None, keys: str, console: Console, scale
             # both ways once on a small corpus first, so that neither timed run pays for starting the
             # executors' Python workers or for the JVM compiling the code paths both use (seconds of CPU)
             console.print("warming up: both ways once on a few pages ...")
-            warm = Scene("warm-up", "warm-up", WARM_UP_PAGES)
+            warm = Scene("warm-up", "warm-up", max(40, min(WARM_UP_PAGES, pages // 10)))
             c = corpus(spark, warm)
             run_map(spark, env.pool, warm, c, n_workers, False, say)
             run_plain(spark, warm, c, n_workers, PATIENCE_MIN_S, None, say)

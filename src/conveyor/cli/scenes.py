@@ -192,8 +192,7 @@ def run_plain(spark: Any, scene: Scene, c: Corpus, workers: int, patience_s: flo
     t0 = time.perf_counter()
     thread = threading.Thread(target=job, name="conveyor-demo-plain", daemon=True)
     thread.start()
-    if kill_at is not None:
-        _kill_plain_worker(running, t0 + kill_at, thread, say)
+    killed = kill_at is not None and _kill_plain_worker(running, t0 + kill_at, thread, say)
     thread.join(max(0.0, t0 + patience_s - time.perf_counter()))
     makespan = time.perf_counter() - t0
     ended = "finished"
@@ -213,8 +212,10 @@ def run_plain(spark: Any, scene: Scene, c: Corpus, workers: int, patience_s: flo
     failed = Counter("ValueError" for r in rows if r[2] is None)
     work = sum(c.costs.get((r[0], r[1]), 0.0) for r in rows if r[2] is not None)
     note = f"{INPUT_PARTITIONS} static partitions"
-    if kill_at is not None:
+    if killed:
         note += f"; a Python worker killed at {kill_at:.1f} s"
+    elif kill_at is not None:
+        note += f"; no Python worker killed: none ran {kill_at:.1f} s in"
     return Outcome("plain Spark", len(rows) - sum(failed.values()), failed, work, makespan, workers, note=note)
 
 
@@ -233,8 +234,8 @@ def _spark_reason(e: BaseException) -> str:
     return line[:160]
 
 
-def _kill_plain_worker(running: Path, at: float, thread: threading.Thread, say: Callable[[str], None]) -> None:
-    """At `at` (perf_counter), SIGKILL the Python worker of one running task (if any still runs)."""
+def _kill_plain_worker(running: Path, at: float, thread: threading.Thread, say: Callable[[str], None]) -> bool:
+    """At `at` (perf_counter), SIGKILL the Python worker of one running task; False if none ran then."""
     while time.perf_counter() < at and thread.is_alive():
         time.sleep(0.05)
     deadline = time.perf_counter() + 5.0
@@ -245,8 +246,9 @@ def _kill_plain_worker(running: Path, at: float, thread: threading.Thread, say: 
             except (ProcessLookupError, ValueError):
                 continue
             say(f"killed Spark's Python worker pid {f.name} (SIGKILL): Spark runs its task again, from the partition's start")
-            return
+            return True
         time.sleep(0.05)
+    return False
 
 
 class _ConsumerKiller(threading.Thread):
