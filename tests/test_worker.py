@@ -186,9 +186,11 @@ def test_quick_tasks_are_read_ahead_in_large_fetches(pool: QueuePool) -> None:
     and fetches many at a time: far fewer fetches than a fetch per free slot would take."""
     n = 3000
     wt.add.publish_many([(i, 1) for i in range(n)], _pool=pool)
-    c = consume(pool, max_concurrency=2)
+    c = consume(pool, max_concurrency=None)  # left out: 8 slots and a read-ahead
     assert c.stats.processed == n and pool.stats("jobs")["jobs"].acked == n
-    assert c.stats.fetches < n / 20, c.stats.fetches  # without the read-ahead: one fetch per 1-2 tasks
+    assert c.stats.fetches < n / 20, c.stats.fetches  # without the read-ahead: one fetch per 4-8 tasks
+    bounded = consume(pool, max_concurrency=8)  # given: a bound on the messages held, so no read-ahead
+    assert bounded.reads_ahead is False and c.reads_ahead is True
 
 
 def test_a_consumer_steals_from_other_shards(pool: QueuePool) -> None:

@@ -175,8 +175,10 @@ class SparkConsumerPool:
         self.queues, self.task_modules = list(queues), list(task_modules)
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
         # each consumer is a Spark task: one task slot, a core (processes in its stead: for that core)
+        read_ahead = max_concurrency is None  # see Consumer
         max_concurrency = max_concurrency or default_slots(concurrency, 1, cores=1)
         self.options = {"batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency,
+                        "read_ahead": read_ahead,
                         "task_modules": list(task_modules), "until_empty": until_empty,
                         "pin_core": auto_pin(pin_core, concurrency, self.n_consumers, task_slots(spark)),
                         "unreachable_s": unreachable_s}  # fmt: skip

@@ -73,7 +73,7 @@ class Consumer:
                  until_empty: bool = False, name: str | None = None, seed: int | None = None,
                  stop_when: Callable[[], bool] | None = None, expect_more: Callable[[], bool] | None = None,
                  on_started: Callable[[], object] | None = None, pin_core: bool = False,
-                 unreachable_s: float = DEFAULT_UNREACHABLE_S) -> None:  # fmt: skip
+                 unreachable_s: float = DEFAULT_UNREACHABLE_S, read_ahead: bool | None = None) -> None:  # fmt: skip
         """See the module docstring. `stop_when`, asked about once a second, stops the consumer
         gracefully when it returns True (a stop signalled from elsewhere, e.g. through the servers).
         `expect_more` (with `until_empty`): while it returns True, drained queues do not end the
@@ -84,6 +84,9 @@ class Consumer:
         rather than retrying forever (one back within it, and the work goes on)."""
         if not queues:
             raise ValueError("a consumer needs at least one queue")
+        # a max_concurrency given is a bound on the messages held; left out, quick tasks are read ahead
+        # too (worker/pacing.py), though a process crash then returns those after their lease, an attempt spent
+        self.reads_ahead = max_concurrency is None if read_ahead is None else read_ahead
         max_concurrency = max_concurrency or default_slots(concurrency, 1)  # None: see conveyor.worker.affinity
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -192,7 +195,7 @@ class Consumer:
                 now = time.monotonic()
                 if now >= self._next_sweep:  # not at every completion: each looks at every running task
                     self._next_sweep = now + BUSY_POLL_S
-                    if slots.kind == "thread":  # a child process takes one message at a time: no read-ahead
+                    if slots.kind == "thread" and self.reads_ahead:  # a child process takes one message at a time
                         self._read_ahead = read_ahead(self._throughput.update(now))
                     self._enforce_limits(slots, now)
                     self._heartbeat(now)

@@ -140,9 +140,10 @@ class ConsumerPool:
             raise ValueError(f"n_consumers must be >= 1, got {n_consumers}")
         self.queues = list(queues)
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
+        read_ahead = max_concurrency is None  # see Consumer
         max_concurrency = max_concurrency or default_slots(concurrency, self.n_consumers)
         self.options: dict[str, Any] = {
-            "batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency,
+            "batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency, "read_ahead": read_ahead,
             "task_modules": list(task_modules), "selector": selector,
             "pin_core": auto_pin(pin_core, concurrency, self.n_consumers),
             "log_level": logging.getLogger().level or logging.WARNING,
