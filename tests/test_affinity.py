@@ -19,7 +19,7 @@ from conveyor.client.pool import QueuePool
 from conveyor.constants import DEFAULT_MAX_CONCURRENCY
 from conveyor.spark.consumers import check_consumer_options
 from conveyor.worker import Consumer, ConsumerPool
-from conveyor.worker.affinity import CorePin, auto_pin, default_slots, pin_core
+from conveyor.worker.affinity import CorePin, auto_pin, default_slots, pin_core, resolve_slots
 
 from . import worker_tasks as wt
 
@@ -113,6 +113,19 @@ def test_by_default_a_consumer_has_8_threads_or_a_process_per_core_of_its_share_
     assert default_slots("process", consumers=4, cores=2) == 2  # never fewer than one core's worth
     assert ConsumerPool(pool, 1, concurrency="process").options["max_concurrency"] == default_slots("process", 1)
     assert ConsumerPool(pool, 1, concurrency="process", max_concurrency=5).options["max_concurrency"] == 5
+
+
+def test_slots_left_out_read_ahead_in_thread_mode_and_slots_given_bound_what_is_held(pool: QueuePool) -> None:
+    assert resolve_slots(None, "thread", consumers=2, cores=2) == (DEFAULT_MAX_CONCURRENCY, True)
+    assert resolve_slots(None, "process", consumers=1, cores=1) == (2, True)  # the consumer reads ahead in threads only
+    assert resolve_slots(3, "thread", consumers=2) == (3, False)
+    with pytest.raises(ValueError, match="max_concurrency must be >= 1, got 0"):
+        resolve_slots(0, "thread", consumers=1)
+    with pytest.raises(ValueError, match="max_concurrency must be >= 1, got 0"):
+        ConsumerPool(pool, 1, max_concurrency=0)
+    assert ConsumerPool(pool, 1).options["read_ahead"] is True
+    assert ConsumerPool(pool, 1, max_concurrency=8).options["read_ahead"] is False
+    assert Consumer(pool, ["jobs"]).reads_ahead and not Consumer(pool, ["jobs"], max_concurrency=8).reads_ahead
 
 
 def test_pinning_is_refused_for_process_concurrency(pool: QueuePool) -> None:

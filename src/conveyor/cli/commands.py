@@ -315,8 +315,8 @@ def worker(conn: Connection, task_modules: tuple[str, ...], queues_config: Path 
         pool = open_pool(conn)
         names = ", ".join(q if isinstance(q, str) else q.name for q in queues)
         console = Console(stderr=True)
-        concurrency = concurrency or default_slots(mode, processes)
-        console.print(f"[bold]conveyor worker[/]: {processes} consumer(s) x {concurrency} {mode}(s) on {names} "
+        slots = concurrency or default_slots(mode, processes)  # None goes on: the consumers then read ahead
+        console.print(f"[bold]conveyor worker[/]: {processes} consumer(s) x {slots} {mode}(s) on {names} "
                       f"from {', '.join(pool.addresses)}")  # fmt: skip
         if not modules:  # said up front: otherwise every named task's message ends in the dead letters
             console.print("[yellow]warning[/]: no task modules (--tasks MODULE, or TASK_MODULES in the settings module): "

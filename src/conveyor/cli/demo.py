@@ -107,8 +107,9 @@ def run_demo(pages: int, workers: int | None, keys: str, console: Console, scale
             run_map(spark, env.pool, warm, c, n_workers, False, say)
             run_plain(spark, warm, c, n_workers, PATIENCE_MIN_S, None, say)
             c.frame.unpersist()
+            chosen = scenes(pages)
             for key in keys:
-                scene = scenes(pages)[key]
+                scene = chosen[key]
                 c = corpus(spark, scene, scale)
                 faults = dict(c.faults)
                 total = len(c.costs) + sum(faults.values())

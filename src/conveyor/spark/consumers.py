@@ -40,7 +40,7 @@ from conveyor.spark.session import check_workers_python, task_slots
 from conveyor.spark.watch import START_TIMEOUT_S, JobGroup, JobWatch
 from conveyor.tasks.publish import get_default_pool
 from conveyor.tasks.queue_config import QueueConfig
-from conveyor.worker.affinity import auto_pin, check_pin, default_slots
+from conveyor.worker.affinity import auto_pin, check_pin, resolve_slots
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import CONSUMER_SWITCH_INTERVAL_S
 from conveyor.worker.stats import ConsumerStats
@@ -175,8 +175,7 @@ class SparkConsumerPool:
         self.queues, self.task_modules = list(queues), list(task_modules)
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
         # each consumer is a Spark task: one task slot, a core (processes in its stead: for that core)
-        read_ahead = max_concurrency is None  # see Consumer
-        max_concurrency = max_concurrency or default_slots(concurrency, 1, cores=1)
+        max_concurrency, read_ahead = resolve_slots(max_concurrency, concurrency, 1, cores=1)
         self.options = {"batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency,
                         "read_ahead": read_ahead,
                         "task_modules": list(task_modules), "until_empty": until_empty,

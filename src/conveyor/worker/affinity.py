@@ -67,6 +67,18 @@ def default_slots(concurrency: str, consumers: int, cores: int | None = None) ->
     return max(1, (cores or usable_cores()) // max(1, consumers)) + 1
 
 
+def resolve_slots(max_concurrency: int | None, concurrency: str, consumers: int, cores: int | None = None) -> tuple[int, bool]:
+    """(slots, read ahead) of a consumer: `max_concurrency` as given, which also bounds the messages it
+    holds; left out (None), `default_slots`, and a thread-mode consumer may hold quick tasks beyond
+    its slots (worker/pacing.py). A process crash returns the messages held after their lease, an
+    attempt spent: a bound given keeps that to the slots."""
+    if max_concurrency is not None:
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        return max_concurrency, False
+    return default_slots(concurrency, consumers, cores), True
+
+
 def auto_pin(pin_core: bool | None, concurrency: str, consumers: int, cores: int | None = None) -> bool:
     """Whether consumers pin: as told, or (None, the default) in thread mode when there are at least
     as many `consumers` as `cores` (default: the cores this process may use). One consumer per core

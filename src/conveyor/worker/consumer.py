@@ -32,7 +32,7 @@ from conveyor.errors import ConnectionLostError, ServerUnreachableError, TaskErr
 from conveyor.message import Message
 from conveyor.protocol.requests import Counts
 from conveyor.tasks.queue_config import QueueConfig
-from conveyor.worker.affinity import check_pin, default_slots, pin_core
+from conveyor.worker.affinity import check_pin, pin_core, resolve_slots
 from conveyor.worker.executors import BlobFetcher, Completion, ProcessSlots, ThreadSlots
 from conveyor.worker.held import Held, due_extensions, over_limit
 from conveyor.worker.middleware import Decision, Middleware, default_middleware
@@ -84,12 +84,8 @@ class Consumer:
         rather than retrying forever (one back within it, and the work goes on)."""
         if not queues:
             raise ValueError("a consumer needs at least one queue")
-        # a max_concurrency given is a bound on the messages held; left out, quick tasks are read ahead
-        # too (worker/pacing.py), though a process crash then returns those after their lease, an attempt spent
-        self.reads_ahead = max_concurrency is None if read_ahead is None else read_ahead
-        max_concurrency = max_concurrency or default_slots(concurrency, 1)  # None: see conveyor.worker.affinity
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
+        max_concurrency, reads_ahead = resolve_slots(max_concurrency, concurrency, 1)
+        self.reads_ahead = reads_ahead if read_ahead is None else read_ahead
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if concurrency not in ("thread", "process"):
@@ -189,6 +185,7 @@ class Consumer:
             self.stats.unsettled += self._settler.unsettled
 
     def _loop(self, slots: ThreadSlots | ProcessSlots) -> None:
+        gave_back = False  # once stopping, nothing new goes in line: what waits there is given back once
         while True:
             try:
                 self._settle(self._completed())
@@ -205,7 +202,9 @@ class Consumer:
                     if self.stop_when():
                         self._stop.set()
                 if self._stop.is_set():
-                    self._give_back(slots)
+                    if not gave_back:
+                        self._give_back(slots)
+                        gave_back = True
                     if self._hard_stop or not self._running:
                         return
                     self._wait(BUSY_POLL_S)

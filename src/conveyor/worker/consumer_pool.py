@@ -34,7 +34,7 @@ from conveyor.errors import ConveyorError, RequestError
 from conveyor.protocol.requests import QueueStats
 from conveyor.tasks.envelope import decode_result
 from conveyor.tasks.queue_config import QueueConfig
-from conveyor.worker.affinity import auto_pin, default_slots
+from conveyor.worker.affinity import auto_pin, resolve_slots
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.executors import START_FAILURES_MAX, never_started
 from conveyor.worker.settings import load_settings
@@ -140,8 +140,7 @@ class ConsumerPool:
             raise ValueError(f"n_consumers must be >= 1, got {n_consumers}")
         self.queues = list(queues)
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
-        read_ahead = max_concurrency is None  # see Consumer
-        max_concurrency = max_concurrency or default_slots(concurrency, self.n_consumers)
+        max_concurrency, read_ahead = resolve_slots(max_concurrency, concurrency, self.n_consumers)
         self.options: dict[str, Any] = {
             "batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency, "read_ahead": read_ahead,
             "task_modules": list(task_modules), "selector": selector,
