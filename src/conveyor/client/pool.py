@@ -34,7 +34,7 @@ from conveyor.server.processes import listening, start_server, stop_server
 from conveyor.tasks.envelope import adhoc_task_name, function_ref
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import Backoff, BackoffSpec
-from conveyor.tasks.publish import TaskHandle, build_message, check_publish_options, check_time_limit, outcome
+from conveyor.tasks.publish import MessageTemplate, TaskHandle, check_publish_options, check_time_limit, outcome, task_handles
 from conveyor.tasks.queue_config import QueueConfig
 
 QUIET_POLL_S = 5.0  # join without a progress bar: the longest wait of one request (the servers answer at the end)
@@ -216,9 +216,9 @@ class QueuePool(ShardedQueues):
         name = adhoc_task_name(ref.digest)
         check_publish_options(name, delay, priority, key)
         check_time_limit(name, opts, self.queue_config(queue))
-        now = time.time()
+        template = MessageTemplate(name, opts, delay=delay, priority=priority, key=key)
         calls = ((tuple(a), dict(k)) for a, k in items) if star else (((it,), {}) for it in items)
-        messages = [build_message(name, opts, a, k, delay=delay, priority=priority, key=key, now=now) for a, k in calls]
+        messages = [template.message(a, k) for a, k in calls]
         if not messages:
             return []
         if ref.digest not in self._blobs_sent:
@@ -226,7 +226,7 @@ class QueuePool(ShardedQueues):
                 raise ConveyorError(f"the servers stored {name} under another digest")
             self._blobs_sent.add(ref.digest)
         ids = self.put(queue, messages)
-        return [TaskHandle(i, queue, name, self) for i in ids]
+        return task_handles(ids, queue, name, self)
 
     # --- results ----------------------------------------------------------------------------
     def gather(self, handles: Sequence[TaskHandle], timeout: float | None = None, poll_s: float = 0.05) -> list[Any]:

@@ -95,6 +95,18 @@ class TaskHandle:
         return cast("ResultReader", pool)
 
 
+def task_handles(ids: Sequence[int], queue: str, task: str, source: Publisher | None) -> list[TaskHandle]:
+    """The handles of a batch, each equal to `TaskHandle(id, queue, task, source)`, built without the
+    frozen dataclass's `__init__` (which costs more than encoding a small message)."""
+    new = object.__new__
+    out = []
+    for i in ids:
+        h = new(TaskHandle)
+        h.__dict__.update(id=int(i), queue=queue, task=task, _pool=source)
+        out.append(h)
+    return out
+
+
 def outcome(handle: TaskHandle, result: bytes | None, status: Status | None,
             dead_error: Callable[[], str | None]) -> tuple[bool, Any]:  # fmt: skip
     """A published task's outcome from its stored result and its status: (True, its value) once it
@@ -195,6 +207,30 @@ def check_publish_options(task_name: str, delay: float | None, priority: int | N
         raise TaskOptionError(f"task {task_name!r}: {e}") from None
 
 
+class MessageTemplate:
+    """What the messages of one task published in one go share (queue, priority, start time,
+    attempts, headers), worked out once, so that a batch pays per call only for encoding it."""
+
+    __slots__ = ("headers", "max_attempts", "not_before", "priority", "queue", "task_name")
+
+    def __init__(self, task_name: str, options: TaskOptions, *, delay: float | None = None,
+                 priority: int | None = None, key: str | None = None, now: float | None = None) -> None:  # fmt: skip
+        self.task_name = task_name
+        self.queue = options.queue
+        self.priority = options.priority if priority is None else priority
+        self.not_before = ((time.time() if now is None else now) + delay) if delay else 0.0
+        self.max_attempts = options.max_attempts
+        self.headers = {H_TASK: task_name, **options.headers()}
+        if key is not None:
+            self.headers[H_IDEMPOTENCY_KEY] = key
+
+    def message(self, args: tuple[Any, ...], kwargs: dict[str, Any], app_data: dict[str, Any] | None = None) -> Message:
+        """The message of one call. Raises SerializationError if an argument cannot be serialized."""
+        payload, headers = encode_call(self.task_name, args, kwargs, app_data)
+        headers.update(self.headers)
+        return make_message(0, self.queue, payload, self.priority, 0, 0.0, self.not_before, 0.0, self.max_attempts, headers)
+
+
 def build_message(task_name: str, options: TaskOptions, args: tuple[Any, ...], kwargs: dict[str, Any],
                   app_data: dict[str, Any] | None = None, *, delay: float | None = None, priority: int | None = None,
                   key: str | None = None, now: float | None = None) -> Message:  # fmt: skip
@@ -203,14 +239,8 @@ def build_message(task_name: str, options: TaskOptions, args: tuple[Any, ...], k
     Raises SerializationError if an argument cannot be serialized. Publish options are not
     checked here (see `TaskFunction.publish`).
     """
-    payload, headers = encode_call(task_name, args, kwargs, app_data)
-    headers[H_TASK] = task_name
-    headers.update(options.headers())
-    if key is not None:
-        headers[H_IDEMPOTENCY_KEY] = key
-    not_before = ((time.time() if now is None else now) + delay) if delay else 0.0
-    return make_message(0, options.queue, payload, options.priority if priority is None else priority, 0, 0.0,
-                        not_before, 0.0, options.max_attempts, headers)  # fmt: skip
+    template = MessageTemplate(task_name, options, delay=delay, priority=priority, key=key, now=now)
+    return template.message(args, kwargs, app_data)
 
 
 def adhoc_message(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
@@ -277,22 +307,21 @@ def publish_calls(task_name: str, options: TaskOptions, sig: ArgCheck | None, ca
     """Check, encode and put calls of one task in one batch; nothing is put if any check fails."""
     check_publish_options(task_name, delay, priority, key)
     target = _resolve_pool(pool, task_name)
-    now = time.time()
+    template = MessageTemplate(task_name, options, delay=delay, priority=priority, key=key)
     messages = []
     for args, kwargs, app_data in calls:
         if sig is not None:
             sig.check(task_name, args, kwargs)
         if app_data is not None and not isinstance(app_data, dict):
             raise TaskArgumentError(f"task {task_name!r}: app_data must be a dict or None, got {type(app_data).__name__}")
-        messages.append(build_message(task_name, options, args, kwargs, app_data, delay=delay, priority=priority,
-                                      key=key, now=now))  # fmt: skip
+        messages.append(template.message(args, kwargs, app_data))
     if not messages:
         return []
     check_time_limit(task_name, options, target.queue_config(options.queue))
     ids = target.put(options.queue, messages)
     if len(ids) != len(messages):
         raise ConveyorError(f"publisher returned {len(ids)} ids for {len(messages)} messages")
-    return [TaskHandle(int(i), options.queue, task_name, target) for i in ids]
+    return task_handles(ids, options.queue, task_name, target)
 
 
 def calls_of(items: Iterable[Any], task_name: str, app_data: dict[str, Any] | None = None) -> Iterator[CallArgs]:
