@@ -15,3 +15,7 @@ def noop(payload: bytes) -> None:
 def spin(seconds: float) -> float:
     """The skewed reference task: busy CPU for `seconds`."""
     return busy(seconds)
+
+
+def dq_noop() -> None:
+    """daskqueue's no-op task (bench_peers.py; it calls `func(*args)`): importable, so pickled by reference."""

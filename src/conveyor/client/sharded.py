@@ -198,11 +198,13 @@ class ShardedQueues:
         # one slice of a long poll per shard in turn: a message put on another shard waits at most that long
         slice_s = wait_s if len(order) == 1 else 0.25
         deadline = time.monotonic() + wait_s
-        wait = 0.0  # first a quick look at every shard
+        waiting = False  # first a quick look at every shard
         while True:
             error: ConnectionLostError | None = None
             up = [s for s in order if self._down.get(s, 0.0) <= time.monotonic()] or order
             for s in up:
+                # a slice each, and never past the deadline: a caller told "wait_s" gets its answer then
+                wait = max(0.0, min(deadline - time.monotonic(), slice_s)) if waiting else 0.0
                 try:
                     got = self.clients[s].call(calls.get(queue, n, lease_s=lease_s, wait_s=wait, id_base=s << SHARD_SHIFT))
                 except ConnectionLostError as e:  # serve from the other shards meanwhile
@@ -214,10 +216,9 @@ class ShardedQueues:
                     return got
             if error is not None and all(s in self._down for s in up):
                 raise error
-            left = deadline - time.monotonic()
-            if left <= 0:
+            if deadline - time.monotonic() <= 0:
                 return []
-            wait = min(left, slice_s)
+            waiting = True
 
     def ack(self, queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None = None) -> list[bool]:
         """Finish messages, with optional results; in as many requests as the servers' limits take."""
@@ -307,9 +308,12 @@ class ShardedQueues:
         every shard has nothing pending in them, or after `wait_s`."""
         return summed_stats(self.reach.heard(self._everywhere(calls.stats(queues=queues, drained_wait_s=wait_s))))
 
-    def reachable_stats(self, queues: Sequence[str] | None = None) -> list[dict[str, QueueStats] | Exception]:
-        """Stats (of `queues`, default all) per shard, in shard order; a shard that does not answer gives its error instead."""
-        return self.reach.heard(self.on_every_server(calls.stats(queues=queues)))
+    def reachable_stats(self, queues: Sequence[str] | None = None,
+                        drained_wait_s: float = 0.0) -> list[dict[str, QueueStats] | Exception]:  # fmt: skip
+        """Stats (of `queues`, default all) per shard, in shard order; a shard that does not answer gives
+        its error instead. With `drained_wait_s`, each server answers once it has nothing pending in them
+        (or after that long): a caller waiting for the end hears of it at once, not at its next poll."""
+        return self.reach.heard(self.on_every_server(calls.stats(queues=queues, drained_wait_s=drained_wait_s)))
 
     def check_reachable(self, limit_s: float, queues: Sequence[str] | None = None, what: str = "") -> None:
         """Raise `ServerUnreachableError` for a server out of reach for longer than `limit_s` (see `Reach`)."""

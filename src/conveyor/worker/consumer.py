@@ -45,7 +45,7 @@ log = logging.getLogger("conveyor.worker")
 
 REPORT_EVERY_S = 2.0  # how often a consumer tells the servers its counts
 BUSY_POLL_S = 0.05  # with tasks running, how long to wait for one to finish before looking for more work
-IDLE_POLL_S = 1.0  # longest long poll while idle (so a stop is noticed within it)
+IDLE_POLL_S = 0.25  # longest long poll while idle: a stop is noticed within it (a shard of several is polled that long anyway)
 DRAIN_POLL_S = 0.1  # with until_empty, how long an idle consumer waits before looking at the queues again
 RETRY_CONNECT_S = 1.0
 SETTLE_S, HARD_SETTLE_S = 30.0, 2.0  # on the way out, how long the last acks may take (after a hard stop)

@@ -22,7 +22,6 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.context import ForkServerContext, SpawnContext
 from types import TracebackType
 from typing import Any, Literal
 
@@ -38,6 +37,7 @@ from conveyor.worker.affinity import auto_pin, resolve_slots
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.executors import START_FAILURES_MAX, never_started
 from conveyor.worker.settings import load_settings
+from conveyor.worker.spawning import process_context, warm_up
 from conveyor.worker.stats import ConsumerStats
 
 log = logging.getLogger("conveyor.worker")
@@ -152,10 +152,8 @@ class ConsumerPool:
         self.restart = restart
         self.restarts = 0
         self.stats = ConsumerStats()  # the counts of the consumer processes that have stopped (see `_spawn`)
-        methods = multiprocessing.get_all_start_methods()
-        self._ctx: ForkServerContext | SpawnContext = multiprocessing.get_context("spawn")
-        if "forkserver" in methods:
-            self._ctx = multiprocessing.get_context("forkserver")
+        self._ctx = process_context(["conveyor.worker.consumer_pool"])
+        warm_up(self._ctx)  # start() then forks consumers from a ready server (~0.4 s sooner here)
         self._procs: list[multiprocessing.process.BaseProcess | None] = [None] * self.n_consumers
         self._conns: list[Connection | None] = [None] * self.n_consumers  # the read ends of their pipes
         self._started = [False] * self.n_consumers
@@ -241,10 +239,13 @@ class ConsumerPool:
             log.info("join: no consumer is running: starting %d", self.n_consumers)
             self.start()
         deadline = None if timeout is None else time.monotonic() + timeout
+        wait = 0.0  # a first look at once; then each look waits on the servers for the end, up to poll_s
         with JoinProgress(enabled=progress) as bar:
             while True:
                 self.check()
-                per = self.pool.reachable_stats(self.queue_names)
+                if deadline is not None:
+                    wait = max(0.0, min(wait, deadline - time.monotonic()))
+                per = self.pool.reachable_stats(self.queue_names, drained_wait_s=wait)
                 self.pool.check_reachable(unreachable_s, self.queue_names, "join: ")
                 up = [{q: s for q, s in p.items() if q in self.queue_names} for p in per if isinstance(p, dict)]
                 st = summed_stats(up)
@@ -253,7 +254,9 @@ class ConsumerPool:
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"join: {sum(s.pending for s in st.values()):,} messages still pending after {timeout} s")
-                time.sleep(poll_s)
+                if len(up) < len(per):  # a server out of reach answers at once: look again after poll_s, not in a spin
+                    time.sleep(poll_s)
+                wait = poll_s
         self.cancel()
         return st
 

@@ -16,14 +16,12 @@ import os
 import pickle
 import queue
 import signal
-import sys
 import threading
 import time
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from multiprocessing.context import ForkServerContext, SpawnContext
 from typing import Any
 
 from conveyor.client.backend import QueueBackend
@@ -32,6 +30,7 @@ from conveyor.errors import ConveyorError, TaskError
 from conveyor.message import Message
 from conveyor.tasks.envelope import encode_error
 from conveyor.tasks.runner import run_message
+from conveyor.worker.spawning import process_context
 
 log = logging.getLogger("conveyor.worker")
 
@@ -214,17 +213,8 @@ class ProcessSlots:
         self._done = done
         self._fetcher = fetcher  # a picklable callable returning a `fetch` in the child (or None)
         self._task_modules = list(task_modules)
-        methods = multiprocessing.get_all_start_methods()
-        self._ctx: ForkServerContext | SpawnContext = multiprocessing.get_context("spawn")
-        if "forkserver" in methods:
-            self._ctx = multiprocessing.get_context("forkserver")
-        if self._ctx.get_start_method() == "forkserver":
-            # children fork from a server that has imported these already: a replacement starts in milliseconds
-            # (and the modules the main module imports: each child runs the main module again, which,
-            # in a Spark Python worker, imports much of pyspark: seconds per child otherwise)
-            main = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)
-            self._ctx.set_forkserver_preload(["conveyor.tasks.runner", "conveyor.worker.executors", *self._task_modules,
-                                              *([main] if main and main != "__main__" else [])])  # fmt: skip
+        # children fork from a server that has imported these already: a replacement starts in milliseconds
+        self._ctx = process_context(["conveyor.tasks.runner", "conveyor.worker.executors", *self._task_modules])
         self._ready = threading.Semaphore(0)
         self._idle: queue.SimpleQueue[_Child] = queue.SimpleQueue()
         self._children: dict[int, _Child] = {}

@@ -1,0 +1,52 @@
+"""How Conveyor starts its worker processes (consumers, and task processes): from a fork server that
+has imported what they need once, so that each new process starts in milliseconds.
+
+A process started with multiprocessing's "spawn" method is a fresh interpreter: it imports
+Conveyor (with numpy: ~0.3 s here) and runs the main module again, every time. The "forkserver"
+method forks each one from a server process; whatever that server imported, its children have. Its
+documented default is to preload the main module, but Python 3.11's forkserver never does (it looks
+for a "main_path" the preparation data does not have), so the modules are named here. Where there is
+no forkserver (macOS, Windows), processes are spawned.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import multiprocessing.forkserver
+import sys
+import threading
+from collections.abc import Sequence
+from multiprocessing.context import ForkServerContext, SpawnContext
+
+log = logging.getLogger("conveyor.worker")
+
+
+def process_context(preload: Sequence[str]) -> ForkServerContext | SpawnContext:
+    """The context to start worker processes with: a fork server preloading `preload` and the main
+    module (by its module name, when it has one: run as `python -m ...`, or a Spark Python worker's
+    pyspark.daemon, whose imports are much of pyspark) where there is a fork server, else "spawn".
+
+    The fork server is one per process: the preload takes effect if it has not started yet (a
+    server already running keeps what it has; its children import the rest themselves)."""
+    if "forkserver" not in multiprocessing.get_all_start_methods():
+        return multiprocessing.get_context("spawn")
+    ctx = multiprocessing.get_context("forkserver")
+    main = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)
+    ctx.set_forkserver_preload([*preload, *([main] if main and main != "__main__" else [])])
+    return ctx
+
+
+def warm_up(ctx: ForkServerContext | SpawnContext) -> None:
+    """Start the fork server in the background (it takes as long as its imports), so that the first
+    process started later does not wait for it. Nothing to do for "spawn"."""
+    if ctx.get_start_method() != "forkserver":
+        return
+
+    def start() -> None:
+        try:
+            multiprocessing.forkserver.ensure_running()
+        except Exception as e:  # the first process started says what is wrong, where it is caught
+            log.debug("the fork server did not start ahead of time: %s", e)
+
+    threading.Thread(target=start, name="conveyor-forkserver-warm-up", daemon=True).start()
