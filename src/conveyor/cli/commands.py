@@ -29,6 +29,7 @@ from conveyor.constants import (
     MAX_LEASE_S,
 )
 from conveyor.errors import ConnectionLostError, ConveyorError
+from conveyor.gc_policy import tune_gc
 from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Limits
 from conveyor.protocol.tls import cert_fingerprint, server_context
@@ -152,6 +153,7 @@ def serve(host: str, port: int, data_dir: Path | None, token: str | None, token_
         server = QueueServer(host, port, data_dir=data_dir, token=token, insecure=insecure, tls=tls, limits=limits,
                              defaults=defaults, repair=repair, temporary=temporary, max_connections=max_connections,
                              idle_timeout_s=idle_timeout_s, request_timeout_s=request_timeout_s)  # fmt: skip
+        tune_gc()  # this process only serves
         server.run(on_ready=ready, stop_with_parent=stop_with_parent)
     except ConveyorError as e:
         raise click.ClickException(str(e)) from None

@@ -152,10 +152,8 @@ class ShardedQueues:
 
     def put(self, queue: str, messages: Sequence[Message]) -> list[int]:
         """Put messages in batches of `batch_size`, round-robin over the shards; returns pool-wide ids.
-
         A message with an idempotency key goes to the shard the key hashes to, so that the server
-        holding earlier messages with that key sees it and does not store it twice.
-        """
+        holding earlier messages with that key sees it and does not store it twice."""
         n, b = len(self.clients), self.batch_size
         plain: list[int] = []
         keyed: dict[int, list[int]] = {}
@@ -188,9 +186,7 @@ class ShardedQueues:
     def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0,
             shards: Sequence[int] | None = None) -> list[Message]:  # fmt: skip
         """Lease up to n messages from the first of `shards` (default: all, rotating) that has some.
-
-        With `wait_s`, keeps trying (long polls of a fraction of a second on each shard) until then.
-        """
+        With `wait_s`, keeps trying (long polls of a fraction of a second on each shard) until then."""
         order = list(range(len(self.clients))) if shards is None else list(shards)
         if shards is None:
             k = next(self._rr) % len(order)
@@ -310,9 +306,8 @@ class ShardedQueues:
 
     def reachable_stats(self, queues: Sequence[str] | None = None,
                         drained_wait_s: float = 0.0) -> list[dict[str, QueueStats] | Exception]:  # fmt: skip
-        """Stats (of `queues`, default all) per shard, in shard order; a shard that does not answer gives
-        its error instead. With `drained_wait_s`, each server answers once it has nothing pending in them
-        (or after that long): a caller waiting for the end hears of it at once, not at its next poll."""
+        """Stats (of `queues`, default all) per shard, in shard order, or the error of a shard that does not
+        answer; with `drained_wait_s`, as `wait_drained`: a caller waiting for the end hears of it at once."""
         return self.reach.heard(self.on_every_server(calls.stats(queues=queues, drained_wait_s=drained_wait_s)))
 
     def check_reachable(self, limit_s: float, queues: Sequence[str] | None = None, what: str = "") -> None:

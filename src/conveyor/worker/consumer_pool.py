@@ -30,6 +30,7 @@ from conveyor.client.progress import JoinProgress
 from conveyor.client.sharded import summed_stats
 from conveyor.constants import DEFAULT_SELECTOR, DEFAULT_UNREACHABLE_S, PARENT_CHECK_S
 from conveyor.errors import ConveyorError, RequestError
+from conveyor.gc_policy import tune_gc
 from conveyor.protocol.requests import QueueStats
 from conveyor.tasks.envelope import decode_result
 from conveyor.tasks.queue_config import QueueConfig
@@ -54,8 +55,9 @@ _STARTED, _STATS = "started", "stats"  # what a consumer process sends up its pi
 
 
 def own_process() -> None:
-    """Tune a process that exists only to consume."""
+    """Tune a process that exists only to consume (its GIL switches and garbage collector)."""
     sys.setswitchinterval(CONSUMER_SWITCH_INTERVAL_S)
+    tune_gc()
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,8 +24,9 @@ log = logging.getLogger("conveyor.worker")
 
 def process_context(preload: Sequence[str]) -> ForkServerContext | SpawnContext:
     """The context to start worker processes with: a fork server preloading `preload` and the main
-    module (by its module name, when it has one: run as `python -m ...`, or a Spark Python worker's
-    pyspark.daemon, whose imports are much of pyspark) where there is a fork server, else "spawn".
+    module (by its module name, when it has one: run as `python -m pkg.module`, or a Spark Python
+    worker's pyspark.daemon, whose imports are much of pyspark) where there is a fork server, else
+    "spawn".
 
     The fork server is one per process: the preload takes effect if it has not started yet (a
     server already running keeps what it has; its children import the rest themselves)."""
@@ -33,7 +34,8 @@ def process_context(preload: Sequence[str]) -> ForkServerContext | SpawnContext:
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
     main = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)
-    ctx.set_forkserver_preload([*preload, *([main] if main and main != "__main__" else [])])
+    # not a package's __main__ (`python -m conveyor`): importing one runs its program
+    ctx.set_forkserver_preload([*preload, *([main] if main and not main.endswith("__main__") else [])])
     return ctx
 
 

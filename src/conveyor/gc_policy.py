@@ -1,0 +1,23 @@
+"""The garbage collector's settings in the processes that exist only to serve or consume.
+
+Such a process allocates a few container objects per message (the message, its headers, what holds
+it while it runs), and many live a while: the default first-generation threshold of 700 allocations
+makes the collector walk every message in flight several times over, and its full collections walk
+everything imported too. Objects that exist once a process has started are frozen out of the
+collector's walks (`gc.freeze`), and it runs less often. Reference counting frees the objects
+themselves as before; only reference cycles wait longer (up to GC_THRESHOLDS[0] allocations).
+Measured (one consumer, no-op tasks, medians of 3 interleaved runs): 32k -> 40k tasks/s.
+"""
+
+from __future__ import annotations
+
+import gc
+
+GC_THRESHOLDS = (10_000, 20, 100)  # allocations before a young collection; young per middle; middle per full
+
+
+def tune_gc() -> None:
+    """Freeze what exists now out of the collector's walks and collect less often (a process of
+    Conveyor's own: never a user's)."""
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
