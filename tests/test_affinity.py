@@ -115,9 +115,9 @@ def test_by_default_a_consumer_has_8_threads_or_a_process_per_core_of_its_share_
     assert ConsumerPool(pool, 1, concurrency="process", max_concurrency=5).options["max_concurrency"] == 5
 
 
-def test_slots_left_out_read_ahead_in_thread_mode_and_slots_given_bound_what_is_held(pool: QueuePool) -> None:
+def test_slots_left_out_read_ahead_and_slots_given_bound_what_is_held(pool: QueuePool) -> None:
     assert resolve_slots(None, "thread", consumers=2, cores=2) == (DEFAULT_MAX_CONCURRENCY, True)
-    assert resolve_slots(None, "process", consumers=1, cores=1) == (2, True)  # the consumer reads ahead in threads only
+    assert resolve_slots(None, "process", consumers=1, cores=1) == (2, True)
     assert resolve_slots(3, "thread", consumers=2) == (3, False)
     with pytest.raises(ValueError, match="max_concurrency must be >= 1, got 0"):
         resolve_slots(0, "thread", consumers=1)

@@ -25,7 +25,7 @@ from conveyor.errors import TaskFailedError, TaskOptionError
 from conveyor.message import Message
 from conveyor.tasks.envelope import encode_call
 from conveyor.worker import Consumer, ConsumerPool, Middleware, QueueConfig, TaskFailure
-from conveyor.worker.executors import Completion, ThreadSlots
+from conveyor.worker.executors import Completion, ProcessSlots, ThreadSlots
 
 from . import worker_tasks as wt
 from .graph_helpers import ROOT
@@ -134,13 +134,14 @@ def test_a_task_that_hangs_on_every_attempt_ends_in_the_dead_letters_and_the_con
         pool.gather([h])
 
 
-def test_messages_in_line_for_a_slot_have_not_started_and_can_be_taken_back(pool: QueuePool) -> None:
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_messages_in_line_for_a_slot_have_not_started_and_can_be_taken_back(pool: QueuePool, mode: str) -> None:
     """A read-ahead message waits in line: no start time (its time limit has not begun), and a
     stopping consumer takes it back rather than running it."""
     wt.sleeps.publish_many([(0.5,), (0.01,), (0.01,)], _pool=pool)
     msgs = pool.get("jobs", 3)
     done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
-    slots = ThreadSlots(1, done, None)
+    slots = ThreadSlots(1, done, None) if mode == "thread" else ProcessSlots(1, done, None, MODULES)
     slots.start()
     for m in msgs:
         slots.submit(m)
@@ -181,14 +182,16 @@ def test_back_pressure_fetches_only_what_it_can_start(pool: QueuePool) -> None:
     assert pool.stats("jobs")["jobs"].acked == 12
 
 
-def test_quick_tasks_are_read_ahead_in_large_fetches(pool: QueuePool) -> None:
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_quick_tasks_are_read_ahead_in_large_fetches(pool: QueuePool, mode: str) -> None:
     """With the queue's batch size left out, a consumer of quick tasks holds more than its slots
-    and fetches many at a time: far fewer fetches than a fetch per free slot would take."""
+    and fetches many at a time: far fewer fetches than a fetch per free slot would take (in
+    process mode too: a child that finishes starts the next in line at once)."""
     n = 3000
     wt.add.publish_many([(i, 1) for i in range(n)], _pool=pool)
-    c = consume(pool, max_concurrency=None)  # left out: 8 slots and a read-ahead
+    c = consume(pool, max_concurrency=None, concurrency=mode)  # left out: 8 threads or 2 processes, and a read-ahead
     assert c.stats.processed == n and pool.stats("jobs")["jobs"].acked == n
-    assert c.stats.fetches < n / 20, c.stats.fetches  # without the read-ahead: one fetch per 4-8 tasks
+    assert c.stats.fetches < n / 20, c.stats.fetches  # without the read-ahead: one fetch per 1-8 tasks
     bounded = consume(pool, max_concurrency=8)  # given: a bound on the messages held, so no read-ahead
     assert bounded.reads_ahead is False and c.reads_ahead is True
 

@@ -69,9 +69,9 @@ def default_slots(concurrency: str, consumers: int, cores: int | None = None) ->
 
 def resolve_slots(max_concurrency: int | None, concurrency: str, consumers: int, cores: int | None = None) -> tuple[int, bool]:
     """(slots, read ahead) of a consumer: `max_concurrency` as given, which also bounds the messages it
-    holds; left out (None), `default_slots`, and a thread-mode consumer may hold quick tasks beyond
-    its slots (worker/pacing.py). A process crash returns the messages held after their lease, an
-    attempt spent: a bound given keeps that to the slots."""
+    holds; left out (None), `default_slots`, and the consumer may hold quick tasks beyond its slots
+    (worker/pacing.py). A crash of the consumer's process returns the messages held after their
+    lease, an attempt spent: a bound given keeps that to the slots."""
     if max_concurrency is not None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")

@@ -192,7 +192,7 @@ class Consumer:
                 now = time.monotonic()
                 if now >= self._next_sweep:  # not at every completion: each looks at every running task
                     self._next_sweep = now + BUSY_POLL_S
-                    if slots.kind == "thread" and self.reads_ahead:  # a child process takes one message at a time
+                    if self.reads_ahead:
                         self._read_ahead = read_ahead(self._throughput.update(now))
                     self._enforce_limits(slots, now)
                     self._heartbeat(now)

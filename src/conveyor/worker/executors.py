@@ -8,6 +8,7 @@ new thread takes the slot while the old one finishes on its own.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import importlib
 import logging
@@ -200,7 +201,8 @@ class _Child:
     conn: Connection
     message: Message | None = None
     started: float = 0.0  # when it was handed `message`
-    stopped: bool = False
+    stopped: bool = False  # killed over a time limit
+    gone: bool = False  # exited: its reader has ended
 
 
 class ProcessSlots:
@@ -216,7 +218,8 @@ class ProcessSlots:
         # children fork from a server that has imported these already: a replacement starts in milliseconds
         self._ctx = process_context(["conveyor.tasks.runner", "conveyor.worker.executors", *self._task_modules])
         self._ready = threading.Semaphore(0)
-        self._idle: queue.SimpleQueue[_Child] = queue.SimpleQueue()
+        self._idle: list[_Child] = []  # started, running nothing (under _lock)
+        self._line: collections.deque[Message] = collections.deque()  # read ahead, waiting for a child (under _lock)
         self._children: dict[int, _Child] = {}
         self._lock = threading.Lock()
         self._next_slot = 0
@@ -255,7 +258,7 @@ class ProcessSlots:
             if c.conn.recv() == _READY:
                 ready, self._start_failures = True, 0
                 self._ready.release()
-                self._idle.put(c)
+                self._next(c)
         except (EOFError, OSError):
             pass
         while True:
@@ -265,15 +268,19 @@ class ProcessSlots:
                 break
             m, c.message = c.message, None
             if m is not None and not c.stopped:
+                self._next(c)  # the next in line starts now, not after a round trip through the consumer
                 self._done.put(Completion(m, result, error, c.slot))
-                self._idle.put(c)
+        with self._lock:  # never handed anything again
+            c.gone = True
+            if c in self._idle:
+                self._idle.remove(c)
+            m = c.message
         c.proc.join()
         with contextlib.suppress(OSError):
             c.conn.close()
         self._children.pop(c.slot, None)
         if c.stopped or self._closing:
             return
-        m = c.message
         code = c.proc.exitcode
         log.warning("worker process %s died (exit code %s)%s", c.proc.pid, code,
                     f" running message {m.id}" if m is not None else "")  # fmt: skip
@@ -291,18 +298,40 @@ class ProcessSlots:
         self._spawn()
 
     def submit(self, message: Message) -> None:
-        c = self._idle.get()  # the consumer submits only as many as there are free slots
+        """Run `message` in a free child, or in the first that frees up (it waits in line meanwhile)."""
+        with self._lock:
+            if not self._idle:
+                self._line.append(message)
+                return
+            c = self._idle.pop()
+        self._hand(c, message)
+
+    def _next(self, c: _Child) -> None:
+        """A free child: hand it the next message in line, or keep it idle."""
+        with self._lock:
+            if c.gone or not self._line:
+                if not c.gone:
+                    self._idle.append(c)
+                return
+            m = self._line.popleft()
+        self._hand(c, m)
+
+    @staticmethod
+    def _hand(c: _Child, message: Message) -> None:
         c.message, c.started = message, time.monotonic()
         with contextlib.suppress(OSError, ValueError):  # it died while idle: its reader reports it and replaces it
             c.conn.send(message)
 
     def started(self, msg_id: int) -> float | None:
-        """When a child started `msg_id` (None: it has ended)."""
+        """When a child started `msg_id` (None: it waits in line, or has ended)."""
         return next((c.started for c in list(self._children.values()) if c.message is not None and c.message.id == msg_id), None)
 
     def unstarted(self) -> list[Message]:
-        """None wait in line: a message goes to a child only when one is free."""
-        return []
+        """Take back the messages waiting in line for a child (a stopping consumer gives them back)."""
+        with self._lock:
+            out = list(self._line)
+            self._line.clear()
+        return out
 
     def stop_task(self, msg_id: int) -> bool:
         """Kill the child running `msg_id` and start another in its place."""

@@ -17,7 +17,7 @@ class Pacing:
 
     - Back-pressure: never more tasks held (fetched, not finished) than `max_concurrency` plus the
       read-ahead.
-    - Read-ahead (`read_ahead`, thread slots only): messages held beyond the slots, waiting for the
+    - Read-ahead (`read_ahead`): messages held beyond the slots (threads or child processes), waiting for the
       next free one, as many as the consumer finishes in READ_AHEAD_WINDOW_S at its current pace.
       Quick tasks then come in large fetches (a round trip per message would cost more than the
       task); for long tasks it is next to nothing, so no message waits long behind them.
