@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from conveyor.client.pool import QueuePool
 from conveyor.constants import DEFAULT_UNREACHABLE_S, H_IDEMPOTENCY_KEY
 from conveyor.errors import ConveyorError
+from conveyor.gc_policy import gc_tuned
 from conveyor.message import Message
 from conveyor.spark.cluster import driver_pool, is_local
 from conveyor.spark.preflight import preflight
@@ -107,7 +108,8 @@ def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str,
         sys.setswitchinterval(CONSUMER_SWITCH_INTERVAL_S)  # see conveyor.worker.consumer_pool
         started = time.time()
         try:
-            s = consumer.run()
+            with gc_tuned():
+                s = consumer.run()
         finally:
             sys.setswitchinterval(old)
             pool.close()
