@@ -7,8 +7,8 @@ Variants, all in one run on one session:
   (a) mapInPandas over the input's own 16 partitions     (b) after repartition(2)
   (c) after repartition(16)                               (d) one Spark partition per item
       ((d) on the first 500 items only: Spark schedules ~30 tiny tasks/s here)
-  (e) conveyor.spark.map (2 consumers as Spark tasks, 32 threads each fetching 16 at a time, each
-      pinned to a core of its own, on 2 local durable servers)
+  (e) conveyor.spark.map with its defaults (2 consumers as Spark tasks, each pinned to a core of its
+      own, 8 threads and a read-ahead; on 2 local durable servers)
 
 Each prints its end-to-end makespan (the call to the results collected) and efficiency = work /
 (2 x makespan); (e) also its steady-state efficiency (first item started to last item finished,
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
                     record(f"{w} (d) efficiency", sum(d[:500]) / (WORKERS * t))
                     record(f"{w} (d) makespan, scaled", t * work / sum(d[:500]))
                     progress(f"run {run}/{runs}, {w}: (e) conveyor.spark.map")
-                    t, window, k = through_conveyor(df, run_item, max_concurrency=32, batch_size=16, pin_core=True)
+                    t, window, k = through_conveyor(df, run_item)
                     assert k == len(d)
                     record(f"{w} (e) makespan", t)
                     record(f"{w} (e) efficiency", work / (WORKERS * t))
@@ -161,12 +161,12 @@ def main(argv: list[str] | None = None) -> int:
                         note="first 500 items"))  # fmt: skip
         rows.append(Row(f"{w} (e) conveyor.spark.map", fig[f"{w} (e) makespan"], seconds,
                         note=f"efficiency {med(fig[f'{w} (e) efficiency']):.3f}"))  # fmt: skip
-        rows.append(Row(f"{w} (e) steady-state efficiency", fig[f"{w} (e) steady-state efficiency"], number, ">=", 0.95))
+        rows.append(Row(f"{w} (e) steady-state efficiency", fig[f"{w} (e) steady-state efficiency"], number, ">=", 0.97))
         if w == "skewed-60":
             # on a busy machine, no slower; quiet, the balancing must show
             base, target, label = best_key, 1.0 if args.busy else 0.97, f"best of (a)-(d): ({best})"
         else:
-            base, target, label = f"{w} (a) makespan", 0.8, "(a)"
+            base, target, label = f"{w} (a) makespan", 0.75, "(a)"
         per_run = [x / y for x, y in zip(fig[f"{w} (e) makespan"], fig[base], strict=True)]
         rows.append(Row(f"{w} (e) makespan / {label}", per_run, ratio, "<=", target,
                         value=med(fig[f"{w} (e) makespan"]) / med(fig[base])))  # fmt: skip
