@@ -32,17 +32,19 @@ def _main_named(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     monkeypatch.setitem(sys.modules, "__main__", main)
 
 
-def test_the_fork_server_preloads_conveyor_and_a_main_module_run_by_name(monkeypatch: pytest.MonkeyPatch,
-                                                                         kept_preload: object) -> None:  # fmt: skip
-    _main_named(monkeypatch, "myapp.work")  # python -m myapp.work: importing it is safe (its program is guarded)
-    ctx = process_context(["conveyor.worker.consumer_pool"])
+def test_the_fork_server_preloads_conveyor_and_a_main_module_only_where_asked(monkeypatch: pytest.MonkeyPatch,
+                                                                              kept_preload: object) -> None:  # fmt: skip
+    _main_named(monkeypatch, "pyspark.daemon")  # a Spark Python worker's: importing it starts nothing
+    ctx = process_context(["conveyor.worker.executors"], with_main=True)
     assert ctx.get_start_method() == "forkserver"
-    assert _preload() == ["conveyor.worker.consumer_pool", "myapp.work"]
+    assert _preload() == ["conveyor.worker.executors", "pyspark.daemon"]
+    process_context(["conveyor.worker.consumer_pool"])  # a user's script may start pools unguarded: never it
+    assert _preload() == ["conveyor.worker.consumer_pool"]
 
 
 def test_a_packages_main_module_is_never_preloaded(monkeypatch: pytest.MonkeyPatch, kept_preload: object) -> None:
     _main_named(monkeypatch, "conveyor.__main__")  # python -m conveyor: importing it would run the CLI
-    process_context(["conveyor.worker.consumer_pool"])
+    process_context(["conveyor.worker.consumer_pool"], with_main=True)
     assert _preload() == ["conveyor.worker.consumer_pool"]
 
 

@@ -255,6 +255,17 @@ def test_workers_report_their_counts(pool: QueuePool) -> None:
 
 
 # --- local consumer pools ------------------------------------------------------------------------
+def test_consumers_see_the_environment_as_it_is_when_the_pool_starts(pool: QueuePool,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """Consumers fork from a server started as the pool is made: what changed since still reaches them."""
+    cp = ConsumerPool(pool, 1, queues=["jobs"], task_modules=MODULES)
+    monkeypatch.setenv("CONVEYOR_TEST_LATE", "set after the pool was made")
+    h = wt.env_of_worker.publish("CONVEYOR_TEST_LATE", _pool=pool)
+    with cp:
+        cp.join(timeout=60, progress=False)
+    assert h.result(timeout=10) == "set after the pool was made"
+
+
 def test_consumer_pool_results_and_failures(pool: QueuePool) -> None:
     handles = wt.add.publish_many([(i, i) for i in range(100)], _pool=pool)
     bad = wt.fails_for_good.publish(_pool=pool)

@@ -74,6 +74,11 @@ def pid_of_worker() -> int:
 
 
 @conveyor.task(queue="jobs", max_retries=0)
+def env_of_worker(name: str) -> str | None:
+    return os.environ.get(name)
+
+
+@conveyor.task(queue="jobs", max_retries=0)
 def cores_of_worker(seconds: float = 0.0) -> tuple[int, list[int]]:
     """The worker's pid and the cores this task's thread may run on (after `seconds` of sleep)."""
     time.sleep(seconds)

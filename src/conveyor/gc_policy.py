@@ -15,12 +15,14 @@ import contextlib
 import gc
 from collections.abc import Iterator
 
-GC_THRESHOLDS = (10_000, 20, 100)  # allocations before a young collection; young per middle; middle per full
+# allocations before a young collection; young per middle; middle per full: a full collection every
+# million allocations at most (cyclic garbage a task leaves, an exception's traceback, say, lives that long)
+GC_THRESHOLDS = (10_000, 10, 10)
 
 
 def tune_gc() -> None:
     """Freeze what exists now out of the collector's walks and collect less often (a process of
-    Conveyor's own: never a user's)."""
+    Conveyor's own, though thread-mode tasks run in it too)."""
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
 
@@ -29,10 +31,11 @@ def tune_gc() -> None:
 def gc_tuned() -> Iterator[None]:
     """`tune_gc` for a while, in a process that goes on to other work afterwards (a Spark Python
     worker runs later tasks): its collector is then as it was."""
-    before = gc.get_threshold()
+    before, frozen = gc.get_threshold(), gc.get_freeze_count()
     tune_gc()
     try:
         yield
     finally:
         gc.set_threshold(*before)
-        gc.unfreeze()
+        if not frozen:  # what the process froze itself stays frozen
+            gc.unfreeze()

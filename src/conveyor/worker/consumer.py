@@ -28,7 +28,7 @@ from conveyor.constants import (
     DEFAULT_UNREACHABLE_S,
     H_TASK,
 )
-from conveyor.errors import ConnectionLostError, ServerUnreachableError, TaskError
+from conveyor.errors import ConnectionLostError, ConveyorError, ServerUnreachableError, TaskError
 from conveyor.message import Message
 from conveyor.protocol.requests import Counts
 from conveyor.tasks.queue_config import QueueConfig
@@ -194,6 +194,8 @@ class Consumer:
                     self._next_sweep = now + BUSY_POLL_S
                     if self.reads_ahead:
                         self._read_ahead = read_ahead(self._throughput.update(now))
+                    if slots.broken is not None:  # no slot will ever run what it holds: said, not waited on
+                        raise ConveyorError(f"consumer {self.name}: {slots.broken}")
                     self._enforce_limits(slots, now)
                     self._heartbeat(now)
                     self._check_reachable()
@@ -226,8 +228,7 @@ class Consumer:
                     self._wait(BUSY_POLL_S)
                     continue
                 if self.until_empty:
-                    # others' tasks still run: the servers answer at their end, or after a while
-                    # for another look at the queues (a retry may bring work back)
+                    # others' tasks still run: the servers answer at their end, or after a while (a retry may bring work back)
                     if self._drained(DRAIN_POLL_S if self._undrained else 0.0):
                         return
                     self._undrained = True
@@ -265,8 +266,7 @@ class Consumer:
             self._stop.wait(BUSY_POLL_S)
             return []
         else:
-            # long poll only when idle; with until_empty, only while others still put work (once
-            # all is put, an idle consumer waits for the end instead: see _drained)
+            # long poll only when idle; with until_empty, only while others still put work (then see _drained)
             wait = 0.0
             if not self._running and not self.until_empty:
                 wait = min(q.long_poll_s, IDLE_POLL_S)
@@ -314,7 +314,7 @@ class Consumer:
             now = time.monotonic()
             deadlines = [d for mw in middleware if (d := mw.deadline(m, now)) is not None]
             running[m.id] = Held.fetched(m, min(deadlines) - now if deadlines else None, now)
-            slots.submit(m)  # may wait for a slot's process to be ready (a replaced one is starting)
+            slots.submit(m)
 
     def _completed(self) -> list[Completion]:
         out, self._peeked = self._peeked, []

@@ -71,9 +71,11 @@ class TaskFailure:
 
 
 def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int, n: int, options: dict[str, Any],
-                   conn: Connection) -> None:  # fmt: skip
+                   conn: Connection, environ: dict[str, str]) -> None:  # fmt: skip
     """One consumer process: run until SIGTERM or SIGINT, then stop gracefully; tell the pool
     through `conn` when it has started and, at the end, its counts."""
+    os.environ.clear()  # the pool process's environment when it started this one, not the fork server's
+    os.environ.update(environ)
     logging.basicConfig(level=options.pop("log_level", logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
     settings = load_settings()
     own_process()
@@ -171,7 +173,7 @@ class ConsumerPool:
         (not when killed), its counts, which go into `stats`."""
         read, write = self._ctx.Pipe(duplex=False)
         p = self._ctx.Process(target=_consumer_main,
-                              args=(self.pool, self.queues, i, self.n_consumers, dict(self.options), write),
+                              args=(self.pool, self.queues, i, self.n_consumers, dict(self.options), write, dict(os.environ)),
                               name=f"conveyor-consumer-{i}", daemon=False)  # fmt: skip
         p.start()
         write.close()  # the child's end: with it closed here, the read end sees EOF when the child exits

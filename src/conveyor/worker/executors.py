@@ -69,6 +69,7 @@ class ThreadSlots:
     """`n` threads; each runs one message at a time."""
 
     kind = "thread"
+    broken: str | None = None  # threads always start
 
     def __init__(self, n: int, done: queue.SimpleQueue[Completion], fetch: Fetch | None) -> None:
         self.n = n
@@ -216,7 +217,9 @@ class ProcessSlots:
         self._fetcher = fetcher  # a picklable callable returning a `fetch` in the child (or None)
         self._task_modules = list(task_modules)
         # children fork from a server that has imported these already: a replacement starts in milliseconds
-        self._ctx = process_context(["conveyor.tasks.runner", "conveyor.worker.executors", *self._task_modules])
+        # (and the main module: in a Spark Python worker, pyspark.daemon, whose imports are much of pyspark)
+        self._ctx = process_context(["conveyor.tasks.runner", "conveyor.worker.executors", *self._task_modules],
+                                    with_main=True)  # fmt: skip
         self._ready = threading.Semaphore(0)
         self._idle: list[_Child] = []  # started, running nothing (under _lock)
         self._line: collections.deque[Message] = collections.deque()  # read ahead, waiting for a child (under _lock)
@@ -266,8 +269,10 @@ class ProcessSlots:
                 result, error = c.conn.recv()
             except (EOFError, OSError):
                 break
-            m, c.message = c.message, None
-            if m is not None and not c.stopped:
+            with self._lock:  # against stop_task: either the result counts, or the child was stopped
+                m, c.message = c.message, None
+                stopped = c.stopped
+            if m is not None and not stopped:
                 self._next(c)  # the next in line starts now, not after a round trip through the consumer
                 self._done.put(Completion(m, result, error, c.slot))
         with self._lock:  # never handed anything again
@@ -295,7 +300,16 @@ class ProcessSlots:
                 log.error("%s", self._broken)
                 self._ready.release()  # start() raises it
                 return
-        self._spawn()
+        try:
+            self._spawn()
+        except Exception as e:  # the fork server gone, no descriptors left: the consumer stops on it
+            self._broken = f"could not start a worker process in place of one that died: {type(e).__name__}: {e}"
+            log.error("%s", self._broken)
+
+    @property
+    def broken(self) -> str | None:
+        """Why children are no longer started (the consumer stops: what waits in line would never run)."""
+        return self._broken
 
     def submit(self, message: Message) -> None:
         """Run `message` in a free child, or in the first that frees up (it waits in line meanwhile)."""
@@ -304,22 +318,24 @@ class ProcessSlots:
                 self._line.append(message)
                 return
             c = self._idle.pop()
-        self._hand(c, message)
+            c.message, c.started = message, time.monotonic()  # under the lock: its reader sees it if it dies
+        self._send(c, message)
 
     def _next(self, c: _Child) -> None:
-        """A free child: hand it the next message in line, or keep it idle."""
+        """A free child: hand it the next message in line, or keep it idle (never one gone or stopped)."""
         with self._lock:
-            if c.gone or not self._line:
-                if not c.gone:
-                    self._idle.append(c)
+            if c.gone or c.stopped:
+                return
+            if not self._line:
+                self._idle.append(c)
                 return
             m = self._line.popleft()
-        self._hand(c, m)
+            c.message, c.started = m, time.monotonic()
+        self._send(c, m)
 
     @staticmethod
-    def _hand(c: _Child, message: Message) -> None:
-        c.message, c.started = message, time.monotonic()
-        with contextlib.suppress(OSError, ValueError):  # it died while idle: its reader reports it and replaces it
+    def _send(c: _Child, message: Message) -> None:
+        with contextlib.suppress(OSError, ValueError):  # it died meanwhile: its reader reports the message and replaces it
             c.conn.send(message)
 
     def started(self, msg_id: int) -> float | None:
@@ -334,11 +350,12 @@ class ProcessSlots:
         return out
 
     def stop_task(self, msg_id: int) -> bool:
-        """Kill the child running `msg_id` and start another in its place."""
-        c = next((c for c in list(self._children.values()) if c.message is not None and c.message.id == msg_id), None)
-        if c is None:
-            return False
-        c.stopped = True
+        """Kill the child running `msg_id` and start another in its place (False: it has just ended)."""
+        with self._lock:  # the child is not handed another message once stopped, nor stopped after it moved on
+            c = next((c for c in self._children.values() if c.message is not None and c.message.id == msg_id), None)
+            if c is None:
+                return False
+            c.stopped = True
         if c.proc.pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(c.proc.pid, signal.SIGKILL)

@@ -22,18 +22,19 @@ from multiprocessing.context import ForkServerContext, SpawnContext
 log = logging.getLogger("conveyor.worker")
 
 
-def process_context(preload: Sequence[str]) -> ForkServerContext | SpawnContext:
-    """The context to start worker processes with: a fork server preloading `preload` and the main
-    module (by its module name, when it has one: run as `python -m pkg.module`, or a Spark Python
-    worker's pyspark.daemon, whose imports are much of pyspark) where there is a fork server, else
-    "spawn".
+def process_context(preload: Sequence[str], with_main: bool = False) -> ForkServerContext | SpawnContext:
+    """The context to start worker processes with: a fork server preloading `preload` where there is
+    one, else "spawn". `with_main` preloads the main module too, by its module name when it has one
+    (a Spark Python worker's pyspark.daemon, whose imports are much of pyspark): only where that
+    module is known not to start workers itself when imported (the fork server would import it, and
+    a script that starts a pool without the main guard would start fork servers without end).
 
     The fork server is one per process: the preload takes effect if it has not started yet (a
     server already running keeps what it has; its children import the rest themselves)."""
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
-    main = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None)
+    main = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) if with_main else None
     # not a package's __main__ (`python -m conveyor`): importing one runs its program
     ctx.set_forkserver_preload([*preload, *([main] if main and not main.endswith("__main__") else [])])
     return ctx
@@ -41,7 +42,9 @@ def process_context(preload: Sequence[str]) -> ForkServerContext | SpawnContext:
 
 def warm_up(ctx: ForkServerContext | SpawnContext) -> None:
     """Start the fork server in the background (it takes as long as its imports), so that the first
-    process started later does not wait for it. Nothing to do for "spawn"."""
+    process started later does not wait for it. Nothing to do for "spawn". (Processes forked from it
+    inherit its environment, not the starting process's: pass what may have changed since, as
+    ConsumerPool passes os.environ.)"""
     if ctx.get_start_method() != "forkserver":
         return
 
