@@ -338,9 +338,14 @@ class ProcessSlots:
         with contextlib.suppress(OSError, ValueError):  # it died meanwhile: its reader reports the message and replaces it
             c.conn.send(message)
 
+    def _running(self, msg_id: int) -> _Child | None:
+        """The child running `msg_id` (a copy of the children: readers add and remove them meanwhile)."""
+        return next((c for c in list(self._children.values()) if c.message is not None and c.message.id == msg_id), None)
+
     def started(self, msg_id: int) -> float | None:
         """When a child started `msg_id` (None: it waits in line, or has ended)."""
-        return next((c.started for c in list(self._children.values()) if c.message is not None and c.message.id == msg_id), None)
+        c = self._running(msg_id)
+        return None if c is None else c.started
 
     def unstarted(self) -> list[Message]:
         """Take back the messages waiting in line for a child (a stopping consumer gives them back)."""
@@ -352,7 +357,7 @@ class ProcessSlots:
     def stop_task(self, msg_id: int) -> bool:
         """Kill the child running `msg_id` and start another in its place (False: it has just ended)."""
         with self._lock:  # the child is not handed another message once stopped, nor stopped after it moved on
-            c = next((c for c in self._children.values() if c.message is not None and c.message.id == msg_id), None)
+            c = self._running(msg_id)
             if c is None:
                 return False
             c.stopped = True
