@@ -153,6 +153,26 @@ def test_messages_in_line_for_a_slot_have_not_started_and_can_be_taken_back(pool
     slots.close()
 
 
+def test_process_slots_that_cannot_replace_a_dead_child_say_so(pool: QueuePool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child dies and no replacement can start (the fork server gone, no descriptors left): the
+    slots say why, for the consumer to stop on, rather than leaving what waits in line to wait for ever."""
+    done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
+    slots = ProcessSlots(1, done, None, MODULES)
+    slots.start()
+    assert slots.broken is None
+    child = next(iter(slots._children.values()))
+
+    def cannot_start() -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(slots, "_spawn", cannot_start)
+    os.kill(child.proc.pid, signal.SIGKILL)
+    wait_for(lambda: slots.broken is not None, timeout=10)
+    assert slots.broken is not None and "could not start a worker process" in slots.broken
+    assert "Too many open files" in slots.broken
+    slots.close()
+
+
 def test_process_mode_replaces_a_killed_child(pool: QueuePool) -> None:
     first = wt.pid_of_worker.publish(_pool=pool)
     consume(pool, concurrency="process", max_concurrency=1)
