@@ -56,8 +56,10 @@ def test_map_gives_one_row_per_input_row_and_reports_failures(spark: SparkSessio
     assert sum(c["processed"] for c in stats.consumers) == len(groups)  # a failing row does not fail its message
     assert sorted(c["rows"] for c in stats.consumers) == [500, 500]
     names = set(pool.stats())  # the results stay in the map's queue until dropped; its bookkeeping is gone
-    assert stats.queue in names and not any(n.startswith("conveyor-fed-") for n in names), names
+    assert stats.queue in names and not any(n.startswith(("conveyor-fed-", "conveyor-read-")) for n in names), names
     out.unpersist()
+    assert out.count() == 1000  # read again from the servers: the read-back leaves no bookkeeping behind this time either
+    assert not any(n.startswith("conveyor-read-") for n in pool.stats())
     assert pool.drop(stats.queue) and stats.queue not in pool.stats()
 
 

@@ -8,9 +8,11 @@
    retried, and the messages held by a lost consumer come back when their leases end (a running
    message's lease is extended every third of `lease_s`, so a short lease costs little). With
    fewer input partitions than consumers, the rows are put first, in a job of their own.
-2. Read back (a second Spark job): one task per queue server reads its results (and dead letters)
-   into the output DataFrame, which is computed once before `map` returns. Its lineage is only
-   that read: a partition lost with an executor later is read again from the servers.
+2. Read back (a second Spark job, of one stage): one task per queue server reads its results (and
+   dead letters) into the output DataFrame, which is computed once before `map` returns, and says
+   how many rows it read in a small queue of the map's (the driver checks that every row came
+   out, and counts the failures, without a second job). Its lineage is only that read: a
+   partition lost with an executor later is read again from the servers.
 
 No task waits for another to start (see `SparkConsumerPool`), so fewer slots than tasks, or a lost
 host, never deadlock the job; the driver watches it and ends it with the reason when a server
@@ -27,6 +29,8 @@ null and whose input row is in `_input`, as JSON).
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import sys
 import time
@@ -40,10 +44,12 @@ from conveyor.client.pool import QueuePool
 from conveyor.constants import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_UNREACHABLE_S,
+    H_IDEMPOTENCY_KEY,
     MAP_DEFAULT_LEASE_S,
     MAP_DEFAULT_ROWS_PER_MESSAGE,
 )
 from conveyor.errors import ConnectionLostError, ConveyorError
+from conveyor.message import Message
 from conveyor.spark.cluster import driver_pool, is_local
 from conveyor.spark.consumers import SparkConsumerPool, check_consumer_options, consumer_count
 from conveyor.spark.preflight import preflight
@@ -206,9 +212,18 @@ def _run(spark: SparkSession, df: DataFrame, func: Callable[[dict[str, Any]], An
     rows += consumers.fed_rows  # what the consumer tasks put themselves
     t2 = min(max((s["finished"] for s in done), default=t1), time.time())
     shards = len(pool)
-    read = spark.range(shards, numPartitions=shards).mapInArrow(_reader(pool, queue, out_schema), with_extra(out_schema))
-    with consumers.job_group():
-        result, got, failed = _materialize(read, ephemeral)
+    tally = tally_queue(job)
+    pool.declare(tally)
+    try:
+        read = spark.range(shards, numPartitions=shards).mapInArrow(_reader(pool, queue, out_schema, tally),
+                                                                    with_extra(out_schema))  # fmt: skip
+        with consumers.job_group():
+            result = _materialize(read, ephemeral)
+        got, failed = _tallied(pool, tally, shards)
+    finally:
+        for c in pool.reach.answering():  # no wait on a server that is gone: the map fails on it anyway
+            with contextlib.suppress(ConveyorError, OSError):
+                c.drop(tally)
     t3 = time.time()
     if got != rows:
         raise ConveyorError(f"map: {rows:,} rows went in but {got:,} came out (queue {queue}); please report this")
@@ -218,8 +233,11 @@ def _run(spark: SparkSession, df: DataFrame, func: Callable[[dict[str, Any]], An
     return (result, MapStats(rows, failed, t1 - t0, t2 - t1, t3 - t2, first, done, queue)) if stats else result
 
 
-def _reader(pool: QueuePool, queue: str, schema: StructType) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """mapInArrow function of the read-back job: task i yields the rows of server i."""
+def _reader(pool: QueuePool, queue: str, schema: StructType,
+            tally: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:  # fmt: skip
+    """mapInArrow function of the read-back job: task i yields the rows of server i, then says how
+    many it yielded (and how many failed) in `tally`, once (an idempotency key), while `map` waits
+    for them: a partition read again later, with `tally` gone, says nothing."""
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -228,11 +246,31 @@ def _reader(pool: QueuePool, queue: str, schema: StructType) -> Callable[[Iterat
             pass
         shard = cast("TaskContext", TaskContext.get()).partitionId()  # always set inside a Spark task
         try:
-            yield from read_results(pool, queue, schema, [shard])
+            counts = yield from read_results(pool, queue, schema, [shard])
+            client = pool.clients[shard]
+            if tally in {q.name for q in client.queues()}:
+                body = json.dumps({"shard": shard, **counts}).encode()
+                client.put(tally, [Message(payload=body, headers={H_IDEMPOTENCY_KEY: f"{tally}:{shard}"})])
         finally:
             pool.close()
 
     return read
+
+
+def tally_queue(job: str) -> str:
+    """Where the read-back tasks of map `job` say how many rows they read (see `_reader`)."""
+    return f"conveyor-read-{job}"
+
+
+def _tallied(pool: QueuePool, tally: str, shards: int) -> tuple[int, int]:
+    """(rows, failed rows) the read-back tasks said they read; an error if a task said nothing."""
+    by_shard: dict[int, dict[str, int]] = {}
+    while got := pool.get(tally, 1000):
+        by_shard.update((d["shard"], d) for d in (json.loads(m.payload) for m in got))
+    if len(by_shard) != shards:
+        missing = sorted(set(range(shards)) - set(by_shard))
+        raise ConveyorError(f"map: the read-back of server(s) {missing} did not say what it read; please report this")
+    return sum(d["out_rows"] for d in by_shard.values()), sum(d["out_failed"] for d in by_shard.values())
 
 
 def _module_of(func: Callable[..., Any]) -> list[str]:
@@ -298,21 +336,21 @@ def _output_schema(spark: Any, schema: str | StructType) -> StructType:
     return st
 
 
-def _materialize(result: DataFrame, ephemeral: bool) -> tuple[DataFrame, int, int]:
-    """Compute the rows once and keep them in Spark; returns them with their count and failures.
+def _materialize(result: DataFrame, ephemeral: bool) -> DataFrame:
+    """Compute the rows once and keep them in Spark, in one single-stage job.
 
     With servers that stop when `map` returns, the lineage is cut (a local checkpoint): the rows no
     longer need the servers. With servers that stay, the rows are persisted and the lineage (a read
-    from the servers) kept, so that rows lost with an executor are read again.
+    from the servers) kept, so that rows lost with an executor are read again; a write to Spark's
+    "noop" sink computes (and so caches) them without a shuffle or a trip through Python.
     """
     from pyspark import StorageLevel
-    from pyspark.sql import functions as F
 
-    result = result.localCheckpoint(eager=True) if ephemeral else result.persist(StorageLevel.MEMORY_AND_DISK)
-    # one action computes (and so caches) every row, and counts them
-    row = result.agg(F.count(F.lit(1)).alias("rows"), F.count("_error").alias("failed")).first()
-    assert row is not None  # an aggregate without grouping has one row
-    return result, int(row["rows"]), int(row["failed"])
+    if ephemeral:
+        return result.localCheckpoint(eager=True)
+    result = result.persist(StorageLevel.MEMORY_AND_DISK)
+    result.write.format("noop").mode("overwrite").save()
+    return result
 
 
 # --- executor side --------------------------------------------------------------------------------
