@@ -21,8 +21,8 @@ import pytest
 
 from conveyor.client.pool import QueuePool
 from conveyor.constants import H_CONTENT_TYPE, H_TASK
-from conveyor.errors import TaskFailedError, TaskOptionError
-from conveyor.message import Message
+from conveyor.errors import ConveyorError, TaskFailedError, TaskOptionError
+from conveyor.message import Message, Status
 from conveyor.tasks.envelope import encode_call
 from conveyor.worker import Consumer, ConsumerPool, Middleware, QueueConfig, TaskFailure
 from conveyor.worker.executors import Completion, ProcessSlots, ThreadSlots
@@ -171,6 +171,32 @@ def test_process_slots_that_cannot_replace_a_dead_child_say_so(pool: QueuePool, 
     assert slots.broken is not None and "could not start a worker process" in slots.broken
     assert "Too many open files" in slots.broken
     slots.close()
+
+
+def test_a_consumer_whose_slots_cannot_start_a_process_stops_and_says_why(
+        pool: QueuePool, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The consumer of those slots stops with their reason instead of holding what is in line for ever;
+    the message that killed the child is settled as it would be, the one behind it comes back."""
+    poison = wt.kills_its_worker.publish(_pool=pool)
+    after = wt.add.publish(1, 1, _pool=pool)
+    spawn = ProcessSlots._spawn
+
+    def only_the_first(self: ProcessSlots) -> object:
+        monkeypatch.setattr(ProcessSlots, "_spawn", cannot_start)
+        return spawn(self)
+
+    def cannot_start(self: ProcessSlots) -> None:
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(ProcessSlots, "_spawn", only_the_first)
+    c = Consumer(pool, ["jobs"], concurrency="process", max_concurrency=1, task_modules=MODULES)
+    t0 = time.monotonic()
+    with pytest.raises(ConveyorError, match=r"could not start a worker process.*Too many open files"):
+        c.run()
+    assert time.monotonic() - t0 < 30
+    st = pool.stats("jobs")["jobs"]  # nothing stuck with the stopped consumer: the poison back for a retry, the other given back
+    assert (st.acked, st.failed, st.delivered, st.ready + st.delayed) == (0, 0, 0, 2), st
+    assert pool.status("jobs", [poison.id, after.id]) == [Status.READY, Status.READY]
 
 
 def test_process_mode_replaces_a_killed_child(pool: QueuePool) -> None:
