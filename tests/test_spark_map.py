@@ -194,29 +194,6 @@ def test_a_killed_consumer_loses_no_row_and_duplicates_none(spark: SparkSession,
     assert all(r["_error"] is None for r in rows)
 
 
-def crashes_on_13(row: dict[str, Any]) -> dict[str, Any]:
-    """A func whose row 13 always kills the process running it (a crash in native code, say)."""
-    import os
-
-    if row["id"] == 13:
-        os._exit(9)
-    return {"id": row["id"]}
-
-
-def test_a_row_that_crashes_its_process_fails_alone(spark: SparkSession, pool: QueuePool) -> None:
-    """Its message of 4 rows is split after the first crash: the 3 neighbours come back, and the
-    row at fault ends failed after its own attempts."""
-    df = spark.range(40, numPartitions=2)
-    out, stats = cs.map(df, crashes_on_13, schema="id long", pool=pool, concurrency="process", rows_per_message=4,
-                        max_retries=1, progress=False, stats=True)  # fmt: skip
-    rows = out.collect()
-    ok = sorted(r["id"] for r in rows if r["_error"] is None)
-    [bad] = [r for r in rows if r["_error"] is not None]
-    assert len(rows) == 40 and ok == [i for i in range(40) if i != 13] and stats.failed == 1
-    assert json.loads(bad["_input"]) == {"id": 13} and "exit" in bad["_error"].lower(), bad["_error"]
-    assert sum(c["processed"] for c in stats.consumers) == 10 + 4 - 1  # 10 messages, 4 more split off, 1 dead letter
-
-
 def test_spark_consumer_pool_runs_tasks_until_stopped(spark: SparkSession, pool: QueuePool) -> None:
     pool.declare("spark-jobs")
     handles = [pool.submit(pow, i, 2, _queue="spark-jobs") for i in range(50)]

@@ -5,20 +5,17 @@ outcomes back as Arrow batches with `_id`, `_error` and `_input`."""
 from __future__ import annotations
 
 import json
-import pickle
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.client.pool import QueuePool
-from conveyor.constants import H_TASK, SHARD_SHIFT
+from conveyor.constants import SHARD_SHIFT
 from conveyor.errors import ConveyorError
-from conveyor.message import Message
 from conveyor.tasks.envelope import decode_call, decode_result, encode_error
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import attempts_for
 from conveyor.tasks.publish import build_message
-from conveyor.tasks.runner import current_message
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -35,24 +32,15 @@ class RowRunner:
     Returns one outcome per row: [True, output row as a dict] or [False, error text, the input row
     as JSON]. A result that does not fit `schema` fails its row here, where the input is at hand.
     A row's failure never fails its neighbours; the message itself fails only if its worker dies
-    or it runs over its time limit. Delivered again after that, a message of several rows is split
-    (with `splits`): each row goes back on its queue as a message of its own (`row_options`), and
-    this one's result holds no rows. So one row that crashes its process, or hangs, fails alone.
+    or it runs over its time limit.
     """
 
-    def __init__(self, func: Callable[[dict[str, Any]], Any], max_retries: int, schema: pa.Schema,
-                 splits: QueuePool | None = None, row_options: TaskOptions | None = None) -> None:  # fmt: skip
+    def __init__(self, func: Callable[[dict[str, Any]], Any], max_retries: int, schema: pa.Schema) -> None:
         self.func = func
         self.max_retries = max_retries
         self.schema = schema
-        self.splits = splits
-        self.row_options = row_options or TaskOptions()
 
     def __call__(self, rows: list[dict[str, Any]]) -> list[list[Any]]:
-        message = current_message()
-        if self.splits is not None and len(rows) > 1 and message is not None and message.attempts > 1:
-            self._split(message, rows)
-            return []
         names = self.schema.names
         out: list[list[Any]] = []
         for row in rows:
@@ -73,17 +61,6 @@ class RowRunner:
             j = ok[k]
             out[j] = [False, f"map: {why}", json.dumps(rows[j], default=str)]
         return out
-
-    def _split(self, message: Message, rows: list[dict[str, Any]]) -> None:
-        """Each row of `message` back on its queue alone, once whatever the attempts (idempotency keys)."""
-        assert self.splits is not None
-        pool = pickle.loads(pickle.dumps(self.splits))  # connections of its own: a consumer's threads share this runner
-        try:
-            name = message.headers[H_TASK]
-            pool.put(message.queue, [build_message(name, self.row_options, ([row],), {}, key=f"split:{message.id}:{j}")
-                                     for j, row in enumerate(rows)])  # fmt: skip
-        finally:
-            pool.close()
 
 
 def _misfits(rows: list[dict[str, Any]], schema: pa.Schema) -> dict[int, str]:

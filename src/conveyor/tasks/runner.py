@@ -9,7 +9,6 @@ payload, unserializable result, or an exception the task declared not retryable)
 from __future__ import annotations
 
 from collections.abc import Callable
-from contextvars import ContextVar
 
 from conveyor.constants import H_TASK
 from conveyor.errors import ConveyorError, TaskError
@@ -21,13 +20,6 @@ from conveyor.tasks.registry import Registry
 from conveyor.tasks.registry import registry as default_registry
 
 _function_cache = FunctionCache()  # the process-wide cache of ad-hoc callables, when given none
-_current: ContextVar[Message | None] = ContextVar("conveyor_current_message", default=None)
-
-
-def current_message() -> Message | None:
-    """The message whose task this thread is running (None outside a task): for a task that acts on
-    its own delivery, e.g. on how many attempts it has had."""
-    return _current.get()
 
 
 def run_message(message: Message, registry: Registry | None = None, function_cache: FunctionCache | None = None,
@@ -45,7 +37,6 @@ def run_message(message: Message, registry: Registry | None = None, function_cac
     reg = default_registry if registry is None else registry
     name = message.headers.get(H_TASK, "?")
     options: TaskOptions | None = None
-    token = _current.set(message)
     try:
         call = decode_call(message.payload, message.headers)
         name = call.name
@@ -63,5 +54,3 @@ def run_message(message: Message, registry: Registry | None = None, function_cac
         return encode_result(value)
     except Exception as exc:
         raise TaskError(name, encode_error(exc), is_retryable(exc, options.no_retry if options is not None else ()), exc) from exc
-    finally:
-        _current.reset(token)
