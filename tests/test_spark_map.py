@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 import conveyor
 import conveyor.spark as cs
 from conveyor.client.pool import QueuePool
+from conveyor.constants import SHARD_SHIFT
 from conveyor.message import Status
 
 from . import worker_tasks as wt
@@ -192,6 +193,66 @@ def test_a_killed_consumer_loses_no_row_and_duplicates_none(spark: SparkSession,
     assert marker.exists(), "the consumer was never killed: the test did not test anything"
     assert sorted(r["id"] for r in rows) == list(range(600))
     assert all(r["_error"] is None for r in rows)
+
+
+def crashes_on_13(row: dict[str, Any]) -> dict[str, Any]:
+    """A func whose row 13 always kills the process running it (a crash in native code, say)."""
+    import os
+
+    if row["id"] == 13:
+        os._exit(9)
+    return {"id": row["id"]}
+
+
+def test_a_row_that_crashes_its_process_fails_alone(spark: SparkSession, pool: QueuePool) -> None:
+    """Its message of 4 rows is split after the first crash: the 3 neighbours come back, and the
+    row at fault ends failed after its own attempts."""
+    df = spark.range(40, numPartitions=2)
+    out, stats = cs.map(df, crashes_on_13, schema="id long", pool=pool, concurrency="process", rows_per_message=4,
+                        max_retries=1, progress=False, stats=True)  # fmt: skip
+    rows = out.collect()
+    ok = sorted(r["id"] for r in rows if r["_error"] is None)
+    [bad] = [r for r in rows if r["_error"] is not None]
+    assert len(rows) == 40 and ok == [i for i in range(40) if i != 13] and stats.failed == 1
+    assert json.loads(bad["_input"]) == {"id": 13} and "exit" in bad["_error"].lower(), bad["_error"]
+    assert sum(c["processed"] for c in stats.consumers) == 10 + 4 - 1  # 10 messages, 4 more split off, 1 dead letter
+
+
+def test_the_read_back_takes_each_row_of_a_split_message_once(pool: QueuePool) -> None:
+    """However a split ended, each row comes back once: message A's late ack of its own rows wins
+    over its split rows; message B ended as a dead letter after its split, so its rows come from
+    the split rows (one of which is a dead letter too)."""
+    from pyspark.sql.types import LongType, StructField, StructType
+
+    from conveyor.spark.rows import read_results
+    from conveyor.tasks.envelope import encode_result
+    from conveyor.tasks.options import TaskOptions
+    from conveyor.tasks.publish import build_message
+
+    queue, c, opts = "split-read", pool.clients[1], TaskOptions(queue="split-read")
+    base = 1 << SHARD_SHIFT  # ids as consumers see them: the shard in the high bits
+    pool.declare(queue)
+
+    def put(rows: list[int], key: str) -> int:
+        [i] = c.put(queue, [build_message("t", opts, ([{"id": r} for r in rows],), {}, key=key)])
+        return i
+
+    a, b = put([0, 1], "a"), put([2, 3], "b")
+    assert [m.id for m in c.get(queue, 2)] == [a, b]
+    kids = {(m, j): put([r], f"split:{base | m}:{j}") for m, rows in ((a, [0, 1]), (b, [2, 3])) for j, r in enumerate(rows)}
+    assert len(c.get(queue, 4)) == 4
+    c.ack(queue, [a], [encode_result([[True, {"id": 0}], [True, {"id": 1}]])])  # an earlier attempt's late ack
+    c.nack(queue, [b], ["WorkerDied: lost"], final=True)
+    done = [(m, j) for m, j in kids if (m, j) != (b, 1)]
+    c.ack(queue, [kids[k] for k in done], [encode_result([[True, {"id": 2 * (k[0] == b) + k[1]}, f"split:{base | k[0]}:{k[1]}"]])
+                                          for k in done])  # fmt: skip
+    c.nack(queue, [kids[b, 1]], ["WorkerDied: crashed"], final=True)
+    batches = list(read_results(pool, queue, StructType([StructField("id", LongType())]), [1]))
+    rows = sorted((r["id"] if r["id"] is not None else json.loads(r["_input"])["id"], r["_id"], r["_error"])
+                  for batch in batches for r in batch.to_pylist())  # fmt: skip
+    assert rows == [(0, base | a, None), (1, base | a, None), (2, base | kids[b, 0], None),
+                    (3, base | kids[b, 1], "WorkerDied: crashed")]  # fmt: skip
+    pool.drop(queue)
 
 
 def test_spark_consumer_pool_runs_tasks_until_stopped(spark: SparkSession, pool: QueuePool) -> None:

@@ -365,6 +365,21 @@ def test_published_arguments_arrive_as_given(args: tuple[Any, ...]) -> None:
     assert decode_result(run_message(m, reg)) == args
 
 
+def test_a_running_task_sees_its_own_message() -> None:
+    """`current_message()` is the delivery being run, in the task's thread only, and None after it."""
+    from dataclasses import replace
+
+    from conveyor.tasks.runner import current_message
+
+    p = StorePool()
+    reg = Registry()
+    seen = task(lambda: (current_message().id, current_message().attempts), name="seen", registry=reg)  # type: ignore[union-attr]
+    seen.publish(_pool=p)
+    (m,) = p.take()
+    assert decode_result(run_message(replace(m, attempts=2), reg)) == (m.id, 2)
+    assert current_message() is None
+
+
 # --- class tasks --------------------------------------------------------------------------------
 def test_class_task_hooks_run_in_order_with_app_data(pool: StorePool) -> None:
     CALLS.clear()

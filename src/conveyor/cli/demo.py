@@ -8,6 +8,8 @@ static partitions). The scenes (`conveyor.cli.scenes`):
 
   a. skewed documents: a few damaged pages raise; both handle them; conveyor balances the load;
   b. pages that crash the process running them: plain Spark retries the task, then aborts the job;
+     the map runs pages in child processes, and a message whose process died is split so that
+     only the crashing page fails;
   c. a page that hangs: plain Spark waits for it (the demo gives up after a stated time);
   d. (`--kill-worker`) a worker process killed midway: plain Spark runs the whole partition again.
 
@@ -44,7 +46,7 @@ def scenes(pages: int) -> dict[str, Scene]:
     return {s.key: s for s in (
         Scene("a", "skewed documents", pages),
         Scene("b", "pages that crash their process", small, crash=3,
-              options={"concurrency": "process", "rows_per_message": 1}, shown="concurrency='process'"),
+              options={"concurrency": "process"}, shown="concurrency='process'"),
         Scene("c", "a page that hangs", small, hang=1, options={"time_limit": HANG_LIMIT_S},
               shown=f"time_limit={HANG_LIMIT_S:g}"),
         Scene("d", "a worker killed midway", pages, kill=True, options={"lease_s": KILL_LEASE_S},

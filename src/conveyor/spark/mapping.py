@@ -132,7 +132,9 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         `time_limit`). They run on one worker; an Arrow batch is dealt out over its messages like
         cards, so costly neighbours spread out. Balancing is at this grain; each message costs the
         queue the same, so a few rows per message cut its overhead per row. Use 1 for rows that
-        take seconds, more (up to 1,000) for tiny ones.
+        take seconds, more (up to 1,000) for tiny ones. A message whose worker died, or that ran
+        over its time, is split into one message per row for its next attempt: the row at fault
+        fails alone.
     unreachable_s: a queue server out of reach for longer fails the map (`ServerUnreachableError`,
         naming the server and what it held); one back within it, and the map goes on.
     start_timeout_s: no Spark task of the map started within it (the cluster grants no slot) fails
@@ -191,7 +193,8 @@ def _run(spark: SparkSession, df: DataFrame, func: Callable[[dict[str, Any]], An
     # a message is delivered again only when its worker died or it ran over its time limit
     opts = TaskOptions(queue=queue, time_limit=None if time_limit is None else time_limit * rows_per_message,
                        max_retries=max_retries)  # fmt: skip
-    ref = function_ref(RowRunner(func, max_retries, to_arrow_schema(out_schema)))
+    row_opts = TaskOptions(queue=queue, time_limit=time_limit, max_retries=max_retries)  # of a row split off (RowRunner)
+    ref = function_ref(RowRunner(func, max_retries, to_arrow_schema(out_schema), row_opts))
     pool.put_blob(ref.data)
 
     t0 = time.time()

@@ -10,12 +10,16 @@ from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.client.pool import QueuePool
-from conveyor.constants import SHARD_SHIFT
+from conveyor.client.queue_client import QueueClient
+from conveyor.client.sharded import ShardedQueues
+from conveyor.constants import H_IDEMPOTENCY_KEY, H_TASK, SHARD_SHIFT
 from conveyor.errors import ConveyorError
+from conveyor.message import Message
 from conveyor.tasks.envelope import decode_call, decode_result, encode_error
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import attempts_for
 from conveyor.tasks.publish import build_message
+from conveyor.tasks.runner import current_message, worker_backend
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -24,6 +28,7 @@ if TYPE_CHECKING:
 EXTRA_COLUMNS = ("_id", "_error", "_input")  # added to every output row
 READ_BATCH_ROWS = 10_000
 MAX_ROWS_PER_MESSAGE = 1000
+SPLIT_PREFIX = "split:"  # the idempotency keys of rows split off a message (RowRunner)
 
 
 class RowRunner:
@@ -32,15 +37,23 @@ class RowRunner:
     Returns one outcome per row: [True, output row as a dict] or [False, error text, the input row
     as JSON]. A result that does not fit `schema` fails its row here, where the input is at hand.
     A row's failure never fails its neighbours; the message itself fails only if its worker dies
-    or it runs over its time limit.
+    or it runs over its time limit. Delivered again after that, a message of several rows is split:
+    each row goes back on the same server as a message of its own (`row_options`, key
+    `split:<id>:<row>`), whose outcome ends with that key, and this one's result holds no rows. So
+    one row that crashes its process, or hangs, fails alone (`read_results` takes each row once).
     """
 
-    def __init__(self, func: Callable[[dict[str, Any]], Any], max_retries: int, schema: pa.Schema) -> None:
+    def __init__(self, func: Callable[[dict[str, Any]], Any], max_retries: int, schema: pa.Schema,
+                 row_options: TaskOptions | None = None) -> None:  # fmt: skip
         self.func = func
         self.max_retries = max_retries
         self.schema = schema
+        self.row_options = row_options or TaskOptions()
 
     def __call__(self, rows: list[dict[str, Any]]) -> list[list[Any]]:
+        message = current_message()
+        if message is not None and len(rows) > 1 and message.attempts > 1 and self._split(message, rows):
+            return []
         names = self.schema.names
         out: list[list[Any]] = []
         for row in rows:
@@ -60,7 +73,25 @@ class RowRunner:
         for k, why in _misfits([out[j][1] for j in ok], self.schema).items():
             j = ok[k]
             out[j] = [False, f"map: {why}", json.dumps(rows[j], default=str)]
-        return out
+        key = "" if message is None else message.headers.get(H_IDEMPOTENCY_KEY, "")
+        return [[*o, key] for o in out] if key.startswith(SPLIT_PREFIX) else out
+
+    def _split(self, message: Message, rows: list[dict[str, Any]]) -> bool:
+        """Each row of `message` back on its server alone, once whatever the attempts (idempotency
+        keys); False where the worker has no servers to put them on (the rows then run together)."""
+        backend = worker_backend()
+        if not isinstance(backend, ShardedQueues):
+            return False
+        name = message.headers[H_TASK]
+        backend.clients[message.id >> SHARD_SHIFT].put(message.queue, [
+            build_message(name, self.row_options, ([row],), {}, key=f"{SPLIT_PREFIX}{message.id}:{j}")
+            for j, row in enumerate(rows)])  # fmt: skip
+        return True
+
+
+def _origin(key: str) -> int:
+    """The id of the message a split row came from (its key: split:<id>:<row>)."""
+    return int(key.split(":")[1])
 
 
 def _misfits(rows: list[dict[str, Any]], schema: pa.Schema) -> dict[int, str]:
@@ -151,8 +182,21 @@ def read_results(pool: QueuePool, queue: str, schema: StructType,
         base = shard << SHARD_SHIFT
         if queue not in {q.name for q in client.queues()}:
             continue
+        # a split message's rows come back once: from its own result if an earlier attempt's ack got
+        # there after all, else from its split rows (also when it ended as a dead letter itself)
+        split = {_origin(k) for k in _dead_split_keys(client, queue)}  # messages with split rows
+        answered: set[int] = set()  # messages whose own result holds rows
         for i, r in client.iter_results(queue, page=READ_BATCH_ROWS):
-            for outcome in cast("list[list[Any]]", decode_result(r)):  # RowRunner's outcomes
+            outcomes = cast("list[list[Any]]", decode_result(r))  # RowRunner's outcomes
+            last = outcomes[0][-1] if outcomes else None
+            if isinstance(last, str) and last.startswith(SPLIT_PREFIX):  # a split row (see RowRunner)
+                origin = _origin(last)
+                split.add(origin)
+                if origin in answered:  # a split row comes after its message, whose id is lower
+                    continue
+            elif outcomes:
+                answered.add(base | i)
+            for outcome in outcomes:
                 row = dict.fromkeys(names)
                 if outcome[0]:
                     try:
@@ -169,6 +213,9 @@ def read_results(pool: QueuePool, queue: str, schema: StructType,
         after = 0
         while page := client.dead_letters(queue, after, READ_BATCH_ROWS):
             for d in page:  # a whole message failed (its workers died, or it ran out of time): each row
+                key = d.message.headers.get(H_IDEMPOTENCY_KEY, "")
+                if (_origin(key) in answered) if key.startswith(SPLIT_PREFIX) else (base | d.message.id) in split:
+                    continue
                 for inp in _input_rows(d.message.payload, d.message.headers):
                     row = dict.fromkeys(names)
                     row.update(_id=base | d.message.id, _error=d.error, _input=inp)
@@ -208,6 +255,14 @@ def _row(value: Any, names: list[str]) -> dict[str, Any]:
     if len(names) == 1:
         return {names[0]: value}
     raise ConveyorError(f"map: func returned a {type(value).__name__}; return a dict or a tuple for the columns {names}")
+
+
+def _dead_split_keys(client: QueueClient, queue: str) -> Iterator[str]:
+    """The keys of the split rows among the dead letters of `queue` on one server."""
+    after = 0
+    while page := client.dead_letters(queue, after, READ_BATCH_ROWS):
+        yield from (k for d in page if (k := d.message.headers.get(H_IDEMPOTENCY_KEY, "")).startswith(SPLIT_PREFIX))
+        after = page[-1].message.id
 
 
 def _input_rows(payload: bytes, headers: dict[str, str]) -> list[str]:

@@ -9,6 +9,8 @@ payload, unserializable result, or an exception the task declared not retryable)
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextvars import ContextVar
+from typing import Any
 
 from conveyor.constants import H_TASK
 from conveyor.errors import ConveyorError, TaskError
@@ -20,15 +22,32 @@ from conveyor.tasks.registry import Registry
 from conveyor.tasks.registry import registry as default_registry
 
 _function_cache = FunctionCache()  # the process-wide cache of ad-hoc callables, when given none
+_current: ContextVar[Message | None] = ContextVar("conveyor_current_message", default=None)
+
+
+_backend: ContextVar[Any] = ContextVar("conveyor_worker_backend", default=None)
+
+
+def current_message() -> Message | None:
+    """The message whose task this thread is running (None outside a task): for a task that acts on
+    its own delivery, e.g. on how many attempts it has had."""
+    return _current.get()
+
+
+def worker_backend() -> Any:
+    """The queue backend of the worker running this task, over connections of the worker's own (None
+    outside a worker): for a task that puts messages where its own came from."""
+    return _backend.get()
 
 
 def run_message(message: Message, registry: Registry | None = None, function_cache: FunctionCache | None = None,
-                fetch: Callable[[str], bytes] | None = None) -> bytes:  # fmt: skip
+                fetch: Callable[[str], bytes] | None = None, backend: Any = None) -> bytes:  # fmt: skip
     """Decode `message`, run its task (hooks included) and return the encoded result.
 
     registry: where task names resolve (None: the process-wide registry).
     function_cache, fetch: resolve ad-hoc callables by digest; `fetch(digest)` returns the
         function's pickled bytes (from the servers' blob store). Needed only for ad-hoc calls.
+    backend: what `worker_backend()` returns while the task runs.
 
     Every failure raises `TaskError` (with `cause` the original exception and `__cause__` set):
     the task's own exceptions, and also an unknown task or a damaged payload, which are not
@@ -37,6 +56,7 @@ def run_message(message: Message, registry: Registry | None = None, function_cac
     reg = default_registry if registry is None else registry
     name = message.headers.get(H_TASK, "?")
     options: TaskOptions | None = None
+    token, backend_token = _current.set(message), _backend.set(backend)
     try:
         call = decode_call(message.payload, message.headers)
         name = call.name
@@ -54,3 +74,6 @@ def run_message(message: Message, registry: Registry | None = None, function_cac
         return encode_result(value)
     except Exception as exc:
         raise TaskError(name, encode_error(exc), is_retryable(exc, options.no_retry if options is not None else ()), exc) from exc
+    finally:
+        _current.reset(token)
+        _backend.reset(backend_token)

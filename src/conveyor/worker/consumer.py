@@ -33,7 +33,8 @@ from conveyor.message import Message
 from conveyor.protocol.requests import Counts
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import check_pin, pin_core, resolve_slots
-from conveyor.worker.executors import BlobFetcher, Completion, ProcessSlots, ThreadSlots
+from conveyor.worker.connections import BlobFetcher
+from conveyor.worker.executors import Completion, ProcessSlots, ThreadSlots
 from conveyor.worker.held import Held, due_extensions, over_limit
 from conveyor.worker.middleware import Decision, Middleware, default_middleware
 from conveyor.worker.pacing import Pacing, Throughput, read_ahead

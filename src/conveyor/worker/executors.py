@@ -14,7 +14,6 @@ import importlib
 import logging
 import multiprocessing
 import os
-import pickle
 import queue
 import signal
 import threading
@@ -25,7 +24,6 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
 
-from conveyor.client.backend import QueueBackend
 from conveyor.constants import H_TASK
 from conveyor.errors import ConveyorError, TaskError
 from conveyor.message import Message
@@ -41,7 +39,7 @@ log = logging.getLogger("conveyor.worker")
 warnings.filterwarnings("ignore", message=r".*found in sys.modules after import of package", category=RuntimeWarning,
                         module="runpy")  # fmt: skip
 
-Fetch = Callable[[str], bytes]
+Fetch = Callable[[str], bytes]  # function bytes by digest (a `connections.WorkerConnections`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +56,7 @@ def _run(message: Message, fetch: Fetch | None) -> tuple[bytes | None, TaskError
     """Run one message; every outcome is a result or a TaskError, never an exception out of the slot
     (a task raising SystemExit in a thread, say, would otherwise end the slot with its message unsettled)."""
     try:
-        return run_message(message, fetch=fetch), None
+        return run_message(message, fetch=fetch, backend=getattr(fetch, "pool", None)), None
     except TaskError as e:
         return None, e
     except BaseException as e:
@@ -378,22 +376,3 @@ class ProcessSlots:
         for c in list(self._children.values()):
             if c.proc.is_alive():
                 c.proc.kill()
-
-
-@dataclass(frozen=True)
-class BlobFetcher:
-    """Picklable: in a worker (thread or child process) it gives `fetch(digest)` over its own connections."""
-
-    pool: QueueBackend
-
-    def __call__(self) -> Fetch:
-        pool: QueueBackend = pickle.loads(pickle.dumps(self.pool))  # connections of its own, never the consumer's
-
-        def fetch(digest: str) -> bytes:
-            for shard in range(len(pool)):
-                data = pool.get_blob(digest, shard)
-                if data is not None:
-                    return data
-            raise ConveyorError(f"function {digest[:12]}... is on none of the servers {pool.addresses}")
-
-        return fetch
