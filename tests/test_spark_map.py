@@ -221,7 +221,8 @@ def test_a_row_that_crashes_its_process_fails_alone(spark: SparkSession, pool: Q
 def test_the_read_back_takes_each_row_of_a_split_message_once(pool: QueuePool) -> None:
     """However a split ended, each row comes back once: message A's late ack of its own rows wins
     over its split rows; message B ended as a dead letter after its split, so its rows come from
-    the split rows (one of which is a dead letter too)."""
+    the split rows (one of which is a dead letter too); message C's split was cut short, so its row
+    with no split row comes from C's dead letter."""
     from pyspark.sql.types import LongType, StructField, StructType
 
     from conveyor.spark.rows import read_results
@@ -237,21 +238,24 @@ def test_the_read_back_takes_each_row_of_a_split_message_once(pool: QueuePool) -
         [i] = c.put(queue, [build_message("t", opts, ([{"id": r} for r in rows],), {}, key=key)])
         return i
 
-    a, b = put([0, 1], "a"), put([2, 3], "b")
-    assert [m.id for m in c.get(queue, 2)] == [a, b]
-    kids = {(m, j): put([r], f"split:{base | m}:{j}") for m, rows in ((a, [0, 1]), (b, [2, 3])) for j, r in enumerate(rows)}
-    assert len(c.get(queue, 4)) == 4
+    a, b, cut = put([0, 1], "a"), put([2, 3], "b"), put([4, 5], "c")
+    assert [m.id for m in c.get(queue, 3)] == [a, b, cut]
+    first = {a: 0, b: 2, cut: 4}  # the message's first row
+    # C's split was cut short: only its first row was put back before C ended as a dead letter
+    kids = {(m, j): put([first[m] + j], f"split:{base | m}:{j}") for m in (a, b, cut) for j in (0, 1) if (m, j) != (cut, 1)}
+    assert len(c.get(queue, 5)) == 5
     c.ack(queue, [a], [encode_result([[True, {"id": 0}], [True, {"id": 1}]])])  # an earlier attempt's late ack
-    c.nack(queue, [b], ["WorkerDied: lost"], final=True)
-    done = [(m, j) for m, j in kids if (m, j) != (b, 1)]
-    c.ack(queue, [kids[k] for k in done], [encode_result([[True, {"id": 2 * (k[0] == b) + k[1]}, f"split:{base | k[0]}:{k[1]}"]])
+    c.nack(queue, [b, cut], ["WorkerDied: lost"] * 2, final=True)
+    done = [k for k in kids if k != (b, 1)]
+    c.ack(queue, [kids[k] for k in done], [encode_result([[True, {"id": first[k[0]] + k[1]}, f"split:{base | k[0]}:{k[1]}"]])
                                           for k in done])  # fmt: skip
     c.nack(queue, [kids[b, 1]], ["WorkerDied: crashed"], final=True)
     batches = list(read_results(pool, queue, StructType([StructField("id", LongType())]), [1]))
     rows = sorted((r["id"] if r["id"] is not None else json.loads(r["_input"])["id"], r["_id"], r["_error"])
                   for batch in batches for r in batch.to_pylist())  # fmt: skip
     assert rows == [(0, base | a, None), (1, base | a, None), (2, base | kids[b, 0], None),
-                    (3, base | kids[b, 1], "WorkerDied: crashed")]  # fmt: skip
+                    (3, base | kids[b, 1], "WorkerDied: crashed"), (4, base | kids[cut, 0], None),
+                    (5, base | cut, "WorkerDied: lost")]  # fmt: skip
     pool.drop(queue)
 
 

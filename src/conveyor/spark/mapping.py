@@ -132,9 +132,9 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         `time_limit`). They run on one worker; an Arrow batch is dealt out over its messages like
         cards, so costly neighbours spread out. Balancing is at this grain; each message costs the
         queue the same, so a few rows per message cut its overhead per row. Use 1 for rows that
-        take seconds, more (up to 1,000) for tiny ones. A message whose worker died, or that ran
-        over its time, is split into one message per row for its next attempt: the row at fault
-        fails alone.
+        take seconds, more (up to 1,000) for tiny ones. A message delivered again (its worker
+        died or stopped, or it ran over its time) is split into one message per row: the row at
+        fault fails alone (with max_retries=0 there is no second delivery: all its rows fail).
     unreachable_s: a queue server out of reach for longer fails the map (`ServerUnreachableError`,
         naming the server and what it held); one back within it, and the map goes on.
     start_timeout_s: no Spark task of the map started within it (the cluster grants no slot) fails

@@ -37,7 +37,7 @@ class RowRunner:
     Returns one outcome per row: [True, output row as a dict] or [False, error text, the input row
     as JSON]. A result that does not fit `schema` fails its row here, where the input is at hand.
     A row's failure never fails its neighbours; the message itself fails only if its worker dies
-    or it runs over its time limit. Delivered again after that, a message of several rows is split:
+    or it runs over its time limit. Delivered again (after that, or a stop), a message of several rows is split:
     each row goes back on the same server as a message of its own (`row_options`, key
     `split:<id>:<row>`), whose outcome ends with that key, and this one's result holds no rows. So
     one row that crashes its process, or hangs, fails alone (`read_results` takes each row once).
@@ -89,9 +89,34 @@ class RowRunner:
         return True
 
 
-def _origin(key: str) -> int:
-    """The id of the message a split row came from (its key: split:<id>:<row>)."""
-    return int(key.split(":")[1])
+class _SplitLedger:
+    """The rows of split messages one server's read-back gives: each once (see RowRunner). A message's
+    own rows win if an earlier attempt's late ack stored them; else its split rows stand in for it,
+    also when it ended as a dead letter (its rows that have no split row still come from it)."""
+
+    def __init__(self, dead_keys: Iterable[str]) -> None:
+        self.split: dict[int, set[int]] = {}  # message id -> which of its rows were split off
+        self.answered: set[int] = set()  # messages whose own result holds rows
+        self.given: set[str] = set()  # the keys of the split rows given
+        for key in dead_keys:
+            self._note(key)
+
+    def _note(self, key: str) -> tuple[int, int]:
+        _, origin, j = key.split(":")
+        self.split.setdefault(int(origin), set()).add(int(j))
+        return int(origin), int(j)
+
+    def take(self, key: str) -> bool:
+        """Whether to give a split row (results and dead letters come in id order: its message first)."""
+        origin, _ = self._note(key)
+        if origin in self.answered or key in self.given:
+            return False
+        self.given.add(key)
+        return True
+
+    def left(self, msg_id: int, n: int) -> list[int]:
+        """Which of a dead message's n rows no split row gives."""
+        return [j for j in range(n) if j not in self.split.get(msg_id, ())]
 
 
 def _misfits(rows: list[dict[str, Any]], schema: pa.Schema) -> dict[int, str]:
@@ -161,7 +186,8 @@ def putter(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOpti
 
 def read_results(pool: QueuePool, queue: str, schema: StructType,
           shards: Iterable[int]) -> Generator[pa.RecordBatch, None, dict[str, int]]:  # fmt: skip
-    """The output rows of `shards`: one per row of every result and of every dead letter.
+    """The output rows of `shards`: one per input row, from the results and the dead letters (the
+    rows of a split message once: `_SplitLedger`).
 
     Returns how many rows it yielded, and how many of them failed (`out_rows`, `out_failed`).
     """
@@ -182,20 +208,15 @@ def read_results(pool: QueuePool, queue: str, schema: StructType,
         base = shard << SHARD_SHIFT
         if queue not in {q.name for q in client.queues()}:
             continue
-        # a split message's rows come back once: from its own result if an earlier attempt's ack got
-        # there after all, else from its split rows (also when it ended as a dead letter itself)
-        split = {_origin(k) for k in _dead_split_keys(client, queue)}  # messages with split rows
-        answered: set[int] = set()  # messages whose own result holds rows
+        ledger = _SplitLedger(_dead_split_keys(client, queue))
         for i, r in client.iter_results(queue, page=READ_BATCH_ROWS):
             outcomes = cast("list[list[Any]]", decode_result(r))  # RowRunner's outcomes
             last = outcomes[0][-1] if outcomes else None
             if isinstance(last, str) and last.startswith(SPLIT_PREFIX):  # a split row (see RowRunner)
-                origin = _origin(last)
-                split.add(origin)
-                if origin in answered:  # a split row comes after its message, whose id is lower
+                if not ledger.take(last):
                     continue
             elif outcomes:
-                answered.add(base | i)
+                ledger.answered.add(base | i)
             for outcome in outcomes:
                 row = dict.fromkeys(names)
                 if outcome[0]:
@@ -214,9 +235,12 @@ def read_results(pool: QueuePool, queue: str, schema: StructType,
         while page := client.dead_letters(queue, after, READ_BATCH_ROWS):
             for d in page:  # a whole message failed (its workers died, or it ran out of time): each row
                 key = d.message.headers.get(H_IDEMPOTENCY_KEY, "")
-                if (_origin(key) in answered) if key.startswith(SPLIT_PREFIX) else (base | d.message.id) in split:
-                    continue
-                for inp in _input_rows(d.message.payload, d.message.headers):
+                inputs = _input_rows(d.message.payload, d.message.headers)
+                if key.startswith(SPLIT_PREFIX):
+                    inputs = inputs if ledger.take(key) else []
+                else:
+                    inputs = [inputs[j] for j in ledger.left(base | d.message.id, len(inputs))]
+                for inp in inputs:
                     row = dict.fromkeys(names)
                     row.update(_id=base | d.message.id, _error=d.error, _input=inp)
                     rows.append(row)
