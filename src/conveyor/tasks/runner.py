@@ -23,8 +23,6 @@ from conveyor.tasks.registry import registry as default_registry
 
 _function_cache = FunctionCache()  # the process-wide cache of ad-hoc callables, when given none
 _current: ContextVar[Message | None] = ContextVar("conveyor_current_message", default=None)
-
-
 _backend: ContextVar[Any] = ContextVar("conveyor_worker_backend", default=None)
 
 

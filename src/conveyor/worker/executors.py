@@ -19,16 +19,16 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
 
 from conveyor.constants import H_TASK
 from conveyor.errors import ConveyorError, TaskError
 from conveyor.message import Message
 from conveyor.tasks.envelope import encode_error
 from conveyor.tasks.runner import run_message
+from conveyor.worker.connections import BlobFetcher, WorkerConnections
 from conveyor.worker.spawning import process_context
 
 log = logging.getLogger("conveyor.worker")
@@ -38,8 +38,6 @@ log = logging.getLogger("conveyor.worker")
 # Children inherit this filter from the forkserver, which imports this module.
 warnings.filterwarnings("ignore", message=r".*found in sys.modules after import of package", category=RuntimeWarning,
                         module="runpy")  # fmt: skip
-
-Fetch = Callable[[str], bytes]  # function bytes by digest (a `connections.WorkerConnections`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,11 +50,11 @@ class Completion:
     slot: int  # which slot ran it (a stopped slot's late completion is dropped)
 
 
-def _run(message: Message, fetch: Fetch | None) -> tuple[bytes | None, TaskError | None]:
+def _run(message: Message, conns: WorkerConnections | None) -> tuple[bytes | None, TaskError | None]:
     """Run one message; every outcome is a result or a TaskError, never an exception out of the slot
     (a task raising SystemExit in a thread, say, would otherwise end the slot with its message unsettled)."""
     try:
-        return run_message(message, fetch=fetch, backend=getattr(fetch, "pool", None)), None
+        return run_message(message, fetch=conns, backend=None if conns is None else conns.pool), None
     except TaskError as e:
         return None, e
     except BaseException as e:
@@ -69,10 +67,10 @@ class ThreadSlots:
     kind = "thread"
     broken: str | None = None  # threads always start
 
-    def __init__(self, n: int, done: queue.SimpleQueue[Completion], fetch: Fetch | None) -> None:
+    def __init__(self, n: int, done: queue.SimpleQueue[Completion], conns: WorkerConnections | None) -> None:
         self.n = n
         self._done = done
-        self._fetch = fetch
+        self._conns = conns
         self._work: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
         # message id -> the slot running it and when it started (monotonic); a message retried after
         # its time limit may run again here while its abandoned first run still hangs in another slot
@@ -99,7 +97,7 @@ class ThreadSlots:
             while (message := self._work.get()) is not None:
                 with self._lock:
                     self._started[message.id] = (slot, time.monotonic())
-                result, error = _run(message, self._fetch)
+                result, error = _run(message, self._conns)
                 with self._lock:
                     if self._started.get(message.id, (-1, 0.0))[0] == slot:
                         del self._started[message.id]
@@ -153,12 +151,12 @@ class ThreadSlots:
 
 
 # --- processes ------------------------------------------------------------------------------------
-def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: Any) -> None:
+def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: BlobFetcher | None) -> None:
     """A child process: import the task modules, then run messages from the pipe until it closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the consumer stops its children itself
     for name in task_modules:
         importlib.import_module(name)
-    fetch = None if fetcher is None else fetcher()
+    conns = None if fetcher is None else fetcher()
     conn.send(_READY)
     while True:
         try:
@@ -167,7 +165,7 @@ def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: Any) -> 
             break
         if message is None:
             break
-        conn.send(_run(message, fetch))
+        conn.send(_run(message, conns))
     # every result went up the pipe: exit now, not after the interpreter waits for threads a task or
     # the blob fetcher's connections left (an idle pool thread waits forever; the consumer would
     # wait for the child, then kill it)
@@ -209,10 +207,11 @@ class ProcessSlots:
 
     kind = "process"
 
-    def __init__(self, n: int, done: queue.SimpleQueue[Completion], fetcher: Any, task_modules: Sequence[str] = ()) -> None:
+    def __init__(self, n: int, done: queue.SimpleQueue[Completion], fetcher: BlobFetcher | None,
+                 task_modules: Sequence[str] = ()) -> None:  # fmt: skip
         self.n = n
         self._done = done
-        self._fetcher = fetcher  # a picklable callable returning a `fetch` in the child (or None)
+        self._fetcher = fetcher  # gives each child connections of its own (None: no ad-hoc tasks)
         self._task_modules = list(task_modules)
         # children fork from a server that has imported these already: a replacement starts in milliseconds
         # (and the main module: in a Spark Python worker, pyspark.daemon, whose imports are much of pyspark)
