@@ -14,7 +14,7 @@ from conveyor.client.queue_client import QueueClient
 from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import H_IDEMPOTENCY_KEY, H_TASK, SHARD_SHIFT
 from conveyor.errors import ConveyorError
-from conveyor.message import Message
+from conveyor.message import DeadLetter, Message
 from conveyor.tasks.envelope import decode_call, decode_result, encode_error
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import attempts_for
@@ -73,7 +73,7 @@ class RowRunner:
         for k, why in _misfits([out[j][1] for j in ok], self.schema).items():
             j = ok[k]
             out[j] = [False, f"map: {why}", json.dumps(rows[j], default=str)]
-        key = "" if message is None else message.headers.get(H_IDEMPOTENCY_KEY, "")
+        key = "" if message is None else _key(message)
         return [[*o, key] for o in out] if key.startswith(SPLIT_PREFIX) else out
 
     def _split(self, message: Message, rows: list[dict[str, Any]]) -> bool:
@@ -208,7 +208,7 @@ def read_results(pool: QueuePool, queue: str, schema: StructType,
         base = shard << SHARD_SHIFT
         if queue not in {q.name for q in client.queues()}:
             continue
-        ledger = _SplitLedger(_dead_split_keys(client, queue))
+        ledger = _SplitLedger(k for d in _dead_letters(client, queue) if (k := _key(d.message)).startswith(SPLIT_PREFIX))
         for i, r in client.iter_results(queue, page=READ_BATCH_ROWS):
             outcomes = cast("list[list[Any]]", decode_result(r))  # RowRunner's outcomes
             last = outcomes[0][-1] if outcomes else None
@@ -231,20 +231,17 @@ def read_results(pool: QueuePool, queue: str, schema: StructType,
             if len(rows) >= READ_BATCH_ROWS:
                 yield tally(_batch(rows, arrow, names))
                 rows = []
-        after = 0
-        while page := client.dead_letters(queue, after, READ_BATCH_ROWS):
-            for d in page:  # a whole message failed (its workers died, or it ran out of time): each row
-                key = d.message.headers.get(H_IDEMPOTENCY_KEY, "")
-                inputs = _input_rows(d.message.payload, d.message.headers)
-                if key.startswith(SPLIT_PREFIX):
-                    inputs = inputs if ledger.take(key) else []
-                else:
-                    inputs = [inputs[j] for j in ledger.left(base | d.message.id, len(inputs))]
-                for inp in inputs:
-                    row = dict.fromkeys(names)
-                    row.update(_id=base | d.message.id, _error=d.error, _input=inp)
-                    rows.append(row)
-            after = page[-1].message.id
+        for d in _dead_letters(client, queue):  # a whole message failed (its workers died, or it ran out of time): each row
+            key = _key(d.message)
+            if key.startswith(SPLIT_PREFIX) and not ledger.take(key):
+                continue
+            inputs = _input_rows(d.message.payload, d.message.headers)
+            if not key.startswith(SPLIT_PREFIX):
+                inputs = [inputs[j] for j in ledger.left(base | d.message.id, len(inputs))]
+            for inp in inputs:
+                row = dict.fromkeys(names)
+                row.update(_id=base | d.message.id, _error=d.error, _input=inp)
+                rows.append(row)
     if rows:
         yield tally(_batch(rows, arrow, names))
     return counts
@@ -281,12 +278,16 @@ def _row(value: Any, names: list[str]) -> dict[str, Any]:
     raise ConveyorError(f"map: func returned a {type(value).__name__}; return a dict or a tuple for the columns {names}")
 
 
-def _dead_split_keys(client: QueueClient, queue: str) -> Iterator[str]:
-    """The keys of the split rows among the dead letters of `queue` on one server."""
+def _dead_letters(client: QueueClient, queue: str) -> Iterator[DeadLetter]:
+    """Every dead letter of `queue` on one server, fetched a page at a time."""
     after = 0
     while page := client.dead_letters(queue, after, READ_BATCH_ROWS):
-        yield from (k for d in page if (k := d.message.headers.get(H_IDEMPOTENCY_KEY, "")).startswith(SPLIT_PREFIX))
+        yield from page
         after = page[-1].message.id
+
+
+def _key(message: Message) -> str:
+    return message.headers.get(H_IDEMPOTENCY_KEY, "")
 
 
 def _input_rows(payload: bytes, headers: dict[str, str]) -> list[str]:
