@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from conveyor.client.pool import QueuePool
+from conveyor.client.queue_client import QueueClient
 from conveyor.constants import DEFAULT_UNREACHABLE_S, H_IDEMPOTENCY_KEY
 from conveyor.errors import ConveyorError
 from conveyor.gc_policy import gc_tuned
@@ -70,10 +71,21 @@ def fed_queue(job: str) -> str:
     return f"conveyor-fed-{job}"
 
 
+def say_once(backend: QueuePool | QueueClient, queue: str, key: str, record: dict[str, Any]) -> None:
+    """A record on a job's bookkeeping queue, once whatever the attempts of the task saying it (`key`
+    is an idempotency key)."""
+    backend.put(queue, [Message(payload=json.dumps(record).encode(), headers={H_IDEMPOTENCY_KEY: key})])
+
+
+def said(pool: QueuePool, queue: str) -> Iterator[dict[str, Any]]:
+    """The records on a bookkeeping queue (taken, never acked: the queue is dropped after)."""
+    while got := pool.get(queue, 1000):
+        yield from (json.loads(m.payload) for m in got)
+
+
 def _say_fed(pool: QueuePool, job: str, task: int, rows: int) -> None:
-    """Task `task` has put its `rows`: one message per task, whatever its attempts (an idempotency key)."""
-    body = json.dumps({"task": task, "rows": rows}).encode()
-    pool.put(fed_queue(job), [Message(payload=body, headers={H_IDEMPOTENCY_KEY: f"fed:{job}:{task}"})])
+    """Task `task` has put its `rows`: one message per task, whatever its attempts."""
+    say_once(pool, fed_queue(job), f"fed:{job}:{task}", {"task": task, "rows": rows})
 
 
 def _fed(pool: QueuePool, job: str) -> int:
@@ -265,9 +277,7 @@ class SparkConsumerPool:
         """The consumers have ended: read how many rows each fed task put, then drop the bookkeeping."""
         try:
             if self.feed is not None:
-                by_task: dict[int, int] = {}
-                while got := self.pool.get(fed_queue(self.job), 1000):
-                    by_task.update((d["task"], d["rows"]) for d in (json.loads(m.payload) for m in got))
+                by_task = {d["task"]: d["rows"] for d in said(self.pool, fed_queue(self.job))}
                 self.fed_rows = sum(by_task.values())
         except ConveyorError as e:
             log.warning("could not read what the tasks of %s put: %s", self.job, e)

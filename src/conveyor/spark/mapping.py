@@ -30,7 +30,6 @@ null and whose input row is in `_input`, as JSON).
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import sys
 import time
@@ -44,14 +43,12 @@ from conveyor.client.pool import QueuePool
 from conveyor.constants import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_UNREACHABLE_S,
-    H_IDEMPOTENCY_KEY,
     MAP_DEFAULT_LEASE_S,
     MAP_DEFAULT_ROWS_PER_MESSAGE,
 )
 from conveyor.errors import ConnectionLostError, ConveyorError
-from conveyor.message import Message
 from conveyor.spark.cluster import driver_pool, is_local
-from conveyor.spark.consumers import SparkConsumerPool, check_consumer_options, consumer_count
+from conveyor.spark.consumers import SparkConsumerPool, check_consumer_options, consumer_count, said, say_once
 from conveyor.spark.preflight import preflight
 from conveyor.spark.rows import EXTRA_COLUMNS, MAX_ROWS_PER_MESSAGE, RowRunner, put_partitions, putter, read_results, with_extra
 from conveyor.spark.session import check_workers_python
@@ -252,8 +249,7 @@ def _reader(pool: QueuePool, queue: str, schema: StructType,
             counts = yield from read_results(pool, queue, schema, [shard])
             client = pool.clients[shard]
             if tally in {q.name for q in client.queues()}:
-                body = json.dumps({"shard": shard, **counts}).encode()
-                client.put(tally, [Message(payload=body, headers={H_IDEMPOTENCY_KEY: f"{tally}:{shard}"})])
+                say_once(client, tally, f"{tally}:{shard}", {"shard": shard, **counts})
         finally:
             pool.close()
 
@@ -267,9 +263,7 @@ def tally_queue(job: str) -> str:
 
 def _tallied(pool: QueuePool, tally: str, shards: int) -> tuple[int, int]:
     """(rows, failed rows) the read-back tasks said they read; an error if a task said nothing."""
-    by_shard: dict[int, dict[str, int]] = {}
-    while got := pool.get(tally, 1000):
-        by_shard.update((d["shard"], d) for d in (json.loads(m.payload) for m in got))
+    by_shard = {d["shard"]: d for d in said(pool, tally)}
     if len(by_shard) != shards:
         missing = sorted(set(range(shards)) - set(by_shard))
         raise ConveyorError(f"map: the read-back of server(s) {missing} did not say what it read; please report this")
