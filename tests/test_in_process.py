@@ -188,6 +188,25 @@ def test_the_settler_gathers_acks_into_one_call(queues: Recording) -> None:
     assert settler.unsettled == 0 and settler.errors == 0
 
 
+def test_a_consumer_whose_last_fetch_was_full_sends_its_acks_when_it_goes_idle(queues: Recording) -> None:
+    # fetches of two for two slots: the queue looks busy, and a busy settler gathers for
+    # BUSY_COALESCE_S; once nothing runs, the acks go at once rather than after the window (the end
+    # of the work would wait for them)
+    c = Consumer(queues, ["jobs"], max_concurrency=2, batch_size=2, task_modules=MODULES)
+    t = threading.Thread(target=c.run)
+    t.start()
+    try:
+        wait_until(lambda: c.name in queues.workers())  # started: it long-polls the empty queue
+        t0 = time.monotonic()
+        handles = wt.add.publish_many([(i, i) for i in range(6)], _pool=queues)
+        assert queues.gather(handles, timeout=5) == [2 * i for i in range(6)]
+        assert time.monotonic() - t0 < BUSY_COALESCE_S
+    finally:
+        c.stop()
+        t.join(10)
+    assert not t.is_alive()
+
+
 def test_a_consumer_acks_in_batches(queues: Recording) -> None:
     handles = wt.add.publish_many([(i, 1) for i in range(200)], _pool=queues)
     consume(queues, max_concurrency=8, batch_size=50)

@@ -26,6 +26,18 @@ def test_with_the_queues_busy_a_consumer_waits_for_half_a_batch() -> None:
     assert p.want(running=0, left=None, busy=True) == 16  # nothing running: no reason to wait
 
 
+def test_the_loop_sleeps_until_enough_tasks_finish_for_a_fetch() -> None:
+    p = Pacing(max_concurrency=16, batch_size=8)
+    assert p.short_of(running=16, left=None, busy=True) == 4  # a fetch waits for 4 free (half a batch)
+    assert p.short_of(running=13, left=None, busy=True) == 1
+    assert p.short_of(running=16, left=None, busy=False) == 1  # the queues are not busy: any free slot is fetched for
+    for running in range(17):  # `want` asks for more once that many of the running have finished
+        k = p.short_of(running=running, left=None, busy=True)
+        if p.want(running=running, left=None, busy=True) == 0:
+            assert p.want(running=running - k, left=None, busy=True) > 0
+            assert k == 1 or p.want(running=running - k + 1, left=None, busy=True) == 0
+
+
 def test_pinned_it_waits_for_a_whole_batch_when_one_still_runs() -> None:
     p = Pacing(max_concurrency=32, batch_size=16, pinned=True)
     assert p.want(running=17, left=None, busy=True) == 0  # 15 free
@@ -55,7 +67,7 @@ def test_unpinned_it_holds_max_concurrency_whatever_is_left() -> None:
 
 
 def test_quick_tasks_are_read_ahead_and_the_read_ahead_goes_as_the_queues_drain() -> None:
-    assert read_ahead(0.0) == 0 and read_ahead(10.0) == 0  # long tasks: none wait in line for a slot
+    assert read_ahead(0.0) == 0 and read_ahead(4.0) == 0  # long tasks: none wait in line for a slot
     assert read_ahead(10_000.0) == int(10_000 * READ_AHEAD_WINDOW_S)
     assert read_ahead(1e9) == READ_AHEAD_MAX
     p = Pacing(max_concurrency=8, batch_size=None, n_consumers=2, n_shards=2)

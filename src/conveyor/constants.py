@@ -200,8 +200,11 @@ DEFAULT_QUEUE = "default"
 DEFAULT_MAX_RETRIES = 3
 DEFAULT_MAX_CONCURRENCY = 8  # tasks one consumer runs at once
 # a thread-mode consumer holds, beyond its slots, the messages it finishes in this long at its pace
-# (worker/pacing.py), at most READ_AHEAD_MAX: quick tasks come in large fetches, long ones one by one
-READ_AHEAD_WINDOW_S = 0.05
+# (worker/pacing.py), at most READ_AHEAD_MAX: quick tasks come in large fetches, long ones one by one.
+# Measured on the skewed workload (5 ms tasks on average): a window of 0.05 s made ~100 fetches per
+# server per 1,000 tasks, 0.2 s half as many, and the servers' CPU, taken from the cores the tasks
+# run on, fell from 0.17 s to 0.11 s each
+READ_AHEAD_WINDOW_S = 0.2
 READ_AHEAD_MAX = 2000
 # conveyor.spark.map: the queue's lease. A running message's lease is extended every third of it (a
 # heartbeat), so a short lease costs a few requests and brings back the rows of a lost host quickly.

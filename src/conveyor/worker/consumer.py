@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import random
 import socket
 import threading
@@ -33,6 +32,7 @@ from conveyor.message import Message
 from conveyor.protocol.requests import Counts
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import check_pin, pin_core, resolve_slots
+from conveyor.worker.completions import Completions
 from conveyor.worker.connections import BlobFetcher
 from conveyor.worker.executors import Completion, ProcessSlots, ThreadSlots
 from conveyor.worker.held import Held, due_extensions, over_limit
@@ -114,7 +114,7 @@ class Consumer:
         self._next_sweep = 0.0  # when to look for tasks over their time limit or due a lease extension
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{consumer}"
         self.stats = ConsumerStats()
-        self._done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
+        self._done: Completions[Completion] = Completions()
         self._running: dict[int, Held] = {}
         self._stop = threading.Event()
         self._hard_stop = False
@@ -122,7 +122,6 @@ class Consumer:
         self._iterations_left = 0
         self._stash: list[Message] = []
         self._settler: Settler
-        self._peeked: list[Completion] = []  # completions `_wait` took, for the next `_completed`
         self._undrained = False  # with until_empty: the last drained check found work still pending
         self._last_short = True  # the last fetch got less than it asked for: the queues are not busy
         self._pacing: Pacing  # set by _run, which knows whether the consumer got a core of its own
@@ -213,11 +212,12 @@ class Consumer:
                     self._wait(BUSY_POLL_S)
                     continue
                 free = self._pacing.want(len(self._running), self._left, not self._last_short, self._read_ahead)
-                if not free:
-                    self._wait(BUSY_POLL_S)  # while the queue is busy, fetch in batches rather than one by one
+                if not free:  # while the queue is busy, fetch in batches rather than one by one
+                    self._wait(BUSY_POLL_S, self._pacing.short_of(len(self._running), self._left, not self._last_short,
+                                                                  self._read_ahead))  # fmt: skip
                     continue
-                if not self._running and self._last_short:
-                    self._settler.hurry()  # idle, the queues look drained: our last acks may be what ends the work
+                if not self._running:  # idle: our last acks may be what ends the work, and the fetch may wait
+                    self._settler.hurry()
                 got = self._fetch(free)
                 if self._stop.is_set() and got:
                     self._release(got)
@@ -318,19 +318,11 @@ class Consumer:
             slots.submit(m)
 
     def _completed(self) -> list[Completion]:
-        out, self._peeked = self._peeked, []
-        while True:
-            try:
-                out.append(self._done.get_nowait())
-            except queue.Empty:
-                return out
+        return self._done.take()
 
-    def _wait(self, timeout: float) -> None:
-        """Wait for a completion (left for the next loop) or the timeout."""
-        try:
-            self._peeked.append(self._done.get(timeout=timeout))
-        except queue.Empty:
-            return
+    def _wait(self, timeout: float, n: int = 1) -> None:
+        """Wait for `n` completions (left for the next loop) or the timeout."""
+        self._done.wait(timeout, n)
 
     def _enforce_limits(self, slots: ThreadSlots | ProcessSlots, now: float) -> None:
         """Stop the tasks over their time limit (counted from when they started: not while in line)."""

@@ -28,6 +28,7 @@ from conveyor.errors import ConveyorError, TaskError
 from conveyor.message import Message
 from conveyor.tasks.envelope import encode_error
 from conveyor.tasks.runner import run_message
+from conveyor.worker.completions import Completions
 from conveyor.worker.connections import BlobFetcher, WorkerConnections
 from conveyor.worker.spawning import process_context
 
@@ -67,7 +68,7 @@ class ThreadSlots:
     kind = "thread"
     broken: str | None = None  # threads always start
 
-    def __init__(self, n: int, done: queue.SimpleQueue[Completion], conns: WorkerConnections | None) -> None:
+    def __init__(self, n: int, done: Completions[Completion], conns: WorkerConnections | None) -> None:
         self.n = n
         self._done = done
         self._conns = conns
@@ -207,7 +208,7 @@ class ProcessSlots:
 
     kind = "process"
 
-    def __init__(self, n: int, done: queue.SimpleQueue[Completion], fetcher: BlobFetcher | None,
+    def __init__(self, n: int, done: Completions[Completion], fetcher: BlobFetcher | None,
                  task_modules: Sequence[str] = ()) -> None:  # fmt: skip
         self.n = n
         self._done = done

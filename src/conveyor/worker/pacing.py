@@ -61,6 +61,12 @@ class Pacing:
             return 0
         return free
 
+    def short_of(self, running: int, left: int | None, busy: bool, read_ahead: int = 0) -> int:
+        """How many of the `running` tasks must finish before `want` asks for more (at least 1)."""
+        hold = self.hold(left, read_ahead)
+        need = self.refill(hold) if busy else 1
+        return max(1, need - (hold - running))
+
 
 def read_ahead(rate: float) -> int:
     """The read-ahead for a consumer finishing `rate` tasks a second (see `Pacing`)."""
