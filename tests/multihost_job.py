@@ -38,6 +38,7 @@ MAX_CONCURRENCY = 2
 EXECUTORS_TIMEOUT_S = 90.0
 UNREACHABLE_S = 10.0  # the map's bound on a server out of reach, in the scenarios that lose one
 START_TIMEOUT_S = 15.0  # the map's bound on getting a slot, in the scenario that never gets one
+CLUSTER_PORTS = (17071, 17072)  # conveyor.cluster's servers on fixed ports (free: the hosts are namespaces of the test's)
 GO_TIMEOUT_S = 60.0
 POLL_S = 0.05
 MARK = "MARK"
@@ -184,7 +185,7 @@ def beside_the_driver(spark: Any, driver_ip: str, work: str) -> dict[str, Any]:
     note(f"map with no pool: first row {result['first_row_s']:.2f} s after the call")
     for f in os.listdir(work):  # each row's marker again: the next maps run the same ids
         os.remove(os.path.join(work, f))
-    with conveyor.cluster(spark) as c:
+    with conveyor.cluster(spark, ports=CLUSTER_PORTS) as c:
         result["cluster_addresses"] = c.pool.addresses
         called = time.time()
         again = [r.asDict() for r in conveyor.spark.map(df, func, pool=c.pool, **opts).collect()]

@@ -24,7 +24,7 @@ import pytest
 
 from conveyor.protocol.tls import self_signed
 from tests.clusterbed import ClusterBed
-from tests.multihost_job import MARK, ROWS, START_TIMEOUT_S, UNREACHABLE_S
+from tests.multihost_job import CLUSTER_PORTS, MARK, ROWS, START_TIMEOUT_S, UNREACHABLE_S
 from tests.netbed import BedUnavailable, ns_pids, unavailable
 from tests.procs import alive, cmdline, kill_tree, tail, wait_until
 
@@ -256,7 +256,7 @@ def test_no_slot_ever_granted_fails_the_map(bed: ClusterBed, tmp_path: Path) -> 
 @pytest.mark.timeout(300)
 def test_map_and_consumers_with_no_pool_use_servers_beside_the_driver(bed: ClusterBed, tmp_path: Path) -> None:
     """No pool on the cluster: servers on the driver's host over TLS with a token, one row per input row; the time
-    to the first row within 3 s of the same map on servers started beforehand."""
+    to the first row within 3 s of the same map on servers started beforehand (by conveyor.cluster, on fixed ports)."""
     result = Job(bed, tmp_path, "driver-servers").result()
     exactly_once(result["rows"])
     exactly_once(result["rows_started"])
@@ -264,6 +264,7 @@ def test_map_and_consumers_with_no_pool_use_servers_beside_the_driver(bed: Clust
     driver = bed.ip("driver")
     for addresses in (result["cluster_addresses"], result["consumer_addresses"]):
         assert addresses and all(a.startswith(f"tls://{driver}:") for a in addresses), addresses
+    assert result["cluster_addresses"] == [f"tls://{driver}:{port}" for port in CLUSTER_PORTS]  # cluster(ports=...)
     assert {r["host"] for r in result["rows"]} == {bed.ip("worker0"), bed.ip("worker1")}
     cold, warm = result["first_row_s"], result["first_row_started_s"]
     print(f"\nnetbed: map with no pool: first row {cold:.2f} s after the call; with servers started before: {warm:.2f} s")

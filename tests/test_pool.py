@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pickle
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -193,6 +194,27 @@ def test_local_pool_stops_its_servers_and_removes_temporary_data() -> None:
     p.close()
     assert all(pr.returncode == 0 for pr in procs)  # SIGTERM: a clean stop
     assert not any(d.exists() for d in tmps)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_local_servers_listen_on_the_ports_given_and_a_taken_one_is_an_error() -> None:
+    ports = [_free_port(), _free_port()]
+    with QueuePool.local(n_servers=2, ports=ports) as p:
+        assert p.addresses == [f"tcp://127.0.0.1:{port}" for port in ports]
+        assert len(p.put("q", msgs(4))) == 4
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        with pytest.raises(ConveyorError, match="exited with code 1 before listening"):
+            QueuePool.local(n_servers=2, ports=[_free_port(), taken.getsockname()[1]])
+    for bad in ([ports[0]], [ports[0], ports[0]], [0, ports[1]], [ports[0], 70000]):
+        with pytest.raises(ValueError, match="ports"):
+            QueuePool.local(n_servers=2, ports=bad)
 
 
 def test_sigterm_stops_cleanly_and_a_restart_serves_the_same_messages(tmp_path: Path) -> None:

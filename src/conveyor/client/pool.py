@@ -41,6 +41,16 @@ QUIET_POLL_S = 5.0  # join without a progress bar: the longest wait of one reque
 QUEUE_INFO_TTL_S = 5.0  # how long a pool trusts what the servers said about a queue's settings
 
 
+def check_ports(ports: Sequence[int] | None, n_servers: int) -> None:
+    """Refuse `ports` that are not one distinct TCP port per server (None: free ports are picked)."""
+    if ports is None:
+        return
+    if isinstance(ports, (str, bytes)) or len(ports) != n_servers:
+        raise ValueError(f"ports: one per server ({n_servers}), got {ports!r}")
+    if any(type(p) is not int or not 1 <= p <= 65535 for p in ports) or len(set(ports)) != len(ports):
+        raise ValueError(f"ports must be distinct TCP ports (1-65535), got {list(ports)!r}")
+
+
 class QueuePool(ShardedQueues):
     """Queue servers used as one (`ShardedQueues`: routing, stats, consumer assignment), waiting for
     queues to drain (`join`), requeueing dead letters, and where tasks are published and their
@@ -55,8 +65,10 @@ class QueuePool(ShardedQueues):
     @classmethod
     def local(cls, n_servers: int = 2, durable: bool = True, data_dir: str | Path | None = None, *,
               host: str = "127.0.0.1", token: str | None = None, tls: bool | None = None, fsync: str = "batch",
-              batch_size: int = 1000, temp_dir: str | Path | None = None) -> QueuePool:  # fmt: skip
-        """Start `n_servers` queue servers as child processes on free ports of `host` (loopback by default).
+              batch_size: int = 1000, temp_dir: str | Path | None = None,
+              ports: Sequence[int] | None = None) -> QueuePool:  # fmt: skip
+        """Start `n_servers` queue servers as child processes on free ports of `host` (loopback by default),
+        or on `ports`, one per server (for a firewall that opens only those).
 
         Durable servers keep their queues under `data_dir/shard-<i>`; without a `data_dir`, each in a
         temporary directory of its own (under `temp_dir`, default the system's), which the server removes
@@ -70,6 +82,7 @@ class QueuePool(ShardedQueues):
         """
         if n_servers < 1:
             raise ValueError(f"n_servers must be >= 1, got {n_servers}")
+        check_ports(ports, n_servers)
         temporary = durable and data_dir is None
         procs: list[subprocess.Popen[bytes]] = []
         tmps: list[Path] = []
@@ -90,7 +103,7 @@ class QueuePool(ShardedQueues):
                 elif durable and data_dir is not None:
                     d = Path(data_dir) / f"shard-{i}"
                 args = ["--fsync", fsync, *(["--temporary"] if temporary else []), *secure]
-                procs.append(start_server(d, host=host, token=token, args=args))
+                procs.append(start_server(d, 0 if ports is None else ports[i], host=host, token=token, args=args))
             addresses = [listening(p)[1] for p in procs]
             pool = cls.connect(addresses, token, batch_size=batch_size, fingerprint=fingerprint)
         except BaseException:

@@ -78,11 +78,12 @@ def _local_dir(spark: SparkSession) -> str | None:
 
 
 def driver_pool(spark: SparkSession, n_servers: int = DRIVER_SERVERS, *, host: str | None = None,
-                interface: str | None = None) -> QueuePool:  # fmt: skip
-    """Start `n_servers` durable queue servers beside the driver (see the module docstring); close
-    the pool to stop them and remove their data."""
+                interface: str | None = None, ports: Sequence[int] | None = None) -> QueuePool:  # fmt: skip
+    """Start `n_servers` durable queue servers beside the driver (see the module docstring), on free
+    ports or on `ports` (one per server); close the pool to stop them and remove their data."""
     address = driver_host(spark, host, interface)
-    pool = QueuePool.local(n_servers, durable=True, host=address, temp_dir=_local_dir(spark) or tempfile.gettempdir())
+    pool = QueuePool.local(n_servers, durable=True, host=address, temp_dir=_local_dir(spark) or tempfile.gettempdir(),
+                           ports=ports)  # fmt: skip
     log.info("conveyor: %d queue server(s) beside the driver at %s%s", n_servers, ", ".join(pool.addresses),
              "" if pool.clients[0].tls is None else " (TLS, token)")  # fmt: skip
     return pool
@@ -98,16 +99,18 @@ class Cluster:
 
 @contextmanager
 def cluster(spark: SparkSession | None = None, *, n_servers: int = DRIVER_SERVERS, host: str | None = None,
-            interface: str | None = None, task_modules: Sequence[str] = (), check: bool = True) -> Iterator[Cluster]:  # fmt: skip
+            interface: str | None = None, ports: Sequence[int] | None = None, task_modules: Sequence[str] = (),
+            check: bool = True) -> Iterator[Cluster]:  # fmt: skip
     """Queue servers beside the driver of `spark` (default: the active session) for the `with`
     block, as its default pool: `conveyor.spark.map`, `SparkConsumerPool`, `publish` and task
-    handles given no pool use them. `check`: run the pre-flight (with `task_modules`) first."""
+    handles given no pool use them. `ports`: one per server, where a firewall opens only those (default:
+    free ports). `check`: run the pre-flight (with `task_modules`) first."""
     from pyspark.sql import SparkSession
 
     spark = spark or SparkSession.getActiveSession()
     if spark is None:
         raise ConveyorError("conveyor.cluster(): no active Spark session: create yours (SparkSession.builder...) first")
-    with driver_pool(spark, n_servers, host=host, interface=interface) as pool, default_pool(pool):
+    with driver_pool(spark, n_servers, host=host, interface=interface, ports=ports) as pool, default_pool(pool):
         if check and not is_local(spark):
             preflight(spark, pool, task_modules)
         yield Cluster(spark, pool)
