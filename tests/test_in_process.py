@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import conveyor.worker.consumer as consumer_module
+import conveyor.worker.settler as settler_module
 from conveyor.client.backend import QueueBackend
 from conveyor.client.in_process import InProcessQueues
 from conveyor.client.pool import QueuePool
@@ -188,10 +190,14 @@ def test_the_settler_gathers_acks_into_one_call(queues: Recording) -> None:
     assert settler.unsettled == 0 and settler.errors == 0
 
 
-def test_a_consumer_whose_last_fetch_was_full_sends_its_acks_when_it_goes_idle(queues: Recording) -> None:
+def test_a_consumer_whose_last_fetch_was_full_sends_its_acks_when_it_goes_idle(
+    queues: Recording, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # fetches of two for two slots: the queue looks busy, and a busy settler gathers for
-    # BUSY_COALESCE_S; once nothing runs, the acks go at once rather than after the window (the end
-    # of the work would wait for them)
+    # BUSY_COALESCE_S; once nothing runs and the queue looks drained, the acks go at once rather
+    # than after the window (the end of the work would wait for them)
+    monkeypatch.setattr(settler_module, "BUSY_COALESCE_S", 2.0)
+    monkeypatch.setattr(consumer_module, "IDLE_POLL_S", 2.0)  # the long poll an idle consumer makes next
     c = Consumer(queues, ["jobs"], max_concurrency=2, batch_size=2, task_modules=MODULES)
     t = threading.Thread(target=c.run)
     t.start()
@@ -199,8 +205,8 @@ def test_a_consumer_whose_last_fetch_was_full_sends_its_acks_when_it_goes_idle(q
         wait_until(lambda: c.name in queues.workers())  # started: it long-polls the empty queue
         t0 = time.monotonic()
         handles = wt.add.publish_many([(i, i) for i in range(6)], _pool=queues)
-        assert queues.gather(handles, timeout=5) == [2 * i for i in range(6)]
-        assert time.monotonic() - t0 < BUSY_COALESCE_S
+        assert queues.gather(handles, timeout=10) == [2 * i for i in range(6)]
+        assert time.monotonic() - t0 < 1.0  # not after the 2 s window or the 2 s poll
     finally:
         c.stop()
         t.join(10)

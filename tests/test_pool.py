@@ -196,14 +196,20 @@ def test_local_pool_stops_its_servers_and_removes_temporary_data() -> None:
     assert not any(d.exists() for d in tmps)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def _free_ports(n: int) -> list[int]:
+    """n distinct ports free a moment ago (all bound at once, so that none is picked twice)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 def test_local_servers_listen_on_the_ports_given_and_a_taken_one_is_an_error() -> None:
-    ports = [_free_port(), _free_port()]
+    ports = _free_ports(2)
     with QueuePool.local(n_servers=2, ports=ports) as p:
         assert p.addresses == [f"tcp://127.0.0.1:{port}" for port in ports]
         assert len(p.put("q", msgs(4))) == 4
@@ -211,8 +217,8 @@ def test_local_servers_listen_on_the_ports_given_and_a_taken_one_is_an_error() -
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         with pytest.raises(ConveyorError, match="exited with code 1 before listening"):
-            QueuePool.local(n_servers=2, ports=[_free_port(), taken.getsockname()[1]])
-    for bad in ([ports[0]], [ports[0], ports[0]], [0, ports[1]], [ports[0], 70000]):
+            QueuePool.local(n_servers=2, ports=[_free_ports(1)[0], taken.getsockname()[1]])
+    for bad in ([ports[0]], [ports[0], ports[0]], [0, ports[1]], [ports[0], 70000], [True, ports[1]], "ab", 7071):
         with pytest.raises(ValueError, match="ports"):
             QueuePool.local(n_servers=2, ports=bad)
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import queue
 import re
 import select
 import signal
@@ -25,6 +24,7 @@ from conveyor.errors import ConveyorError, TaskFailedError, TaskOptionError
 from conveyor.message import Message, Status
 from conveyor.tasks.envelope import encode_call
 from conveyor.worker import Consumer, ConsumerPool, Middleware, QueueConfig, TaskFailure
+from conveyor.worker.completions import Completions
 from conveyor.worker.executors import Completion, ProcessSlots, ThreadSlots
 
 from . import worker_tasks as wt
@@ -140,7 +140,7 @@ def test_messages_in_line_for_a_slot_have_not_started_and_can_be_taken_back(pool
     stopping consumer takes it back rather than running it."""
     wt.sleeps.publish_many([(0.5,), (0.01,), (0.01,)], _pool=pool)
     msgs = pool.get("jobs", 3)
-    done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
+    done: Completions[Completion] = Completions()
     slots = ThreadSlots(1, done, None) if mode == "thread" else ProcessSlots(1, done, None, MODULES)
     slots.start()
     for m in msgs:
@@ -148,7 +148,8 @@ def test_messages_in_line_for_a_slot_have_not_started_and_can_be_taken_back(pool
     wait_for(lambda: slots.started(msgs[0].id) is not None, timeout=5)
     assert slots.started(msgs[1].id) is None and slots.started(msgs[2].id) is None
     assert [m.id for m in slots.unstarted()] == [msgs[1].id, msgs[2].id]
-    assert done.get(timeout=5).message.id == msgs[0].id
+    done.wait(5.0)
+    assert [c.message.id for c in done.take()] == [msgs[0].id]
     assert slots.started(msgs[0].id) is None  # ended
     slots.close()
 
@@ -156,7 +157,7 @@ def test_messages_in_line_for_a_slot_have_not_started_and_can_be_taken_back(pool
 def test_process_slots_that_cannot_replace_a_dead_child_say_so(pool: QueuePool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A child dies and no replacement can start (the fork server gone, no descriptors left): the
     slots say why, for the consumer to stop on, rather than leaving what waits in line to wait for ever."""
-    done: queue.SimpleQueue[Completion] = queue.SimpleQueue()
+    done: Completions[Completion] = Completions()
     slots = ProcessSlots(1, done, None, MODULES)
     slots.start()
     assert slots.broken is None

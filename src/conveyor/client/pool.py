@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import pickle
 import secrets
 import shutil
@@ -41,14 +42,26 @@ QUIET_POLL_S = 5.0  # join without a progress bar: the longest wait of one reque
 QUEUE_INFO_TTL_S = 5.0  # how long a pool trusts what the servers said about a queue's settings
 
 
-def check_ports(ports: Sequence[int] | None, n_servers: int) -> None:
-    """Refuse `ports` that are not one distinct TCP port per server (None: free ports are picked)."""
+def check_ports(ports: Iterable[int] | None, n_servers: int) -> list[int] | None:
+    """`ports` as a list of one distinct TCP port per server (None: free ports are picked); a clear
+    error for anything else."""
     if ports is None:
-        return
-    if isinstance(ports, (str, bytes)) or len(ports) != n_servers:
-        raise ValueError(f"ports: one per server ({n_servers}), got {ports!r}")
-    if any(type(p) is not int or not 1 <= p <= 65535 for p in ports) or len(set(ports)) != len(ports):
-        raise ValueError(f"ports must be distinct TCP ports (1-65535), got {list(ports)!r}")
+        return None
+    if isinstance(ports, (str, bytes)) or not isinstance(ports, Iterable):
+        raise ValueError(f"ports: one TCP port per server, got {ports!r}")
+    out: list[int] = []
+    for p in ports:
+        try:
+            if isinstance(p, bool):
+                raise TypeError
+            out.append(operator.index(p))
+        except TypeError:
+            raise ValueError(f"ports: {p!r} is not a TCP port number") from None
+    if len(out) != n_servers:
+        raise ValueError(f"ports: one per server ({n_servers}), got {out!r}")
+    if any(not 1 <= p <= 65535 for p in out) or len(set(out)) != len(out):
+        raise ValueError(f"ports must be distinct TCP ports (1-65535), got {out!r}")
+    return out
 
 
 class QueuePool(ShardedQueues):
@@ -66,7 +79,7 @@ class QueuePool(ShardedQueues):
     def local(cls, n_servers: int = 2, durable: bool = True, data_dir: str | Path | None = None, *,
               host: str = "127.0.0.1", token: str | None = None, tls: bool | None = None, fsync: str = "batch",
               batch_size: int = 1000, temp_dir: str | Path | None = None,
-              ports: Sequence[int] | None = None) -> QueuePool:  # fmt: skip
+              ports: Iterable[int] | None = None) -> QueuePool:  # fmt: skip
         """Start `n_servers` queue servers as child processes on free ports of `host` (loopback by default),
         or on `ports`, one per server (for a firewall that opens only those).
 
@@ -82,7 +95,7 @@ class QueuePool(ShardedQueues):
         """
         if n_servers < 1:
             raise ValueError(f"n_servers must be >= 1, got {n_servers}")
-        check_ports(ports, n_servers)
+        ports = check_ports(ports, n_servers)
         temporary = durable and data_dir is None
         procs: list[subprocess.Popen[bytes]] = []
         tmps: list[Path] = []

@@ -98,18 +98,21 @@ class Cluster:
 
 
 @contextmanager
-def cluster(spark: SparkSession | None = None, *, n_servers: int = DRIVER_SERVERS, host: str | None = None,
+def cluster(spark: SparkSession | None = None, *, n_servers: int | None = None, host: str | None = None,
             interface: str | None = None, ports: Sequence[int] | None = None, task_modules: Sequence[str] = (),
             check: bool = True) -> Iterator[Cluster]:  # fmt: skip
     """Queue servers beside the driver of `spark` (default: the active session) for the `with`
     block, as its default pool: `conveyor.spark.map`, `SparkConsumerPool`, `publish` and task
-    handles given no pool use them. `ports`: one per server, where a firewall opens only those (default:
-    free ports). `check`: run the pre-flight (with `task_modules`) first."""
+    handles given no pool use them. `n_servers`: default DRIVER_SERVERS, or one per port of `ports`
+    (for a firewall that opens only those; default: free ports). `check`: run the pre-flight (with
+    `task_modules`) first."""
     from pyspark.sql import SparkSession
 
     spark = spark or SparkSession.getActiveSession()
     if spark is None:
         raise ConveyorError("conveyor.cluster(): no active Spark session: create yours (SparkSession.builder...) first")
+    if n_servers is None:
+        n_servers = DRIVER_SERVERS if ports is None else len(ports)
     with driver_pool(spark, n_servers, host=host, interface=interface, ports=ports) as pool, default_pool(pool):
         if check and not is_local(spark):
             preflight(spark, pool, task_modules)

@@ -216,8 +216,8 @@ class Consumer:
                     self._wait(BUSY_POLL_S, self._pacing.short_of(len(self._running), self._left, not self._last_short,
                                                                   self._read_ahead))  # fmt: skip
                     continue
-                if not self._running:  # idle: our last acks may be what ends the work, and the fetch may wait
-                    self._settler.hurry()
+                if not self._running and (self._last_short or not self._left):
+                    self._settler.hurry()  # idle, the queues look drained: our last acks may be what ends the work
                 got = self._fetch(free)
                 if self._stop.is_set() and got:
                     self._release(got)

@@ -83,8 +83,11 @@ class Settler:
         return ("extend", queue_name, lease_s, msg_id, None)
 
     def hurry(self) -> None:
-        """Send what is queued without gathering more (nothing else is coming soon)."""
-        self._hurry.set()
+        """Send what is queued without gathering more (nothing else is coming soon). With nothing
+        queued, nothing to hurry: the next settlements gather as usual."""
+        with self._cond:
+            if self._pending:
+                self._hurry.set()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued so far was sent; False on timeout."""
