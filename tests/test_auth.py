@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import os
+import select
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from conveyor.client.queue_client import QueueClient
 from conveyor.errors import AuthError, ConveyorError
 from conveyor.protocol.auth import is_loopback
+from conveyor.server.processes import start_server, stop_server
 from conveyor.server.queue_server import QueueServer
+from conveyor.server.runtime import reachable_addresses
 
 from .servers import RawConnection, frame, thread_server
 
@@ -80,3 +86,39 @@ def test_insecure_non_loopback_server_serves() -> None:
         port = s.server.port
         with QueueClient(f"tcp://127.0.0.1:{port}") as c:
             assert c.ping()["pong"]
+
+
+def test_every_address_a_server_on_all_ipv6_interfaces_lists_answers() -> None:
+    """`--host ::` binds IPv6 only (asyncio sets IPV6_V6ONLY): the addresses it prints are IPv6 ones, each reachable."""
+    if not socket.has_ipv6 or not Path("/proc/net/if_inet6").exists():
+        pytest.fail("this test needs IPv6 (Linux's /proc/net/if_inet6)")
+    proc = start_server(None, host="::", args=["--insecure"], stderr=subprocess.DEVNULL)
+    assert proc.stdout is not None
+    try:
+        ready, _, _ = select.select([proc.stdout], [], [], 30)
+        assert ready, "the server did not say where it listens within 30 s"
+        said = os.read(proc.stdout.fileno(), 65536).decode()  # one write: every line at once
+        addresses = [a.strip() for line in said.splitlines() for prefix in ("listening on ", "also reachable at ")
+                     if line.startswith(prefix) for a in line[len(prefix):].split(",")]  # fmt: skip
+        assert addresses and all(a.startswith("tcp://[") for a in addresses), said
+        assert addresses[-1].startswith("tcp://[::1]:")  # loopback last
+        for a in addresses:
+            with QueueClient(a, connect_timeout=5) as c:
+                assert c.ping()["pong"]
+    finally:
+        stop_server(proc)
+        proc.stdout.close()
+
+
+def test_only_global_and_loopback_ipv6_addresses_are_listed(tmp_path: Path) -> None:
+    table = tmp_path / "if_inet6"
+    table.write_text(
+        "fe8000000000000000fc00fffe000001 04 40 20 80     eth0\n"  # link-local: needs an interface named
+        "00000000000000000000000000000001 01 80 10 80       lo\n"
+        "20010db8000000000000000000000005 05 40 00 00     eth1\n"
+        "fd000000000000000000000000000002 04 40 00 82     eth0\n"
+    )
+    assert reachable_addresses("tcp://[::]:7070", "::", 7070, str(table)) == [
+        "tcp://[2001:db8::5]:7070", "tcp://[fd00::2]:7070", "tcp://[::1]:7070"]  # fmt: skip
+    assert reachable_addresses("tcp://[::]:7070", "::", 7070, str(tmp_path / "none")) == ["tcp://[::]:7070"]
+    assert reachable_addresses("tcp://10.0.0.1:7070", "10.0.0.1", 7070) == ["tcp://10.0.0.1:7070"]

@@ -79,8 +79,8 @@ def demo(pages: int, workers: int | None, keys: str, kill_worker: bool) -> None:
 
 @main.command()
 @click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on (0.0.0.0: every interface). A non-loopback one needs a token, and TLS "
-                   "to be safe.")  # fmt: skip
+              help="Address to listen on (0.0.0.0: every IPv4 interface; ::, every IPv6 one). A non-loopback one "
+                   "needs a token, and TLS to be safe.")  # fmt: skip
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where durable queues live. Without it, every queue is transient (memory only).")  # fmt: skip

@@ -24,6 +24,7 @@ log = logging.getLogger("conveyor.server.queue_server")
 
 FD_LIMIT_CAP = 1 << 20
 SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's address
+IPV6_SCOPE_GLOBAL, IPV6_SCOPE_HOST = "00", "10"  # scopes in /proc/net/if_inet6 (link-local is "20")
 
 
 async def watch_parent(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> None:
@@ -110,12 +111,28 @@ def _routed() -> str | None:
             return None
 
 
-def reachable_addresses(address: str, host: str, port: int) -> list[str]:
+def _ipv6_addresses(table: str = "/proc/net/if_inet6") -> list[str]:
+    """This host's IPv6 addresses a client can use: global ones, then loopback; not link-local ones,
+    which need an interface to be named (Linux's table; elsewhere none)."""
+    try:
+        with open(table) as f:
+            rows = [line.split() for line in f]
+    except OSError:
+        return []
+    found = [(row[3] == IPV6_SCOPE_HOST, ipaddress.IPv6Address(bytes.fromhex(row[0])))
+             for row in rows if len(row) >= 4 and row[3] in (IPV6_SCOPE_GLOBAL, IPV6_SCOPE_HOST)]  # fmt: skip
+    return [str(a) for _, a in sorted(found)]
+
+
+def reachable_addresses(address: str, host: str, port: int, ipv6_table: str = "/proc/net/if_inet6") -> list[str]:
     """Addresses a client can use for a server at `address`: bound to every interface (0.0.0.0 or ::),
-    one per IPv4 interface address, loopback last (0.0.0.0 itself reaches nothing from elsewhere)."""
+    one per interface address, loopback last (0.0.0.0 itself reaches nothing from elsewhere). `::`
+    binds IPv6 only (asyncio sets IPV6_V6ONLY), so it lists IPv6 addresses; 0.0.0.0, IPv4 ones."""
     if host not in ("0.0.0.0", "::", ""):
         return [address]
     scheme = address.split("://")[0]
+    if host == "::":
+        return [f"{scheme}://[{a}]:{port}" for a in _ipv6_addresses(ipv6_table)] or [address]
     found = {a for _, name in socket.if_nameindex() if (a := _ipv4(name))}
     routed = _routed()  # the address of the default route's interface first (not docker0's, say)
     ordered = sorted(found, key=lambda a: (a != routed, ipaddress.ip_address(a).is_loopback, a))
