@@ -77,10 +77,13 @@ def _local_dir(spark: SparkSession) -> str | None:
     return conf(spark, "spark.local.dir").split(",")[0].strip() or None
 
 
-def driver_pool(spark: SparkSession, n_servers: int = DRIVER_SERVERS, *, host: str | None = None,
+def driver_pool(spark: SparkSession, n_servers: int | None = None, *, host: str | None = None,
                 interface: str | None = None, ports: Sequence[int] | None = None) -> QueuePool:  # fmt: skip
-    """Start `n_servers` durable queue servers beside the driver (see the module docstring), on free
-    ports or on `ports` (one per server); close the pool to stop them and remove their data."""
+    """Start durable queue servers beside the driver (see the module docstring), on free ports or on
+    `ports`; close the pool to stop them and remove their data. `n_servers`: default DRIVER_SERVERS,
+    or one per port of `ports`."""
+    if n_servers is None:
+        n_servers = DRIVER_SERVERS if ports is None else len(ports)
     address = driver_host(spark, host, interface)
     pool = QueuePool.local(n_servers, durable=True, host=address, temp_dir=_local_dir(spark) or tempfile.gettempdir(),
                            ports=ports)  # fmt: skip
@@ -103,16 +106,14 @@ def cluster(spark: SparkSession | None = None, *, n_servers: int | None = None, 
             check: bool = True) -> Iterator[Cluster]:  # fmt: skip
     """Queue servers beside the driver of `spark` (default: the active session) for the `with`
     block, as its default pool: `conveyor.spark.map`, `SparkConsumerPool`, `publish` and task
-    handles given no pool use them. `n_servers`: default DRIVER_SERVERS, or one per port of `ports`
-    (for a firewall that opens only those; default: free ports). `check`: run the pre-flight (with
+    handles given no pool use them. `n_servers` and `ports` as for `driver_pool` (`ports` for a
+    firewall that opens only those; default: free ports). `check`: run the pre-flight (with
     `task_modules`) first."""
     from pyspark.sql import SparkSession
 
     spark = spark or SparkSession.getActiveSession()
     if spark is None:
         raise ConveyorError("conveyor.cluster(): no active Spark session: create yours (SparkSession.builder...) first")
-    if n_servers is None:
-        n_servers = DRIVER_SERVERS if ports is None else len(ports)
     with driver_pool(spark, n_servers, host=host, interface=interface, ports=ports) as pool, default_pool(pool):
         if check and not is_local(spark):
             preflight(spark, pool, task_modules)

@@ -52,20 +52,21 @@ class Pacing:
         fill = min(self.batch_size or hold, hold)
         return fill if self.pinned and hold >= 2 * fill else max(1, fill // 2)
 
+    def _need(self, hold: int, running: int, busy: bool) -> int:
+        """The free slots a fetch waits for: a refill while tasks run and the queues are busy, else one."""
+        return self.refill(hold) if running and busy else 1
+
     def want(self, running: int, left: int | None, busy: bool, read_ahead: int = 0) -> int:
         """How many messages to fetch now (0: wait for running tasks first); `busy`: the last fetch
         got all it asked for."""
         hold = self.hold(left, read_ahead)
         free = hold - running
-        if free <= 0 or (running and busy and free < self.refill(hold)):
-            return 0
-        return free
+        return free if free >= self._need(hold, running, busy) else 0
 
     def short_of(self, running: int, left: int | None, busy: bool, read_ahead: int = 0) -> int:
         """How many of the `running` tasks must finish before `want` asks for more (at least 1)."""
         hold = self.hold(left, read_ahead)
-        need = self.refill(hold) if busy else 1
-        return max(1, need - (hold - running))
+        return max(1, self._need(hold, running, busy) - (hold - running))
 
 
 def read_ahead(rate: float) -> int:
