@@ -72,12 +72,12 @@ def test_requests_carry_only_declared_fields() -> None:
     made = [
         requests.ping(), requests.declare("q", durable=True, lease_s=5.0, max_attempts=3, fsync="batch"), requests.queues(),
         requests.put("q", [Message(payload=b"x", priority=2, not_before=1.0, max_attempts=4, headers={"k": "v"})]),
-        requests.get("q", 5, lease_s=3.0, wait_s=1.0), requests.ack("q", [1, 2], [b"r", None]),
+        requests.get("q", 5, lease_s=3.0, wait_s=1.0, tie=True), requests.ack("q", [1, 2], [b"r", None]),
         requests.nack("q", [1], ["boom"], delay_s=2.0, final=True), requests.release("q", [1]), requests.result("q", [1]),
         requests.status("q", [1]), requests.report("w", {"processed": 1}), requests.workers(),
         requests.extend_lease("q", [1], 9.0), requests.stats(queues=["q"], drained_wait_s=1.0), requests.purge("q"),
         requests.drop("q"), requests.results("q", 3, 10), requests.dead_letters("q", 3, 10), requests.forget("q", [1]),
-        requests.put_blob(b"b"), requests.get_blob("0" * 64), requests.forget_blobs(["0" * 64]),
+        requests.put_blob(b"b"), requests.get_blob("0" * 64), requests.forget_blobs(["0" * 64]), requests.bye(),
     ]  # fmt: skip
     assert {c.op for c in made} == set(OPERATIONS)
     for c in made:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -188,8 +189,11 @@ def killer(marker: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
 def test_a_killed_consumer_loses_no_row_and_duplicates_none(spark: SparkSession, pool: QueuePool, tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     df = spark.range(600, numPartitions=3)
-    out = cs.map(df, killer(str(marker)), schema="id long", pool=pool, lease_s=2.0, progress=False)
+    t0 = time.monotonic()
+    # a lease never waited out: the dead consumer's connections closed, which ends its leases at once
+    out = cs.map(df, killer(str(marker)), schema="id long", pool=pool, lease_s=600.0, progress=False)
     rows = out.collect()
+    assert time.monotonic() - t0 < 120
     assert marker.exists(), "the consumer was never killed: the test did not test anything"
     assert sorted(r["id"] for r in rows) == list(range(600))
     assert all(r["_error"] is None for r in rows)

@@ -384,15 +384,15 @@ def test_servers_and_consumers_do_not_outlive_their_pool_process(tmp_path: Path,
 
 
 def test_a_task_that_kills_its_worker_ends_in_the_dead_letters(pool: QueuePool) -> None:
-    pool.declare("jobs", lease_s=0.5)
+    pool.declare("jobs", lease_s=600)  # never waited out: a dead consumer's leases end with its connections
     poison = wt.kills_its_worker.publish(_pool=pool)  # max_retries=2: three attempts, each killing a consumer
     good = wt.add.publish_many([(i, 0) for i in range(40)], _pool=pool)
     with ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=1, task_modules=MODULES) as cp:
         cp.join(timeout=90, progress=False)
         results = dict(cp.results())
-    assert cp.restarts >= 3
+    assert cp.restarts >= 2  # the third death may end the work before the pool has restarted that consumer
     assert isinstance(results[poison.id], TaskFailure)
-    assert "lease expired on its last attempt (3 of 3)" in results[poison.id].error
+    assert "its consumer's connection closed on its last attempt (3 of 3)" in results[poison.id].error
     assert [results[h.id] for h in good] == list(range(40))
 
 

@@ -37,7 +37,6 @@ PATIENCE_FACTOR = 1.5
 PATIENCE_MIN_S = 10.0
 HANG_LIMIT_S = 1.0  # scene c: the map's time limit per page (the corpus's longest page takes well under it)
 WARM_UP_PAGES = 600  # at most: a tenth of the corpus for small ones
-KILL_LEASE_S = 4.0  # scene d: the map's lease, so the pages a killed consumer held come back within it
 
 
 def scenes(pages: int) -> dict[str, Scene]:
@@ -49,8 +48,7 @@ def scenes(pages: int) -> dict[str, Scene]:
               options={"concurrency": "process"}, shown="concurrency='process'"),
         Scene("c", "a page that hangs", small, hang=1, options={"time_limit": HANG_LIMIT_S},
               shown=f"time_limit={HANG_LIMIT_S:g}"),
-        Scene("d", "a worker killed midway", pages, kill=True, options={"lease_s": KILL_LEASE_S},
-              shown=f"lease_s={KILL_LEASE_S:g}"),
+        Scene("d", "a worker killed midway", pages, kill=True),
     )}  # fmt: skip
 
 

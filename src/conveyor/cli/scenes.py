@@ -276,5 +276,5 @@ class _ConsumerKiller(threading.Thread):
                     os.kill(int(w["pid"]), signal.SIGKILL)
                     self.killed_at = time.perf_counter()
                     self.say(f"killed consumer pid {w['pid']} (SIGKILL) a third of the way: Spark runs its task again, "
-                             "and the pages it held come back to the queue when their leases end")  # fmt: skip
+                             "and the pages it held go back to the queue as its connections close")  # fmt: skip
                     return

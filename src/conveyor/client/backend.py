@@ -57,8 +57,10 @@ class QueueBackend(Protocol):
 
     # --- consuming
     def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0,
-            shards: Sequence[int] | None = None) -> list[Message]:  # fmt: skip
-        """Lease up to n messages, waiting up to `wait_s` for some (a long poll)."""
+            shards: Sequence[int] | None = None, tie: bool = False) -> list[Message]:  # fmt: skip
+        """Lease up to n messages, waiting up to `wait_s` for some (a long poll). With `tie`, the
+        leases also end when the connection that took them closes: a consumer's, so that a dead
+        consumer's work runs again at once rather than after its leases (no connection: no effect)."""
         ...
 
     def get_blob(self, key: str, shard: int = 0) -> bytes | None:

@@ -144,9 +144,9 @@ class InProcessQueues:
             return ids
 
     def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0,
-            shards: Sequence[int] | None = None) -> list[Message]:  # fmt: skip
+            shards: Sequence[int] | None = None, tie: bool = False) -> list[Message]:  # fmt: skip
         """Lease up to n messages, waiting up to `wait_s` for some to come (woken by puts and nacks,
-        or when a delayed message comes due or a lease runs out)."""
+        or when a delayed message comes due or a lease runs out). `tie` has no effect: no connection."""
         deadline = time.monotonic() + wait_s
         with self._cond:
             store = self._queue(queue, create=True).store

@@ -184,7 +184,7 @@ class ShardedQueues:
         return self.clients[shard].connect().server_limits
 
     def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0,
-            shards: Sequence[int] | None = None) -> list[Message]:  # fmt: skip
+            shards: Sequence[int] | None = None, tie: bool = False) -> list[Message]:  # fmt: skip
         """Lease up to n messages from the first of `shards` (default: all, rotating) that has some.
         With `wait_s`, keeps trying (long polls of a fraction of a second on each shard) until then."""
         order = list(range(len(self.clients))) if shards is None else list(shards)
@@ -202,7 +202,8 @@ class ShardedQueues:
                 # a slice each, and never past the deadline: a caller told "wait_s" gets its answer then
                 wait = max(0.0, min(deadline - time.monotonic(), slice_s)) if waiting else 0.0
                 try:
-                    got = self.clients[s].call(calls.get(queue, n, lease_s=lease_s, wait_s=wait, id_base=s << SHARD_SHIFT))
+                    call = calls.get(queue, n, lease_s=lease_s, wait_s=wait, id_base=s << SHARD_SHIFT, tie=tie)
+                    got = self.clients[s].call(call)
                 except ConnectionLostError as e:  # serve from the other shards meanwhile
                     self._down[s] = time.monotonic() + SHARD_DOWN_S
                     error = e

@@ -203,8 +203,10 @@ PUT = Operation("put", (_QUEUE, Field("n", Kind.INT), Field("priority", Kind.COL
                         Field("not_before", Kind.COLUMN, 0.0, COL_NOT_BEFORE),
                         Field("max_attempts", Kind.COLUMN, 0, COL_MAX_ATTEMPTS), Field("headers", Kind.COLUMN, {}, COL_HEADERS)),
                 ("first", "n", "ids"), "Append messages (payloads as frames); their ids.")  # fmt: skip
-GET = Operation("get", (_QUEUE, Field("n", Kind.INT, 1, hi=MAX_BATCH), _LEASE, Field("wait_s", Kind.NUM, 0.0, hi=MAX_WAIT_S)),
-                (*_FETCHED, "left"), "Lease up to n messages, waiting up to wait_s for some.")  # fmt: skip
+GET = Operation("get", (_QUEUE, Field("n", Kind.INT, 1, hi=MAX_BATCH), _LEASE, Field("wait_s", Kind.NUM, 0.0, hi=MAX_WAIT_S),
+                        Field("tie", Kind.BOOL, False)),
+                (*_FETCHED, "left"), "Lease up to n messages, waiting up to wait_s for some; with tie, the leases "
+                                     "also end when the connection is closed by its peer.")  # fmt: skip
 ACK = Operation("ack", (_QUEUE, _IDS, Field("none", Kind.IDS, None)), ("ok",),
                 "Finish messages, with results as frames (`none`: the positions without one).")  # fmt: skip
 NACK = Operation("nack", (_QUEUE, _IDS, Field("errors", Kind.STRS, None), Field("delay_s", Kind.COLUMN, 0.0),
@@ -225,10 +227,11 @@ RESULTS = Operation("results", (_QUEUE, _AFTER, _LIMIT), ("ids",), "A page of st
 DEAD_LETTERS = Operation("dead_letters", (_QUEUE, _AFTER, _LIMIT), (*_FETCHED, "errors", "failed_at"),
                          "A page of dead letters in id order.")  # fmt: skip
 FORGET = Operation("forget", (_QUEUE, _IDS), ("n",), "Drop stored results and dead letters of ids.")
+BYE = Operation("bye", (), ("ok",), "This connection closes on purpose: leases it took with tie keep their time.")
 PUT_BLOB = Operation("put_blob", (), ("key",), "Store one frame under its sha256.")
 GET_BLOB = Operation("get_blob", (Field("key", Kind.STR),), ("found",), "The bytes stored under a key.")
 FORGET_BLOBS = Operation("forget_blobs", (Field("keys", Kind.NAMES),), ("n",), "Remove blobs.")
 
 OPERATIONS: dict[str, Operation] = {op.name: op for op in (
     PING, DECLARE, QUEUES, PUT, GET, ACK, NACK, RELEASE, RESULT, STATUS, REPORT, EXTEND_LEASE, STATS, PURGE, DROP, RESULTS,
-    DEAD_LETTERS, FORGET, PUT_BLOB, GET_BLOB, FORGET_BLOBS)}  # fmt: skip
+    DEAD_LETTERS, FORGET, PUT_BLOB, GET_BLOB, FORGET_BLOBS, BYE)}  # fmt: skip

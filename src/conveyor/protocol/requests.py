@@ -18,6 +18,7 @@ from conveyor.errors import ProtocolError
 from conveyor.message import DeadLetter, Message, Status, headers_bytes, make_message
 from conveyor.protocol.declarations import (
     ACK,
+    BYE,
     COL_IDS,
     DEAD_LETTERS,
     DECLARE,
@@ -57,6 +58,7 @@ class Call(Generic[T]):
     frames: Sequence[bytes] = ()
     parse: Callable[[Header, Frames], T] = field(default=lambda h, f: h)
     wait_s: float = 0.0  # how long the server may hold it on purpose (long poll), beyond the timeout
+    ties: bool = False  # it ties the leases it takes to its connection (`get` with `tie`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,10 +188,12 @@ def _fetched(h: Header, frames: Frames, id_base: int) -> Fetched:
     return out
 
 
-def get(queue: str, n: int, *, lease_s: float | None = None, wait_s: float = 0.0, id_base: int = 0) -> Call[Fetched]:
-    """Lease up to n messages; with `wait_s`, wait that long for some to arrive (long poll)."""
-    args = GET.header(queue=queue, n=n, lease_s=lease_s, wait_s=wait_s)
-    return Call(GET.name, args, parse=lambda h, f: _fetched(h, f, id_base), wait_s=max(0.0, wait_s))
+def get(queue: str, n: int, *, lease_s: float | None = None, wait_s: float = 0.0, id_base: int = 0,
+        tie: bool = False) -> Call[Fetched]:  # fmt: skip
+    """Lease up to n messages; with `wait_s`, wait that long for some to arrive (long poll). With
+    `tie`, the leases also end when this connection closes (the process holding them died)."""
+    args = GET.header(queue=queue, n=n, lease_s=lease_s, wait_s=wait_s, tie=tie)
+    return Call(GET.name, args, parse=lambda h, f: _fetched(h, f, id_base), wait_s=max(0.0, wait_s), ties=tie)
 
 
 def acks(queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None, limits: Limits) -> list[Call[list[bool]]]:
@@ -339,6 +343,11 @@ def forget(queue: str, ids: Sequence[int]) -> Call[int]:
 def put_blob(data: bytes) -> Call[str]:
     """Store bytes under their sha256 (hex); returns the key. Used for pickled functions."""
     return Call(PUT_BLOB.name, {}, [data], parse=lambda h, f: h["key"])
+
+
+def bye() -> Call[bool]:
+    """This connection is closing on purpose: the leases it tied keep their time."""
+    return Call(BYE.name, {}, parse=lambda h, f: bool(h["ok"]))
 
 
 def get_blob(key: str) -> Call[bytes | None]:

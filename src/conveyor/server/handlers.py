@@ -23,6 +23,7 @@ from conveyor.protocol.declarations import COL_IDS, LIMITS_KEY, MESSAGE_COLUMNS,
 from conveyor.protocol.framing import Frames, Limits, column
 from conveyor.server.idempotency import check_key
 from conveyor.server.queues import HostedQueue, QueueHost
+from conveyor.server.tied import TIED
 
 Reply = tuple[dict[str, Any], list[bytes]]
 Handler = Callable[[QueueHost, Arguments, Frames], Awaitable[Reply]]
@@ -170,6 +171,9 @@ async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
         except RequestError:
             q.store.release_many(got.ids)
             raise
+    tied = TIED.get()
+    if a["tie"] and len(got) and tied is not None:
+        tied.took(q, got.ids, got.attempts)
     cols = _columns(got.ids, got.priority, got.attempts, got.enqueued_at, got.not_before, got.max_attempts, got.headers)
     return {"queue": q.info.name, "lease_s": got.lease_s, "left": q.store.ready_left(), **cols}, got.payloads
 
@@ -219,6 +223,9 @@ async def release(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     ok = q.store.release_many(ids)
     if any(ok):
         q.changed.notify()
+        tied = TIED.get()
+        if tied is not None:  # given back uncounted: a next delivery would look like the one it took
+            tied.gave_back(q, ids)
     return {"ok": ok}, []
 
 
@@ -368,6 +375,13 @@ async def get_blob(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
 
 async def forget_blobs(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     return {"n": host.blobs.forget(a["keys"])}, []
+
+
+async def bye(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
+    tied = TIED.get()
+    if tied is not None:
+        tied.clear()  # its peer lives on: when the connection closes, its leases keep their time
+    return {"ok": True}, []
 
 
 HANDLERS: dict[str, tuple[Operation, Handler]] = {}

@@ -9,7 +9,6 @@ closed; the server and its other connections carry on. Payloads are never deseri
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import hmac
 import logging
@@ -17,8 +16,7 @@ import shutil
 import signal
 import ssl
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -43,9 +41,11 @@ from conveyor.protocol import framing as protocol
 from conveyor.protocol.auth import as_key, hello, is_loopback, new_nonce, proof, refusal
 from conveyor.protocol.framing import Frames, Header, Limits
 from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME
+from conveyor.server.connection import Connection, finished, linger
 from conveyor.server.handlers import HANDLERS
 from conveyor.server.queues import Defaults, QueueHost
 from conveyor.server.runtime import raise_fd_limit, run_loop, watch_parent
+from conveyor.server.tied import TIED
 from conveyor.storage.files import store_error
 
 log = logging.getLogger("conveyor.server.queue_server")
@@ -53,65 +53,7 @@ log = logging.getLogger("conveyor.server.queue_server")
 AUTH_TIMEOUT_S = 10.0
 RESERVED_FDS = 128  # descriptors kept for the rest: listening socket, pipes, blobs, logs, thread pools
 COMPLAIN_EVERY_S = 60.0  # a store error that recurs at every sweep is logged this often
-LINGER_S = 2.0  # after a protocol error: how long, and how much, to drain before closing
-LINGER_BYTES = 256 * 1024 * 1024
 _AUTH_LIMITS = Limits(max_header_bytes=4096, max_frames=1, max_frame_bytes=1, max_message_bytes=1)
-
-
-async def _linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    """Half-close, then read and drop what the peer is still sending, for a bounded time.
-
-    Closing a socket with unread input makes the kernel send a reset, which can destroy the error
-    reply just written before the peer reads it; draining first lets the reply arrive.
-    """
-    with contextlib.suppress(Exception):
-        if writer.can_write_eof():
-            writer.write_eof()
-        deadline = asyncio.get_running_loop().time() + LINGER_S
-        dropped = 0
-        while dropped < LINGER_BYTES:
-            chunk = await asyncio.wait_for(reader.read(2**16), deadline - asyncio.get_running_loop().time())
-            if not chunk:
-                break
-            dropped += len(chunk)
-
-
-@dataclass(eq=False)
-class _Connection:
-    writer: asyncio.StreamWriter
-    peer: str
-    reader_task: asyncio.Task[Any] | None = None
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    active: float = field(default_factory=time.monotonic)  # when it last sent or was sent something
-    reading: float | None = None  # since when a request is coming in, part of it read
-    sending: float | None = None  # since when a reply waits for the peer to read what is before it
-    tls: bool = False  # TLS makes a record of every write: a frame set goes as one
-
-    async def send(self, header: Header, frames: Sequence[bytes] = ()) -> None:
-        """Write one frame set; a peer that went away is not an error of ours."""
-        with contextlib.suppress(OSError, RuntimeError):  # OSError: also a TLS error the reader met first
-            async with self.lock:
-                parts = protocol.encode(header, frames)
-                self.writer.write(b"".join(parts)) if self.tls else self.writer.writelines(parts)
-                self.sending = time.monotonic()
-                try:
-                    await self.writer.drain()
-                finally:
-                    self.sending = None
-        self.active = time.monotonic()
-
-    def started(self) -> None:
-        self.reading = self.active = time.monotonic()
-
-    async def error(self, rid: int, kind: str, message: str) -> None:
-        await self.send({"id": rid, "error": kind, "message": message})
-
-
-def _finished(conn: _Connection, slots: asyncio.Semaphore, task: asyncio.Task[None]) -> None:
-    """A request's task ended: it no longer counts against its connection's requests in flight."""
-    conn.tasks.discard(task)
-    slots.release()
 
 
 class QueueServer:
@@ -163,7 +105,7 @@ class QueueServer:
         self.max_connections, self.idle_timeout_s, self.request_timeout_s = max_connections, idle_timeout_s, request_timeout_s
         self.queues: QueueHost | None = None
         self._server: asyncio.base_events.Server | None = None
-        self._conns: set[_Connection] = set()
+        self._conns: set[Connection] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self._stopped: asyncio.Event | None = None
         self._closing = False
@@ -260,7 +202,7 @@ class QueueServer:
     # --- connections ----------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        conn = _Connection(writer, f"{peer[0]}:{peer[1]}" if peer else "?", asyncio.current_task(), tls=self.tls is not None)
+        conn = Connection(writer, f"{peer[0]}:{peer[1]}" if peer else "?", asyncio.current_task(), tls=self.tls is not None)
         assert self.max_connections is not None
         if len(self._conns) >= self.max_connections:  # refused in words, not by running out of descriptors
             self._complain(f"refused {conn.peer}: {self.max_connections} connections already (--max-connections)")
@@ -269,30 +211,35 @@ class QueueServer:
             writer.close()
             return
         self._conns.add(conn)
+        TIED.set(conn.tied)  # its requests' tasks start from this context: `get` finds its connection's ties
+        peer_closed = False
         try:
             nonce = new_nonce()
             await conn.send(hello(self._key, nonce, self.limits.as_list(), self.idle_timeout_s))
             if self._key is not None and not await self._authenticate(reader, conn, nonce):
-                await _linger(reader, writer)
+                await linger(reader, writer)
                 return
             slots = asyncio.Semaphore(self.max_in_flight)
             while not self._closing:
                 try:
                     header, frames = await protocol.read(reader, self.limits, request=True, started=conn.started)
                 except EOFError:
+                    peer_closed = True
                     break
                 except ProtocolError as e:
                     log.warning("%s: protocol error, closing the connection: %s", conn.peer, e)
                     await conn.error(e.request_id, ERR_PROTOCOL, str(e))
-                    await _linger(reader, writer)
+                    await linger(reader, writer)
                     break
                 finally:
                     conn.reading = None
                 await slots.acquire()
                 task = asyncio.create_task(self._handle(conn, header, frames))
                 conn.tasks.add(task)
-                task.add_done_callback(functools.partial(_finished, conn, slots))
-        except (ConnectionError, asyncio.CancelledError):
+                task.add_done_callback(functools.partial(finished, conn, slots))
+        except ConnectionError:
+            peer_closed = True
+        except asyncio.CancelledError:
             pass
         except ssl.SSLError as e:  # a record failed its integrity check, say: the peer is told only by the close
             log.warning("%s: TLS error, closing the connection: %s (data altered on the way?)", conn.peer, e.reason or e)
@@ -302,8 +249,11 @@ class QueueServer:
                 for t in conn.tasks:
                     t.cancel()  # the client is gone: nobody will read these replies
                 writer.close()
+                if peer_closed and not conn.dropped:
+                    assert self.queues is not None
+                    conn.tied.end(self.queues, conn.peer)
 
-    async def _authenticate(self, reader: asyncio.StreamReader, conn: _Connection, nonce: bytes) -> bool:
+    async def _authenticate(self, reader: asyncio.StreamReader, conn: Connection, nonce: bytes) -> bool:
         assert self._key is not None
         try:
             header, _ = await asyncio.wait_for(protocol.read(reader, _AUTH_LIMITS, request=True), AUTH_TIMEOUT_S)
@@ -326,7 +276,7 @@ class QueueServer:
         await conn.send({"id": rid, "ok": True, "proof": proof(self._key, AUTH_SERVER_LABEL, nonce, theirs)})
         return True
 
-    async def _handle(self, conn: _Connection, header: Header, frames: Frames) -> None:
+    async def _handle(self, conn: Connection, header: Header, frames: Frames) -> None:
         rid, op = header["id"], header["op"]
         reply: dict[str, Any]
         out: Frames = []
@@ -372,6 +322,7 @@ class QueueServer:
                 log.warning("%s: read none of its replies for %g s: closing the connection", c.peer, self.request_timeout_s)
             elif c.reading is not None or c.tasks or now - c.active <= self.idle_timeout_s:
                 continue
+            c.dropped = True
             c.writer.transport.abort()
 
     async def _sweep(self) -> None:

@@ -223,20 +223,39 @@ class Store(StoreInspection):
             self._commit()
         return n
 
+    def end_leases(self, ids: Sequence[int], attempts: Sequence[int]) -> int:
+        """End now the deliveries of `ids` on the `attempts` given, where they still stand, as if their
+        leases ran out (the attempt counts): for a consumer known to be gone. Returns how many ended."""
+        self._check_open()
+        arr = as_ids(ids)
+        live = arr[self.delivered_as(ids, attempts) & first_occurrences(arr)]
+        n = self._lapse(live, self.clock(), "its consumer's connection closed")
+        if n:
+            self._commit()
+        return n
+
+    def delivered_as(self, ids: Sequence[int], attempts: Sequence[int]) -> np.ndarray:
+        """Mask of `ids` still delivered on the `attempts` given (not settled, not delivered again)."""
+        return self._state.holds(as_ids(ids), np.asarray(attempts, np.int64))
+
     def _expire(self, now: float) -> int:
         """Requeue or fail deliveries whose lease ended by `now`; returns how many."""
-        ids = self._state.expired(now)
+        return self._lapse(self._state.expired(now), now, "lease expired")
+
+    def _lapse(self, ids: np.ndarray, now: float, why: str) -> int:
+        """Requeue or fail deliveries `ids` whose lease ended (`why`, said in a dead letter); returns how many."""
         if not len(ids):
             return 0
         try:
-            return len(ids) - self._retry_or_fail(ids, None, np.float64(0.0), now)
+            return len(ids) - self._retry_or_fail(ids, None, np.float64(0.0), now, why=why)
         except BaseException:
-            self._state.relist(ids, now + EXPIRE_RETRY_S)  # still delivered: they expire again a little later
+            self._state.relist(ids, now + EXPIRE_RETRY_S)  # still delivered: looked at again a little later
             raise
 
     def _retry_or_fail(self, ids: np.ndarray, errors: list[str] | None, not_before: float | np.floating,
-                       now: float, final: bool = False) -> int:  # fmt: skip
-        """Requeue delivered ids, or fail those out of attempts, or all if final (errors None: lease expiry).
+                       now: float, final: bool = False, why: str = "") -> int:  # fmt: skip
+        """Requeue delivered ids, or fail those out of attempts, or all if final (errors None: the
+        lease ended, for the reason `why`).
 
         The dead letters are written first: on a full disk a nack is refused whole, and a lease
         expiry leaves the messages it would fail delivered (they expire again EXPIRE_RETRY_S later).
@@ -248,7 +267,7 @@ class Store(StoreInspection):
         if len(failed):
             if errors is None:
                 attempts = self._state.cols["attempts"][failed - self._state.base].tolist()
-                msgs = [f"lease expired on its last attempt ({a} of {a})" for a in attempts]
+                msgs = [f"{why} on its last attempt ({a} of {a})" for a in attempts]
             else:
                 msgs = [e for e, o in zip(errors, out, strict=True) if o]
             try:

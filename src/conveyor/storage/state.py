@@ -301,6 +301,11 @@ class QueueState:
         idx, inside = self.index(ids)
         return cast(np.ndarray, inside & (self.status[idx] == ST_DELIVERED))
 
+    def holds(self, ids: np.ndarray, attempts: np.ndarray) -> np.ndarray:
+        """Mask of ids DELIVERED on the attempt given (a later delivery of one is another's)."""
+        idx, inside = self.index(ids)
+        return cast(np.ndarray, inside & (self.status[idx] == ST_DELIVERED) & (self.cols["attempts"][idx] == attempts))
+
     def out_of_attempts(self, ids: np.ndarray) -> np.ndarray:
         idx = ids - self.base
         return cast(np.ndarray, self.cols["attempts"][idx] >= self.cols["max_attempts"][idx])

@@ -288,7 +288,7 @@ class Consumer:
         return probe
 
     def _get(self, q: _Queue, n: int, wait_s: float) -> list[Message]:
-        got = self.pool.get(q.name, n, lease_s=q.lease_s, wait_s=wait_s, shards=self.shards)
+        got = self.pool.get(q.name, n, lease_s=q.lease_s, wait_s=wait_s, shards=self.shards, tie=True)
         self._left = getattr(got, "left", None)
         if got:
             self.stats.fetches += 1

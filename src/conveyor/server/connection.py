@@ -1,0 +1,81 @@
+"""One client connection as the server sees it: its writer, its requests in flight, its timers.
+
+`Connection.send` writes one frame set under a lock (replies of concurrent requests never
+interleave); `linger` closes a connection after an error without destroying the error reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from conveyor.protocol import framing as protocol
+from conveyor.protocol.framing import Header
+from conveyor.server.tied import TiedLeases
+
+LINGER_S = 2.0  # after a protocol error: how long, and how much, to drain before closing
+LINGER_BYTES = 256 * 1024 * 1024
+
+
+async def linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """Half-close, then read and drop what the peer is still sending, for a bounded time.
+
+    Closing a socket with unread input makes the kernel send a reset, which can destroy the error
+    reply just written before the peer reads it; draining first lets the reply arrive.
+    """
+    with contextlib.suppress(Exception):
+        if writer.can_write_eof():
+            writer.write_eof()
+        deadline = asyncio.get_running_loop().time() + LINGER_S
+        dropped = 0
+        while dropped < LINGER_BYTES:
+            chunk = await asyncio.wait_for(reader.read(2**16), deadline - asyncio.get_running_loop().time())
+            if not chunk:
+                break
+            dropped += len(chunk)
+
+
+@dataclass(eq=False)
+class Connection:
+    """A client's connection: what the server's reader loop, its requests and its sweep share."""
+
+    writer: asyncio.StreamWriter
+    peer: str
+    reader_task: asyncio.Task[Any] | None = None
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    active: float = field(default_factory=time.monotonic)  # when it last sent or was sent something
+    reading: float | None = None  # since when a request is coming in, part of it read
+    sending: float | None = None  # since when a reply waits for the peer to read what is before it
+    tls: bool = False  # TLS makes a record of every write: a frame set goes as one
+    tied: TiedLeases = field(default_factory=TiedLeases)  # what it took with `tie`: ends when its peer closes it
+    dropped: bool = False  # the server closed it (idle, too slow): its tied leases keep their time
+
+    async def send(self, header: Header, frames: Sequence[bytes] = ()) -> None:
+        """Write one frame set; a peer that went away is not an error of ours."""
+        with contextlib.suppress(OSError, RuntimeError):  # OSError: also a TLS error the reader met first
+            async with self.lock:
+                parts = protocol.encode(header, frames)
+                self.writer.write(b"".join(parts)) if self.tls else self.writer.writelines(parts)
+                self.sending = time.monotonic()
+                try:
+                    await self.writer.drain()
+                finally:
+                    self.sending = None
+        self.active = time.monotonic()
+
+    def started(self) -> None:
+        self.reading = self.active = time.monotonic()
+
+    async def error(self, rid: int, kind: str, message: str) -> None:
+        await self.send({"id": rid, "error": kind, "message": message})
+
+
+def finished(conn: Connection, slots: asyncio.Semaphore, task: asyncio.Task[None]) -> None:
+    """A request's task ended: it no longer counts against its connection's requests in flight."""
+    conn.tasks.discard(task)
+    slots.release()
