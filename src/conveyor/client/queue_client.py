@@ -91,6 +91,12 @@ class QueueClient(Transport):
     def dead_letters(self, queue: str, after: int = 0, limit: int = 1000) -> list[DeadLetter]:
         return self.call(calls.dead_letters(queue, after, limit))
 
+    def iter_dead_letters(self, queue: str, after: int = 0, page: int = 1000) -> Iterator[DeadLetter]:
+        """Every dead letter from the first id above `after`, fetched a page at a time."""
+        while rows := self.dead_letters(queue, after, page):
+            yield from rows
+            after = rows[-1].message.id
+
     def forget(self, queue: str, ids: Sequence[int]) -> int:
         return self.call(calls.forget(queue, ids))
 

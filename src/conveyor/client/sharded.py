@@ -332,11 +332,8 @@ class ShardedQueues:
         """Every dead letter of the queue, with pool-wide ids."""
         out = []
         for s in self._shards_with(queue):
-            after = 0
-            while page := self.clients[s].dead_letters(queue, after):
-                out += [dataclasses.replace(d, message=dataclasses.replace(d.message, id=s << SHARD_SHIFT | d.message.id))
-                        for d in page]  # fmt: skip
-                after = page[-1].message.id
+            out += [dataclasses.replace(d, message=dataclasses.replace(d.message, id=s << SHARD_SHIFT | d.message.id))
+                    for d in self.clients[s].iter_dead_letters(queue)]  # fmt: skip
         return out
 
     def put_blob(self, data: bytes) -> str:

@@ -4,17 +4,17 @@ outcomes back as Arrow batches with `_id`, `_error` and `_input`."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.client.pool import QueuePool
-from conveyor.client.queue_client import QueueClient
 from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import H_IDEMPOTENCY_KEY, H_TASK, SHARD_SHIFT
 from conveyor.errors import ConveyorError
-from conveyor.message import DeadLetter, Message
+from conveyor.message import Message
 from conveyor.tasks.envelope import decode_call, decode_result, encode_error
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import attempts_for
@@ -208,7 +208,8 @@ def read_results(pool: QueuePool, queue: str, schema: StructType,
         base = shard << SHARD_SHIFT
         if queue not in {q.name for q in client.queues()}:
             continue
-        ledger = _SplitLedger(k for d in _dead_letters(client, queue) if (k := _key(d.message)).startswith(SPLIT_PREFIX))
+        dead = functools.partial(client.iter_dead_letters, queue, page=READ_BATCH_ROWS)
+        ledger = _SplitLedger(k for d in dead() if (k := _key(d.message)).startswith(SPLIT_PREFIX))
         for i, r in client.iter_results(queue, page=READ_BATCH_ROWS):
             outcomes = cast("list[list[Any]]", decode_result(r))  # RowRunner's outcomes
             last = outcomes[0][-1] if outcomes else None
@@ -231,7 +232,7 @@ def read_results(pool: QueuePool, queue: str, schema: StructType,
             if len(rows) >= READ_BATCH_ROWS:
                 yield tally(_batch(rows, arrow, names))
                 rows = []
-        for d in _dead_letters(client, queue):  # a whole message failed (its workers died, or it ran out of time): each row
+        for d in dead():  # a whole message failed (its workers died, or it ran out of time): each row
             key = _key(d.message)
             if key.startswith(SPLIT_PREFIX) and not ledger.take(key):
                 continue
@@ -276,14 +277,6 @@ def _row(value: Any, names: list[str]) -> dict[str, Any]:
     if len(names) == 1:
         return {names[0]: value}
     raise ConveyorError(f"map: func returned a {type(value).__name__}; return a dict or a tuple for the columns {names}")
-
-
-def _dead_letters(client: QueueClient, queue: str) -> Iterator[DeadLetter]:
-    """Every dead letter of `queue` on one server, fetched a page at a time."""
-    after = 0
-    while page := client.dead_letters(queue, after, READ_BATCH_ROWS):
-        yield from page
-        after = page[-1].message.id
 
 
 def _key(message: Message) -> str:
