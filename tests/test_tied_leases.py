@@ -5,14 +5,19 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from conveyor.client import transport
 from conveyor.client.queue_client import QueueClient
+from conveyor.constants import FRAME_PREFIX
 from conveyor.message import Message
 from conveyor.server import tied
 
@@ -26,16 +31,17 @@ from conveyor.client.queue_client import QueueClient
 c = QueueClient(sys.argv[1], timeout=10)
 got = c.get("q", int(sys.argv[2]), lease_s=float(sys.argv[3]), tie=sys.argv[4] == "1")
 acked, released = int(sys.argv[5]), int(sys.argv[6])
-assert c.ack("q", [m.id for m in got[:acked]]) == [True] * acked
-assert c.release("q", [m.id for m in got[acked : acked + released]]) == [True] * released
+other = QueueClient(sys.argv[1], timeout=10)  # as a consumer's settler: connections of its own
+assert other.ack("q", [m.id for m in got[:acked]]) == [True] * acked
+assert other.release("q", [m.id for m in got[acked : acked + released]]) == [True] * released
 print(json.dumps([[m.id, m.attempts] for m in got]), flush=True)
 sys.stdin.read()  # holds its leases until killed
 """
 
 
 class Holder:
-    """A child process that takes n messages (tied or not), acks the first `acked`, gives back the
-    next `released`, and holds the rest until it is killed."""
+    """A child process that takes n messages (tied or not), acks the first `acked` and gives back
+    the next `released` over another connection, and holds the rest until it is killed."""
 
     def __init__(self, address: str, n: int, tie: bool, acked: int = 0, released: int = 0) -> None:
         args = [address, str(n), str(LONG), "1" if tie else "0", str(acked), str(released)]
@@ -110,8 +116,18 @@ def test_a_tied_delivery_settled_or_given_back_is_left_alone_when_its_holder_die
         first.close()
 
 
-def test_a_client_that_closes_on_purpose_or_recycles_an_idle_connection_keeps_its_leases() -> None:
-    with thread_server(sweep_interval_s=0.05, idle_timeout_s=1.0) as server:
+def _closed_by_server(c: QueueClient) -> bool:
+    sock = c._sock
+    assert sock is not None
+    sock.settimeout(0.01)
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except TimeoutError:
+        return False
+
+
+def test_a_client_that_closes_on_purpose_or_times_out_keeps_its_leases() -> None:
+    with thread_server(sweep_interval_s=0.05) as server:
         c = QueueClient(server.address, timeout=10)
         _put(c, 4)
         live = lambda: server.call(lambda: len(server.server._conns))  # noqa: E731
@@ -119,30 +135,63 @@ def test_a_client_that_closes_on_purpose_or_recycles_an_idle_connection_keeps_it
         closer.get("q", 2, lease_s=LONG, tie=True)
         closer.close()  # says bye first
         wait_for(lambda: live() == 1, 5, "the closed connection gone")
-        recycler = QueueClient(server.address, timeout=10)
-        recycler.get("q", 2, lease_s=LONG, tie=True)
-        wait_for(recycler._idle_too_long, 5, "the connection idle for half the server's timeout")
-        recycler.ping()  # on a new connection, the old one closed with a bye
-        wait_for(lambda: live() == 2, 5, "the recycled connection gone")
+        slow = QueueClient(server.address, timeout=0.5)
+        slow.get("q", 2, lease_s=LONG, tie=True)
+        stall = threading.Thread(target=server.call, args=(lambda: time.sleep(1.0),))  # the server's loop busy 1 s
+        stall.start()
+        with pytest.raises(TimeoutError):
+            slow.ping()  # no reply within 0.5 s: the client closes the connection, saying bye
+        stall.join()
+        wait_for(lambda: live() == 1, 5, "the timed-out connection gone")
         st = c.stats("q")["q"]
         assert (st.delivered, st.ready) == (4, 0)  # all four keep their leases: their holders live
-        recycler.close()
         c.close()
 
 
-def test_a_connection_the_server_closes_keeps_its_leases(tmp_path: Path) -> None:
-    with thread_server(sweep_interval_s=0.05, idle_timeout_s=0.3) as server:
+def test_a_connection_holding_tied_leases_is_not_closed_for_silence_until_they_are_settled(
+        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch.setattr(transport, "STALE_CHECK_S", 0.0)  # the client looks before every request, not after 1 s idle
+    with thread_server(sweep_interval_s=0.05, idle_timeout_s=0.5) as server:
+        c = QueueClient(server.address, timeout=10)
+        ids = _put(c, 2)
+        holder = QueueClient(server.address, timeout=10)
+        holder.get("q", 2, lease_s=LONG, tie=True)  # its tasks run long: it sends nothing for a while
+        witness = QueueClient(server.address, timeout=10).connect()  # as idle, nothing tied
+        wait_for(lambda: _closed_by_server(witness), 10, "the untied idle connection closed")
+        assert not _closed_by_server(holder)  # as idle, but its deliveries stand
+        assert c.ack("q", ids) == [True, True]  # settled by its settler: nothing of its own stands
+        wait_for(lambda: _closed_by_server(holder), 10, "the tied connection closed once idle with nothing held")
+        assert holder.ping()["pong"]  # the client sees it closed and connects anew
+        witness.close()
+        holder.close()
+        c.close()
+
+
+def test_a_message_taken_again_by_the_same_connection_comes_back_when_it_dies(server: ThreadServer,
+                                                                              client: QueueClient) -> None:  # fmt: skip
+    [mid] = _put(client, 1)
+    holder = QueueClient(server.address, timeout=10)
+    assert [m.id for m in holder.get("q", 1, lease_s=LONG, tie=True)] == [mid]
+    assert client.nack("q", [mid]) == [True]  # by another connection, as a settler does
+    assert [(m.id, m.attempts) for m in holder.get("q", 1, lease_s=LONG, tie=True)] == [(mid, 2)]
+    holder._drop()  # as a dying process would: no word
+    wait_for(lambda: client.stats("q")["q"].ready == 1, 5, "its second delivery back")
+
+
+def test_a_connection_the_server_closes_keeps_its_leases() -> None:
+    with thread_server(sweep_interval_s=0.05, request_timeout_s=0.3) as server:
         c = QueueClient(server.address, timeout=10)
         _put(c, 2)
         holder = QueueClient(server.address, timeout=10)
         holder.get("q", 2, lease_s=LONG, tie=True)
         sock = holder._sock
         assert sock is not None
+        sock.sendall(FRAME_PREFIX.pack(64, 0))  # the start of a request, never the rest
         sock.settimeout(10)
-        assert sock.recv(1) == b""  # the server closed it: idle past its timeout
+        assert sock.recv(1) == b""  # the server closed it: the request not finished within its timeout
         st = c.stats("q")["q"]
         assert (st.delivered, st.ready) == (2, 0)  # its peer may be alive: the leases keep their time
-        holder.close()
+        holder._drop()
         c.close()
 
 

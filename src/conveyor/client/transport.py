@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any, NoReturn, Self, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from conveyor.constants import DEFAULT_PORT, ERR_AUTH, ERR_PROTOCOL
 from conveyor.errors import AuthError, ConnectionLostError, ConveyorError, ProtocolError, RequestError
@@ -29,6 +29,9 @@ from conveyor.protocol.declarations import LIMITS_KEY
 from conveyor.protocol.framing import Frames, Header, Limits
 from conveyor.protocol.requests import Call
 from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME, ClientTLS, connect_hint, refused_after_handshake
+
+if TYPE_CHECKING:
+    from typing import Self
 
 T = TypeVar("T")
 PIPELINE_WINDOW = 16  # requests a blocking client keeps in flight in `pipeline`
@@ -104,8 +107,10 @@ class Transport:
 
     def _idle_too_long(self) -> bool:
         """Idle for half the server's idle timeout: connect anew before the server closes this one
-        under a request (which would then be lost to the caller as may-or-may-not-have-happened)."""
-        return self.server_idle_s is not None and time.monotonic() - self._used > self.server_idle_s / 2
+        under a request (which would then be lost to the caller as may-or-may-not-have-happened).
+        Never a tied connection: the server keeps it while its leases stand (they would lose
+        their tie on another), and `_stale` finds it closed once they are gone."""
+        return not self.tied and self.server_idle_s is not None and time.monotonic() - self._used > self.server_idle_s / 2
 
     def _greeted(self, greeting: Header) -> None:
         """Take in what a server's hello says of it (a server before these fields: the defaults)."""
@@ -250,8 +255,8 @@ class Transport:
                 self.unreachable_since = None
                 if any(h.get("error") in _FATAL for h, _ in replies):
                     self._drop()  # the server closes a connection after a protocol error
-            except TimeoutError:
-                self._drop()
+            except TimeoutError:  # the server is slow, not gone: its late replies cannot be told apart from the next
+                self._drop(farewell=True)
                 self._failed()
                 raise TimeoutError(f"{self.address}: no reply within {wait:.1f} s") from None
             except ProtocolError:
@@ -299,23 +304,27 @@ class Transport:
             return True
 
     def close(self) -> None:
-        """Close the connection. One that took tied leases (`get(tie=True)`) says `bye` first, so
-        that the server leaves them to their time: this process is alive, only the connection goes."""
-        with self._lock:
-            if self._sock is not None and self.tied:
-                with contextlib.suppress(OSError, EOFError, ConveyorError):
-                    self._sock.settimeout(min(self.timeout, BYE_TIMEOUT_S))
-                    rid = next(self._ids)
-                    self._send(self._request(calls.bye(), rid), ())
-                    self._recv(rid, {}, {rid})
-            self._drop()
+        """Close the connection; one that took tied leases (`get(tie=True)`) says `bye` first, so
+        that the server leaves them to their time: this process lives on, only the connection goes."""
+        self._drop(farewell=True)
 
-    def _drop(self) -> None:
-        """Close the socket without a word: it broke, or cannot be trusted (a timeout, a protocol error)."""
+    def _drop(self, farewell: bool = False) -> None:
+        """Close the socket: without a word when it broke or cannot be read on (a protocol error).
+        With `farewell`, a tied connection says `bye`, then waits (up to BYE_TIMEOUT_S) for the
+        server to close its side, so that no reset of ours (for replies left unread) overtakes it."""
         with self._lock:
-            if self._sock is not None:
+            sock = self._sock
+            if sock is not None and farewell and self.tied:
                 with contextlib.suppress(OSError):
-                    self._sock.close()
+                    sock.settimeout(BYE_TIMEOUT_S)
+                    self._send(self._request(calls.bye(), next(self._ids)), ())
+                    sock.shutdown(socket.SHUT_WR)
+                    deadline = time.monotonic() + BYE_TIMEOUT_S
+                    while sock.recv(65536) and time.monotonic() < deadline:
+                        pass  # late replies, dropped
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.close()
             self._sock = self._reader = None
             self.tied = False
 

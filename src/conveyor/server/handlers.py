@@ -173,7 +173,7 @@ async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
             raise
     tied = TIED.get()
     if a["tie"] and len(got) and tied is not None:
-        tied.took(q, got.ids, got.attempts)
+        tied.took(q, got.ids)
     cols = _columns(got.ids, got.priority, got.attempts, got.enqueued_at, got.not_before, got.max_attempts, got.headers)
     return {"queue": q.info.name, "lease_s": got.lease_s, "left": q.store.ready_left(), **cols}, got.payloads
 
@@ -223,9 +223,6 @@ async def release(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     ok = q.store.release_many(ids)
     if any(ok):
         q.changed.notify()
-        tied = TIED.get()
-        if tied is not None:  # given back uncounted: a next delivery would look like the one it took
-            tied.gave_back(q, ids)
     return {"ok": ok}, []
 
 
@@ -378,10 +375,7 @@ async def forget_blobs(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
 
 
 async def bye(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
-    tied = TIED.get()
-    if tied is not None:
-        tied.clear()  # its peer lives on: when the connection closes, its leases keep their time
-    return {"ok": True}, []
+    return {"ok": True}, []  # the server unties the connection as it reads the request (QueueServer._serve)
 
 
 HANDLERS: dict[str, tuple[Operation, Handler]] = {}

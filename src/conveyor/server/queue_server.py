@@ -39,6 +39,7 @@ from conveyor.constants import (
 from conveyor.errors import ConveyorError, ProtocolError, RequestError, StoreError
 from conveyor.protocol import framing as protocol
 from conveyor.protocol.auth import as_key, hello, is_loopback, new_nonce, proof, refusal
+from conveyor.protocol.declarations import BYE
 from conveyor.protocol.framing import Frames, Header, Limits
 from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME
 from conveyor.server.connection import Connection, finished, linger
@@ -233,6 +234,8 @@ class QueueServer:
                     break
                 finally:
                     conn.reading = None
+                if header["op"] == BYE.name:  # now, not in its task: the close that follows may cancel that
+                    conn.tied.clear()
                 await slots.acquire()
                 task = asyncio.create_task(self._handle(conn, header, frames))
                 conn.tasks.add(task)
@@ -320,7 +323,7 @@ class QueueServer:
                             c.peer, self.request_timeout_s)  # fmt: skip
             elif c.sending is not None and now - c.sending > self.request_timeout_s:
                 log.warning("%s: read none of its replies for %g s: closing the connection", c.peer, self.request_timeout_s)
-            elif c.reading is not None or c.tasks or now - c.active <= self.idle_timeout_s:
+            elif c.reading is not None or c.tasks or now - c.active <= self.idle_timeout_s or c.tied.holding():
                 continue
             c.dropped = True
             c.writer.transport.abort()

@@ -3,9 +3,12 @@
 A consumer fetches with `tie` (see the `get` operation). When its process dies (SIGKILL, the OOM
 killer, a lost Spark executor), the kernel closes its sockets, and the server ends those leases at
 once, as if they had run out, rather than leaving the work idle until they do. A connection the
-server closes itself (idle, too slow, a protocol error, the server stopping) leaves them to their
-time: its peer may be alive; so does one whose client said `bye` first (a `QueueClient` closing it
-on purpose). A lost host closes nothing either; its leases run out as before.
+server closes itself (too slow, a protocol error, the server stopping) leaves them to their time:
+its peer may be alive; so does one whose client said `bye` first (a `QueueClient` closing it on
+purpose), which the server hears as it reads it, before the close. A connection holding tied
+deliveries is not closed for silence: a consumer whose tasks all run long fetches nothing for a
+while. A lost host closes nothing; its leases run out as before, and then its connection is closed
+for silence.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import logging
 
 import numpy as np
 
-from conveyor.errors import StoreError
 from conveyor.server.queues import HostedQueue, QueueHost
 
 log = logging.getLogger("conveyor.server.queue_server")
@@ -24,65 +26,59 @@ PRUNE_AT = 4096  # deliveries a connection holds before those settled meanwhile 
 
 
 class TiedLeases:
-    """The deliveries (queue, id, attempt) one connection took with `tie`.
+    """The deliveries (queue, id, delivery number) one connection took with `tie`.
 
-    A delivery is known by its attempt: once acked, nacked (the next delivery counts another
-    attempt) or out of its lease, it no longer matches, over whichever connection that happened.
-    That is checked only when the connection closes or its list outgrows what it held the last
-    time, so a get pays a list append and an ack nothing. A release (the attempt not counted)
-    must come over the same connection, which drops those ids at once.
+    A delivery is known by its number (`Store.delivery_numbers`): once settled (acked, nacked,
+    released, out of its lease: over whichever connection) or delivered again, it no longer
+    matches. That is checked only when the connection closes, or when its list has outgrown what
+    it held the last time, so a get pays a list append and an ack nothing.
     """
 
     def __init__(self) -> None:
-        self._held: dict[int, tuple[HostedQueue, list[int], list[int]]] = {}  # by id(queue): ids, attempts
+        self._held: dict[int, tuple[HostedQueue, list[int], list[int]]] = {}  # by id(queue): ids, deliveries
         self._size = 0
         self._prune_at = PRUNE_AT
 
-    def took(self, q: HostedQueue, ids: list[int], attempts: list[int]) -> None:
-        _, held, tries = self._held.setdefault(id(q), (q, [], []))
+    def took(self, q: HostedQueue, ids: list[int]) -> None:
+        _, held, numbers = self._held.setdefault(id(q), (q, [], []))
         held += ids
-        tries += attempts
+        numbers += q.store.delivery_numbers(ids)
         self._size += len(ids)
         if self._size >= self._prune_at:
             self._prune()
 
-    def gave_back(self, q: HostedQueue, ids: list[int]) -> None:
-        """Released ids: their attempt was not counted, so their next delivery, another's, would
-        carry the same (id, attempt) as the one this connection took."""
-        held = self._held.get(id(q))
-        if held is not None:
-            back = set(ids)
-            keep = [k for k, i in enumerate(held[1]) if i not in back]
-            self._size -= len(held[1]) - len(keep)
-            held[1][:] = [held[1][k] for k in keep]
-            held[2][:] = [held[2][k] for k in keep]
-
     def _prune(self) -> None:
         """Keep the deliveries that still stand; look again once the list has doubled."""
         self._size = 0
-        for key, (q, ids, attempts) in list(self._held.items()):
-            live = np.zeros(len(ids), bool) if q.dropped else q.store.delivered_as(ids, attempts)
+        for key, (q, ids, numbers) in list(self._held.items()):
+            live = np.zeros(len(ids), bool) if q.dropped else q.store.delivered_as(ids, numbers)
             ids[:] = np.asarray(ids)[live].tolist()
-            attempts[:] = np.asarray(attempts)[live].tolist()
+            numbers[:] = np.asarray(numbers)[live].tolist()
             if not ids:
                 del self._held[key]
             self._size += len(ids)
         self._prune_at = max(PRUNE_AT, 2 * self._size)
 
+    def holding(self) -> bool:
+        """Whether some of its deliveries still stand (then the server does not close it for silence)."""
+        if self._held:
+            self._prune()
+        return bool(self._held)
+
     def clear(self) -> None:
-        """Tie nothing taken so far (the client closes the connection on purpose: it lives on)."""
+        """Tie nothing taken so far (its client said `bye`: it lives on)."""
         self._held.clear()
         self._size = 0
 
     def end(self, host: QueueHost, peer: str) -> int:
         """The connection's peer closed it: end the leases it still holds; returns how many ended."""
         n = 0
-        for q, ids, attempts in self._held.values():
+        for q, ids, numbers in self._held.values():
             if q.dropped or host.queues.get(q.info.name) is not q:
                 continue
             try:
-                ended = q.store.end_leases(ids, attempts)
-            except StoreError as e:  # a full disk: they end with their leases instead
+                ended = q.store.end_leases(ids, numbers)
+            except Exception as e:  # a full disk, say: they end with their leases instead
                 log.error("%s: ending the leases of its closed connection on queue %s: %s", peer, q.info.name, e)
                 continue
             if ended:

@@ -223,26 +223,36 @@ class Store(StoreInspection):
             self._commit()
         return n
 
-    def end_leases(self, ids: Sequence[int], attempts: Sequence[int]) -> int:
-        """End now the deliveries of `ids` on the `attempts` given, where they still stand, as if their
-        leases ran out (the attempt counts): for a consumer known to be gone. Returns how many ended."""
+    def end_leases(self, ids: Sequence[int], deliveries: Sequence[int]) -> int:
+        """End now the deliveries of `ids` numbered `deliveries` (`delivery_numbers`), where they
+        still stand, as if their leases ran out (the attempt counts): for a consumer known to be
+        gone. Returns how many ended."""
         self._check_open()
-        arr = as_ids(ids)
-        live = arr[self.delivered_as(ids, attempts) & first_occurrences(arr)]
-        n = self._lapse(live, self.clock(), "its consumer's connection closed")
-        if n:
-            self._commit()
+        live = as_ids(ids)[self.delivered_as(ids, deliveries)]
+        live = live[first_occurrences(live)]
+        if not len(live):
+            return 0
+        now = self.clock()
+        self._state.lapse(live, now)  # if they cannot be settled now (a full disk), they expire as any lease
+        n = self._end(live, now, "its consumer's connection closed")
+        self._commit()
         return n
 
-    def delivered_as(self, ids: Sequence[int], attempts: Sequence[int]) -> np.ndarray:
-        """Mask of `ids` still delivered on the `attempts` given (not settled, not delivered again)."""
-        return self._state.holds(as_ids(ids), np.asarray(attempts, np.int64))
+    def delivery_numbers(self, ids: Sequence[int]) -> list[int]:
+        """How many times each of `ids` was delivered: with its id, names its latest delivery (an
+        attempt does not: a release gives it back)."""
+        idx, _ = self._state.index(as_ids(ids))
+        return cast(list[int], self._state.cols["deliveries"][idx].tolist())
+
+    def delivered_as(self, ids: Sequence[int], deliveries: Sequence[int]) -> np.ndarray:
+        """Mask of `ids` still in the deliveries numbered `deliveries` (not settled, not delivered again)."""
+        return self._state.holds(as_ids(ids), np.asarray(deliveries, np.int64))
 
     def _expire(self, now: float) -> int:
         """Requeue or fail deliveries whose lease ended by `now`; returns how many."""
-        return self._lapse(self._state.expired(now), now, "lease expired")
+        return self._end(self._state.expired(now), now, "lease expired")
 
-    def _lapse(self, ids: np.ndarray, now: float, why: str) -> int:
+    def _end(self, ids: np.ndarray, now: float, why: str) -> int:
         """Requeue or fail deliveries `ids` whose lease ended (`why`, said in a dead letter); returns how many."""
         if not len(ids):
             return 0

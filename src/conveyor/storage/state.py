@@ -51,6 +51,7 @@ class QueueState:
             "attempts": np.uint16,
             "max_attempts": np.uint16,
             "until": np.float64,
+            "deliveries": np.uint32,  # counted at every delivery, never given back (unlike an attempt): names one
         }
         dtypes.update(extra or {})
         self.cols = {name: np.zeros(1024, dt) for name, dt in dtypes.items()}
@@ -259,6 +260,7 @@ class QueueState:
         before = self.cols["until"][idx]
         self.status[idx] = ST_DELIVERED
         self.cols["attempts"][idx] += 1
+        self.cols["deliveries"][idx] += 1
         deadline = now + lease_s
         self.cols["until"][idx] = deadline
         heapq.heappush(self._leases, (deadline, next(self._seq), ids))
@@ -301,10 +303,14 @@ class QueueState:
         idx, inside = self.index(ids)
         return cast(np.ndarray, inside & (self.status[idx] == ST_DELIVERED))
 
-    def holds(self, ids: np.ndarray, attempts: np.ndarray) -> np.ndarray:
-        """Mask of ids DELIVERED on the attempt given (a later delivery of one is another's)."""
+    def holds(self, ids: np.ndarray, deliveries: np.ndarray) -> np.ndarray:
+        """Mask of ids still DELIVERED in the delivery given (its `deliveries` count then)."""
         idx, inside = self.index(ids)
-        return cast(np.ndarray, inside & (self.status[idx] == ST_DELIVERED) & (self.cols["attempts"][idx] == attempts))
+        return cast(np.ndarray, inside & (self.status[idx] == ST_DELIVERED) & (self.cols["deliveries"][idx] == deliveries))
+
+    def lapse(self, ids: np.ndarray, now: float) -> None:
+        """End the leases of delivered ids at `now`: relisted (`relist`), they are handed out as expired."""
+        self.cols["until"][ids - self.base] = now
 
     def out_of_attempts(self, ids: np.ndarray) -> np.ndarray:
         idx = ids - self.base
