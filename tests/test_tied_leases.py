@@ -19,6 +19,7 @@ from conveyor.client import transport
 from conveyor.client.queue_client import QueueClient
 from conveyor.constants import FRAME_PREFIX
 from conveyor.message import Message
+from conveyor.protocol import framing as protocol
 from conveyor.server import tied
 
 from .servers import ThreadServer, thread_server, wait_for
@@ -219,3 +220,40 @@ def test_a_long_lived_connection_forgets_the_deliveries_it_settled(server: Threa
     assert max(held) <= 2 * 25  # pruned: what it still holds and at most as much again, not all 100
     worker._drop()  # as a dying process would: no word
     wait_for(lambda: client.stats("q")["q"].ready == 25, 5, "the 25 it held back")
+
+
+class _CutSocket:
+    """A socket whose next large send goes out but for its last `short` bytes, then times out (as
+    a send into a stalled server can)."""
+
+    def __init__(self, sock: socket.socket, short: int) -> None:
+        self._sock, self._short = sock, short
+
+    def sendall(self, data: bytes) -> None:
+        if len(data) > 1000 and self._short:
+            self._sock.sendall(data[: -self._short])
+            self._short = 0
+            raise TimeoutError("timed out")
+        self._sock.sendall(data)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._sock, name)
+
+
+def test_a_request_cut_mid_frame_by_a_timeout_is_dropped_and_the_ties_kept() -> None:
+    """A put whose send timed out part way: the client closes without a bye (whose bytes would
+    complete the frame: a message would be stored with them); the server drops the broken frame,
+    stores nothing, and keeps the ties."""
+    with thread_server(sweep_interval_s=0.05) as server:
+        c = QueueClient(server.address, timeout=10)
+        _put(c, 1)
+        cut = QueueClient(server.address, timeout=10)
+        cut.get("q", 1, lease_s=LONG, tie=True)
+        bye = len(b"".join(protocol.encode({"op": "bye", "id": 3}, ())))  # its next request id
+        cut._sock = _CutSocket(cut._sock, bye)  # type: ignore[assignment,arg-type]
+        with pytest.raises(TimeoutError):
+            cut.put("q", [Message(payload=b"x" * 10_000)])
+        wait_for(lambda: server.call(lambda: len(server.server._conns)) == 1, 10, "the cut connection gone")
+        st = c.stats("q")["q"]
+        assert (st.ready, st.delivered) == (0, 1)  # nothing stored; the delivery keeps its lease
+        c.close()

@@ -102,6 +102,7 @@ class Transport:
         self._reader: protocol.SocketReader | None = None
         self._lock = threading.RLock()
         self.tied = False  # this connection took leases tied to it (`get(tie=True)`): see `close`
+        self._torn = False  # a send failed part way: see `_drop`
         # monotonic time of the first failure in the current run of failures (None: the last exchange worked)
         self.unreachable_since: float | None = None
 
@@ -209,7 +210,11 @@ class Transport:
 
     def _send(self, header: Header, frames: Sequence[bytes]) -> None:
         assert self._sock is not None
-        self._sock.sendall(b"".join(protocol.encode(header, frames)))
+        try:
+            self._sock.sendall(b"".join(protocol.encode(header, frames)))
+        except BaseException:
+            self._torn = True  # some of the frame may have gone: nothing may follow it on this connection
+            raise
 
     def _recv(self, want: int, got: dict[int, tuple[Header, Frames]], pending: set[int]) -> tuple[Header, Frames]:
         """The reply to request `want`, keeping replies to other pending requests that come first."""
@@ -310,23 +315,29 @@ class Transport:
 
     def _drop(self, farewell: bool = False) -> None:
         """Close the socket: without a word when it broke or cannot be read on (a protocol error).
-        With `farewell`, a tied connection says `bye`, then waits (up to BYE_TIMEOUT_S) for the
-        server to close its side, so that no reset of ours (for replies left unread) overtakes it."""
+        With `farewell`, a tied connection says `bye`, then waits for the server to close its side
+        (so that no reset of ours, for replies left unread, overtakes it), for BYE_TIMEOUT_S at most
+        in all. Not after a request was cut mid-frame: the bye would complete it, whereas a close
+        makes the server drop it (its ties kept: a broken frame is a protocol error, not a death)."""
         with self._lock:
             sock = self._sock
-            if sock is not None and farewell and self.tied:
-                with contextlib.suppress(OSError):
-                    sock.settimeout(BYE_TIMEOUT_S)
-                    self._send(self._request(calls.bye(), next(self._ids)), ())
-                    sock.shutdown(socket.SHUT_WR)
-                    deadline = time.monotonic() + BYE_TIMEOUT_S
-                    while sock.recv(65536) and time.monotonic() < deadline:
-                        pass  # late replies, dropped
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.close()
-            self._sock = self._reader = None
-            self.tied = False
+            try:
+                if sock is not None and farewell and self.tied and not self._torn:
+                    with contextlib.suppress(OSError):
+                        deadline = time.monotonic() + min(self.timeout, BYE_TIMEOUT_S)
+                        sock.settimeout(deadline - time.monotonic())
+                        self._send(self._request(calls.bye(), next(self._ids)), ())
+                        sock.shutdown(socket.SHUT_WR)
+                        while (left := deadline - time.monotonic()) > 0:
+                            sock.settimeout(left)
+                            if not sock.recv(65536):  # late replies are dropped; b"": the server closed
+                                break
+            finally:
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.close()
+                self._sock = self._reader = None
+                self.tied = self._torn = False
 
     def __enter__(self) -> Self:
         return self
@@ -336,7 +347,7 @@ class Transport:
 
     def __getstate__(self) -> dict[str, Any]:  # a client crosses to Spark executors as its settings
         state = self.__dict__.copy()
-        state.update(_sock=None, _reader=None, _lock=None, _ids=None, unreachable_since=None, tied=False)
+        state.update(_sock=None, _reader=None, _lock=None, _ids=None, unreachable_since=None, tied=False, _torn=False)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:

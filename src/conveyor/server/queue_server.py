@@ -260,7 +260,7 @@ class QueueServer:
         assert self._key is not None
         try:
             header, _ = await asyncio.wait_for(protocol.read(reader, _AUTH_LIMITS, request=True), AUTH_TIMEOUT_S)
-        except (EOFError, TimeoutError):
+        except (EOFError, TimeoutError, asyncio.TimeoutError):  # two classes before Python 3.11
             return False
         except ProtocolError as e:
             await conn.error(e.request_id, ERR_AUTH, f"authentication required first: {e}")
@@ -323,7 +323,10 @@ class QueueServer:
                             c.peer, self.request_timeout_s)  # fmt: skip
             elif c.sending is not None and now - c.sending > self.request_timeout_s:
                 log.warning("%s: read none of its replies for %g s: closing the connection", c.peer, self.request_timeout_s)
-            elif c.reading is not None or c.tasks or now - c.active <= self.idle_timeout_s or c.tied.holding():
+            elif c.reading is not None or c.tasks or now - c.active <= self.idle_timeout_s:
+                continue
+            elif c.tied.holding():  # a consumer whose tasks all run long: its silence counts from their end
+                c.active = now
                 continue
             c.dropped = True
             c.writer.transport.abort()

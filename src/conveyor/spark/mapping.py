@@ -299,7 +299,8 @@ def _abandon(pool: QueuePool, queue: str, error: BaseException) -> None:
     if left:
         how = f"conveyor drop --connect {','.join(left)} {queue}"
         log.error("map: could not drop its queue %s on %s; drop it with: %s", queue, ", ".join(left), how)
-        error.add_note(f"the map's queue {queue} is left on {', '.join(left)}; drop it with: {how}")
+        if hasattr(error, "add_note"):  # Python 3.11+; the log line above says it on 3.10
+            error.add_note(f"the map's queue {queue} is left on {', '.join(left)}; drop it with: {how}")
     else:
         log.info("map: dropped its queue %s", queue)
 

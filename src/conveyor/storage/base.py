@@ -241,8 +241,8 @@ class Store(StoreInspection):
     def delivery_numbers(self, ids: Sequence[int]) -> list[int]:
         """How many times each of `ids` was delivered: with its id, names its latest delivery (an
         attempt does not: a release gives it back)."""
-        idx, _ = self._state.index(as_ids(ids))
-        return cast(list[int], self._state.cols["deliveries"][idx].tolist())
+        idx, inside = self._state.index(as_ids(ids))
+        return cast(list[int], np.where(inside, self._state.cols["deliveries"][idx], 0).tolist())
 
     def delivered_as(self, ids: Sequence[int], deliveries: Sequence[int]) -> np.ndarray:
         """Mask of `ids` still in the deliveries numbered `deliveries` (not settled, not delivered again)."""
