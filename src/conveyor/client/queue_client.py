@@ -16,12 +16,8 @@ from conveyor.protocol.requests import Counts, QueueInfo, QueueStats
 
 
 class QueueClient(Transport):
-    """A blocking client of one queue server; thread-safe (one request at a time, or `pipeline`).
-
-    TLS (`ClientTLS.make`): `tls=True` (or a tls:// address) trusts the system's CAs, `ca` a CA file,
-    `fingerprint` pins the server's certificate (as `conveyor serve` prints it); `cert` and `key`: this
-    client's certificate, for a server started with --tls-ca. The address then reads tls://.
-    """
+    """A blocking client of one queue server: its operations, over a `Transport` (which says how
+    it connects, with TLS and a token, and what a lost connection means)."""
 
     # --- operations (see `conveyor.protocol.requests` for each one's contract) --------------------------
     def ping(self) -> Header:

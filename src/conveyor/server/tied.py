@@ -31,7 +31,7 @@ class TiedLeases:
     A delivery is known by its number (`Store.delivery_numbers`): once settled (acked, nacked,
     released, out of its lease: over whichever connection) or delivered again, it no longer
     matches. That is checked only when the connection closes, or when its list has outgrown what
-    it held the last time, so a get pays a list append and an ack nothing.
+    it held the last time, so a get pays a lookup of its delivery numbers and an ack nothing.
     """
 
     def __init__(self) -> None:

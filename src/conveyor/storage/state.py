@@ -309,7 +309,8 @@ class QueueState:
         return cast(np.ndarray, inside & (self.status[idx] == ST_DELIVERED) & (self.cols["deliveries"][idx] == deliveries))
 
     def lapse(self, ids: np.ndarray, now: float) -> None:
-        """End the leases of delivered ids at `now`: relisted (`relist`), they are handed out as expired."""
+        """End the leases of delivered ids at `now`, so that `expired` hands them out once they are
+        relisted (as a lease end that could not be settled is)."""
         self.cols["until"][ids - self.base] = now
 
     def out_of_attempts(self, ids: np.ndarray) -> np.ndarray:
