@@ -257,3 +257,24 @@ def test_a_request_cut_mid_frame_by_a_timeout_is_dropped_and_the_ties_kept() -> 
         st = c.stats("q")["q"]
         assert (st.ready, st.delivered) == (0, 1)  # nothing stored; the delivery keeps its lease
         c.close()
+
+
+def test_closing_a_tied_connection_to_a_server_that_does_not_answer_ends_within_its_bound() -> None:
+    """The bye's wait for the server to close its side is bounded (BYE_TIMEOUT_S); the server,
+    once it reads again, hears the bye ahead of the close and keeps the leases."""
+    with thread_server(sweep_interval_s=0.05) as server:
+        c = QueueClient(server.address, timeout=10)
+        _put(c, 2)
+        holder = QueueClient(server.address, timeout=10)
+        holder.get("q", 2, lease_s=LONG, tie=True)
+        stall = threading.Thread(target=server.call, args=(lambda: time.sleep(transport.BYE_TIMEOUT_S + 2),))
+        stall.start()
+        t0 = time.monotonic()
+        holder.close()
+        took = time.monotonic() - t0
+        stall.join()
+        assert transport.BYE_TIMEOUT_S - 0.1 <= took <= transport.BYE_TIMEOUT_S + 1.0
+        wait_for(lambda: server.call(lambda: len(server.server._conns)) == 1, 10, "the closed connection gone")
+        st = c.stats("q")["q"]
+        assert (st.delivered, st.ready) == (2, 0)
+        c.close()
