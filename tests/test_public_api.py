@@ -78,6 +78,7 @@ def test_requests_carry_only_declared_fields() -> None:
         requests.extend_lease("q", [1], 9.0), requests.stats(queues=["q"], drained_wait_s=1.0), requests.purge("q"),
         requests.drop("q"), requests.results("q", 3, 10), requests.dead_letters("q", 3, 10), requests.forget("q", [1]),
         requests.put_blob(b"b"), requests.get_blob("0" * 64), requests.forget_blobs(["0" * 64]), requests.bye(),
+        requests.wake(["q"]),
     ]  # fmt: skip
     assert {c.op for c in made} == set(OPERATIONS)
     for c in made:

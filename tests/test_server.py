@@ -437,3 +437,48 @@ def test_drop_ends_requests_waiting_on_the_queue(server: ThreadServer) -> None:
         assert time.monotonic() - t0 < 5
         assert (poll, join, dropped) == ([], {}, True)
         assert c.queues() == []  # the get that waited did not make it again
+
+
+def test_wake_answers_the_gets_waiting_on_its_queues_at_once(server: ThreadServer) -> None:
+    from conveyor.server.handlers import WAKE_HOLD_S
+
+    with QueueClient(server.address) as c, QueueClient(server.address) as other:
+        c.declare("q")
+        t0 = time.monotonic()
+        # one connection: the server starts them in this order, so the get waits when the wake comes
+        poll, woke = c.pipeline([calls.get("q", 1, wait_s=30), calls.wake(["q", "not-here"])])
+        assert time.monotonic() - t0 < 5
+        assert (poll, poll.woken, woke) == ([], True, 1)  # 1: the server has one of the two queues
+        woken_at = time.monotonic()
+        t1 = time.monotonic()
+        elsewhere = other.call(calls.get("r", 1, wait_s=0.3))  # another queue waits as usual
+        assert elsewhere == [] and not elsewhere.woken and time.monotonic() - t1 >= 0.3
+        # a get just after the wake does not wait (its consumer may have been between requests); later ones do
+        wait_for(lambda: time.monotonic() - woken_at > WAKE_HOLD_S, what="the hold's end")
+        t1 = time.monotonic()
+        late = other.call(calls.get("q", 1, wait_s=0.3))
+        assert late == [] and not late.woken and time.monotonic() - t1 >= 0.3
+        c.put("q", msgs(1))
+        [m] = c.call(calls.get("q", 1, wait_s=30))  # work there: a wake changes nothing for it
+        assert m.payload == b"m0"
+
+
+def test_a_wake_ends_a_pools_long_poll_across_its_shards(tmp_path: Path) -> None:
+    import pickle
+
+    from conveyor.client.sharded import ShardedQueues
+
+    with thread_server(data_dir=tmp_path / "a") as a, thread_server(data_dir=tmp_path / "b") as b:
+        pool = ShardedQueues([QueueClient(a.address), QueueClient(b.address)])
+        waker = pickle.loads(pickle.dumps(pool))  # connections of its own: the pool's are busy waiting
+        try:
+            pool.get("q", 1)  # the queue on both shards
+            t = threading.Thread(target=lambda: wait_for(lambda: waker.on_every_server(calls.wake(["q"])) == [1, 1]))
+            t0 = time.monotonic()
+            t.start()
+            assert pool.get("q", 1, wait_s=30) == []
+            assert time.monotonic() - t0 < 5  # not the next shard's turn, nor the rest of the 30 s
+            t.join(10)
+        finally:
+            pool.close()
+            waker.close()

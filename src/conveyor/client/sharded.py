@@ -209,7 +209,7 @@ class ShardedQueues:
                     error = e
                     continue
                 self._down.pop(s, None)
-                if got:
+                if got or got.woken:  # woken: the wait is over on every shard
                     return got
             if error is not None and all(s in self._down for s in up):
                 raise error

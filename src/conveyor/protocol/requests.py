@@ -41,6 +41,7 @@ from conveyor.protocol.declarations import (
     RESULTS,
     STATS,
     STATUS,
+    WAKE,
 )
 from conveyor.protocol.framing import Frames, Header, Limits, column, expand
 
@@ -176,15 +177,18 @@ def _messages(h: Header, frames: Frames, id_base: int = 0) -> list[Message]:
 
 
 class Fetched(list[Message]):
-    """The messages a get delivered, and how many READY ones its queue had left on that server
-    (`left`; None from a server that does not tell)."""
+    """The messages a get delivered, how many READY ones its queue had left on that server (`left`;
+    None from a server that does not tell), and whether a `wake` ended its wait (`woken`: the
+    caller should not wait on, on this server or another)."""
 
     left: int | None = None
+    woken: bool = False
 
 
 def _fetched(h: Header, frames: Frames, id_base: int) -> Fetched:
     out = Fetched(_messages(h, frames, id_base))
     out.left = h.get("left")
+    out.woken = bool(h.get("woken", False))
     return out
 
 
@@ -348,6 +352,13 @@ def put_blob(data: bytes) -> Call[str]:
 def bye() -> Call[bool]:
     """This connection is closing on purpose: the leases it tied keep their time."""
     return Call(BYE.name, {}, parse=lambda h, f: bool(h["ok"]))
+
+
+def wake(queues: Sequence[str]) -> Call[int]:
+    """End the long polls of gets waiting on `queues` now (they answer with nothing); returns how
+    many of those queues the server has. A pool stopping its consumers sends it after the signal,
+    so that a consumer idle in a long poll stops at once, not when its poll ends."""
+    return Call(WAKE.name, WAKE.header(queues=list(queues)), parse=lambda h, f: h["n"])
 
 
 def get_blob(key: str) -> Call[bytes | None]:

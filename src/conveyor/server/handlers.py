@@ -30,6 +30,9 @@ Handler = Callable[[QueueHost, Arguments, Frames], Awaitable[Reply]]
 
 _DEFAULT_LIMITS = Limits()
 _PER_ITEM = 16  # bytes of header fields an item of a results reply adds (its id, its place in 'found')
+# A get arriving this soon after a `wake` of its queue does not wait either: its consumer, stopping,
+# may have been between two requests of one long poll (a pool's quick look at each shard) when it came.
+WAKE_HOLD_S = 0.05
 
 
 def _reply_limits(a: Arguments) -> Limits:
@@ -154,10 +157,11 @@ async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     q = _queue(host, a, create=True)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
+    wakes = q.wakes - (loop.time() < q.woken_until)  # a wake just now counts as one while waiting
     while True:
         got = q.store.get_batch(n, lease, lim.reply_bytes())  # what fits in the client's limits
         left = deadline - loop.time()
-        if len(got) or n == 0 or left <= 0 or host.closing:
+        if len(got) or n == 0 or left <= 0 or host.closing or q.wakes != wakes:  # woken: answer now (with nothing)
             break
         await q.changed.wait(q.store.poll_wait(left))  # woken by a put, or when something comes due
         if q.dropped:  # while we waited: nothing will come (and `got` is empty)
@@ -175,7 +179,8 @@ async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     if a["tie"] and len(got) and tied is not None:
         tied.took(q, got.ids)
     cols = _columns(got.ids, got.priority, got.attempts, got.enqueued_at, got.not_before, got.max_attempts, got.headers)
-    return {"queue": q.info.name, "lease_s": got.lease_s, "left": q.store.ready_left(), **cols}, got.payloads
+    return {"queue": q.info.name, "lease_s": got.lease_s, "left": q.store.ready_left(), "woken": q.wakes != wakes,
+            **cols}, got.payloads  # fmt: skip
 
 
 async def ack(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
@@ -376,6 +381,15 @@ async def forget_blobs(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
 
 async def bye(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     return {"ok": True}, []  # the server unties the connection as it reads the request (QueueServer._serve)
+
+
+async def wake(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
+    qs = [host.queues[n] for n in a["queues"] if n in host.queues]
+    until = asyncio.get_running_loop().time() + WAKE_HOLD_S
+    for q in qs:
+        q.wakes, q.woken_until = q.wakes + 1, until
+        q.changed.notify()
+    return {"n": len(qs)}, []
 
 
 HANDLERS: dict[str, tuple[Operation, Handler]] = {}

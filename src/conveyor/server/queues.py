@@ -71,6 +71,8 @@ class HostedQueue:
     acks: int = 0
     samples: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW + 1))
     dropped: bool = False  # requests waiting on it when it is dropped answer at once
+    wakes: int = 0  # how many `wake`s it had: a get waiting through one answers at once
+    woken_until: float = 0.0  # event-loop time until which a new get does not wait (see handlers.WAKE_HOLD_S)
 
     async def durable(self) -> None:
         """Wait until everything written so far is durable under the queue's fsync policy."""

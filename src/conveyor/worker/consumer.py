@@ -273,6 +273,10 @@ class Consumer:
                 wait = min(q.long_poll_s, IDLE_POLL_S)
             elif not self._running and self._undrained and self.expect_more is not None:
                 wait = min(q.long_poll_s, DRAIN_POLL_S)
+            if wait:  # idle for a while, perhaps: acks held back to gather more would wait as long
+                self._settler.hurry()
+                if self._stop.is_set():  # those acks may have ended the work and brought a stop: no poll then
+                    return []
             got = self._get(q, min(q.batch_size or free, free), wait)
         self._iterations_left = self._iterations_left - 1 if got else 0
         self._last_short = len(got) < min((q.batch_size or free) if q is not None else 1, free)

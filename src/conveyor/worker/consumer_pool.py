@@ -31,6 +31,7 @@ from conveyor.client.sharded import summed_stats
 from conveyor.constants import DEFAULT_SELECTOR, DEFAULT_UNREACHABLE_S, PARENT_CHECK_S
 from conveyor.errors import ConveyorError, RequestError
 from conveyor.gc_policy import tune_gc
+from conveyor.protocol import requests
 from conveyor.protocol.requests import QueueStats
 from conveyor.tasks.envelope import decode_result
 from conveyor.tasks.queue_config import QueueConfig
@@ -273,6 +274,8 @@ class ConsumerPool:
             if p.is_alive() and p.pid is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signal.SIGTERM if graceful else signal.SIGKILL)
+        if graceful and procs:
+            self._wake()
         for p in procs:
             p.join(STOP_GRACE_S if graceful else 10)
             if p.is_alive():
@@ -282,6 +285,13 @@ class ConsumerPool:
         for i in range(self.n_consumers):  # their last counts
             self._hear(i)
         self._procs = [None] * self.n_consumers
+
+    def _wake(self) -> None:
+        """End the long polls of consumers idle in one (they stop at once, not up to IDLE_POLL_S later).
+        Sent after the signals, so a woken consumer has its stop already. From a thread of its own: a
+        server out of reach costs the stop nothing (its consumers' polls end on their own)."""
+        call = requests.wake(self.queue_names)
+        threading.Thread(target=self.pool.on_every_server, args=(call,), name="conveyor-wake", daemon=True).start()
 
     def results(self) -> Iterator[tuple[int, Any]]:
         """(message id, result) for every finished task; a failed one's result is a `TaskFailure`."""
