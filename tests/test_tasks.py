@@ -570,3 +570,45 @@ def test_the_argument_check_agrees_with_signature_bind(fn: Any) -> None:
             else:
                 with pytest.raises(TaskArgumentError):
                     t.publish(*args, _pool=p, **kwargs)
+
+
+def test_a_batch_is_built_with_the_collector_paused_and_then_as_it_was(pool: StorePool) -> None:
+    import gc
+
+    from conveyor.gc_policy import gc_paused
+
+    seen: list[bool] = []
+
+    def items() -> Iterator[tuple[Any, ...]]:
+        for x in (1, {2}, 3):  # a set is not plain data: that message is pickled, its neighbours are not
+            seen.append(gc.isenabled())
+            yield (x,)
+
+    assert gc.isenabled()
+    add.publish_many(items())
+    assert seen == [False] * 3 and gc.isenabled()
+    got = sorted(pool.take(), key=lambda m: m.id)
+    assert [m.headers[H_CONTENT_TYPE] for m in got] == ["msgpack", "pickle", "msgpack"]
+    assert [decode_call(m.payload, m.headers).args for m in got] == [(1,), ({2},), (3,)]
+    gc.disable()  # a process that turned it off itself keeps it off
+    try:
+        add.publish(4)
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+    # threads publishing at once: the collector comes back once the last is done, whatever the order
+    inside, leave = threading.Barrier(2), threading.Event()
+
+    def publisher() -> None:
+        with gc_paused():
+            inside.wait(10)
+            leave.wait(10)
+
+    t = threading.Thread(target=publisher)
+    t.start()
+    with gc_paused():
+        inside.wait(10)
+    assert not gc.isenabled()  # the other is still inside
+    leave.set()
+    t.join(10)
+    assert gc.isenabled()

@@ -27,6 +27,7 @@ from conveyor.client.progress import JoinProgress, Stall
 from conveyor.client.sharded import LOCAL_MASK, ShardedQueues
 from conveyor.constants import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE, H_IDEMPOTENCY_KEY
 from conveyor.errors import ConveyorError
+from conveyor.gc_policy import gc_paused
 from conveyor.message import Message, Status
 from conveyor.protocol.auth import is_loopback
 from conveyor.protocol.requests import QueueInfo, QueueStats
@@ -244,15 +245,16 @@ class QueuePool(ShardedQueues):
         check_time_limit(name, opts, self.queue_config(queue))
         template = MessageTemplate(name, opts, delay=delay, priority=priority, key=key)
         calls = ((tuple(a), dict(k)) for a, k in items) if star else (((it,), {}) for it in items)
-        messages = [template.message(a, k) for a, k in calls]
-        if not messages:
-            return []
-        if ref.digest not in self._blobs_sent:
-            if self.put_blob(ref.data) != ref.digest:
-                raise ConveyorError(f"the servers stored {name} under another digest")
-            self._blobs_sent.add(ref.digest)
-        ids = self.put(queue, messages)
-        return task_handles(ids, queue, name, self)
+        with gc_paused():  # see there: a batch's objects all outlive the collections it would trigger
+            messages = [template.message(a, k) for a, k in calls]
+            if not messages:
+                return []
+            if ref.digest not in self._blobs_sent:
+                if self.put_blob(ref.data) != ref.digest:
+                    raise ConveyorError(f"the servers stored {name} under another digest")
+                self._blobs_sent.add(ref.digest)
+            ids = self.put(queue, messages)
+            return task_handles(ids, queue, name, self)
 
     # --- results ----------------------------------------------------------------------------
     def gather(self, handles: Sequence[TaskHandle], timeout: float | None = None, poll_s: float = 0.05) -> list[Any]:

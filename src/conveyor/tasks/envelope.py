@@ -117,13 +117,17 @@ class Call:
     app_data: dict[str, Any] | None = None
 
 
+# slot setters, which bypass the frozen check: a decoded call is built in a third of `__init__`'s time
+_CALL_SETTERS = tuple(Call.__dict__[f].__set__ for f in ("name", "args", "kwargs", "app_data"))
+
+
 def encode_call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
                 app_data: dict[str, Any] | None = None) -> tuple[bytes, dict[str, str]]:  # fmt: skip
     """Encode a call as (payload, headers): msgpack when everything is plain data, else cloudpickle.
 
     Raises SerializationError naming the task and the first argument that cannot be pickled.
     """
-    if is_plain(args) and is_plain(kwargs) and (app_data is None or is_plain(app_data)):
+    if is_plain(args) and (not kwargs or is_plain(kwargs)) and (app_data is None or is_plain(app_data)):
         try:
             return _pack([ENVELOPE_VERSION, name, list(args), kwargs, app_data]), {H_CONTENT_TYPE: CT_MSGPACK}
         except (TypeError, ValueError, OverflowError):  # e.g. a str with lone surrogates: pickle keeps it
@@ -167,7 +171,13 @@ def decode_call(payload: bytes, headers: dict[str, str]) -> Call:
     _, name, args, kwargs, app_data = f
     if not isinstance(args, (list, tuple)) or not isinstance(kwargs, dict):
         raise SerializationError(f"task {name!r}: malformed envelope (args or kwargs)", task=name)
-    return Call(name, tuple(args), kwargs, app_data)
+    call = object.__new__(Call)
+    set_name, set_args, set_kwargs, set_app_data = _CALL_SETTERS
+    set_name(call, name)
+    set_args(call, tuple(args))
+    set_kwargs(call, kwargs)
+    set_app_data(call, app_data)
+    return call
 
 
 # --- results and errors -------------------------------------------------------------------------

@@ -17,8 +17,9 @@ from contextlib import contextmanager
 from dataclasses import InitVar, dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from conveyor.constants import H_IDEMPOTENCY_KEY, H_TASK
+from conveyor.constants import H_CONTENT_TYPE, H_IDEMPOTENCY_KEY, H_TASK
 from conveyor.errors import ConveyorError, NoPublisherError, TaskArgumentError, TaskFailedError, TaskOptionError
+from conveyor.gc_policy import gc_paused
 from conveyor.message import Message, Status, make_message
 from conveyor.tasks.envelope import FunctionPickler, FunctionRef, adhoc_task_name, decode_result, encode_call, function_ref
 from conveyor.tasks.options import TaskOptions, check_priority
@@ -211,7 +212,7 @@ class MessageTemplate:
     """What the messages of one task published in one go share (queue, priority, start time,
     attempts, headers), worked out once, so that a batch pays per call only for encoding it."""
 
-    __slots__ = ("headers", "max_attempts", "not_before", "priority", "queue", "task_name")
+    __slots__ = ("_merged", "headers", "max_attempts", "not_before", "priority", "queue", "task_name")
 
     def __init__(self, task_name: str, options: TaskOptions, *, delay: float | None = None,
                  priority: int | None = None, key: str | None = None, now: float | None = None) -> None:  # fmt: skip
@@ -223,11 +224,16 @@ class MessageTemplate:
         self.headers = {H_TASK: task_name, **options.headers()}
         if key is not None:
             self.headers[H_IDEMPOTENCY_KEY] = key
+        self._merged: dict[str, dict[str, str]] = {}  # the headers of a message, by its content type
 
     def message(self, args: tuple[Any, ...], kwargs: dict[str, Any], app_data: dict[str, Any] | None = None) -> Message:
-        """The message of one call. Raises SerializationError if an argument cannot be serialized."""
-        payload, headers = encode_call(self.task_name, args, kwargs, app_data)
-        headers.update(self.headers)
+        """The message of one call. Raises SerializationError if an argument cannot be serialized.
+        The messages of one template with the same content type share one headers dict (built once)."""
+        payload, own = encode_call(self.task_name, args, kwargs, app_data)
+        ct = own[H_CONTENT_TYPE]
+        headers = self._merged.get(ct)
+        if headers is None:
+            headers = self._merged[ct] = {**own, **self.headers}
         return make_message(0, self.queue, payload, self.priority, 0, 0.0, self.not_before, 0.0, self.max_attempts, headers)
 
 
@@ -309,19 +315,20 @@ def publish_calls(task_name: str, options: TaskOptions, sig: ArgCheck | None, ca
     target = _resolve_pool(pool, task_name)
     template = MessageTemplate(task_name, options, delay=delay, priority=priority, key=key)
     messages = []
-    for args, kwargs, app_data in calls:
-        if sig is not None:
-            sig.check(task_name, args, kwargs)
-        if app_data is not None and not isinstance(app_data, dict):
-            raise TaskArgumentError(f"task {task_name!r}: app_data must be a dict or None, got {type(app_data).__name__}")
-        messages.append(template.message(args, kwargs, app_data))
-    if not messages:
-        return []
-    check_time_limit(task_name, options, target.queue_config(options.queue))
-    ids = target.put(options.queue, messages)
-    if len(ids) != len(messages):
-        raise ConveyorError(f"publisher returned {len(ids)} ids for {len(messages)} messages")
-    return task_handles(ids, options.queue, task_name, target)
+    with gc_paused():
+        for args, kwargs, app_data in calls:
+            if sig is not None:
+                sig.check(task_name, args, kwargs)
+            if app_data is not None and not isinstance(app_data, dict):
+                raise TaskArgumentError(f"task {task_name!r}: app_data must be a dict or None, got {type(app_data).__name__}")
+            messages.append(template.message(args, kwargs, app_data))
+        if not messages:
+            return []
+        check_time_limit(task_name, options, target.queue_config(options.queue))
+        ids = target.put(options.queue, messages)
+        if len(ids) != len(messages):
+            raise ConveyorError(f"publisher returned {len(ids)} ids for {len(messages)} messages")
+        return task_handles(ids, options.queue, task_name, target)
 
 
 def calls_of(items: Iterable[Any], task_name: str, app_data: dict[str, Any] | None = None) -> Iterator[CallArgs]:

@@ -315,8 +315,8 @@ class Consumer:
     # --- running --------------------------------------------------------------------------
     def _start(self, slots: ThreadSlots | ProcessSlots, got: list[Message]) -> None:
         middleware, running = self.middleware, self._running
+        now = time.monotonic()  # fetched together: one time for the batch
         for m in got:
-            now = time.monotonic()
             deadlines = [d for mw in middleware if (d := mw.deadline(m, now)) is not None]
             running[m.id] = Held.fetched(m, min(deadlines) - now if deadlines else None, now)
             slots.submit(m)
@@ -349,12 +349,14 @@ class Consumer:
             self._undrained = False  # a task of ours ended: the queues may be drained now
             self._throughput.add(len(done))
         out = []
+        fits = min(c.server_limits.max_item_bytes for c in self.pool.clients) if done else 0  # on any server
         for c in done:
             r = self._running.pop(c.message.id, None)
             if r is None:
                 continue  # stopped over its time limit and settled then: a late result
             m = c.message
-            if c.result is not None and len(c.result) > (limit := self._result_limit(m)):  # fails this task, not its batch
+            if c.result is not None and len(c.result) > fits and len(c.result) > (limit := self._result_limit(m)):
+                # fails this task, not its batch
                 why = (f"ResultTooLarge: the result is {len(c.result):,} bytes, over the server's limit of {limit:,} "
                        "bytes (return less, or store it elsewhere and return where)")  # fmt: skip
                 c = Completion(m, None, TaskError(m.headers.get(H_TASK, "?"), why, False), c.slot)
