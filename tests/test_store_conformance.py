@@ -371,6 +371,9 @@ class StoreContract:
             store.put([Message(payload=b"x", max_attempts=-1)])
         with pytest.raises(TypeError, match="headers"):
             store.put([Message(payload=b"x", headers={"k": 1})])  # type: ignore[dict-item]
+        shared = {"k": "v"}  # a bad map after a shared good one is still found
+        with pytest.raises(TypeError, match="message 2 headers"):
+            store.put_columns([b"x"] * 3, headers=[shared, shared, {"k": 1}])  # type: ignore[dict-item]
         with pytest.raises(ValueError):
             store.get(-1)
         with pytest.raises(ValueError):
@@ -396,6 +399,15 @@ class StoreContract:
             s.put(msgs(b"x"))
         with pytest.raises(StoreClosedError):
             s.stats()
+
+    def test_headers_shared_in_a_put_come_back_as_each_messages_own(self, store: Store) -> None:
+        shared = {"task": "t", "ct": "msgpack"}
+        sent: list[dict[str, str]] = [shared, shared, {"other": "1"}, {}, shared, {"task": "t", "ct": "msgpack"}]
+        store.put_columns([b"p%d" % i for i in range(6)], headers=sent)
+        got = store.get_batch(10, 60.0)
+        assert got.headers == sent and got.payloads == [b"p%d" % i for i in range(6)]
+        got.headers[0]["x"] = "y"  # one message's map: changing it changes no other
+        assert got.headers[1] == shared == {"task": "t", "ct": "msgpack"} and got.headers[4] == shared
 
 
 class TestMemoryStore(StoreContract):

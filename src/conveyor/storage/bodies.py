@@ -29,12 +29,15 @@ def message_bodies(ids: np.ndarray, priority: np.ndarray, max_attempts: np.ndarr
     cols = (ids.tolist(), priority.tolist(), max_attempts.tolist(), not_before.tolist())
     if headers is None or not any(headers):
         return [pack(KIND_MESSAGE, i, p, x, t, now, 0) + d for d, i, p, x, t in zip(payloads, *cols, strict=True)]
-    return [
-        pack(KIND_MESSAGE, i, p, x, t, now, 0) + d
-        if not h
-        else b"".join((pack(KIND_MESSAGE, i, p, x, t, now, len(hb := _packb(h))), hb, d))
-        for d, h, i, p, x, t in zip(payloads, headers, *cols, strict=True)
-    ]
+    out = []
+    last, hb = None, b""  # a batch's messages often share one headers dict (a server's put does): packed once
+    for d, h, i, p, x, t in zip(payloads, headers, *cols, strict=True):
+        if h is not last:
+            last, hb = h, _packb(h) if h else b""
+        out.append(
+            b"".join((pack(KIND_MESSAGE, i, p, x, t, now, len(hb)), hb, d)) if hb else pack(KIND_MESSAGE, i, p, x, t, now, 0) + d
+        )
+    return out
 
 
 def read_messages(mapped: Callable[[int, int], mmap.mmap], segs: list[int], offs: list[int],
@@ -46,13 +49,22 @@ def read_messages(mapped: Callable[[int, int], mmap.mmap], segs: list[int], offs
     headers: list[dict[str, str]] = []
     payloads: list[bytes] = []
     unpack, unpackb = _unpack_msg, msgpack.unpackb
+    seg, mm = -1, None
+    last, last_h = b"", {}  # messages put together have the same headers: decoded once, then copied
     for s, o, n in zip(segs, offs, sizes, strict=True):
-        mm = mapped(s, o + n)
+        if s != seg or mm is None or o + n > len(mm):  # consecutive messages mostly sit in one segment
+            seg, mm = s, mapped(s, o + n)
         _, _, _, _, t_nb, t_at, hlen = unpack(mm, o)
         start = o + _MSG_PREFIX
         at.append(t_at)
         nb.append(t_nb)
-        headers.append(unpackb(mm[start : start + hlen]) if hlen else {})
+        if hlen:
+            hb = mm[start : start + hlen]
+            if hb != last:
+                last, last_h = hb, unpackb(hb)
+            headers.append(last_h.copy())  # each message's own map (a caller may change one)
+        else:
+            headers.append({})
         payloads.append(mm[start + hlen : o + n])
     return at, nb, headers, payloads
 

@@ -28,9 +28,13 @@ def check_put(payloads: Sequence[bytes], priority: int | Sequence[int], not_befo
     if headers is not None:
         if len(headers) != n:
             raise ValueError(f"put: {n} payloads but {len(headers)} headers")
+        last = None
         for i, h in enumerate(headers):
+            if h is last:  # one dict shared by a batch (a server's put): checked once
+                continue
             if h and (type(h) is not dict or not all(type(k) is str and type(v) is str for k, v in h.items())):
                 raise TypeError(f"put: message {i} headers must be a dict of str to str")
+            last = h
     if (max_att < 0).any() or (max_att > MAX_ATTEMPTS_LIMIT).any():
         raise ValueError(f"put: max_attempts must be within [0, {MAX_ATTEMPTS_LIMIT}] (0: store default)")
     if not np.isfinite(nb).all():

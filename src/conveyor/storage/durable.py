@@ -230,9 +230,9 @@ class DurableStore(Store):
         bodies = [BODY_PREFIX.pack(kind, i) + d for i, d in zip(ids.tolist(), data, strict=True)]
         segs, offs = self._append(bodies, what)
         sizes = list(map(len, bodies))
-        for i, s, o, n in zip(ids.tolist(), segs, offs, sizes, strict=True):
-            self._kept[i] = (s, o, n)
-            self._live[s] = self._live.get(s, 0) + 1
+        self._kept.update(zip(ids.tolist(), zip(segs, offs, sizes, strict=True), strict=True))
+        for s, k in Counter(segs).items():  # a batch's records mostly share one segment
+            self._live[s] = self._live.get(s, 0) + k
         return np.array(segs, np.uint32), np.array(offs, np.uint32), np.array(sizes, np.uint32)
 
     def _record(self, ids: np.ndarray, status: int, kept: Any, now: float) -> None:
