@@ -15,6 +15,7 @@ import contextlib
 import logging
 import multiprocessing
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -288,10 +289,18 @@ class ConsumerPool:
 
     def _wake(self) -> None:
         """End the long polls of consumers idle in one (they stop at once, not up to IDLE_POLL_S later).
-        Sent after the signals, so a woken consumer has its stop already. From a thread of its own: a
-        server out of reach costs the stop nothing (its consumers' polls end on their own)."""
-        call = requests.wake(self.queue_names)
-        threading.Thread(target=self.pool.on_every_server, args=(call,), name="conveyor-wake", daemon=True).start()
+        Sent after the signals, so a woken consumer has its stop already. From a thread of its own,
+        over connections of its own: a server out of reach costs the stop, and the pool's own
+        requests, nothing (its consumers' polls end on their own)."""
+        call, pool = requests.wake(self.queue_names), pickle.loads(pickle.dumps(self.pool))
+
+        def wake() -> None:
+            try:
+                pool.on_every_server(call)
+            finally:
+                pool.close()
+
+        threading.Thread(target=wake, name="conveyor-wake", daemon=True).start()
 
     def results(self) -> Iterator[tuple[int, Any]]:
         """(message id, result) for every finished task; a failed one's result is a `TaskFailure`."""
