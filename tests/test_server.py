@@ -442,6 +442,12 @@ def test_drop_ends_requests_waiting_on_the_queue(server: ThreadServer) -> None:
 def test_wake_answers_the_gets_waiting_on_its_queues_at_once(server: ThreadServer) -> None:
     from conveyor.server.handlers import WAKE_HOLD_S
 
+    def waited(c: QueueClient, queue: str) -> bool:
+        t0 = time.monotonic()
+        got = c.call(calls.get(queue, 1, wait_s=0.3))
+        assert got == [] and not got.woken
+        return time.monotonic() - t0 >= 0.3
+
     with QueueClient(server.address) as c, QueueClient(server.address) as other:
         c.declare("q")
         t0 = time.monotonic()
@@ -449,15 +455,15 @@ def test_wake_answers_the_gets_waiting_on_its_queues_at_once(server: ThreadServe
         poll, woke = c.pipeline([calls.get("q", 1, wait_s=30), calls.wake(["q", "not-here"])])
         assert time.monotonic() - t0 < 5
         assert (poll, poll.woken, woke) == ([], True, 1)  # 1: the server has one of the two queues
+        assert waited(c, "q")  # answered woken once: its next get waits as usual
+        # a connection between two requests when the wake came: its next get does not wait, once
+        held = other.pipeline([calls.wake(["q"]), calls.get("q", 1, wait_s=30)])[1]
+        assert held == [] and held.woken
+        assert waited(other, "q") and waited(other, "r")  # then as usual; another queue was never woken
         woken_at = time.monotonic()
-        t1 = time.monotonic()
-        elsewhere = other.call(calls.get("r", 1, wait_s=0.3))  # another queue waits as usual
-        assert elsewhere == [] and not elsewhere.woken and time.monotonic() - t1 >= 0.3
-        # a get just after the wake does not wait (its consumer may have been between requests); later ones do
         wait_for(lambda: time.monotonic() - woken_at > WAKE_HOLD_S, what="the hold's end")
-        t1 = time.monotonic()
-        late = other.call(calls.get("q", 1, wait_s=0.3))
-        assert late == [] and not late.woken and time.monotonic() - t1 >= 0.3
+        with QueueClient(server.address) as late:
+            assert waited(late, "q")  # after the hold, a new connection's get waits too
         c.put("q", msgs(1))
         [m] = c.call(calls.get("q", 1, wait_s=30))  # work there: a wake changes nothing for it
         assert m.payload == b"m0"

@@ -612,3 +612,18 @@ def test_a_batch_is_built_with_the_collector_paused_and_then_as_it_was(pool: Sto
     leave.set()
     t.join(10)
     assert gc.isenabled()
+
+
+def test_a_process_forked_during_a_pause_has_its_collector_back() -> None:
+    import gc
+    import multiprocessing
+
+    from conveyor.gc_policy import gc_paused
+
+    ctx = multiprocessing.get_context("fork")
+    said: Any = ctx.SimpleQueue()
+    with gc_paused():
+        child = ctx.Process(target=lambda: said.put(gc.isenabled()))
+        child.start()
+        child.join(30)
+    assert child.exitcode == 0 and said.get() is True and gc.isenabled()

@@ -247,13 +247,14 @@ class QueuePool(ShardedQueues):
         calls = ((tuple(a), dict(k)) for a, k in items) if star else (((it,), {}) for it in items)
         with gc_paused():  # see there: a batch's objects all outlive the collections it would trigger
             messages = [template.message(a, k) for a, k in calls]
-            if not messages:
-                return []
-            if ref.digest not in self._blobs_sent:
-                if self.put_blob(ref.data) != ref.digest:
-                    raise ConveyorError(f"the servers stored {name} under another digest")
-                self._blobs_sent.add(ref.digest)
-            ids = self.put(queue, messages)
+        if not messages:
+            return []
+        if ref.digest not in self._blobs_sent:
+            if self.put_blob(ref.data) != ref.digest:
+                raise ConveyorError(f"the servers stored {name} under another digest")
+            self._blobs_sent.add(ref.digest)
+        ids = self.put(queue, messages)
+        with gc_paused():
             return task_handles(ids, queue, name, self)
 
     # --- results ----------------------------------------------------------------------------

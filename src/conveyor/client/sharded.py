@@ -186,7 +186,8 @@ class ShardedQueues:
     def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0,
             shards: Sequence[int] | None = None, tie: bool = False) -> list[Message]:  # fmt: skip
         """Lease up to n messages from the first of `shards` (default: all, rotating) that has some.
-        With `wait_s`, keeps trying (long polls of a fraction of a second on each shard) until then."""
+        With `wait_s`, keeps trying (long polls of a fraction of a second on each shard) until then,
+        or until a server says a `wake` ended the wait (the list's `woken`)."""
         order = list(range(len(self.clients))) if shards is None else list(shards)
         if shards is None:
             k = next(self._rr) % len(order)

@@ -30,8 +30,8 @@ Handler = Callable[[QueueHost, Arguments, Frames], Awaitable[Reply]]
 
 _DEFAULT_LIMITS = Limits()
 _PER_ITEM = 16  # bytes of header fields an item of a results reply adds (its id, its place in 'found')
-# A get arriving this soon after a `wake` of its queue does not wait either: its consumer, stopping,
-# may have been between two requests of one long poll (a pool's quick look at each shard) when it came.
+# A connection's next get this soon after a `wake` of its queue does not wait either (once): its consumer,
+# stopping, may have been between the requests of one long poll (a quick look at each shard) when it came.
 WAKE_HOLD_S = 0.05
 
 
@@ -157,7 +157,8 @@ async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     q = _queue(host, a, create=True)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    wakes = q.wakes - (loop.time() < q.woken_until)  # a wake just now counts as one while waiting
+    conn = id(TIED.get())  # the connection (its ties' record is its own)
+    wakes = q.wakes - (loop.time() < q.woken_until and conn not in q.woken)  # a wake just now counts, once
     while True:
         got = q.store.get_batch(n, lease, lim.reply_bytes())  # what fits in the client's limits
         left = deadline - loop.time()
@@ -175,12 +176,13 @@ async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
         except RequestError:
             q.store.release_many(got.ids)
             raise
+    if woken := q.wakes != wakes:
+        q.woken.add(conn)
     tied = TIED.get()
     if a["tie"] and len(got) and tied is not None:
         tied.took(q, got.ids)
     cols = _columns(got.ids, got.priority, got.attempts, got.enqueued_at, got.not_before, got.max_attempts, got.headers)
-    return {"queue": q.info.name, "lease_s": got.lease_s, "left": q.store.ready_left(), "woken": q.wakes != wakes,
-            **cols}, got.payloads  # fmt: skip
+    return {"queue": q.info.name, "lease_s": got.lease_s, "left": q.store.ready_left(), "woken": woken, **cols}, got.payloads
 
 
 async def ack(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
@@ -388,6 +390,7 @@ async def wake(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     until = asyncio.get_running_loop().time() + WAKE_HOLD_S
     for q in qs:
         q.wakes, q.woken_until = q.wakes + 1, until
+        q.woken.clear()
         q.changed.notify()
     return {"n": len(qs)}, []
 

@@ -73,6 +73,7 @@ class HostedQueue:
     dropped: bool = False  # requests waiting on it when it is dropped answer at once
     wakes: int = 0  # how many `wake`s it had: a get waiting through one answers at once
     woken_until: float = 0.0  # event-loop time until which a new get does not wait (see handlers.WAKE_HOLD_S)
+    woken: set[int] = field(default_factory=set)  # the connections answered `woken` since the last wake
 
     async def durable(self) -> None:
         """Wait until everything written so far is durable under the queue's fsync policy."""

@@ -32,7 +32,8 @@ class Publisher(Protocol):
     """Where published messages go; the queue pool implements it (tests: one store per queue)."""
 
     def put(self, queue: str, messages: Sequence[Message]) -> list[int]:
-        """Put messages on `queue`; returns their ids, in order."""
+        """Put messages on `queue`; returns their ids, in order. The messages of one publish may
+        share one headers dict: read it, do not change it in place."""
         ...
 
     def queue_config(self, queue: str) -> QueueConfig | None:
@@ -322,12 +323,13 @@ def publish_calls(task_name: str, options: TaskOptions, sig: ArgCheck | None, ca
             if app_data is not None and not isinstance(app_data, dict):
                 raise TaskArgumentError(f"task {task_name!r}: app_data must be a dict or None, got {type(app_data).__name__}")
             messages.append(template.message(args, kwargs, app_data))
-        if not messages:
-            return []
-        check_time_limit(task_name, options, target.queue_config(options.queue))
-        ids = target.put(options.queue, messages)
-        if len(ids) != len(messages):
-            raise ConveyorError(f"publisher returned {len(ids)} ids for {len(messages)} messages")
+    if not messages:
+        return []
+    check_time_limit(task_name, options, target.queue_config(options.queue))
+    ids = target.put(options.queue, messages)
+    if len(ids) != len(messages):
+        raise ConveyorError(f"publisher returned {len(ids)} ids for {len(messages)} messages")
+    with gc_paused():
         return task_handles(ids, options.queue, task_name, target)
 
 

@@ -275,7 +275,7 @@ class Consumer:
                 wait = min(q.long_poll_s, DRAIN_POLL_S)
             if wait:  # idle for a while, perhaps: acks held back to gather more would wait as long
                 self._settler.hurry()
-                if self._stop.is_set():  # those acks may have ended the work and brought a stop: no poll then
+                if self._stop.is_set():  # a stop since the loop looked (the pool's wake may be past): no poll
                     return []
             got = self._get(q, min(q.batch_size or free, free), wait)
         self._iterations_left = self._iterations_left - 1 if got else 0

@@ -276,7 +276,10 @@ class ConsumerPool:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(p.pid, signal.SIGTERM if graceful else signal.SIGKILL)
         if graceful and procs:
-            self._wake()
+            try:
+                self._wake()
+            except Exception as e:  # only speeds the stop up: the consumers' polls end on their own
+                log.warning("could not wake the consumers' long polls: %s", e)
         for p in procs:
             p.join(STOP_GRACE_S if graceful else 10)
             if p.is_alive():
@@ -296,7 +299,9 @@ class ConsumerPool:
 
         def wake() -> None:
             try:
-                pool.on_every_server(call)
+                pool.on_every_server(call)  # a server's error comes back as a value
+            except Exception as e:
+                log.warning("could not wake the consumers' long polls: %s", e)
             finally:
                 pool.close()
 
