@@ -254,8 +254,7 @@ class QueuePool(ShardedQueues):
                 raise ConveyorError(f"the servers stored {name} under another digest")
             self._blobs_sent.add(ref.digest)
         ids = self.put(queue, messages)
-        with gc_paused():
-            return task_handles(ids, queue, name, self)
+        return task_handles(ids, queue, name, self)
 
     # --- results ----------------------------------------------------------------------------
     def gather(self, handles: Sequence[TaskHandle], timeout: float | None = None, poll_s: float = 0.05) -> list[Any]:

@@ -157,8 +157,8 @@ async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     q = _queue(host, a, create=True)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    conn = id(TIED.get())  # the connection (its ties' record is its own)
-    wakes = q.wakes - (loop.time() < q.woken_until and conn not in q.woken)  # a wake just now counts, once
+    tied = TIED.get()  # the connection's record of its ties: one per connection
+    wakes = q.wakes - (loop.time() < q.woken_until and id(tied) not in q.woken)  # a wake just now counts, once
     while True:
         got = q.store.get_batch(n, lease, lim.reply_bytes())  # what fits in the client's limits
         left = deadline - loop.time()
@@ -177,8 +177,7 @@ async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
             q.store.release_many(got.ids)
             raise
     if woken := q.wakes != wakes:
-        q.woken.add(conn)
-    tied = TIED.get()
+        q.woken.add(id(tied))
     if a["tie"] and len(got) and tied is not None:
         tied.took(q, got.ids)
     cols = _columns(got.ids, got.priority, got.attempts, got.enqueued_at, got.not_before, got.max_attempts, got.headers)

@@ -34,9 +34,7 @@ def message_bodies(ids: np.ndarray, priority: np.ndarray, max_attempts: np.ndarr
     for d, h, i, p, x, t in zip(payloads, headers, *cols, strict=True):
         if h is not last:
             last, hb = h, _packb(h) if h else b""
-        out.append(
-            b"".join((pack(KIND_MESSAGE, i, p, x, t, now, len(hb)), hb, d)) if hb else pack(KIND_MESSAGE, i, p, x, t, now, 0) + d
-        )
+        out.append(b"".join((pack(KIND_MESSAGE, i, p, x, t, now, len(hb)), hb, d)))
     return out
 
 

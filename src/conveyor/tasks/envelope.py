@@ -41,6 +41,7 @@ from conveyor.constants import (
     UINT64_MAX,
 )
 from conveyor.errors import SerializationError
+from conveyor.message import slot_setters
 
 _SCALARS = frozenset({type(None), bool, float, str, bytes})
 
@@ -117,8 +118,7 @@ class Call:
     app_data: dict[str, Any] | None = None
 
 
-# slot setters, which bypass the frozen check: a decoded call is built in a third of `__init__`'s time
-_CALL_SETTERS = tuple(Call.__dict__[f].__set__ for f in ("name", "args", "kwargs", "app_data"))
+_CALL_SETTERS = slot_setters(Call)  # a decoded call is built without `__init__` (see there)
 
 
 def encode_call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any],

@@ -99,13 +99,15 @@ class TaskHandle:
 
 def task_handles(ids: Sequence[int], queue: str, task: str, source: Publisher | None) -> list[TaskHandle]:
     """The handles of a batch, each equal to `TaskHandle(id, queue, task, source)`, built without the
-    frozen dataclass's `__init__` (which costs more than encoding a small message)."""
+    frozen dataclass's `__init__` (which costs more than encoding a small message), with the collector
+    paused (`gc_paused`: every handle outlives the collections it would trigger)."""
     new = object.__new__
     out = []
-    for i in ids:
-        h = new(TaskHandle)
-        h.__dict__.update(id=int(i), queue=queue, task=task, _pool=source)
-        out.append(h)
+    with gc_paused():
+        for i in ids:
+            h = new(TaskHandle)
+            h.__dict__.update(id=int(i), queue=queue, task=task, _pool=source)
+            out.append(h)
     return out
 
 
@@ -329,8 +331,7 @@ def publish_calls(task_name: str, options: TaskOptions, sig: ArgCheck | None, ca
     ids = target.put(options.queue, messages)
     if len(ids) != len(messages):
         raise ConveyorError(f"publisher returned {len(ids)} ids for {len(messages)} messages")
-    with gc_paused():
-        return task_handles(ids, options.queue, task_name, target)
+    return task_handles(ids, options.queue, task_name, target)
 
 
 def calls_of(items: Iterable[Any], task_name: str, app_data: dict[str, Any] | None = None) -> Iterator[CallArgs]:
