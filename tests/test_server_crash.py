@@ -78,11 +78,13 @@ def consumer(address: str, ledger: Ledger, stop: threading.Event, seed: int) -> 
 def check(address: str, ledger: Ledger, drain: bool) -> None:
     """The server's state against the ledger; with `drain`, consume everything left first."""
     with QueueClient(address, timeout=30) as c:
-        results = dict(c.iter_results("jobs"))
+        # the ledger first: clients go on acking meanwhile, and only acks answered before the
+        # results are read must be among them
         with ledger.lock:
             acked = dict(ledger.acked)
             put = dict(ledger.put)
             maybe = set(ledger.maybe_acked)
+        results = dict(c.iter_results("jobs"))
         for i, r in acked.items():
             if r is not None:
                 assert results.get(i) == r, f"the result of acked message {i} was lost"
