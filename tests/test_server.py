@@ -439,33 +439,38 @@ def test_drop_ends_requests_waiting_on_the_queue(server: ThreadServer) -> None:
         assert c.queues() == []  # the get that waited did not make it again
 
 
-def test_wake_answers_the_gets_waiting_on_its_queues_at_once(server: ThreadServer) -> None:
+def test_wake_answers_the_consumers_gets_waiting_on_its_queues_at_once(server: ThreadServer) -> None:
     from conveyor.server.handlers import WAKE_HOLD_S
 
-    def waited(c: QueueClient, queue: str) -> bool:
+    def waited(c: QueueClient, queue: str, tie: bool = True) -> bool:
         t0 = time.monotonic()
-        got = c.call(calls.get(queue, 1, wait_s=0.3))
+        got = c.call(calls.get(queue, 1, wait_s=0.3, tie=tie))
         assert got == [] and not got.woken
         return time.monotonic() - t0 >= 0.3
 
     with QueueClient(server.address) as c, QueueClient(server.address) as other:
         c.declare("q")
         t0 = time.monotonic()
-        # one connection: the server starts them in this order, so the get waits when the wake comes
-        poll, woke = c.pipeline([calls.get("q", 1, wait_s=30), calls.wake(["q", "not-here"])])
-        assert time.monotonic() - t0 < 5
-        assert (poll, poll.woken, woke) == ([], True, 1)  # 1: the server has one of the two queues
+        # one connection: the server starts them in this order, so the gets wait when the wake comes;
+        # a consumer's get (it ties its leases) is answered, a plain one waits its wait_s out
+        poll, plain, woke = c.pipeline([calls.get("q", 1, wait_s=30, tie=True), calls.get("q", 1, wait_s=1.0),
+                                        calls.wake(["q", "not-here"])])  # fmt: skip
+        assert time.monotonic() - t0 >= 1.0
+        assert (poll, poll.woken, plain, plain.woken, woke) == ([], True, [], False, 1)  # 1: one of the two queues here
         assert waited(c, "q")  # answered woken once: its next get waits as usual
         # a connection between two requests when the wake came: its next get does not wait, once
-        held = other.pipeline([calls.wake(["q"]), calls.get("q", 1, wait_s=30)])[1]
+        held = other.pipeline([calls.wake(["q"]), calls.get("q", 1, wait_s=30, tie=True)])[1]
         assert held == [] and held.woken
         assert waited(other, "q") and waited(other, "r")  # then as usual; another queue was never woken
+        t0 = time.monotonic()
+        plain = c.pipeline([calls.wake(["q"]), calls.get("q", 1, wait_s=0.3)])[1]  # a plain get in the hold waits
+        assert (plain, plain.woken) == ([], False) and time.monotonic() - t0 >= 0.3
         woken_at = time.monotonic()
         wait_for(lambda: time.monotonic() - woken_at > WAKE_HOLD_S, what="the hold's end")
         with QueueClient(server.address) as late:
             assert waited(late, "q")  # after the hold, a new connection's get waits too
         c.put("q", msgs(1))
-        [m] = c.call(calls.get("q", 1, wait_s=30))  # work there: a wake changes nothing for it
+        [m] = c.call(calls.get("q", 1, wait_s=30, tie=True))  # work there: a wake changes nothing for it
         assert m.payload == b"m0"
 
 
@@ -482,7 +487,7 @@ def test_a_wake_ends_a_pools_long_poll_across_its_shards(tmp_path: Path) -> None
             t = threading.Thread(target=lambda: wait_for(lambda: waker.on_every_server(calls.wake(["q"])) == [1, 1]))
             t0 = time.monotonic()
             t.start()
-            assert pool.get("q", 1, wait_s=30) == []
+            assert pool.get("q", 1, wait_s=30, tie=True) == []
             assert time.monotonic() - t0 < 5  # not the next shard's turn, nor the rest of the 30 s
             t.join(10)
         finally:

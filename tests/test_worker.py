@@ -345,6 +345,26 @@ def test_sigkilled_consumer_loses_nothing_and_runs_each_task_to_completion_once(
     assert len(lines(log)) >= 12  # some ran twice (killed mid-task), each message acked once
 
 
+def test_a_stop_with_a_server_killed_is_as_quick_and_the_wake_of_the_other_still_works(pool: QueuePool) -> None:
+    """The stop's wake cannot reach a SIGKILLed server: `cancel` neither waits on it nor fails, and
+    the consumers idle in long polls stop at once all the same."""
+    pool.declare("jobs")
+    cp = ConsumerPool(pool, 2, queues=["jobs"], task_modules=MODULES).start()
+    try:
+        wait_for(lambda: len(pool.workers()) == 2, what="both consumers polling")
+        victim = pool.processes[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(10)
+        t0 = time.monotonic()
+        cp.cancel()
+        took = time.monotonic() - t0
+    finally:
+        cp.cancel()
+    assert took < 5, f"the stop took {took:.1f} s"
+    assert all(not p.is_alive() for p in cp.processes)
+    assert pool.clients[0].ping() is not None  # the live server is untouched
+
+
 @pytest.mark.parametrize("case", ["kept", "temporary", "forked"])
 def test_servers_and_consumers_do_not_outlive_their_pool_process(tmp_path: Path, case: str) -> None:
     """SIGKILL the process that started a local pool and its consumers mid-task: every process it

@@ -187,7 +187,7 @@ class ShardedQueues:
             shards: Sequence[int] | None = None, tie: bool = False) -> list[Message]:  # fmt: skip
         """Lease up to n messages from the first of `shards` (default: all, rotating) that has some.
         With `wait_s`, keeps trying (long polls of a fraction of a second on each shard) until then,
-        or until a server says a `wake` ended the wait (the list's `woken`)."""
+        or until a server says a `wake` ended the wait (the list's `woken`; only with `tie`)."""
         order = list(range(len(self.clients))) if shards is None else list(shards)
         if shards is None:
             k = next(self._rr) % len(order)

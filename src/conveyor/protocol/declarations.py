@@ -205,9 +205,9 @@ PUT = Operation("put", (_QUEUE, Field("n", Kind.INT), Field("priority", Kind.COL
                 ("first", "n", "ids"), "Append messages (payloads as frames); their ids.")  # fmt: skip
 GET = Operation("get", (_QUEUE, Field("n", Kind.INT, 1, hi=MAX_BATCH), _LEASE, Field("wait_s", Kind.NUM, 0.0, hi=MAX_WAIT_S),
                         Field("tie", Kind.BOOL, False)),
-                (*_FETCHED, "left", "woken"), "Lease up to n messages, waiting up to wait_s for some (`woken`: a wake "
-                                              "ended the wait); with tie, the leases also end when the connection is "
-                                              "closed by its peer.")  # fmt: skip
+                (*_FETCHED, "left", "woken"), "Lease up to n messages, waiting up to wait_s for some; with tie (a "
+                                              "consumer's get), the leases also end when the connection is closed by "
+                                              "its peer, and a wake ends the wait (`woken`).")  # fmt: skip
 ACK = Operation("ack", (_QUEUE, _IDS, Field("none", Kind.IDS, None)), ("ok",),
                 "Finish messages, with results as frames (`none`: the positions without one).")  # fmt: skip
 NACK = Operation("nack", (_QUEUE, _IDS, Field("errors", Kind.STRS, None), Field("delay_s", Kind.COLUMN, 0.0),
@@ -230,7 +230,8 @@ DEAD_LETTERS = Operation("dead_letters", (_QUEUE, _AFTER, _LIMIT), (*_FETCHED, "
 FORGET = Operation("forget", (_QUEUE, _IDS), ("n",), "Drop stored results and dead letters of ids.")
 BYE = Operation("bye", (), ("ok",), "This connection closes on purpose: leases it took with tie keep their time.")
 WAKE = Operation("wake", (Field("queues", Kind.NAMES),), ("n",),
-                 "Answer the gets waiting on these queues now, empty: their consumers look again (at a stop, say).")  # fmt: skip
+                 "Answer the consumers' gets (with tie) waiting on these queues now, empty: they look again (at a "
+                 "stop, say).")  # fmt: skip
 PUT_BLOB = Operation("put_blob", (), ("key",), "Store one frame under its sha256.")
 GET_BLOB = Operation("get_blob", (Field("key", Kind.STR),), ("found",), "The bytes stored under a key.")
 FORGET_BLOBS = Operation("forget_blobs", (Field("keys", Kind.NAMES),), ("n",), "Remove blobs.")

@@ -195,7 +195,8 @@ def _fetched(h: Header, frames: Frames, id_base: int) -> Fetched:
 def get(queue: str, n: int, *, lease_s: float | None = None, wait_s: float = 0.0, id_base: int = 0,
         tie: bool = False) -> Call[Fetched]:  # fmt: skip
     """Lease up to n messages; with `wait_s`, wait that long for some to arrive (long poll). With
-    `tie`, the leases also end when this connection closes (the process holding them died)."""
+    `tie` (a consumer's get), the leases also end when this connection closes (the process holding
+    them died), and a `wake` of the queue ends the wait."""
     args = GET.header(queue=queue, n=n, lease_s=lease_s, wait_s=wait_s, tie=tie)
     return Call(GET.name, args, parse=lambda h, f: _fetched(h, f, id_base), wait_s=max(0.0, wait_s), ties=tie)
 
@@ -355,9 +356,10 @@ def bye() -> Call[bool]:
 
 
 def wake(queues: Sequence[str]) -> Call[int]:
-    """End the long polls of gets waiting on `queues` now (they answer with nothing); returns how
-    many of those queues the server has. A pool stopping its consumers sends it after the signal,
-    so that a consumer idle in a long poll stops at once, not when its poll ends."""
+    """End the long polls of the consumers' gets (with `tie`) waiting on `queues` now (they answer
+    with nothing; a plain get waits its `wait_s` out); returns how many of those queues the server
+    has. A pool stopping its consumers sends it after the signal, so that a consumer idle in a long
+    poll stops at once, not when its poll ends."""
     return Call(WAKE.name, WAKE.header(queues=list(queues)), parse=lambda h, f: h["n"])
 
 

@@ -159,10 +159,11 @@ async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     deadline = loop.time() + wait
     tied = TIED.get()  # the connection's record of its ties: one per connection
     wakes = q.wakes - (loop.time() < q.woken_until and id(tied) not in q.woken)  # a wake just now counts, once
+    wakeable = a["tie"]  # a wake answers a consumer's get (it ties its leases), never a plain one
     while True:
         got = q.store.get_batch(n, lease, lim.reply_bytes())  # what fits in the client's limits
         left = deadline - loop.time()
-        if len(got) or n == 0 or left <= 0 or host.closing or q.wakes != wakes:  # woken: answer now (with nothing)
+        if len(got) or n == 0 or left <= 0 or host.closing or (wakeable and q.wakes != wakes):  # woken: answer now, empty
             break
         await q.changed.wait(q.store.poll_wait(left))  # woken by a put, or when something comes due
         if q.dropped:  # while we waited: nothing will come (and `got` is empty)
@@ -176,7 +177,7 @@ async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
         except RequestError:
             q.store.release_many(got.ids)
             raise
-    if woken := q.wakes != wakes:
+    if woken := wakeable and q.wakes != wakes:
         q.woken.add(id(tied))
     if a["tie"] and len(got) and tied is not None:
         tied.took(q, got.ids)
