@@ -169,6 +169,25 @@ def test_workers_python_that_cannot_import_conveyor_is_named_with_the_remedy(tmp
     assert error is not None and "cannot import conveyor" in error and f"PYSPARK_PYTHON={sys.executable}" in error
 
 
+def test_the_embedded_jvm_runs_the_parallel_collector_unless_something_chooses_one(
+        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    from conveyor.spark.session import COLLECTOR_OPTION, JAVA_OPTIONS, java_options
+
+    beans = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()  # type: ignore[union-attr]
+    assert {b.getName() for b in beans} == {"PS Scavenge", "PS MarkSweep"}  # the session the tests run in
+    for var in ("PYSPARK_SUBMIT_ARGS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert java_options({}) == f"{JAVA_OPTIONS} {COLLECTOR_OPTION}"
+    # a collector chosen anywhere the JVM would see it wins (two chosen: the JVM refuses to start)
+    assert java_options({"spark.driver.extraJavaOptions": "-Xss4m -XX:+UseG1GC"}) == JAVA_OPTIONS
+    (tmp_path / "spark-defaults.conf").write_text("spark.driver.extraJavaOptions -XX:+UseZGC\n")
+    assert java_options({}) == JAVA_OPTIONS
+    (tmp_path / "spark-defaults.conf").unlink()
+    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-XX:+UseSerialGC")
+    assert java_options({}) == JAVA_OPTIONS
+
+
 def killer(marker: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """A func that kills its Python worker (a consumer's Spark task) the first time it meets row 77."""
 

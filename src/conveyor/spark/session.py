@@ -7,6 +7,7 @@ holds one JVM whatever mix of features it uses.
 from __future__ import annotations
 
 import os
+import re
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -30,12 +31,19 @@ LOCAL_CONF: dict[str, str] = {
     "spark.sql.shuffle.partitions": "8",
     "spark.python.worker.reuse": "true",
     "spark.log.level": "ERROR",  # quiet from the start (setLogLevel only acts once the JVM is up)
-    # The JVM's own compiler only: its optimizing one (C2) kept compiling all through a map, whose
-    # work is in Python, and took the CPU from it (measured, a map of 18 s on 2 cores: the JVM used
-    # 2.9 s of CPU, 1.5 s of it in C2; with this 0.9 s, and the map ran 4% faster). The default
-    # options, not the extra ones: a user's spark.driver.extraJavaOptions still apply (after these)
-    "spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1",
 }
+
+# The driver JVM's default options (not the extra ones: a user's spark.driver.extraJavaOptions
+# still apply, after these). Its work is light beside the Python work it runs, so:
+# - its own compiler only: the optimizing one (C2) kept compiling all through a map and took the
+#   CPU from it (a map of 18 s on 2 cores: the JVM used 2.9 s of CPU, 1.5 s of it in C2; with
+#   this 0.9 s, and the map ran 4% faster);
+# - the parallel collector, not G1, whose concurrent marking took 0.3-1.1 s of CPU per 10 s job on 2
+#   cores (plain Spark's and map's alike; with this, none). Only when nothing the JVM will see
+#   chooses a collector: two chosen stop it from starting.
+JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+COLLECTOR_OPTION = "-XX:+UseParallelGC"
+_COLLECTOR = re.compile(r"-XX:[+-]Use\w+GC\b")
 
 
 def get_or_create_session(
@@ -59,11 +67,33 @@ def get_or_create_session(
         os.environ.setdefault("PYSPARK_PYTHON", _python())
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", _python())
         builder = SparkSession.builder.master(master or "local[*]").appName(app_name)
-        for key, value in {**LOCAL_CONF, **(conf or {})}.items():
+        settings = {**LOCAL_CONF, "spark.driver.defaultJavaOptions": java_options(conf or {}), **(conf or {})}
+        for key, value in settings.items():
             builder = builder.config(key, value)
         session = builder.getOrCreate()
         session.sparkContext.setLogLevel("ERROR")
         return session
+
+
+def java_options(conf: dict[str, str]) -> str:
+    """The embedded driver JVM's default options: `JAVA_OPTIONS`, and `COLLECTOR_OPTION` unless the
+    session's settings, spark-defaults.conf or the environment choose a collector."""
+    home = os.environ.get("SPARK_CONF_DIR") or os.path.join(os.environ.get("SPARK_HOME") or _pyspark_home(), "conf")
+    try:
+        with open(os.path.join(home, "spark-defaults.conf")) as fh:
+            defaults = fh.read()
+    except OSError:
+        defaults = ""
+    envs = ("PYSPARK_SUBMIT_ARGS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
+    seen = " ".join([defaults, *conf.values(), *(os.environ.get(k, "") for k in envs)])
+    return JAVA_OPTIONS if _COLLECTOR.search(seen) else f"{JAVA_OPTIONS} {COLLECTOR_OPTION}"
+
+
+def _pyspark_home() -> str:
+    import importlib.util
+
+    spec = importlib.util.find_spec("pyspark")
+    return os.path.dirname(spec.origin) if spec is not None and spec.origin else ""
 
 
 def _python() -> str:
