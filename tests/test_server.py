@@ -482,13 +482,19 @@ def test_a_wake_ends_a_pools_long_poll_across_its_shards(tmp_path: Path) -> None
     with thread_server(data_dir=tmp_path / "a") as a, thread_server(data_dir=tmp_path / "b") as b:
         pool = ShardedQueues([QueueClient(a.address), QueueClient(b.address)])
         waker = pickle.loads(pickle.dumps(pool))  # connections of its own: the pool's are busy waiting
+        done = threading.Event()
+
+        def wake_until_answered() -> bool:  # a wake before the get waits may miss it: wake again until it answers
+            return done.is_set() or (waker.on_every_server(calls.wake(["q"])) == [1, 1] and done.wait(0.1))
+
         try:
             pool.get("q", 1)  # the queue on both shards
-            t = threading.Thread(target=lambda: wait_for(lambda: waker.on_every_server(calls.wake(["q"])) == [1, 1]))
+            t = threading.Thread(target=lambda: wait_for(wake_until_answered, timeout=10, what="the get answered"))
             t0 = time.monotonic()
             t.start()
             assert pool.get("q", 1, wait_s=30, tie=True) == []
             assert time.monotonic() - t0 < 5  # not the next shard's turn, nor the rest of the 30 s
+            done.set()
             t.join(10)
         finally:
             pool.close()

@@ -171,21 +171,34 @@ def test_workers_python_that_cannot_import_conveyor_is_named_with_the_remedy(tmp
 
 def test_the_embedded_jvm_runs_the_parallel_collector_unless_something_chooses_one(
         spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    from conveyor.spark.session import COLLECTOR_OPTION, JAVA_OPTIONS, java_options
+    from conveyor.spark.session import COLLECTOR_OPTION, DRIVER_JAVA_OPTIONS, driver_java_options
 
-    beans = spark.sparkContext._jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()  # type: ignore[union-attr]
-    assert {b.getName() for b in beans} == {"PS Scavenge", "PS MarkSweep"}  # the session the tests run in
-    for var in ("PYSPARK_SUBMIT_ARGS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS"):
+    jvm: Any = spark.sparkContext._jvm
+    names = {b.getName() for b in jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()}
+    given = spark.sparkContext.getConf().get("spark.driver.defaultJavaOptions", "")
+    assert ({"PS Scavenge", "PS MarkSweep"} == names) == (COLLECTOR_OPTION in given)  # the tests' own session
+    for var in ("PYSPARK_SUBMIT_ARGS", "SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
-    assert java_options({}) == f"{JAVA_OPTIONS} {COLLECTOR_OPTION}"
-    # a collector chosen anywhere the JVM would see it wins (two chosen: the JVM refuses to start)
-    assert java_options({"spark.driver.extraJavaOptions": "-Xss4m -XX:+UseG1GC"}) == JAVA_OPTIONS
-    (tmp_path / "spark-defaults.conf").write_text("spark.driver.extraJavaOptions -XX:+UseZGC\n")
-    assert java_options({}) == JAVA_OPTIONS
-    (tmp_path / "spark-defaults.conf").unlink()
-    monkeypatch.setenv("JAVA_TOOL_OPTIONS", "-XX:+UseSerialGC")
-    assert java_options({}) == JAVA_OPTIONS
+    both = f"{DRIVER_JAVA_OPTIONS} {COLLECTOR_OPTION}"
+    assert driver_java_options({"spark.executor.cores": 2}) == both
+    # a collector chosen anywhere the JVM's launch reads wins (two chosen: the JVM refuses to start)
+    assert driver_java_options({"spark.driver.extraJavaOptions": "-Xss4m -XX:+UseG1GC"}) == DRIVER_JAVA_OPTIONS
+    for name in ("spark-defaults.conf", "java-opts", "spark-env.sh"):
+        (tmp_path / name).write_text("spark.driver.extraJavaOptions -XX:+UseZGC\n")
+        assert driver_java_options({}) == DRIVER_JAVA_OPTIONS, name
+        (tmp_path / name).unlink()
+    props = tmp_path / "elsewhere.properties"
+    props.write_text("spark.driver.extraJavaOptions=-XX:+UseSerialGC\n")
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", f"--properties-file {props} pyspark-shell")
+    assert driver_java_options({}) == DRIVER_JAVA_OPTIONS
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS")
+    monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-XX:+UseSerialGC")
+    assert driver_java_options({}) == DRIVER_JAVA_OPTIONS
+    monkeypatch.delenv("SPARK_SUBMIT_OPTS")
+    # default options set in spark-defaults.conf are the user's: left as they are
+    (tmp_path / "spark-defaults.conf").write_text("spark.driver.defaultJavaOptions -Xss8m\n")
+    assert driver_java_options({}) is None
 
 
 def killer(marker: str) -> Callable[[dict[str, Any]], dict[str, Any]]:

@@ -60,7 +60,8 @@ class QueueBackend(Protocol):
             shards: Sequence[int] | None = None, tie: bool = False) -> list[Message]:  # fmt: skip
         """Lease up to n messages, waiting up to `wait_s` for some (a long poll). With `tie`, the
         leases also end when the connection that took them closes: a consumer's, so that a dead
-        consumer's work runs again at once rather than after its leases (no connection: no effect)."""
+        consumer's work runs again at once rather than after its leases (no connection: no effect), and a
+        server's `wake` of the queue ends the wait."""
         ...
 
     def get_blob(self, key: str, shard: int = 0) -> bytes | None:

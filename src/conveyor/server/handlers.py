@@ -30,8 +30,8 @@ Handler = Callable[[QueueHost, Arguments, Frames], Awaitable[Reply]]
 
 _DEFAULT_LIMITS = Limits()
 _PER_ITEM = 16  # bytes of header fields an item of a results reply adds (its id, its place in 'found')
-# A connection's next get this soon after a `wake` of its queue does not wait either (once): its consumer,
-# stopping, may have been between the requests of one long poll (a quick look at each shard) when it came.
+# A connection's next tied get this soon after a `wake` of its queue does not wait either (once): its
+# consumer, stopping, may have been between the requests of one long poll (a look at each shard) then.
 WAKE_HOLD_S = 0.05
 
 

@@ -71,8 +71,8 @@ class HostedQueue:
     acks: int = 0
     samples: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW + 1))
     dropped: bool = False  # requests waiting on it when it is dropped answer at once
-    wakes: int = 0  # how many `wake`s it had: a get waiting through one answers at once
-    woken_until: float = 0.0  # event-loop time until which a new get does not wait (see handlers.WAKE_HOLD_S)
+    wakes: int = 0  # how many `wake`s it had: a tied get waiting through one answers at once
+    woken_until: float = 0.0  # event-loop time until which a new tied get does not wait (see handlers.WAKE_HOLD_S)
     woken: set[int] = field(default_factory=set)  # the connections answered `woken` since the last wake
 
     async def durable(self) -> None:

@@ -6,9 +6,11 @@ holds one JVM whatever mix of features it uses.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import threading
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conveyor.errors import ConveyorError
@@ -39,11 +41,15 @@ LOCAL_CONF: dict[str, str] = {
 #   CPU from it (a map of 18 s on 2 cores: the JVM used 2.9 s of CPU, 1.5 s of it in C2; with
 #   this 0.9 s, and the map ran 4% faster);
 # - the parallel collector, not G1, whose concurrent marking took 0.3-1.1 s of CPU per 10 s job on 2
-#   cores (plain Spark's and map's alike; with this, none). Only when nothing the JVM will see
-#   chooses a collector: two chosen stop it from starting.
-JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+#   cores (plain Spark's and map's alike; with this, under 0.03 s). Only when nothing the JVM's
+#   launch reads chooses a collector: two chosen stop it from starting.
+DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
 COLLECTOR_OPTION = "-XX:+UseParallelGC"
 _COLLECTOR = re.compile(r"-XX:[+-]Use\w+GC\b")
+# where a launch of spark-submit finds JVM options besides the session's settings
+_OPTION_ENVS = ("PYSPARK_SUBMIT_ARGS", "SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
+_OPTION_FILES = ("spark-defaults.conf", "java-opts", "spark-env.sh")  # in Spark's conf directory
+_SETS_DEFAULT_OPTIONS = re.compile(r"^\s*spark\.driver\.defaultJavaOptions[\s=]", re.M)
 
 
 def get_or_create_session(
@@ -67,7 +73,9 @@ def get_or_create_session(
         os.environ.setdefault("PYSPARK_PYTHON", _python())
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", _python())
         builder = SparkSession.builder.master(master or "local[*]").appName(app_name)
-        settings = {**LOCAL_CONF, "spark.driver.defaultJavaOptions": java_options(conf or {}), **(conf or {})}
+        conf = conf or {}
+        options = driver_java_options(conf)
+        settings = {**LOCAL_CONF, **({} if options is None else {"spark.driver.defaultJavaOptions": options}), **conf}
         for key, value in settings.items():
             builder = builder.config(key, value)
         session = builder.getOrCreate()
@@ -75,23 +83,28 @@ def get_or_create_session(
         return session
 
 
-def java_options(conf: dict[str, str]) -> str:
-    """The embedded driver JVM's default options: `JAVA_OPTIONS`, and `COLLECTOR_OPTION` unless the
-    session's settings, spark-defaults.conf or the environment choose a collector."""
-    home = os.environ.get("SPARK_CONF_DIR") or os.path.join(os.environ.get("SPARK_HOME") or _pyspark_home(), "conf")
+def driver_java_options(conf: dict[str, Any]) -> str | None:
+    """The embedded driver JVM's default options: `DRIVER_JAVA_OPTIONS`, and `COLLECTOR_OPTION` unless
+    what the launch reads chooses a collector (the session's settings, `_OPTION_ENVS`, the files of
+    Spark's conf directory, a --properties-file). None where one of those files sets the default
+    options itself: a setting here would override it."""
+    conf_dir = Path(os.environ.get("SPARK_CONF_DIR") or Path(os.environ.get("SPARK_HOME") or _pyspark_home()) / "conf")
+    props = re.findall(r"--properties-file[= ](\S+)", os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
+    texts = [_text(f) for f in [*(conf_dir / name for name in _OPTION_FILES), *map(Path, props)]]
+    if any(_SETS_DEFAULT_OPTIONS.search(t) for t in texts):
+        return None
+    seen = " ".join([*texts, *map(str, conf.values()), *(os.environ.get(k, "") for k in _OPTION_ENVS)])
+    return DRIVER_JAVA_OPTIONS if _COLLECTOR.search(seen) else f"{DRIVER_JAVA_OPTIONS} {COLLECTOR_OPTION}"
+
+
+def _text(path: Path) -> str:
     try:
-        with open(os.path.join(home, "spark-defaults.conf")) as fh:
-            defaults = fh.read()
+        return path.read_text(errors="replace")
     except OSError:
-        defaults = ""
-    envs = ("PYSPARK_SUBMIT_ARGS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
-    seen = " ".join([defaults, *conf.values(), *(os.environ.get(k, "") for k in envs)])
-    return JAVA_OPTIONS if _COLLECTOR.search(seen) else f"{JAVA_OPTIONS} {COLLECTOR_OPTION}"
+        return ""
 
 
 def _pyspark_home() -> str:
-    import importlib.util
-
     spec = importlib.util.find_spec("pyspark")
     return os.path.dirname(spec.origin) if spec is not None and spec.origin else ""
 
