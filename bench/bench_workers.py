@@ -25,6 +25,7 @@ the report gives the figures and the ratios to the baselines without the quiet m
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import statistics
@@ -35,7 +36,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import bench_tasks
-from benchlib import Row, busy_machine, make_console, number, print_report, progress, rate, ratio
+from benchlib import Row, busy_machine, make_console, number, print_report, progress, quiet_target, rate, ratio
 from compat import QueuePool
 from conveyor.worker import ConsumerPool
 from workloads import NOOP_PAYLOAD, busy, noop, skewed
@@ -151,9 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         return Row("  conveyor / executor", [x / y for x, y in zip(fig[a], fig[b], strict=True)], ratio,
                    value=med(fig[a]) / med(fig[b]), note="of the medians (runs: per run)")  # fmt: skip
 
-    def at_least(target: float) -> tuple[str, float]:  # the targets are a quiet machine's: busy, figures only
-        return ("", 0.0) if args.busy else (">=", target)
-
+    at_least = functools.partial(quiet_target, args.busy, ">=")  # a quiet machine's targets
     best = f"skewed conveyor {skew_best}"
     rows = [
         Row(

@@ -40,6 +40,11 @@ def busy_machine(on: bool) -> Iterator[None]:
         hog.wait()
 
 
+def quiet_target(busy: bool, op: str, target: float) -> tuple[str, float]:
+    """A Row's (op, target) for a target set for a quiet machine: none in a busy-machine run."""
+    return ("", 0.0) if busy else (op, target)
+
+
 def make_console() -> Console:
     """stdout, wide enough for the report when it is not a terminal."""
     return Console() if sys.stdout.isatty() else Console(width=160)
