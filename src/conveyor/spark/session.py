@@ -6,7 +6,6 @@ holds one JVM whatever mix of features it uses.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 import threading
@@ -105,8 +104,9 @@ def _text(path: Path) -> str:
 
 
 def _pyspark_home() -> str:
-    spec = importlib.util.find_spec("pyspark")
-    return os.path.dirname(spec.origin) if spec is not None and spec.origin else ""
+    import pyspark  # imported already by whoever starts a session
+
+    return os.path.dirname(pyspark.__file__)
 
 
 def _python() -> str:
