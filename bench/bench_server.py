@@ -10,6 +10,8 @@ each server a separate `conveyor serve` process with a fresh data directory (dur
   the shards, pipelined per shard, the shards in parallel);
 - 1 server over TLS (`--tls-cert`, a self-signed certificate the client pins): the same puts and
   get + ack, against plain TCP in the same run (target: at least 0.7x);
+- 1 server with its Prometheus metrics on (`--metrics-port`) and scraped every second, as a
+  dashboard would: the same puts and get + ack, against the server without them (target: within 5%);
 - the baseline, in this process: a `DurableStore` under the same fsync policy, put and get + ack
   with no network, so the ratio server / in-process is the price of the network and the protocol.
 
@@ -20,19 +22,24 @@ Runs are interleaved and each figure is the median of `--runs`.
     python bench/bench_server.py            # full run (about a minute)
     python bench/bench_server.py --quick    # smoke run: 50,000 messages, 1 run
     python bench/bench_server.py --no-tls   # without the TLS runs
+    python bench/bench_server.py --no-metrics  # without the metrics runs (a revision without them)
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import platform
 import shutil
+import socket
 import statistics
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -66,12 +73,45 @@ def drain(get: Callable[[], list[Message]], ack: Callable[[list[int]], object]) 
     return n
 
 
+class Scraper:
+    """Reads a metrics endpoint every second in a thread, as Prometheus or a dashboard would."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.scrapes, self._stop = url, 0, threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with urllib.request.urlopen(self.url, timeout=30) as r:
+                if b"conveyor_queue_put_total" not in r.read() and self.scrapes:
+                    raise RuntimeError("a scrape without the queues' counters")
+            self.scrapes += 1
+            self._stop.wait(1.0)
+
+    def __enter__(self) -> Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(60)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def one_server(root: Path, fsync: str, n: int, batch: list[Message],
-               tls: tuple[Path, Path, str] | None = None) -> dict[str, float]:  # fmt: skip
+               tls: tuple[Path, Path, str] | None = None, metrics: bool = False) -> dict[str, float]:  # fmt: skip
     secure = [] if tls is None else ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
-    proc, address = spawn_server(root / f"one-{fsync}", args=["--fsync", fsync, "--lease", str(LEASE_S), *secure])
+    port = free_port() if metrics else None
+    extra = [] if port is None else ["--metrics-port", str(port)]
+    proc, address = spawn_server(root / f"one-{fsync}", args=["--fsync", fsync, "--lease", str(LEASE_S), *secure, *extra])
+    scraper = Scraper(f"http://127.0.0.1:{port}/metrics") if port is not None else contextlib.nullcontext()
     try:
-        with QueueClient(address, timeout=120, **({} if tls is None else {"fingerprint": tls[2]})) as c:
+        with scraper, QueueClient(address, timeout=120, **({} if tls is None else {"fingerprint": tls[2]})) as c:
             c.ping()
             k = n // BATCH
             t_put = timed(lambda: [c.put("seq", batch) for _ in range(k)])
@@ -82,7 +122,9 @@ def one_server(root: Path, fsync: str, n: int, batch: list[Message],
                 raise RuntimeError(f"drained {got[0]} of {k * BATCH}")
     finally:
         stop_server(proc)
-    tag = "" if tls is None else "tls "
+    if isinstance(scraper, Scraper) and scraper.scrapes < 1:
+        raise RuntimeError("the metrics were never scraped")
+    tag = "metrics " if metrics else "" if tls is None else "tls "
     return {f"{tag}put": k * BATCH / t_put, f"{tag}put pipelined": k * BATCH / t_pipe, f"{tag}get + ack": k * BATCH / t_get}
 
 
@@ -90,6 +132,10 @@ def one_server_tls(root: Path, fsync: str, n: int, batch: list[Message]) -> dict
     from conveyor.protocol.tls import self_signed
 
     return one_server(root, fsync, n, batch, self_signed(root / "cert", ["127.0.0.1"]))
+
+
+def one_server_metrics(root: Path, fsync: str, n: int, batch: list[Message]) -> dict[str, float]:
+    return one_server(root, fsync, n, batch, metrics=True)
 
 
 def two_servers(root: Path, fsync: str, n: int, batch: list[Message]) -> dict[str, float]:
@@ -117,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", type=Path, default=None, help="where to make the temporary data directories")
     ap.add_argument("--quick", action="store_true", help="smoke run: 50,000 messages, 1 run")
     ap.add_argument("--no-tls", action="store_true", help="skip the TLS runs (a revision without TLS: bench/compare.py)")
+    ap.add_argument("--no-metrics", action="store_true", help="skip the metrics runs (a revision without them)")
     args = ap.parse_args(argv)
     n = args.n or (50_000 if args.quick else 200_000)
     runs = 1 if args.quick else args.runs
@@ -131,7 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for run in range(1, runs + 1):
             for fsync in POLICIES:
-                for step in (one_server, *([] if args.no_tls else [one_server_tls]), two_servers, in_process):
+                steps = (one_server, *([] if args.no_tls else [one_server_tls]),
+                         *([] if args.no_metrics else [one_server_metrics]), two_servers, in_process)  # fmt: skip
+                for step in steps:
                     progress(f"run {run}/{runs}, fsync={fsync}: {step.__name__.replace('_', ' ')}")
                     for name, v in step(root, fsync, n, batch).items():
                         figs.setdefault((fsync, name), []).append(v)
@@ -156,6 +205,11 @@ def main(argv: list[str] | None = None) -> int:
             per_run = [a / b for a, b in zip(f[f"tls {name}"], f[name], strict=True)]
             rows.append(Row(f"  TLS / plain TCP {name}", per_run, ratio, ">=", 0.7, value=med(f[f"tls {name}"]) / med(f[name]),
                             note="of the medians (runs: per run)"))  # fmt: skip
+        for name in ("put", "put pipelined", "get + ack") if not args.no_metrics else ():
+            rows.append(Row(f"1 server, metrics scraped every 1 s: {name} (fsync={fsync})", f[f"metrics {name}"], rate))
+            per_run = [a / b for a, b in zip(f[f"metrics {name}"], f[name], strict=True)]
+            rows.append(Row(f"  metrics on / off {name}", per_run, ratio, ">=", 0.95,
+                            value=med(f[f"metrics {name}"]) / med(f[name]), note="of the medians (runs: per run)"))  # fmt: skip
         for name, base in (("put", "store put"), ("get + ack", "store get + ack")):
             rows.append(Row(f"  in-process DurableStore {name}", f[base], rate, note=f"baseline, fsync={fsync}"))
             rows.append(Row(f"  server / in-process {name}", [a / b for a, b in zip(f[name], f[base], strict=True)], ratio,

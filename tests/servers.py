@@ -43,6 +43,8 @@ class ThreadServer:
         self.thread.start()
         started.wait(30)
         if self.error is not None:
+            self.thread.join(30)
+            self.loop.close()
             raise self.error
 
     @property

@@ -190,6 +190,21 @@ class StoreContract:
         assert store.status(a) == Status.FAILED and store.stats().failed == 2
         assert [d.error for d in store.dead_letters()] == ["unknown task", "x"]
 
+    def test_totals_count_what_took_effect(self, store: Store) -> None:
+        """The counters behind a server's metrics: each operation counts what it did, not what it was asked."""
+        a, b, c, d, e = store.put(msgs(b"a", b"b", b"c", b"d", b"e", max_attempts=2))
+        store.get(5, lease_s=100)
+        assert store.ack_many([a, a, 10**9], [b"r", b"s", b"t"]) == [True, False, False]
+        assert store.nack_many([b, b]) == [True, False]  # an attempt left: ready again
+        assert store.nack_many([c], ["no"], final=True) == [True]  # a dead letter
+        assert store.release_many([d, a]) == [True, False]
+        assert store.expire(time.time() + 101) == 1  # e: back to ready, an attempt left
+        got = store.get(3, lease_s=100)  # b, d, e: b and e on their last attempt
+        assert store.expire(time.time() + 101) == 3  # b and e dead letters, d ready
+        t = store.totals
+        assert (t.put, t.delivered, t.acked, t.nacked, t.released, t.expired, t.dead_lettered) == (5, 8, 1, 2, 1, 4, 3)
+        assert sorted(m.id for m in got) == [b, d, e] and store.stats().failed == 3
+
     def test_release_returns_unstarted_messages_without_counting_an_attempt(self, store: Store) -> None:
         a, b = store.put(msgs(b"a", b"b", max_attempts=1))
         [m, _] = store.get(2)

@@ -236,3 +236,15 @@ WORKER_GONE_S = 10.0
 # in a report's counts, every value is a number but this one: the consumer's host name (a string)
 COUNT_HOST = "host"
 MAX_HOST_CHARS = 255
+# a consumer's task run times travel in its report as a histogram: per bucket, the number of tasks
+# that took at most its upper bound in seconds (not cumulative; key COUNT_TASK_SECONDS_LE + the bound,
+# "inf" for the last), and their total seconds under COUNT_TASK_SECONDS_SUM
+COUNT_TASK_SECONDS_LE = "task_seconds_le_"
+COUNT_TASK_SECONDS_SUM = "task_seconds_sum"
+TASK_SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0, 1800.0)
+
+# --- Metrics (server/metrics.py: `conveyor serve --metrics-port`) -------------------------------
+METRICS_PATH = "/metrics"
+# a request's time in the server, from its frames read to its reply queued (a get's wait included)
+REQUEST_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                           2.5, 5.0, 10.0, 30.0, 60.0)  # fmt: skip

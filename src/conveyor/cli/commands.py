@@ -118,17 +118,22 @@ def demo(pages: int, workers: int | None, keys: str, kill_worker: bool) -> None:
               help="Open damaged durable queues keeping what is intact (damaged bytes are kept aside).")  # fmt: skip
 @click.option("--temporary", is_flag=True,
               help="Remove --data-dir when the server stops: queues on disk, not kept.")  # fmt: skip
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
+              help="Serve Prometheus metrics at http://HOST:PORT/metrics (https with TLS; a token, if given, as a "
+                   "bearer token); 0 picks a free port. Off by default. See docs/metrics.md.")  # fmt: skip
 @click.option("--stop-with-parent", is_flag=True,
               help="Also stop cleanly when the process that started the server ends, however it ends "
                    "(seen at once when stdin is a pipe from that process).")  # fmt: skip
 def serve(host: str, port: int, data_dir: Path | None, token: str | None, token_file: Path | None, insecure: bool,
           tls_cert: Path | None, tls_key: Path | None, tls_ca: Path | None, fsync: str, lease_s: float,
           max_attempts: int, max_frame_bytes: int, max_connections: int | None, idle_timeout_s: float,
-          request_timeout_s: float, repair: bool, temporary: bool, stop_with_parent: bool) -> None:  # fmt: skip
+          request_timeout_s: float, repair: bool, temporary: bool, metrics_port: int | None,
+          stop_with_parent: bool) -> None:  # fmt: skip
     """Run a queue server until SIGTERM or Ctrl-C.
 
     Prints "listening on tcp://HOST:PORT" (tls:// with TLS) on stdout once it accepts connections;
-    bound to every interface, an address per interface; with TLS, the certificate's fingerprint.
+    bound to every interface, an address per interface; with TLS, the certificate's fingerprint;
+    with --metrics-port, "metrics on URL".
     """
     if (tls_cert is None) != (tls_key is None) or (tls_ca is not None and tls_cert is None):
         raise click.UsageError("--tls-cert and --tls-key go together (and --tls-ca needs them)")
@@ -141,7 +146,8 @@ def serve(host: str, port: int, data_dir: Path | None, token: str | None, token_
         first, *more = reachable_addresses(address, server.host, server.port)
         lines = [f"listening on {first}", *([f"also reachable at {', '.join(more)}"] if more else []),
                  *([f"TLS certificate sha256 fingerprint: {cert_fingerprint(tls_cert)} (clients may pin it)"]
-                   if tls_cert is not None else [])]  # fmt: skip
+                   if tls_cert is not None else []),
+                 *([f"metrics on {server.metrics_address}"] if server.metrics_address else [])]  # fmt: skip
         try:
             sys.stdout.write("\n".join(lines) + "\n")
             sys.stdout.flush()
@@ -152,7 +158,8 @@ def serve(host: str, port: int, data_dir: Path | None, token: str | None, token_
         tls = None if tls_cert is None or tls_key is None else server_context(tls_cert, tls_key, tls_ca)
         server = QueueServer(host, port, data_dir=data_dir, token=token, insecure=insecure, tls=tls, limits=limits,
                              defaults=defaults, repair=repair, temporary=temporary, max_connections=max_connections,
-                             idle_timeout_s=idle_timeout_s, request_timeout_s=request_timeout_s)  # fmt: skip
+                             idle_timeout_s=idle_timeout_s, request_timeout_s=request_timeout_s,
+                             metrics_port=metrics_port)  # fmt: skip
         tune_gc()  # this process only serves
         server.run(on_ready=ready, stop_with_parent=stop_with_parent)
     except ConveyorError as e:

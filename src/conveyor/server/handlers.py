@@ -90,7 +90,6 @@ async def put(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
         reply: dict[str, Any] = {"first": ids[0] if ids else 0, "n": len(ids)}
     else:
         reply = {"ids": _put_once(q, frames, cols, hdr, keys)}
-    q.puts += n
     q.changed.notify()
     await q.durable()
     return reply, []
@@ -198,7 +197,6 @@ async def ack(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
                 raise RequestError(ERR_BAD_ARGUMENT, f"ack: 'none' holds {i}, not an index into the {len(ids)} ids")
             results[i] = None
     ok = q.store.ack_many(ids, results)
-    q.acks += sum(ok)
     await q.durable()
     host.settled.notify()
     return {"ok": ok}, []

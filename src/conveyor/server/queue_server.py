@@ -18,7 +18,7 @@ import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from conveyor.constants import (
     AUTH_CLIENT_LABEL,
@@ -35,6 +35,7 @@ from conveyor.constants import (
     ERR_PROTOCOL,
     ERR_STORE,
     ERR_UNKNOWN_OP,
+    METRICS_PATH,
 )
 from conveyor.errors import ConveyorError, ProtocolError, RequestError, StoreError
 from conveyor.protocol import framing as protocol
@@ -44,10 +45,14 @@ from conveyor.protocol.framing import Frames, Header, Limits
 from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME
 from conveyor.server.connection import Connection, finished, linger
 from conveyor.server.handlers import HANDLERS
+from conveyor.server.metrics import RequestTimes, ServerCollector, start_endpoint
 from conveyor.server.queues import Defaults, QueueHost
 from conveyor.server.runtime import raise_fd_limit, run_loop, watch_parent
 from conveyor.server.tied import TIED
 from conveyor.storage.files import store_error
+
+if TYPE_CHECKING:
+    from aiohttp import web
 
 log = logging.getLogger("conveyor.server.queue_server")
 
@@ -73,11 +78,12 @@ class QueueServer:
                  defaults: Defaults | None = None, repair: bool = False, sweep_interval_s: float = 0.5,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, temporary: bool = False,
                  max_connections: int | None = None, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
-                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S) -> None:  # fmt: skip
+                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, metrics_port: int | None = None) -> None:  # fmt: skip
         """max_connections: more are refused with a clear error (None: as many as the descriptor
         limit leaves room for, at most DEFAULT_MAX_CONNECTIONS). A connection with no request under
         way is closed after `idle_timeout_s` of silence (clients reconnect unseen: the hello says
-        when), and one that sent part of a request but not the rest within `request_timeout_s`."""
+        when), and one that sent part of a request but not the rest within `request_timeout_s`.
+        `metrics_port`: serve Prometheus metrics there too (0: a free port; `metrics_address` tells)."""
         if temporary and data_dir is None:
             raise ConveyorError("a temporary server needs a data directory (to remove when it stops)")
         if temporary and data_dir is not None and Path(data_dir).is_dir() and any(Path(data_dir).iterdir()):
@@ -111,11 +117,22 @@ class QueueServer:
         self._stopped: asyncio.Event | None = None
         self._closing = False
         self._quiet_until = 0.0  # see _complain
+        self.metrics_port = metrics_port
+        self.request_times = RequestTimes()
+        self._metrics: web.AppRunner | None = None
 
     @property
     def address(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"{TCP_SCHEME if self.tls is None else TLS_SCHEME}{host}:{self.port}"
+
+    @property
+    def metrics_address(self) -> str | None:
+        """Where the Prometheus metrics are served (None: nowhere)."""
+        if self.metrics_port is None:
+            return None
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http{'' if self.tls is None else 's'}://{host}:{self.metrics_port}{METRICS_PATH}"
 
     async def start(self) -> None:
         """Open the queues and start listening."""
@@ -136,6 +153,15 @@ class QueueServer:
             self.queues.close()
             raise
         self.port = self._server.sockets[0].getsockname()[1]
+        if self.metrics_port is not None:
+            collector = ServerCollector(lambda: self.queues, self.request_times, lambda: len(self._conns))
+            try:
+                self._metrics, self.metrics_port = await start_endpoint(collector, self.host, self.metrics_port,
+                                                                        self._key, self.tls)  # fmt: skip
+            except BaseException:
+                self._server.close()
+                self.queues.close()
+                raise
         self._sweeper = asyncio.create_task(self._sweep())
         log.info("listening on %s%s", self.address, " (token required)" if self._key else "")
 
@@ -166,6 +192,8 @@ class QueueServer:
                 t.cancel()
         for c in conns:
             c.writer.close()
+        if self._metrics is not None:  # not before: the connections above are taken before any await
+            await self._metrics.cleanup()
         self.queues.close()
         if self.temporary:
             assert self.data_dir is not None
@@ -281,6 +309,7 @@ class QueueServer:
 
     async def _handle(self, conn: Connection, header: Header, frames: Frames) -> None:
         rid, op = header["id"], header["op"]
+        t0 = time.perf_counter()
         reply: dict[str, Any]
         out: Frames = []
         try:
@@ -304,6 +333,8 @@ class QueueServer:
         except Exception as e:
             log.exception("%s %s failed", conn.peer, op)
             reply = {"id": rid, "error": ERR_INTERNAL, "message": f"{op}: internal error: {type(e).__name__}: {e}"}
+        if op in HANDLERS:  # not an unknown name: clients could make those labels without end
+            self.request_times.observe(op, time.perf_counter() - t0)
         await conn.send(reply, out)
 
     def _complain(self, message: str) -> None:

@@ -67,8 +67,6 @@ class HostedQueue:
     commit: GroupCommit | None  # for durable queues with fsync="batch"
     dedupe: Dedupe
     changed: Signal = field(default_factory=Signal)
-    puts: int = 0
-    acks: int = 0
     samples: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW + 1))
     dropped: bool = False  # requests waiting on it when it is dropped answer at once
     wakes: int = 0  # how many `wake`s it had: a tied get waiting through one answers at once
@@ -81,7 +79,7 @@ class HostedQueue:
             await self.commit.durable(self.commit.wrote())
 
     def sample(self, now: float) -> None:
-        self.samples.append((now, self.puts, self.acks))
+        self.samples.append((now, self.store.totals.put, self.store.totals.acked))
 
     def suspend(self) -> bool:
         """Let go of the queue's file descriptors but its lock, until it next reads or writes; False

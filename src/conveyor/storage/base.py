@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import cast
 
@@ -42,6 +43,19 @@ from conveyor.storage.inspection import StoreInspection
 from conveyor.storage.state import QueueState
 
 EXPIRE_RETRY_S = 1.0  # a lease expiry that could not be settled (a full disk) is tried again this much later
+
+
+@dataclass
+class Totals:
+    """What a store did since it was opened (not persisted: a server's counters start at zero)."""
+
+    put: int = 0
+    delivered: int = 0
+    acked: int = 0
+    nacked: int = 0
+    released: int = 0
+    expired: int = 0  # leases that ran out, or ended with their consumer's connection
+    dead_lettered: int = 0
 
 
 class Store(StoreInspection):
@@ -60,6 +74,7 @@ class Store(StoreInspection):
         # every failed id, forgotten or not: status() must say FAILED after the window slides past it
         self._failed_ids = set()
         self._closed = False
+        self.totals = Totals()
 
     # --- operations -----------------------------------------------------------------------
     def put(self, messages: Sequence[Message]) -> list[int]:
@@ -99,6 +114,7 @@ class Store(StoreInspection):
             self._state.finish(ids, ST_NONE)  # never stored: the ids stay unused
             raise
         self._commit()
+        self.totals.put += n
         return cast(list[int], ids.tolist())
 
     def get(self, n: int, lease_s: float | None = None) -> list[Message]:
@@ -130,6 +146,7 @@ class Store(StoreInspection):
             raise
         self._record(ids, ST_DELIVERED, None, now)
         self._commit()
+        self.totals.delivered += len(ids)
         return batch
 
     def ack(self, msg_id: int, result: bytes | None = None) -> bool:
@@ -152,6 +169,7 @@ class Store(StoreInspection):
             self._state.mark(done, ST_ACKED)
             self._record(done, ST_ACKED, kept, self.clock())
             self._commit()
+            self.totals.acked += len(done)
         return cast(list[bool], ok.tolist())
 
     def nack(self, msg_id: int, error: str = "", delay_s: float = 0.0, final: bool = False) -> bool:
@@ -173,6 +191,7 @@ class Store(StoreInspection):
             sel = np.flatnonzero(ok)
             self._retry_or_fail(arr[sel], [errs[i] for i in sel], now + delay_s, now, final)
             self._commit()
+            self.totals.nacked += len(sel)
         return cast(list[bool], ok.tolist())
 
     def nack_each(self, ids: Sequence[int], errors: Sequence[str], delays: Sequence[float], final: bool = False) -> list[bool]:
@@ -200,6 +219,7 @@ class Store(StoreInspection):
             self._state.requeue(back, np.zeros(len(back), np.float64), now)
             self._record(back, ST_READY, None, now)
             self._commit()
+            self.totals.released += len(back)
         return cast(list[bool], ok.tolist())
 
     def extend_lease(self, msg_id: int, lease_s: float) -> bool:
@@ -257,7 +277,9 @@ class Store(StoreInspection):
         if not len(ids):
             return 0
         try:
-            return len(ids) - self._retry_or_fail(ids, None, np.float64(0.0), now, why=why)
+            n = len(ids) - self._retry_or_fail(ids, None, np.float64(0.0), now, why=why)
+            self.totals.expired += n
+            return n
         except BaseException:
             self._state.relist(ids, now + EXPIRE_RETRY_S)  # still delivered: looked at again a little later
             raise
@@ -291,6 +313,7 @@ class Store(StoreInspection):
                 self._state.mark(failed, ST_FAILED)  # delivered, and each once
                 self._failed_ids.update(failed.tolist())
                 self._record(failed, ST_FAILED, kept, now)
+                self.totals.dead_lettered += len(failed)
         back = ids[~out]
         if len(back):
             # a lease that ran out (its worker lost) goes ahead of the waiting work, so a lost host's

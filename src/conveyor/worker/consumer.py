@@ -21,14 +21,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 from conveyor.client.backend import QueueBackend
-from conveyor.constants import (
-    COUNT_HOST,
-    DEFAULT_SELECTOR,
-    DEFAULT_UNREACHABLE_S,
-    H_TASK,
-)
+from conveyor.constants import COUNT_HOST, DEFAULT_SELECTOR, DEFAULT_UNREACHABLE_S, H_TASK, TASK_SECONDS_BUCKETS
 from conveyor.errors import ConnectionLostError, ConveyorError, ServerUnreachableError, TaskError
 from conveyor.message import Message
+from conveyor.protocol.histograms import Histogram
 from conveyor.protocol.requests import Counts
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import check_pin, pin_core, resolve_slots
@@ -114,6 +110,7 @@ class Consumer:
         self._next_sweep = 0.0  # when to look for tasks over their time limit or due a lease extension
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{consumer}"
         self.stats = ConsumerStats()
+        self._task_seconds = Histogram(TASK_SECONDS_BUCKETS)  # reported: the servers' metrics show it
         self._done: Completions[Completion] = Completions()
         self._running: dict[int, Held] = {}
         self._stop = threading.Event()
@@ -336,7 +333,7 @@ class Consumer:
                 how = "its process was killed" if slots.kind == "process" else "its thread was abandoned and may still be running"
                 err = TaskError(r.message.headers.get(H_TASK, "?"),
                                 f"TimeLimitExceeded: the task ran over its time limit of {limit:g} s ({how})", True)  # fmt: skip
-                self._settle([Completion(r.message, None, err, -1)])
+                self._settle([Completion(r.message, None, err, -1, limit)])
 
     def _heartbeat(self, now: float) -> None:
         """Extend the leases of tasks running long enough for their lease to matter."""
@@ -355,6 +352,8 @@ class Consumer:
             if r is None:
                 continue  # stopped over its time limit and settled then: a late result
             m = c.message
+            if c.seconds >= 0:
+                self._task_seconds.observe(c.seconds)
             if c.result is not None and len(c.result) > fits and len(c.result) > (limit := self._result_limit(m)):
                 # fails this task, not its batch
                 why = (f"ResultTooLarge: the result is {len(c.result):,} bytes, over the server's limit of {limit:,} "
@@ -395,4 +394,5 @@ class Consumer:
     def _counts(self) -> tuple[str, Counts]:
         s = self.stats
         return self.name, {"processed": s.processed, "failed": s.failed, "retried": s.retried, "dead": s.dead,
-                           "running": len(self._running), "stolen": s.stolen, "pid": os.getpid(), COUNT_HOST: _HOST}  # fmt: skip
+                           "running": len(self._running), "stolen": s.stolen, "pid": os.getpid(), COUNT_HOST: _HOST,
+                           **self._task_seconds.as_counts()}  # fmt: skip

@@ -50,6 +50,7 @@ class Completion(NamedTuple):
     result: bytes | None
     error: TaskError | None
     slot: int  # which slot ran it (a stopped slot's late completion is dropped)
+    seconds: float = -1.0  # how long it ran (-1: unknown)
 
 
 def _run(message: Message, conns: WorkerConnections | None) -> tuple[bytes | None, TaskError | None]:
@@ -98,7 +99,7 @@ class ThreadSlots:
         try:
             while (message := self._work.get()) is not None:
                 with self._lock:
-                    self._started[message.id] = (slot, time.monotonic())
+                    self._started[message.id] = (slot, t0 := time.monotonic())
                 result, error = _run(message, self._conns)
                 with self._lock:
                     if self._started.get(message.id, (-1, 0.0))[0] == slot:
@@ -107,7 +108,7 @@ class ThreadSlots:
                 if retired:  # abandoned over its time limit: the consumer has already failed it
                     log.info("abandoned task %s finished after all; its result is dropped", message.id)
                     return
-                self._done.put(Completion(message, result, error, slot))
+                self._done.put(Completion(message, result, error, slot, time.monotonic() - t0))
         finally:
             self._threads.pop(slot, None)
 
@@ -270,10 +271,10 @@ class ProcessSlots:
                 break
             with self._lock:  # against stop_task: either the result counts, or the child was stopped
                 m, c.message = c.message, None
-                stopped = c.stopped
+                stopped, took = c.stopped, time.monotonic() - c.started
             if m is not None and not stopped:
                 self._next(c)  # the next in line starts now, not after a round trip through the consumer
-                self._done.put(Completion(m, result, error, c.slot))
+                self._done.put(Completion(m, result, error, c.slot, took))
         with self._lock:  # never handed anything again
             c.gone = True
             if c in self._idle:

@@ -1,0 +1,169 @@
+"""A queue server's Prometheus metrics (`conveyor serve --metrics-port`): what they are, read from
+the server's own state at each scrape, and the HTTP endpoint that serves them.
+
+The endpoint runs on the server's event loop (aiohttp), so a scrape reads the queues between two
+requests, never during one. It follows the server's rules: its host (loopback unless told
+otherwise), its TLS, and its token, which a scrape sends as a bearer token. The names follow
+Prometheus's conventions; docs/metrics.md lists them.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ssl
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
+
+from conveyor.constants import COUNT_HOST, METRICS_PATH, REQUEST_SECONDS_BUCKETS
+from conveyor.protocol.histograms import Histogram
+from conveyor.server.queues import QueueHost
+
+if TYPE_CHECKING:
+    from aiohttp import web
+    from prometheus_client.core import Metric
+
+# prometheus_client and aiohttp are imported where used: only a server with metrics pays for them
+
+# the counters of each queue: Store.totals field, help text
+QUEUE_TOTALS = (
+    ("put", "Messages put (an idempotent put's repeats not counted)."),
+    ("delivered", "Deliveries: each counts an attempt of its message."),
+    ("acked", "Messages acked (finished, with their result)."),
+    ("nacked", "Nacks taken: the message went back to ready, or to the dead letters."),
+    ("released", "Deliveries given back unstarted by a stopping consumer (the attempt not counted)."),
+    ("expired", "Leases that ran out, or ended with their consumer's connection."),
+    ("dead_lettered", "Messages that became dead letters (out of attempts, or failed for good)."),
+)
+# a consumer's report counts shown as counters
+CONSUMER_TOTALS = (("processed", "Tasks that succeeded (acked)."), ("failed", "Tasks that failed (nacked)."))
+
+
+class RequestTimes:
+    """Per declared operation, a histogram of its requests' time in the server."""
+
+    def __init__(self) -> None:
+        self.by_op: dict[str, Histogram] = {}
+
+    def observe(self, op: str, seconds: float) -> None:
+        h = self.by_op.get(op)
+        if h is None:
+            h = self.by_op[op] = Histogram(REQUEST_SECONDS_BUCKETS)
+        h.observe(seconds)
+
+
+class ServerCollector:
+    """The metric families of one server, built afresh at each scrape from `host()` (None: not
+    started), its request times and `connections()` (how many clients are connected)."""
+
+    def __init__(self, host: Callable[[], QueueHost | None], times: RequestTimes, connections: Callable[[], int]) -> None:
+        self._host, self._times, self._connections = host, times, connections
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # nothing to check at registration: the families depend on what is hosted then
+
+    def collect(self) -> Iterable[Metric]:
+        from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+
+        host = self._host()
+        if host is None:
+            return
+        yield from _queues(host)
+        requests = HistogramMetricFamily("conveyor_request_duration_seconds",
+                                         "Time a request took in the server, from read to reply (a get's wait included).",
+                                         labels=["op"])  # fmt: skip
+        for op, h in sorted(self._times.by_op.items()):
+            requests.add_metric([op], h.cumulative(), h.sum)
+        yield requests
+        yield GaugeMetricFamily("conveyor_server_connections", "Client connections open.", value=self._connections())
+        yield from _consumers(host)
+
+
+def _queues(host: QueueHost) -> Iterable[Metric]:
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+    messages = GaugeMetricFamily("conveyor_queue_messages", "Messages held, by state (acked: finished, its result kept; "
+                                 "dead: dead letters).", labels=["queue", "state"])  # fmt: skip
+    disk = GaugeMetricFamily("conveyor_queue_disk_bytes", "Bytes the queue's files take (0 for a transient queue).",
+                             labels=["queue"])  # fmt: skip
+    totals = [(f, CounterMetricFamily(f"conveyor_queue_{f}", doc, labels=["queue"])) for f, doc in QUEUE_TOTALS]
+    for name, q in sorted(host.queues.items()):
+        if q.dropped:
+            continue
+        s = q.store.stats()
+        for state, n in (("ready", s.ready), ("delivered", s.delivered), ("delayed", s.delayed), ("acked", s.acked),
+                         ("dead", s.failed)):  # fmt: skip
+            messages.add_metric([name, state], n)
+        disk.add_metric([name], s.bytes_on_disk)
+        for f, family in totals:
+            family.add_metric([name], getattr(q.store.totals, f))
+    yield messages
+    yield disk
+    for _, family in totals:
+        yield family
+    yield GaugeMetricFamily("conveyor_queues_unavailable", "Queues whose store could not be opened (see the server's log).",
+                            value=len(host.unavailable))  # fmt: skip
+
+
+def _consumers(host: QueueHost) -> Iterable[Metric]:
+    """From the consumers' reports (each reports to every server: aggregate with max by consumer)."""
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+    labels = ["consumer", "host"]
+    totals = [(f, CounterMetricFamily(f"conveyor_consumer_{f}", doc, labels=labels)) for f, doc in CONSUMER_TOTALS]
+    running = GaugeMetricFamily("conveyor_consumer_running", "Tasks the consumer is running or holds.", labels=labels)
+    seen = GaugeMetricFamily("conveyor_consumer_last_report_age_seconds", "Seconds since the consumer's last report.",
+                             labels=labels)  # fmt: skip
+    runtimes = HistogramMetricFamily("conveyor_consumer_task_duration_seconds", "How long the consumer's tasks ran.",
+                                     labels=labels)  # fmt: skip
+    for name, counts in sorted(host.workers().items()):
+        at = [name, str(counts.get(COUNT_HOST, ""))]
+        for f, family in totals:
+            family.add_metric(at, _number(counts.get(f)))
+        running.add_metric(at, _number(counts.get("running")))
+        seen.add_metric(at, _number(counts.get("seen")))
+        h = Histogram.from_counts(counts)
+        if h is not None:
+            runtimes.add_metric(at, h.cumulative(), h.sum)
+    yield from (family for _, family in totals)
+    yield running
+    yield seen
+    yield runtimes
+
+
+def _number(v: object) -> float:
+    return float(v) if isinstance(v, (int, float)) else 0.0
+
+
+async def start_endpoint(collector: ServerCollector, host: str, port: int, key: bytes | None,
+                         tls: ssl.SSLContext | None) -> tuple[web.AppRunner, int]:  # fmt: skip
+    """Serve `collector` at METRICS_PATH on host:port (0: a free port); (the runner to clean up, the port).
+    With `key`, a scrape must send `Authorization: Bearer <token>`."""
+    from aiohttp import web
+    from prometheus_client.exposition import choose_encoder
+    from prometheus_client.registry import CollectorRegistry
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)  # a Collector is anything with collect()
+
+    async def metrics(request: web.Request) -> web.Response:
+        if key is not None and not _bearer_ok(request.headers.get("Authorization", ""), key):
+            return web.Response(status=401, text="a token is required: send 'Authorization: Bearer <token>'\n",
+                                headers={"WWW-Authenticate": 'Bearer realm="conveyor"'})  # fmt: skip
+        encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
+        return web.Response(body=encoder(registry), headers={"Content-Type": content_type})
+
+    app = web.Application()
+    app.router.add_get(METRICS_PATH, metrics)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port, ssl_context=tls).start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, runner.addresses[0][1]
+
+
+def _bearer_ok(header: str, key: bytes) -> bool:
+    scheme, _, token = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key)
