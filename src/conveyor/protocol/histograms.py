@@ -10,8 +10,9 @@ from __future__ import annotations
 import math
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
+from typing import cast
 
-from conveyor.constants import COUNT_TASK_SECONDS_LE, COUNT_TASK_SECONDS_SUM
+from conveyor.constants import COUNT_TASK_SECONDS_LE, COUNT_TASK_SECONDS_SUM, TASK_SECONDS_BUCKETS
 
 
 class Histogram:
@@ -51,21 +52,17 @@ class Histogram:
         return out
 
     @classmethod
-    def from_counts(cls, counts: Mapping[str, float | str]) -> Histogram | None:
-        """The histogram a report carries (None: it has none, or its keys do not read as one)."""
-        buckets: dict[float, int] = {}
-        try:
-            for k, v in counts.items():
-                if k.startswith(COUNT_TASK_SECONDS_LE) and not isinstance(v, str):
-                    buckets[float(k.removeprefix(COUNT_TASK_SECONDS_LE))] = int(v)
-            total = counts.get(COUNT_TASK_SECONDS_SUM)
-            if math.inf not in buckets or not isinstance(total, (int, float)) or min(buckets.values()) < 0:
-                return None
-            h = cls(sorted(b for b in buckets if b != math.inf))
-        except (ValueError, OverflowError):  # a bound or a count that is no number, or NaN
+    def from_counts(cls, counts: Mapping[str, float | str], bounds: Sequence[float] = TASK_SECONDS_BUCKETS) -> Histogram | None:
+        """The histogram a report carries, with these bounds (None: it has none, or not these: a
+        report cannot make label values of its own)."""
+        keys = [f"{COUNT_TASK_SECONDS_LE}{_le(b)}" for b in bounds] + [f"{COUNT_TASK_SECONDS_LE}inf"]
+        values = [counts.get(k) for k in keys]
+        total = counts.get(COUNT_TASK_SECONDS_SUM)
+        if not all(type(v) is int and v >= 0 for v in values) or type(total) not in (int, float):
             return None
-        h.counts = [buckets[b] for b in h.bounds] + [buckets[math.inf]]
-        h.sum = float(total)
+        h = cls(bounds)
+        h.counts = cast(list[int], values)
+        h.sum = float(cast(float, total))
         return h
 
 

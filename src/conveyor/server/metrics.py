@@ -30,7 +30,7 @@ QUEUE_TOTALS = (
     ("delivered", "Deliveries: each counts an attempt of its message."),
     ("acked", "Messages acked (finished, with their result)."),
     ("nacked", "Nacks taken: the message went back to ready, or to the dead letters."),
-    ("released", "Deliveries given back unstarted by a stopping consumer (the attempt not counted)."),
+    ("released", "Deliveries given back unstarted (by a consumer, a client, or a reply too big): no attempt counted."),
     ("expired", "Leases that ran out, or ended with their consumer's connection."),
     ("dead_lettered", "Messages that became dead letters (out of attempts, or failed for good)."),
 )

@@ -94,6 +94,9 @@ class QueueServer:
             raise ConveyorError(f"refusing to listen on {host} without a token: anyone who can reach it could read and "
                                 "change the queues. Give a token (--token or CONVEYOR_TOKEN), or --insecure "
                                 "to accept that")  # fmt: skip
+        if metrics_port is not None and self._key is not None and tls is None and not is_loopback(host):
+            raise ConveyorError(f"refusing to serve metrics on {host} with a token but without TLS: each scrape would "
+                                "send the token in clear over the network. Give --tls-cert and --tls-key")  # fmt: skip
         if tls is None and not is_loopback(host):
             log.warning("listening on %s without TLS: the traffic can be read and altered by anyone on the network "
                         "path (the token only proves who connects). Give --tls-cert and --tls-key", host)  # fmt: skip
@@ -146,22 +149,19 @@ class QueueServer:
                                 f"{self.max_connections} connections: raise it, or lower --max-connections")  # fmt: skip
         self.queues = QueueHost(self.data_dir, self.defaults, self.repair, fd_budget=budget)
         try:
+            if self.metrics_port is not None:  # first: a failure here leaves no client connected
+                collector = ServerCollector(lambda: self.queues, self.request_times, lambda: len(self._conns))
+                self._metrics, self.metrics_port = await start_endpoint(collector, self.host, self.metrics_port,
+                                                                        self._key, self.tls)  # fmt: skip
             handshake_s = None if self.tls is None else AUTH_TIMEOUT_S  # unaccounted until done: kept short
             self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=2**20, ssl=self.tls,
                                                       ssl_handshake_timeout=handshake_s)  # fmt: skip
         except BaseException:
+            if self._metrics is not None:
+                await self._metrics.cleanup()
             self.queues.close()
             raise
         self.port = self._server.sockets[0].getsockname()[1]
-        if self.metrics_port is not None:
-            collector = ServerCollector(lambda: self.queues, self.request_times, lambda: len(self._conns))
-            try:
-                self._metrics, self.metrics_port = await start_endpoint(collector, self.host, self.metrics_port,
-                                                                        self._key, self.tls)  # fmt: skip
-            except BaseException:
-                self._server.close()
-                self.queues.close()
-                raise
         self._sweeper = asyncio.create_task(self._sweep())
         log.info("listening on %s%s", self.address, " (token required)" if self._key else "")
 

@@ -113,8 +113,8 @@ class Store(StoreInspection):
         except BaseException:
             self._state.finish(ids, ST_NONE)  # never stored: the ids stay unused
             raise
-        self._commit()
         self.totals.put += n
+        self._commit()
         return cast(list[int], ids.tolist())
 
     def get(self, n: int, lease_s: float | None = None) -> list[Message]:
@@ -145,8 +145,8 @@ class Store(StoreInspection):
             self._state.untake(ids, until)
             raise
         self._record(ids, ST_DELIVERED, None, now)
-        self._commit()
         self.totals.delivered += len(ids)
+        self._commit()
         return batch
 
     def ack(self, msg_id: int, result: bytes | None = None) -> bool:
@@ -168,8 +168,8 @@ class Store(StoreInspection):
             kept = self._keep_results(done, mine) if mine and any(r is not None for r in mine) else None
             self._state.mark(done, ST_ACKED)
             self._record(done, ST_ACKED, kept, self.clock())
-            self._commit()
             self.totals.acked += len(done)
+            self._commit()
         return cast(list[bool], ok.tolist())
 
     def nack(self, msg_id: int, error: str = "", delay_s: float = 0.0, final: bool = False) -> bool:
@@ -190,8 +190,8 @@ class Store(StoreInspection):
             now = self.clock()
             sel = np.flatnonzero(ok)
             self._retry_or_fail(arr[sel], [errs[i] for i in sel], now + delay_s, now, final)
-            self._commit()
             self.totals.nacked += len(sel)
+            self._commit()
         return cast(list[bool], ok.tolist())
 
     def nack_each(self, ids: Sequence[int], errors: Sequence[str], delays: Sequence[float], final: bool = False) -> list[bool]:
@@ -218,8 +218,8 @@ class Store(StoreInspection):
             self._state.cols["attempts"][back - self._state.base] -= 1
             self._state.requeue(back, np.zeros(len(back), np.float64), now)
             self._record(back, ST_READY, None, now)
-            self._commit()
             self.totals.released += len(back)
+            self._commit()
         return cast(list[bool], ok.tolist())
 
     def extend_lease(self, msg_id: int, lease_s: float) -> bool:
