@@ -73,7 +73,7 @@ def test_a_scrape_after_a_known_workload_shows_every_value(server: ThreadServer)
     for name, want in (("put", 11), ("delivered", 7), ("acked", 2), ("nacked", 2), ("released", 2), ("expired", 1),
                        ("dead_lettered", 1)):  # fmt: skip
         assert value(s, f"conveyor_queue_{name}_total", queue="work") == want, name
-    for state, want in (("ready", 7), ("delivered", 0), ("delayed", 1), ("acked", 2), ("dead", 1)):
+    for state, want in (("ready", 7), ("delivered", 0), ("delayed", 1), ("acked", 2), ("failed", 1)):
         assert value(s, "conveyor_queue_messages", queue="work", state=state) == want, state
     assert (stats.ready, stats.delayed, stats.acked, stats.failed) == (7, 1, 2, 1)
     assert value(s, "conveyor_queue_disk_bytes", queue="work") == stats.bytes_on_disk > 0

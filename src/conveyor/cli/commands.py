@@ -28,6 +28,7 @@ from conveyor.constants import (
     DEFAULT_REQUEST_TIMEOUT_S,
     MAX_LEASE_S,
 )
+from conveyor.dashboard import DEFAULT_DASHBOARD_PORT, Dashboard
 from conveyor.errors import ConnectionLostError, ConveyorError
 from conveyor.gc_policy import tune_gc
 from conveyor.protocol import requests as calls
@@ -226,6 +227,37 @@ def stats(conn: Connection, queue: str | None, per_shard: bool, watch: float | N
             pass
     if any(isinstance(g, Exception) for g in got):
         click.get_current_context().exit(EXIT_SERVER_DOWN)
+
+
+@main.command()
+@connect_options
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to serve the page on. Off loopback it needs the pool's token (the page asks for it) and TLS.",
+)
+@click.option(
+    "--port", default=DEFAULT_DASHBOARD_PORT, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port."
+)
+@click.option(
+    "--cert", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Serve over HTTPS: certificate (PEM)."
+)
+@click.option("--key", type=click.Path(dir_okay=False, path_type=Path), default=None, help="The key of --cert (PEM).")
+@click.option("--insecure", is_flag=True, help="Allow a non-loopback address without TLS (the login then crosses in clear).")
+def dashboard(conn: Connection, host: str, port: int, cert: Path | None, key: Path | None, insecure: bool) -> None:
+    """Serve a live web dashboard of the servers: queues, rates, consumers, map jobs, dead letters
+    (with requeue). Prints "dashboard on URL"; runs until SIGTERM or Ctrl-C. See docs/dashboard.md."""
+    if (cert is None) != (key is None):
+        raise click.UsageError("--cert and --key go together")
+    try:
+        tls = None if cert is None or key is None else server_context(cert, key)
+        with open_pool(conn, connect_timeout=3.0, timeout=3.0) as pool:  # a server down is shown as down, quickly
+            board = Dashboard(pool, host, port, token=conn.token, tls=tls, insecure=insecure).start()
+            click.echo(f"dashboard on {board.url}")
+            board.serve_forever()
+    except ConveyorError as e:
+        raise click.ClickException(str(e)) from None
 
 
 @main.command("dead-letters")

@@ -19,6 +19,12 @@ class QueueClient(Transport):
     """A blocking client of one queue server: its operations, over a `Transport` (which says how
     it connects, with TLS and a token, and what a lost connection means)."""
 
+    def sibling(self, timeout: float, connect_timeout: float) -> QueueClient:
+        """Another client of the same server (token, TLS, limits) on a connection of its own, with these
+        timeouts: for a watcher that must not wait as long as this client's callers would."""
+        return QueueClient(self.address, self._key, timeout=timeout, connect_timeout=connect_timeout, limits=self.limits,
+                           tls=self.tls)  # fmt: skip
+
     # --- operations (see `conveyor.protocol.requests` for each one's contract) --------------------------
     def ping(self) -> Header:
         return self.call(calls.ping())

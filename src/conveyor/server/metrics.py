@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 
 # prometheus_client and aiohttp are imported where used: only a server with metrics pays for them
 
+SHUTDOWN_S = 1.0  # at a stop, how long open HTTP connections (a browser's, a scraper's keep-alive) may finish
 # the counters of each queue: Store.totals field, help text
 QUEUE_TOTALS = (
     ("put", "Messages put (an idempotent put's repeats not counted)."),
@@ -81,8 +82,9 @@ class ServerCollector:
 def _queues(host: QueueHost) -> Iterable[Metric]:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-    messages = GaugeMetricFamily("conveyor_queue_messages", "Messages held, by state (acked: finished, its result kept; "
-                                 "dead: dead letters).", labels=["queue", "state"])  # fmt: skip
+    messages = GaugeMetricFamily("conveyor_queue_messages", "Messages by state (acked: finished; failed: ended as dead "
+                                 "letters; both counted after their results or dead letters are forgotten or requeued).",
+                                 labels=["queue", "state"])  # fmt: skip
     disk = GaugeMetricFamily("conveyor_queue_disk_bytes", "Bytes the queue's files take (0 for a transient queue).",
                              labels=["queue"])  # fmt: skip
     totals = [(f, CounterMetricFamily(f"conveyor_queue_{f}", doc, labels=["queue"])) for f, doc in QUEUE_TOTALS]
@@ -91,7 +93,7 @@ def _queues(host: QueueHost) -> Iterable[Metric]:
             continue
         s = q.store.stats()
         for state, n in (("ready", s.ready), ("delivered", s.delivered), ("delayed", s.delayed), ("acked", s.acked),
-                         ("dead", s.failed)):  # fmt: skip
+                         ("failed", s.failed)):  # fmt: skip
             messages.add_metric([name, state], n)
         disk.add_metric([name], s.bytes_on_disk)
         for f, family in totals:
@@ -154,7 +156,7 @@ async def start_endpoint(collector: ServerCollector, host: str, port: int, key: 
 
     app = web.Application()
     app.router.add_get(METRICS_PATH, metrics)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port, ssl_context=tls).start()

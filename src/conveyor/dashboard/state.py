@@ -1,0 +1,195 @@
+"""What the dashboard shows, gathered from a pool's servers: `PoolWatch` asks each server for its
+stats once a second, each in a thread of its own (a server that is down or slow delays no other),
+and keeps the minutes of history the charts draw. Everything it hands out is plain JSON-ready data.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from dataclasses import asdict
+from typing import Any
+
+from conveyor.client.pool import QueuePool
+from conveyor.client.queue_client import QueueClient
+from conveyor.constants import COUNT_HOST, H_TASK, SHARD_SHIFT, WORKER_GONE_S
+from conveyor.errors import ConveyorError
+from conveyor.protocol import requests as calls
+from conveyor.protocol.requests import QueueStats, ServerStats
+
+POLL_S = 1.0  # how often each server is asked
+ACTION_TIMEOUT_S = 10.0  # a page of dead letters, a requeue: answered within this, or an error shown
+POLL_TIMEOUT_S = 2.0  # a server that does not answer within this is shown down (its last figures dropped)
+HISTORY_S = 600.0  # how far back the charts go
+LATE_S = 5.0  # a consumer reports every 2 s: one not heard from for this long is marked late
+GONE_KEPT_S = 300.0  # a consumer that stopped reporting stays listed as gone this long
+MAP_PREFIX = "map-"  # the queues of conveyor.spark.map jobs
+_COUNTS = ("ready", "delivered", "delayed", "acked", "failed", "bytes_on_disk", "put_rate", "ack_rate")
+
+
+class ServerWatch:
+    """One server's latest answer (or error), refreshed every POLL_S in a daemon thread."""
+
+    def __init__(self, client: QueueClient, stop: threading.Event) -> None:
+        self.client = client.sibling(POLL_TIMEOUT_S, POLL_TIMEOUT_S)  # not the pool's: its timeouts may be long
+        self.address = client.address
+        self.stats: ServerStats | None = None
+        self.error: str | None = None
+        self.answered_at = 0.0  # time.time() of the last answer
+        self._stop = stop
+        self._thread = threading.Thread(target=self._run, name=f"dashboard-{self.address}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            try:
+                self.stats, self.error, self.answered_at = self.client.call(calls.server_stats()), None, time.time()
+            except (ConveyorError, OSError) as e:  # down, out of reach, or no answer within the client's timeout
+                self.error = f"{type(e).__name__}: {e}"
+            self._stop.wait(max(0.0, POLL_S - (time.monotonic() - t0)))
+        self.client.close()
+
+    @property
+    def up(self) -> bool:
+        return self.error is None and self.stats is not None
+
+
+class PoolWatch:
+    """The pool as the dashboard shows it: servers, queues (summed and per shard), consumers,
+    map jobs, and a history of each queue's ready count and rates."""
+
+    def __init__(self, pool: QueuePool) -> None:
+        # connections of its own, with short timeouts: a server that dies holds up no page for long,
+        # and the pool's own callers are never held up by the page
+        self.pool = QueuePool([c.sibling(ACTION_TIMEOUT_S, POLL_TIMEOUT_S) for c in pool.clients])
+        self._stop = threading.Event()
+        self.servers = [ServerWatch(c, self._stop) for c in pool.clients]
+        self._seen: dict[str, dict[str, Any]] = {}  # consumer -> its last figures, also once gone
+        self._history: deque[tuple[float, dict[str, tuple[int, float, float]]]] = deque()
+        self._lock = threading.Lock()
+        self._sampler = threading.Thread(target=self._sample_loop, name="dashboard-history", daemon=True)
+        self._sampler.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.pool.close()
+
+    def _sample_loop(self) -> None:
+        while not self._stop.wait(POLL_S):
+            now = time.time()
+            sample = {q: (s.ready, s.put_rate, s.ack_rate) for q, s in self.queues().items()}
+            with self._lock:
+                self._history.append((now, sample))
+                while self._history and self._history[0][0] < now - HISTORY_S:
+                    self._history.popleft()
+
+    def queues(self) -> dict[str, QueueStats]:
+        """Each queue summed over the servers that answer."""
+        out: dict[str, QueueStats] = {}
+        for w in self.servers:
+            for q, s in (w.stats.queues if w.up and w.stats else {}).items():
+                out[q] = out[q] + s if q in out else s
+        return out
+
+    def overview(self) -> dict[str, Any]:
+        """Everything the page shows but the dead letters and the history."""
+        now = time.time()
+        servers = [{"shard": k, "address": w.address, "up": w.up, "error": w.error,
+                    "last_answer_s": None if not w.answered_at else round(now - w.answered_at, 1)}
+                   for k, w in enumerate(self.servers)]  # fmt: skip
+        per_shard: dict[str, dict[str, dict[str, Any]]] = {}
+        for k, w in enumerate(self.servers):
+            for q, s in (w.stats.queues if w.up and w.stats else {}).items():
+                per_shard.setdefault(q, {})[str(k)] = _counts(s)
+        queues = [{"name": q, **_counts(s), "shards": per_shard.get(q, {})} for q, s in sorted(self.queues().items())]
+        jobs = [_job(q) for q in queues if q["name"].startswith(MAP_PREFIX)]
+        return {"time": now, "servers": servers, "queues": queues, "consumers": self._consumers(now), "jobs": jobs}
+
+    def _consumers(self, now: float) -> list[dict[str, Any]]:
+        heard: dict[str, dict[str, Any]] = {}
+        for w in self.servers:
+            for name, counts in (w.stats.workers if w.up and w.stats else {}).items():
+                seen = float(counts.get("seen", 0))
+                if name not in heard or seen < heard[name]["seen"]:
+                    figures = {k: _int(counts.get(k)) for k in ("pid", "processed", "failed", "running", "stolen")}
+                    heard[name] = {"name": name, "host": str(counts.get(COUNT_HOST, "")), "seen": seen, **figures}
+        out = []
+        with self._lock:
+            for name, fig in heard.items():
+                self._seen[name] = {**fig, "heard_at": now - fig["seen"]}
+            for name in [n for n, fig in self._seen.items() if now - fig["heard_at"] > GONE_KEPT_S]:
+                del self._seen[name]
+            for name, fig in sorted(self._seen.items()):
+                ago = now - fig["heard_at"]
+                status = "gone" if name not in heard else "late" if ago > LATE_S else "ok"
+                if name not in heard and ago < WORKER_GONE_S and not any(w.up for w in self.servers):
+                    status = "unknown"  # no server answers: nothing is known of it
+                out.append({**{k: v for k, v in fig.items() if k != "heard_at"}, "seen": round(ago, 1), "status": status})
+        return out
+
+    def history(self, queue: str | None = None) -> dict[str, list[float]]:
+        """Per second over the last HISTORY_S: time, ready, put and ack rates, of one queue or of all."""
+        with self._lock:
+            samples = list(self._history)
+        out: dict[str, list[float]] = {"time": [], "ready": [], "put_rate": [], "ack_rate": []}
+        for t, per in samples:
+            rows = [per[queue]] if queue is not None and queue in per else list(per.values()) if queue is None else []
+            out["time"].append(t)
+            for key, i in (("ready", 0), ("put_rate", 1), ("ack_rate", 2)):
+                out[key].append(round(sum(r[i] for r in rows), 2))
+        return out
+
+    def dead_letters(self, queue: str, cursor: str = "", limit: int = 50) -> dict[str, Any]:
+        """One page of a queue's dead letters, shard after shard; `next` resumes after it ("" at the end).
+        Shards down are passed over and named in `skipped`."""
+        shard, after = (int(x) for x in cursor.split(":")) if cursor else (0, 0)
+        items: list[dict[str, Any]] = []
+        skipped: list[str] = []
+        while shard < len(self.pool.clients) and len(items) < limit:
+            if not self.servers[shard].up:
+                skipped.append(self.servers[shard].address)
+                shard, after = shard + 1, 0
+                continue
+            page = self.pool.clients[shard].dead_letters(queue, after, limit - len(items))
+            for d in page:
+                m = d.message
+                items.append({"id": str(shard << SHARD_SHIFT | m.id), "shard": shard, "attempts": m.attempts,
+                              "failed_at": d.failed_at, "task": m.headers.get(H_TASK, ""), "error": d.error,
+                              "payload": _preview(m.payload)})  # fmt: skip
+                after = m.id
+            if len(items) < limit:
+                shard, after = shard + 1, 0
+        more = f"{shard}:{after}" if shard < len(self.pool.clients) else ""
+        return {"queue": queue, "items": items, "next": more, "skipped": skipped}
+
+    def requeue(self, queue: str, ids: list[int] | None) -> int:
+        """Put dead letters back (the pool's own requeue): these pool-wide ids, or all (None)."""
+        return self.pool.requeue_dead_letters(queue, ids)
+
+
+def _counts(s: QueueStats) -> dict[str, Any]:
+    d = asdict(s)
+    return {k: round(d[k], 2) if isinstance(d[k], float) else d[k] for k in _COUNTS}
+
+
+def _job(q: dict[str, Any]) -> dict[str, Any]:
+    """A map job's progress from its queue: messages (each up to `rows_per_message` rows) done of put."""
+    total = q["ready"] + q["delayed"] + q["delivered"] + q["acked"] + q["failed"]
+    done = q["acked"] + q["failed"]
+    rate = q["ack_rate"]
+    left = total - done
+    return {"queue": q["name"], "total": total, "done": done, "failed": q["failed"], "rate": rate,
+            "eta_s": round(left / rate, 1) if rate > 0 and left else (0.0 if not left else None)}  # fmt: skip
+
+
+def _int(v: object) -> int:
+    return int(v) if isinstance(v, (int, float)) else 0
+
+
+def _preview(payload: bytes, width: int = 120) -> str:
+    """The payload's first bytes as printable text (never decoded as data: servers hold opaque bytes)."""
+    head = payload[:width]
+    text = "".join(chr(b) if 32 <= b < 127 else "." for b in head)
+    return text + ("…" if len(payload) > width else "")
