@@ -10,8 +10,9 @@ each server a separate `conveyor serve` process with a fresh data directory (dur
   the shards, pipelined per shard, the shards in parallel);
 - 1 server over TLS (`--tls-cert`, a self-signed certificate the client pins): the same puts and
   get + ack, against plain TCP in the same run (target: at least 0.7x);
-- 1 server with its Prometheus metrics on (`--metrics-port`) and scraped every second, as a
-  dashboard would: the same puts and get + ack, against the server without them (target: within 5%);
+- 1 server with its Prometheus metrics on (`--metrics-port`) and scraped every second, and a
+  dashboard polling it every second (its page read every second): the same puts and get + ack,
+  against the server without them (target: within 5%);
 - the baseline, in this process: a `DurableStore` under the same fsync policy, put and get + ack
   with no network, so the ratio server / in-process is the price of the network and the protocol.
 
@@ -74,10 +75,15 @@ def drain(get: Callable[[], list[Message]], ack: Callable[[list[int]], object]) 
 
 
 class Scraper:
-    """Reads a metrics endpoint every second in a thread, as Prometheus or a dashboard would."""
+    """Reads a server's metrics every second, as Prometheus would, beside a dashboard (of this
+    process) that polls the server every second and whose page is read every second."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, address: str) -> None:
+        from conveyor.dashboard import Dashboard
+
         self.url, self.scrapes, self._stop = url, 0, threading.Event()
+        self._pool = QueuePool.connect([address])
+        self._board = Dashboard(self._pool, port=0)
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -85,16 +91,21 @@ class Scraper:
             with urllib.request.urlopen(self.url, timeout=30) as r:
                 if b"conveyor_queue_put_total" not in r.read() and self.scrapes:
                     raise RuntimeError("a scrape without the queues' counters")
+            with urllib.request.urlopen(self._board.url + "api/overview", timeout=30) as r:
+                r.read()
             self.scrapes += 1
             self._stop.wait(1.0)
 
     def __enter__(self) -> Scraper:
+        self._board.start()
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(60)
+        self._board.stop()
+        self._pool.close()
 
 
 def free_port() -> int:
@@ -109,7 +120,7 @@ def one_server(root: Path, fsync: str, n: int, batch: list[Message],
     port = free_port() if metrics else None
     extra = [] if port is None else ["--metrics-port", str(port)]
     proc, address = spawn_server(root / f"one-{fsync}", args=["--fsync", fsync, "--lease", str(LEASE_S), *secure, *extra])
-    scraper = Scraper(f"http://127.0.0.1:{port}/metrics") if port is not None else contextlib.nullcontext()
+    scraper = Scraper(f"http://127.0.0.1:{port}/metrics", address) if port is not None else contextlib.nullcontext()
     try:
         with scraper, QueueClient(address, timeout=120, **({} if tls is None else {"fingerprint": tls[2]})) as c:
             c.ping()
@@ -206,9 +217,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(Row(f"  TLS / plain TCP {name}", per_run, ratio, ">=", 0.7, value=med(f[f"tls {name}"]) / med(f[name]),
                             note="of the medians (runs: per run)"))  # fmt: skip
         for name in ("put", "put pipelined", "get + ack") if not args.no_metrics else ():
-            rows.append(Row(f"1 server, metrics scraped every 1 s: {name} (fsync={fsync})", f[f"metrics {name}"], rate))
+            rows.append(Row(f"1 server, metrics + dashboard every 1 s: {name} (fsync={fsync})", f[f"metrics {name}"], rate))
             per_run = [a / b for a, b in zip(f[f"metrics {name}"], f[name], strict=True)]
-            rows.append(Row(f"  metrics on / off {name}", per_run, ratio, ">=", 0.95,
+            rows.append(Row(f"  metrics + dashboard on / off {name}", per_run, ratio, ">=", 0.95,
                             value=med(f[f"metrics {name}"]) / med(f[name]), note="of the medians (runs: per run)"))  # fmt: skip
         for name, base in (("put", "store put"), ("get + ack", "store get + ack")):
             rows.append(Row(f"  in-process DurableStore {name}", f[base], rate, note=f"baseline, fsync={fsync}"))

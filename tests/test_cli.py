@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -9,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +24,36 @@ ROOT = Path(__file__).resolve().parent.parent
 def test_demo_runs_every_scene_and_reports_what_it_measured() -> None:
     """Four scenes, small: every page of the map comes back or is reported with its reason; plain
     Spark aborts on the crashing pages, is cancelled on the hanging one, and recovers the killed worker."""
-    cmd = [sys.executable, "-m", "conveyor", "demo", "--pages", "1200", "--kill-worker"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=400, env={**os.environ, "COLUMNS": "200"})
+    cmd = [sys.executable, "-m", "conveyor", "demo", "--pages", "1200", "--kill-worker", "--dashboard"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
+    seen: list[dict[str, Any]] = []  # the dashboard's overview, read while the demo runs
+
+    def watch(lines: Any, into: list[str]) -> None:
+        for line in lines:
+            into.append(line)
+            if line.startswith("dashboard on "):
+                url = line.split()[2]
+                with urllib.request.urlopen(url + "api/overview", timeout=30) as r:
+                    seen.append(json.loads(r.read()))
+
+    err: list[str] = []
+    std: list[str] = []
+    pipes = ((proc.stderr, err), (proc.stdout, std))
+    readers = [threading.Thread(target=watch, args=(pipe, into), daemon=True) for pipe, into in pipes]
+    for r in readers:
+        r.start()
+    try:
+        proc.wait(timeout=400)
+    finally:
+        proc.kill()
+        for r in readers:
+            r.join(30)
+        for pipe, _ in pipes:
+            assert pipe is not None
+            pipe.close()
+    out = subprocess.CompletedProcess(cmd, proc.returncode, "".join(std), "".join(err))
     assert out.returncode == 0, out.stderr[-3000:]
+    assert len(seen) == 1 and [s["up"] for s in seen[0]["servers"]] == [True, True], seen  # the embedded pool's 2
     verdicts = {line[0]: line for line in out.stdout.splitlines() if line[:3] in ("a. ", "b. ", "c. ", "d. ")}
     assert set(verdicts) == set("abcd"), out.stdout
     assert "map: 1,199 of 1,200 pages back, 1 failed (1 ValueError)" in verdicts["a"]

@@ -88,13 +88,16 @@ def updated(page: Any) -> float:
 
 def test_counts_follow_the_work_and_a_killed_consumer_is_marked(page: Any) -> None:
     with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
-        wt.sleeps.publish_many([(0.05,)] * 200, _pool=pool)
+        wt.sleeps.publish_many([(0.05,)] * 400, _pool=pool)
         page.goto(board.url)
-        wait_for(lambda: number(cell(page, "queues", "jobs", 1)) == 200, 10, "200 ready on the page")
+        wait_for(lambda: number(cell(page, "queues", "jobs", 1)) == 400, 10, "400 ready on the page")
         cp = ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=2, task_modules=MODULES, restart=False).start()
         try:
-            wait_for(lambda: 0 < number(cell(page, "queues", "jobs", 4)) < 200, 20, "acked growing on the page")
+            wait_for(lambda: 100 <= number(cell(page, "queues", "jobs", 4)) < 400, 20, "acked growing on the page")
             wait_for(lambda: page.locator("#consumers tbody tr.ok").count() == 2, 10, "2 consumers shown working")
+            rows = page.locator("#consumers tbody tr")
+            wait_for(lambda: all(number(str(r.locator("td").nth(3).text_content())) > 0 for r in rows.all()), 10,
+                     "their reports of work done")  # fmt: skip
             shot(page, "dashboard-running")
             victim = cp.processes[0]
             name = next(r.get_attribute("data-consumer") for r in page.locator("#consumers tbody tr").all()
@@ -301,3 +304,43 @@ def test_conveyor_dashboard_serves_the_page_and_its_json(tmp_path: Path) -> None
 def _overview(url: str) -> dict[str, Any]:
     with urllib.request.urlopen(url + "api/overview", timeout=10) as r:
         return dict(json.loads(r.read()))
+
+
+def _call(url: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    data = None if body is None else json.dumps(body).encode()
+    h = {"X-Conveyor": "1", "Content-Type": "application/json", **(headers or {})}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=h), timeout=10) as r:
+            return r.status, dict(json.loads(r.read()))
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, dict(json.loads(e.read()))
+
+
+def test_the_json_endpoints_refuse_bad_input_and_a_queue_on_one_shard_pages() -> None:
+    with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
+        api = board.url + "api/"
+        pool.clients[0].declare("one", max_attempts=1)  # on shard 0 only: shard 1 has no such queue
+        pool.clients[0].put("one", [Message(payload=b"x")] * 3)
+        got = pool.clients[0].get("one", 3)
+        pool.clients[0].nack("one", [m.id for m in got], ["no"] * 3)
+        wait_for(lambda: _overview(board.url)["queues"], 10, "the dashboard's first poll")
+        status, page = _call(api + "dead-letters?queue=one&limit=2")
+        assert status == 200 and len(page["items"]) == 2 and page["next"] and page["skipped"] == []
+        status, rest = _call(api + f"dead-letters?queue=one&limit=2&cursor={page['next']}")
+        assert status == 200 and len(rest["items"]) == 1 and rest["next"] == ""
+        assert len({d["id"] for d in page["items"] + rest["items"]}) == 3
+        for query in ("", "queue=one&limit=0", "queue=one&limit=x", "queue=one&cursor=x", "queue=one&cursor=%C2%B2:1"):
+            assert _call(api + "dead-letters?" + query)[0] == 400, query
+        for ids in (["-1"], ["abc"], [True], [1.5], [str(2 << 48)], [], "some"):
+            status, reply = _call(api + "requeue", {"queue": "one", "ids": ids})
+            assert status == 400 and "error" in reply, ids
+        assert _call(api + "requeue", {"queue": "one"})[0] == 400
+        status, reply = _call(api + "requeue", {"queue": "one", "ids": [page["items"][0]["id"]]})
+        assert status == 200 and reply == {"requeued": 1, "skipped": []}
+        assert _call(api + "requeue", {"queue": "one", "ids": "all"})[1] == {"requeued": 2, "skipped": []}
+        assert pool.stats("one")["one"].ready == 3
+        # a page of another site, its name rebound to this address: not answered
+        status, reply = _call(api + "overview", headers={"Host": f"evil.example:{board.port}"})
+        assert status == 421 and "loopback names only" in reply["error"]
+        assert _call(api + "overview", headers={"Host": f"localhost:{board.port}"})[0] == 200

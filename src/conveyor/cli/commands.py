@@ -59,14 +59,16 @@ def main(verbose: bool) -> None:
               help="Which scenes to run, in order: a skewed documents, b pages that crash their process, c a page "
                    "that hangs, d a worker killed midway.")  # fmt: skip
 @click.option("--kill-worker", is_flag=True, help="Run scene d (a worker killed midway) too.")
-def demo(pages: int, workers: int | None, keys: str, kill_worker: bool) -> None:
+@click.option("--dashboard", "with_dashboard", is_flag=True,
+              help="Serve the dashboard of the demo's queue servers meanwhile, and print its address.")  # fmt: skip
+def demo(pages: int, workers: int | None, keys: str, kill_worker: bool, with_dashboard: bool) -> None:
     """Process a corpus of documents page by page through the queue on Spark and with plain Spark, scene by scene."""
     keys = keys.lower() + ("d" if kill_worker and "d" not in keys.lower() else "")
     if not keys or any(k not in SCENE_KEYS for k in keys) or len(set(keys)) != len(keys):
         raise click.BadParameter(f"letters of {SCENE_KEYS!r}, each at most once (got {keys!r})", param_hint="--scenes")
     console = Console(stderr=True)
     console.print(f"[bold]conveyor demo[/]: scenes {', '.join(keys)}; each through conveyor.spark.map, then plain Spark")
-    results = run_demo(pages, workers, keys, console)
+    results = run_demo(pages, workers, keys, console, dashboard=with_dashboard)
     out = Console()
     out.print(summary_table(results))
     for line in verdicts(results):
@@ -231,18 +233,10 @@ def stats(conn: Connection, queue: str | None, per_shard: bool, watch: float | N
 
 @main.command()
 @connect_options
-@click.option(
-    "--host",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address to serve the page on. Off loopback it needs the pool's token (the page asks for it) and TLS.",
-)
-@click.option(
-    "--port", default=DEFAULT_DASHBOARD_PORT, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port."
-)
-@click.option(
-    "--cert", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Serve over HTTPS: certificate (PEM)."
-)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="Address of the page. Off loopback it needs the pool's token (the page asks for it) and TLS.")  # fmt: skip
+@click.option("--port", default=DEFAULT_DASHBOARD_PORT, show_default=True, type=click.IntRange(0, 65535), help="0: a free port.")
+@click.option("--cert", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Serve over HTTPS: certificate.")
 @click.option("--key", type=click.Path(dir_okay=False, path_type=Path), default=None, help="The key of --cert (PEM).")
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback address without TLS (the login then crosses in clear).")
 def dashboard(conn: Connection, host: str, port: int, cert: Path | None, key: Path | None, insecure: bool) -> None:
@@ -252,7 +246,7 @@ def dashboard(conn: Connection, host: str, port: int, cert: Path | None, key: Pa
         raise click.UsageError("--cert and --key go together")
     try:
         tls = None if cert is None or key is None else server_context(cert, key)
-        with open_pool(conn, connect_timeout=3.0, timeout=3.0) as pool:  # a server down is shown as down, quickly
+        with open_pool(conn) as pool:
             board = Dashboard(pool, host, port, token=conn.token, tls=tls, insecure=insecure).start()
             click.echo(f"dashboard on {board.url}")
             board.serve_forever()

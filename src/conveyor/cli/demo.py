@@ -19,6 +19,7 @@ done / (workers x makespan)), and a verdict drawn from those figures.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from conveyor.cli.scenes import Outcome, Scene, corpus, run_map, run_plain
+from conveyor.dashboard import Dashboard
 from conveyor.spark.embedded import local
 
 SCENE_KEYS = "abcd"
@@ -85,12 +87,16 @@ def _failed(o: Outcome, short: bool = False) -> str:
     return f"{n} failed (" + ", ".join(f"{k} {why}" for why, k in o.failed.most_common()) + ")"
 
 
-def run_demo(pages: int, workers: int | None, keys: str, console: Console, scale: float = 1.0) -> list[Result]:
-    """The chosen scenes on the embedded default, in order; returns how each went."""
+def run_demo(pages: int, workers: int | None, keys: str, console: Console, scale: float = 1.0,
+             dashboard: bool = False) -> list[Result]:  # fmt: skip
+    """The chosen scenes on the embedded default, in order; returns how each went. With `dashboard`,
+    the dashboard of its queue servers is served meanwhile (its address printed)."""
     console.print("starting the embedded Spark session and queue servers ...")
     say: Callable[[str], None] = console.print
     out = []
-    with local() as env:
+    with local() as env, Dashboard(env.pool, port=0) if dashboard else contextlib.nullcontext() as board:
+        if board is not None:
+            console.print(f"dashboard on {board.url} (the map jobs show there as they run)")
         spark = env.spark
         slots = int(spark.sparkContext.defaultParallelism)
         n_workers = min(workers or slots, slots)

@@ -54,6 +54,8 @@ class Dashboard:
 
     def start(self) -> Dashboard:
         """Start serving (in a daemon thread); returns once it listens, or raises why it could not."""
+        if self.watch is not None:
+            raise ConveyorError("this dashboard was started already")
         self.watch = PoolWatch(self.pool)
         ready = threading.Event()
         failed: list[BaseException] = []
@@ -79,6 +81,7 @@ class Dashboard:
         self._thread = threading.Thread(target=run, name="conveyor-dashboard", daemon=True)
         self._thread.start()
         if not ready.wait(START_TIMEOUT_S):
+            self.stop()
             raise ConveyorError(f"the dashboard did not start within {START_TIMEOUT_S:.0f} s")
         if failed:
             self.watch.close()
@@ -88,11 +91,12 @@ class Dashboard:
         return self
 
     def stop(self) -> None:
-        if self.watch is not None:
-            self.watch.close()
+        """Stop serving (requests under way end first), then stop watching the servers."""
         if self._loop is not None and self._thread is not None and self._thread.is_alive():
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(START_TIMEOUT_S)
+        if self.watch is not None:
+            self.watch.close()
 
     def serve_forever(self) -> None:
         """Block until SIGINT or SIGTERM (the main thread only), then stop."""

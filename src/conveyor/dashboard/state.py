@@ -13,8 +13,9 @@ from typing import Any
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.queue_client import QueueClient
-from conveyor.constants import COUNT_HOST, H_TASK, SHARD_SHIFT, WORKER_GONE_S
+from conveyor.constants import COUNT_HOST, H_TASK, SHARD_SHIFT
 from conveyor.errors import ConveyorError
+from conveyor.message import DeadLetter
 from conveyor.protocol import requests as calls
 from conveyor.protocol.requests import QueueStats, ServerStats
 
@@ -38,8 +39,8 @@ class ServerWatch:
         self.error: str | None = None
         self.answered_at = 0.0  # time.time() of the last answer
         self._stop = stop
-        self._thread = threading.Thread(target=self._run, name=f"dashboard-{self.address}", daemon=True)
-        self._thread.start()
+        self.thread = threading.Thread(target=self._run, name=f"dashboard-{self.address}", daemon=True)
+        self.thread.start()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -73,7 +74,10 @@ class PoolWatch:
         self._sampler.start()
 
     def close(self) -> None:
+        """Stop asking the servers (each thread ends within a poll's timeout) and close the connections."""
         self._stop.set()
+        for t in (self._sampler, *(w.thread for w in self.servers)):
+            t.join(POLL_TIMEOUT_S + 1.0)
         self.pool.close()
 
     def _sample_loop(self) -> None:
@@ -108,24 +112,24 @@ class PoolWatch:
         return {"time": now, "servers": servers, "queues": queues, "consumers": self._consumers(now), "jobs": jobs}
 
     def _consumers(self, now: float) -> list[dict[str, Any]]:
+        """Every consumer heard from lately, and those gone within GONE_KEPT_S, with a status."""
         heard: dict[str, dict[str, Any]] = {}
         for w in self.servers:
             for name, counts in (w.stats.workers if w.up and w.stats else {}).items():
-                seen = float(counts.get("seen", 0))
-                if name not in heard or seen < heard[name]["seen"]:
+                at = w.answered_at - float(counts.get("seen", 0))  # when it last reported, as that server saw it
+                if name not in heard or at > heard[name]["heard_at"]:
                     figures = {k: _int(counts.get(k)) for k in ("pid", "processed", "failed", "running", "stolen")}
-                    heard[name] = {"name": name, "host": str(counts.get(COUNT_HOST, "")), "seen": seen, **figures}
+                    heard[name] = {"name": name, "host": str(counts.get(COUNT_HOST, "")), "heard_at": at, **figures}
+        answering = any(w.up for w in self.servers)
         out = []
         with self._lock:
-            for name, fig in heard.items():
-                self._seen[name] = {**fig, "heard_at": now - fig["seen"]}
+            self._seen.update(heard)
             for name in [n for n, fig in self._seen.items() if now - fig["heard_at"] > GONE_KEPT_S]:
                 del self._seen[name]
             for name, fig in sorted(self._seen.items()):
                 ago = now - fig["heard_at"]
-                status = "gone" if name not in heard else "late" if ago > LATE_S else "ok"
-                if name not in heard and ago < WORKER_GONE_S and not any(w.up for w in self.servers):
-                    status = "unknown"  # no server answers: nothing is known of it
+                # with no server answering, nothing is known of any
+                status = "unknown" if not answering else "gone" if name not in heard else "late" if ago > LATE_S else "ok"
                 out.append({**{k: v for k, v in fig.items() if k != "heard_at"}, "seen": round(ago, 1), "status": status})
         return out
 
@@ -143,30 +147,57 @@ class PoolWatch:
 
     def dead_letters(self, queue: str, cursor: str = "", limit: int = 50) -> dict[str, Any]:
         """One page of a queue's dead letters, shard after shard; `next` resumes after it ("" at the end).
-        Shards down are passed over and named in `skipped`."""
+        A shard is left for the next only once it has nothing more (a reply may hold fewer than
+        asked). Shards down, or failing the request, are passed over and named in `skipped`."""
         shard, after = (int(x) for x in cursor.split(":")) if cursor else (0, 0)
         items: list[dict[str, Any]] = []
         skipped: list[str] = []
         while shard < len(self.pool.clients) and len(items) < limit:
-            if not self.servers[shard].up:
-                skipped.append(self.servers[shard].address)
-                shard, after = shard + 1, 0
-                continue
-            page = self.pool.clients[shard].dead_letters(queue, after, limit - len(items))
+            w = self.servers[shard]
+            page: list[DeadLetter] = []
+            if not w.up:
+                skipped.append(w.address)
+            elif w.stats is not None and queue in w.stats.queues:  # not there: the queue has nothing on it
+                try:
+                    page = self.pool.clients[shard].dead_letters(queue, after, limit - len(items))
+                except (ConveyorError, OSError):
+                    skipped.append(w.address)
             for d in page:
                 m = d.message
                 items.append({"id": str(shard << SHARD_SHIFT | m.id), "shard": shard, "attempts": m.attempts,
                               "failed_at": d.failed_at, "task": m.headers.get(H_TASK, ""), "error": d.error,
                               "payload": _preview(m.payload)})  # fmt: skip
                 after = m.id
-            if len(items) < limit:
+            if not page:
                 shard, after = shard + 1, 0
         more = f"{shard}:{after}" if shard < len(self.pool.clients) else ""
         return {"queue": queue, "items": items, "next": more, "skipped": skipped}
 
-    def requeue(self, queue: str, ids: list[int] | None) -> int:
-        """Put dead letters back (the pool's own requeue): these pool-wide ids, or all (None)."""
-        return self.pool.requeue_dead_letters(queue, ids)
+    def requeue(self, queue: str, ids: list[int] | None) -> dict[str, Any]:
+        """Put dead letters back (the pool's own requeue): these pool-wide ids, or all (None) on the
+        servers that answer (those down are named in `skipped`)."""
+        down = [w.address for w in self.servers if not w.up]
+        if ids is None:  # every dead letter of the shards that answer, named (a shard down fails no other)
+            ids = [k << SHARD_SHIFT | d.message.id for k, w in enumerate(self.servers)
+                   if w.up and w.stats is not None and queue in w.stats.queues
+                   for d in self.pool.clients[k].iter_dead_letters(queue)]  # fmt: skip
+        return {"requeued": self.pool.requeue_dead_letters(queue, ids) if ids else 0, "skipped": down}
+
+    def check_ids(self, ids: list[object]) -> list[int]:
+        """Pool-wide ids as the page sends them (decimal strings, or integers); ValueError for any
+        other, or one naming no shard of this pool."""
+        out = []
+        for i in ids:
+            if isinstance(i, str) and i.isascii() and i.isdecimal():
+                n = int(i)
+            elif type(i) is int:
+                n = i
+            else:
+                raise ValueError(f"an id must be a decimal string or an integer, not {i!r:.40}")
+            if not 0 <= n < len(self.pool.clients) << SHARD_SHIFT:
+                raise ValueError(f"id {n} names no shard of this pool's {len(self.pool.clients)}")
+            out.append(n)
+        return out
 
 
 def _counts(s: QueueStats) -> dict[str, Any]:

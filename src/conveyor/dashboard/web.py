@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.dashboard.state import PoolWatch
 from conveyor.errors import ConveyorError
+from conveyor.protocol.auth import is_loopback
 
 log = logging.getLogger("conveyor.dashboard")
 
@@ -71,9 +72,11 @@ def make_app(watch: PoolWatch, token: str | None, secure: bool) -> web.Applicati
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.path not in OPEN_PATHS and not authorized(request):
+        if session is None and not _loopback_name(request.host):  # a page of another site, rebound to this address
+            response: web.StreamResponse = _error(421, f"this dashboard answers to loopback names only, not {request.host!r:.80}")
+        elif request.path not in OPEN_PATHS and not authorized(request):
             if request.path.startswith("/api/"):
-                response: web.StreamResponse = _error(401, "log in first (or send Authorization: Bearer <token>)")
+                response = _error(401, "log in first (or send Authorization: Bearer <token>)")
             else:
                 response = _redirect("/login")
         elif request.method == "POST" and request.path != "/login" and request.headers.get(CSRF_HEADER) != "1":
@@ -131,13 +134,13 @@ def make_app(watch: PoolWatch, token: str | None, secure: bool) -> web.Applicati
             body = await request.json()
             queue, ids = body["queue"], body["ids"]
             if not isinstance(queue, str) or not (ids == "all" or (isinstance(ids, list) and ids)):
-                raise ValueError
-            wanted = None if ids == "all" else [int(i) for i in ids]
-        except (ValueError, KeyError, TypeError):
-            return _error(400, 'send {"queue": NAME, "ids": [ID, ...] or "all"}')
+                raise ValueError("no queue name, or no ids")
+            wanted = None if ids == "all" else watch.check_ids(ids)
+        except (ValueError, KeyError, TypeError) as e:
+            return _error(400, f'send {{"queue": NAME, "ids": [ID, ...] or "all"}} ({type(e).__name__}: {e})')
         log.info("dashboard: requeue of %s dead letter(s) of %s asked by %s", ids if ids == "all" else len(ids), queue,
                  request.remote)  # fmt: skip
-        return await _off_loop(lambda: {"requeued": watch.requeue(queue, wanted)})
+        return await _off_loop(lambda: watch.requeue(queue, wanted))
 
     app = web.Application(middlewares=[guard], client_max_size=1 << 20)
     app.router.add_get("/", index)
@@ -177,9 +180,15 @@ def _error(status: int, message: str) -> web.Response:
     return web.Response(status=status, text=json.dumps({"error": message}), content_type="application/json")
 
 
+def _loopback_name(host: str) -> bool:
+    """Whether a Host header names this machine's loopback (with or without a port)."""
+    name = host.rsplit("]", 1)[0].lstrip("[") if host.startswith("[") else host.rsplit(":", 1)[0]
+    return name == "localhost" or is_loopback(name)
+
+
 def _is_cursor(cursor: str) -> bool:
     shard, _, after = cursor.partition(":")
-    return shard.isdigit() and after.isdigit()
+    return all(x.isascii() and x.isdecimal() for x in (shard, after))
 
 
 async def start(watch: PoolWatch, host: str, port: int, token: str | None,

@@ -7,6 +7,7 @@ const DEAD_PAGE = 50;
 let selected = null;          // the queue whose detail is open
 let deadCursor = "";          // where the next page of its dead letters starts
 let lastOverview = null;
+let deadRequest = 0;          // the latest request for dead letters: an answer to an older one is dropped
 
 function el(tag, text, cls) {
   const e = document.createElement(tag);
@@ -175,10 +176,10 @@ function deadRow(d) {
   const pick = el("td");
   pick.append(box);
   const error = el("td", null, "text");
-  const lines = d.error.split("\n");
+  const lines = d.error.split("\n").filter(line => line.trim());
   if (lines.length > 1) {
     const det = el("details");
-    det.append(el("summary", lines[lines.length - 1] || lines[0]), el("pre", d.error));
+    det.append(el("summary", lines[lines.length - 1]), el("pre", d.error));
     error.append(det);
   } else {
     error.textContent = d.error;
@@ -192,17 +193,23 @@ function deadRow(d) {
 async function loadDead(more) {
   const tbody = document.querySelector("#dead tbody");
   const status = document.getElementById("dead-status");
+  const moreButton = document.getElementById("dead-more");
   if (!more) { deadCursor = ""; tbody.replaceChildren(); }
+  const mine = ++deadRequest;
+  moreButton.disabled = true;
   try {
     const page = await api("/api/dead-letters?queue=" + encodeURIComponent(selected) + "&limit=" + DEAD_PAGE +
                            (deadCursor ? "&cursor=" + encodeURIComponent(deadCursor) : ""));
+    if (mine !== deadRequest) return;  // another queue opened, or the list reloaded, meanwhile
     tbody.append(...page.items.map(deadRow));
     deadCursor = page.next;
-    document.getElementById("dead-more").hidden = !page.next || page.items.length < DEAD_PAGE;
+    moreButton.hidden = !page.next || page.items.length < DEAD_PAGE;
     status.textContent = (tbody.children.length ? tbody.children.length + " shown" : "no dead letters") +
       (page.skipped.length ? " · not shown: those on " + page.skipped.join(", ") + " (down)" : "");
   } catch (e) {
-    status.textContent = "could not read the dead letters: " + e.message;
+    if (mine === deadRequest) status.textContent = "could not read the dead letters: " + e.message;
+  } finally {
+    moreButton.disabled = false;
   }
   updateRequeueButton();
 }
@@ -223,7 +230,8 @@ async function requeue(ids) {
     const r = await api("/api/requeue", {method: "POST", headers: {"Content-Type": "application/json", "X-Conveyor": "1"},
                                           body: JSON.stringify({queue: selected, ids: ids})});
     await loadDead(false);
-    status.textContent = "requeued " + r.requeued + "; " + status.textContent;
+    status.textContent = "requeued " + r.requeued + (r.skipped.length ? " (not those on " + r.skipped.join(", ") +
+      ": down)" : "") + "; " + status.textContent;
   } catch (e) {
     status.textContent = "requeue failed: " + e.message;
   }
