@@ -11,7 +11,7 @@ each server a separate `conveyor serve` process with a fresh data directory (dur
 - 1 server over TLS (`--tls-cert`, a self-signed certificate the client pins): the same puts and
   get + ack, against plain TCP in the same run (target: at least 0.7x);
 - 1 server with its Prometheus metrics on (`--metrics-port`) and scraped every second, and a
-  dashboard polling it every second (its page read every second): the same puts and get + ack,
+  `conveyor dashboard` process polling it every second (its page read every second): the same puts and get + ack,
   against the server without them (target: within 5%);
 - the baseline, in this process: a `DurableStore` under the same fsync policy, put and get + ack
   with no network, so the ratio server / in-process is the price of the network and the protocol.
@@ -36,6 +36,7 @@ import platform
 import shutil
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -75,37 +76,45 @@ def drain(get: Callable[[], list[Message]], ack: Callable[[list[int]], object]) 
 
 
 class Scraper:
-    """Reads a server's metrics every second, as Prometheus would, beside a dashboard (of this
-    process) that polls the server every second and whose page is read every second."""
+    """Reads a server's metrics every second, as Prometheus would, beside a dashboard (`conveyor
+    dashboard`, a process of its own, as a user runs it) that polls the server every second and
+    whose page is read every second."""
 
     def __init__(self, url: str, address: str) -> None:
-        from conveyor.dashboard import Dashboard
-
-        self.url, self.scrapes, self._stop = url, 0, threading.Event()
-        self._pool = QueuePool.connect([address])
-        self._board = Dashboard(self._pool, port=0)
+        self.url, self.address, self.scrapes, self._stop = url, address, 0, threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
+        self._board: subprocess.Popen[str] | None = None
+        self._board_url = ""
 
     def _run(self) -> None:
         while not self._stop.is_set():
             with urllib.request.urlopen(self.url, timeout=30) as r:
                 if b"conveyor_queue_put_total" not in r.read() and self.scrapes:
                     raise RuntimeError("a scrape without the queues' counters")
-            with urllib.request.urlopen(self._board.url + "api/overview", timeout=30) as r:
+            with urllib.request.urlopen(self._board_url + "api/overview", timeout=30) as r:
                 r.read()
             self.scrapes += 1
             self._stop.wait(1.0)
 
     def __enter__(self) -> Scraper:
-        self._board.start()
+        cmd = [sys.executable, "-m", "conveyor", "dashboard", "--connect", self.address, "--port", "0"]
+        self._board = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        assert self._board.stdout is not None
+        line = self._board.stdout.readline().split()  # "dashboard on URL"
+        if line[:2] != ["dashboard", "on"]:
+            raise RuntimeError(f"conveyor dashboard did not start: {line}")
+        self._board_url = line[2]
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join(60)
-        self._board.stop()
-        self._pool.close()
+        if self._board is not None:
+            self._board.terminate()
+            self._board.wait(30)
+            assert self._board.stdout is not None
+            self._board.stdout.close()
 
 
 def free_port() -> int:
