@@ -4,6 +4,7 @@ consumers' figures (from their reports), the token and TLS rules, and the CLI.""
 
 from __future__ import annotations
 
+import socket
 import ssl
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from conveyor.constants import ERR_UNKNOWN_OP, REQUEST_SECONDS_BUCKETS
 from conveyor.errors import ConveyorError
 from conveyor.message import Message
 from conveyor.protocol.histograms import Histogram
+from conveyor.protocol.http import MAX_HTTP_CONNECTIONS
 from conveyor.protocol.tls import ClientTLS, self_signed, server_context
 from conveyor.server.queue_server import QueueServer
 from conveyor.worker import Consumer
@@ -230,3 +232,37 @@ def test_conveyor_serve_prints_where_its_metrics_are(tmp_path: Path) -> None:
         assert proc.stdin is not None and proc.stdout is not None
         proc.stdin.close()
         proc.stdout.close()
+
+
+def test_http_connections_over_the_limit_are_closed_and_the_rest_served(server: ThreadServer) -> None:
+    """Idle connections cannot use up the server's descriptors: past MAX_HTTP_CONNECTIONS, each new
+    one is closed at once; once some go, scrapes are served again."""
+    url = server.server.metrics_address or ""
+    host, port = "127.0.0.1", int(url.rsplit(":", 1)[1].split("/")[0])
+    idle = [socket.create_connection((host, port), timeout=10) for _ in range(MAX_HTTP_CONNECTIONS)]
+    try:
+
+        def refused() -> bool:
+            with socket.create_connection((host, port), timeout=10) as extra:
+                extra.settimeout(1.0)
+                try:
+                    return extra.recv(1) == b""  # closed by the server, nothing said
+                except TimeoutError:  # the server is still taking in the idle ones
+                    return False
+
+        wait_for(refused, 10, "a connection over the limit closed")
+    finally:
+        for s in idle[:8]:
+            s.close()
+    try:
+        assert value(wait_for(lambda: _scrape_or_none(url), 10, "a scrape served again"), "conveyor_queues_unavailable") == 0
+    finally:
+        for s in idle[8:]:
+            s.close()
+
+
+def _scrape_or_none(url: str) -> Samples | None:
+    try:
+        return scrape(url)
+    except (urllib.error.URLError, ConnectionError):
+        return None

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor.dashboard.state import PoolWatch
 from conveyor.errors import ConveyorError
 from conveyor.protocol.auth import is_loopback
+from conveyor.protocol.http import serve_app
 
 log = logging.getLogger("conveyor.dashboard")
 
@@ -31,7 +32,6 @@ STATIC = Path(__file__).with_name("static")
 SESSION_COOKIE = "conveyor_dashboard"
 CSRF_HEADER = "X-Conveyor"
 MAX_PAGE = 500  # dead letters per page at most
-SHUTDOWN_S = 1.0  # at a stop, how long open HTTP connections (a browser's, a scraper's keep-alive) may finish
 FAILED_LOGIN_DELAY_S = 0.5  # a wrong token is answered this much later: guessing is slow
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
@@ -194,14 +194,4 @@ def _is_cursor(cursor: str) -> bool:
 async def start(watch: PoolWatch, host: str, port: int, token: str | None,
                 tls: ssl.SSLContext | None) -> tuple[web.AppRunner, int]:  # fmt: skip
     """Serve the dashboard on host:port (0: a free port); (the runner to clean up, the port)."""
-    from aiohttp import web
-
-    runner = web.AppRunner(make_app(watch, token, tls is not None), access_log=None, handle_signals=False,
-                           shutdown_timeout=SHUTDOWN_S)  # fmt: skip
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port, ssl_context=tls).start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return runner, runner.addresses[0][1]
+    return await serve_app(make_app(watch, token, tls is not None), host, port, tls)

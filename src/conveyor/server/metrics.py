@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from conveyor.constants import COUNT_HOST, METRICS_PATH, REQUEST_SECONDS_BUCKETS
 from conveyor.protocol.histograms import Histogram
+from conveyor.protocol.http import serve_app
 from conveyor.server.queues import QueueHost
 
 if TYPE_CHECKING:
@@ -24,7 +25,6 @@ if TYPE_CHECKING:
 
 # prometheus_client and aiohttp are imported where used: only a server with metrics pays for them
 
-SHUTDOWN_S = 1.0  # at a stop, how long open HTTP connections (a browser's, a scraper's keep-alive) may finish
 # the counters of each queue: Store.totals field, help text
 QUEUE_TOTALS = (
     ("put", "Messages put (an idempotent put's repeats not counted)."),
@@ -156,14 +156,7 @@ async def start_endpoint(collector: ServerCollector, host: str, port: int, key: 
 
     app = web.Application()
     app.router.add_get(METRICS_PATH, metrics)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S)
-    await runner.setup()
-    try:
-        await web.TCPSite(runner, host, port, ssl_context=tls).start()
-    except BaseException:
-        await runner.cleanup()
-        raise
-    return runner, runner.addresses[0][1]
+    return await serve_app(app, host, port, tls)
 
 
 def _bearer_ok(header: str, key: bytes) -> bool:

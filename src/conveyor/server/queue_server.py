@@ -42,6 +42,7 @@ from conveyor.protocol import framing as protocol
 from conveyor.protocol.auth import as_key, hello, is_loopback, new_nonce, proof, refusal
 from conveyor.protocol.declarations import BYE
 from conveyor.protocol.framing import Frames, Header, Limits
+from conveyor.protocol.http import MAX_HTTP_CONNECTIONS
 from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME
 from conveyor.server.connection import Connection, finished, linger
 from conveyor.server.handlers import HANDLERS
@@ -143,7 +144,7 @@ class QueueServer:
         fds = raise_fd_limit()
         if self.max_connections is None:
             self.max_connections = max(1, min(DEFAULT_MAX_CONNECTIONS, fds // 4))
-        budget = fds - self.max_connections - RESERVED_FDS
+        budget = fds - self.max_connections - RESERVED_FDS - (MAX_HTTP_CONNECTIONS if self.metrics_port is not None else 0)
         if budget < 16:
             raise ConveyorError(f"a descriptor limit of {fds} (ulimit -n) leaves no room for queues beside "
                                 f"{self.max_connections} connections: raise it, or lower --max-connections")  # fmt: skip

@@ -1,0 +1,56 @@
+"""Serving an aiohttp application on the same terms as the queue protocol (the metrics endpoint, the
+dashboard): a TLS handshake ends within HANDSHAKE_S, at most MAX_HTTP_CONNECTIONS connections are
+open at once (one more is closed as soon as it is made, rather than using up descriptors), and a
+stop waits at most SHUTDOWN_S for the requests under way.
+
+aiohttp is imported where used: a process that never serves HTTP does not pay for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from aiohttp import web
+
+MAX_HTTP_CONNECTIONS = 64
+HANDSHAKE_S = 10.0
+SHUTDOWN_S = 1.0  # a browser's or a scraper's keep-alive connection holds up no stop for longer
+
+
+class _Refused(asyncio.Protocol):
+    """A connection over the limit: closed as soon as it is made."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.close()
+
+
+async def serve_app(app: web.Application, host: str, port: int, tls: ssl.SSLContext | None) -> tuple[web.AppRunner, int]:
+    """Serve `app` on host:port (0: a free port); (the runner, whose `cleanup()` stops it, the port)."""
+    from aiohttp import web
+
+    class Site(web.TCPSite):
+        async def start(self) -> None:
+            await web.BaseSite.start(self)  # registers the site with its runner, as TCPSite.start does
+            server = self._runner.server
+            assert server is not None
+
+            def protocol() -> asyncio.BaseProtocol:
+                return _Refused() if len(server.connections) >= MAX_HTTP_CONNECTIONS else server()
+
+            self._server = await asyncio.get_running_loop().create_server(
+                protocol, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
+                ssl_handshake_timeout=None if self._ssl_context is None else HANDSHAKE_S)  # fmt: skip
+            self._bound_port = self._server.sockets[0].getsockname()[1]
+
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S)
+    await runner.setup()
+    site = Site(runner, host, port, ssl_context=tls)
+    try:
+        await site.start()
+    except BaseException:
+        await runner.cleanup()
+        raise
+    return runner, site._bound_port
