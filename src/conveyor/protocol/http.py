@@ -53,4 +53,4 @@ async def serve_app(app: web.Application, host: str, port: int, tls: ssl.SSLCont
     except BaseException:
         await runner.cleanup()
         raise
-    return runner, site._bound_port
+    return runner, int(runner.addresses[0][1])
