@@ -94,7 +94,8 @@ def test_counts_follow_the_work_and_a_killed_consumer_is_marked(page: Any) -> No
         cp = ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=2, task_modules=MODULES, restart=False).start()
         try:
             wait_for(lambda: 100 <= number(cell(page, "queues", "jobs", 4)) < 400, 20, "acked growing on the page")
-            wait_for(lambda: page.locator("#consumers tbody tr.ok").count() == 2, 10, "2 consumers shown working")
+            working = page.locator("#consumers tbody tr.ok, #consumers tbody tr.slow")
+            wait_for(lambda: working.count() == 2, 10, "2 consumers shown working")
             rows = page.locator("#consumers tbody tr")
             wait_for(lambda: all(number(str(r.locator("td").nth(3).text_content())) > 0 for r in rows.all()), 10,
                      "their reports of work done")  # fmt: skip
@@ -103,11 +104,11 @@ def test_counts_follow_the_work_and_a_killed_consumer_is_marked(page: Any) -> No
             name = next(r.get_attribute("data-consumer") for r in page.locator("#consumers tbody tr").all()
                         if f":{victim.pid}:" in str(r.get_attribute("data-consumer")))  # fmt: skip
             os.kill(victim.pid, signal.SIGKILL)  # type: ignore[arg-type]
-            wait_for(lambda: cell(page, "consumers", name, 8) == "late", 15, "the killed consumer marked late")
-            wait_for(lambda: cell(page, "consumers", name, 8) == "gone", 15, "then gone")
+            wait_for(lambda: cell(page, "consumers", name, 9) == "late", 15, "the killed consumer marked late")
+            wait_for(lambda: cell(page, "consumers", name, 9) == "gone", 15, "then gone")
             assert page.locator(f"#consumers tbody tr.gone[data-consumer='{name}']").count() == 1
             others = [r for r in page.locator("#consumers tbody tr").all() if r.get_attribute("data-consumer") != name]
-            assert len(others) == 1 and others[0].get_attribute("class") == "ok"
+            assert len(others) == 1 and others[0].get_attribute("class") in ("ok", "slow")
         finally:
             cp.cancel()
     assert page.errors == []
@@ -344,3 +345,25 @@ def test_the_json_endpoints_refuse_bad_input_and_a_queue_on_one_shard_pages() ->
         status, reply = _call(api + "overview", headers={"Host": f"evil.example:{board.port}"})
         assert status == 421 and "loopback names only" in reply["error"]
         assert _call(api + "overview", headers={"Host": f"localhost:{board.port}"})[0] == 200
+
+
+def test_a_busy_consumer_far_behind_its_peers_is_marked_slow() -> None:
+    """Three consumers report (the real report operation, every 0.5 s): two do 20 tasks a report,
+    one does 1 with tasks running; that one is slow, the others ok."""
+    with QueuePool.local(n_servers=1) as pool, Dashboard(pool, port=0) as board:
+        done = {"fast-1": 0, "fast-2": 0, "laggard": 0}
+
+        def consumers() -> dict[str, dict[str, Any]]:
+            return {c["name"]: c for c in _overview(board.url)["consumers"]}
+
+        def report() -> dict[str, dict[str, Any]] | None:
+            for name in done:
+                done[name] += 1 if name == "laggard" else 20
+                pool.report(name, {"processed": done[name], "failed": 0, "running": 2, "pid": 1, "host": "h"})
+            got = consumers()
+            time.sleep(0.5)  # the pace of the reports, not a wait for anything
+            return got if got.get("laggard", {}).get("status") == "slow" else None
+
+        got = wait_for(report, 20, "the laggard marked slow")
+        assert got["fast-1"]["status"] == got["fast-2"]["status"] == "ok"
+        assert got["laggard"]["rate"] < 0.3 * got["fast-1"]["rate"]

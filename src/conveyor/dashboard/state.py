@@ -25,6 +25,8 @@ POLL_TIMEOUT_S = 2.0  # a server that does not answer within this is shown down 
 HISTORY_S = 600.0  # how far back the charts go
 LATE_S = 5.0  # a consumer reports every 2 s: one not heard from for this long is marked late
 GONE_KEPT_S = 300.0  # a consumer that stopped reporting stays listed as gone this long
+RATE_WINDOW_S = 30.0  # a consumer's rate: tasks processed over about this long
+SLOW_FRACTION = 0.3  # a busy consumer below this fraction of its peers' median rate is marked slow
 MAP_PREFIX = "map-"  # the queues of conveyor.spark.map jobs
 _COUNTS = ("ready", "delivered", "delayed", "acked", "failed", "bytes_on_disk", "put_rate", "ack_rate")
 
@@ -68,6 +70,7 @@ class PoolWatch:
         self._stop = threading.Event()
         self.servers = [ServerWatch(c, self._stop) for c in pool.clients]
         self._seen: dict[str, dict[str, Any]] = {}  # consumer -> its last figures, also once gone
+        self._done: dict[str, deque[tuple[float, int]]] = {}  # consumer -> (when, processed) over RATE_WINDOW_S
         self._history: deque[tuple[float, dict[str, tuple[int, float, float]]]] = deque()
         self._lock = threading.Lock()
         self._sampler = threading.Thread(target=self._sample_loop, name="dashboard-history", daemon=True)
@@ -124,13 +127,27 @@ class PoolWatch:
         out = []
         with self._lock:
             self._seen.update(heard)
+            for name, fig in heard.items():
+                done = self._done.setdefault(name, deque())
+                if not done or fig["heard_at"] > done[-1][0]:
+                    done.append((fig["heard_at"], fig["processed"]))
+                while len(done) > 2 and done[1][0] < fig["heard_at"] - RATE_WINDOW_S:
+                    done.popleft()
             for name in [n for n, fig in self._seen.items() if now - fig["heard_at"] > GONE_KEPT_S]:
                 del self._seen[name]
+                self._done.pop(name, None)
+            rates = {n: _rate(self._done.get(n)) for n in self._seen}
             for name, fig in sorted(self._seen.items()):
                 ago = now - fig["heard_at"]
                 # with no server answering, nothing is known of any
                 status = "unknown" if not answering else "gone" if name not in heard else "late" if ago > LATE_S else "ok"
-                out.append({**{k: v for k, v in fig.items() if k != "heard_at"}, "seen": round(ago, 1), "status": status})
+                peers = sorted(r for n, r in rates.items() if n != name and n in heard and r is not None)
+                rate = rates[name]
+                behind = rate is not None and bool(peers) and rate < SLOW_FRACTION * peers[len(peers) // 2]
+                if status == "ok" and fig["running"] and behind:
+                    status = "slow"  # busy, yet far behind the others
+                out.append({**{k: v for k, v in fig.items() if k != "heard_at"}, "seen": round(ago, 1),
+                            "rate": None if rate is None else round(rate, 2), "status": status})  # fmt: skip
         return out
 
     def history(self, queue: str | None = None) -> dict[str, list[float]]:
@@ -213,6 +230,13 @@ def _job(q: dict[str, Any]) -> dict[str, Any]:
     left = total - done
     return {"queue": q["name"], "total": total, "done": done, "failed": q["failed"], "rate": rate,
             "eta_s": round(left / rate, 1) if rate > 0 and left else (0.0 if not left else None)}  # fmt: skip
+
+
+def _rate(done: deque[tuple[float, int]] | None) -> float | None:
+    """Tasks processed per second between the first and the last report kept (None: too few yet)."""
+    if done is None or len(done) < 2 or done[-1][0] - done[0][0] < 1.0:
+        return None
+    return (done[-1][1] - done[0][1]) / (done[-1][0] - done[0][0])
 
 
 def _int(v: object) -> int:

@@ -105,7 +105,7 @@ function drawConsumers(consumers) {
   document.getElementById("consumer-count").textContent = "(" + consumers.length + ")";
   fill(document.querySelector("#consumers tbody"), consumers.map(c => {
     const tr = row([c.name, c.host, String(c.pid), num(c.processed), num(c.failed), num(c.running), num(c.stolen),
-                    ago(c.seen), c.status], c.status);
+                    c.rate === null ? "–" : rate(c.rate), ago(c.seen), c.status], c.status);
     tr.dataset.consumer = c.name;
     return tr;
   }));
