@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -23,6 +24,7 @@ from typing import Any
 
 import pytest
 
+import conveyor.spark as cs
 from conveyor.client.pool import QueuePool
 from conveyor.dashboard import Dashboard
 from conveyor.errors import ConveyorError
@@ -367,3 +369,42 @@ def test_a_busy_consumer_far_behind_its_peers_is_marked_slow() -> None:
         got = wait_for(report, 20, "the laggard marked slow")
         assert got["fast-1"]["status"] == got["fast-2"]["status"] == "ok"
         assert got["laggard"]["rate"] < 0.3 * got["fast-1"]["rate"]
+
+
+def _slow_row(row: dict[str, Any]) -> dict[str, Any]:
+    time.sleep(0.05)
+    return {"i": row["id"]}
+
+
+def test_a_running_map_job_shows_its_progress_then_done(page: Any, spark: Any) -> None:
+    with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
+        done: dict[str, int] = {}
+        df = spark.range(600, numPartitions=4)
+
+        def run() -> None:
+            out = cs.map(df, _slow_row, schema="i long", pool=pool, n_consumers=2, max_concurrency=2, rows_per_message=1,
+                         progress=False)  # fmt: skip
+            done["rows"] = out.count()
+
+        job = threading.Thread(target=run, daemon=True)
+        job.start()
+        page.goto(board.url)
+
+        def midway() -> bool:
+            row = page.locator("#jobs tbody tr")
+            if row.count() != 1:
+                return False
+            cells = [str(c.text_content()) for c in row.locator("td").all()]
+            return cells[0].startswith("map-") and 0 < number(cells[2]) < number(cells[3]) == 600
+
+        wait_for(midway, 60, "the map job shown midway")
+        shot(page, "dashboard-map")
+        job.join(120)
+        assert done.get("rows") == 600
+
+        def finished() -> bool:
+            cells = [str(c.text_content()) for c in page.locator("#jobs tbody tr td").all()]
+            return len(cells) == 7 and number(cells[2]) == number(cells[3]) == 600 and cells[6] == "0 s"
+
+        wait_for(finished, 15, "the finished job shown done, until its results' queue is dropped")
+    assert page.errors == []

@@ -12,6 +12,7 @@ import dataclasses
 import itertools
 import shutil
 import subprocess
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -56,6 +57,7 @@ class ShardedQueues:
         self._down: dict[int, float] = {}  # shard -> until when `get` skips it (it failed to answer)
         self.reach = Reach(self.clients)  # what each server held when last heard from
         self._threads: ThreadPoolExecutor | None = None
+        self._threads_lock = threading.Lock()  # threads calling at once make one executor, not one each
         self._procs: list[subprocess.Popen[bytes]] = []
         self._tmp: list[Path] = []  # temporary data directories of servers started here
 
@@ -113,9 +115,9 @@ class ShardedQueues:
         return [done[s][0] for s in range(len(self.clients))]
 
     def _executor(self) -> ThreadPoolExecutor:
-        if self._threads is None:
-            self._threads = ThreadPoolExecutor(len(self.clients), thread_name_prefix="conveyor-pool")
-        return self._threads
+        with self._threads_lock:
+            self._threads = self._threads or ThreadPoolExecutor(len(self.clients), thread_name_prefix="conveyor-pool")
+            return self._threads
 
     def on_every_server(self, call: Call[T]) -> list[T | Exception]:
         """`_everywhere`, a shard that fails (down, out of reach, no reply within the client's
