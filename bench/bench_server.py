@@ -102,6 +102,7 @@ class Scraper:
         assert self._board.stdout is not None
         line = self._board.stdout.readline().split()  # "dashboard on URL"
         if line[:2] != ["dashboard", "on"]:
+            self.__exit__()
             raise RuntimeError(f"conveyor dashboard did not start: {line}")
         self._board_url = line[2]
         self._thread.start()
@@ -109,7 +110,8 @@ class Scraper:
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
-        self._thread.join(60)
+        if self._thread.is_alive():
+            self._thread.join(60)
         if self._board is not None:
             self._board.terminate()
             self._board.wait(30)

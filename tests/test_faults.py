@@ -177,6 +177,34 @@ def test_map_fails_with_the_server_named_when_one_stays_out_of_reach(spark: Spar
     pool.close()
 
 
+def _second_partition_late(frames: Iterator[Any]) -> Iterator[Any]:
+    """Partition 1's rows come 3 s late: its consumer puts them after the other has killed server 1."""
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    if ctx is not None and ctx.partitionId() == 1:
+        time.sleep(3.0)  # the input's pace, not a wait for anything
+    yield from frames
+
+
+@pytest.mark.timeout(180)
+def test_a_server_lost_while_rows_are_put_fails_the_map_with_it_named(spark: SparkSession, servers: Servers,
+                                                                      tmp_path: Path) -> None:  # fmt: skip
+    """A server lost while a partition's rows are yet to be put: the map ends with
+    ServerUnreachableError naming it. (The put retries a server out of reach, as the consumers do;
+    without that, a put that met the dead server failed the job with its connection error instead:
+    seen once in CI, when a consumer started late.)"""
+    pool, _, func = _map_killing_server_1(servers, tmp_path)
+    # 1,200 rows a partition: over 1,000, each put spans both servers (batches are dealt round-robin)
+    df = spark.range(2400, numPartitions=2).mapInPandas(_second_partition_late, "id long")
+    t0 = time.monotonic()
+    with pytest.raises(ServerUnreachableError) as err:
+        cs.map(df, func, schema="id long", pool=pool, rows_per_message=1, unreachable_s=UNREACHABLE_S, progress=False)
+    assert (tmp_path / "killed").exists() and err.value.address == servers.addresses[1]
+    assert time.monotonic() - t0 < BOUND_S + 15
+    pool.close()
+
+
 @pytest.mark.timeout(180)
 def test_map_goes_on_when_the_server_is_back_within_the_bound(spark: SparkSession, servers: Servers,
                                                              tmp_path: Path) -> None:  # fmt: skip

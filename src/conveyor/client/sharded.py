@@ -364,9 +364,9 @@ class ShardedQueues:
         """Close the connections; stop the servers this pool started and remove their temporary data."""
         for c in self.clients:
             c.close()
-        if self._threads is not None:
-            self._threads.shutdown()
-            self._threads = None
+        with self._threads_lock:  # shut down outside it: its tasks may be asking for it
+            threads, self._threads = self._threads, None
+        threads.shutdown() if threads is not None else None
         for p in self._procs:
             stop_server(p)
         self._procs = []

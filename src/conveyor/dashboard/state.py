@@ -5,6 +5,7 @@ and keeps the minutes of history the charts draw. Everything it hands out is pla
 
 from __future__ import annotations
 
+import statistics
 import threading
 import time
 from collections import deque
@@ -27,6 +28,8 @@ LATE_S = 5.0  # a consumer reports every 2 s: one not heard from for this long i
 GONE_KEPT_S = 300.0  # a consumer that stopped reporting stays listed as gone this long
 RATE_WINDOW_S = 30.0  # a consumer's rate: tasks processed over about this long
 SLOW_FRACTION = 0.3  # a busy consumer below this fraction of its peers' median rate is marked slow
+SLOW_MIN_TASKS = 10  # ... when its peers finish at least this many tasks in RATE_WINDOW_S
+RATE_MIN_SPAN_S = 15.0  # a rate is given once a consumer's reports span this long
 MAP_PREFIX = "map-"  # the queues of conveyor.spark.map jobs
 _COUNTS = ("ready", "delivered", "delayed", "acked", "failed", "bytes_on_disk", "put_rate", "ack_rate")
 
@@ -129,6 +132,8 @@ class PoolWatch:
             self._seen.update(heard)
             for name, fig in heard.items():
                 done = self._done.setdefault(name, deque())
+                if done and fig["processed"] < done[-1][1]:  # started again under the same name: count anew
+                    done.clear()
                 if not done or fig["heard_at"] > done[-1][0]:
                     done.append((fig["heard_at"], fig["processed"]))
                 while len(done) > 2 and done[1][0] < fig["heard_at"] - RATE_WINDOW_S:
@@ -141,9 +146,11 @@ class PoolWatch:
                 ago = now - fig["heard_at"]
                 # with no server answering, nothing is known of any
                 status = "unknown" if not answering else "gone" if name not in heard else "late" if ago > LATE_S else "ok"
-                peers = sorted(r for n, r in rates.items() if n != name and n in heard and r is not None)
+                peers = [r for n, r in rates.items() if n != name and n in heard and r is not None]
                 rate = rates[name]
-                behind = rate is not None and bool(peers) and rate < SLOW_FRACTION * peers[len(peers) // 2]
+                # judged only on a long enough span, and peers fast enough that a shortfall means something
+                behind = rate is not None and bool(peers) and (m := statistics.median(peers)) * RATE_WINDOW_S >= SLOW_MIN_TASKS \
+                    and rate < SLOW_FRACTION * m  # fmt: skip
                 if status == "ok" and fig["running"] and behind:
                     status = "slow"  # busy, yet far behind the others
                 out.append({**{k: v for k, v in fig.items() if k != "heard_at"}, "seen": round(ago, 1),
@@ -233,8 +240,9 @@ def _job(q: dict[str, Any]) -> dict[str, Any]:
 
 
 def _rate(done: deque[tuple[float, int]] | None) -> float | None:
-    """Tasks processed per second between the first and the last report kept (None: too few yet)."""
-    if done is None or len(done) < 2 or done[-1][0] - done[0][0] < 1.0:
+    """Tasks processed per second between the first and the last report kept (None: they span under
+    RATE_MIN_SPAN_S yet)."""
+    if done is None or len(done) < 2 or done[-1][0] - done[0][0] < RATE_MIN_SPAN_S:
         return None
     return (done[-1][1] - done[0][1]) / (done[-1][0] - done[0][0])
 

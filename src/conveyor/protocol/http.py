@@ -1,7 +1,8 @@
 """Serving an aiohttp application on the same terms as the queue protocol (the metrics endpoint, the
-dashboard): a TLS handshake ends within HANDSHAKE_S, at most MAX_HTTP_CONNECTIONS connections are
-open at once (one more is closed as soon as it is made, rather than using up descriptors), and a
-stop waits at most SHUTDOWN_S for the requests under way.
+dashboard): a TLS handshake ends within HANDSHAKE_S; at most MAX_HTTP_CONNECTIONS connections are
+served at once (one more is closed once it is set up, rather than held: over TLS, after its
+handshake; a burst accepted together may pass the mark by up to the listen backlog); an idle one
+is closed after KEEPALIVE_S; a stop waits at most SHUTDOWN_S for the requests under way.
 
 aiohttp is imported where used: a process that never serves HTTP does not pay for it.
 """
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 
 MAX_HTTP_CONNECTIONS = 64
 HANDSHAKE_S = 10.0
+KEEPALIVE_S = 15.0  # idle keep-alive connections do not hold places for long
 SHUTDOWN_S = 1.0  # a browser's or a scraper's keep-alive connection holds up no stop for longer
 
 
@@ -45,7 +47,8 @@ async def serve_app(app: web.Application, host: str, port: int, tls: ssl.SSLCont
                 ssl_handshake_timeout=None if self._ssl_context is None else HANDSHAKE_S)  # fmt: skip
             self._bound_port = self._server.sockets[0].getsockname()[1]
 
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S,
+                           keepalive_timeout=KEEPALIVE_S)  # fmt: skip
     await runner.setup()
     site = Site(runner, host, port, ssl_context=tls)
     try:

@@ -195,7 +195,7 @@ def _run(spark: SparkSession, df: DataFrame, func: Callable[[dict[str, Any]], An
     pool.put_blob(ref.data)
 
     t0 = time.time()
-    put_rows = putter(pool, queue, job, adhoc_task_name(ref.digest), opts, rows_per_message)
+    put_rows = putter(pool, queue, job, adhoc_task_name(ref.digest), opts, rows_per_message, unreachable_s)
     n = consumer_count(spark, n_consumers)
     common: dict[str, Any] = {"queues": [queue], "unreachable_s": unreachable_s, "start_timeout_s": start_timeout_s,
                               "progress": progress, **options}  # fmt: skip

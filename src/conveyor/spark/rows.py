@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 from conveyor.client.pool import QueuePool
 from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import H_IDEMPOTENCY_KEY, H_TASK, SHARD_SHIFT
-from conveyor.errors import ConveyorError
+from conveyor.errors import ConnectionLostError, ConveyorError
 from conveyor.message import Message
 from conveyor.tasks.envelope import decode_call, decode_result, encode_error
 from conveyor.tasks.options import TaskOptions
@@ -29,6 +29,8 @@ EXTRA_COLUMNS = ("_id", "_error", "_input")  # added to every output row
 READ_BATCH_ROWS = 10_000
 MAX_ROWS_PER_MESSAGE = 1000
 SPLIT_PREFIX = "split:"  # the idempotency keys of rows split off a message (RowRunner)
+PUT_RETRY_S = 0.2  # a put to a server out of reach is tried again this often
+PUT_PATIENCE = 2.0  # ... for up to this many times the map's unreachable_s
 
 
 class RowRunner:
@@ -159,12 +161,17 @@ def put_partitions(pool: QueuePool, put_rows: Callable[..., int]) -> Callable[..
     return put
 
 
-def putter(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOptions, k: int) -> Callable[..., int]:
+def putter(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOptions, k: int,
+           unreachable_s: float) -> Callable[..., int]:  # fmt: skip
     """(batches, task) -> rows put: a task's rows onto the queue, up to k to a message.
 
     An Arrow batch of n rows makes ceil(n / k) messages, dealt like cards (message j takes rows j,
     j + m, j + 2m, ...): inputs often arrive clustered by cost (sorted by size, say), and k costly
     neighbours in one message would make one long message that ends the run late.
+
+    A server out of reach is retried, as the consumers retry it: the driver's watch ends the job
+    with ServerUnreachableError once it has been so for `unreachable_s`; should nobody, the put
+    gives up at PUT_PATIENCE x that. A retry puts nothing twice (each message has its key).
     """
 
     def put_rows(batches: Iterator[pa.RecordBatch], part: int) -> int:
@@ -177,11 +184,23 @@ def putter(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOpti
             messages = [build_message(task_name, opts, (rows[j::m],), {}, key=f"{job}:{part}:{n}:{j}", now=now)
                         for j in range(m)]  # fmt: skip
             if messages:
-                pool.put(queue, messages)
+                _put(pool, queue, messages, PUT_PATIENCE * unreachable_s)
             n += len(rows)
         return n
 
     return put_rows
+
+
+def _put(pool: QueuePool, queue: str, messages: list[Message], patience_s: float) -> None:
+    deadline = time.monotonic() + patience_s
+    while True:
+        try:
+            pool.put(queue, messages)
+            return
+        except ConnectionLostError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(PUT_RETRY_S)
 
 
 def read_results(pool: QueuePool, queue: str, schema: StructType,
