@@ -64,6 +64,13 @@ def slot_setters(cls: type[Any]) -> tuple[_Setter, ...]:
 _S = slot_setters(Message)
 
 
+def printable(payload: bytes, width: int) -> str:
+    """A payload's first `width` bytes as printable text (others as "."; "…" if cut): payloads are
+    opaque bytes, shown, never decoded."""
+    text = "".join(chr(b) if 32 <= b < 127 else "." for b in payload[:width])
+    return text + ("…" if len(payload) > width else "")
+
+
 def headers_bytes(headers: dict[str, str]) -> int:
     """About the bytes a message's headers take on the wire (their strings, encoded, and a little
     around each): what requests and replies count against a header limit."""

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from conveyor.client.pool import QueuePool
 from conveyor.constants import COUNT_HOST
+from conveyor.message import printable
 from conveyor.protocol.requests import Counts, QueueStats, ServerStats
 
 Answers = Sequence[ServerStats | Exception]  # each server's stats reply, or the error it gave (shard order)
@@ -64,8 +65,7 @@ def stats_table(addresses: Sequence[str], got: Answers, queue: str | None = None
 
 def _preview(payload: bytes, width: int = 40) -> str:
     """Payloads are opaque bytes: show their size and a printable prefix, never decode them."""
-    text = "".join(chr(b) if 32 <= b < 127 else "." for b in payload[:width])
-    return f"{len(payload):,} B  {text}{'…' if len(payload) > width else ''}"
+    return f"{len(payload):,} B  {printable(payload, width)}"
 
 
 def dead_letter_table(pool: QueuePool, queue: str, limit: int) -> Table:

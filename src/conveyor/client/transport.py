@@ -28,7 +28,7 @@ from conveyor.protocol.auth import as_key, auth_request, check_server_proof
 from conveyor.protocol.declarations import LIMITS_KEY
 from conveyor.protocol.framing import Frames, Header, Limits
 from conveyor.protocol.requests import Call
-from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME, ClientTLS, connect_hint, refused_after_handshake
+from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME, ClientTLS, connect_hint, netloc, refused_after_handshake
 
 if TYPE_CHECKING:
     from typing import Self
@@ -86,8 +86,7 @@ class Transport:
         if tls is False and address.startswith(TLS_SCHEME):
             raise ValueError(f"tls=False with the TLS address {address}: use tcp:// for plain TCP")
         self.tls = ClientTLS.make(tls or address.startswith(TLS_SCHEME), ca=ca, fingerprint=fingerprint, cert=cert, key=key)
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        self.address = f"{TCP_SCHEME if self.tls is None else TLS_SCHEME}{host}:{self.port}"
+        self.address = f"{TCP_SCHEME if self.tls is None else TLS_SCHEME}{netloc(self.host, self.port)}"
         self._key = as_key(token)
         self.timeout = timeout
         self.connect_timeout = connect_timeout

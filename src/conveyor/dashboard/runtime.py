@@ -14,6 +14,7 @@ from conveyor.dashboard.state import PoolWatch
 from conveyor.dashboard.web import start
 from conveyor.errors import ConveyorError
 from conveyor.protocol.auth import is_loopback
+from conveyor.protocol.tls import netloc
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -49,8 +50,7 @@ class Dashboard:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http{'' if self.tls is None else 's'}://{host}:{self.port}/"
+        return f"http{'' if self.tls is None else 's'}://{netloc(self.host, self.port)}/"
 
     def start(self) -> Dashboard:
         """Start serving (in a daemon thread); returns once it listens, or raises why it could not."""

@@ -14,11 +14,12 @@ from typing import Any
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.queue_client import QueueClient
+from conveyor.client.sharded import summed_stats
 from conveyor.constants import COUNT_HOST, H_TASK, SHARD_SHIFT
 from conveyor.errors import ConveyorError
-from conveyor.message import DeadLetter
+from conveyor.message import DeadLetter, printable
 from conveyor.protocol import requests as calls
-from conveyor.protocol.requests import QueueStats, ServerStats
+from conveyor.protocol.requests import Counts, QueueStats, ServerStats
 
 POLL_S = 1.0  # how often each server is asked
 ACTION_TIMEOUT_S = 10.0  # a page of dead letters, a requeue: answered within this, or an error shown
@@ -30,6 +31,7 @@ RATE_WINDOW_S = 30.0  # a consumer's rate: tasks processed over about this long
 SLOW_FRACTION = 0.3  # a busy consumer below this fraction of its peers' median rate is marked slow
 SLOW_MIN_TASKS = 10  # ... when its peers finish at least this many tasks in RATE_WINDOW_S
 RATE_MIN_SPAN_S = 15.0  # a rate is given once a consumer's reports span this long
+PREVIEW_BYTES = 120  # of a dead letter's payload, shown as text
 MAP_PREFIX = "map-"  # the queues of conveyor.spark.map jobs
 _COUNTS = ("ready", "delivered", "delayed", "acked", "failed", "bytes_on_disk", "put_rate", "ack_rate")
 
@@ -60,6 +62,16 @@ class ServerWatch:
     @property
     def up(self) -> bool:
         return self.error is None and self.stats is not None
+
+    @property
+    def queues(self) -> dict[str, QueueStats]:
+        """Its queues as last heard, or none while it is down."""
+        return self.stats.queues if self.up and self.stats else {}
+
+    @property
+    def workers(self) -> dict[str, Counts]:
+        """The consumers it heard from, as last heard, or none while it is down."""
+        return self.stats.workers if self.up and self.stats else {}
 
 
 class PoolWatch:
@@ -97,11 +109,7 @@ class PoolWatch:
 
     def queues(self) -> dict[str, QueueStats]:
         """Each queue summed over the servers that answer."""
-        out: dict[str, QueueStats] = {}
-        for w in self.servers:
-            for q, s in (w.stats.queues if w.up and w.stats else {}).items():
-                out[q] = out[q] + s if q in out else s
-        return out
+        return summed_stats(w.queues for w in self.servers)
 
     def overview(self) -> dict[str, Any]:
         """Everything the page shows but the dead letters and the history."""
@@ -111,7 +119,7 @@ class PoolWatch:
                    for k, w in enumerate(self.servers)]  # fmt: skip
         per_shard: dict[str, dict[str, dict[str, Any]]] = {}
         for k, w in enumerate(self.servers):
-            for q, s in (w.stats.queues if w.up and w.stats else {}).items():
+            for q, s in w.queues.items():
                 per_shard.setdefault(q, {})[str(k)] = _counts(s)
         queues = [{"name": q, **_counts(s), "shards": per_shard.get(q, {})} for q, s in sorted(self.queues().items())]
         jobs = [_job(q) for q in queues if q["name"].startswith(MAP_PREFIX)]
@@ -121,7 +129,7 @@ class PoolWatch:
         """Every consumer heard from lately, and those gone within GONE_KEPT_S, with a status."""
         heard: dict[str, dict[str, Any]] = {}
         for w in self.servers:
-            for name, counts in (w.stats.workers if w.up and w.stats else {}).items():
+            for name, counts in w.workers.items():
                 at = w.answered_at - float(counts.get("seen", 0))  # when it last reported, as that server saw it
                 if name not in heard or at > heard[name]["heard_at"]:
                     figures = {k: _int(counts.get(k)) for k in ("pid", "processed", "failed", "running", "stolen")}
@@ -181,7 +189,7 @@ class PoolWatch:
             page: list[DeadLetter] = []
             if not w.up:
                 skipped.append(w.address)
-            elif w.stats is not None and queue in w.stats.queues:  # not there: the queue has nothing on it
+            elif queue in w.queues:  # not there: the queue has nothing on it
                 try:
                     page = self.pool.clients[shard].dead_letters(queue, after, limit - len(items))
                 except (ConveyorError, OSError):
@@ -190,7 +198,7 @@ class PoolWatch:
                 m = d.message
                 items.append({"id": str(shard << SHARD_SHIFT | m.id), "shard": shard, "attempts": m.attempts,
                               "failed_at": d.failed_at, "task": m.headers.get(H_TASK, ""), "error": d.error,
-                              "payload": _preview(m.payload)})  # fmt: skip
+                              "payload": printable(m.payload, PREVIEW_BYTES)})  # fmt: skip
                 after = m.id
             if not page:
                 shard, after = shard + 1, 0
@@ -203,7 +211,7 @@ class PoolWatch:
         down = [w.address for w in self.servers if not w.up]
         if ids is None:  # every dead letter of the shards that answer, named (a shard down fails no other)
             ids = [k << SHARD_SHIFT | d.message.id for k, w in enumerate(self.servers)
-                   if w.up and w.stats is not None and queue in w.stats.queues
+                   if queue in w.queues
                    for d in self.pool.clients[k].iter_dead_letters(queue)]  # fmt: skip
         return {"requeued": self.pool.requeue_dead_letters(queue, ids) if ids else 0, "skipped": down}
 
@@ -249,10 +257,3 @@ def _rate(done: deque[tuple[float, int]] | None) -> float | None:
 
 def _int(v: object) -> int:
     return int(v) if isinstance(v, (int, float)) else 0
-
-
-def _preview(payload: bytes, width: int = 120) -> str:
-    """The payload's first bytes as printable text (never decoded as data: servers hold opaque bytes)."""
-    head = payload[:width]
-    text = "".join(chr(b) if 32 <= b < 127 else "." for b in head)
-    return text + ("…" if len(payload) > width else "")

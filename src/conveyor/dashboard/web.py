@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor.dashboard.state import PoolWatch
 from conveyor.errors import ConveyorError
 from conveyor.protocol.auth import is_loopback
-from conveyor.protocol.http import serve_app
+from conveyor.protocol.http import bearer_ok, serve_app
 
 log = logging.getLogger("conveyor.dashboard")
 
@@ -65,8 +65,7 @@ def make_app(watch: PoolWatch, token: str | None, secure: bool) -> web.Applicati
     def authorized(request: web.Request) -> bool:
         if session is None:
             return True
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and token is not None and hmac.compare_digest(given.strip().encode(), token.encode()):
+        if token is not None and bearer_ok(request.headers.get("Authorization", ""), token.encode()):
             return True
         return hmac.compare_digest(request.cookies.get(SESSION_COOKIE, "").encode(), session.encode())
 

@@ -10,6 +10,7 @@ aiohttp is imported where used: a process that never serves HTTP does not pay fo
 from __future__ import annotations
 
 import asyncio
+import hmac
 import ssl
 from typing import TYPE_CHECKING
 
@@ -20,6 +21,12 @@ MAX_HTTP_CONNECTIONS = 64
 HANDSHAKE_S = 10.0
 KEEPALIVE_S = 15.0  # idle keep-alive connections do not hold places for long
 SHUTDOWN_S = 1.0  # a browser's or a scraper's keep-alive connection holds up no stop for longer
+
+
+def bearer_ok(header: str, key: bytes) -> bool:
+    """Whether an Authorization header is `Bearer <token>` for this token (compared in constant time)."""
+    scheme, _, token = header.partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key)
 
 
 class _Refused(asyncio.Protocol):

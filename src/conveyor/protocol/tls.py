@@ -34,6 +34,11 @@ TLS_SCHEME, TCP_SCHEME = "tls://", "tcp://"
 CERT_DAYS = 3650  # a self-signed certificate's validity: pinned by fingerprint, it is replaced, not renewed
 
 
+def netloc(host: str, port: int) -> str:
+    """host:port as an address writes it (an IPv6 host in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
 def fingerprint(cert: bytes) -> str:
     """The SHA-256 fingerprint of a certificate (DER bytes, or PEM text as bytes), lowercase hex."""
     der = ssl.PEM_cert_to_DER_cert(cert.decode()) if cert.lstrip().startswith(b"-----BEGIN") else cert

@@ -9,14 +9,13 @@ Prometheus's conventions; docs/metrics.md lists them.
 
 from __future__ import annotations
 
-import hmac
 import ssl
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 from conveyor.constants import COUNT_HOST, METRICS_PATH, REQUEST_SECONDS_BUCKETS
 from conveyor.protocol.histograms import Histogram
-from conveyor.protocol.http import serve_app
+from conveyor.protocol.http import bearer_ok, serve_app
 from conveyor.server.queues import QueueHost
 
 if TYPE_CHECKING:
@@ -148,7 +147,7 @@ async def start_endpoint(collector: ServerCollector, host: str, port: int, key: 
     registry.register(collector)  # a Collector is anything with collect()
 
     async def metrics(request: web.Request) -> web.Response:
-        if key is not None and not _bearer_ok(request.headers.get("Authorization", ""), key):
+        if key is not None and not bearer_ok(request.headers.get("Authorization", ""), key):
             return web.Response(status=401, text="a token is required: send 'Authorization: Bearer <token>'\n",
                                 headers={"WWW-Authenticate": 'Bearer realm="conveyor"'})  # fmt: skip
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
@@ -157,8 +156,3 @@ async def start_endpoint(collector: ServerCollector, host: str, port: int, key: 
     app = web.Application()
     app.router.add_get(METRICS_PATH, metrics)
     return await serve_app(app, host, port, tls)
-
-
-def _bearer_ok(header: str, key: bytes) -> bool:
-    scheme, _, token = header.partition(" ")
-    return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), key)

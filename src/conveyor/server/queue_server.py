@@ -43,7 +43,7 @@ from conveyor.protocol.auth import as_key, hello, is_loopback, new_nonce, proof,
 from conveyor.protocol.declarations import BYE
 from conveyor.protocol.framing import Frames, Header, Limits
 from conveyor.protocol.http import MAX_HTTP_CONNECTIONS
-from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME
+from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME, netloc
 from conveyor.server.connection import Connection, finished, linger
 from conveyor.server.handlers import HANDLERS
 from conveyor.server.metrics import RequestTimes, ServerCollector, start_endpoint
@@ -127,16 +127,14 @@ class QueueServer:
 
     @property
     def address(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"{TCP_SCHEME if self.tls is None else TLS_SCHEME}{host}:{self.port}"
+        return f"{TCP_SCHEME if self.tls is None else TLS_SCHEME}{netloc(self.host, self.port)}"
 
     @property
     def metrics_address(self) -> str | None:
         """Where the Prometheus metrics are served (None: nowhere)."""
         if self.metrics_port is None:
             return None
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http{'' if self.tls is None else 's'}://{host}:{self.metrics_port}{METRICS_PATH}"
+        return f"http{'' if self.tls is None else 's'}://{netloc(self.host, self.metrics_port)}{METRICS_PATH}"
 
     async def start(self) -> None:
         """Open the queues and start listening."""
