@@ -7,6 +7,7 @@ from these runs (CONVEYOR_SCREENSHOTS=DIR writes them there)."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -26,10 +27,13 @@ import pytest
 
 import conveyor.spark as cs
 from conveyor.client.pool import QueuePool
+from conveyor.constants import H_ROWS
 from conveyor.dashboard import Dashboard
 from conveyor.errors import ConveyorError
 from conveyor.message import Message
-from conveyor.worker import ConsumerPool
+from conveyor.tasks.options import TaskOptions
+from conveyor.tasks.publish import build_message
+from conveyor.worker import Consumer, ConsumerPool
 
 from . import worker_tasks as wt
 from .servers import wait_for
@@ -371,6 +375,26 @@ def test_a_busy_consumer_far_behind_its_peers_is_marked_slow() -> None:
         assert got["laggard"]["rate"] < 0.3 * got["fast-1"]["rate"]
 
 
+def test_a_map_jobs_rows_are_counted_by_its_consumers_reports() -> None:
+    """Messages saying how many rows they carry (as map's do): the job's rows done and total are
+    the rows of the messages settled, a message failed for good included, and exact at the end."""
+    with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
+        opts = TaskOptions(queue="map-t", max_retries=0)
+        sizes = [3, 5, 1, 4] * 10
+        messages = [dataclasses.replace(m := build_message(wt.add.task_name, opts, (j, 1), {}),
+                                        headers={**m.headers, H_ROWS: str(n)}) for j, n in enumerate(sizes)]  # fmt: skip
+        failing = build_message(wt.fails_for_good.task_name, opts, (), {})
+        pool.put("map-t", [*messages, dataclasses.replace(failing, headers={**failing.headers, H_ROWS: "7"})])
+        Consumer(pool, ["map-t"], max_concurrency=2, until_empty=True, task_modules=MODULES).run()
+
+        def job() -> dict[str, Any] | None:
+            jobs = _overview(board.url)["jobs"]
+            return jobs[0] if jobs and jobs[0]["done"] == 41 and jobs[0]["rows_total"] == sum(sizes) + 7 else None
+
+        got = wait_for(job, 10, "the job's rows, as the consumer's last report says")
+        assert got["rows_done"] == got["rows_total"] == 137 and got["failed"] == 1 and got["total"] == 41
+
+
 def _slow_row(row: dict[str, Any]) -> dict[str, Any]:
     time.sleep(0.05)
     return {"i": row["id"]}
@@ -385,7 +409,7 @@ def test_a_running_map_job_shows_its_progress_then_done(page: Any, spark: Any) -
 
         def run() -> None:
             try:
-                out = cs.map(df, _slow_row, schema="i long", pool=pool, n_consumers=2, max_concurrency=2, rows_per_message=1,
+                out = cs.map(df, _slow_row, schema="i long", pool=pool, n_consumers=2, max_concurrency=2, rows_per_message=2,
                              progress=False)  # fmt: skip
                 done["rows"] = out.count()
             except BaseException as e:  # told by the test, not lost with the thread
@@ -400,7 +424,8 @@ def test_a_running_map_job_shows_its_progress_then_done(page: Any, spark: Any) -
             if row.count() != 1:
                 return False
             cells = [str(c.text_content()) for c in row.locator("td").all()]
-            return cells[0].startswith("map-") and 0 < number(cells[2]) < number(cells[3])
+            rows, messages = (number(cells[2]), number(cells[3])), (number(cells[4]), number(cells[5]))
+            return cells[0].startswith("map-") and 0 < rows[0] < rows[1] and 0 < messages[0] < messages[1]
 
         wait_for(midway, 60, "the map job shown midway")
         shot(page, "dashboard-map")
@@ -409,7 +434,9 @@ def test_a_running_map_job_shows_its_progress_then_done(page: Any, spark: Any) -
 
         def finished() -> bool:
             cells = [str(c.text_content()) for c in page.locator("#jobs tbody tr td").all()]
-            return len(cells) == 7 and number(cells[2]) == number(cells[3]) == 600 and cells[6] == "0 s"
+            # rows (2 to a message) and messages, each all done
+            rows, messages = (number(cells[2]), number(cells[3])), (number(cells[4]), number(cells[5]))
+            return len(cells) == 9 and rows == (600, 600) and messages == (300, 300) and cells[8] == "0 s"
 
         wait_for(finished, 15, "the finished job shown done, until its results' queue is dropped")
     assert page.errors == []

@@ -182,6 +182,7 @@ H_TASK = "task"  # the task name (also inside the envelope)
 H_TIME_LIMIT = "tl"  # the task's time limit in seconds (repr of a float); absent: no limit
 H_RETRY_BACKOFF = "rb"  # "base,factor,cap,jitter" (see options.Backoff); absent: the default backoff
 H_IDEMPOTENCY_KEY = "key"  # publish(_key=...): a producer's idempotency key, honoured by the server
+H_ROWS = "rows"  # a conveyor.spark.map message: how many rows it carries (its consumer reports them: COUNT_ROWS)
 # an ad-hoc callable's task name: this prefix + the sha256 hex digest of its cloudpickled bytes
 ADHOC_TASK_PREFIX = "fn:"
 MSGPACK_EXT_TUPLE = 1  # msgpack ext type: a tuple (body: the msgpack array of its items)
@@ -241,6 +242,10 @@ MAX_HOST_CHARS = 255
 # "inf" for the last), and their total seconds under COUNT_TASK_SECONDS_SUM
 COUNT_TASK_SECONDS_LE = "task_seconds_le_"
 COUNT_TASK_SECONDS_SUM = "task_seconds_sum"
+# per queue whose messages carry H_ROWS (a map job's): the rows of the messages the consumer settled
+# (acked, or failed for good) under COUNT_ROWS + the queue name, and those messages under COUNT_ROW_MESSAGES + it
+COUNT_ROWS = "rows:"
+COUNT_ROW_MESSAGES = "row_messages:"
 TASK_SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0, 300.0, 1800.0)
 
 # --- Metrics (server/metrics.py: `conveyor serve --metrics-port`) -------------------------------

@@ -15,7 +15,7 @@ from typing import Any
 from conveyor.client.pool import QueuePool
 from conveyor.client.queue_client import QueueClient
 from conveyor.client.sharded import summed_stats
-from conveyor.constants import COUNT_HOST, H_TASK, SHARD_SHIFT
+from conveyor.constants import COUNT_HOST, COUNT_ROW_MESSAGES, COUNT_ROWS, H_TASK, SHARD_SHIFT
 from conveyor.errors import ConveyorError
 from conveyor.message import DeadLetter, printable
 from conveyor.protocol import requests as calls
@@ -86,6 +86,8 @@ class PoolWatch:
         self.servers = [ServerWatch(c, self._stop) for c in pool.clients]
         self._seen: dict[str, dict[str, Any]] = {}  # consumer -> its last figures, also once gone
         self._done: dict[str, deque[tuple[float, int]]] = {}  # consumer -> (when, processed) over RATE_WINDOW_S
+        # map job queue -> consumer -> (messages, rows) it settled, kept while the queue lives (also once it is gone)
+        self._rows: dict[str, dict[str, tuple[int, int]]] = {}
         self._history: deque[tuple[float, dict[str, tuple[int, float, float]]]] = deque()
         self._lock = threading.Lock()
         self._sampler = threading.Thread(target=self._sample_loop, name="dashboard-history", daemon=True)
@@ -122,8 +124,14 @@ class PoolWatch:
             for q, s in w.queues.items():
                 per_shard.setdefault(q, {})[str(k)] = _counts(s)
         queues = [{"name": q, **_counts(s), "shards": per_shard.get(q, {})} for q, s in sorted(self.queues().items())]
-        jobs = [_job(q) for q in queues if q["name"].startswith(MAP_PREFIX)]
-        return {"time": now, "servers": servers, "queues": queues, "consumers": self._consumers(now), "jobs": jobs}
+        consumers = self._consumers(now)
+        with self._lock:
+            if all(w.up for w in self.servers):  # a queue no server has is over: forget its rows
+                for q in self._rows.keys() - {q["name"] for q in queues}:
+                    del self._rows[q]
+            rows = {q: (sum(m for m, _ in by.values()), sum(r for _, r in by.values())) for q, by in self._rows.items()}
+        jobs = [_job(q, rows.get(q["name"], (0, 0))) for q in queues if q["name"].startswith(MAP_PREFIX)]
+        return {"time": now, "servers": servers, "queues": queues, "consumers": consumers, "jobs": jobs}
 
     def _consumers(self, now: float) -> list[dict[str, Any]]:
         """Every consumer heard from lately, and those gone within GONE_KEPT_S, with a status."""
@@ -133,11 +141,15 @@ class PoolWatch:
                 at = w.answered_at - float(counts.get("seen", 0))  # when it last reported, as that server saw it
                 if name not in heard or at > heard[name]["heard_at"]:
                     figures = {k: _int(counts.get(k)) for k in ("pid", "processed", "failed", "running", "stolen")}
-                    heard[name] = {"name": name, "host": str(counts.get(COUNT_HOST, "")), "heard_at": at, **figures}
+                    heard[name] = {"name": name, "host": str(counts.get(COUNT_HOST, "")), "heard_at": at, **figures,
+                                   "rows": _rows_of(counts)}  # fmt: skip
         answering = any(w.up for w in self.servers)
         out = []
         with self._lock:
             self._seen.update(heard)
+            for name, fig in heard.items():
+                for q, pair in fig["rows"].items():
+                    self._rows.setdefault(q, {})[name] = pair
             for name, fig in heard.items():
                 done = self._done.setdefault(name, deque())
                 if done and fig["processed"] < done[-1][1]:  # started again under the same name: count anew
@@ -161,7 +173,7 @@ class PoolWatch:
                     and rate < SLOW_FRACTION * m  # fmt: skip
                 if status == "ok" and fig["running"] and behind:
                     status = "slow"  # busy, yet far behind the others
-                out.append({**{k: v for k, v in fig.items() if k != "heard_at"}, "seen": round(ago, 1),
+                out.append({**{k: v for k, v in fig.items() if k not in ("heard_at", "rows")}, "seen": round(ago, 1),
                             "rate": None if rate is None else round(rate, 2), "status": status})  # fmt: skip
         return out
 
@@ -237,14 +249,28 @@ def _counts(s: QueueStats) -> dict[str, Any]:
     return {k: round(d[k], 2) if isinstance(d[k], float) else d[k] for k in _COUNTS}
 
 
-def _job(q: dict[str, Any]) -> dict[str, Any]:
-    """A map job's progress from its queue: messages (each up to `rows_per_message` rows) done of put."""
+def _job(q: dict[str, Any], reported: tuple[int, int]) -> dict[str, Any]:
+    """A map job's progress from its queue: messages (each up to `rows_per_message` rows) done of put,
+    and in rows: the rows its consumers reported settled (`reported`: messages, rows), plus those of
+    the messages settled or left since, at the rows per message reported (None before any report).
+    Exact once every message is settled and reported."""
     total = q["ready"] + q["delayed"] + q["delivered"] + q["acked"] + q["failed"]
     done = q["acked"] + q["failed"]
     rate = q["ack_rate"]
     left = total - done
+    m, r = reported
+    per = r / m if m else None
     return {"queue": q["name"], "total": total, "done": done, "failed": q["failed"], "rate": rate,
-            "eta_s": round(left / rate, 1) if rate > 0 and left else (0.0 if not left else None)}  # fmt: skip
+            "eta_s": round(left / rate, 1) if rate > 0 and left else (0.0 if not left else None),
+            "rows_done": None if per is None else r + round(max(done - m, 0) * per),
+            "rows_total": None if per is None else r + round(max(total - m, 0) * per),
+            "rows_rate": None if per is None else round(rate * per, 2)}  # fmt: skip
+
+
+def _rows_of(counts: Counts) -> dict[str, tuple[int, int]]:
+    """A report's rows per map job queue: (messages, rows) its consumer settled."""
+    return {k[len(COUNT_ROWS):]: (_int(counts.get(COUNT_ROW_MESSAGES + k[len(COUNT_ROWS):])), _int(v))
+            for k, v in counts.items() if k.startswith(COUNT_ROWS)}  # fmt: skip
 
 
 def _rate(done: deque[tuple[float, int]] | None) -> float | None:

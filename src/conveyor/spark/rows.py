@@ -4,6 +4,7 @@ outcomes back as Arrow batches with `_id`, `_error` and `_input`."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import time
@@ -12,7 +13,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.sharded import ShardedQueues
-from conveyor.constants import H_IDEMPOTENCY_KEY, H_TASK, SHARD_SHIFT
+from conveyor.constants import H_IDEMPOTENCY_KEY, H_ROWS, H_TASK, SHARD_SHIFT
 from conveyor.errors import ConnectionLostError, ConveyorError
 from conveyor.message import Message
 from conveyor.tasks.envelope import decode_call, decode_result, encode_error
@@ -181,14 +182,20 @@ def putter(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOpti
             rows = batch.to_pylist()
             m = -(-len(rows) // k)
             # the key (job, partition, first row of the batch, message) lets a retried Spark task put nothing twice
-            messages = [build_message(task_name, opts, (rows[j::m],), {}, key=f"{job}:{part}:{n}:{j}", now=now)
-                        for j in range(m)]  # fmt: skip
+            messages = [_counted(build_message(task_name, opts, (rows[j::m],), {}, key=f"{job}:{part}:{n}:{j}", now=now),
+                                 len(rows[j::m])) for j in range(m)]  # fmt: skip
             if messages:
                 _put(pool, queue, messages, PUT_PATIENCE * unreachable_s)
             n += len(rows)
         return n
 
     return put_rows
+
+
+def _counted(message: Message, rows: int) -> Message:
+    """`message`, saying it carries `rows` rows: its consumer reports them (the dashboard's progress in rows).
+    A row split off it later (RowRunner) says nothing: its rows were counted with it."""
+    return dataclasses.replace(message, headers={**message.headers, H_ROWS: str(rows)})
 
 
 def _put(pool: QueuePool, queue: str, messages: list[Message], patience_s: float) -> None:

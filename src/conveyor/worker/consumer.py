@@ -362,14 +362,15 @@ class Consumer:
             if c.error is None:
                 out.append(Settler.ack(m.queue, m.id, c.result))
                 self.stats.processed += 1
+                self.stats.settled(m)
             else:
                 d = next((d for mw in self.middleware if (d := mw.on_failure(m, c.error)) is not None), Decision(False))
                 out.append(Settler.nack(m.queue, m.id, c.error.error, d.delay_s, d.final))
                 self.stats.failed += 1
-                if d.final or m.attempts >= m.max_attempts:
-                    self.stats.dead += 1
-                else:
-                    self.stats.retried += 1
+                dead = d.final or m.attempts >= m.max_attempts
+                self.stats.dead, self.stats.retried = self.stats.dead + dead, self.stats.retried + (not dead)
+                if dead:
+                    self.stats.settled(m)
                 log.info("task %s (message %d, attempt %d) failed: %s", c.error.task, m.id, m.attempts,
                          c.error.error.split("\n", 1)[0])  # fmt: skip
             for mw in self.middleware:
@@ -395,4 +396,4 @@ class Consumer:
         s = self.stats
         return self.name, {"processed": s.processed, "failed": s.failed, "retried": s.retried, "dead": s.dead,
                            "running": len(self._running), "stolen": s.stolen, "pid": os.getpid(), COUNT_HOST: _HOST,
-                           **self._task_seconds.as_counts()}  # fmt: skip
+                           **self._task_seconds.as_counts(), **s.row_counts()}  # fmt: skip

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from conveyor.constants import COUNT_ROW_MESSAGES, COUNT_ROWS, H_ROWS
+from conveyor.message import Message
+
 
 @dataclass
 class ConsumerStats:
@@ -19,14 +22,33 @@ class ConsumerStats:
     released: int = 0
     unsettled: int = 0  # acks and nacks the servers never took (their messages come back after their leases)
     fetched_by_shard: dict[int, int] = field(default_factory=dict)
+    # per queue of a map job (messages with H_ROWS): [messages settled, their rows], for its progress in rows
+    rows: dict[str, list[int]] = field(default_factory=dict)
 
     def __add__(self, other: ConsumerStats) -> ConsumerStats:
         """The counts of two consumers together (a pool of them)."""
         shards = dict(self.fetched_by_shard)
         for s, n in other.fetched_by_shard.items():
             shards[s] = shards.get(s, 0) + n
-        counts = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self) if f.name != "fetched_by_shard"}
-        return ConsumerStats(**counts, fetched_by_shard=shards)
+        rows = {q: list(v) for q, v in self.rows.items()}
+        for q, (m, r) in other.rows.items():
+            mine = rows.setdefault(q, [0, 0])
+            mine[0], mine[1] = mine[0] + m, mine[1] + r
+        counts = {f.name: getattr(self, f.name) + getattr(other, f.name) for f in fields(self) if f.type == "int"}
+        return ConsumerStats(**counts, fetched_by_shard=shards, rows=rows)
+
+    def settled(self, m: Message) -> None:
+        """`m` was acked, or failed for good: its rows, if it says how many it carries, are done."""
+        if (n := m.headers.get(H_ROWS)) is not None and n.isdecimal():
+            mine = self.rows.setdefault(m.queue, [0, 0])
+            mine[0], mine[1] = mine[0] + 1, mine[1] + int(n)
+
+    def row_counts(self) -> dict[str, int]:
+        """The rows settled per map job queue, as a report carries them."""
+        out = {}
+        for q, (m, r) in self.rows.items():
+            out[COUNT_ROW_MESSAGES + q], out[COUNT_ROWS + q] = m, r
+        return out
 
     def summary(self) -> str:
         """One line, as `conveyor worker` prints it when it stops."""

@@ -91,13 +91,17 @@ function drawDetail(overview) {
 function drawJobs(jobs) {
   document.getElementById("job-count").textContent = "(" + jobs.length + ")";
   fill(document.querySelector("#jobs tbody"), jobs.map(j => {
+    // in rows once its consumers have reported some; in messages until then
+    const inRows = typeof j.rows_total === "number" && j.rows_total > 0;
+    const part = inRows ? j.rows_done / j.rows_total : (j.total ? j.done / j.total : 0);
     const bar = el("span", null, "bar");
     const fillBar = el("span");
-    fillBar.style.width = (j.total ? (100 * j.done / j.total).toFixed(1) : 0) + "%";
+    fillBar.style.width = (100 * part).toFixed(1) + "%";
     bar.append(fillBar);
     const cell = el("td");
-    cell.append(bar, el("span", " " + (j.total ? (100 * j.done / j.total).toFixed(0) : 0) + "%"));
-    return row([j.queue, cell, num(j.done), num(j.total), num(j.failed), rate(j.rate), duration(j.eta_s)]);
+    cell.append(bar, el("span", " " + (100 * part).toFixed(0) + "%"));
+    return row([j.queue, cell, num(j.rows_done), num(j.rows_total), num(j.done), num(j.total), num(j.failed),
+                rate(inRows ? j.rows_rate : null), duration(j.eta_s)]);
   }));
 }
 
