@@ -10,7 +10,8 @@ Modules, in the order a graph passes through them:
 - `plan`: the checked graph: edges, dependency levels, inputs read inside their consumer;
 - `runtime`: the planned graph as Spark DataFrames, one Spark job per blocking node;
 - `stages`: what runs inside the Spark tasks (input readers, task-node channels);
-- `readers`: CSV and Parquet read with pyarrow; `channels`: batches, their encoding and routing;
+- `readers`: CSV and Parquet read with pyarrow, from the file systems of `filesystems` (local, S3);
+- `channels`: batches, their encoding and routing; `placement`: Quokka's `{machine: channels}`;
 - `executors` and `join`: the executor API and the stock executors; `dataset`: `Dataset`;
 - `layout`: the rows that carry batches in Spark, and their sizes; `errors`: `GraphError`.
 
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 from .dataset import Dataset
 from .errors import GraphError
-from .executors import Count, Executor, FilterProject, HashAggregate, HashJoin, Limit, Map, Sort
+from .executors import Count, Executor, FilterProject, HashAggregate, HashJoin, Limit, Map, Sort, StatelessExecutor
 from .nodes import Node
 from .runtime import RunStats
 from .taskgraph import TaskGraph
@@ -39,5 +40,6 @@ __all__ = [
     "Node",
     "RunStats",
     "Sort",
+    "StatelessExecutor",
     "TaskGraph",
 ]

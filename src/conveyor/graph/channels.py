@@ -36,6 +36,10 @@ def to_table(value: object, where: str) -> pa.Table | None:
     if isinstance(value, pa.RecordBatch):
         return pa.Table.from_batches([value])
     if isinstance(value, pd.DataFrame):
+        # a named index holds data (a groupby's keys): it becomes columns; an unnamed one is only positions
+        named = [n for n in value.index.names if n is not None]
+        if named:
+            value = value.reset_index(level=named)
         # pandas' Arrow-backed strings come back as large_string: make them plain strings like the
         # readers', and drop the pandas metadata (it would travel with every batch)
         table = pa.Table.from_pandas(value, preserve_index=False).replace_schema_metadata(None)

@@ -27,6 +27,8 @@ class Executor:
     # True when the executor may call `finish()` before its input ends. The planner then reads a
     # single-channel node's file inputs inside the node's own Spark task, so stopping stops the read.
     may_stop_early: ClassVar[bool] = False
+    # what `execute` gets: "arrow" (pyarrow Tables) or "pandas" (pandas DataFrames, as Quokka's executors do)
+    batch_format: ClassVar[str] = "arrow"
 
     def execute(self, batch: pa.Table, stream_id: Hashable, channel: int) -> Batch | None:
         """Consume one input batch of stream `stream_id`; return an output batch or None."""
@@ -40,9 +42,23 @@ class Executor:
         """Declare that no more input is needed."""
         self._conveyor_finished = True
 
+    def early_termination(self) -> None:
+        """Quokka's name for `finish()`."""
+        self.finish()
+
     @property
     def finished(self) -> bool:
-        return getattr(self, "_conveyor_finished", False)
+        # Quokka's own base class set the attribute `early_termination = True`: executors written for it may too
+        return getattr(self, "_conveyor_finished", False) or vars(self).get("early_termination") is True
+
+
+class StatelessExecutor(Executor):
+    """Quokka's executor base class: `execute(batch, stream_id, executor_id)` gets pandas DataFrames
+    and may return a DataFrame, a pyarrow Table, a list of them, or None; `done(executor_id)` likewise;
+    `early_termination()` stops the input. A DataFrame's named index (a groupby's keys) is kept as
+    columns of the output."""
+
+    batch_format: ClassVar[str] = "pandas"
 
 
 class FilterProject(Executor):

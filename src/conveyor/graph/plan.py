@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from .channels import PartitionKey
 from .errors import GraphError
+from .filesystems import read_here
 from .nodes import InputSpec, NodeKind, Spec, TaskSpec, resolve
-from .readers import local_path
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def _topological(deps: dict[int, list[int]], specs: Mapping[int, Spec]) -> list[
 
 
 def _fusable(spec: InputSpec, consumers: list[int], specs: Mapping[int, Spec]) -> bool:
-    if spec.kind is NodeKind.DATASET or spec.path is None or local_path(spec.path) is None or len(consumers) != 1:
+    if spec.kind is NodeKind.DATASET or spec.path is None or not read_here(spec.path) or len(consumers) != 1:
         return False
     consumer = specs[consumers[0]]
     if consumer.parallelism != 1:

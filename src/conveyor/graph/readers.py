@@ -1,8 +1,9 @@
 """File readers of input nodes: CSV by byte ranges and Parquet by row groups, read with pyarrow.
 
-A local file (a plain path or a `file:` URI) is cut into splits on the driver; Spark tasks read
-them in Python, streaming one block at a time, so a consumer that stops early stops the reading.
-Other paths (`s3a://`, `hdfs://`, ...) are read by Spark's own readers instead (see `runtime`).
+A local file (a plain path or a `file:` URI) or an S3 object (`s3://`, see `filesystems`) is cut
+into splits on the driver; Spark tasks read them in Python, streaming one block at a time, so a
+consumer that stops early stops the reading. Other paths (`s3a://`, `hdfs://`, ...) are read by
+Spark's own readers instead (see `runtime`).
 Column types of a CSV input are inferred once, on the driver, from the start of the first file,
 so that every split parses to the same schema.
 """
@@ -10,14 +11,13 @@ so that every split parses to the same schema.
 from __future__ import annotations
 
 import io
-import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pv
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .errors import GraphError, raise_in_task
@@ -27,29 +27,29 @@ PLACEHOLDERS = (None, "")  # a last name like these stands for the empty field a
 TRAILING = "__conveyor_trailing"  # the column name of that empty field (never kept)
 
 
-def local_path(path: str) -> str | None:
-    """The local file system path of `path`, or None when Spark must read it (s3a://, hdfs://, ...)."""
-    parsed = urlparse(path)
-    if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and os.name == "nt"):
-        return parsed.path if parsed.scheme == "file" else path
-    return None
-
-
-def list_files(path: str, suffixes: Sequence[str] = ()) -> list[str]:
-    """The data files at a local path: the file itself, or the visible files under a directory, sorted."""
-    if os.path.isfile(path):
-        return [path]
-    if not os.path.isdir(path):
-        raise GraphError(f"no such file or directory: {path}")
+def list_files(fs: pafs.FileSystem, path: str, suffixes: Sequence[str] = ()) -> list[str]:
+    """The data files at `path`: the file itself, the visible files under a directory, or the visible
+    files whose path starts with it (a prefix, as S3 keys are), sorted."""
+    try:
+        kind = fs.get_file_info(path).type
+        if kind is pafs.FileType.File:
+            return [path]
+        root = path if kind is pafs.FileType.Directory else path.rpartition("/")[0]
+        if kind is pafs.FileType.NotFound and (not root or fs.get_file_info(root).type is not pafs.FileType.Directory):
+            raise GraphError(f"no such file or directory: {path}")
+        infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
+    except (OSError, pa.ArrowException) as exc:
+        raise GraphError(f"cannot list {path}: {exc}") from exc
     found = []
-    for root, dirs, files in os.walk(path):
-        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
-        for name in sorted(files):
-            if not name.startswith((".", "_")) and (not suffixes or name.endswith(tuple(suffixes))):
-                found.append(os.path.join(root, name))
+    for info in infos:
+        hidden = any(part.startswith((".", "_")) for part in info.path[len(root) :].split("/") if part)
+        if info.type is pafs.FileType.File and info.path.startswith(path) and not hidden \
+                and (not suffixes or info.path.endswith(tuple(suffixes))):  # fmt: skip
+            found.append(info.path)
     if not found:
-        raise GraphError(f"no data files under {path}")
-    return found
+        missing = kind is pafs.FileType.NotFound
+        raise GraphError(f"no such file or directory: {path}" if missing else f"no data files under {path}")
+    return sorted(found)
 
 
 @dataclass(frozen=True)
@@ -98,10 +98,10 @@ def csv_format(sample: bytes, names: Sequence[str | None], sep: str, columns: Se
     return CsvFormat(tuple(full), tuple(keep), tuple((n, types[n]) for n in keep), sep)
 
 
-def read_sample(path: str, size: int = CSV_SAMPLE_BYTES) -> bytes:
+def read_sample(fs: pafs.FileSystem, path: str, size: int = CSV_SAMPLE_BYTES) -> bytes:
     """The first whole lines of a file, about `size` bytes of them."""
-    with open(path, "rb") as f:
-        data = f.read(size)
+    with fs.open_input_file(path) as f:
+        data: bytes = f.read(size)
     if len(data) == size:
         data = data[: data.rfind(b"\n") + 1]
     return data
@@ -116,16 +116,16 @@ class CsvSplit:
     end: int
 
 
-def csv_splits(files: Sequence[str], stride: int) -> list[CsvSplit]:
+def csv_splits(fs: pafs.FileSystem, files: Sequence[str], stride: int) -> list[CsvSplit]:
     """Cut files into ranges of `stride` bytes (line boundaries are found when a range is read)."""
     splits: list[CsvSplit] = []
-    for path in files:
-        size = os.path.getsize(path)
+    for path, info in zip(files, fs.get_file_info(list(files)), strict=True):
+        size = info.size or 0
         splits.extend(CsvSplit(path, start, min(start + stride, size)) for start in range(0, size, stride))
     return splits
 
 
-def _line_start(mm: pa.MemoryMappedFile, pos: int, size: int) -> int:
+def _line_start(mm: pa.NativeFile, pos: int, size: int) -> int:
     """The offset of the first line that starts at or after `pos`."""
     if pos <= 0:
         return 0
@@ -145,6 +145,7 @@ class CsvReader:
 
     node: str
     fmt: CsvFormat
+    fs: pafs.FileSystem
     splits: list[CsvSplit] = field(default_factory=list)
     block_bytes: int = CSV_BLOCK_BYTES
 
@@ -154,13 +155,15 @@ class CsvReader:
     def read(self, index: int) -> Iterator[pa.Table]:
         """The batches of split `index`, one parsed block at a time."""
         split = self.splits[index]
-        with pa.memory_map(split.path, "r") as mm:
+        # a local file is mapped (the block is a zero-copy view of it); a remote one is read by range
+        local = isinstance(self.fs, pafs.LocalFileSystem)
+        with pa.memory_map(split.path, "r") if local else self.fs.open_input_file(split.path) as mm:
             size = mm.size()
             start, end = _line_start(mm, split.start, size), _line_start(mm, split.end, size)
             if end <= start:
                 return
             mm.seek(start)
-            data = mm.read_buffer(end - start)  # zero-copy view of the mapped file
+            data = mm.read_buffer(end - start)
             try:
                 reader = pv.open_csv(
                     pa.BufferReader(data),
@@ -190,6 +193,7 @@ class ParquetReader:
     node: str
     columns: list[str] | None
     filter: pc.Expression | None
+    fs: pafs.FileSystem
     splits: list[ParquetSplit] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -198,7 +202,7 @@ class ParquetReader:
     def read(self, index: int) -> Iterator[pa.Table]:
         """The batches of row group `index`, filtered."""
         split = self.splits[index]
-        with pq.ParquetFile(split.path) as f:
+        with pq.ParquetFile(self.fs.open_input_file(split.path)) as f:
             for batch in f.iter_batches(PARQUET_BATCH_ROWS, row_groups=[split.row_group], columns=self.columns):
                 table = pa.Table.from_batches([batch])
                 if self.filter is not None:
@@ -206,15 +210,16 @@ class ParquetReader:
                 yield table
 
 
-def parquet_reader(node: str, files: Sequence[str], columns: Sequence[str] | None, filters: object) -> ParquetReader:
+def parquet_reader(node: str, fs: pafs.FileSystem, files: Sequence[str], columns: Sequence[str] | None,
+                   filters: object) -> ParquetReader:  # fmt: skip
     """A reader over every row group of `files`, checking the columns against the first file's schema."""
-    schema = pq.read_schema(files[0])
+    schema = pq.read_schema(files[0], filesystem=fs)
     if columns is not None:
         missing = [c for c in columns if c not in schema.names]
         if missing:
             raise GraphError(f"node {node}: columns {missing} are not in {files[0]} (columns: {schema.names})")
-    splits = [ParquetSplit(f, rg) for f in files for rg in range(pq.ParquetFile(f).metadata.num_row_groups)]
-    return ParquetReader(node, list(columns) if columns is not None else None, parquet_filter(filters, node), splits)
+    splits = [ParquetSplit(f, rg) for f in files for rg in range(pq.ParquetFile(fs.open_input_file(f)).metadata.num_row_groups)]
+    return ParquetReader(node, list(columns) if columns is not None else None, parquet_filter(filters, node), fs, splits)
 
 
 def parquet_filter(filters: object, node: str) -> pc.Expression | None:

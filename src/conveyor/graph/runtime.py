@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import GraphError, unwrap_task_error
+from .filesystems import file_system
 from .layout import ARROW_BATCH_BYTES, DATASET_DDL, ROUTE_DDL
 from .nodes import InputSpec, NodeKind, Spec, TaskSpec
 from .plan import Edge, Plan
@@ -27,7 +28,6 @@ from .readers import (
     csv_format,
     csv_splits,
     list_files,
-    local_path,
     parquet_filter,
     parquet_reader,
     read_sample,
@@ -142,15 +142,17 @@ class Runner:
     def _input_task(self, spec: InputSpec) -> InputTask:
         """The reader of an input node; file splits are listed (and CSV types inferred) here."""
         where = str(spec.node)  # the name, quoted
-        path = local_path(spec.path) if spec.path is not None and self.file_reader == "auto" else None
+        at = file_system(spec.path) if spec.path is not None and self.file_reader == "auto" else None
         reader: CsvReader | ParquetReader | None = None
-        source = "dataset" if spec.kind is NodeKind.DATASET else "spark" if path is None else "files"
-        if path is not None and source == "files" and spec.kind is NodeKind.CSV:
-            files = list_files(path)
-            fmt = csv_format(read_sample(files[0]), spec.names, spec.sep, spec.columns, where)
-            reader = CsvReader(spec.node.name, fmt, csv_splits(files, spec.stride))
-        elif path is not None and source == "files":
-            reader = parquet_reader(where, list_files(path, (".parquet", ".pq")), spec.columns, spec.filters)
+        source = "dataset" if spec.kind is NodeKind.DATASET else "spark" if at is None else "files"
+        if at is not None and source == "files" and spec.kind is NodeKind.CSV:
+            fs, path = at
+            files = list_files(fs, path)
+            fmt = csv_format(read_sample(fs, files[0]), spec.names, spec.sep, spec.columns, where)
+            reader = CsvReader(spec.node.name, fmt, fs, csv_splits(fs, files, spec.stride))
+        elif at is not None and source == "files":
+            fs, path = at
+            reader = parquet_reader(where, fs, list_files(fs, path, (".parquet", ".pq")), spec.columns, spec.filters)
         return InputTask(spec.node.name, source, reader, spec.batch_func, self._out_edges(spec.node.id),
                          self.plan.levels[spec.node.id], self.counters.get(spec.node.id))  # fmt: skip
 

@@ -222,6 +222,10 @@ class NodeTask:
         nonempty: set[int] = set()
 
         def emit(channel: int, value: Any, where: str) -> Iterator[pa.RecordBatch]:
+            if isinstance(value, (list, tuple)):  # several batches at once (Quokka's executors return lists)
+                for v in value:
+                    yield from emit(channel, v, where)
+                return
             table = to_table(value, where)
             if table is None:
                 return
@@ -253,7 +257,8 @@ class NodeTask:
             table = payload if isinstance(payload, pa.Table) else decode(payload.as_buffer())
             stream = self.streams[edge]
             where = f"node {self.name!r}: {type(ex).__name__}.execute (channel {channel}, stream {stream!r})"
-            yield from emit(channel, _call(where, ex.execute, table, stream, channel), where)
+            batch = to_pandas(table) if getattr(ex, "batch_format", "arrow") == "pandas" else table
+            yield from emit(channel, _call(where, ex.execute, batch, stream, channel), where)
             if ex.finished and self.n_channels == 1:
                 break  # stop now, before pulling (maybe reading) another batch
         channels = set(executors)

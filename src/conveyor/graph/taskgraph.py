@@ -7,19 +7,22 @@ blocking nodes. A graph runs once.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, overload
 
 from ..spark.session import get_or_create_session
 from .channels import PartitionKey
 from .dataset import Dataset
 from .errors import GraphError
 from .executors import Executor
+from .filesystems import bucket_path
 from .layout import CSV_STRIDE_BYTES
-from .nodes import BatchFunc, ExecutorSource, InputSpec, Node, NodeKind, NodeRef, Spec, TaskSpec
+from .nodes import BatchFunc, ExecutorSource, InputSpec, Node, NodeKind, NodeRef, Spec, TaskSpec, resolve
+from .placement import LOCALHOST, Parallelism, channel_count
 from .plan import Plan, make_plan
 from .runtime import Runner, RunStats
 
@@ -29,10 +32,26 @@ if TYPE_CHECKING:
 _GRAPH_IDS = itertools.count(1)
 
 
-def _check_parallelism(value: object, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise GraphError(f"{what}: parallelism must be an integer >= 1, got {value!r}")
-    return value
+def _quokka_csv(bucket: str, key: str, names: Sequence[str | None], parallelism: Parallelism, ip: str = LOCALHOST,
+                batch_func: BatchFunc | None = None, sep: str = ",", dependents: Sequence[NodeRef] = (),
+                stride: int = CSV_STRIDE_BYTES, *, columns: Sequence[str] | None = None,
+                name: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """Quokka's new_input_csv arguments, as the keywords of Conveyor's form."""
+    path = bucket_path(bucket, key, "new_input_csv")
+    return {"path": path, "names": names, "parallelism": parallelism, "ip": ip, "batch_func": batch_func, "sep": sep,
+            "dependents": dependents, "stride": stride, "columns": columns, "name": name}  # fmt: skip
+
+
+def _quokka_node(streams: Mapping[Hashable, NodeRef | Dataset], datasets: object, functionObject: ExecutorSource,
+                 ip_to_num_channel: Parallelism, partition_key: Mapping[Hashable, PartitionKey], *,
+                 name: str | None = None) -> tuple[Any, ...]:  # fmt: skip
+    """Quokka's (streams, datasets, functionObject, ip_to_num_channel, partition_key) node form, as
+    Conveyor's arguments. Its `datasets` (handed to the executor's `initialize`) must be None or empty:
+    a Dataset is read as a stream instead (a source of the node, or new_input_from_dataset)."""
+    if datasets:
+        raise GraphError("a task node's datasets argument is not supported: give each Dataset as a source stream of the "
+                         "node ({stream id: dataset}), or read it with new_input_from_dataset()")  # fmt: skip
+    return streams, functionObject, ip_to_num_channel, partition_key, name
 
 
 @dataclass
@@ -54,6 +73,7 @@ class TaskGraph:
     stats: RunStats | None = field(default=None, init=False)
     _id: int = field(default_factory=lambda: next(_GRAPH_IDS), init=False)
     _ran: bool = field(default=False, init=False)
+    _quokka_tasks: set[int] = field(default_factory=set, init=False)  # the nodes new_task_node made
 
     def __post_init__(self) -> None:
         if self.file_reader not in ("auto", "spark"):
@@ -69,15 +89,34 @@ class TaskGraph:
             raise GraphError(f"graph {self._id}: a node is already named {name!r}")
         return Node(self._id, node_id, name)
 
-    def new_input_csv(self, path: str | os.PathLike[str], names: Sequence[str | None], parallelism: int,
+    @overload
+    def new_input_csv(self, path: str | os.PathLike[str], names: Sequence[str | None], parallelism: Parallelism,
+                      batch_func: BatchFunc | None = None, sep: str = ",", dependents: Sequence[NodeRef] = (),
+                      stride: int = CSV_STRIDE_BYTES, *, ip: str = LOCALHOST, columns: Sequence[str] | None = None,
+                      name: str | None = None) -> Node: ...  # fmt: skip
+    @overload
+    def new_input_csv(self, bucket: str, key: str, names: Sequence[str | None], parallelism: Parallelism, ip: str = LOCALHOST,
                       batch_func: BatchFunc | None = None, sep: str = ",", dependents: Sequence[NodeRef] = (),
                       stride: int = CSV_STRIDE_BYTES, *, columns: Sequence[str] | None = None,
-                      name: str | None = None) -> Node:  # fmt: skip
-        """A CSV input: a file or directory Spark can read; `names` may end with a placeholder
-        (None or "") for the empty field after a trailing delimiter. `columns` keeps only those
-        columns (parsing fewer columns is much faster); `stride` is the bytes per read split."""
+                      name: str | None = None) -> Node: ...  # fmt: skip
+    def new_input_csv(self, *args: Any, **kwargs: Any) -> Node:
+        """A CSV input: `(path, names, parallelism, ...)`, a file or directory Conveyor or Spark can
+        read; or Quokka's `(bucket, key, names, parallelism, ip, ...)` (see `bucket_path`). `names`
+        may end with a placeholder (None or "") for the empty field after a trailing delimiter.
+        `columns` keeps only those columns (parsing fewer columns is much faster); `stride` is the
+        bytes per read split; `parallelism` is a count or {machine: channels} (see `placement`)."""
+        quokka = "bucket" in kwargs or "key" in kwargs or (len(args) > 1 and isinstance(args[1], str))
+        if quokka:
+            kwargs = _quokka_csv(*args, **kwargs)
+            args = ()
+        return self._input_csv(*args, **kwargs)
+
+    def _input_csv(self, path: str | os.PathLike[str], names: Sequence[str | None], parallelism: Parallelism,
+                   batch_func: BatchFunc | None = None, sep: str = ",", dependents: Sequence[NodeRef] = (),
+                   stride: int = CSV_STRIDE_BYTES, *, ip: str = LOCALHOST, columns: Sequence[str] | None = None,
+                   name: str | None = None) -> Node:  # fmt: skip
         node = self._new_node(name, "csv")
-        _check_parallelism(parallelism, f"node {node}")
+        parallelism = channel_count(parallelism, ip, f"node {node}")
         if not names:
             raise GraphError(f"node {node}: names must list the CSV columns")
         if not isinstance(stride, int) or stride < 1024:
@@ -89,30 +128,45 @@ class TaskGraph:
                                         columns=tuple(columns) if columns is not None else None)  # fmt: skip
         return node
 
-    def new_input_parquet(self, path: str | os.PathLike[str], parallelism: int, columns: Sequence[str] | None = None,
+    def new_input_parquet(self, path: str | os.PathLike[str], parallelism: Parallelism, columns: Sequence[str] | None = None,
                           filters: Any = None, batch_func: BatchFunc | None = None, dependents: Sequence[NodeRef] = (),
-                          *, name: str | None = None) -> Node:  # fmt: skip
+                          *, ip: str = LOCALHOST, name: str | None = None) -> Node:  # fmt: skip
         """A Parquet input (a file or directory); `filters` is a pyarrow Expression or DNF tuples."""
         node = self._new_node(name, "parquet")
-        _check_parallelism(parallelism, f"node {node}")
+        parallelism = channel_count(parallelism, ip, f"node {node}")
         self.specs[node.id] = InputSpec(node, NodeKind.PARQUET, parallelism, batch_func, tuple(dependents), path=os.fspath(path),
                                         columns=tuple(columns) if columns is not None else None, filters=filters)  # fmt: skip
         return node
 
-    def new_input_dataset(self, dataset: Dataset, parallelism: int, batch_func: BatchFunc | None = None,
-                          dependents: Sequence[NodeRef] = (), *, name: str | None = None) -> Node:  # fmt: skip
+    def new_input_dataset(self, dataset: Dataset, parallelism: Parallelism, batch_func: BatchFunc | None = None,
+                          dependents: Sequence[NodeRef] = (), *, ip: str = LOCALHOST,
+                          name: str | None = None) -> Node:  # fmt: skip
         """The batches of a Dataset an earlier graph made, as a stream of this graph."""
         node = self._new_node(name, "dataset")
-        _check_parallelism(parallelism, f"node {node}")
+        parallelism = channel_count(parallelism, ip, f"node {node}")
         if not isinstance(dataset, Dataset):
             raise GraphError(f"node {node}: expected a Dataset, got {type(dataset).__name__}")
         self.specs[node.id] = InputSpec(node, NodeKind.DATASET, parallelism, batch_func, tuple(dependents), dataset=dataset)
         return node
 
-    def _task(self, sources: Mapping[Hashable, NodeRef], executor: ExecutorSource, parallelism: int,
-              partition_key: Mapping[Hashable, PartitionKey], blocking: bool, name: str | None) -> TaskSpec:  # fmt: skip
+    # Quokka's names for it: new_input_from_dataset, add_input_dataset, and new_input_redis (its Dataset reader)
+    new_input_from_dataset = add_input_dataset = new_input_dataset
+
+    def new_input_redis(self, dataset: Dataset, ip_to_num_channel: Parallelism, policy: str = "default",
+                        batch_func: BatchFunc | None = None, dependents: Sequence[NodeRef] = ()) -> Node:  # fmt: skip
+        """Quokka's reader of a Dataset (its objects were in Redis): `new_input_dataset` by another name."""
+        if policy != "default":
+            raise GraphError(f"new_input_redis: policy must be 'default' (the only one Quokka had), got {policy!r}")
+        return self.new_input_dataset(dataset, ip_to_num_channel, batch_func, dependents)
+
+    def _task(self, sources: Mapping[Hashable, NodeRef | Dataset], executor: ExecutorSource, parallelism: Parallelism,
+              partition_key: Mapping[Hashable, PartitionKey], blocking: bool, name: str | None,
+              ip: str = LOCALHOST) -> TaskSpec:  # fmt: skip
+        refs: dict[Hashable, NodeRef] = {}
+        if isinstance(sources, Mapping):  # a Dataset as a source: read by an input node of its own (made first: ids)
+            refs = {k: self._dataset_input(v, k) if isinstance(v, Dataset) else v for k, v in sources.items()}
         node = self._new_node(name, "task")
-        _check_parallelism(parallelism, f"node {node}")
+        parallelism = channel_count(parallelism, ip, f"node {node}")
         if not isinstance(sources, Mapping) or not sources:
             raise GraphError(f"node {node}: sources must be a non-empty mapping of stream id -> node")
         if not isinstance(partition_key, Mapping):
@@ -129,25 +183,57 @@ class TaskGraph:
         if not (isinstance(executor, Executor) or callable(executor)):
             raise GraphError(f"node {node}: executor must be an Executor, an Executor class or a factory, "
                              f"got {type(executor).__name__}")  # fmt: skip
-        for stream, ref in sources.items():
+        for stream, ref in refs.items():
             if isinstance(ref, Node) and ref.graph != self._id:
                 raise GraphError(f"node {node}: source {ref} of stream {stream!r} is a node of another graph")
-            if isinstance(ref, Dataset):
-                raise GraphError(f"node {node}: stream {stream!r} is a Dataset; read it with new_input_dataset()")
-        spec = TaskSpec(node, dict(sources), executor, parallelism, dict(partition_key), blocking)
+        if getattr(executor, "batch_format", "arrow") not in ("arrow", "pandas"):
+            raise GraphError(f"node {node}: the executor's batch_format must be 'arrow' or 'pandas', "
+                             f"got {getattr(executor, 'batch_format', None)!r}")  # fmt: skip
+        spec = TaskSpec(node, refs, executor, parallelism, dict(partition_key), blocking)
         self.specs[node.id] = spec
         return spec
 
-    def new_non_blocking_node(self, sources: Mapping[Hashable, NodeRef], executor: ExecutorSource, parallelism: int,
-                              partition_key: Mapping[Hashable, PartitionKey], *, name: str | None = None) -> Node:  # fmt: skip
-        """A task node whose output is a stream other task nodes can consume."""
+    def _dataset_input(self, dataset: Dataset, stream: Hashable) -> Node:
+        """The input node that reads a Dataset given as a task node's source, one channel per Dataset channel."""
+        if not dataset.materialized:
+            raise GraphError(f"stream {stream!r}: {dataset.unreadable_reason()} (a Dataset is read by a graph after "
+                             "the one that makes it)")  # fmt: skip
+        return self.new_input_dataset(dataset, dataset.n_channels)
+
+    def new_task_node(self, sources: Mapping[Hashable, NodeRef | Dataset], functionObject: ExecutorSource,
+                      parallelism: Parallelism, partition_key: Mapping[Hashable, PartitionKey], ip: str = LOCALHOST, *,
+                      name: str | None = None) -> Node:  # fmt: skip
+        """Quokka's task node: `new_non_blocking_node` with its argument names and `ip`. As in Quokka,
+        one that no node reads is an output node: it runs (its executors' effects happen) and its
+        output is dropped, where a `new_non_blocking_node` nobody reads is an error."""
+        spec = self._task(sources, functionObject, parallelism, partition_key, False, name, ip)
+        self._quokka_tasks.add(spec.node.id)
+        return spec.node
+
+    def _sinks(self) -> None:
+        """Make the task nodes of new_task_node that no node reads blocking (their output unread)."""
+        read = set()
+        for ref in (r for spec in self.specs.values() if isinstance(spec, TaskSpec) for r in spec.sources.values()):
+            with contextlib.suppress(GraphError):  # an unknown node: the planner says so, naming the reader
+                read.add(resolve(self.specs, self._id, ref, "").node.id)
+        for nid in self._quokka_tasks - read:
+            spec = self.specs[nid]
+            assert isinstance(spec, TaskSpec)
+            spec.blocking, spec.output = True, Dataset(spec.node.name, spec.parallelism)
+
+    def new_non_blocking_node(self, *args: Any, **kwargs: Any) -> Node:
+        """A task node whose output is a stream other task nodes can consume: `(sources, executor,
+        parallelism, partition_key, *, name=None)`, or Quokka's `(streams, datasets, functionObject,
+        ip_to_num_channel, partition_key)`. A source may be a node or a materialised Dataset."""
+        sources, executor, parallelism, partition_key, name = _node_args(args, kwargs)
         return self._task(sources, executor, parallelism, partition_key, False, name).node
 
-    def new_blocking_node(self, sources: Mapping[Hashable, NodeRef], executor: ExecutorSource, parallelism: int,
-                          partition_key: Mapping[Hashable, PartitionKey], *, name: str | None = None) -> Dataset:  # fmt: skip
-        """A task node whose output is materialised as a Dataset when the graph runs."""
+    def new_blocking_node(self, *args: Any, **kwargs: Any) -> Dataset:
+        """A task node whose output is materialised as a Dataset when the graph runs; its arguments
+        as `new_non_blocking_node`'s."""
+        sources, executor, parallelism, partition_key, name = _node_args(args, kwargs)
         spec = self._task(sources, executor, parallelism, partition_key, True, name)
-        spec.output = Dataset(spec.node.name, parallelism)
+        spec.output = Dataset(spec.node.name, spec.parallelism)
         return spec.output
 
     # --- checking and running -------------------------------------------------------------------
@@ -156,6 +242,7 @@ class TaskGraph:
         if self._ran:
             raise GraphError(f"graph {self._id} has already run; a graph runs once (build a new one)")
         if self.plan is None:
+            self._sinks()
             self.plan = make_plan(self.specs, self._id, self.file_reader)
         return self.plan
 
@@ -168,3 +255,16 @@ class TaskGraph:
         spark = self.spark if self.spark is not None else get_or_create_session()
         self.stats = Runner(self.specs, plan, spark, f"graph{self._id}", self.checkpoint_dir, self.file_reader).run()
         return self.stats
+
+
+def _node_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    """(sources, executor, parallelism, partition_key, name) of a task node, from Conveyor's form
+    `(sources, executor, parallelism, partition_key, *, name)` or Quokka's five-argument one."""
+    if len(args) + len(kwargs.keys() - {"name"}) == 5 or kwargs.keys() & {"streams", "datasets", "functionObject"}:
+        return _quokka_node(*args, **kwargs)
+    return _conveyor_node(*args, **kwargs)
+
+
+def _conveyor_node(sources: Mapping[Hashable, NodeRef | Dataset], executor: ExecutorSource, parallelism: Parallelism,
+                   partition_key: Mapping[Hashable, PartitionKey], *, name: str | None = None) -> tuple[Any, ...]:  # fmt: skip
+    return sources, executor, parallelism, partition_key, name
