@@ -20,7 +20,9 @@ from examples.tpch import names
 from pyspark.sql import SparkSession
 
 from conveyor.graph import GraphError, StatelessExecutor, TaskGraph
-from conveyor.graph.filesystems import s3_file_system
+from conveyor.graph.channels import to_table
+from conveyor.graph.filesystems import bucket_path, s3_file_system
+from conveyor.graph.readers import list_files
 from tests.graph_helpers import assert_frames_close, duckdb_answer
 from tests.servers import wait_for
 
@@ -146,6 +148,9 @@ def test_a_two_stage_graph_through_new_input_from_dataset(spark: SparkSession, t
     by_bucket = second.new_blocking_node({0: rows}, None, SumBy(), {"localhost": 2}, {0: "l_orderkey"})
     # and the Dataset as a task node's source directly, with Quokka's other reader name beside it
     third = TaskGraph(spark)
+    with pytest.raises(GraphError, match="sources and partition_key must have the same stream ids"):
+        third.new_blocking_node({0: per_row}, SumBy(), 1, {1: None})
+    assert third.specs == {}  # the input node made for the Dataset went with the node that failed
     direct = third.new_blocking_node({0: per_row}, SumBy(), 1, {0: None})
     assert third.add_input_dataset is not None and third.new_input_redis is not None
     second.run()
@@ -159,12 +164,15 @@ def test_a_two_stage_graph_through_new_input_from_dataset(spark: SparkSession, t
 
 
 class FirstRows(StatelessExecutor):
-    """Keeps `n` rows, then stops its input: by the method, or by the attribute Quokka's base class set."""
+    """Keeps `n` rows, then stops its input: by the method, or by the attribute Quokka's base class
+    set; its done() writes how many batches still came after that (none should)."""
 
-    def __init__(self, n: int, by_attribute: bool) -> None:
-        self.n, self.by_attribute, self.rows = n, by_attribute, 0
+    def __init__(self, n: int, by_attribute: bool, path: str) -> None:
+        self.n, self.by_attribute, self.path, self.rows, self.after = n, by_attribute, path, 0, 0
 
     def execute(self, batch: pd.DataFrame, stream_id: int, executor_id: int) -> pd.DataFrame:
+        if self.rows >= self.n:
+            self.after += 1
         take = batch.head(self.n - self.rows)
         self.rows += len(take)
         if self.rows >= self.n:
@@ -174,14 +182,22 @@ class FirstRows(StatelessExecutor):
                 self.early_termination()
         return take
 
+    def done(self, executor_id: int) -> None:
+        Path(self.path).write_text(str(self.after))
+
 
 @pytest.mark.parametrize("by_attribute", [False, True])
-def test_early_termination_stops_the_input(spark: SparkSession, tpch_sf001: Path, by_attribute: bool) -> None:
+def test_early_termination_stops_the_input(spark: SparkSession, tpch_sf001: Path, tmp_path: Path, by_attribute: bool) -> None:
     task_graph = TaskGraph(spark)
+    # 64 kB splits: ~120 of them, each read as its own batch
     lineitem = task_graph.new_input_csv(str(tpch_sf001), "lineitem.tbl", LINEITEM, 1, sep="|", stride=64 * 1024)
-    first = task_graph.new_blocking_node({0: lineitem}, None, FirstRows(5, by_attribute), {"localhost": 1}, {0: None})
-    task_graph.run()
+    after = tmp_path / "after"
+    first = task_graph.new_blocking_node({0: lineitem}, None, FirstRows(5, by_attribute, str(after)), {"localhost": 1},
+                                         {0: None})  # fmt: skip
+    stats = task_graph.run()
     assert len(first.to_pandas()) == 5
+    assert after.read_text() == "0"  # no batch was handed over once it had stopped
+    assert sum(stats.batches_read.values()) < 5  # and the reading stopped (the input is read inside the node's task)
 
 
 class WritesItsTotal(StatelessExecutor):
@@ -220,10 +236,25 @@ def test_quokka_arguments_that_are_wrong_get_clear_errors(tpch_sf001: Path) -> N
         g.new_input_csv(str(tpch_sf001), "", LINEITEM, 2, sep="|")
     src = g.new_input_csv(str(tpch_sf001), "lineitem.tbl", LINEITEM, {"10.0.0.1": 2, "10.0.0.2": 3}, sep="|")
     assert g.specs[src.id].parallelism == 5  # channels per machine add up: Spark places them
+    # Conveyor's own node form keeps its keywords (ip= among them); a misspelt one is a TypeError naming it
+    node = g.new_blocking_node({0: src}, AggExecutor(), {"localhost": 1}, {0: None}, ip="localhost", name="agg")
+    assert g.specs[len(g.specs) - 1].node.name == "agg" and node.n_channels == 1
+    with pytest.raises(TypeError, match="nme"):
+        g.new_blocking_node({0: src}, AggExecutor(), 1, {0: None}, nme="x")
     with pytest.raises(GraphError, match="datasets argument is not supported"):
         g.new_blocking_node({0: src}, ["a dataset"], AggExecutor(), {"localhost": 1}, {0: None})
     with pytest.raises(GraphError, match="policy must be 'default'"):
         g.new_input_redis(None, 1, policy="random")
+    # an unread new_task_node is an output node, worked out again at each initialize()
+    h = TaskGraph()
+    csv = h.new_input_csv(tpch_sf001, Path("lineitem.tbl"), LINEITEM, 1, sep="|")  # a path as the key
+    out = h.new_task_node({0: csv}, AggExecutor(), 1, {0: None}, name="out")
+    h.new_non_blocking_node({0: csv}, AggExecutor(), 1, {0: None}, name="dangling")
+    with pytest.raises(GraphError, match="node 'dangling' has no consumer"):
+        h.initialize()
+    h.new_blocking_node({0: out, 1: "dangling"}, AggExecutor(), 1, {0: None, 1: None})
+    h.initialize()
+    assert not h.specs[out.id].blocking  # read now: a stream again
     missing = TaskGraph()
     sink = missing.new_input_csv(str(tpch_sf001), "no-such-table.tbl", LINEITEM, 1, sep="|")
     missing.new_blocking_node({0: sink}, AggExecutor(), 1, {0: None})
@@ -301,3 +332,26 @@ def test_the_driver_environment_configures_s3_and_travels_with_the_reader(monkey
     assert (options["endpoint_override"], options["scheme"], options["region"]) == ("127.0.0.1:9", "http", "eu-west-1")
     assert (options["access_key"], options["secret_key"]) == ("k", "s")
     assert options["connect_timeout"] > 0 and options["request_timeout"] > 0  # every wait has a bound
+
+
+def test_local_listing_follows_no_directory_link_and_takes_no_prefix(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "a.csv").write_text("1\n")
+    (data / "up").symlink_to(tmp_path, target_is_directory=True)  # a loop, were links followed
+    (tmp_path / "orders_old.csv").write_text("2\n")
+    assert list_files(pafs.LocalFileSystem(), str(data)) == [str(data / "a.csv")]
+    with pytest.raises(GraphError, match="no such file or directory"):  # a local typo is not read as a prefix
+        list_files(pafs.LocalFileSystem(), str(tmp_path / "orders"))
+    assert bucket_path(str(tmp_path), "/data/a.csv", "t") == str(data / "a.csv")  # a key stays inside its bucket
+
+
+def test_a_pandas_executors_named_index_becomes_columns_without_clashing() -> None:
+    df = pd.DataFrame({"k": ["a", "b", "a"], "v": [1, 2, 3]})
+    by_key = to_table(df.groupby("k").sum(), "t", keep_index=True)
+    assert by_key is not None and by_key.column_names == ["k", "v"]
+    for same in (df.set_index("k", drop=False), df.groupby("k")[["k", "v"]].sum(), df.rename_axis("row")):
+        table = to_table(same, "t", keep_index=True)  # a name that is a column already, or a RangeIndex: kept as it is
+        assert table is not None and table.column_names == list(same.columns)
+    plain = to_table(df.groupby("k").sum(), "t")  # an Arrow executor's DataFrame: its index is dropped, as always
+    assert plain is not None and plain.column_names == ["v"]

@@ -27,8 +27,10 @@ Batch = pa.Table | pa.RecordBatch | pd.DataFrame
 PartitionKey = None | str | Callable[[pa.Table, int], Any]
 
 
-def to_table(value: object, where: str) -> pa.Table | None:
-    """An executor's or batch function's return value as a pyarrow Table (None stays None)."""
+def to_table(value: object, where: str, keep_index: bool = False) -> pa.Table | None:
+    """An executor's or batch function's return value as a pyarrow Table (None stays None). With
+    `keep_index` (a pandas executor's output), a DataFrame's named index levels (a groupby's keys)
+    become columns, but for a RangeIndex and a name that is already a column."""
     if value is None:
         return None
     if isinstance(value, pa.Table):
@@ -36,10 +38,13 @@ def to_table(value: object, where: str) -> pa.Table | None:
     if isinstance(value, pa.RecordBatch):
         return pa.Table.from_batches([value])
     if isinstance(value, pd.DataFrame):
-        # a named index holds data (a groupby's keys): it becomes columns; an unnamed one is only positions
-        named = [n for n in value.index.names if n is not None]
-        if named:
-            value = value.reset_index(level=named)
+        if keep_index and not isinstance(value.index, pd.RangeIndex):
+            # a named index holds data (a groupby's keys); an unnamed one only positions
+            named = [n for n in value.index.names if n is not None and n not in value.columns]
+            if len(set(named)) != len(named):
+                raise_in_task(f"{where} returned a DataFrame whose index repeats a level name: {list(value.index.names)}")
+            if named:
+                value = value.reset_index(level=named)
         # pandas' Arrow-backed strings come back as large_string: make them plain strings like the
         # readers', and drop the pandas metadata (it would travel with every batch)
         table = pa.Table.from_pandas(value, preserve_index=False).replace_schema_metadata(None)

@@ -43,8 +43,10 @@ class Executor:
         self._conveyor_finished = True
 
     def early_termination(self) -> None:
-        """Quokka's name for `finish()`."""
+        """Quokka's name for `finish()` (`set_early_termination` in some of its versions)."""
         self.finish()
+
+    set_early_termination = early_termination
 
     @property
     def finished(self) -> bool:

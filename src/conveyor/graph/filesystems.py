@@ -12,6 +12,7 @@ names the keys. Without keys in the environment, AWS's default chain applies on 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from urllib.parse import urlparse
 
@@ -45,14 +46,15 @@ def file_system(path: str) -> tuple[pafs.FileSystem, str] | None:
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise GraphError(f"{path!r} names no bucket (expected s3://bucket/key)")
-        return s3_file_system(), f"{parsed.netloc}{parsed.path}".rstrip("/")
+        return s3_file_system(parsed.netloc), f"{parsed.netloc}{parsed.path}".rstrip("/")
     return None
 
 
-def s3_file_system() -> pafs.S3FileSystem:
+def s3_file_system(bucket: str | None = None) -> pafs.S3FileSystem:
     """pyarrow's S3 file system as the driver's environment configures it: AWS_ENDPOINT_URL_S3 or
     AWS_ENDPOINT_URL (an S3-compatible server), AWS_REGION or AWS_DEFAULT_REGION, and the keys
-    AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN)."""
+    AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN). On AWS itself with no region
+    given, `bucket`'s region is asked for here, so that the tasks get it with the rest."""
     env = os.environ
     # bounded waits: a server that does not answer fails the read (after the SDK's retries), never hangs it
     options: dict[str, str | float] = {"connect_timeout": S3_CONNECT_TIMEOUT_S, "request_timeout": S3_REQUEST_TIMEOUT_S}
@@ -62,6 +64,9 @@ def s3_file_system() -> pafs.S3FileSystem:
         options["endpoint_override"] = parsed.netloc
         options["scheme"] = parsed.scheme
     region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
+    if not region and not endpoint and bucket:
+        with contextlib.suppress(OSError):  # no answer: AWS's default applies, and a read names the error
+            region = pafs.resolve_s3_region(bucket)
     if region:
         options["region"] = region
     if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
@@ -84,7 +89,7 @@ def bucket_path(bucket: object, key: object, what: str) -> str:
     if "://" in bucket and local is None:
         return f"{bucket.rstrip('/')}/{key.lstrip('/')}"
     if local is not None and os.path.isdir(local):
-        return os.path.join(local, key)
+        return os.path.join(local, key.lstrip("/"))  # a key is inside its bucket, as in S3
     if local is not None and (os.sep in bucket or bucket.startswith(".")):
         raise GraphError(f"{what}: bucket {bucket!r} is neither a local directory nor an S3 bucket name")
     return f"s3://{bucket}/{key.lstrip('/')}"

@@ -71,6 +71,7 @@ class TaskSpec:
     partition_key: dict[Hashable, PartitionKey]
     blocking: bool
     output: Dataset | None = None
+    sink: bool = False  # an output node (Quokka's unread task node): run as a blocking node, its output dropped
 
 
 Spec = InputSpec | TaskSpec

@@ -11,6 +11,7 @@ so that every split parses to the same schema.
 from __future__ import annotations
 
 import io
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -28,8 +29,11 @@ TRAILING = "__conveyor_trailing"  # the column name of that empty field (never k
 
 
 def list_files(fs: pafs.FileSystem, path: str, suffixes: Sequence[str] = ()) -> list[str]:
-    """The data files at `path`: the file itself, the visible files under a directory, or the visible
-    files whose path starts with it (a prefix, as S3 keys are), sorted."""
+    """The data files at `path`, sorted: the file itself, or the visible files under a directory; in
+    an object store (S3) also those whose key starts with `path` (a prefix, as Quokka's keys were).
+    Locally, symbolic links to directories are not followed (a link loop would list forever)."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return _local_files(path, suffixes)
     try:
         kind = fs.get_file_info(path).type
         if kind is pafs.FileType.File:
@@ -40,16 +44,31 @@ def list_files(fs: pafs.FileSystem, path: str, suffixes: Sequence[str] = ()) -> 
         infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
     except (OSError, pa.ArrowException) as exc:
         raise GraphError(f"cannot list {path}: {exc}") from exc
-    found = []
-    for info in infos:
-        hidden = any(part.startswith((".", "_")) for part in info.path[len(root) :].split("/") if part)
-        if info.type is pafs.FileType.File and info.path.startswith(path) and not hidden \
-                and (not suffixes or info.path.endswith(tuple(suffixes))):  # fmt: skip
-            found.append(info.path)
+    found = [i.path for i in infos if i.type is pafs.FileType.File and i.path.startswith(path)
+             and _visible(i.path[len(root):].split("/"), suffixes)]  # fmt: skip
     if not found:
         missing = kind is pafs.FileType.NotFound
         raise GraphError(f"no such file or directory: {path}" if missing else f"no data files under {path}")
     return sorted(found)
+
+
+def _local_files(path: str, suffixes: Sequence[str]) -> list[str]:
+    if os.path.isfile(path):
+        return [path]
+    if not os.path.isdir(path):
+        raise GraphError(f"no such file or directory: {path}")
+    found: list[str] = []
+    for root, dirs, files in os.walk(path):  # never into symbolic links to directories (followlinks=False)
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        found.extend(os.path.join(root, name) for name in sorted(files) if _visible([name], suffixes))
+    if not found:
+        raise GraphError(f"no data files under {path}")
+    return found
+
+
+def _visible(parts: Sequence[str], suffixes: Sequence[str]) -> bool:
+    """A data file: no part of its path below the root hidden (. or _), and one of `suffixes` if given."""
+    return not any(p.startswith((".", "_")) for p in parts if p) and (not suffixes or parts[-1].endswith(tuple(suffixes)))
 
 
 @dataclass(frozen=True)

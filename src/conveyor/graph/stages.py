@@ -192,6 +192,11 @@ def _merge_fused(shuffled: Iterator[Row], fused: list[tuple[int, Iterator[Row]]]
     yield from shuffled
 
 
+def _pandas(executor: Executor) -> bool:
+    """Whether the executor takes and gives pandas DataFrames (`batch_format`, as Quokka's do)."""
+    return getattr(executor, "batch_format", "arrow") == "pandas"
+
+
 def make_executor(template: Any) -> Executor:
     """One executor for one channel: a copy of an instance, or a call of a class or factory."""
     return copy.deepcopy(template) if isinstance(template, Executor) else template()
@@ -226,7 +231,7 @@ class NodeTask:
                 for v in value:
                     yield from emit(channel, v, where)
                 return
-            table = to_table(value, where)
+            table = to_table(value, where, keep_index=_pandas(executors[channel]))
             if table is None:
                 return
             if channel not in seqs:
@@ -257,7 +262,7 @@ class NodeTask:
             table = payload if isinstance(payload, pa.Table) else decode(payload.as_buffer())
             stream = self.streams[edge]
             where = f"node {self.name!r}: {type(ex).__name__}.execute (channel {channel}, stream {stream!r})"
-            batch = to_pandas(table) if getattr(ex, "batch_format", "arrow") == "pandas" else table
+            batch = to_pandas(table) if _pandas(ex) else table
             yield from emit(channel, _call(where, ex.execute, batch, stream, channel), where)
             if ex.finished and self.n_channels == 1:
                 break  # stop now, before pulling (maybe reading) another batch

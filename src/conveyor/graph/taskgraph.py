@@ -32,26 +32,33 @@ if TYPE_CHECKING:
 _GRAPH_IDS = itertools.count(1)
 
 
-def _quokka_csv(bucket: str, key: str, names: Sequence[str | None], parallelism: Parallelism, ip: str = LOCALHOST,
+def _quokka_csv(bucket: str | os.PathLike[str], key: str | os.PathLike[str], names: Sequence[str | None],
+                parallelism: Parallelism, ip: str = LOCALHOST,
                 batch_func: BatchFunc | None = None, sep: str = ",", dependents: Sequence[NodeRef] = (),
                 stride: int = CSV_STRIDE_BYTES, *, columns: Sequence[str] | None = None,
                 name: str | None = None) -> dict[str, Any]:  # fmt: skip
     """Quokka's new_input_csv arguments, as the keywords of Conveyor's form."""
-    path = bucket_path(bucket, key, "new_input_csv")
+    path = bucket_path(_fspath(bucket), _fspath(key), "new_input_csv")
     return {"path": path, "names": names, "parallelism": parallelism, "ip": ip, "batch_func": batch_func, "sep": sep,
             "dependents": dependents, "stride": stride, "columns": columns, "name": name}  # fmt: skip
 
 
+def _fspath(p: object) -> object:
+    """A path object as its string; anything else as it is (checked where it is used)."""
+    return os.fspath(p) if isinstance(p, os.PathLike) else p
+
+
 def _quokka_node(streams: Mapping[Hashable, NodeRef | Dataset], datasets: object, functionObject: ExecutorSource,
-                 ip_to_num_channel: Parallelism, partition_key: Mapping[Hashable, PartitionKey], *,
-                 name: str | None = None) -> tuple[Any, ...]:  # fmt: skip
+                 ip_to_num_channel: Parallelism, partition_key: Mapping[Hashable, PartitionKey], ckpt_interval: object = None,
+                 *, name: str | None = None) -> tuple[Any, ...]:  # fmt: skip
     """Quokka's (streams, datasets, functionObject, ip_to_num_channel, partition_key) node form, as
     Conveyor's arguments. Its `datasets` (handed to the executor's `initialize`) must be None or empty:
-    a Dataset is read as a stream instead (a source of the node, or new_input_from_dataset)."""
+    a Dataset is read as a stream instead (a source of the node, or new_input_from_dataset). A later
+    Quokka's `ckpt_interval` (its checkpoints) is taken and has no use: Spark retries tasks instead."""
     if datasets:
         raise GraphError("a task node's datasets argument is not supported: give each Dataset as a source stream of the "
                          "node ({stream id: dataset}), or read it with new_input_from_dataset()")  # fmt: skip
-    return streams, functionObject, ip_to_num_channel, partition_key, name
+    return streams, functionObject, ip_to_num_channel, partition_key, name, LOCALHOST
 
 
 @dataclass
@@ -105,7 +112,8 @@ class TaskGraph:
         may end with a placeholder (None or "") for the empty field after a trailing delimiter.
         `columns` keeps only those columns (parsing fewer columns is much faster); `stride` is the
         bytes per read split; `parallelism` is a count or {machine: channels} (see `placement`)."""
-        quokka = "bucket" in kwargs or "key" in kwargs or (len(args) > 1 and isinstance(args[1], str))
+        # names is a list: a string or path second is Quokka's key
+        quokka = "bucket" in kwargs or "key" in kwargs or (len(args) > 1 and isinstance(args[1], (str, os.PathLike)))
         if quokka:
             kwargs = _quokka_csv(*args, **kwargs)
             args = ()
@@ -153,15 +161,27 @@ class TaskGraph:
     new_input_from_dataset = add_input_dataset = new_input_dataset
 
     def new_input_redis(self, dataset: Dataset, ip_to_num_channel: Parallelism, policy: str = "default",
-                        batch_func: BatchFunc | None = None, dependents: Sequence[NodeRef] = ()) -> Node:  # fmt: skip
+                        batch_func: BatchFunc | None = None, dependents: Sequence[NodeRef] = (), *,
+                        name: str | None = None) -> Node:  # fmt: skip
         """Quokka's reader of a Dataset (its objects were in Redis): `new_input_dataset` by another name."""
         if policy != "default":
             raise GraphError(f"new_input_redis: policy must be 'default' (the only one Quokka had), got {policy!r}")
-        return self.new_input_dataset(dataset, ip_to_num_channel, batch_func, dependents)
+        return self.new_input_dataset(dataset, ip_to_num_channel, batch_func, dependents, name=name)
 
     def _task(self, sources: Mapping[Hashable, NodeRef | Dataset], executor: ExecutorSource, parallelism: Parallelism,
               partition_key: Mapping[Hashable, PartitionKey], blocking: bool, name: str | None,
               ip: str = LOCALHOST) -> TaskSpec:  # fmt: skip
+        before = set(self.specs)
+        try:
+            return self._checked_task(sources, executor, parallelism, partition_key, blocking, name, ip)
+        except GraphError:
+            for nid in set(self.specs) - before:  # the Dataset inputs made for it: a node that failed adds nothing
+                del self.specs[nid]
+            raise
+
+    def _checked_task(self, sources: Mapping[Hashable, NodeRef | Dataset], executor: ExecutorSource,
+                      parallelism: Parallelism, partition_key: Mapping[Hashable, PartitionKey], blocking: bool,
+                      name: str | None, ip: str) -> TaskSpec:  # fmt: skip
         refs: dict[Hashable, NodeRef] = {}
         if isinstance(sources, Mapping):  # a Dataset as a source: read by an input node of its own (made first: ids)
             refs = {k: self._dataset_input(v, k) if isinstance(v, Dataset) else v for k, v in sources.items()}
@@ -211,28 +231,30 @@ class TaskGraph:
         return spec.node
 
     def _sinks(self) -> None:
-        """Make the task nodes of new_task_node that no node reads blocking (their output unread)."""
+        """Make the task nodes of new_task_node that no node reads output nodes (blocking, output dropped)."""
         read = set()
         for ref in (r for spec in self.specs.values() if isinstance(spec, TaskSpec) for r in spec.sources.values()):
             with contextlib.suppress(GraphError):  # an unknown node: the planner says so, naming the reader
                 read.add(resolve(self.specs, self._id, ref, "").node.id)
-        for nid in self._quokka_tasks - read:
+        for nid in self._quokka_tasks:  # worked out anew at each initialize(): nodes may have been added since
             spec = self.specs[nid]
             assert isinstance(spec, TaskSpec)
-            spec.blocking, spec.output = True, Dataset(spec.node.name, spec.parallelism)
+            unread = nid not in read
+            spec.blocking = spec.sink = unread
+            spec.output = Dataset(spec.node.name, spec.parallelism) if unread else None
 
     def new_non_blocking_node(self, *args: Any, **kwargs: Any) -> Node:
         """A task node whose output is a stream other task nodes can consume: `(sources, executor,
         parallelism, partition_key, *, name=None)`, or Quokka's `(streams, datasets, functionObject,
         ip_to_num_channel, partition_key)`. A source may be a node or a materialised Dataset."""
-        sources, executor, parallelism, partition_key, name = _node_args(args, kwargs)
-        return self._task(sources, executor, parallelism, partition_key, False, name).node
+        sources, executor, parallelism, partition_key, name, ip = _node_args(args, kwargs)
+        return self._task(sources, executor, parallelism, partition_key, False, name, ip).node
 
     def new_blocking_node(self, *args: Any, **kwargs: Any) -> Dataset:
         """A task node whose output is materialised as a Dataset when the graph runs; its arguments
         as `new_non_blocking_node`'s."""
-        sources, executor, parallelism, partition_key, name = _node_args(args, kwargs)
-        spec = self._task(sources, executor, parallelism, partition_key, True, name)
+        sources, executor, parallelism, partition_key, name, ip = _node_args(args, kwargs)
+        spec = self._task(sources, executor, parallelism, partition_key, True, name, ip)
         spec.output = Dataset(spec.node.name, spec.parallelism)
         return spec.output
 
@@ -257,14 +279,19 @@ class TaskGraph:
         return self.stats
 
 
+_QUOKKA_ONLY = frozenset({"streams", "datasets", "functionObject", "ip_to_num_channel", "ckpt_interval"})
+
+
 def _node_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """(sources, executor, parallelism, partition_key, name) of a task node, from Conveyor's form
-    `(sources, executor, parallelism, partition_key, *, name)` or Quokka's five-argument one."""
-    if len(args) + len(kwargs.keys() - {"name"}) == 5 or kwargs.keys() & {"streams", "datasets", "functionObject"}:
+    """(sources, executor, parallelism, partition_key, name, ip) of a task node, from Conveyor's form
+    `(sources, executor, parallelism, partition_key, *, name, ip)` or Quokka's five-argument one
+    (five positional arguments or more, or a keyword only Quokka's form has)."""
+    if len(args) >= 5 or kwargs.keys() & _QUOKKA_ONLY:
         return _quokka_node(*args, **kwargs)
     return _conveyor_node(*args, **kwargs)
 
 
 def _conveyor_node(sources: Mapping[Hashable, NodeRef | Dataset], executor: ExecutorSource, parallelism: Parallelism,
-                   partition_key: Mapping[Hashable, PartitionKey], *, name: str | None = None) -> tuple[Any, ...]:  # fmt: skip
-    return sources, executor, parallelism, partition_key, name
+                   partition_key: Mapping[Hashable, PartitionKey], *, name: str | None = None,
+                   ip: str = LOCALHOST) -> tuple[Any, ...]:  # fmt: skip
+    return sources, executor, parallelism, partition_key, name, ip
