@@ -109,7 +109,7 @@ def test_structural_errors(csv: Path) -> None:
     g.new_blocking_node({0: "first"}, Count(), 1, {0: None}, name="second")
     with pytest.raises(GraphError, match=r"node 'second': stream 0 reads blocking node 'first'.*new_input_dataset"):
         g.initialize()
-    with pytest.raises(GraphError, match="stream 0: Dataset 'first' is not materialised yet.*read by a graph after"):
+    with pytest.raises(GraphError, match=r"stream 0: Dataset 'first' is not materialised yet.*read by a graph after"):
         g.new_blocking_node({0: first}, Count(), 1, {0: None})
     with pytest.raises(GraphError, match="is not materialised yet: run its graph first"):
         TaskGraph().new_input_dataset(first, 1)
