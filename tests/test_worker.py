@@ -3,6 +3,7 @@ work stealing, graceful stops, and local consumer pools surviving killed workers
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import os
@@ -145,12 +146,39 @@ def test_messages_in_line_for_a_slot_have_not_started_and_can_be_taken_back(pool
     slots.start()
     for m in msgs:
         slots.submit(m)
-    wait_for(lambda: slots.started(msgs[0].id) is not None, timeout=5)
-    assert slots.started(msgs[1].id) is None and slots.started(msgs[2].id) is None
+    wait_for(lambda: slots.started(msgs[0].key) is not None, timeout=5)
+    assert slots.started(msgs[1].key) is None and slots.started(msgs[2].key) is None
     assert [m.id for m in slots.unstarted()] == [msgs[1].id, msgs[2].id]
     done.wait(5.0)
     assert [c.message.id for c in done.take()] == [msgs[0].id]
-    assert slots.started(msgs[0].id) is None  # ended
+    assert slots.started(msgs[0].key) is None  # ended
+    slots.close()
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_slots_tell_apart_messages_of_two_queues_with_the_same_id(pool: QueuePool, mode: str) -> None:
+    """Each queue numbers its own messages: the slots know a running message by (queue, id), so a time
+    limit is measured, and a stop aimed, at the right one."""
+    wt.sleeps.publish_many([(0.4,), (0.0,)], _pool=pool)
+    a, quick = pool.get("jobs", 2)
+    b = dataclasses.replace(quick, queue="other", id=a.id)  # a quick task, numbered as `a` in another queue
+    done: Completions[Completion] = Completions()
+    slots = ThreadSlots(2, done, None) if mode == "thread" else ProcessSlots(2, done, None, MODULES)
+    slots.start()
+    slots.submit(a)
+    wait_for(lambda: slots.started(a.key) is not None, timeout=5)
+    assert slots.started(b.key) is None  # not started: only the other queue's message of that id is
+    slots.submit(b)
+    finished: list[Completion] = []
+
+    def b_done() -> bool:
+        done.wait(0.1)
+        finished.extend(done.take())
+        return any(c.message.key == b.key for c in finished)
+
+    wait_for(b_done, timeout=5, what="b done")
+    assert slots.started(a.key) is not None and slots.started(b.key) is None
+    assert slots.stop_task(b.key) is False and slots.started(a.key) is not None  # a stop for b leaves a running
     slots.close()
 
 

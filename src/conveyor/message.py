@@ -50,6 +50,11 @@ class Message:
     max_attempts: int = 0
     headers: dict[str, str] = field(default_factory=dict)
 
+    @property
+    def key(self) -> tuple[str, int]:
+        """(queue, id): what names the message among those of several queues (each numbers its own)."""
+        return self.queue, self.id
+
 
 FIELDS = tuple(Message.__dataclass_fields__)
 _Setter = Callable[[Any, Any], None]

@@ -151,15 +151,20 @@ class Task:
                           **kwargs: Any) -> None:  # fmt: skip
         super().__init_subclass__(**kwargs)
         try:
-            cls.options = TaskOptions(queue=cls.queue, priority=cls.priority, time_limit=cls.time_limit,
-                                      max_retries=cls.max_retries, retry_backoff=cls.retry_backoff,
-                                      no_retry=cls.no_retry)  # fmt: skip
+            cls.options = cls._task_options()
         except TaskOptionError as e:
             raise TaskOptionError(f"task class {cls.__module__}.{cls.__qualname__}: {e}") from None
         cls.task_name = name if name is not None else f"{cls.__module__}.{cls.__qualname__}"
         cls._sig = arg_check(cls.run_task, drop_first=True)
         if not abstract and cls.run_task is not Task.run_task:
             (default_registry if registry is None else registry).register(cls.task_name, cls)
+
+    @classmethod
+    def _task_options(cls) -> TaskOptions:
+        """The options the class attributes give; a subclass with attributes of its own (the ndkale
+        compat's) overrides this."""
+        return TaskOptions(queue=cls.queue, priority=cls.priority, time_limit=cls.time_limit, max_retries=cls.max_retries,
+                           retry_backoff=cls.retry_backoff, no_retry=cls.no_retry)  # fmt: skip
 
     def __init__(self, app_data: dict[str, Any] | None = None, message: Message | None = None) -> None:
         """app_data: the data published with the task. message: the delivery (None when run directly)."""

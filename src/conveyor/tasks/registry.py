@@ -11,8 +11,9 @@ only resolve in the process that defined them.
 from __future__ import annotations
 
 import difflib
+import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from conveyor.constants import ADHOC_TASK_PREFIX
@@ -22,6 +23,8 @@ if TYPE_CHECKING:
     from conveyor.message import Message
     from conveyor.tasks.envelope import Call
     from conveyor.tasks.options import TaskOptions
+
+log = logging.getLogger(__name__)
 
 
 class RegisteredTask(Protocol):
@@ -41,6 +44,15 @@ class Registry:
     def __init__(self) -> None:
         self._tasks: dict[str, RegisteredTask] = {}
         self._lock = threading.Lock()
+        # called with an unknown name before giving up: a resolver may import the task's module (the
+        # ndkale compat resolves `module.Class` names so, as ndkale did); it returns None if it cannot
+        self._resolvers: list[Callable[[str], RegisteredTask | None]] = []
+
+    def add_resolver(self, resolver: Callable[[str], RegisteredTask | None]) -> None:
+        """Ask `resolver(name)` for a task registered under no name yet (once per resolver)."""
+        with self._lock:
+            if resolver not in self._resolvers:
+                self._resolvers.append(resolver)
 
     def register(self, name: str, task: RegisteredTask) -> None:
         """Register `task` as `name`; DuplicateTaskError if another object has the name."""
@@ -66,10 +78,18 @@ class Registry:
         if t is None and name.startswith("__main__."):
             # a child process (spawn, forkserver) imports the parent's main script as __mp_main__
             t = self._tasks.get("__mp_main__." + name[len("__main__.") :])
+        failed = ""
+        for resolve in list(self._resolvers) if t is None else ():
+            try:  # a resolver that raises finds nothing: an unknown task stays UnknownTaskError, never retried
+                if (t := resolve(name)) is not None:
+                    break
+            except Exception as e:
+                log.warning("task %r: resolver %r raised %s: %s", name, resolve, type(e).__name__, e)
+                failed = f" (a resolver raised {type(e).__name__}: {e})"
         if t is None:
             names = self.names()
             close = difflib.get_close_matches(name, names, n=1)
-            raise UnknownTaskError(name, names, f" (did you mean {close[0]!r}?)" if close else "")
+            raise UnknownTaskError(name, names, (f" (did you mean {close[0]!r}?)" if close else "") + failed)
         return t
 
     def names(self) -> list[str]:

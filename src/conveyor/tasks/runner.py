@@ -3,7 +3,8 @@
 A consumer calls `run_message` for each delivered message, acks with the bytes it returns, and
 on `TaskError` nacks with `error.error` after `backoff_delay(message.attempts, backoff_of(message.headers))`
 seconds, or fails the message at once when `error.retryable` is False (unknown task, undecodable
-payload, unserializable result, or an exception the task declared not retryable).
+payload, unserializable result, an exception the task declared not retryable, or a run that called
+`fail_without_retry()`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from conveyor.tasks.registry import registry as default_registry
 _function_cache = FunctionCache()  # the process-wide cache of ad-hoc callables, when given none
 _current: ContextVar[Message | None] = ContextVar("conveyor_current_message", default=None)
 _backend: ContextVar[Any] = ContextVar("conveyor_worker_backend", default=None)
+_final: ContextVar[bool] = ContextVar("conveyor_final_failure", default=False)
 
 
 def current_message() -> Message | None:
@@ -36,6 +38,12 @@ def worker_backend() -> Any:
     """The queue backend of the worker running this task, over connections of the worker's own (None
     outside a worker): for a task that puts messages where its own came from."""
     return _backend.get()
+
+
+def fail_without_retry() -> None:
+    """Called while a task runs (from its `on_failure` hook, say): if the run fails, its message fails
+    now, without retries, whatever the exception (the ndkale compat's `handle_failure` returning False)."""
+    _final.set(True)
 
 
 def run_message(message: Message, registry: Registry | None = None, function_cache: FunctionCache | None = None,
@@ -54,7 +62,7 @@ def run_message(message: Message, registry: Registry | None = None, function_cac
     reg = default_registry if registry is None else registry
     name = message.headers.get(H_TASK, "?")
     options: TaskOptions | None = None
-    token, backend_token = _current.set(message), _backend.set(backend)
+    token, backend_token, final_token = _current.set(message), _backend.set(backend), _final.set(False)
     try:
         call = decode_call(message.payload, message.headers)
         name = call.name
@@ -71,7 +79,9 @@ def run_message(message: Message, registry: Registry | None = None, function_cac
             value = func(*call.args, **call.kwargs)
         return encode_result(value)
     except Exception as exc:
-        raise TaskError(name, encode_error(exc), is_retryable(exc, options.no_retry if options is not None else ()), exc) from exc
+        retryable = not _final.get() and is_retryable(exc, options.no_retry if options is not None else ())
+        raise TaskError(name, encode_error(exc), retryable, exc) from exc
     finally:
         _current.reset(token)
         _backend.reset(backend_token)
+        _final.reset(final_token)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from conveyor.tasks.queue_config import QueueConfig, load_queues
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import ConsumerPool, TaskFailure
+from conveyor.worker.hooks import ConsumerHooks, HookFailure
 from conveyor.worker.middleware import Decision, Middleware, Retries, TimeLimits
 from conveyor.worker.selectors import (
     SELECTORS,
@@ -23,11 +24,13 @@ from conveyor.worker.stats import ConsumerStats
 __all__ = [
     "SELECTORS",
     "Consumer",
+    "ConsumerHooks",
     "ConsumerPool",
     "ConsumerStats",
     "Decision",
     "HighestPriorityFirst",
     "HighestPriorityLottery",
+    "HookFailure",
     "Lottery",
     "LotteryLottery",
     "Middleware",

@@ -17,7 +17,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Literal
 
 from conveyor.client.backend import QueueBackend
@@ -31,11 +30,11 @@ from conveyor.worker.affinity import check_pin, pin_core, resolve_slots
 from conveyor.worker.completions import Completions
 from conveyor.worker.connections import BlobFetcher
 from conveyor.worker.executors import Completion, ProcessSlots, ThreadSlots
-from conveyor.worker.held import Held, due_extensions, over_limit
+from conveyor.worker.held import Held, ServedQueue, due_extensions, over_limit
 from conveyor.worker.middleware import Decision, Middleware, default_middleware
 from conveyor.worker.pacing import Pacing, Throughput, read_ahead
 from conveyor.worker.selectors import QueueSelector, selector_class
-from conveyor.worker.settler import Settler
+from conveyor.worker.settler import Settler, ack_on_delivery, result_fits
 from conveyor.worker.stats import ConsumerStats
 
 log = logging.getLogger("conveyor.worker")
@@ -50,16 +49,6 @@ STOP_CHECK_S = 1.0  # how often `stop_when` is asked
 _HOST = socket.gethostname()  # in every report: `conveyor stats` shows where a consumer runs
 
 
-@dataclass(frozen=True, slots=True)
-class _Queue:
-    name: str
-    priority: int
-    batch_size: int | None  # None: as many as the consumer may take
-    lease_s: float | None  # None: the server's default lease
-    long_poll_s: float
-    num_iterations: int
-
-
 class Consumer:
     """Runs tasks from `queues` of `pool` until stopped (or, with `until_empty`, until they are drained)."""
 
@@ -70,7 +59,8 @@ class Consumer:
                  until_empty: bool = False, name: str | None = None, seed: int | None = None,
                  stop_when: Callable[[], bool] | None = None, expect_more: Callable[[], bool] | None = None,
                  on_started: Callable[[], object] | None = None, pin_core: bool = False,
-                 unreachable_s: float = DEFAULT_UNREACHABLE_S, read_ahead: bool | None = None) -> None:  # fmt: skip
+                 unreachable_s: float = DEFAULT_UNREACHABLE_S, read_ahead: bool | None = None,
+                 early_ack: bool = False, holding: Callable[[int], object] | None = None) -> None:  # fmt: skip
         """See the module docstring. `stop_when`, asked about once a second, stops the consumer
         gracefully when it returns True (a stop signalled from elsewhere, e.g. through the servers).
         `expect_more` (with `until_empty`): while it returns True, drained queues do not end the
@@ -78,18 +68,23 @@ class Consumer:
         work: task modules imported, task slots started. `pin_core` (thread concurrency only) runs
         the consumer on a core of its own while one is free (see `conveyor.worker.affinity`).
         `unreachable_s`: a server out of reach for longer ends `run()` with `ServerUnreachableError`
-        rather than retrying forever (one back within it, and the work goes on)."""
+        rather than retrying forever (one back within it, and the work goes on). `early_ack`: each
+        message is acked (without a result) as it is delivered, before it runs: at most once (see
+        `settler.ack_on_delivery`); it reads no messages ahead then, since those could not be given back,
+        and extends no leases. `holding` (with `early_ack`) is told how many acked messages the consumer
+        holds, before each ack and as they end: the servers no longer count them (`ConsumerPool.join`)."""
         if not queues:
             raise ValueError("a consumer needs at least one queue")
         max_concurrency, reads_ahead = resolve_slots(max_concurrency, concurrency, 1)
-        self.reads_ahead = reads_ahead if read_ahead is None else read_ahead
+        self.reads_ahead = (reads_ahead if read_ahead is None else read_ahead) and not early_ack
+        self.early_ack, self.holding = early_ack, holding  # with early_ack, every message held is acked already
         if batch_size is not None and batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if concurrency not in ("thread", "process"):
             raise ValueError(f"concurrency must be 'thread' or 'process', got {concurrency!r}")
         check_pin(pin_core, concurrency)
         self.pool = pool
-        self.queues = [self._queue(q, batch_size) for q in queues]
+        self.queues = [ServedQueue.of(q, batch_size) for q in queues]
         mine = pool.assign(consumer, n_consumers)
         self.shards = mine + [s for s in range(len(pool)) if s not in mine]  # assigned first, then steal
         self.n_assigned = len(mine)
@@ -106,16 +101,15 @@ class Consumer:
         self.on_started = on_started
         self.pin_core = pin_core
         self.unreachable_s = unreachable_s
-        self._next_stop_check = 0.0
-        self._next_sweep = 0.0  # when to look for tasks over their time limit or due a lease extension
+        self._next_stop_check = self._next_sweep = 0.0  # sweep: tasks over their time limit or due a lease extension
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{consumer}"
         self.stats = ConsumerStats()
         self._task_seconds = Histogram(TASK_SECONDS_BUCKETS)  # reported: the servers' metrics show it
         self._done: Completions[Completion] = Completions()
-        self._running: dict[int, Held] = {}
+        self._running: dict[tuple[str, int], Held] = {}  # by queue and id: each queue numbers its own messages
         self._stop = threading.Event()
         self._hard_stop = False
-        self._current: _Queue | None = None
+        self._current: ServedQueue | None = None
         self._iterations_left = 0
         self._stash: list[Message] = []
         self._settler: Settler
@@ -124,14 +118,6 @@ class Consumer:
         self._pacing: Pacing  # set by _run, which knows whether the consumer got a core of its own
         self._throughput, self._read_ahead = Throughput(), 0
         self._left: int | None = None  # READY messages the last fetch's queue had left on its server
-
-    @staticmethod
-    def _queue(q: QueueConfig | str, batch_size: int | None) -> _Queue:
-        if isinstance(q, str):
-            c, lease = QueueConfig(q), None
-        else:
-            c, lease = q, q.visibility_timeout_sec
-        return _Queue(c.name, c.priority, batch_size or c.batch_size, lease, c.long_poll_time_sec, c.num_iterations)
 
     # --- control --------------------------------------------------------------------------
     def stop(self, graceful: bool = True) -> None:
@@ -159,8 +145,8 @@ class Consumer:
         sizes = [q.batch_size or 0 for q in self.queues]  # 0: no limit of the queue's own
         self._pacing = Pacing(self.max_concurrency, max(sizes) if min(sizes) else None, core is not None,
                               self.n_consumers, len(self.pool))  # fmt: skip
-        fetcher = BlobFetcher(self.pool)
-        slots = (ThreadSlots(self.max_concurrency, self._done, fetcher()) if self.concurrency == "thread"
+        fetcher, conns = BlobFetcher(self.pool), None  # conns: the task threads' own connections, closed at the end
+        slots = (ThreadSlots(self.max_concurrency, self._done, conns := fetcher()) if self.concurrency == "thread"
                  else ProcessSlots(self.max_concurrency, self._done, fetcher, self.task_modules))  # fmt: skip
         slots.start()
         self._settler = Settler(self.pool, self._counts, REPORT_EVERY_S)  # reports: this consumer is ready
@@ -178,6 +164,7 @@ class Consumer:
                               for r in self._running.values()])  # fmt: skip
                 self._running.clear()
             slots.close(wait=not self._hard_stop)
+            conns.pool.close() if conns is not None else None
             self._settler.close(HARD_SETTLE_S if self._hard_stop else SETTLE_S)
             self.stats.unsettled += self._settler.unsettled
 
@@ -185,7 +172,7 @@ class Consumer:
         gave_back = False  # once stopping, nothing new goes in line: what waits there is given back once
         while True:
             try:
-                self._settle(self._completed())
+                self._settle(self._done.take())
                 now = time.monotonic()
                 if now >= self._next_sweep:  # not at every completion: each looks at every running task
                     self._next_sweep = now + BUSY_POLL_S
@@ -194,7 +181,8 @@ class Consumer:
                     if slots.broken is not None:  # no slot will ever run what it holds: said, not waited on
                         raise ConveyorError(f"consumer {self.name}: {slots.broken}")
                     self._enforce_limits(slots, now)
-                    self._heartbeat(now)
+                    if not self.early_ack:  # an acked message has no lease left to extend
+                        self._heartbeat(now)
                     self._check_reachable()
                 if self.stop_when is not None and now >= self._next_stop_check:
                     self._next_stop_check = now + STOP_CHECK_S
@@ -249,7 +237,7 @@ class Consumer:
         """Up to `free` messages from the selected queue (probing queues as the selector asks: a
         selector's probe of a queue is a fetch, and what it finds is run, not fetched twice)."""
         self._stash = []
-        q: _Queue | None
+        q: ServedQueue | None
         if self._current is not None and self._iterations_left > 0:
             q = self._current
         else:
@@ -280,15 +268,15 @@ class Consumer:
         self._settler.busy = not self._last_short
         return got
 
-    def _probe_for(self, free: int) -> Callable[[_Queue], bool]:
-        def probe(q: _Queue) -> bool:
+    def _probe_for(self, free: int) -> Callable[[ServedQueue], bool]:
+        def probe(q: ServedQueue) -> bool:
             got = self._get(q, min(q.batch_size or free, free), 0.0)
             self._stash += got
             return bool(got)
 
         return probe
 
-    def _get(self, q: _Queue, n: int, wait_s: float) -> list[Message]:
+    def _get(self, q: ServedQueue, n: int, wait_s: float) -> list[Message]:
         got = self.pool.get(q.name, n, lease_s=q.lease_s, wait_s=wait_s, shards=self.shards, tie=True)
         self._left = getattr(got, "left", None)
         if got:
@@ -311,15 +299,23 @@ class Consumer:
 
     # --- running --------------------------------------------------------------------------
     def _start(self, slots: ThreadSlots | ProcessSlots, got: list[Message]) -> None:
+        error = None
+        if self.early_ack and got:  # settled before they run: a crash from here on loses them
+            self._hold(len(self._running) + len(got))  # said before the acks: a join seeing them acked sees them held
+            got, error = ack_on_delivery(self.pool, got)  # those not acked do not run here
         middleware, running = self.middleware, self._running
         now = time.monotonic()  # fetched together: one time for the batch
         for m in got:
             deadlines = [d for mw in middleware if (d := mw.deadline(m, now)) is not None]
-            running[m.id] = Held.fetched(m, min(deadlines) - now if deadlines else None, now)
+            running[m.queue, m.id] = Held.fetched(m, min(deadlines) - now if deadlines else None, now)
             slots.submit(m)
+        self._hold(len(running))
+        if error is not None:  # what was acked before it runs; the loop retries (or ends on) the error
+            raise error
 
-    def _completed(self) -> list[Completion]:
-        return self._done.take()
+    def _hold(self, n: int) -> None:
+        if self.early_ack and self.holding is not None:
+            self.holding(n)
 
     def _wait(self, timeout: float, n: int = 1) -> None:
         """Wait for `n` completions (left for the next loop) or the timeout."""
@@ -328,7 +324,7 @@ class Consumer:
     def _enforce_limits(self, slots: ThreadSlots | ProcessSlots, now: float) -> None:
         """Stop the tasks over their time limit (counted from when they started: not while in line)."""
         for r, limit in over_limit(self._running.values(), slots.started, now):
-            if slots.stop_task(r.message.id):
+            if slots.stop_task(r.message.key):
                 self.stats.timed_out += 1
                 how = "its process was killed" if slots.kind == "process" else "its thread was abandoned and may still be running"
                 err = TaskError(r.message.headers.get(H_TASK, "?"),
@@ -345,27 +341,26 @@ class Consumer:
         if done:
             self._undrained = False  # a task of ours ended: the queues may be drained now
             self._throughput.add(len(done))
-        out = []
+        out, early, held = [], self.early_ack, len(self._running)  # early: acked on delivery, results not stored
         fits = min(c.server_limits.max_item_bytes for c in self.pool.clients) if done else 0  # on any server
         for c in done:
-            r = self._running.pop(c.message.id, None)
-            if r is None:
-                continue  # stopped over its time limit and settled then: a late result
             m = c.message
+            if self._running.pop((m.queue, m.id), None) is None:
+                continue  # stopped over its time limit and settled then: a late result
             if c.seconds >= 0:
                 self._task_seconds.observe(c.seconds)
-            if c.result is not None and len(c.result) > fits and len(c.result) > (limit := self._result_limit(m)):
-                # fails this task, not its batch
-                why = (f"ResultTooLarge: the result is {len(c.result):,} bytes, over the server's limit of {limit:,} "
-                       "bytes (return less, or store it elsewhere and return where)")  # fmt: skip
-                c = Completion(m, None, TaskError(m.headers.get(H_TASK, "?"), why, False), c.slot)
+            if c.result is not None and len(c.result) > fits and not early:
+                c = result_fits(c, self.pool, fits)  # a result too big fails its task, not its batch
             if c.error is None:
-                out.append(Settler.ack(m.queue, m.id, c.result))
+                if not early:
+                    out.append(Settler.ack(m.queue, m.id, c.result))
                 self.stats.processed += 1
                 self.stats.settled(m)
-            else:
-                d = next((d for mw in self.middleware if (d := mw.on_failure(m, c.error)) is not None), Decision(False))
-                out.append(Settler.nack(m.queue, m.id, c.error.error, d.delay_s, d.final))
+            else:  # acked on delivery, it was settled already: no retry can follow
+                d = Decision(True) if early else next((d for mw in self.middleware if (d := mw.on_failure(m, c.error))
+                                                       is not None), Decision(False))  # fmt: skip
+                if not early:
+                    out.append(Settler.nack(m.queue, m.id, c.error.error, d.delay_s, d.final))
                 self.stats.failed += 1
                 dead = d.final or m.attempts >= m.max_attempts
                 self.stats.dead, self.stats.retried = self.stats.dead + dead, self.stats.retried + (not dead)
@@ -376,16 +371,19 @@ class Consumer:
             for mw in self.middleware:
                 mw.on_finish(m, c.error)
         self._settler.put(out)
-
-    def _result_limit(self, m: Message) -> int:
-        """The largest result the server holding `m` takes (its hello says: this consumer fetched `m` there)."""
-        return self.pool.clients[self.pool.split_id(m.id)[0]].server_limits.max_item_bytes
+        if early and len(self._running) != held:
+            self._hold(len(self._running))
 
     def _give_back(self, slots: ThreadSlots | ProcessSlots) -> None:
-        """Release the messages read ahead and not started: a stopping consumer leaves them to others."""
+        """Release the messages read ahead and not started: a stopping consumer leaves them to others
+        (acked on delivery, they cannot go back: they run here)."""
         waiting = slots.unstarted()
+        if self.early_ack:
+            for m in waiting:
+                slots.submit(m)
+            return
         for m in waiting:
-            del self._running[m.id]
+            del self._running[m.queue, m.id]
         self._release(waiting)
 
     def _release(self, got: list[Message]) -> None:

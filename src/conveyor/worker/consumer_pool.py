@@ -20,8 +20,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+import traceback
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from functools import partial
 from multiprocessing.connection import Connection
 from types import TracebackType
 from typing import Any, Literal
@@ -39,6 +41,8 @@ from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import auto_pin, resolve_slots
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.executors import START_FAILURES_MAX, never_started
+from conveyor.worker.hooks import ConsumerHooks, HookFailure, farewell
+from conveyor.worker.middleware import Middleware
 from conveyor.worker.settings import load_settings
 from conveyor.worker.spawning import process_context, warm_up
 from conveyor.worker.stats import ConsumerStats
@@ -53,7 +57,8 @@ CONSUMER_SWITCH_INTERVAL_S = 0.02
 PARENT_GONE_EXIT_S = 8.0  # a consumer whose pool process is gone exits within this time
 # A consumer process that exits before it started START_FAILURES_MAX times in a row fails the pool
 # (see executors: what kills it at startup kills every replacement too).
-_STARTED, _STATS = "started", "stats"  # what a consumer process sends up its pipe
+HEAR_S = 0.05  # while consumers stop, how often the pool reads their pipes
+_STARTED, _STATS, _FAREWELL, _FAILED = "started", "stats", "farewell", "failed"  # what a consumer process sends up its pipe
 
 
 def own_process() -> None:
@@ -73,16 +78,27 @@ class TaskFailure:
 
 
 def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int, n: int, options: dict[str, Any],
-                   conn: Connection, environ: dict[str, str]) -> None:  # fmt: skip
+                   conn: Connection, environ: dict[str, str], hooks: ConsumerHooks | None = None,
+                   holding: Any = None) -> None:  # fmt: skip
     """One consumer process: run until SIGTERM or SIGINT, then stop gracefully; tell the pool
-    through `conn` when it has started and, at the end, its counts."""
+    through `conn` when it has started and, at the end, its counts. `holding`: a shared int, the
+    messages it holds acked on delivery (see `ConsumerPool.join`)."""
     os.environ.clear()  # the pool process's environment when it started this one, not the fork server's
     os.environ.update(environ)
     logging.basicConfig(level=options.pop("log_level", logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
+    try:
+        _consume(pool, queues, index, n, options, conn, hooks, None if holding is None else partial(setattr, holding, "value"))
+    except BaseException as e:  # before it started, the pool's error says why (not only that it exited)
+        _tell(conn, _FAILED, "".join(traceback.format_exception_only(type(e), e)).strip())
+        raise
+
+
+def _consume(pool: QueuePool, queues: list[QueueConfig | str], index: int, n: int, options: dict[str, Any],
+             conn: Connection, hooks: ConsumerHooks | None, holding: Callable[[int], object] | None) -> None:  # fmt: skip
     settings = load_settings()
     own_process()
     consumer = Consumer(pool, queues, consumer=index, n_consumers=n, on_started=lambda: _tell(conn, _STARTED, None),
-                        **options)  # fmt: skip
+                        holding=holding, **options)  # fmt: skip
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: consumer.stop())
     parent, done = multiprocessing.parent_process(), threading.Event()
@@ -90,13 +106,17 @@ def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int,
         threading.Thread(target=_stop_with, args=(parent, consumer, done), name="conveyor-parent-watch", daemon=True).start()
     if settings.on_worker_startup is not None:
         settings.on_worker_startup()
+    if hooks is not None:
+        hooks.start(index)
     try:
         stats = consumer.run()
     finally:
         if settings.on_worker_shutdown is not None:
             settings.on_worker_shutdown()
         done.set()
-    _tell(conn, _STATS, stats)
+    if hooks is not None:
+        _tell(conn, _FAREWELL, farewell(hooks, index))
+    _tell(conn, _STATS, stats)  # whatever the hooks did: the counts always go
 
 
 def _tell(conn: Connection, what: str, data: object) -> None:
@@ -138,8 +158,10 @@ class ConsumerPool:
     def __init__(self, pool: QueuePool, n_consumers: int | None = None, *, queues: Sequence[QueueConfig | str] = ("default",),
                  batch_size: int | None = None, max_concurrency: int | None = None,
                  concurrency: Literal["thread", "process"] = "thread", task_modules: Sequence[str] = (),
-                 selector: str = DEFAULT_SELECTOR, restart: bool = True,
-                 pin_core: bool | None = None) -> None:  # fmt: skip
+                 selector: str = DEFAULT_SELECTOR, restart: bool = True, pin_core: bool | None = None,
+                 early_ack: bool = False, middleware: Sequence[Middleware] | None = None,
+                 hooks: ConsumerHooks | None = None) -> None:  # fmt: skip
+        """`early_ack`, `middleware`: the consumers' (see `Consumer`); `hooks`: see `ConsumerHooks`."""
         self.pool = pool
         self.n_consumers = n_consumers or os.cpu_count() or 1
         if self.n_consumers < 1:
@@ -150,13 +172,17 @@ class ConsumerPool:
         self.options: dict[str, Any] = {
             "batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency, "read_ahead": read_ahead,
             "task_modules": list(task_modules), "selector": selector,
-            "pin_core": auto_pin(pin_core, concurrency, self.n_consumers),
+            "pin_core": auto_pin(pin_core, concurrency, self.n_consumers), "early_ack": early_ack,
+            "middleware": None if middleware is None else list(middleware),
             "log_level": logging.getLogger().level or logging.WARNING,
         }  # fmt: skip
         if max_concurrency < 1 or (batch_size is not None and batch_size < 1):
             raise ValueError("max_concurrency and batch_size must be >= 1")
         self.restart = restart
         self.restarts = 0
+        self.hooks = hooks
+        # what `hooks.stop()` returned in consumer i's processes, in order (restarted or started again: one more)
+        self.farewells: dict[int, list[object]] = {}
         self.stats = ConsumerStats()  # the counts of the consumer processes that have stopped (see `_spawn`)
         self._ctx = process_context(["conveyor.worker.consumer_pool"])
         warm_up(self._ctx)  # start() then forks consumers from a ready server (~0.4 s sooner here)
@@ -164,6 +190,8 @@ class ConsumerPool:
         self._conns: list[Connection | None] = [None] * self.n_consumers  # the read ends of their pipes
         self._started = [False] * self.n_consumers
         self._start_failures = [0] * self.n_consumers  # exits before starting, in a row
+        self._why = [""] * self.n_consumers  # the error a process that failed to start sent
+        self._holding: list[Any] = [None] * self.n_consumers  # shared ints: messages acked on delivery, running
         self._stopping = False
 
     @property
@@ -174,8 +202,10 @@ class ConsumerPool:
         """Start consumer i with a pipe of its own: it sends when it has started and, when it stops
         (not when killed), its counts, which go into `stats`."""
         read, write = self._ctx.Pipe(duplex=False)
+        self._holding[i] = self._ctx.Value("i", 0) if self.options["early_ack"] else None  # a new process holds nothing yet
         p = self._ctx.Process(target=_consumer_main,
-                              args=(self.pool, self.queues, i, self.n_consumers, dict(self.options), write, dict(os.environ)),
+                              args=(self.pool, self.queues, i, self.n_consumers, dict(self.options), write, dict(os.environ),
+                                    self.hooks, self._holding[i]),
                               name=f"conveyor-consumer-{i}", daemon=False)  # fmt: skip
         p.start()
         write.close()  # the child's end: with it closed here, the read end sees EOF when the child exits
@@ -190,7 +220,13 @@ class ConsumerPool:
             while conn.poll():
                 what, data = conn.recv()
                 if what == _STARTED:
-                    self._started[i], self._start_failures[i] = True, 0
+                    self._started[i], self._start_failures[i], self._why[i] = True, 0, ""
+                elif what == _FAREWELL:
+                    self.farewells.setdefault(i, []).append(data)
+                    if isinstance(data, HookFailure):
+                        log.error("consumer %d: %s", i, data.error)
+                elif what == _FAILED:
+                    self._why[i] = data
                 else:
                     self.stats += data
         except (EOFError, OSError):  # it exited: nothing more will come
@@ -219,9 +255,9 @@ class ConsumerPool:
                 if not self._started[i]:
                     self._start_failures[i] += 1
                     if self.restart and self._start_failures[i] >= START_FAILURES_MAX:
-                        raise ConveyorError(never_started(f"consumer process {i}", self._start_failures[i], p.exitcode))
-                log.warning("consumer %d (pid %s) exited with code %s%s%s", i, p.pid, p.exitcode,
-                            "" if self._started[i] else " before it started",
+                        raise ConveyorError(self._never_started(i, self._start_failures[i], p.exitcode))
+                log.warning("consumer %d (pid %s) exited with code %s%s%s%s", i, p.pid, p.exitcode,
+                            "" if self._started[i] else " before it started", f" ({self._why[i]})" if self._why[i] else "",
                             "; restarting it" if self.restart else "")  # fmt: skip
                 if self.restart:
                     self.restarts += 1
@@ -229,12 +265,24 @@ class ConsumerPool:
         if not any(p is not None and p.is_alive() for p in self._procs) and not self.restart:
             failed = next((k for k, n in enumerate(self._start_failures) if n), None)
             if failed is not None:
-                raise ConveyorError(never_started(f"consumer process {failed}", 1, None))
+                raise ConveyorError(self._never_started(failed, 1, None))
             raise ConveyorError("every consumer process has exited")
+
+    def _never_started(self, i: int, times: int, code: int | None) -> str:
+        """The error of consumer i exiting before it started: what it said failed, when it said."""
+        if not self._why[i]:
+            return never_started(f"consumer process {i}", times, code)
+        return f"consumer process {i} failed to start{f' {times} times in a row' if times > 1 else ''}: {self._why[i]}"
+
+    def _held(self) -> int:
+        """Messages acked on delivery still running in live consumers (the servers no longer count them)."""
+        return sum(h.value for h, p in zip(self._holding, self._procs, strict=True) if h is not None and p is not None
+                   and p.is_alive())  # fmt: skip
 
     def join(self, timeout: float | None = None, progress: bool | None = None, poll_s: float = 0.2,
              unreachable_s: float = DEFAULT_UNREACHABLE_S) -> dict[str, QueueStats]:  # fmt: skip
-        """Wait until the queues have nothing ready, delayed or delivered, then stop the consumers.
+        """Wait until the queues have nothing ready, delayed or delivered (with `early_ack`, and until the
+        consumers run nothing they acked on delivery), then stop the consumers.
 
         With no consumer running (a previous `join` stopped them, or `cancel`), it starts them again
         first: work put since is served, not waited on. A progress bar shows on a terminal. Raises
@@ -256,10 +304,16 @@ class ConsumerPool:
                 up = [{q: s for q, s in p.items() if q in self.queue_names} for p in per if isinstance(p, dict)]
                 st = summed_stats(up)
                 bar.update(st)
-                if len(up) == len(per) and all(s.pending == 0 for s in st.values()):
+                held = 0  # read after the servers: a consumer says it holds a message before acking it
+                if len(up) == len(per) and all(s.pending == 0 for s in st.values()) and not (held := self._held()):
                     break
                 if deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError(f"join: {sum(s.pending for s in st.values()):,} messages still pending after {timeout} s")
+                    also = f" and {held:,} acked on delivery still running" if held else ""
+                    raise TimeoutError(f"join: {sum(s.pending for s in st.values()):,} messages pending{also} after {timeout} s")
+                if held:  # drained: the servers would answer at once, so wait on the consumers (ending, or dying)
+                    left = poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic()))
+                    multiprocessing.connection.wait([p.sentinel for p in self.processes], left)
+                    continue
                 if len(up) < len(per):  # a server out of reach answers at once: look again after poll_s, not in a spin
                     time.sleep(poll_s)
                 wait = poll_s
@@ -280,8 +334,11 @@ class ConsumerPool:
                 self._wake()
             except Exception as e:  # only speeds the stop up: the consumers' polls end on their own
                 log.warning("could not wake the consumers' long polls: %s", e)
-        for p in procs:
-            p.join(STOP_GRACE_S if graceful else 10)
+        deadline = time.monotonic() + (STOP_GRACE_S if graceful else 10)
+        for i, p in ((i, p) for i, p in enumerate(self._procs) if p is not None):
+            while p.is_alive() and time.monotonic() < deadline:
+                self._hear(i)  # read as it stops: a farewell bigger than the pipe holds would block its exit
+                p.join(HEAR_S)
             if p.is_alive():
                 log.warning("consumer pid %s did not stop within %.0f s: killing it", p.pid, STOP_GRACE_S)
                 p.kill()

@@ -19,7 +19,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import NamedTuple
@@ -75,9 +75,9 @@ class ThreadSlots:
         self._done = done
         self._conns = conns
         self._work: queue.SimpleQueue[Message | None] = queue.SimpleQueue()
-        # message id -> the slot running it and when it started (monotonic); a message retried after
+        # message key -> the slot running it and when it started (monotonic); a message retried after
         # its time limit may run again here while its abandoned first run still hangs in another slot
-        self._started: dict[int, tuple[int, float]] = {}
+        self._started: dict[tuple[str, int], tuple[int, float]] = {}
         self._retired: set[int] = set()  # slots whose task was abandoned
         self._lock = threading.Lock()
         self._threads: dict[int, threading.Thread] = {}
@@ -99,11 +99,11 @@ class ThreadSlots:
         try:
             while (message := self._work.get()) is not None:
                 with self._lock:
-                    self._started[message.id] = (slot, t0 := time.monotonic())
+                    self._started[message.key] = (slot, t0 := time.monotonic())
                 result, error = _run(message, self._conns)
                 with self._lock:
-                    if self._started.get(message.id, (-1, 0.0))[0] == slot:
-                        del self._started[message.id]
+                    if self._started.get(message.key, (-1, 0.0))[0] == slot:
+                        del self._started[message.key]
                     retired = slot in self._retired
                 if retired:  # abandoned over its time limit: the consumer has already failed it
                     log.info("abandoned task %s finished after all; its result is dropped", message.id)
@@ -116,9 +116,9 @@ class ThreadSlots:
         """Run `message` in the next free slot (it waits in line while every slot is busy)."""
         self._work.put(message)
 
-    def started(self, msg_id: int) -> float | None:
-        """When a slot started `msg_id` (None: it waits in line, or has ended)."""
-        run = self._started.get(msg_id)
+    def started(self, key: tuple[str, int]) -> float | None:
+        """When a slot started the message `key` (None: it waits in line, or has ended)."""
+        run = self._started.get(key)
         return None if run is None else run[1]
 
     def unstarted(self) -> list[Message]:
@@ -134,10 +134,10 @@ class ThreadSlots:
                 return out
             out.append(m)
 
-    def stop_task(self, msg_id: int) -> bool:
-        """Abandon the thread running `msg_id` and start another in its place."""
+    def stop_task(self, key: tuple[str, int]) -> bool:
+        """Abandon the thread running the message `key` and start another in its place."""
         with self._lock:
-            run = self._started.pop(msg_id, None)
+            run = self._started.pop(key, None)
             if run is None:
                 return False
             self._retired.add(run[0])
@@ -154,11 +154,26 @@ class ThreadSlots:
 
 
 # --- processes ------------------------------------------------------------------------------------
+_child_hooks: list[tuple[Callable[[], object], Callable[[], object] | None]] = []  # see add_child_hooks
+
+
+def add_child_hooks(start: Callable[[], object], stop: Callable[[], object] | None = None) -> None:
+    """Per-process setup (a database pool, say): `start()` runs in each task child process once its task modules
+    are imported, before it takes work (if it raises, the child ends unready); `stop()` as its consumer closes it
+    (not when killed). A task module calls this at import: the fork server imports them, so its children have them."""
+    if (start, stop) not in _child_hooks:
+        _child_hooks.append((start, stop))
+
+
 def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: BlobFetcher | None) -> None:
     """A child process: import the task modules, then run messages from the pipe until it closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the consumer stops its children itself
+    # a signal sent to the process group (Ctrl-C, systemd) is the consumer's: it stops us; not SIG_IGN, which tasks' execs inherit
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
+        signal.signal(sig, lambda signum, frame: None)
     for name in task_modules:
         importlib.import_module(name)
+    for start, _ in list(_child_hooks):
+        start()
     conns = None if fetcher is None else fetcher()
     conn.send(_READY)
     while True:
@@ -169,6 +184,11 @@ def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: BlobFetc
         if message is None:
             break
         conn.send(_run(message, conns))
+    for stop in [stop for _, stop in reversed(_child_hooks) if stop is not None]:
+        try:
+            stop()
+        except Exception:
+            log.exception("worker process %s: a stop hook raised", os.getpid())
     # every result went up the pipe: exit now, not after the interpreter waits for threads a task or
     # the blob fetcher's connections left (an idle pool thread waits forever; the consumer would
     # wait for the child, then kill it)
@@ -184,7 +204,7 @@ START_FAILURES_MAX = 3
 MAIN_GUARD_HINT = (
     "The likely cause: a script that starts worker processes (a ConsumerPool, or a consumer in process mode) "
     'without the `if __name__ == "__main__":` guard: each process imports the main module again and runs it. '
-    "Otherwise, see the process's errors above (a task module or settings module that fails to import, say)"
+    "Otherwise, see the process's errors above (a task module or settings module that fails to import, a start hook that raises)"
 )
 
 
@@ -338,13 +358,13 @@ class ProcessSlots:
         with contextlib.suppress(OSError, ValueError):  # it died meanwhile: its reader reports the message and replaces it
             c.conn.send(message)
 
-    def _running(self, msg_id: int) -> _Child | None:
-        """The child running `msg_id` (a copy of the children: readers add and remove them meanwhile)."""
-        return next((c for c in list(self._children.values()) if c.message is not None and c.message.id == msg_id), None)
+    def _running(self, key: tuple[str, int]) -> _Child | None:
+        """The child running the message `key` (a copy of the children: readers add and remove them meanwhile)."""
+        return next((c for c in list(self._children.values()) if c.message is not None and c.message.key == key), None)
 
-    def started(self, msg_id: int) -> float | None:
-        """When a child started `msg_id` (None: it waits in line, or has ended)."""
-        c = self._running(msg_id)
+    def started(self, key: tuple[str, int]) -> float | None:
+        """When a child started the message `key` (None: it waits in line, or has ended)."""
+        c = self._running(key)
         return None if c is None else c.started
 
     def unstarted(self) -> list[Message]:
@@ -354,10 +374,10 @@ class ProcessSlots:
             self._line.clear()
         return out
 
-    def stop_task(self, msg_id: int) -> bool:
-        """Kill the child running `msg_id` and start another in its place (False: it has just ended)."""
+    def stop_task(self, key: tuple[str, int]) -> bool:
+        """Kill the child running the message `key` and start another in its place (False: it has just ended)."""
         with self._lock:  # the child is not handed another message once stopped, nor stopped after it moved on
-            c = self._running(msg_id)
+            c = self._running(key)
             if c is None:
                 return False
             c.stopped = True

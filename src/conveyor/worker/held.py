@@ -1,5 +1,5 @@
 """The messages a consumer holds (fetched, not yet settled): when each is over its time limit, and
-when its lease is due an extension (a heartbeat)."""
+when its lease is due an extension (a heartbeat); and the queues it serves, as it fetches from them."""
 
 from __future__ import annotations
 
@@ -9,6 +9,24 @@ from dataclasses import dataclass
 from conveyor.constants import DEFAULT_LEASE_S
 from conveyor.message import Message
 from conveyor.tasks.policy import heartbeat_s
+from conveyor.tasks.queue_config import QueueConfig
+
+
+@dataclass(frozen=True, slots=True)
+class ServedQueue:
+    """A queue as a consumer fetches from it (what its selector picks among)."""
+
+    name: str
+    priority: int
+    batch_size: int | None  # None: as many as the consumer may take
+    lease_s: float | None  # None: the server's default lease
+    long_poll_s: float
+    num_iterations: int
+
+    @classmethod
+    def of(cls, q: QueueConfig | str, batch_size: int | None) -> ServedQueue:
+        c, lease = (QueueConfig(q), None) if isinstance(q, str) else (q, q.visibility_timeout_sec)
+        return cls(c.name, c.priority, batch_size or c.batch_size, lease, c.long_poll_time_sec, c.num_iterations)
 
 
 @dataclass(eq=False)
@@ -22,11 +40,11 @@ class Held:
         return cls(message, limit, now + heartbeat_s(message.lease_s))
 
 
-def over_limit(held: Iterable[Held], started: Callable[[int], float | None], now: float) -> list[tuple[Held, float]]:
-    """The held messages running past their time limit, with the limit; `started(id)` says when a
-    slot started one (None: waiting in line for a slot, whose wait does not count)."""
+def over_limit(held: Iterable[Held], started: Callable[[tuple[str, int]], float | None], now: float) -> list[tuple[Held, float]]:
+    """The held messages running past their time limit, with the limit; `started((queue, id))` says
+    when a slot started one (None: waiting in line for a slot, whose wait does not count)."""
     return [(h, limit) for h in held if (limit := h.limit) is not None
-            and (t0 := started(h.message.id)) is not None and now >= t0 + limit]  # fmt: skip
+            and (t0 := started(h.message.key)) is not None and now >= t0 + limit]  # fmt: skip
 
 
 def due_extensions(held: Iterable[Held], now: float) -> dict[tuple[str, float], list[int]]:

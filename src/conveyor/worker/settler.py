@@ -19,9 +19,11 @@ from collections.abc import Callable
 from typing import Any
 
 from conveyor.client.backend import QueueBackend
-from conveyor.constants import ERR_STORE
-from conveyor.errors import ConnectionLostError, ConveyorError, RequestError
+from conveyor.constants import ERR_STORE, H_TASK
+from conveyor.errors import ConnectionLostError, ConveyorError, RequestError, TaskError
+from conveyor.message import Message
 from conveyor.protocol.requests import Counts
+from conveyor.worker.executors import Completion
 
 log = logging.getLogger("conveyor.worker")
 
@@ -198,3 +200,41 @@ class Settler:
             self._pool.report(name, counts)
         except ConveyorError as e:
             log.debug("report failed: %s", e)
+
+
+def ack_on_delivery(pool: QueueBackend, got: list[Message]) -> tuple[list[Message], Exception | None]:
+    """Ack `got` now, before any of it runs (a consumer's `early_ack`): at most once, daskqueue's default.
+
+    Sent at once on the consumer's own connections, not by the settler's next batch: a message is
+    settled before it starts. One request per queue and server, in turn; returns the messages whose
+    ack took, and the error of the first request that failed (None if none). The messages of the
+    requests before it were acked: they are returned, to run (an ack that went through is never
+    lost). Those of the failed request and after it are not returned: not run here, they come back
+    to their queue when their leases end (or, acked by the failed request after all, are lost: at
+    most once). One refused (its lease had ended: another consumer has it) is not returned either.
+    """
+    groups: dict[tuple[str, int], list[Message]] = {}
+    for m in got:
+        groups.setdefault((m.queue, pool.split_id(m.id)[0]), []).append(m)
+    out: list[Message] = []
+    for (q, _), ms in groups.items():
+        try:
+            oks = pool.ack(q, [m.id for m in ms])
+        except Exception as e:  # said to the caller, after what was acked starts
+            return out, e
+        out += [m for m, ok in zip(ms, oks, strict=True) if ok]
+    return out, None
+
+
+def result_fits(c: Completion, pool: QueueBackend, fits: int) -> Completion:
+    """`c`, or, when its result is bigger than the server holding its message takes (`fits`: what any
+    server takes), a failure of that task alone, not retried: the other results of its batch are acked."""
+    if c.result is None or len(c.result) <= fits:
+        return c
+    m = c.message
+    limit = pool.clients[pool.split_id(m.id)[0]].server_limits.max_item_bytes  # its hello said: it was fetched there
+    if len(c.result) <= limit:
+        return c
+    why = (f"ResultTooLarge: the result is {len(c.result):,} bytes, over the server's limit of {limit:,} "
+           "bytes (return less, or store it elsewhere and return where)")  # fmt: skip
+    return Completion(m, None, TaskError(m.headers.get(H_TASK, "?"), why, False), c.slot)
