@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from conveyor.client.backend import QueueBackend
-from conveyor.constants import COUNT_HOST, DEFAULT_SELECTOR, DEFAULT_UNREACHABLE_S, H_TASK, TASK_SECONDS_BUCKETS
+from conveyor.constants import COUNT_HOST, DEFAULT_SELECTOR, DEFAULT_UNREACHABLE_S, H_ROWS, H_TASK, TASK_SECONDS_BUCKETS
 from conveyor.errors import ConnectionLostError, ConveyorError, ServerUnreachableError, TaskError
 from conveyor.message import Message
 from conveyor.protocol.histograms import Histogram
@@ -355,7 +355,8 @@ class Consumer:
                 if not early:
                     out.append(Settler.ack(m.queue, m.id, c.result))
                 self.stats.processed += 1
-                self.stats.settled(m)
+                if H_ROWS in m.headers:  # a map job's: its rows are counted (only then: this is the hot path)
+                    self.stats.settled(m)
             else:  # acked on delivery, it was settled already: no retry can follow
                 d = Decision(True) if early else next((d for mw in self.middleware if (d := mw.on_failure(m, c.error))
                                                        is not None), Decision(False))  # fmt: skip

@@ -1,10 +1,8 @@
 """Where a consumer runs tasks: a fixed number of slots, in threads or in child processes.
 
 Both kinds take a message, run it with `run_message` and put a `Completion` on the consumer's
-queue. A task over its time limit is stopped with `stop(id)`: a child process is killed and
-replaced; a thread cannot be killed, so its task is abandoned (its late result is dropped) and a
-new thread takes the slot while the old one finishes on its own.
-"""
+queue. A task over its time limit is stopped with `stop_task(message.key)`: a child process is killed
+and replaced; a thread cannot be killed, so its task is abandoned (its late result is dropped) and a new thread takes the slot."""
 
 from __future__ import annotations
 
@@ -98,12 +96,13 @@ class ThreadSlots:
     def _loop(self, slot: int) -> None:
         try:
             while (message := self._work.get()) is not None:
+                key = message.queue, message.id  # message.key, without a property call on the hot path
                 with self._lock:
-                    self._started[message.key] = (slot, t0 := time.monotonic())
+                    self._started[key] = (slot, t0 := time.monotonic())
                 result, error = _run(message, self._conns)
                 with self._lock:
-                    if self._started.get(message.key, (-1, 0.0))[0] == slot:
-                        del self._started[message.key]
+                    if self._started.get(key, (-1, 0.0))[0] == slot:
+                        del self._started[key]
                     retired = slot in self._retired
                 if retired:  # abandoned over its time limit: the consumer has already failed it
                     log.info("abandoned task %s finished after all; its result is dropped", message.id)
