@@ -381,10 +381,23 @@ class FailingStop(ConsumerHooks):
     def stop(self) -> object:
         if self.how == "raises":
             raise ValueError("stop went wrong")
+        if self.how == "unreadable":
+            return Unreadable()
         return threading.Lock()  # cannot be pickled to the pool
 
 
-@pytest.mark.parametrize("how", ["raises", "unpicklable"])
+def _refuse() -> None:
+    raise RuntimeError("cannot be rebuilt in the pool process")
+
+
+class Unreadable:
+    """Pickles in the consumer process; unpickling it (in the pool) raises."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return _refuse, ()
+
+
+@pytest.mark.parametrize("how", ["raises", "unpicklable", "unreadable"])
 def test_a_failing_hook_stop_loses_no_counts_and_says_why(client: Client, how: str) -> None:
     pool = client.pool
     pool.map(double, range(4), queue=f"hooks-{how}")
@@ -393,7 +406,9 @@ def test_a_failing_hook_stop_loses_no_counts_and_says_why(client: Client, how: s
     assert consumer_pool.stats.processed == 4
     [said] = consumer_pool.farewells[0]
     assert isinstance(said, HookFailure)
-    assert ("ValueError: stop went wrong" if how == "raises" else "pickle") in said.error
+    want = {"raises": "ValueError: stop went wrong", "unpicklable": "pickle", "unreadable": "cannot be rebuilt"}[how]
+    assert want in said.error
+    assert consumer_pool.processes == []  # stopped, none left running: a later join starts them anew
 
 
 class BadInit(ConsumerBaseClass):

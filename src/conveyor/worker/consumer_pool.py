@@ -25,6 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from multiprocessing.connection import Connection
+from multiprocessing.reduction import ForkingPickler
 from types import TracebackType
 from typing import Any, Literal
 
@@ -41,6 +42,7 @@ from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import auto_pin, resolve_slots
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.executors import START_FAILURES_MAX, never_started
+from conveyor.worker.held import say_held
 from conveyor.worker.hooks import ConsumerHooks, HookFailure, farewell
 from conveyor.worker.middleware import Middleware
 from conveyor.worker.settings import load_settings
@@ -87,7 +89,7 @@ def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int,
     os.environ.update(environ)
     logging.basicConfig(level=options.pop("log_level", logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
     try:
-        _consume(pool, queues, index, n, options, conn, hooks, None if holding is None else partial(setattr, holding, "value"))
+        _consume(pool, queues, index, n, options, conn, hooks, None if holding is None else partial(say_held, holding))
     except BaseException as e:  # before it started, the pool's error says why (not only that it exited)
         _tell(conn, _FAILED, "".join(traceback.format_exception_only(type(e), e)).strip())
         raise
@@ -202,14 +204,15 @@ class ConsumerPool:
         """Start consumer i with a pipe of its own: it sends when it has started and, when it stops
         (not when killed), its counts, which go into `stats`."""
         read, write = self._ctx.Pipe(duplex=False)
-        self._holding[i] = self._ctx.Value("i", 0) if self.options["early_ack"] else None  # a new process holds nothing yet
+        # [held, changes]: a new process holds nothing yet
+        self._holding[i] = self._ctx.Array("q", 2) if self.options["early_ack"] else None
         p = self._ctx.Process(target=_consumer_main,
                               args=(self.pool, self.queues, i, self.n_consumers, dict(self.options), write, dict(os.environ),
                                     self.hooks, self._holding[i]),
                               name=f"conveyor-consumer-{i}", daemon=False)  # fmt: skip
         p.start()
         write.close()  # the child's end: with it closed here, the read end sees EOF when the child exits
-        self._procs[i], self._conns[i], self._started[i] = p, read, False
+        self._procs[i], self._conns[i], self._started[i], self._why[i] = p, read, False, ""
 
     def _hear(self, i: int) -> None:
         """Read what consumer i has sent so far; after it exited, everything, and close its pipe."""
@@ -218,7 +221,11 @@ class ConsumerPool:
             return
         try:
             while conn.poll():
-                what, data = conn.recv()
+                raw = conn.recv_bytes()
+                try:
+                    what, data = ForkingPickler.loads(raw)
+                except Exception as e:  # what a hook returned may pickle there and not unpickle here
+                    what, data = _FAREWELL, HookFailure(f"a word from consumer {i} could not be read: {type(e).__name__}: {e}")
                 if what == _STARTED:
                     self._started[i], self._start_failures[i], self._why[i] = True, 0, ""
                 elif what == _FAREWELL:
@@ -274,10 +281,11 @@ class ConsumerPool:
             return never_started(f"consumer process {i}", times, code)
         return f"consumer process {i} failed to start{f' {times} times in a row' if times > 1 else ''}: {self._why[i]}"
 
-    def _held(self) -> int:
-        """Messages acked on delivery still running in live consumers (the servers no longer count them)."""
-        return sum(h.value for h, p in zip(self._holding, self._procs, strict=True) if h is not None and p is not None
-                   and p.is_alive())  # fmt: skip
+    def _held(self) -> tuple[int, int]:
+        """Messages acked on delivery still running in live consumers (the servers no longer count them),
+        and how many times those counts changed."""
+        live = [h[:] for h, p in zip(self._holding, self._procs, strict=True) if h is not None and p is not None and p.is_alive()]
+        return sum(h[0] for h in live), sum(h[1] for h in live)
 
     def join(self, timeout: float | None = None, progress: bool | None = None, poll_s: float = 0.2,
              unreachable_s: float = DEFAULT_UNREACHABLE_S) -> dict[str, QueueStats]:  # fmt: skip
@@ -299,13 +307,15 @@ class ConsumerPool:
                 self.check()
                 if deadline is not None:
                     wait = max(0.0, min(wait, deadline - time.monotonic()))
+                before = self._held()  # a message that ends between two looks may have put more: look again
                 per = self.pool.reachable_stats(self.queue_names, drained_wait_s=wait)
                 self.pool.check_reachable(unreachable_s, self.queue_names, "join: ")
                 up = [{q: s for q, s in p.items() if q in self.queue_names} for p in per if isinstance(p, dict)]
                 st = summed_stats(up)
                 bar.update(st)
-                held = 0  # read after the servers: a consumer says it holds a message before acking it
-                if len(up) == len(per) and all(s.pending == 0 for s in st.values()) and not (held := self._held()):
+                # read after the servers: a consumer says it holds a message before acking it
+                held, _ = after = self._held()
+                if len(up) == len(per) and all(s.pending == 0 for s in st.values()) and not held and after == before:
                     break
                 if deadline is not None and time.monotonic() >= deadline:
                     also = f" and {held:,} acked on delivery still running" if held else ""
@@ -335,17 +345,23 @@ class ConsumerPool:
             except Exception as e:  # only speeds the stop up: the consumers' polls end on their own
                 log.warning("could not wake the consumers' long polls: %s", e)
         deadline = time.monotonic() + (STOP_GRACE_S if graceful else 10)
-        for i, p in ((i, p) for i, p in enumerate(self._procs) if p is not None):
-            while p.is_alive() and time.monotonic() < deadline:
-                self._hear(i)  # read as it stops: a farewell bigger than the pipe holds would block its exit
-                p.join(HEAR_S)
-            if p.is_alive():
-                log.warning("consumer pid %s did not stop within %.0f s: killing it", p.pid, STOP_GRACE_S)
-                p.kill()
-                p.join()
-        for i in range(self.n_consumers):  # their last counts
-            self._hear(i)
-        self._procs = [None] * self.n_consumers
+        try:
+            for i, p in ((i, p) for i, p in enumerate(self._procs) if p is not None):
+                while p.is_alive() and time.monotonic() < deadline:
+                    self._hear(i)  # read as it stops: a farewell bigger than the pipe holds would block its exit
+                    p.join(HEAR_S)
+                if p.is_alive():
+                    log.warning("consumer pid %s did not stop within %.0f s: killing it", p.pid, STOP_GRACE_S)
+                    p.kill()
+                    p.join()
+            for i in range(self.n_consumers):  # their last counts
+                self._hear(i)
+        finally:  # whatever went wrong above, no consumer is left running, nor counted as running
+            for p in self.processes:
+                if p.is_alive():
+                    p.kill()
+                    p.join(10)
+            self._procs = [None] * self.n_consumers
 
     def _wake(self) -> None:
         """End the long polls of consumers idle in one (they stop at once, not up to IDLE_POLL_S later).

@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import NamedTuple
@@ -29,6 +29,7 @@ from conveyor.tasks.envelope import encode_error
 from conveyor.tasks.runner import run_message
 from conveyor.worker.completions import Completions
 from conveyor.worker.connections import BlobFetcher, WorkerConnections
+from conveyor.worker.hooks import CHILD_HOOKS
 from conveyor.worker.spawning import process_context
 
 log = logging.getLogger("conveyor.worker")
@@ -153,17 +154,6 @@ class ThreadSlots:
 
 
 # --- processes ------------------------------------------------------------------------------------
-_child_hooks: list[tuple[Callable[[], object], Callable[[], object] | None]] = []  # see add_child_hooks
-
-
-def add_child_hooks(start: Callable[[], object], stop: Callable[[], object] | None = None) -> None:
-    """Per-process setup (a database pool, say): `start()` runs in each task child process once its task modules
-    are imported, before it takes work (if it raises, the child ends unready); `stop()` as its consumer closes it
-    (not when killed). A task module calls this at import: the fork server imports them, so its children have them."""
-    if (start, stop) not in _child_hooks:
-        _child_hooks.append((start, stop))
-
-
 def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: BlobFetcher | None) -> None:
     """A child process: import the task modules, then run messages from the pipe until it closes."""
     # a signal sent to the process group (Ctrl-C, systemd) is the consumer's: it stops us; not SIG_IGN, which tasks' execs inherit
@@ -171,7 +161,7 @@ def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: BlobFetc
         signal.signal(sig, lambda signum, frame: None)
     for name in task_modules:
         importlib.import_module(name)
-    for start, _ in list(_child_hooks):
+    for start, _ in list(CHILD_HOOKS):
         start()
     conns = None if fetcher is None else fetcher()
     conn.send(_READY)
@@ -183,7 +173,7 @@ def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: BlobFetc
         if message is None:
             break
         conn.send(_run(message, conns))
-    for stop in [stop for _, stop in reversed(_child_hooks) if stop is not None]:
+    for stop in [stop for _, stop in reversed(CHILD_HOOKS) if stop is not None]:
         try:
             stop()
         except Exception:
@@ -270,7 +260,12 @@ class ProcessSlots:
         proc.start()
         child.close()
         c = _Child(slot, proc, parent)
-        self._children[slot] = c
+        with self._lock:  # against close(): it sees this child, or this child sees it closing (and goes)
+            if not self._closing:
+                self._children[slot] = c
+        if slot not in self._children:
+            proc.kill()  # it ignores SIGTERM: nothing else would end it, and the consumer's exit would wait on it
+            return
         threading.Thread(target=self._read, args=(c,), name=f"conveyor-slot-{slot}", daemon=True).start()
 
     def _read(self, c: _Child) -> None:
@@ -387,7 +382,8 @@ class ProcessSlots:
         return True
 
     def close(self, wait: bool = True) -> None:
-        self._closing = True
+        with self._lock:
+            self._closing = True
         for c in list(self._children.values()):
             with contextlib.suppress(OSError, ValueError):
                 c.conn.send(None)

@@ -1,10 +1,12 @@
 """The messages a consumer holds (fetched, not yet settled): when each is over its time limit, and
-when its lease is due an extension (a heartbeat); and the queues it serves, as it fetches from them."""
+when its lease is due an extension (a heartbeat); the queues it serves, as it fetches from them; and,
+with early acks, how many it holds, told to its pool."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from conveyor.constants import DEFAULT_LEASE_S
 from conveyor.message import Message
@@ -56,3 +58,10 @@ def due_extensions(held: Iterable[Held], now: float) -> dict[tuple[str, float], 
             due.setdefault((h.message.queue, lease), []).append(h.message.id)
             h.heartbeat_at = now + heartbeat_s(lease)
     return due
+
+
+def say_held(shared: Any, n: int) -> None:
+    """In a consumer process with early acks: it holds `n` messages acked on delivery; `shared` (a
+    shared array [held, changes], read by `ConsumerPool.join`) also counts the change."""
+    with shared.get_lock():
+        shared[0], shared[1] = n, shared[1] + 1

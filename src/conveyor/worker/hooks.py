@@ -1,13 +1,24 @@
-"""ConsumerHooks: set-up and tear-down of each consumer process of a `ConsumerPool`, and what the
-tear-down sends back to the pool (its value, or a `HookFailure` saying why there is none)."""
+"""Hooks: `ConsumerHooks`, set-up and tear-down of each consumer process of a `ConsumerPool`, and what
+the tear-down sends back to the pool (its value, or a `HookFailure` saying why there is none); and
+`add_child_hooks`, those of each task process of a consumer in process mode."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.reduction import ForkingPickler
 
 log = logging.getLogger("conveyor.worker")
+CHILD_HOOKS: list[tuple[Callable[[], object], Callable[[], object] | None]] = []  # see add_child_hooks
+
+
+def add_child_hooks(start: Callable[[], object], stop: Callable[[], object] | None = None) -> None:
+    """Per-process setup (a database pool, say): `start()` runs in each task child process once its task modules
+    are imported, before it takes work (if it raises, the child ends unready); `stop()` as its consumer closes it
+    (not when killed). A task module calls this at import: the fork server imports them, so its children have them."""
+    if (start, stop) not in CHILD_HOOKS:
+        CHILD_HOOKS.append((start, stop))
 
 
 class ConsumerHooks:

@@ -33,7 +33,7 @@ from conveyor.tasks.policy import is_number, time_limit_of
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.tasks.registry import registry
 from conveyor.worker.consumer import Consumer
-from conveyor.worker.executors import add_child_hooks
+from conveyor.worker.hooks import add_child_hooks
 from conveyor.worker.middleware import Decision, Middleware, Retries
 from conveyor.worker.stats import ConsumerStats
 
