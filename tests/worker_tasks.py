@@ -173,3 +173,14 @@ def exits(code: int) -> None:
 @conveyor.task(queue="jobs", max_retries=0)
 def returns_bytes(n: int) -> bytes:
     return b"r" * n
+
+
+@conveyor.task(queue="jobs", max_retries=0)
+def runs_a_program(seconds: float, path: str) -> int:
+    """Notes its pid, runs `sleep` as a child program, then notes how it ended."""
+    import subprocess
+
+    note(path, f"pid {os.getpid()}")
+    code = subprocess.run(["sleep", str(seconds)], check=False).returncode
+    note(path, f"done {code}")
+    return code

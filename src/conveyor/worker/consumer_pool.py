@@ -41,12 +41,11 @@ from conveyor.tasks.envelope import decode_result
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import auto_pin, resolve_slots
 from conveyor.worker.consumer import Consumer
-from conveyor.worker.executors import START_FAILURES_MAX, never_started
 from conveyor.worker.held import say_held
 from conveyor.worker.hooks import ConsumerHooks, HookFailure, farewell
 from conveyor.worker.middleware import Middleware
 from conveyor.worker.settings import load_settings
-from conveyor.worker.spawning import process_context, warm_up
+from conveyor.worker.spawning import START_FAILURES_MAX, never_started, process_context, warm_up
 from conveyor.worker.stats import ConsumerStats
 
 log = logging.getLogger("conveyor.worker")

@@ -11,6 +11,7 @@ import contextlib
 import importlib
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import queue
 import signal
@@ -30,7 +31,7 @@ from conveyor.tasks.runner import run_message
 from conveyor.worker.completions import Completions
 from conveyor.worker.connections import BlobFetcher, WorkerConnections
 from conveyor.worker.hooks import CHILD_HOOKS
-from conveyor.worker.spawning import process_context
+from conveyor.worker.spawning import START_FAILURES_MAX, never_started, process_context
 
 log = logging.getLogger("conveyor.worker")
 
@@ -154,11 +155,19 @@ class ThreadSlots:
 
 
 # --- processes ------------------------------------------------------------------------------------
+def _exit_with(sentinel: int) -> None:
+    multiprocessing.connection.wait([sentinel])  # ready when the consumer process is gone
+    os._exit(1)
+
+
 def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: BlobFetcher | None) -> None:
     """A child process: import the task modules, then run messages from the pipe until it closes."""
-    # a signal sent to the process group (Ctrl-C, systemd) is the consumer's: it stops us; not SIG_IGN, which tasks' execs inherit
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGQUIT):
-        signal.signal(sig, lambda signum, frame: None)
+    # a group of its own: a signal to the consumer's group (Ctrl-C, kill -PGID) is the consumer's, which stops
+    # us after our task; and should the consumer die without doing so, we go with it (a lifeline), never orphaned
+    with contextlib.suppress(OSError):
+        os.setpgid(0, 0)
+    if (parent := multiprocessing.parent_process()) is not None:
+        threading.Thread(target=_exit_with, args=(parent.sentinel,), name="conveyor-lifeline", daemon=True).start()
     for name in task_modules:
         importlib.import_module(name)
     for start, _ in list(CHILD_HOOKS):
@@ -186,21 +195,6 @@ def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: BlobFetc
 
 _READY = "ready"  # a child's first word: its imports are done
 READY_TIMEOUT_S = 120.0
-# A child process that exits before it is ready this many times in a row is not replaced again:
-# what kills it at startup (a script without the main guard, a task module that does not import)
-# kills every replacement too. One or two may be chance (killed while starting).
-START_FAILURES_MAX = 3
-MAIN_GUARD_HINT = (
-    "The likely cause: a script that starts worker processes (a ConsumerPool, or a consumer in process mode) "
-    'without the `if __name__ == "__main__":` guard: each process imports the main module again and runs it. '
-    "Otherwise, see the process's errors above (a task module or settings module that fails to import, a start hook that raises)"
-)
-
-
-def never_started(what: str, times: int, code: int | None) -> str:
-    """The error of processes that keep exiting before they start, with the likely cause."""
-    exited = f"exited {times} times in a row" if times > 1 else "exited"
-    return f"{what} {exited} before it started{f' (exit code {code})' if code is not None else ''}; giving up. {MAIN_GUARD_HINT}"
 
 
 @dataclass(eq=False)
@@ -378,7 +372,8 @@ class ProcessSlots:
         if c.proc.pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(c.proc.pid, signal.SIGKILL)
-        self._spawn()
+        if not self._closing:
+            self._spawn()
         return True
 
     def close(self, wait: bool = True) -> None:

@@ -6,7 +6,8 @@ Conveyor (with numpy: ~0.3 s here) and runs the main module again, every time. T
 method forks each one from a server process; whatever that server imported, its children have. Its
 documented default is to preload the main module, but Python 3.11's forkserver never does (it looks
 for a "main_path" the preparation data does not have), so the modules are named here. Where there is
-no forkserver (macOS, Windows), processes are spawned.
+no forkserver (macOS, Windows), processes are spawned. And what is said of processes that keep
+exiting before they start (`never_started`).
 """
 
 from __future__ import annotations
@@ -55,3 +56,20 @@ def warm_up(ctx: ForkServerContext | SpawnContext) -> None:
             log.debug("the fork server did not start ahead of time: %s", e)
 
     threading.Thread(target=start, name="conveyor-forkserver-warm-up", daemon=True).start()
+
+
+# A child process that exits before it is ready this many times in a row is not replaced again:
+# what kills it at startup (a script without the main guard, a task module that does not import)
+# kills every replacement too. One or two may be chance (killed while starting).
+START_FAILURES_MAX = 3
+MAIN_GUARD_HINT = (
+    "The likely cause: a script that starts worker processes (a ConsumerPool, or a consumer in process mode) "
+    'without the `if __name__ == "__main__":` guard: each process imports the main module again and runs it. '
+    "Otherwise, see the process's errors above (a task module or settings module that fails to import, a start hook that raises)"
+)
+
+
+def never_started(what: str, times: int, code: int | None) -> str:
+    """The error of processes that keep exiting before they start, with the likely cause."""
+    exited = f"exited {times} times in a row" if times > 1 else "exited"
+    return f"{what} {exited} before it started{f' (exit code {code})' if code is not None else ''}; giving up. {MAIN_GUARD_HINT}"

@@ -162,6 +162,8 @@ class Task(definition.Task, abstract=True):
             fail_without_retry()  # the message fails now, to the dead letters
 
     def cleanup(self, exc: Exception | None) -> None:
+        if self._alarm is not None:  # the time limit is the task's: its clean-up, after success too, is not timed
+            self._alarm.cancel()
         self._clean_task_environment(task_id=self.task_id, task_name=self.task_name, exc=exc)
 
     def run_task(self, *args: Any, **kwargs: Any) -> Any:

@@ -47,18 +47,19 @@ TIMEOUT_GRACE_S = 2.0  # past its time_limit, a task that did not stop on Timeou
 
 
 class QueueSLA(Middleware):
-    """ndkale's bound on a task: its time limit (plus a grace for the in-task TimeoutException to
-    act first), and never more than its queue's visibility timeout."""
+    """ndkale's bound on a task from outside: its queue's visibility timeout (the batch SLA). Its time
+    limit acts inside it (TimeoutException), and `handle_failure` and the clean-up run after that,
+    unbounded by it, as in ndkale; only for a queue without a visibility timeout is the time limit
+    (plus a grace for the exception to act first) the bound from outside."""
 
     def __init__(self, queues: list[QueueConfig]) -> None:
         self.sla = {q.name: q.visibility_timeout_sec for q in queues}
 
     def deadline(self, message: Message, started: float) -> float | None:
-        bounds = [b for b in (self.sla.get(message.queue),) if b is not None]
+        if (sla := self.sla.get(message.queue)) is not None:
+            return started + sla
         limit = time_limit_of(message.headers)
-        if limit is not None:
-            bounds.append(limit + TIMEOUT_GRACE_S)
-        return started + min(bounds) if bounds else None
+        return None if limit is None else started + limit + TIMEOUT_GRACE_S
 
 
 class HandleFailureDelays(Middleware):
