@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 
 from conveyor.graph import GraphError, StatelessExecutor, TaskGraph
 from conveyor.graph.channels import to_table
-from conveyor.graph.filesystems import bucket_path, s3_file_system
+from conveyor.graph.filesystems import bucket_path, read_here, s3_file_system
 from conveyor.graph.readers import list_files
 from tests.graph_helpers import assert_frames_close, duckdb_answer
 from tests.servers import wait_for
@@ -241,6 +241,10 @@ def test_quokka_arguments_that_are_wrong_get_clear_errors(tpch_sf001: Path) -> N
     assert g.specs[len(g.specs) - 1].node.name == "agg" and node.n_channels == 1
     with pytest.raises(TypeError, match="nme"):
         g.new_blocking_node({0: src}, AggExecutor(), 1, {0: None}, nme="x")
+    # Quokka's form with partition_key by keyword; new_task_node given that form is told which takes it
+    g.new_blocking_node({0: src}, None, AggExecutor(), {"localhost": 1}, partition_key={0: None})
+    with pytest.raises(GraphError, match="new_task_node takes"):
+        g.new_task_node({0: src}, None, AggExecutor(), {"localhost": 1}, {0: None})
     with pytest.raises(GraphError, match="datasets argument is not supported"):
         g.new_blocking_node({0: src}, ["a dataset"], AggExecutor(), {"localhost": 1}, {0: None})
     with pytest.raises(GraphError, match="policy must be 'default'"):
@@ -344,6 +348,10 @@ def test_local_listing_follows_no_directory_link_and_takes_no_prefix(tmp_path: P
     with pytest.raises(GraphError, match="no such file or directory"):  # a local typo is not read as a prefix
         list_files(pafs.LocalFileSystem(), str(tmp_path / "orders"))
     assert bucket_path(str(tmp_path), "/data/a.csv", "t") == str(data / "a.csv")  # a key stays inside its bucket
+    with pytest.raises(GraphError, match="leaves its bucket"):
+        bucket_path(str(data), "../orders_old.csv", "t")
+    # an s3:// path is Conveyor's to read only in Quokka's bucket + key form; otherwise Spark's, as configured
+    assert not read_here("s3://b/k") and read_here("s3://b/k", s3=True) and read_here(str(data))
 
 
 def test_a_pandas_executors_named_index_becomes_columns_without_clashing() -> None:

@@ -12,7 +12,7 @@ names the keys. Without keys in the environment, AWS's default chain applies on 
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import os
 from urllib.parse import urlparse
 
@@ -32,9 +32,11 @@ def local_path(path: str) -> str | None:
     return None
 
 
-def read_here(path: str) -> bool:
-    """Whether Conveyor reads `path` itself (local, or S3), rather than Spark's readers."""
-    return local_path(path) is not None or urlparse(path).scheme == "s3"
+def read_here(path: str, s3: bool = False) -> bool:
+    """Whether Conveyor reads `path` itself rather than Spark's readers: a local path, or with `s3`
+    (an input given in Quokka's bucket + key form) an `s3://` one. Other `s3://` paths stay
+    Spark's, as configured for the cluster (EMRFS, `spark.hadoop.fs.s3*`)."""
+    return local_path(path) is not None or (s3 and urlparse(path).scheme == "s3")
 
 
 def file_system(path: str) -> tuple[pafs.FileSystem, str] | None:
@@ -65,8 +67,7 @@ def s3_file_system(bucket: str | None = None) -> pafs.S3FileSystem:
         options["scheme"] = parsed.scheme
     region = env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")
     if not region and not endpoint and bucket:
-        with contextlib.suppress(OSError):  # no answer: AWS's default applies, and a read names the error
-            region = pafs.resolve_s3_region(bucket)
+        region = _bucket_region(bucket)
     if region:
         options["region"] = region
     if env.get("AWS_ACCESS_KEY_ID") and env.get("AWS_SECRET_ACCESS_KEY"):
@@ -77,6 +78,17 @@ def s3_file_system(bucket: str | None = None) -> pafs.S3FileSystem:
     return pafs.S3FileSystem(**options)
 
 
+@functools.lru_cache(maxsize=256)
+def _bucket_region(bucket: str) -> str:
+    """The region of an AWS bucket, asked once per process (within the AWS SDK's own timeouts and
+    retries: ~6 s with no network); "" when it does not answer (AWS's default applies, and a read
+    names the error)."""
+    try:
+        return str(pafs.resolve_s3_region(bucket))
+    except OSError:
+        return ""
+
+
 def bucket_path(bucket: object, key: object, what: str) -> str:
     """Quokka's (bucket, key) as one path: under a local directory when `bucket` is one (or a
     `file:` URI), under the URL when it has a scheme (`s3://name`), else in the S3 bucket `bucket`."""
@@ -85,6 +97,8 @@ def bucket_path(bucket: object, key: object, what: str) -> str:
                          f"got {bucket!r}")  # fmt: skip
     if not isinstance(key, str) or not key:
         raise GraphError(f"{what}: key must be a non-empty string (a file, a directory or a prefix in the bucket), got {key!r}")
+    if ".." in key.replace("\\", "/").split("/"):
+        raise GraphError(f"{what}: key {key!r} leaves its bucket ('..'): name the file from the bucket down")
     local = local_path(bucket)
     if "://" in bucket and local is None:
         return f"{bucket.rstrip('/')}/{key.lstrip('/')}"

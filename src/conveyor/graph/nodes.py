@@ -58,6 +58,7 @@ class InputSpec:
     columns: tuple[str, ...] | None = None
     filters: Any = None
     dataset: Dataset | None = None
+    s3_here: bool = False  # given in Quokka's bucket + key form: an s3:// path is read by Conveyor (filesystems)
 
 
 @dataclass

@@ -139,7 +139,7 @@ def _topological(deps: dict[int, list[int]], specs: Mapping[int, Spec]) -> list[
 
 
 def _fusable(spec: InputSpec, consumers: list[int], specs: Mapping[int, Spec]) -> bool:
-    if spec.kind is NodeKind.DATASET or spec.path is None or not read_here(spec.path) or len(consumers) != 1:
+    if spec.kind is NodeKind.DATASET or spec.path is None or not read_here(spec.path, spec.s3_here) or len(consumers) != 1:
         return False
     consumer = specs[consumers[0]]
     if consumer.parallelism != 1:

@@ -40,7 +40,7 @@ def _quokka_csv(bucket: str | os.PathLike[str], key: str | os.PathLike[str], nam
     """Quokka's new_input_csv arguments, as the keywords of Conveyor's form."""
     path = bucket_path(_fspath(bucket), _fspath(key), "new_input_csv")
     return {"path": path, "names": names, "parallelism": parallelism, "ip": ip, "batch_func": batch_func, "sep": sep,
-            "dependents": dependents, "stride": stride, "columns": columns, "name": name}  # fmt: skip
+            "dependents": dependents, "stride": stride, "columns": columns, "name": name, "s3_here": True}  # fmt: skip
 
 
 def _fspath(p: object) -> object:
@@ -122,7 +122,7 @@ class TaskGraph:
     def _input_csv(self, path: str | os.PathLike[str], names: Sequence[str | None], parallelism: Parallelism,
                    batch_func: BatchFunc | None = None, sep: str = ",", dependents: Sequence[NodeRef] = (),
                    stride: int = CSV_STRIDE_BYTES, *, ip: str = LOCALHOST, columns: Sequence[str] | None = None,
-                   name: str | None = None) -> Node:  # fmt: skip
+                   name: str | None = None, s3_here: bool = False) -> Node:  # fmt: skip
         node = self._new_node(name, "csv")
         parallelism = channel_count(parallelism, ip, f"node {node}")
         if not names:
@@ -132,7 +132,7 @@ class TaskGraph:
         if len(sep) != 1:
             raise GraphError(f"node {node}: sep must be one character, got {sep!r}")
         self.specs[node.id] = InputSpec(node, NodeKind.CSV, parallelism, batch_func, tuple(dependents), path=os.fspath(path),
-                                        names=tuple(names), sep=sep, stride=stride,
+                                        names=tuple(names), sep=sep, stride=stride, s3_here=s3_here,
                                         columns=tuple(columns) if columns is not None else None)  # fmt: skip
         return node
 
@@ -226,6 +226,10 @@ class TaskGraph:
         """Quokka's task node: `new_non_blocking_node` with its argument names and `ip`. As in Quokka,
         one that no node reads is an output node: it runs (its executors' effects happen) and its
         output is dropped, where a `new_non_blocking_node` nobody reads is an error."""
+        if functionObject is None or isinstance(functionObject, list | tuple):
+            raise GraphError("new_task_node takes (sources, functionObject, parallelism, partition_key, ip); Quokka's "
+                             "(streams, datasets, functionObject, ip_to_num_channel, partition_key) form is "
+                             "new_non_blocking_node's or new_blocking_node's")  # fmt: skip
         spec = self._task(sources, functionObject, parallelism, partition_key, False, name, ip)
         self._quokka_tasks.add(spec.node.id)
         return spec.node
@@ -285,8 +289,13 @@ _QUOKKA_ONLY = frozenset({"streams", "datasets", "functionObject", "ip_to_num_ch
 def _node_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
     """(sources, executor, parallelism, partition_key, name, ip) of a task node, from Conveyor's form
     `(sources, executor, parallelism, partition_key, *, name, ip)` or Quokka's five-argument one
-    (five positional arguments or more, or a keyword only Quokka's form has)."""
-    if len(args) >= 5 or kwargs.keys() & _QUOKKA_ONLY:
+    (five positional arguments or more, a keyword only Quokka's form has, or a second argument that
+    is None or a list: Quokka's `datasets`, where Conveyor's form has the executor)."""
+    if (
+        len(args) >= 5
+        or kwargs.keys() & _QUOKKA_ONLY
+        or (len(args) > 1 and (args[1] is None or isinstance(args[1], list | tuple)))
+    ):
         return _quokka_node(*args, **kwargs)
     return _conveyor_node(*args, **kwargs)
 
