@@ -39,17 +39,18 @@ def read_here(path: str, s3: bool = False) -> bool:
     return local_path(path) is not None or (s3 and urlparse(path).scheme == "s3")
 
 
-def file_system(path: str) -> tuple[pafs.FileSystem, str] | None:
-    """(file system, path in it) for a path Conveyor reads itself, or None for one Spark must read."""
+def file_system(path: str, s3: bool = False) -> tuple[pafs.FileSystem, str] | None:
+    """(file system, path in it) for a path Conveyor reads itself (see `read_here`), or None for one
+    Spark must read."""
+    if not read_here(path, s3):
+        return None
     local = local_path(path)
     if local is not None:
         return pafs.LocalFileSystem(), os.path.abspath(local)
-    parsed = urlparse(path)
-    if parsed.scheme == "s3":
-        if not parsed.netloc:
-            raise GraphError(f"{path!r} names no bucket (expected s3://bucket/key)")
-        return s3_file_system(parsed.netloc), f"{parsed.netloc}{parsed.path}".rstrip("/")
-    return None
+    parsed = urlparse(path)  # s3://, read_here says
+    if not parsed.netloc:
+        raise GraphError(f"{path!r} names no bucket (expected s3://bucket/key)")
+    return s3_file_system(parsed.netloc), f"{parsed.netloc}{parsed.path}".rstrip("/")
 
 
 def s3_file_system(bucket: str | None = None) -> pafs.S3FileSystem:

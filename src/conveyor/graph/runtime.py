@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from .errors import GraphError, unwrap_task_error
-from .filesystems import file_system, read_here
+from .filesystems import file_system
 from .layout import ARROW_BATCH_BYTES, DATASET_DDL, ROUTE_DDL
 from .nodes import InputSpec, NodeKind, Spec, TaskSpec
 from .plan import Edge, Plan
@@ -145,8 +145,7 @@ class Runner:
     def _input_task(self, spec: InputSpec) -> InputTask:
         """The reader of an input node; file splits are listed (and CSV types inferred) here."""
         where = str(spec.node)  # the name, quoted
-        here = spec.path is not None and self.file_reader == "auto" and read_here(spec.path, spec.s3_here)
-        at = file_system(spec.path) if here and spec.path is not None else None
+        at = file_system(spec.path, spec.s3_here) if spec.path is not None and self.file_reader == "auto" else None
         reader: CsvReader | ParquetReader | None = None
         source = "dataset" if spec.kind is NodeKind.DATASET else "spark" if at is None else "files"
         if at is not None and source == "files" and spec.kind is NodeKind.CSV:

@@ -164,7 +164,8 @@ class Consumer:
                               for r in self._running.values()])  # fmt: skip
                 self._running.clear()
             slots.close(wait=not self._hard_stop)
-            conns.pool.close() if conns is not None else None
+            if conns is not None:
+                conns.pool.close()
             self._settler.close(HARD_SETTLE_S if self._hard_stop else SETTLE_S)
             self.stats.unsettled += self._settler.unsettled
 

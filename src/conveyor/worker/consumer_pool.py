@@ -82,8 +82,8 @@ def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int,
                    conn: Connection, environ: dict[str, str], hooks: ConsumerHooks | None = None,
                    holding: Any = None) -> None:  # fmt: skip
     """One consumer process: run until SIGTERM or SIGINT, then stop gracefully; tell the pool
-    through `conn` when it has started and, at the end, its counts. `holding`: a shared int, the
-    messages it holds acked on delivery (see `ConsumerPool.join`)."""
+    through `conn` when it has started and, at the end, its counts. `holding`: a shared array, the
+    messages it holds acked on delivery and how often that changed (see `ConsumerPool.join`)."""
     os.environ.clear()  # the pool process's environment when it started this one, not the fork server's
     os.environ.update(environ)
     logging.basicConfig(level=options.pop("log_level", logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
@@ -192,7 +192,7 @@ class ConsumerPool:
         self._started = [False] * self.n_consumers
         self._start_failures = [0] * self.n_consumers  # exits before starting, in a row
         self._why = [""] * self.n_consumers  # the error a process that failed to start sent
-        self._holding: list[Any] = [None] * self.n_consumers  # shared ints: messages acked on delivery, running
+        self._holding: list[Any] = [None] * self.n_consumers  # shared [held, changes]: messages acked on delivery, running
         self._stopping = False
 
     @property
