@@ -16,6 +16,7 @@ from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import H_IDEMPOTENCY_KEY, H_ROWS, H_TASK, SHARD_SHIFT
 from conveyor.errors import ConnectionLostError, ConveyorError
 from conveyor.message import Message
+from conveyor.spark.fits import surely_fit
 from conveyor.tasks.envelope import decode_call, decode_result, encode_error
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import attempts_for
@@ -123,7 +124,10 @@ class _SplitLedger:
 
 
 def _misfits(rows: list[dict[str, Any]], schema: pa.Schema) -> dict[int, str]:
-    """The rows that do not convert to `schema`, by position, with why (one conversion when all do)."""
+    """The rows that do not convert to `schema`, by position, with why (for plain types a look at
+    the values when all fit, spark/fits.py; else one conversion when all do)."""
+    if surely_fit(rows, schema):
+        return {}
     import pyarrow as pa
 
     def why(batch: list[dict[str, Any]]) -> str | None:
