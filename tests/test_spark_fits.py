@@ -1,9 +1,12 @@
 """The quick schema check of map results (conveyor.spark.fits): it says "surely fits" only where
-pyarrow's conversion agrees, and says it for the plain rows a map returns."""
+pyarrow's conversion agrees, and says it for the plain rows a map returns; and the check of a
+message's results that uses it (spark/rows.py `_misfits`)."""
 
 from __future__ import annotations
 
+import collections
 import enum
+import pickle
 from typing import Any
 
 import numpy as np
@@ -12,7 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conveyor.spark.fits import EXACT_DOUBLE_INT, surely_fit
+import conveyor.spark.fits as fits
+from conveyor.spark.fits import EXACT_DOUBLE_INT, FitCheck
+from conveyor.spark.rows import _misfits
 
 PLAIN_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64(),
                pa.float32(), pa.float64(), pa.string(), pa.large_string(), pa.binary(), pa.large_binary(),
@@ -21,6 +26,10 @@ PLAIN_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uin
 
 class Small(enum.IntEnum):
     ONE = 1
+
+
+def surely_fit(rows: list[Any], schema: pa.Schema) -> bool:
+    return FitCheck(schema).surely_fit(rows)
 
 
 def converts(rows: list[dict[str, Any]], schema: pa.Schema) -> bool:
@@ -80,3 +89,38 @@ def test_a_schema_with_a_type_that_is_not_plain_is_always_left_to_pyarrow() -> N
     schema = pa.schema([("x", pa.int64()), ("when", pa.timestamp("us")), ("tags", pa.list_(pa.string()))])
     assert not surely_fit([{"x": 1, "when": None, "tags": None}], schema)
     assert surely_fit([], pa.schema([("x", pa.int64())]))  # no rows: nothing to refuse
+
+
+def test_rows_that_are_not_plain_dicts_are_left_to_pyarrow() -> None:
+    schema = pa.schema([("x", pa.int64())])
+    for row in ([1], (1,), None, collections.UserDict({"x": 1})):
+        assert not surely_fit([row], schema)
+
+
+def test_text_and_bytes_beyond_what_one_array_holds_are_left_to_pyarrow(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fits, "SIZED_BYTES_MAX", 10)
+    for t, small, big in ((pa.string(), "abcd", "abcdefghijk"), (pa.binary(), b"abcd", b"abcdefghijk")):
+        schema = pa.schema([("x", t)])
+        assert surely_fit([{"x": small}, {"x": small}], schema)
+        assert not surely_fit([{"x": small}] * 3, schema)  # 12 bytes in all
+        assert not surely_fit([{"x": big}], schema)
+    assert not surely_fit([{"x": "ééé"}], pa.schema([("x", pa.string())]))  # counted at 4 bytes a character
+    assert surely_fit([{"x": "abcdefghijk"}], pa.schema([("x", pa.large_string())]))  # 64-bit offsets
+
+
+def test_a_check_pickles_as_it_travels_with_its_runner() -> None:
+    check = pickle.loads(pickle.dumps(FitCheck(pa.schema([("x", pa.int32()), ("y", pa.string())]))))
+    assert check.surely_fit([{"x": 1, "y": "a"}])
+    assert not check.surely_fit([{"x": 2**31, "y": "a"}])
+
+
+def test_a_message_s_misfit_rows_are_told_apart_from_the_rows_that_fit() -> None:
+    schema = pa.schema([("i", pa.int64()), ("name", pa.string())])
+    check = FitCheck(schema)
+    good = [{"i": 1, "name": "a"}, {"i": 2, "name": None}]
+    assert _misfits(good, schema, check) == {}
+    bad = [good[0], {"i": "two", "name": "b"}, good[1], {"i": 2**64, "name": "c"}]
+    found = _misfits(bad, schema, check)
+    assert sorted(found) == [1, 3]
+    assert "'two'" in found[1] and "does not fit the schema" in found[1]
+    assert _misfits(bad, schema) == found  # without the quick check: the same answer

@@ -21,10 +21,25 @@ if TYPE_CHECKING:
 Check = Callable[[Any], bool]
 
 EXACT_DOUBLE_INT = 2**53  # pyarrow refuses an int for a float64 column beyond this (not exactly representable)
+# text and bytes a batch may hold and still be answered here: a string or binary column holds at
+# most 2**31 - 2 bytes in one array (beyond, pyarrow refuses or splits it); counted over all columns
+SIZED_BYTES_MAX = 2**30
 
 
-def _ints(lo: int, hi: int) -> Check:
-    return lambda v: type(v) is int and lo <= v <= hi
+def _int_in(lo: int, hi: int, v: Any) -> bool:
+    return type(v) is int and lo <= v <= hi
+
+
+def _float(v: Any) -> bool:
+    return type(v) is float
+
+
+def _bytes(v: Any) -> bool:
+    return type(v) is bytes
+
+
+def _bool(v: Any) -> bool:
+    return type(v) is bool
 
 
 def _double(v: Any) -> bool:
@@ -43,44 +58,63 @@ def _text(v: Any) -> bool:
     return True
 
 
-def _check_for(t: pa.DataType) -> Check | None:
-    """The check of one column type, or None for a type left to pyarrow."""
+def _size(v: str | bytes) -> int:
+    """At least the bytes `v` takes in an Arrow array (UTF-8 takes at most 4 bytes a character)."""
+    return len(v) if type(v) is bytes or v.isascii() else 4 * len(v)
+
+
+def _check_for(t: pa.DataType) -> tuple[Check, bool] | None:
+    """The check of one column type and whether its values count against SIZED_BYTES_MAX, or None
+    for a type left to pyarrow."""
     import pyarrow as pa  # only where results are checked: importing conveyor.spark stays light
 
     if pa.types.is_integer(t):
         bits = t.bit_width
         if pa.types.is_unsigned_integer(t):
-            return _ints(0, 2**bits - 1)
-        return _ints(-(2 ** (bits - 1)), 2 ** (bits - 1) - 1)
+            return functools.partial(_int_in, 0, 2**bits - 1), False
+        return functools.partial(_int_in, -(2 ** (bits - 1)), 2 ** (bits - 1) - 1), False
     if pa.types.is_float64(t):
-        return _double
+        return _double, False
     if pa.types.is_float32(t):
-        return lambda v: type(v) is float
-    if pa.types.is_string(t) or pa.types.is_large_string(t):
-        return _text
-    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
-        return lambda v: type(v) is bytes
+        return _float, False
+    if pa.types.is_large_string(t):
+        return _text, False
+    if pa.types.is_string(t):
+        return _text, True
+    if pa.types.is_large_binary(t):
+        return _bytes, False
+    if pa.types.is_binary(t):
+        return _bytes, True
     if pa.types.is_boolean(t):
-        return lambda v: type(v) is bool
+        return _bool, False
     return None
 
 
-@functools.lru_cache(maxsize=64)
-def _checks(schema: pa.Schema) -> tuple[tuple[str, Check], ...] | None:
-    """Each column's check, or None when a column's type is not a plain one."""
-    checks = [(f.name, _check_for(f.type)) for f in schema]
-    return None if any(c is None for _, c in checks) else tuple((name, c) for name, c in checks if c is not None)
+class FitCheck:
+    """The quick check for one schema, built once (a schema's hash, say for a cache, costs more than
+    the check of a few rows)."""
 
+    def __init__(self, schema: pa.Schema) -> None:
+        checks = [(f.name, _check_for(f.type)) for f in schema]
+        self._checks = None if any(c is None for _, c in checks) else [(n, *c) for n, c in checks if c is not None]
 
-def surely_fit(rows: list[dict[str, Any]], schema: pa.Schema) -> bool:
-    """True only if every row converts to `schema` (a value None included, as pyarrow takes it);
-    False says nothing: ask pyarrow."""
-    checks = _checks(schema)
-    if checks is None:
-        return False
-    for row in rows:
-        for name, check in checks:
-            v = row.get(name)
-            if v is not None and not check(v):
+    def surely_fit(self, rows: list[dict[str, Any]]) -> bool:
+        """True only if every row converts to the schema (a value None included, as pyarrow takes
+        it); False says nothing: ask pyarrow."""
+        if self._checks is None:
+            return False
+        room = SIZED_BYTES_MAX
+        for row in rows:
+            if type(row) is not dict:
                 return False
-    return True
+            for name, check, sized in self._checks:
+                v = row.get(name)
+                if v is None:
+                    continue
+                if not check(v):
+                    return False
+                if sized:
+                    room -= _size(v)
+                    if room < 0:
+                        return False
+        return True

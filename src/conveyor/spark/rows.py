@@ -16,7 +16,7 @@ from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import H_IDEMPOTENCY_KEY, H_ROWS, H_TASK, SHARD_SHIFT
 from conveyor.errors import ConnectionLostError, ConveyorError
 from conveyor.message import Message
-from conveyor.spark.fits import surely_fit
+from conveyor.spark.fits import FitCheck
 from conveyor.tasks.envelope import decode_call, decode_result, encode_error
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import attempts_for
@@ -54,6 +54,10 @@ class RowRunner:
         self.schema = schema
         self.row_options = row_options or TaskOptions()
 
+    @functools.cached_property
+    def _fit(self) -> FitCheck:
+        return FitCheck(self.schema)  # built where the rows run, at the first message
+
     def __call__(self, rows: list[dict[str, Any]]) -> list[list[Any]]:
         message = current_message()
         if message is not None and len(rows) > 1 and message.attempts > 1 and self._split(message, rows):
@@ -74,7 +78,7 @@ class RowRunner:
                     out.append([False, str(e), json.dumps(row, default=str)])
                 break
         ok = [j for j, o in enumerate(out) if o[0]]
-        for k, why in _misfits([out[j][1] for j in ok], self.schema).items():
+        for k, why in _misfits([out[j][1] for j in ok], self.schema, self._fit).items():
             j = ok[k]
             out[j] = [False, f"map: {why}", json.dumps(rows[j], default=str)]
         key = "" if message is None else _key(message)
@@ -123,10 +127,10 @@ class _SplitLedger:
         return [j for j in range(n) if j not in self.split.get(msg_id, ())]
 
 
-def _misfits(rows: list[dict[str, Any]], schema: pa.Schema) -> dict[int, str]:
-    """The rows that do not convert to `schema`, by position, with why (for plain types a look at
-    the values when all fit, spark/fits.py; else one conversion when all do)."""
-    if surely_fit(rows, schema):
+def _misfits(rows: list[dict[str, Any]], schema: pa.Schema, fit: FitCheck | None = None) -> dict[int, str]:
+    """The rows that do not convert to `schema`, by position, with why (none when `fit`, the
+    schema's quick check, vouches for all; else one conversion when all do)."""
+    if fit is not None and fit.surely_fit(rows):
         return {}
     import pyarrow as pa
 
