@@ -73,21 +73,13 @@ def _check_for(t: pa.DataType) -> tuple[Check, bool] | None:
         if pa.types.is_unsigned_integer(t):
             return functools.partial(_int_in, 0, 2**bits - 1), False
         return functools.partial(_int_in, -(2 ** (bits - 1)), 2 ** (bits - 1) - 1), False
-    if pa.types.is_float64(t):
-        return _double, False
-    if pa.types.is_float32(t):
-        return _float, False
-    if pa.types.is_large_string(t):
-        return _text, False
-    if pa.types.is_string(t):
-        return _text, True
-    if pa.types.is_large_binary(t):
-        return _bytes, False
-    if pa.types.is_binary(t):
-        return _bytes, True
-    if pa.types.is_boolean(t):
-        return _bool, False
-    return None
+    plain: list[tuple[Callable[[pa.DataType], bool], Check, bool]] = [
+        (pa.types.is_float64, _double, False), (pa.types.is_float32, _float, False),
+        (pa.types.is_large_string, _text, False), (pa.types.is_string, _text, True),
+        (pa.types.is_large_binary, _bytes, False), (pa.types.is_binary, _bytes, True),
+        (pa.types.is_boolean, _bool, False),
+    ]  # fmt: skip
+    return next(((check, sized) for is_kind, check, sized in plain if is_kind(t)), None)
 
 
 class FitCheck:
