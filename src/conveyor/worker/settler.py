@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from conveyor.client.backend import QueueBackend
+from conveyor.client.transport import Transport
 from conveyor.constants import ERR_STORE, H_TASK
 from conveyor.errors import ConnectionLostError, ConveyorError, RequestError, TaskError
 from conveyor.message import Message
@@ -34,6 +35,9 @@ COALESCE_S = 0.05  # after the first settlement, how long to gather more before 
 # the same CPU whatever it carries, so under load fewer, larger acks leave more for the tasks (an
 # idle consumer, a flush and close hurry them: the end of the work is not delayed)
 BUSY_COALESCE_S = 0.25
+# a report is only counts, sent again `report_every_s` later: a server out of reach holds the settler
+# (the acks behind it, a consumer's stop) at most this long per report, not a connection's whole patience
+REPORT_CONNECT_S = 1.0
 _STOP = object()
 _SETTLES = ("ack", "nack")  # the kinds that finish or return a message (a consumer counts those not sent)
 
@@ -196,10 +200,17 @@ class Settler:
     def _send_report(self) -> None:
         assert self._report is not None
         name, counts = self._report()
+        transports = [c for c in self._pool.clients if isinstance(c, Transport)]  # the settler's own connections
+        patience = [t.connect_timeout for t in transports]
+        for t in transports:
+            t.connect_timeout = min(t.connect_timeout, REPORT_CONNECT_S)
         try:
             self._pool.report(name, counts)
         except ConveyorError as e:
             log.debug("report failed: %s", e)
+        finally:
+            for t, p in zip(transports, patience, strict=True):
+                t.connect_timeout = p
 
 
 def ack_on_delivery(pool: QueueBackend, got: list[Message]) -> tuple[list[Message], Exception | None]:
