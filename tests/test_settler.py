@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterator
 
@@ -10,7 +11,7 @@ import pytest
 from conveyor.client.pool import QueuePool
 from conveyor.errors import ConnectionLostError
 from conveyor.message import Message
-from conveyor.worker.settler import BUSY_COALESCE_S, COALESCE_S, Settler, ack_on_delivery
+from conveyor.worker.settler import BUSY_COALESCE_S, COALESCE_S, REPORT_CONNECT_S, Settler, ack_on_delivery
 
 from .servers import thread_server, wait_for
 
@@ -90,3 +91,20 @@ def test_acks_on_delivery_that_partly_fail_still_run_what_was_acked() -> None:
     # one request per queue and server: a (server 1), a (server 0), then b fails
     assert pool.acked == [("a", [1, 3, 5]), ("a", [2])]
     assert [m.id for m in acked] == [1, 3, 2] and isinstance(error, ConnectionLostError)
+
+
+def test_a_report_waits_little_on_a_server_out_of_reach() -> None:
+    """A report goes to every server: one out of reach holds the settler (the acks behind it, a
+    consumer's stop) at most REPORT_CONNECT_S per report, not the connection's whole patience."""
+    with socket.socket() as probe:  # a port nobody listens on: each connect is refused at once
+        probe.bind(("127.0.0.1", 0))
+        dead = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
+    with thread_server() as s, QueuePool.connect([s.address, dead], connect_timeout=10.0) as pool:
+        settler = Settler(pool, report=lambda: ("w", {"processed": 1.0}), report_every_s=0.2)
+        with QueuePool.connect([s.address]) as live:
+            wait_for(lambda: "w" in live.workers(), timeout=5, what="the report on the live server")
+        t0 = time.monotonic()
+        settler.close()
+        took = time.monotonic() - t0
+    assert REPORT_CONNECT_S <= 1.0
+    assert took < 4.0, f"close took {took:.1f} s"  # a periodic report and the last one; 10 s each before
