@@ -287,9 +287,11 @@ def test_newest_segment_truncated_mid_record_is_cut(tmp_path: Path, caplog: pyte
 
 @pytest.mark.parametrize("kind", [KIND_RESULT, KIND_DEAD], ids=["result", "dead-letter"])
 def test_torn_result_or_dead_letter_is_not_served_as_other_bytes(tmp_path: Path, kind: int) -> None:
-    """A torn tail that cuts a result (or dead letter) whose index record survived loses it; it is never served as
-    the bytes of whatever is written there next. (Segments and index are separate files: under fsync "interval"
-    or "never" a machine crash can keep the index record and lose the segment's tail.)"""
+    """A tail cut off the newest segment that holds a result (or dead letter) whose index record survived loses
+    what the index confirmed: the open is refused, naming the file and where its records end; repaired, the id
+    reads FAILED with a dead letter saying so, never the bytes of whatever is written there next. (Segments and
+    index are separate files: under fsync "interval" or "never" a machine crash can keep the index record and lose
+    the segment's tail.)"""
     path = tmp_path / "q"
     with DurableStore(path, segment_bytes=SEG, fsync="never", max_attempts=1) as s:
         ids = s.put([Message(payload=payload(i)) for i in range(100)])
@@ -303,17 +305,23 @@ def test_torn_result_or_dead_letter_is_not_served_as_other_bytes(tmp_path: Path,
     assert (last.kind, last.id) == (kind, m.id)
     with open(f, "r+b") as fh:
         fh.truncate(last.body + last.size // 2)
+    before = files(path)
+    with pytest.raises(CorruptStoreError) as e:
+        DurableStore(path, segment_bytes=SEG, fsync="never")
+    assert (e.value.path, e.value.offset) == (str(f), last.start)
+    assert f"results or dead letters {m.id}" in str(e.value) and "--repair" in str(e.value)
+    assert files(path) == before  # refused: nothing cut
 
     def check(s: DurableStore) -> None:
-        if kind == KIND_RESULT:
-            r = s.result(m.id)
-            assert r is None, f"result({m.id}) is {len(r)} bytes {r[:24]!r}, but its record was cut off"
-            assert m.id not in dict(s.results())
-        else:
-            dls = no_error("dead_letters()", s.dead_letters)
-            assert [d.message.id for d in dls if d.message.payload != m.payload or d.error != "the error"] == []
+        assert s.status(m.id) == Status.FAILED
+        r = s.result(m.id)
+        assert r is None, f"result({m.id}) is {len(r)} bytes {r[:24]!r}, but its record was cut off"
+        assert m.id not in dict(s.results())
+        [d] = no_error("dead_letters()", s.dead_letters)
+        assert (d.message.id, d.message.payload) == (m.id, m.payload)  # its body was not cut
+        assert d.error.startswith("lost:") and f.name in d.error
 
-    with DurableStore(path, segment_bytes=SEG, fsync="never") as s:
+    with DurableStore(path, segment_bytes=SEG, fsync="never", repair=True) as s:
         check(s)
         s.put([Message(payload=b"new" * 60) for _ in range(3)])  # lands where the cut record was
         check(s)
@@ -417,19 +425,25 @@ def test_repair_sets_a_damaged_segment_aside_and_keeps_the_rest(tmp_path: Path, 
         assert f.stat().st_size == len(damaged)  # every intact record keeps its offset
         assert [(r.start, r.id) for r in seg_records(f) if r.start != bad.start] == \
                [(r.start, r.id) for r in recs if r.start != bad.start]  # fmt: skip
-        assert s.status(bad.id) is None
         del payloads[bad.id]
-        if delivered:
-            assert warnings_of(caplog, "no body")
+        if delivered:  # the index confirmed it: it reads FAILED, its dead letter saying what was lost where
+            [w] = warnings_of(caplog, "could not keep")
+            assert f" 1 ids: {bad.id};" in w
+            assert s.status(bad.id) == Status.FAILED
+            [d] = s.dead_letters()
+            assert (d.message.id, d.message.payload) == (bad.id, b"")
+            assert d.error.startswith("lost:") and f.name in d.error
             assert s.stats().delivered == len(payloads)
             s.expire(time.time() + 2 * LONG)
+        else:  # put and never delivered: no index record names it
+            assert s.status(bad.id) is None
         check_ready(s, payloads)
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger=LOGGER), DurableStore(path, segment_bytes=SEG) as s:
-        # the repaired store opens without repair=True (only the lost message may be reported again)
-        assert [w for w in warnings_of(caplog) if "no body" not in w] == []
+        # the repaired store opens without repair=True, and reports nothing again
+        assert warnings_of(caplog) == []
         assert s.stats().delivered == len(payloads)
-        assert s.status(bad.id) is None
+        assert s.status(bad.id) == (Status.FAILED if delivered else None)
 
 
 def test_repair_drops_a_damaged_index_record_and_keeps_the_rest(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -474,16 +488,19 @@ def test_repair_of_a_damaged_result_or_dead_letter_serves_no_padding(tmp_path: P
     flip(f, bad.body + bad.size // 2)
     others = {m.id for m in got} - {bad.id}
     with DurableStore(path, segment_bytes=SEG, repair=True) as s:
+        # what was lost reads FAILED, its dead letter saying so; the message's body was not damaged: kept
+        assert s.status(bad.id) == Status.FAILED
+        dls = no_error("dead_letters() after repair", s.dead_letters)
+        lost = [d for d in dls if d.message.id == bad.id]
+        assert [(d.message.payload, d.error.startswith("lost:")) for d in lost] == [(payload(bad.id - ids[0]), True)]
         if kind == KIND_RESULT:
-            assert s.status(bad.id) == Status.ACKED
             res = dict(s.results())
             assert {i: res.get(i) for i in others} == {i: b"res-" + payload(i - ids[0]) for i in others}
             r = s.result(bad.id)
             assert r is None, f"result({bad.id}) after repair is {len(r)} bytes {r[:12]!r}...: the padding, served as a result"
             assert bad.id not in res
         else:
-            dls = no_error("dead_letters() after repair", s.dead_letters)
-            assert {d.message.id: (d.message.payload, d.error) for d in dls} == \
+            assert {d.message.id: (d.message.payload, d.error) for d in dls if d not in lost} == \
                    {i: (payload(i - ids[0]), f"err {i}") for i in others}  # fmt: skip
 
 

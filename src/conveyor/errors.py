@@ -20,10 +20,10 @@ class DiskFullError(StoreError):
 
 
 class CorruptStoreError(StoreError):
-    """A store file holds damaged bytes outside a torn tail.
+    """A store file holds damaged bytes outside a torn tail, or lacks records the index confirms.
 
-    `path` and `offset` locate the damage; open with `repair=True` to move the damaged
-    file aside and keep what is intact.
+    `path` and `offset` locate the damage; open with `repair=True` (a server: `--repair`) to keep
+    what is intact (damaged bytes are kept aside) and report what is not.
     """
 
     def __init__(self, path: str, offset: int, reason: str) -> None:
@@ -32,7 +32,7 @@ class CorruptStoreError(StoreError):
         self.reason = reason
         super().__init__(
             f"{path}: corrupt at offset {offset}: {reason} "
-            "(open with repair=True to move the damaged file aside and keep what is intact)"
+            "(open with repair=True, or start the server with --repair, to keep what is intact and report what is not)"
         )
 
 

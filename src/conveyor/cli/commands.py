@@ -36,7 +36,7 @@ from conveyor.protocol.framing import Limits
 from conveyor.protocol.tls import cert_fingerprint, server_context
 from conveyor.server.queue_server import QueueServer
 from conveyor.server.queues import Defaults
-from conveyor.server.runtime import reachable_addresses
+from conveyor.server.runtime import check_data_dir, reachable_addresses
 from conveyor.tasks.queue_config import QueueConfig, load_queues
 from conveyor.worker.affinity import default_slots
 from conveyor.worker.runtime import WorkerOptions, import_task_modules, run_worker
@@ -85,7 +85,7 @@ def demo(pages: int, workers: int | None, keys: str, kill_worker: bool, with_das
               help="Address to listen on (0.0.0.0: every IPv4 interface; ::, every IPv6 one). A non-loopback one "
                    "needs a token, and TLS to be safe.")  # fmt: skip
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
-@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
               help="Where durable queues live. Without it, every queue is transient (memory only).")  # fmt: skip
 @click.option("--token", envvar="CONVEYOR_TOKEN", default=None,
               help="Shared secret clients must prove they know (env CONVEYOR_TOKEN); --token-file keeps it off "
@@ -158,6 +158,8 @@ def serve(host: str, port: int, data_dir: Path | None, token: str | None, token_
             pass
 
     try:
+        if data_dir is not None:
+            check_data_dir(data_dir)  # else an OSError on it would read as a failure to listen
         tls = None if tls_cert is None or tls_key is None else server_context(tls_cert, tls_key, tls_ca)
         server = QueueServer(host, port, data_dir=data_dir, token=token, insecure=insecure, tls=tls, limits=limits,
                              defaults=defaults, repair=repair, temporary=temporary, max_connections=max_connections,

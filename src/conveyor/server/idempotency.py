@@ -5,6 +5,8 @@ DEDUPE_MAX_KEYS keys are remembered; a durable queue keeps them in `keys.log` be
 (records `crc32 | key length | id | key`, synced with the queue's group commit, compacted on
 open when mostly superseded), so a retried publish after a crash or a lost reply is still dropped.
 The server writes a put's keys before its messages (see `handlers._put_once`); id 0 means "none".
+So the keys may name ids no segment shows: a server opening a queue keeps its store's ids past
+`highest` (`DurableStore.keep_ids_past`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class Dedupe:
         self._ids: dict[str, int] = {}
         self._fd = -1
         self._size = 0  # of keys.log
+        self.highest = 0  # the highest id keys.log named when loaded: the store must never give it again
         self._dirty = False
         self._lock = threading.Lock()  # `sync` runs in a group commit's thread
         if path is not None:
@@ -52,6 +55,7 @@ class Dedupe:
                 continue
             key, msg_id, pos = rec
             self._remember(key, msg_id)
+            self.highest = max(self.highest, msg_id)
             records += 1
         if damaged:
             aside = keep_aside(f)

@@ -201,7 +201,8 @@ class QueueHost:
                              group_commit=True, space=self.space)  # fmt: skip
         try:
             dedupe = Dedupe(path)
-        except BaseException:
+            store.keep_ids_past(dedupe.highest)  # keys written before their messages name ids too
+        except BaseException:  # (a Dedupe holds no descriptor until a key is added)
             store.close()
             raise
         # keys before messages, as they are written (see handlers._put_once)

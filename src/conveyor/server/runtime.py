@@ -1,5 +1,5 @@
 """The server process's surroundings: its event loop (uvloop where installed), its descriptor limit,
-and noticing that the process that started it is gone."""
+its data directory, and noticing that the process that started it is gone."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import stat
 import struct
 import sys
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any
 
 from conveyor.constants import PARENT_CHECK_S
@@ -69,6 +70,32 @@ def raise_fd_limit() -> int:
             resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
     soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
     return FD_LIMIT_CAP if soft == resource.RLIM_INFINITY else soft
+
+
+def check_data_dir(path: Path) -> None:
+    """Make the data directory `path` if it is missing and make sure this process can create files in
+    it; else a ConveyorError saying what is wrong with it and what to do (the OSError a server would
+    meet later reads like a failure to listen)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ConveyorError(f"the data directory {path} is a file, not a directory: give another path (a directory, "
+                            "made if missing) or move the file away") from None  # fmt: skip
+    except NotADirectoryError:
+        blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), path.parent)
+        raise ConveyorError(f"the data directory {path} cannot be made: {blocker} is a file, not a directory: give a "
+                            "path under a directory") from None  # fmt: skip
+    except OSError as e:
+        raise ConveyorError(f"the data directory {path} cannot be made ({e.strerror}): make it, or give a path this "
+                            f"user (uid {os.geteuid()}) may create") from None  # fmt: skip
+    probe = path / f".conveyor-write-test-{os.getpid()}"
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        probe.unlink()
+    except OSError as e:
+        raise ConveyorError(f"the data directory {path} is not writable by this user (uid {os.geteuid()}): "
+                            f"{e.strerror}: give a directory it may write to, or change the directory's owner or "
+                            "permissions (chown, chmod)") from None  # fmt: skip
 
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:

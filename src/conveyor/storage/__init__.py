@@ -7,7 +7,8 @@ Modules:
   time heaps; `ids`: helpers over arrays of ids.
 - `memory`: `MemoryStore`. `durable`: `DurableStore`, on top of `segments` (the record log; verified
   on opening by `segment_scan`), `bodies` (what its records hold), `wal` (the index), `recovery`
-  (opening), `compaction`, `reservation` (ids reserved across crashes), `space` (a disk's reserve)
+  (opening), `losses` (what the index confirms and the segments lack), `compaction`, `reservation`
+  (ids reserved across crashes), `space` (a disk's reserve)
   and `files` (file operations, shared with the server).
 """
 

@@ -21,7 +21,6 @@ import contextlib
 import logging
 import os
 import threading
-import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -35,8 +34,6 @@ from conveyor.constants import (
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ATTEMPTS,
     DEFAULT_SEGMENT_BYTES,
-    ID_RESERVE_CHUNK,
-    ID_RESERVE_MOST,
     INDEX_REWRITE_MIN_RECORDS,
     INDEX_REWRITE_RATIO,
     KIND_DEAD,
@@ -52,8 +49,9 @@ from conveyor.storage.base import Store
 from conveyor.storage.bodies import dead_letter_bodies, message_bodies, parse_dead_letter, read_messages
 from conveyor.storage.compaction import drop_dead_segments, index_snapshot
 from conveyor.storage.files import DISK_FULL, lock_dir, store_error
+from conveyor.storage.losses import Loss, lost_dead_letters, mark_failed
 from conveyor.storage.recovery import recover
-from conveyor.storage.reservation import IdReservation
+from conveyor.storage.reservation import IdReservation, past_lost
 from conveyor.storage.segments import SegmentLog
 from conveyor.storage.space import SpaceReserve
 from conveyor.storage.wal import IndexLog, make_records
@@ -97,7 +95,7 @@ class DurableStore(Store):
         # deleted before, a machine crash could leave answered puts with neither body nor record
         self._doomed: list[int] = []
         self._reserved = IdReservation(self.path)  # no id below it is ever assigned again
-        self._chunk, self._raised_at = ID_RESERVE_CHUNK, -1.0  # see _reserve_ids
+        self._reservation_lost = False  # it could not be read on opening (see keep_ids_past)
         self._rewrite_from = 0  # after a rewrite failed (a full disk): the index records before the next try
         self._lock = threading.Lock()  # between operations and the interval syncer
         self._sync_lock = threading.Lock()  # one sync at a time: a sync drops what was doomed before it began
@@ -117,12 +115,37 @@ class DurableStore(Store):
 
     # --- recovery -------------------------------------------------------------------------
     def _recover(self, repair: bool) -> None:
-        found = recover(self.path, self._segments, self._index, self._state, self._reserved.upto, repair)
+        found = recover(self.path, self._segments, self._index, self._state, self._reserved, repair)
         self._kept, self._live = found.kept, found.live
         self._failed_ids.update(found.failed)
+        self._reservation_lost = found.reservation_lost
+        if found.reservation_lost:  # whole again: the next opening starts past it, quietly
+            self._reserved.rewrite(self._state.next_id)
+        if found.losses:
+            self._fail_lost(found.losses)
         with contextlib.suppress(OSError):  # room for index records, made while there is space (see make_room)
             self._index.make_room(0)
         self._compact()
+
+    def _fail_lost(self, losses: list[Loss]) -> None:
+        """Make each id a repair could not keep FAILED, with a dead letter saying why, on disk before
+        the store serves (whatever the fsync policy): the next opening finds nothing missing."""
+        ids, attempts, bodies = lost_dead_letters(self._state, losses, self._segments.read, self.clock())
+        self._prepare(len(ids))
+        segs, offs, sizes = self._keep(ids, bodies, KIND_DEAD, "repair")
+        self._index.append(make_records(ids, ST_FAILED, attempts, segs, offs, sizes, 0.0))
+        mark_failed(self._state, ids, self._failed_ids)
+        self._failed_ids.update(ids.tolist())
+        self._segments.sync()  # bodies before the index records that point at them
+        self._index.sync()
+
+    def keep_ids_past(self, highest: int) -> None:
+        """Never assign ids up to `highest`, which the owner's own files name (a server's idempotency
+        keys, written before their messages); when the reservation could not be read, start past
+        them as `conveyor.storage.reservation.past_lost` says."""
+        start = past_lost(highest + 1) if self._reservation_lost else highest + 1
+        if start > self.next_id:
+            self.skip_ids(start)
 
     # --- writes, and what a full disk does to them -------------------------------------------
     def _disk_error(self, e: OSError, what: str) -> StoreError:
@@ -171,19 +194,19 @@ class DurableStore(Store):
             self._live[int(s)] = self._live.get(int(s), 0) + int(k)
 
     def _reserve_ids(self, upto: int) -> None:
-        """Make sure no id below `upto` can be assigned again after a crash (see `IdReservation`:
+        """Make sure no id below `upto` can be assigned again after a crash (see `IdReservation.cover`:
         synced whatever the fsync policy, once per ID_RESERVE_CHUNK ids). A put starts here: while
         the disk is full it is refused before anything is written."""
         if self._space is not None:
             self._space.check(self.path, "put")
         if upto > self._reserved.upto:
-            now = time.monotonic()
-            self._chunk = min(2 * self._chunk, ID_RESERVE_MOST) if now - self._raised_at < 1.0 else ID_RESERVE_CHUNK
-            try:
-                self._reserved.raise_to(upto + self._chunk)
-            except OSError as e:
-                raise self._disk_error(e, "ids.reserved") from e
-            self._raised_at = now
+            self._cover(upto, ahead=True)
+
+    def _cover(self, upto: int, ahead: bool) -> None:
+        try:
+            self._reserved.cover(upto, ahead)
+        except OSError as e:
+            raise self._disk_error(e, "ids.reserved") from e
 
     def _body(self, i: int) -> bytes:
         c, j = self._state.cols, i - self._state.base
@@ -258,6 +281,7 @@ class DurableStore(Store):
 
     def skip_ids(self, next_id: int) -> None:
         super().skip_ids(next_id)
+        self._cover(self._state.next_id, ahead=False)  # the file says so too: a store with ids has one
         with self._lock:
             self._segments.id_floor = max(self._state.next_id, self._reserved.upto)
             try:

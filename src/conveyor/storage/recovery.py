@@ -3,7 +3,9 @@
 The last index record of an id wins; a message body with no index record is READY as put; one
 that was DELIVERED stays delivered until its lease deadline. Results and dead letters are found
 where their records say, or, if a repair moved them, by kind and id among the records scanned.
-What the repair lost is logged, never dropped silently.
+What the index confirms and the segments no longer hold is refused, or with repair reported (see
+`conveyor.storage.losses`), never dropped silently. Ids start past the highest any file shows, and
+past the reservation (or, when it cannot be read, by a margin: `conveyor.storage.reservation`).
 """
 
 from __future__ import annotations
@@ -15,8 +17,20 @@ from pathlib import Path
 
 import numpy as np
 
-from conveyor.constants import INDEX_NAME, KIND_DEAD, KIND_RESULT, ST_ACKED, ST_DELAYED, ST_FAILED, ST_NONE, ST_READY
+from conveyor.constants import (
+    INDEX_NAME,
+    KEYS_LOG_NAME,
+    KIND_DEAD,
+    KIND_RESULT,
+    ST_ACKED,
+    ST_DELAYED,
+    ST_FAILED,
+    ST_NONE,
+    ST_READY,
+)
 from conveyor.storage.ids import member
+from conveyor.storage.losses import Loss, find_losses, ranges, refusal
+from conveyor.storage.reservation import IdReservation, past_lost
 from conveyor.storage.segment_scan import KEPT_DTYPE, SCAN_DTYPE, Scan
 from conveyor.storage.segments import SegmentLog
 from conveyor.storage.state import QueueState
@@ -32,12 +46,14 @@ class Recovered:
     kept: dict[int, tuple[int, int, int]]  # id -> (seg, off, size) of its result or dead letter
     failed: list[int]  # every failed id, forgotten or not
     live: dict[int, int]  # segment -> records in it still needed
+    losses: list[Loss]  # what the index confirmed and a repair could not keep (the store fails those ids)
+    reservation_lost: bool  # the reservation could not be read: ids start past `past_lost`
 
 
-def recover(path: Path, segments: SegmentLog, index: IndexLog, st: QueueState, reserved_upto: int,
+def recover(path: Path, segments: SegmentLog, index: IndexLog, st: QueueState, reserved: IdReservation,
             repair: bool) -> Recovered:  # fmt: skip
     """Open `segments` and `index` (repairing damage if `repair`) and load what they hold into `st`,
-    a new state; no id below `reserved_upto` (or any id the files name) is assigned again."""
+    a new state; no id below the reservation (or any id the files name) is assigned again."""
     scan = segments.open(repair)
     had_index = index.file.exists()
     rec = index.open(repair)
@@ -50,10 +66,10 @@ def recover(path: Path, segments: SegmentLog, index: IndexLog, st: QueueState, r
     st.finished_below_base = {ST_ACKED: header.acked_below, ST_FAILED: header.failed_below}
     now = time.time()
 
-    msgs = np.concatenate(scan.messages) if scan.messages else np.zeros(0, SCAN_DTYPE)
-    msgs = msgs[msgs["id"] >= header.base]
+    every = np.concatenate(scan.messages) if scan.messages else np.zeros(0, SCAN_DTYPE)
+    msgs = every[every["id"] >= header.base]
     last = last_per_id(rec)
-    kept = _kept(path, segments, scan, last)
+    kept, lost_kept = _kept(segments, scan, last)
     failed = last["id"][last["status"] == ST_FAILED].tolist()
     st.add_gaps(r for r in gap_ranges(last) if r[0] < header.base)
     last = last[last["id"] >= header.base]
@@ -75,10 +91,15 @@ def recover(path: Path, segments: SegmentLog, index: IndexLog, st: QueueState, r
     prio[in_msgs], max_att[in_msgs], until[in_msgs] = msgs["priority"], msgs["max_attempts"], msgs["not_before"]
     status[in_last], attempts[in_last], until[in_last] = last["status"], last["attempts"], last["until"]
     lost = ~in_msgs & (status != ST_ACKED) & (status != ST_FAILED) & (status != ST_NONE)
-    if lost.any():
-        log.warning("%s: %d messages have index records but no body (lost to repair): %s",
-                    path, int(lost.sum()), ids[lost][:10].tolist())  # fmt: skip
-        status[lost] = ST_NONE
+    losses = find_losses(path, segments.sizes, every, ids[lost], lost_kept) if lost.any() or lost_kept else []
+    if losses and not repair:
+        raise refusal(losses)  # before anything is cut: a refused open changes no segment
+    segments.settle(scan, {x.segment for x in losses})
+    if losses:
+        lost_ids = [i for x in losses for i in (*x.messages, *x.kept)]
+        log.warning("%s: the repair could not keep what the index confirmed of %d ids: %s; each reads FAILED now, "
+                    "its dead letter saying what was lost where", path, len(lost_ids), ranges(lost_ids, None))  # fmt: skip
+        status[lost] = ST_FAILED
     status[status == ST_DELAYED] = ST_READY
     idx = st.load(ids, status, prio, attempts, max_att, until, now)
     c = st.cols
@@ -86,7 +107,9 @@ def recover(path: Path, segments: SegmentLog, index: IndexLog, st: QueueState, r
     for name in ("seg", "off", "size"):
         c[name][body_idx] = msgs[name]
     # ids a put reserved before a crash stay unused: keys written for them must never name another message
-    st.skip_to(max(header.next_id, scan.id_floor, st.next_id, reserved_upto))  # may slide the window
+    shown = max(header.next_id, scan.id_floor, st.next_id)
+    lost_reservation = _lost_reservation(path, reserved, shown)
+    st.skip_to(past_lost(shown) if lost_reservation else max(shown, reserved.upto))  # may slide the window
     segments.id_floor = st.next_id
 
     # segment liveness: unfinished message bodies plus kept results and dead letters
@@ -96,13 +119,29 @@ def recover(path: Path, segments: SegmentLog, index: IndexLog, st: QueueState, r
         live[int(s)] = live.get(int(s), 0) + int(k)
     for s, _, _ in kept.values():
         live[s] = live.get(s, 0) + 1
-    return Recovered(kept, failed, live)
+    return Recovered(kept, failed, live, losses, lost_reservation)
 
 
-def _kept(path: Path, segments: SegmentLog, scan: Scan, last: np.ndarray) -> dict[int, tuple[int, int, int]]:
+def _lost_reservation(path: Path, reserved: IdReservation, shown: int) -> bool:
+    """Whether the reservation cannot be read (logged, with what the store does about it). A missing
+    file is lost only once the files show ids were handed out (`shown`: above them all)."""
+    keys = path / KEYS_LOG_NAME
+    why = reserved.unreadable
+    if why is None and reserved.missing and (shown > 1 or (keys.exists() and keys.stat().st_size > 0)):
+        why = "the file is missing, though the store has handed out ids"
+    if why is None:
+        return False
+    log.warning("%s cannot be read (%s): ids up to the lost reservation may have been handed out; ids start at %d, "
+                "past the highest any file shows (%d) and the largest reservation that can be lost",
+                reserved.file, why, past_lost(shown), shown - 1)  # fmt: skip
+    return True
+
+
+def _kept(segments: SegmentLog, scan: Scan, last: np.ndarray) -> tuple[dict[int, tuple[int, int, int]], dict[int, int]]:
     """Where the results and dead letters still kept are, whatever their id (`last`: the last index
-    record per id); those lost (cut off or damaged) are logged."""
+    record per id); and the segment of each one lost (cut off or damaged)."""
     out: dict[int, tuple[int, int, int]] = {}
+    lost: dict[int, int] = {}
     kept = ((last["status"] == ST_ACKED) | (last["status"] == ST_FAILED)) & (last["len"] > 0)
     cols = (last[c][kept].tolist() for c in ("id", "status", "seg", "off", "len"))
     found: dict[tuple[int, int], tuple[int, int, int]] | None = None
@@ -120,6 +159,5 @@ def _kept(path: Path, segments: SegmentLog, scan: Scan, last: np.ndarray) -> dic
         if loc is not None:
             out[i] = loc
         else:
-            what = "result" if kind == KIND_RESULT else "dead letter"
-            log.warning("%s: the %s of message %d was lost (cut off or damaged)", path, what, i)
-    return out
+            lost[i] = s
+    return out, lost

@@ -3,7 +3,9 @@
 A record is `crc32(body) | size | body | footer`; the body starts with its kind and message id.
 Opening verifies every record, a chunk of records per vectorised step, and reports the message,
 result and dead-letter records it found (`Scan`). A bad record with nothing valid after it in the
-newest segment is a torn tail (a crash mid-write): it is cut off with a warning. Any other bad
+newest segment is a torn tail (a crash mid-write): it is cut off with a warning (`cut_torn`), once
+opening knows that the index confirmed nothing in it (else the segment was cut short: see
+`conveyor.storage.losses`). Any other bad
 record raises CorruptStoreError naming the file and offset, unless `repair=True`: then each damaged
 span is overwritten in place by a padding record (no room for a copy is needed), so every intact
 record keeps its offset; the damaged bytes are kept first, at their offsets, in a sparse file beside it.
@@ -54,30 +56,37 @@ KEPT_DTYPE = np.dtype([("kind", "u1"), ("id", "<i8"), ("seg", "<u4"), ("off", "<
 _CHUNK = 65536  # records verified per vectorised step
 
 
+@dataclass(frozen=True)
+class Cut:
+    """A torn tail a scan found: cut off by `cut_torn`, not before (a refused open changes nothing)."""
+
+    file: Path
+    keep: int  # bytes kept (0: a torn header, the file is removed)
+    size: int  # bytes the file has
+
+
 @dataclass
 class Scan:
     """What a recovery scan found: the message records (SCAN_DTYPE arrays), the result and dead-letter
-    records (KEPT_DTYPE arrays), and what it cut or repaired."""
+    records (KEPT_DTYPE arrays), the torn tails to cut, and what it repaired."""
 
     messages: list[np.ndarray] = field(default_factory=list)
     kept: list[np.ndarray] = field(default_factory=list)
     id_floor: int = 0
-    torn_bytes: int = 0
+    cuts: list[Cut] = field(default_factory=list)
     repaired: list[str] = field(default_factory=list)
 
 
 def verify_segment(f: Path, seg: int, last: bool, repair: bool, scan: Scan) -> int | None:
     """Verify the segment file `f` (number `seg`; `last`: the newest one), adding its records to `scan`;
-    returns its size once a torn tail is cut and damage repaired, or None when the file is gone (a
-    torn header removed, or a damaged header moved aside)."""
+    returns its size without a torn tail (added to `scan.cuts`) and once damage is repaired, or None
+    when the file is no segment (a torn header, or a damaged header moved aside)."""
     size = f.stat().st_size
     if size < SEGMENT_HEADER.size:
         if not last:
             _damaged(f, 0, "shorter than a segment header", repair, scan)
             return None
-        log.warning("%s: torn segment header (%d bytes), removed", f, size)
-        scan.torn_bytes += size
-        f.unlink()
+        scan.cuts.append(Cut(f, 0, size))
         return None
     with open(f, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as mm:
         magic, version, number, id_floor = SEGMENT_HEADER.unpack_from(mm, 0)
@@ -96,9 +105,7 @@ def verify_segment(f: Path, seg: int, last: bool, repair: bool, scan: Scan) -> i
                         pos = end
                         continue
                     nxt = _resync(mv, pos, size)
-                    if nxt is None and last:
-                        log.warning("%s: torn tail at offset %d: cut off %d bytes", f, pos, size - pos)
-                        scan.torn_bytes += size - pos
+                    if nxt is None and last:  # a torn tail
                         size = pos
                         break
                     if not repair:
@@ -112,9 +119,27 @@ def verify_segment(f: Path, seg: int, last: bool, repair: bool, scan: Scan) -> i
             del raw  # a live view would stop the mmap from closing (and mask any error)
         if bad:
             size = _repair(f, mm, size, bad, scan)
-    if size != f.stat().st_size:
-        os.truncate(f, size)
+    on_disk = f.stat().st_size
+    if size < on_disk:  # a torn tail (one the repair met is cut already)
+        scan.cuts.append(Cut(f, size, on_disk))
     return size
+
+
+def cut_torn(scan: Scan, short: set[Path]) -> None:
+    """Cut off the tails `scan` found, each with a warning: torn tails, or, in the files in `short`
+    (cut short below what the index confirms: a repair), the broken end of what is left."""
+    for c in scan.cuts:
+        if c.file in short:
+            log.warning("%s: cut short: what is left of a record at offset %d cut off (%d bytes)", c.file, c.keep,
+                        c.size - c.keep)  # fmt: skip
+        elif c.keep == 0:
+            log.warning("%s: torn segment header (%d bytes), removed", c.file, c.size)
+        else:
+            log.warning("%s: torn tail at offset %d: cut off %d bytes", c.file, c.keep, c.size - c.keep)
+        if c.keep == 0:
+            c.file.unlink()
+        else:
+            os.truncate(c.file, c.keep)
 
 
 def _damaged(f: Path, offset: int, reason: str, repair: bool, scan: Scan) -> None:

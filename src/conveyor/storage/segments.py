@@ -26,7 +26,7 @@ from conveyor.constants import (
     SEGMENT_VERSION,
 )
 from conveyor.storage.files import fsync_dir, write_all
-from conveyor.storage.segment_scan import Scan, verify_segment
+from conveyor.storage.segment_scan import Scan, cut_torn, verify_segment
 
 _HEAD = RECORD_HEAD.size
 _FOOT_BYTES = RECORD_FOOT.pack(RECORD_END)
@@ -51,7 +51,7 @@ class SegmentLog:
 
     # --- opening --------------------------------------------------------------------------
     def open(self, repair: bool) -> Scan:
-        """Verify every segment; returns the message records found."""
+        """Verify every segment; returns the records found. Torn tails are cut by `settle`, not here."""
         scan = Scan()
         files = sorted(self.path.glob(SEGMENT_GLOB))
         for n, f in enumerate(files):
@@ -59,11 +59,16 @@ class SegmentLog:
             size = verify_segment(f, seg, last=n == len(files) - 1, repair=repair, scan=scan)
             if size is not None:
                 self.sizes[seg] = size
+        return scan
+
+    def settle(self, scan: Scan, short: set[Path]) -> None:
+        """Cut off the torn tails `scan` found (see `cut_torn`: `short`, the files cut short) and make
+        the newest segment the active one (a new one if none)."""
+        cut_torn(scan, short)
         if self.sizes:
             self.active = max(self.sizes)
         else:
             self.roll()
-        return scan
 
     # --- writing --------------------------------------------------------------------------
     def roll(self) -> None:
