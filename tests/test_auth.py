@@ -29,10 +29,11 @@ def test_right_token_is_accepted_as_text_or_bytes() -> None:
             assert c.ping()["pong"]
 
 
-def test_wrong_token_is_refused() -> None:
+def test_wrong_token_is_refused_naming_the_server_and_what_to_check() -> None:
     with thread_server(token="s3cret") as s:
-        with pytest.raises(AuthError, match="wrong token"):
+        with pytest.raises(AuthError, match="wrong token") as e:
             QueueClient(s.address, token="guess").ping()
+        assert s.address in str(e.value) and "--token-file" in str(e.value), e.value
         with pytest.raises(AuthError, match="wrong token"):
             QueueClient(s.address, token=b"guess").connect()
 

@@ -349,7 +349,7 @@ def test_the_json_endpoints_refuse_bad_input_and_a_queue_on_one_shard_pages() ->
         assert pool.stats("one")["one"].ready == 3
         # a page of another site, its name rebound to this address: not answered
         status, reply = _call(api + "overview", headers={"Host": f"evil.example:{board.port}"})
-        assert status == 421 and "loopback names only" in reply["error"]
+        assert status == 421 and "answers only to loopback names" in reply["error"]
         assert _call(api + "overview", headers={"Host": f"localhost:{board.port}"})[0] == 200
 
 

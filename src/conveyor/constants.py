@@ -152,6 +152,15 @@ ERR_TOO_LARGE = "too-large"  # a message or result that does not fit in a reply 
 AUTH_NONCE_BYTES = 32
 AUTH_CLIENT_LABEL = b"conveyor-auth-client\x00"
 AUTH_SERVER_LABEL = b"conveyor-auth-server\x00"
+# failed token checks, per source address (conveyor.protocol.throttle): a budget of THROTTLE_BURST
+# failures that refills one per pace, the pace doubling every THROTTLE_BACKOFF_EVERY failures up to
+# THROTTLE_MAX_PACE_S, all forgotten after THROTTLE_FORGET_S without one; THROTTLE_MAX_SOURCES remembered
+THROTTLE_PACE_S = 0.1
+THROTTLE_MAX_PACE_S = 1.0
+THROTTLE_BURST = 10
+THROTTLE_BACKOFF_EVERY = 100
+THROTTLE_FORGET_S = 60.0
+THROTTLE_MAX_SOURCES = 10_000
 # queue names are directory names under a server's data dir
 QUEUE_NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
 QUEUES_DIR = "queues"  # <data dir>/queues/<name>/ holds a durable queue's store

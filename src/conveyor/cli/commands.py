@@ -241,7 +241,10 @@ def stats(conn: Connection, queue: str | None, per_shard: bool, watch: float | N
 @click.option("--cert", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Serve over HTTPS: certificate.")
 @click.option("--key", type=click.Path(dir_okay=False, path_type=Path), default=None, help="The key of --cert (PEM).")
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback address without TLS (the login then crosses in clear).")
-def dashboard(conn: Connection, host: str, port: int, cert: Path | None, key: Path | None, insecure: bool) -> None:
+@click.option("--allow-host", multiple=True, metavar="NAME", help="Also answer requests to NAME (or NAME:PORT). Repeatable.")
+def dashboard(
+    conn: Connection, host: str, port: int, cert: Path | None, key: Path | None, insecure: bool, allow_host: tuple[str, ...]
+) -> None:
     """Serve a live web dashboard of the servers: queues, rates, consumers, map jobs, dead letters
     (with requeue). Prints "dashboard on URL"; runs until SIGTERM or Ctrl-C. See docs/dashboard.md."""
     if (cert is None) != (key is None):
@@ -249,7 +252,7 @@ def dashboard(conn: Connection, host: str, port: int, cert: Path | None, key: Pa
     try:
         tls = None if cert is None or key is None else server_context(cert, key)
         with open_pool(conn) as pool:
-            board = Dashboard(pool, host, port, token=conn.token, tls=tls, insecure=insecure).start()
+            board = Dashboard(pool, host, port, token=conn.token, tls=tls, insecure=insecure, allow_hosts=allow_host).start()
             click.echo(f"dashboard on {board.url}")
             board.serve_forever()
     except ConveyorError as e:

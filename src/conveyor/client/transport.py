@@ -202,8 +202,6 @@ class Transport:
             header, mine = req
             self._send(header, ())
             reply, _ = self._reader.read()
-            if "error" in reply:
-                _raise_remote(reply)
             assert self._key is not None
             check_server_proof(reply, self._key, greeting["nonce"], mine, self.address)
 

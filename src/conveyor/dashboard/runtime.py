@@ -7,9 +7,11 @@ import asyncio
 import signal
 import ssl
 import threading
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from conveyor.client.pool import QueuePool
+from conveyor.dashboard.hosts import Hosts
 from conveyor.dashboard.state import PoolWatch
 from conveyor.dashboard.web import start
 from conveyor.errors import ConveyorError
@@ -28,11 +30,13 @@ class Dashboard:
 
     On loopback (the default) it needs nothing. Elsewhere it needs the pool's `token`, which the
     page asks for to log in, and `tls` (its own certificate: the login carries the token), unless
-    `insecure` accepts a plain-HTTP login.
+    `insecure` accepts a plain-HTTP login. It answers requests addressed to a loopback name, to
+    `host`, or to a name in `allow_hosts` (NAME, or NAME:PORT), and no other (see `hosts`).
     """
 
     def __init__(self, pool: QueuePool, host: str = "127.0.0.1", port: int = DEFAULT_DASHBOARD_PORT, *,
-                 token: str | None = None, tls: ssl.SSLContext | None = None, insecure: bool = False) -> None:  # fmt: skip
+                 token: str | None = None, tls: ssl.SSLContext | None = None, insecure: bool = False,
+                 allow_hosts: Iterable[str] = ()) -> None:  # fmt: skip
         if not is_loopback(host):
             if not token:
                 raise ConveyorError(f"refusing to serve the dashboard on {host} without the pool's token: anyone who can "
@@ -42,6 +46,7 @@ class Dashboard:
                 raise ConveyorError(f"refusing to serve the dashboard on {host} without TLS: its login would send the "
                                     "token in clear. Give --cert and --key, or --insecure to accept that")  # fmt: skip
         self.pool, self.host, self.port, self.token, self.tls = pool, host, port, token or None, tls
+        self.hosts = Hosts.allowing(host, [allow_hosts] if isinstance(allow_hosts, str) else allow_hosts)
         self.watch: PoolWatch | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -64,7 +69,8 @@ class Dashboard:
             loop = self._loop = asyncio.new_event_loop()
             try:
                 assert self.watch is not None
-                self._runner, self.port = loop.run_until_complete(start(self.watch, self.host, self.port, self.token, self.tls))
+                serving = start(self.watch, self.host, self.port, self.token, self.tls, self.hosts)
+                self._runner, self.port = loop.run_until_complete(serving)
             except BaseException as e:
                 failed.append(e)
                 ready.set()

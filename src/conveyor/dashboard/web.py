@@ -2,11 +2,12 @@
 nothing fetched from elsewhere), the JSON endpoints behind it (documented in docs/dashboard.md),
 and the login a dashboard off loopback requires.
 
-Security: every response forbids inline scripts and foreign sources (a Content-Security-Policy),
-so an error text holding HTML or script can only ever show as text; a POST needs the header
-`X-Conveyor: 1`, which a page of another site cannot send here without the browser asking first
-(and this server never says yes); with a token, a session cookie (an HMAC of the token, never the
-token) or `Authorization: Bearer <token>` is required.
+Security: only a Host it was told is answered (`hosts`: no DNS rebinding); every response forbids
+inline scripts and foreign sources (a Content-Security-Policy), so an error text holding HTML or
+script can only ever show as text; a POST needs the header `X-Conveyor: 1`, which a page of another
+site cannot send here without the browser asking first (and this server never says yes); with a
+token, a session cookie (an HMAC of the token, never the token) or `Authorization: Bearer <token>`
+is required, and wrong ones are slowed per source address (`conveyor.protocol.throttle`).
 """
 
 from __future__ import annotations
@@ -21,10 +22,11 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conveyor.dashboard.hosts import Hosts
 from conveyor.dashboard.state import PoolWatch
 from conveyor.errors import ConveyorError
-from conveyor.protocol.auth import is_loopback
 from conveyor.protocol.http import bearer_ok, serve_app
+from conveyor.protocol.throttle import Throttle
 
 log = logging.getLogger("conveyor.dashboard")
 
@@ -32,7 +34,6 @@ STATIC = Path(__file__).with_name("static")
 SESSION_COOKIE = "conveyor_dashboard"
 CSRF_HEADER = "X-Conveyor"
 MAX_PAGE = 500  # dead letters per page at most
-FAILED_LOGIN_DELAY_S = 0.5  # a wrong token is answered this much later: guessing is slow
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
                                "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
@@ -55,25 +56,32 @@ def session_of(token: str) -> str:
     return hmac.new(token.encode(), b"conveyor dashboard session", hashlib.sha256).hexdigest()
 
 
-def make_app(watch: PoolWatch, token: str | None, secure: bool) -> web.Application:
-    """The dashboard over `watch`; with `token`, everything but the login needs it (`secure`: over
-    HTTPS, so the cookie is marked Secure)."""
+def make_app(watch: PoolWatch, token: str | None, secure: bool, hosts: Hosts) -> web.Application:
+    """The dashboard over `watch`, answering requests to `hosts`; with `token`, everything but the
+    login needs it (`secure`: over HTTPS, so the cookie is marked Secure)."""
     from aiohttp import web
 
-    session = None if token is None else session_of(token)
+    key, session = (None, None) if token is None else (token.encode(), session_of(token).encode())
+    throttle = Throttle()  # the login, the cookie and the Bearer header alike
 
-    def authorized(request: web.Request) -> bool:
-        if session is None:
+    async def authorized(request: web.Request) -> bool:
+        if key is None or session is None:
             return True
-        if token is not None and bearer_ok(request.headers.get("Authorization", ""), token.encode()):
-            return True
-        return hmac.compare_digest(request.cookies.get(SESSION_COOKIE, "").encode(), session.encode())
+        given, cookie = request.headers.get("Authorization", ""), request.cookies.get(SESSION_COOKIE, "").encode()
+        if not given and not cookie:  # no guess: sent to the login at once
+            return False
+        return await throttle.check(request.remote, lambda: bearer_ok(given, key) or hmac.compare_digest(cookie, session))
 
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if session is None and not _loopback_name(request.host):  # a page of another site, rebound to this address
-            response: web.StreamResponse = _error(421, f"this dashboard answers to loopback names only, not {request.host!r:.80}")
-        elif request.path not in OPEN_PATHS and not authorized(request):
+        sockname = None if request.transport is None else request.transport.get_extra_info("sockname")
+        if not hosts.answers(request.headers.get("Host"), -1 if not sockname else sockname[1]):
+            response: web.StreamResponse = _error(
+                421,
+                f"this dashboard answers only to loopback names and those given by --allow-host, not "
+                f"{request.headers.get('Host')!r:.80}: if that is how you reach it, add --allow-host with that name",
+            )
+        elif request.path not in OPEN_PATHS and not await authorized(request):
             if request.path.startswith("/api/"):
                 response = _error(401, "log in first (or send Authorization: Bearer <token>)")
             else:
@@ -94,16 +102,16 @@ def make_app(watch: PoolWatch, token: str | None, secure: bool) -> web.Applicati
         return web.FileResponse(STATIC / "login.html")
 
     async def login(request: web.Request) -> web.StreamResponse:
-        if session is None or token is None:
+        if key is None or session is None:
             return _redirect("/")
-        form = await request.post()
-        given = form.get("token")
-        if not isinstance(given, str) or not hmac.compare_digest(given.strip().encode(), token.encode()):
-            await asyncio.sleep(FAILED_LOGIN_DELAY_S)
+        given = (await request.post()).get("token")
+        if not isinstance(given, str) or not await throttle.check(
+            request.remote, lambda: hmac.compare_digest(given.strip().encode(), key)
+        ):
             log.warning("dashboard: a wrong token from %s", request.remote)
             return _redirect("/login?failed=1")
         response = _redirect("/")
-        response.set_cookie(SESSION_COOKIE, session, httponly=True, samesite="Strict", secure=secure)
+        response.set_cookie(SESSION_COOKIE, session.decode(), httponly=True, samesite="Strict", secure=secure)
         return response
 
     async def index(request: web.Request) -> web.StreamResponse:
@@ -179,18 +187,12 @@ def _error(status: int, message: str) -> web.Response:
     return web.Response(status=status, text=json.dumps({"error": message}), content_type="application/json")
 
 
-def _loopback_name(host: str) -> bool:
-    """Whether a Host header names this machine's loopback (with or without a port)."""
-    name = host.rsplit("]", 1)[0].lstrip("[") if host.startswith("[") else host.rsplit(":", 1)[0]
-    return name == "localhost" or is_loopback(name)
-
-
 def _is_cursor(cursor: str) -> bool:
     shard, _, after = cursor.partition(":")
     return all(x.isascii() and x.isdecimal() for x in (shard, after))
 
 
 async def start(watch: PoolWatch, host: str, port: int, token: str | None,
-                tls: ssl.SSLContext | None) -> tuple[web.AppRunner, int]:  # fmt: skip
-    """Serve the dashboard on host:port (0: a free port); (the runner to clean up, the port)."""
-    return await serve_app(make_app(watch, token, tls is not None), host, port, tls)
+                tls: ssl.SSLContext | None, hosts: Hosts) -> tuple[web.AppRunner, int]:  # fmt: skip
+    """Serve the dashboard on host:port (0: a free port) to `hosts`; (the runner to clean up, the port)."""
+    return await serve_app(make_app(watch, token, tls is not None, hosts), host, port, tls)

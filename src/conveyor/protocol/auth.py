@@ -88,8 +88,22 @@ def auth_request(greeting: dict[str, Any], key: bytes | None, address: str, rid:
     return {"op": "auth", "id": rid, "nonce": mine, "proof": proof(key, AUTH_CLIENT_LABEL, nonce, mine)}, mine
 
 
+def client_proved(key: bytes, server_nonce: bytes, request: dict[str, Any]) -> bool:
+    """Whether a client's auth request proves it knows the token (compared in constant time)."""
+    theirs, got = request.get("nonce"), request.get("proof")
+    if type(theirs) is not bytes or len(theirs) != AUTH_NONCE_BYTES or type(got) is not bytes:
+        return False
+    return hmac.compare_digest(got, proof(key, AUTH_CLIENT_LABEL, server_nonce, theirs))
+
+
 def check_server_proof(reply: dict[str, Any], key: bytes, server_nonce: bytes, client_nonce: bytes, address: str) -> None:
-    """Verify that the server's answer to our auth request proves it holds the token."""
+    """Verify the server's answer to our auth request: it took the token, and proves it holds it too."""
+    if "error" in reply:
+        said = str(reply.get("message"))[:200]
+        raise AuthError(
+            f"{address} refused the token ({said}): check that the token given (token=..., --token, "
+            "--token-file or CONVEYOR_TOKEN) is this server's"
+        )
     got = reply.get("proof")
     want = proof(key, AUTH_SERVER_LABEL, server_nonce, client_nonce)
     if type(got) is not bytes or not hmac.compare_digest(got, want):
@@ -97,7 +111,8 @@ def check_server_proof(reply: dict[str, Any], key: bytes, server_nonce: bytes, c
 
 
 def is_loopback(host: str) -> bool:
-    """Whether every address `host` names is a loopback address."""
+    """Whether every address `host` names is a loopback address: for an address this process binds
+    or connects to. It resolves names, so never for a name a peer sent (a Host header, say)."""
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:

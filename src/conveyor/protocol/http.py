@@ -2,7 +2,8 @@
 dashboard): a TLS handshake ends within HANDSHAKE_S; at most MAX_HTTP_CONNECTIONS connections are
 served at once (one more is closed once it is set up, rather than held: over TLS, after its
 handshake; a burst accepted together may pass the mark by up to the listen backlog); an idle one
-is closed after KEEPALIVE_S; a stop waits at most SHUTDOWN_S for the requests under way.
+is closed after KEEPALIVE_S; a stop waits at most SHUTDOWN_S for the requests under way; a request
+whose client went away is dropped (a wrong token's answer held back by the throttle, say).
 
 aiohttp is imported where used: a process that never serves HTTP does not pay for it.
 """
@@ -55,7 +56,7 @@ async def serve_app(app: web.Application, host: str, port: int, tls: ssl.SSLCont
             self._bound_port = self._server.sockets[0].getsockname()[1]
 
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S,
-                           keepalive_timeout=KEEPALIVE_S)  # fmt: skip
+                           keepalive_timeout=KEEPALIVE_S, handler_cancellation=True)  # fmt: skip
     await runner.setup()
     site = Site(runner, host, port, ssl_context=tls)
     try:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from conveyor.constants import COUNT_HOST, METRICS_PATH, REQUEST_SECONDS_BUCKETS
 from conveyor.protocol.histograms import Histogram
 from conveyor.protocol.http import bearer_ok, serve_app
+from conveyor.protocol.throttle import Throttle
 from conveyor.server.queues import QueueHost
 
 if TYPE_CHECKING:
@@ -136,9 +137,9 @@ def _number(v: object) -> float:
 
 
 async def start_endpoint(collector: ServerCollector, host: str, port: int, key: bytes | None,
-                         tls: ssl.SSLContext | None) -> tuple[web.AppRunner, int]:  # fmt: skip
+                         tls: ssl.SSLContext | None, throttle: Throttle) -> tuple[web.AppRunner, int]:  # fmt: skip
     """Serve `collector` at METRICS_PATH on host:port (0: a free port); (the runner to clean up, the port).
-    With `key`, a scrape must send `Authorization: Bearer <token>`."""
+    With `key`, a scrape must send `Authorization: Bearer <token>`; `throttle` slows wrong ones."""
     from aiohttp import web
     from prometheus_client.exposition import choose_encoder
     from prometheus_client.registry import CollectorRegistry
@@ -147,7 +148,8 @@ async def start_endpoint(collector: ServerCollector, host: str, port: int, key: 
     registry.register(collector)  # a Collector is anything with collect()
 
     async def metrics(request: web.Request) -> web.Response:
-        if key is not None and not bearer_ok(request.headers.get("Authorization", ""), key):
+        given = request.headers.get("Authorization", "")  # none is no guess: refused at once
+        if key is not None and not (given and await throttle.check(request.remote, lambda: bearer_ok(given, key))):
             return web.Response(status=401, text="a token is required: send 'Authorization: Bearer <token>'\n",
                                 headers={"WWW-Authenticate": 'Bearer realm="conveyor"'})  # fmt: skip
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))

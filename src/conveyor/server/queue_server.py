@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hmac
 import logging
 import shutil
 import signal
@@ -21,8 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from conveyor.constants import (
-    AUTH_CLIENT_LABEL,
-    AUTH_NONCE_BYTES,
     AUTH_SERVER_LABEL,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
@@ -39,10 +36,11 @@ from conveyor.constants import (
 )
 from conveyor.errors import ConveyorError, ProtocolError, RequestError, StoreError
 from conveyor.protocol import framing as protocol
-from conveyor.protocol.auth import as_key, hello, is_loopback, new_nonce, proof, refusal
+from conveyor.protocol.auth import as_key, client_proved, hello, is_loopback, new_nonce, proof, refusal
 from conveyor.protocol.declarations import BYE
 from conveyor.protocol.framing import Frames, Header, Limits
 from conveyor.protocol.http import MAX_HTTP_CONNECTIONS
+from conveyor.protocol.throttle import Throttle
 from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME, netloc
 from conveyor.server.connection import Connection, finished, linger
 from conveyor.server.handlers import HANDLERS
@@ -91,6 +89,7 @@ class QueueServer:
             raise ConveyorError(f"a temporary server needs a new or empty data directory: {data_dir} holds files, "
                                 "which it would delete when it stops")  # fmt: skip
         self._key = as_key(token)
+        self._throttle = Throttle()  # failed tokens, for the protocol and the metrics endpoint alike
         if self._key is None and not insecure and not is_loopback(host):
             raise ConveyorError(f"refusing to listen on {host} without a token: anyone who can reach it could read and "
                                 "change the queues. Give a token (--token or CONVEYOR_TOKEN), or --insecure "
@@ -151,7 +150,7 @@ class QueueServer:
             if self.metrics_port is not None:  # first: a failure here leaves no client connected
                 collector = ServerCollector(lambda: self.queues, self.request_times, lambda: len(self._conns))
                 self._metrics, self.metrics_port = await start_endpoint(collector, self.host, self.metrics_port,
-                                                                        self._key, self.tls)  # fmt: skip
+                                                                        self._key, self.tls, self._throttle)  # fmt: skip
             handshake_s = None if self.tls is None else AUTH_TIMEOUT_S  # unaccounted until done: kept short
             self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=2**20, ssl=self.tls,
                                                       ssl_handshake_timeout=handshake_s)  # fmt: skip
@@ -297,13 +296,12 @@ class QueueServer:
             await conn.error(rid, ERR_AUTH, "this server requires a token: authenticate before anything else")
             log.warning("%s: refused: no token", conn.peer)
             return False
-        theirs, got = header.get("nonce"), header.get("proof")
-        if type(theirs) is not bytes or len(theirs) != AUTH_NONCE_BYTES or type(got) is not bytes \
-                or not hmac.compare_digest(got, proof(self._key, AUTH_CLIENT_LABEL, nonce, theirs)):  # fmt: skip
+        key, peer = self._key, conn.writer.get_extra_info("peername")  # failures are throttled per source address
+        if not await self._throttle.check(peer[0] if peer else None, lambda: client_proved(key, nonce, header)):
             await conn.error(rid, ERR_AUTH, "wrong token")
             log.warning("%s: refused: wrong token", conn.peer)
             return False
-        await conn.send({"id": rid, "ok": True, "proof": proof(self._key, AUTH_SERVER_LABEL, nonce, theirs)})
+        await conn.send({"id": rid, "ok": True, "proof": proof(key, AUTH_SERVER_LABEL, nonce, header["nonce"])})
         return True
 
     async def _handle(self, conn: Connection, header: Header, frames: Frames) -> None:

@@ -1,0 +1,301 @@
+"""Guessing a token is slow: failed checks are throttled per source address across connections, at
+the queue protocol's handshake, the metrics endpoint and the dashboard (login, session cookie,
+Bearer header), without slowing a client that knows the token; and the throttle's own rules
+(backoff, forgetting, a bounded memory, what counts as one source)."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import socket
+import threading
+import time
+import tracemalloc
+import urllib.parse
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+
+from conveyor.client.pool import QueuePool
+from conveyor.client.queue_client import QueueClient
+from conveyor.constants import AUTH_CLIENT_LABEL, THROTTLE_BURST, THROTTLE_MAX_SOURCES, THROTTLE_PACE_S
+from conveyor.dashboard import Dashboard
+from conveyor.dashboard.web import SESSION_COOKIE, session_of
+from conveyor.protocol import throttle as throttle_module
+from conveyor.protocol.auth import proof
+from conveyor.protocol.throttle import Rule, Throttle, source_of
+
+from .servers import RawConnection, frame, thread_server
+
+pytestmark = pytest.mark.timeout(180)
+TOKEN = "s3cret"
+GUESSERS = 32  # connections guessing at once, each waiting for its answer
+WINDOW_S = 4.0  # how long their guesses are counted
+CEILING_PER_S = 1 / THROTTLE_PACE_S  # 10 a second, after a burst
+ENTER_S = 2.0  # a client with the right token gets in within this (at once but for a busy machine)
+
+
+class Sockets:
+    """The guessers' open sockets, shut down when the guessing ends: no guesser waits out its answer,
+    and none is still connecting when the server stops."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open: set[socket.socket] = set()
+        self.ended = False
+
+    def add(self, sock: socket.socket) -> None:
+        with self.lock:
+            if self.ended:
+                raise ConnectionAbortedError("the guessing ended")
+            self.open.add(sock)
+
+    def discard(self, sock: socket.socket) -> None:
+        with self.lock:
+            self.open.discard(sock)
+
+    def end(self) -> None:
+        with self.lock:
+            self.ended = True
+            for sock in self.open:
+                sock.shutdown(socket.SHUT_RDWR)
+
+
+@dataclass
+class Way:
+    """A way in: `guess(n, token)` tries a token as guesser n would (True: let in); `enter()` is a
+    client with the right token."""
+
+    guess: Callable[[int, str], bool]
+    enter: Callable[[], bool]
+
+
+def protocol_guess(address: str, token: str, sockets: Sockets) -> bool:
+    """The queue protocol's handshake with this token, on a connection of its own."""
+    raw = RawConnection(address, timeout=60)
+    sockets.add(raw.sock)
+    try:
+        mine = b"n" * 32
+        raw.send(
+            frame(
+                {
+                    "op": "auth",
+                    "id": 1,
+                    "nonce": mine,
+                    "proof": proof(token.encode(), AUTH_CLIENT_LABEL, raw.hello["nonce"], mine),
+                }
+            )
+        )
+        return "error" not in raw.read()
+    finally:
+        sockets.discard(raw.sock)
+        raw.close()
+
+
+def protocol_enter(address: str) -> bool:
+    with QueueClient(address, token=TOKEN, connect_timeout=30, timeout=30) as c:
+        return bool(c.ping()["pong"])
+
+
+def http_request(
+    port: int, method: str, path: str, headers: dict[str, str], body: str | None = None, sockets: Sockets | None = None
+) -> tuple[int, str]:
+    """(status, Location) of one request to 127.0.0.1:port, on a connection of its own."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.connect()
+        assert conn.sock is not None
+        if sockets is not None:
+            sockets.add(conn.sock)
+        conn.request(method, path, body=body, headers=headers)
+        reply = conn.getresponse()
+        reply.read()
+        return reply.status, reply.getheader("Location") or ""
+    finally:
+        if sockets is not None and conn.sock is not None:
+            sockets.discard(conn.sock)
+        conn.close()
+
+
+def login(port: int, token: str, sockets: Sockets | None = None) -> bool:
+    body = urllib.parse.urlencode({"token": token})
+    form = {"Content-Type": "application/x-www-form-urlencoded"}
+    code, location = http_request(port, "POST", "/login", form, body, sockets)
+    return code == 303 and location == "/"
+
+
+def bearer(port: int, path: str, token: str, sockets: Sockets | None = None) -> bool:
+    return http_request(port, "GET", path, {"Authorization": f"Bearer {token}"}, None, sockets)[0] == 200
+
+
+def cookie(port: int, token: str, sockets: Sockets | None = None) -> bool:
+    headers = {"Cookie": f"{SESSION_COOKIE}={session_of(token)}"}
+    return http_request(port, "GET", "/api/overview", headers, None, sockets)[0] == 200
+
+
+@contextmanager
+def way_in(name: str, sockets: Sockets) -> Iterator[Way]:
+    with thread_server(token=TOKEN, metrics_port=0) as s:
+        address, metrics = s.address, urllib.parse.urlsplit(s.server.metrics_address)
+        scrape_port, scrape = metrics.port, metrics.path
+        assert scrape_port is not None
+
+        def protocol_or_metrics(n: int, token: str) -> bool:  # one server: one budget for both
+            return protocol_guess(address, token, sockets) if n % 2 else bearer(scrape_port, scrape, token, sockets)
+
+        if name == "protocol":
+            yield Way(lambda n, t: protocol_guess(address, t, sockets), lambda: protocol_enter(address))
+        elif name == "metrics":
+            yield Way(lambda n, t: bearer(scrape_port, scrape, t, sockets), lambda: bearer(scrape_port, scrape, TOKEN))
+        elif name == "protocol and metrics":
+            yield Way(protocol_or_metrics, lambda: protocol_enter(address))
+        else:
+            with QueuePool.connect([address], token=TOKEN) as pool, Dashboard(pool, port=0, token=TOKEN) as board:
+                port, api = board.port, "/api/overview"
+                if name == "dashboard login":
+                    yield Way(lambda n, t: login(port, t, sockets), lambda: login(port, TOKEN))
+                elif name == "dashboard bearer":
+                    yield Way(lambda n, t: bearer(port, api, t, sockets), lambda: bearer(port, api, TOKEN))
+                else:
+                    yield Way(lambda n, t: cookie(port, t, sockets), lambda: cookie(port, TOKEN))
+
+
+@pytest.mark.parametrize(
+    "name", ["protocol", "metrics", "protocol and metrics", "dashboard login", "dashboard bearer", "dashboard cookie"]
+)
+def test_guessing_from_32_connections_is_slow_and_the_right_token_still_gets_in(name: str) -> None:
+    answered: list[float] = []  # when each wrong guess was answered
+    errors: list[BaseException] = []
+    stop, sockets = threading.Event(), Sockets()
+    with way_in(name, sockets) as way:
+
+        def guesser(n: int) -> None:
+            for i in range(10**6):
+                try:
+                    let_in = way.guess(n, f"guess-{n}-{i}")
+                except Exception as e:  # once stopped, what waits is shut
+                    errors.extend([] if stop.is_set() else [e])
+                    return
+                if stop.is_set():
+                    return
+                answered.append(time.monotonic())
+                assert not let_in
+
+        threads = [threading.Thread(target=guesser, args=(n,), daemon=True) for n in range(GUESSERS)]
+        started = time.monotonic()
+        for t in threads:
+            t.start()
+        stop.wait(WINDOW_S)  # the guessing measured: WINDOW_S of it
+        guessed = sum(1 for a in list(answered) if a - started <= WINDOW_S)
+        took = []
+        for _ in range(3):  # the right token, from the same address, while the guessing goes on
+            t0 = time.monotonic()
+            assert way.enter()
+            took.append(time.monotonic() - t0)
+        stop.set()
+        sockets.end()
+        for t in threads:
+            t.join(60)  # each guesser's socket is shut: it ends at once
+    assert not errors, errors
+    print(f"{name}: {guessed / WINDOW_S:.1f} guesses/s from {GUESSERS} connections; right token in {[round(t * 1000) for t in took]} ms")
+    assert 0 < guessed <= THROTTLE_BURST + CEILING_PER_S * WINDOW_S, f"{guessed} guesses answered in {WINDOW_S} s"
+    assert max(took) < ENTER_S, f"the right token took {took} s to get in"
+
+
+def test_a_guesser_that_does_not_wait_for_answers_learns_no_faster() -> None:
+    """Without waiting for its answers, a guesser might take a missing prompt success for a failure:
+    so checks themselves are rationed. Its 41st try, the right token, is checked in its turn, after
+    the 30 beyond the burst, at one per pace."""
+    with thread_server(token=TOKEN) as s:
+        started = time.monotonic()
+        waiting = []
+        for i in range(40):
+            raw = RawConnection(s.address, timeout=60)
+            raw.send(
+                frame(
+                    {
+                        "op": "auth",
+                        "id": 1,
+                        "nonce": b"n" * 32,
+                        "proof": proof(f"guess-{i}".encode(), AUTH_CLIENT_LABEL, raw.hello["nonce"], b"n" * 32),
+                    }
+                )
+            )
+            waiting.append(raw)  # its answer not read: it may come late
+        assert protocol_enter(s.address)
+        took = time.monotonic() - started
+        for raw in waiting:
+            raw.close()
+    assert took >= 0.8 * (40 - THROTTLE_BURST) * THROTTLE_PACE_S, f"the 41st try was checked {took:.2f} s after the first"
+
+
+def test_the_pace_backs_off_and_a_quiet_source_is_forgotten() -> None:
+    rule = Rule(pace_s=0.01, max_pace_s=0.04, burst=2, backoff_every=3, forget_s=0.3)
+
+    async def run() -> tuple[list[float], int, int]:
+        throttle = Throttle(rule)
+        waited = []
+        for _ in range(12):  # one after the other, each waiting for its answer
+            t0 = time.monotonic()
+            assert not await throttle.check("10.0.0.1", lambda: False)
+            waited.append(time.monotonic() - t0)
+        remembered = len(throttle)
+        await asyncio.sleep(rule.forget_s)  # the forgetting measured: nothing failed for forget_s
+        assert not await throttle.check("10.0.0.2", lambda: False)
+        return waited, remembered, len(throttle)
+
+    waited, remembered, after = asyncio.run(run())
+    paces = [0.01] * 3 + [0.02] * 3 + [0.04] * 6  # doubling every 3 failures, up to max_pace_s
+    assert all(w >= 2 * p * 0.9 for w, p in zip(waited, paces, strict=True)), waited  # each answer two paces late
+    assert remembered == 1 and after == 1  # 10.0.0.1 forgotten, 10.0.0.2 remembered
+
+
+def test_a_right_token_drains_nothing_and_waits_only_its_turn() -> None:
+    rule = Rule(pace_s=0.05, max_pace_s=0.05, burst=2, forget_s=1.0)
+
+    async def run() -> tuple[float, float]:
+        throttle = Throttle(rule)
+        t0 = time.monotonic()
+        assert all([await throttle.check("10.0.0.1", lambda: True) for _ in range(100)])
+        many_rights = time.monotonic() - t0
+        guesses = [asyncio.ensure_future(throttle.check("10.0.0.1", lambda: False)) for _ in range(6)]
+        await asyncio.sleep(0)  # the guesses are checked, or queued, first
+        t0 = time.monotonic()
+        assert await throttle.check("10.0.0.1", lambda: True)
+        behind = time.monotonic() - t0
+        assert not any(await asyncio.gather(*guesses))
+        return many_rights, behind
+
+    many_rights, behind = asyncio.run(run())
+    assert many_rights < 0.5  # 100 rights, no budget spent
+    assert behind >= 0.9 * 4 * rule.pace_s  # behind the 4 guesses beyond the burst, one per pace
+
+
+def test_the_throttle_remembers_a_bounded_number_of_sources() -> None:
+    async def run() -> tuple[int, int]:
+        throttle = Throttle()
+        tracemalloc.start()
+        n = THROTTLE_MAX_SOURCES + 2000
+        await asyncio.gather(*(throttle.check(f"10.{i >> 16}.{(i >> 8) & 255}.{i & 255}", lambda: False) for i in range(n)))
+        allocated_there = tracemalloc.Filter(True, throttle_module.__file__)  # what the throttle holds, not the test
+        held = sum(t.size for t in tracemalloc.take_snapshot().filter_traces([allocated_there]).traces)
+        tracemalloc.stop()
+        return len(throttle), held
+
+    remembered, held = asyncio.run(run())
+    print(f"{remembered} sources remembered in {held / 1e6:.1f} MB")
+    assert remembered == THROTTLE_MAX_SOURCES
+    assert held < 5e6  # a few hundred bytes a source
+
+
+def test_one_source_is_an_ipv4_address_or_an_ipv6_64() -> None:
+    assert source_of("10.1.2.3") == "10.1.2.3"
+    assert source_of("::ffff:10.1.2.3") == "10.1.2.3"
+    assert source_of("2001:db8:1:2::5") == source_of("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
+    assert source_of("2001:db8:1:3::5") != source_of("2001:db8:1:2::5")
+    assert source_of("fe80::1%eth0") == "fe80::/64"
+    assert source_of(None) == "?"
+    with pytest.raises(ValueError, match="must not forget a source before its budget is full"):
+        Rule(forget_s=1.0)
