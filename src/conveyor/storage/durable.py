@@ -119,7 +119,7 @@ class DurableStore(Store):
         self._kept, self._live = found.kept, found.live
         self._failed_ids.update(found.failed)
         self._reservation_lost = found.reservation_lost
-        if found.reservation_lost:  # whole again: the next opening starts past it, quietly
+        if found.reservation_lost or self._reserved.torn:  # whole again: the next opening is quiet
             self._reserved.rewrite(self._state.next_id)
         if found.losses:
             self._fail_lost(found.losses)

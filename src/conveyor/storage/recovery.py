@@ -124,11 +124,11 @@ def recover(path: Path, segments: SegmentLog, index: IndexLog, st: QueueState, r
 
 def _lost_reservation(path: Path, reserved: IdReservation, shown: int) -> bool:
     """Whether the reservation cannot be read (logged, with what the store does about it). A missing
-    file is lost only once the files show ids were handed out (`shown`: above them all)."""
+    (or empty) file is lost only once the files show ids were handed out (`shown`: above them all)."""
     keys = path / KEYS_LOG_NAME
     why = reserved.unreadable
     if why is None and reserved.missing and (shown > 1 or (keys.exists() and keys.stat().st_size > 0)):
-        why = "the file is missing, though the store has handed out ids"
+        why = "the file is missing or empty, though the store has handed out ids"
     if why is None:
         return False
     log.warning("%s cannot be read (%s): ids up to the lost reservation may have been handed out; ids start at %d, "
