@@ -342,7 +342,12 @@ class DurableStore(Store):
                 log.warning("%s: the index could not be rewritten (%s); it stays as it is", self.path, e)
 
     def _rewrite_index(self) -> None:
-        """Replace the index by one record per id that still matters."""
+        """Replace the index by one record per id that still matters. The new index is synced at once,
+        so the segments its records point into are synced first (bodies before the records that point
+        at them, as in a sync; but for fsync="never"): else a machine crash could leave it confirming
+        messages whose bodies never reached the disk, and opening would refuse it as cut short."""
+        if self.fsync != "never":
+            self._segments.sync(always=True)
         self._index.rewrite(*index_snapshot(self._state, self._kept, self._failed_ids, self._reserved.upto))
 
     # --- results and dead letters ---------------------------------------------------------
