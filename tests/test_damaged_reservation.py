@@ -39,6 +39,8 @@ from conveyor.message import Message
 from conveyor.server.processes import spawn_server, stop_server
 from conveyor.storage import DurableStore
 
+from .servers import Confirmed
+
 TRIALS = 20
 DAMAGES = ("zero", "truncate", "garble")
 WARNING = "ids.reserved cannot be read"  # the named warning a store logs for a reservation it cannot read
@@ -71,19 +73,6 @@ def tear_last_record(q: Path) -> int:
     return int(msg_id)
 
 
-class Ledger:
-    """Every id a server confirmed, with the payload it was confirmed for."""
-
-    def __init__(self) -> None:
-        self.payload: dict[int, bytes] = {}
-
-    def add(self, ids: list[int], messages: list[Message]) -> None:
-        assert len(ids) == len(messages)
-        for i, m in zip(ids, messages, strict=True):
-            had = self.payload.setdefault(i, m.payload)
-            assert had == m.payload, f"id {i} was confirmed for two payloads: {had!r} and {m.payload!r}"
-
-
 def drain(c: QueueClient, stored: dict[int, bytes]) -> None:
     """Take every message in the queue into `stored` and ack it (the store's window then moves on)."""
     while got := c.get("q", 10_000, lease_s=LONG):
@@ -102,7 +91,7 @@ def test_a_damaged_reservation_never_gives_an_id_twice(tmp_path: Path) -> None:
     log = open(log_path, "wb")  # noqa: SIM115
     proc, address = spawn_server(data, stderr=log)
     port = int(address.rsplit(":", 1)[1])
-    ledger = Ledger()
+    confirmed = Confirmed()
     stored: dict[int, bytes] = {}
     cut: set[int] = set()  # ids whose records the test tore off
     keyed_payloads: set[bytes] = set()
@@ -116,7 +105,7 @@ def test_a_damaged_reservation_never_gives_an_id_twice(tmp_path: Path) -> None:
             with QueueClient(address, timeout=30) as c:
                 batches = [plain, keyed] if rng.random() < 0.5 else [keyed, plain]  # either may be torn
                 for batch in batches:
-                    ledger.add(c.put("q", batch), batch)
+                    confirmed.add(c.put("q", batch), batch)
             os.kill(proc.pid, signal.SIGKILL)
             stop_server(proc)
             damage_reservation(q / RESERVED_NAME, how, rng)
@@ -125,16 +114,16 @@ def test_a_damaged_reservation_never_gives_an_id_twice(tmp_path: Path) -> None:
             proc, _ = spawn_server(data, port, stderr=log)
             with QueueClient(address, timeout=30) as c:
                 other = [Message(payload=b"o%d-%d" % (t, j)) for j in range(rng.randint(1, 200))]
-                ledger.add(c.put("q", other), other)  # takes the next free ids
+                confirmed.add(c.put("q", other), other)  # takes the next free ids
                 retried = c.put("q", keyed)
-                ledger.add(retried, keyed)
+                confirmed.add(retried, keyed)
                 drain(c, stored)
     finally:
         stop_server(proc)
         log.close()
     text = log_path.read_text()
     assert text.count(WARNING) == TRIALS, f"{text.count(WARNING)} warnings about {RESERVED_NAME} in {TRIALS} trials"
-    for i, p in ledger.payload.items():
+    for i, p in confirmed.payload.items():
         if i not in cut:
             assert stored.get(i) == p, f"confirmed id {i} ({p!r}) holds {stored.get(i)!r}"
     assert not cut & set(stored), "an id whose record was torn off was given to another message"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from conveyor.errors import StoreError
 from conveyor.message import Message, Status
 from conveyor.storage import DurableStore
 
+from .test_crash import spy_fsync
 from .test_store_conformance import wait_for
 
 
@@ -113,16 +113,7 @@ def test_a_rewritten_index_reaches_the_disk_only_after_the_segments_it_points_in
     """A rewrite syncs the new index at once, while syncs of operations come later: the messages its records name
     must be on disk first, or a machine crash between the two could leave an index confirming deliveries of
     messages whose bodies never reached the disk (an open refused as a segment cut short)."""
-    if not Path("/proc/self/fd").is_dir():
-        pytest.skip("needs /proc/self/fd to name the files that fsync is called on")
-    synced: list[str] = []
-    real_fsync = os.fsync
-
-    def spy(fd: int) -> None:
-        synced.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", spy)
+    synced = spy_fsync(monkeypatch)
     monkeypatch.setattr(durable, "INDEX_REWRITE_MIN_RECORDS", 64)
     group = fsync == "batch-group"
     opts = {"fsync": "batch", "group_commit": True} if group else {"fsync": "interval", "fsync_interval_s": 3600.0}
