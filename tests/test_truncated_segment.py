@@ -1,8 +1,8 @@
 """A segment shorter than what the index confirms is named, not hidden as a torn tail.
 
-A segment cut short (a sealed one at a record boundary, or the newest one mid-file below records the
-index confirmed) makes the open fail with a CorruptStoreError naming the file, the offset where its
-intact records end and the ids beyond; a server serves the queue as unavailable with that error until
+A segment cut short (a sealed one, at a record boundary or mid-record, or the newest one mid-file
+below records the index confirmed) makes the open fail with a CorruptStoreError naming the file, the
+offset where its intact records end and the ids beyond; a server serves the queue as unavailable with that error until
 it is started with --repair, and the repair names every id it could not keep, each of which then reads
 FAILED with a dead letter saying what was lost where. A torn tail holding only records the index never
 confirmed is still cut with a warning. Offsets are computed here from the layouts in constants.
@@ -77,13 +77,13 @@ def warnings_of(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
             and text in r.getMessage()]  # fmt: skip
 
 
-@pytest.mark.parametrize("which", ["sealed", "newest"])
+@pytest.mark.parametrize("which", ["sealed", "sealed-mid-record", "newest"])
 def test_a_segment_cut_short_below_what_the_index_confirms_is_named_and_repair_names_each_id(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, which: str) -> None:  # fmt: skip
     path = tmp_path / "q"
     payloads = delivered_store(path)
     segs = sorted(path.glob(SEGMENT_GLOB))
-    f = segs[1] if which == "sealed" else segs[-1]
+    f = segs[-1] if which == "newest" else segs[1]
     recs = records(f)
     start = recs[len(recs) // 3][0]
     at = start if which == "sealed" else start + 7  # at a record boundary, or mid-record: like a torn tail
