@@ -199,8 +199,7 @@ class DurableStore(Store):
         the disk is full it is refused before anything is written."""
         if self._space is not None:
             self._space.check(self.path, "put")
-        if upto > self._reserved.upto:
-            self._cover(upto, ahead=True)
+        self._cover(upto, ahead=True)
 
     def _cover(self, upto: int, ahead: bool) -> None:
         try:
