@@ -1,4 +1,5 @@
-"""Real queue servers for tests: in a background thread of this process, or as child processes."""
+"""Real queue servers for tests: in a background thread of this process, or as child processes; and
+`Confirmed`, the ledger of what they confirmed."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 import msgpack
 
 from conveyor.constants import FRAME_LENGTH, FRAME_PREFIX
+from conveyor.message import Message
 from conveyor.server.queue_server import QueueServer
 
 
@@ -142,3 +144,16 @@ def data_dir(tmp_path: Path, name: str = "data") -> Path:
     d = tmp_path / name
     d.mkdir(exist_ok=True)
     return d
+
+
+class Confirmed:
+    """Every id a server confirmed, with the payload it was confirmed for."""
+
+    def __init__(self) -> None:
+        self.payload: dict[int, bytes] = {}
+
+    def add(self, ids: list[int], messages: list[Message]) -> None:
+        assert len(ids) == len(messages)
+        for i, m in zip(ids, messages, strict=True):
+            had = self.payload.setdefault(i, m.payload)
+            assert had == m.payload, f"id {i} was confirmed for two payloads: {had!r} and {m.payload!r}"

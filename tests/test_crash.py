@@ -282,9 +282,8 @@ def test_sigkill_loses_nothing_acknowledged(tmp_path: Path) -> None:
     assert len(index_inodes) > 1, f"{ctx}: the index was never rewritten"
 
 
-def test_batch_fsync_covers_every_segment_an_operation_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """fsync="batch": every segment file an operation wrote to is fsynced before it returns, rolled ones too
-    (otherwise a machine crash loses records of a put or ack that returned)."""
+def spy_fsync(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the files os.fsync is called on from now on, in order (skips where /proc cannot name them)."""
     if not Path("/proc/self/fd").is_dir():
         pytest.skip("needs /proc/self/fd to name the files that fsync is called on")
     synced: list[str] = []
@@ -295,6 +294,13 @@ def test_batch_fsync_covers_every_segment_an_operation_wrote(tmp_path: Path, mon
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", spy)
+    return synced
+
+
+def test_batch_fsync_covers_every_segment_an_operation_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fsync="batch": every segment file an operation wrote to is fsynced before it returns, rolled ones too
+    (otherwise a machine crash loses records of a put or ack that returned)."""
+    synced = spy_fsync(monkeypatch)
     path = tmp_path / "q"
 
     def sizes() -> dict[str, int]:

@@ -8,11 +8,13 @@ from pathlib import Path
 
 import pytest
 
+import conveyor.storage.durable as durable
 from conveyor.constants import INDEX_NAME, INDEX_REWRITE_MIN_RECORDS, SEGMENT_GLOB
 from conveyor.errors import StoreError
 from conveyor.message import Message, Status
 from conveyor.storage import DurableStore
 
+from .test_crash import spy_fsync
 from .test_store_conformance import wait_for
 
 
@@ -103,6 +105,28 @@ def test_dead_segments_are_deleted_only_once_the_acks_that_killed_them_are_synce
         assert not first.exists() and len(list(path.glob(SEGMENT_GLOB))) == 1
     with DurableStore(path, segment_bytes=4096, fsync="never") as s:
         assert s.stats().acked == 60
+
+
+@pytest.mark.parametrize("fsync", ["batch-group", "interval"])
+def test_a_rewritten_index_reaches_the_disk_only_after_the_segments_it_points_into(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: str) -> None:  # fmt: skip
+    """A rewrite syncs the new index at once, while syncs of operations come later: the messages its records name
+    must be on disk first, or a machine crash between the two could leave an index confirming deliveries of
+    messages whose bodies never reached the disk (an open refused as a segment cut short)."""
+    synced = spy_fsync(monkeypatch)
+    monkeypatch.setattr(durable, "INDEX_REWRITE_MIN_RECORDS", 64)
+    group = fsync == "batch-group"
+    opts = {"fsync": "batch", "group_commit": True} if group else {"fsync": "interval", "fsync_interval_s": 3600.0}
+    with DurableStore(tmp_path / "q", **opts) as s:  # type: ignore[arg-type]
+        s.put([Message(payload=b"p" * 100) for _ in range(10)])  # written, not synced
+        synced.clear()
+        for _ in range(10):  # deliveries and releases: index records enough for a rewrite
+            s.release_many([m.id for m in s.get(10)])
+            if INDEX_NAME + ".tmp" in synced:
+                break
+        assert INDEX_NAME + ".tmp" in synced, "the index was never rewritten"
+        before = synced[: synced.index(INDEX_NAME + ".tmp")]
+        assert any(n.startswith("seg-") for n in before), f"the index was rewritten with only {before} synced before"
 
 
 def test_results_and_dead_letters_survive_compaction_until_forgotten(tmp_path: Path) -> None:

@@ -24,22 +24,11 @@ from conveyor.errors import ConnectionLostError
 from conveyor.message import Message
 from conveyor.server.processes import spawn_server, stop_server
 
+from .servers import Confirmed
+
 ROUNDS = 12  # x 3 fsync policies: 36 kills at random moments (about 25 s a policy)
 N = 10_000  # messages per put: big enough that a kill often lands between the keys and the messages
 KILL_WITHIN_S = 0.4  # the kill comes at a random moment this long after the put is sent
-
-
-class Confirmed:
-    """Every id a server confirmed, with the payload it was confirmed for."""
-
-    def __init__(self) -> None:
-        self.payload: dict[int, bytes] = {}
-
-    def add(self, ids: list[int], messages: list[Message]) -> None:
-        assert len(ids) == len(messages)
-        for i, m in zip(ids, messages, strict=True):
-            had = self.payload.setdefault(i, m.payload)
-            assert had == m.payload, f"id {i} was confirmed for two payloads: {had!r} and {m.payload!r}"
 
 
 def _put(address: str, messages: list[Message], out: dict[str, list[int]]) -> None:

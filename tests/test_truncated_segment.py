@@ -1,11 +1,12 @@
 """A segment shorter than what the index confirms is named, not hidden as a torn tail.
 
-A segment cut short (a sealed one at a record boundary, or the newest one mid-file below records the
-index confirmed) makes the open fail with a CorruptStoreError naming the file, the offset where its
-intact records end and the ids beyond; a server serves the queue as unavailable with that error until
-it is started with --repair, and the repair names every id it could not keep, each of which then reads
-FAILED with a dead letter saying what was lost where. A torn tail holding only records the index never
-confirmed is still cut with a warning. Offsets are computed here from the layouts in constants.
+A segment cut short (a sealed one, at a record boundary or mid-record, or the newest one mid-file
+below records the index confirmed) makes the open fail with a CorruptStoreError naming the file, the
+offset where its intact records end and the ids beyond; a server serves the queue as unavailable
+with that error until it is started with --repair, and the repair names every id it could not keep,
+each of which then reads FAILED with a dead letter saying what was lost where (and stays so through
+requeueing, compaction and reopening). A torn tail holding only records the index never confirmed
+is still cut with a warning. Offsets are computed here from the layouts in constants.
 """
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+import conveyor.storage.durable as durable
 from conveyor.client.queue_client import QueueClient
 from conveyor.constants import (
     BODY_PREFIX,
+    INDEX_NAME,
     KIND_MESSAGE,
     QUEUES_DIR,
     RECORD_HEAD,
@@ -30,7 +34,7 @@ from conveyor.constants import (
 from conveyor.errors import CorruptStoreError, RequestError
 from conveyor.message import Message, Status
 from conveyor.server.processes import spawn_server, stop_server
-from conveyor.storage import DurableStore
+from conveyor.storage import DurableStore, Stats
 
 SEG = 8192
 N = 430  # the newest of 8 segments holds 31 messages
@@ -77,13 +81,13 @@ def warnings_of(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
             and text in r.getMessage()]  # fmt: skip
 
 
-@pytest.mark.parametrize("which", ["sealed", "newest"])
+@pytest.mark.parametrize("which", ["sealed", "sealed-mid-record", "newest"])
 def test_a_segment_cut_short_below_what_the_index_confirms_is_named_and_repair_names_each_id(
         tmp_path: Path, caplog: pytest.LogCaptureFixture, which: str) -> None:  # fmt: skip
     path = tmp_path / "q"
     payloads = delivered_store(path)
     segs = sorted(path.glob(SEGMENT_GLOB))
-    f = segs[1] if which == "sealed" else segs[-1]
+    f = segs[-1] if which == "newest" else segs[1]
     recs = records(f)
     start = recs[len(recs) // 3][0]
     at = start if which == "sealed" else start + 7  # at a record boundary, or mid-record: like a torn tail
@@ -115,6 +119,38 @@ def test_a_segment_cut_short_below_what_the_index_confirms_is_named_and_repair_n
     with caplog.at_level(logging.WARNING, logger=LOGGER), DurableStore(path, segment_bytes=SEG) as s:
         assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []  # repaired for good
         assert {i: s.status(i) for i in lost} == dict.fromkeys(lost, Status.FAILED)
+
+
+def test_what_a_repair_could_not_keep_stays_failed_through_requeue_compaction_and_reopening(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    """The lost ids' FAILED status and counts hold when their dead letters are requeued (put back, then forgotten,
+    as `QueuePool.requeue_dead_letters` does), when everything finishes (segments dropped, the index rewritten),
+    and after reopening."""
+    monkeypatch.setattr(durable, "INDEX_REWRITE_MIN_RECORDS", 64)
+    path = tmp_path / "q"
+    payloads = delivered_store(path)
+    f = sorted(path.glob(SEGMENT_GLOB))[-1]
+    recs = records(f)
+    lost = cut(f, recs[len(recs) // 3][0] + 7)
+    with DurableStore(path, segment_bytes=SEG, repair=True) as s:
+        assert s.stats().failed == len(lost)
+        dead = s.dead_letters()
+        again = s.put([Message(payload=d.message.payload, headers=d.message.headers) for d in dead])
+        assert s.forget([d.message.id for d in dead]) == len(lost)
+        s.expire(s.clock() + 2 * LONG)
+        got = s.get(2 * N, lease_s=LONG)
+        assert sorted(m.id for m in got) == sorted([i for i in payloads if i not in lost] + again)
+        index_before = (path / INDEX_NAME).stat().st_size
+        assert all(s.ack_many([m.id for m in got]))
+        assert (path / INDEX_NAME).stat().st_size < index_before / 4, "the index was not rewritten"
+        assert len(list(path.glob(SEGMENT_GLOB))) <= 2  # finished segments dropped
+        done = replace(s.stats(), bytes_on_disk=0)
+        assert done == Stats(ready=0, delivered=0, acked=N - len(lost) + len(again), failed=len(lost), delayed=0,
+                             bytes_on_disk=0)  # fmt: skip
+        assert {s.status(i) for i in lost} == {Status.FAILED} and s.dead_letters() == []
+    with DurableStore(path, segment_bytes=SEG) as s:
+        assert replace(s.stats(), bytes_on_disk=0) == done
+        assert {s.status(i) for i in lost} == {Status.FAILED} and s.dead_letters() == []
 
 
 def test_a_torn_tail_beyond_what_the_index_confirms_is_still_cut_with_a_warning(

@@ -159,7 +159,7 @@ def serve(host: str, port: int, data_dir: Path | None, token: str | None, token_
 
     try:
         if data_dir is not None:
-            check_data_dir(data_dir)  # else an OSError on it would read as a failure to listen
+            check_data_dir(data_dir)  # what is wrong with it and what to do, before anything is opened there
         tls = None if tls_cert is None or tls_key is None else server_context(tls_cert, tls_key, tls_ca)
         server = QueueServer(host, port, data_dir=data_dir, token=token, insecure=insecure, tls=tls, limits=limits,
                              defaults=defaults, repair=repair, temporary=temporary, max_connections=max_connections,
@@ -170,6 +170,8 @@ def serve(host: str, port: int, data_dir: Path | None, token: str | None, token_
     except ConveyorError as e:
         raise click.ClickException(str(e)) from None
     except OSError as e:
+        if e.filename is not None:  # a file (in the data directory): not the address
+            raise click.ClickException(f"cannot use {e.filename}: {e.strerror}") from None
         raise click.ClickException(f"cannot listen on {host}:{port}: {e}") from None
 
 

@@ -75,7 +75,7 @@ def raise_fd_limit() -> int:
 def check_data_dir(path: Path) -> None:
     """Make the data directory `path` if it is missing and make sure this process can create files in
     it; else a ConveyorError saying what is wrong with it and what to do (the OSError a server would
-    meet later reads like a failure to listen)."""
+    meet later names a file, not the remedy)."""
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:

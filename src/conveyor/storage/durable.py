@@ -119,7 +119,7 @@ class DurableStore(Store):
         self._kept, self._live = found.kept, found.live
         self._failed_ids.update(found.failed)
         self._reservation_lost = found.reservation_lost
-        if found.reservation_lost:  # whole again: the next opening starts past it, quietly
+        if found.reservation_lost or self._reserved.torn:  # whole again: the next opening is quiet
             self._reserved.rewrite(self._state.next_id)
         if found.losses:
             self._fail_lost(found.losses)
@@ -199,8 +199,7 @@ class DurableStore(Store):
         the disk is full it is refused before anything is written."""
         if self._space is not None:
             self._space.check(self.path, "put")
-        if upto > self._reserved.upto:
-            self._cover(upto, ahead=True)
+        self._cover(upto, ahead=True)
 
     def _cover(self, upto: int, ahead: bool) -> None:
         try:
@@ -342,7 +341,12 @@ class DurableStore(Store):
                 log.warning("%s: the index could not be rewritten (%s); it stays as it is", self.path, e)
 
     def _rewrite_index(self) -> None:
-        """Replace the index by one record per id that still matters."""
+        """Replace the index by one record per id that still matters. The new index is synced at once,
+        so the segments its records point into are synced first (bodies before the records that point
+        at them, as in a sync; but for fsync="never"): else a machine crash could leave it confirming
+        messages whose bodies never reached the disk, and opening would refuse it as cut short."""
+        if self.fsync != "never":
+            self._segments.sync(always=True)
         self._index.rewrite(*index_snapshot(self._state, self._kept, self._failed_ids, self._reserved.upto))
 
     # --- results and dead letters ---------------------------------------------------------

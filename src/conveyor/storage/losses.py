@@ -22,9 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from conveyor.constants import KIND_MESSAGE, MESSAGE_PREFIX, SEGMENT_NAME, ST_ACKED, ST_FAILED
+from conveyor.constants import SEGMENT_NAME, ST_ACKED, ST_FAILED
 from conveyor.errors import CorruptStoreError
-from conveyor.storage.bodies import dead_letter_bodies
+from conveyor.storage.bodies import dead_letter_bodies, message_bodies
+from conveyor.storage.ids import member
 from conveyor.storage.state import QueueState
 
 LOST_PREFIX = "lost:"  # how the error of a dead letter made by a repair begins
@@ -48,11 +49,14 @@ class Loss:
 
     def errors(self) -> dict[int, str]:
         """The error of the dead letter a repair makes for each id."""
-        said = (f"{LOST_PREFIX} the index confirmed {{}}, but the record is gone from {self.where()} (the file was cut "
-                "short or damaged, and opened with repair); {}")  # fmt: skip
-        out = dict.fromkeys(self.messages, said.format("its message", "nothing of it is kept"))
-        kept, body = (said.format("its result or dead letter", f"{k} is kept") for k in ("nothing of it", "its message"))
-        out.update((i, body if i in self.bodies else kept) for i in self.kept)
+
+        def said(what: str, left: str) -> str:
+            return (f"{LOST_PREFIX} the index confirmed {what}, but the record is gone from {self.where()} (the file "
+                    f"was cut short or damaged, and opened with repair); {left} is kept")  # fmt: skip
+
+        out = dict.fromkeys(self.messages, said("its message", "nothing of it"))
+        for i in self.kept:
+            out[i] = said("its result or dead letter", "its message" if i in self.bodies else "nothing of it")
         return out
 
 
@@ -73,10 +77,9 @@ def find_losses(path: Path, sizes: dict[int, int], found: np.ndarray, lost_messa
     for i, s in sorted(lost_kept.items()):
         by_seg.setdefault(s, ([], []))[1].append(i)
     kept = np.array(sorted(lost_kept), np.int64)
-    at = np.minimum(np.searchsorted(ids, kept), max(len(ids) - 1, 0))
-    has = (ids[at] == kept) if len(ids) else np.zeros(len(kept), bool)
+    has = member(kept, ids)
     bodies = {int(i): (int(found["seg"][j]), int(found["off"][j]), int(found["size"][j]))
-              for i, j in zip(kept[has], at[has], strict=True)}  # fmt: skip
+              for i, j in zip(kept[has], np.searchsorted(ids, kept[has]), strict=True)}  # fmt: skip
     return [Loss(path / SEGMENT_NAME.format(s), sizes.get(s, 0), m, k, {i: bodies[i] for i in k if i in bodies})
             for s, (m, k) in sorted(by_seg.items())]  # fmt: skip
 
@@ -103,17 +106,18 @@ def lost_dead_letters(st: QueueState, losses: list[Loss], read: Callable[[int, i
     error = {i: e for x in losses for i, e in x.errors().items()}
     where = {i: loc for x in losses for i, loc in x.bodies.items()}
     ids = np.array(sorted(error), np.int64)
-    inside = (ids >= st.base) & (ids < st.next_id)
-    attempts = np.where(inside, st.cols["attempts"][np.where(inside, ids - st.base, 0)], 0).astype(np.uint16)
-    bodies = [read(*where[i]) if i in where else MESSAGE_PREFIX.pack(KIND_MESSAGE, i, 0, 0, 0.0, 0.0, 0)
-              for i in ids.tolist()]  # fmt: skip
+    idx, inside = st.index(ids)
+    attempts = np.where(inside, st.cols["attempts"][idx], 0).astype(np.uint16)
+    zero = np.zeros(len(ids), np.int64)
+    empty = message_bodies(ids, zero, zero, zero, [b""] * len(ids), None, 0.0)  # where the body is gone too
+    bodies = [read(*where[i]) if i in where else e for i, e in zip(ids.tolist(), empty, strict=True)]
     return ids, attempts, dead_letter_bodies([error[i] for i in ids.tolist()], now, attempts.tolist(), bodies)
 
 
 def mark_failed(st: QueueState, ids: np.ndarray, failed_before: set[int]) -> None:
     """Count `ids` (each finished or lost) as FAILED from now on; `failed_before`: the ids that were."""
-    inside = (ids >= st.base) & (ids < st.next_id)
-    st.status[ids[inside] - st.base] = ST_FAILED
+    idx, inside = st.index(ids)
+    st.status[idx[inside]] = ST_FAILED
     was_acked = sum(1 for i in ids[~inside].tolist() if i not in failed_before)
     st.finished_below_base[ST_ACKED] -= was_acked
     st.finished_below_base[ST_FAILED] += was_acked

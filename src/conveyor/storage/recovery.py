@@ -31,7 +31,7 @@ from conveyor.constants import (
 from conveyor.storage.ids import member
 from conveyor.storage.losses import Loss, find_losses, ranges, refusal
 from conveyor.storage.reservation import IdReservation, past_lost
-from conveyor.storage.segment_scan import KEPT_DTYPE, SCAN_DTYPE, Scan
+from conveyor.storage.segment_scan import KEPT_DTYPE, SCAN_DTYPE, Scan, refuse_sealed
 from conveyor.storage.segments import SegmentLog
 from conveyor.storage.state import QueueState
 from conveyor.storage.wal import IndexLog, gap_ranges, last_per_id
@@ -94,6 +94,7 @@ def recover(path: Path, segments: SegmentLog, index: IndexLog, st: QueueState, r
     losses = find_losses(path, segments.sizes, every, ids[lost], lost_kept) if lost.any() or lost_kept else []
     if losses and not repair:
         raise refusal(losses)  # before anything is cut: a refused open changes no segment
+    refuse_sealed(scan)  # a sealed segment's bad tail that the index confirms nothing in: damage all the same
     segments.settle(scan, {x.segment for x in losses})
     if losses:
         lost_ids = [i for x in losses for i in (*x.messages, *x.kept)]
@@ -124,11 +125,11 @@ def recover(path: Path, segments: SegmentLog, index: IndexLog, st: QueueState, r
 
 def _lost_reservation(path: Path, reserved: IdReservation, shown: int) -> bool:
     """Whether the reservation cannot be read (logged, with what the store does about it). A missing
-    file is lost only once the files show ids were handed out (`shown`: above them all)."""
+    (or empty) file is lost only once the files show ids were handed out (`shown`: above them all)."""
     keys = path / KEYS_LOG_NAME
     why = reserved.unreadable
     if why is None and reserved.missing and (shown > 1 or (keys.exists() and keys.stat().st_size > 0)):
-        why = "the file is missing, though the store has handed out ids"
+        why = "the file is missing or empty, though the store has handed out ids"
     if why is None:
         return False
     log.warning("%s cannot be read (%s): ids up to the lost reservation may have been handed out; ids start at %d, "

@@ -5,10 +5,12 @@ Opening verifies every record, a chunk of records per vectorised step, and repor
 result and dead-letter records it found (`Scan`). A bad record with nothing valid after it in the
 newest segment is a torn tail (a crash mid-write): it is cut off with a warning (`cut_torn`), once
 opening knows that the index confirmed nothing in it (else the segment was cut short: see
-`conveyor.storage.losses`). Any other bad
-record raises CorruptStoreError naming the file and offset, unless `repair=True`: then each damaged
-span is overwritten in place by a padding record (no room for a copy is needed), so every intact
-record keeps its offset; the damaged bytes are kept first, at their offsets, in a sparse file beside it.
+`conveyor.storage.losses`). Such a tail of a sealed segment is never torn (it was synced whole when
+the next one began): opening refuses it, as cut short where the index confirms records beyond it,
+else as damage (`refuse_sealed`). Any other bad record raises CorruptStoreError naming the file and
+offset. With `repair=True` each damaged span is overwritten in place by a padding record (no room
+for a copy is needed), so every intact record keeps its offset; the damaged bytes are kept first,
+at their offsets, in a sparse file beside it.
 """
 
 from __future__ import annotations
@@ -58,11 +60,14 @@ _CHUNK = 65536  # records verified per vectorised step
 
 @dataclass(frozen=True)
 class Cut:
-    """A torn tail a scan found: cut off by `cut_torn`, not before (a refused open changes nothing)."""
+    """A bad tail a scan found: cut off by `cut_torn`, not before (a refused open changes nothing).
+    One of a sealed segment is never a torn tail (it was synced whole when the next one began):
+    opening refuses it (see `refuse_sealed`)."""
 
     file: Path
     keep: int  # bytes kept (0: a torn header, the file is removed)
     size: int  # bytes the file has
+    sealed: bool = False
 
 
 @dataclass
@@ -105,7 +110,7 @@ def verify_segment(f: Path, seg: int, last: bool, repair: bool, scan: Scan) -> i
                         pos = end
                         continue
                     nxt = _resync(mv, pos, size)
-                    if nxt is None and last:  # a torn tail
+                    if nxt is None and (last or not repair):  # a torn tail, or a sealed segment cut short
                         size = pos
                         break
                     if not repair:
@@ -120,9 +125,16 @@ def verify_segment(f: Path, seg: int, last: bool, repair: bool, scan: Scan) -> i
         if bad:
             size = _repair(f, mm, size, bad, scan)
     on_disk = f.stat().st_size
-    if size < on_disk:  # a torn tail (one the repair met is cut already)
-        scan.cuts.append(Cut(f, size, on_disk))
+    if size < on_disk:  # a bad tail (one the repair met is cut already)
+        scan.cuts.append(Cut(f, size, on_disk, sealed=not last))
     return size
+
+
+def refuse_sealed(scan: Scan) -> None:
+    """Raise CorruptStoreError for the first bad tail of a sealed segment `scan` found, if any."""
+    for c in scan.cuts:
+        if c.sealed:
+            raise CorruptStoreError(str(c.file), c.keep, "record fails its CRC or framing check (nothing valid after it)")
 
 
 def cut_torn(scan: Scan, short: set[Path]) -> None:

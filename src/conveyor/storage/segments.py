@@ -73,7 +73,7 @@ class SegmentLog:
     # --- writing --------------------------------------------------------------------------
     def roll(self) -> None:
         """Start a new active segment (if that fails, the active one stays as it was)."""
-        if self._fd >= 0 and self.dirty:  # the store's sync() will only see the new segment
+        if self._fd >= 0:  # the store's sync() will only see the new segment (and one it runs may not be done)
             os.fsync(self._fd)
         seg = max(self.sizes, default=0) + 1
         f = self._file(seg)
@@ -161,8 +161,10 @@ class SegmentLog:
             self._fd = os.open(self._file(self.active), os.O_WRONLY | os.O_APPEND)
         return self._fd
 
-    def sync(self) -> None:
-        if self.dirty and self._fd >= 0:
+    def sync(self, always: bool = False) -> None:
+        """fsync the active segment if it has unsynced writes; `always`: whatever it has, so that a sync
+        another thread runs on it (see `take_dirty`) has finished too."""
+        if (self.dirty or always) and self._fd >= 0:
             self.dirty = False
             os.fsync(self._fd)
 
