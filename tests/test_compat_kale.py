@@ -190,7 +190,7 @@ def test_unknown_task_names_the_registered_ones(in_project: None) -> None:
 
 
 def test_bad_settings_are_clear_errors(in_project: None) -> None:
-    with pytest.raises(exceptions.ImproperlyConfiguredException, match="cannot import the settings module"):
+    with pytest.raises(exceptions.ImproperlyConfiguredException, match=r"cannot import settings module 'taskworker\.no_such"):
         settings.reload({"KALE_SETTINGS_MODULE": "taskworker.no_such_settings"})
     assert issubclass(exceptions.ImproperlyConfiguredException, ConfigError)
     s = settings.reload({})
@@ -200,6 +200,23 @@ def test_bad_settings_are_clear_errors(in_project: None) -> None:
     with pytest.raises(exceptions.ImproperlyConfiguredException, match="not a Conveyor server address"):
         publisher.endpoints("http://localhost:9324")
     assert publisher.endpoints("tcp://127.0.0.1:7700, 127.0.0.1:7701") == ["127.0.0.1:7700", "127.0.0.1:7701"]
+
+
+def test_a_settings_module_that_raises_is_a_clear_error_naming_it(
+    in_project: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ndkale's settings module raising as it runs (a missing secret, say): not a raw RuntimeError, but
+    the compat layer's configuration error, naming the variable, the module and its file, the
+    original error chained."""
+    (tmp_path / "raising_kale_settings.py").write_text("raise RuntimeError('SECRET_KEY is not set')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(exceptions.ImproperlyConfiguredException) as e:
+        settings.reload({"KALE_SETTINGS_MODULE": "raising_kale_settings"})
+    said = str(e.value)
+    assert said.startswith("KALE_SETTINGS_MODULE='raising_kale_settings': settings module 'raising_kale_settings' (")
+    assert str(tmp_path / "raising_kale_settings.py") in said
+    assert "raised RuntimeError as it was imported: SECRET_KEY is not set" in said
+    assert isinstance(e.value.__cause__, RuntimeError)
 
 
 def test_missing_queue_config_and_bad_time_limit(in_project: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -247,7 +264,7 @@ def test_settings_are_read_on_first_use_never_at_class_definition() -> None:
     # the tasks import whatever the settings: the error comes where they are used
     code = "import conveyor.compat.kale.worker\nfrom taskworker import tasks\nprint('imported')\ntasks.StartupTask.publish(None)"
     done = run_python(code, "taskworker.no_such_settings")  # the worker's task processes import these modules too
-    assert done.returncode == 1 and done.stdout == "imported\n" and "cannot import the settings module" in done.stderr
+    assert done.returncode == 1 and done.stdout == "imported\n" and "cannot import settings module" in done.stderr
 
 
 def test_a_worker_started_from_elsewhere_says_where_it_looked(tmp_path: Path) -> None:

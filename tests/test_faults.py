@@ -5,7 +5,6 @@ a cluster's master."""
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import subprocess
@@ -22,7 +21,6 @@ from pyspark.sql import SparkSession
 import conveyor
 import conveyor.spark as cs
 from conveyor.client.pool import QueuePool
-from conveyor.client.progress import Stall
 from conveyor.errors import ConveyorError, ServerUnreachableError
 from conveyor.message import Message
 from conveyor.server.processes import spawn_server, stop_server
@@ -244,26 +242,4 @@ def test_put_messages_are_not_lost_by_a_killed_server(servers: Servers) -> None:
     servers.kill(1)
     servers.start(1)
     assert pool.stats("q")["q"].ready == 100 and len(ids) == 100
-    pool.close()
-
-
-@pytest.mark.timeout(30)
-def test_a_wait_with_no_progress_and_no_consumer_says_so(servers: Servers, caplog: pytest.LogCaptureFixture) -> None:
-    """join and gather without a timeout warn (Stall) while nothing finishes and no consumer reports."""
-    pool = servers.pool()
-    stall = Stall("gather", pool.workers, every=0.2)
-
-    def warned() -> bool:
-        stall.check(0, 5)
-        return any("gather: 5 pending and nothing finished" in r.getMessage() for r in caplog.records)
-
-    with caplog.at_level(logging.WARNING, "conveyor.client"):
-        wait_for(warned, 10, "the stall warning")
-        caplog.clear()
-        pool.report("w", {"processed": 0})  # a consumer reports: work may be under way, no warning
-        t = time.monotonic()
-        while time.monotonic() - t < 1.0:
-            stall.check(0, 5)
-            time.sleep(0.05)
-        assert not [r for r in caplog.records if "nothing finished" in r.getMessage()]
     pool.close()

@@ -139,6 +139,8 @@ def test_the_consumers_figures_come_from_their_reports(server: ThreadServer) -> 
     assert value(s, "conveyor_consumer_failed_total", **labels) == 3 == c.stats.failed
     assert value(s, "conveyor_consumer_running", **labels) == 0
     assert 0 <= value(s, "conveyor_consumer_last_report_age_seconds", **labels) < 10
+    assert [dict(lb)["queue"] for name, lb in s if name == "conveyor_consumer_serves"] == ["jobs"]
+    assert value(s, "conveyor_consumer_serves", queue="jobs", **labels) == 1
     # 36 runs: 30 of 2 ms, 3 of 0.2 s (never under 0.1 s), 3 failures of about nothing
     assert value(s, "conveyor_consumer_task_duration_seconds_count", **labels) == 36
     assert value(s, "conveyor_consumer_task_duration_seconds_bucket", le="+Inf", **labels) == 36

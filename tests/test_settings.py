@@ -14,6 +14,7 @@ from conveyor.constants import SETTINGS_ENV
 from conveyor.errors import ConfigError
 from conveyor.tasks.registry import registry
 from conveyor.worker import QueueConfig, Settings, load_queues, load_settings
+from conveyor.worker.runtime import import_task_modules
 from conveyor.worker.selectors import HighestPriorityFirst, ReducedLottery
 
 # ndkale's format: a mapping of entries keyed by a label, each with every field
@@ -192,8 +193,45 @@ def test_a_settings_module_that_cannot_be_imported_is_an_error() -> None:
 
 def test_task_modules_that_cannot_be_imported(settings_dir: Path) -> None:
     name = module(settings_dir, "site_settings_c", "TASK_MODULES = ['no_such_tasks_module']\n")
-    with pytest.raises(ConfigError, match="TASK_MODULES: cannot import 'no_such_tasks_module'"):
+    with pytest.raises(ConfigError, match="TASK_MODULES: cannot import task module 'no_such_tasks_module'"):
         load_settings({SETTINGS_ENV: name}).import_task_modules()
+
+
+def test_a_task_module_says_whether_it_or_what_it_imports_is_missing(settings_dir: Path) -> None:
+    """Not found itself (or its package): the path hint. A dependency missing: named, and to be
+    installed, with no path hint. A module of its own package missing, or its code raising: said so."""
+    package = settings_dir / "site_pkg"
+    package.mkdir()
+    for name, text in [
+        ("__init__", ""),
+        ("needs_dep", "import conveyor_test_no_such_dependency\n"),
+        ("needs_sibling", "import site_pkg.no_such_sibling\n"),
+        ("raises", "raise RuntimeError('boom')\n"),
+    ]:
+        (package / f"{name}.py").write_text(text)
+    for name in ("site_pkg.nothing", "no_such_site_pkg.tasks"):
+        with pytest.raises(ConfigError, match=f"cannot import task module '{name}'.*PYTHONPATH"):
+            import_task_modules([name])
+    with pytest.raises(ConfigError) as e:
+        import_task_modules(["site_pkg.needs_dep"])
+    assert "task module 'site_pkg.needs_dep' imports 'conveyor_test_no_such_dependency', which is not found" in str(e.value)
+    assert "install the package that provides 'conveyor_test_no_such_dependency'" in str(e.value)
+    assert "PYTHONPATH" not in str(e.value) and isinstance(e.value.__cause__, ModuleNotFoundError)
+    with pytest.raises(ConfigError, match=r"imports 'site_pkg\.no_such_sibling'.*a module of its own package 'site_pkg'"):
+        import_task_modules(["site_pkg.needs_sibling"])
+    with pytest.raises(ConfigError, match=r"task module 'site_pkg\.raises' \(.*raises\.py\) raised RuntimeError .*boom") as e:
+        import_task_modules(["site_pkg.raises"])
+    assert isinstance(e.value.__cause__, RuntimeError)
+
+
+def test_a_settings_module_that_raises_is_a_clear_error_naming_it(settings_dir: Path) -> None:
+    name = module(settings_dir, "site_settings_raises", "raise RuntimeError('no database here')\n")
+    with pytest.raises(ConfigError) as e:
+        load_settings({SETTINGS_ENV: name})
+    said = str(e.value)
+    assert said.startswith(f"{SETTINGS_ENV}='{name}': settings module '{name}' (") and "site_settings_raises.py" in said
+    assert "raised RuntimeError as it was imported: no database here" in said
+    assert isinstance(e.value.__cause__, RuntimeError)
 
 
 def test_settings_read_the_environment_by_default(settings_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -222,8 +222,12 @@ MAP_DEFAULT_LEASE_S = 10.0
 # how long a queue server may be out of reach before the consumers, joins and maps that need it fail
 # with ServerUnreachableError (a server started again on its data dir within it: the work goes on)
 DEFAULT_UNREACHABLE_S = 30.0
-# a join or gather without a timeout warns this often while nothing finishes and no consumer reports
+# a join, gather or result() waiting on a queue no live consumer serves warns after STALL_FIRST_S (time
+# for consumers just started to report), then every STALL_WARN_S while it lasts; it asks the servers
+# which consumers report at most every STALL_LOOK_S
+STALL_FIRST_S = 5.0
 STALL_WARN_S = 30.0
+STALL_LOOK_S = 2.0
 MAP_DEFAULT_ROWS_PER_MESSAGE = 8  # conveyor.spark.map without a time limit (with one: 1)
 DEFAULT_BACKOFF_BASE_S = 1.0
 DEFAULT_BACKOFF_FACTOR = 2.0
@@ -245,6 +249,8 @@ QUEUE_DEFAULT_NUM_ITERATIONS = 2
 WORKER_GONE_S = 10.0
 # in a report's counts, every value is a number but this one: the consumer's host name (a string)
 COUNT_HOST = "host"
+# each queue a consumer serves: COUNT_SERVES + the queue's name, 1 (a wait on a queue none serves says so)
+COUNT_SERVES = "serves:"
 MAX_HOST_CHARS = 255
 # a consumer's task run times travel in its report as a histogram: per bucket, the number of tasks
 # that took at most its upper bound in seconds (not cumulative; key COUNT_TASK_SECONDS_LE + the bound,

@@ -203,11 +203,11 @@ class InProcessQueues:
     # --- workers and stats --------------------------------------------------------------------
     def report(self, worker: str, counts: Counts) -> None:
         with self._cond:
-            self._workers[worker] = (time.time(), dict(counts))
+            self._workers[worker] = (time.monotonic(), dict(counts))
 
     def workers(self) -> dict[str, Counts]:
         """Consumers heard from within WORKER_GONE_S, with their latest counts and `seen` seconds ago."""
-        now = time.time()
+        now = time.monotonic()  # not the wall clock: a step of it would keep a dead consumer listed, or drop a live one
         with self._cond:
             return {w: {**c, "seen": now - t} for w, (t, c) in self._workers.items() if now - t <= WORKER_GONE_S}
 

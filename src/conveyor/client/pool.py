@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import operator
 import pickle
 import secrets
@@ -18,10 +19,12 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from conveyor.client.progress import JoinProgress, Stall
 from conveyor.client.sharded import LOCAL_MASK, ShardedQueues
@@ -29,6 +32,7 @@ from conveyor.constants import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE, H_IDEMPOTENCY
 from conveyor.errors import ConveyorError
 from conveyor.gc_policy import gc_paused
 from conveyor.message import Message, Status
+from conveyor.protocol import requests as calls
 from conveyor.protocol.auth import is_loopback
 from conveyor.protocol.requests import QueueInfo, QueueStats
 from conveyor.protocol.tls import self_signed
@@ -41,6 +45,21 @@ from conveyor.tasks.queue_config import QueueConfig
 
 QUIET_POLL_S = 5.0  # join without a progress bar: the longest wait of one request (the servers answer at the end)
 QUEUE_INFO_TTL_S = 5.0  # how long a pool trusts what the servers said about a queue's settings
+ATTACHED_POLL_S = 1.0  # a join looks after the consumer pools attached at least this often
+
+log = logging.getLogger("conveyor.client")
+
+
+class Attached(Protocol):
+    """What works on a pool's servers from this process (a `ConsumerPool`): see `QueuePool.attach`."""
+
+    def check(self) -> None:
+        """Look after its processes; raise its own error (consumers that cannot start, say)."""
+        ...
+
+    def cancel(self, graceful: bool = True) -> None:
+        """Stop, gracefully: running tasks finish and are settled."""
+        ...
 
 
 def check_ports(ports: Iterable[int] | None, n_servers: int) -> list[int] | None:
@@ -75,6 +94,9 @@ class QueuePool(ShardedQueues):
         self._queue_configs: dict[str, QueueConfig] = {}
         self._queue_info: tuple[float, dict[str, QueueInfo]] = (0.0, {})
         self._blobs_sent: set[str] = set()
+        self._attached: list[Attached] = []
+        self.data_dir: Path | None = None  # where servers this pool started keep their queues once stopped (None: nowhere)
+        self._attach_lock = threading.Lock()
 
     @classmethod
     def local(cls, n_servers: int = 2, durable: bool = True, data_dir: str | Path | None = None, *,
@@ -87,7 +109,9 @@ class QueuePool(ShardedQueues):
         Durable servers keep their queues under `data_dir/shard-<i>`; without a `data_dir`, each in a
         temporary directory of its own (under `temp_dir`, default the system's), which the server removes
         when it stops (on `close()`, or when this process ends however it ends). `close()` or leaving
-        the `with` block stops the servers cleanly.
+        the `with` block stops the consumer pools attached to the pool (`attach`), then the servers,
+        cleanly. The servers run in a session of their own: a terminal's Ctrl-C reaches this program
+        and its consumers, not them, so the consumers settle their running tasks before they stop.
 
         On an address other hosts reach (`host` not loopback) the servers are secured by default: a
         token is generated when none is given, and they serve TLS with a new self-signed certificate
@@ -130,7 +154,61 @@ class QueuePool(ShardedQueues):
             if certs is not None:
                 shutil.rmtree(certs, ignore_errors=True)
         pool._procs, pool._tmp = procs, tmps
+        pool.data_dir = Path(data_dir) if durable and data_dir is not None else None
         return pool
+
+    def attach(self, user: Attached) -> None:
+        """Tie `user` (a started `ConsumerPool`) to this pool until it `detach`es.
+
+        The pool's waits (`gather`, a handle's `result()`, `join`) call its `check()` as they go, so
+        consumers that cannot start fail the wait at once with their own error (not its timeout); and
+        `close()` stops it before the servers this pool started (its running tasks are settled while
+        they still answer).
+        """
+        with self._attach_lock:
+            if all(u is not user for u in self._attached):
+                self._attached.append(user)
+
+    def detach(self, user: Attached) -> None:
+        """Untie `user` (a stopped `ConsumerPool`): see `attach`."""
+        with self._attach_lock:
+            self._attached = [u for u in self._attached if u is not user]
+
+    def check_attached(self) -> None:
+        """Call `check()` of what is attached: its error is the wait's."""
+        for user in list(self._attached):
+            user.check()
+
+    def wake(self, queues: Sequence[str]) -> None:
+        """End the long polls of consumers idle in one on `queues`, from a thread of its own.
+
+        Consumers told to stop then stop at once, not when their poll ends. Over connections of its
+        own: a server out of reach costs the caller, and the pool's own requests, nothing (the polls
+        end on their own).
+        """
+        call, own = calls.wake(queues), pickle.loads(pickle.dumps(self))
+
+        def wake() -> None:
+            try:
+                own.on_every_server(call)  # a server's error comes back as a value
+            except Exception as e:
+                log.warning("could not wake the consumers' long polls: %s", e)
+            finally:
+                own.close()
+
+        threading.Thread(target=wake, name="conveyor-wake", daemon=True).start()
+
+    def close(self) -> None:
+        """Close the connections and stop the servers this pool started (`ShardedQueues.close`).
+
+        With servers to stop, what is attached stops first: its running tasks are settled while the
+        servers still answer.
+        """
+        try:
+            for user in list(self._attached) if self._procs else ():
+                user.cancel()
+        finally:
+            super().close()
 
     def requeue_dead_letters(self, queue: str, ids: Sequence[int] | None = None) -> int:
         """Put dead letters of `queue` (default all; else those of the pool-wide `ids` that are dead
@@ -174,8 +252,8 @@ class QueuePool(ShardedQueues):
         is how often the counts are refreshed meanwhile for the progress bar, shown on a terminal
         (`progress=None`: when stderr is one). Without a bar the servers are asked far less often
         (every QUIET_POLL_S): each request costs them CPU the work could use. Raises TimeoutError
-        after `timeout` seconds; with none, a warning every STALL_WARN_S while nothing finishes and no
-        consumer reports. Returns the final stats.
+        after `timeout` seconds, and the error of a `ConsumerPool` on this pool whose consumers cannot
+        start; warns while no live consumer serves a queue it waits on (`Stall`). Returns the final stats.
         """
         names = [queues] if isinstance(queues, str) else None if queues is None else list(queues)
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -191,10 +269,13 @@ class QueuePool(ShardedQueues):
                 bar.update(mine)
                 if all(s.pending == 0 for s in mine.values()):
                     return mine
-                stall.check(sum(s.acked + s.failed for s in mine.values()), sum(s.pending for s in mine.values()))
+                stall.check({q: s.pending for q, s in mine.items()})
+                self.check_attached()
                 if deadline is not None and (left := deadline - time.monotonic()) <= 0:
                     pending = sum(s.pending for s in mine.values())
                     raise TimeoutError(f"join: {pending:,} messages still pending after {timeout} s")
+                if self._attached:  # each look also looks after them: often enough to say at once that they fail
+                    poll_s = min(poll_s, ATTACHED_POLL_S)
                 wait = poll_s if deadline is None else max(min(poll_s, left), 0.001)
 
     def use_queues(self, configs: Iterable[QueueConfig]) -> None:
@@ -260,9 +341,9 @@ class QueuePool(ShardedQueues):
     def gather(self, handles: Sequence[TaskHandle], timeout: float | None = None, poll_s: float = 0.05) -> list[Any]:
         """The results of published tasks, in order, once all have finished.
 
-        Raises TaskFailedError for the first that ended in the dead letters (with its error), and
-        TimeoutError after `timeout` seconds; with none, warns every STALL_WARN_S while nothing
-        finishes and no consumer reports.
+        Raises TaskFailedError for the first that ended in the dead letters (with its error),
+        TimeoutError after `timeout` seconds, and the error of a `ConsumerPool` on this pool whose
+        consumers cannot start; warns while no live consumer serves a queue it waits on (`Stall`).
         """
         stall = Stall("gather", self.workers)
         out: list[Any] = [None] * len(handles)
@@ -281,7 +362,8 @@ class QueuePool(ShardedQueues):
                         left.append(k)
             todo = left
             if todo:
-                stall.check(len(todo), len(todo))
+                stall.check(Counter(handles[k].queue for k in todo))
+                self.check_attached()
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"gather: {len(todo)} of {len(handles)} tasks unfinished after {timeout} s")
                 time.sleep(poll_s)

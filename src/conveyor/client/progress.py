@@ -1,18 +1,18 @@
-"""Long waits: progress bars, shown only on a terminal (rich), and a warning when a wait makes no progress."""
+"""Long waits: progress bars, shown only on a terminal (rich), and a warning when a wait is on queues no consumer serves."""
 
 from __future__ import annotations
 
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
-from conveyor.constants import STALL_WARN_S
-from conveyor.protocol.requests import Counts, QueueStats
+from conveyor.constants import COUNT_SERVES, STALL_FIRST_S, STALL_LOOK_S, STALL_WARN_S
+from conveyor.protocol.requests import Counts, QueueStats, queues_served
 
 log = logging.getLogger("conveyor.client")
 
@@ -54,28 +54,56 @@ class JoinProgress:
 
 
 class Stall:
-    """Warns, once per `every` seconds, while a wait without a timeout sees no progress and no consumer
-    reports: work nobody serves would otherwise be waited on for ever, without a word."""
+    """Warns while a wait is on queues that no live consumer serves.
 
-    def __init__(self, what: str, workers: Callable[[], dict[str, Counts]], every: float = STALL_WARN_S) -> None:
-        self.what, self.workers, self.every = what, workers, every
-        self._seen: object = None
-        self._since = time.monotonic()
+    Work nobody serves would otherwise be waited on for ever, or until a timeout, without a word.
+    The first warning comes once consumers just started have had time to report (`first` seconds
+    into the wait), the next ones every `every` seconds while it lasts. Who serves what is read from
+    the consumers' reports (`workers`: those heard from lately, each listing the queues it serves),
+    at most every STALL_LOOK_S.
+    """
 
-    def check(self, progress: object, pending: int) -> None:
-        """`progress`: anything that changes as work gets done; `pending`: what is left."""
+    def __init__(
+        self, what: str, workers: Callable[[], dict[str, Counts]], first: float | None = None, every: float | None = None
+    ) -> None:
+        """`first`, `every`: None for STALL_FIRST_S and STALL_WARN_S (read now: a test may shorten them)."""
+        self.what, self.workers = what, workers
+        self.every = STALL_WARN_S if every is None else every
+        self._next_look = time.monotonic() + (STALL_FIRST_S if first is None else first)
+        self._warned_at: float | None = None  # the last warning, while the queues have stayed unserved since
+
+    def check(self, pending: Mapping[str, int]) -> None:
+        """`pending`: what the wait still waits on, per queue."""
         now = time.monotonic()
-        if progress != self._seen:
-            self._seen, self._since = progress, now
+        if now < self._next_look:
             return
-        if now - self._since < self.every:
-            return
-        self._since = now
+        self._next_look = now + min(STALL_LOOK_S, self.every)
         try:
-            idle = not self.workers()
+            heard = self.workers()
         except Exception:  # the wait itself reports a server that does not answer
             return
-        if idle:
-            log.warning("%s: %s pending and nothing finished for %.0f s, and no consumer reports: start consumers "
-                        "(ConsumerPool, SparkConsumerPool, conveyor worker), or pass a timeout", self.what,
-                        f"{pending:,}", self.every)  # fmt: skip
+        idle = {q: n for q, n in pending.items() if n and not served(heard, q)}
+        if not idle:
+            self._warned_at = None
+            return
+        if self._warned_at is not None and now - self._warned_at < self.every:
+            return
+        self._warned_at = now
+        queues = sorted(idle)
+        names = ", ".join(map(repr, queues))
+        on = sorted({q for counts in heard.values() for q in queues_served(counts)})
+        who = f"{len(heard)} consumer(s) report, on {', '.join(map(repr, on))}" if heard else "no consumer reports"
+        log.warning(
+            f"{self.what}: {sum(idle.values()):,} pending on {'queue' if len(queues) == 1 else 'queues'} {names}, "
+            f"which no live consumer serves ({who}): start consumers on {'it' if len(queues) == 1 else 'them'} "
+            f"(ConsumerPool(pool, queues={queues!r}), or conveyor worker --queues {','.join(queues)}), or pass a "
+            f"timeout (said again every {self.every:.0f} s while it lasts)"
+        )
+
+
+def served(workers: dict[str, Counts], queue: str) -> bool:
+    """Whether any of these consumers serves `queue`.
+
+    One whose report names no queue (a consumer of a version that did not say) may serve any.
+    """
+    return any(COUNT_SERVES + queue in c or not queues_served(c) for c in workers.values())

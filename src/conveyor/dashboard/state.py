@@ -44,7 +44,7 @@ class ServerWatch:
         self.address = client.address
         self.stats: ServerStats | None = None
         self.error: str | None = None
-        self.answered_at = 0.0  # time.time() of the last answer
+        self.answered_at: float | None = None  # time.monotonic() of the last answer
         self._stop = stop
         self.thread = threading.Thread(target=self._run, name=f"dashboard-{self.address}", daemon=True)
         self.thread.start()
@@ -53,7 +53,7 @@ class ServerWatch:
         while not self._stop.is_set():
             t0 = time.monotonic()
             try:
-                self.stats, self.error, self.answered_at = self.client.call(calls.server_stats()), None, time.time()
+                self.stats, self.error, self.answered_at = self.client.call(calls.server_stats()), None, time.monotonic()
             except (ConveyorError, OSError) as e:  # down, out of reach, or no answer within the client's timeout
                 self.error = f"{type(e).__name__}: {e}"
             self._stop.wait(max(0.0, POLL_S - (time.monotonic() - t0)))
@@ -114,10 +114,14 @@ class PoolWatch:
         return summed_stats(w.queues for w in self.servers)
 
     def overview(self) -> dict[str, Any]:
-        """Everything the page shows but the dead letters and the history."""
-        now = time.time()
+        """Everything the page shows but the dead letters and the history.
+
+        Ages are judged on the monotonic clock (a step of the wall clock neither keeps a dead consumer
+        listed nor marks a live one late); only `time`, for people, is the wall clock's.
+        """
+        now = time.monotonic()
         servers = [{"shard": k, "address": w.address, "up": w.up, "error": w.error,
-                    "last_answer_s": None if not w.answered_at else round(now - w.answered_at, 1)}
+                    "last_answer_s": None if w.answered_at is None else round(now - w.answered_at, 1)}
                    for k, w in enumerate(self.servers)]  # fmt: skip
         per_shard: dict[str, dict[str, dict[str, Any]]] = {}
         for k, w in enumerate(self.servers):
@@ -131,12 +135,17 @@ class PoolWatch:
                     del self._rows[q]
             rows = {q: (sum(m for m, _ in by.values()), sum(r for _, r in by.values())) for q, by in self._rows.items()}
         jobs = [_job(q, rows.get(q["name"], (0, 0))) for q in queues if q["name"].startswith(MAP_PREFIX)]
-        return {"time": now, "servers": servers, "queues": queues, "consumers": consumers, "jobs": jobs}
+        return {"time": time.time(), "servers": servers, "queues": queues, "consumers": consumers, "jobs": jobs}
 
     def _consumers(self, now: float) -> list[dict[str, Any]]:
-        """Every consumer heard from lately, and those gone within GONE_KEPT_S, with a status."""
+        """Every consumer heard from lately, and those gone within GONE_KEPT_S, with a status.
+
+        `now`, and every time kept here, are time.monotonic()'s.
+        """
         heard: dict[str, dict[str, Any]] = {}
         for w in self.servers:
+            if w.answered_at is None:  # not answered yet: no consumer heard of
+                continue
             for name, counts in w.workers.items():
                 at = w.answered_at - float(counts.get("seen", 0))  # when it last reported, as that server saw it
                 if name not in heard or at > heard[name]["heard_at"]:

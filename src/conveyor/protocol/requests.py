@@ -14,6 +14,7 @@ from typing import Any, Generic, TypeVar, cast
 
 import msgpack
 
+from conveyor.constants import COUNT_SERVES
 from conveyor.errors import ProtocolError
 from conveyor.message import DeadLetter, Message, Status, headers_bytes, make_message
 from conveyor.protocol.declarations import (
@@ -98,6 +99,11 @@ class QueueStats:
 
 _STAT_FIELDS = ("ready", "delivered", "delayed", "acked", "failed", "bytes_on_disk", "put_rate", "ack_rate")
 Counts = dict[str, float | str]  # a consumer's report: numbers, and its host name (COUNT_HOST) as a string
+
+
+def queues_served(counts: Counts) -> list[str]:
+    """The queues a consumer's report says it serves (COUNT_SERVES)."""
+    return [k[len(COUNT_SERVES) :] for k in counts if k.startswith(COUNT_SERVES)]
 
 
 @dataclass(frozen=True, slots=True)

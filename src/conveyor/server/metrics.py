@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from conveyor.constants import COUNT_HOST, METRICS_PATH, REQUEST_SECONDS_BUCKETS
 from conveyor.protocol.histograms import Histogram
 from conveyor.protocol.http import bearer_ok, serve_app
+from conveyor.protocol.requests import queues_served
 from conveyor.protocol.throttle import Throttle
 from conveyor.server.queues import QueueHost
 
@@ -115,6 +116,7 @@ def _consumers(host: QueueHost) -> Iterable[Metric]:
     running = GaugeMetricFamily("conveyor_consumer_running", "Tasks the consumer is running or holds.", labels=labels)
     seen = GaugeMetricFamily("conveyor_consumer_last_report_age_seconds", "Seconds since the consumer's last report.",
                              labels=labels)  # fmt: skip
+    serves = GaugeMetricFamily("conveyor_consumer_serves", "1 for each queue the consumer serves.", labels=[*labels, "queue"])
     runtimes = HistogramMetricFamily("conveyor_consumer_task_duration_seconds", "How long the consumer's tasks ran.",
                                      labels=labels)  # fmt: skip
     for name, counts in sorted(host.workers().items()):
@@ -123,12 +125,15 @@ def _consumers(host: QueueHost) -> Iterable[Metric]:
             family.add_metric(at, _number(counts.get(f)))
         running.add_metric(at, _number(counts.get("running")))
         seen.add_metric(at, _number(counts.get("seen")))
+        for queue in queues_served(counts):
+            serves.add_metric([*at, queue], 1)
         h = Histogram.from_counts(counts)
         if h is not None:
             runtimes.add_metric(at, h.cumulative(), h.sum)
     yield from (family for _, family in totals)
     yield running
     yield seen
+    yield serves
     yield runtimes
 
 

@@ -21,7 +21,10 @@ def spawn_server(data_dir: str | Path | None, port: int = 0, *, host: str = "127
     """Start `conveyor serve` on `host` in a child process; returns it and its address once it listens.
 
     The server logs to `stderr` (default: this process's stderr). It stops when this process ends,
-    even by SIGKILL (`--stop-with-parent`, its stdin a pipe from here).
+    even by SIGKILL (`--stop-with-parent`, its stdin a pipe from here), or when `stop_server` stops it,
+    and not before: it runs in a session of its own, so that a terminal's Ctrl-C (SIGINT to the whole
+    foreground process group) reaches this process and its consumers but not the servers they still
+    settle their work with.
     """
     return listening(start_server(data_dir, port, host=host, token=token, args=args, stderr=stderr))
 
@@ -35,7 +38,7 @@ def start_server(data_dir: str | Path | None, port: int = 0, *, host: str = "127
     env = {k: v for k, v in os.environ.items() if k not in ("CONVEYOR_TOKEN", "CONVEYOR_TOKEN_FILE")}  # the pool's own
     if token:
         env["CONVEYOR_TOKEN"] = token  # not on the command line, where `ps` would show it
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.PIPE, stderr=stderr, env=env)
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.PIPE, stderr=stderr, env=env, start_new_session=True)
 
 
 def listening(proc: subprocess.Popen[bytes]) -> tuple[subprocess.Popen[bytes], str]:

@@ -127,7 +127,7 @@ class QueueHost:
         self.unavailable: dict[str, str] = {}  # queue -> why its store could not be opened
         self.closing = False  # set when the server stops: long polls return at once
         self.settled = Signal()  # messages left the pending count (acked, failed for good, purged)
-        self._workers: dict[str, tuple[float, Counts]] = {}  # worker -> (when, counts)
+        self._workers: dict[str, tuple[float, Counts]] = {}  # worker -> (when, monotonic; counts)
         self.blobs = Blobs(None if data_dir is None else data_dir / BLOB_DIR)
         self.id_floor = 1  # new queues start here: above every id a dropped queue used
         self.space: SpaceReserve | None = None  # disk space held back for a full disk (see conveyor.storage.space)
@@ -323,13 +323,13 @@ class QueueHost:
         return True, trash
 
     def report(self, worker: str, counts: Counts) -> None:
-        self._workers[worker[:200]] = (time.time(), counts)
+        self._workers[worker[:200]] = (time.monotonic(), counts)
         if len(self._workers) > MAX_WORKERS:  # forget the longest silent
             del self._workers[min(self._workers, key=lambda w: self._workers[w][0])]
 
     def workers(self) -> dict[str, Counts]:
         """Counts of the consumers heard from within WORKER_GONE_S, with `seen` seconds ago."""
-        now = time.time()
+        now = time.monotonic()  # not the wall clock: a step of it would keep a dead consumer listed, or drop a live one
         return {w: {**c, "seen": now - t} for w, (t, c) in self._workers.items() if now - t <= WORKER_GONE_S}
 
     def sample(self) -> None:

@@ -2,7 +2,9 @@
 
 Inside the `with` block its pool is the default pool (`conveyor.set_default_pool`): `conveyor.spark.map`,
 `task.publish()`, task handles and anything else given no pool use it. On exit
-the servers stop (SIGTERM: a clean stop) and, if the block started it, the Spark session too.
+the servers stop (SIGTERM: a clean stop) and, if the block started it, the Spark session too. A
+Ctrl-C does not reach the servers (they run in a session of their own): an interrupted `map` drops
+its queue on them before they stop, and says that nothing is left behind.
 """
 
 from __future__ import annotations

@@ -174,8 +174,7 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
                         options={"batch_size": batch_size, "max_concurrency": max_concurrency,
                                  "concurrency": concurrency, "pin_core": pin_core})  # fmt: skip
         except BaseException as e:
-            if not ephemeral:  # an ephemeral pool's servers and data go with it
-                _abandon(pool, queue, e)
+            _abandon(pool, queue, e, ephemeral)
             raise
 
 
@@ -286,9 +285,17 @@ def _check_servers(pool: QueuePool) -> None:
         raise ConnectionLostError(f"map: {len(down)} of {len(pool)} queue server(s) do not answer: {'; '.join(down)}")
 
 
-def _abandon(pool: QueuePool, queue: str, error: BaseException) -> None:
-    """A map that failed or was interrupted: drop its queue where the servers answer, and say how to
-    drop it on the others (no wait on a server that is gone)."""
+def _abandon(pool: QueuePool, queue: str, error: BaseException, ephemeral: bool) -> None:
+    """Clean up after a map that failed or was interrupted, and say what is left (a note on `error`).
+
+    Its queue is dropped where the servers answer. What is left elsewhere is pointed at only on
+    servers that outlive this program (a pool the user gave): servers it started stop with it (a
+    Ctrl-C reaches them only through their stop), their queues gone with them unless they keep a
+    data directory. An ephemeral pool's servers stop with the call, their data with them.
+    """
+    if ephemeral:
+        _say(error, logging.INFO, "the servers started for this map stop with it: nothing is left behind")
+        return
     up = pool.reach.answering()
     left = [c.address for c in pool.clients if c not in up]
     for c in up:
@@ -296,13 +303,23 @@ def _abandon(pool: QueuePool, queue: str, error: BaseException) -> None:
             c.drop(queue)
         except (ConveyorError, OSError):
             left.append(c.address)
-    if left:
-        how = f"conveyor drop --connect {','.join(left)} {queue}"
-        log.error("map: could not drop its queue %s on %s; drop it with: %s", queue, ", ".join(left), how)
-        if hasattr(error, "add_note"):  # Python 3.11+; the log line above says it on 3.10
-            error.add_note(f"the map's queue {queue} is left on {', '.join(left)}; drop it with: {how}")
+    if not left:
+        _say(error, logging.INFO, f"dropped its queue {queue}: nothing is left behind")
+    elif pool.processes and pool.data_dir is None:
+        _say(error, logging.INFO, f"its queue {queue} goes with the servers this program started: nothing is left behind")
+    elif pool.processes:
+        kept = f"its queue {queue} stays in {pool.data_dir}: drop it (pool.drop) when servers run on it again"
+        _say(error, logging.WARNING, kept)
     else:
-        log.info("map: dropped its queue %s", queue)
+        how = f"conveyor drop --connect {','.join(left)} {queue}"
+        _say(error, logging.ERROR, f"could not drop its queue {queue} on {', '.join(left)}; drop it with: {how}")
+
+
+def _say(error: BaseException, level: int, what: str) -> None:
+    """Log what a failed map left behind and add it to its error (Python 3.11+: the log says it on 3.10)."""
+    log.log(level, "map: %s", what)
+    if hasattr(error, "add_note"):
+        error.add_note(f"conveyor.spark.map: {what}")
 
 
 def _ambient() -> QueuePool | None:

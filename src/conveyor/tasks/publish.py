@@ -81,8 +81,12 @@ class TaskHandle:
         return TaskHandle, (self.id, self.queue, self.task)
 
     def result(self, timeout: float | None = None) -> Any:
-        """The task's return value, once it has finished: `TaskFailedError` if it ended in the dead
-        letters, `TimeoutError` if it has not finished within `timeout` seconds (None: no limit)."""
+        """The task's return value, once it has finished.
+
+        Raises `TaskFailedError` if it ended in the dead letters, `TimeoutError` if it has not finished
+        within `timeout` seconds (None: no limit), and the pool's error when the consumers started on
+        it cannot start. Waiting, it warns while no live consumer serves the task's queue.
+        """
         return self._reader().gather([self], timeout)[0]
 
     def status(self) -> Status | None:

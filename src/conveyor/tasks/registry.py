@@ -11,13 +11,17 @@ only resolve in the process that defined them.
 from __future__ import annotations
 
 import difflib
+import importlib
+import importlib.util
 import logging
+import sys
 import threading
 from collections.abc import Callable, Iterator
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from conveyor.constants import ADHOC_TASK_PREFIX
-from conveyor.errors import DuplicateTaskError, TaskOptionError, UnknownTaskError
+from conveyor.errors import ConfigError, DuplicateTaskError, TaskOptionError, UnknownTaskError
 
 if TYPE_CHECKING:
     from conveyor.message import Message
@@ -108,3 +112,35 @@ class Registry:
 
 registry = Registry()
 """The process-wide registry: tasks register here unless given another."""
+
+
+def import_named(name: str, what: str = "task module") -> ModuleType:
+    """Import the module `name`: `what` it is to the user, a task module (its tasks register) or a settings module.
+
+    A ConfigError says what went wrong where it is: the module not found (the path), a module it
+    imports missing (a dependency to install, or a module of its own package), or its own code
+    raising as it ran (the original error chained).
+    """
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        missing = e.name or ""
+        if not missing or missing == name or name.startswith(missing + "."):  # the module, or a package of its
+            raise ConfigError(f"cannot import {what} {name!r}: {e} (is it under the current directory, or on PYTHONPATH?)") from e
+        top = missing.split(".")[0]
+        if top == name.split(".")[0]:
+            why = f"a module of its own package {top!r}: check the import, and that the module is there"
+        else:
+            why = f"install the package that provides {top!r} in this Python environment ({sys.executable})"
+        raise ConfigError(f"{what} {name!r} imports {missing!r}, which is not found: {why}") from e
+    except Exception as e:
+        raise ConfigError(f"{what} {name!r}{_origin(name)} raised {type(e).__name__} as it was imported: {e}") from e
+
+
+def _origin(name: str) -> str:
+    """Where module `name` is found, as " (path)" ("" when it cannot be told)."""
+    try:
+        spec = importlib.util.find_spec(name)
+    except Exception:  # a parent package that does not import, say
+        return ""
+    return f" ({spec.origin})" if spec is not None and spec.origin else ""

@@ -26,11 +26,12 @@ from conveyor.message import Message
 from conveyor.protocol.histograms import Histogram
 from conveyor.protocol.requests import Counts
 from conveyor.tasks.queue_config import QueueConfig
+from conveyor.tasks.registry import import_named
 from conveyor.worker.affinity import check_pin, pin_core, resolve_slots
 from conveyor.worker.completions import Completions
 from conveyor.worker.connections import BlobFetcher
 from conveyor.worker.executors import Completion, ProcessSlots, ThreadSlots
-from conveyor.worker.held import Held, ServedQueue, due_extensions, over_limit
+from conveyor.worker.held import Held, ServedQueue, due_extensions, over_limit, serves
 from conveyor.worker.middleware import Decision, Middleware, default_middleware
 from conveyor.worker.pacing import Pacing, Throughput, read_ahead
 from conveyor.worker.selectors import QueueSelector, selector_class
@@ -129,10 +130,8 @@ class Consumer:
 
     def run(self) -> ConsumerStats:
         """Work until `stop()` (or, with `until_empty`, until the queues are drained); returns the counts."""
-        import importlib
-
         for name in self.task_modules:
-            importlib.import_module(name)
+            import_named(name)
         pin = pin_core() if self.pin_core else None  # before any thread starts: they inherit it
         try:
             self._run(pin.core if pin is not None else None)
@@ -396,4 +395,4 @@ class Consumer:
         s = self.stats
         return self.name, {"processed": s.processed, "failed": s.failed, "retried": s.retried, "dead": s.dead,
                            "running": len(self._running), "stolen": s.stolen, "pid": os.getpid(), COUNT_HOST: _HOST,
-                           **self._task_seconds.as_counts(), **s.row_counts()}  # fmt: skip
+                           **self._task_seconds.as_counts(), **s.row_counts(), **serves(self.queues)}  # fmt: skip

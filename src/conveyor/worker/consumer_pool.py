@@ -15,7 +15,6 @@ import contextlib
 import logging
 import multiprocessing
 import os
-import pickle
 import signal
 import sys
 import threading
@@ -35,7 +34,6 @@ from conveyor.client.sharded import summed_stats
 from conveyor.constants import DEFAULT_SELECTOR, DEFAULT_UNREACHABLE_S, PARENT_CHECK_S
 from conveyor.errors import ConveyorError, RequestError
 from conveyor.gc_policy import tune_gc
-from conveyor.protocol import requests
 from conveyor.protocol.requests import QueueStats
 from conveyor.tasks.envelope import decode_result
 from conveyor.tasks.queue_config import QueueConfig
@@ -194,6 +192,8 @@ class ConsumerPool:
         self._why = [""] * self.n_consumers  # the error a process that failed to start sent
         self._holding: list[Any] = [None] * self.n_consumers  # shared [held, changes]: messages acked on delivery, running
         self._stopping = False
+        self._lock = threading.Lock()  # check() is called from the waits of any thread (see QueuePool.attach)
+        self._failure: str | None = None  # why check() gave up on the consumers, said again until start()
 
     @property
     def processes(self) -> list[multiprocessing.process.BaseProcess]:
@@ -240,19 +240,35 @@ class ConsumerPool:
             self._conns[i] = None
 
     def start(self) -> ConsumerPool:
-        """Start the consumer processes."""
-        self._stopping = False
+        """Start the consumer processes.
+
+        The pool's waits (`result()`, `gather`, `join`) look after them from then on
+        (`QueuePool.attach`): consumers that cannot start fail the wait with their error.
+        """
+        self._stopping, self._failure = False, None
         for i in range(self.n_consumers):
             self._spawn(i)
+        self.pool.attach(self)
         return self
 
     def check(self) -> None:
         """Restart consumers that died (their messages come back to the queue when their leases end).
 
-        `join()` calls it while it waits; call it now and then when waiting otherwise. Raises
-        ConveyorError when a consumer keeps exiting before it started (START_FAILURES_MAX times in a
-        row): a replacement would die the same way, forever.
+        `join()` calls it while it waits, and so do the waits of the pool's tasks (`result()`, `gather`);
+        call it now and then when waiting otherwise. Raises ConveyorError when a consumer keeps exiting
+        before it started (START_FAILURES_MAX times in a row): a replacement would die the same way,
+        forever; then raises it again at every call until `start()`.
         """
+        with self._lock:
+            if self._failure is not None:
+                raise ConveyorError(self._failure)
+            try:
+                self._look_after()
+            except ConveyorError as e:
+                self._failure = str(e)
+                raise
+
+    def _look_after(self) -> None:
         for i, p in enumerate(self._procs):
             self._hear(i)
             if p is not None and p.exitcode is not None and not self._stopping:
@@ -276,9 +292,7 @@ class ConsumerPool:
 
     def _never_started(self, i: int, times: int, code: int | None) -> str:
         """The error of consumer i exiting before it started: what it said failed, when it said."""
-        if not self._why[i]:
-            return never_started(f"consumer process {i}", times, code)
-        return f"consumer process {i} failed to start{f' {times} times in a row' if times > 1 else ''}: {self._why[i]}"
+        return never_started(f"consumer process {i}", times, code, self._why[i])
 
     def _held(self) -> tuple[int, int]:
         """Messages acked on delivery still running in live consumers (the servers no longer count them),
@@ -333,6 +347,7 @@ class ConsumerPool:
         """Stop the consumers: gracefully (finish running tasks, up to STOP_GRACE_S) or at once (SIGKILL;
         their messages come back when their leases end)."""
         self._stopping = True
+        self.pool.detach(self)
         procs = self.processes
         for p in procs:
             if p.is_alive() and p.pid is not None:
@@ -340,7 +355,7 @@ class ConsumerPool:
                     os.kill(p.pid, signal.SIGTERM if graceful else signal.SIGKILL)
         if graceful and procs:
             try:
-                self._wake()
+                self.pool.wake(self.queue_names)  # after the signals: a woken consumer has its stop already
             except Exception as e:  # only speeds the stop up: the consumers' polls end on their own
                 log.warning("could not wake the consumers' long polls: %s", e)
         deadline = time.monotonic() + (STOP_GRACE_S if graceful else 10)
@@ -361,23 +376,6 @@ class ConsumerPool:
                     p.kill()
                     p.join(10)
             self._procs = [None] * self.n_consumers
-
-    def _wake(self) -> None:
-        """End the long polls of consumers idle in one (they stop at once, not up to IDLE_POLL_S later).
-        Sent after the signals, so a woken consumer has its stop already. From a thread of its own,
-        over connections of its own: a server out of reach costs the stop, and the pool's own
-        requests, nothing (its consumers' polls end on their own)."""
-        call, pool = requests.wake(self.queue_names), pickle.loads(pickle.dumps(self.pool))
-
-        def wake() -> None:
-            try:
-                pool.on_every_server(call)  # a server's error comes back as a value
-            except Exception as e:
-                log.warning("could not wake the consumers' long polls: %s", e)
-            finally:
-                pool.close()
-
-        threading.Thread(target=wake, name="conveyor-wake", daemon=True).start()
 
     def results(self) -> Iterator[tuple[int, Any]]:
         """(message id, result) for every finished task; a failed one's result is a `TaskFailure`."""

@@ -8,7 +8,6 @@ startup and shutdown hooks, and returns the consumers' counts.
 
 from __future__ import annotations
 
-import importlib
 import signal
 import threading
 from collections.abc import Callable, Sequence
@@ -16,8 +15,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from conveyor.client.pool import QueuePool
-from conveyor.errors import ConfigError
 from conveyor.tasks.queue_config import QueueConfig
+from conveyor.tasks.registry import import_named
 from conveyor.worker.affinity import auto_pin
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import ConsumerPool, own_process
@@ -42,14 +41,9 @@ class WorkerOptions:
 
 
 def import_task_modules(modules: Sequence[str]) -> None:
-    """Import the modules whose tasks the worker runs; ConfigError names one that does not import."""
+    """Import the modules whose tasks the worker runs; ConfigError names one that does not import, and why."""
     for m in modules:
-        try:
-            importlib.import_module(m)
-        except ImportError as e:
-            raise ConfigError(
-                f"cannot import task module {m!r}: {e} (is it under the current directory, or on PYTHONPATH?)"
-            ) from None
+        import_named(m)
 
 
 def run_worker(pool: QueuePool, queues: Sequence[QueueConfig | str], settings: Settings, task_modules: Sequence[str],

@@ -18,7 +18,6 @@ Unlike ndkale, a settings module that cannot be imported is an error, not a logg
 
 from __future__ import annotations
 
-import importlib
 import os
 import random
 from collections.abc import Callable, Mapping
@@ -33,6 +32,7 @@ from conveyor.constants import (
 )
 from conveyor.errors import ConfigError
 from conveyor.tasks.queue_config import QueueConfig, load_queues
+from conveyor.tasks.registry import import_named
 from conveyor.worker.selectors import QueueSelector, selector_class
 
 
@@ -60,9 +60,9 @@ class Settings:
         """Import TASK_MODULES, registering their tasks."""
         for m in self.task_modules:
             try:
-                importlib.import_module(m)
-            except ImportError as e:
-                raise ConfigError(f"{self.module}: TASK_MODULES: cannot import {m!r}: {e}") from e
+                import_named(m)
+            except ConfigError as e:
+                raise ConfigError(f"{self.module}: TASK_MODULES: {e}") from e
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
@@ -73,9 +73,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
     if not name:
         return Settings()
     try:
-        mod = importlib.import_module(name)
-    except ImportError as e:
-        raise ConfigError(f"{SETTINGS_ENV}={name!r}: cannot import the settings module (is it on sys.path?): {e}") from e
+        mod = import_named(name, "settings module")
+    except ConfigError as e:
+        raise ConfigError(f"{SETTINGS_ENV}={name!r}: {e}") from e.__cause__
     where = f"settings module {name!r}"
 
     def get(attr: str, default: Any, ok: Callable[[Any], bool], want: str) -> Any:

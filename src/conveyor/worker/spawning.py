@@ -69,7 +69,12 @@ MAIN_GUARD_HINT = (
 )
 
 
-def never_started(what: str, times: int, code: int | None) -> str:
-    """The error of processes that keep exiting before they start, with the likely cause."""
+def never_started(what: str, times: int, code: int | None, why: str = "") -> str:
+    """The error of processes that keep exiting before they start, with its cause.
+
+    The cause is `why`, the error one said it failed with, or else the likely one.
+    """
+    if why:
+        return f"{what} failed to start{f' {times} times in a row' if times > 1 else ''}: {why}"
     exited = f"exited {times} times in a row" if times > 1 else "exited"
     return f"{what} {exited} before it started{f' (exit code {code})' if code is not None else ''}; giving up. {MAIN_GUARD_HINT}"

@@ -13,7 +13,6 @@ ones it adds (`CONVEYOR_*`), are listed in docs/migrating-from-ndkale.md.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import os
@@ -27,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from conveyor.compat.kale.exceptions import ImproperlyConfiguredException
+from conveyor.errors import ConfigError
+from conveyor.tasks.registry import import_named
 
 log = logging.getLogger(__name__)
 
@@ -111,11 +112,9 @@ class Settings:
             log.warning("%s is not set: the kale settings are the defaults", ENVIRONMENT_VARIABLE)
         else:
             try:
-                mod = importlib.import_module(name)
-            except ImportError as e:
-                raise ImproperlyConfiguredException(
-                    f"{ENVIRONMENT_VARIABLE}={name!r}: cannot import the settings module (is it on sys.path?): {e}"
-                ) from e
+                mod = import_named(name, "settings module")
+            except ConfigError as e:  # not found, or raising as it ran: the original error chained
+                raise ImproperlyConfiguredException(f"{ENVIRONMENT_VARIABLE}={name!r}: {e}") from e.__cause__
             values.update((k, getattr(mod, k)) for k in dir(mod) if k == k.upper() and not k.startswith("_"))
             values["PROPERLY_CONFIGURED"] = True
         for key, (ok, want) in _CHECKS.items():
