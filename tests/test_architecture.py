@@ -2,8 +2,9 @@
 
 - the import contracts in pyproject.toml (layers, the graph independent of the queue, no cycles);
 - a strict type check of src/ (mypy, configured in pyproject.toml);
-- no module over MAX_MODULE_LINES lines, and no import of our own modules inside a function
-  (which is how an import cycle is usually dodged).
+- no import of our own modules inside a function (which is how an import cycle is usually dodged).
+
+A module's size follows its job: there is no line limit (one pushed code into squeezed lines).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "conveyor"
-MAX_MODULE_LINES = 400
 BIN = Path(sys.executable).parent
 
 
@@ -37,11 +37,6 @@ def test_strict_type_check_passes() -> None:
 
 def _modules() -> list[Path]:
     return sorted(SRC.rglob("*.py"))
-
-
-def test_no_module_is_too_long() -> None:
-    long = {str(p.relative_to(SRC)): n for p in _modules() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
-    assert not long, f"modules over {MAX_MODULE_LINES} lines (split them by what they hold): {long}"
 
 
 def test_no_function_level_imports_of_our_own_modules() -> None:
