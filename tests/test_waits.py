@@ -5,6 +5,7 @@ real queue servers and real consumers."""
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 from collections.abc import Iterator
@@ -126,3 +127,31 @@ def test_consumers_that_cannot_start_fail_the_next_wait_with_their_error(pool: Q
             assert time.monotonic() - t0 < 5.0
     finally:
         consumers.cancel()
+
+
+def test_a_wait_looks_after_only_the_consumer_pools_on_its_queues(pool: QueuePool) -> None:
+    """A consumer pool that cannot start, on 'jobs', fails the waits on 'jobs' but not a wait on a
+    queue it does not serve (its error would point that wait the wrong way); and once its `with`
+    block is left, no wait at all."""
+    consumer = Consumer(pool, ["other"], max_concurrency=1)
+    runner = threading.Thread(target=consumer.run, name="test-consumer")
+    runner.start()
+
+    def gave_up(consumers: ConsumerPool) -> bool:
+        try:
+            consumers.check()
+        except ConveyorError:
+            return True
+        return False
+
+    try:
+        with ConsumerPool(pool, 1, queues=["jobs"], task_modules=["tests.no_such_task_module"]) as failing:
+            wait_for(lambda: gave_up(failing), START_FAILED_WITHIN_S, "the pool giving up on its consumers")
+            assert pool.submit(operator.add, 1, 2, _queue="other").result(timeout=60) == 3
+            with pytest.raises(ConveyorError, match="failed to start"):
+                wt.add.publish(1, 2, _pool=pool).result(timeout=60)
+        with pytest.raises(TimeoutError):  # nobody serves 'jobs' now: its own timeout, not the stopped pool's error
+            wt.add.publish(1, 2, _pool=pool).result(timeout=1.0)
+    finally:
+        consumer.stop()
+        runner.join(30)
