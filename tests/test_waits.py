@@ -49,6 +49,7 @@ def test_a_stall_is_judged_by_who_serves_the_queue_waited_on(pool: QueuePool, ca
     assert [w.split(": start")[0] for w in warnings(caplog)] == [
         "join: 3 pending on queue 'jobs', which no live consumer serves (no consumer reports)"
     ]
+    assert "or pass a timeout" in warnings(caplog)[0]  # the wait has none: it would wait for ever
     caplog.clear()
     stall = Stall("gather", pool.workers, first=0.0, every=60.0)
     pool.report("other-consumer", {"processed": 0, COUNT_SERVES + "other": 1})
@@ -97,6 +98,7 @@ def test_a_wait_on_a_queue_nobody_serves_warns_though_a_consumer_on_another_repo
     said = warnings(caplog)
     assert len(said) == 1, said
     assert "queue 'jobs'" in said[0] and "on 'other'" in said[0] and "--queues jobs" in said[0]
+    assert "pass a timeout" not in said[0]  # it has one
 
 
 @pytest.mark.parametrize(

@@ -270,7 +270,7 @@ class QueuePool(ShardedQueues):
         wait = 0.0  # the first look answers at once; then each server answers when drained or after poll_s
         # connections of its own: a waiting request would hold up other threads' calls on ours
         own: ShardedQueues = pickle.loads(pickle.dumps(self))
-        stall = Stall("join", own.workers)
+        stall = Stall("join", own.workers, timeout=timeout)
         with JoinProgress(enabled=progress) as bar, own:
             if not bar.enabled:
                 poll_s = max(poll_s, QUIET_POLL_S)
@@ -356,7 +356,7 @@ class QueuePool(ShardedQueues):
         queues whose consumers cannot start; warns while no live consumer serves a queue it waits
         on (`Stall`).
         """
-        stall = Stall("gather", self.workers)
+        stall = Stall("gather", self.workers, timeout=timeout)
         out: list[Any] = [None] * len(handles)
         todo = list(range(len(handles)))
         deadline = None if timeout is None else time.monotonic() + timeout
