@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
+import conveyor.client.in_process as in_process
 import conveyor.dashboard.state as dashboard_state
 import conveyor.server.queues as server_queues
+from conveyor.client.in_process import InProcessQueues
 from conveyor.client.pool import QueuePool
 from conveyor.dashboard.state import PoolWatch
 
@@ -59,6 +61,19 @@ def test_the_server_judges_a_consumers_reports_on_the_monotonic_clock(
         t0 = time.monotonic()
         wait_for(lambda: "w" not in pool.workers(), GONE_S + 10, "the silent consumer gone")
         assert time.monotonic() - t0 < GONE_S + 10
+
+
+@pytest.mark.parametrize("step", [-HOUR_S, HOUR_S], ids=["back", "forward"])
+def test_in_process_queues_judge_a_consumers_reports_on_the_monotonic_clock(monkeypatch: pytest.MonkeyPatch, step: float) -> None:
+    """The same for `InProcessQueues` (workers and tests without servers)."""
+    monkeypatch.setattr(in_process, "WORKER_GONE_S", GONE_S)
+    clock = SteppedClock(monkeypatch)
+    queues = InProcessQueues()
+    queues.report("w", {"processed": 1, "running": 0})
+    clock.step(step)
+    listed = queues.workers()
+    assert "w" in listed and 0 <= float(listed["w"]["seen"]) < GONE_S, listed
+    wait_for(lambda: "w" not in queues.workers(), GONE_S + 10, "the silent consumer gone")
 
 
 def test_the_dashboard_marks_a_silent_consumer_late_then_gone_after_the_wall_clock_steps_back(

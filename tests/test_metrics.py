@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.queue_client import QueueClient
-from conveyor.constants import ERR_UNKNOWN_OP, REQUEST_SECONDS_BUCKETS
+from conveyor.constants import COUNT_SERVES, ERR_UNKNOWN_OP, REQUEST_SECONDS_BUCKETS
 from conveyor.errors import ConveyorError
 from conveyor.message import Message
 from conveyor.protocol.histograms import Histogram
@@ -79,6 +79,7 @@ def test_a_scrape_after_a_known_workload_shows_every_value(server: ThreadServer)
         assert value(s, "conveyor_queue_messages", queue="work", state=state) == want, state
     assert (stats.ready, stats.delayed, stats.acked, stats.failed) == (7, 1, 2, 1)
     assert value(s, "conveyor_queue_disk_bytes", queue="work") == stats.bytes_on_disk > 0
+    assert value(s, "conveyor_queue_consumers", queue="work") == 0  # none reports
     assert value(s, "conveyor_queues_unavailable") == 0
     assert value(s, "conveyor_server_connections") == 1
     # one histogram per operation used: the requests this client made, each counted once
@@ -139,8 +140,7 @@ def test_the_consumers_figures_come_from_their_reports(server: ThreadServer) -> 
     assert value(s, "conveyor_consumer_failed_total", **labels) == 3 == c.stats.failed
     assert value(s, "conveyor_consumer_running", **labels) == 0
     assert 0 <= value(s, "conveyor_consumer_last_report_age_seconds", **labels) < 10
-    assert [dict(lb)["queue"] for name, lb in s if name == "conveyor_consumer_serves"] == ["jobs"]
-    assert value(s, "conveyor_consumer_serves", queue="jobs", **labels) == 1
+    assert value(s, "conveyor_queue_consumers", queue="jobs") == 1  # the queue it serves
     # 36 runs: 30 of 2 ms, 3 of 0.2 s (never under 0.1 s), 3 failures of about nothing
     assert value(s, "conveyor_consumer_task_duration_seconds_count", **labels) == 36
     assert value(s, "conveyor_consumer_task_duration_seconds_bucket", le="+Inf", **labels) == 36
@@ -162,6 +162,20 @@ def test_a_report_histogram_reads_back_and_bad_ones_are_left_out() -> None:
         assert Histogram.from_counts(bad, (0.1, 1.0)) is None, bad
     with pytest.raises(ValueError, match="ascending"):
         Histogram((1.0, 0.5))
+
+
+def test_the_consumers_serving_a_queue_are_counted_per_hosted_queue_only(server: ThreadServer) -> None:
+    """Who serves what, from the reports, as one series per queue the server hosts: consumers on
+    queues it does not host, however many, add no series (nor does a consumer, per queue)."""
+    c = QueueClient(server.address, timeout=10)
+    c.declare("hosted")
+    c.declare("idle")
+    c.report("a", {COUNT_SERVES + "hosted": 1, **{COUNT_SERVES + f"elsewhere-{i}": 1 for i in range(200)}})
+    c.report("b", {COUNT_SERVES + "hosted": 1})
+    s = scrape(server.server.metrics_address or "")
+    assert {dict(lb)["queue"]: v for (name, lb), v in s.items() if name == "conveyor_queue_consumers"} == {"hosted": 2, "idle": 0}
+    assert not [lb for name, lb in s if name.startswith("conveyor_consumer_") and "queue" in dict(lb)]
+    c.close()
 
 
 def test_a_bad_report_histogram_drops_only_itself(server: ThreadServer) -> None:

@@ -224,6 +224,33 @@ def test_a_task_module_says_whether_it_or_what_it_imports_is_missing(settings_di
     assert isinstance(e.value.__cause__, RuntimeError)
 
 
+def test_a_missing_module_of_an_installed_package_is_not_a_package_to_install(settings_dir: Path) -> None:
+    """`import json.no_such_module`: json is there, without that module (a wrong import, or another
+    version): said so, not "install the package that provides 'json'"."""
+    name = module(settings_dir, "site_tasks_submodule", "import json.no_such_module\n")
+    with pytest.raises(ConfigError) as e:
+        import_task_modules([name])
+    said = str(e.value)
+    assert f"task module '{name}' imports 'json.no_such_module', which is not found" in said
+    assert "'json' is installed (" in said and "but has no module 'json.no_such_module'" in said
+    assert "install the package" not in said and "PYTHONPATH" not in said
+
+
+def test_a_package_that_raises_is_run_once_to_say_so(settings_dir: Path) -> None:
+    """The error of a task module whose package raised does not import the package again to say
+    where the module is (its code, which may have side effects, runs once)."""
+    package = settings_dir / "site_pkg_raising"
+    package.mkdir()
+    runs = settings_dir / "runs"
+    init = f"import pathlib\np = pathlib.Path({str(runs)!r})\np.write_text(p.read_text() + 'run')\nraise RuntimeError('no database')\n"
+    runs.write_text("")
+    (package / "__init__.py").write_text(init)
+    (package / "tasks.py").write_text("")
+    with pytest.raises(ConfigError, match=r"task module 'site_pkg_raising\.tasks' raised RuntimeError .*no database"):
+        import_task_modules(["site_pkg_raising.tasks"])
+    assert runs.read_text() == "run"
+
+
 def test_a_settings_module_that_raises_is_a_clear_error_naming_it(settings_dir: Path) -> None:
     name = module(settings_dir, "site_settings_raises", "raise RuntimeError('no database here')\n")
     with pytest.raises(ConfigError) as e:

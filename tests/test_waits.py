@@ -5,6 +5,7 @@ real queue servers and real consumers."""
 from __future__ import annotations
 
 import logging
+import operator
 import threading
 import time
 from collections.abc import Iterator
@@ -48,6 +49,7 @@ def test_a_stall_is_judged_by_who_serves_the_queue_waited_on(pool: QueuePool, ca
     assert [w.split(": start")[0] for w in warnings(caplog)] == [
         "join: 3 pending on queue 'jobs', which no live consumer serves (no consumer reports)"
     ]
+    assert "or pass a timeout" in warnings(caplog)[0]  # the wait has none: it would wait for ever
     caplog.clear()
     stall = Stall("gather", pool.workers, first=0.0, every=60.0)
     pool.report("other-consumer", {"processed": 0, COUNT_SERVES + "other": 1})
@@ -96,6 +98,7 @@ def test_a_wait_on_a_queue_nobody_serves_warns_though_a_consumer_on_another_repo
     said = warnings(caplog)
     assert len(said) == 1, said
     assert "queue 'jobs'" in said[0] and "on 'other'" in said[0] and "--queues jobs" in said[0]
+    assert "pass a timeout" not in said[0]  # it has one
 
 
 @pytest.mark.parametrize(
@@ -126,3 +129,31 @@ def test_consumers_that_cannot_start_fail_the_next_wait_with_their_error(pool: Q
             assert time.monotonic() - t0 < 5.0
     finally:
         consumers.cancel()
+
+
+def test_a_wait_looks_after_only_the_consumer_pools_on_its_queues(pool: QueuePool) -> None:
+    """A consumer pool that cannot start, on 'jobs', fails the waits on 'jobs' but not a wait on a
+    queue it does not serve (its error would point that wait the wrong way); and once its `with`
+    block is left, no wait at all."""
+    consumer = Consumer(pool, ["other"], max_concurrency=1)
+    runner = threading.Thread(target=consumer.run, name="test-consumer")
+    runner.start()
+
+    def gave_up(consumers: ConsumerPool) -> bool:
+        try:
+            consumers.check()
+        except ConveyorError:
+            return True
+        return False
+
+    try:
+        with ConsumerPool(pool, 1, queues=["jobs"], task_modules=["tests.no_such_task_module"]) as failing:
+            wait_for(lambda: gave_up(failing), START_FAILED_WITHIN_S, "the pool giving up on its consumers")
+            assert pool.submit(operator.add, 1, 2, _queue="other").result(timeout=60) == 3
+            with pytest.raises(ConveyorError, match="failed to start"):
+                wt.add.publish(1, 2, _pool=pool).result(timeout=60)
+        with pytest.raises(TimeoutError):  # nobody serves 'jobs' now: its own timeout, not the stopped pool's error
+            wt.add.publish(1, 2, _pool=pool).result(timeout=1.0)
+    finally:
+        consumer.stop()
+        runner.join(30)

@@ -53,6 +53,8 @@ log = logging.getLogger("conveyor.client")
 class Attached(Protocol):
     """What works on a pool's servers from this process (a `ConsumerPool`): see `QueuePool.attach`."""
 
+    queue_names: list[str]  # the queues it serves: the waits on them look after it
+
     def check(self) -> None:
         """Look after its processes; raise its own error (consumers that cannot start, say)."""
         ...
@@ -160,8 +162,9 @@ class QueuePool(ShardedQueues):
     def attach(self, user: Attached) -> None:
         """Tie `user` (a started `ConsumerPool`) to this pool until it `detach`es.
 
-        The pool's waits (`gather`, a handle's `result()`, `join`) call its `check()` as they go, so
-        consumers that cannot start fail the wait at once with their own error (not its timeout); and
+        The pool's waits (`gather`, a handle's `result()`, `join`) on a queue it serves call its
+        `check()` as they go, so consumers that cannot start fail the wait at once with their own
+        error (not its timeout), and consumers that died are restarted meanwhile; and
         `close()` stops it before the servers this pool started (its running tasks are settled while
         they still answer).
         """
@@ -174,10 +177,16 @@ class QueuePool(ShardedQueues):
         with self._attach_lock:
             self._attached = [u for u in self._attached if u is not user]
 
-    def check_attached(self) -> None:
-        """Call `check()` of what is attached: its error is the wait's."""
+    def check_attached(self, queues: Iterable[str] | None = None) -> None:
+        """Call `check()` of what is attached on any of `queues` (None: all): its error is the wait's.
+
+        One on other queues is left alone: its error would point a wait on work it does not do the
+        wrong way.
+        """
+        wanted = None if queues is None else set(queues)
         for user in list(self._attached):
-            user.check()
+            if wanted is None or not wanted.isdisjoint(user.queue_names):
+                user.check()
 
     def wake(self, queues: Sequence[str]) -> None:
         """End the long polls of consumers idle in one on `queues`, from a thread of its own.
@@ -252,15 +261,16 @@ class QueuePool(ShardedQueues):
         is how often the counts are refreshed meanwhile for the progress bar, shown on a terminal
         (`progress=None`: when stderr is one). Without a bar the servers are asked far less often
         (every QUIET_POLL_S): each request costs them CPU the work could use. Raises TimeoutError
-        after `timeout` seconds, and the error of a `ConsumerPool` on this pool whose consumers cannot
-        start; warns while no live consumer serves a queue it waits on (`Stall`). Returns the final stats.
+        after `timeout` seconds, and the error of a `ConsumerPool` on this pool and these queues
+        whose consumers cannot start; warns while no live consumer serves a queue it waits on
+        (`Stall`). Returns the final stats.
         """
         names = [queues] if isinstance(queues, str) else None if queues is None else list(queues)
         deadline = None if timeout is None else time.monotonic() + timeout
         wait = 0.0  # the first look answers at once; then each server answers when drained or after poll_s
         # connections of its own: a waiting request would hold up other threads' calls on ours
         own: ShardedQueues = pickle.loads(pickle.dumps(self))
-        stall = Stall("join", own.workers)
+        stall = Stall("join", own.workers, timeout=timeout)
         with JoinProgress(enabled=progress) as bar, own:
             if not bar.enabled:
                 poll_s = max(poll_s, QUIET_POLL_S)
@@ -270,7 +280,7 @@ class QueuePool(ShardedQueues):
                 if all(s.pending == 0 for s in mine.values()):
                     return mine
                 stall.check({q: s.pending for q, s in mine.items()})
-                self.check_attached()
+                self.check_attached(names)
                 if deadline is not None and (left := deadline - time.monotonic()) <= 0:
                     pending = sum(s.pending for s in mine.values())
                     raise TimeoutError(f"join: {pending:,} messages still pending after {timeout} s")
@@ -342,10 +352,11 @@ class QueuePool(ShardedQueues):
         """The results of published tasks, in order, once all have finished.
 
         Raises TaskFailedError for the first that ended in the dead letters (with its error),
-        TimeoutError after `timeout` seconds, and the error of a `ConsumerPool` on this pool whose
-        consumers cannot start; warns while no live consumer serves a queue it waits on (`Stall`).
+        TimeoutError after `timeout` seconds, and the error of a `ConsumerPool` on this pool and their
+        queues whose consumers cannot start; warns while no live consumer serves a queue it waits
+        on (`Stall`).
         """
-        stall = Stall("gather", self.workers)
+        stall = Stall("gather", self.workers, timeout=timeout)
         out: list[Any] = [None] * len(handles)
         todo = list(range(len(handles)))
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -363,7 +374,7 @@ class QueuePool(ShardedQueues):
             todo = left
             if todo:
                 stall.check(Counter(handles[k].queue for k in todo))
-                self.check_attached()
+                self.check_attached({handles[k].queue for k in todo})
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"gather: {len(todo)} of {len(handles)} tasks unfinished after {timeout} s")
                 time.sleep(poll_s)

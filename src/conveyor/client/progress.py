@@ -64,10 +64,19 @@ class Stall:
     """
 
     def __init__(
-        self, what: str, workers: Callable[[], dict[str, Counts]], first: float | None = None, every: float | None = None
+        self,
+        what: str,
+        workers: Callable[[], dict[str, Counts]],
+        first: float | None = None,
+        every: float | None = None,
+        *,
+        timeout: float | None = None,
     ) -> None:
-        """`first`, `every`: None for STALL_FIRST_S and STALL_WARN_S (read now: a test may shorten them)."""
-        self.what, self.workers = what, workers
+        """`first`, `every`: None for STALL_FIRST_S and STALL_WARN_S (read now: a test may shorten them).
+
+        `timeout`: the wait's (None: it waits for ever, and the warning says a timeout would end it).
+        """
+        self.what, self.workers, self.timeout = what, workers, timeout
         self.every = STALL_WARN_S if every is None else every
         self._next_look = time.monotonic() + (STALL_FIRST_S if first is None else first)
         self._warned_at: float | None = None  # the last warning, while the queues have stayed unserved since
@@ -96,8 +105,8 @@ class Stall:
         log.warning(
             f"{self.what}: {sum(idle.values()):,} pending on {'queue' if len(queues) == 1 else 'queues'} {names}, "
             f"which no live consumer serves ({who}): start consumers on {'it' if len(queues) == 1 else 'them'} "
-            f"(ConsumerPool(pool, queues={queues!r}), or conveyor worker --queues {','.join(queues)}), or pass a "
-            f"timeout (said again every {self.every:.0f} s while it lasts)"
+            f"(ConsumerPool(pool, queues={queues!r}), or conveyor worker --queues {','.join(queues)})"
+            f"{', or pass a timeout' if self.timeout is None else ''} (said again every {self.every:.0f} s while it lasts)"
         )
 
 

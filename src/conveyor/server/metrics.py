@@ -10,6 +10,7 @@ Prometheus's conventions; docs/metrics.md lists them.
 from __future__ import annotations
 
 import ssl
+from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -89,6 +90,9 @@ def _queues(host: QueueHost) -> Iterable[Metric]:
     disk = GaugeMetricFamily("conveyor_queue_disk_bytes", "Bytes the queue's files take (0 for a transient queue).",
                              labels=["queue"])  # fmt: skip
     totals = [(f, CounterMetricFamily(f"conveyor_queue_{f}", doc, labels=["queue"])) for f, doc in QUEUE_TOTALS]
+    consumers = GaugeMetricFamily("conveyor_queue_consumers", "Live consumers that report serving the queue.", labels=["queue"])
+    # per queue hosted here, not per consumer and queue: a report naming queues without end adds no series
+    serving = Counter(q for counts in host.workers().values() for q in queues_served(counts))
     for name, q in sorted(host.queues.items()):
         if q.dropped:
             continue
@@ -97,10 +101,12 @@ def _queues(host: QueueHost) -> Iterable[Metric]:
                          ("failed", s.failed)):  # fmt: skip
             messages.add_metric([name, state], n)
         disk.add_metric([name], s.bytes_on_disk)
+        consumers.add_metric([name], serving[name])
         for f, family in totals:
             family.add_metric([name], getattr(q.store.totals, f))
     yield messages
     yield disk
+    yield consumers
     for _, family in totals:
         yield family
     yield GaugeMetricFamily("conveyor_queues_unavailable", "Queues whose store could not be opened (see the server's log).",
@@ -116,7 +122,6 @@ def _consumers(host: QueueHost) -> Iterable[Metric]:
     running = GaugeMetricFamily("conveyor_consumer_running", "Tasks the consumer is running or holds.", labels=labels)
     seen = GaugeMetricFamily("conveyor_consumer_last_report_age_seconds", "Seconds since the consumer's last report.",
                              labels=labels)  # fmt: skip
-    serves = GaugeMetricFamily("conveyor_consumer_serves", "1 for each queue the consumer serves.", labels=[*labels, "queue"])
     runtimes = HistogramMetricFamily("conveyor_consumer_task_duration_seconds", "How long the consumer's tasks ran.",
                                      labels=labels)  # fmt: skip
     for name, counts in sorted(host.workers().items()):
@@ -125,15 +130,12 @@ def _consumers(host: QueueHost) -> Iterable[Metric]:
             family.add_metric(at, _number(counts.get(f)))
         running.add_metric(at, _number(counts.get("running")))
         seen.add_metric(at, _number(counts.get("seen")))
-        for queue in queues_served(counts):
-            serves.add_metric([*at, queue], 1)
         h = Histogram.from_counts(counts)
         if h is not None:
             runtimes.add_metric(at, h.cumulative(), h.sum)
     yield from (family for _, family in totals)
     yield running
     yield seen
-    yield serves
     yield runtimes
 
 

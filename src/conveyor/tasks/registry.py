@@ -127,20 +127,32 @@ def import_named(name: str, what: str = "task module") -> ModuleType:
         missing = e.name or ""
         if not missing or missing == name or name.startswith(missing + "."):  # the module, or a package of its
             raise ConfigError(f"cannot import {what} {name!r}: {e} (is it under the current directory, or on PYTHONPATH?)") from e
-        top = missing.split(".")[0]
-        if top == name.split(".")[0]:
-            why = f"a module of its own package {top!r}: check the import, and that the module is there"
-        else:
-            why = f"install the package that provides {top!r} in this Python environment ({sys.executable})"
-        raise ConfigError(f"{what} {name!r} imports {missing!r}, which is not found: {why}") from e
+        raise ConfigError(f"{what} {name!r} imports {missing!r}, which is not found: {_missing_why(name, missing)}") from e
     except Exception as e:
         raise ConfigError(f"{what} {name!r}{_origin(name)} raised {type(e).__name__} as it was imported: {e}") from e
 
 
+def _missing_why(name: str, missing: str) -> str:
+    """What to do about module `missing`, not found as module `name` imported it."""
+    top = missing.split(".")[0]
+    if top == name.split(".")[0]:
+        return f"a module of its own package {top!r}: check the import, and that the module is there"
+    if top != missing and (where := _origin(top)):  # a package that is there, without that module
+        return f"{top!r} is installed{where} but has no module {missing!r}: check the import, and the version installed"
+    return f"install the package that provides {top!r} in this Python environment ({sys.executable})"
+
+
 def _origin(name: str) -> str:
-    """Where module `name` is found, as " (path)" ("" when it cannot be told)."""
+    """Where module `name` is found, as " (path)" ("" when it cannot be told).
+
+    Only when its package is imported already: finding it would otherwise import the package, running
+    again code that may just have failed.
+    """
+    parent = name.rpartition(".")[0]
+    if parent and parent not in sys.modules:
+        return ""
     try:
         spec = importlib.util.find_spec(name)
-    except Exception:  # a parent package that does not import, say
+    except Exception:  # a name find_spec refuses, say
         return ""
     return f" ({spec.origin})" if spec is not None and spec.origin else ""

@@ -192,7 +192,7 @@ class ConsumerPool:
         self._why = [""] * self.n_consumers  # the error a process that failed to start sent
         self._holding: list[Any] = [None] * self.n_consumers  # shared [held, changes]: messages acked on delivery, running
         self._stopping = False
-        self._lock = threading.Lock()  # check() is called from the waits of any thread (see QueuePool.attach)
+        self._lock = threading.Lock()  # check() is called from the waits of any thread, cancel() from close()
         self._failure: str | None = None  # why check() gave up on the consumers, said again until start()
 
     @property
@@ -257,11 +257,13 @@ class ConsumerPool:
         `join()` calls it while it waits, and so do the waits of the pool's tasks (`result()`, `gather`);
         call it now and then when waiting otherwise. Raises ConveyorError when a consumer keeps exiting
         before it started (START_FAILURES_MAX times in a row): a replacement would die the same way,
-        forever; then raises it again at every call until `start()`.
+        forever; then raises it again at every call until `start()`. Once `cancel()` began, does nothing.
         """
         with self._lock:
             if self._failure is not None:
                 raise ConveyorError(self._failure)
+            if self._stopping:  # cancel() has them: a wait's check() in another thread leaves them alone
+                return
             try:
                 self._look_after()
             except ConveyorError as e:
@@ -346,7 +348,8 @@ class ConsumerPool:
     def cancel(self, graceful: bool = True) -> None:
         """Stop the consumers: gracefully (finish running tasks, up to STOP_GRACE_S) or at once (SIGKILL;
         their messages come back when their leases end)."""
-        self._stopping = True
+        with self._lock:  # once a check() under way in another thread's wait is done: none looks after them now
+            self._stopping = True
         self.pool.detach(self)
         procs = self.processes
         for p in procs:
@@ -393,5 +396,4 @@ class ConsumerPool:
         return self.start()
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
-        if any(p is not None for p in self._procs):
-            self.cancel()
+        self.cancel()  # with no consumer left running too: it unties this pool from the QueuePool's waits
