@@ -57,6 +57,7 @@ log = logging.getLogger("conveyor.server.queue_server")
 
 AUTH_TIMEOUT_S = 10.0
 RESERVED_FDS = 128  # descriptors kept for the rest: listening socket, pipes, blobs, logs, thread pools
+ACCEPT_TURNS = 4  # turns of the loop from a socket accepted to its _serve running (asyncio: accept, transport, protocol, task)
 COMPLAIN_EVERY_S = 60.0  # a store error that recurs at every sweep is logged this often
 _AUTH_LIMITS = Limits(max_header_bytes=4096, max_frames=1, max_frame_bytes=1, max_message_bytes=1)
 
@@ -171,8 +172,10 @@ class QueueServer:
         """Stop listening, let running requests finish (long polls return at once), close the stores."""
         if self._closing or self._server is None:
             return
-        self._closing = True
-        self._server.close()
+        self._closing = True  # from here a connection accepted is closed at once (_serve)
+        loop = asyncio.get_running_loop()
+        for sock in self._server.sockets:  # accept no more (asyncio's loop; uvloop's accepts until the close below)
+            loop.remove_reader(sock.fileno())
         self._sweeper.cancel() if self._sweeper is not None else None
         assert self.queues is not None
         self.queues.closing = True
@@ -184,6 +187,7 @@ class QueueServer:
             if c.reader_task is not None:
                 c.reader_task.cancel()
         running = [t for c in conns for t in c.tasks]
+        await self._close_listener()
         if running:
             _, late = await asyncio.wait(running, timeout=grace_s)
             for t in late:
@@ -199,6 +203,20 @@ class QueueServer:
         log.info("stopped; queues closed%s", f", {self.data_dir} removed" if self.temporary else "")
         assert self._stopped is not None
         self._stopped.set()
+
+    async def _close_listener(self) -> None:
+        """Close the listening sockets, leaving no connection they accepted open once the loop stops.
+
+        A socket accepted takes a few turns of the loop to reach _serve (which closes it now): so the
+        turns before the close (asyncio's Server.close() would leave one accepted, not yet given its
+        transport, unclosed) and after it (uvloop accepts until then).
+        """
+        assert self._server is not None
+        for _ in range(ACCEPT_TURNS):
+            await asyncio.sleep(0)
+        self._server.close()
+        for _ in range(ACCEPT_TURNS):
+            await asyncio.sleep(0)
 
     def run(self, on_ready: Callable[[str], None] | None = None, *, stop_with_parent: bool = False) -> None:
         """Serve until SIGTERM or SIGINT, then stop cleanly. `on_ready(address)` runs once listening.
@@ -228,6 +246,9 @@ class QueueServer:
 
     # --- connections ----------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._closing:  # accepted as the server stops, after stop() took the connections it closes
+            writer.close()
+            return
         peer = writer.get_extra_info("peername")
         conn = Connection(writer, f"{peer[0]}:{peer[1]}" if peer else "?", asyncio.current_task(), tls=self.tls is not None)
         assert self.max_connections is not None
