@@ -27,7 +27,7 @@ from conveyor.protocol import throttle as throttle_module
 from conveyor.protocol.auth import proof
 from conveyor.protocol.throttle import Rule, Throttle, source_of
 
-from .servers import RawConnection, frame, thread_server
+from .servers import RawConnection, frame, thread_server, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 TOKEN = "s3cret"
@@ -229,6 +229,27 @@ def test_a_guesser_that_does_not_wait_for_answers_learns_no_faster() -> None:
         for raw in waiting:
             raw.close()
     assert took >= 0.8 * (40 - THROTTLE_BURST) * THROTTLE_PACE_S, f"the 41st try was checked {took:.2f} s after the first"
+
+
+def test_a_guess_whose_client_leaves_holds_nothing_on_the_server_and_still_counts() -> None:
+    """Answers held back would otherwise hold the connections of a guesser that closes each at once:
+    the last of 50 is due 50 failures x 2 paces = 10 s after the first."""
+    with thread_server(token=TOKEN) as s:
+        for i in range(50):
+            raw = RawConnection(s.address, timeout=60)
+            raw.send(
+                frame(
+                    {
+                        "op": "auth",
+                        "id": 1,
+                        "nonce": b"n" * 32,
+                        "proof": proof(f"guess-{i}".encode(), AUTH_CLIENT_LABEL, raw.hello["nonce"], b"n" * 32),
+                    }
+                )
+            )
+            raw.close()  # before its answer
+        wait_for(lambda: not s.call(lambda: len(s.server._conns)), timeout=5, what="the guessers' connections closed")
+        assert s.call(lambda: len(s.server._throttle)) == 1  # their address's failures counted
 
 
 def test_the_pace_backs_off_and_a_quiet_source_is_forgotten() -> None:

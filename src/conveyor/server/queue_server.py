@@ -42,7 +42,7 @@ from conveyor.protocol.framing import Frames, Header, Limits
 from conveyor.protocol.http import MAX_HTTP_CONNECTIONS
 from conveyor.protocol.throttle import Throttle
 from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME, netloc
-from conveyor.server.connection import Connection, finished, linger
+from conveyor.server.connection import Connection, finished, linger, unless_gone
 from conveyor.server.handlers import HANDLERS
 from conveyor.server.metrics import RequestTimes, ServerCollector, start_endpoint
 from conveyor.server.queues import Defaults, QueueHost
@@ -318,7 +318,11 @@ class QueueServer:
             log.warning("%s: refused: no token", conn.peer)
             return False
         key, peer = self._key, conn.writer.get_extra_info("peername")  # failures are throttled per source address
-        if not await self._throttle.check(peer[0] if peer else None, lambda: client_proved(key, nonce, header)):
+        check = self._throttle.check(peer[0] if peer else None, lambda: client_proved(key, nonce, header))
+        passed = await unless_gone(reader, check)  # a guesser gone waits no longer (its guess, if checked, counted)
+        if passed is None:
+            return False
+        if not passed:
             await conn.error(rid, ERR_AUTH, "wrong token")
             log.warning("%s: refused: wrong token", conn.peer)
             return False
