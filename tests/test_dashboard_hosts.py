@@ -147,41 +147,11 @@ def test_an_allow_host_that_is_not_a_name_is_refused_with_what_to_give() -> None
 
 def test_conveyor_dashboard_allow_host() -> None:
     with thread_server() as s:
-        bad = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "conveyor",
-                "dashboard",
-                "--connect",
-                s.address,
-                "--port",
-                "0",
-                "--allow-host",
-                "http://board.test",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        command = [sys.executable, "-m", "conveyor", "dashboard", "--connect", s.address, "--port", "0"]
+        bad = subprocess.run([*command, "--allow-host", "http://board.test"], capture_output=True, text=True, timeout=60)
         assert bad.returncode != 0 and "give a name as the browser's address bar shows it" in bad.stderr
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "conveyor",
-                "dashboard",
-                "--connect",
-                s.address,
-                "--port",
-                "0",
-                "--allow-host",
-                "board.test",
-                "--allow-host",
-                "other.test",
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
+            [*command, "--allow-host", "board.test", "--allow-host", "other.test"], stdout=subprocess.PIPE, text=True
         )
         try:
             assert proc.stdout is not None
