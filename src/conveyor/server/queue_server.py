@@ -46,7 +46,7 @@ from conveyor.server.connection import Connection, finished, linger, unless_gone
 from conveyor.server.handlers import HANDLERS
 from conveyor.server.metrics import RequestTimes, ServerCollector, start_endpoint
 from conveyor.server.queues import Defaults, QueueHost
-from conveyor.server.runtime import raise_fd_limit, run_loop, watch_parent
+from conveyor.server.runtime import close_listener, raise_fd_limit, run_loop, stop_accepting, watch_parent
 from conveyor.server.tied import TIED
 from conveyor.storage.files import store_error
 
@@ -57,7 +57,6 @@ log = logging.getLogger("conveyor.server.queue_server")
 
 AUTH_TIMEOUT_S = 10.0
 RESERVED_FDS = 128  # descriptors kept for the rest: listening socket, pipes, blobs, logs, thread pools
-ACCEPT_TURNS = 4  # turns of the loop from a socket accepted to its _serve running (asyncio: accept, transport, protocol, task)
 COMPLAIN_EVERY_S = 60.0  # a store error that recurs at every sweep is logged this often
 _AUTH_LIMITS = Limits(max_header_bytes=4096, max_frames=1, max_frame_bytes=1, max_message_bytes=1)
 
@@ -173,9 +172,7 @@ class QueueServer:
         if self._closing or self._server is None:
             return
         self._closing = True  # from here a connection accepted is closed at once (_serve)
-        loop = asyncio.get_running_loop()
-        for sock in self._server.sockets:  # accept no more (asyncio's loop; uvloop's accepts until the close below)
-            loop.remove_reader(sock.fileno())
+        stop_accepting(self._server)
         self._sweeper.cancel() if self._sweeper is not None else None
         assert self.queues is not None
         self.queues.closing = True
@@ -187,7 +184,7 @@ class QueueServer:
             if c.reader_task is not None:
                 c.reader_task.cancel()
         running = [t for c in conns for t in c.tasks]
-        await self._close_listener()
+        await close_listener(self._server)
         if running:
             _, late = await asyncio.wait(running, timeout=grace_s)
             for t in late:
@@ -203,20 +200,6 @@ class QueueServer:
         log.info("stopped; queues closed%s", f", {self.data_dir} removed" if self.temporary else "")
         assert self._stopped is not None
         self._stopped.set()
-
-    async def _close_listener(self) -> None:
-        """Close the listening sockets, leaving no connection they accepted open once the loop stops.
-
-        A socket accepted takes a few turns of the loop to reach _serve (which closes it now): so the
-        turns before the close (asyncio's Server.close() would leave one accepted, not yet given its
-        transport, unclosed) and after it (uvloop accepts until then).
-        """
-        assert self._server is not None
-        for _ in range(ACCEPT_TURNS):
-            await asyncio.sleep(0)
-        self._server.close()
-        for _ in range(ACCEPT_TURNS):
-            await asyncio.sleep(0)
 
     def run(self, on_ready: Callable[[str], None] | None = None, *, stop_with_parent: bool = False) -> None:
         """Serve until SIGTERM or SIGINT, then stop cleanly. `on_ready(address)` runs once listening.
