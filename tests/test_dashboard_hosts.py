@@ -47,11 +47,11 @@ def pool_of_one(token: str | None = None) -> Iterator[QueuePool]:
         yield pool
 
 
-def status(port: int, host: str | None, headers: dict[str, str] | None = None) -> tuple[int, str]:
-    """GET /api/overview from the dashboard on 127.0.0.1:port with this Host header (None: none)."""
+def status(port: int, host: str | None, headers: dict[str, str] | None = None, target: str = "/api/overview") -> tuple[int, str]:
+    """GET `target` from the dashboard on 127.0.0.1:port with this Host header (None: none)."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     try:
-        conn.putrequest("GET", "/api/overview", skip_host=True)
+        conn.putrequest("GET", target, skip_host=True)
         if host is not None:
             conn.putheader("Host", host)
         for name, value in (headers or {}).items():
@@ -76,6 +76,13 @@ def test_only_the_names_it_was_told_are_answered() -> None:
         assert status(port, "localhost:9000")[0] == 200  # NAME:PORT: that pair (a tunnel's port, say)
         for host in ("localhost:1", "board.test:9000", "localhost:9000:1", ""):
             assert status(port, host)[0] == 421, host
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as raw:  # HTTP/1.0 may send no Host: not told
+            raw.sendall(b"GET /api/overview HTTP/1.0\r\n\r\n")
+            assert raw.recv(100).startswith(b"HTTP/1.0 421 ")
+        assert status(port, "evil.example", {"X-Forwarded-Host": "localhost", "Forwarded": "host=localhost"})[0] == 421
+        # a target in absolute form names a host too: each name must be one told
+        assert status(port, "localhost", target=f"http://evil.example:{port}/api/overview")[0] == 421
+        assert status(port, "localhost", target=f"http://localhost:{port}/api/overview")[0] == 200
 
 
 def test_a_browser_sent_to_a_rebound_name_gets_nothing() -> None:
@@ -140,41 +147,11 @@ def test_an_allow_host_that_is_not_a_name_is_refused_with_what_to_give() -> None
 
 def test_conveyor_dashboard_allow_host() -> None:
     with thread_server() as s:
-        bad = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "conveyor",
-                "dashboard",
-                "--connect",
-                s.address,
-                "--port",
-                "0",
-                "--allow-host",
-                "http://board.test",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        command = [sys.executable, "-m", "conveyor", "dashboard", "--connect", s.address, "--port", "0"]
+        bad = subprocess.run([*command, "--allow-host", "http://board.test"], capture_output=True, text=True, timeout=60)
         assert bad.returncode != 0 and "give a name as the browser's address bar shows it" in bad.stderr
         proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "conveyor",
-                "dashboard",
-                "--connect",
-                s.address,
-                "--port",
-                "0",
-                "--allow-host",
-                "board.test",
-                "--allow-host",
-                "other.test",
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
+            [*command, "--allow-host", "board.test", "--allow-host", "other.test"], stdout=subprocess.PIPE, text=True
         )
         try:
             assert proc.stdout is not None

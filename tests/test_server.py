@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import socket
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -326,6 +328,28 @@ def test_stop_returns_long_polls_and_closes_stores(tmp_path: Path) -> None:
     c.close()
     with DurableStore(tmp_path / "data" / QUEUES_DIR / "q") as store:  # closed cleanly: it opens at once
         assert store.stats().delivered == 1
+
+
+def test_a_connection_accepted_as_the_server_stops_is_closed() -> None:
+    """One the listener accepted but whose serving had not begun when stop() took the connections it
+    closes: it is closed too, not left open with the loop gone (its client would wait out its timeout)."""
+    for token in (None, "s3cret"):
+        s = ThreadServer(token=token)
+        host, port = s.address.removeprefix("tcp://").rsplit(":", 1)
+        held = threading.Event()
+        s.loop.call_soon_threadsafe(held.wait, 30)  # the loop held: the connection below waits to be accepted
+        sock = socket.create_connection((host, int(port)), timeout=30)
+        stopping = asyncio.run_coroutine_threadsafe(s.server.stop(), s.loop)  # queued before that accept
+        held.set()
+        try:
+            stopping.result(30)
+            s.thread.join(30)
+            sock.settimeout(10)  # closed at once; 10 s: a busy machine
+            while sock.recv(65536):  # a hello at most, then the end
+                pass
+        finally:
+            sock.close()
+            s.loop.close()
 
 
 def test_idempotency_keys_store_a_message_once(tmp_path: Path) -> None:

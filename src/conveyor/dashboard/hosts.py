@@ -5,7 +5,8 @@ A page of another site can reach a dashboard by a name of its own made to point 
 it was told: a loopback name (127.0.0.1, localhost, [::1]), the address it serves on, or a name
 given with --allow-host, each with no port or the port it serves on; an --allow-host NAME:PORT
 allows that pair (a tunnel's own port, say). Nothing is resolved, and other spellings of a
-loopback address (127.1, 0x7f000001, [::ffff:127.0.0.1]) are not these names.
+loopback address (127.1, 0x7f000001, [::ffff:127.0.0.1]) are not these names. A request target in
+absolute form (GET http://NAME/..., as sent to a proxy) names a host as well: it must be told too.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import re
+import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -65,8 +67,13 @@ class Hosts:
         with_port = {e for e in entries if ":" in e and not e.endswith("]")}  # NAME:PORT, [IPv6]:PORT
         return cls(frozenset((*LOOPBACK_NAMES, *(set(entries) - with_port))), frozenset(with_port))
 
-    def answers(self, host: str | None, port: int) -> bool:
-        """Whether to answer a request whose Host header is `host`, that came in on `port`."""
+    def answers(self, host: str | None, port: int, target: str = "/") -> bool:
+        """Whether to answer a request whose Host header is `host`, that came in on `port`, for
+        `target` (its request line's): in absolute form, as sent to a proxy, that names a host too."""
+        absolute = not target.startswith("/") and target != "*"
+        return self._told(host, port) and (not absolute or self._told(urllib.parse.urlsplit(target).netloc, port))
+
+    def _told(self, host: str | None, port: int) -> bool:
         if not host:
             return False
         host = host.lower()

@@ -75,7 +75,7 @@ def make_app(watch: PoolWatch, token: str | None, secure: bool, hosts: Hosts) ->
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         sockname = None if request.transport is None else request.transport.get_extra_info("sockname")
-        if not hosts.answers(request.headers.get("Host"), -1 if not sockname else sockname[1]):
+        if not hosts.answers(request.headers.get("Host"), -1 if not sockname else sockname[1], request.raw_path):
             response: web.StreamResponse = _error(
                 421,
                 f"this dashboard answers only to loopback names and those given by --allow-host, not "

@@ -2,8 +2,10 @@
 dashboard): a TLS handshake ends within HANDSHAKE_S; at most MAX_HTTP_CONNECTIONS connections are
 served at once (one more is closed once it is set up, rather than held: over TLS, after its
 handshake; a burst accepted together may pass the mark by up to the listen backlog); an idle one
-is closed after KEEPALIVE_S; a stop waits at most SHUTDOWN_S for the requests under way; a request
-whose client went away is dropped (a wrong token's answer held back by the throttle, say).
+is closed after KEEPALIVE_S; a stop waits at most SHUTDOWN_S for the requests under way, then as
+long again once it has asked them to end (aiohttp's way), then cancels them: a wrong token's answer
+held back by the throttle holds a stop up for 2 x SHUTDOWN_S; a request whose client went away is
+dropped at once.
 
 aiohttp is imported where used: a process that never serves HTTP does not pay for it.
 """

@@ -19,7 +19,8 @@ A right token drains nothing and is answered at once. So a client with the right
 once beside guessers that wait for their answers, even from the same address: they fail at half
 the rate the budget refills. It waits only while tries are queued for a turn, and then behind
 them, one per pace: for a few seconds after a flood of more tries at once than the burst (32
-connections starting together: about 2 s), and for as long as a guesser fires tries faster than
+connections guessing together: about 4.5 s, as the first answers bring tries back to the queue
+while it drains), and for as long as a guesser fires tries faster than
 the refill without waiting for their answers. That is the price of the bound: nothing tells a
 right try from a guess before it is checked, so a try checked out of turn would be a guess too.
 

@@ -1,7 +1,8 @@
 """One client connection as the server sees it: its writer, its requests in flight, its timers.
 
 `Connection.send` writes one frame set under a lock (replies of concurrent requests never
-interleave); `linger` closes a connection after an error without destroying the error reply.
+interleave); `linger` closes a connection after an error without destroying the error reply;
+`unless_gone` ends a wait when the peer it is for leaves.
 """
 
 from __future__ import annotations
@@ -9,9 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from conveyor.protocol import framing as protocol
 from conveyor.protocol.framing import Header
@@ -19,6 +20,7 @@ from conveyor.server.tied import TiedLeases
 
 LINGER_S = 2.0  # after a protocol error: how long, and how much, to drain before closing
 LINGER_BYTES = 256 * 1024 * 1024
+T = TypeVar("T")
 
 
 async def linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -37,6 +39,20 @@ async def linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
             if not chunk:
                 break
             dropped += len(chunk)
+
+
+async def unless_gone(reader: asyncio.StreamReader, waiting: Awaitable[T]) -> T | None:
+    """What `waiting` returns; or None, `waiting` cancelled, once the peer closes or sends anything
+    first: for an answer the peer must wait for before it sends more (its token's, held back by the
+    throttle), so that a peer gone holds nothing here."""
+    work, gone = asyncio.ensure_future(waiting), asyncio.ensure_future(reader.read(1))
+    try:
+        await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        work.cancel()
+        gone.cancel()
+        await asyncio.wait((work, gone))  # both ended: the reader is free for the next read
+    return None if work.cancelled() else work.result()
 
 
 @dataclass(eq=False)

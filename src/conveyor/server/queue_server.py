@@ -42,11 +42,11 @@ from conveyor.protocol.framing import Frames, Header, Limits
 from conveyor.protocol.http import MAX_HTTP_CONNECTIONS
 from conveyor.protocol.throttle import Throttle
 from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME, netloc
-from conveyor.server.connection import Connection, finished, linger
+from conveyor.server.connection import Connection, finished, linger, unless_gone
 from conveyor.server.handlers import HANDLERS
 from conveyor.server.metrics import RequestTimes, ServerCollector, start_endpoint
 from conveyor.server.queues import Defaults, QueueHost
-from conveyor.server.runtime import raise_fd_limit, run_loop, watch_parent
+from conveyor.server.runtime import close_listener, raise_fd_limit, run_loop, stop_accepting, watch_parent
 from conveyor.server.tied import TIED
 from conveyor.storage.files import store_error
 
@@ -171,8 +171,8 @@ class QueueServer:
         """Stop listening, let running requests finish (long polls return at once), close the stores."""
         if self._closing or self._server is None:
             return
-        self._closing = True
-        self._server.close()
+        self._closing = True  # from here a connection accepted is closed at once (_serve)
+        stop_accepting(self._server)
         self._sweeper.cancel() if self._sweeper is not None else None
         assert self.queues is not None
         self.queues.closing = True
@@ -184,6 +184,7 @@ class QueueServer:
             if c.reader_task is not None:
                 c.reader_task.cancel()
         running = [t for c in conns for t in c.tasks]
+        await close_listener(self._server)
         if running:
             _, late = await asyncio.wait(running, timeout=grace_s)
             for t in late:
@@ -228,6 +229,9 @@ class QueueServer:
 
     # --- connections ----------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._closing:  # accepted as the server stops, after stop() took the connections it closes
+            writer.close()
+            return
         peer = writer.get_extra_info("peername")
         conn = Connection(writer, f"{peer[0]}:{peer[1]}" if peer else "?", asyncio.current_task(), tls=self.tls is not None)
         assert self.max_connections is not None
@@ -297,7 +301,11 @@ class QueueServer:
             log.warning("%s: refused: no token", conn.peer)
             return False
         key, peer = self._key, conn.writer.get_extra_info("peername")  # failures are throttled per source address
-        if not await self._throttle.check(peer[0] if peer else None, lambda: client_proved(key, nonce, header)):
+        check = self._throttle.check(peer[0] if peer else None, lambda: client_proved(key, nonce, header))
+        passed = await unless_gone(reader, check)  # a guesser gone waits no longer (its guess, if checked, counted)
+        if passed is None:
+            return False
+        if not passed:
             await conn.error(rid, ERR_AUTH, "wrong token")
             log.warning("%s: refused: wrong token", conn.peer)
             return False

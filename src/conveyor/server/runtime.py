@@ -1,5 +1,6 @@
-"""The server process's surroundings: its event loop (uvloop where installed), its descriptor limit,
-its data directory, and noticing that the process that started it is gone."""
+"""The server process's surroundings: its event loop (uvloop where installed) and how a listener
+closes on it, its descriptor limit, its data directory, and noticing that the process that started
+it is gone."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ log = logging.getLogger("conveyor.server.queue_server")
 FD_LIMIT_CAP = 1 << 20
 SIOCGIFADDR = 0x8915  # Linux ioctl: an interface's address
 IPV6_SCOPE_GLOBAL, IPV6_SCOPE_HOST = "00", "10"  # scopes in /proc/net/if_inet6 (link-local is "20")
+ACCEPT_TURNS = 4  # turns of the loop from a socket accepted to its handler running (asyncio: accept, transport, protocol, task)
 
 
 async def watch_parent(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]) -> None:
@@ -106,6 +108,28 @@ def run_loop(main: Coroutine[Any, Any, None]) -> None:
         asyncio.run(main)
         return
     uvloop.run(main)
+
+
+def stop_accepting(listener: asyncio.base_events.Server) -> None:
+    """Accept no more connections, without closing the listener yet (see `close_listener`); uvloop's
+    accepts until then."""
+    loop = asyncio.get_running_loop()
+    for sock in listener.sockets:
+        loop.remove_reader(sock.fileno())
+
+
+async def close_listener(listener: asyncio.base_events.Server) -> None:
+    """Close the listening sockets, leaving no connection they accepted unhandled once the loop stops.
+
+    A socket accepted takes a few turns of the loop to reach its handler (which must close it while
+    the server stops): so the turns before the close (asyncio's Server.close() would leave one
+    accepted, not yet given its transport, unclosed) and after it (uvloop accepts until then).
+    """
+    for _ in range(ACCEPT_TURNS):
+        await asyncio.sleep(0)
+    listener.close()
+    for _ in range(ACCEPT_TURNS):
+        await asyncio.sleep(0)
 
 
 def _ipv4(name: str) -> str | None:
