@@ -179,15 +179,16 @@ def decode_header(raw: Body, request: bool) -> Header:
 
 
 async def read(reader: asyncio.StreamReader, limits: Limits, request: bool, started: Callable[[], None] | None = None,
-               admit: Callable[[int], Awaitable[None]] | None = None) -> tuple[Header, Frames]:  # fmt: skip
+               admit: Callable[[int], Awaitable[None] | None] | None = None) -> tuple[Header, Frames]:  # fmt: skip
     """Read one frame set from a stream; raises EOFError at a clean end of stream.
 
     `started` is called once its first bytes are in (a server times how long the rest takes);
-    `admit` is awaited with the bytes its header and frames will take before they are read (a
-    server waits there for room in its memory budget). Frames of more than READ_CHUNK_BYTES in all
-    are read into an anonymous map, a chunk at a time: the stream never buffers them all, and a
-    frame set cut short gives its memory back to the system at once, whatever holds an exception's
-    traceback (the heap would keep it, in pieces, as long as anything above them lives).
+    `admit` is told the bytes its header and frames will take before they are read, and what it
+    returns, if anything, is awaited first (a server waits there for room in its memory budget).
+    Frames of more than READ_CHUNK_BYTES in all are read into an anonymous map, a chunk at a time:
+    the stream never buffers them all, and a frame set cut short gives its memory back to the
+    system at once, whatever holds an exception's traceback (the heap would keep it, in pieces, as
+    long as anything above them lives).
     """
     sizes: list[int] = []
     gen = parser(limits, request, None if admit is None else sizes.append)
@@ -203,8 +204,8 @@ async def read(reader: asyncio.StreamReader, limits: Limits, request: bool, star
             started()
         n = gen.send(first)
         while True:
-            if admit is not None and sizes:
-                await admit(sizes.pop())
+            if admit is not None and sizes and (wait := admit(sizes.pop())) is not None:
+                await wait
             if n <= READ_CHUNK_BYTES:
                 n = gen.send(await _exactly(reader, n))
                 continue

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from conveyor.constants import CONNECTION_FREE_BYTES, MIN_MEMORY_BUDGET_BYTES
@@ -101,8 +101,17 @@ class Share:
             await self.budget._until(lambda: self.fits(n), self.held + n)
         self.take(n)
 
-    async def admit(self, n: int) -> None:
-        """Let in a request of n bytes (its header and payload) once they fit; `taken` hands them on."""
+    def admit(self, n: int) -> Awaitable[None] | None:
+        """Let in a request of n bytes (its header and frames): None if they fit now (a request's
+        usual case, which costs no coroutine), else what to await until they do. `taken` hands
+        them on."""
+        if not self.fits(n):
+            return self._admit_later(n)
+        self.take(n)
+        self.admitted += n
+        return None
+
+    async def _admit_later(self, n: int) -> None:
         await self.reserve(n)
         self.admitted += n
 
@@ -111,29 +120,34 @@ class Share:
         n, self.admitted = self.admitted, 0
         return n
 
-    async def replies_taken(self) -> None:
-        """Return once this connection's unsent replies are within its free allowance."""
-        if self.unsent > CONNECTION_FREE_BYTES:
-            await self.budget._until(lambda: self.unsent <= CONNECTION_FREE_BYTES, self.held)
+    def replies_taken(self) -> Awaitable[None] | None:
+        """None if this connection's unsent replies are within its free allowance, else what to
+        await until they are."""
+        if self.unsent <= CONNECTION_FREE_BYTES:
+            return None
+        return self.budget._until(lambda: self.unsent <= CONNECTION_FREE_BYTES, self.held)
 
 
-@dataclass(eq=False)
-class ReplyRoom:
-    """The room a request's reply is made in: handlers whose replies carry payloads reserve a page
-    of it before they read those payloads, and give it back once the reply counts as itself."""
-
-    share: Share
-    held: int = 0
-
-    async def reserve(self, n: int) -> None:
-        if self.held < n:
-            await self.share.reserve(n - self.held)
-            self.held = n
-
-    def release(self) -> None:
-        self.share.give(self.held)
-        self.held = 0
+# the share of the connection a task serves (set once per connection by its server; None outside one)
+SHARE: contextvars.ContextVar[Share | None] = contextvars.ContextVar("conveyor_share", default=None)
+# what the request a task runs holds for its reply (`reserve_reply`): a context of its own per task
+_REPLY: contextvars.ContextVar[int] = contextvars.ContextVar("conveyor_reply_room", default=0)
 
 
-# the room of the request a task runs (set by the server for each request; None outside a server)
-ROOM: contextvars.ContextVar[ReplyRoom | None] = contextvars.ContextVar("conveyor_reply_room", default=None)
+async def reserve_reply(n: int) -> None:
+    """Hold room for a reply of up to n bytes before making it (a handler whose reply carries
+    payloads, before it reads them); its server gives it back once the reply counts as itself."""
+    share, held = SHARE.get(), _REPLY.get()
+    if share is not None and held < n:
+        await share.reserve(n - held)
+        _REPLY.set(n)
+
+
+def release_reply() -> None:
+    """Give back what `reserve_reply` held (before a long wait, and once the reply is made)."""
+    held = _REPLY.get()
+    if held:
+        share = SHARE.get()
+        assert share is not None
+        share.give(held)
+        _REPLY.set(0)

@@ -39,7 +39,7 @@ from conveyor.protocol.framing import Frames, Header, Limits
 from conveyor.protocol.http import MAX_HTTP_CONNECTIONS
 from conveyor.protocol.throttle import Throttle
 from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME, netloc
-from conveyor.server.budget import ROOM, MemoryBudget, ReplyRoom, Share
+from conveyor.server.budget import SHARE, MemoryBudget, Share, release_reply
 from conveyor.server.connection import Connection, finished, linger
 from conveyor.server.dispatch import answer
 from conveyor.server.metrics import RequestTimes, ServerCollector, start_endpoint
@@ -241,6 +241,7 @@ class QueueServer:
             return
         self._conns.add(conn)
         TIED.set(conn.tied)  # its requests' tasks start from this context: `get` finds its connection's ties
+        SHARE.set(conn.share)  # and handlers, its part of the memory budget
         peer_closed = False
         try:
             nonce = new_nonce()
@@ -311,18 +312,17 @@ class QueueServer:
     async def _handle(self, conn: Connection, header: Header, frames: Frames, size: int) -> None:
         """Run a request and send its reply. Its `size` bytes, let into the memory budget as it was
         read, are given back once its handler is done; its reply counts until its peer takes it."""
-        room = ReplyRoom(conn.share)
-        ROOM.set(room)  # in this request's own context: its handler reserves room for its reply there
         try:
-            await conn.share.replies_taken()  # no more replies for a peer that does not take them
-            if conn.writer.transport.is_closing():  # gone while this waited: nobody will read the reply
-                return
+            if (behind := conn.share.replies_taken()) is not None:  # a peer that does not take its replies
+                await behind  # gets no more until it does
+                if conn.writer.transport.is_closing():  # gone while this waited: nobody will read it
+                    return
             assert self.queues is not None
             reply, out = await answer(self.queues, self.request_times, conn.peer, header, frames)
         finally:
             del frames
             conn.share.give(size)
-            room.release()  # the reply counts as itself from now on (`send`)
+            release_reply()  # the room its handler held: the reply counts as itself from now on (`send`)
         sending = conn.send(reply, out)
         del reply, out  # `send` lets them go once the transport has them
         await sending

@@ -12,7 +12,7 @@ from conveyor.constants import ERR_BAD_ARGUMENT, ERR_TOO_LARGE
 from conveyor.errors import RequestError
 from conveyor.protocol.declarations import LIMITS_KEY, Arguments
 from conveyor.protocol.framing import Limits
-from conveyor.server.budget import ROOM
+from conveyor.server.budget import reserve_reply
 
 _DEFAULT_LIMITS = Limits()
 
@@ -30,17 +30,8 @@ def reply_limits(a: Arguments) -> Limits:
 
 async def room(lim: Limits) -> Limits:
     """`lim`, once the budget has room for a page of a reply within them (at once outside a server)."""
-    r = ROOM.get()
-    if r is not None:
-        await r.reserve(lim.reply_bytes())
+    await reserve_reply(lim.reply_bytes())
     return lim
-
-
-def give_back_room() -> None:
-    """Before a long wait: the room `room` held goes back to others meanwhile."""
-    r = ROOM.get()
-    if r is not None:
-        r.release()
 
 
 def check_fits(what: str, size: int, head: int, lim: Limits, more: str = "") -> None:
