@@ -119,9 +119,14 @@ def demo(pages: int, workers: int | None, keys: str, kill_worker: bool, with_das
 @click.option("--request-timeout", "request_timeout_s", default=DEFAULT_REQUEST_TIMEOUT_S, show_default=True,
               type=click.FloatRange(0, min_open=True),
               help="Seconds a request may take to arrive, first bytes to last (and a reply to be read).")  # fmt: skip
-@click.option("--memory-budget-mib", default=DEFAULT_MEMORY_BUDGET_BYTES >> 20, show_default=True,
-              type=click.IntRange(MIN_MEMORY_BUDGET_BYTES >> 20), help="MiB held at once for requests and unsent "
-              "replies; past it, the connections holding the most wait (requests are limited to fit).")  # fmt: skip
+@click.option(
+    "--memory-budget-mib",
+    default=DEFAULT_MEMORY_BUDGET_BYTES >> 20,
+    show_default=True,
+    type=click.IntRange(MIN_MEMORY_BUDGET_BYTES >> 20),
+    help="MiB held at once for requests and unsent replies; past it, the connections holding the most wait "
+    "(requests are limited to fit).",
+)
 @click.option("--repair", is_flag=True,
               help="Open damaged durable queues keeping what is intact (damaged bytes are kept aside).")  # fmt: skip
 @click.option("--temporary", is_flag=True,

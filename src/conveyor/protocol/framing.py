@@ -117,8 +117,9 @@ def encode(header: Header, frames: Sequence[bytes] = ()) -> list[bytes]:
     return [_prefix_pack(len(h), n), lens, h, *frames]
 
 
-def parser(limits: Limits, request: bool,
-           sized: Callable[[int], None] | None = None) -> Generator[int, Body, tuple[Header, Frames]]:  # fmt: skip
+def parser(
+    limits: Limits, request: bool, sized: Callable[[int], None] | None = None
+) -> Generator[int, Body, tuple[Header, Frames]]:
     """Parse one frame set: yields how many bytes it needs next, is sent exactly those bytes.
 
     A request's header must name its operation; a reply's need not. `sized` is told, before the

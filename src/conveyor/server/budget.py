@@ -47,8 +47,9 @@ class MemoryBudget:
         """`limits` lowered so that any frame set they let in fits in the budget alone."""
         header = min(limits.max_header_bytes, self.limit // 4)
         message = min(limits.max_message_bytes, self.limit - header)
-        return replace(limits, max_header_bytes=header, max_message_bytes=message,
-                       max_frame_bytes=min(limits.max_frame_bytes, message))  # fmt: skip
+        return replace(
+            limits, max_header_bytes=header, max_message_bytes=message, max_frame_bytes=min(limits.max_frame_bytes, message)
+        )
 
     async def _until(self, ok: Callable[[], bool], rank: int) -> None:
         while not ok():

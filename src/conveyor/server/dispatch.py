@@ -22,8 +22,9 @@ from conveyor.storage.files import store_error
 log = logging.getLogger("conveyor.server.queue_server")
 
 
-async def answer(host: QueueHost, times: RequestTimes, peer: str, header: Header,
-                 frames: Frames) -> tuple[dict[str, Any], Frames]:  # fmt: skip
+async def answer(
+    host: QueueHost, times: RequestTimes, peer: str, header: Header, frames: Frames
+) -> tuple[dict[str, Any], Frames]:
     """The reply to one request from `peer`: its header fields (with the request's id) and frames."""
     rid, op = header["id"], header["op"]
     t0 = time.perf_counter()

@@ -230,8 +230,9 @@ class QueueServer:
     # --- connections ----------------------------------------------------------------------
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         peer = writer.get_extra_info("peername")
-        conn = Connection(writer, f"{peer[0]}:{peer[1]}" if peer else "?", Share(self.budget), asyncio.current_task(),
-                          tls=self.tls is not None)  # fmt: skip
+        conn = Connection(
+            writer, f"{peer[0]}:{peer[1]}" if peer else "?", Share(self.budget), asyncio.current_task(), tls=self.tls is not None
+        )
         assert self.max_connections is not None
         if len(self._conns) >= self.max_connections:  # refused in words, not by running out of descriptors
             self._complain(f"refused {conn.peer}: {self.max_connections} connections already (--max-connections)")
