@@ -141,7 +141,7 @@ DEFAULT_REQUEST_TIMEOUT_S = 120.0  # from the first byte of a request to its las
 # MiB of payloads and 16 MiB of header) fits; flooded, a server stays within this, its own 50 MB and a
 # margin per connection (docs/server.md): about 350 MB, which a machine of 1 GiB holds beside its OS
 DEFAULT_MEMORY_BUDGET_BYTES = DEFAULT_MAX_MESSAGE_BYTES + DEFAULT_MAX_HEADER_BYTES
-MIN_MEMORY_BUDGET_BYTES = 4 * 1024 * 1024  # less leaves no room for a page of a reply
+MIN_MEMORY_BUDGET_BYTES = 4 * 1024 * 1024  # the limits fitted to it still take a 1 MiB header and 3 MiB of frames
 # each connection's first bytes are outside the budget: its pings, acks and small puts never wait for room
 CONNECTION_FREE_BYTES = 1024 * 1024
 # a request's payload frames are read in runs of at most this many bytes (a bigger frame alone, in
