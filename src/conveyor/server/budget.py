@@ -85,6 +85,7 @@ class Share:
         self.budget.used += max(0, self.held - CONNECTION_FREE_BYTES) - max(0, before - CONNECTION_FREE_BYTES)
 
     def give(self, n: int) -> None:
+        """Let go of n bytes; whoever waits for the room that makes checks again."""
         before = self.held
         self.held -= n
         self.budget.used -= max(0, before - CONNECTION_FREE_BYTES) - max(0, self.held - CONNECTION_FREE_BYTES)
@@ -92,6 +93,7 @@ class Share:
             self.budget._wake()
 
     def fits(self, n: int) -> bool:
+        """Whether n more bytes stay within this connection's free allowance or the budget."""
         b = self.budget
         return self.held + n <= CONNECTION_FREE_BYTES or b.used + self.held + n - max(self.held, CONNECTION_FREE_BYTES) <= b.limit
 
