@@ -136,6 +136,17 @@ DEFAULT_MAX_IN_FLIGHT = 64  # requests a server runs at once per connection
 DEFAULT_MAX_CONNECTIONS = 4096  # at most; fewer where the descriptor limit is low (a quarter of it)
 DEFAULT_IDLE_TIMEOUT_S = 300.0  # a connection with nothing under way is closed after this much silence
 DEFAULT_REQUEST_TIMEOUT_S = 120.0  # from the first byte of a request to its last
+# a server's memory budget (server/budget.py): bytes it holds at once for requests being read or run
+# and for replies its clients have not taken yet. The largest request the default limits let in (256
+# MiB of payloads and 16 MiB of header) fits; flooded, a server stays within this, its own 50 MB and a
+# margin per connection (docs/server.md): about 350 MB, which a machine of 1 GiB holds beside its OS
+DEFAULT_MEMORY_BUDGET_BYTES = DEFAULT_MAX_MESSAGE_BYTES + DEFAULT_MAX_HEADER_BYTES
+MIN_MEMORY_BUDGET_BYTES = 4 * 1024 * 1024  # the limits fitted to it still take a 1 MiB header and 3 MiB of frames
+# each connection's first bytes are outside the budget: its pings, acks and small puts never wait for room
+CONNECTION_FREE_BYTES = 1024 * 1024
+# a request's payload frames are read in runs of at most this many bytes (a bigger frame alone, in
+# pieces of this size): the stream's buffer never holds more, and whatever fails midway is freed at once
+READ_CHUNK_BYTES = 1024 * 1024
 # error kinds in a reply's "error" field
 ERR_PROTOCOL = "protocol"  # malformed frames or a limit exceeded: the server closes the connection
 ERR_AUTH = "auth"  # authentication failed or missing: the server closes the connection

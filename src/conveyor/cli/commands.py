@@ -24,9 +24,11 @@ from conveyor.constants import (
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_FRAME_BYTES,
     DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MEMORY_BUDGET_BYTES,
     DEFAULT_PORT,
     DEFAULT_REQUEST_TIMEOUT_S,
     MAX_LEASE_S,
+    MIN_MEMORY_BUDGET_BYTES,
 )
 from conveyor.dashboard import DEFAULT_DASHBOARD_PORT, Dashboard
 from conveyor.errors import ConnectionLostError, ConveyorError
@@ -117,6 +119,14 @@ def demo(pages: int, workers: int | None, keys: str, kill_worker: bool, with_das
 @click.option("--request-timeout", "request_timeout_s", default=DEFAULT_REQUEST_TIMEOUT_S, show_default=True,
               type=click.FloatRange(0, min_open=True),
               help="Seconds a request may take to arrive, first bytes to last (and a reply to be read).")  # fmt: skip
+@click.option(
+    "--memory-budget-mib",
+    default=DEFAULT_MEMORY_BUDGET_BYTES >> 20,
+    show_default=True,
+    type=click.IntRange(MIN_MEMORY_BUDGET_BYTES >> 20),
+    help="MiB held at once for requests and unsent replies; past it, the connections holding the most wait "
+    "(requests are limited to fit).",
+)
 @click.option("--repair", is_flag=True,
               help="Open damaged durable queues keeping what is intact (damaged bytes are kept aside).")  # fmt: skip
 @click.option("--temporary", is_flag=True,
@@ -130,7 +140,7 @@ def demo(pages: int, workers: int | None, keys: str, kill_worker: bool, with_das
 def serve(host: str, port: int, data_dir: Path | None, token: str | None, token_file: Path | None, insecure: bool,
           tls_cert: Path | None, tls_key: Path | None, tls_ca: Path | None, fsync: str, lease_s: float,
           max_attempts: int, max_frame_bytes: int, max_connections: int | None, idle_timeout_s: float,
-          request_timeout_s: float, repair: bool, temporary: bool, metrics_port: int | None,
+          request_timeout_s: float, memory_budget_mib: int, repair: bool, temporary: bool, metrics_port: int | None,
           stop_with_parent: bool) -> None:  # fmt: skip
     """Run a queue server until SIGTERM or Ctrl-C.
 
@@ -164,7 +174,7 @@ def serve(host: str, port: int, data_dir: Path | None, token: str | None, token_
         server = QueueServer(host, port, data_dir=data_dir, token=token, insecure=insecure, tls=tls, limits=limits,
                              defaults=defaults, repair=repair, temporary=temporary, max_connections=max_connections,
                              idle_timeout_s=idle_timeout_s, request_timeout_s=request_timeout_s,
-                             metrics_port=metrics_port)  # fmt: skip
+                             metrics_port=metrics_port, memory_budget=memory_budget_mib << 20)  # fmt: skip
         tune_gc()  # this process only serves
         server.run(on_ready=ready, stop_with_parent=stop_with_parent)
     except ConveyorError as e:

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import mmap
 import socket
 import struct
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +27,14 @@ from conveyor.constants import (
     FRAME_LENGTH,
     FRAME_PREFIX,
     PAGE_BYTES,
+    READ_CHUNK_BYTES,
     REQUEST_SLACK_BYTES,
 )
 from conveyor.errors import ConnectionLostError, ProtocolError
 
 Header = dict[str, Any]
 Frames = list[bytes]
+Body = bytes | mmap.mmap  # what a parser is sent: frames of a large frame set come in a map (`read`)
 
 _packb = msgpack.Packer(use_bin_type=True).pack
 _prefix_pack = FRAME_PREFIX.pack
@@ -114,10 +117,15 @@ def encode(header: Header, frames: Sequence[bytes] = ()) -> list[bytes]:
     return [_prefix_pack(len(h), n), lens, h, *frames]
 
 
-def parser(limits: Limits, request: bool) -> Generator[int, bytes, tuple[Header, Frames]]:
+def parser(
+    limits: Limits, request: bool, sized: Callable[[int], None] | None = None
+) -> Generator[int, Body, tuple[Header, Frames]]:
     """Parse one frame set: yields how many bytes it needs next, is sent exactly those bytes.
 
-    A request's header must name its operation; a reply's need not.
+    A request's header must name its operation; a reply's need not. `sized` is told, before the
+    header is asked for, how many bytes the header and the payload frames will take (the frames
+    counted only if within the limits). The frames may come in an anonymous `mmap` rather than
+    bytes: they are copied out of it, and its pages given back as they are.
     """
     hlen, nframes = _prefix_unpack((yield FRAME_PREFIX.size))
     if hlen > limits.max_header_bytes:
@@ -125,25 +133,37 @@ def parser(limits: Limits, request: bool) -> Generator[int, bytes, tuple[Header,
     if nframes > limits.max_frames:
         raise ProtocolError(f"{nframes:,} payload frames exceed the limit of {limits.max_frames:,}")
     lens: tuple[int, ...] = struct.unpack(FRAME_LENGTH.format(nframes), (yield 4 * nframes)) if nframes else ()
+    total = sum(lens)
+    over = bool(lens) and (max(lens) > limits.max_frame_bytes or total > limits.max_message_bytes)
+    if sized is not None:
+        sized(hlen + (0 if over else total))
     header = decode_header((yield hlen), request)
     rid = header["id"]
-    if lens:
+    if over:
         big = max(lens)
         if big > limits.max_frame_bytes:
             raise ProtocolError(f"a payload frame of {big:,} bytes exceeds the limit of {limits.max_frame_bytes:,}", rid)
-        total = sum(lens)
-        if total > limits.max_message_bytes:
-            raise ProtocolError(f"payload frames of {total:,} bytes in all exceed the limit of "
-                                f"{limits.max_message_bytes:,}", rid)  # fmt: skip
-        body = yield total
-        offs = itertools.accumulate(lens, initial=0)
-        frames = [body[a:b] for a, b in itertools.pairwise(offs)]
-    else:
-        frames = []
-    return header, frames
+        raise ProtocolError(f"payload frames of {total:,} bytes in all exceed the limit of "
+                            f"{limits.max_message_bytes:,}", rid)  # fmt: skip
+    return header, _split((yield total), lens) if lens else []
 
 
-def decode_header(raw: bytes, request: bool) -> Header:
+def _split(body: Body, lens: Sequence[int]) -> Frames:
+    """The frames of a body; out of a map, each as bytes, the pages behind it given back at once."""
+    if isinstance(body, bytes):
+        return [body[a:b] for a, b in itertools.pairwise(itertools.accumulate(lens, initial=0))]
+    frames: Frames = []
+    at = freed = 0
+    for n in lens:
+        frames.append(body[at : at + n])
+        at += n
+        if at - freed >= READ_CHUNK_BYTES:  # one system call per chunk at most, not per frame
+            body.madvise(mmap.MADV_DONTNEED, 0, at - at % mmap.PAGESIZE)
+            freed = at
+    return frames
+
+
+def decode_header(raw: Body, request: bool) -> Header:
     """A header map with an "id" (int) and, for a request, an "op" (str); else a protocol error."""
     try:
         header = msgpack.unpackb(raw, raw=False, strict_map_key=True)
@@ -159,30 +179,75 @@ def decode_header(raw: bytes, request: bool) -> Header:
     return header
 
 
-async def read(reader: asyncio.StreamReader, limits: Limits, request: bool,
-               started: Callable[[], None] | None = None) -> tuple[Header, Frames]:  # fmt: skip
+async def read(reader: asyncio.StreamReader, limits: Limits, request: bool, started: Callable[[], None] | None = None,
+               admit: Callable[[int], Awaitable[None] | None] | None = None) -> tuple[Header, Frames]:  # fmt: skip
     """Read one frame set from a stream; raises EOFError at a clean end of stream.
 
-    `started` is called once its first bytes are in (a server times how long the rest takes).
+    `started` is called once its first bytes are in (a server times how long the rest takes);
+    `admit` is told the bytes its header and frames will take before they are read, and what it
+    returns, if anything, is awaited first (a server waits there for room in its memory budget).
+    Frames of more than READ_CHUNK_BYTES in all are read into an anonymous map, a chunk at a time:
+    the stream never buffers them all, and a frame set cut short gives its memory back to the
+    system at once, whatever holds an exception's traceback (the heap would keep it, in pieces, as
+    long as anything above them lives).
     """
-    gen = parser(limits, request)
-    n = next(gen)
-    first = True
+    sizes: list[int] = []
+    gen = parser(limits, request, None if admit is None else sizes.append)
     try:
+        n = next(gen)
+        try:
+            first = await reader.readexactly(n)
+        except asyncio.IncompleteReadError as e:
+            if not e.partial:
+                raise EOFError from None
+            raise _cut(len(e.partial), n) from None
+        if started is not None:
+            started()
+        n = gen.send(first)
         while True:
+            if admit is not None and sizes and (wait := admit(sizes.pop())) is not None:
+                await wait
+            if n <= READ_CHUNK_BYTES:
+                n = gen.send(await _exactly(reader, n))
+                continue
+            body = await _mapped(reader, n)
             try:
-                data = await reader.readexactly(n)
-            except asyncio.IncompleteReadError as e:
-                if first and not e.partial:
-                    raise EOFError from None
-                raise ProtocolError(f"connection closed in the middle of a message ({len(e.partial)} of {n} bytes)") from None
-            if first and started is not None:
-                started()
-            first = False
-            n = gen.send(data)
+                n = gen.send(body)
+            finally:
+                body.close()
     except StopIteration as stop:
         message: tuple[Header, Frames] = stop.value
         return message
+    finally:
+        gen.close()  # what it read so far: a traceback keeping its frame would keep that too
+
+
+def _cut(got: int, n: int) -> ProtocolError:
+    return ProtocolError(f"connection closed in the middle of a message ({got:,} of {n:,} bytes)")
+
+
+async def _exactly(reader: asyncio.StreamReader, n: int) -> bytes:
+    try:
+        return await reader.readexactly(n)
+    except asyncio.IncompleteReadError as e:
+        raise _cut(len(e.partial), n) from None
+
+
+async def _mapped(reader: asyncio.StreamReader, n: int) -> mmap.mmap:
+    """n bytes in an anonymous map, read READ_CHUNK_BYTES at most at a time."""
+    body = mmap.mmap(-1, n)
+    try:
+        at = 0
+        while at < n:
+            chunk = await reader.read(min(n - at, READ_CHUNK_BYTES))
+            if not chunk:
+                raise _cut(at, n)
+            body[at : at + len(chunk)] = chunk
+            at += len(chunk)
+        return body
+    except BaseException:
+        body.close()
+        raise
 
 
 class SocketReader:

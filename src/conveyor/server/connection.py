@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 
 from conveyor.protocol import framing as protocol
 from conveyor.protocol.framing import Header
+from conveyor.server.budget import Share
 from conveyor.server.tied import TiedLeases
 
 LINGER_S = 2.0  # after a protocol error: how long, and how much, to drain before closing
@@ -61,6 +62,7 @@ class Connection:
 
     writer: asyncio.StreamWriter
     peer: str
+    share: Share  # what it holds of the server's memory budget
     reader_task: asyncio.Task[Any] | None = None
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -72,16 +74,31 @@ class Connection:
     dropped: bool = False  # the server closed it (idle, too slow): its tied leases keep their time
 
     async def send(self, header: Header, frames: Sequence[bytes] = ()) -> None:
-        """Write one frame set; a peer that went away is not an error of ours."""
-        with contextlib.suppress(OSError, RuntimeError):  # OSError: also a TLS error the reader met first
-            async with self.lock:
-                parts = protocol.encode(header, frames)
-                self.writer.write(b"".join(parts)) if self.tls else self.writer.writelines(parts)
-                self.sending = time.monotonic()
-                try:
-                    await self.writer.drain()
-                finally:
-                    self.sending = None
+        """Write one frame set; a peer that went away is not an error of ours.
+
+        Its bytes count against the memory budget until the peer has taken them. Once written, the
+        transport holds them: the caller should keep no reference to `frames`, which are let go of
+        here (a transport that copies them frees the originals then).
+        """
+        parts = protocol.encode(header, frames)
+        del frames
+        n = sum(map(len, parts))
+        share = self.share
+        share.unsent += n
+        share.take(n)
+        try:
+            with contextlib.suppress(OSError, RuntimeError):  # OSError: also a TLS error the reader met first
+                async with self.lock:
+                    self.writer.write(b"".join(parts)) if self.tls else self.writer.writelines(parts)
+                    parts.clear()
+                    self.sending = time.monotonic()
+                    try:
+                        await self.writer.drain()
+                    finally:
+                        self.sending = None
+        finally:
+            share.unsent -= n
+            share.give(n)
         self.active = time.monotonic()
 
     def started(self) -> None:

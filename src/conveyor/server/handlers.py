@@ -16,48 +16,28 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
-from conveyor.constants import ERR_BAD_ARGUMENT, ERR_TOO_LARGE, H_IDEMPOTENCY_KEY, MAX_DELAY_S, PROTOCOL_VERSION
+from conveyor.constants import ERR_BAD_ARGUMENT, H_IDEMPOTENCY_KEY, MAX_DELAY_S, PROTOCOL_VERSION
 from conveyor.errors import RequestError, StoreError
 from conveyor.message import headers_bytes
-from conveyor.protocol.declarations import COL_IDS, LIMITS_KEY, MESSAGE_COLUMNS, OPERATIONS, Arguments, Operation
-from conveyor.protocol.framing import Frames, Limits, column
+from conveyor.protocol.declarations import COL_IDS, MESSAGE_COLUMNS, OPERATIONS, Arguments, Operation
+from conveyor.protocol.framing import Frames, column
+from conveyor.server.budget import release_reply
 from conveyor.server.idempotency import check_key
 from conveyor.server.queues import HostedQueue, QueueHost
+from conveyor.server.replies import check_fits, reply_limits, room
 from conveyor.server.tied import TIED
 
 Reply = tuple[dict[str, Any], list[bytes]]
 Handler = Callable[[QueueHost, Arguments, Frames], Awaitable[Reply]]
 
-_DEFAULT_LIMITS = Limits()
 _PER_ITEM = 16  # bytes of header fields an item of a results reply adds (its id, its place in 'found')
 # A connection's next tied get this soon after a `wake` of its queue does not wait either (once): its
 # consumer, stopping, may have been between the requests of one long poll (a look at each shard) then.
 WAKE_HOLD_S = 0.05
 
 
-def _reply_limits(a: Arguments) -> Limits:
-    """What the client accepts in a reply: it says so when that is not the default (`Limits`)."""
-    v = a.header.get(LIMITS_KEY)
-    if v is None:
-        return _DEFAULT_LIMITS
-    try:
-        return Limits.from_list(v)
-    except ValueError as e:
-        raise RequestError(ERR_BAD_ARGUMENT, f"{a.op.name}: '{LIMITS_KEY}': {e}") from None
-
-
 def _queue(host: QueueHost, a: Arguments, create: bool = False) -> HostedQueue:
     return host.get(a["queue"], create)
-
-
-def _check_fits(what: str, size: int, head: int, lim: Limits, more: str = "") -> None:
-    """An item a reply holds alone (it came alone: bigger than a page): a `too-large` error if even so
-    it breaks the client's limits (`size`: its frame; `head`: its fields in the header)."""
-    if size > lim.max_item_bytes or head > lim.header_room():
-        raise RequestError(ERR_TOO_LARGE, f"{what} of {size:,} bytes (and {head:,} of headers) does not fit in a reply "
-                                          f"to this client, which takes at most {lim.max_frame_bytes:,} bytes per frame, "
-                                          f"{lim.max_message_bytes:,} per reply and {lim.header_room():,} of headers: "
-                                          f"give the client larger limits{more}")  # fmt: skip
 
 
 # --- operations ---------------------------------------------------------------------------------
@@ -149,7 +129,7 @@ def _columns(ids: list[int], *cols: list[Any]) -> dict[str, Any]:
 
 
 async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
-    lim = _reply_limits(a)
+    lim = reply_limits(a)
     n = min(a["n"], lim.max_frames)
     lease = a["lease_s"]
     wait = a["wait_s"]
@@ -160,10 +140,11 @@ async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     wakes = q.wakes - (loop.time() < q.woken_until and id(tied) not in q.woken)  # a wake just now counts, once
     wakeable = a["tie"]  # a wake answers a consumer's get (it ties its leases), never a plain one
     while True:
-        got = q.store.get_batch(n, lease, lim.reply_bytes())  # what fits in the client's limits
+        got = q.store.get_batch(n, lease, (await room(lim)).reply_bytes())  # what fits in the client's limits
         left = deadline - loop.time()
         if len(got) or n == 0 or left <= 0 or host.closing or (wakeable and q.wakes != wakes):  # woken: answer now, empty
             break
+        release_reply()  # what it holds for its reply goes to others while it waits
         await q.changed.wait(q.store.poll_wait(left))  # woken by a put, or when something comes due
         if q.dropped:  # while we waited: nothing will come (and `got` is empty)
             break
@@ -171,8 +152,8 @@ async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
         host.touch(q)  # it may have let go of its files while the get waited: they are open again
     if len(got) == 1:
         try:
-            _check_fits(f"message {got.ids[0]}", len(got.payloads[0]), headers_bytes(got.headers[0]), lim,
-                        "; the message stays queued")  # fmt: skip
+            check_fits(f"message {got.ids[0]}", len(got.payloads[0]), headers_bytes(got.headers[0]), lim,
+                       "; the message stays queued")  # fmt: skip
         except RequestError:
             q.store.release_many(got.ids)
             raise
@@ -235,16 +216,16 @@ async def result(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     """The results of the first of `ids` that fit in a reply (at least one): the client asks for the rest."""
     ids = a["ids"]
     q = _queue(host, a)
-    lim = _reply_limits(a)
-    room, size = lim.reply_bytes(), 0
+    lim = await room(reply_limits(a))
+    space, size = lim.reply_bytes(), 0
     found: list[bytes | None] = []
     for i in ids:
         r = q.store.result(i)
         cost = _PER_ITEM + (0 if r is None else len(r))
-        if found and (size + cost > room or len(found) >= lim.max_frames):
+        if found and (size + cost > space or len(found) >= lim.max_frames):
             break
         if not found and r is not None:
-            _check_fits(f"the result of message {i}", len(r), 0, lim)
+            check_fits(f"the result of message {i}", len(r), 0, lim)
         found.append(r)
         size += cost
     return {"found": [r is not None for r in found]}, [r for r in found if r is not None]
@@ -322,16 +303,16 @@ def _page_limit(a: Arguments) -> tuple[int, int]:
 async def results(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     after, limit = _page_limit(a)
     q = _queue(host, a)
-    lim = _reply_limits(a)
-    limit, room = min(limit, lim.max_frames), lim.reply_bytes()
+    lim = await room(reply_limits(a))
+    limit, space = min(limit, lim.max_frames), lim.reply_bytes()
     ids: list[int] = []
     out: list[bytes] = []
     size = 0
     for i, r in q.store.results(after):
-        if len(ids) >= limit or (ids and size + _PER_ITEM + len(r) > room):
+        if len(ids) >= limit or (ids and size + _PER_ITEM + len(r) > space):
             break
         if not ids:
-            _check_fits(f"the result of message {i}", len(r), 0, lim)
+            check_fits(f"the result of message {i}", len(r), 0, lim)
         ids.append(i)
         out.append(r)
         size += _PER_ITEM + len(r)
@@ -341,12 +322,12 @@ async def results(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
 async def dead_letters(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     after, limit = _page_limit(a)
     q = _queue(host, a)
-    lim = _reply_limits(a)
+    lim = await room(reply_limits(a))
     dls = q.store.dead_letters(after, min(limit, lim.max_frames), lim.reply_bytes())
     if len(dls) == 1:
         d = dls[0]
-        _check_fits(f"dead letter {d.message.id}", len(d.message.payload), headers_bytes(d.message.headers)
-                    + len(d.error.encode()), lim)  # fmt: skip
+        check_fits(f"dead letter {d.message.id}", len(d.message.payload), headers_bytes(d.message.headers)
+                   + len(d.error.encode()), lim)  # fmt: skip
     ms = [d.message for d in dls]
     fields = ("priority", "attempts", "enqueued_at", "not_before", "max_attempts", "headers")
     cols = _columns([m.id for m in ms], *([getattr(m, f) for m in ms] for f in fields))
@@ -369,9 +350,10 @@ async def put_blob(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
 
 
 async def get_blob(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
+    lim = await room(reply_limits(a))
     data = host.blobs.get(a["key"])
     if data is not None:
-        _check_fits("the blob", len(data), 0, _reply_limits(a))
+        check_fits("the blob", len(data), 0, lim)
     return {"found": data is not None}, [] if data is None else [data]
 
 

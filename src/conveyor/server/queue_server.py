@@ -17,24 +17,21 @@ import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from conveyor.constants import (
     AUTH_SERVER_LABEL,
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_MAX_CONNECTIONS,
     DEFAULT_MAX_IN_FLIGHT,
+    DEFAULT_MEMORY_BUDGET_BYTES,
     DEFAULT_PORT,
     DEFAULT_REQUEST_TIMEOUT_S,
     ERR_AUTH,
-    ERR_BAD_ARGUMENT,
-    ERR_INTERNAL,
     ERR_PROTOCOL,
-    ERR_STORE,
-    ERR_UNKNOWN_OP,
     METRICS_PATH,
 )
-from conveyor.errors import ConveyorError, ProtocolError, RequestError, StoreError
+from conveyor.errors import ConveyorError, ProtocolError, StoreError
 from conveyor.protocol import framing as protocol
 from conveyor.protocol.auth import as_key, client_proved, hello, is_loopback, new_nonce, proof, refusal
 from conveyor.protocol.declarations import BYE
@@ -42,13 +39,13 @@ from conveyor.protocol.framing import Frames, Header, Limits
 from conveyor.protocol.http import MAX_HTTP_CONNECTIONS
 from conveyor.protocol.throttle import Throttle
 from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME, netloc
+from conveyor.server.budget import SHARE, MemoryBudget, Share, release_reply
 from conveyor.server.connection import Connection, finished, linger, unless_gone
-from conveyor.server.handlers import HANDLERS
+from conveyor.server.dispatch import answer
 from conveyor.server.metrics import RequestTimes, ServerCollector, start_endpoint
 from conveyor.server.queues import Defaults, QueueHost
 from conveyor.server.runtime import close_listener, raise_fd_limit, run_loop, stop_accepting, watch_parent
 from conveyor.server.tied import TIED
-from conveyor.storage.files import store_error
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -77,12 +74,15 @@ class QueueServer:
                  defaults: Defaults | None = None, repair: bool = False, sweep_interval_s: float = 0.5,
                  max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, temporary: bool = False,
                  max_connections: int | None = None, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
-                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, metrics_port: int | None = None) -> None:  # fmt: skip
+                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, metrics_port: int | None = None,
+                 memory_budget: int = DEFAULT_MEMORY_BUDGET_BYTES) -> None:  # fmt: skip
         """max_connections: more are refused with a clear error (None: as many as the descriptor
         limit leaves room for, at most DEFAULT_MAX_CONNECTIONS). A connection with no request under
         way is closed after `idle_timeout_s` of silence (clients reconnect unseen: the hello says
         when), and one that sent part of a request but not the rest within `request_timeout_s`.
-        `metrics_port`: serve Prometheus metrics there too (0: a free port; `metrics_address` tells)."""
+        `metrics_port`: serve Prometheus metrics there too (0: a free port; `metrics_address` tells).
+        `memory_budget`: bytes held at once for requests and unsent replies (`conveyor.server.budget`);
+        `limits` are lowered to fit it."""
         if temporary and data_dir is None:
             raise ConveyorError("a temporary server needs a data directory (to remove when it stops)")
         if temporary and data_dir is not None and Path(data_dir).is_dir() and any(Path(data_dir).iterdir()):
@@ -102,7 +102,8 @@ class QueueServer:
                         "path (the token only proves who connects). Give --tls-cert and --tls-key", host)  # fmt: skip
         self.tls, self.host, self.port = tls, host, port
         self.data_dir = None if data_dir is None else Path(data_dir)
-        self.limits = limits or Limits()
+        self.budget = MemoryBudget(memory_budget)
+        self.limits = self.budget.fit(limits or Limits())
         self.defaults = defaults or Defaults(durable=data_dir is not None)
         self.repair = repair
         self.temporary = temporary
@@ -233,7 +234,9 @@ class QueueServer:
             writer.close()
             return
         peer = writer.get_extra_info("peername")
-        conn = Connection(writer, f"{peer[0]}:{peer[1]}" if peer else "?", asyncio.current_task(), tls=self.tls is not None)
+        conn = Connection(
+            writer, f"{peer[0]}:{peer[1]}" if peer else "?", Share(self.budget), asyncio.current_task(), tls=self.tls is not None
+        )
         assert self.max_connections is not None
         if len(self._conns) >= self.max_connections:  # refused in words, not by running out of descriptors
             self._complain(f"refused {conn.peer}: {self.max_connections} connections already (--max-connections)")
@@ -243,6 +246,7 @@ class QueueServer:
             return
         self._conns.add(conn)
         TIED.set(conn.tied)  # its requests' tasks start from this context: `get` finds its connection's ties
+        SHARE.set(conn.share)  # and handlers, its part of the memory budget
         peer_closed = False
         try:
             nonce = new_nonce()
@@ -253,7 +257,7 @@ class QueueServer:
             slots = asyncio.Semaphore(self.max_in_flight)
             while not self._closing:
                 try:
-                    header, frames = await protocol.read(reader, self.limits, request=True, started=conn.started)
+                    header, frames = await protocol.read(reader, self.limits, True, conn.started, conn.share.admit)
                 except EOFError:
                     peer_closed = True
                     break
@@ -267,7 +271,8 @@ class QueueServer:
                 if header["op"] == BYE.name:  # now, not in its task: the close that follows may cancel that
                     conn.tied.clear()
                 await slots.acquire()
-                task = asyncio.create_task(self._handle(conn, header, frames))
+                task = asyncio.create_task(self._handle(conn, header, frames, conn.share.taken()))
+                del frames  # the task's now: freed when it is done
                 conn.tasks.add(task)
                 task.add_done_callback(functools.partial(finished, conn, slots))
         except ConnectionError:
@@ -277,6 +282,7 @@ class QueueServer:
         except ssl.SSLError as e:  # a record failed its integrity check, say: the peer is told only by the close
             log.warning("%s: TLS error, closing the connection: %s (data altered on the way?)", conn.peer, e.reason or e)
         finally:
+            conn.share.give(conn.share.taken())  # a request cut short
             self._conns.discard(conn)
             if not self._closing:  # else stop() lets running requests answer, then closes
                 for t in conn.tasks:
@@ -312,35 +318,23 @@ class QueueServer:
         await conn.send({"id": rid, "ok": True, "proof": proof(key, AUTH_SERVER_LABEL, nonce, header["nonce"])})
         return True
 
-    async def _handle(self, conn: Connection, header: Header, frames: Frames) -> None:
-        rid, op = header["id"], header["op"]
-        t0 = time.perf_counter()
-        reply: dict[str, Any]
-        out: Frames = []
+    async def _handle(self, conn: Connection, header: Header, frames: Frames, size: int) -> None:
+        """Run a request and send its reply. Its `size` bytes, let into the memory budget as it was
+        read, are given back once its handler is done; its reply counts until its peer takes it."""
         try:
-            found = HANDLERS.get(op)
-            if found is None:
-                raise RequestError(ERR_UNKNOWN_OP, f"unknown operation {op!r:.60}; known: {', '.join(HANDLERS)}")
+            if (behind := conn.share.replies_taken()) is not None:  # a peer that does not take its replies
+                await behind  # gets no more until it does
+                if conn.writer.transport.is_closing():  # gone while this waited: nobody will read it
+                    return
             assert self.queues is not None
-            declared, handler = found
-            reply, out = await handler(self.queues, declared.arguments(header), frames)
-            reply["id"] = rid
-        except RequestError as e:
-            reply = {"id": rid, "error": e.kind, "message": str(e)}
-        except StoreError as e:
-            log.error("%s %s: %s", conn.peer, op, e)
-            reply = {"id": rid, "error": ERR_STORE, "message": f"{op}: {e}"}
-        except (TypeError, ValueError) as e:  # the stores' own checks of what a request holds
-            reply = {"id": rid, "error": ERR_BAD_ARGUMENT, "message": f"{op}: {e}"}
-        except OSError as e:  # a file the server writes beside the stores (blobs, settings): a full disk, say
-            log.error("%s %s: %s", conn.peer, op, e)
-            reply = {"id": rid, "error": ERR_STORE, "message": f"{op}: {store_error(e, 'server files')}"}
-        except Exception as e:
-            log.exception("%s %s failed", conn.peer, op)
-            reply = {"id": rid, "error": ERR_INTERNAL, "message": f"{op}: internal error: {type(e).__name__}: {e}"}
-        if op in HANDLERS:  # not an unknown name: clients could make those labels without end
-            self.request_times.observe(op, time.perf_counter() - t0)
-        await conn.send(reply, out)
+            reply, out = await answer(self.queues, self.request_times, conn.peer, header, frames)
+        finally:
+            del frames
+            conn.share.give(size)
+            release_reply()  # the room its handler held: the reply counts as itself from now on (`send`)
+        sending = conn.send(reply, out)
+        del reply, out  # `send` lets them go once the transport has them
+        await sending
 
     def _complain(self, message: str) -> None:
         """Log a warning that may recur often (a flood of connections) at most once a COMPLAIN_EVERY_S."""
@@ -366,6 +360,8 @@ class QueueServer:
                 continue
             c.dropped = True
             c.writer.transport.abort()
+            if c.reader_task is not None:  # it may be waiting for room in the budget, not on its socket
+                c.reader_task.cancel()
 
     async def _sweep(self) -> None:
         """Return expired leases to their queues, close silent connections, and sample the counters
