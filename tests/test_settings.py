@@ -242,7 +242,10 @@ def test_a_package_that_raises_is_run_once_to_say_so(settings_dir: Path) -> None
     package = settings_dir / "site_pkg_raising"
     package.mkdir()
     runs = settings_dir / "runs"
-    init = f"import pathlib\np = pathlib.Path({str(runs)!r})\np.write_text(p.read_text() + 'run')\nraise RuntimeError('no database')\n"
+    init = (
+        f"import pathlib\np = pathlib.Path({str(runs)!r})\n"
+        "p.write_text(p.read_text() + 'run')\nraise RuntimeError('no database')\n"
+    )
     runs.write_text("")
     (package / "__init__.py").write_text(init)
     (package / "tasks.py").write_text("")
