@@ -51,7 +51,7 @@ def start_worker(pool: QueuePool, *args: str) -> subprocess.Popen[str]:
 
 def stop(worker: subprocess.Popen[str], how: str) -> None:
     sig = signal.SIGINT if how == "ctrl-c" else signal.SIGTERM
-    if how == "parent":
+    if how.startswith("parent"):
         os.kill(worker.pid, sig)
     elif how == "every-process":  # what systemd's KillMode=control-group does: each process of the cgroup
         for pid in process_tree(worker.pid):
@@ -68,6 +68,7 @@ def stop(worker: subprocess.Popen[str], how: str) -> None:
         ("every-process", "2", "process"),
         ("every-process", "1", "thread"),
         ("parent", "2", "thread"),
+        ("parent-until-empty", "2", "thread"),  # a worker meant to drain the queues, stopped before
         ("ctrl-c", "2", "thread"),
         ("ctrl-c", "1", "process"),
     ],
@@ -79,7 +80,8 @@ def test_a_stop_lets_running_tasks_finish_and_acks_them(
     n_running = int(processes) * SLOTS
     n = n_running + 2  # two wait for a slot when the stop comes: given back, run by the next worker
     handles = wt.naps.publish_many([(str(log), tag, NAP_S) for tag in range(n)], _pool=pool)
-    worker = start_worker(pool, "--processes", processes, "--pool", mode, "--shutdown-timeout", "20")
+    until_empty = ["--until-empty"] if how.endswith("until-empty") else []
+    worker = start_worker(pool, "--processes", processes, "--pool", mode, "--shutdown-timeout", "20", *until_empty)
     try:
         # every slot runs a task (the tasks are long enough for a stop to land while they run)
         wait_for(lambda: sum(runs(log)[0].values()) >= n_running, timeout=60, what="every slot running a task")
@@ -102,7 +104,8 @@ def test_a_stop_lets_running_tasks_finish_and_acks_them(
     assert (st.acked, st.failed, st.delivered) == (len(done), 0, 0)  # settled: acked, none handed back
     assert wait_gone(tree, timeout=20) == [], "processes outlived the worker"
     # the next worker runs the rest: every task ran exactly once
-    out = subprocess.run([*worker.args, "--until-empty"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    drain = [*worker.args, *([] if until_empty else ["--until-empty"])]
+    out = subprocess.run(drain, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     started, done = runs(log)
     assert started == done == Counter(range(n))

@@ -82,7 +82,7 @@ def run_worker(pool: QueuePool, queues: Sequence[QueueConfig | str], settings: S
                       max_concurrency=options.concurrency, concurrency=options.mode, task_modules=list(task_modules),
                       selector=sel if isinstance(sel, str) else sel.__name__, pin_core=options.pin_core,
                       shutdown_timeout=options.shutdown_timeout)  # fmt: skip
-    _stop_on_signals(options, say)
+    signals = StopOnSignals(options.shutdown_timeout, say)
     limit, names = options.gives_up_after, [q if isinstance(q, str) else q.name for q in queues]
     try:
         cp.start()
@@ -93,6 +93,7 @@ def run_worker(pool: QueuePool, queues: Sequence[QueueConfig | str], settings: S
     except Stopping:
         pass
     finally:
+        signals.under_way = True
         cp.cancel()  # the consumers finish their running tasks (within the shutdown timeout)
     return cp.stats  # the sum over the consumer processes (those that died: as far as their tallies go)
 
@@ -123,21 +124,23 @@ def _run_here(pool: QueuePool, queues: Sequence[QueueConfig | str], settings: Se
             settings.on_worker_shutdown()
 
 
-def _stop_on_signals(options: WorkerOptions, say: Callable[[str], object]) -> None:
-    """The first SIGTERM or SIGINT raises `Stopping` in the main thread (the consumer processes have it
-    too when it went to the whole process group; if not, `ConsumerPool.cancel` sends it on); later ones
-    are said, not raised: the stop is under way."""
-    stops = [0]
+class StopOnSignals:
+    """SIGTERM and SIGINT in a multi-process worker: the first raises `Stopping` in the main thread (the
+    consumer processes have the signal too when it went to the whole process group; if not,
+    `ConsumerPool.cancel` sends it on); once the stop is `under_way`, a signal is said, not raised."""
 
-    def on_signal(*_: object) -> None:
-        stops[0] += 1
-        if stops[0] == 1:
-            say(f"stopping: finishing running tasks (for up to {options.shutdown_timeout:g} s)")
-            raise Stopping
-        say("already stopping: running tasks finish first")
+    def __init__(self, shutdown_timeout: float, say: Callable[[str], object]) -> None:
+        self.shutdown_timeout, self.say, self.under_way = shutdown_timeout, say, False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.on_signal)
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, on_signal)
+    def on_signal(self, *_: object) -> None:
+        if self.under_way:
+            self.say("already stopping: running tasks finish first")
+            return
+        self.under_way = True
+        self.say(f"stopping: finishing running tasks (for up to {self.shutdown_timeout:g} s)")
+        raise Stopping
 
 
 def _look_after(cp: ConsumerPool, pool: QueuePool, queues: list[str], limit_s: float | None) -> None:
