@@ -5,15 +5,16 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from conveyor.client.pool import QueuePool
 from conveyor.errors import ConnectionLostError
 from conveyor.message import Message
-from conveyor.worker.settler import BUSY_COALESCE_S, COALESCE_S, REPORT_CONNECT_S, Settler, ack_on_delivery
+from conveyor.worker.settler import BUSY_COALESCE_S, COALESCE_S, Settler, ack_on_delivery
 
-from .servers import thread_server, wait_for
+from .servers import ThreadServer, thread_server, wait_for
 
 
 @pytest.fixture
@@ -94,8 +95,8 @@ def test_acks_on_delivery_that_partly_fail_still_run_what_was_acked() -> None:
 
 
 def test_a_report_waits_little_on_a_server_out_of_reach() -> None:
-    """A report goes to every server: one out of reach holds the settler (the acks behind it, a
-    consumer's stop) at most REPORT_CONNECT_S per report, not the connection's whole patience."""
+    """A report goes to every server: one out of reach costs the settler (the acks behind it, a
+    consumer's stop) one refused attempt to connect, not the connection's whole patience."""
     with socket.socket() as probe:  # a port nobody listens on: each connect is refused at once
         probe.bind(("127.0.0.1", 0))
         dead = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
@@ -106,5 +107,41 @@ def test_a_report_waits_little_on_a_server_out_of_reach() -> None:
         t0 = time.monotonic()
         settler.close()
         took = time.monotonic() - t0
-    assert REPORT_CONNECT_S <= 1.0
-    assert took < 4.0, f"close took {took:.1f} s"  # a periodic report and the last one; 10 s each before
+    assert took < 4.0, f"close took {took:.1f} s"  # a periodic report and the last one; 10 s each at first
+
+
+def test_settlements_for_a_server_out_of_reach_wait_and_the_others_go_on(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server restarting holds up only its own settlements: they are tried again until it is back
+    (then they go through), while the other server's go through at once, however long it takes."""
+    with thread_server() as live:
+        down = ThreadServer(data_dir=tmp_path / "b")
+        port = int(down.address.rsplit(":", 1)[1])
+        with QueuePool.connect([live.address, down.address], connect_timeout=10.0) as pool:
+            for _ in range(2):  # a batch to each server in turn
+                pool.put("q", [Message(b"x") for _ in range(2)])
+            held = pool.get("q", 2, lease_s=60, shards=[0]) + pool.get("q", 2, lease_s=60, shards=[1])
+            on_down = [m.id for m in held if pool.split_id(m.id)[0] == 1]
+            on_live = [m.id for m in held if pool.split_id(m.id)[0] == 0]
+            assert len(on_down) == len(on_live) == 2
+            down.stop()
+            settler = Settler(pool)
+            try:
+                settler.put([Settler.ack("q", i, b"r") for i in on_down])  # its server is gone: they wait
+                assert not settler.flush(1.0)
+                settler.put([Settler.ack("q", i, b"r") for i in on_live])
+                t0 = time.monotonic()
+                # the live server's acks go at once (before: behind the retries, for as long as its server was out)
+                wait_for(lambda: pool.clients[0].stats()["q"].acked == 2, timeout=5, what="the live server's acks")
+                assert time.monotonic() - t0 < 3.0
+                assert f"settlements for {down.address} wait" in caplog.text  # said, naming the server
+                back = ThreadServer(data_dir=tmp_path / "b", port=port)  # started again on its data
+                try:
+                    assert settler.flush(30), "the waiting acks did not go through once the server was back"
+                    assert pool.clients[1].stats()["q"].acked == 2
+                finally:
+                    back.stop()
+            finally:
+                settler.close(5)
+    assert settler.unsettled == 0

@@ -438,7 +438,9 @@ def test_a_task_that_kills_its_worker_ends_in_the_dead_letters(pool: QueuePool) 
     with ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=1, task_modules=MODULES) as cp:
         cp.join(timeout=90, progress=False)
         results = dict(cp.results())
-    assert cp.restarts >= 2  # the third death may end the work before the pool has restarted that consumer
+    # three attempts take three consumer lives: the two it started with and at least one restart (the
+    # last deaths may end the work before the pool sees them: two can come within one look of its join)
+    assert cp.restarts >= 1
     assert isinstance(results[poison.id], TaskFailure)
     assert "its consumer's connection closed on its last attempt (3 of 3)" in results[poison.id].error
     assert [results[h.id] for h in good] == list(range(40))

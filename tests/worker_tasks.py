@@ -184,3 +184,12 @@ def runs_a_program(seconds: float, path: str) -> int:
     code = subprocess.run(["sleep", str(seconds)], check=False).returncode
     note(path, f"done {code}")
     return code
+
+
+@conveyor.task(queue="jobs", max_retries=3)
+def naps(log: str, tag: int, seconds: float) -> int:
+    """Notes its start, sleeps, notes its end: the log tells which ran, how often, and whether they finished."""
+    note(log, f"start {tag}")
+    time.sleep(seconds)
+    note(log, f"done {tag}")
+    return tag

@@ -233,6 +233,14 @@ MAP_DEFAULT_LEASE_S = 10.0
 # how long a queue server may be out of reach before the consumers, joins and maps that need it fail
 # with ServerUnreachableError (a server started again on its data dir within it: the work goes on)
 DEFAULT_UNREACHABLE_S = 30.0
+# after a server fails to answer a get, a pool's gets serve the others for a quarter of how long it has
+# been out of reach, at least SHARD_DOWN_S and at most SHARD_DOWN_MAX_S, then try it again
+SHARD_DOWN_S, SHARD_DOWN_MAX_S = 2.0, 10.0
+# a consumer says which servers are out of reach when it notices, then this often while they are
+OUT_OF_REACH_SAY_S = 60.0
+# on SIGTERM or Ctrl-C (`conveyor worker --shutdown-timeout`, ConsumerPool.cancel): how long running tasks
+# may take to finish; those still running then are handed back (nacked) for another worker
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 # a join, gather or result() waiting on a queue no live consumer serves warns after STALL_FIRST_S (time
 # for consumers just started to report), then every STALL_WARN_S while it lasts; it asks the servers
 # which consumers report at most every STALL_LOOK_S

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from pathlib import Path
-from typing import Literal
 
 import click
 from rich.console import Console, Group
@@ -17,6 +15,7 @@ from conveyor import __version__
 from conveyor.cli.connecting import Connection, connect_options, open_pool, token_of
 from conveyor.cli.demo import DEFAULT_SCENES, SCENE_KEYS, run_demo, summary_table, verdicts
 from conveyor.cli.tables import dead_letter_table, servers_table, stats_table, workers_table
+from conveyor.cli.worker_command import worker
 from conveyor.constants import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_LEASE_S,
@@ -31,7 +30,7 @@ from conveyor.constants import (
     MIN_MEMORY_BUDGET_BYTES,
 )
 from conveyor.dashboard import DEFAULT_DASHBOARD_PORT, Dashboard
-from conveyor.errors import ConnectionLostError, ConveyorError
+from conveyor.errors import ConveyorError
 from conveyor.gc_policy import tune_gc
 from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Limits
@@ -39,10 +38,6 @@ from conveyor.protocol.tls import cert_fingerprint, server_context
 from conveyor.server.queue_server import QueueServer
 from conveyor.server.queues import Defaults
 from conveyor.server.runtime import check_data_dir, reachable_addresses
-from conveyor.tasks.queue_config import QueueConfig, load_queues
-from conveyor.worker.affinity import default_slots
-from conveyor.worker.runtime import WorkerOptions, import_task_modules, run_worker
-from conveyor.worker.settings import load_settings
 
 
 @click.group()
@@ -322,90 +317,4 @@ def drop(conn: Connection, queues: tuple[str, ...], yes: bool) -> None:
             raise click.ClickException(str(e)) from None
 
 
-@main.command()
-@connect_options
-@click.option("--tasks", "task_modules", multiple=True, help="A module to import so its tasks register (repeat it).")
-@click.option("--queues-config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="Queue YAML in ndkale's format (default: the settings module's QUEUE_CONFIG).")  # fmt: skip
-@click.option("--queues", "queue_names", default=None, help="Comma-separated queue names, instead of a queue YAML.")
-@click.option("--concurrency", default=None, type=click.IntRange(1),
-              help="Tasks one consumer runs at once (default: 8 threads; or, with --pool process, child processes "
-                   "for the consumer's share of the cores, plus one).")  # fmt: skip
-@click.option("--pool", "mode", type=click.Choice(["thread", "process"]), default="thread", show_default=True,
-              help="Run tasks in threads, or in child processes (CPU-bound work; over its time limit, killed).")  # fmt: skip
-@click.option("--processes", default=1, show_default=True, type=click.IntRange(1), help="Consumer processes to run.")
-@click.option("--batch-size", default=None, type=click.IntRange(1),
-              help="Messages per fetch (default: each queue's batch_size).")  # fmt: skip
-@click.option("--selector", default=None, help="Queue selection algorithm (default: settings QUEUE_SELECTOR, ReducedLottery).")
-@click.option("--until-empty", is_flag=True, help="Exit once the queues are drained.")
-@click.option("--connect-timeout", default=30.0, show_default=True, type=click.FloatRange(0, min_open=True),
-              help="With --until-empty: give up, with an error, when the servers cannot be reached within this many "
-                   "seconds of starting. Without it, a worker keeps trying (it rides out a server restart).")  # fmt: skip
-@click.option("--pin-core/--no-pin-core", default=None,
-              help="Run each consumer on a core of its own while one is free (--pool thread, CPU-bound tasks). "
-                   "Default: pinned when --processes is at least the number of cores.")  # fmt: skip
-def worker(conn: Connection, task_modules: tuple[str, ...], queues_config: Path | None, queue_names: str | None,
-           concurrency: int | None, mode: Literal["thread", "process"], processes: int, batch_size: int | None,
-           selector: str | None, until_empty: bool, connect_timeout: float, pin_core: bool | None) -> None:  # fmt: skip
-    """Run consumers: fetch tasks from the queues and run them, until SIGTERM or Ctrl-C (a graceful stop)."""
-    if queues_config is not None and queue_names is not None:  # which one would win is a guess: say so
-        raise click.UsageError("give --queues-config or --queues, not both (the YAML names its queues)")
-    if pin_core and mode != "thread":
-        raise click.UsageError("--pin-core is for --pool thread: the OS spreads task processes over the cores")
-    _cwd_on_path()
-    try:
-        settings = load_settings()
-        modules = [*settings.task_modules, *task_modules]
-        queues: list[QueueConfig | str]
-        if queues_config is not None:
-            queues = list(load_queues(queues_config))
-        elif queue_names:
-            queues = [q.strip() for q in queue_names.split(",") if q.strip()]
-        else:
-            queues = list(settings.queues())
-        import_task_modules(modules)  # a module that does not import is said first, before any server is tried
-        pool = open_pool(conn)
-        names = ", ".join(q if isinstance(q, str) else q.name for q in queues)
-        console = Console(stderr=True)
-        slots = concurrency or default_slots(mode, processes)  # None goes on: the consumers then read ahead
-        console.print(f"[bold]conveyor worker[/]: {processes} consumer(s) x {slots} {mode}(s) on {names} "
-                      f"from {', '.join(pool.addresses)}")  # fmt: skip
-        if not modules:  # said up front: otherwise every named task's message ends in the dead letters
-            console.print("[yellow]warning[/]: no task modules (--tasks MODULE, or TASK_MODULES in the settings module): "
-                          "only ad-hoc callables (pool.submit, pool.map, which travel cloudpickled) can run; "
-                          "messages of named tasks will fail as unknown tasks and go to the dead letters")  # fmt: skip
-        if until_empty:
-            _reach(conn, connect_timeout)
-        options = WorkerOptions(processes=processes, concurrency=concurrency, mode=mode, batch_size=batch_size,
-                                selector=selector, until_empty=until_empty, pin_core=pin_core)  # fmt: skip
-        st = run_worker(pool, queues, settings, modules, options, say=console.print)
-        console.print(st.summary())
-    except ConveyorError as e:
-        raise click.ClickException(str(e)) from None
-
-
-def _reach(conn: Connection, timeout: float) -> None:
-    """Wait up to `timeout` s for every server to answer; a ClickException if one does not.
-
-    For `--until-empty`: a worker meant to drain the queues and exit would otherwise retry forever
-    against a server that is not running (a long-lived worker keeps retrying, on purpose).
-    """
-
-    with open_pool(conn, connect_timeout=timeout) as probe:
-        try:
-            probe.stats()
-        except ConnectionLostError as e:
-            raise click.ClickException(f"{e}; with --until-empty, a worker gives up on servers it cannot reach "
-                                       f"within --connect-timeout ({timeout:g} s): is the server running?") from None  # fmt: skip
-
-
-def _cwd_on_path() -> None:
-    """Make modules under the current directory importable, as Celery's worker does.
-
-    The console script puts its own directory first on sys.path, not the current one (nor does
-    `python -m` in safe-path mode), so `--tasks myapp.tasks` from the project's directory would not
-    import. Children (consumer and task processes) start with this sys.path too.
-    """
-    cwd = os.getcwd()
-    if not any(os.path.abspath(p or os.curdir) == cwd for p in sys.path):
-        sys.path.insert(0, cwd)
+main.add_command(worker)

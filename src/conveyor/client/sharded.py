@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from conveyor.client.queue_client import QueueClient
 from conveyor.client.reach import Reach
-from conveyor.constants import ERR_NO_QUEUE, H_IDEMPOTENCY_KEY, SHARD_SHIFT
+from conveyor.constants import ERR_NO_QUEUE, H_IDEMPOTENCY_KEY, SHARD_DOWN_MAX_S, SHARD_DOWN_S, SHARD_SHIFT
 from conveyor.errors import ConnectionLostError, ConveyorError, RequestError
 from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol import requests as calls
@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 LOCAL_MASK = (1 << SHARD_SHIFT) - 1
-SHARD_DOWN_S = 2.0  # after a shard fails to answer a get, the others are served for this long
 
 
 class ShardedQueues:
@@ -207,8 +206,9 @@ class ShardedQueues:
                 try:
                     call = calls.get(queue, n, lease_s=lease_s, wait_s=wait, id_base=s << SHARD_SHIFT, tie=tie)
                     got = self.clients[s].call(call)
-                except ConnectionLostError as e:  # serve from the other shards meanwhile
-                    self._down[s] = time.monotonic() + SHARD_DOWN_S
+                except ConnectionLostError as e:  # serve from the other shards meanwhile, trying it less often as it stays out
+                    gone = self.clients[s].unreachable_s()
+                    self._down[s] = time.monotonic() + min(max(SHARD_DOWN_S, gone / 4), SHARD_DOWN_MAX_S)
                     error = e
                     continue
                 self._down.pop(s, None)

@@ -1,9 +1,11 @@
 """The transport under `QueueClient`: one connection to a queue server, many requests in flight on it.
 
-A client connects lazily and reconnects with exponential backoff (up to `connect_timeout`) when its
-connection is gone. A request whose connection breaks before its reply raises `ConnectionLostError`
-and is not retried: it may have taken effect (a put may have been stored), and only the caller
-knows whether repeating it is safe.
+A client connects lazily and reconnects with exponential backoff (up to `connect_timeout`: its
+patience) when its connection is gone; with a patience of 0 it makes one attempt per request, for an
+owner that retries on its own terms (a consumer serves the other servers meanwhile, and stops at
+once). A request whose connection breaks before its reply raises `ConnectionLostError` and is not
+retried: it may have taken effect (a put may have been stored), and only the caller knows whether
+repeating it is safe.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ T = TypeVar("T")
 PIPELINE_WINDOW = 16  # requests a blocking client keeps in flight in `pipeline`
 BYE_TIMEOUT_S = 2.0  # how long `close` waits for the server to hear a tied connection's `bye`
 STALE_CHECK_S = 1.0  # a connection idle this long is looked at (closed by the server?) before it is used
+CONNECT_ATTEMPT_S = 1.0  # the least one attempt to connect may take, whatever patience is left (a distant server)
 _FATAL = (ERR_PROTOCOL, ERR_AUTH)  # error kinds after which the server closes the connection
 
 
@@ -75,6 +78,7 @@ class Transport:
     TLS (`ClientTLS.make`): `tls=True` (or a tls:// address) trusts the system's CAs, `ca` a CA file,
     `fingerprint` pins the server's certificate (as `conveyor serve` prints it); `cert` and `key`: this
     client's certificate, for a server started with --tls-ca. The address then reads tls://.
+    `connect_timeout`: how long a request may wait for a connection, its owner may change it (0: one attempt).
     """
 
     def __init__(self, address: str = f"tcp://127.0.0.1:{DEFAULT_PORT}", token: str | bytes | None = None, *,
@@ -127,12 +131,15 @@ class Transport:
             header[LIMITS_KEY] = self._lim
         return header
 
-    def _backoff(self) -> Iterator[float]:
-        """Delays between connection attempts; ends when `connect_timeout` has passed."""
+    def _attempts(self) -> Iterator[float]:
+        """The patience left before each connection attempt: the first at once, the next after a backoff
+        (0.05 s, doubling up to 1 s) while `connect_timeout` lasts; one attempt with a patience of 0."""
         deadline = time.monotonic() + self.connect_timeout
         delay = 0.05
+        yield self.connect_timeout
         while (left := deadline - time.monotonic()) > 0:
-            yield min(delay, left)
+            time.sleep(min(delay, left))
+            yield deadline - time.monotonic()
             delay = min(delay * 2, 1.0)
 
     def _failed(self) -> None:
@@ -164,15 +171,15 @@ class Transport:
 
     def _connect(self) -> None:
         started, error = time.monotonic(), None
-        for delay in self._backoff():
-            try:
-                sock = socket.create_connection((self.host, self.port), timeout=max(delay, self.timeout))
+        for left in self._attempts():
+            try:  # a server that drops the packets holds an attempt as long as the patience left, not `timeout`
+                sock = socket.create_connection((self.host, self.port), timeout=min(self.timeout, max(left, CONNECT_ATTEMPT_S)))
+                sock.settimeout(self.timeout)  # the handshakes, once connected, as long as any reply
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 sock = self._secure(sock)
             except OSError as e:
                 error = e
                 self._failed()
-                time.sleep(delay)
                 continue
             self._sock, self._reader = sock, protocol.SocketReader(sock, self.limits)
             self._used = time.monotonic()
@@ -185,7 +192,6 @@ class Transport:
                 self._drop()
                 error = e
                 self._failed()
-                time.sleep(delay)
                 continue
             except BaseException:
                 self._drop()

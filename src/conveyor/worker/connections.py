@@ -1,7 +1,8 @@
-"""A worker's own connections to the servers, in each of its task threads or child processes.
+"""A worker's own connections to the servers: the consumer's and its settler's (`own_connections`),
+and those of each of its task threads or child processes.
 
-They fetch the pickled functions of ad-hoc tasks, and are the backend a running task may use
-(`conveyor.tasks.runner.worker_backend`): a `map` message split into rows puts the rows back
+A task's connections fetch the pickled functions of ad-hoc tasks, and are the backend a running task
+may use (`conveyor.tasks.runner.worker_backend`): a `map` message split into rows puts the rows back
 through them. Never the consumer's own connections, which its fetches and acks keep busy.
 """
 
@@ -9,9 +10,26 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass
+from typing import TypeVar
 
 from conveyor.client.backend import QueueBackend
+from conveyor.client.transport import Transport
 from conveyor.errors import ConveyorError
+
+B = TypeVar("B", bound=QueueBackend)
+# A consumer's and a settler's connections try once per request to connect: each retries a server out of
+# reach on its own terms, serving the others meanwhile, and a stop never waits on a connection's backoff
+ONE_ATTEMPT = 0.0
+
+
+def own_connections(pool: B, connect_s: float | None = None) -> B:
+    """A copy of `pool` on connections of its own (an in-process backend is itself), whose requests wait
+    at most `connect_s` for a connection (None: as `pool`'s; ONE_ATTEMPT: one attempt each)."""
+    mine: B = pickle.loads(pickle.dumps(pool))
+    for c in mine.clients:
+        if isinstance(c, Transport) and connect_s is not None:
+            c.connect_timeout = connect_s
+    return mine
 
 
 @dataclass(frozen=True)
@@ -35,4 +53,4 @@ class BlobFetcher:
     pool: QueueBackend
 
     def __call__(self) -> WorkerConnections:
-        return WorkerConnections(pickle.loads(pickle.dumps(self.pool)))  # connections of its own, never the consumer's
+        return WorkerConnections(own_connections(self.pool))  # never the consumer's

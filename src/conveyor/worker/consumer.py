@@ -5,7 +5,8 @@ at once (no prefetched message waits behind a long task), picks queues with a se
 algorithms), serves its assigned shards first and steals from the others when they are empty,
 acks results in batches, extends the leases of long tasks, stops tasks over their time limit and
 hands failures to the middleware (retries with backoff, dead letters). On `stop()` it fetches no
-more, lets running tasks finish, gives back anything fetched but not started, and returns.
+more, lets running tasks finish (for up to `shutdown_s`), gives back anything fetched but not started,
+and returns. A server out of reach is retried now and then while the others are served (see `outages`).
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ from conveyor.tasks.queue_config import QueueConfig
 from conveyor.tasks.registry import import_named
 from conveyor.worker.affinity import check_pin, pin_core, resolve_slots
 from conveyor.worker.completions import Completions
-from conveyor.worker.connections import BlobFetcher
+from conveyor.worker.connections import ONE_ATTEMPT, BlobFetcher, own_connections
 from conveyor.worker.executors import Completion, ProcessSlots, ThreadSlots
+from conveyor.worker.fetching import Fetcher
 from conveyor.worker.held import Held, ServedQueue, due_extensions, over_limit, serves
 from conveyor.worker.middleware import Decision, Middleware, default_middleware
+from conveyor.worker.outages import Outages
 from conveyor.worker.pacing import Pacing, Throughput, read_ahead
 from conveyor.worker.selectors import QueueSelector, selector_class
 from conveyor.worker.settler import Settler, ack_on_delivery, result_fits
@@ -60,8 +63,8 @@ class Consumer:
                  until_empty: bool = False, name: str | None = None, seed: int | None = None,
                  stop_when: Callable[[], bool] | None = None, expect_more: Callable[[], bool] | None = None,
                  on_started: Callable[[], object] | None = None, pin_core: bool = False,
-                 unreachable_s: float = DEFAULT_UNREACHABLE_S, read_ahead: bool | None = None,
-                 early_ack: bool = False, holding: Callable[[int], object] | None = None) -> None:  # fmt: skip
+                 unreachable_s: float | None = DEFAULT_UNREACHABLE_S, read_ahead: bool | None = None, early_ack: bool = False,
+                 holding: Callable[[int], object] | None = None, shutdown_s: float | None = None) -> None:  # fmt: skip
         """See the module docstring. `stop_when`, asked about once a second, stops the consumer
         gracefully when it returns True (a stop signalled from elsewhere, e.g. through the servers).
         `expect_more` (with `until_empty`): while it returns True, drained queues do not end the
@@ -69,11 +72,13 @@ class Consumer:
         work: task modules imported, task slots started. `pin_core` (thread concurrency only) runs
         the consumer on a core of its own while one is free (see `conveyor.worker.affinity`).
         `unreachable_s`: a server out of reach for longer ends `run()` with `ServerUnreachableError`
-        rather than retrying forever (one back within it, and the work goes on). `early_ack`: each
-        message is acked (without a result) as it is delivered, before it runs: at most once (see
-        `settler.ack_on_delivery`); it reads no messages ahead then, since those could not be given back,
-        and extends no leases. `holding` (with `early_ack`) is told how many acked messages the consumer
-        holds, before each ack and as they end: the servers no longer count them (`ConsumerPool.join`)."""
+        (one back within it, and the work goes on; None: retried for as long as it takes, the others
+        served meanwhile). `shutdown_s`: after a graceful `stop()`, tasks still running this long are
+        handed back (nacked; None: no limit). `early_ack`: each message is acked (without a result) as
+        it is delivered, before it runs: at most once (see `settler.ack_on_delivery`); it reads no
+        messages ahead then, since those could not be given back, and extends no leases. `holding` (with
+        `early_ack`) is told how many acked messages the consumer holds, before each ack and as they
+        end: the servers no longer count them (`ConsumerPool.join`)."""
         if not queues:
             raise ValueError("a consumer needs at least one queue")
         max_concurrency, reads_ahead = resolve_slots(max_concurrency, concurrency, 1)
@@ -101,7 +106,7 @@ class Consumer:
         self.expect_more = expect_more
         self.on_started = on_started
         self.pin_core = pin_core
-        self.unreachable_s = unreachable_s
+        self.unreachable_s, self.shutdown_s = unreachable_s, shutdown_s
         self._next_stop_check = self._next_sweep = 0.0  # sweep: tasks over their time limit or due a lease extension
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{consumer}"
         self.stats = ConsumerStats()
@@ -110,15 +115,10 @@ class Consumer:
         self._running: dict[tuple[str, int], Held] = {}  # by queue and id: each queue numbers its own messages
         self._stop = threading.Event()
         self._hard_stop = False
-        self._current: ServedQueue | None = None
-        self._iterations_left = 0
-        self._stash: list[Message] = []
         self._settler: Settler
         self._undrained = False  # with until_empty: the last drained check found work still pending
-        self._last_short = True  # the last fetch got less than it asked for: the queues are not busy
         self._pacing: Pacing  # set by _run, which knows whether the consumer got a core of its own
         self._throughput, self._read_ahead = Throughput(), 0
-        self._left: int | None = None  # READY messages the last fetch's queue had left on its server
 
     # --- control --------------------------------------------------------------------------
     def stop(self, graceful: bool = True) -> None:
@@ -144,6 +144,11 @@ class Consumer:
         sizes = [q.batch_size or 0 for q in self.queues]  # 0: no limit of the queue's own
         self._pacing = Pacing(self.max_concurrency, max(sizes) if min(sizes) else None, core is not None,
                               self.n_consumers, len(self.pool))  # fmt: skip
+        # its fetches' own connections: one attempt each to connect, so that a server out of reach holds up
+        # neither the others' work nor a stop (it is tried again later; see Outages)
+        self._servers = own_connections(self.pool, ONE_ATTEMPT)
+        self._outages = Outages(self._servers, f"consumer {self.name}", self.unreachable_s)
+        self._fetcher = Fetcher(self._servers, self.queues, self.selector, self.shards, self.n_assigned, self.stats, self._stop)
         fetcher, conns = BlobFetcher(self.pool), None  # conns: the task threads' own connections, closed at the end
         slots = (ThreadSlots(self.max_concurrency, self._done, conns := fetcher()) if self.concurrency == "thread"
                  else ProcessSlots(self.max_concurrency, self._done, fetcher, self.task_modules))  # fmt: skip
@@ -167,9 +172,10 @@ class Consumer:
                 conns.pool.close()
             self._settler.close(HARD_SETTLE_S if self._hard_stop else SETTLE_S)
             self.stats.unsettled += self._settler.unsettled
+            self._servers.close()
 
     def _loop(self, slots: ThreadSlots | ProcessSlots) -> None:
-        gave_back = False  # once stopping, nothing new goes in line: what waits there is given back once
+        gave_back, stop_by = False, 0.0  # once stopping, nothing new goes in line: what waits there is given back once
         while True:
             try:
                 self._settle(self._done.take())
@@ -191,17 +197,20 @@ class Consumer:
                 if self._stop.is_set():
                     if not gave_back:
                         self._give_back(slots)
-                        gave_back = True
+                        gave_back, stop_by = True, now + (float("inf") if self.shutdown_s is None else self.shutdown_s)
+                    if self._running and now >= stop_by and not self._hard_stop:
+                        log.warning(f"consumer {self.name}: {self.shutdown_s:g} s after the stop, running tasks are handed back")
+                        self._hard_stop = True
                     if self._hard_stop or not self._running:
                         return
                     self._wait(BUSY_POLL_S)
                     continue
-                free = self._pacing.want(len(self._running), self._left, not self._last_short, self._read_ahead)
+                left, busy = self._fetcher.left, not self._fetcher.last_short
+                free = self._pacing.want(len(self._running), left, busy, self._read_ahead)
                 if not free:  # while the queue is busy, fetch in batches rather than one by one
-                    self._wait(BUSY_POLL_S, self._pacing.short_of(len(self._running), self._left, not self._last_short,
-                                                                  self._read_ahead))  # fmt: skip
+                    self._wait(BUSY_POLL_S, self._pacing.short_of(len(self._running), left, busy, self._read_ahead))
                     continue
-                if not self._running and (self._last_short or not self._left):
+                if not self._running and (not busy or not left):
                     self._settler.hurry()  # idle, the queues look drained: our last acks may be what ends the work
                 got = self._fetch(free)
                 if self._stop.is_set() and got:
@@ -218,74 +227,45 @@ class Consumer:
                     if self._drained(DRAIN_POLL_S if self._undrained else 0.0):
                         return
                     self._undrained = True
-            except (ConnectionLostError, TimeoutError) as e:  # the sweep ends it once out of reach too long
+            except (ConnectionLostError, TimeoutError) as e:  # no server answers: said by the sweep (Outages)
                 if isinstance(e, ServerUnreachableError):
                     raise
-                log.warning("consumer %s: %s; retrying (for up to %.0f s)", self.name, e, self.unreachable_s)
+                log.debug("consumer %s: %s; retrying", self.name, e)
                 self._stop.wait(RETRY_CONNECT_S)
 
     def _check_reachable(self) -> None:
-        """A server out of reach past `unreachable_s` ends the consumer: a hard stop (no long goodbye to it)."""
+        """Say which servers are out of reach; one past `unreachable_s` ends the consumer: a hard stop (no long
+        goodbye to it)."""
+        self._outages.say()
         try:
-            self.pool.check_reachable(self.unreachable_s, [q.name for q in self.queues], f"consumer {self.name}: ")
+            if self.unreachable_s is not None:
+                self._servers.check_reachable(self.unreachable_s, [q.name for q in self.queues], f"consumer {self.name}: ")
         except ServerUnreachableError:
             self._hard_stop = True
             raise
 
     # --- fetching -------------------------------------------------------------------------
     def _fetch(self, free: int) -> list[Message]:
-        """Up to `free` messages from the selected queue (probing queues as the selector asks: a
-        selector's probe of a queue is a fetch, and what it finds is run, not fetched twice)."""
-        self._stash = []
-        q: ServedQueue | None
-        if self._current is not None and self._iterations_left > 0:
-            q = self._current
-        else:
-            q = self.selector.get_queue(self.queues, self._probe_for(free))
-            self._iterations_left = q.num_iterations if q is not None else 0
-            self._current = q
-        if self._stash:
-            got, extra = self._stash[:free], self._stash[free:]
-            if extra:  # a selector that probed past a queue with work: give the surplus back
-                self._release(extra)
-        elif q is None:
-            self._stop.wait(BUSY_POLL_S)
-            return []
-        else:
-            # long poll only when idle; with until_empty, only while others still put work (then see _drained)
-            wait = 0.0
-            if not self._running and not self.until_empty:
-                wait = min(q.long_poll_s, IDLE_POLL_S)
-            elif not self._running and self._undrained and self.expect_more is not None:
-                wait = min(q.long_poll_s, DRAIN_POLL_S)
-            if wait:  # idle for a while, perhaps: acks held back to gather more would wait as long
-                self._settler.hurry()
-                if self._stop.is_set():  # a stop since the loop looked (the pool's wake may be past): no poll
-                    return []
-            got = self._get(q, min(q.batch_size or free, free), wait)
-        self._iterations_left = self._iterations_left - 1 if got else 0
-        self._last_short = len(got) < min((q.batch_size or free) if q is not None else 1, free)
-        self._settler.busy = not self._last_short
+        """Up to `free` messages from the selected queue (see `Fetcher`); a probe's surplus goes back."""
+        got, extra = self._fetcher.fetch(free, self._poll_s)
+        if extra:
+            self._release(extra)
+        self._settler.busy = not self._fetcher.last_short
         return got
 
-    def _probe_for(self, free: int) -> Callable[[ServedQueue], bool]:
-        def probe(q: ServedQueue) -> bool:
-            got = self._get(q, min(q.batch_size or free, free), 0.0)
-            self._stash += got
-            return bool(got)
-
-        return probe
-
-    def _get(self, q: ServedQueue, n: int, wait_s: float) -> list[Message]:
-        got = self.pool.get(q.name, n, lease_s=q.lease_s, wait_s=wait_s, shards=self.shards, tie=True)
-        self._left = getattr(got, "left", None)
-        if got:
-            self.stats.fetches += 1
-            shard = self.pool.split_id(got[0].id)[0]
-            self.stats.fetched_by_shard[shard] = self.stats.fetched_by_shard.get(shard, 0) + len(got)
-            if shard not in self.shards[: self.n_assigned]:
-                self.stats.stolen += len(got)
-        return got
+    def _poll_s(self, q: ServedQueue) -> float | None:
+        """How long to long-poll `q`: only when idle; with until_empty, only while others still put work
+        (then see _drained). None: a stop since the loop looked (the pool's wake may be past), no poll."""
+        wait = 0.0
+        if not self._running and not self.until_empty:
+            wait = min(q.long_poll_s, IDLE_POLL_S)
+        elif not self._running and self._undrained and self.expect_more is not None:
+            wait = min(q.long_poll_s, DRAIN_POLL_S)
+        if wait:  # idle for a while, perhaps: acks held back to gather more would wait as long
+            self._settler.hurry()
+            if self._stop.is_set():
+                return None
+        return wait
 
     def _drained(self, wait_s: float) -> bool:
         """Whether the queues are drained, waiting up to `wait_s` for it (not while others still put work)."""
@@ -293,8 +273,9 @@ class Consumer:
             if self.expect_more():
                 return False
             self.expect_more = None  # all is put: it stays so
-        self._settler.flush()  # our own acks count: send them before asking
-        st = self.pool.wait_drained([q.name for q in self.queues], wait_s)
+        if not self._settler.flush(IDLE_POLL_S):  # our own acks count: sent before asking (a server out of reach may hold them)
+            return False
+        st = self._servers.wait_drained([q.name for q in self.queues], wait_s)
         return all(s.pending == 0 for s in st.values())
 
     # --- running --------------------------------------------------------------------------
@@ -302,7 +283,7 @@ class Consumer:
         error = None
         if self.early_ack and got:  # settled before they run: a crash from here on loses them
             self._hold(len(self._running) + len(got))  # said before the acks: a join seeing them acked sees them held
-            got, error = ack_on_delivery(self.pool, got)  # those not acked do not run here
+            got, error = ack_on_delivery(self._servers, got)  # those not acked do not run here
         middleware, running = self.middleware, self._running
         now = time.monotonic()  # fetched together: one time for the batch
         for m in got:
@@ -342,7 +323,7 @@ class Consumer:
             self._undrained = False  # a task of ours ended: the queues may be drained now
             self._throughput.add(len(done))
         out, early, held = [], self.early_ack, len(self._running)  # early: acked on delivery, results not stored
-        fits = min(c.server_limits.max_item_bytes for c in self.pool.clients) if done else 0  # on any server
+        fits = min(c.server_limits.max_item_bytes for c in self._servers.clients) if done else 0  # on any server
         for c in done:
             m = c.message
             if self._running.pop((m.queue, m.id), None) is None:
@@ -350,7 +331,7 @@ class Consumer:
             if c.seconds >= 0:
                 self._task_seconds.observe(c.seconds)
             if c.result is not None and len(c.result) > fits and not early:
-                c = result_fits(c, self.pool, fits)  # a result too big fails its task, not its batch
+                c = result_fits(c, self._servers, fits)  # a result too big fails its task, not its batch
             if c.error is None:
                 if not early:
                     out.append(Settler.ack(m.queue, m.id, c.result))

@@ -5,8 +5,9 @@ or SIGINT makes a consumer stop gracefully; `join()` waits until the queues are 
 nothing is in flight, then stops them; `results()` reads back every result and failure.
 
 Each consumer process has a pipe to the pool: it says when it has started (its imports done, its
-task slots up) and, when it stops, sends its counts (`ConsumerPool.stats` sums them). A process
-that keeps exiting before it started is not restarted forever: the pool gives up with an error.
+task slots up) and, when it stops, sends its counts (`ConsumerPool.stats` sums them; one that dies
+leaves them in a tally, shared memory it updates as it goes). A process that keeps exiting before it
+started is not restarted forever: the pool gives up with an error.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from typing import Any, Literal
 from conveyor.client.pool import QueuePool
 from conveyor.client.progress import JoinProgress
 from conveyor.client.sharded import summed_stats
-from conveyor.constants import DEFAULT_SELECTOR, DEFAULT_UNREACHABLE_S, PARENT_CHECK_S
+from conveyor.constants import DEFAULT_SELECTOR, DEFAULT_SHUTDOWN_TIMEOUT_S, DEFAULT_UNREACHABLE_S
 from conveyor.errors import ConveyorError, RequestError
 from conveyor.gc_policy import tune_gc
 from conveyor.protocol.requests import QueueStats
@@ -41,22 +42,24 @@ from conveyor.worker.affinity import auto_pin, resolve_slots
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.held import say_held
 from conveyor.worker.hooks import ConsumerHooks, HookFailure, farewell
+from conveyor.worker.lifelines import stop_with_parent
 from conveyor.worker.middleware import Middleware
 from conveyor.worker.settings import load_settings
 from conveyor.worker.spawning import START_FAILURES_MAX, never_started, process_context, warm_up
-from conveyor.worker.stats import ConsumerStats
+from conveyor.worker.stats import TALLIED, ConsumerStats, keep_tally, tallied, write_tally
 
 log = logging.getLogger("conveyor.worker")
 
-STOP_GRACE_S = 30.0  # how long a stopping consumer may take to finish its running tasks
+STOP_GRACE_S = DEFAULT_SHUTDOWN_TIMEOUT_S  # a pool's default shutdown_timeout (read as the pool is made)
+STOP_MARGIN_S = 10.0  # past its shutdown timeout, how long a consumer may take to hand its tasks back before it is killed
 # In a process that only consumes, CPU-bound tasks in threads switch the GIL every 5 ms by default;
 # every switch costs the process time on the CPU (measured: 0.86 -> 0.90 efficiency on the skewed
 # workload going from 1 ms to 20 ms). Set only in processes Conveyor starts (and `conveyor worker`).
 CONSUMER_SWITCH_INTERVAL_S = 0.02
-PARENT_GONE_EXIT_S = 8.0  # a consumer whose pool process is gone exits within this time
 # A consumer process that exits before it started START_FAILURES_MAX times in a row fails the pool
 # (see executors: what kills it at startup kills every replacement too).
 HEAR_S = 0.05  # while consumers stop, how often the pool reads their pipes
+RESIGNAL_S = 0.25  # and how often it signals them again
 _STARTED, _STATS, _FAREWELL, _FAILED = "started", "stats", "farewell", "failed"  # what a consumer process sends up its pipe
 
 
@@ -78,22 +81,24 @@ class TaskFailure:
 
 def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int, n: int, options: dict[str, Any],
                    conn: Connection, environ: dict[str, str], hooks: ConsumerHooks | None = None,
-                   holding: Any = None) -> None:  # fmt: skip
+                   holding: Any = None, tally: Any = None) -> None:  # fmt: skip
     """One consumer process: run until SIGTERM or SIGINT, then stop gracefully; tell the pool
-    through `conn` when it has started and, at the end, its counts. `holding`: a shared array, the
-    messages it holds acked on delivery and how often that changed (see `ConsumerPool.join`)."""
+    through `conn` when it has started and, at the end, its counts (`tally`, a shared array: as it goes).
+    `holding`: a shared array, the messages it holds acked on delivery and how often that changed
+    (see `ConsumerPool.join`)."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # ignored by the fork server: until the consumer's own handler, it ends us
     os.environ.clear()  # the pool process's environment when it started this one, not the fork server's
     os.environ.update(environ)
     logging.basicConfig(level=options.pop("log_level", logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
     try:
-        _consume(pool, queues, index, n, options, conn, hooks, None if holding is None else partial(say_held, holding))
+        _consume(pool, queues, index, n, options, conn, hooks, None if holding is None else partial(say_held, holding), tally)
     except BaseException as e:  # before it started, the pool's error says why (not only that it exited)
         _tell(conn, _FAILED, "".join(traceback.format_exception_only(type(e), e)).strip())
         raise
 
 
-def _consume(pool: QueuePool, queues: list[QueueConfig | str], index: int, n: int, options: dict[str, Any],
-             conn: Connection, hooks: ConsumerHooks | None, holding: Callable[[int], object] | None) -> None:  # fmt: skip
+def _consume(pool: QueuePool, queues: list[QueueConfig | str], index: int, n: int, options: dict[str, Any], conn: Connection,
+             hooks: ConsumerHooks | None, holding: Callable[[int], object] | None, tally: Any) -> None:  # fmt: skip
     settings = load_settings()
     own_process()
     consumer = Consumer(pool, queues, consumer=index, n_consumers=n, on_started=lambda: _tell(conn, _STARTED, None),
@@ -102,7 +107,9 @@ def _consume(pool: QueuePool, queues: list[QueueConfig | str], index: int, n: in
         signal.signal(sig, lambda *_: consumer.stop())
     parent, done = multiprocessing.parent_process(), threading.Event()
     if parent is not None:  # a pool whose process is gone, even by SIGKILL, leaves no consumer behind
-        threading.Thread(target=_stop_with, args=(parent, consumer, done), name="conveyor-parent-watch", daemon=True).start()
+        threading.Thread(target=stop_with_parent, args=(parent, consumer, done), name="conveyor-watch", daemon=True).start()
+    if tally is not None:  # should this process die, its pool counts what it did
+        threading.Thread(target=keep_tally, args=(consumer.stats, tally, done), name="conveyor-tally", daemon=True).start()
     if settings.on_worker_startup is not None:
         settings.on_worker_startup()
     if hooks is not None:
@@ -110,6 +117,8 @@ def _consume(pool: QueuePool, queues: list[QueueConfig | str], index: int, n: in
     try:
         stats = consumer.run()
     finally:
+        if tally is not None:  # the exact counts, however run() ended
+            write_tally(consumer.stats, tally)
         if settings.on_worker_shutdown is not None:
             settings.on_worker_shutdown()
         done.set()
@@ -124,33 +133,6 @@ def _tell(conn: Connection, what: str, data: object) -> None:
         conn.send((what, data))
 
 
-def _stop_with(parent: multiprocessing.process.BaseProcess, consumer: Consumer, done: threading.Event) -> None:
-    """Stop at once when the parent exits: the pool is gone (with it, likely, the servers it started),
-    so running tasks are handed back, or come back by lease, rather than waited for."""
-    # the sentinel closes when the parent exits, unless a child it forked holds it open: hence
-    # also a look whether the parent still exists
-    while parent.is_alive() and parent.pid is not None and _exists(parent.pid):
-        parent.join(PARENT_CHECK_S)
-    log.warning("consumer %s: the process that started it is gone: stopping now", consumer.name)
-    consumer.stop(graceful=False)
-    # then exit without the interpreter's wait for threads: a request to a server that is gone
-    # can keep trying to connect for a while
-    done.wait(PARENT_GONE_EXIT_S)
-    for child in multiprocessing.active_children():  # task processes (process mode) go too
-        child.kill()
-    os._exit(1)
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: it exists
-        pass
-    return True
-
-
 class ConsumerPool:
     """`n_consumers` consumer processes on this machine (see `Consumer` for the options)."""
 
@@ -159,8 +141,10 @@ class ConsumerPool:
                  concurrency: Literal["thread", "process"] = "thread", task_modules: Sequence[str] = (),
                  selector: str = DEFAULT_SELECTOR, restart: bool = True, pin_core: bool | None = None,
                  early_ack: bool = False, middleware: Sequence[Middleware] | None = None,
-                 hooks: ConsumerHooks | None = None) -> None:  # fmt: skip
-        """`early_ack`, `middleware`: the consumers' (see `Consumer`); `hooks`: see `ConsumerHooks`."""
+                 hooks: ConsumerHooks | None = None, shutdown_timeout: float | None = None) -> None:  # fmt: skip
+        """`early_ack`, `middleware`: the consumers' (see `Consumer`); `hooks`: see `ConsumerHooks`.
+        `shutdown_timeout` (default STOP_GRACE_S): how long a stop lets running tasks finish (see `cancel`).
+        A consumer keeps trying a server out of reach: `join` is what gives up on it."""
         self.pool = pool
         self.n_consumers = n_consumers or os.cpu_count() or 1
         if self.n_consumers < 1:
@@ -173,7 +157,8 @@ class ConsumerPool:
             "task_modules": list(task_modules), "selector": selector,
             "pin_core": auto_pin(pin_core, concurrency, self.n_consumers), "early_ack": early_ack,
             "middleware": None if middleware is None else list(middleware),
-            "log_level": logging.getLogger().level or logging.WARNING,
+            "log_level": logging.getLogger().level or logging.WARNING, "unreachable_s": None,
+            "shutdown_s": STOP_GRACE_S if shutdown_timeout is None else shutdown_timeout,
         }  # fmt: skip
         if max_concurrency < 1 or (batch_size is not None and batch_size < 1):
             raise ValueError("max_concurrency and batch_size must be >= 1")
@@ -191,6 +176,7 @@ class ConsumerPool:
         self._start_failures = [0] * self.n_consumers  # exits before starting, in a row
         self._why = [""] * self.n_consumers  # the error a process that failed to start sent
         self._holding: list[Any] = [None] * self.n_consumers  # shared [held, changes]: messages acked on delivery, running
+        self._tallies: list[Any] = [None] * self.n_consumers  # shared: the counts of a live consumer, as it goes
         self._stopping = False
         self._lock = threading.Lock()  # check() is called from the waits of any thread, cancel() from close()
         self._failure: str | None = None  # why check() gave up on the consumers, said again until start()
@@ -205,9 +191,10 @@ class ConsumerPool:
         read, write = self._ctx.Pipe(duplex=False)
         # [held, changes]: a new process holds nothing yet
         self._holding[i] = self._ctx.Array("q", 2) if self.options["early_ack"] else None
+        self._tallies[i] = self._ctx.RawArray("q", len(TALLIED))
         p = self._ctx.Process(target=_consumer_main,
                               args=(self.pool, self.queues, i, self.n_consumers, dict(self.options), write, dict(os.environ),
-                                    self.hooks, self._holding[i]),
+                                    self.hooks, self._holding[i], self._tallies[i]),
                               name=f"conveyor-consumer-{i}", daemon=False)  # fmt: skip
         p.start()
         write.close()  # the child's end: with it closed here, the read end sees EOF when the child exits
@@ -234,7 +221,7 @@ class ConsumerPool:
                 elif what == _FAILED:
                     self._why[i] = data
                 else:
-                    self.stats += data
+                    self.stats, self._tallies[i] = self.stats + data, None  # its own counts: its tally is done with
         except (EOFError, OSError):  # it exited: nothing more will come
             conn.close()
             self._conns[i] = None
@@ -275,6 +262,7 @@ class ConsumerPool:
             self._hear(i)
             if p is not None and p.exitcode is not None and not self._stopping:
                 self._hear(i)  # all it sent before it exited, "started" included
+                self._count_tally(i)
                 self._procs[i] = None
                 if not self._started[i]:
                     self._start_failures[i] += 1
@@ -291,6 +279,11 @@ class ConsumerPool:
             if failed is not None:
                 raise ConveyorError(self._never_started(failed, 1, None))
             raise ConveyorError("every consumer process has exited")
+
+    def _count_tally(self, i: int) -> None:
+        """Consumer i has exited without its counts (killed): count what its tally holds."""
+        if self._tallies[i] is not None and self._conns[i] is None:
+            self.stats, self._tallies[i] = self.stats + tallied(self._tallies[i]), None
 
     def _never_started(self, i: int, times: int, code: int | None) -> str:
         """The error of consumer i exiting before it started: what it said failed, when it said."""
@@ -346,8 +339,8 @@ class ConsumerPool:
         return st
 
     def cancel(self, graceful: bool = True) -> None:
-        """Stop the consumers: gracefully (finish running tasks, up to STOP_GRACE_S) or at once (SIGKILL;
-        their messages come back when their leases end)."""
+        """Stop the consumers: gracefully (running tasks finish, for up to the pool's shutdown timeout; those
+        still running then are handed back) or at once (SIGKILL; their messages come back at once)."""
         with self._lock:  # once a check() under way in another thread's wait is done: none looks after them now
             self._stopping = True
         self.pool.detach(self)
@@ -361,18 +354,24 @@ class ConsumerPool:
                 self.pool.wake(self.queue_names)  # after the signals: a woken consumer has its stop already
             except Exception as e:  # only speeds the stop up: the consumers' polls end on their own
                 log.warning("could not wake the consumers' long polls: %s", e)
-        deadline = time.monotonic() + (STOP_GRACE_S if graceful else 10)
+        grace = self.options["shutdown_s"] + STOP_MARGIN_S if graceful else STOP_MARGIN_S
+        deadline, again = time.monotonic() + grace, time.monotonic() + RESIGNAL_S
         try:
             for i, p in ((i, p) for i, p in enumerate(self._procs) if p is not None):
                 while p.is_alive() and time.monotonic() < deadline:
                     self._hear(i)  # read as it stops: a farewell bigger than the pipe holds would block its exit
                     p.join(HEAR_S)
+                    if graceful and p.pid is not None and time.monotonic() >= again:  # one just forked ignores it
+                        again = time.monotonic() + RESIGNAL_S  # (see forkserver_signals): it has its handler soon
+                        with contextlib.suppress(ProcessLookupError):
+                            os.kill(p.pid, signal.SIGTERM)
                 if p.is_alive():
-                    log.warning("consumer pid %s did not stop within %.0f s: killing it", p.pid, STOP_GRACE_S)
+                    log.warning("consumer pid %s did not stop within %.0f s: killing it", p.pid, grace)
                     p.kill()
                     p.join()
-            for i in range(self.n_consumers):  # their last counts
+            for i in range(self.n_consumers):  # their last counts (those killed: as far as their tallies go)
                 self._hear(i)
+                self._count_tally(i)
         finally:  # whatever went wrong above, no consumer is left running, nor counted as running
             for p in self.processes:
                 if p.is_alive():

@@ -31,6 +31,7 @@ from conveyor.tasks.runner import run_message
 from conveyor.worker.completions import Completions
 from conveyor.worker.connections import BlobFetcher, WorkerConnections
 from conveyor.worker.hooks import CHILD_HOOKS
+from conveyor.worker.lifelines import exit_with
 from conveyor.worker.spawning import START_FAILURES_MAX, never_started, process_context
 
 log = logging.getLogger("conveyor.worker")
@@ -155,19 +156,16 @@ class ThreadSlots:
 
 
 # --- processes ------------------------------------------------------------------------------------
-def _exit_with(sentinel: int) -> None:
-    multiprocessing.connection.wait([sentinel])  # ready when the consumer process is gone
-    os._exit(1)
-
-
 def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: BlobFetcher | None) -> None:
     """A child process: import the task modules, then run messages from the pipe until it closes."""
     # a group of its own: a signal to the consumer's group (Ctrl-C, kill -PGID) is the consumer's, which stops
-    # us after our task; and should the consumer die without doing so, we go with it (a lifeline), never orphaned
+    # us after our task; so is SIGTERM sent to every process (systemd's KillMode=control-group); and should the
+    # consumer die without stopping us, we go with it (a lifeline), never orphaned
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if (parent := multiprocessing.parent_process()) is not None:
-        threading.Thread(target=_exit_with, args=(parent.sentinel,), name="conveyor-lifeline", daemon=True).start()
+        threading.Thread(target=exit_with, args=(parent.sentinel,), name="conveyor-lifeline", daemon=True).start()
     for name in task_modules:
         importlib.import_module(name)
     for start, _ in list(CHILD_HOOKS):

@@ -2,29 +2,37 @@
 options and calls it).
 
 It imports the task modules, runs one consumer in this process or several consumer processes,
-stops gracefully on the first SIGTERM or Ctrl-C (at once on the second), runs the settings'
-startup and shutdown hooks, and returns the consumers' counts.
+stops gracefully on SIGTERM or Ctrl-C, whether sent to this process or to its whole process group
+(running tasks finish within the shutdown timeout; with one process, a second signal stops at once),
+runs the settings' startup and shutdown hooks, and returns the consumers' counts. A server out of
+reach is retried, the others served meanwhile, for as long as it takes unless told otherwise.
 """
 
 from __future__ import annotations
 
 import signal
-import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 from conveyor.client.pool import QueuePool
+from conveyor.constants import DEFAULT_SHUTDOWN_TIMEOUT_S, DEFAULT_UNREACHABLE_S
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.tasks.registry import import_named
 from conveyor.worker.affinity import auto_pin
+from conveyor.worker.connections import ONE_ATTEMPT, own_connections
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import ConsumerPool, own_process
 from conveyor.worker.selectors import QueueSelector
 from conveyor.worker.settings import Settings
 from conveyor.worker.stats import ConsumerStats
 
-SIGNAL_CHECK_S = 1.0  # how often a multi-process worker looks after its consumers while it waits
+SIGNAL_CHECK_S = 1.0  # how often a multi-process worker looks after its consumers (and the servers) while it waits
+
+
+class Stopping(Exception):
+    """SIGTERM or Ctrl-C: a multi-process worker stops its consumers gracefully."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +46,13 @@ class WorkerOptions:
     selector: str | type[QueueSelector] | None = None  # None: the settings' QUEUE_SELECTOR
     until_empty: bool = False
     pin_core: bool | None = None  # None: pin when there are as many consumer processes as cores
+    unreachable_s: float | None = None  # give up on a server out of reach this long (None: never; until_empty: 30 s)
+    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S  # on a stop, how long running tasks may take to finish
+
+    @property
+    def gives_up_after(self) -> float | None:
+        """How long a server may be out of reach before the worker ends with an error (None: never)."""
+        return DEFAULT_UNREACHABLE_S if self.unreachable_s is None and self.until_empty else self.unreachable_s
 
 
 def import_task_modules(modules: Sequence[str]) -> None:
@@ -59,16 +74,22 @@ def run_worker(pool: QueuePool, queues: Sequence[QueueConfig | str], settings: S
         return _run_here(pool, queues, settings, task_modules, options, sel, say)
     cp = ConsumerPool(pool, options.processes, queues=list(queues), batch_size=options.batch_size,
                       max_concurrency=options.concurrency, concurrency=options.mode, task_modules=list(task_modules),
-                      selector=sel if isinstance(sel, str) else sel.__name__, pin_core=options.pin_core)  # fmt: skip
-    cp.start()
+                      selector=sel if isinstance(sel, str) else sel.__name__, pin_core=options.pin_core,
+                      shutdown_timeout=options.shutdown_timeout)  # fmt: skip
+    signals = StopOnSignals(options.shutdown_timeout, say)
+    limit, names = options.gives_up_after, [q if isinstance(q, str) else q.name for q in queues]
     try:
+        cp.start()
         if options.until_empty:
-            cp.join()
+            cp.join(unreachable_s=limit or DEFAULT_UNREACHABLE_S)  # with until_empty, there is a limit
         else:
-            _wait_for_signal(cp.check)
+            _look_after(cp, pool, names, limit)
+    except Stopping:
+        pass
     finally:
-        cp.cancel()
-    return cp.stats  # the sum over the consumer processes
+        signals.under_way = True
+        cp.cancel()  # the consumers finish their running tasks (within the shutdown timeout)
+    return cp.stats  # the sum over the consumer processes (those that died: as far as their tallies go)
 
 
 def _run_here(pool: QueuePool, queues: Sequence[QueueConfig | str], settings: Settings, task_modules: Sequence[str],
@@ -77,7 +98,8 @@ def _run_here(pool: QueuePool, queues: Sequence[QueueConfig | str], settings: Se
     consumer = Consumer(pool, list(queues), batch_size=options.batch_size, max_concurrency=options.concurrency,
                         concurrency=options.mode, selector=sel if isinstance(sel, str) else sel(),
                         task_modules=list(task_modules), until_empty=options.until_empty,
-                        pin_core=auto_pin(options.pin_core, options.mode, 1))  # fmt: skip
+                        pin_core=auto_pin(options.pin_core, options.mode, 1), unreachable_s=options.gives_up_after,
+                        shutdown_s=options.shutdown_timeout)  # fmt: skip
     stops = [0]
 
     def on_signal(*_: object) -> None:
@@ -96,10 +118,37 @@ def _run_here(pool: QueuePool, queues: Sequence[QueueConfig | str], settings: Se
             settings.on_worker_shutdown()
 
 
-def _wait_for_signal(every_s: Callable[[], object]) -> None:
-    """Block until SIGTERM or SIGINT, calling `every_s` about once a second meanwhile."""
-    got = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: got.set())
-    while not got.wait(SIGNAL_CHECK_S):
-        every_s()
+class StopOnSignals:
+    """SIGTERM and SIGINT in a multi-process worker: the first raises `Stopping` in the main thread (the
+    consumer processes have the signal too when it went to the whole process group; if not,
+    `ConsumerPool.cancel` sends it on); once the stop is `under_way`, a signal is said, not raised."""
+
+    def __init__(self, shutdown_timeout: float, say: Callable[[str], object]) -> None:
+        self.shutdown_timeout, self.say, self.under_way = shutdown_timeout, say, False
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self.on_signal)
+
+    def on_signal(self, *_: object) -> None:
+        if self.under_way:
+            self.say("already stopping: running tasks finish first")
+            return
+        self.under_way = True
+        self.say(f"stopping: finishing running tasks (for up to {self.shutdown_timeout:g} s)")
+        raise Stopping
+
+
+def _look_after(cp: ConsumerPool, pool: QueuePool, queues: list[str], limit_s: float | None) -> None:
+    """Until a signal (`Stopping`): restart consumer processes that die and, with a limit, end with
+    `ServerUnreachableError` once a server has been out of reach for longer (each look, one attempt to
+    connect: the consumers keep serving the others meanwhile)."""
+    probe = None if limit_s is None else own_connections(pool, ONE_ATTEMPT)
+    try:
+        while True:
+            time.sleep(SIGNAL_CHECK_S)
+            cp.check()
+            if probe is not None and limit_s is not None:
+                probe.reachable_stats(queues)
+                probe.check_reachable(limit_s, queues, "worker: ")
+    finally:
+        if probe is not None:
+            probe.close()

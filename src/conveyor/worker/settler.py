@@ -1,45 +1,53 @@
 """Settler: a consumer's acks, nacks, releases, lease extensions and reports, sent from a thread of their own.
 
 Over connections of its own, so that an ack waiting for its fsync never holds up the next fetch.
-Whatever piles up while a request is out goes in the next one (one call per queue and kind, split
-to fit the servers' limits), and a request that fails because a server is restarting or its disk is
-full is retried until it goes through (an ack that arrives late, after the lease, still counts if no
-one else finished the message). Only `close` sets a limit: what could not be sent by then is given
-up (counted in `unsettled`), and comes back when its lease ends.
+Whatever piles up while a request is out goes in the next one (one call per server, queue and kind,
+split to fit the servers' limits). What a server out of reach (restarting, say) or with a full disk
+was to get waits for it and is tried again, less and less often, until it goes through (an ack that
+arrives late, after the lease, still counts if no one else finished the message); meanwhile the other
+servers' settlements go on. Only `close` sets a limit: what could not be sent by then is given up
+(counted in `unsettled`), and comes back when its lease ends.
 """
 
 from __future__ import annotations
 
 import logging
-import pickle
 import queue
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from conveyor.client.backend import QueueBackend
-from conveyor.client.transport import Transport
-from conveyor.constants import ERR_STORE, H_TASK
+from conveyor.constants import ERR_STORE, H_TASK, OUT_OF_REACH_SAY_S, SHARD_SHIFT
 from conveyor.errors import ConnectionLostError, ConveyorError, RequestError, TaskError
 from conveyor.message import Message
 from conveyor.protocol.requests import Counts
+from conveyor.worker.connections import ONE_ATTEMPT, own_connections
 from conveyor.worker.executors import Completion
 
 log = logging.getLogger("conveyor.worker")
 
-RETRY_S = 0.5  # first wait between tries while a server does not answer (or its disk is full)
+RETRY_S = 0.5  # first wait before a server that did not answer (or whose disk is full) is tried again
 MAX_RETRY_S = 5.0
 COALESCE_S = 0.05  # after the first settlement, how long to gather more before sending
 # the same while the consumer's queues are busy: a request costs the server and the consumer about
 # the same CPU whatever it carries, so under load fewer, larger acks leave more for the tasks (an
 # idle consumer, a flush and close hurry them: the end of the work is not delayed)
 BUSY_COALESCE_S = 0.25
-# a report is only counts, sent again `report_every_s` later: a server out of reach holds the settler
-# (the acks behind it, a consumer's stop) at most this long per report, not a connection's whole patience
-REPORT_CONNECT_S = 1.0
 _STOP = object()
 _SETTLES = ("ack", "nack")  # the kinds that finish or return a message (a consumer counts those not sent)
+
+
+@dataclass
+class _Outage:
+    """A server whose settlements wait: since when, when it is tried again, the wait after that, when it was said."""
+
+    since: float
+    retry_at: float
+    wait: float
+    said: float
 
 
 class Settler:
@@ -47,7 +55,7 @@ class Settler:
 
     def __init__(self, pool: QueueBackend, report: Callable[[], tuple[str, Counts]] | None = None,
                  report_every_s: float = 2.0) -> None:  # fmt: skip
-        self._pool: QueueBackend = pickle.loads(pickle.dumps(pool))  # connections of its own
+        self._pool: QueueBackend = own_connections(pool, ONE_ATTEMPT)  # each try is one: the thread retries
         self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._report = report
         self._report_every_s = report_every_s
@@ -60,6 +68,8 @@ class Settler:
         self._given_up = 0  # acks and nacks given up
         self.unsettled = 0  # set by close: acks and nacks not sent (their messages come back when their leases end)
         self._give_up_at = float("inf")  # set by close: stop retrying after this
+        self._out: dict[int, _Outage] = {}  # by shard: servers whose settlements wait
+        self._later: list[tuple[Any, ...]] = []  # those settlements, in order
         self._thread = threading.Thread(target=self._loop, name="conveyor-settler", daemon=True)
         self._thread.start()
 
@@ -119,72 +129,114 @@ class Settler:
             self._pool.close()
 
     def _run(self) -> None:
-        next_report = 0.0
+        next_report, stopping = 0.0, False
         while True:
             now = time.monotonic()
             if self._report is not None and now >= next_report:
                 self._send_report()
                 next_report = now + self._report_every_s
-            try:
-                first = self._items.get(timeout=max(next_report - time.monotonic(), 0.01) if self._report else None)
-            except queue.Empty:
-                continue
-            if first is not _STOP:
-                # let settlements arriving together go in one request
-                self._hurry.wait(BUSY_COALESCE_S if self.busy else COALESCE_S)
-            self._hurry.clear()
-            lists = [first]
-            while True:
-                try:
-                    lists.append(self._items.get_nowait())
-                except queue.Empty:
-                    break
-            stop = any(i is _STOP for i in lists)
-            batch = [item for items in lists if items is not _STOP for item in items]
-            self._send(batch)
+            # wake for the next report, the next try of a server settlements wait for, or (stopping) the time to give up
+            waiting = {item[3] >> SHARD_SHIFT for item in self._later}
+            wake = [next_report] if self._report is not None else []
+            wake += [o.retry_at for s, o in self._out.items() if s in waiting] + ([self._give_up_at] if stopping else [])
+            lists = self._take(min(wake) - time.monotonic() if wake else None)
+            stopping = stopping or any(items is _STOP for items in lists)
+            batch = self._due() + [item for items in lists if items is not _STOP for item in items]
+            settled = self._send(batch)
             with self._cond:
-                self._pending -= len(batch)
+                self._pending -= settled
                 self._cond.notify_all()
-            if stop:
+            if stopping and (not self._later or time.monotonic() >= self._give_up_at):
+                left: dict[tuple[str, str], list[int]] = {}
+                for kind, q, _, msg_id, _ in self._later:
+                    left.setdefault((kind, q), []).append(msg_id)
+                for (kind, q), ids in left.items():
+                    self._lost(kind, ids, q, TimeoutError("its server did not answer before the consumer stopped"))
                 if self._report is not None:
                     self._send_report()
                 return
 
-    def _send(self, batch: list[tuple[Any, ...]]) -> None:
-        groups: dict[tuple[str, str, Any], list[tuple[int, Any]]] = {}
-        for kind, q, extra, msg_id, data in batch:
-            groups.setdefault((kind, q, extra), []).append((msg_id, data))
-        for (kind, q, extra), items in groups.items():
+    def _take(self, timeout: float | None) -> list[Any]:
+        """The lists of settlements queued by `timeout` (None: until there are some), gathered a little
+        longer for more to go in the same requests."""
+        try:
+            first = self._items.get(timeout=None if timeout is None else max(timeout, 0.01))
+        except queue.Empty:
+            return []
+        if first is not _STOP:  # let settlements arriving together go in one request
+            self._hurry.wait(BUSY_COALESCE_S if self.busy else COALESCE_S)
+        self._hurry.clear()
+        lists = [first]
+        while True:
+            try:
+                lists.append(self._items.get_nowait())
+            except queue.Empty:
+                return lists
+
+    def _due(self) -> list[tuple[Any, ...]]:
+        """Take the waiting settlements whose server is to be tried again now."""
+        now = time.monotonic()
+        due = {s for s, o in self._out.items() if o.retry_at <= now}
+        if not due:
+            return []
+        out = [item for item in self._later if item[3] >> SHARD_SHIFT in due]
+        self._later = [item for item in self._later if item[3] >> SHARD_SHIFT not in due]
+        return out
+
+    def _send(self, batch: list[tuple[Any, ...]]) -> int:
+        """Send `batch`, one request per server, queue and kind; what a server out of reach (or with its
+        disk full) was to get waits for its next try. Returns how many were settled: sent, or given up."""
+        groups: dict[tuple[int, str, str, Any], list[tuple[int, Any]]] = {}
+        for kind, q, extra, msg_id, data in batch:  # the shard as split_id reads it, without a call per message
+            groups.setdefault((msg_id >> SHARD_SHIFT, kind, q, extra), []).append((msg_id, data))
+        settled = 0
+        for (shard, kind, q, extra), items in groups.items():
             ids = [i for i, _ in items]
-            wait = RETRY_S
-            while True:
-                try:
-                    if kind == "ack":
-                        self._pool.ack(q, ids, [d for _, d in items])
-                    elif kind == "nack":
-                        self._pool.nack(q, ids, [d[0] for _, d in items], [d[1] for _, d in items], final=extra)
-                    elif kind == "release":
-                        self._pool.release(q, ids)
-                    else:
-                        self._pool.extend_lease(q, ids, extra)
-                    self._done(kind, len(ids))
-                    break
-                except (ConnectionLostError, TimeoutError, RequestError) as e:
-                    self.errors += 1
-                    if isinstance(e, RequestError) and e.kind != ERR_STORE:
-                        self._lost(kind, ids, q, e)  # refused (a queue gone): retrying cannot help
-                        break
-                    if time.monotonic() >= self._give_up_at:
-                        self._lost(kind, ids, q, e)
-                        break
-                    # a server restarting, or a full disk: the same settlements again, less and less often
-                    log.warning("could not %s %d message(s) on %r (%s); retrying in %.1f s", kind, len(ids), q, e, wait)
-                    time.sleep(wait)
-                    wait = min(wait * 2, MAX_RETRY_S)
-                except Exception as e:  # anything else (a bug, or a settlement no server takes): not retried
-                    self.errors += 1
-                    self._lost(kind, ids, q, e)
-                    break
+            if shard in self._out and self._out[shard].retry_at > time.monotonic():  # it failed just now: wait
+                self._later += [(kind, q, extra, i, d) for i, d in items]
+                continue
+            try:
+                if kind == "ack":
+                    self._pool.ack(q, ids, [d for _, d in items])
+                elif kind == "nack":
+                    self._pool.nack(q, ids, [d[0] for _, d in items], [d[1] for _, d in items], final=extra)
+                elif kind == "release":
+                    self._pool.release(q, ids)
+                else:
+                    self._pool.extend_lease(q, ids, extra)
+            except (ConnectionLostError, TimeoutError, RequestError) as e:
+                self.errors += 1
+                if isinstance(e, RequestError) and e.kind != ERR_STORE:
+                    self._lost(kind, ids, q, e)  # refused (a queue gone): retrying cannot help
+                    settled += len(ids)
+                    continue
+                self._wait_for(shard, f"could not {kind} {len(ids)} message(s) on {q!r} ({e})")
+                self._later += [(kind, q, extra, i, d) for i, d in items]
+                continue
+            except Exception as e:  # anything else (a bug, or a settlement no server takes): not retried
+                self.errors += 1
+                self._lost(kind, ids, q, e)
+                settled += len(ids)
+                continue
+            if self._out.pop(shard, None) is not None:
+                log.info("settlements: %s answers again", self._pool.addresses[shard])
+            self._done(kind, len(ids))
+            settled += len(ids)
+        return settled
+
+    def _wait_for(self, shard: int, what: str) -> None:
+        """Try server `shard` again later, each time after twice the wait (up to MAX_RETRY_S); say so at
+        the first failure and once every OUT_OF_REACH_SAY_S while it lasts."""
+        now = time.monotonic()
+        o = self._out.get(shard) or _Outage(now, now, RETRY_S, -OUT_OF_REACH_SAY_S)
+        o.retry_at, o.wait = now + o.wait, min(o.wait * 2, MAX_RETRY_S)
+        self._out[shard] = o
+        said = f"settlements for {self._pool.addresses[shard]} wait ({now - o.since:.0f} s so far): {what}"
+        if now - o.said >= OUT_OF_REACH_SAY_S:
+            o.said = now
+            log.warning("%s; tried again every %g s at most, the other servers' go on meanwhile", said, MAX_RETRY_S)
+        else:
+            log.debug("%s", said)
 
     def _done(self, kind: str, n: int, given_up: bool = False) -> None:
         if kind in _SETTLES:
@@ -200,17 +252,10 @@ class Settler:
     def _send_report(self) -> None:
         assert self._report is not None
         name, counts = self._report()
-        transports = [c for c in self._pool.clients if isinstance(c, Transport)]  # the settler's own connections
-        patience = [t.connect_timeout for t in transports]
-        for t in transports:
-            t.connect_timeout = min(t.connect_timeout, REPORT_CONNECT_S)
-        try:
+        try:  # to every server; one out of reach costs a refused attempt to connect, not a wait
             self._pool.report(name, counts)
-        except ConveyorError as e:
+        except (ConveyorError, OSError) as e:  # OSError: TimeoutError, a server that does not reply
             log.debug("report failed: %s", e)
-        finally:
-            for t, p in zip(transports, patience, strict=True):
-                t.connect_timeout = p
 
 
 def ack_on_delivery(pool: QueueBackend, got: list[Message]) -> tuple[list[Message], Exception | None]:

@@ -6,8 +6,10 @@ Conveyor (with numpy: ~0.3 s here) and runs the main module again, every time. T
 method forks each one from a server process; whatever that server imported, its children have. Its
 documented default is to preload the main module, but Python 3.11's forkserver never does (it looks
 for a "main_path" the preparation data does not have), so the modules are named here. Where there is
-no forkserver (macOS, Windows), processes are spawned. And what is said of processes that keep
-exiting before they start (`never_started`).
+no forkserver (macOS, Windows), processes are spawned. A fork server ignores SIGTERM, so that a stop
+sent to a worker's whole process group reaches its consumers, not their fork server
+(`forkserver_signals`). And what is said of processes that keep exiting before they start
+(`never_started`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from collections.abc import Sequence
 from multiprocessing.context import ForkServerContext, SpawnContext
 
 log = logging.getLogger("conveyor.worker")
+FORKSERVER_SIGNALS = "conveyor.worker.forkserver_signals"  # imported by a fork server only, first (see there)
 
 
 def process_context(preload: Sequence[str], with_main: bool = False) -> ForkServerContext | SpawnContext:
@@ -37,7 +40,7 @@ def process_context(preload: Sequence[str], with_main: bool = False) -> ForkServ
     ctx = multiprocessing.get_context("forkserver")
     main = getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) if with_main else None
     # not a package's __main__ (`python -m conveyor`): importing one runs its program
-    ctx.set_forkserver_preload([*preload, *([main] if main and not main.endswith("__main__") else [])])
+    ctx.set_forkserver_preload([FORKSERVER_SIGNALS, *preload, *([main] if main and not main.endswith("__main__") else [])])
     return ctx
 
 

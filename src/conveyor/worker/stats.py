@@ -1,8 +1,11 @@
-"""`ConsumerStats`: what a consumer did, summed over a pool of them and printed when a worker stops."""
+"""`ConsumerStats`: what a consumer did, summed over a pool of them and printed when a worker stops; and
+its tally, kept in memory its pool shares, so that the counts of a consumer process that dies are not lost."""
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 from conveyor.constants import COUNT_ROW_MESSAGES, COUNT_ROWS, H_ROWS
 from conveyor.message import Message
@@ -55,3 +58,24 @@ class ConsumerStats:
         unsettled = f", unsettled {self.unsettled:,} (back in their queues once their leases end)" if self.unsettled else ""
         return (f"processed {self.processed:,}, failed {self.failed:,} (retried {self.retried:,}, dead {self.dead:,}), "
                 f"timed out {self.timed_out:,}, stolen {self.stolen:,}{unsettled}")  # fmt: skip
+
+
+TALLY_EVERY_S = 0.5  # how often a consumer process copies its counts to its tally
+TALLIED = [f.name for f in fields(ConsumerStats) if f.type == "int"]  # the counts a tally holds (not those per shard)
+
+
+def write_tally(stats: ConsumerStats, tally: Any) -> None:
+    """Copy the counts of `stats` to `tally`, a shared array of len(TALLIED) integers."""
+    tally[:] = [getattr(stats, name) for name in TALLIED]
+
+
+def keep_tally(stats: ConsumerStats, tally: Any, done: threading.Event) -> None:
+    """Copy the counts of `stats` (a running consumer's) to `tally` every TALLY_EVERY_S until `done`:
+    should the process die, its pool reads them there (`tallied`)."""
+    while not done.wait(TALLY_EVERY_S):
+        write_tally(stats, tally)
+
+
+def tallied(tally: Any) -> ConsumerStats:
+    """The counts a consumer process copied to `tally` before it died."""
+    return ConsumerStats(**dict(zip(TALLIED, tally[:], strict=True)))

@@ -1,0 +1,165 @@
+"""A worker and servers out of reach: it keeps serving the servers that answer, retries the others and
+says so (when it notices, then once a minute), serves them again once they are back, gives up on them
+only when told to (`--unreachable-s`), and its counts survive consumer processes that die."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conveyor.client.pool import QueuePool
+from conveyor.constants import DEFAULT_UNREACHABLE_S
+from conveyor.errors import ConnectionLostError
+from conveyor.server.processes import spawn_server, stop_server
+from conveyor.worker import ConsumerPool
+from conveyor.worker.outages import Outages
+
+from . import worker_tasks as wt
+from .procs import free_port, kill_tree
+from .servers import ThreadServer, thread_server, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+MODULES = ["tests.worker_tasks"]
+
+
+def test_a_consumer_says_which_server_is_out_of_reach_now_and_then_and_when_it_is_back(caplog: pytest.LogCaptureFixture) -> None:
+    with thread_server() as live:
+        down = ThreadServer()
+        port = down.server.port
+        with QueuePool.connect([live.address, down.address], connect_timeout=0) as pool:
+            outages = Outages(pool, "consumer c", None, every_s=0.5)
+            pool.clients[1].ping()
+            down.stop()
+            with pytest.raises(ConnectionLostError):
+                pool.clients[1].ping()
+            outages.say()
+            outages.say()  # said just now: not again yet
+            said = [r.getMessage() for r in caplog.records]
+            meanwhile = "retrying it for as long as it takes (serving the 1 that answer meanwhile)"
+            assert said == [f"consumer c: queue server {down.address} out of reach for 0 s: {meanwhile}"]
+            t0 = time.monotonic()
+            wait_for(lambda: outages.say() or len(caplog.records) == 2, timeout=10, what="the outage said again")
+            assert time.monotonic() - t0 >= 0.4  # not before its time
+            back = ThreadServer(port=port)
+            try:
+                pool.clients[1].ping()
+                outages.say()
+            finally:
+                back.stop()
+    assert caplog.records[-1].getMessage() == f"consumer c: queue server {down.address} answers again"
+
+
+@pytest.fixture
+def two_servers(tmp_path: Path) -> Iterator[list[tuple[subprocess.Popen[bytes], str]]]:
+    servers = [spawn_server(tmp_path / name) for name in ("a", "b")]
+    try:
+        yield servers
+    finally:
+        for proc, _ in servers:
+            stop_server(proc)
+
+
+def worker(addresses: list[str], *args: str) -> subprocess.Popen[str]:
+    tasks = ["--tasks", "tests.worker_tasks", "--queues", "jobs", "--concurrency", "2"]
+    cmd = [sys.executable, "-m", "conveyor", "worker", "--connect", ",".join(addresses), *tasks, *args]
+    return subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_a_worker_rides_out_a_server_outage(
+    two_servers: list[tuple[subprocess.Popen[bytes], str]], tmp_path: Path, processes: str
+) -> None:
+    """One of two servers down for longer than a consumer used to wait for it (30 s): the worker keeps
+    serving the other, says which server is out of reach, serves it again once it is back (restarted
+    on its data), and its summary counts every task."""
+    (_, a), (b_proc, b) = two_servers
+    with QueuePool.connect([a, b]) as both, QueuePool.connect([a]) as only_a:
+        w = worker([a, b], "--processes", processes)
+        try:
+            handles = wt.add.publish_many([(i, 1) for i in range(40)], _pool=both)  # on both servers
+            assert both.gather(handles, timeout=60) == [i + 1 for i in range(40)]
+            done = 40
+            b_proc.kill()  # down, as a machine that is lost
+            stop_server(b_proc)
+            out_since = time.monotonic()
+            while time.monotonic() - out_since < DEFAULT_UNREACHABLE_S + 5:  # past what it used to wait
+                assert w.poll() is None, "the worker gave up"
+                handles = wt.add.publish_many([(i, 2) for i in range(10)], _pool=only_a)
+                assert only_a.gather(handles, timeout=60) == [i + 2 for i in range(10)]  # the live server is served
+                done += 10
+            b_proc, _ = spawn_server(tmp_path / "b", port=int(b.rsplit(":", 1)[1]))  # back, on its data
+            two_servers[1] = (b_proc, b)
+            with QueuePool.connect([b]) as only_b:
+                handles = wt.add.publish_many([(i, 3) for i in range(10)], _pool=only_b)
+                assert only_b.gather(handles, timeout=60) == [i + 3 for i in range(10)]
+                done += 10
+            os.killpg(w.pid, signal.SIGTERM)
+            _, stderr = w.communicate(timeout=60)
+        finally:
+            if w.poll() is None:
+                kill_tree(w)
+    assert w.returncode == 0, stderr
+    assert f"queue server {b} out of reach for 0 s: retrying it for as long as it takes" in stderr
+    assert f"queue server {b} answers again" in stderr
+    assert "Traceback" not in stderr and "exited with code" not in stderr, stderr
+    summary = stderr.strip().splitlines()[-1]
+    assert summary.startswith(f"processed {done:,}, failed 0"), stderr
+
+
+@pytest.mark.parametrize("processes", ["1", "2"])
+def test_a_worker_gives_up_on_a_server_out_of_reach_when_told_to(processes: str) -> None:
+    with thread_server() as live:
+        dead = f"tcp://127.0.0.1:{free_port()}"
+        w = worker([live.address, dead], "--processes", processes, "--unreachable-s", "2")
+        try:
+            _, stderr = w.communicate(timeout=60)
+        finally:
+            if w.poll() is None:
+                kill_tree(w)
+    assert w.returncode == 1, stderr
+    assert re.search(rf"queue server {dead} unreachable for \d+ s", stderr), stderr
+
+
+def test_the_counts_of_a_consumer_process_that_dies_are_not_lost(tmp_path: Path) -> None:
+    """A consumer process killed (here by SIGKILL) is restarted; what it did still counts in the pool's
+    stats (as `conveyor worker --processes N` prints them), from the tally it kept as it went."""
+    with QueuePool.local(n_servers=2, data_dir=tmp_path) as pool:
+        handles = wt.add.publish_many([(i, 1) for i in range(20)], _pool=pool)
+        cp = ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=2, task_modules=MODULES).start()
+        try:
+            assert len(pool.gather(handles, timeout=60)) == 20
+            steady = SteadyReports(pool)
+            victim = wait_for(steady.consumer, timeout=30, what="two reports alike of a consumer that ran tasks")
+            os.kill(victim, signal.SIGKILL)
+            wait_for(lambda: cp.check() or cp.restarts == 1, timeout=30, what="the killed consumer restarted")
+            more = wt.add.publish_many([(i, 2) for i in range(10)], _pool=pool)
+            assert len(pool.gather(more, timeout=60)) == 10
+        finally:
+            cp.cancel()
+    assert cp.stats.processed == 30
+
+
+class SteadyReports:
+    """Finds a consumer that ran tasks and whose last two reports (2 s apart) give the same count: idle
+    since, its tally (copied every 0.5 s) holds that count."""
+
+    def __init__(self, pool: QueuePool) -> None:
+        self.pool = pool
+        self.last: dict[str, tuple[float, float]] = {}  # consumer -> (processed, seconds since its report) as last read
+
+    def consumer(self) -> int | None:
+        """Its pid, once there is one."""
+        for name, counts in self.pool.workers().items():
+            processed, seen = float(counts["processed"]), float(counts["seen"])
+            before, self.last[name] = self.last.get(name), (processed, seen)
+            if processed and before is not None and seen < before[1] and processed == before[0]:  # a new report, alike
+                return int(counts["pid"])
+        return None

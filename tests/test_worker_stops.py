@@ -1,0 +1,133 @@
+"""`conveyor worker` stopped from every direction: SIGTERM to its process group (`kill -TERM -PGID`),
+to every process it started (systemd's default KillMode=control-group signals the whole cgroup), to
+its first process only, and Ctrl-C (SIGINT to the group, as a terminal sends it). Running tasks
+finish and are acked, each task runs once, and the worker exits within --shutdown-timeout; past it,
+what still runs is handed back."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conveyor.client.pool import QueuePool
+from conveyor.tasks.envelope import decode_result
+
+from . import worker_tasks as wt
+from .procs import kill_tree, process_tree, wait_gone
+from .servers import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+NAP_S = 1.5  # how long each task runs: a stop lands while every slot runs one
+SLOTS = 2  # tasks each consumer runs at once
+
+
+@pytest.fixture
+def pool(tmp_path: Path) -> Iterator[QueuePool]:
+    with QueuePool.local(n_servers=1, data_dir=tmp_path / "data") as p:
+        yield p
+
+
+def runs(log: Path) -> tuple[Counter[int], Counter[int]]:
+    """How many times each task started, and finished, as its log says."""
+    said = re.findall(r"^(start|done) (\d+)$", log.read_text(), re.MULTILINE) if log.exists() else []
+    return Counter(int(t) for w, t in said if w == "start"), Counter(int(t) for w, t in said if w == "done")
+
+
+def start_worker(pool: QueuePool, *args: str) -> subprocess.Popen[str]:
+    """`conveyor worker` in a session of its own: its process group is its own, as under systemd or a shell's job."""
+    cmd = [sys.executable, "-m", "conveyor", "worker", "--connect", pool.addresses[0], "--tasks", "tests.worker_tasks",
+           "--queues", "jobs", "--concurrency", str(SLOTS), *args]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def stop(worker: subprocess.Popen[str], how: str) -> None:
+    sig = signal.SIGINT if how == "ctrl-c" else signal.SIGTERM
+    if how.startswith("parent"):
+        os.kill(worker.pid, sig)
+    elif how == "every-process":  # what systemd's KillMode=control-group does: each process of the cgroup
+        for pid in process_tree(worker.pid):
+            os.kill(pid, sig)
+    else:  # "group", "ctrl-c"
+        os.killpg(worker.pid, sig)
+
+
+@pytest.mark.parametrize(
+    ("how", "processes", "mode"),
+    [
+        ("group", "2", "thread"),
+        ("group", "1", "process"),
+        ("every-process", "2", "process"),
+        ("every-process", "1", "thread"),
+        ("parent", "2", "thread"),
+        ("parent-until-empty", "2", "thread"),  # a worker meant to drain the queues, stopped before
+        ("ctrl-c", "2", "thread"),
+        ("ctrl-c", "1", "process"),
+    ],
+)
+def test_a_stop_lets_running_tasks_finish_and_acks_them(
+    pool: QueuePool, tmp_path: Path, how: str, processes: str, mode: str
+) -> None:
+    log = tmp_path / "runs.log"
+    n_running = int(processes) * SLOTS
+    n = n_running + 2  # two wait for a slot when the stop comes: given back, run by the next worker
+    handles = wt.naps.publish_many([(str(log), tag, NAP_S) for tag in range(n)], _pool=pool)
+    until_empty = ["--until-empty"] if how.endswith("until-empty") else []
+    worker = start_worker(pool, "--processes", processes, "--pool", mode, "--shutdown-timeout", "20", *until_empty)
+    try:
+        # every slot runs a task (the tasks are long enough for a stop to land while they run)
+        wait_for(lambda: sum(runs(log)[0].values()) >= n_running, timeout=60, what="every slot running a task")
+        tree = process_tree(worker.pid)
+        stop(worker, how)
+        t0 = time.monotonic()
+        _, stderr = worker.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if worker.poll() is None:
+            kill_tree(worker)
+    started, done = runs(log)
+    assert worker.returncode == 0, stderr
+    assert took < 20, f"the stop took {took:.1f} s: past --shutdown-timeout"
+    assert started == done and set(started.values()) == {1}, (started, done, stderr)  # each finished, once
+    assert "the process that started it is gone" not in stderr and "Traceback" not in stderr, stderr
+    summary = stderr.strip().splitlines()[-1]
+    assert summary.startswith(f"processed {len(done)}, failed 0 (retried 0, dead 0)"), stderr
+    st = pool.stats("jobs")["jobs"]
+    assert (st.acked, st.failed, st.delivered) == (len(done), 0, 0)  # settled: acked, none handed back
+    assert wait_gone(tree, timeout=20) == [], "processes outlived the worker"
+    # the next worker runs the rest: every task ran exactly once
+    drain = [*worker.args, *([] if until_empty else ["--until-empty"])]
+    out = subprocess.run(drain, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    started, done = runs(log)
+    assert started == done == Counter(range(n))
+    assert [decode_result(r) for r in pool.result("jobs", [h.id for h in handles])] == list(range(n))
+
+
+def test_tasks_still_running_past_the_shutdown_timeout_are_handed_back(pool: QueuePool, tmp_path: Path) -> None:
+    log = tmp_path / "runs.log"
+    wt.naps.publish_many([(str(log), tag, 60.0) for tag in range(2 * SLOTS)], _pool=pool)
+    worker = start_worker(pool, "--processes", "2", "--shutdown-timeout", "1")
+    try:
+        wait_for(lambda: sum(runs(log)[0].values()) == 2 * SLOTS, timeout=60, what="every slot running a task")
+        os.killpg(worker.pid, signal.SIGTERM)
+        t0 = time.monotonic()
+        _, stderr = worker.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if worker.poll() is None:
+            kill_tree(worker)
+    assert worker.returncode == 0, stderr
+    assert took < 15, f"the stop took {took:.1f} s"  # 1 s, then the hand-back (a task would have taken 60)
+    assert "running tasks are handed back" in stderr
+    assert re.search(rf"processed 0, failed {2 * SLOTS} \(retried {2 * SLOTS}, dead 0\)", stderr), stderr
+    st = pool.stats("jobs")["jobs"]
+    assert st.acked == 0 and st.ready + st.delayed == 2 * SLOTS  # back in the queue, for another worker
