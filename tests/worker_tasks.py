@@ -186,9 +186,12 @@ def runs_a_program(seconds: float, path: str) -> int:
     return code
 
 
-@conveyor.task(queue="jobs", max_retries=3)
+@conveyor.task(queue="jobs", max_retries=0)
 def naps(log: str, tag: int, seconds: float) -> int:
-    """Notes its start, sleeps, notes its end: the log tells which ran, how often, and whether they finished."""
+    """Notes its start, sleeps, notes its end: the log tells which ran, how often, and whether they finished.
+
+    No retries: a worker's stop that counted an attempt would make it a dead letter.
+    """
     note(log, f"start {tag}")
     time.sleep(seconds)
     note(log, f"done {tag}")

@@ -219,7 +219,7 @@ SHARD_DOWN_S, SHARD_DOWN_MAX_S = 2.0, 10.0
 # a consumer says which servers are out of reach when it notices, then this often while they are
 OUT_OF_REACH_SAY_S = 60.0
 # on SIGTERM or Ctrl-C (`conveyor worker --shutdown-timeout`, ConsumerPool.cancel): how long running tasks
-# may take to finish; those still running then are handed back (nacked) for another worker
+# may take to finish; those still running then are handed back (released, the attempt not counted)
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 # a join or gather without a timeout warns this often while nothing finishes and no consumer reports
 STALL_WARN_S = 30.0
