@@ -43,11 +43,15 @@ def runs(log: Path) -> tuple[Counter[int], Counter[int]]:
     return Counter(int(t) for w, t in said if w == "start"), Counter(int(t) for w, t in said if w == "done")
 
 
+def start_args(pool: QueuePool, *args: str) -> list[str]:
+    """The command line of `conveyor worker` on the pool's server, the test tasks and SLOTS slots."""
+    return [sys.executable, "-m", "conveyor", "worker", "--connect", pool.addresses[0], "--tasks", "tests.worker_tasks",
+            "--queues", "jobs", "--concurrency", str(SLOTS), *args]  # fmt: skip
+
+
 def start_worker(pool: QueuePool, *args: str, stderr: IO[str] | int = subprocess.PIPE) -> subprocess.Popen[str]:
     """`conveyor worker` in a session of its own: its process group is its own, as under systemd or a shell's job."""
-    cmd = [sys.executable, "-m", "conveyor", "worker", "--connect", pool.addresses[0], "--tasks", "tests.worker_tasks",
-           "--queues", "jobs", "--concurrency", str(SLOTS), *args]  # fmt: skip
-    return subprocess.Popen(cmd, cwd=ROOT, stderr=stderr, text=True, start_new_session=True)
+    return subprocess.Popen(start_args(pool, *args), cwd=ROOT, stderr=stderr, text=True, start_new_session=True)
 
 
 def stop(worker: subprocess.Popen[str], how: str) -> None:
@@ -149,3 +153,15 @@ def test_tasks_still_running_at_the_end_of_a_stop_are_handed_back_without_counti
     assert (st.acked, st.failed, st.ready) == (0, 0, n)  # back in the queue at once, for another worker
     again = pool.get("jobs", n, lease_s=60)
     assert sorted(m.attempts for m in again) == [1] * n  # this delivery is their first counted attempt
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_what_a_task_starts_can_be_terminated(pool: QueuePool, mode: str) -> None:
+    """A stop reaches the consumers, which end their task processes themselves (those ignore systemd's
+    SIGTERM to every process), but what a task starts keeps the default: a program it runs, or a process
+    it forks, ends on SIGTERM as anywhere else (`Popen.terminate`, `Process.terminate`)."""
+    handle = wt.terminates_its_children.publish(_pool=pool)
+    drain = start_args(pool, "--pool", mode, "--until-empty")
+    out = subprocess.run(drain, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert handle.result(timeout=10) == [-signal.SIGTERM, -signal.SIGTERM]
