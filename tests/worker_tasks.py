@@ -26,6 +26,12 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+@conveyor.task(queue="jobs2", max_retries=2, retry_backoff=0.05)
+def add_too(a: int, b: int) -> int:
+    """`add` on a queue of its own: two workers at once, each with its own work and counts."""
+    return a + b
+
+
 @conveyor.task(queue="jobs", max_retries=2, retry_backoff=(0.2, 2.0))
 def always_fails(log: str) -> None:
     note(log, f"{time.time()}")
