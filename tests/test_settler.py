@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -12,7 +13,7 @@ import pytest
 from conveyor.client.pool import QueuePool
 from conveyor.errors import ConnectionLostError
 from conveyor.message import Message
-from conveyor.worker.settler import BUSY_COALESCE_S, COALESCE_S, Settler, ack_on_delivery
+from conveyor.worker.settler import BUSY_COALESCE_S, CLOSE_SAY_S, COALESCE_S, Settler, ack_on_delivery
 
 from .servers import ThreadServer, thread_server, wait_for
 
@@ -145,3 +146,21 @@ def test_settlements_for_a_server_out_of_reach_wait_and_the_others_go_on(
             finally:
                 settler.close(5)
     assert settler.unsettled == 0
+
+
+def test_a_close_that_waits_for_a_server_out_of_reach_says_so(caplog: pytest.LogCaptureFixture) -> None:
+    """A stop waits for its last settlements (a server restarting may be back within it) and says so
+    when that takes longer than CLOSE_SAY_S; what is left when the time is up counts as unsettled."""
+    with thread_server() as live:
+        down = ThreadServer()
+        with QueuePool.connect([live.address, down.address]) as pool:
+            for _ in range(2):  # a batch to each server in turn
+                pool.put("q", [Message(b"x") for _ in range(2)])
+            ids = [m.id for m in pool.get("q", 2, lease_s=60, shards=[1])]
+            down.stop()
+            settler = Settler(pool)
+            settler.put([Settler.ack("q", i, None) for i in ids])
+            settler.close(CLOSE_SAY_S + 1.0)
+    assert settler.unsettled == 2
+    said = r"2 settlement\(s\) not sent yet \(a server out of reach, or slow\): trying for up to \d s more"
+    assert re.search(said, caplog.text), caplog.text

@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -67,51 +68,69 @@ def two_servers(tmp_path: Path) -> Iterator[list[tuple[subprocess.Popen[bytes], 
             stop_server(proc)
 
 
-def worker(addresses: list[str], *args: str) -> subprocess.Popen[str]:
-    tasks = ["--tasks", "tests.worker_tasks", "--queues", "jobs", "--concurrency", "2"]
+def worker(
+    addresses: list[str], *args: str, queue: str = "jobs", stderr: IO[str] | int = subprocess.PIPE
+) -> subprocess.Popen[str]:
+    tasks = ["--tasks", "tests.worker_tasks", "--queues", queue, "--concurrency", "2"]
     cmd = [sys.executable, "-m", "conveyor", "worker", "--connect", ",".join(addresses), *tasks, *args]
-    return subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(cmd, cwd=ROOT, stderr=stderr, text=True, start_new_session=True)
 
 
-@pytest.mark.parametrize("processes", ["1", "2"])
-def test_a_worker_rides_out_a_server_outage(
-    two_servers: list[tuple[subprocess.Popen[bytes], str]], tmp_path: Path, processes: str
-) -> None:
+# one worker of each kind through the same outage, each on a queue of its own: one consumer in the
+# worker's process, and two consumer processes (a ConsumerPool)
+KINDS = {"1": ("jobs", wt.add), "2": ("jobs2", wt.add_too)}
+
+
+def test_a_worker_rides_out_a_server_outage(two_servers: list[tuple[subprocess.Popen[bytes], str]], tmp_path: Path) -> None:
     """One of two servers down for longer than a consumer used to wait for it (30 s): the worker keeps
     serving the other, says which server is out of reach, serves it again once it is back (restarted
-    on its data), and its summary counts every task."""
+    on its data) and says so, and its summary counts every task."""
     (_, a), (b_proc, b) = two_servers
-    with QueuePool.connect([a, b]) as both, QueuePool.connect([a]) as only_a:
-        w = worker([a, b], "--processes", processes)
-        try:
-            handles = wt.add.publish_many([(i, 1) for i in range(40)], _pool=both)  # on both servers
-            assert both.gather(handles, timeout=60) == [i + 1 for i in range(40)]
-            done = 40
+    logs = {kind: tmp_path / f"worker-{kind}.err" for kind in KINDS}
+    done = dict.fromkeys(KINDS, 0)
+
+    def serve(pool: QueuePool, tag: int, n: int) -> None:
+        """Publish n tasks of each worker's and wait for them all (the servers answering are served)."""
+        handles = {kind: task.publish_many([(i, tag) for i in range(n)], _pool=pool) for kind, (_, task) in KINDS.items()}
+        for kind, hs in handles.items():
+            assert pool.gather(hs, timeout=60) == [i + tag for i in range(n)]
+            done[kind] += n
+
+    workers: dict[str, subprocess.Popen[str]] = {}
+    try:
+        for kind, (queue, _) in KINDS.items():
+            with logs[kind].open("w") as err:
+                workers[kind] = worker([a, b], "--processes", kind, queue=queue, stderr=err)
+        with QueuePool.connect([a, b]) as both, QueuePool.connect([a]) as only_a:
+            serve(both, 1, 40)  # on both servers
             b_proc.kill()  # down, as a machine that is lost
             stop_server(b_proc)
             out_since = time.monotonic()
             while time.monotonic() - out_since < DEFAULT_UNREACHABLE_S + 5:  # past what it used to wait
-                assert w.poll() is None, "the worker gave up"
-                handles = wt.add.publish_many([(i, 2) for i in range(10)], _pool=only_a)
-                assert only_a.gather(handles, timeout=60) == [i + 2 for i in range(10)]  # the live server is served
-                done += 10
-            b_proc, _ = spawn_server(tmp_path / "b", port=int(b.rsplit(":", 1)[1]))  # back, on its data
-            two_servers[1] = (b_proc, b)
-            with QueuePool.connect([b]) as only_b:
-                handles = wt.add.publish_many([(i, 3) for i in range(10)], _pool=only_b)
-                assert only_b.gather(handles, timeout=60) == [i + 3 for i in range(10)]
-                done += 10
+                assert all(w.poll() is None for w in workers.values()), "a worker gave up"
+                serve(only_a, 2, 10)  # the live server is served
+        b_proc, _ = spawn_server(tmp_path / "b", port=int(b.rsplit(":", 1)[1]))  # back, on its data
+        two_servers[1] = (b_proc, b)
+        with QueuePool.connect([b]) as only_b:
+            serve(only_b, 3, 10)
+        back = f"queue server {b} answers again"
+        for log in logs.values():  # each consumer says so at its next look, once it has tried the server again
+            wait_for(lambda log=log: back in log.read_text(), timeout=30, what=f"{log.name} saying {b} is back")
+        for w in workers.values():
             os.killpg(w.pid, signal.SIGTERM)
-            _, stderr = w.communicate(timeout=60)
-        finally:
+        for w in workers.values():
+            w.wait(timeout=60)
+    finally:
+        for w in workers.values():
             if w.poll() is None:
                 kill_tree(w)
-    assert w.returncode == 0, stderr
-    assert f"queue server {b} out of reach for 0 s: retrying it for as long as it takes" in stderr
-    assert f"queue server {b} answers again" in stderr
-    assert "Traceback" not in stderr and "exited with code" not in stderr, stderr
-    summary = stderr.strip().splitlines()[-1]
-    assert summary.startswith(f"processed {done:,}, failed 0"), stderr
+    for kind, w in workers.items():
+        stderr = logs[kind].read_text()
+        assert w.returncode == 0, stderr
+        assert f"queue server {b} out of reach for 0 s: retrying it for as long as it takes" in stderr
+        assert "Traceback" not in stderr and "exited with code" not in stderr, stderr
+        summary = stderr.strip().splitlines()[-1]
+        assert summary.startswith(f"processed {done[kind]:,}, failed 0"), stderr
 
 
 @pytest.mark.parametrize("processes", ["1", "2"])

@@ -15,6 +15,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -42,11 +43,15 @@ def runs(log: Path) -> tuple[Counter[int], Counter[int]]:
     return Counter(int(t) for w, t in said if w == "start"), Counter(int(t) for w, t in said if w == "done")
 
 
-def start_worker(pool: QueuePool, *args: str) -> subprocess.Popen[str]:
+def start_args(pool: QueuePool, *args: str) -> list[str]:
+    """The command line of `conveyor worker` on the pool's server, the test tasks and SLOTS slots."""
+    return [sys.executable, "-m", "conveyor", "worker", "--connect", pool.addresses[0], "--tasks", "tests.worker_tasks",
+            "--queues", "jobs", "--concurrency", str(SLOTS), *args]  # fmt: skip
+
+
+def start_worker(pool: QueuePool, *args: str, stderr: IO[str] | int = subprocess.PIPE) -> subprocess.Popen[str]:
     """`conveyor worker` in a session of its own: its process group is its own, as under systemd or a shell's job."""
-    cmd = [sys.executable, "-m", "conveyor", "worker", "--connect", pool.addresses[0], "--tasks", "tests.worker_tasks",
-           "--queues", "jobs", "--concurrency", str(SLOTS), *args]  # fmt: skip
-    return subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(start_args(pool, *args), cwd=ROOT, stderr=stderr, text=True, start_new_session=True)
 
 
 def stop(worker: subprocess.Popen[str], how: str) -> None:
@@ -112,22 +117,51 @@ def test_a_stop_lets_running_tasks_finish_and_acks_them(
     assert [decode_result(r) for r in pool.result("jobs", [h.id for h in handles])] == list(range(n))
 
 
-def test_tasks_still_running_past_the_shutdown_timeout_are_handed_back(pool: QueuePool, tmp_path: Path) -> None:
-    log = tmp_path / "runs.log"
-    wt.naps.publish_many([(str(log), tag, 60.0) for tag in range(2 * SLOTS)], _pool=pool)
-    worker = start_worker(pool, "--processes", "2", "--shutdown-timeout", "1")
+@pytest.mark.parametrize(("how", "processes"), [("shutdown-timeout", "2"), ("second-signal", "1")])
+def test_tasks_still_running_at_the_end_of_a_stop_are_handed_back_without_counting_an_attempt(
+    pool: QueuePool, tmp_path: Path, how: str, processes: str
+) -> None:
+    """Tasks still running past --shutdown-timeout, or at a second signal (one process): handed back to
+    their queue for another worker, the attempt not counted (the worker stopped, the task did not fail:
+    these have no retries, and a counted attempt would make them dead letters)."""
+    log, err = tmp_path / "runs.log", tmp_path / "worker.err"
+    n = int(processes) * SLOTS
+    wt.naps.publish_many([(str(log), tag, 60.0) for tag in range(n)], _pool=pool)
+    timeout = "1" if how == "shutdown-timeout" else "60"
+    with err.open("w") as stderr_file:
+        worker = start_worker(pool, "--processes", processes, "--shutdown-timeout", timeout, stderr=stderr_file)
     try:
-        wait_for(lambda: sum(runs(log)[0].values()) == 2 * SLOTS, timeout=60, what="every slot running a task")
+        wait_for(lambda: sum(runs(log)[0].values()) == n, timeout=60, what="every slot running a task")
         os.killpg(worker.pid, signal.SIGTERM)
         t0 = time.monotonic()
-        _, stderr = worker.communicate(timeout=60)
+        if how == "second-signal":  # once the first is heard
+            wait_for(lambda: "stopping: finishing running tasks" in err.read_text(), timeout=30, what="the first stop said")
+            os.kill(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=60)
         took = time.monotonic() - t0
     finally:
         if worker.poll() is None:
             kill_tree(worker)
+    stderr = err.read_text()
     assert worker.returncode == 0, stderr
-    assert took < 15, f"the stop took {took:.1f} s"  # 1 s, then the hand-back (a task would have taken 60)
-    assert "running tasks are handed back" in stderr
-    assert re.search(rf"processed 0, failed {2 * SLOTS} \(retried {2 * SLOTS}, dead 0\)", stderr), stderr
+    assert took < 15, f"the stop took {took:.1f} s"  # at once, or 1 s and then the hand-back (a task would take 60)
+    if how == "shutdown-timeout":
+        assert "running tasks are handed back" in stderr
+    summary = stderr.strip().splitlines()[-1]
+    assert re.match(rf"processed 0, failed 0 \(retried 0, dead 0\).*, handed back {n} ", summary), stderr
     st = pool.stats("jobs")["jobs"]
-    assert st.acked == 0 and st.ready + st.delayed == 2 * SLOTS  # back in the queue, for another worker
+    assert (st.acked, st.failed, st.ready) == (0, 0, n)  # back in the queue at once, for another worker
+    again = pool.get("jobs", n, lease_s=60)
+    assert sorted(m.attempts for m in again) == [1] * n  # this delivery is their first counted attempt
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_what_a_task_starts_can_be_terminated(pool: QueuePool, mode: str) -> None:
+    """A stop reaches the consumers, which end their task processes themselves (those ignore systemd's
+    SIGTERM to every process), but what a task starts keeps the default: a program it runs, or a process
+    it forks, ends on SIGTERM as anywhere else (`Popen.terminate`, `Process.terminate`)."""
+    handle = wt.terminates_its_children.publish(_pool=pool)
+    drain = start_args(pool, "--pool", mode, "--until-empty")
+    out = subprocess.run(drain, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert handle.result(timeout=10) == [-signal.SIGTERM, -signal.SIGTERM]

@@ -26,6 +26,12 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+@conveyor.task(queue="jobs2", max_retries=2, retry_backoff=0.05)
+def add_too(a: int, b: int) -> int:
+    """`add` on a queue of its own: two workers at once, each with its own work and counts."""
+    return a + b
+
+
 @conveyor.task(queue="jobs", max_retries=2, retry_backoff=(0.2, 2.0))
 def always_fails(log: str) -> None:
     note(log, f"{time.time()}")
@@ -186,10 +192,52 @@ def runs_a_program(seconds: float, path: str) -> int:
     return code
 
 
-@conveyor.task(queue="jobs", max_retries=3)
+@conveyor.task(queue="jobs", max_retries=0)
 def naps(log: str, tag: int, seconds: float) -> int:
-    """Notes its start, sleeps, notes its end: the log tells which ran, how often, and whether they finished."""
+    """Notes its start, sleeps, notes its end: the log tells which ran, how often, and whether they finished.
+
+    No retries: a worker's stop that counted an attempt would make it a dead letter.
+    """
     note(log, f"start {tag}")
     time.sleep(seconds)
     note(log, f"done {tag}")
     return tag
+
+
+@conveyor.task(queue="jobs", max_retries=0)
+def terminates_its_children() -> list[int | None]:
+    """Starts a program and forks a process, both asleep, and once each says it runs, terminates it
+    (SIGTERM): how each ended (its exit status as subprocess gives it; None: still running 10 s later,
+    the signal ignored)."""
+    import signal
+    import subprocess
+    import sys
+
+    asleep = "import time; print('up', flush=True); time.sleep(60)"
+    program = subprocess.Popen([sys.executable, "-c", asleep], stdout=subprocess.PIPE, text=True)
+    read, write = os.pipe()
+    forked = os.fork()
+    if forked == 0:  # the child: asleep until a signal ends it
+        os.write(write, b"up")
+        time.sleep(60)
+        os._exit(0)
+    os.close(write)
+    assert program.stdout is not None and program.stdout.readline() and os.read(read, 2)  # both run: EOF if one died
+    program.terminate()
+    os.kill(forked, signal.SIGTERM)
+    try:
+        code: int | None = program.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        code = None
+    deadline, status = time.monotonic() + 10, None
+    while status is None and time.monotonic() < deadline:  # bounded: None after 10 s says it ignored the signal
+        pid, raw = os.waitpid(forked, os.WNOHANG)
+        status = os.waitstatus_to_exitcode(raw) if pid else None
+        time.sleep(0.05)
+    program.kill()
+    program.wait()
+    if status is None:
+        os.kill(forked, signal.SIGKILL)
+        os.waitpid(forked, 0)
+    os.close(read)
+    return [code, status]

@@ -239,7 +239,7 @@ SHARD_DOWN_S, SHARD_DOWN_MAX_S = 2.0, 10.0
 # a consumer says which servers are out of reach when it notices, then this often while they are
 OUT_OF_REACH_SAY_S = 60.0
 # on SIGTERM or Ctrl-C (`conveyor worker --shutdown-timeout`, ConsumerPool.cancel): how long running tasks
-# may take to finish; those still running then are handed back (nacked) for another worker
+# may take to finish; those still running then are handed back (released, the attempt not counted)
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 # a join, gather or result() waiting on a queue no live consumer serves warns after STALL_FIRST_S (time
 # for consumers just started to report), then every STALL_WARN_S while it lasts; it asks the servers

@@ -89,7 +89,7 @@ def worker(conn: Connection, task_modules: tuple[str, ...], queues_config: Path 
                                 selector=selector, until_empty=until_empty, pin_core=pin_core, unreachable_s=unreachable_s,
                                 shutdown_timeout=shutdown_timeout)  # fmt: skip
         st = run_worker(pool, queues, settings, modules, options, say=console.print)
-        console.print(st.summary())
+        console.print(st.summary(), soft_wrap=True)  # one line, however long: a log reads it whole
     except ConveyorError as e:
         raise click.ClickException(str(e)) from None
 

@@ -5,8 +5,9 @@ at once (no prefetched message waits behind a long task), picks queues with a se
 algorithms), serves its assigned shards first and steals from the others when they are empty,
 acks results in batches, extends the leases of long tasks, stops tasks over their time limit and
 hands failures to the middleware (retries with backoff, dead letters). On `stop()` it fetches no
-more, lets running tasks finish (for up to `shutdown_s`), gives back anything fetched but not started,
-and returns. A server out of reach is retried now and then while the others are served (see `outages`).
+more, lets running tasks finish (for up to `shutdown_s`; then hands them back, the attempt not
+counted), gives back anything fetched but not started, and returns. A server out of reach is
+retried now and then while the others are served (see `outages`).
 """
 
 from __future__ import annotations
@@ -74,11 +75,12 @@ class Consumer:
         `unreachable_s`: a server out of reach for longer ends `run()` with `ServerUnreachableError`
         (one back within it, and the work goes on; None: retried for as long as it takes, the others
         served meanwhile). `shutdown_s`: after a graceful `stop()`, tasks still running this long are
-        handed back (nacked; None: no limit). `early_ack`: each message is acked (without a result) as
-        it is delivered, before it runs: at most once (see `settler.ack_on_delivery`); it reads no
-        messages ahead then, since those could not be given back, and extends no leases. `holding` (with
-        `early_ack`) is told how many acked messages the consumer holds, before each ack and as they
-        end: the servers no longer count them (`ConsumerPool.join`)."""
+        handed back (the attempt not counted; None: no limit). `early_ack`: each message is acked
+        (without a result) as it is delivered, before it runs: at most once (see
+        `settler.ack_on_delivery`); it reads no messages ahead then, since those could not be given
+        back, and extends no leases. `holding` (with `early_ack`) is told how many acked messages the
+        consumer holds, before each ack and as they end: the servers no longer count them
+        (`ConsumerPool.join`)."""
         if not queues:
             raise ValueError("a consumer needs at least one queue")
         max_concurrency, reads_ahead = resolve_slots(max_concurrency, concurrency, 1)
@@ -123,7 +125,7 @@ class Consumer:
     # --- control --------------------------------------------------------------------------
     def stop(self, graceful: bool = True) -> None:
         """Stop fetching and return once running tasks finish (graceful) or at once (their
-        messages are nacked for another worker). Safe from any thread or a signal handler."""
+        messages are handed back for another worker). Safe from any thread or a signal handler."""
         if not graceful:
             self._hard_stop = True
         self._stop.set()
@@ -162,12 +164,9 @@ class Consumer:
             self._loop(slots)
         finally:
             self._give_back(slots)
-            if self._running:  # a hard stop: hand running messages back for another worker
-                self._settle([Completion(r.message, None, TaskError(r.message.headers.get(H_TASK, "?"),
-                              "WorkerStopped: the worker stopped before the task finished", True), -1)
-                              for r in self._running.values()])  # fmt: skip
-                self._running.clear()
-            slots.close(wait=not self._hard_stop)
+            slots.close(wait=not self._hard_stop)  # a hard stop kills task processes (and leaves task threads)
+            self._settle(self._done.take())  # what finished meanwhile is acked, not run again elsewhere
+            self._hand_back()
             if conns is not None:
                 conns.pool.close()
             self._settler.close(HARD_SETTLE_S if self._hard_stop else SETTLE_S)
@@ -367,6 +366,20 @@ class Consumer:
         for m in waiting:
             del self._running[m.queue, m.id]
         self._release(waiting)
+
+    def _hand_back(self) -> None:
+        """Give back the messages still running as the consumer ends (a hard stop, `shutdown_s` past, an
+        error): READY again for another worker, the attempt not counted, since the worker stopped and the
+        task did not fail (counted, a task on its last attempt would go to the dead letters). Acked on
+        delivery, they cannot go back: lost with the stop (at most once), they count as failed."""
+        held = [r.message for r in self._running.values()]
+        if held and self.early_ack:
+            why = "WorkerStopped: the worker stopped before the task finished"
+            self._settle([Completion(m, None, TaskError(m.headers.get(H_TASK, "?"), why, True), -1) for m in held])
+        elif held:
+            self._settler.put([Settler.release(m.queue, m.id) for m in held])
+            self.stats.handed_back += len(held)
+        self._running.clear()
 
     def _release(self, got: list[Message]) -> None:
         self._settler.put([Settler.release(m.queue, m.id) for m in got])

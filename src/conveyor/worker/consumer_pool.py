@@ -59,7 +59,6 @@ CONSUMER_SWITCH_INTERVAL_S = 0.02
 # A consumer process that exits before it started START_FAILURES_MAX times in a row fails the pool
 # (see executors: what kills it at startup kills every replacement too).
 HEAR_S = 0.05  # while consumers stop, how often the pool reads their pipes
-RESIGNAL_S = 0.25  # and how often it signals them again
 _STARTED, _STATS, _FAREWELL, _FAILED = "started", "stats", "farewell", "failed"  # what a consumer process sends up its pipe
 
 
@@ -86,7 +85,6 @@ def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int,
     through `conn` when it has started and, at the end, its counts (`tally`, a shared array: as it goes).
     `holding`: a shared array, the messages it holds acked on delivery and how often that changed
     (see `ConsumerPool.join`)."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # ignored by the fork server: until the consumer's own handler, it ends us
     os.environ.clear()  # the pool process's environment when it started this one, not the fork server's
     os.environ.update(environ)
     logging.basicConfig(level=options.pop("log_level", logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
@@ -355,16 +353,12 @@ class ConsumerPool:
             except Exception as e:  # only speeds the stop up: the consumers' polls end on their own
                 log.warning("could not wake the consumers' long polls: %s", e)
         grace = self.options["shutdown_s"] + STOP_MARGIN_S if graceful else STOP_MARGIN_S
-        deadline, again = time.monotonic() + grace, time.monotonic() + RESIGNAL_S
+        deadline = time.monotonic() + grace
         try:
             for i, p in ((i, p) for i, p in enumerate(self._procs) if p is not None):
                 while p.is_alive() and time.monotonic() < deadline:
                     self._hear(i)  # read as it stops: a farewell bigger than the pipe holds would block its exit
                     p.join(HEAR_S)
-                    if graceful and p.pid is not None and time.monotonic() >= again:  # one just forked ignores it
-                        again = time.monotonic() + RESIGNAL_S  # (see forkserver_signals): it has its handler soon
-                        with contextlib.suppress(ProcessLookupError):
-                            os.kill(p.pid, signal.SIGTERM)
                 if p.is_alive():
                     log.warning("consumer pid %s did not stop within %.0f s: killing it", p.pid, grace)
                     p.kill()

@@ -156,6 +156,10 @@ class ThreadSlots:
 
 
 # --- processes ------------------------------------------------------------------------------------
+def _let_pass(signum: int, frame: object) -> None:
+    """SIGTERM in a task process: nothing (its consumer ends it after its task)."""
+
+
 def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: BlobFetcher | None) -> None:
     """A child process: import the task modules, then run messages from the pipe until it closes."""
     # a group of its own: a signal to the consumer's group (Ctrl-C, kill -PGID) is the consumer's, which stops
@@ -163,7 +167,11 @@ def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: BlobFetc
     # consumer die without stopping us, we go with it (a lifeline), never orphaned
     with contextlib.suppress(OSError):
         os.setpgid(0, 0)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    # SIGTERM passes, handled by doing nothing rather than ignored: a program the task runs starts with the
+    # default action (exec keeps an ignored signal ignored, not a handled one), and so does a process it
+    # forks (see forkserver_signals); and restarted, no call of the task's is cut short by it
+    signal.signal(signal.SIGTERM, _let_pass)
+    signal.siginterrupt(signal.SIGTERM, False)
     if (parent := multiprocessing.parent_process()) is not None:
         threading.Thread(target=exit_with, args=(parent.sentinel,), name="conveyor-lifeline", daemon=True).start()
     for name in task_modules:

@@ -1,20 +1,34 @@
-"""Imported by the fork servers Conveyor starts (`spawning.process_context` preloads it), and by no
-other process: a fork server ignores SIGTERM, as multiprocessing already makes it ignore SIGINT.
+"""SIGTERM in the fork servers Conveyor starts (`spawning.process_context` preloads this module): a
+fork server ignores it, as multiprocessing already makes it ignore SIGINT, and the processes it forks
+start with its default action all the same (`default_sigterm_in_forks`). Imported anywhere else, it
+changes nothing.
 
 A stop sent to a worker's whole process group (systemd's default KillMode=control-group, `kill -TERM
 -PGID`) would otherwise kill the fork server, and the pool would read its consumers as gone (their
 exit status comes through the fork server) and exit under them while they still finish their tasks;
-seeing it gone, they would abandon those tasks. The processes it forks inherit the disposition: a
-consumer process sets its own handlers, and a task process keeps ignoring SIGTERM (its consumer ends
-it after its task).
+seeing it gone, they would abandon those tasks. What it forks is not to inherit its immunity: a
+consumer sets its own handlers, a task process lets SIGTERM pass on its own terms (`executors`), and
+any other process forked from a fork server shared with the program (Python 3.14's default start
+method) must end on `terminate()` as anywhere else.
 """
 
 from __future__ import annotations
 
 import multiprocessing.forkserver
+import os
 import signal
 import sys
 from types import FrameType
+
+
+def _default_sigterm() -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def default_sigterm_in_forks() -> None:
+    """Make the processes this one forks from now on (`os.fork`, multiprocessing's fork) start with
+    SIGTERM's default action, whatever this process does with it; and those they fork, in turn."""
+    os.register_at_fork(after_in_child=_default_sigterm)
 
 
 def _in_fork_server() -> bool:
@@ -29,3 +43,4 @@ def _in_fork_server() -> bool:
 
 if _in_fork_server():
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    default_sigterm_in_forks()

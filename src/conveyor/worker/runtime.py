@@ -24,6 +24,7 @@ from conveyor.worker.affinity import auto_pin
 from conveyor.worker.connections import ONE_ATTEMPT, own_connections
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import ConsumerPool, own_process
+from conveyor.worker.forkserver_signals import default_sigterm_in_forks
 from conveyor.worker.selectors import QueueSelector
 from conveyor.worker.settings import Settings
 from conveyor.worker.stats import ConsumerStats
@@ -109,6 +110,7 @@ def _run_here(pool: QueuePool, queues: Sequence[QueueConfig | str], settings: Se
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, on_signal)
+    default_sigterm_in_forks()  # a process a task forks ends on SIGTERM, not in our handler
     if settings.on_worker_startup is not None:
         settings.on_worker_startup()
     try:

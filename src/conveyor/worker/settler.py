@@ -36,6 +36,7 @@ COALESCE_S = 0.05  # after the first settlement, how long to gather more before 
 # the same CPU whatever it carries, so under load fewer, larger acks leave more for the tasks (an
 # idle consumer, a flush and close hurry them: the end of the work is not delayed)
 BUSY_COALESCE_S = 0.25
+CLOSE_SAY_S = 2.0  # a close that waits longer for its last settlements says why
 _STOP = object()
 _SETTLES = ("ack", "nack")  # the kinds that finish or return a message (a consumer counts those not sent)
 
@@ -113,9 +114,16 @@ class Settler:
 
     def close(self, timeout: float = 30.0) -> None:
         """Send what is queued and a last report, and stop. Gives up after `timeout` s (what was not
-        sent by then comes back to the queues when its lease ends) and returns."""
+        sent by then comes back to the queues when its lease ends) and returns; says so when it
+        waits longer than CLOSE_SAY_S (a server out of reach holds its settlements)."""
         self._give_up_at = deadline = time.monotonic() + timeout
-        self.flush(timeout)
+        if not self.flush(min(timeout, CLOSE_SAY_S)) and (left := deadline - time.monotonic()) > 0:
+            with self._cond:
+                n = self._pending
+            why = "a server out of reach, or slow"
+            then = "what is left then comes back to its queue when its lease ends"
+            log.warning("%d settlement(s) not sent yet (%s): trying for up to %.0f s more; %s", n, why, left, then)
+            self.flush(left)
         self._items.put(_STOP)
         self._thread.join(max(deadline - time.monotonic(), 0.0))
         with self._cond:  # what is still queued or under way when the time is up counts as not sent

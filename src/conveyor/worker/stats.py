@@ -24,6 +24,7 @@ class ConsumerStats:
     fetches: int = 0  # requests that brought messages (processed / fetches: messages per request)
     released: int = 0
     unsettled: int = 0  # acks and nacks the servers never took (their messages come back after their leases)
+    handed_back: int = 0  # still running when the consumer stopped: given back, the attempt not counted
     fetched_by_shard: dict[int, int] = field(default_factory=dict)
     # per queue of a map job (messages with H_ROWS): [messages settled, their rows], for its progress in rows
     rows: dict[str, list[int]] = field(default_factory=dict)
@@ -56,8 +57,9 @@ class ConsumerStats:
     def summary(self) -> str:
         """One line, as `conveyor worker` prints it when it stops."""
         unsettled = f", unsettled {self.unsettled:,} (back in their queues once their leases end)" if self.unsettled else ""
+        back = f", handed back {self.handed_back:,} (running at the stop: back in their queues)" if self.handed_back else ""
         return (f"processed {self.processed:,}, failed {self.failed:,} (retried {self.retried:,}, dead {self.dead:,}), "
-                f"timed out {self.timed_out:,}, stolen {self.stolen:,}{unsettled}")  # fmt: skip
+                f"timed out {self.timed_out:,}, stolen {self.stolen:,}{back}{unsettled}")  # fmt: skip
 
 
 TALLY_EVERY_S = 0.5  # how often a consumer process copies its counts to its tally
