@@ -20,8 +20,16 @@ import msgpack
 import pytest
 
 from conveyor.client.queue_client import QueueClient
-from conveyor.constants import DEFAULT_MEMORY_BUDGET_BYTES, ERR_PROTOCOL, FRAME_LENGTH, FRAME_PREFIX
+from conveyor.constants import (
+    CONNECTION_FREE_BYTES,
+    DEFAULT_MEMORY_BUDGET_BYTES,
+    ERR_BAD_ARGUMENT,
+    ERR_PROTOCOL,
+    FRAME_LENGTH,
+    FRAME_PREFIX,
+)
 from conveyor.message import Message
+from conveyor.protocol.framing import Limits, SocketReader
 from conveyor.protocol.tls import ClientTLS, self_signed, server_context
 from conveyor.server.processes import spawn_server, stop_server
 
@@ -269,6 +277,10 @@ def test_the_budget_is_all_back_once_requests_end_however_they_end(tmp_path: Pat
         def connect() -> ssl.SSLSocket:
             return context.wrap_socket(socket.create_connection((host, int(port)), timeout=30))
 
+        def state() -> tuple[int, int]:
+            """What the server holds of its budget, and how many connections it has."""
+            return s.call(lambda: (s.server.budget.used, len(s.server._conns)))
+
         put = frame({"op": "put", "id": 1, "queue": "q", "n": 3}, [b"x" * MiB] * 3)
         for _ in range(10):  # whole, the close right behind (close_notify)
             sock = connect()
@@ -282,16 +294,21 @@ def test_the_budget_is_all_back_once_requests_end_however_they_end(tmp_path: Pat
             sock.close()
         refused = connect()  # its handler refuses it: 3 payloads for n=2
         refused.sendall(frame({"op": "put", "id": 2, "queue": "q", "n": 2}, [b"x" * MiB] * 3))
+        replies = SocketReader(refused, Limits())
+        replies.read()  # the hello
+        reply, _ = replies.read()
+        assert (reply["id"], reply["error"]) == (2, ERR_BAD_ARGUMENT), reply
+        # the server reads these behind the sends above, a few at once: all of them end first, so that
+        # the room held next is the stalled put's alone (any three of them in flight hold 6 MiB too)
+        wait_for(lambda: state() == (0, 1), timeout=30, what="the budget back from the puts before the stalled one")
         stalled = connect()  # holds 6 MiB of the 8 until --request-timeout
-        stalled.sendall(frame({"op": "put", "id": 3, "queue": "q", "n": 6}, [b"x" * MiB] * 6)[: 2 * MiB])
-        wait_for(lambda: s.call(lambda: s.server.budget.used) >= 5 * MiB, what="the stalled put let in")
+        header = {"op": "put", "id": 3, "queue": "q", "n": 6}
+        stalled.sendall(frame(header, [b"x" * MiB] * 6)[: 2 * MiB])
+        held = len(msgpack.packb(header)) + 6 * MiB  # what the server lets in for it: its header and frames
+        wait_for(lambda: state() == (held - CONNECTION_FREE_BYTES, 2), what="the stalled put let in")
         with QueueClient(s.address, tls=ClientTLS.make(fingerprint=fingerprint), timeout=30) as c:
             assert len(c.put("q", [Message(payload=b"y" * (4 * MiB))])) == 1  # waits for the stalled one to go
-        wait_for(
-            lambda: s.call(lambda: (s.server.budget.used, len(s.server._conns))) == (0, 1),
-            timeout=30,
-            what="the budget all back, only the refused put's connection left",
-        )
+        wait_for(lambda: state() == (0, 1), timeout=30, what="the budget all back, only the refused put's connection left")
         refused.close()
         stalled.close()
     assert "waits for room (memory budget: " in caplog.text
