@@ -4,8 +4,10 @@ from /proc; another client pings throughout. Figures and the margin: docs/server
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import ssl
 import struct
 import subprocess
 import threading
@@ -18,8 +20,17 @@ import msgpack
 import pytest
 
 from conveyor.client.queue_client import QueueClient
-from conveyor.constants import DEFAULT_MEMORY_BUDGET_BYTES, ERR_PROTOCOL, FRAME_LENGTH, FRAME_PREFIX
+from conveyor.constants import (
+    CONNECTION_FREE_BYTES,
+    DEFAULT_MEMORY_BUDGET_BYTES,
+    ERR_BAD_ARGUMENT,
+    ERR_PROTOCOL,
+    FRAME_LENGTH,
+    FRAME_PREFIX,
+)
 from conveyor.message import Message
+from conveyor.protocol.framing import Limits, SocketReader
+from conveyor.protocol.tls import ClientTLS, self_signed, server_context
 from conveyor.server.processes import spawn_server, stop_server
 
 from .servers import RawConnection, frame, thread_server, wait_for
@@ -227,3 +238,77 @@ def test_a_small_budget_lowers_the_limits_clients_split_to_and_requests_wait_the
         with QueueClient(s.address) as c:
             for k in range(2):
                 assert len(got[k]) == 12 and [m.payload for m in c.get(f"q{k}", 100)] == payloads[k]
+
+
+@pytest.mark.timeout(60)
+def test_a_request_that_needs_room_for_its_reply_holds_none_while_it_waits() -> None:
+    """Requests for results that each hold more than a connection's free MiB (a long list of ids)
+    and need a page of room for their replies: each gives its own room back while it waits for
+    that, so they are all answered, one after another (holding theirs, they waited for each other,
+    and for themselves, for ever)."""
+    with thread_server(memory_budget=8 * MiB) as s:  # a page of reply: the whole budget
+        with QueueClient(s.address) as c:
+            c.declare("q")
+        ids = list(range(1 << 20, (1 << 20) + 300_000))  # 1.5 MB of ids, 5 bytes each
+        asking = [RawConnection(s.address, timeout=30) for _ in range(3)]
+        for k, raw in enumerate(asking):
+            raw.send(frame({"op": "result", "id": k + 1, "queue": "q", "ids": ids}))
+        for k, raw in enumerate(asking):
+            reply = raw.read()
+            assert (reply["id"], reply.get("error")) == (k + 1, None) and reply["found"]  # as many as fit: a page
+            raw.close()
+        wait_for(lambda: s.call(lambda: s.server.budget.used) == 0, what="the budget all given back")
+
+
+@pytest.mark.timeout(90)
+def test_the_budget_is_all_back_once_requests_end_however_they_end(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Requests of 3 MiB sent whole and closed behind at once (over TLS the close can come with
+    their last bytes, and their tasks are cancelled before they start), cut short, stalled until
+    --request-timeout, refused by their handler, or waiting for room: once their connections are
+    gone, the server holds nothing of its budget, and says when a request waited for room."""
+    cert, key, fingerprint = self_signed(tmp_path / "tls", ["127.0.0.1"])
+    with thread_server(tls=server_context(cert, key), memory_budget=8 * MiB, request_timeout_s=2, sweep_interval_s=0.1) as s:
+        with QueueClient(s.address, tls=ClientTLS.make(fingerprint=fingerprint)) as c:
+            c.declare("q")
+        host, port = s.address.removeprefix("tls://").rsplit(":", 1)
+        context = ssl.create_default_context()
+        context.check_hostname, context.verify_mode = False, ssl.CERT_NONE
+
+        def connect() -> ssl.SSLSocket:
+            return context.wrap_socket(socket.create_connection((host, int(port)), timeout=30))
+
+        def state() -> tuple[int, int]:
+            """What the server holds of its budget, and how many connections it has."""
+            return s.call(lambda: (s.server.budget.used, len(s.server._conns)))
+
+        put = frame({"op": "put", "id": 1, "queue": "q", "n": 3}, [b"x" * MiB] * 3)
+        for _ in range(10):  # whole, the close right behind (close_notify)
+            sock = connect()
+            sock.sendall(put)
+            with contextlib.suppress(OSError):
+                sock.unwrap()
+            sock.close()
+        for _ in range(3):  # cut short
+            sock = connect()
+            sock.sendall(put[: 2 * MiB])
+            sock.close()
+        refused = connect()  # its handler refuses it: 3 payloads for n=2
+        refused.sendall(frame({"op": "put", "id": 2, "queue": "q", "n": 2}, [b"x" * MiB] * 3))
+        replies = SocketReader(refused, Limits())
+        replies.read()  # the hello
+        reply, _ = replies.read()
+        assert (reply["id"], reply["error"]) == (2, ERR_BAD_ARGUMENT), reply
+        # the server reads these behind the sends above, a few at once: all of them end first, so that
+        # the room held next is the stalled put's alone (any three of them in flight hold 6 MiB too)
+        wait_for(lambda: state() == (0, 1), timeout=30, what="the budget back from the puts before the stalled one")
+        stalled = connect()  # holds 6 MiB of the 8 until --request-timeout
+        header = {"op": "put", "id": 3, "queue": "q", "n": 6}
+        stalled.sendall(frame(header, [b"x" * MiB] * 6)[: 2 * MiB])
+        held = len(msgpack.packb(header)) + 6 * MiB  # what the server lets in for it: its header and frames
+        wait_for(lambda: state() == (held - CONNECTION_FREE_BYTES, 2), what="the stalled put let in")
+        with QueueClient(s.address, tls=ClientTLS.make(fingerprint=fingerprint), timeout=30) as c:
+            assert len(c.put("q", [Message(payload=b"y" * (4 * MiB))])) == 1  # waits for the stalled one to go
+        wait_for(lambda: state() == (0, 1), timeout=30, what="the budget all back, only the refused put's connection left")
+        refused.close()
+        stalled.close()
+    assert "waits for room (memory budget: " in caplog.text

@@ -34,7 +34,7 @@ from conveyor.errors import ConnectionLostError, ProtocolError
 
 Header = dict[str, Any]
 Frames = list[bytes]
-Body = bytes | mmap.mmap  # what a parser is sent: frames of a large frame set come in a map (`read`)
+Body = bytes | mmap.mmap  # what a parser is sent: a part over READ_CHUNK_BYTES (frames, a header) comes in a map (`read`)
 
 _packb = msgpack.Packer(use_bin_type=True).pack
 _prefix_pack = FRAME_PREFIX.pack
@@ -124,17 +124,20 @@ def parser(
 
     A request's header must name its operation; a reply's need not. `sized` is told, before the
     header is asked for, how many bytes the header and the payload frames will take (the frames
-    counted only if within the limits). The frames may come in an anonymous `mmap` rather than
-    bytes: they are copied out of it, and its pages given back as they are.
+    counted only if within the limits). A part may come in an anonymous `mmap` rather than bytes:
+    its frames are copied out of it, and its pages given back as they are.
     """
     hlen, nframes = _prefix_unpack((yield FRAME_PREFIX.size))
     if hlen > limits.max_header_bytes:
         raise ProtocolError(f"header of {hlen:,} bytes exceeds the limit of {limits.max_header_bytes:,}")
     if nframes > limits.max_frames:
         raise ProtocolError(f"{nframes:,} payload frames exceed the limit of {limits.max_frames:,}")
-    lens: tuple[int, ...] = struct.unpack(FRAME_LENGTH.format(nframes), (yield 4 * nframes)) if nframes else ()
-    total = sum(lens)
-    over = bool(lens) and (max(lens) > limits.max_frame_bytes or total > limits.max_message_bytes)
+    lens: tuple[int, ...] = ()
+    total, over = 0, False
+    if nframes:
+        lens = struct.unpack(FRAME_LENGTH.format(nframes), (yield 4 * nframes))
+        total = sum(lens)
+        over = max(lens) > limits.max_frame_bytes or total > limits.max_message_bytes
     if sized is not None:
         sized(hlen + (0 if over else total))
     header = decode_header((yield hlen), request)
@@ -145,13 +148,16 @@ def parser(
             raise ProtocolError(f"a payload frame of {big:,} bytes exceeds the limit of {limits.max_frame_bytes:,}", rid)
         raise ProtocolError(f"payload frames of {total:,} bytes in all exceed the limit of "
                             f"{limits.max_message_bytes:,}", rid)  # fmt: skip
-    return header, _split((yield total), lens) if lens else []
-
-
-def _split(body: Body, lens: Sequence[int]) -> Frames:
-    """The frames of a body; out of a map, each as bytes, the pages behind it given back at once."""
+    if not lens:
+        return header, []
+    body = yield total
     if isinstance(body, bytes):
-        return [body[a:b] for a, b in itertools.pairwise(itertools.accumulate(lens, initial=0))]
+        return header, [body[a:b] for a, b in itertools.pairwise(itertools.accumulate(lens, initial=0))]
+    return header, _unmap(body, lens)
+
+
+def _unmap(body: mmap.mmap, lens: Sequence[int]) -> Frames:
+    """The frames in a map, each as bytes, the pages behind them given back as they go."""
     frames: Frames = []
     at = freed = 0
     for n in lens:
@@ -185,66 +191,64 @@ async def read(reader: asyncio.StreamReader, limits: Limits, request: bool, star
 
     `started` is called once its first bytes are in (a server times how long the rest takes);
     `admit` is told the bytes its header and frames will take before they are read, and what it
-    returns, if anything, is awaited first (a server waits there for room in its memory budget).
-    Frames of more than READ_CHUNK_BYTES in all are read into an anonymous map, a chunk at a time:
-    the stream never buffers them all, and a frame set cut short gives its memory back to the
-    system at once, whatever holds an exception's traceback (the heap would keep it, in pieces, as
-    long as anything above them lives).
+    returns, if anything, is awaited first (a server waits there for room in its memory budget),
+    and `started` called again after it.
+    A part of more than READ_CHUNK_BYTES (frames, or a header) is read into an anonymous map, a
+    chunk at a time: the stream never buffers it all, and a frame set cut short gives its memory
+    back to the system at once, whatever holds an exception's traceback (a traceback can keep the
+    connection, and so the stream's buffer, until a garbage collection).
     """
     sizes: list[int] = []
     gen = parser(limits, request, None if admit is None else sizes.append)
+    n = next(gen)
+    first = True
     try:
-        n = next(gen)
-        try:
-            first = await reader.readexactly(n)
-        except asyncio.IncompleteReadError as e:
-            if not e.partial:
-                raise EOFError from None
-            raise _cut(len(e.partial), n) from None
-        if started is not None:
-            started()
-        n = gen.send(first)
         while True:
-            if admit is not None and sizes and (wait := admit(sizes.pop())) is not None:
+            if sizes and admit is not None and (wait := admit(sizes.pop())) is not None:
                 await wait
-            if n <= READ_CHUNK_BYTES:
-                n = gen.send(await _exactly(reader, n))
+                if started is not None:  # the time it waited is not the peer's
+                    started()
+            if n > READ_CHUNK_BYTES:
+                body = await _mapped(reader, n)
+                try:
+                    n = gen.send(body)
+                finally:
+                    body.close()
                 continue
-            body = await _mapped(reader, n)
             try:
-                n = gen.send(body)
-            finally:
-                body.close()
+                data = await reader.readexactly(n)
+            except asyncio.IncompleteReadError as e:
+                if first and not e.partial:
+                    raise EOFError from None
+                raise _cut(len(e.partial), n) from None
+            if first:
+                first = False
+                if started is not None:
+                    started()
+            n = gen.send(data)
     except StopIteration as stop:
         message: tuple[Header, Frames] = stop.value
         return message
-    finally:
+    except BaseException:
         gen.close()  # what it read so far: a traceback keeping its frame would keep that too
+        raise
 
 
 def _cut(got: int, n: int) -> ProtocolError:
     return ProtocolError(f"connection closed in the middle of a message ({got:,} of {n:,} bytes)")
 
 
-async def _exactly(reader: asyncio.StreamReader, n: int) -> bytes:
-    try:
-        return await reader.readexactly(n)
-    except asyncio.IncompleteReadError as e:
-        raise _cut(len(e.partial), n) from None
-
-
 async def _mapped(reader: asyncio.StreamReader, n: int) -> mmap.mmap:
-    """n bytes in an anonymous map, read READ_CHUNK_BYTES at most at a time."""
-    body = mmap.mmap(-1, n)
+    """n bytes in an anonymous map, read READ_CHUNK_BYTES at a time."""
+    body = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    at = 0
     try:
-        at = 0
-        while at < n:
-            chunk = await reader.read(min(n - at, READ_CHUNK_BYTES))
-            if not chunk:
-                raise _cut(at, n)
-            body[at : at + len(chunk)] = chunk
-            at += len(chunk)
+        for at in range(0, n, READ_CHUNK_BYTES):
+            body[at : at + READ_CHUNK_BYTES] = await reader.readexactly(min(READ_CHUNK_BYTES, n - at))
         return body
+    except asyncio.IncompleteReadError as e:
+        body.close()
+        raise _cut(at + len(e.partial), n) from None
     except BaseException:
         body.close()
         raise

@@ -10,20 +10,31 @@ fits. Until then they wait (a connection is not read meanwhile), and when room c
 whose connections would hold the least go first: the connections that hold the most wait the
 longest. A connection whose replies are not being taken runs no more of its requests until they are.
 
-Holding a whole request's room before reading it cannot deadlock: every admitted request can be
-read to its end. The limits a server announces are lowered to fit its budget, so no request it
-accepts can outgrow it. Counting costs an addition and a subtraction per frame set.
+No wait for room holds room: a reader waits before it takes its request's, and a handler that needs
+more for its reply than its request holds gives that back before it waits (`reply_room`). So every
+byte held is on its way out without the budget's help (a request being read, a handler running, a
+reply being taken), and whatever waits gets room once enough of it is out: no set of waits can hold
+each other up. The limits a server announces are lowered to fit its budget, so no request it
+accepts can outgrow it. A wait is logged (at most once a minute). A request that waits for room
+longer than the request timeout is closed, by a sweep that closes no other connection (room may
+come back from those); a reply waits while its client does (the client's own timeout ends it).
+Counting costs an addition and a subtraction per frame set.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, replace
 
 from conveyor.constants import CONNECTION_FREE_BYTES, MIN_MEMORY_BUDGET_BYTES
 from conveyor.protocol.framing import Limits
+
+log = logging.getLogger("conveyor.server.queue_server")
+WAIT_LOG_EVERY_S = 60.0  # waits for room are logged at most this often
 
 
 @dataclass(eq=False)
@@ -42,6 +53,12 @@ class MemoryBudget:
         self.limit = limit
         self.used = 0
         self._waiting: list[_Waiter] = []
+        self._quiet_until = 0.0
+
+    @property
+    def waiting(self) -> int:
+        """How many requests and replies wait for room."""
+        return len(self._waiting)
 
     def fit(self, limits: Limits) -> Limits:
         """`limits` lowered so that any frame set they let in fits in the budget alone."""
@@ -51,7 +68,17 @@ class MemoryBudget:
             limits, max_header_bytes=header, max_message_bytes=message, max_frame_bytes=min(limits.max_frame_bytes, message)
         )
 
-    async def _until(self, ok: Callable[[], bool], rank: int) -> None:
+    async def _until(self, ok: Callable[[], bool], rank: int, why: Callable[[], str]) -> None:
+        """Wait until `ok()`, saying `why()` in the log (at most once a WAIT_LOG_EVERY_S)."""
+        if not ok() and time.monotonic() >= self._quiet_until:
+            self._quiet_until = time.monotonic() + WAIT_LOG_EVERY_S
+            log.warning(
+                "%s (memory budget: %s of %s MiB held beyond each connection's first MiB, --memory-budget-mib; "
+                "logged at most once a minute)",
+                why(),
+                f"{self.used / 2**20:,.0f}",
+                f"{self.limit / 2**20:,.0f}",
+            )
         while not ok():
             waiter = _Waiter(rank, ok, asyncio.get_running_loop().create_future())
             self._waiting.append(waiter)
@@ -74,83 +101,115 @@ class Share:
     """One connection's part of the budget."""
 
     budget: MemoryBudget
+    peer: str = "?"  # whose it is, for the log
     held: int = 0  # bytes of its requests (being read, admitted or running) and of its replies not yet taken
     unsent: int = 0  # of which its replies
     admitted: int = 0  # of which the request being read: what `admit` let in
+    waiting: bool = False  # its next request waits for room
 
     def take(self, n: int) -> None:
         """Hold n more bytes, whether or not they fit (they were let in, or are made already)."""
-        before = self.held
-        self.held += n
-        self.budget.used += max(0, self.held - CONNECTION_FREE_BYTES) - max(0, before - CONNECTION_FREE_BYTES)
+        held = self.held + n
+        if held > CONNECTION_FREE_BYTES:
+            self.budget.used += held - max(self.held, CONNECTION_FREE_BYTES)
+        self.held = held
 
     def give(self, n: int) -> None:
         """Let go of n bytes; whoever waits for the room that makes checks again."""
         before = self.held
-        self.held -= n
-        self.budget.used -= max(0, before - CONNECTION_FREE_BYTES) - max(0, self.held - CONNECTION_FREE_BYTES)
-        if self.budget._waiting:
-            self.budget._wake()
+        self.held = held = before - n
+        b = self.budget
+        if before > CONNECTION_FREE_BYTES:
+            b.used -= before - max(held, CONNECTION_FREE_BYTES)
+        if b._waiting:
+            b._wake()
+
+    def sending(self, n: int) -> None:
+        """Hold n bytes of a reply until its peer takes them (`sent`)."""
+        self.unsent += n
+        self.take(n)
+
+    def sent(self, n: int) -> None:
+        self.unsent -= n
+        self.give(n)
 
     def fits(self, n: int) -> bool:
         """Whether n more bytes stay within this connection's free allowance or the budget."""
         b = self.budget
         return self.held + n <= CONNECTION_FREE_BYTES or b.used + self.held + n - max(self.held, CONNECTION_FREE_BYTES) <= b.limit
 
-    async def reserve(self, n: int) -> None:
-        """Hold n more bytes once they fit in the budget (at once if they do)."""
-        n = min(n, self.budget.limit)
-        if not self.fits(n):
-            await self.budget._until(lambda: self.fits(n), self.held + n)
-        self.take(n)
-
     def admit(self, n: int) -> Awaitable[None] | None:
         """Let in a request of n bytes (its header and frames): None if they fit now (a request's
-        usual case, which costs no coroutine), else what to await until they do. `taken` hands
+        usual case, which costs no coroutine), else what to await until they do. `hold` hands
         them on."""
-        if not self.fits(n):
+        if self.held + n <= CONNECTION_FREE_BYTES:  # the usual case: `take` without a call
+            self.held += n
+        elif self.fits(n):
+            self.take(n)
+        else:
             return self._admit_later(n)
-        self.take(n)
         self.admitted += n
         return None
 
     async def _admit_later(self, n: int) -> None:
-        await self.reserve(n)
+        self.waiting = True
+        try:
+            await self.room(n, "a request")
+        finally:
+            self.waiting = False
+        self.take(n)
         self.admitted += n
 
-    def taken(self) -> int:
-        """The bytes `admit` let in for the request just read: its task gives them back when done."""
-        n, self.admitted = self.admitted, 0
-        return n
+    async def room(self, n: int, what: str) -> None:
+        """Wait until n more bytes fit."""
+        await self.budget._until(
+            lambda: self.fits(n), self.held + n, lambda: f"{what} of {n:,} bytes for {self.peer} waits for room"
+        )
 
-    def replies_taken(self) -> Awaitable[None] | None:
-        """None if this connection's unsent replies are within its free allowance, else what to
-        await until they are."""
-        if self.unsent <= CONNECTION_FREE_BYTES:
-            return None
-        return self.budget._until(lambda: self.unsent <= CONNECTION_FREE_BYTES, self.held)
-
-
-# the share of the connection a task serves (set once per connection by its server; None outside one)
-SHARE: contextvars.ContextVar[Share | None] = contextvars.ContextVar("conveyor_share", default=None)
-# what the request a task runs holds for its reply (`reserve_reply`): a context of its own per task
-_REPLY: contextvars.ContextVar[int] = contextvars.ContextVar("conveyor_reply_room", default=0)
+    async def replies_taken(self) -> None:
+        """Wait until this connection's unsent replies are within its free allowance."""
+        await self.budget._until(
+            lambda: self.unsent <= CONNECTION_FREE_BYTES,
+            self.held,
+            lambda: f"{self.peer} has not taken {self.unsent:,} bytes of replies: its next request waits until it does",
+        )
 
 
-async def reserve_reply(n: int) -> None:
-    """Hold room for a reply of up to n bytes before making it (a handler whose reply carries
-    payloads, before it reads them); its server gives it back once the reply counts as itself."""
-    share, held = SHARE.get(), _REPLY.get()
-    if share is not None and held < n:
-        await share.reserve(n - held)
-        _REPLY.set(n)
+class Hold:
+    """What one request holds of its connection's share: its bytes, let in as it was read.
+
+    Its task gives it back once its handler is done, and whatever ends the task (it may be
+    cancelled before it starts, when its connection closes) releases it again: at most once counts.
+    """
+
+    __slots__ = ("n", "share")
+
+    def __init__(self, share: Share) -> None:
+        """What `admit` let in for the request just read, handed on to the task that runs it."""
+        self.share, self.n, share.admitted = share, share.admitted, 0
+
+    def release(self) -> None:
+        if self.n:
+            n, self.n = self.n, 0
+            self.share.give(n)
 
 
-def release_reply() -> None:
-    """Give back what `reserve_reply` held (before a long wait, and once the reply is made)."""
-    held = _REPLY.get()
-    if held:
-        share = SHARE.get()
-        assert share is not None
-        share.give(held)
-        _REPLY.set(0)
+# what the request a task runs holds (set by its server as the task starts; None outside one)
+HOLD: contextvars.ContextVar[Hold | None] = contextvars.ContextVar("conveyor_hold", default=None)
+
+
+def reply_room(n: int) -> Awaitable[None] | None:
+    """None if there is room for a reply of up to n bytes (at most the whole budget) beside what
+    the running request holds, which counts as part of it; else what to await until there is,
+    holding nothing meanwhile: what the request holds is given back first, so that no wait for room
+    holds any. The room is looked at, not taken: a handler makes its reply in the same step of the
+    event loop, and `Connection.send` counts it before anything else runs."""
+    hold = HOLD.get()
+    if hold is None:
+        return None
+    share = hold.share
+    n = min(n, share.budget.limit)
+    if share.fits(n - hold.n):
+        return None
+    hold.release()
+    return share.room(n, "a reply")

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 from conveyor.protocol import framing as protocol
 from conveyor.protocol.framing import Header
-from conveyor.server.budget import Share
+from conveyor.server.budget import Hold, Share
 from conveyor.server.tied import TiedLeases
 
 LINGER_S = 2.0  # after a protocol error: how long, and how much, to drain before closing
@@ -76,29 +76,32 @@ class Connection:
     async def send(self, header: Header, frames: Sequence[bytes] = ()) -> None:
         """Write one frame set; a peer that went away is not an error of ours.
 
-        Its bytes count against the memory budget until the peer has taken them. Once written, the
-        transport holds them: the caller should keep no reference to `frames`, which are let go of
-        here (a transport that copies them frees the originals then).
+        Its bytes count against the memory budget while it waits, behind another reply or for its
+        peer to take what the transport could not write at once (a reply written straight to the
+        socket held nothing long enough to count). The caller should keep no reference to `frames`,
+        which are let go of here once the transport has them.
         """
         parts = protocol.encode(header, frames)
         del frames
-        n = sum(map(len, parts))
-        share = self.share
-        share.unsent += n
-        share.take(n)
+        share, n = self.share, 0
         try:
             with contextlib.suppress(OSError, RuntimeError):  # OSError: also a TLS error the reader met first
+                if self.lock.locked():
+                    n = sum(map(len, parts))
+                    share.sending(n)
                 async with self.lock:
                     self.writer.write(b"".join(parts)) if self.tls else self.writer.writelines(parts)
                     parts.clear()
+                    if not n and (n := self.writer.transport.get_write_buffer_size()):
+                        share.sending(n)
                     self.sending = time.monotonic()
                     try:
                         await self.writer.drain()
                     finally:
                         self.sending = None
         finally:
-            share.unsent -= n
-            share.give(n)
+            if n:
+                share.sent(n)
         self.active = time.monotonic()
 
     def started(self) -> None:
@@ -108,7 +111,10 @@ class Connection:
         await self.send({"id": rid, "error": kind, "message": message})
 
 
-def finished(conn: Connection, slots: asyncio.Semaphore, task: asyncio.Task[None]) -> None:
-    """A request's task ended: it no longer counts against its connection's requests in flight."""
+def finished(conn: Connection, slots: asyncio.Semaphore, hold: Hold, task: asyncio.Task[None]) -> None:
+    """A request's task ended: it no longer counts against its connection's requests in flight, nor
+    holds any of the memory budget (a task cancelled before it started never ran to give it back)."""
     conn.tasks.discard(task)
     slots.release()
+    if hold.n:
+        hold.release()

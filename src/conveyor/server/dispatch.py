@@ -1,4 +1,5 @@
-"""One request to the handler of its operation, and whatever that raises to an error reply.
+"""One request, from its task's start to its reply: its handler, whatever that raises as an error
+reply, and the memory it holds on the way.
 
 A request's failure is its own: the reply says what went wrong (a store error, a bad argument, an
 unknown operation) and the connection carries on. Only declared operations are timed, so that a
@@ -11,9 +12,11 @@ import logging
 import time
 from typing import Any
 
-from conveyor.constants import ERR_BAD_ARGUMENT, ERR_INTERNAL, ERR_STORE, ERR_UNKNOWN_OP
+from conveyor.constants import CONNECTION_FREE_BYTES, ERR_BAD_ARGUMENT, ERR_INTERNAL, ERR_STORE, ERR_UNKNOWN_OP
 from conveyor.errors import RequestError, StoreError
 from conveyor.protocol.framing import Frames, Header
+from conveyor.server.budget import HOLD, Hold
+from conveyor.server.connection import Connection
 from conveyor.server.handlers import HANDLERS
 from conveyor.server.metrics import RequestTimes
 from conveyor.server.queues import QueueHost
@@ -22,16 +25,23 @@ from conveyor.storage.files import store_error
 log = logging.getLogger("conveyor.server.queue_server")
 
 
-async def answer(
-    host: QueueHost, times: RequestTimes, peer: str, header: Header, frames: Frames
-) -> tuple[dict[str, Any], Frames]:
-    """The reply to one request from `peer`: its header fields (with the request's id) and frames."""
+async def handle(conn: Connection, host: QueueHost, times: RequestTimes, header: Header, frames: Frames, hold: Hold) -> None:
+    """Run a request from `conn` and send its reply (a request's task).
+
+    What it `hold`s of the memory budget (its bytes, let in as it was read, then room for its reply)
+    is given back once its handler is done; its reply counts until its peer takes it.
+    """
+    HOLD.set(hold)
     rid, op = header["id"], header["op"]
     t0 = time.perf_counter()
+    found = HANDLERS.get(op)
     reply: dict[str, Any]
     out: Frames = []
     try:
-        found = HANDLERS.get(op)
+        if conn.share.unsent > CONNECTION_FREE_BYTES:  # a peer that does not take its replies
+            await conn.share.replies_taken()  # gets no more until it does
+            if conn.writer.transport.is_closing():  # gone while this waited: nobody will read it
+                return
         if found is None:
             raise RequestError(ERR_UNKNOWN_OP, f"unknown operation {op!r:.60}; known: {', '.join(HANDLERS)}")
         declared, handler = found
@@ -40,16 +50,21 @@ async def answer(
     except RequestError as e:
         reply = {"id": rid, "error": e.kind, "message": str(e)}
     except StoreError as e:
-        log.error("%s %s: %s", peer, op, e)
+        log.error("%s %s: %s", conn.peer, op, e)
         reply = {"id": rid, "error": ERR_STORE, "message": f"{op}: {e}"}
     except (TypeError, ValueError) as e:  # the stores' own checks of what a request holds
         reply = {"id": rid, "error": ERR_BAD_ARGUMENT, "message": f"{op}: {e}"}
     except OSError as e:  # a file the server writes beside the stores (blobs, settings): a full disk, say
-        log.error("%s %s: %s", peer, op, e)
+        log.error("%s %s: %s", conn.peer, op, e)
         reply = {"id": rid, "error": ERR_STORE, "message": f"{op}: {store_error(e, 'server files')}"}
     except Exception as e:
-        log.exception("%s %s failed", peer, op)
+        log.exception("%s %s failed", conn.peer, op)
         reply = {"id": rid, "error": ERR_INTERNAL, "message": f"{op}: internal error: {type(e).__name__}: {e}"}
-    if op in HANDLERS:  # not an unknown name: clients could make those labels without end
+    finally:
+        del frames
+        hold.release()  # the reply counts as itself from now on (`send`)
+    if found is not None:  # not an unknown name: clients could make those labels without end
         times.observe(op, time.perf_counter() - t0)
-    return reply, out
+    sending = conn.send(reply, out)
+    del reply, out  # `send` lets them go once the transport has them
+    await sending

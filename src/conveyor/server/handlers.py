@@ -21,7 +21,6 @@ from conveyor.errors import RequestError, StoreError
 from conveyor.message import headers_bytes
 from conveyor.protocol.declarations import COL_IDS, MESSAGE_COLUMNS, OPERATIONS, Arguments, Operation
 from conveyor.protocol.framing import Frames, column
-from conveyor.server.budget import release_reply
 from conveyor.server.idempotency import check_key
 from conveyor.server.queues import HostedQueue, QueueHost
 from conveyor.server.replies import check_fits, reply_limits, room
@@ -144,7 +143,6 @@ async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
         left = deadline - loop.time()
         if len(got) or n == 0 or left <= 0 or host.closing or (wakeable and q.wakes != wakes):  # woken: answer now, empty
             break
-        release_reply()  # what it holds for its reply goes to others while it waits
         await q.changed.wait(q.store.poll_wait(left))  # woken by a put, or when something comes due
         if q.dropped:  # while we waited: nothing will come (and `got` is empty)
             break

@@ -19,6 +19,7 @@ from conveyor.protocol.histograms import Histogram
 from conveyor.protocol.http import bearer_ok, serve_app
 from conveyor.protocol.requests import queues_served
 from conveyor.protocol.throttle import Throttle
+from conveyor.server.budget import MemoryBudget
 from conveyor.server.queues import QueueHost
 
 if TYPE_CHECKING:
@@ -56,10 +57,13 @@ class RequestTimes:
 
 class ServerCollector:
     """The metric families of one server, built afresh at each scrape from `host()` (None: not
-    started), its request times and `connections()` (how many clients are connected)."""
+    started), its request times, `connections()` (how many clients are connected) and its memory
+    budget."""
 
-    def __init__(self, host: Callable[[], QueueHost | None], times: RequestTimes, connections: Callable[[], int]) -> None:
-        self._host, self._times, self._connections = host, times, connections
+    def __init__(
+        self, host: Callable[[], QueueHost | None], times: RequestTimes, connections: Callable[[], int], memory: MemoryBudget
+    ) -> None:
+        self._host, self._times, self._connections, self._memory = host, times, connections, memory
 
     def describe(self) -> Iterable[Metric]:
         return []  # nothing to check at registration: the families depend on what is hosted then
@@ -78,6 +82,20 @@ class ServerCollector:
             requests.add_metric([op], h.cumulative(), h.sum)
         yield requests
         yield GaugeMetricFamily("conveyor_server_connections", "Client connections open.", value=self._connections())
+        memory = self._memory
+        yield GaugeMetricFamily(
+            "conveyor_server_memory_held_bytes",
+            "Bytes held for requests and unsent replies beyond each connection's first MiB (what the memory budget bounds).",
+            value=memory.used,
+        )
+        yield GaugeMetricFamily(
+            "conveyor_server_memory_budget_bytes", "The memory budget (--memory-budget-mib).", value=memory.limit
+        )
+        yield GaugeMetricFamily(
+            "conveyor_server_memory_waiting",
+            "Requests and replies waiting for room in the memory budget, or for their clients to take earlier replies.",
+            value=memory.waiting,
+        )
         yield from _consumers(host)
 
 

@@ -35,13 +35,13 @@ from conveyor.errors import ConveyorError, ProtocolError, StoreError
 from conveyor.protocol import framing as protocol
 from conveyor.protocol.auth import as_key, client_proved, hello, is_loopback, new_nonce, proof, refusal
 from conveyor.protocol.declarations import BYE
-from conveyor.protocol.framing import Frames, Header, Limits
+from conveyor.protocol.framing import Limits
 from conveyor.protocol.http import MAX_HTTP_CONNECTIONS
 from conveyor.protocol.throttle import Throttle
 from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME, netloc
-from conveyor.server.budget import SHARE, MemoryBudget, Share, release_reply
+from conveyor.server.budget import Hold, MemoryBudget, Share
 from conveyor.server.connection import Connection, finished, linger, unless_gone
-from conveyor.server.dispatch import answer
+from conveyor.server.dispatch import handle
 from conveyor.server.metrics import RequestTimes, ServerCollector, start_endpoint
 from conveyor.server.queues import Defaults, QueueHost
 from conveyor.server.runtime import close_listener, raise_fd_limit, run_loop, stop_accepting, watch_parent
@@ -149,7 +149,7 @@ class QueueServer:
         self.queues = QueueHost(self.data_dir, self.defaults, self.repair, fd_budget=budget)
         try:
             if self.metrics_port is not None:  # first: a failure here leaves no client connected
-                collector = ServerCollector(lambda: self.queues, self.request_times, lambda: len(self._conns))
+                collector = ServerCollector(lambda: self.queues, self.request_times, lambda: len(self._conns), self.budget)
                 self._metrics, self.metrics_port = await start_endpoint(collector, self.host, self.metrics_port,
                                                                         self._key, self.tls, self._throttle)  # fmt: skip
             handshake_s = None if self.tls is None else AUTH_TIMEOUT_S  # unaccounted until done: kept short
@@ -234,9 +234,8 @@ class QueueServer:
             writer.close()
             return
         peer = writer.get_extra_info("peername")
-        conn = Connection(
-            writer, f"{peer[0]}:{peer[1]}" if peer else "?", Share(self.budget), asyncio.current_task(), tls=self.tls is not None
-        )
+        name = f"{peer[0]}:{peer[1]}" if peer else "?"
+        conn = Connection(writer, name, Share(self.budget, name), asyncio.current_task(), tls=self.tls is not None)
         assert self.max_connections is not None
         if len(self._conns) >= self.max_connections:  # refused in words, not by running out of descriptors
             self._complain(f"refused {conn.peer}: {self.max_connections} connections already (--max-connections)")
@@ -246,7 +245,6 @@ class QueueServer:
             return
         self._conns.add(conn)
         TIED.set(conn.tied)  # its requests' tasks start from this context: `get` finds its connection's ties
-        SHARE.set(conn.share)  # and handlers, its part of the memory budget
         peer_closed = False
         try:
             nonce = new_nonce()
@@ -255,6 +253,7 @@ class QueueServer:
                 await linger(reader, writer)
                 return
             slots = asyncio.Semaphore(self.max_in_flight)
+            assert self.queues is not None
             while not self._closing:
                 try:
                     header, frames = await protocol.read(reader, self.limits, True, conn.started, conn.share.admit)
@@ -271,10 +270,11 @@ class QueueServer:
                 if header["op"] == BYE.name:  # now, not in its task: the close that follows may cancel that
                     conn.tied.clear()
                 await slots.acquire()
-                task = asyncio.create_task(self._handle(conn, header, frames, conn.share.taken()))
+                hold = Hold(conn.share)
+                task = asyncio.create_task(handle(conn, self.queues, self.request_times, header, frames, hold))
                 del frames  # the task's now: freed when it is done
                 conn.tasks.add(task)
-                task.add_done_callback(functools.partial(finished, conn, slots))
+                task.add_done_callback(functools.partial(finished, conn, slots, hold))
         except ConnectionError:
             peer_closed = True
         except asyncio.CancelledError:
@@ -282,7 +282,7 @@ class QueueServer:
         except ssl.SSLError as e:  # a record failed its integrity check, say: the peer is told only by the close
             log.warning("%s: TLS error, closing the connection: %s (data altered on the way?)", conn.peer, e.reason or e)
         finally:
-            conn.share.give(conn.share.taken())  # a request cut short
+            Hold(conn.share).release()  # a request cut short
             self._conns.discard(conn)
             if not self._closing:  # else stop() lets running requests answer, then closes
                 for t in conn.tasks:
@@ -318,24 +318,6 @@ class QueueServer:
         await conn.send({"id": rid, "ok": True, "proof": proof(key, AUTH_SERVER_LABEL, nonce, header["nonce"])})
         return True
 
-    async def _handle(self, conn: Connection, header: Header, frames: Frames, size: int) -> None:
-        """Run a request and send its reply. Its `size` bytes, let into the memory budget as it was
-        read, are given back once its handler is done; its reply counts until its peer takes it."""
-        try:
-            if (behind := conn.share.replies_taken()) is not None:  # a peer that does not take its replies
-                await behind  # gets no more until it does
-                if conn.writer.transport.is_closing():  # gone while this waited: nobody will read it
-                    return
-            assert self.queues is not None
-            reply, out = await answer(self.queues, self.request_times, conn.peer, header, frames)
-        finally:
-            del frames
-            conn.share.give(size)
-            release_reply()  # the room its handler held: the reply counts as itself from now on (`send`)
-        sending = conn.send(reply, out)
-        del reply, out  # `send` lets them go once the transport has them
-        await sending
-
     def _complain(self, message: str) -> None:
         """Log a warning that may recur often (a flood of connections) at most once a COMPLAIN_EVERY_S."""
         now = time.monotonic()
@@ -345,10 +327,15 @@ class QueueServer:
 
     def _close_silent(self) -> None:
         """Close connections idle past the idle timeout, and those stuck in the middle of a request,
-        or not reading their replies."""
+        or not reading their replies. A request that waited that long for room in the memory budget
+        is closed only by a sweep that closes nothing else: room may come back from those closed."""
         now = time.monotonic()
+        waited, closed = [], False
         for c in list(self._conns):
             if c.reading is not None and now - c.reading > self.request_timeout_s:
+                if c.share.waiting:
+                    waited.append(c)
+                    continue
                 log.warning("%s: sent part of a request and not the rest within %g s: closing the connection",
                             c.peer, self.request_timeout_s)  # fmt: skip
             elif c.sending is not None and now - c.sending > self.request_timeout_s:
@@ -358,10 +345,22 @@ class QueueServer:
             elif c.tied.holding():  # a consumer whose tasks all run long: its silence counts from their end
                 c.active = now
                 continue
-            c.dropped = True
-            c.writer.transport.abort()
-            if c.reader_task is not None:  # it may be waiting for room in the budget, not on its socket
-                c.reader_task.cancel()
+            self._drop(c)
+            closed = True
+        for c in [] if closed else waited:
+            log.warning(
+                "%s: its request waited %g s for room in the memory budget (--memory-budget-mib): closing the connection",
+                c.peer,
+                self.request_timeout_s,
+            )
+            self._drop(c)
+
+    @staticmethod
+    def _drop(c: Connection) -> None:
+        c.dropped = True
+        c.writer.transport.abort()
+        if c.reader_task is not None:  # it may be waiting for room in the budget, not on its socket
+            c.reader_task.cancel()
 
     async def _sweep(self) -> None:
         """Return expired leases to their queues, close silent connections, and sample the counters

@@ -12,7 +12,7 @@ from conveyor.constants import ERR_BAD_ARGUMENT, ERR_TOO_LARGE
 from conveyor.errors import RequestError
 from conveyor.protocol.declarations import LIMITS_KEY, Arguments
 from conveyor.protocol.framing import Limits
-from conveyor.server.budget import reserve_reply
+from conveyor.server.budget import reply_room
 
 _DEFAULT_LIMITS = Limits()
 
@@ -30,7 +30,8 @@ def reply_limits(a: Arguments) -> Limits:
 
 async def room(lim: Limits) -> Limits:
     """`lim`, once the budget has room for a page of a reply within them (at once outside a server)."""
-    await reserve_reply(lim.reply_bytes())
+    if (wait := reply_room(lim.reply_bytes())) is not None:
+        await wait
     return lim
 
 
