@@ -89,8 +89,12 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="smoke run: scale factor 0.01, 2 runs")
     parser.add_argument("--runs", type=int, default=3, help="timed runs of each system (default 3)")
     parser.add_argument("--parallelism", type=int, default=2, help="TaskGraph readers and join channels (default 2)")
-    parser.add_argument("--data-dir", type=Path, default=None,
-                        help="where the generated tables are cached (default: <tmp>/conveyor-bench/tpch-sf<scale>)")  # fmt: skip
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="where the generated tables are cached (default: <tmp>/conveyor-bench/tpch-sf<scale>)",
+    )
     args = parser.parse_args()
     scale, runs = (0.01, 2) if args.quick else (args.scale, args.runs)
     data = args.data_dir or Path(tempfile.gettempdir()) / "conveyor-bench" / f"tpch-sf{scale:g}"
@@ -104,8 +108,10 @@ def main() -> int:
     con = duckdb.connect()
     con.execute("set threads = 2")
     for table in ("lineitem", "orders"):
-        con.execute(f"create view {table} as select * from read_csv('{data / table}.tbl', delim='|', header=false, "
-                    f"columns={tpch.duckdb_columns(table)})")  # fmt: skip
+        con.execute(
+            f"create view {table} as select * from read_csv('{data / table}.tbl', delim='|', header=false, "
+            f"columns={tpch.duckdb_columns(table)})"
+        )
 
     builders = {"q6": example("tpch_q6").build_q6, "q12": example("tpch_q12").build_q12}
 
@@ -147,9 +153,14 @@ def main() -> int:
         agree = all(same_answer(answers[(query, "TaskGraph")], answers[(query, s)]) for s in systems)
         ratio = med["TaskGraph"] / med["Spark SQL"]
         ok &= agree and ratio <= TARGET
-        table.add_row(query, *(f"{med[s]:.2f}" for s in systems), f"{ratio:.2f}" + ("" if ratio <= TARGET else " (MISSED)"),
-                      f"{med['TaskGraph'] / med['DuckDB']:.2f}", f"{med['TaskGraph, Spark reader'] / med['Spark SQL']:.2f}",
-                      "yes" if agree else "NO")  # fmt: skip
+        table.add_row(
+            query,
+            *(f"{med[s]:.2f}" for s in systems),
+            f"{ratio:.2f}" + ("" if ratio <= TARGET else " (MISSED)"),
+            f"{med['TaskGraph'] / med['DuckDB']:.2f}",
+            f"{med['TaskGraph, Spark reader'] / med['Spark SQL']:.2f}",
+            "yes" if agree else "NO",
+        )
     Console(width=180).print(table)
     print(f"target: TaskGraph / Spark SQL <= {TARGET:g}: {'met' if ok else 'MISSED'}")
     spark.stop()

@@ -68,8 +68,11 @@ def conveyor_run(n: int) -> tuple[float, float]:
 
 
 def daskqueue_run(n: int) -> tuple[float, float]:
-    """(submit seconds, drain seconds), as daskqueue's benchmark does it, on a fresh local cluster (its
-    consumers keep polling after `cancel`: a cluster shared between runs would slow the next ones)."""
+    """(submit seconds, drain seconds) as daskqueue's benchmark does it, on a fresh local cluster.
+
+    A fresh cluster for each run: its consumers keep polling after `cancel`, so a cluster shared
+    between runs would slow the next ones.
+    """
     from daskqueue import ConsumerPool as DqConsumerPool
     from daskqueue import QueuePool as DqQueuePool
     from distributed import Client
@@ -107,9 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logging.getLogger("daskqueue.utils.logger").setLevel(logging.WARNING)  # its progress lines, on stdout
     out = make_console()
-    out.print(f"Python {platform.python_version()}, {platform.platform()}, {os.cpu_count()} CPUs; daskqueue "
-              f"{getattr(daskqueue, '__version__', '?')}; {WORKERS} consumers, {QUEUES} queues; N = "
-              f"{', '.join(f'{n:,}' for n in sizes)}; {runs} run(s)")  # fmt: skip
+    out.print(
+        f"Python {platform.python_version()}, {platform.platform()}, {os.cpu_count()} CPUs; daskqueue "
+        f"{getattr(daskqueue, '__version__', '?')}; {WORKERS} consumers, {QUEUES} queues; N = "
+        f"{', '.join(f'{n:,}' for n in sizes)}; {runs} run(s)"
+    )
     fig: dict[str, list[float]] = {}
 
     def record(name: str, v: float) -> None:
@@ -138,8 +143,16 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(Row(f"N={n:,} {name}: drain", [n / s for s in fig[f"{name} {n} drain"]], rate))
             rows.append(Row(f"N={n:,} {name}: submit + drain", fig[f"{name} {n} total"], seconds))
         per_run = [a / b for a, b in zip(fig[f"conveyor {n} total"], fig[f"daskqueue {n} total"], strict=True)]
-        rows.append(Row(f"N={n:,} submit + drain, conveyor / daskqueue", per_run, ratio, "<=", 0.2,
-                        value=med(fig[f"conveyor {n} total"]) / med(fig[f"daskqueue {n} total"])))  # fmt: skip
+        rows.append(
+            Row(
+                f"N={n:,} submit + drain, conveyor / daskqueue",
+                per_run,
+                ratio,
+                "<=",
+                0.2,
+                value=med(fig[f"conveyor {n} total"]) / med(fig[f"daskqueue {n} total"]),
+            )
+        )
     return print_report(out, f"Peers: medians of {runs} run(s)", rows)
 
 

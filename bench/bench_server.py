@@ -76,9 +76,11 @@ def drain(get: Callable[[], list[Message]], ack: Callable[[list[int]], object]) 
 
 
 class Scraper:
-    """Reads a server's metrics every second, as Prometheus would, beside a dashboard (`conveyor
-    dashboard`, a process of its own, as a user runs it) that polls the server every second and
-    whose page is read every second."""
+    """Reads a server's metrics every second, as Prometheus would, beside a dashboard.
+
+    The dashboard (`conveyor dashboard`, a process of its own, as a user runs it) polls the server
+    every second, and its page is read every second.
+    """
 
     def __init__(self, url: str, address: str) -> None:
         self.url, self.address, self.scrapes, self._stop = url, address, 0, threading.Event()
@@ -125,8 +127,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def one_server(root: Path, fsync: str, n: int, batch: list[Message],
-               tls: tuple[Path, Path, str] | None = None, metrics: bool = False) -> dict[str, float]:  # fmt: skip
+def one_server(
+    root: Path, fsync: str, n: int, batch: list[Message], tls: tuple[Path, Path, str] | None = None, metrics: bool = False
+) -> dict[str, float]:
     secure = [] if tls is None else ["--tls-cert", str(tls[0]), "--tls-key", str(tls[1])]
     port = free_port() if metrics else None
     extra = [] if port is None else ["--metrics-port", str(port)]
@@ -192,16 +195,23 @@ def main(argv: list[str] | None = None) -> int:
     if n < BATCH or runs < 1:
         ap.error("--n must be at least 1,000 and --runs positive")
     out = make_console()
-    out.print(f"Python {platform.python_version()}, {platform.platform()}, {os.cpu_count()} CPUs; {n:,} messages "
-              f"of {PAYLOAD_BYTES} B in batches of {BATCH:,}, {runs} run(s)" + ("  [QUICK]" if args.quick else ""))  # fmt: skip
+    out.print(
+        f"Python {platform.python_version()}, {platform.platform()}, {os.cpu_count()} CPUs; {n:,} messages "
+        f"of {PAYLOAD_BYTES} B in batches of {BATCH:,}, {runs} run(s)" + ("  [QUICK]" if args.quick else "")
+    )
     batch = batch_of_messages()
     figs: dict[tuple[str, str], list[float]] = {}
     root = Path(tempfile.mkdtemp(prefix="conveyor-bench-server-", dir=args.dir))
     try:
         for run in range(1, runs + 1):
             for fsync in POLICIES:
-                steps = (one_server, *([] if args.no_tls else [one_server_tls]),
-                         *([] if args.no_metrics else [one_server_metrics]), two_servers, in_process)  # fmt: skip
+                steps = (
+                    one_server,
+                    *([] if args.no_tls else [one_server_tls]),
+                    *([] if args.no_metrics else [one_server_metrics]),
+                    two_servers,
+                    in_process,
+                )
                 for step in steps:
                     progress(f"run {run}/{runs}, fsync={fsync}: {step.__name__.replace('_', ' ')}")
                     for name, v in step(root, fsync, n, batch).items():
@@ -218,24 +228,53 @@ def main(argv: list[str] | None = None) -> int:
     for fsync in POLICIES:
         targets = {"put": 200_000, "get + ack": 100_000, "pool put": 300_000} if fsync == "batch" else {}
         f = {name: figs[(fsync, name)] for (p, name) in figs if p == fsync}
-        for name, label in (("put", "1 server: put"), ("put pipelined", "1 server: put, 16 in flight"),
-                            ("get + ack", "1 server: get + ack"), ("pool put", "2 servers, 1 pool: put")):  # fmt: skip
+        for name, label in (
+            ("put", "1 server: put"),
+            ("put pipelined", "1 server: put, 16 in flight"),
+            ("get + ack", "1 server: get + ack"),
+            ("pool put", "2 servers, 1 pool: put"),
+        ):
             t = targets.get(name)
             rows.append(Row(f"{label} (fsync={fsync})", f[name], rate, ">=" if t else "", t or 0.0))
         for name in ("put", "get + ack") if not args.no_tls else ():
             rows.append(Row(f"1 server over TLS: {name} (fsync={fsync})", f[f"tls {name}"], rate))
             per_run = [a / b for a, b in zip(f[f"tls {name}"], f[name], strict=True)]
-            rows.append(Row(f"  TLS / plain TCP {name}", per_run, ratio, ">=", 0.7, value=med(f[f"tls {name}"]) / med(f[name]),
-                            note="of the medians (runs: per run)"))  # fmt: skip
+            rows.append(
+                Row(
+                    f"  TLS / plain TCP {name}",
+                    per_run,
+                    ratio,
+                    ">=",
+                    0.7,
+                    value=med(f[f"tls {name}"]) / med(f[name]),
+                    note="of the medians (runs: per run)",
+                )
+            )
         for name in ("put", "put pipelined", "get + ack") if not args.no_metrics else ():
             rows.append(Row(f"1 server, metrics + dashboard every 1 s: {name} (fsync={fsync})", f[f"metrics {name}"], rate))
             per_run = [a / b for a, b in zip(f[f"metrics {name}"], f[name], strict=True)]
-            rows.append(Row(f"  metrics + dashboard on / off {name}", per_run, ratio, ">=", 0.95,
-                            value=med(f[f"metrics {name}"]) / med(f[name]), note="of the medians (runs: per run)"))  # fmt: skip
+            rows.append(
+                Row(
+                    f"  metrics + dashboard on / off {name}",
+                    per_run,
+                    ratio,
+                    ">=",
+                    0.95,
+                    value=med(f[f"metrics {name}"]) / med(f[name]),
+                    note="of the medians (runs: per run)",
+                )
+            )
         for name, base in (("put", "store put"), ("get + ack", "store get + ack")):
             rows.append(Row(f"  in-process DurableStore {name}", f[base], rate, note=f"baseline, fsync={fsync}"))
-            rows.append(Row(f"  server / in-process {name}", [a / b for a, b in zip(f[name], f[base], strict=True)], ratio,
-                            value=med(f[name]) / med(f[base]), note="of the medians (runs: per run)"))  # fmt: skip
+            rows.append(
+                Row(
+                    f"  server / in-process {name}",
+                    [a / b for a, b in zip(f[name], f[base], strict=True)],
+                    ratio,
+                    value=med(f[name]) / med(f[base]),
+                    note="of the medians (runs: per run)",
+                )
+            )
     return print_report(out, f"Server benchmark: medians of {runs} run(s)", rows)
 
 

@@ -66,8 +66,11 @@ def _pandas_runner() -> Callable[[Iterator[Any]], Iterator[Any]]:
 
 
 def equal_halves(durations: list[float]) -> list[list[tuple[int, float]]]:
-    """The items as (index, seconds) in WORKERS lists of equal work: the longest first, each to the
-    lightest list (they end within a few microseconds of each other here)."""
+    """The items as (index, seconds) in WORKERS lists of equal work.
+
+    The longest first, each to the lightest list (they end within a few microseconds of each other
+    here).
+    """
     out: list[list[tuple[int, float]]] = [[] for _ in range(WORKERS)]
     sums = [0.0] * WORKERS
     for i in sorted(range(len(durations)), key=lambda i: -durations[i]):
@@ -120,10 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     n_noop = 10_000 if args.quick else 100_000
     workloads = {"skewed-60": skewed(n, total), "skewed-60-sorted": skewed(n, total, ordered=True)}
     out = make_console()
-    out.print(f"Python {platform.python_version()}, {platform.platform()}, {os.cpu_count()} CPUs; local[2]; "
-              f"{n:,} items = {total:.0f} s of work per workload; {runs} run(s)"
-              + ("  [QUICK]" if args.quick else "")
-              + ("  [BUSY: one CPU-bound background process]" if args.busy else ""))  # fmt: skip
+    out.print(
+        f"Python {platform.python_version()}, {platform.platform()}, {os.cpu_count()} CPUs; local[2]; "
+        f"{n:,} items = {total:.0f} s of work per workload; {runs} run(s)"
+        + ("  [QUICK]" if args.quick else "")
+        + ("  [BUSY: one CPU-bound background process]" if args.busy else "")
+    )
     fig: dict[str, list[float]] = {}
 
     def record(name: str, v: float) -> None:
@@ -179,12 +184,25 @@ def main(argv: list[str] | None = None) -> int:
         for h, what in (("a", "own 16 partitions"), ("b", "repartition(2)"), ("c", "repartition(16)")):
             eff = med(fig[f"{w} ({h}) efficiency"])
             rows.append(Row(f"{w} ({h}) {what}", fig[f"{w} ({h}) makespan"], seconds, note=f"efficiency {eff:.3f}"))
-        rows.append(Row(f"{w} (d) one partition per item: efficiency", fig[f"{w} (d) efficiency"], number,
-                        note="first 500 items"))  # fmt: skip
-        rows.append(Row(f"{w} (e) conveyor.spark.map", fig[f"{w} (e) makespan"], seconds,
-                        note=f"efficiency {med(fig[f'{w} (e) efficiency']):.3f}"))  # fmt: skip
-        rows.append(Row(f"{w} (e) steady-state efficiency", fig[f"{w} (e) steady-state efficiency"], number,
-                        *quiet_target(args.busy, ">=", 0.97)))  # fmt: skip
+        rows.append(
+            Row(f"{w} (d) one partition per item: efficiency", fig[f"{w} (d) efficiency"], number, note="first 500 items")
+        )
+        rows.append(
+            Row(
+                f"{w} (e) conveyor.spark.map",
+                fig[f"{w} (e) makespan"],
+                seconds,
+                note=f"efficiency {med(fig[f'{w} (e) efficiency']):.3f}",
+            )
+        )
+        rows.append(
+            Row(
+                f"{w} (e) steady-state efficiency",
+                fig[f"{w} (e) steady-state efficiency"],
+                number,
+                *quiet_target(args.busy, ">=", 0.97),
+            )
+        )
         if w == "skewed-60":
             # on a busy machine, no slower; quiet, the balancing must show
             base, target, label = best_key, 1.0 if args.busy else 0.97, f"best of (a)-(d): ({best})"
@@ -192,12 +210,19 @@ def main(argv: list[str] | None = None) -> int:
             base, target, label = f"{w} (a) makespan", 0.75, "(a)"
         per_run = [x / y for x, y in zip(fig[f"{w} (e) makespan"], fig[base], strict=True)]
         goal = ("<=", target) if w == "skewed-60" else quiet_target(args.busy, "<=", target)  # busy: skewed-60's alone
-        rows.append(Row(f"{w} (e) makespan / {label}", per_run, ratio, *goal,
-                        value=med(fig[f"{w} (e) makespan"]) / med(fig[base])))  # fmt: skip
+        rows.append(
+            Row(f"{w} (e) makespan / {label}", per_run, ratio, *goal, value=med(fig[f"{w} (e) makespan"]) / med(fig[base]))
+        )
         if w == "skewed-60":
             floor = fig[f"{w} (f) makespan"]
-            rows.append(Row(f"{w} (f) 2 partitions of equal work: a floor", floor, seconds,
-                            note=f"{med(floor) / med(fig[base]):.3f}x ({best})"))  # fmt: skip
+            rows.append(
+                Row(
+                    f"{w} (f) 2 partitions of equal work: a floor",
+                    floor,
+                    seconds,
+                    note=f"{med(floor) / med(fig[base]):.3f}x ({best})",
+                )
+            )
     rows.append(Row(f"(e) per-item overhead, {n_noop:,} no-op rows", fig["noop (e) per-item overhead"], micros, "<=", 50e-6))
     return print_report(out, f"Spark benchmark: medians of {runs} run(s); efficiency = work / ({WORKERS} x makespan)", rows)
 

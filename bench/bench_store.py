@@ -74,8 +74,14 @@ class Throughput:
     get_ack: float
 
 
-def timed_run(name: str, put: Callable[[list[Any]], object], get_ack: Callable[[], int], acked: Callable[[], int],
-              batch: Sequence[Any], n: int) -> Throughput:  # fmt: skip
+def timed_run(
+    name: str,
+    put: Callable[[list[Any]], object],
+    get_ack: Callable[[], int],
+    acked: Callable[[], int],
+    batch: Sequence[Any],
+    n: int,
+) -> Throughput:
     """Put n messages in batches, then get + ack (`get_ack` returns how many it took) until drained."""
     sizes = chunks(n)
     batches = {k: list(batch[:k]) for k in set(sizes)}  # built before timing, like the messages
@@ -131,8 +137,9 @@ class SqliteQueue:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA cache_size=-65536")
-        self.db.execute("CREATE TABLE q (id INTEGER PRIMARY KEY, priority INT, status INT, payload BLOB,"
-                        " lease_until REAL, result BLOB)")  # fmt: skip
+        self.db.execute(
+            "CREATE TABLE q (id INTEGER PRIMARY KEY, priority INT, status INT, payload BLOB, lease_until REAL, result BLOB)"
+        )
         self.db.execute("CREATE INDEX q_ready ON q (status, priority DESC, id)")
 
     def put(self, rows: Sequence[tuple[int, bytes]]) -> range:
@@ -149,12 +156,15 @@ class SqliteQueue:
         """Claim up to n READY rows, highest priority first then FIFO; returns (id, priority, payload)."""
         db = self.db
         db.execute("BEGIN IMMEDIATE")
-        rows = db.execute("SELECT id, priority, payload FROM q WHERE status = 0 ORDER BY priority DESC, id LIMIT ?",
-                          (n,)).fetchall()  # fmt: skip
+        rows = db.execute(
+            "SELECT id, priority, payload FROM q WHERE status = 0 ORDER BY priority DESC, id LIMIT ?", (n,)
+        ).fetchall()
         if rows:
             ids = [r[0] for r in rows]
-            db.execute(f"UPDATE q SET status = 1, lease_until = ? WHERE id IN ({','.join('?' * len(ids))})",
-                       (time.time() + lease_s, *ids))  # fmt: skip
+            db.execute(
+                f"UPDATE q SET status = 1, lease_until = ? WHERE id IN ({','.join('?' * len(ids))})",
+                (time.time() + lease_s, *ids),
+            )
         db.execute("COMMIT")
         return rows
 
@@ -303,11 +313,15 @@ def main(argv: list[str] | None = None) -> int:
         args.dir.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="conveyor-bench-", dir=args.dir))
     out = make_console()
-    header = (f"Python {platform.python_version()}, numpy {np.__version__}, sqlite {sqlite3.sqlite_version}, "
-              f"{platform.platform()}, {os.cpu_count()} CPUs; dir {root}")  # fmt: skip
+    header = (
+        f"Python {platform.python_version()}, numpy {np.__version__}, sqlite {sqlite3.sqlite_version}, "
+        f"{platform.platform()}, {os.cpu_count()} CPUs; dir {root}"
+    )
     out.print(header)
-    out.print(f"{n:,} messages per throughput run x {args.runs} runs; {big:,} for memory and compaction; "
-                  f"payloads {PAYLOAD_BYTES} B, batches of {BATCH:,}" + ("  [QUICK]" if args.quick else ""))  # fmt: skip
+    out.print(
+        f"{n:,} messages per throughput run x {args.runs} runs; {big:,} for memory and compaction; "
+        f"payloads {PAYLOAD_BYTES} B, batches of {BATCH:,}" + ("  [QUICK]" if args.quick else "")
+    )
 
     put: dict[str, list[float]] = {"durable": [], "memory": [], "sqlite": []}
     get: dict[str, list[float]] = {"durable": [], "memory": [], "sqlite": []}

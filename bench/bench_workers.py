@@ -98,8 +98,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=None, help="no-op tasks (default 200,000)")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--fsync", choices=["batch", "interval"], default="interval",
-                    help="the servers' fsync policy (default interval, as in the store benchmark)")  # fmt: skip
+    ap.add_argument(
+        "--fsync",
+        choices=["batch", "interval"],
+        default="interval",
+        help="the servers' fsync policy (default interval, as in the store benchmark)",
+    )
     ap.add_argument("--quick", action="store_true", help="smoke run: 20,000 no-op tasks, 500 skewed items, 1 run")
     ap.add_argument("--busy", action="store_true", help="busy machine: one CPU-bound background process throughout")
     args = ap.parse_args(argv)
@@ -108,9 +112,11 @@ def main(argv: list[str] | None = None) -> int:
     durations = skewed()[: 500 if args.quick else None]
     work = sum(durations)
     out = make_console()
-    out.print(f"Python {platform.python_version()}, {platform.platform()}, {os.cpu_count()} CPUs; {WORKERS} consumers on "
-              f"2 servers (fsync={args.fsync}); no-op x {n:,}; skewed x {len(durations):,} = {work:.1f} s of work; "
-              f"{runs} run(s)" + ("; BUSY: one CPU-bound background process" if args.busy else ""))  # fmt: skip
+    out.print(
+        f"Python {platform.python_version()}, {platform.platform()}, {os.cpu_count()} CPUs; {WORKERS} consumers on "
+        f"2 servers (fsync={args.fsync}); no-op x {n:,}; skewed x {len(durations):,} = {work:.1f} s of work; "
+        f"{runs} run(s)" + ("; BUSY: one CPU-bound background process" if args.busy else "")
+    )
     payloads = [NOOP_PAYLOAD] * n
 
     def publish_noop(pool: QueuePool) -> None:
@@ -149,8 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     skew_best = max(SKEWED_CONFIGS, key=lambda k: med(fig[f"skewed conveyor {k}"]))
 
     def vs(a: str, b: str) -> Row:
-        return Row("  conveyor / executor", [x / y for x, y in zip(fig[a], fig[b], strict=True)], ratio,
-                   value=med(fig[a]) / med(fig[b]), note="of the medians (runs: per run)")  # fmt: skip
+        return Row(
+            "  conveyor / executor",
+            [x / y for x, y in zip(fig[a], fig[b], strict=True)],
+            ratio,
+            value=med(fig[a]) / med(fig[b]),
+            note="of the medians (runs: per run)",
+        )
 
     at_least = functools.partial(quiet_target, args.busy, ">=")  # a quiet machine's targets
     best = f"skewed conveyor {skew_best}"

@@ -27,8 +27,11 @@ def progress(text: str) -> None:
 
 @contextlib.contextmanager
 def busy_machine(on: bool) -> Iterator[None]:
-    """With `on`, one CPU-bound background process for the duration (a benchmark's "busy machine"
-    variant: everything it measures, Conveyor and its baselines alike, shares the cores with it)."""
+    """With `on`, one CPU-bound background process for the duration.
+
+    A benchmark's "busy machine" variant: everything it measures, Conveyor and its baselines alike,
+    shares the cores with it.
+    """
     if not on:
         yield
         return

@@ -1,6 +1,9 @@
-"""The library names the benchmarks use, from this layout or from the one before it (revision
-07aed37 and earlier), so that `bench/compare.py --base <such a revision>` runs this tree's scripts
-against both. Drop the fallback once no comparison needs that old a base."""
+"""The library names the benchmarks use, from this layout or from the one before it.
+
+The one before it is that of revision 07aed37 and earlier, so that `bench/compare.py --base <such a
+revision>` runs this tree's scripts against both. Drop the fallback once no comparison needs that
+old a base.
+"""
 
 from __future__ import annotations
 

@@ -34,8 +34,11 @@ def running(d: Daemon | None) -> TypeGuard[Daemon]:
 
 @dataclass
 class ClusterBed:
-    """A Spark standalone cluster and queue servers on a NetBed: hosts `driver` (the master, and the test's
-    Spark driver), `worker<i>`, `server<i>`. Logs, work and data directories live under `base`."""
+    """A Spark standalone cluster and queue servers on a NetBed.
+
+    Hosts `driver` (the master, and the test's Spark driver), `worker<i>`, `server<i>`. Logs, work
+    and data directories live under `base`.
+    """
 
     net: NetBed
     base: Path
@@ -52,8 +55,9 @@ class ClusterBed:
         """Make the hosts and start everything (servers with the master, then the workers); waits until all serve."""
         names = ["driver", *(f"worker{i}" for i in range(n_workers)), *(f"server{i}" for i in range(n_servers))]
         (base / "logs").mkdir(parents=True, exist_ok=True)
-        bed = cls(NetBed.create(names), base, token, worker_timeout_s, None, [None] * n_workers, [None] * n_servers,
-                  [7100] * n_workers)  # fmt: skip
+        bed = cls(
+            NetBed.create(names), base, token, worker_timeout_s, None, [None] * n_workers, [None] * n_servers, [7100] * n_workers
+        )
         try:
             bed.repair()
         except BaseException:
@@ -76,13 +80,20 @@ class ClusterBed:
         """The environment of a process on `host`: Spark binds its IP, Python workers run this interpreter and checkout."""
         env = {k: v for k, v in os.environ.items() if k not in ("CONVEYOR_TOKEN", "SPARK_LOCAL_HOSTNAME")}
         path = [str(ROOT / "src"), str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-        return {**env, "SPARK_HOME": _find_spark_home(), "SPARK_LOCAL_IP": self.ip(host),
-                "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",  # no REST server: it would take port 6066
-                # master and workers: a worker heartbeats every timeout/4
-                "SPARK_DAEMON_JAVA_OPTS": f"-Dspark.worker.timeout={self.worker_timeout_s}",
-                "SPARK_LOG_DIR": str(self.base / "logs"), "SPARK_WORKER_DIR": str(self.base / f"work-{host}"),
-                "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-                "PYTHONPATH": os.pathsep.join(path), "PYTHONUNBUFFERED": "1"}  # fmt: skip
+        return {
+            **env,
+            "SPARK_HOME": _find_spark_home(),
+            "SPARK_LOCAL_IP": self.ip(host),
+            "SPARK_MASTER_OPTS": "-Dspark.master.rest.enabled=false",  # no REST server: it would take port 6066
+            # master and workers: a worker heartbeats every timeout/4
+            "SPARK_DAEMON_JAVA_OPTS": f"-Dspark.worker.timeout={self.worker_timeout_s}",
+            "SPARK_LOG_DIR": str(self.base / "logs"),
+            "SPARK_WORKER_DIR": str(self.base / f"work-{host}"),
+            "PYSPARK_PYTHON": sys.executable,
+            "PYSPARK_DRIVER_PYTHON": sys.executable,
+            "PYTHONPATH": os.pathsep.join(path),
+            "PYTHONUNBUFFERED": "1",
+        }
 
     def spawn(self, host: str, name: str, argv: list[str], env: dict[str, str] | None = None) -> Daemon:
         """Start `argv` on `host` with `env(host)` (plus `env`), logged to base/logs/<name>.<n>.log."""
@@ -96,17 +107,36 @@ class ClusterBed:
     # --- the daemons ------------------------------------------------------------------------------
     def start_master(self) -> None:
         """Start the Spark master on `driver` (without waiting: see `wait_master`)."""
-        self.master = self._spark("driver", "master", [MASTER_CLASS, "--host", self.ip("driver"), "--port", str(MASTER_PORT),
-                                                      "--webui-port", str(MASTER_UI_PORT)])  # fmt: skip
+        self.master = self._spark(
+            "driver",
+            "master",
+            [MASTER_CLASS, "--host", self.ip("driver"), "--port", str(MASTER_PORT), "--webui-port", str(MASTER_UI_PORT)],
+        )
 
     def start_worker(self, i: int, wait: bool = True) -> None:
         """Start the Spark worker of `worker<i>` (on a new port: a new worker to the master); `wait`: until ALIVE."""
         host = f"worker{i}"
         self.worker_ports[i] += 1
-        self.workers[i] = self._spark(host, host, [WORKER_CLASS, self.master_url, "--host", self.ip(host),
-                                                   "--port", str(self.worker_ports[i]), "--webui-port", str(WORKER_UI_PORT),
-                                                   "--cores", "1", "--memory", "1g", "--work-dir",
-                                                   str(self.base / f"work-{host}")])  # fmt: skip
+        self.workers[i] = self._spark(
+            host,
+            host,
+            [
+                WORKER_CLASS,
+                self.master_url,
+                "--host",
+                self.ip(host),
+                "--port",
+                str(self.worker_ports[i]),
+                "--webui-port",
+                str(WORKER_UI_PORT),
+                "--cores",
+                "1",
+                "--memory",
+                "1g",
+                "--work-dir",
+                str(self.base / f"work-{host}"),
+            ],
+        )
         if wait:
             self.wait_workers(exact=False)
 
@@ -114,9 +144,24 @@ class ClusterBed:
         """Start `conveyor serve` on `server<i>`: same address, port and data directory each time; `wait`: until it serves."""
         host, data = f"server{i}", self.base / f"data-server{i}"
         data.mkdir(exist_ok=True)
-        self.servers[i] = self.spawn(host, host, [sys.executable, "-m", "conveyor", "serve", "--host", self.ip(host),
-                                                  "--port", str(SERVER_PORT), "--token", self.token,
-                                                  "--data-dir", str(data)])  # fmt: skip
+        self.servers[i] = self.spawn(
+            host,
+            host,
+            [
+                sys.executable,
+                "-m",
+                "conveyor",
+                "serve",
+                "--host",
+                self.ip(host),
+                "--port",
+                str(SERVER_PORT),
+                "--token",
+                self.token,
+                "--data-dir",
+                str(data),
+            ],
+        )
         if wait:
             self.wait_server(i)
 
@@ -176,8 +221,12 @@ class ClusterBed:
 
     # --- the whole bed ----------------------------------------------------------------------------
     def repair(self) -> None:
-        """Back to the start state: hosts killed or cut off rebooted, dead daemons started again (all in parallel as
-        far as they allow), and waits until every server serves and the master holds exactly the workers ALIVE."""
+        """Back to the start state, waiting until every server serves and every worker is ALIVE.
+
+        Hosts killed or cut off are rebooted and dead daemons started again (all in parallel as far
+        as they allow); then it waits until every server serves and the master holds exactly the
+        workers ALIVE.
+        """
         for h in self.net.hosts.values():
             if not h.up:
                 self.net.reboot_host(h.name)

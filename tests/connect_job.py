@@ -59,8 +59,9 @@ def main(url: str, out: Path) -> None:
         result["cluster_unnamed"] = str(e)
     with conveyor.cluster(spark, host="127.0.0.1") as c:  # on this (the client's) machine, which the executors reach
         result["cluster_addresses"] = c.pool.addresses
-        rows = conveyor.spark.map(spark.range(ROWS, numPartitions=2), lambda r: {"y": r["id"]}, schema="y long",
-                                  progress=False).collect()  # fmt: skip
+        rows = conveyor.spark.map(
+            spark.range(ROWS, numPartitions=2), lambda r: {"y": r["id"]}, schema="y long", progress=False
+        ).collect()
         result["cluster_map"] = sorted(r["y"] for r in rows)
 
     csv = out.with_suffix(".csv")

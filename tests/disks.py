@@ -1,5 +1,7 @@
-"""Small real file systems for full-disk tests: a tmpfs, or an ext4 image on a loop device, mounted by
-the test itself (root needed) and unmounted whatever happens."""
+"""Small real file systems for full-disk tests: a tmpfs, or an ext4 image on a loop device.
+
+Mounted by the test itself (root needed) and unmounted whatever happens.
+"""
 
 from __future__ import annotations
 

@@ -32,8 +32,10 @@ def duckdb_answer(query: str, data_dir: Path) -> pd.DataFrame:
     for table in TABLES:
         path = data_dir / f"{table}.tbl"
         if path.exists():
-            con.execute(f"create view {table} as select * from read_csv('{path}', delim='|', header=false, "
-                        f"columns={duckdb_columns(table)})")  # fmt: skip
+            con.execute(
+                f"create view {table} as select * from read_csv('{path}', delim='|', header=false, "
+                f"columns={duckdb_columns(table)})"
+            )
     return con.execute(QUERIES[query]).df()
 
 

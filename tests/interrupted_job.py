@@ -1,5 +1,6 @@
-"""A program interrupted by Ctrl-C while it works (tests/test_interrupts.py sends SIGINT to its process
-group, as a terminal does).
+"""A program interrupted by Ctrl-C while it works.
+
+tests/test_interrupts.py sends SIGINT to its process group, as a terminal does.
 
 Usage: python tests/interrupted_job.py join MARK | map MARK
 

@@ -167,8 +167,11 @@ def warm_up(batches: Any) -> Any:
 
 
 def beside_the_driver(spark: Any, driver_ip: str, work: str) -> dict[str, Any]:
-    """map and SparkConsumerPool with no pool: queue servers beside the driver (TLS, a token), then the same
-    map with servers started beforehand (conveyor.cluster), for the time to the first row."""
+    """map and SparkConsumerPool with no pool, on queue servers beside the driver (TLS, a token).
+
+    Then the same map with servers started beforehand (conveyor.cluster), for the time to the first
+    row.
+    """
     from conveyor.spark.consumers import SparkConsumerPool
 
     logging.getLogger("conveyor.spark").setLevel(logging.INFO)  # the servers' start and the pre-flight, timed
@@ -218,10 +221,18 @@ def run(spark: Any, pool: QueuePool, driver_ip: str, scenario: str, work: str) -
     start_timeout = START_TIMEOUT_S if scenario == "noslots" else 120.0
     MAP_CALLED.append(time.time())
     try:
-        out, stats = conveyor.spark.map(df, func, schema=SCHEMA, pool=pool,
-                                        max_concurrency=MAX_CONCURRENCY, rows_per_message=1, progress=False,
-                                        unreachable_s=unreachable, start_timeout_s=start_timeout,
-                                        stats=True)  # fmt: skip
+        out, stats = conveyor.spark.map(
+            df,
+            func,
+            schema=SCHEMA,
+            pool=pool,
+            max_concurrency=MAX_CONCURRENCY,
+            rows_per_message=1,
+            progress=False,
+            unreachable_s=unreachable,
+            start_timeout_s=start_timeout,
+            stats=True,
+        )
     finally:
         done.set()
         watcher.join()
@@ -252,8 +263,9 @@ def run(spark: Any, pool: QueuePool, driver_ip: str, scenario: str, work: str) -
 
 
 def main(master: str, driver_ip: str, servers: str, token: str, out_path: str, scenario: str, work: str) -> None:
-    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s [+%(relativeCreated).0f ms]",
-                        stream=sys.stdout)  # fmt: skip
+    logging.basicConfig(
+        level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s [+%(relativeCreated).0f ms]", stream=sys.stdout
+    )
     spark = get_or_create_session(master, app_name=f"conveyor-multihost-{scenario}", conf=conf(driver_ip, scenario))
     note("session started")
     try:
@@ -266,8 +278,13 @@ def main(master: str, driver_ip: str, servers: str, token: str, out_path: str, s
                 result = run(spark, pool, driver_ip, scenario, work)
             except ConveyorError as e:
                 note(f"map failed: {type(e).__name__}: {e}")
-                result = {"error": str(e), "error_type": type(e).__name__, "ended": time.time(),
-                          "notes": list(getattr(e, "__notes__", [])), "problems": getattr(e, "problems", None)}  # fmt: skip
+                result = {
+                    "error": str(e),
+                    "error_type": type(e).__name__,
+                    "ended": time.time(),
+                    "notes": list(getattr(e, "__notes__", [])),
+                    "problems": getattr(e, "problems", None),
+                }
         result["executors"], result["map_called"] = executors, MAP_CALLED[0] if MAP_CALLED else None
         with open(out_path, "w") as f:
             json.dump(result, f)

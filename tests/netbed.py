@@ -152,8 +152,14 @@ class NetBed:
     def spawn(self, host: str, name: str, argv: list[str], env: dict[str, str], log: Path) -> Daemon:
         """Start `argv` on `host` in a session of its own, output to `log`; recorded, killed at `close()` at the latest."""
         with open(log, "wb") as out:  # the child keeps its own descriptor
-            proc = subprocess.Popen(self.argv(host, argv), env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+            proc = subprocess.Popen(
+                self.argv(host, argv),
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
         self.procs.append(d := Daemon(name, proc, log, 0))
         return d
 

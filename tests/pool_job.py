@@ -1,13 +1,14 @@
-"""A process that starts a local pool and consumer processes, then waits to be killed
-(tests/test_worker.py: what it started must not outlive it).
+"""A process that starts a local pool and consumer processes, then waits to be killed.
+
+For tests/test_worker.py: what it started must not outlive it.
 
 Usage: python tests/pool_job.py DATA_DIR LOG TASKS [fork]
 
-It starts 2 durable servers under DATA_DIR (`-`: temporary directories) and 2 consumers,
-publishes TASKS `slow_once` tasks (1 s each, noted in LOG as they finish), and once two are
-running prints a JSON line with the servers' and consumers' pids and the temporary directories.
-With `fork`, it first forks a child that sleeps (holding every descriptor it inherited, so pipe
-ends the servers and consumers watch stay open), and adds its pid.
+It starts 2 durable servers under DATA_DIR (`-`: temporary directories) and 2 consumers, publishes
+TASKS `slow_once` tasks (1 s each, noted in LOG as they finish), and once two are running prints a
+JSON line with the servers' and consumers' pids and the temporary directories. With `fork`, it first
+forks a child that sleeps (holding every descriptor it inherited, so pipe ends the servers and
+consumers watch stay open), and adds its pid.
 """
 
 from __future__ import annotations
@@ -35,8 +36,17 @@ def main(data_dir: str, log: str, tasks: int, fork: bool) -> None:
     if fork and (forked := os.fork()) == 0:
         time.sleep(60)
         os._exit(0)
-    print(json.dumps({"servers": [p.pid for p in pool.processes], "consumers": [p.pid for p in cp.processes],
-                      "temporary": [str(d) for d in pool._tmp], "forked": forked}), flush=True)  # fmt: skip
+    print(
+        json.dumps(
+            {
+                "servers": [p.pid for p in pool.processes],
+                "consumers": [p.pid for p in cp.processes],
+                "temporary": [str(d) for d in pool._tmp],
+                "forked": forked,
+            }
+        ),
+        flush=True,
+    )
     time.sleep(600)
 
 

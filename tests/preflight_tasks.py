@@ -1,6 +1,9 @@
-"""A task module that the executors of one host cannot import (tests/test_multihost.py: the pre-flight must name
-that host). Every namespace of the bed sees the same files, so the module is "missing" on the host whose
-SPARK_LOCAL_IP is CONVEYOR_TEST_NO_TASKS_ON (set through spark.executorEnv) by raising what a missing module raises."""
+"""A task module that the executors of one host cannot import (tests/test_multihost.py: the pre-flight must name that host).
+
+Every namespace of the bed sees the same files, so the module is "missing" on the host whose
+SPARK_LOCAL_IP is CONVEYOR_TEST_NO_TASKS_ON (set through spark.executorEnv) by raising what a
+missing module raises.
+"""
 
 from __future__ import annotations
 

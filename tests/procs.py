@@ -1,6 +1,9 @@
-"""Processes the tests start and must see gone: Spark daemons (a standalone cluster, a Spark Connect
-server) started in sessions of their own, waited for and killed with everything under them, and
-the process trees of other children (a pool's process and what it started)."""
+"""Processes the tests start and must see gone.
+
+Spark daemons (a standalone cluster, a Spark Connect server) started in sessions of their own,
+waited for and killed with everything under them, and the process trees of other children (a pool's
+process and what it started).
+"""
 
 from __future__ import annotations
 
@@ -106,13 +109,18 @@ def spawn(name: str, program: str, args: list[str], env: dict[str, str], logs: P
     """Start `$SPARK_HOME/bin/<program> args...` in a session of its own, its output in `logs/<name>.log`."""
     log = logs / f"{name}.log"
     with open(log, "wb") as out:  # the child keeps its own descriptor
-        proc = subprocess.Popen([str(Path(env["SPARK_HOME"]) / "bin" / program), *args], env=env, stdout=out,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [str(Path(env["SPARK_HOME"]) / "bin" / program), *args],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
     return Daemon(name, proc, log, webui_port)
 
 
-def wait_until(what: str, ready: Callable[[], bool], daemons: list[Daemon], timeout: float,
-               logs: Callable[[], str]) -> None:  # fmt: skip
+def wait_until(what: str, ready: Callable[[], bool], daemons: list[Daemon], timeout: float, logs: Callable[[], str]) -> None:
     """Poll `ready()` until it returns something true; fail if a daemon exits or the deadline passes."""
     deadline = time.monotonic() + timeout
     while True:

@@ -1,5 +1,7 @@
-"""A man in the middle, for the TLS tests: a TCP relay that flips one byte of what the client sends once
-`after` bytes have gone by (past the handshakes). Run as a script on a host of the multi-host bed:
+"""A man in the middle, for the TLS tests: a TCP relay that flips one byte of what the client sends.
+
+It flips it once `after` bytes have gone by (past the handshakes). Run as a script on a host of the
+multi-host bed:
 
     python tests/relay.py LISTEN_IP LISTEN_PORT TARGET_IP TARGET_PORT AFTER
 """
@@ -14,8 +16,10 @@ from contextlib import contextmanager, suppress
 
 
 class Relay:
-    """A man in the middle on the path: it forwards both ways, and flips one byte of what the client
-    sends once `after` bytes have gone by (after the handshakes)."""
+    """A man in the middle: it forwards both ways, and flips one byte of what the client sends.
+
+    It flips it once `after` bytes have gone by (after the handshakes).
+    """
 
     def __init__(self, target: tuple[str, int], after: int, listen: tuple[str, int] = ("127.0.0.1", 0)) -> None:
         self.target, self.after = target, after

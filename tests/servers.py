@@ -1,5 +1,7 @@
-"""Real queue servers for tests: in a background thread of this process, or as child processes; and
-`Confirmed`, the ledger of what they confirmed."""
+"""Real queue servers for tests, and `Confirmed`, the ledger of what they confirmed.
+
+The servers run in a background thread of this process, or as child processes.
+"""
 
 from __future__ import annotations
 

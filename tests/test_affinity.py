@@ -1,6 +1,8 @@
-"""Pinning thread-mode consumers to cores of their own: the lock files that share the cores out
-(also across processes, and after a SIGKILL), the masks set and restored, and consumers that run
-their tasks pinned."""
+"""Pinning thread-mode consumers to cores of their own.
+
+The lock files that share the cores out (also across processes, and after a SIGKILL), the masks set
+and restored, and consumers that run their tasks pinned.
+"""
 
 from __future__ import annotations
 
@@ -28,8 +30,7 @@ CORES = sorted(os.sched_getaffinity(0))
 
 
 def in_thread(fn, *args):  # type: ignore[no-untyped-def]
-    """fn(*args) in a new thread (a pin holds the calling thread); its return value and the
-    thread's cores afterwards."""
+    """fn(*args) in a new thread (a pin holds the calling thread); its return value and the thread's cores afterwards."""
     out: list[object] = []
     t = threading.Thread(target=lambda: out.extend([fn(*args), sorted(os.sched_getaffinity(0))]))
     t.start()
@@ -73,8 +74,10 @@ def test_release_restores_the_threads_cores(tmp_path: Path) -> None:
 
 
 def test_a_core_held_by_a_killed_process_is_free_again(tmp_path: Path) -> None:
-    code = ("import sys, time; from pathlib import Path; from conveyor.worker.affinity import pin_core; "
-            "p = pin_core(Path(sys.argv[1])); print(p.core, flush=True); time.sleep(600)")  # fmt: skip
+    code = (
+        "import sys, time; from pathlib import Path; from conveyor.worker.affinity import pin_core; "
+        "p = pin_core(Path(sys.argv[1])); print(p.core, flush=True); time.sleep(600)"
+    )
     child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None
@@ -138,8 +141,9 @@ def test_pinning_is_refused_for_process_concurrency(pool: QueuePool) -> None:
         check_consumer_options(None, 8, None, "process", True)
 
 
-def test_a_pinned_consumer_runs_its_tasks_on_its_core_then_unpins(pool: QueuePool, monkeypatch: pytest.MonkeyPatch,
-                                                                   tmp_path: Path) -> None:  # fmt: skip
+def test_a_pinned_consumer_runs_its_tasks_on_its_core_then_unpins(
+    pool: QueuePool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # the lock files of this test only
     handles = wt.cores_of_worker.publish_many([() for _ in range(20)], _pool=pool)
 
@@ -156,15 +160,26 @@ def test_a_pinned_consumer_runs_its_tasks_on_its_core_then_unpins(pool: QueuePoo
 
 
 def test_a_pinned_consumer_holds_fewer_tasks_as_the_queue_drains(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """With 16 slots and batches of 8, a pinned consumer would run 16 tasks at once; one of 2
-    consumers holds at most half its share of what is left, so the last tasks wait in the queue
-    for whichever consumer frees a slot first."""
+    """One of 2 pinned consumers holds at most half its share of what is left in the queue.
+
+    With 16 slots and batches of 8, a pinned consumer would run 16 tasks at once; one of 2 consumers
+    holds at most half its share of what is left, so the last tasks wait in the queue for whichever
+    consumer frees a slot first.
+    """
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with QueuePool.local(n_servers=1) as pool:
         handles = wt.running_at_start.publish_many([(0.05,) for _ in range(40)], _pool=pool)
         assert pool.clients[0].get("jobs", 0).left == 40  # what a get tells of the queue
-        consumer = Consumer(pool, ["jobs"], n_consumers=2, max_concurrency=16, batch_size=8, until_empty=True,
-                            pin_core=True, task_modules=["tests.worker_tasks"])  # fmt: skip
+        consumer = Consumer(
+            pool,
+            ["jobs"],
+            n_consumers=2,
+            max_concurrency=16,
+            batch_size=8,
+            until_empty=True,
+            pin_core=True,
+            task_modules=["tests.worker_tasks"],
+        )
         stats = in_thread(consumer.run)[0]
         at_once = pool.gather(handles)
     assert stats.processed == 40
@@ -176,12 +191,16 @@ def test_a_pinned_consumer_holds_fewer_tasks_as_the_queue_drains(monkeypatch: py
 def test_a_pool_of_pinned_consumers_spreads_over_the_cores(
     pool: QueuePool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Each consumer of the pool on a core of its own. The pool's lock files are its own: pinned consumers
-    elsewhere on this host (another test run, a benchmark) would hold cores, and a consumer with none free
-    runs unpinned, as it should (tested above)."""
+    """Each consumer of the pool on a core of its own.
+
+    The pool's lock files are its own: pinned consumers elsewhere on this host (another test run, a
+    benchmark) would hold cores, and a consumer with none free runs unpinned, as it should (tested
+    above).
+    """
     monkeypatch.setenv(CORE_LOCK_DIR_ENV, str(tmp_path))
-    with ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=2, batch_size=1, pin_core=True,
-                      task_modules=["tests.worker_tasks"]) as cp:  # fmt: skip
+    with ConsumerPool(
+        pool, 2, queues=["jobs"], max_concurrency=2, batch_size=1, pin_core=True, task_modules=["tests.worker_tasks"]
+    ) as cp:
         # both consumers pinned and polling before there is work, however long a busy machine takes to start
         # them: one started late would find the queue drained by the other
         wait_for(lambda: len(pool.workers()) == 2, timeout=60, what="both consumers reporting")

@@ -2,14 +2,18 @@
 
 - the import contracts in pyproject.toml (layers, the graph independent of the queue, no cycles);
 - a strict type check of src/ (mypy, configured in pyproject.toml);
-- no import of our own modules inside a function (which is how an import cycle is usually dodged).
+- no import of our own modules inside a function (which is how an import cycle is usually dodged);
+- the layout is the formatter's and the lint rules hold (ruff, configured in pyproject.toml), with
+  docstrings after PEP 257: a summary line, a blank line, then the body.
 
-A module's size follows its job: there is no line limit (one pushed code into squeezed lines).
+A module's size follows its job: there is no line limit (one pushed code into squeezed lines), and
+`# fmt: skip` is kept for the few tables that read better aligned, each with its reason.
 """
 
 from __future__ import annotations
 
 import ast
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +23,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "conveyor"
 BIN = Path(sys.executable).parent
+MAX_FMT_SKIPS = 20  # aligned tables only, each with its reason
 
 
 def test_import_contracts_hold() -> None:
@@ -29,10 +34,39 @@ def test_import_contracts_hold() -> None:
 
 @pytest.mark.timeout(600)
 def test_strict_type_check_passes() -> None:
-    run = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=540)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, "-m", "mypy", "--no-incremental"], cwd=ROOT, capture_output=True, text=True, timeout=540
+    )
     assert run.returncode == 0, run.stdout[-20_000:] + run.stderr
     assert "Success: no issues found" in run.stdout
+
+
+def _ruff() -> str:
+    ruff = shutil.which("ruff", path=str(BIN)) or shutil.which("ruff")
+    assert ruff, "ruff is a test dependency: pip install -e '.[test]'"
+    return ruff
+
+
+def test_lint_rules_hold() -> None:
+    run = subprocess.run([_ruff(), "check", "src", "tests", "bench"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+def test_layout_is_the_formatters() -> None:
+    run = subprocess.run(
+        [_ruff(), "format", "--check", "src", "tests", "bench"], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, "run `ruff format src tests bench`:\n" + run.stdout + run.stderr
+
+
+def test_few_lines_are_kept_from_the_formatter() -> None:
+    skips = [
+        f"{p.relative_to(SRC)}:{n}"
+        for p in _modules()
+        for n, line in enumerate(p.read_text().splitlines(), 1)
+        if "# fmt: skip" in line
+    ]
+    assert len(skips) <= MAX_FMT_SKIPS, f"{len(skips)} lines kept from the formatter (at most {MAX_FMT_SKIPS}): {skips}"
 
 
 def _modules() -> list[Path]:
@@ -56,6 +90,10 @@ def test_no_function_level_imports_of_our_own_modules() -> None:
 
 
 def test_no_type_ignore_comments_in_the_library() -> None:
-    found = [f"{p.relative_to(SRC)}:{i}" for p in _modules() for i, line in enumerate(p.read_text().splitlines(), 1)
-             if "type: ignore" in line]  # fmt: skip
+    found = [
+        f"{p.relative_to(SRC)}:{i}"
+        for p in _modules()
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if "type: ignore" in line
+    ]
     assert not found, f"'type: ignore' in src/ (type it properly, or cast where a library is untyped): {found}"

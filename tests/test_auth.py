@@ -77,8 +77,13 @@ def test_refuses_a_non_loopback_bind_without_a_token() -> None:
 
 
 def test_serve_command_refuses_a_non_loopback_bind_without_a_token() -> None:
-    r = subprocess.run([sys.executable, "-m", "conveyor", "serve", "--host", "0.0.0.0", "--port", "0"],
-                       capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"})  # fmt: skip
+    r = subprocess.run(
+        [sys.executable, "-m", "conveyor", "serve", "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert r.returncode != 0 and "refusing to listen on 0.0.0.0 without a token" in r.stderr
 
 
@@ -99,8 +104,13 @@ def test_every_address_a_server_on_all_ipv6_interfaces_lists_answers() -> None:
         ready, _, _ = select.select([proc.stdout], [], [], 30)
         assert ready, "the server did not say where it listens within 30 s"
         said = os.read(proc.stdout.fileno(), 65536).decode()  # one write: every line at once
-        addresses = [a.strip() for line in said.splitlines() for prefix in ("listening on ", "also reachable at ")
-                     if line.startswith(prefix) for a in line[len(prefix):].split(",")]  # fmt: skip
+        addresses = [
+            a.strip()
+            for line in said.splitlines()
+            for prefix in ("listening on ", "also reachable at ")
+            if line.startswith(prefix)
+            for a in line[len(prefix) :].split(",")
+        ]
         assert addresses and all(a.startswith("tcp://[") for a in addresses), said
         assert addresses[-1].startswith("tcp://[::1]:")  # loopback last
         for a in addresses:
@@ -120,6 +130,9 @@ def test_only_global_and_loopback_ipv6_addresses_are_listed(tmp_path: Path) -> N
         "fd000000000000000000000000000002 04 40 00 82     eth0\n"
     )
     assert reachable_addresses("tcp://[::]:7070", "::", 7070, str(table)) == [
-        "tcp://[2001:db8::5]:7070", "tcp://[fd00::2]:7070", "tcp://[::1]:7070"]  # fmt: skip
+        "tcp://[2001:db8::5]:7070",
+        "tcp://[fd00::2]:7070",
+        "tcp://[::1]:7070",
+    ]
     assert reachable_addresses("tcp://[::]:7070", "::", 7070, str(tmp_path / "none")) == ["tcp://[::]:7070"]
     assert reachable_addresses("tcp://10.0.0.1:7070", "10.0.0.1", 7070) == ["tcp://10.0.0.1:7070"]

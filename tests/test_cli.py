@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -22,8 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_demo_runs_every_scene_and_reports_what_it_measured() -> None:
-    """Four scenes, small: every page of the map comes back or is reported with its reason; plain
-    Spark aborts on the crashing pages, is cancelled on the hanging one, and recovers the killed worker."""
+    """Four scenes, small: every page of the map comes back or is reported with its reason.
+
+    Plain Spark aborts on the crashing pages, is cancelled on the hanging one, and recovers the
+    killed worker.
+    """
     cmd = [sys.executable, "-m", "conveyor", "demo", "--pages", "1200", "--kill-worker", "--dashboard"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
     seen: list[dict[str, Any]] = []  # the dashboard's overview, read while the demo runs
@@ -84,13 +86,6 @@ def test_version() -> None:
     assert out.stdout.startswith("conveyor, version ")
 
 
-def test_ruff_clean() -> None:
-    ruff = shutil.which("ruff", path=str(Path(sys.executable).parent)) or shutil.which("ruff")
-    assert ruff, "ruff is a test dependency: pip install -e '.[test]'"
-    out = subprocess.run([ruff, "check", "src", "tests", "bench"], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stdout + out.stderr
-
-
 def test_stats_and_dead_letters_commands(tmp_path: Path) -> None:
     from conveyor.client.pool import QueuePool
     from conveyor.message import Message
@@ -107,12 +102,14 @@ def test_stats_and_dead_letters_commands(tmp_path: Path) -> None:
         assert out.returncode == 0, out.stderr
         row = next(line for line in out.stdout.splitlines() if "jobs" in line)
         assert [c.strip() for c in row.strip("│ ").split("│")][:6] == ["jobs", "26", "0", "0", "0", "4"]
-        out = subprocess.run([*run, "stats", "--connect", connect, "--per-shard"], capture_output=True, text=True, timeout=60,
-                             env=env)  # fmt: skip
+        out = subprocess.run(
+            [*run, "stats", "--connect", connect, "--per-shard"], capture_output=True, text=True, timeout=60, env=env
+        )
         assert out.stdout.count("jobs") >= 1 and pool.addresses[0] in out.stdout
         # --watch into a pipe: a dated snapshot per interval as it comes, not one table when stopped
-        watch = subprocess.Popen([*run, "stats", "--connect", connect, "--watch", "0.2"], stdout=subprocess.PIPE,
-                                 text=True, env=env)  # fmt: skip
+        watch = subprocess.Popen(
+            [*run, "stats", "--connect", connect, "--watch", "0.2"], stdout=subprocess.PIPE, text=True, env=env
+        )
         lines: list[str] = []
         reader = threading.Thread(target=lambda: lines.extend(iter(watch.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
         reader.start()
@@ -123,18 +120,26 @@ def test_stats_and_dead_letters_commands(tmp_path: Path) -> None:
             watch.wait(30)
             reader.join(30)
             watch.stdout.close()  # type: ignore[union-attr]
-        out = subprocess.run([*run, "dead-letters", "--connect", pool.addresses[0], "--connect", pool.addresses[1],
-                              "--queue", "jobs"], capture_output=True, text=True, timeout=60, env=env)  # fmt: skip
+        out = subprocess.run(
+            [*run, "dead-letters", "--connect", pool.addresses[0], "--connect", pool.addresses[1], "--queue", "jobs"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=env,
+        )
         assert out.returncode == 0, out.stderr
         assert "Dead letters of 'jobs': 4" in out.stdout and "ValueError: bad page 3" in out.stdout and "job-" in out.stdout
-        out = subprocess.run([*run, "dead-letters", "--connect", connect, "--queue", "nope"], capture_output=True, text=True,
-                             timeout=60, env=env)  # fmt: skip
+        out = subprocess.run(
+            [*run, "dead-letters", "--connect", connect, "--queue", "nope"], capture_output=True, text=True, timeout=60, env=env
+        )
         assert out.returncode == 1 and "no queue named 'nope'" in out.stderr
-        out = subprocess.run([*run, "drop", "jobs", "--connect", connect], input="n\n", capture_output=True, text=True,
-                             timeout=60, env=env)  # fmt: skip
+        out = subprocess.run(
+            [*run, "drop", "jobs", "--connect", connect], input="n\n", capture_output=True, text=True, timeout=60, env=env
+        )
         assert out.returncode == 1 and "Aborted" in out.stderr and "jobs" in pool.stats()  # asked first; kept
-        out = subprocess.run([*run, "drop", "jobs", "nope", "--connect", connect, "--yes"], capture_output=True, text=True,
-                             timeout=60, env=env)  # fmt: skip
+        out = subprocess.run(
+            [*run, "drop", "jobs", "nope", "--connect", connect, "--yes"], capture_output=True, text=True, timeout=60, env=env
+        )
         assert out.returncode == 0, out.stderr
         assert out.stdout.splitlines() == ["jobs: dropped", "nope: no such queue"] and "jobs" not in pool.stats()
 
@@ -151,8 +156,12 @@ def test_serve_temporary_needs_a_new_or_empty_data_dir(tmp_path: Path) -> None:
 
 def test_serve_stop_with_parent_runs_with_stdin_not_a_pipe(tmp_path: Path) -> None:
     """Started by hand or by a service manager, stdin is /dev/null: nothing to watch there, it serves."""
-    proc = subprocess.Popen([sys.executable, "-m", "conveyor", "serve", "--port", "0", "--stop-with-parent"],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conveyor", "serve", "--port", "0", "--stop-with-parent"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None and "listening on" in proc.stdout.readline()
         assert proc.poll() is None
@@ -163,8 +172,9 @@ def test_serve_stop_with_parent_runs_with_stdin_not_a_pipe(tmp_path: Path) -> No
 
 
 def test_stats_reports_an_unreachable_server() -> None:
-    out = subprocess.run([sys.executable, "-m", "conveyor", "stats", "--connect", "tcp://127.0.0.1:1"], capture_output=True,
-                         text=True, timeout=60)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "conveyor", "stats", "--connect", "tcp://127.0.0.1:1"], capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 3 and "DOWN" in out.stdout and "cannot connect to tcp://127.0.0.1:1" in out.stdout
 
 
@@ -175,14 +185,37 @@ def test_worker_command_runs_tasks_until_empty_and_stats_shows_it(tmp_path: Path
     with QueuePool.local(n_servers=1, data_dir=tmp_path) as pool:
         handles = wt.add.publish_many([(i, 1) for i in range(50)], _pool=pool)
         connect = pool.addresses[0]
-        out = subprocess.run([sys.executable, "-m", "conveyor", "worker", "--connect", connect, "--tasks", "tests.worker_tasks",
-                              "--queues", "jobs", "--concurrency", "4", "--until-empty"],
-                             capture_output=True, text=True, timeout=120, cwd=ROOT)  # fmt: skip
+        out = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "conveyor",
+                "worker",
+                "--connect",
+                connect,
+                "--tasks",
+                "tests.worker_tasks",
+                "--queues",
+                "jobs",
+                "--concurrency",
+                "4",
+                "--until-empty",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=ROOT,
+        )
         assert out.returncode == 0, out.stderr
         assert "processed 50" in out.stderr
         assert pool.gather(handles) == [i + 1 for i in range(50)]
-        out = subprocess.run([sys.executable, "-m", "conveyor", "stats", "--connect", connect], capture_output=True, text=True,
-                             timeout=60, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})  # fmt: skip
+        out = subprocess.run(
+            [sys.executable, "-m", "conveyor", "stats", "--connect", connect],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"},
+        )
         assert "Consumers: 1" in out.stdout and "50" in out.stdout
 
 
@@ -195,8 +228,9 @@ def test_worker_command_reports_a_missing_task_module() -> None:
 def conveyor(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
     """Run the `conveyor` command from the repository's directory (where `tests.worker_tasks` imports)."""
     kw.setdefault("cwd", ROOT)
-    return subprocess.run([sys.executable, "-m", "conveyor", *args], capture_output=True, text=True,
-                          timeout=kw.pop("timeout", 120), **kw)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "conveyor", *args], capture_output=True, text=True, timeout=kw.pop("timeout", 120), **kw
+    )
 
 
 def test_worker_without_task_modules_warns_and_dead_letters_can_be_requeued(tmp_path: Path) -> None:
@@ -242,9 +276,11 @@ def test_worker_refuses_pinning_task_processes() -> None:
 
 @pytest.mark.parametrize("how", [[], ["--processes", "2", "--pool", "process"]], ids=["one-process", "children"])
 def test_worker_imports_task_modules_from_the_current_directory(tmp_path: Path, how: list[str]) -> None:
-    """As Celery's worker does: `--tasks myapp.tasks` from the project's directory imports, in the
-    worker and in its consumer and task processes, although `python -P` (like the console script)
-    leaves the current directory off sys.path."""
+    """`--tasks myapp.tasks` from the project's directory imports, as Celery's worker does.
+
+    It imports in the worker and in its consumer and task processes, although `python -P` (like the
+    console script) leaves the current directory off sys.path.
+    """
     from conveyor.client.pool import QueuePool
     from conveyor.constants import H_TASK
     from conveyor.message import Message
@@ -276,8 +312,19 @@ def test_worker_with_several_processes_prints_their_summed_counts(tmp_path: Path
 
     with QueuePool.local(n_servers=2, data_dir=tmp_path) as pool:
         handles = wt.add.publish_many([(i, 1) for i in range(40)], _pool=pool)
-        args = ["worker", "--connect", ",".join(pool.addresses), "--tasks", "tests.worker_tasks", "--queues", "jobs",
-                "--processes", "2", "--concurrency", "2"]  # fmt: skip
+        args = [
+            "worker",
+            "--connect",
+            ",".join(pool.addresses),
+            "--tasks",
+            "tests.worker_tasks",
+            "--queues",
+            "jobs",
+            "--processes",
+            "2",
+            "--concurrency",
+            "2",
+        ]
         if until_empty:
             out = conveyor(*args, "--until-empty")
             assert out.returncode == 0, out.stderr
@@ -300,8 +347,21 @@ def test_worker_until_empty_gives_up_on_servers_it_cannot_reach(processes: str) 
     from .procs import free_port
 
     started = time.monotonic()
-    out = conveyor("worker", "--connect", f"tcp://127.0.0.1:{free_port()}", "--tasks", "tests.worker_tasks", "--queues",
-                   "jobs", "--until-empty", "--connect-timeout", "2", "--processes", processes, timeout=60)  # fmt: skip
+    out = conveyor(
+        "worker",
+        "--connect",
+        f"tcp://127.0.0.1:{free_port()}",
+        "--tasks",
+        "tests.worker_tasks",
+        "--queues",
+        "jobs",
+        "--until-empty",
+        "--connect-timeout",
+        "2",
+        "--processes",
+        processes,
+        timeout=60,
+    )
     assert out.returncode == 1 and "cannot connect to tcp://127.0.0.1:" in out.stderr
     assert "--connect-timeout (2 s): is the server running?" in out.stderr
     assert time.monotonic() - started < 30

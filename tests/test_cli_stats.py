@@ -30,8 +30,9 @@ EXIT_SERVER_DOWN = 3
 def stats(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     """`conveyor stats` with stdout a pipe, and no COLUMNS to widen it."""
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    return subprocess.run([sys.executable, "-m", "conveyor", "stats", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "conveyor", "stats", *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT
+    )
 
 
 def cells(out: str, first: str) -> list[str]:
@@ -80,8 +81,13 @@ def test_watch_shows_a_server_going_down_and_coming_back(tmp_path: Path) -> None
     b = f"tcp://127.0.0.1:{free_port()}"
     b_proc, _ = spawn_server(tmp_path / "b", port=int(b.rsplit(":", 1)[1]))
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    watch = subprocess.Popen([sys.executable, "-m", "conveyor", "stats", "--connect", f"{a},{b}", "--watch", "0.2",
-                              "--timeout", "1"], stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)  # fmt: skip
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "conveyor", "stats", "--connect", f"{a},{b}", "--watch", "0.2", "--timeout", "1"],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+    )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(watch.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
     reader.start()

@@ -1,6 +1,8 @@
-"""conveyor.compat.daskqueue: daskqueue-style code, with only its imports changed, on real Conveyor
-servers and consumer processes: submitting, custom consumers, early and late acks under a killed
-consumer, poison items, and clear errors for bad input."""
+"""conveyor.compat.daskqueue: daskqueue-style code with only its imports changed.
+
+On real Conveyor servers and consumer processes: submitting, custom consumers, early and late acks
+under a killed consumer, poison items, and clear errors for bad input.
+"""
 
 from __future__ import annotations
 
@@ -131,8 +133,9 @@ def test_custom_consumer_gets_plain_items_and_keeps_its_results(client: Client) 
     queue_pool.put_many(list(range(20)))
     queue_pool.put(100)
     queue_pool[1].put_many([200, 300])
-    consumer_pool = ConsumerPool(client, queue_pool, ConsumerClass=Doubler, n_consumers=2, batch_size=4,
-                                 max_concurrency=3, early_ack=False)  # fmt: skip
+    consumer_pool = ConsumerPool(
+        client, queue_pool, ConsumerClass=Doubler, n_consumers=2, batch_size=4, max_concurrency=3, early_ack=False
+    )
     consumer_pool.start()
     consumer_pool.join()
     res = consumer_pool.results()
@@ -184,8 +187,11 @@ def test_a_consumer_killed_mid_item(client: Client, tmp_path: Path, early_ack: b
 
 
 def test_conveyor_consumers_early_ack_settles_on_delivery(client: Client) -> None:
-    """The consumer option under the compat layer's default: acked before the task runs, so its
-    result is not stored and its failure is counted, never retried nor dead-lettered."""
+    """The consumer option under the compat layer's default settles on delivery, before the task runs.
+
+    Acked before the task runs, its result is not stored and its failure is counted, never retried
+    nor dead-lettered.
+    """
     pool = client.pool
     ok, bad = pool.submit(add, 2, 3, _queue="early-acks"), pool.submit(add, "a", 1, _queue="early-acks")
     consumer = Consumer(pool, ["early-acks"], early_ack=True, until_empty=True, max_concurrency=2)
@@ -203,12 +209,18 @@ def held_a_while(x: int) -> int:
 
 
 def test_a_consumer_tells_apart_messages_of_two_queues_with_the_same_id(client: Client) -> None:
-    """Each queue numbers its own messages: a consumer serving several (as a compat QueuePool's) holds
-    them by queue and id, so every one is acked once, with its result."""
+    """A consumer of several queues holds messages by queue and id: each is acked once, with its result.
+
+    Each queue numbers its own messages: a consumer serving several (as a compat QueuePool's) holds
+    them by queue and id, so every one is acked once, with its result.
+    """
     pool = client.pool
     # two puts per queue: each put goes to the next server, so both queues have messages 1-5 on both
-    handles = [h for q, first in [("ids-a", 0), ("ids-a", 5), ("ids-b", 10), ("ids-b", 15)]
-               for h in pool.map(held_a_while, range(first, first + 5), queue=q)]  # fmt: skip
+    handles = [
+        h
+        for q, first in [("ids-a", 0), ("ids-a", 5), ("ids-b", 10), ("ids-b", 15)]
+        for h in pool.map(held_a_while, range(first, first + 5), queue=q)
+    ]
     assert {h.id for h in handles[:10]} & {h.id for h in handles[10:]}  # ids both queues have
     stats = Consumer(pool, ["ids-a", "ids-b"], until_empty=True, max_concurrency=20).run()
     assert pool.gather(handles, timeout=10) == list(range(20))
@@ -314,10 +326,14 @@ def finish_on_go(log: str, go: str) -> str:
     return "done"
 
 
-def test_join_with_early_acks_waits_for_the_items_still_running(client: Client, tmp_path: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """Acked on delivery, a running item is no longer pending on the servers: join waits on the
-    consumers for it (a join that stopped them instead would kill it after STOP_GRACE_S)."""
+def test_join_with_early_acks_waits_for_the_items_still_running(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """join waits on the consumers for an item still running, acked on delivery.
+
+    Acked on delivery, a running item is no longer pending on the servers: join waits on the
+    consumers for it (a join that stopped them instead would kill it after STOP_GRACE_S).
+    """
     monkeypatch.setattr(consumer_pool_module, "STOP_GRACE_S", 0.5)  # a wrong stop kills the item at once
     log, go = tmp_path / "runs.log", tmp_path / "go"
     queue_pool = QueuePool(client, 1)
@@ -355,7 +371,8 @@ def test_what_process_item_returns_never_fails_the_item(client: Client, early_ac
 
 
 def test_early_ack_consumers_extend_no_leases_and_ordinary_ones_check_results_only_when_big(
-        client: Client, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pool = client.pool
     handles = pool.map(double, range(5), queue="hot-path")
 

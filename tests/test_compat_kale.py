@@ -1,6 +1,8 @@
-"""conveyor.compat.kale: an ndkale-style project (tests/kale_project: taskworker/ tasks, settings,
-queue YAML; publisher.py, worker.py) run with only its import lines changed, against real queue
-servers and a real worker process."""
+"""conveyor.compat.kale: an ndkale-style project run with only its import lines changed.
+
+The project is tests/kale_project (taskworker/ tasks, settings, queue YAML; publisher.py,
+worker.py), run against real queue servers and a real worker process.
+"""
 
 from __future__ import annotations
 
@@ -37,8 +39,13 @@ PROJECT = Path(__file__).parent / "kale_project"
 
 def env_for(endpoint: str, out: Path) -> dict[str, str]:
     src = str(Path(__file__).parents[1] / "src")
-    return {**os.environ, "KALE_SETTINGS_MODULE": "taskworker.settings", "KALE_TEST_ENDPOINT": endpoint,
-            "KALE_TEST_OUT": str(out), "PYTHONPATH": os.pathsep.join([str(PROJECT), src])}  # fmt: skip
+    return {
+        **os.environ,
+        "KALE_SETTINGS_MODULE": "taskworker.settings",
+        "KALE_TEST_ENDPOINT": endpoint,
+        "KALE_TEST_OUT": str(out),
+        "PYTHONPATH": os.pathsep.join([str(PROJECT), src]),
+    }
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
@@ -63,8 +70,11 @@ class Project:
 
 @contextlib.contextmanager
 def running_worker(out: Path) -> Iterator[Project]:
-    """One server and one kale worker process (`python worker.py` in the project directory, in a
-    process group of its own), stopped by SIGTERM to its whole group (as systemd stops a service)."""
+    """One server and one kale worker process, stopped by SIGTERM to its whole group.
+
+    The worker is `python worker.py` in the project directory, in a process group of its own; the
+    SIGTERM to its whole group is how systemd stops a service.
+    """
     with QueuePool.local(n_servers=1) as pool:
         env = env_for(",".join(c.address for c in pool.clients), out)
         proc = subprocess.Popen([sys.executable, "worker.py"], cwd=PROJECT, env=env, start_new_session=True)
@@ -91,8 +101,9 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
 
 
 def publish(env: dict[str, str], what: str) -> list[str]:
-    done = subprocess.run([sys.executable, "publisher.py", what], cwd=PROJECT, env=env, capture_output=True, text=True,
-                          timeout=30)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "publisher.py", what], cwd=PROJECT, env=env, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 0, done.stderr
     return done.stdout.split()
 
@@ -123,8 +134,11 @@ def test_failures_retry_per_max_retries_and_exception_list(project: Project) -> 
     black = wait_for(lambda: lines(out / "blacklisted-failures"), 10, "BlacklistedTask's failure")
     assert black == [{"retry_num": 0, "retried": False}]  # KeyError is in EXCEPTION_LIST: never retried
     # past the next backoff ((1 << 2) * 0.2 s), still no 4th attempt
-    stays(lambda: len(lines(out / "flaky-failures")) == 3 and len(lines(out / "blacklisted-failures")) == 1, 1.5,
-          "no attempt past max_retries or EXCEPTION_LIST")  # fmt: skip
+    stays(
+        lambda: len(lines(out / "flaky-failures")) == 3 and len(lines(out / "blacklisted-failures")) == 1,
+        1.5,
+        "no attempt past max_retries or EXCEPTION_LIST",
+    )
 
 
 def test_handle_failure_returning_false_fails_at_once(project: Project) -> None:
@@ -205,9 +219,12 @@ def test_bad_settings_are_clear_errors(in_project: None) -> None:
 def test_a_settings_module_that_raises_is_a_clear_error_naming_it(
     in_project: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """ndkale's settings module raising as it runs (a missing secret, say): not a raw RuntimeError, but
-    the compat layer's configuration error, naming the variable, the module and its file, the
-    original error chained."""
+    """ndkale's settings module raising as it runs is the compat layer's configuration error, naming it.
+
+    A settings module raising as it runs (a missing secret, say) is not a raw RuntimeError, but the
+    compat layer's configuration error, naming the variable, the module and its file, the original
+    error chained.
+    """
     (tmp_path / "raising_kale_settings.py").write_text("raise RuntimeError('SECRET_KEY is not set')\n")
     monkeypatch.syspath_prepend(str(tmp_path))
     with pytest.raises(exceptions.ImproperlyConfiguredException) as e:
@@ -269,8 +286,9 @@ def test_settings_are_read_on_first_use_never_at_class_definition() -> None:
 
 def test_a_worker_started_from_elsewhere_says_where_it_looked(tmp_path: Path) -> None:
     env = {**env_for("tcp://127.0.0.1:1", tmp_path)}
-    done = subprocess.run([sys.executable, str(PROJECT / "worker.py")], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=30)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(PROJECT / "worker.py")], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=30
+    )
     assert done.returncode == 1 and "QUEUE_CONFIG: no queue configuration at" in done.stderr and str(tmp_path) in done.stderr
 
 
@@ -325,8 +343,9 @@ def test_ndkale_queue_selectors(in_project: None) -> None:
         queue_selector.make_selector("taskworker.selector.NoSuchSelector")
 
 
-def test_handle_failure_decides_retries_without_marking_the_exception(in_project: None, tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_handle_failure_decides_retries_without_marking_the_exception(
+    in_project: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     settings.reload({"KALE_SETTINGS_MODULE": "taskworker.settings"})
     from taskworker import tasks
 

@@ -1,5 +1,7 @@
-"""Completions (`conveyor.worker.completions`): the queue between a consumer's slots and its loop,
-whose reader sleeps until enough runs have finished."""
+"""Completions (`conveyor.worker.completions`): the queue between a consumer's slots and its loop.
+
+Its reader sleeps until enough runs have finished.
+"""
 
 from __future__ import annotations
 

@@ -108,8 +108,9 @@ def files(path: Path) -> dict[str, bytes]:
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture, text: str = "") -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == LOGGER and r.levelno >= logging.WARNING and text in r.getMessage()]  # fmt: skip
+    return [
+        r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno >= logging.WARNING and text in r.getMessage()
+    ]
 
 
 def no_error(what: str, fn: Callable[[], T]) -> T:
@@ -287,11 +288,14 @@ def test_newest_segment_truncated_mid_record_is_cut(tmp_path: Path, caplog: pyte
 
 @pytest.mark.parametrize("kind", [KIND_RESULT, KIND_DEAD], ids=["result", "dead-letter"])
 def test_torn_result_or_dead_letter_is_not_served_as_other_bytes(tmp_path: Path, kind: int) -> None:
-    """A tail cut off the newest segment that holds a result (or dead letter) whose index record survived loses
-    what the index confirmed: the open is refused, naming the file and where its records end; repaired, the id
-    reads FAILED with a dead letter saying so, never the bytes of whatever is written there next. (Segments and
-    index are separate files: under fsync "interval" or "never" a machine crash can keep the index record and lose
-    the segment's tail.)"""
+    """A result or dead letter torn off a segment's tail is never served as the bytes written there next.
+
+    A tail cut off the newest segment that holds a result (or dead letter) whose index record
+    survived loses what the index confirmed: the open is refused, naming the file and where its
+    records end; repaired, the id reads FAILED with a dead letter saying so, never the bytes of
+    whatever is written there next. (Segments and index are separate files: under fsync "interval"
+    or "never" a machine crash can keep the index record and lose the segment's tail.)
+    """
     path = tmp_path / "q"
     with DurableStore(path, segment_bytes=SEG, fsync="never", max_attempts=1) as s:
         ids = s.put([Message(payload=payload(i)) for i in range(100)])
@@ -403,8 +407,9 @@ def test_torn_index_tail_is_cut(tmp_path: Path, caplog: pytest.LogCaptureFixture
 
 # --- (e), (f): repair ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("delivered", [False, True], ids=["ready", "delivered"])
-def test_repair_sets_a_damaged_segment_aside_and_keeps_the_rest(tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                                                delivered: bool) -> None:  # fmt: skip
+def test_repair_sets_a_damaged_segment_aside_and_keeps_the_rest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, delivered: bool
+) -> None:
     """repair=True pads the damaged record in place, keeps its bytes aside, and loses only the damaged record's message."""
     path = tmp_path / "q"
     payloads = fill(path)
@@ -423,8 +428,9 @@ def test_repair_sets_a_damaged_segment_aside_and_keeps_the_rest(tmp_path: Path, 
         assert len(kept) == len(damaged) and kept[bad.start : bad.end] == damaged[bad.start : bad.end]
         assert kept[: bad.start] == bytes(bad.start) and kept[bad.end :] == bytes(len(damaged) - bad.end)
         assert f.stat().st_size == len(damaged)  # every intact record keeps its offset
-        assert [(r.start, r.id) for r in seg_records(f) if r.start != bad.start] == \
-               [(r.start, r.id) for r in recs if r.start != bad.start]  # fmt: skip
+        assert [(r.start, r.id) for r in seg_records(f) if r.start != bad.start] == [
+            (r.start, r.id) for r in recs if r.start != bad.start
+        ]
         del payloads[bad.id]
         if delivered:  # the index confirmed it: it reads FAILED, its dead letter saying what was lost where
             [w] = warnings_of(caplog, "could not keep")
@@ -500,14 +506,17 @@ def test_repair_of_a_damaged_result_or_dead_letter_serves_no_padding(tmp_path: P
             assert r is None, f"result({bad.id}) after repair is {len(r)} bytes {r[:12]!r}...: the padding, served as a result"
             assert bad.id not in res
         else:
-            assert {d.message.id: (d.message.payload, d.error) for d in dls if d not in lost} == \
-                   {i: (payload(i - ids[0]), f"err {i}") for i in others}  # fmt: skip
+            assert {d.message.id: (d.message.payload, d.error) for d in dls if d not in lost} == {
+                i: (payload(i - ids[0]), f"err {i}") for i in others
+            }
 
 
 @pytest.mark.parametrize("where", ["sealed-tail", "between-records"])
 def test_repair_of_a_damaged_span_shorter_than_a_record(tmp_path: Path, where: str) -> None:
-    """repair=True copes with a damaged span too short for a padding record: nothing intact shifts or is lost,
-    and the repaired store then opens without repair=True."""
+    """repair=True copes with a damaged span too short for a padding record.
+
+    Nothing intact shifts or is lost, and the repaired store then opens without repair=True.
+    """
     path = tmp_path / "q"
     with DurableStore(path, segment_bytes=SEG, fsync="never") as s:
         ids = s.put([Message(payload=payload(i)) for i in range(20)])
@@ -539,8 +548,9 @@ def test_repair_of_a_damaged_span_shorter_than_a_record(tmp_path: Path, where: s
 
 
 @pytest.mark.parametrize("damage", ["flip", "torn"])
-def test_damaged_idempotency_key_log_keeps_every_intact_key(tmp_path: Path, caplog: pytest.LogCaptureFixture,
-                                                            damage: str) -> None:  # fmt: skip
+def test_damaged_idempotency_key_log_keeps_every_intact_key(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, damage: str
+) -> None:
     """A flipped byte costs the one record it hits, not every one after it; a copy of the file is kept aside."""
     from conveyor.constants import KEYS_LOG_NAME
     from conveyor.server.idempotency import Dedupe

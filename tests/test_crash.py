@@ -298,8 +298,11 @@ def spy_fsync(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_batch_fsync_covers_every_segment_an_operation_wrote(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """fsync="batch": every segment file an operation wrote to is fsynced before it returns, rolled ones too
-    (otherwise a machine crash loses records of a put or ack that returned)."""
+    """fsync="batch" syncs every segment an operation wrote to, rolled ones too, before it returns.
+
+    fsync="batch": every segment file an operation wrote to is fsynced before it returns, rolled
+    ones too (otherwise a machine crash loses records of a put or ack that returned).
+    """
     synced = spy_fsync(monkeypatch)
     path = tmp_path / "q"
 

@@ -99,8 +99,9 @@ def test_a_damaged_reservation_never_gives_an_id_twice(tmp_path: Path) -> None:
         for t in range(TRIALS):
             how, torn = DAMAGES[t % 3], (t // 3) % 2 == 1  # every damage with and without a torn tail
             plain = [Message(payload=b"p%d-%d" % (t, j)) for j in range(rng.randint(1, 200))]
-            keyed = [Message(payload=b"k%d-%d" % (t, j), headers={H_IDEMPOTENCY_KEY: f"k{t}-{j}"})
-                     for j in range(rng.randint(1, 200))]  # fmt: skip
+            keyed = [
+                Message(payload=b"k%d-%d" % (t, j), headers={H_IDEMPOTENCY_KEY: f"k{t}-{j}"}) for j in range(rng.randint(1, 200))
+            ]
             keyed_payloads.update(m.payload for m in keyed)
             with QueueClient(address, timeout=30) as c:
                 batches = [plain, keyed] if rng.random() < 0.5 else [keyed, plain]  # either may be torn
@@ -143,9 +144,13 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 @pytest.mark.parametrize("how", ["missing", "empty", "short", "both-slots-bad"])
 def test_an_unreadable_reservation_is_a_named_warning_and_a_skip_past_any_chunk(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str) -> None:  # fmt: skip
-    """However the file is unreadable, reopening warns and starts past the highest id shown plus the largest chunk
-    that can have been reserved, and the file is whole again (the next open is quiet)."""
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, how: str
+) -> None:
+    """An unreadable reservation: reopening warns and starts past any chunk that can have been reserved.
+
+    However the file is unreadable, reopening warns and starts past the highest id shown plus the
+    largest chunk that can have been reserved, and the file is whole again (the next open is quiet).
+    """
     path = tmp_path / "q"
     ids = put_some(path)
     f = path / RESERVED_NAME
@@ -160,8 +165,12 @@ def test_an_unreadable_reservation_is_a_named_warning_and_a_skip_past_any_chunk(
     elif how == "short":
         f.write_bytes(data[:5])
     else:
-        f.write_bytes(bytes([data[0] ^ 1]) + data[1:RESERVED_SLOT_BYTES + 3] + bytes([data[RESERVED_SLOT_BYTES + 3] ^ 1])
-                      + data[RESERVED_SLOT_BYTES + 4 :])  # fmt: skip
+        f.write_bytes(
+            bytes([data[0] ^ 1])
+            + data[1 : RESERVED_SLOT_BYTES + 3]
+            + bytes([data[RESERVED_SLOT_BYTES + 3] ^ 1])
+            + data[RESERVED_SLOT_BYTES + 4 :]
+        )
     with caplog.at_level(logging.WARNING), DurableStore(path, fsync="never") as s:
         [w] = warnings(caplog)
         assert str(f) in w
@@ -174,10 +183,15 @@ def test_an_unreadable_reservation_is_a_named_warning_and_a_skip_past_any_chunk(
 
 @pytest.mark.parametrize("slot", [0, 1], ids=["older-torn", "newer-damaged"])
 def test_one_bad_slot_keeps_the_other_reservation_without_a_skip(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture, slot: int) -> None:  # fmt: skip
-    """One slot failing its checksum is what a raise torn by a crash leaves (it writes the older slot): the other
-    slot's reservation stands, with a warning naming the slot and no skip; the file is whole again. Damage to the
-    newer slot alone looks the same: ids still start past every id the files show."""
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, slot: int
+) -> None:
+    """One bad slot (as a raise torn by a crash leaves) keeps the other slot's reservation, without a skip.
+
+    One slot failing its checksum is what a raise torn by a crash leaves (it writes the older slot):
+    the other slot's reservation stands, with a warning naming the slot and no skip; the file is
+    whole again. Damage to the newer slot alone looks the same: ids still start past every id the
+    files show.
+    """
     path = tmp_path / "q"
     ids = put_some(path)
     f = path / RESERVED_NAME
@@ -200,8 +214,11 @@ def test_one_bad_slot_keeps_the_other_reservation_without_a_skip(
 
 
 def test_a_fresh_or_unused_store_has_no_reservation_to_miss(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """A store that never handed out an id opens quietly, however often, and starts at id 1; so does one whose
-    first raise a crash cut short before its bytes reached the disk (an empty file)."""
+    """A store that never handed out an id opens quietly, however often, and starts at id 1.
+
+    So does one whose first raise a crash cut short before its bytes reached the disk (an empty
+    file).
+    """
     path = tmp_path / "q"
     for k in range(3):
         if k == 2:
@@ -212,8 +229,12 @@ def test_a_fresh_or_unused_store_has_no_reservation_to_miss(tmp_path: Path, capl
 
 
 def test_keys_past_the_store_ids_are_never_given_again(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """Ids a server's keys log names beyond what the store's files show are skipped, and past them the margin
-    when the reservation is lost: a retried keyed put whose message never reached the segments gets new ids."""
+    """Ids a server's keys log names beyond what the store's files show are never given again.
+
+    Ids a server's keys log names beyond what the store's files show are skipped, and past them the
+    margin when the reservation is lost: a retried keyed put whose message never reached the
+    segments gets new ids.
+    """
     from conveyor.server.idempotency import Dedupe
 
     path = tmp_path / "q"

@@ -1,9 +1,12 @@
-"""`conveyor dashboard` end to end, in a real headless Chromium (the system's, driven by Playwright)
-over real queue servers and consumer processes: counts that follow the work, a killed consumer
-marked, a killed server shown down while the rest keeps updating, the requeue button, the login,
-bad input (an unreachable server, a wrong token, 100,000 dead letters, script in an error text), and
-the page's speed with 2 servers, 100 queues and 50 consumers. Screenshots for the docs are taken
-from these runs (CONVEYOR_SCREENSHOTS=DIR writes them there)."""
+"""`conveyor dashboard` end to end, in a real headless Chromium over real queue servers and consumers.
+
+In the system's Chromium, driven by Playwright, over real queue servers and consumer processes:
+counts that follow the work, a killed consumer marked, a killed server shown down while the rest
+keeps updating, the requeue button, the login, bad input (an unreachable server, a wrong token,
+100,000 dead letters, script in an error text), and the page's speed with 2 servers, 100 queues and
+50 consumers. Screenshots for the docs are taken from these runs (CONVEYOR_SCREENSHOTS=DIR writes
+them there).
+"""
 
 from __future__ import annotations
 
@@ -103,12 +106,18 @@ def test_counts_follow_the_work_and_a_killed_consumer_is_marked(page: Any) -> No
             working = page.locator("#consumers tbody tr.ok, #consumers tbody tr.slow")
             wait_for(lambda: working.count() == 2, 10, "2 consumers shown working")
             rows = page.locator("#consumers tbody tr")
-            wait_for(lambda: all(number(str(r.locator("td").nth(3).text_content())) > 0 for r in rows.all()), 10,
-                     "their reports of work done")  # fmt: skip
+            wait_for(
+                lambda: all(number(str(r.locator("td").nth(3).text_content())) > 0 for r in rows.all()),
+                10,
+                "their reports of work done",
+            )
             shot(page, "dashboard-running")
             victim = cp.processes[0]
-            name = next(r.get_attribute("data-consumer") for r in page.locator("#consumers tbody tr").all()
-                        if f":{victim.pid}:" in str(r.get_attribute("data-consumer")))  # fmt: skip
+            name = next(
+                r.get_attribute("data-consumer")
+                for r in page.locator("#consumers tbody tr").all()
+                if f":{victim.pid}:" in str(r.get_attribute("data-consumer"))
+            )
             os.kill(victim.pid, signal.SIGKILL)  # type: ignore[arg-type]
             wait_for(lambda: cell(page, "consumers", name, 9) == "late", 15, "the killed consumer marked late")
             wait_for(lambda: cell(page, "consumers", name, 9) == "gone", 15, "then gone")
@@ -265,14 +274,22 @@ def test_the_page_is_fast_with_2_servers_100_queues_and_50_consumers(page: Any) 
         for q in range(100):
             pool.put(f"queue-{q:03d}", [Message(payload=b"x")] * 10)
         for w in range(50):  # 50 consumers' reports, through the real report operation
-            pool.report(f"host-{w % 5}:{1000 + w}:0", {"processed": w, "failed": 0, "running": 1, "pid": 1000 + w,
-                                                       "host": f"host-{w % 5}"})  # fmt: skip
-        wait_for(lambda: len(_overview(board.url)["queues"]) == 100 and len(_overview(board.url)["consumers"]) == 50, 10,
-                 "the dashboard polled the servers since")  # fmt: skip
+            pool.report(
+                f"host-{w % 5}:{1000 + w}:0",
+                {"processed": w, "failed": 0, "running": 1, "pid": 1000 + w, "host": f"host-{w % 5}"},
+            )
+        wait_for(
+            lambda: len(_overview(board.url)["queues"]) == 100 and len(_overview(board.url)["consumers"]) == 50,
+            10,
+            "the dashboard polled the servers since",
+        )
         t0 = time.monotonic()
         page.goto(board.url)
-        wait_for(lambda: page.locator("#queues tbody tr").count() == 100 and page.locator("#consumers tbody tr").count() == 50,
-                 10, "100 queues and 50 consumers")  # fmt: skip
+        wait_for(
+            lambda: page.locator("#queues tbody tr").count() == 100 and page.locator("#consumers tbody tr").count() == 50,
+            10,
+            "100 queues and 50 consumers",
+        )
         load_s = time.monotonic() - t0
         stamps = [updated(page)]
         deadline = time.monotonic() + 8
@@ -289,8 +306,11 @@ def test_the_page_is_fast_with_2_servers_100_queues_and_50_consumers(page: Any) 
 def test_conveyor_dashboard_serves_the_page_and_its_json(tmp_path: Path) -> None:
     with QueuePool.local(n_servers=1) as pool:
         pool.put("jobs", [Message(payload=b"x")] * 2)
-        proc = subprocess.Popen([sys.executable, "-m", "conveyor", "dashboard", "--connect", pool.addresses[0], "--port", "0"],
-                                stdout=subprocess.PIPE, text=True)  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "conveyor", "dashboard", "--connect", pool.addresses[0], "--port", "0"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         try:
             assert proc.stdout is not None
             line = proc.stdout.readline().split()
@@ -354,8 +374,11 @@ def test_the_json_endpoints_refuse_bad_input_and_a_queue_on_one_shard_pages() ->
 
 
 def test_a_busy_consumer_far_behind_its_peers_is_marked_slow() -> None:
-    """Three consumers report (the real report operation, every 0.5 s): two do 20 tasks a report,
-    one does 1 with tasks running; that one is slow, the others ok."""
+    """Of three consumers reporting, the one doing 1 task a report to its peers' 20 is marked slow.
+
+    Three consumers report (the real report operation, every 0.5 s): two do 20 tasks a report, one
+    does 1 with tasks running; that one is slow, the others ok.
+    """
     with QueuePool.local(n_servers=1) as pool, Dashboard(pool, port=0) as board:
         done = {"fast-1": 0, "fast-2": 0, "laggard": 0}
 
@@ -376,13 +399,18 @@ def test_a_busy_consumer_far_behind_its_peers_is_marked_slow() -> None:
 
 
 def test_a_map_jobs_rows_are_counted_by_its_consumers_reports() -> None:
-    """Messages saying how many rows they carry (as map's do): the job's rows done and total are
-    the rows of the messages settled, a message failed for good included, and exact at the end."""
+    """A map job's rows done and total are those of its messages settled, exact at the end.
+
+    Messages saying how many rows they carry (as map's do): the job's rows done and total are the
+    rows of the messages settled, a message failed for good included, and exact at the end.
+    """
     with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
         opts = TaskOptions(queue="map-t", max_retries=0)
         sizes = [3, 5, 1, 4] * 10
-        messages = [dataclasses.replace(m := build_message(wt.add.task_name, opts, (j, 1), {}),
-                                        headers={**m.headers, H_ROWS: str(n)}) for j, n in enumerate(sizes)]  # fmt: skip
+        messages = [
+            dataclasses.replace(m := build_message(wt.add.task_name, opts, (j, 1), {}), headers={**m.headers, H_ROWS: str(n)})
+            for j, n in enumerate(sizes)
+        ]
         failing = build_message(wt.fails_for_good.task_name, opts, (), {})
         pool.put("map-t", [*messages, dataclasses.replace(failing, headers={**failing.headers, H_ROWS: "7"})])
         Consumer(pool, ["map-t"], max_concurrency=2, until_empty=True, task_modules=MODULES).run()
@@ -409,8 +437,16 @@ def test_a_running_map_job_shows_its_progress_then_done(page: Any, spark: Any) -
 
         def run() -> None:
             try:
-                out = cs.map(df, _slow_row, schema="i long", pool=pool, n_consumers=2, max_concurrency=2, rows_per_message=2,
-                             progress=False)  # fmt: skip
+                out = cs.map(
+                    df,
+                    _slow_row,
+                    schema="i long",
+                    pool=pool,
+                    n_consumers=2,
+                    max_concurrency=2,
+                    rows_per_message=2,
+                    progress=False,
+                )
                 done["rows"] = out.count()
             except BaseException as e:  # told by the test, not lost with the thread
                 failed.append(e)

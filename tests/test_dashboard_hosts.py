@@ -1,6 +1,8 @@
-"""The dashboard answers only the Host names it was told (no DNS rebinding): loopback names, the
-address it serves on and --allow-host ones, compared as written, nothing resolved; other spellings
-of a loopback address and names that would resolve to it get 421."""
+"""The dashboard answers only the Host names it was told (no DNS rebinding).
+
+Loopback names, the address it serves on and --allow-host ones, compared as written, nothing
+resolved; other spellings of a loopback address and names that would resolve to it get 421.
+"""
 
 from __future__ import annotations
 

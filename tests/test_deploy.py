@@ -1,5 +1,8 @@
-"""The deployment files under deploy/: the Kubernetes manifest parses, and the server command it runs is one
-`conveyor serve` accepts, with its token, certificate and data where the pod mounts them."""
+"""The deployment files under deploy/: the Kubernetes manifest and the server command it runs.
+
+The manifest parses, and the server command it runs is one `conveyor serve` accepts, with its token,
+certificate and data where the pod mounts them.
+"""
 
 from __future__ import annotations
 

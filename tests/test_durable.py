@@ -48,8 +48,9 @@ def test_reopen_rebuilds_state_exactly(tmp_path: Path) -> None:
         # ready messages come back in priority order with their attempts
         rest = s.get(1000)
         assert [m.priority for m in rest] == sorted((m.priority for m in rest), reverse=True)
-        assert all(m.attempts == (2 if statuses[m.id] == Status.READY and m.id in {x.id for x in got[40:60]} else 1)
-                   for m in rest)  # fmt: skip
+        assert all(
+            m.attempts == (2 if statuses[m.id] == Status.READY and m.id in {x.id for x in got[40:60]} else 1) for m in rest
+        )
 
 
 def test_delivered_at_crash_come_back_after_their_lease(tmp_path: Path) -> None:
@@ -109,10 +110,15 @@ def test_dead_segments_are_deleted_only_once_the_acks_that_killed_them_are_synce
 
 @pytest.mark.parametrize("fsync", ["batch-group", "interval"])
 def test_a_rewritten_index_reaches_the_disk_only_after_the_segments_it_points_into(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: str) -> None:  # fmt: skip
-    """A rewrite syncs the new index at once, while syncs of operations come later: the messages its records name
-    must be on disk first, or a machine crash between the two could leave an index confirming deliveries of
-    messages whose bodies never reached the disk (an open refused as a segment cut short)."""
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fsync: str
+) -> None:
+    """A rewritten index reaches the disk only after the segments its records point into.
+
+    A rewrite syncs the new index at once, while syncs of operations come later: the messages its
+    records name must be on disk first, or a machine crash between the two could leave an index
+    confirming deliveries of messages whose bodies never reached the disk (an open refused as a
+    segment cut short).
+    """
     synced = spy_fsync(monkeypatch)
     monkeypatch.setattr(durable, "INDEX_REWRITE_MIN_RECORDS", 64)
     group = fsync == "batch-group"

@@ -1,7 +1,9 @@
-"""Faults on one machine end in the right output or a clear error within a bound, never a silent hang:
-a queue server SIGKILLed for good or started again on its data dir, under a consumer, a join and a
+"""Faults on one machine end in the right output or a clear error within a bound, never a silent hang.
+
+A queue server SIGKILLed for good or started again on its data dir, under a consumer, a join and a
 `conveyor.spark.map`; a second join after the first stopped the consumers; `conveyor.local()` given
-a cluster's master."""
+a cluster's master.
+"""
 
 from __future__ import annotations
 
@@ -127,8 +129,10 @@ def test_a_second_join_serves_work_put_after_the_first(servers: Servers) -> None
 
 
 def test_local_refuses_a_cluster_master() -> None:
-    with pytest.raises(ConveyorError, match=r"spark://10\.0\.0\.1:7077.*conveyor serve --host"), \
-            conveyor.local(master="spark://10.0.0.1:7077"):  # fmt: skip
+    with (
+        pytest.raises(ConveyorError, match=r"spark://10\.0\.0\.1:7077.*conveyor serve --host"),
+        conveyor.local(master="spark://10.0.0.1:7077"),
+    ):
         pass
 
 
@@ -157,13 +161,21 @@ def _map_killing_server_1(servers: Servers, tmp_path: Path) -> tuple[QueuePool, 
 
 
 @pytest.mark.timeout(180)
-def test_map_fails_with_the_server_named_when_one_stays_out_of_reach(spark: SparkSession, servers: Servers,
-                                                                     tmp_path: Path) -> None:  # fmt: skip
+def test_map_fails_with_the_server_named_when_one_stays_out_of_reach(
+    spark: SparkSession, servers: Servers, tmp_path: Path
+) -> None:
     pool, _, func = _map_killing_server_1(servers, tmp_path)
     t0 = time.monotonic()
     with pytest.raises(ServerUnreachableError) as err:
-        cs.map(spark.range(400, numPartitions=2), func, schema="id long", pool=pool, rows_per_message=1,
-               unreachable_s=UNREACHABLE_S, progress=False)  # fmt: skip
+        cs.map(
+            spark.range(400, numPartitions=2),
+            func,
+            schema="id long",
+            pool=pool,
+            rows_per_message=1,
+            unreachable_s=UNREACHABLE_S,
+            progress=False,
+        )
     took = time.monotonic() - t0
     assert (tmp_path / "killed").exists() and err.value.address == servers.addresses[1]
     assert took < BOUND_S + 15, f"the map took {took:.0f} s to fail"
@@ -186,12 +198,15 @@ def _second_partition_late(frames: Iterator[Any]) -> Iterator[Any]:
 
 
 @pytest.mark.timeout(180)
-def test_a_server_lost_while_rows_are_put_fails_the_map_with_it_named(spark: SparkSession, servers: Servers,
-                                                                      tmp_path: Path) -> None:  # fmt: skip
-    """A server lost while a partition's rows are yet to be put: the map ends with
-    ServerUnreachableError naming it. (The put retries a server out of reach, as the consumers do;
-    without that, a put that met the dead server failed the job with its connection error instead:
-    seen once in CI, when a consumer started late.)"""
+def test_a_server_lost_while_rows_are_put_fails_the_map_with_it_named(
+    spark: SparkSession, servers: Servers, tmp_path: Path
+) -> None:
+    """A server lost while a partition's rows are yet to be put: the map ends with ServerUnreachableError naming it.
+
+    (The put retries a server out of reach, as the consumers do; without that, a put that met the
+    dead server failed the job with its connection error instead: seen once in CI, when a consumer
+    started late.)
+    """
     pool, _, func = _map_killing_server_1(servers, tmp_path)
     # 1,200 rows a partition: over 1,000, each put spans both servers (batches are dealt round-robin)
     df = spark.range(2400, numPartitions=2).mapInPandas(_second_partition_late, "id long")
@@ -204,8 +219,7 @@ def test_a_server_lost_while_rows_are_put_fails_the_map_with_it_named(spark: Spa
 
 
 @pytest.mark.timeout(180)
-def test_map_goes_on_when_the_server_is_back_within_the_bound(spark: SparkSession, servers: Servers,
-                                                             tmp_path: Path) -> None:  # fmt: skip
+def test_map_goes_on_when_the_server_is_back_within_the_bound(spark: SparkSession, servers: Servers, tmp_path: Path) -> None:
     pool, proc, func = _map_killing_server_1(servers, tmp_path)
 
     def restart() -> None:
@@ -215,8 +229,15 @@ def test_map_goes_on_when_the_server_is_back_within_the_bound(spark: SparkSessio
 
     t = threading.Thread(target=restart, name="restart-server", daemon=True)
     t.start()
-    out = cs.map(spark.range(400, numPartitions=2), func, schema="id long", pool=pool, rows_per_message=1,
-                 unreachable_s=30.0, progress=False)  # fmt: skip
+    out = cs.map(
+        spark.range(400, numPartitions=2),
+        func,
+        schema="id long",
+        pool=pool,
+        rows_per_message=1,
+        unreachable_s=30.0,
+        progress=False,
+    )
     t.join(10)
     rows = [r["id"] for r in out.collect()]
     assert (tmp_path / "killed").exists()

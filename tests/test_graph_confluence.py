@@ -1,5 +1,7 @@
-"""Confluence of the stock executors: the same rows, in shuffled orders and batchings, give the same
-output set. (In-process: the executors are plain Python objects; the runtime only feeds them.)"""
+"""Confluence of the stock executors: the same rows, in shuffled orders and batchings, give the same output set.
+
+(In-process: the executors are plain Python objects; the runtime only feeds them.)
+"""
 
 from __future__ import annotations
 
@@ -22,11 +24,13 @@ def rows_of(seed: int, n: int, keys: int, prefix: str) -> pa.Table:
     rng = np.random.default_rng(seed)
     key = rng.integers(0, keys, n)
     nulls = rng.random(n) < 0.05  # null keys never join, but group together
-    return pa.table({
-        f"{prefix}k": pa.array(key, mask=nulls),
-        f"{prefix}s": pa.array([f"s{v % 7}" for v in key]),
-        f"{prefix}x": rng.normal(size=n),
-    })  # fmt: skip
+    return pa.table(
+        {
+            f"{prefix}k": pa.array(key, mask=nulls),
+            f"{prefix}s": pa.array([f"s{v % 7}" for v in key]),
+            f"{prefix}x": rng.normal(size=n),
+        }
+    )
 
 
 def batchings(table: pa.Table, rng: np.random.Generator) -> list[pa.Table]:
@@ -100,8 +104,14 @@ def test_hash_join_build_order_violation_is_an_error() -> None:
 def test_hash_aggregate_is_confluent(seed: int) -> None:
     rng = np.random.default_rng(seed)
     table = rows_of(seed, 500, 25, "")
-    aggs = {"total": ("sum", "x"), "n": ("count", "x"), "rows": ("count", None), "avg": ("mean", "x"),
-            "lo": ("min", "x"), "hi": ("max", "x")}  # fmt: skip
+    aggs = {
+        "total": ("sum", "x"),
+        "n": ("count", "x"),
+        "rows": ("count", None),
+        "avg": ("mean", "x"),
+        "lo": ("min", "x"),
+        "hi": ("max", "x"),
+    }
     outs = [canonical(feed(HashAggregate(["k", "s"], aggs), [(0, b) for b in batchings(table, rng)])) for _ in range(4)]
     assert all(o == outs[0] for o in outs)
     df = table.to_pandas()

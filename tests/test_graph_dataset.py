@@ -19,8 +19,9 @@ def squares(spark: SparkSession, path: Path, checkpoint_dir: Path | None = None)
     path.write_text("".join(f"{i},{i % 4}\n" for i in range(1000)))
     g = TaskGraph(spark, checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None)
     src = g.new_input_csv(path, ["n", "g"], 2, stride=2048)
-    out = g.new_blocking_node({0: src}, Map(lambda t: t.append_column("sq", pa.compute.multiply(t.column("n"), t.column("n")))),
-                              3, {0: "n"})  # fmt: skip
+    out = g.new_blocking_node(
+        {0: src}, Map(lambda t: t.append_column("sq", pa.compute.multiply(t.column("n"), t.column("n")))), 3, {0: "n"}
+    )
     g.run()
     return out
 

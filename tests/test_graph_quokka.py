@@ -1,8 +1,11 @@
-"""Quokka's runtime API on Conveyor's TaskGraph, written as its users wrote it (after its runtime
-documentation and its TPC-H apps of that time): bucket + key inputs with `{'localhost': n}`
-placement, pandas executors on `StatelessExecutor` with `early_termination()`, `new_task_node`,
-the five-argument node form, a two-stage graph through `new_input_from_dataset`, and S3 through a
-local S3-compatible server (moto's, on 127.0.0.1). Answers are checked against DuckDB."""
+"""Quokka's runtime API on Conveyor's TaskGraph, written as its users wrote it.
+
+Written after its runtime documentation and its TPC-H apps of that time: bucket + key inputs with
+`{'localhost': n}` placement, pandas executors on `StatelessExecutor` with `early_termination()`,
+`new_task_node`, the five-argument node form, a two-stage graph through `new_input_from_dataset`,
+and S3 through a local S3-compatible server (moto's, on 127.0.0.1). Answers are checked against
+DuckDB.
+"""
 
 from __future__ import annotations
 
@@ -33,8 +36,13 @@ LINEITEM = names("lineitem")
 
 def lineitem_filter(df: pd.DataFrame) -> pd.DataFrame:
     """Q6's predicate pushed into the reader, as Quokka's apps did with batch_func (pandas in, pandas out)."""
-    df = df[(df.l_shipdate >= pd.Timestamp("1994-01-01")) & (df.l_shipdate < pd.Timestamp("1995-01-01"))
-            & (df.l_discount >= 0.05) & (df.l_discount <= 0.07) & (df.l_quantity < 24)]  # fmt: skip
+    df = df[
+        (df.l_shipdate >= pd.Timestamp("1994-01-01"))
+        & (df.l_shipdate < pd.Timestamp("1995-01-01"))
+        & (df.l_discount >= 0.05)
+        & (df.l_discount <= 0.07)
+        & (df.l_quantity < 24)
+    ]
     return pd.DataFrame({"revenue": df.l_extendedprice * df.l_discount})
 
 
@@ -53,8 +61,11 @@ class AggExecutor(StatelessExecutor):
 
 
 class JoinExecutor(StatelessExecutor):
-    """A symmetric hash join kept as sets of batches (Quokka's confluent join); checks the documented
-    partition rule: every row of its channel has `key % parallelism == executor_id`."""
+    """A symmetric hash join kept as sets of batches (Quokka's confluent join).
+
+    It checks the documented partition rule: every row of its channel has `key % parallelism ==
+    executor_id`.
+    """
 
     def __init__(self, on: tuple[str, str], parallelism: int) -> None:
         self.on, self.parallelism = on, parallelism
@@ -81,8 +92,13 @@ class GroupCountExecutor(StatelessExecutor):
 
     def execute(self, batch: pd.DataFrame, stream_id: int, executor_id: int) -> None:
         urgent = batch.o_orderpriority.isin(["1-URGENT", "2-HIGH"])
-        part = pd.DataFrame({"l_shipmode": batch.l_shipmode, "high_line_count": urgent.astype(int),
-                             "low_line_count": (~urgent).astype(int)}).groupby("l_shipmode").sum()  # fmt: skip
+        part = (
+            pd.DataFrame(
+                {"l_shipmode": batch.l_shipmode, "high_line_count": urgent.astype(int), "low_line_count": (~urgent).astype(int)}
+            )
+            .groupby("l_shipmode")
+            .sum()
+        )
         self.state = part if self.state is None else self.state.add(part, fill_value=0)
 
     def done(self, executor_id: int) -> pd.DataFrame | None:
@@ -90,15 +106,21 @@ class GroupCountExecutor(StatelessExecutor):
 
 
 def q12_lineitem(df: pd.DataFrame) -> pd.DataFrame:
-    df = df[df.l_shipmode.isin(["MAIL", "SHIP"]) & (df.l_commitdate < df.l_receiptdate) & (df.l_shipdate < df.l_commitdate)
-            & (df.l_receiptdate >= pd.Timestamp("1994-01-01")) & (df.l_receiptdate < pd.Timestamp("1995-01-01"))]  # fmt: skip
+    df = df[
+        df.l_shipmode.isin(["MAIL", "SHIP"])
+        & (df.l_commitdate < df.l_receiptdate)
+        & (df.l_shipdate < df.l_commitdate)
+        & (df.l_receiptdate >= pd.Timestamp("1994-01-01"))
+        & (df.l_receiptdate < pd.Timestamp("1995-01-01"))
+    ]
     return df[["l_orderkey", "l_shipmode"]]
 
 
 def test_q6_with_bucket_key_and_machine_placement(spark: SparkSession, tpch_sf001: Path) -> None:
     task_graph = TaskGraph(spark)
-    lineitem = task_graph.new_input_csv(str(tpch_sf001), "lineitem.tbl", LINEITEM, {"localhost": 2},
-                                        batch_func=lineitem_filter, sep="|")  # fmt: skip
+    lineitem = task_graph.new_input_csv(
+        str(tpch_sf001), "lineitem.tbl", LINEITEM, {"localhost": 2}, batch_func=lineitem_filter, sep="|"
+    )
     agged = task_graph.new_blocking_node({0: lineitem}, None, AggExecutor(), {"localhost": 1}, {0: None})
     task_graph.initialize()
     task_graph.run()
@@ -108,12 +130,23 @@ def test_q6_with_bucket_key_and_machine_placement(spark: SparkSession, tpch_sf00
 
 def test_q12_pandas_join_and_index_keyed_aggregate(spark: SparkSession, tpch_sf001: Path) -> None:
     task_graph = TaskGraph(spark)
-    orders = task_graph.new_input_csv(str(tpch_sf001), "orders.tbl", names("orders"), {"localhost": 2}, sep="|",
-                                      batch_func=lambda df: df[["o_orderkey", "o_orderpriority"]])  # fmt: skip
-    lineitem = task_graph.new_input_csv(str(tpch_sf001), "lineitem.tbl", LINEITEM, 2, ip="localhost", sep="|",
-                                        batch_func=q12_lineitem)  # fmt: skip
-    joined = task_graph.new_task_node({0: orders, 1: lineitem}, JoinExecutor(("o_orderkey", "l_orderkey"), 4),
-                                      {"localhost": 4}, {0: "o_orderkey", 1: "l_orderkey"})  # fmt: skip
+    orders = task_graph.new_input_csv(
+        str(tpch_sf001),
+        "orders.tbl",
+        names("orders"),
+        {"localhost": 2},
+        sep="|",
+        batch_func=lambda df: df[["o_orderkey", "o_orderpriority"]],
+    )
+    lineitem = task_graph.new_input_csv(
+        str(tpch_sf001), "lineitem.tbl", LINEITEM, 2, ip="localhost", sep="|", batch_func=q12_lineitem
+    )
+    joined = task_graph.new_task_node(
+        {0: orders, 1: lineitem},
+        JoinExecutor(("o_orderkey", "l_orderkey"), 4),
+        {"localhost": 4},
+        {0: "o_orderkey", 1: "l_orderkey"},
+    )
     counts = task_graph.new_blocking_node({0: joined}, None, GroupCountExecutor(), {"localhost": 1}, {0: None})
     task_graph.run()
     expected = duckdb_answer("q12", tpch_sf001)
@@ -164,8 +197,11 @@ def test_a_two_stage_graph_through_new_input_from_dataset(spark: SparkSession, t
 
 
 class FirstRows(StatelessExecutor):
-    """Keeps `n` rows, then stops its input: by the method, or by the attribute Quokka's base class
-    set; its done() writes how many batches still came after that (none should)."""
+    """Keeps `n` rows, then stops its input.
+
+    It stops it by the method, or by the attribute Quokka's base class set; its done() writes how
+    many batches still came after that (none should).
+    """
 
     def __init__(self, n: int, by_attribute: bool, path: str) -> None:
         self.n, self.by_attribute, self.path, self.rows, self.after = n, by_attribute, path, 0, 0
@@ -192,8 +228,7 @@ def test_early_termination_stops_the_input(spark: SparkSession, tpch_sf001: Path
     # 64 kB splits: ~120 of them, each read as its own batch
     lineitem = task_graph.new_input_csv(str(tpch_sf001), "lineitem.tbl", LINEITEM, 1, sep="|", stride=64 * 1024)
     after = tmp_path / "after"
-    first = task_graph.new_blocking_node({0: lineitem}, None, FirstRows(5, by_attribute, str(after)), {"localhost": 1},
-                                         {0: None})  # fmt: skip
+    first = task_graph.new_blocking_node({0: lineitem}, None, FirstRows(5, by_attribute, str(after)), {"localhost": 1}, {0: None})
     stats = task_graph.run()
     assert len(first.to_pandas()) == 5
     assert after.read_text() == "0"  # no batch was handed over once it had stopped
@@ -225,9 +260,12 @@ def test_a_task_node_nobody_reads_is_an_output_node(spark: SparkSession, tpch_sf
 
 def test_quokka_arguments_that_are_wrong_get_clear_errors(tpch_sf001: Path) -> None:
     g = TaskGraph()
-    for parallelism, match in (({"localhost": 0}, "machine 'localhost' must get an integer >= 1"),
-                               ({"": 2}, "must map machine addresses"), ({}, "maps no machine"),
-                               ("8", "parallelism must be an integer >= 1 or a mapping")):  # fmt: skip
+    for parallelism, match in (
+        ({"localhost": 0}, "machine 'localhost' must get an integer >= 1"),
+        ({"": 2}, "must map machine addresses"),
+        ({}, "maps no machine"),
+        ("8", "parallelism must be an integer >= 1 or a mapping"),
+    ):
         with pytest.raises(GraphError, match=match):
             g.new_input_csv(str(tpch_sf001), "lineitem.tbl", LINEITEM, parallelism, sep="|")
     with pytest.raises(GraphError, match="ip must be a machine's address"):
@@ -281,8 +319,12 @@ def s3(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         endpoint = f"http://127.0.0.1:{port}"
         wait_for(lambda: _answers(port) or proc.poll() is not None, 30, "moto's S3 server to listen")
         assert proc.poll() is None, (tmp_path / "moto.log").read_text()
-        for key, value in {"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                           "AWS_REGION": "us-east-1"}.items():  # fmt: skip
+        for key, value in {
+            "AWS_ENDPOINT_URL": endpoint,
+            "AWS_ACCESS_KEY_ID": "test",
+            "AWS_SECRET_ACCESS_KEY": "test",
+            "AWS_REGION": "us-east-1",
+        }.items():
             monkeypatch.setenv(key, value)
         yield endpoint
     finally:
@@ -306,16 +348,23 @@ def _upload(fs: pafs.FileSystem, local: Path, key: str) -> None:
 
 
 def test_q6_from_s3_by_bucket_name_and_by_url_and_prefix(spark: SparkSession, tpch_sf001: Path, s3: str) -> None:
-    fs = pafs.S3FileSystem(endpoint_override=s3.split("://")[1], scheme="http", access_key="test", secret_key="test",
-                           region="us-east-1", allow_bucket_creation=True)  # fmt: skip
+    fs = pafs.S3FileSystem(
+        endpoint_override=s3.split("://")[1],
+        scheme="http",
+        access_key="test",
+        secret_key="test",
+        region="us-east-1",
+        allow_bucket_creation=True,
+    )
     fs.create_dir("tpch")  # a bucket
     _upload(fs, tpch_sf001 / "lineitem.tbl", "tpch/lineitem/part-0.tbl")
     expected = duckdb_answer("q6", tpch_sf001)
     # Quokka's form: a bare bucket name and a key; then an s3:// URL with a key prefix
     for bucket, key in (("tpch", "lineitem/part-0.tbl"), ("s3://tpch", "lineitem/part")):
         task_graph = TaskGraph(spark)
-        lineitem = task_graph.new_input_csv(bucket, key, LINEITEM, {"localhost": 2}, batch_func=lineitem_filter, sep="|",
-                                            stride=256 * 1024)  # fmt: skip
+        lineitem = task_graph.new_input_csv(
+            bucket, key, LINEITEM, {"localhost": 2}, batch_func=lineitem_filter, sep="|", stride=256 * 1024
+        )
         agged = task_graph.new_blocking_node({0: lineitem}, None, AggExecutor(), {"localhost": 1}, {0: None})
         task_graph.run()
         assert_frames_close(agged.to_pandas()[["revenue"]], expected)
@@ -328,8 +377,12 @@ def test_q6_from_s3_by_bucket_name_and_by_url_and_prefix(spark: SparkSession, tp
 
 def test_the_driver_environment_configures_s3_and_travels_with_the_reader(monkeypatch: pytest.MonkeyPatch) -> None:
     """The S3 file system is pickled into the Spark tasks with the driver's settings: executors need no AWS environment."""
-    for key, value in {"AWS_ENDPOINT_URL": "http://127.0.0.1:9", "AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s",
-                       "AWS_REGION": "eu-west-1"}.items():  # fmt: skip
+    for key, value in {
+        "AWS_ENDPOINT_URL": "http://127.0.0.1:9",
+        "AWS_ACCESS_KEY_ID": "k",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "AWS_REGION": "eu-west-1",
+    }.items():
         monkeypatch.setenv(key, value)
     fs = pickle.loads(pickle.dumps(s3_file_system()))
     options = fs.__reduce__()[1][0]

@@ -1,5 +1,8 @@
-"""How the runtime moves batches: routing to channels, dependency order, stream order, readers,
-and early termination (a limit stops reading its input)."""
+"""How the runtime moves batches.
+
+Routing to channels, dependency order, stream order, readers, and early termination (a limit stops
+reading its input).
+"""
 
 from __future__ import annotations
 

@@ -24,13 +24,19 @@ def build_q1(graph: TaskGraph, data: Path) -> Dataset:
     cols = ["l_returnflag", "l_linestatus", "l_quantity", "l_extendedprice", "l_discount", "l_tax", "l_shipdate"]
     lineitem = graph.new_input_csv(data / "lineitem.tbl", names("lineitem"), 2, batch_func=q1_lineitem, sep="|", columns=cols)
     aggs = {
-        "sum_qty": ("sum", "l_quantity"), "sum_base_price": ("sum", "l_extendedprice"),
-        "sum_disc_price": ("sum", "disc_price"), "sum_charge": ("sum", "charge"), "avg_qty": ("mean", "l_quantity"),
-        "avg_price": ("mean", "l_extendedprice"), "avg_disc": ("mean", "l_discount"), "count_order": ("count", None),
-    }  # fmt: skip
+        "sum_qty": ("sum", "l_quantity"),
+        "sum_base_price": ("sum", "l_extendedprice"),
+        "sum_disc_price": ("sum", "disc_price"),
+        "sum_charge": ("sum", "charge"),
+        "avg_qty": ("mean", "l_quantity"),
+        "avg_price": ("mean", "l_extendedprice"),
+        "avg_disc": ("mean", "l_discount"),
+        "count_order": ("count", None),
+    }
     # a string key: rows are spread over the 2 channels by the stable hash of l_returnflag
-    grouped = graph.new_non_blocking_node({0: lineitem}, HashAggregate(["l_returnflag", "l_linestatus"], aggs), 2,
-                                          {0: "l_returnflag"})  # fmt: skip
+    grouped = graph.new_non_blocking_node(
+        {0: lineitem}, HashAggregate(["l_returnflag", "l_linestatus"], aggs), 2, {0: "l_returnflag"}
+    )
     return graph.new_blocking_node({0: grouped}, Sort(["l_returnflag", "l_linestatus"]), 1, {0: None})
 
 
@@ -45,22 +51,46 @@ def build_q3(graph: TaskGraph, data: Path) -> Dataset:
         df = df[df.l_shipdate > pd.Timestamp("1995-03-15")]
         return pd.DataFrame({"l_orderkey": df.l_orderkey, "volume": df.l_extendedprice * (1 - df.l_discount)})
 
-    cust = graph.new_input_csv(data / "customer.tbl", names("customer"), 1, batch_func=customers, sep="|",
-                               columns=["c_custkey", "c_mktsegment"])  # fmt: skip
-    ords = graph.new_input_csv(data / "orders.tbl", names("orders"), 2, batch_func=orders, sep="|", dependents=[cust],
-                               columns=["o_orderkey", "o_custkey", "o_orderdate", "o_shippriority"])  # fmt: skip
-    items = graph.new_input_csv(data / "lineitem.tbl", names("lineitem"), 2, batch_func=lineitems, sep="|", dependents=[ords],
-                                columns=["l_orderkey", "l_extendedprice", "l_discount", "l_shipdate"])  # fmt: skip
-    cust_orders = graph.new_non_blocking_node({"c": cust, "o": ords}, HashJoin("c_custkey", "o_custkey", left_stream="c",
-                                              right_stream="o", build="c"), 2, {"c": "c_custkey", "o": "o_custkey"})  # fmt: skip
+    cust = graph.new_input_csv(
+        data / "customer.tbl", names("customer"), 1, batch_func=customers, sep="|", columns=["c_custkey", "c_mktsegment"]
+    )
+    ords = graph.new_input_csv(
+        data / "orders.tbl",
+        names("orders"),
+        2,
+        batch_func=orders,
+        sep="|",
+        dependents=[cust],
+        columns=["o_orderkey", "o_custkey", "o_orderdate", "o_shippriority"],
+    )
+    items = graph.new_input_csv(
+        data / "lineitem.tbl",
+        names("lineitem"),
+        2,
+        batch_func=lineitems,
+        sep="|",
+        dependents=[ords],
+        columns=["l_orderkey", "l_extendedprice", "l_discount", "l_shipdate"],
+    )
+    cust_orders = graph.new_non_blocking_node(
+        {"c": cust, "o": ords},
+        HashJoin("c_custkey", "o_custkey", left_stream="c", right_stream="o", build="c"),
+        2,
+        {"c": "c_custkey", "o": "o_custkey"},
+    )
     # the join's output (level 1) sorts before the lineitems (level 2): a build side again
-    joined = graph.new_non_blocking_node({0: cust_orders, 1: items}, HashJoin("o_orderkey", "l_orderkey", build=0), 2,
-                                         {0: "o_orderkey", 1: "l_orderkey"})  # fmt: skip
+    joined = graph.new_non_blocking_node(
+        {0: cust_orders, 1: items}, HashJoin("o_orderkey", "l_orderkey", build=0), 2, {0: "o_orderkey", 1: "l_orderkey"}
+    )
     revenue = graph.new_non_blocking_node(
-        {0: joined}, HashAggregate(["l_orderkey", "o_orderdate", "o_shippriority"], {"revenue": ("sum", "volume")}), 2,
-        {0: "l_orderkey"})  # fmt: skip
-    return graph.new_blocking_node({0: revenue}, Sort([("revenue", "descending"), ("o_orderdate", "ascending")], limit=10), 1,
-                                   {0: None})  # fmt: skip
+        {0: joined},
+        HashAggregate(["l_orderkey", "o_orderdate", "o_shippriority"], {"revenue": ("sum", "volume")}),
+        2,
+        {0: "l_orderkey"},
+    )
+    return graph.new_blocking_node(
+        {0: revenue}, Sort([("revenue", "descending"), ("o_orderdate", "ascending")], limit=10), 1, {0: None}
+    )
 
 
 def test_q1(spark: SparkSession, tpch_sf001: Path) -> None:

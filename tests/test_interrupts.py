@@ -1,6 +1,9 @@
-"""Ctrl-C in a real program (a child in a process group of its own, sent SIGINT as a terminal sends it
-to the whole group): local servers outlive the consumers that settle with them, the program ends in
-seconds, and what it says of what is left never points at servers that are gone."""
+"""Ctrl-C in a real program: a child in a process group of its own, sent SIGINT as a terminal does.
+
+The SIGINT goes to the whole group, as a terminal sends it. Local servers outlive the consumers that
+settle with them, the program ends in seconds, and what it says of what is left never points at
+servers that are gone.
+"""
 
 from __future__ import annotations
 
@@ -29,8 +32,10 @@ MAP_EXIT_S = 60.0  # Spark cancels the jobs and stops the session too
 
 
 def interrupted(mode: str, tmp_path: Path, start_s: float) -> tuple[float, str, list[int]]:
-    """Run tests/interrupted_job.py `mode`; once a task has run, SIGINT its process group. Returns the
-    seconds from the signal to its exit, its stderr, and the pids it had started."""
+    """Run tests/interrupted_job.py `mode`; once a task has run, SIGINT its process group.
+
+    Returns the seconds from the signal to its exit, its stderr, and the pids it had started.
+    """
     mark, err = tmp_path / "mark", tmp_path / "stderr"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     with open(err, "wb") as stderr:
@@ -62,8 +67,10 @@ def test_ctrl_c_in_a_consumer_pool_join_on_local_servers_stops_the_consumers_fir
 
 
 def test_ctrl_c_in_a_map_under_conveyor_local_points_at_no_server(tmp_path: Path) -> None:
-    """The case seen: `conveyor drop --connect ...` advised on the servers of `conveyor.local()`, dead
-    of the same Ctrl-C. Now they outlive the map's cleanup, which drops its queue."""
+    """The case seen: `conveyor drop --connect ...` advised on the servers of `conveyor.local()`, dead of the same Ctrl-C.
+
+    Now they outlive the map's cleanup, which drops its queue.
+    """
     took, err, started = interrupted("map", tmp_path, 120)
     assert "KeyboardInterrupt" in err, err[-3000:]
     assert "conveyor drop" not in err, err[-3000:]
@@ -86,9 +93,12 @@ def _notes_of_abandoning(pool: QueuePool, server: subprocess.Popen[bytes], ephem
 
 @pytest.mark.parametrize("case", ["local-temporary", "local-kept", "ephemeral", "users-servers"])
 def test_an_abandoned_map_points_only_at_servers_that_outlive_the_program(tmp_path: Path, case: str) -> None:
-    """A server gone when a map fails: on servers this program started (which stop with it) no server is
-    pointed at, and what is left is said (nothing, or the data directory that keeps it); on the
-    user's own servers, the `conveyor drop` command for the one out of reach."""
+    """A map failing with a server gone points only at servers that outlive the program.
+
+    A server gone when a map fails: on servers this program started (which stop with it) no server
+    is pointed at, and what is left is said (nothing, or the data directory that keeps it); on the
+    user's own servers, the `conveyor drop` command for the one out of reach.
+    """
     if case == "users-servers":
         started = [spawn_server(None, 0) for _ in range(2)]
         try:

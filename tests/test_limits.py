@@ -1,5 +1,8 @@
-"""Limits instead of failures: requests split to fit the server, replies that fit the client, one bad
-task that never hurts its neighbours, and exception objects that cannot be formatted."""
+"""Limits instead of failures.
+
+Requests split to fit the server, replies that fit the client, one bad task that never hurts its
+neighbours, and exception objects that cannot be formatted.
+"""
 
 from __future__ import annotations
 
@@ -57,8 +60,11 @@ def test_a_put_is_split_to_fit_the_server_and_a_message_too_big_for_it_is_refuse
 
 
 def test_replies_stop_at_what_the_client_takes() -> None:
-    """A client that takes 2 MB per frame and 3 MB per reply gets big messages, results and dead
-    letters a few at a time; none is lost to the transport, none dead-lettered unprocessed."""
+    """A client with small frame and reply limits gets big messages and results a few at a time.
+
+    A client that takes 2 MB per frame and 3 MB per reply gets big messages, results and dead
+    letters a few at a time; none is lost to the transport, none dead-lettered unprocessed.
+    """
     small = Limits(max_frame_bytes=2 * MB, max_message_bytes=3 * MB)
     with thread_server() as s, QueueClient(s.address) as c, QueueClient(s.address, limits=small) as little:
         payloads = [bytes([i]) * MB for i in range(12)]
@@ -97,8 +103,11 @@ def test_a_get_of_a_million_stops_at_a_page() -> None:
 
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_exceptions_that_cannot_be_formatted_are_settled_and_the_rest_runs(pool: QueuePool, mode: str) -> None:
-    """One slot, with the bad tasks first: a task whose exception cannot say what it is, or that
-    raises SystemExit, fails with what can be said; the 40 tasks behind it run, and the consumer ends."""
+    """A task whose exception cannot be formatted, or that raises SystemExit, fails with what can be said.
+
+    One slot, with the bad tasks first: a task whose exception cannot say what it is, or that raises
+    SystemExit, fails with what can be said; the 40 tasks behind it run, and the consumer ends.
+    """
     bad = wt.raises_unprintable.publish(_pool=pool)
     exits = wt.exits.publish(3, _pool=pool)
     good = wt.add.publish_many([(i, 1) for i in range(40)], _pool=pool)

@@ -1,7 +1,9 @@
-"""Whether a consumer is alive is judged on the monotonic clock, by the server (`workers()`, the
-metrics) and by the dashboard (late, gone): a step of the wall clock of an hour, back or forward,
-neither keeps a dead consumer listed for an hour nor drops a live one. Real servers (in this
-process, whose wall clock the tests step) and real reports."""
+"""Whether a consumer is alive is judged on the monotonic clock, by the server and by the dashboard.
+
+The server (`workers()`, the metrics) and the dashboard (late, gone) judge it so: a step of the wall
+clock of an hour, back or forward, neither keeps a dead consumer listed for an hour nor drops a live
+one. Real servers (in this process, whose wall clock the tests step) and real reports.
+"""
 
 from __future__ import annotations
 
@@ -26,8 +28,10 @@ GONE_S = 2.0  # the server's WORKER_GONE_S, shortened
 
 
 class SteppedClock:
-    """The wall clock (`time.time`) of this process, stepped by `step(seconds)` as an operator or NTP
-    would step the machine's; the monotonic clock runs on untouched."""
+    """The wall clock (`time.time`) of this process, stepped by `step(seconds)`.
+
+    Stepped as an operator or NTP would step the machine's; the monotonic clock runs on untouched.
+    """
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.offset = 0.0
@@ -49,9 +53,12 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ThreadServer]:
 def test_the_server_judges_a_consumers_reports_on_the_monotonic_clock(
     server: ThreadServer, monkeypatch: pytest.MonkeyPatch, step: float
 ) -> None:
-    """A consumer that reported, then the wall clock steps an hour: it is still listed at once (not
+    """A consumer stays listed across a wall clock step of an hour, and goes once silent for WORKER_GONE_S.
+
+    A consumer that reported, then the wall clock steps an hour: it is still listed at once (not
     dropped as an hour silent), with a sane age, and gone once silent for WORKER_GONE_S (not an hour
-    later)."""
+    later).
+    """
     clock = SteppedClock(monkeypatch)
     with QueuePool.connect([server.address]) as pool:
         pool.report("w", {"processed": 1, "running": 0})
@@ -79,8 +86,10 @@ def test_in_process_queues_judge_a_consumers_reports_on_the_monotonic_clock(monk
 def test_the_dashboard_marks_a_silent_consumer_late_then_gone_after_the_wall_clock_steps_back(
     server: ThreadServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The case seen: the wall clock stepped back an hour kept a dead consumer listed for an hour. Now
-    it is late after LATE_S, gone once the server drops it, and off the list after GONE_KEPT_S."""
+    """The case seen: the wall clock stepped back an hour kept a dead consumer listed for an hour.
+
+    Now it is late after LATE_S, gone once the server drops it, and off the list after GONE_KEPT_S.
+    """
     monkeypatch.setattr(dashboard_state, "LATE_S", 1.0)
     monkeypatch.setattr(dashboard_state, "GONE_KEPT_S", GONE_S + 3.0)
     clock = SteppedClock(monkeypatch)

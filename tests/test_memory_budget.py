@@ -1,6 +1,9 @@
-"""A server's memory budget under abuse: clients that send most of a big request and stall, and
+"""A server's memory budget under abuse.
+
+A server's memory budget under abuse: clients that send most of a big request and stall, and
 clients that ask for replies and never read them. Real `conveyor serve` processes, their memory read
-from /proc; another client pings throughout. Figures and the margin: docs/server.md ("Memory")."""
+from /proc; another client pings throughout. Figures and the margin: docs/server.md ("Memory").
+"""
 
 from __future__ import annotations
 
@@ -57,8 +60,11 @@ def _report(what: str, baseline: int, own: int, watch: _Watch, pid: int) -> None
 
 
 def _rss(pid: int, field: str = "VmRSS") -> int:
-    """A process's resident memory: all of it (VmRSS), or its own allocations (RssAnon: without the
-    pages of the files it maps, a durable store's segments, which are the system's cache)."""
+    """A process's resident memory, all of it or its own allocations.
+
+    A process's resident memory: all of it (VmRSS), or its own allocations (RssAnon: without the
+    pages of the files it maps, a durable store's segments, which are the system's cache).
+    """
     with open(f"/proc/{pid}/status") as f:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith(f"{field}:"))
 
@@ -132,8 +138,11 @@ def _closed(sock: socket.socket) -> bool:
 
 
 def _stall(sock: socket.socket, size: int, frames: int) -> bool:
-    """Send all but the last MiB of a put of `size` bytes in `frames` frames; False if the server
-    stopped reading it (a send blocked for 3 s)."""
+    """Send all but the last MiB of a put; False if the server stopped reading it.
+
+    Send all but the last MiB of a put of `size` bytes in `frames` frames; False if the server
+    stopped reading it (a send blocked for 3 s).
+    """
     header = msgpack.packb({"op": "put", "id": 1, "queue": "q", "n": frames})
     lens = struct.pack(FRAME_LENGTH.format(frames), *[size // frames] * frames)
     chunk = memoryview(b"x" * MiB)
@@ -149,9 +158,12 @@ def _stall(sock: socket.socket, size: int, frames: int) -> bool:
 
 @pytest.mark.timeout(180)
 def test_requests_past_the_budget_are_not_read_and_their_memory_returns_when_they_are_closed(tmp_path: Path) -> None:
-    """Four connections each send 199 of the 200 MiB of a put and stall: the server reads one (the
+    """Puts that stall past the budget are not read, and their memory comes back once closed.
+
+    Four connections each send 199 of the 200 MiB of a put and stall: the server reads one (the
     default budget holds one such request), not the others; its memory stays within the budget,
-    pings stay quick, and once it closes them (--request-timeout) its memory is back."""
+    pings stay quick, and once it closes them (--request-timeout) its memory is back.
+    """
     with _server(tmp_path, "--request-timeout", "8") as (proc, address):
         with QueueClient(address) as c:
             c.ping()
@@ -179,9 +191,12 @@ def test_requests_past_the_budget_are_not_read_and_their_memory_returns_when_the
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("budget_mib", [None, 32])
 def test_clients_that_do_not_read_their_replies_get_no_more_of_them(tmp_path: Path, budget_mib: int | None) -> None:
-    """Four connections each ask for 16 pages of 16 MiB of results (1 MiB each, on disk) and read
+    """Clients that do not read their replies get no more of them, and their memory comes back.
+
+    Four connections each ask for 16 pages of 16 MiB of results (1 MiB each, on disk) and read
     none: the server makes each of them one page (fewer, past the budget), not 16; pings stay quick,
-    --request-timeout closes them, and the memory is back."""
+    --request-timeout closes them, and the memory is back.
+    """
     budget = [] if budget_mib is None else ["--memory-budget-mib", str(budget_mib)]
     with _server(tmp_path, "--request-timeout", "3", *budget, durable=True) as (proc, address):
         with QueueClient(address, timeout=60) as c:
@@ -213,8 +228,11 @@ def test_clients_that_do_not_read_their_replies_get_no_more_of_them(tmp_path: Pa
 
 
 def test_a_small_budget_lowers_the_limits_clients_split_to_and_requests_wait_their_turn() -> None:
-    """With 8 MiB, the server takes requests of 6 MiB at most (a bigger one is refused in words, as
-    over any limit); clients split their puts to fit, and two at once both get through."""
+    """A small budget lowers the limits clients split to, and requests wait their turn.
+
+    With 8 MiB, the server takes requests of 6 MiB at most (a bigger one is refused in words, as
+    over any limit); clients split their puts to fit, and two at once both get through.
+    """
     with thread_server(memory_budget=8 * MiB) as s:
         raw = RawConnection(s.address)
         assert raw.hello["limits"][3] == 6 * MiB  # max_message_bytes: the budget less a header's room
@@ -242,10 +260,13 @@ def test_a_small_budget_lowers_the_limits_clients_split_to_and_requests_wait_the
 
 @pytest.mark.timeout(60)
 def test_a_request_that_needs_room_for_its_reply_holds_none_while_it_waits() -> None:
-    """Requests for results that each hold more than a connection's free MiB (a long list of ids)
+    """A request that needs room for its reply holds none while it waits.
+
+    Requests for results that each hold more than a connection's free MiB (a long list of ids)
     and need a page of room for their replies: each gives its own room back while it waits for
     that, so they are all answered, one after another (holding theirs, they waited for each other,
-    and for themselves, for ever)."""
+    and for themselves, for ever).
+    """
     with thread_server(memory_budget=8 * MiB) as s:  # a page of reply: the whole budget
         with QueueClient(s.address) as c:
             c.declare("q")
@@ -262,10 +283,13 @@ def test_a_request_that_needs_room_for_its_reply_holds_none_while_it_waits() -> 
 
 @pytest.mark.timeout(90)
 def test_the_budget_is_all_back_once_requests_end_however_they_end(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """Requests of 3 MiB sent whole and closed behind at once (over TLS the close can come with
+    """The budget is all back once requests end, however they end.
+
+    Requests of 3 MiB sent whole and closed behind at once (over TLS the close can come with
     their last bytes, and their tasks are cancelled before they start), cut short, stalled until
     --request-timeout, refused by their handler, or waiting for room: once their connections are
-    gone, the server holds nothing of its budget, and says when a request waited for room."""
+    gone, the server holds nothing of its budget, and says when a request waited for room.
+    """
     cert, key, fingerprint = self_signed(tmp_path / "tls", ["127.0.0.1"])
     with thread_server(tls=server_context(cert, key), memory_budget=8 * MiB, request_timeout_s=2, sweep_interval_s=0.1) as s:
         with QueueClient(s.address, tls=ClientTLS.make(fingerprint=fingerprint)) as c:

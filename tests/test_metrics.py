@@ -1,6 +1,9 @@
-"""A server's Prometheus metrics (`conveyor serve --metrics-port`): scraped over real HTTP after a
-known workload and parsed with prometheus_client's own parser; every value checked. Also the
-consumers' figures (from their reports), the token and TLS rules, and the CLI."""
+"""A server's Prometheus metrics (`conveyor serve --metrics-port`), every value checked.
+
+Scraped over real HTTP after a known workload and parsed with prometheus_client's own parser; every
+value checked. Also the consumers' figures (from their reports), the token and TLS rules, and the
+CLI.
+"""
 
 from __future__ import annotations
 
@@ -72,8 +75,15 @@ def test_a_scrape_after_a_known_workload_shows_every_value(server: ThreadServer)
     s = scrape(server.server.metrics_address)
     stats = c.stats("work")["work"]
     # 11 put; 4 + 1 + 2 = 7 deliveries; 2 acked; 2 nacked (one dead); 1 expired; 2 released
-    for name, want in (("put", 11), ("delivered", 7), ("acked", 2), ("nacked", 2), ("released", 2), ("expired", 1),
-                       ("dead_lettered", 1)):  # fmt: skip
+    for name, want in (
+        ("put", 11),
+        ("delivered", 7),
+        ("acked", 2),
+        ("nacked", 2),
+        ("released", 2),
+        ("expired", 1),
+        ("dead_lettered", 1),
+    ):
         assert value(s, f"conveyor_queue_{name}_total", queue="work") == want, name
     for state, want in (("ready", 7), ("delivered", 0), ("delayed", 1), ("acked", 2), ("failed", 1)):
         assert value(s, "conveyor_queue_messages", queue="work", state=state) == want, state
@@ -157,16 +167,24 @@ def test_a_report_histogram_reads_back_and_bad_ones_are_left_out() -> None:
     assert back is not None and (back.bounds, back.counts, back.sum) == ((0.1, 1.0), [2, 1, 1], 3.65)
     assert Histogram.from_counts(h.as_counts()) is None  # not the bounds consumers use: no labels of its own
     good = h.as_counts()
-    for bad in ({}, {k: v for k, v in good.items() if k != "task_seconds_le_inf"}, {**good, "task_seconds_le_0.1": -1},
-                {**good, "task_seconds_le_0.1": 1.5}, {**good, "task_seconds_sum": "x"}):  # fmt: skip
+    for bad in (
+        {},
+        {k: v for k, v in good.items() if k != "task_seconds_le_inf"},
+        {**good, "task_seconds_le_0.1": -1},
+        {**good, "task_seconds_le_0.1": 1.5},
+        {**good, "task_seconds_sum": "x"},
+    ):
         assert Histogram.from_counts(bad, (0.1, 1.0)) is None, bad
     with pytest.raises(ValueError, match="ascending"):
         Histogram((1.0, 0.5))
 
 
 def test_the_consumers_serving_a_queue_are_counted_per_hosted_queue_only(server: ThreadServer) -> None:
-    """Who serves what, from the reports, as one series per queue the server hosts: consumers on
-    queues it does not host, however many, add no series (nor does a consumer, per queue)."""
+    """Who serves what, from the reports, as one series per queue the server hosts.
+
+    Consumers on queues it does not host, however many, add no series (nor does a consumer, per
+    queue).
+    """
     c = QueueClient(server.address, timeout=10)
     c.declare("hosted")
     c.declare("idle")
@@ -233,8 +251,12 @@ def test_metrics_are_off_by_default_and_a_taken_port_fails_the_start() -> None:
 
 
 def test_conveyor_serve_prints_where_its_metrics_are(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-m", "conveyor", "serve", "--port", "0", "--metrics-port", "0",
-                             "--stop-with-parent"], stdout=subprocess.PIPE, stdin=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "conveyor", "serve", "--port", "0", "--metrics-port", "0", "--stop-with-parent"],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         first, second = proc.stdout.readline().split(), proc.stdout.readline().split()
@@ -251,8 +273,11 @@ def test_conveyor_serve_prints_where_its_metrics_are(tmp_path: Path) -> None:
 
 
 def test_http_connections_over_the_limit_are_closed_and_the_rest_served(server: ThreadServer) -> None:
-    """Idle connections cannot use up the server's descriptors: past MAX_HTTP_CONNECTIONS, each new
-    one is closed at once; once some go, scrapes are served again."""
+    """Idle connections cannot use up the server's descriptors.
+
+    Past MAX_HTTP_CONNECTIONS, each new one is closed at once; once some go, scrapes are served
+    again.
+    """
     url = server.server.metrics_address or ""
     host, port = "127.0.0.1", int(url.rsplit(":", 1)[1].split("/")[0])
     idle = [socket.create_connection((host, port), timeout=10) for _ in range(MAX_HTTP_CONNECTIONS)]

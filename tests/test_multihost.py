@@ -76,8 +76,17 @@ class Job:
     def __init__(self, bed: ClusterBed, tmp_path: Path, scenario: str, env: dict[str, str] | None = None) -> None:
         self.bed, self.out, self.work = bed, tmp_path / "result.json", tmp_path / "work"
         self.work.mkdir()
-        argv = [sys.executable, str(JOB), bed.master_url, bed.ip("driver"), ",".join(bed.server_addresses), bed.token,
-                str(self.out), scenario, str(self.work)]  # fmt: skip
+        argv = [
+            sys.executable,
+            str(JOB),
+            bed.master_url,
+            bed.ip("driver"),
+            ",".join(bed.server_addresses),
+            bed.token,
+            str(self.out),
+            scenario,
+            str(self.work),
+        ]
         self.job = bed.spawn("driver", f"job-{scenario}", argv, env)
 
     def failed(self, why: str) -> AssertionError:
@@ -183,8 +192,11 @@ def test_a_server_back_within_the_bound_finishes_exactly_once(bed: ClusterBed, t
 @pytest.mark.cluster
 @pytest.mark.timeout(240)
 def test_a_worker_host_lost_mid_consume(bed: ClusterBed, tmp_path: Path) -> None:
-    """The lost host's rows run elsewhere within the lease (10 s by default; <= 15 s asked), and the map ends
-    without waiting for Spark to notice the silent host (spark.network.timeout)."""
+    """The lost host's rows run elsewhere within the lease, and the map ends without waiting for Spark.
+
+    The lost host's rows run elsewhere within the lease (10 s by default; <= 15 s asked), and the
+    map ends without waiting for Spark to notice the silent host (spark.network.timeout).
+    """
     job = Job(bed, tmp_path, "worker-lost")
     t_kill = job.fault_at_mark(lambda: bed.kill_host("worker0"))
     result = job.result()
@@ -200,9 +212,12 @@ def test_a_worker_host_lost_mid_consume(bed: ClusterBed, tmp_path: Path) -> None
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_a_worker_host_lost_while_rows_are_put(bed: ClusterBed, tmp_path: Path) -> None:
-    """The survivor works off what it can and frees its slot; Spark runs the lost task again there, which puts
-    the rest (nothing twice: idempotency keys) and works it off. Bound: Spark's own loss detection
-    (the master's worker timeout, 10 s here) + the task's input again + its rows: 90 s."""
+    """The survivor works off what it can; Spark's rerun of the lost task there does the rest.
+
+    The survivor works off what it can and frees its slot; Spark runs the lost task again there,
+    which puts the rest (nothing twice: idempotency keys) and works it off. Bound: Spark's own loss
+    detection (the master's worker timeout, 10 s here) + the task's input again + its rows: 90 s.
+    """
     job = Job(bed, tmp_path, "put")
     t_kill = job.fault_at_mark(lambda: bed.kill_host("worker0"))
     result = job.result()
@@ -240,9 +255,11 @@ def test_the_output_survives_an_executor_lost_after_map_returned(bed: ClusterBed
 @pytest.mark.cluster
 @pytest.mark.timeout(240)
 def test_no_slot_ever_granted_fails_the_map(bed: ClusterBed, tmp_path: Path) -> None:
-    """Executors of 2 cores on workers of 1: none is ever placed. Spark only logs that the job "has not
-    accepted any resources"; the map fails with NoSlotsError after start_timeout_s (15 s here) + 10 s
-    (its wait for a first executor to size the job)."""
+    """Executors of 2 cores on workers of 1: none is ever placed.
+
+    Spark only logs that the job "has not accepted any resources"; the map fails with NoSlotsError
+    after start_timeout_s (15 s here) + 10 s (its wait for a first executor to size the job).
+    """
     result = Job(bed, tmp_path, "noslots").result()
     assert result.get("error_type") == "NoSlotsError", result
     assert "no Spark task" in result["error"] and "0 executor(s) registered" in result["error"], result["error"]
@@ -255,8 +272,12 @@ def test_no_slot_ever_granted_fails_the_map(bed: ClusterBed, tmp_path: Path) -> 
 @pytest.mark.cluster
 @pytest.mark.timeout(300)
 def test_map_and_consumers_with_no_pool_use_servers_beside_the_driver(bed: ClusterBed, tmp_path: Path) -> None:
-    """No pool on the cluster: servers on the driver's host over TLS with a token, one row per input row; the time
-    to the first row within 3 s of the same map on servers started beforehand (by conveyor.cluster, on fixed ports)."""
+    """map and consumers with no pool use servers on the driver's host, over TLS with a token.
+
+    No pool on the cluster: servers on the driver's host over TLS with a token, one row per input
+    row; the time to the first row within 3 s of the same map on servers started beforehand (by
+    conveyor.cluster, on fixed ports).
+    """
     result = Job(bed, tmp_path, "driver-servers").result()
     exactly_once(result["rows"])
     exactly_once(result["rows_started"])
@@ -313,21 +334,53 @@ with QueueClient(direct, token, fingerprint=fp) as c:
 @pytest.mark.cluster
 @pytest.mark.timeout(120)
 def test_a_relay_on_the_network_that_alters_a_byte_is_detected(bed: ClusterBed, tmp_path: Path) -> None:
-    """A TLS server on server1, a man in the middle on `driver` flipping one byte of a put after the
-    handshakes, a client on worker0: the connection fails saying so, and nothing is stored."""
+    """A relay on the network flipping a byte of a put fails the TLS connection, and nothing is stored.
+
+    A TLS server on server1, a man in the middle on `driver` flipping one byte of a put after the
+    handshakes, a client on worker0: the connection fails saying so, and nothing is stored.
+    """
     cert, key, fp = self_signed(tmp_path / "tls", [bed.ip("server1")])
     token = tmp_path / "token"
     token.write_text("mitm-token\n")
     token.chmod(0o600)
-    server = bed.spawn("server1", "tls-server", [sys.executable, "-m", "conveyor", "serve", "--host", bed.ip("server1"),
-                                                 "--port", "7171", "--token-file", str(token), "--tls-cert", str(cert),
-                                                 "--tls-key", str(key)])  # fmt: skip
+    server = bed.spawn(
+        "server1",
+        "tls-server",
+        [
+            sys.executable,
+            "-m",
+            "conveyor",
+            "serve",
+            "--host",
+            bed.ip("server1"),
+            "--port",
+            "7171",
+            "--token-file",
+            str(token),
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key),
+        ],
+    )
     wait_until("the TLS server", lambda: "listening on tls://" in tail(server.log), [server], 60, lambda: tail(server.log))
-    relay = bed.spawn("driver", "relay", [sys.executable, str(RELAY), bed.ip("driver"), "7272", bed.ip("server1"), "7171",
-                                          "30000"])  # fmt: skip
+    relay = bed.spawn(
+        "driver", "relay", [sys.executable, str(RELAY), bed.ip("driver"), "7272", bed.ip("server1"), "7171", "30000"]
+    )
     wait_until("the relay", lambda: "relaying" in tail(relay.log), [relay], 30, lambda: tail(relay.log))
-    r = bed.net.run("worker0", [sys.executable, "-c", MITM_CLIENT, f"tls://{bed.ip('driver')}:7272",
-                                f"tls://{bed.ip('server1')}:7171", "mitm-token", fp], timeout=60)  # fmt: skip
+    r = bed.net.run(
+        "worker0",
+        [
+            sys.executable,
+            "-c",
+            MITM_CLIENT,
+            f"tls://{bed.ip('driver')}:7272",
+            f"tls://{bed.ip('server1')}:7171",
+            "mitm-token",
+            fp,
+        ],
+        timeout=60,
+    )
     assert r.returncode == 0, r.stderr
     # the server finds the altered record and closes: the client sees a reset or a TLS EOF, and says why either way
     assert "DETECTED:" in r.stdout and re.search(r"integrity check|data altered on the way", r.stdout), r.stdout

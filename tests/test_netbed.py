@@ -1,5 +1,8 @@
-"""The network-namespace test bed itself (tests/netbed.py): a teardown leaves nothing, and a killed host is
-silent to its peers (a crash, not a clean close) yet answers at once when rebooted."""
+"""The network-namespace test bed itself (tests/netbed.py).
+
+A teardown leaves nothing, and a killed host is silent to its peers (a crash, not a clean close) yet
+answers at once when rebooted.
+"""
 
 from __future__ import annotations
 
@@ -84,8 +87,12 @@ def wait_line(log: Path, text: str, timeout: float = 15.0) -> None:
 @pytest.mark.cluster
 @pytest.mark.timeout(60)
 def test_kill_host_is_silent_and_reboot_answers(tmp_path: Path) -> None:
-    """A killed host's peers hear nothing (no FIN, no RST: the cable is pulled before the kill), like a crash;
-    rebooted, it answers at once (a refused connection: nothing listens), with no stale ARP entry in the way."""
+    """A killed host's peers hear nothing, like a crash; rebooted, it answers at once.
+
+    A killed host's peers hear nothing (no FIN, no RST: the cable is pulled before the kill), like a
+    crash; rebooted, it answers at once (a refused connection: nothing listens), with no stale ARP
+    entry in the way.
+    """
     try:
         net = NetBed.create(["a", "b"])
     except BedUnavailable as e:

@@ -1,6 +1,8 @@
-"""The consumers' fetch policy (`conveyor.worker.pacing`): back-pressure, batching, and pinned
-consumers holding fewer tasks as the queues drain. The consumers running it are in test_worker.py
-and test_affinity.py."""
+"""The consumers' fetch policy (`conveyor.worker.pacing`).
+
+Back-pressure, batching, and pinned consumers holding fewer tasks as the queues drain. The consumers
+running it are in test_worker.py and test_affinity.py.
+"""
 
 from __future__ import annotations
 

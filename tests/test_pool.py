@@ -108,8 +108,7 @@ def get_all(pool: QueuePool, queue: str, n: int) -> list[Message]:
 
 
 def test_requeue_dead_letters_puts_them_back_on_their_shards_with_fresh_attempts(pool: QueuePool, queue: str) -> None:
-    ms = [Message(payload=b"d%d" % i, priority=i % 3, max_attempts=4, headers={"task": "t", "key": f"k{i}"})
-          for i in range(6)]  # fmt: skip
+    ms = [Message(payload=b"d%d" % i, priority=i % 3, max_attempts=4, headers={"task": "t", "key": f"k{i}"}) for i in range(6)]
     ids = pool.put(queue, ms)
     assert {pool.split_id(i)[0] for i in ids} == {0, 1}  # keys spread them over both shards
     got = get_all(pool, queue, 6)

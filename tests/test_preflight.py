@@ -1,5 +1,7 @@
-"""The pre-flight on a real local[2] Spark: what every executor can import and reach, one error naming each host
-and what to do. (On the multi-host bed: tests/test_multihost.py.)"""
+"""The pre-flight on a real local[2] Spark: what every executor can import and reach, one error naming each host and what to do.
+
+(On the multi-host bed: tests/test_multihost.py.)
+"""
 
 from __future__ import annotations
 

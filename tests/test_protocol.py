@@ -29,8 +29,11 @@ def feed(data: bytes, limits: Limits | None = None, request: bool = True) -> tup
         return stop.value
 
 
-@given(st.dictionaries(st.text(max_size=8), st.integers(-(2**63), 2**63 - 1) | st.text() | st.binary(), max_size=5),
-       st.lists(st.binary(max_size=300), max_size=20), st.integers(0, 2**63 - 1))  # fmt: skip
+@given(
+    st.dictionaries(st.text(max_size=8), st.integers(-(2**63), 2**63 - 1) | st.text() | st.binary(), max_size=5),
+    st.lists(st.binary(max_size=300), max_size=20),
+    st.integers(0, 2**63 - 1),
+)
 def test_round_trip(extra: dict[str, object], frames: list[bytes], rid: int) -> None:
     header = {**extra, "op": "put", "id": rid}
     got_header, got_frames = feed(b"".join(encode(header, frames)))

@@ -1,5 +1,8 @@
-"""The public API at the top of the package, the names kept for a release, and the declarations
-both sides of the protocol are made from."""
+"""The public API, the names kept for a release, and the declarations the protocol is made from.
+
+The public API at the top of the package, the names kept for a release, and the declarations both
+sides of the protocol are made from.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +27,11 @@ def test_the_public_names_resolve() -> None:
     from conveyor.worker import ConsumerPool
 
     assert (conveyor.QueuePool, conveyor.ConsumerPool, conveyor.TaskFailedError, conveyor.TaskGraph) == (
-        QueuePool, ConsumerPool, TaskFailedError, TaskGraph)  # fmt: skip
+        QueuePool,
+        ConsumerPool,
+        TaskFailedError,
+        TaskGraph,
+    )
 
 
 def test_import_conveyor_stays_light() -> None:
@@ -33,13 +40,16 @@ def test_import_conveyor_stays_light() -> None:
     assert out.strip() == "[]"
 
 
-@pytest.mark.parametrize(("module", "name", "home"), [
-    ("conveyor", "Message", "conveyor.message"),
-    ("conveyor", "Status", "conveyor.message"),
-    ("conveyor", "CorruptStoreError", "conveyor.errors"),
-    ("conveyor.pool", "QueuePool", "conveyor.client.pool"),
-    ("conveyor.spark.executors", "HashJoin", "conveyor.graph"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("module", "name", "home"),
+    [
+        ("conveyor", "Message", "conveyor.message"),
+        ("conveyor", "Status", "conveyor.message"),
+        ("conveyor", "CorruptStoreError", "conveyor.errors"),
+        ("conveyor.pool", "QueuePool", "conveyor.client.pool"),
+        ("conveyor.spark.executors", "HashJoin", "conveyor.graph"),
+    ],
+)
 def test_old_names_still_resolve_with_one_warning(module: str, name: str, home: str) -> None:
     code = f"""
 import importlib, warnings
@@ -70,16 +80,31 @@ def test_requests_carry_only_declared_fields() -> None:
     from conveyor.message import Message
 
     made = [
-        requests.ping(), requests.declare("q", durable=True, lease_s=5.0, max_attempts=3, fsync="batch"), requests.queues(),
+        requests.ping(),
+        requests.declare("q", durable=True, lease_s=5.0, max_attempts=3, fsync="batch"),
+        requests.queues(),
         requests.put("q", [Message(payload=b"x", priority=2, not_before=1.0, max_attempts=4, headers={"k": "v"})]),
-        requests.get("q", 5, lease_s=3.0, wait_s=1.0, tie=True), requests.ack("q", [1, 2], [b"r", None]),
-        requests.nack("q", [1], ["boom"], delay_s=2.0, final=True), requests.release("q", [1]), requests.result("q", [1]),
-        requests.status("q", [1]), requests.report("w", {"processed": 1}), requests.workers(),
-        requests.extend_lease("q", [1], 9.0), requests.stats(queues=["q"], drained_wait_s=1.0), requests.purge("q"),
-        requests.drop("q"), requests.results("q", 3, 10), requests.dead_letters("q", 3, 10), requests.forget("q", [1]),
-        requests.put_blob(b"b"), requests.get_blob("0" * 64), requests.forget_blobs(["0" * 64]), requests.bye(),
+        requests.get("q", 5, lease_s=3.0, wait_s=1.0, tie=True),
+        requests.ack("q", [1, 2], [b"r", None]),
+        requests.nack("q", [1], ["boom"], delay_s=2.0, final=True),
+        requests.release("q", [1]),
+        requests.result("q", [1]),
+        requests.status("q", [1]),
+        requests.report("w", {"processed": 1}),
+        requests.workers(),
+        requests.extend_lease("q", [1], 9.0),
+        requests.stats(queues=["q"], drained_wait_s=1.0),
+        requests.purge("q"),
+        requests.drop("q"),
+        requests.results("q", 3, 10),
+        requests.dead_letters("q", 3, 10),
+        requests.forget("q", [1]),
+        requests.put_blob(b"b"),
+        requests.get_blob("0" * 64),
+        requests.forget_blobs(["0" * 64]),
+        requests.bye(),
         requests.wake(["q"]),
-    ]  # fmt: skip
+    ]
     assert {c.op for c in made} == set(OPERATIONS)
     for c in made:
         declared = {f.key for f in OPERATIONS[c.op].request}

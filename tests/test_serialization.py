@@ -64,8 +64,9 @@ app_data_st = st.none() | st.dictionaries(st.text(max_size=8), plain, max_size=4
 
 
 @given(st.lists(plain, max_size=5).map(tuple), kwargs_st, app_data_st)
-def test_plain_data_goes_as_msgpack_and_round_trips_exactly(args: tuple[Any, ...], kwargs: dict[str, Any],
-                                                             app_data: dict[str, Any] | None) -> None:  # fmt: skip
+def test_plain_data_goes_as_msgpack_and_round_trips_exactly(
+    args: tuple[Any, ...], kwargs: dict[str, Any], app_data: dict[str, Any] | None
+) -> None:
     payload, headers = encode_call("t.name", args, kwargs, app_data)
     assert headers == {H_CONTENT_TYPE: CT_MSGPACK}
     call = decode_call(payload, headers)

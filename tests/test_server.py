@@ -331,8 +331,12 @@ def test_stop_returns_long_polls_and_closes_stores(tmp_path: Path) -> None:
 
 
 def test_a_connection_accepted_as_the_server_stops_is_closed() -> None:
-    """One the listener accepted but whose serving had not begun when stop() took the connections it
-    closes: it is closed too, not left open with the loop gone (its client would wait out its timeout)."""
+    """A connection accepted but not yet served when the server stops is closed too.
+
+    One the listener accepted but whose serving had not begun when stop() took the connections it
+    closes: it is closed too, not left open with the loop gone (its client would wait out its
+    timeout).
+    """
     for token in (None, "s3cret"):
         s = ThreadServer(token=token)
         host, port = s.address.removeprefix("tcp://").rsplit(":", 1)
@@ -358,8 +362,14 @@ def test_idempotency_keys_store_a_message_once(tmp_path: Path) -> None:
     d = tmp_path / "data"
     with thread_server(data_dir=d) as s, QueueClient(s.address) as c:
         a = c.put("q", [Message(payload=b"a", headers={KEY: "order-1"}), Message(payload=b"plain")])
-        b = c.put("q", [Message(payload=b"a again", headers={KEY: "order-1"}), Message(payload=b"b", headers={KEY: "order-2"}),
-                        Message(payload=b"b twice in one batch", headers={KEY: "order-2"})])  # fmt: skip
+        b = c.put(
+            "q",
+            [
+                Message(payload=b"a again", headers={KEY: "order-1"}),
+                Message(payload=b"b", headers={KEY: "order-2"}),
+                Message(payload=b"b twice in one batch", headers={KEY: "order-2"}),
+            ],
+        )
         assert b[0] == a[0] and b[1] == b[2] and b[1] not in a
         assert c.stats("q")["q"].ready == 3
         with pytest.raises(RequestError, match="idempotency key must be a non-empty string"):
@@ -456,8 +466,9 @@ def test_drop_ends_requests_waiting_on_the_queue(server: ThreadServer) -> None:
         c.get("q", 1, lease_s=60)  # pending: a join on it waits
         t0 = time.monotonic()
         # one connection: the server starts them in this order, so both wait when the drop comes
-        poll, join, dropped = c.pipeline([calls.get("q", 1, wait_s=30), calls.stats(queues=["q"], drained_wait_s=30),
-                                          calls.drop("q")])  # fmt: skip
+        poll, join, dropped = c.pipeline(
+            [calls.get("q", 1, wait_s=30), calls.stats(queues=["q"], drained_wait_s=30), calls.drop("q")]
+        )
         assert time.monotonic() - t0 < 5
         assert (poll, join, dropped) == ([], {}, True)
         assert c.queues() == []  # the get that waited did not make it again
@@ -477,8 +488,9 @@ def test_wake_answers_the_consumers_gets_waiting_on_its_queues_at_once(server: T
         t0 = time.monotonic()
         # one connection: the server starts them in this order, so the gets wait when the wake comes;
         # a consumer's get (it ties its leases) is answered, a plain one waits its wait_s out
-        poll, plain, woke = c.pipeline([calls.get("q", 1, wait_s=30, tie=True), calls.get("q", 1, wait_s=1.0),
-                                        calls.wake(["q", "not-here"])])  # fmt: skip
+        poll, plain, woke = c.pipeline(
+            [calls.get("q", 1, wait_s=30, tie=True), calls.get("q", 1, wait_s=1.0), calls.wake(["q", "not-here"])]
+        )
         assert time.monotonic() - t0 >= 1.0
         assert (poll, poll.woken, plain, plain.woken, woke) == ([], True, [], False, 1)  # 1: one of the two queues here
         assert waited(c, "q")  # answered woken once: its next get waits as usual

@@ -45,8 +45,26 @@ def _value(rng: random.Random, depth: int = 0) -> Any:
 def random_request(rng: random.Random, rid: int) -> tuple[dict[str, Any], list[bytes]]:
     """A well-framed request whose contents are anything: valid, wrong types, unknown operations."""
     op = rng.choice([*HANDLERS, "nope", "", "hello", "auth"])
-    keys = ["queue", "n", "ids", "lease_s", "wait_s", "errors", "delay_s", "prio", "nb", "ma", "hdr", "none",
-            "after", "limit", "key", "durable", "max_attempts", "fsync"]  # fmt: skip
+    keys = [
+        "queue",
+        "n",
+        "ids",
+        "lease_s",
+        "wait_s",
+        "errors",
+        "delay_s",
+        "prio",
+        "nb",
+        "ma",
+        "hdr",
+        "none",
+        "after",
+        "limit",
+        "key",
+        "durable",
+        "max_attempts",
+        "fsync",
+    ]
     header: dict[str, Any] = {k: _value(rng) for k in rng.sample(keys, rng.randrange(len(keys)))}
     if rng.random() < 0.8:
         header["queue"] = rng.choice(QUEUES)

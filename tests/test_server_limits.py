@@ -1,5 +1,8 @@
-"""Limits instead of exhaustion: a connection cap with a clear refusal, idle and partial-request
-timeouts (with or without a token), and a bounded number of descriptors per queue."""
+"""Limits instead of exhaustion.
+
+A connection cap with a clear refusal, idle and partial-request timeouts (with or without a token),
+and a bounded number of descriptors per queue.
+"""
 
 from __future__ import annotations
 
@@ -90,8 +93,10 @@ def _fds(pid: int) -> int:
 @pytest.mark.timeout(120 + SERVER_START_TIMEOUT_S)
 def test_durable_queues_hold_few_descriptors_and_past_the_limit_a_declare_says_so(tmp_path: Path) -> None:
     limit = 1024
-    with _server_with_fd_limit(tmp_path / "data", limit, tmp_path / "server.log") as (proc, address), \
-            QueueClient(address, timeout=60) as c:  # fmt: skip
+    with (
+        _server_with_fd_limit(tmp_path / "data", limit, tmp_path / "server.log") as (proc, address),
+        QueueClient(address, timeout=60) as c,
+    ):
         names = []
         with pytest.raises(RequestError) as e:
             for i in range(limit):
@@ -106,8 +111,10 @@ def test_durable_queues_hold_few_descriptors_and_past_the_limit_a_declare_says_s
             assert c.ack(name, [i], [b"done"]) == [True] and c.result(name, [i]) == [b"done"]
         assert _fds(proc.pid) < limit
         assert [c.status(n, [1]) for n in names[:3]] == [[Status.ACKED]] * 3
-    with _server_with_fd_limit(tmp_path / "data", limit, tmp_path / "server2.log") as (proc, address), \
-            QueueClient(address, timeout=60) as c:  # fmt: skip
+    with (
+        _server_with_fd_limit(tmp_path / "data", limit, tmp_path / "server2.log") as (proc, address),
+        QueueClient(address, timeout=60) as c,
+    ):
         assert len(c.queues()) == len(names)  # reopened, within the limit
         assert c.result(names[-1], [1]) == [b"done"] and _fds(proc.pid) < limit
 

@@ -137,21 +137,29 @@ def test_defaults_when_no_settings_module_is_named() -> None:
 
 def test_settings_module_values_are_read(settings_dir: Path) -> None:
     write(settings_dir, NDKALE_YAML, "conveyor_queues.yaml")
-    module(settings_dir, "site_tasks_mod", """\
+    module(
+        settings_dir,
+        "site_tasks_mod",
+        """\
         from conveyor import task
 
         @task(name="site.hello")
         def hello():
             return "hi"
-    """)  # fmt: skip
-    name = module(settings_dir, "site_settings_a", """\
+    """,
+    )
+    name = module(
+        settings_dir,
+        "site_settings_a",
+        """\
         STARTED = []
         QUEUE_CONFIG = "conveyor_queues.yaml"  # relative to this module's directory
         QUEUE_SELECTOR = "HighestPriorityFirst"
         TASK_MODULES = ["site_tasks_mod"]
         ON_WORKER_STARTUP = lambda: STARTED.append(1)
         SOMETHING_ELSE = 42  # the application's own setting: ignored
-    """)  # fmt: skip
+    """,
+    )
     s = load_settings({SETTINGS_ENV: name})
     assert s.module == name and s.queue_config == settings_dir / "conveyor_queues.yaml"
     assert [q.name for q in s.queues()] == ["urgent", "default", "bulk-import"]
@@ -198,8 +206,11 @@ def test_task_modules_that_cannot_be_imported(settings_dir: Path) -> None:
 
 
 def test_a_task_module_says_whether_it_or_what_it_imports_is_missing(settings_dir: Path) -> None:
-    """Not found itself (or its package): the path hint. A dependency missing: named, and to be
-    installed, with no path hint. A module of its own package missing, or its code raising: said so."""
+    """Not found itself (or its package): the path hint.
+
+    A dependency missing: named, and to be installed, with no path hint. A module of its own package
+    missing, or its code raising: said so.
+    """
     package = settings_dir / "site_pkg"
     package.mkdir()
     for name, text in [
@@ -225,8 +236,11 @@ def test_a_task_module_says_whether_it_or_what_it_imports_is_missing(settings_di
 
 
 def test_a_missing_module_of_an_installed_package_is_not_a_package_to_install(settings_dir: Path) -> None:
-    """`import json.no_such_module`: json is there, without that module (a wrong import, or another
-    version): said so, not "install the package that provides 'json'"."""
+    """A module missing from an installed package is said so, not taken for a package to install.
+
+    `import json.no_such_module`: json is there, without that module (a wrong import, or another
+    version): said so, not "install the package that provides 'json'".
+    """
     name = module(settings_dir, "site_tasks_submodule", "import json.no_such_module\n")
     with pytest.raises(ConfigError) as e:
         import_task_modules([name])
@@ -237,8 +251,10 @@ def test_a_missing_module_of_an_installed_package_is_not_a_package_to_install(se
 
 
 def test_a_package_that_raises_is_run_once_to_say_so(settings_dir: Path) -> None:
-    """The error of a task module whose package raised does not import the package again to say
-    where the module is (its code, which may have side effects, runs once)."""
+    """The error of a task module whose package raised does not import the package again.
+
+    Not even to say where the module is: its code, which may have side effects, runs once.
+    """
     package = settings_dir / "site_pkg_raising"
     package.mkdir()
     runs = settings_dir / "runs"

@@ -96,8 +96,11 @@ def test_acks_on_delivery_that_partly_fail_still_run_what_was_acked() -> None:
 
 
 def test_a_report_waits_little_on_a_server_out_of_reach() -> None:
-    """A report goes to every server: one out of reach costs the settler (the acks behind it, a
-    consumer's stop) one refused attempt to connect, not the connection's whole patience."""
+    """A report waits on a server out of reach for one refused attempt to connect, not its whole patience.
+
+    A report goes to every server: one out of reach costs the settler (the acks behind it, a
+    consumer's stop) one refused attempt to connect, not the connection's whole patience.
+    """
     with socket.socket() as probe:  # a port nobody listens on: each connect is refused at once
         probe.bind(("127.0.0.1", 0))
         dead = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
@@ -114,8 +117,11 @@ def test_a_report_waits_little_on_a_server_out_of_reach() -> None:
 def test_settlements_for_a_server_out_of_reach_wait_and_the_others_go_on(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A server restarting holds up only its own settlements: they are tried again until it is back
-    (then they go through), while the other server's go through at once, however long it takes."""
+    """A server restarting holds up only its own settlements.
+
+    They are tried again until it is back (then they go through), while the other server's go
+    through at once, however long it takes.
+    """
     with thread_server() as live:
         down = ThreadServer(data_dir=tmp_path / "b")
         port = int(down.address.rsplit(":", 1)[1])
@@ -149,8 +155,11 @@ def test_settlements_for_a_server_out_of_reach_wait_and_the_others_go_on(
 
 
 def test_a_close_that_waits_for_a_server_out_of_reach_says_so(caplog: pytest.LogCaptureFixture) -> None:
-    """A stop waits for its last settlements (a server restarting may be back within it) and says so
-    when that takes longer than CLOSE_SAY_S; what is left when the time is up counts as unsettled."""
+    """A stop waits for its last settlements, and says so when that takes longer than CLOSE_SAY_S.
+
+    A stop waits for its last settlements (a server restarting may be back within it) and says so
+    when that takes longer than CLOSE_SAY_S; what is left when the time is up counts as unsettled.
+    """
     with thread_server() as live:
         down = ThreadServer()
         with QueuePool.connect([live.address, down.address]) as pool:

@@ -1,6 +1,8 @@
-"""Conveyor through Spark Connect: a Connect server started from the pyspark installation, a client
-session in a process of its own (tests/connect_job.py), and map, SparkConsumerPool and a TaskGraph
-run through it."""
+"""Conveyor through Spark Connect.
+
+A Connect server started from the pyspark installation, a client session in a process of its own
+(tests/connect_job.py), and map, SparkConsumerPool and a TaskGraph run through it.
+"""
 
 from __future__ import annotations
 
@@ -41,11 +43,21 @@ def _pythonpath() -> str:
 @pytest.fixture
 def connect_server(tmp_path: Path) -> Iterator[tuple[str, Daemon]]:
     """A Spark Connect server (local[2]) on 127.0.0.1 whose Python workers import this checkout."""
-    env = {**os.environ, "SPARK_HOME": _find_spark_home(), "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
-           "PYTHONPATH": _pythonpath()}  # fmt: skip
+    env = {
+        **os.environ,
+        "SPARK_HOME": _find_spark_home(),
+        "SPARK_LOCAL_IP": "127.0.0.1",
+        "PYSPARK_PYTHON": sys.executable,
+        "PYTHONPATH": _pythonpath(),
+    }
     port = free_port()
-    conf = {"spark.connect.grpc.binding.address": "127.0.0.1", "spark.connect.grpc.binding.port": str(port),
-            "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1", "spark.ui.enabled": "false"}  # fmt: skip
+    conf = {
+        "spark.connect.grpc.binding.address": "127.0.0.1",
+        "spark.connect.grpc.binding.port": str(port),
+        "spark.driver.host": "127.0.0.1",
+        "spark.driver.bindAddress": "127.0.0.1",
+        "spark.ui.enabled": "false",
+    }
     args = ["--class", SERVER_CLASS, "--master", "local[2]", "--name", "conveyor-connect-test"]
     args += [a for k, v in conf.items() for a in ("--conf", f"{k}={v}")] + ["spark-internal"]
     server = spawn("connect-server", "spark-submit", args, env, tmp_path)
@@ -61,9 +73,14 @@ def test_map_consumers_and_graph_through_spark_connect(connect_server: tuple[str
     url, server = connect_server
     out, err = tmp_path / "result.json", tmp_path / "client.log"
     with open(err, "wb") as e:
-        client = subprocess.Popen([sys.executable, str(JOB), url, str(out)], stdout=e, stderr=subprocess.STDOUT,
-                                  stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": _pythonpath()},
-                                  start_new_session=True)  # fmt: skip
+        client = subprocess.Popen(
+            [sys.executable, str(JOB), url, str(out)],
+            stdout=e,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": _pythonpath()},
+            start_new_session=True,
+        )
     try:
         code = client.wait(JOB_TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -1,6 +1,8 @@
-"""The quick schema check of map results (conveyor.spark.fits): it says "surely fits" only where
-pyarrow's conversion agrees, and says it for the plain rows a map returns; and the check of a
-message's results that uses it (spark/rows.py `_misfits`)."""
+"""The quick schema check of map results (conveyor.spark.fits), and the results check that uses it.
+
+The quick check says "surely fits" only where pyarrow's conversion agrees, and says it for the plain
+rows a map returns. The check of a message's results that uses it is spark/rows.py `_misfits`.
+"""
 
 from __future__ import annotations
 
@@ -19,9 +21,23 @@ import conveyor.spark.fits as fits
 from conveyor.spark.fits import EXACT_DOUBLE_INT, FitCheck
 from conveyor.spark.rows import _misfits
 
-PLAIN_TYPES = [pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64(),
-               pa.float32(), pa.float64(), pa.string(), pa.large_string(), pa.binary(), pa.large_binary(),
-               pa.bool_()]  # fmt: skip
+PLAIN_TYPES = [
+    pa.int8(),
+    pa.int16(),
+    pa.int32(),
+    pa.int64(),
+    pa.uint8(),
+    pa.uint16(),
+    pa.uint32(),
+    pa.uint64(),
+    pa.float32(),
+    pa.float64(),
+    pa.string(),
+    pa.large_string(),
+    pa.binary(),
+    pa.large_binary(),
+    pa.bool_(),
+]
 
 
 class Small(enum.IntEnum):
@@ -40,8 +56,23 @@ def converts(rows: list[dict[str, Any]], schema: pa.Schema) -> bool:
     return True
 
 
-EDGES = [2**7 - 1, 2**7, -(2**7) - 1, 2**8 - 1, 2**8, 2**31, -(2**31) - 1, 2**32, 2**63 - 1, 2**63, 2**64,
-         EXACT_DOUBLE_INT, EXACT_DOUBLE_INT + 1, -EXACT_DOUBLE_INT - 1, -1]  # fmt: skip
+EDGES = [
+    2**7 - 1,
+    2**7,
+    -(2**7) - 1,
+    2**8 - 1,
+    2**8,
+    2**31,
+    -(2**31) - 1,
+    2**32,
+    2**63 - 1,
+    2**63,
+    2**64,
+    EXACT_DOUBLE_INT,
+    EXACT_DOUBLE_INT + 1,
+    -EXACT_DOUBLE_INT - 1,
+    -1,
+]
 values = st.one_of(
     st.none(),
     st.booleans(),
@@ -64,23 +95,48 @@ def test_surely_fit_only_what_pyarrow_converts(t: pa.DataType, vals: list[Any]) 
         assert converts(rows, schema), (t, vals)
 
 
-@pytest.mark.parametrize(("t", "value"), [
-    (pa.int64(), 2**63 - 1), (pa.int64(), -(2**63)), (pa.int8(), -128), (pa.uint64(), 2**64 - 1),
-    (pa.float64(), 1.5), (pa.float64(), 3), (pa.float64(), float("nan")), (pa.float32(), 1e300),
-    (pa.string(), "plain"), (pa.string(), "é 日本"), (pa.large_string(), ""), (pa.binary(), b"\x00"),
-    (pa.bool_(), False), (pa.int64(), None),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("t", "value"),
+    [
+        (pa.int64(), 2**63 - 1),
+        (pa.int64(), -(2**63)),
+        (pa.int8(), -128),
+        (pa.uint64(), 2**64 - 1),
+        (pa.float64(), 1.5),
+        (pa.float64(), 3),
+        (pa.float64(), float("nan")),
+        (pa.float32(), 1e300),
+        (pa.string(), "plain"),
+        (pa.string(), "é 日本"),
+        (pa.large_string(), ""),
+        (pa.binary(), b"\x00"),
+        (pa.bool_(), False),
+        (pa.int64(), None),
+    ],
+)
 def test_plain_values_are_answered_without_pyarrow(t: pa.DataType, value: Any) -> None:
     schema = pa.schema([("x", t)])
     assert surely_fit([{"x": value}, {"x": value}], schema)
     assert converts([{"x": value}], schema)
 
 
-@pytest.mark.parametrize(("t", "value"), [
-    (pa.int64(), 2**63), (pa.int64(), True), (pa.int64(), 1.0), (pa.int64(), np.int64(1)), (pa.int64(), Small.ONE),
-    (pa.uint8(), -1), (pa.float64(), EXACT_DOUBLE_INT + 1), (pa.float32(), 1), (pa.string(), "\udc80"),
-    (pa.string(), b"bytes"), (pa.binary(), bytearray(b"x")), (pa.bool_(), 1),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("t", "value"),
+    [
+        (pa.int64(), 2**63),
+        (pa.int64(), True),
+        (pa.int64(), 1.0),
+        (pa.int64(), np.int64(1)),
+        (pa.int64(), Small.ONE),
+        (pa.uint8(), -1),
+        (pa.float64(), EXACT_DOUBLE_INT + 1),
+        (pa.float32(), 1),
+        (pa.string(), "\udc80"),
+        (pa.string(), b"bytes"),
+        (pa.binary(), bytearray(b"x")),
+        (pa.bool_(), 1),
+    ],
+)
 def test_anything_in_doubt_is_left_to_pyarrow(t: pa.DataType, value: Any) -> None:
     assert not surely_fit([{"x": value}], pa.schema([("x", t)]))
 

@@ -37,8 +37,16 @@ def double(row: dict[str, Any]) -> dict[str, Any]:
 
 def test_map_gives_one_row_per_input_row_and_reports_failures(spark: SparkSession, pool: QueuePool) -> None:
     df = spark.range(1000, numPartitions=4)
-    out, stats = cs.map(df, double, schema="id long, twice long, label string", pool=pool, max_retries=1,
-                        rows_per_message=4, progress=False, stats=True)  # fmt: skip
+    out, stats = cs.map(
+        df,
+        double,
+        schema="id long, twice long, label string",
+        pool=pool,
+        max_retries=1,
+        rows_per_message=4,
+        progress=False,
+        stats=True,
+    )
     rows = out.collect()
     # 2 consumer tasks each put their half (2 input partitions, coalesced), up to 4 rows to a
     # message, dealt from each Arrow batch: no message holds two neighbouring rows
@@ -114,24 +122,31 @@ def test_schema_columns_may_not_clash(spark: SparkSession, pool: QueuePool) -> N
 
 def test_dict_results_must_have_the_schema_keys(spark: SparkSession, pool: QueuePool) -> None:
     df = spark.createDataFrame([(i,) for i in range(6)], "n long")
-    out = cs.map(df, lambda r: {"n": r["n"], "W": 1} if r["n"] == 1 else {"n": r["n"]} if r["n"] == 2 else {"n": r["n"], "w": 2},
-                 schema="n long, w long", pool=pool, progress=False)  # fmt: skip
+    out = cs.map(
+        df,
+        lambda r: {"n": r["n"], "W": 1} if r["n"] == 1 else {"n": r["n"]} if r["n"] == 2 else {"n": r["n"], "w": 2},
+        schema="n long, w long",
+        pool=pool,
+        progress=False,
+    )
     rows = {r["_input"] and json.loads(r["_input"])["n"]: r for r in out.collect() if r["_error"]}
     assert sorted(rows) == [1, 2]
     assert "unknown keys ['W']" in rows[1]["_error"] and "no value for ['w']" in rows[1]["_error"]
     assert "no value for ['w']" in rows[2]["_error"] and rows[2]["w"] is None
 
 
-@pytest.mark.parametrize(("kw", "error"), [
-    ({"func": 42}, r"func must be callable"),
-    ({"max_retries": -1}, r"map: max_retries must be an int in 0\.\."),
-    ({"n_consumers": 0}, r"n_consumers must be an integer >= 1"),
-    ({"max_concurrency": 0}, r"max_concurrency must be an integer >= 1"),
-    ({"time_limit": 0}, r"time_limit must be a number of seconds > 0"),
-    ({"concurrency": "fibers"}, r"concurrency must be 'thread' or 'process'"),
-])  # fmt: skip
-def test_bad_arguments_are_refused_before_any_work(spark: SparkSession, pool: QueuePool, kw: dict[str, Any],
-                                                   error: str) -> None:  # fmt: skip
+@pytest.mark.parametrize(
+    ("kw", "error"),
+    [
+        ({"func": 42}, r"func must be callable"),
+        ({"max_retries": -1}, r"map: max_retries must be an int in 0\.\."),
+        ({"n_consumers": 0}, r"n_consumers must be an integer >= 1"),
+        ({"max_concurrency": 0}, r"max_concurrency must be an integer >= 1"),
+        ({"time_limit": 0}, r"time_limit must be a number of seconds > 0"),
+        ({"concurrency": "fibers"}, r"concurrency must be 'thread' or 'process'"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_work(spark: SparkSession, pool: QueuePool, kw: dict[str, Any], error: str) -> None:
     before = set(pool.stats())
     args: dict[str, Any] = {"func": lambda r: r["id"], "schema": "id long", "pool": pool, **kw}
     with pytest.raises((TypeError, ValueError), match=error):
@@ -139,19 +154,20 @@ def test_bad_arguments_are_refused_before_any_work(spark: SparkSession, pool: Qu
     assert set(pool.stats()) == before  # no queue declared
 
 
-def test_more_consumers_than_task_slots_still_ends(spark: SparkSession, pool: QueuePool,
-                                                   caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+def test_more_consumers_than_task_slots_still_ends(
+    spark: SparkSession, pool: QueuePool, caplog: pytest.LogCaptureFixture
+) -> None:
     """No task waits for another: the tasks without a slot run as others end, consuming their own rows."""
     n = spark.sparkContext.defaultParallelism + 1
-    out = cs.map(spark.range(40, numPartitions=8), lambda r: r["id"], schema="id long", pool=pool, n_consumers=n,
-                 progress=False)  # fmt: skip
+    out = cs.map(spark.range(40, numPartitions=8), lambda r: r["id"], schema="id long", pool=pool, n_consumers=n, progress=False)
     assert sorted(r["id"] for r in out.collect()) == list(range(40))
     assert any(f"{n} consumers but {n - 1} Spark task slots" in r.getMessage() for r in caplog.records)
 
 
 def test_a_time_limit_sends_rows_one_to_a_message(spark: SparkSession, pool: QueuePool) -> None:
-    out, stats = cs.map(spark.range(12), lambda r: r["id"], schema="id long", pool=pool, time_limit=30, progress=False,
-                        stats=True)  # fmt: skip
+    out, stats = cs.map(
+        spark.range(12), lambda r: r["id"], schema="id long", pool=pool, time_limit=30, progress=False, stats=True
+    )
     assert len({r["_id"] for r in out.collect()}) == 12
     assert pool.drop(stats.queue)
 
@@ -170,7 +186,8 @@ def test_workers_python_that_cannot_import_conveyor_is_named_with_the_remedy(tmp
 
 
 def test_the_embedded_jvm_runs_the_parallel_collector_unless_something_chooses_one(
-        spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from conveyor.spark.session import COLLECTOR_OPTION, DRIVER_JAVA_OPTIONS, driver_java_options
 
     jvm: Any = spark.sparkContext._jvm
@@ -241,11 +258,23 @@ def crashes_on_13(row: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_row_that_crashes_its_process_fails_alone(spark: SparkSession, pool: QueuePool) -> None:
-    """Its message of 4 rows is split after the first crash: the 3 neighbours come back, and the
-    row at fault ends failed after its own attempts."""
+    """A row that crashes its process fails alone.
+
+    Its message of 4 rows is split after the first crash: the 3 neighbours come back, and the row at
+    fault ends failed after its own attempts.
+    """
     df = spark.range(40, numPartitions=2)
-    out, stats = cs.map(df, crashes_on_13, schema="id long", pool=pool, concurrency="process", rows_per_message=4,
-                        max_retries=1, progress=False, stats=True)  # fmt: skip
+    out, stats = cs.map(
+        df,
+        crashes_on_13,
+        schema="id long",
+        pool=pool,
+        concurrency="process",
+        rows_per_message=4,
+        max_retries=1,
+        progress=False,
+        stats=True,
+    )
     rows = out.collect()
     ok = sorted(r["id"] for r in rows if r["_error"] is None)
     [bad] = [r for r in rows if r["_error"] is not None]
@@ -255,10 +284,12 @@ def test_a_row_that_crashes_its_process_fails_alone(spark: SparkSession, pool: Q
 
 
 def test_the_read_back_takes_each_row_of_a_split_message_once(pool: QueuePool) -> None:
-    """However a split ended, each row comes back once: message A's late ack of its own rows wins
-    over its split rows; message B ended as a dead letter after its split, so its rows come from
-    the split rows (one of which is a dead letter too); message C's split was cut short, so its row
-    with no split row comes from C's dead letter."""
+    """However a split ended, each row comes back once.
+
+    Message A's late ack of its own rows wins over its split rows; message B ended as a dead letter
+    after its split, so its rows come from the split rows (one of which is a dead letter too);
+    message C's split was cut short, so its row with no split row comes from C's dead letter.
+    """
     from pyspark.sql.types import LongType, StructField, StructType
 
     from conveyor.spark.rows import read_results
@@ -283,15 +314,26 @@ def test_the_read_back_takes_each_row_of_a_split_message_once(pool: QueuePool) -
     c.ack(queue, [a], [encode_result([[True, {"id": 0}], [True, {"id": 1}]])])  # an earlier attempt's late ack
     c.nack(queue, [b, cut], ["WorkerDied: lost"] * 2, final=True)
     done = [k for k in kids if k != (b, 1)]
-    c.ack(queue, [kids[k] for k in done], [encode_result([[True, {"id": first[k[0]] + k[1]}, f"split:{base | k[0]}:{k[1]}"]])
-                                          for k in done])  # fmt: skip
+    c.ack(
+        queue,
+        [kids[k] for k in done],
+        [encode_result([[True, {"id": first[k[0]] + k[1]}, f"split:{base | k[0]}:{k[1]}"]]) for k in done],
+    )
     c.nack(queue, [kids[b, 1]], ["WorkerDied: crashed"], final=True)
     batches = list(read_results(pool, queue, StructType([StructField("id", LongType())]), [1]))
-    rows = sorted((r["id"] if r["id"] is not None else json.loads(r["_input"])["id"], r["_id"], r["_error"])
-                  for batch in batches for r in batch.to_pylist())  # fmt: skip
-    assert rows == [(0, base | a, None), (1, base | a, None), (2, base | kids[b, 0], None),
-                    (3, base | kids[b, 1], "WorkerDied: crashed"), (4, base | kids[cut, 0], None),
-                    (5, base | cut, "WorkerDied: lost")]  # fmt: skip
+    rows = sorted(
+        (r["id"] if r["id"] is not None else json.loads(r["_input"])["id"], r["_id"], r["_error"])
+        for batch in batches
+        for r in batch.to_pylist()
+    )
+    assert rows == [
+        (0, base | a, None),
+        (1, base | a, None),
+        (2, base | kids[b, 0], None),
+        (3, base | kids[b, 1], "WorkerDied: crashed"),
+        (4, base | kids[cut, 0], None),
+        (5, base | cut, "WorkerDied: lost"),
+    ]
     pool.drop(queue)
 
 
@@ -343,8 +385,9 @@ def test_map_without_a_pool_starts_and_stops_its_own_servers(spark: SparkSession
 
 def test_map_over_fewer_partitions_than_consumers_puts_rows_first(spark: SparkSession, pool: QueuePool) -> None:
     df = spark.range(100, numPartitions=1)  # one partition, two consumers: rows are put by a job of their own
-    out, stats = cs.map(df, lambda r: r["id"] // (r["id"] % 10), schema="n long", pool=pool, max_retries=0, progress=False,
-                        stats=True)  # fmt: skip
+    out, stats = cs.map(
+        df, lambda r: r["id"] // (r["id"] % 10), schema="n long", pool=pool, max_retries=0, progress=False, stats=True
+    )
     rows = out.collect()
     assert sorted(r["n"] for r in rows if r["_error"] is None) == sorted(i // (i % 10) for i in range(100) if i % 10)
     assert sorted(r["_input"] for r in rows if r["_error"] is not None) == sorted(f'{{"id": {i}}}' for i in range(0, 100, 10))

@@ -33,8 +33,9 @@ def _main_named(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     monkeypatch.setitem(sys.modules, "__main__", main)
 
 
-def test_the_fork_server_preloads_conveyor_and_a_main_module_only_where_asked(monkeypatch: pytest.MonkeyPatch,
-                                                                              kept_preload: object) -> None:  # fmt: skip
+def test_the_fork_server_preloads_conveyor_and_a_main_module_only_where_asked(
+    monkeypatch: pytest.MonkeyPatch, kept_preload: object
+) -> None:
     _main_named(monkeypatch, "pyspark.daemon")  # a Spark Python worker's: importing it starts nothing
     ctx = process_context(["conveyor.worker.executors"], with_main=True)
     assert ctx.get_start_method() == "forkserver"
@@ -82,9 +83,13 @@ print(signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
 
 
 def test_a_fork_server_outlives_a_sigterm_to_its_process_group() -> None:
-    """A stop sent to a worker's whole process group reaches its fork server too: it must live on (the
+    """A fork server lives on through a SIGTERM to its worker's process group; what it forks does not.
+
+    A stop sent to a worker's whole process group reaches its fork server too: it must live on (the
     pool reads its consumers' exits through it: dead, it would read them all as gone, and exit under
     them); what it forks does not inherit that (a process started from a fork server shared with the
-    program must end on `terminate()`). Imported in any other process, its module leaves SIGTERM alone."""
+    program must end on `terminate()`). Imported in any other process, its module leaves SIGTERM
+    alone.
+    """
     out = subprocess.run([sys.executable, "-c", FORK_SERVER_SIGTERM], capture_output=True, text=True, timeout=60)
     assert out.stdout.split() == ["0", "True", "True", "True", "True"], out.stdout + out.stderr

@@ -110,7 +110,12 @@ class StoreMachine(RuleBasedStateMachine):
         s = self.store.stats()
         count = {st_: len(self.ids_in(st_)) for st_ in Status}
         assert (s.ready, s.delivered, s.acked, s.failed, s.delayed) == (
-            count[Status.READY], count[Status.DELIVERED], count[Status.ACKED], count[Status.FAILED], 0)  # fmt: skip
+            count[Status.READY],
+            count[Status.DELIVERED],
+            count[Status.ACKED],
+            count[Status.FAILED],
+            0,
+        )
         for i, m in self.model.items():
             assert self.store.status(i) == m.status, i
         assert list(self.store.results()) == sorted((i, m.result) for i, m in self.model.items() if m.result is not None)

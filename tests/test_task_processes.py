@@ -1,6 +1,8 @@
-"""Task processes (process mode) and the signals around them, with real worker processes: a signal
-to the consumer's process group (Ctrl-C) leaves a running task, and the programs it started, to
-finish; a consumer that dies without stopping its task processes takes them with it."""
+"""Task processes (process mode) and the signals around them, with real worker processes.
+
+A signal to the consumer's process group (Ctrl-C) leaves a running task, and the programs it
+started, to finish; a consumer that dies without stopping its task processes takes them with it.
+"""
 
 from __future__ import annotations
 
@@ -39,9 +41,28 @@ def test_a_signal_to_the_workers_group_lets_the_running_task_and_its_program_fin
     with QueuePool.local(n_servers=1) as pool:
         out = tmp_path / "task.log"
         handle = wt.runs_a_program.publish(2.0, str(out), _pool=pool)
-        worker = subprocess.Popen([sys.executable, "-m", "conveyor", "worker", "--connect", pool.addresses[0], "--tasks",
-                                   "tests.worker_tasks", "--queues", "jobs", "--pool", "process", "--concurrency", "1"],
-                                  cwd=ROOT, stderr=subprocess.PIPE, text=True, start_new_session=True)  # fmt: skip
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "conveyor",
+                "worker",
+                "--connect",
+                pool.addresses[0],
+                "--tasks",
+                "tests.worker_tasks",
+                "--queues",
+                "jobs",
+                "--pool",
+                "process",
+                "--concurrency",
+                "1",
+            ],
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
             wait_for(lambda: _lines(out), 30, "the task to start")
             os.killpg(worker.pid, sig)  # as Ctrl-C does, or a service manager stopping the group
@@ -60,9 +81,27 @@ def test_task_processes_go_with_a_consumer_that_dies(tmp_path: Path) -> None:
     with QueuePool.local(n_servers=1) as pool:
         out = tmp_path / "task.log"
         wt.runs_a_program.publish(60.0, str(out), _pool=pool)
-        worker = subprocess.Popen([sys.executable, "-m", "conveyor", "worker", "--connect", pool.addresses[0], "--tasks",
-                                   "tests.worker_tasks", "--queues", "jobs", "--pool", "process", "--concurrency", "1"],
-                                  cwd=ROOT, stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+        worker = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "conveyor",
+                "worker",
+                "--connect",
+                pool.addresses[0],
+                "--tasks",
+                "tests.worker_tasks",
+                "--queues",
+                "jobs",
+                "--pool",
+                "process",
+                "--concurrency",
+                "1",
+            ],
+            cwd=ROOT,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             wait_for(lambda: _lines(out), 30, "the task to start")
             child = int(_lines(out)[0].split()[1])

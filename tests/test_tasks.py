@@ -285,9 +285,15 @@ def test_task_arguments_with_underscores_pass_through(pool: StorePool) -> None:
 
 @pytest.mark.parametrize(
     ("kwargs", "match"),
-    [({"_delay": -1}, "_delay"), ({"_delay": math.nan}, "_delay"), ({"_priority": "high"}, "priority"),
-     ({"_priority": 2**40}, "priority"), ({"_key": ""}, "_key"), ({"_key": 5}, "_key")],
-)  # fmt: skip
+    [
+        ({"_delay": -1}, "_delay"),
+        ({"_delay": math.nan}, "_delay"),
+        ({"_priority": "high"}, "priority"),
+        ({"_priority": 2**40}, "priority"),
+        ({"_key": ""}, "_key"),
+        ({"_key": 5}, "_key"),
+    ],
+)
 def test_invalid_publish_options_are_rejected(pool: StorePool, kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(TaskOptionError, match=match):
         add.publish(1, **kwargs)

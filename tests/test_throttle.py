@@ -1,7 +1,9 @@
-"""Guessing a token is slow: failed checks are throttled per source address across connections, at
-the queue protocol's handshake, the metrics endpoint and the dashboard (login, session cookie,
-Bearer header), without slowing a client that knows the token; and the throttle's own rules
-(backoff, forgetting, a bounded memory, what counts as one source)."""
+"""Guessing a token is slow: failed checks are throttled per source address across connections.
+
+Throttled at the queue protocol's handshake, the metrics endpoint and the dashboard (login, session
+cookie, Bearer header), without slowing a client that knows the token; and the throttle's own rules
+(backoff, forgetting, a bounded memory, what counts as one source).
+"""
 
 from __future__ import annotations
 
@@ -38,8 +40,10 @@ ENTER_S = 2.0  # a client with the right token gets in within this (at once but 
 
 
 class Sockets:
-    """The guessers' open sockets, shut down when the guessing ends: no guesser waits out its
-    answer (late by design) or starts another."""
+    """The guessers' open sockets, shut down when the guessing ends.
+
+    No guesser waits out its answer (late by design) or starts another.
+    """
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -65,8 +69,11 @@ class Sockets:
 
 @dataclass
 class Ways:
-    """The ways a token is checked in one process, taken in turn: `guesses[k](token)` tries a token
-    on a connection of its own (True: let in); `enters[k]()` is a client with the right token."""
+    """The ways a token is checked in one process, taken in turn.
+
+    `guesses[k](token)` tries a token on a connection of its own (True: let in); `enters[k]()` is a
+    client with the right token.
+    """
 
     guesses: list[Callable[[str], bool]]
     enters: list[Callable[[], bool]]
@@ -134,8 +141,11 @@ def cookie(port: int, token: str, sockets: Sockets | None = None) -> bool:
 
 @contextmanager
 def ways_in(name: str, sockets: Sockets) -> Iterator[Ways]:
-    """Every way a token is checked in one process: guessers taking them in turn show any way not
-    throttled, or throttled apart from the others, in their count."""
+    """Every way a token is checked in one process.
+
+    Guessers taking them in turn show any way not throttled, or throttled apart from the others, in
+    their count.
+    """
     with thread_server(token=TOKEN, metrics_port=0) as s:
         address, metrics = s.address, urllib.parse.urlsplit(s.server.metrics_address)
         scrape_port, scrape = metrics.port, metrics.path
@@ -196,9 +206,12 @@ def test_guessing_from_32_connections_is_slow_and_the_right_token_still_gets_in(
 
 
 def test_a_guesser_that_does_not_wait_for_answers_learns_no_faster() -> None:
-    """Without waiting for its answers, a guesser might take a missing prompt success for a failure:
-    so checks themselves are rationed. Its 21st try, the right token, is checked in its turn, after
-    the 10 beyond the burst, at one per pace."""
+    """Checks themselves are rationed, so a guesser that does not wait for answers learns no faster.
+
+    Without waiting for its answers, a guesser might take a missing prompt success for a failure: so
+    checks themselves are rationed. Its 21st try, the right token, is checked in its turn, after the
+    10 beyond the burst, at one per pace.
+    """
     with thread_server(token=TOKEN) as s:
         started = time.monotonic()
         waiting = []
@@ -214,8 +227,11 @@ def test_a_guesser_that_does_not_wait_for_answers_learns_no_faster() -> None:
 
 
 def test_a_guess_whose_client_leaves_holds_nothing_on_the_server_and_still_counts() -> None:
-    """Answers held back would otherwise hold the connections of a guesser that closes each at once:
-    the last of 50 is due 50 failures x 2 paces = 10 s after the first."""
+    """A guess whose client leaves holds nothing on the server, and still counts.
+
+    Answers held back would otherwise hold the connections of a guesser that closes each at once:
+    the last of 50 is due 50 failures x 2 paces = 10 s after the first.
+    """
     with thread_server(token=TOKEN) as s:
         for i in range(50):
             raw = RawConnection(s.address, timeout=60)

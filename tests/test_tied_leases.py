@@ -1,5 +1,8 @@
-"""Leases taken with `tie` end when the peer closes the connection: a killed consumer's work comes
-back at once, not after its lease. Real servers, real child processes killed with SIGKILL."""
+"""Leases taken with `tie` end when the peer closes the connection.
+
+A killed consumer's work comes back at once, not after its lease. Real servers, real child processes
+killed with SIGKILL.
+"""
 
 from __future__ import annotations
 
@@ -41,13 +44,17 @@ sys.stdin.read()  # holds its leases until killed
 
 
 class Holder:
-    """A child process that takes n messages (tied or not), acks the first `acked` and gives back
-    the next `released` over another connection, and holds the rest until it is killed."""
+    """A child process that takes n messages (tied or not), acks some, gives some back, and holds the rest.
+
+    It acks the first `acked` and gives back the next `released` over another connection, and holds
+    the rest until it is killed.
+    """
 
     def __init__(self, address: str, n: int, tie: bool, acked: int = 0, released: int = 0) -> None:
         args = [address, str(n), str(LONG), "1" if tie else "0", str(acked), str(released)]
-        self.proc = subprocess.Popen([sys.executable, "-c", _HOLDER, *args], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _HOLDER, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
         assert self.proc.stdout is not None
         self.got = json.loads(self.proc.stdout.readline())  # the pytest timeout bounds this read
 
@@ -80,8 +87,9 @@ def _put(c: QueueClient, n: int, **kw: object) -> list[int]:
     return c.put("q", [Message(payload=b"m%d" % i, **kw) for i in range(n)])  # type: ignore[arg-type]
 
 
-def test_a_killed_holders_tied_leases_end_at_once_and_untied_ones_keep_their_time(server: ThreadServer,
-                                                                                 client: QueueClient) -> None:  # fmt: skip
+def test_a_killed_holders_tied_leases_end_at_once_and_untied_ones_keep_their_time(
+    server: ThreadServer, client: QueueClient
+) -> None:
     _put(client, 5)
     untied = Holder(server.address, 2, tie=False)
     holder = Holder(server.address, 3, tie=True)
@@ -98,8 +106,9 @@ def test_a_killed_holders_tied_leases_end_at_once_and_untied_ones_keep_their_tim
         untied.close()
 
 
-def test_a_tied_delivery_settled_or_given_back_is_left_alone_when_its_holder_dies(client: QueueClient,
-                                                                                   server: ThreadServer) -> None:  # fmt: skip
+def test_a_tied_delivery_settled_or_given_back_is_left_alone_when_its_holder_dies(
+    client: QueueClient, server: ThreadServer
+) -> None:
     a, b, c = _put(client, 3)
     first = Holder(server.address, 3, tie=True, acked=1, released=1)
     try:
@@ -150,7 +159,8 @@ def test_a_client_that_closes_on_purpose_or_times_out_keeps_its_leases() -> None
 
 
 def test_a_connection_holding_tied_leases_is_not_closed_for_silence_until_they_are_settled(
-        monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(transport, "STALE_CHECK_S", 0.0)  # the client looks before every request, not after 1 s idle
     with thread_server(sweep_interval_s=0.05, idle_timeout_s=0.5) as server:
         c = QueueClient(server.address, timeout=10)
@@ -168,8 +178,7 @@ def test_a_connection_holding_tied_leases_is_not_closed_for_silence_until_they_a
         c.close()
 
 
-def test_a_message_taken_again_by_the_same_connection_comes_back_when_it_dies(server: ThreadServer,
-                                                                              client: QueueClient) -> None:  # fmt: skip
+def test_a_message_taken_again_by_the_same_connection_comes_back_when_it_dies(server: ThreadServer, client: QueueClient) -> None:
     [mid] = _put(client, 1)
     holder = QueueClient(server.address, timeout=10)
     assert [m.id for m in holder.get("q", 1, lease_s=LONG, tie=True)] == [mid]
@@ -196,8 +205,9 @@ def test_a_connection_the_server_closes_keeps_its_leases() -> None:
         c.close()
 
 
-def test_a_tied_message_whose_every_holder_dies_ends_as_a_dead_letter_saying_so(server: ThreadServer,
-                                                                               client: QueueClient) -> None:  # fmt: skip
+def test_a_tied_message_whose_every_holder_dies_ends_as_a_dead_letter_saying_so(
+    server: ThreadServer, client: QueueClient
+) -> None:
     [mid] = _put(client, 1, max_attempts=2)
     for attempt in (1, 2):
         h = Holder(server.address, 1, tie=True)
@@ -208,8 +218,9 @@ def test_a_tied_message_whose_every_holder_dies_ends_as_a_dead_letter_saying_so(
     assert dead.message.id == mid and "its consumer's connection closed on its last attempt (2 of 2)" in dead.error
 
 
-def test_a_long_lived_connection_forgets_the_deliveries_it_settled(server: ThreadServer, client: QueueClient,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_a_long_lived_connection_forgets_the_deliveries_it_settled(
+    server: ThreadServer, client: QueueClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setattr(tied, "PRUNE_AT", 8)
     _put(client, 100)
     worker = QueueClient(server.address, timeout=10)
@@ -223,8 +234,10 @@ def test_a_long_lived_connection_forgets_the_deliveries_it_settled(server: Threa
 
 
 class _CutSocket:
-    """A socket whose next large send goes out but for its last `short` bytes, then times out (as
-    a send into a stalled server can)."""
+    """A socket whose next large send goes out but for its last `short` bytes, then times out.
+
+    As a send into a stalled server can.
+    """
 
     def __init__(self, sock: socket.socket, short: int) -> None:
         self._sock, self._short = sock, short
@@ -241,9 +254,12 @@ class _CutSocket:
 
 
 def test_a_request_cut_mid_frame_by_a_timeout_is_dropped_and_the_ties_kept() -> None:
-    """A put whose send timed out part way: the client closes without a bye (whose bytes would
-    complete the frame: a message would be stored with them); the server drops the broken frame,
-    stores nothing, and keeps the ties."""
+    """A put cut part way by a send timeout: the server drops the broken frame and keeps the ties.
+
+    A put whose send timed out part way: the client closes without a bye (whose bytes would complete
+    the frame: a message would be stored with them); the server drops the broken frame, stores
+    nothing, and keeps the ties.
+    """
     with thread_server(sweep_interval_s=0.05) as server:
         c = QueueClient(server.address, timeout=10)
         _put(c, 1)
@@ -260,8 +276,10 @@ def test_a_request_cut_mid_frame_by_a_timeout_is_dropped_and_the_ties_kept() -> 
 
 
 def test_closing_a_tied_connection_to_a_server_that_does_not_answer_ends_within_its_bound() -> None:
-    """The bye's wait for the server to close its side is bounded (BYE_TIMEOUT_S); the server,
-    once it reads again, hears the bye ahead of the close and keeps the leases."""
+    """The bye's wait for the server to close its side is bounded (BYE_TIMEOUT_S).
+
+    The server, once it reads again, hears the bye ahead of the close and keeps the leases.
+    """
     with thread_server(sweep_interval_s=0.05) as server:
         c = QueueClient(server.address, timeout=10)
         _put(c, 2)

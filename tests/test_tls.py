@@ -1,5 +1,7 @@
-"""TLS between clients and servers: certificates, pinning, CAs, client certificates, token files, and
-a relay on the path that alters a byte (detected with TLS; stored unnoticed without it)."""
+"""TLS between clients and servers: certificates, pinning, CAs, client certificates, token files.
+
+Also a relay on the path that alters a byte (detected with TLS; stored unnoticed without it).
+"""
 
 from __future__ import annotations
 
@@ -31,8 +33,10 @@ pytestmark = pytest.mark.timeout(60)
 def certs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Path, str]]:
     """A server certificate for 127.0.0.1, another one (a stranger's), and a client's."""
     base = tmp_path_factory.mktemp("certs")
-    return {name: self_signed(base / name, hosts) for name, hosts in
-            (("server", ["127.0.0.1", "localhost"]), ("other", ["127.0.0.1"]), ("client", ["worker-1"]))}  # fmt: skip
+    return {
+        name: self_signed(base / name, hosts)
+        for name, hosts in (("server", ["127.0.0.1", "localhost"]), ("other", ["127.0.0.1"]), ("client", ["worker-1"]))
+    }
 
 
 def test_a_self_signed_certificate_its_key_and_fingerprint(certs: dict[str, tuple[Path, Path, str]]) -> None:
@@ -164,8 +168,20 @@ def test_serve_with_a_token_file_and_tls_never_prints_the_token(tmp_path: Path, 
     token.chmod(0o600)
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
-        cmd = [sys.executable, "-m", "conveyor", "serve", "--port", "0", "--token-file", str(token), "--tls-cert", str(cert),
-               "--tls-key", str(key)]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "conveyor",
+            "serve",
+            "--port",
+            "0",
+            "--token-file",
+            str(token),
+            "--tls-cert",
+            str(cert),
+            "--tls-key",
+            str(key),
+        ]
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
@@ -204,7 +220,8 @@ def test_local_servers_off_loopback_get_a_token_and_tls_by_default() -> None:
 
 
 def test_local_servers_keep_no_key_on_disk_and_ignore_a_token_file_in_the_environment(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     stray = tmp_path / "someone-elses-token"
     stray.write_text("not the pool's\n")
     monkeypatch.setenv("CONVEYOR_TOKEN_FILE", str(stray))  # e.g. a pod's, for servers of its own

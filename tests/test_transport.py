@@ -1,5 +1,7 @@
-"""A connection's patience (`connect_timeout`): how long a request waits for a server to accept it,
-against a port nobody listens on and a server that accepts nothing."""
+"""A connection's patience (`connect_timeout`): how long a request waits for a server to accept it.
+
+Against a port nobody listens on and a server that accepts nothing.
+"""
 
 from __future__ import annotations
 
@@ -25,8 +27,10 @@ def refused() -> str:
 
 @pytest.fixture
 def deaf() -> Iterator[str]:
-    """An address whose backlog is full: the kernel drops further connection requests unanswered, as a
-    host that is down or behind a firewall does."""
+    """An address whose backlog is full: the kernel drops further connection requests unanswered.
+
+    As a host that is down or behind a firewall does.
+    """
     with socket.socket() as server, socket.socket() as first:
         server.bind(("127.0.0.1", 0))
         server.listen(0)
@@ -35,8 +39,10 @@ def deaf() -> Iterator[str]:
 
 
 def test_a_patience_of_0_makes_one_attempt(refused: str) -> None:
-    """The patience of an owner that retries on its own terms (a consumer, its settler): one attempt
-    per request, which says why it failed."""
+    """A patience of 0 makes one attempt per request, which says why it failed.
+
+    The patience of an owner that retries on its own terms (a consumer, its settler).
+    """
     c = QueueClient(refused, connect_timeout=0)
     t0 = time.monotonic()
     with pytest.raises(ConnectionLostError, match="Connection refused"):

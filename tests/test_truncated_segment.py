@@ -77,13 +77,15 @@ def cut(f: Path, at: int) -> list[int]:
 
 
 def warnings_of(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno >= logging.WARNING
-            and text in r.getMessage()]  # fmt: skip
+    return [
+        r.getMessage() for r in caplog.records if r.name == LOGGER and r.levelno >= logging.WARNING and text in r.getMessage()
+    ]
 
 
 @pytest.mark.parametrize("which", ["sealed", "sealed-mid-record", "newest"])
 def test_a_segment_cut_short_below_what_the_index_confirms_is_named_and_repair_names_each_id(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture, which: str) -> None:  # fmt: skip
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, which: str
+) -> None:
     path = tmp_path / "q"
     payloads = delivered_store(path)
     segs = sorted(path.glob(SEGMENT_GLOB))
@@ -122,10 +124,14 @@ def test_a_segment_cut_short_below_what_the_index_confirms_is_named_and_repair_n
 
 
 def test_what_a_repair_could_not_keep_stays_failed_through_requeue_compaction_and_reopening(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """The lost ids' FAILED status and counts hold when their dead letters are requeued (put back, then forgotten,
-    as `QueuePool.requeue_dead_letters` does), when everything finishes (segments dropped, the index rewritten),
-    and after reopening."""
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lost ids' FAILED status and counts hold through requeues, compaction and reopening.
+
+    The lost ids' FAILED status and counts hold when their dead letters are requeued (put back, then
+    forgotten, as `QueuePool.requeue_dead_letters` does), when everything finishes (segments
+    dropped, the index rewritten), and after reopening.
+    """
     monkeypatch.setattr(durable, "INDEX_REWRITE_MIN_RECORDS", 64)
     path = tmp_path / "q"
     payloads = delivered_store(path)
@@ -145,8 +151,7 @@ def test_what_a_repair_could_not_keep_stays_failed_through_requeue_compaction_an
         assert (path / INDEX_NAME).stat().st_size < index_before / 4, "the index was not rewritten"
         assert len(list(path.glob(SEGMENT_GLOB))) <= 2  # finished segments dropped
         done = replace(s.stats(), bytes_on_disk=0)
-        assert done == Stats(ready=0, delivered=0, acked=N - len(lost) + len(again), failed=len(lost), delayed=0,
-                             bytes_on_disk=0)  # fmt: skip
+        assert done == Stats(ready=0, delivered=0, acked=N - len(lost) + len(again), failed=len(lost), delayed=0, bytes_on_disk=0)
         assert {s.status(i) for i in lost} == {Status.FAILED} and s.dead_letters() == []
     with DurableStore(path, segment_bytes=SEG) as s:
         assert replace(s.stats(), bytes_on_disk=0) == done
@@ -154,7 +159,8 @@ def test_what_a_repair_could_not_keep_stays_failed_through_requeue_compaction_an
 
 
 def test_a_torn_tail_beyond_what_the_index_confirms_is_still_cut_with_a_warning(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:  # fmt: skip
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Records after the last one the index names (puts never delivered) torn off: a crash's torn tail, cut."""
     path = tmp_path / "q"
     with DurableStore(path, segment_bytes=SEG, fsync="never") as s:
@@ -171,8 +177,12 @@ def test_a_torn_tail_beyond_what_the_index_confirms_is_still_cut_with_a_warning(
 
 
 def test_a_server_serves_a_queue_cut_short_as_unavailable_until_repair(tmp_path: Path) -> None:
-    """Through `conveyor serve`: the queue is unavailable with the error naming the file and --repair, the other
-    queues serve; with --repair the lost ids read FAILED with a reason and the log names each."""
+    """Through `conveyor serve`, a queue cut short is unavailable until --repair; the others serve.
+
+    Through `conveyor serve`: the queue is unavailable with the error naming the file and --repair,
+    the other queues serve; with --repair the lost ids read FAILED with a reason and the log names
+    each.
+    """
     data = tmp_path / "data"
     log_path = tmp_path / "server.log"
     log = open(log_path, "wb")  # noqa: SIM115

@@ -1,6 +1,8 @@
-"""Waits that say why: `result()`, `gather` and `join` on a queue no live consumer serves warn, and
-consumers that cannot start fail the wait at once with their own error (not its timeout), against
-real queue servers and real consumers."""
+"""Waits that say why, against real queue servers and real consumers.
+
+`result()`, `gather` and `join` on a queue no live consumer serves warn, and consumers that cannot
+start fail the wait at once with their own error (not its timeout).
+"""
 
 from __future__ import annotations
 
@@ -41,9 +43,10 @@ def warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
 
 
 def test_a_stall_is_judged_by_who_serves_the_queue_waited_on(pool: QueuePool, caplog: pytest.LogCaptureFixture) -> None:
-    """A consumer reporting on another queue is no help: the wait warns, naming the queue, once, then
-    at the slow interval. A consumer on the queue, or one whose report names no queue (an older
-    consumer), silences it."""
+    """A consumer reporting on another queue is no help: the wait warns, naming the queue, once, then at the slow interval.
+
+    A consumer on the queue, or one whose report names no queue (an older consumer), silences it.
+    """
     caplog.set_level(logging.WARNING, "conveyor.client")
     Stall("join", pool.workers, first=0.0).check({"jobs": 3, "drained": 0})
     assert [w.split(": start")[0] for w in warnings(caplog)] == [
@@ -80,8 +83,10 @@ def test_a_stall_is_judged_by_who_serves_the_queue_waited_on(pool: QueuePool, ca
 def test_a_wait_on_a_queue_nobody_serves_warns_though_a_consumer_on_another_reports(
     pool: QueuePool, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, wait: str
 ) -> None:
-    """The case seen: `result()` on a queue no consumer serves, while a consumer on another queue
-    reports, said nothing for 75 s. Now the wait warns once consumers have had time to report."""
+    """The case seen: `result()` on a queue no consumer serves, while a consumer on another queue reports, said nothing for 75 s.
+
+    Now the wait warns once consumers have had time to report.
+    """
     monkeypatch.setattr(progress, "STALL_FIRST_S", FIRST_S)
     consumer = Consumer(pool, ["other"], max_concurrency=1, task_modules=MODULES)
     runner = threading.Thread(target=consumer.run, name="test-consumer")
@@ -110,9 +115,12 @@ def test_a_wait_on_a_queue_nobody_serves_warns_though_a_consumer_on_another_repo
     ids=["module-missing", "dependency-missing"],
 )
 def test_consumers_that_cannot_start_fail_the_next_wait_with_their_error(pool: QueuePool, module: str, cause: str) -> None:
-    """Consumers whose task module does not import: `result()` raises the pool's error, naming the
+    """Consumers whose task module does not import fail the next wait, and all after, with their error.
+
+    Consumers whose task module does not import: `result()` raises the pool's error, naming the
     cause, as soon as the pool gives up on them (not a TimeoutError with a hint to start consumers);
-    and so does every wait after it, at once."""
+    and so does every wait after it, at once.
+    """
     consumers = ConsumerPool(pool, 2, queues=["jobs"], task_modules=[module]).start()
     try:
         h = wt.add.publish(1, 2, _pool=pool)
@@ -132,9 +140,12 @@ def test_consumers_that_cannot_start_fail_the_next_wait_with_their_error(pool: Q
 
 
 def test_a_wait_looks_after_only_the_consumer_pools_on_its_queues(pool: QueuePool) -> None:
-    """A consumer pool that cannot start, on 'jobs', fails the waits on 'jobs' but not a wait on a
+    """A consumer pool that cannot start fails only waits on its own queues, and only in its `with` block.
+
+    A consumer pool that cannot start, on 'jobs', fails the waits on 'jobs' but not a wait on a
     queue it does not serve (its error would point that wait the wrong way); and once its `with`
-    block is left, no wait at all."""
+    block is left, no wait at all.
+    """
     consumer = Consumer(pool, ["other"], max_concurrency=1)
     runner = threading.Thread(target=consumer.run, name="test-consumer")
     runner.start()

@@ -1,5 +1,8 @@
-"""Consumers against real queue servers: results, retries, dead letters, time limits, back-pressure,
-work stealing, graceful stops, and local consumer pools surviving killed workers."""
+"""Consumers against real queue servers.
+
+Results, retries, dead letters, time limits, back-pressure, work stealing, graceful stops, and local
+consumer pools surviving killed workers.
+"""
 
 from __future__ import annotations
 
@@ -96,8 +99,9 @@ def test_errors_no_retry_can_mend_fail_at_once(pool: QueuePool) -> None:
     a = wt.fails_for_good.publish(_pool=pool)
     b = wt.listed_no_retry.publish(_pool=pool)
     payload, headers = encode_call("tests.worker_tasks.never_defined", (), {})
-    [unknown] = pool.put("jobs", [Message(payload=payload, headers={**headers, H_TASK: "tests.worker_tasks.never_defined"},
-                                          max_attempts=5)])  # fmt: skip
+    [unknown] = pool.put(
+        "jobs", [Message(payload=payload, headers={**headers, H_TASK: "tests.worker_tasks.never_defined"}, max_attempts=5)]
+    )
     [garbage] = pool.put("jobs", [Message(payload=b"\xc1 not an envelope", headers={H_CONTENT_TYPE: "msgpack"}, max_attempts=5)])
     consume(pool)
     dead = {d.message.id: d for d in pool.dead_letters("jobs")}
@@ -124,8 +128,11 @@ def test_time_limit_stops_the_task(pool: QueuePool, mode: str) -> None:
 
 
 def test_a_task_that_hangs_on_every_attempt_ends_in_the_dead_letters_and_the_consumer_stops(pool: QueuePool) -> None:
-    """Each attempt's thread is abandoned in turn, though the first still hangs when the next starts
-    (the same message id in two slots): the consumer then stops without waiting for any of them."""
+    """A task hanging on every attempt ends in the dead letters, and the consumer stops without waiting.
+
+    Each attempt's thread is abandoned in turn, though the first still hangs when the next starts
+    (the same message id in two slots): the consumer then stops without waiting for any of them.
+    """
     h = wt.hangs.publish(30.0, _pool=pool)
     t0 = time.monotonic()
     c = consume(pool, max_concurrency=2)
@@ -137,8 +144,11 @@ def test_a_task_that_hangs_on_every_attempt_ends_in_the_dead_letters_and_the_con
 
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_messages_in_line_for_a_slot_have_not_started_and_can_be_taken_back(pool: QueuePool, mode: str) -> None:
-    """A read-ahead message waits in line: no start time (its time limit has not begun), and a
-    stopping consumer takes it back rather than running it."""
+    """A read-ahead message waits in line: it has not started, and a stopping consumer takes it back.
+
+    It has no start time (its time limit has not begun), and a stopping consumer takes it back
+    rather than running it.
+    """
     wt.sleeps.publish_many([(0.5,), (0.01,), (0.01,)], _pool=pool)
     msgs = pool.get("jobs", 3)
     done: Completions[Completion] = Completions()
@@ -157,8 +167,10 @@ def test_messages_in_line_for_a_slot_have_not_started_and_can_be_taken_back(pool
 
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_slots_tell_apart_messages_of_two_queues_with_the_same_id(pool: QueuePool, mode: str) -> None:
-    """Each queue numbers its own messages: the slots know a running message by (queue, id), so a time
-    limit is measured, and a stop aimed, at the right one."""
+    """Each queue numbers its own messages: the slots know a running message by (queue, id).
+
+    So a time limit is measured, and a stop aimed, at the right one.
+    """
     wt.sleeps.publish_many([(0.4,), (0.0,)], _pool=pool)
     a, quick = pool.get("jobs", 2)
     b = dataclasses.replace(quick, queue="other", id=a.id)  # a quick task, numbered as `a` in another queue
@@ -183,8 +195,11 @@ def test_slots_tell_apart_messages_of_two_queues_with_the_same_id(pool: QueuePoo
 
 
 def test_process_slots_that_cannot_replace_a_dead_child_say_so(pool: QueuePool, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A child dies and no replacement can start (the fork server gone, no descriptors left): the
-    slots say why, for the consumer to stop on, rather than leaving what waits in line to wait for ever."""
+    """Process slots that cannot replace a dead child say why, for the consumer to stop on.
+
+    A child dies and no replacement can start (the fork server gone, no descriptors left): the slots
+    say why, for the consumer to stop on, rather than leaving what waits in line to wait for ever.
+    """
     done: Completions[Completion] = Completions()
     slots = ProcessSlots(1, done, None, MODULES)
     slots.start()
@@ -203,9 +218,12 @@ def test_process_slots_that_cannot_replace_a_dead_child_say_so(pool: QueuePool, 
 
 
 def test_a_consumer_whose_slots_cannot_start_a_process_stops_and_says_why(
-        pool: QueuePool, monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-    """The consumer of those slots stops with their reason instead of holding what is in line for ever;
-    the message that killed the child is settled as it would be, the one behind it comes back."""
+    pool: QueuePool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The consumer of those slots stops with their reason, not holding what is in line for ever.
+
+    The message that killed the child is settled as it would be, the one behind it comes back.
+    """
     poison = wt.kills_its_worker.publish(_pool=pool)
     after = wt.add.publish(1, 1, _pool=pool)
     spawn = ProcessSlots._spawn
@@ -240,8 +258,10 @@ def test_process_mode_replaces_a_killed_child(pool: QueuePool) -> None:
 
 
 def test_back_pressure_fetches_only_what_it_can_start(pool: QueuePool) -> None:
-    """Tasks too long for a read-ahead start as soon as they are fetched: never more fetched and
-    unfinished than there are slots."""
+    """Tasks too long for a read-ahead start as soon as they are fetched.
+
+    Never more fetched and unfinished than there are slots.
+    """
     wt.sleeps.publish_many([(0.25,)] * 12, _pool=pool)  # 8 a second: under one in the read-ahead window
     c = Consumer(pool, ["jobs"], max_concurrency=2, batch_size=100, until_empty=True, task_modules=MODULES)
     seen: list[int] = []
@@ -259,9 +279,12 @@ def test_back_pressure_fetches_only_what_it_can_start(pool: QueuePool) -> None:
 
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_quick_tasks_are_read_ahead_in_large_fetches(pool: QueuePool, mode: str) -> None:
-    """With the queue's batch size left out, a consumer of quick tasks holds more than its slots
-    and fetches many at a time: far fewer fetches than a fetch per free slot would take (in
-    process mode too: a child that finishes starts the next in line at once)."""
+    """A consumer of quick tasks reads ahead in large fetches when the queue's batch size is left out.
+
+    With the queue's batch size left out, a consumer of quick tasks holds more than its slots and
+    fetches many at a time: far fewer fetches than a fetch per free slot would take (in process mode
+    too: a child that finishes starts the next in line at once).
+    """
     n = 3000
     wt.add.publish_many([(i, 1) for i in range(n)], _pool=pool)
     c = consume(pool, max_concurrency=None, concurrency=mode)  # left out: 8 threads or 2 processes, and a read-ahead
@@ -330,8 +353,7 @@ def test_workers_report_their_counts(pool: QueuePool) -> None:
 
 
 # --- local consumer pools ------------------------------------------------------------------------
-def test_consumers_see_the_environment_as_it_is_when_the_pool_starts(pool: QueuePool,
-                                                                     monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
+def test_consumers_see_the_environment_as_it_is_when_the_pool_starts(pool: QueuePool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Consumers fork from a server started as the pool is made: what changed since still reaches them."""
     cp = ConsumerPool(pool, 1, queues=["jobs"], task_modules=MODULES)
     monkeypatch.setenv("CONVEYOR_TEST_LATE", "set after the pool was made")
@@ -374,8 +396,10 @@ def test_sigkilled_consumer_loses_nothing_and_runs_each_task_to_completion_once(
 
 
 def test_a_stop_does_not_wait_on_a_killed_server(pool: QueuePool) -> None:
-    """The stop's wake cannot reach a SIGKILLed server: `cancel` neither waits on it nor fails, and
-    the consumers idle in long polls stop all the same."""
+    """A stop does not wait on a SIGKILLed server, which its wake cannot reach.
+
+    `cancel` neither waits on it nor fails, and the consumers idle in long polls stop all the same.
+    """
     pool.declare("jobs")
     cp = ConsumerPool(pool, 2, queues=["jobs"], task_modules=MODULES).start()
     try:
@@ -395,14 +419,27 @@ def test_a_stop_does_not_wait_on_a_killed_server(pool: QueuePool) -> None:
 
 @pytest.mark.parametrize("case", ["kept", "temporary", "forked"])
 def test_servers_and_consumers_do_not_outlive_their_pool_process(tmp_path: Path, case: str) -> None:
-    """SIGKILL the process that started a local pool and its consumers mid-task: every process it
+    """Servers and consumers exit soon after the process that started them is SIGKILLed mid-task.
+
+    SIGKILL the process that started a local pool and its consumers mid-task: every process it
     started exits soon after, even when a child it forked still holds the pipes they watch; the
     queue still holds every task (none acked, none lost), or, in temporary directories, those are
-    removed."""
+    removed.
+    """
     data_dir = "-" if case == "temporary" else tmp_path / "data"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    job = subprocess.Popen([sys.executable, str(ROOT / "tests" / "pool_job.py"), str(data_dir), str(tmp_path / "done.log"),
-                            "8", *(["fork"] if case == "forked" else [])], stdout=subprocess.PIPE, env=env)  # fmt: skip
+    job = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "pool_job.py"),
+            str(data_dir),
+            str(tmp_path / "done.log"),
+            "8",
+            *(["fork"] if case == "forked" else []),
+        ],
+        stdout=subprocess.PIPE,
+        env=env,
+    )
     forked = 0
     try:
         assert job.stdout is not None
@@ -484,10 +521,13 @@ def main():
 @pytest.mark.parametrize("how", ["pool", "process-mode"])
 @pytest.mark.parametrize("guarded", [True, False], ids=["guarded", "unguarded"])
 def test_a_script_without_the_main_guard_fails_once_with_a_clear_error(tmp_path: Path, guarded: bool, how: str) -> None:
-    """Consumer processes, and the task processes of a consumer in process mode, import the main
-    module again: without the guard each one runs the script and dies before it starts. After a few
-    such deaths in a row the script fails, saying why, instead of restarting them forever; with the
-    guard the same script runs."""
+    """A script without the main guard fails, saying why, instead of restarting its processes forever.
+
+    Consumer processes, and the task processes of a consumer in process mode, import the main module
+    again: without the guard each one runs the script and dies before it starts. After a few such
+    deaths in a row the script fails, saying why, instead of restarting them forever; with the guard
+    the same script runs.
+    """
     script = tmp_path / "job.py"
     script.write_text(SCRIPT + ('\nif __name__ == "__main__":\n    main()\n' if guarded else "\nmain()\n"))
     started = time.monotonic()

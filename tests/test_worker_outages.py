@@ -1,6 +1,9 @@
-"""A worker and servers out of reach: it keeps serving the servers that answer, retries the others and
-says so (when it notices, then once a minute), serves them again once they are back, gives up on them
-only when told to (`--unreachable-s`), and its counts survive consumer processes that die."""
+"""A worker and servers out of reach: it serves those that answer and retries the others.
+
+It keeps serving the servers that answer, retries the others and says so (when it notices, then once
+a minute), serves them again once they are back, gives up on them only when told to
+(`--unreachable-s`), and its counts survive consumer processes that die.
+"""
 
 from __future__ import annotations
 
@@ -82,9 +85,12 @@ KINDS = {"1": ("jobs", wt.add), "2": ("jobs2", wt.add_too)}
 
 
 def test_a_worker_rides_out_a_server_outage(two_servers: list[tuple[subprocess.Popen[bytes], str]], tmp_path: Path) -> None:
-    """One of two servers down for longer than a consumer used to wait for it (30 s): the worker keeps
+    """A worker rides out one of two servers down: it serves the other, then the first again once back.
+
+    One of two servers down for longer than a consumer used to wait for it (30 s): the worker keeps
     serving the other, says which server is out of reach, serves it again once it is back (restarted
-    on its data) and says so, and its summary counts every task."""
+    on its data) and says so, and its summary counts every task.
+    """
     (_, a), (b_proc, b) = two_servers
     logs = {kind: tmp_path / f"worker-{kind}.err" for kind in KINDS}
     done = dict.fromkeys(KINDS, 0)
@@ -148,8 +154,11 @@ def test_a_worker_gives_up_on_a_server_out_of_reach_when_told_to(processes: str)
 
 
 def test_the_counts_of_a_consumer_process_that_dies_are_not_lost(tmp_path: Path) -> None:
-    """A consumer process killed (here by SIGKILL) is restarted; what it did still counts in the pool's
-    stats (as `conveyor worker --processes N` prints them), from the tally it kept as it went."""
+    """A consumer process killed (here by SIGKILL) is restarted, and what it did still counts.
+
+    What it did still counts in the pool's stats (as `conveyor worker --processes N` prints them),
+    from the tally it kept as it went.
+    """
     with QueuePool.local(n_servers=2, data_dir=tmp_path) as pool:
         handles = wt.add.publish_many([(i, 1) for i in range(20)], _pool=pool)
         cp = ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=2, task_modules=MODULES).start()
@@ -167,8 +176,10 @@ def test_the_counts_of_a_consumer_process_that_dies_are_not_lost(tmp_path: Path)
 
 
 class SteadyReports:
-    """Finds a consumer that ran tasks and whose last two reports (2 s apart) give the same count: idle
-    since, its tally (copied every 0.5 s) holds that count."""
+    """Finds a consumer that ran tasks and whose last two reports (2 s apart) give the same count.
+
+    Idle since, its tally (copied every 0.5 s) holds that count.
+    """
 
     def __init__(self, pool: QueuePool) -> None:
         self.pool = pool

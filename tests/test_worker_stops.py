@@ -1,8 +1,10 @@
-"""`conveyor worker` stopped from every direction: SIGTERM to its process group (`kill -TERM -PGID`),
-to every process it started (systemd's default KillMode=control-group signals the whole cgroup), to
-its first process only, and Ctrl-C (SIGINT to the group, as a terminal sends it). Running tasks
-finish and are acked, each task runs once, and the worker exits within --shutdown-timeout; past it,
-what still runs is handed back."""
+"""`conveyor worker` stopped from every direction.
+
+SIGTERM to its process group (`kill -TERM -PGID`), to every process it started (systemd's default
+KillMode=control-group signals the whole cgroup), to its first process only, and Ctrl-C (SIGINT to
+the group, as a terminal sends it). Running tasks finish and are acked, each task runs once, and the
+worker exits within --shutdown-timeout; past it, what still runs is handed back.
+"""
 
 from __future__ import annotations
 
@@ -45,8 +47,21 @@ def runs(log: Path) -> tuple[Counter[int], Counter[int]]:
 
 def start_args(pool: QueuePool, *args: str) -> list[str]:
     """The command line of `conveyor worker` on the pool's server, the test tasks and SLOTS slots."""
-    return [sys.executable, "-m", "conveyor", "worker", "--connect", pool.addresses[0], "--tasks", "tests.worker_tasks",
-            "--queues", "jobs", "--concurrency", str(SLOTS), *args]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "conveyor",
+        "worker",
+        "--connect",
+        pool.addresses[0],
+        "--tasks",
+        "tests.worker_tasks",
+        "--queues",
+        "jobs",
+        "--concurrency",
+        str(SLOTS),
+        *args,
+    ]
 
 
 def start_worker(pool: QueuePool, *args: str, stderr: IO[str] | int = subprocess.PIPE) -> subprocess.Popen[str]:
@@ -121,9 +136,12 @@ def test_a_stop_lets_running_tasks_finish_and_acks_them(
 def test_tasks_still_running_at_the_end_of_a_stop_are_handed_back_without_counting_an_attempt(
     pool: QueuePool, tmp_path: Path, how: str, processes: str
 ) -> None:
-    """Tasks still running past --shutdown-timeout, or at a second signal (one process): handed back to
-    their queue for another worker, the attempt not counted (the worker stopped, the task did not fail:
-    these have no retries, and a counted attempt would make them dead letters)."""
+    """Tasks still running at the end of a stop go back to their queue, the attempt not counted.
+
+    Tasks still running past --shutdown-timeout, or at a second signal (one process): handed back to
+    their queue for another worker, the attempt not counted (the worker stopped, the task did not
+    fail: these have no retries, and a counted attempt would make them dead letters).
+    """
     log, err = tmp_path / "runs.log", tmp_path / "worker.err"
     n = int(processes) * SLOTS
     wt.naps.publish_many([(str(log), tag, 60.0) for tag in range(n)], _pool=pool)
@@ -157,9 +175,12 @@ def test_tasks_still_running_at_the_end_of_a_stop_are_handed_back_without_counti
 
 @pytest.mark.parametrize("mode", ["thread", "process"])
 def test_what_a_task_starts_can_be_terminated(pool: QueuePool, mode: str) -> None:
-    """A stop reaches the consumers, which end their task processes themselves (those ignore systemd's
-    SIGTERM to every process), but what a task starts keeps the default: a program it runs, or a process
-    it forks, ends on SIGTERM as anywhere else (`Popen.terminate`, `Process.terminate`)."""
+    """What a task starts, a program it runs or a process it forks, ends on SIGTERM as anywhere else.
+
+    A stop reaches the consumers, which end their task processes themselves (those ignore systemd's
+    SIGTERM to every process), but what a task starts keeps the default: a program it runs, or a
+    process it forks, ends on SIGTERM as anywhere else (`Popen.terminate`, `Process.terminate`).
+    """
     handle = wt.terminates_its_children.publish(_pool=pool)
     drain = start_args(pool, "--pool", mode, "--until-empty")
     out = subprocess.run(drain, cwd=ROOT, capture_output=True, text=True, timeout=120)

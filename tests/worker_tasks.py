@@ -206,9 +206,12 @@ def naps(log: str, tag: int, seconds: float) -> int:
 
 @conveyor.task(queue="jobs", max_retries=0)
 def terminates_its_children() -> list[int | None]:
-    """Starts a program and forks a process, both asleep, and once each says it runs, terminates it
-    (SIGTERM): how each ended (its exit status as subprocess gives it; None: still running 10 s later,
-    the signal ignored)."""
+    """Starts a program and forks a process, terminates each once it runs; how each ended.
+
+    Starts a program and forks a process, both asleep, and once each says it runs, terminates it
+    (SIGTERM): how each ended (its exit status as subprocess gives it; None: still running 10 s
+    later, the signal ignored).
+    """
     import signal
     import subprocess
     import sys

@@ -77,9 +77,16 @@ KIND_PAD = 4  # prefix + filler: a damaged span replaced by `repair=True`
 # reads need msgpack: kind, id, priority, max_attempts, not_before, enqueued_at, headers length
 MESSAGE_PREFIX = struct.Struct("<BQiHddI")
 MESSAGE_PREFIX_DTYPE = np.dtype(
-    [("kind", "u1"), ("id", "<u8"), ("priority", "<i4"), ("max_attempts", "<u2"), ("not_before", "<f8"),
-     ("enqueued_at", "<f8"), ("hlen", "<u4")]
-)  # fmt: skip
+    [
+        ("kind", "u1"),
+        ("id", "<u8"),
+        ("priority", "<i4"),
+        ("max_attempts", "<u2"),
+        ("not_before", "<f8"),
+        ("enqueued_at", "<f8"),
+        ("hlen", "<u4"),
+    ]
+)
 assert MESSAGE_PREFIX_DTYPE.itemsize == MESSAGE_PREFIX.size
 
 # --- Index write-ahead log: index.wal ----------------------------------------------------------
@@ -285,5 +292,23 @@ TASK_SECONDS_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 60.0
 # --- Metrics (server/metrics.py: `conveyor serve --metrics-port`) -------------------------------
 METRICS_PATH = "/metrics"
 # a request's time in the server, from its frames read to its reply queued (a get's wait included)
-REQUEST_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-                           2.5, 5.0, 10.0, 30.0, 60.0)  # fmt: skip
+REQUEST_SECONDS_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)

@@ -60,8 +60,7 @@ class RequestError(ConveyorError):
 
 
 class ServerBusyError(ConveyorError, ConnectionRefusedError):
-    """The server takes no more connections now (its connection limit): a client tries again until
-    its `connect_timeout`."""
+    """The server takes no more connections now (its connection limit): a client tries again until its `connect_timeout`."""
 
 
 class ConnectionLostError(ConveyorError, ConnectionError):
@@ -72,13 +71,18 @@ class ConnectionLostError(ConveyorError, ConnectionError):
 
 
 class NoSlotsError(ConveyorError):
-    """A Spark job of Conveyor's got no task slot within its bound (`start_timeout_s`): the cluster has
-    no executor with a free core for it."""
+    """A Spark job of Conveyor's got no task slot within its bound (`start_timeout_s`).
+
+    The cluster has no executor with a free core for it.
+    """
 
 
 class PreflightError(ConveyorError):
-    """On a cluster, the executors cannot do the work (conveyor or a task module missing, a queue
-    server out of their reach): `problems` maps each host to what is wrong there."""
+    """On a cluster, the executors cannot do the work.
+
+    They lack conveyor or a task module, or a queue server is out of their reach: `problems` maps
+    each host to what is wrong there.
+    """
 
     def __init__(self, message: str, problems: dict[str, list[str]]) -> None:
         self.problems = problems
@@ -111,8 +115,11 @@ class ConfigError(ConveyorError, ValueError):
 
 
 class TaskOptionError(ConveyorError, ValueError):
-    """A task option or a publish option is invalid (bad priority, negative retries, a time
-    limit at or above the queue's visibility timeout, ...)."""
+    """A task option or a publish option is invalid.
+
+    Such as a bad priority, negative retries, a time limit at or above the queue's visibility
+    timeout, ...
+    """
 
 
 class TaskArgumentError(ConveyorError, TypeError):

@@ -1,14 +1,16 @@
-"""The garbage collector's settings in the processes that exist only to serve or consume, and its
-pause while a publisher builds a batch.
+"""The garbage collector's settings in serving and consuming processes, and its pause in publishers.
 
-Such a process allocates a few container objects per message (the message, its headers, what holds
-it while it runs), and many live a while: the default first-generation threshold of 700 allocations
-makes the collector walk every message in flight several times over, and its full collections walk
-everything imported too. Objects that exist once a process has started are frozen out of the
-collector's walks (`gc.freeze`), and it runs less often. Reference counting frees the objects
-themselves as before; only reference cycles wait longer (to the next full collection at most).
-Measured (one consumer, no-op tasks, medians of 3 interleaved runs, with full collections 20x rarer
-still): 32k -> 40k tasks/s.
+The settings are for the processes that exist only to serve or consume; the pause, for while a
+publisher builds a batch.
+
+A process that only serves or consumes allocates a few container objects per message (the message,
+its headers, what holds it while it runs), and many live a while: the default first-generation
+threshold of 700 allocations makes the collector walk every message in flight several times over,
+and its full collections walk everything imported too. Objects that exist once a process has
+started are frozen out of the collector's walks (`gc.freeze`), and it runs less often. Reference
+counting frees the objects themselves as before; only reference cycles wait longer (to the next
+full collection at most). Measured (one consumer, no-op tasks, medians of 3 interleaved runs, with
+full collections 20x rarer still): 32k -> 40k tasks/s.
 """
 
 from __future__ import annotations
@@ -25,16 +27,20 @@ GC_THRESHOLDS = (10_000, 10, 10)
 
 
 def tune_gc() -> None:
-    """Freeze what exists now out of the collector's walks and collect less often (a process of
-    Conveyor's own, though thread-mode tasks run in it too)."""
+    """Freeze what exists now out of the collector's walks and collect less often.
+
+    For a process of Conveyor's own, though thread-mode tasks run in it too.
+    """
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
 
 
 @contextlib.contextmanager
 def gc_tuned() -> Iterator[None]:
-    """`tune_gc` for a while, in a process that goes on to other work afterwards (a Spark Python
-    worker runs later tasks): its collector is then as it was."""
+    """`tune_gc` for a while, in a process that goes on to other work afterwards.
+
+    Afterwards its collector is as it was (a Spark Python worker, for one, runs later tasks).
+    """
     before, frozen = gc.get_threshold(), gc.get_freeze_count()
     tune_gc()
     try:
@@ -52,8 +58,10 @@ _was_enabled = True  # the collector's state when the first of them came in
 
 @contextlib.contextmanager
 def gc_paused() -> Iterator[None]:
-    """Hold the cyclic collector off while a batch of objects that all outlive it is built (a
-    publish of many tasks: messages, their headers, the handles), then put it back as it was.
+    """Hold the cyclic collector off while a batch of objects that all outlive it is built.
+
+    The batch: a publish of many tasks (messages, their headers, the handles). Afterwards the
+    collector is put back as it was.
 
     Every few hundred allocations the collector walks the young objects, which here are the batch
     itself, and now and then everything the process holds: measured on 200,000 no-op tasks

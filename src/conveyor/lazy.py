@@ -1,5 +1,7 @@
-"""Attributes of a package loaded on first use, so that importing it stays light (no Spark, no pyarrow),
-and old names kept for a release behind a warning."""
+"""Attributes of a package loaded on first use, and old names kept for a release behind a warning.
+
+Loading on first use keeps importing the package light (no Spark, no pyarrow).
+"""
 
 from __future__ import annotations
 
@@ -24,8 +26,11 @@ def lazy_attributes(package: str, table: Mapping[str, str], moved: Mapping[str, 
             setattr(sys.modules[package], name, value)
             return value
         if name in moved:
-            warnings.warn(f"{package}.{name} is deprecated and goes in the next release: import it from {moved[name]}",
-                          DeprecationWarning, stacklevel=2)  # fmt: skip
+            warnings.warn(
+                f"{package}.{name} is deprecated and goes in the next release: import it from {moved[name]}",
+                DeprecationWarning,
+                stacklevel=2,
+            )
             value = getattr(importlib.import_module(moved[name]), name)
             setattr(sys.modules[package], name, value)  # warned once: later lookups find it here
             return value

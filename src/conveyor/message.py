@@ -1,5 +1,7 @@
-"""The message model every layer shares: an immutable `Message`, its `Status`, a `DeadLetter`, the
-columns of a batch (`MessageBatch`) and the msgpack codec.
+"""The message model every layer shares.
+
+An immutable `Message`, its `Status`, a `DeadLetter`, the columns of a batch (`MessageBatch`) and
+the msgpack codec.
 
 A store assigns `id`, `attempts`, `enqueued_at` and `lease_s`; producers set the rest.
 The payload is opaque bytes: nothing in Conveyor's servers or stores ever decodes it.
@@ -61,8 +63,11 @@ _Setter = Callable[[Any, Any], None]
 
 
 def slot_setters(cls: type[Any]) -> tuple[_Setter, ...]:
-    """The slot setters of a frozen, slotted dataclass's fields, in order: they bypass the frozen
-    check, so a hot path builds an instance from `object.__new__` at a third of `__init__`'s cost."""
+    """The slot setters of a frozen, slotted dataclass's fields, in order.
+
+    They bypass the frozen check, so a hot path builds an instance from `object.__new__` at a third
+    of `__init__`'s cost.
+    """
     return tuple(cls.__dict__[f.name].__set__ for f in fields(cls))
 
 
@@ -70,22 +75,38 @@ _S = slot_setters(Message)
 
 
 def printable(payload: bytes, width: int) -> str:
-    """A payload's first `width` bytes as printable text (others as "."; "…" if cut): payloads are
-    opaque bytes, shown, never decoded."""
+    """A payload's first `width` bytes as printable text (others as "."; "…" if cut).
+
+    Payloads are opaque bytes: shown, never decoded.
+    """
     text = "".join(chr(b) if 32 <= b < 127 else "." for b in payload[:width])
     return text + ("…" if len(payload) > width else "")
 
 
 def headers_bytes(headers: dict[str, str]) -> int:
-    """About the bytes a message's headers take on the wire (their strings, encoded, and a little
-    around each): what requests and replies count against a header limit."""
+    """About the bytes a message's headers take on the wire.
+
+    Their strings, encoded, and a little around each: what requests and replies count against a
+    header limit.
+    """
     return sum(len(k.encode()) + len(v.encode()) + 4 for k, v in headers.items()) if headers else 0
 
 
-def make_message(id: int, queue: str, payload: bytes, priority: int, attempts: int, enqueued_at: float,
-                 not_before: float, lease_s: float, max_attempts: int, headers: dict[str, str],
-                 _new: Callable[[type[Message]], Message] = object.__new__, _M: type[Message] = Message,
-                 _s: tuple[_Setter, ...] = _S) -> Message:  # fmt: skip
+def make_message(
+    id: int,
+    queue: str,
+    payload: bytes,
+    priority: int,
+    attempts: int,
+    enqueued_at: float,
+    not_before: float,
+    lease_s: float,
+    max_attempts: int,
+    headers: dict[str, str],
+    _new: Callable[[type[Message]], Message] = object.__new__,
+    _M: type[Message] = Message,
+    _s: tuple[_Setter, ...] = _S,
+) -> Message:
     """Build a Message from trusted fields twice as fast as its frozen `__init__` (hot paths only)."""
     m = _new(_M)
     s0, s1, s2, s3, s4, s5, s6, s7, s8, s9 = _s
@@ -131,10 +152,20 @@ class MessageBatch:
 
     def messages(self) -> list[Message]:
         q, lease = self.queue, self.lease_s
-        return [make_message(i, q, p, pr, a, at, nb, lease, ma, h)
-                for i, p, pr, a, at, nb, ma, h in zip(self.ids, self.payloads, self.priority, self.attempts,
-                                                      self.enqueued_at, self.not_before, self.max_attempts,
-                                                      self.headers, strict=True)]  # fmt: skip
+        return [
+            make_message(i, q, p, pr, a, at, nb, lease, ma, h)
+            for i, p, pr, a, at, nb, ma, h in zip(
+                self.ids,
+                self.payloads,
+                self.priority,
+                self.attempts,
+                self.enqueued_at,
+                self.not_before,
+                self.max_attempts,
+                self.headers,
+                strict=True,
+            )
+        ]
 
 
 _packb: Callable[[object], bytes] = msgpack.Packer(use_bin_type=True).pack
@@ -144,9 +175,20 @@ _unpackb: Callable[[bytes], Any] = msgpack.unpackb
 def encode(m: Message, id: int | None = None, queue: str | None = None, enqueued_at: float | None = None) -> bytes:
     """Encode a message as a msgpack array in field order; keyword arguments replace fields."""
     try:
-        return _packb([m.id if id is None else id, m.queue if queue is None else queue, m.payload, m.priority,
-                       m.attempts, m.enqueued_at if enqueued_at is None else enqueued_at, m.not_before, m.lease_s,
-                       m.max_attempts, m.headers])  # fmt: skip
+        return _packb(
+            [
+                m.id if id is None else id,
+                m.queue if queue is None else queue,
+                m.payload,
+                m.priority,
+                m.attempts,
+                m.enqueued_at if enqueued_at is None else enqueued_at,
+                m.not_before,
+                m.lease_s,
+                m.max_attempts,
+                m.headers,
+            ]
+        )
     except (TypeError, ValueError, OverflowError) as e:
         raise TypeError(f"message {m.id} cannot be encoded: {e}") from None
 

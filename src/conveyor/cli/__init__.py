@@ -2,7 +2,8 @@
 
 `main` loads on first use: a process that imports only `conveyor.cli.corpus` (a Spark Python worker
 of the demo, a consumer forked for a script that uses the corpus) does not pay for click and every
-command (~35 ms here)."""
+command (~35 ms here).
+"""
 
 from __future__ import annotations
 

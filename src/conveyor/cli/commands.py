@@ -49,15 +49,29 @@ def main(verbose: bool) -> None:
 
 
 @main.command()
-@click.option("--pages", default=9000, show_default=True, type=click.IntRange(40),
-              help="Pages in the corpus of scenes a and d (b and c take a quarter of it).")  # fmt: skip
+@click.option(
+    "--pages",
+    default=9000,
+    show_default=True,
+    type=click.IntRange(40),
+    help="Pages in the corpus of scenes a and d (b and c take a quarter of it).",
+)
 @click.option("--workers", default=None, type=click.IntRange(1), help="Consumers (default: one per Spark slot).")
-@click.option("--scenes", "keys", default=DEFAULT_SCENES, show_default=True,
-              help="Which scenes to run, in order: a skewed documents, b pages that crash their process, c a page "
-                   "that hangs, d a worker killed midway.")  # fmt: skip
+@click.option(
+    "--scenes",
+    "keys",
+    default=DEFAULT_SCENES,
+    show_default=True,
+    help="Which scenes to run, in order: a skewed documents, b pages that crash their process, c a page "
+    "that hangs, d a worker killed midway.",
+)
 @click.option("--kill-worker", is_flag=True, help="Run scene d (a worker killed midway) too.")
-@click.option("--dashboard", "with_dashboard", is_flag=True,
-              help="Serve the dashboard of the demo's queue servers meanwhile, and print its address.")  # fmt: skip
+@click.option(
+    "--dashboard",
+    "with_dashboard",
+    is_flag=True,
+    help="Serve the dashboard of the demo's queue servers meanwhile, and print its address.",
+)
 def demo(pages: int, workers: int | None, keys: str, kill_worker: bool, with_dashboard: bool) -> None:
     """Process a corpus of documents page by page through the queue on Spark and with plain Spark, scene by scene."""
     keys = keys.lower() + ("d" if kill_worker and "d" not in keys.lower() else "")
@@ -72,48 +86,112 @@ def demo(pages: int, workers: int | None, keys: str, kill_worker: bool, with_das
         out.print(line, highlight=False)
     wrong = [r for r in results if not r.expected()]
     if wrong:
-        raise click.ClickException("; ".join(f"scene {r.scene.key}: the map brought back {r.conveyor.done:,} pages and "
-                                             f"reported {sum(r.conveyor.failed.values())} of {r.total:,}, with "
-                                             f"{sum(r.faults.values())} bad" for r in wrong))  # fmt: skip
+        raise click.ClickException(
+            "; ".join(
+                f"scene {r.scene.key}: the map brought back {r.conveyor.done:,} pages and "
+                f"reported {sum(r.conveyor.failed.values())} of {r.total:,}, with "
+                f"{sum(r.faults.values())} bad"
+                for r in wrong
+            )
+        )
 
 
 @main.command()
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address to listen on (0.0.0.0: every IPv4 interface; ::, every IPv6 one). A non-loopback one "
-                   "needs a token, and TLS to be safe.")  # fmt: skip
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (0.0.0.0: every IPv4 interface; ::, every IPv6 one). A non-loopback one "
+    "needs a token, and TLS to be safe.",
+)
 @click.option("--port", default=DEFAULT_PORT, show_default=True, type=click.IntRange(0, 65535), help="0 picks a free port.")
-@click.option("--data-dir", type=click.Path(path_type=Path), default=None,
-              help="Where durable queues live. Without it, every queue is transient (memory only).")  # fmt: skip
-@click.option("--token", envvar="CONVEYOR_TOKEN", default=None,
-              help="Shared secret clients must prove they know (env CONVEYOR_TOKEN); --token-file keeps it off "
-                   "the command line.")  # fmt: skip
-@click.option("--token-file", envvar="CONVEYOR_TOKEN_FILE", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="A file holding the token (its first line), e.g. a mounted secret (env CONVEYOR_TOKEN_FILE).")  # fmt: skip
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Where durable queues live. Without it, every queue is transient (memory only).",
+)
+@click.option(
+    "--token",
+    envvar="CONVEYOR_TOKEN",
+    default=None,
+    help="Shared secret clients must prove they know (env CONVEYOR_TOKEN); --token-file keeps it off the command line.",
+)
+@click.option(
+    "--token-file",
+    envvar="CONVEYOR_TOKEN_FILE",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="A file holding the token (its first line), e.g. a mounted secret (env CONVEYOR_TOKEN_FILE).",
+)
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback address without a token.")
-@click.option("--tls-cert", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="TLS certificate (PEM): every connection encrypted and integrity-checked. Needs --tls-key.")  # fmt: skip
-@click.option("--tls-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="The certificate's private key (PEM).")  # fmt: skip
-@click.option("--tls-ca", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="CA certificates (PEM): clients must present a certificate one of them signed.")  # fmt: skip
-@click.option("--fsync", type=click.Choice(["batch", "interval", "never"]), default="batch", show_default=True,
-              help="Default fsync policy of durable queues (see docs/storage.md for what each can lose).")  # fmt: skip
-@click.option("--lease", "lease_s", default=DEFAULT_LEASE_S, show_default=True,
-              type=click.FloatRange(0, MAX_LEASE_S, min_open=True),
-              help="Default lease (visibility timeout) in seconds.")  # fmt: skip
-@click.option("--max-attempts", default=DEFAULT_MAX_ATTEMPTS, show_default=True, type=click.IntRange(1, 0xFFFF),
-              help="Default deliveries before a dead letter.")  # fmt: skip
-@click.option("--max-frame-bytes", default=DEFAULT_MAX_FRAME_BYTES, show_default=True, type=click.IntRange(1, 2**32 - 1),
-              help="Largest payload frame accepted.")  # fmt: skip
-@click.option("--max-connections", default=None, type=click.IntRange(1),
-              help=f"Connections served at once; more are refused with an error saying so [default: a quarter of "
-                   f"the descriptor limit, at most {DEFAULT_MAX_CONNECTIONS}].")  # fmt: skip
-@click.option("--idle-timeout", "idle_timeout_s", default=DEFAULT_IDLE_TIMEOUT_S, show_default=True,
-              type=click.FloatRange(0, min_open=True),
-              help="Seconds after which a connection with nothing under way is closed (clients reconnect unseen).")  # fmt: skip
-@click.option("--request-timeout", "request_timeout_s", default=DEFAULT_REQUEST_TIMEOUT_S, show_default=True,
-              type=click.FloatRange(0, min_open=True),
-              help="Seconds a request may take to arrive, first bytes to last (and a reply to be read).")  # fmt: skip
+@click.option(
+    "--tls-cert",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="TLS certificate (PEM): every connection encrypted and integrity-checked. Needs --tls-key.",
+)
+@click.option(
+    "--tls-key", type=click.Path(dir_okay=False, path_type=Path), default=None, help="The certificate's private key (PEM)."
+)
+@click.option(
+    "--tls-ca",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="CA certificates (PEM): clients must present a certificate one of them signed.",
+)
+@click.option(
+    "--fsync",
+    type=click.Choice(["batch", "interval", "never"]),
+    default="batch",
+    show_default=True,
+    help="Default fsync policy of durable queues (see docs/storage.md for what each can lose).",
+)
+@click.option(
+    "--lease",
+    "lease_s",
+    default=DEFAULT_LEASE_S,
+    show_default=True,
+    type=click.FloatRange(0, MAX_LEASE_S, min_open=True),
+    help="Default lease (visibility timeout) in seconds.",
+)
+@click.option(
+    "--max-attempts",
+    default=DEFAULT_MAX_ATTEMPTS,
+    show_default=True,
+    type=click.IntRange(1, 0xFFFF),
+    help="Default deliveries before a dead letter.",
+)
+@click.option(
+    "--max-frame-bytes",
+    default=DEFAULT_MAX_FRAME_BYTES,
+    show_default=True,
+    type=click.IntRange(1, 2**32 - 1),
+    help="Largest payload frame accepted.",
+)
+@click.option(
+    "--max-connections",
+    default=None,
+    type=click.IntRange(1),
+    help=f"Connections served at once; more are refused with an error saying so [default: a quarter of "
+    f"the descriptor limit, at most {DEFAULT_MAX_CONNECTIONS}].",
+)
+@click.option(
+    "--idle-timeout",
+    "idle_timeout_s",
+    default=DEFAULT_IDLE_TIMEOUT_S,
+    show_default=True,
+    type=click.FloatRange(0, min_open=True),
+    help="Seconds after which a connection with nothing under way is closed (clients reconnect unseen).",
+)
+@click.option(
+    "--request-timeout",
+    "request_timeout_s",
+    default=DEFAULT_REQUEST_TIMEOUT_S,
+    show_default=True,
+    type=click.FloatRange(0, min_open=True),
+    help="Seconds a request may take to arrive, first bytes to last (and a reply to be read).",
+)
 @click.option(
     "--memory-budget-mib",
     default=DEFAULT_MEMORY_BUDGET_BYTES >> 20,
@@ -122,21 +200,44 @@ def demo(pages: int, workers: int | None, keys: str, kill_worker: bool, with_das
     help="MiB held at once for requests and unsent replies; past it, the connections holding the most wait "
     "(requests are limited to fit).",
 )
-@click.option("--repair", is_flag=True,
-              help="Open damaged durable queues keeping what is intact (damaged bytes are kept aside).")  # fmt: skip
-@click.option("--temporary", is_flag=True,
-              help="Remove --data-dir when the server stops: queues on disk, not kept.")  # fmt: skip
-@click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
-              help="Serve Prometheus metrics at http://HOST:PORT/metrics (https with TLS; a token, if given, as a "
-                   "bearer token); 0 picks a free port. Off by default. See docs/metrics.md.")  # fmt: skip
-@click.option("--stop-with-parent", is_flag=True,
-              help="Also stop cleanly when the process that started the server ends, however it ends "
-                   "(seen at once when stdin is a pipe from that process).")  # fmt: skip
-def serve(host: str, port: int, data_dir: Path | None, token: str | None, token_file: Path | None, insecure: bool,
-          tls_cert: Path | None, tls_key: Path | None, tls_ca: Path | None, fsync: str, lease_s: float,
-          max_attempts: int, max_frame_bytes: int, max_connections: int | None, idle_timeout_s: float,
-          request_timeout_s: float, memory_budget_mib: int, repair: bool, temporary: bool, metrics_port: int | None,
-          stop_with_parent: bool) -> None:  # fmt: skip
+@click.option("--repair", is_flag=True, help="Open damaged durable queues keeping what is intact (damaged bytes are kept aside).")
+@click.option("--temporary", is_flag=True, help="Remove --data-dir when the server stops: queues on disk, not kept.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (https with TLS; a token, if given, as a "
+    "bearer token); 0 picks a free port. Off by default. See docs/metrics.md.",
+)
+@click.option(
+    "--stop-with-parent",
+    is_flag=True,
+    help="Also stop cleanly when the process that started the server ends, however it ends "
+    "(seen at once when stdin is a pipe from that process).",
+)
+def serve(
+    host: str,
+    port: int,
+    data_dir: Path | None,
+    token: str | None,
+    token_file: Path | None,
+    insecure: bool,
+    tls_cert: Path | None,
+    tls_key: Path | None,
+    tls_ca: Path | None,
+    fsync: str,
+    lease_s: float,
+    max_attempts: int,
+    max_frame_bytes: int,
+    max_connections: int | None,
+    idle_timeout_s: float,
+    request_timeout_s: float,
+    memory_budget_mib: int,
+    repair: bool,
+    temporary: bool,
+    metrics_port: int | None,
+    stop_with_parent: bool,
+) -> None:
     """Run a queue server until SIGTERM or Ctrl-C.
 
     Prints "listening on tcp://HOST:PORT" (tls:// with TLS) on stdout once it accepts connections;
@@ -152,10 +253,16 @@ def serve(host: str, port: int, data_dir: Path | None, token: str | None, token_
 
     def ready(address: str) -> None:  # in one write: a parent reading the first line may close the pipe after it
         first, *more = reachable_addresses(address, server.host, server.port)
-        lines = [f"listening on {first}", *([f"also reachable at {', '.join(more)}"] if more else []),
-                 *([f"TLS certificate sha256 fingerprint: {cert_fingerprint(tls_cert)} (clients may pin it)"]
-                   if tls_cert is not None else []),
-                 *([f"metrics on {server.metrics_address}"] if server.metrics_address else [])]  # fmt: skip
+        lines = [
+            f"listening on {first}",
+            *([f"also reachable at {', '.join(more)}"] if more else []),
+            *(
+                [f"TLS certificate sha256 fingerprint: {cert_fingerprint(tls_cert)} (clients may pin it)"]
+                if tls_cert is not None
+                else []
+            ),
+            *([f"metrics on {server.metrics_address}"] if server.metrics_address else []),
+        ]
         try:
             sys.stdout.write("\n".join(lines) + "\n")
             sys.stdout.flush()
@@ -166,10 +273,23 @@ def serve(host: str, port: int, data_dir: Path | None, token: str | None, token_
         if data_dir is not None:
             check_data_dir(data_dir)  # what is wrong with it and what to do, before anything is opened there
         tls = None if tls_cert is None or tls_key is None else server_context(tls_cert, tls_key, tls_ca)
-        server = QueueServer(host, port, data_dir=data_dir, token=token, insecure=insecure, tls=tls, limits=limits,
-                             defaults=defaults, repair=repair, temporary=temporary, max_connections=max_connections,
-                             idle_timeout_s=idle_timeout_s, request_timeout_s=request_timeout_s,
-                             metrics_port=metrics_port, memory_budget=memory_budget_mib << 20)  # fmt: skip
+        server = QueueServer(
+            host,
+            port,
+            data_dir=data_dir,
+            token=token,
+            insecure=insecure,
+            tls=tls,
+            limits=limits,
+            defaults=defaults,
+            repair=repair,
+            temporary=temporary,
+            max_connections=max_connections,
+            idle_timeout_s=idle_timeout_s,
+            request_timeout_s=request_timeout_s,
+            metrics_port=metrics_port,
+            memory_budget=memory_budget_mib << 20,
+        )
         tune_gc()  # this process only serves
         server.run(on_ready=ready, stop_with_parent=stop_with_parent)
     except ConveyorError as e:
@@ -185,8 +305,11 @@ EXIT_SERVER_DOWN = 3  # `conveyor stats`: what it could show is shown, but a ser
 
 
 def _stdout() -> Console:
-    """A console for stdout; into a file or a pipe (80 columns to rich), as wide as what it prints:
-    a table fits its content, and no queue or consumer name is cut or folded."""
+    """A console for stdout that, into a file or a pipe, is as wide as what it prints.
+
+    Into a file or a pipe rich would print 80 columns; here a table fits its content, and no queue or
+    consumer name is cut or folded.
+    """
     console = Console()
     if not console.is_terminal:
         console.width = PIPE_WIDTH
@@ -198,17 +321,23 @@ def _stdout() -> Console:
 @click.option("--queue", default=None, help="Only this queue.")
 @click.option("--per-shard", is_flag=True, help="One row per queue and shard.")
 @click.option("--watch", type=click.FloatRange(0.1), default=None, help="Refresh every N seconds until Ctrl-C.")
-@click.option("--timeout", "timeout_s", default=3.0, show_default=True, type=click.FloatRange(0, min_open=True),
-              help="Seconds to wait for a server (to connect, then to answer) before showing it DOWN.")  # fmt: skip
-def stats(conn: Connection, queue: str | None, per_shard: bool, watch: float | None,
-          timeout_s: float) -> None:  # fmt: skip
-    """Show each server (UP, or DOWN with its error), each queue's ready, delivered, delayed, acked and
-    failed counts and rates (summed over the servers that answered), and the consumers.
+@click.option(
+    "--timeout",
+    "timeout_s",
+    default=3.0,
+    show_default=True,
+    type=click.FloatRange(0, min_open=True),
+    help="Seconds to wait for a server (to connect, then to answer) before showing it DOWN.",
+)
+def stats(conn: Connection, queue: str | None, per_shard: bool, watch: float | None, timeout_s: float) -> None:
+    """Show each server, each queue's counts and rates, and the consumers.
+
+    Each server shows UP, or DOWN with its error; each queue, its ready, delivered, delayed, acked and
+    failed counts and rates (summed over the servers that answered).
 
     Exit status: 0 when every server answered; 3 when one did not (after showing the others; with
     --watch, as of the last refresh); 1 on other errors, such as a --queue no server has.
     """
-
     with open_pool(conn, connect_timeout=timeout_s, timeout=timeout_s) as pool:
         got = pool.on_every_server(calls.server_stats())
 
@@ -242,8 +371,12 @@ def stats(conn: Connection, queue: str | None, per_shard: bool, watch: float | N
 
 @main.command()
 @connect_options
-@click.option("--host", default="127.0.0.1", show_default=True,
-              help="Address of the page. Off loopback it needs the pool's token (the page asks for it) and TLS.")  # fmt: skip
+@click.option(
+    "--host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address of the page. Off loopback it needs the pool's token (the page asks for it) and TLS.",
+)
 @click.option("--port", default=DEFAULT_DASHBOARD_PORT, show_default=True, type=click.IntRange(0, 65535), help="0: a free port.")
 @click.option("--cert", type=click.Path(dir_okay=False, path_type=Path), default=None, help="Serve over HTTPS: certificate.")
 @click.option("--key", type=click.Path(dir_okay=False, path_type=Path), default=None, help="The key of --cert (PEM).")
@@ -252,8 +385,10 @@ def stats(conn: Connection, queue: str | None, per_shard: bool, watch: float | N
 def dashboard(
     conn: Connection, host: str, port: int, cert: Path | None, key: Path | None, insecure: bool, allow_host: tuple[str, ...]
 ) -> None:
-    """Serve a live web dashboard of the servers: queues, rates, consumers, map jobs, dead letters
-    (with requeue). Prints "dashboard on URL"; runs until SIGTERM or Ctrl-C. See docs/dashboard.md."""
+    """Serve a live web dashboard of the servers: queues, rates, consumers, map jobs, dead letters (with requeue).
+
+    Prints "dashboard on URL"; runs until SIGTERM or Ctrl-C. See docs/dashboard.md.
+    """
     if (cert is None) != (key is None):
         raise click.UsageError("--cert and --key go together")
     try:
@@ -270,8 +405,7 @@ def dashboard(
 @connect_options
 @click.option("--queue", required=True, help="The queue whose dead letters to list.")
 @click.option("--limit", default=100, show_default=True, type=click.IntRange(1), help="Show at most this many.")
-@click.option("--requeue", is_flag=True,
-              help="Put every dead letter of the queue back on it (fresh attempts), then forget them.")  # fmt: skip
+@click.option("--requeue", is_flag=True, help="Put every dead letter of the queue back on it (fresh attempts), then forget them.")
 @click.option("--yes", is_flag=True, help="With --requeue: do not ask first.")
 def dead_letters(conn: Connection, queue: str, limit: int, requeue: bool, yes: bool) -> None:
     """List a queue's dead letters: id, attempts, when and why they failed, and a payload preview.
@@ -279,7 +413,6 @@ def dead_letters(conn: Connection, queue: str, limit: int, requeue: bool, yes: b
     With --requeue, put them back on the queue instead (for a worker that lacked a task module,
     say); a crash midway can leave a message both requeued and still a dead letter.
     """
-
     with open_pool(conn) as pool:
         try:
             if not requeue:
@@ -306,7 +439,6 @@ def drop(conn: Connection, queues: tuple[str, ...], yes: bool) -> None:
     For queues nothing uses any more, such as those `conveyor.spark.map` leaves holding its
     results. Stop their consumers first: a consumer still fetching would make a queue anew.
     """
-
     if not yes:
         click.confirm(f"Remove {', '.join(queues)} and everything in them?", abort=True, err=True)
     with open_pool(conn) as pool:

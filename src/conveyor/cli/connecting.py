@@ -38,33 +38,70 @@ def connect_options(f: Any) -> Any:
     """--connect and the options that go with it, passed on as `conn` (a Connection)."""
 
     @functools.wraps(f)
-    def wrapped(addresses: tuple[str, ...], token: str | None, token_file: Path | None, tls: bool,
-                tls_ca: Path | None, tls_fingerprint: str | None, tls_client_cert: Path | None,
-                tls_client_key: Path | None, **kw: Any) -> Any:  # fmt: skip
+    def wrapped(
+        addresses: tuple[str, ...],
+        token: str | None,
+        token_file: Path | None,
+        tls: bool,
+        tls_ca: Path | None,
+        tls_fingerprint: str | None,
+        tls_client_cert: Path | None,
+        tls_client_key: Path | None,
+        **kw: Any,
+    ) -> Any:
         try:
-            client_tls = ClientTLS.make(tls or None, ca=tls_ca, fingerprint=tls_fingerprint, cert=tls_client_cert,
-                                        key=tls_client_key)  # fmt: skip
+            client_tls = ClientTLS.make(
+                tls or None, ca=tls_ca, fingerprint=tls_fingerprint, cert=tls_client_cert, key=tls_client_key
+            )
         except (ValueError, ConveyorError) as e:
             raise click.BadParameter(str(e), param_hint="--tls-*") from None
         return f(conn=Connection(addresses, token_of(token, token_file), client_tls), **kw)
 
-    for option in reversed([
-        click.option("--connect", "addresses", multiple=True, required=True, envvar="CONVEYOR_CONNECT",
-                     help="A server address (tcp://HOST:PORT, or tls://HOST:PORT); repeat it or separate with "
-                          "commas for a pool."),
-        click.option("--token", envvar="CONVEYOR_TOKEN", default=None, help="The servers' token (env CONVEYOR_TOKEN)."),
-        click.option("--token-file", envvar="CONVEYOR_TOKEN_FILE", type=click.Path(dir_okay=False, path_type=Path),
-                     default=None, help="A file holding the token (env CONVEYOR_TOKEN_FILE)."),
-        click.option("--tls", is_flag=True, help="Connect over TLS, trusting the system's CAs (as a tls:// address does)."),
-        click.option("--tls-ca", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="Trust the servers' certificates this CA file (PEM) signed."),
-        click.option("--tls-fingerprint", default=None, envvar="CONVEYOR_TLS_FINGERPRINT",
-                     help="Trust only the server certificate with this sha256 fingerprint (as `conveyor serve` prints it)."),
-        click.option("--tls-client-cert", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="This client's certificate (PEM), for servers started with --tls-ca; with --tls-client-key."),
-        click.option("--tls-client-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     help="The key of --tls-client-cert (PEM)."),
-    ]):  # fmt: skip
+    for option in reversed(
+        [
+            click.option(
+                "--connect",
+                "addresses",
+                multiple=True,
+                required=True,
+                envvar="CONVEYOR_CONNECT",
+                help="A server address (tcp://HOST:PORT, or tls://HOST:PORT); repeat it or separate with commas for a pool.",
+            ),
+            click.option("--token", envvar="CONVEYOR_TOKEN", default=None, help="The servers' token (env CONVEYOR_TOKEN)."),
+            click.option(
+                "--token-file",
+                envvar="CONVEYOR_TOKEN_FILE",
+                type=click.Path(dir_okay=False, path_type=Path),
+                default=None,
+                help="A file holding the token (env CONVEYOR_TOKEN_FILE).",
+            ),
+            click.option("--tls", is_flag=True, help="Connect over TLS, trusting the system's CAs (as a tls:// address does)."),
+            click.option(
+                "--tls-ca",
+                type=click.Path(dir_okay=False, path_type=Path),
+                default=None,
+                help="Trust the servers' certificates this CA file (PEM) signed.",
+            ),
+            click.option(
+                "--tls-fingerprint",
+                default=None,
+                envvar="CONVEYOR_TLS_FINGERPRINT",
+                help="Trust only the server certificate with this sha256 fingerprint (as `conveyor serve` prints it).",
+            ),
+            click.option(
+                "--tls-client-cert",
+                type=click.Path(dir_okay=False, path_type=Path),
+                default=None,
+                help="This client's certificate (PEM), for servers started with --tls-ca; with --tls-client-key.",
+            ),
+            click.option(
+                "--tls-client-key",
+                type=click.Path(dir_okay=False, path_type=Path),
+                default=None,
+                help="The key of --tls-client-cert (PEM).",
+            ),
+        ]
+    ):
         wrapped = option(wrapped)
     return wrapped
 

@@ -1,5 +1,8 @@
-"""The demo's synthetic corpus: documents of 1-200 pages (heavy-tailed) whose per-page cost varies,
-and the CPU busy-loop that stands for a page's work (the benchmarks in bench/ use both too)."""
+"""The demo's synthetic corpus and the CPU busy-loop that stands for a page's work.
+
+The corpus: documents of 1-200 pages (heavy-tailed) whose per-page cost varies. The benchmarks in
+bench/ use both too.
+"""
 
 from __future__ import annotations
 

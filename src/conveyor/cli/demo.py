@@ -44,14 +44,29 @@ WARM_UP_PAGES = 600  # at most: a tenth of the corpus for small ones
 def scenes(pages: int) -> dict[str, Scene]:
     """The demo's scenes; `pages` is the corpus of scenes a and d, b and c take a quarter of it."""
     small = max(pages // 4, 10)
-    return {s.key: s for s in (
-        Scene("a", "skewed documents", pages),
-        Scene("b", "pages that crash their process", small, crash=3,
-              options={"concurrency": "process"}, shown="concurrency='process'"),
-        Scene("c", "a page that hangs", small, hang=1, options={"time_limit": HANG_LIMIT_S},
-              shown=f"time_limit={HANG_LIMIT_S:g}"),
-        Scene("d", "a worker killed midway", pages, kill=True),
-    )}  # fmt: skip
+    return {
+        s.key: s
+        for s in (
+            Scene("a", "skewed documents", pages),
+            Scene(
+                "b",
+                "pages that crash their process",
+                small,
+                crash=3,
+                options={"concurrency": "process"},
+                shown="concurrency='process'",
+            ),
+            Scene(
+                "c",
+                "a page that hangs",
+                small,
+                hang=1,
+                options={"time_limit": HANG_LIMIT_S},
+                shown=f"time_limit={HANG_LIMIT_S:g}",
+            ),
+            Scene("d", "a worker killed midway", pages, kill=True),
+        )
+    }
 
 
 @dataclass
@@ -87,10 +102,13 @@ def _failed(o: Outcome, short: bool = False) -> str:
     return f"{n} failed (" + ", ".join(f"{k} {why}" for why, k in o.failed.most_common()) + ")"
 
 
-def run_demo(pages: int, workers: int | None, keys: str, console: Console, scale: float = 1.0,
-             dashboard: bool = False) -> list[Result]:  # fmt: skip
-    """The chosen scenes on the embedded default, in order; returns how each went. With `dashboard`,
-    the dashboard of its queue servers is served meanwhile (its address printed)."""
+def run_demo(
+    pages: int, workers: int | None, keys: str, console: Console, scale: float = 1.0, dashboard: bool = False
+) -> list[Result]:
+    """The chosen scenes on the embedded default, in order; returns how each went.
+
+    With `dashboard`, the dashboard of its queue servers is served meanwhile (its address printed).
+    """
     console.print("starting the embedded Spark session and queue servers ...")
     say: Callable[[str], None] = console.print
     out = []
@@ -120,12 +138,16 @@ def run_demo(pages: int, workers: int | None, keys: str, console: Console, scale
                 faults = dict(c.faults)
                 total = len(c.costs) + sum(faults.values())
                 console.rule(f"scene {key}: {scene.title}")
-                console.print(f"{total:,} pages ({', '.join(f'{n} {k}' for k, n in faults.items()) or 'no fault'}), "
-                              f"{c.work_s:.1f} s of work, {n_workers} workers")  # fmt: skip
+                console.print(
+                    f"{total:,} pages ({', '.join(f'{n} {k}' for k, n in faults.items()) or 'no fault'}), "
+                    f"{c.work_s:.1f} s of work, {n_workers} workers"
+                )
                 t0 = time.perf_counter()
                 mine, killed_at = run_map(spark, env.pool, scene, c, n_workers, console.is_terminal, say)
-                console.print(f"  conveyor.spark.map{f' ({scene.shown})' if scene.shown else ''}: done in "
-                              f"{mine.makespan_s:.1f} s; now plain Spark ...")  # fmt: skip
+                console.print(
+                    f"  conveyor.spark.map{f' ({scene.shown})' if scene.shown else ''}: done in "
+                    f"{mine.makespan_s:.1f} s; now plain Spark ..."
+                )
                 patience = max(PATIENCE_MIN_S, PATIENCE_FACTOR * mine.makespan_s)
                 theirs = run_plain(spark, scene, c, n_workers, patience, killed_at, say)
                 c.frame.unpersist()
@@ -143,9 +165,15 @@ def summary_table(results: list[Result]) -> Table:
         t.add_column(col, justify="left" if col in ("scene", "run", "failed", "ended") else "right")
     for r in results:
         for o, label in ((r.conveyor, "conveyor.spark.map"), (r.plain, "plain Spark")):
-            t.add_row(f"{r.scene.key}. {r.scene.title}" if o is r.conveyor else "", label, f"{o.done:,} / {r.total:,}",
-                      _failed(o, short=True), f"{o.makespan_s:.1f} s", f"{o.efficiency:.2f}",
-                      o.ended.split(":", 1)[0])  # fmt: skip
+            t.add_row(
+                f"{r.scene.key}. {r.scene.title}" if o is r.conveyor else "",
+                label,
+                f"{o.done:,} / {r.total:,}",
+                _failed(o, short=True),
+                f"{o.makespan_s:.1f} s",
+                f"{o.efficiency:.2f}",
+                o.ended.split(":", 1)[0],
+            )
         t.add_section()
     return t
 

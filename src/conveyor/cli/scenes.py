@@ -1,5 +1,7 @@
-"""The demo's scenes: one corpus of pages, a fault in it, and the same job run by `conveyor.spark.map`
-and by plain Spark (`mapInPandas` over the input's static partitions), each measured as it ends.
+"""The demo's scenes: one corpus of pages, a fault in it, and the same job run two ways.
+
+The job runs by `conveyor.spark.map` and by plain Spark (`mapInPandas` over the input's static
+partitions), each measured as it ends.
 
 A page's fault is one of: damaged (its code raises: both handle it), crash (it kills the Python
 process running it, as a crash in a native library or the OOM killer does), hang (it never returns,
@@ -93,8 +95,10 @@ class Corpus:
 
 
 def corpus(spark: Any, scene: Scene, scale: float = 1.0) -> Corpus:
-    """The scene's pages over INPUT_PARTITIONS partitions, documents in order of size (as batches of
-    scans often arrive: the big ones together), with the scene's faults spread through them."""
+    """The scene's pages over INPUT_PARTITIONS partitions, its faults spread through them.
+
+    Documents come in order of size (as batches of scans often arrive: the big ones together).
+    """
     sizes, costs = documents(scene.pages)
     docs, k = [], 0
     for size in sizes:
@@ -125,16 +129,25 @@ def _reason(error: str) -> str:
     return error.split(":", 1)[0].rsplit(".", 1)[-1]
 
 
-def run_map(spark: Any, pool: QueuePool, scene: Scene, c: Corpus, workers: int, progress: bool,
-            say: Callable[[str], None]) -> tuple[Outcome, float | None]:  # fmt: skip
+def run_map(
+    spark: Any, pool: QueuePool, scene: Scene, c: Corpus, workers: int, progress: bool, say: Callable[[str], None]
+) -> tuple[Outcome, float | None]:
     """The scene through `conveyor.spark.map`; with when (seconds in) a worker was killed, if one was."""
     killer = _ConsumerKiller(pool, say) if scene.kill else None
     t0 = time.perf_counter()
     if killer:
         killer.start()
     try:
-        out, st = mapping.map(c.frame, process_page, schema=PAGE_SCHEMA, n_consumers=workers, max_retries=MAP_RETRIES,
-                              progress=progress, stats=True, **scene.options)  # fmt: skip
+        out, st = mapping.map(
+            c.frame,
+            process_page,
+            schema=PAGE_SCHEMA,
+            n_consumers=workers,
+            max_retries=MAP_RETRIES,
+            progress=progress,
+            stats=True,
+            **scene.options,
+        )
         rows = out.select("doc", "page", "_error").collect()  # one job: the output is read back once
         ok = [r for r in rows if r[2] is None]
         failed = Counter(_reason(r[2]) for r in rows if r[2] is not None)
@@ -153,11 +166,15 @@ def run_map(spark: Any, pool: QueuePool, scene: Scene, c: Corpus, workers: int, 
     return Outcome("conveyor.spark.map", len(ok), failed, work, makespan, workers, note=note), killed_at
 
 
-def run_plain(spark: Any, scene: Scene, c: Corpus, workers: int, patience_s: float, kill_at: float | None,
-              say: Callable[[str], None]) -> Outcome:  # fmt: skip
-    """The scene with plain Spark: each static partition runs its pages in turn, catching what a page
-    raises (as careful code does); cancelled after `patience_s`. With `kill_at`, the Python worker
-    of a running task is killed that many seconds in (as the map's consumer was)."""
+def run_plain(
+    spark: Any, scene: Scene, c: Corpus, workers: int, patience_s: float, kill_at: float | None, say: Callable[[str], None]
+) -> Outcome:
+    """The scene with plain Spark, cancelled after `patience_s`.
+
+    Each static partition runs its pages in turn, catching what a page raises (as careful code does);
+    cancelled after `patience_s`. With `kill_at`, the Python worker of a running task is killed that
+    many seconds in (as the map's consumer was).
+    """
     import pandas as pd
 
     running = Path(tempfile.mkdtemp(prefix="conveyor-demo-"))  # a file per running task: its worker's pid
@@ -275,6 +292,8 @@ class _ConsumerKiller(threading.Thread):
                 if name.startswith("spark:") and name not in self.before:
                     os.kill(int(w["pid"]), signal.SIGKILL)
                     self.killed_at = time.perf_counter()
-                    self.say(f"killed consumer pid {w['pid']} (SIGKILL) a third of the way: Spark runs its task again, "
-                             "and the pages it held go back to the queue as its connections close")  # fmt: skip
+                    self.say(
+                        f"killed consumer pid {w['pid']} (SIGKILL) a third of the way: Spark runs its task again, "
+                        "and the pages it held go back to the queue as its connections close"
+                    )
                     return

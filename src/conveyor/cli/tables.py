@@ -25,8 +25,10 @@ def _size(n: float) -> str:
 
 
 def servers_table(addresses: Sequence[str], got: Answers) -> Table:
-    """A row per server: UP with what it holds, or DOWN with the error it gave (the other tables
-    then show the servers that answered)."""
+    """A row per server: UP with what it holds, or DOWN with the error it gave.
+
+    The other tables then show the servers that answered.
+    """
     down = sum(isinstance(g, Exception) for g in got)
     t = Table(title=f"Servers: {len(got) - down} up" + (f", [bold red]{down} down[/]" if down else ""))
     for col in ("server", "state", "queues", "consumers", "error"):
@@ -43,8 +45,18 @@ def stats_table(addresses: Sequence[str], got: Answers, queue: str | None = None
     """Each queue's counts and rates, summed over the servers that answered (or one row per server)."""
     up = [(s, g) for s, g in enumerate(got) if not isinstance(g, Exception)]
     t = Table(title=f"Queues on {len(up)} of {len(got)} server(s)" if len(up) < len(got) else f"Queues on {len(got)} server(s)")
-    for col in ("queue", *(["shard"] if per_shard else []), "ready", "delivered", "delayed", "acked", "failed",
-                "put/s", "ack/s", "on disk"):  # fmt: skip
+    for col in (
+        "queue",
+        *(["shard"] if per_shard else []),
+        "ready",
+        "delivered",
+        "delayed",
+        "acked",
+        "failed",
+        "put/s",
+        "ack/s",
+        "on disk",
+    ):
         named = col in ("queue", "shard")  # a name is folded, never cut
         t.add_column(col, justify="left" if named else "right", overflow="fold" if named else "ellipsis")
     rows: list[tuple[int | None, QueueStats]] = [(s, st) for s, g in up for q, st in g.queues.items() if queue in (None, q)]
@@ -54,10 +66,18 @@ def stats_table(addresses: Sequence[str], got: Answers, queue: str | None = None
             summed[st.queue] = summed[st.queue] + st if st.queue in summed else st
         rows = [(None, st) for st in summed.values()]
     for shard, st in sorted(rows, key=lambda r: (r[1].queue, r[0] or 0)):
-        t.add_row(st.queue, *([addresses[shard]] if shard is not None else []), f"{st.ready:,}",
-                  f"{st.delivered:,}", f"{st.delayed:,}", f"{st.acked:,}",
-                  f"[red]{st.failed:,}[/]" if st.failed else "0", f"{st.put_rate:,.0f}", f"{st.ack_rate:,.0f}",
-                  _size(st.bytes_on_disk))  # fmt: skip
+        t.add_row(
+            st.queue,
+            *([addresses[shard]] if shard is not None else []),
+            f"{st.ready:,}",
+            f"{st.delivered:,}",
+            f"{st.delayed:,}",
+            f"{st.acked:,}",
+            f"[red]{st.failed:,}[/]" if st.failed else "0",
+            f"{st.put_rate:,.0f}",
+            f"{st.ack_rate:,.0f}",
+            _size(st.bytes_on_disk),
+        )
     if not rows:
         t.caption = "no queues yet" if queue is None else f"no queue named {queue!r}"
     return t
@@ -82,8 +102,10 @@ def dead_letter_table(pool: QueuePool, queue: str, limit: int) -> Table:
 
 
 def workers_table(got: Answers) -> Table | None:
-    """The consumers the servers heard from within WORKER_GONE_S, with their host and counts (None
-    when there are none). A consumer reports to every server: the latest report is shown."""
+    """The consumers the servers heard from within WORKER_GONE_S, with their host and counts (None when there are none).
+
+    A consumer reports to every server: the latest report is shown.
+    """
     workers: dict[str, Counts] = {}
     for g in got:
         if isinstance(g, Exception):
@@ -98,7 +120,10 @@ def workers_table(got: Answers) -> Table | None:
         named = col in ("consumer", "host")
         t.add_column(col, justify="left" if named else "right", overflow="fold" if named else "ellipsis")
     for name, c in sorted(workers.items()):
-        t.add_row(escape(name), escape(str(c.get(COUNT_HOST, ""))),
-                  *(f"{int(c.get(k, 0)):,}" for k in ("processed", "failed", "retried", "dead", "running", "stolen")),
-                  f"{float(c['seen']):.0f} s ago")  # fmt: skip
+        t.add_row(
+            escape(name),
+            escape(str(c.get(COUNT_HOST, ""))),
+            *(f"{int(c.get(k, 0)):,}" for k in ("processed", "failed", "retried", "dead", "running", "stolen")),
+            f"{float(c['seen']):.0f} s ago",
+        )
     return t

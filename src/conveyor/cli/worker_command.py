@@ -1,5 +1,7 @@
-"""`conveyor worker`: consumers on the queues of running servers, until SIGTERM or Ctrl-C (or, with
---until-empty, until the queues are drained)."""
+"""`conveyor worker`: consumers on the queues of running servers, until SIGTERM or Ctrl-C.
+
+Or, with --until-empty, until the queues are drained.
+"""
 
 from __future__ import annotations
 
@@ -23,35 +25,77 @@ from conveyor.worker.settings import load_settings
 @click.command()
 @connect_options
 @click.option("--tasks", "task_modules", multiple=True, help="A module to import so its tasks register (repeat it).")
-@click.option("--queues-config", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-              help="Queue YAML in ndkale's format (default: the settings module's QUEUE_CONFIG).")  # fmt: skip
+@click.option(
+    "--queues-config",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Queue YAML in ndkale's format (default: the settings module's QUEUE_CONFIG).",
+)
 @click.option("--queues", "queue_names", default=None, help="Comma-separated queue names, instead of a queue YAML.")
-@click.option("--concurrency", default=None, type=click.IntRange(1),
-              help="Tasks one consumer runs at once (default: 8 threads; or, with --pool process, child processes "
-                   "for the consumer's share of the cores, plus one).")  # fmt: skip
-@click.option("--pool", "mode", type=click.Choice(["thread", "process"]), default="thread", show_default=True,
-              help="Run tasks in threads, or in child processes (CPU-bound work; over its time limit, killed).")  # fmt: skip
+@click.option(
+    "--concurrency",
+    default=None,
+    type=click.IntRange(1),
+    help="Tasks one consumer runs at once (default: 8 threads; or, with --pool process, child processes "
+    "for the consumer's share of the cores, plus one).",
+)
+@click.option(
+    "--pool",
+    "mode",
+    type=click.Choice(["thread", "process"]),
+    default="thread",
+    show_default=True,
+    help="Run tasks in threads, or in child processes (CPU-bound work; over its time limit, killed).",
+)
 @click.option("--processes", default=1, show_default=True, type=click.IntRange(1), help="Consumer processes to run.")
-@click.option("--batch-size", default=None, type=click.IntRange(1),
-              help="Messages per fetch (default: each queue's batch_size).")  # fmt: skip
+@click.option("--batch-size", default=None, type=click.IntRange(1), help="Messages per fetch (default: each queue's batch_size).")
 @click.option("--selector", default=None, help="Queue selection algorithm (default: settings QUEUE_SELECTOR, ReducedLottery).")
 @click.option("--until-empty", is_flag=True, help="Exit once the queues are drained.")
-@click.option("--connect-timeout", default=30.0, show_default=True, type=click.FloatRange(0, min_open=True),
-              help="With --until-empty: give up, with an error, when the servers cannot be reached within this many "
-                   "seconds of starting. Without it, a worker keeps trying (it rides out a server restart).")  # fmt: skip
-@click.option("--unreachable-s", default=None, type=click.FloatRange(0, min_open=True),
-              help="Give up, with an error naming it, on a server out of reach for this many seconds. Default: keep "
-                   "trying it (serving the servers that answer meanwhile); with --until-empty, 30.")  # fmt: skip
-@click.option("--shutdown-timeout", default=DEFAULT_SHUTDOWN_TIMEOUT_S, show_default=True, type=click.FloatRange(0),
-              help="On SIGTERM or Ctrl-C, how many seconds running tasks may take to finish; those still running then "
-                   "are handed back to their queues for another worker.")  # fmt: skip
-@click.option("--pin-core/--no-pin-core", default=None,
-              help="Run each consumer on a core of its own while one is free (--pool thread, CPU-bound tasks). "
-                   "Default: pinned when --processes is at least the number of cores.")  # fmt: skip
-def worker(conn: Connection, task_modules: tuple[str, ...], queues_config: Path | None, queue_names: str | None,
-           concurrency: int | None, mode: Literal["thread", "process"], processes: int, batch_size: int | None,
-           selector: str | None, until_empty: bool, connect_timeout: float, unreachable_s: float | None,
-           shutdown_timeout: float, pin_core: bool | None) -> None:  # fmt: skip
+@click.option(
+    "--connect-timeout",
+    default=30.0,
+    show_default=True,
+    type=click.FloatRange(0, min_open=True),
+    help="With --until-empty: give up, with an error, when the servers cannot be reached within this many "
+    "seconds of starting. Without it, a worker keeps trying (it rides out a server restart).",
+)
+@click.option(
+    "--unreachable-s",
+    default=None,
+    type=click.FloatRange(0, min_open=True),
+    help="Give up, with an error naming it, on a server out of reach for this many seconds. Default: keep "
+    "trying it (serving the servers that answer meanwhile); with --until-empty, 30.",
+)
+@click.option(
+    "--shutdown-timeout",
+    default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="On SIGTERM or Ctrl-C, how many seconds running tasks may take to finish; those still running then "
+    "are handed back to their queues for another worker.",
+)
+@click.option(
+    "--pin-core/--no-pin-core",
+    default=None,
+    help="Run each consumer on a core of its own while one is free (--pool thread, CPU-bound tasks). "
+    "Default: pinned when --processes is at least the number of cores.",
+)
+def worker(
+    conn: Connection,
+    task_modules: tuple[str, ...],
+    queues_config: Path | None,
+    queue_names: str | None,
+    concurrency: int | None,
+    mode: Literal["thread", "process"],
+    processes: int,
+    batch_size: int | None,
+    selector: str | None,
+    until_empty: bool,
+    connect_timeout: float,
+    unreachable_s: float | None,
+    shutdown_timeout: float,
+    pin_core: bool | None,
+) -> None:
     """Run consumers: fetch tasks from the queues and run them, until SIGTERM or Ctrl-C (a graceful stop).
 
     A server out of reach is retried, the others served meanwhile, and said once a minute; the worker
@@ -77,17 +121,28 @@ def worker(conn: Connection, task_modules: tuple[str, ...], queues_config: Path 
         names = ", ".join(q if isinstance(q, str) else q.name for q in queues)
         console = Console(stderr=True)
         slots = concurrency or default_slots(mode, processes)  # None goes on: the consumers then read ahead
-        console.print(f"[bold]conveyor worker[/]: {processes} consumer(s) x {slots} {mode}(s) on {names} "
-                      f"from {', '.join(pool.addresses)}")  # fmt: skip
+        console.print(
+            f"[bold]conveyor worker[/]: {processes} consumer(s) x {slots} {mode}(s) on {names} from {', '.join(pool.addresses)}"
+        )
         if not modules:  # said up front: otherwise every named task's message ends in the dead letters
-            console.print("[yellow]warning[/]: no task modules (--tasks MODULE, or TASK_MODULES in the settings module): "
-                          "only ad-hoc callables (pool.submit, pool.map, which travel cloudpickled) can run; "
-                          "messages of named tasks will fail as unknown tasks and go to the dead letters")  # fmt: skip
+            console.print(
+                "[yellow]warning[/]: no task modules (--tasks MODULE, or TASK_MODULES in the settings module): "
+                "only ad-hoc callables (pool.submit, pool.map, which travel cloudpickled) can run; "
+                "messages of named tasks will fail as unknown tasks and go to the dead letters"
+            )
         if until_empty:
             _reach(conn, connect_timeout)
-        options = WorkerOptions(processes=processes, concurrency=concurrency, mode=mode, batch_size=batch_size,
-                                selector=selector, until_empty=until_empty, pin_core=pin_core, unreachable_s=unreachable_s,
-                                shutdown_timeout=shutdown_timeout)  # fmt: skip
+        options = WorkerOptions(
+            processes=processes,
+            concurrency=concurrency,
+            mode=mode,
+            batch_size=batch_size,
+            selector=selector,
+            until_empty=until_empty,
+            pin_core=pin_core,
+            unreachable_s=unreachable_s,
+            shutdown_timeout=shutdown_timeout,
+        )
         st = run_worker(pool, queues, settings, modules, options, say=console.print)
         console.print(st.summary(), soft_wrap=True)  # one line, however long: a log reads it whole
     except ConveyorError as e:
@@ -100,13 +155,14 @@ def _reach(conn: Connection, timeout: float) -> None:
     For `--until-empty`: a worker meant to drain the queues and exit would otherwise retry forever
     against a server that is not running (a long-lived worker keeps retrying, on purpose).
     """
-
     with open_pool(conn, connect_timeout=timeout) as probe:
         try:
             probe.stats()
         except ConnectionLostError as e:
-            raise click.ClickException(f"{e}; with --until-empty, a worker gives up on servers it cannot reach "
-                                       f"within --connect-timeout ({timeout:g} s): is the server running?") from None  # fmt: skip
+            raise click.ClickException(
+                f"{e}; with --until-empty, a worker gives up on servers it cannot reach "
+                f"within --connect-timeout ({timeout:g} s): is the server running?"
+            ) from None
 
 
 def _cwd_on_path() -> None:

@@ -1,5 +1,8 @@
-"""Clients of queue servers: `QueueClient` (one server, one connection) and `QueuePool` (sharded
-over several servers, with task submission and gathering)."""
+"""Clients of queue servers: `QueueClient` and `QueuePool`.
+
+`QueueClient` is a client of one server, over one connection; `QueuePool` is sharded over several
+servers, with task submission and gathering.
+"""
 
 from __future__ import annotations
 

@@ -56,12 +56,22 @@ class QueueBackend(Protocol):
         ...
 
     # --- consuming
-    def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0,
-            shards: Sequence[int] | None = None, tie: bool = False) -> list[Message]:  # fmt: skip
-        """Lease up to n messages, waiting up to `wait_s` for some (a long poll). With `tie`, the
-        leases also end when the connection that took them closes: a consumer's, so that a dead
-        consumer's work runs again at once rather than after its leases (no connection: no effect), and a
-        server's `wake` of the queue ends the wait."""
+    def get(
+        self,
+        queue: str,
+        n: int = 1,
+        *,
+        lease_s: float | None = None,
+        wait_s: float = 0.0,
+        shards: Sequence[int] | None = None,
+        tie: bool = False,
+    ) -> list[Message]:
+        """Lease up to n messages, waiting up to `wait_s` for some (a long poll).
+
+        With `tie`, the leases also end when the connection that took them closes: a consumer's, so
+        that a dead consumer's work runs again at once rather than after its leases (no connection:
+        no effect), and a server's `wake` of the queue ends the wait.
+        """
         ...
 
     def get_blob(self, key: str, shard: int = 0) -> bytes | None:
@@ -72,8 +82,14 @@ class QueueBackend(Protocol):
         """Finish messages with optional results; which acks took effect."""
         ...
 
-    def nack(self, queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
-             delay_s: float | Sequence[float] = 0.0, final: bool = False) -> list[bool]:  # fmt: skip
+    def nack(
+        self,
+        queue: str,
+        ids: Sequence[int],
+        errors: Sequence[str] | None = None,
+        delay_s: float | Sequence[float] = 0.0,
+        final: bool = False,
+    ) -> list[bool]:
         """Give messages back (retried after `delay_s`) or, out of attempts or `final`, dead-letter them."""
         ...
 

@@ -48,8 +48,10 @@ def _live(token: str) -> InProcessQueues:
     """What unpickling an InProcessQueues gives: the same object (it has no connections to copy)."""
     q = _LIVE.get(token)
     if q is None:
-        raise ConveyorError("an InProcessQueues lives in the process that made it: it cannot cross to another "
-                            "(run consumers on it with concurrency='thread')")  # fmt: skip
+        raise ConveyorError(
+            "an InProcessQueues lives in the process that made it: it cannot cross to another "
+            "(run consumers on it with concurrency='thread')"
+        )
     return q
 
 
@@ -114,8 +116,15 @@ class InProcessQueues:
         attempts = int(self.max_attempts if max_attempts is None else max_attempts)
         return _Queue(QueueInfo(name, False, lease, attempts, None), MemoryStore(name, max_attempts=attempts, lease_s=lease))
 
-    def declare(self, queue: str, *, durable: bool | None = None, lease_s: float | None = None,
-                max_attempts: int | None = None, fsync: str | None = None) -> QueueInfo:  # fmt: skip
+    def declare(
+        self,
+        queue: str,
+        *,
+        durable: bool | None = None,
+        lease_s: float | None = None,
+        max_attempts: int | None = None,
+        fsync: str | None = None,
+    ) -> QueueInfo:
         """Make a transient queue with these settings (one that exists must have them, as on a server)."""
         with self._cond:
             if queue not in self._queues:
@@ -143,10 +152,21 @@ class InProcessQueues:
             self._cond.notify_all()
             return ids
 
-    def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0,
-            shards: Sequence[int] | None = None, tie: bool = False) -> list[Message]:  # fmt: skip
-        """Lease up to n messages, waiting up to `wait_s` for some to come (woken by puts and nacks,
-        or when a delayed message comes due or a lease runs out). `tie` has no effect: no connection."""
+    def get(
+        self,
+        queue: str,
+        n: int = 1,
+        *,
+        lease_s: float | None = None,
+        wait_s: float = 0.0,
+        shards: Sequence[int] | None = None,
+        tie: bool = False,
+    ) -> list[Message]:
+        """Lease up to n messages, waiting up to `wait_s` for some to come.
+
+        The wait is woken by puts and nacks, or when a delayed message comes due or a lease runs
+        out. `tie` has no effect: no connection.
+        """
         deadline = time.monotonic() + wait_s
         with self._cond:
             store = self._queue(queue, create=True).store
@@ -170,8 +190,14 @@ class InProcessQueues:
     def ack(self, queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None = None) -> list[bool]:
         return self._settle(queue, lambda s: s.ack_many(ids, results))
 
-    def nack(self, queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
-             delay_s: float | Sequence[float] = 0.0, final: bool = False) -> list[bool]:  # fmt: skip
+    def nack(
+        self,
+        queue: str,
+        ids: Sequence[int],
+        errors: Sequence[str] | None = None,
+        delay_s: float | Sequence[float] = 0.0,
+        final: bool = False,
+    ) -> list[bool]:
         delays = [float(delay_s)] * len(ids) if isinstance(delay_s, (int, float)) else [float(d) for d in delay_s]
         errs = [""] * len(ids) if errors is None else list(errors)
         return self._settle(queue, lambda s: s.nack_each(ids, errs, delays, final))

@@ -65,8 +65,7 @@ class Attached(Protocol):
 
 
 def check_ports(ports: Iterable[int] | None, n_servers: int) -> list[int] | None:
-    """`ports` as a list of one distinct TCP port per server (None: free ports are picked); a clear
-    error for anything else."""
+    """`ports` as a list of one distinct TCP port per server (None: free ports are picked); a clear error for anything else."""
     if ports is None:
         return None
     if isinstance(ports, (str, bytes)) or not isinstance(ports, Iterable):
@@ -87,9 +86,11 @@ def check_ports(ports: Iterable[int] | None, n_servers: int) -> list[int] | None
 
 
 class QueuePool(ShardedQueues):
-    """Queue servers used as one (`ShardedQueues`: routing, stats, consumer assignment), waiting for
-    queues to drain (`join`), requeueing dead letters, and where tasks are published and their
-    results read."""
+    """Queue servers used as one, where tasks are published and their results read.
+
+    As `ShardedQueues` (routing, stats, consumer assignment), plus waiting for queues to drain
+    (`join`) and requeueing dead letters.
+    """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -101,12 +102,24 @@ class QueuePool(ShardedQueues):
         self._attach_lock = threading.Lock()
 
     @classmethod
-    def local(cls, n_servers: int = 2, durable: bool = True, data_dir: str | Path | None = None, *,
-              host: str = "127.0.0.1", token: str | None = None, tls: bool | None = None, fsync: str = "batch",
-              batch_size: int = 1000, temp_dir: str | Path | None = None,
-              ports: Iterable[int] | None = None) -> QueuePool:  # fmt: skip
-        """Start `n_servers` queue servers as child processes on free ports of `host` (loopback by default),
-        or on `ports`, one per server (for a firewall that opens only those).
+    def local(
+        cls,
+        n_servers: int = 2,
+        durable: bool = True,
+        data_dir: str | Path | None = None,
+        *,
+        host: str = "127.0.0.1",
+        token: str | None = None,
+        tls: bool | None = None,
+        fsync: str = "batch",
+        batch_size: int = 1000,
+        temp_dir: str | Path | None = None,
+        ports: Iterable[int] | None = None,
+    ) -> QueuePool:
+        """Start `n_servers` queue servers as child processes.
+
+        They listen on free ports of `host` (loopback by default), or on `ports`, one per server
+        (for a firewall that opens only those).
 
         Durable servers keep their queues under `data_dir/shard-<i>`; without a `data_dir`, each in a
         temporary directory of its own (under `temp_dir`, default the system's), which the server removes
@@ -220,8 +233,9 @@ class QueuePool(ShardedQueues):
             super().close()
 
     def requeue_dead_letters(self, queue: str, ids: Sequence[int] | None = None) -> int:
-        """Put dead letters of `queue` (default all; else those of the pool-wide `ids` that are dead
-        letters) back on the queue, then forget them; returns how many were put back.
+        """Put dead letters of `queue` back on it, then forget them; returns how many were put back.
+
+        By default all of them; else those of the pool-wide `ids` that are dead letters.
 
         Each goes back to the shard it died on as a new message (a new id) with its payload,
         headers, priority and max_attempts, and fresh attempts. Its idempotency key is dropped:
@@ -240,8 +254,11 @@ class QueuePool(ShardedQueues):
             after, first_new = 0, None
             while page := client.dead_letters(queue, after):
                 after = page[-1].message.id
-                dead = [d.message for d in page if (local is None or d.message.id in local)
-                        and (first_new is None or d.message.id < first_new)]  # fmt: skip
+                dead = [
+                    d.message
+                    for d in page
+                    if (local is None or d.message.id in local) and (first_new is None or d.message.id < first_new)
+                ]
                 if dead:
                     new = client.put(queue, [_fresh(m) for m in dead])
                     first_new = min(new) if first_new is None else first_new
@@ -253,8 +270,14 @@ class QueuePool(ShardedQueues):
                     break
         return n
 
-    def join(self, queues: str | Sequence[str] | None = None, *, timeout: float | None = None, poll_s: float = 0.2,
-             progress: bool | None = None) -> dict[str, QueueStats]:  # fmt: skip
+    def join(
+        self,
+        queues: str | Sequence[str] | None = None,
+        *,
+        timeout: float | None = None,
+        poll_s: float = 0.2,
+        progress: bool | None = None,
+    ) -> dict[str, QueueStats]:
         """Wait until the queues (default: all) have nothing ready, delayed or delivered on any shard.
 
         The servers answer as soon as their share is drained, so the end is seen at once; `poll_s`
@@ -305,24 +328,53 @@ class QueuePool(ShardedQueues):
         return None if info is None else QueueConfig(name=queue, visibility_timeout_sec=info.lease_s)
 
     # --- ad-hoc callables -------------------------------------------------------------------
-    def submit(self, func: Callable[..., Any], /, *args: Any, _queue: str = DEFAULT_QUEUE, _priority: int | None = None,
-               _delay: float | None = None, _key: str | None = None, _time_limit: float | None = None,
-               _max_retries: int = DEFAULT_MAX_RETRIES, _retry_backoff: BackoffSpec | None = None,
-               **kwargs: Any) -> TaskHandle:  # fmt: skip
+    def submit(
+        self,
+        func: Callable[..., Any],
+        /,
+        *args: Any,
+        _queue: str = DEFAULT_QUEUE,
+        _priority: int | None = None,
+        _delay: float | None = None,
+        _key: str | None = None,
+        _time_limit: float | None = None,
+        _max_retries: int = DEFAULT_MAX_RETRIES,
+        _retry_backoff: BackoffSpec | None = None,
+        **kwargs: Any,
+    ) -> TaskHandle:
         """Run `func(*args, **kwargs)` on a worker; returns the handle of its message.
 
         The function is cloudpickled once (per function object) and stored on the servers; the
         message carries its sha256 only. Keyword arguments with a leading underscore are the
         queue's options, never passed to `func`.
         """
-        return self.map(func, [(args, kwargs)], queue=_queue, priority=_priority, delay=_delay, key=_key,
-                        time_limit=_time_limit, max_retries=_max_retries, retry_backoff=_retry_backoff,
-                        star=True)[0]  # fmt: skip
+        return self.map(
+            func,
+            [(args, kwargs)],
+            queue=_queue,
+            priority=_priority,
+            delay=_delay,
+            key=_key,
+            time_limit=_time_limit,
+            max_retries=_max_retries,
+            retry_backoff=_retry_backoff,
+            star=True,
+        )[0]
 
-    def map(self, func: Callable[..., Any], items: Iterable[Any], *, queue: str = DEFAULT_QUEUE,
-            priority: int | None = None, delay: float | None = None, key: str | None = None,
-            time_limit: float | None = None, max_retries: int = DEFAULT_MAX_RETRIES,
-            retry_backoff: BackoffSpec | None = None, star: bool = False) -> list[TaskHandle]:  # fmt: skip
+    def map(
+        self,
+        func: Callable[..., Any],
+        items: Iterable[Any],
+        *,
+        queue: str = DEFAULT_QUEUE,
+        priority: int | None = None,
+        delay: float | None = None,
+        key: str | None = None,
+        time_limit: float | None = None,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        retry_backoff: BackoffSpec | None = None,
+        star: bool = False,
+    ) -> list[TaskHandle]:
         """Run `func(item)` on the workers for every item (with `star`: items are (args, kwargs)).
 
         Returns the handles in item order; `gather(handles)` waits for the results.
@@ -391,7 +443,10 @@ class QueuePool(ShardedQueues):
 
 
 def _fresh(m: Message) -> Message:
-    """A dead message as a new one to put: same payload, headers (less the idempotency key),
-    priority and max_attempts; the store gives it a new id and fresh attempts."""
+    """A dead message as a new one to put.
+
+    Same payload, headers (less the idempotency key), priority and max_attempts; the store gives it
+    a new id and fresh attempts.
+    """
     headers = {k: v for k, v in m.headers.items() if k != H_IDEMPOTENCY_KEY}
     return Message(queue=m.queue, payload=m.payload, priority=m.priority, max_attempts=m.max_attempts, headers=headers)

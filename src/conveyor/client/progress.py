@@ -29,9 +29,15 @@ class JoinProgress:
 
     def __enter__(self) -> JoinProgress:
         if self.enabled:
-            self._progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                      TextColumn("{task.fields[rate]}"), TimeRemainingColumn(),
-                                      console=Console(stderr=True), transient=False)  # fmt: skip
+            self._progress = Progress(
+                TextColumn("{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[rate]}"),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
+                transient=False,
+            )
             self._progress.start()
             self._task = self._progress.add_task(self._description, total=None, rate="")
         return self

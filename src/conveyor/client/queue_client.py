@@ -16,21 +16,34 @@ from conveyor.protocol.requests import Counts, QueueInfo, QueueStats
 
 
 class QueueClient(Transport):
-    """A blocking client of one queue server: its operations, over a `Transport` (which says how
-    it connects, with TLS and a token, and what a lost connection means)."""
+    """A blocking client of one queue server: its operations, over a `Transport`.
+
+    The `Transport` says how it connects, with TLS and a token, and what a lost connection means.
+    """
 
     def sibling(self, timeout: float, connect_timeout: float) -> QueueClient:
-        """Another client of the same server (token, TLS, limits) on a connection of its own, with these
-        timeouts: for a watcher that must not wait as long as this client's callers would."""
-        return QueueClient(self.address, self._key, timeout=timeout, connect_timeout=connect_timeout, limits=self.limits,
-                           tls=self.tls)  # fmt: skip
+        """Another client of the same server (token, TLS, limits) on a connection of its own.
+
+        It has these timeouts: for a watcher that must not wait as long as this client's callers
+        would.
+        """
+        return QueueClient(
+            self.address, self._key, timeout=timeout, connect_timeout=connect_timeout, limits=self.limits, tls=self.tls
+        )
 
     # --- operations (see `conveyor.protocol.requests` for each one's contract) --------------------------
     def ping(self) -> Header:
         return self.call(calls.ping())
 
-    def declare(self, queue: str, *, durable: bool | None = None, lease_s: float | None = None,
-                max_attempts: int | None = None, fsync: str | None = None) -> QueueInfo:  # fmt: skip
+    def declare(
+        self,
+        queue: str,
+        *,
+        durable: bool | None = None,
+        lease_s: float | None = None,
+        max_attempts: int | None = None,
+        fsync: str | None = None,
+    ) -> QueueInfo:
         return self.call(calls.declare(queue, durable=durable, lease_s=lease_s, max_attempts=max_attempts, fsync=fsync))
 
     def queues(self) -> list[QueueInfo]:
@@ -39,15 +52,22 @@ class QueueClient(Transport):
     def put(self, queue: str, messages: Sequence[Message]) -> list[int]:
         return [i for ids in self.pipeline(calls.puts(queue, messages, self.connect().server_limits)) for i in ids]
 
-    def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0,
-            tie: bool = False) -> list[Message]:  # fmt: skip
+    def get(
+        self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0, tie: bool = False
+    ) -> list[Message]:
         return self.call(calls.get(queue, n, lease_s=lease_s, wait_s=wait_s, tie=tie))
 
     def ack(self, queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None = None) -> list[bool]:
         return [o for ok in self.pipeline(calls.acks(queue, ids, results, self.connect().server_limits)) for o in ok]
 
-    def nack(self, queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
-             delay_s: float | Sequence[float] = 0.0, final: bool = False) -> list[bool]:  # fmt: skip
+    def nack(
+        self,
+        queue: str,
+        ids: Sequence[int],
+        errors: Sequence[str] | None = None,
+        delay_s: float | Sequence[float] = 0.0,
+        final: bool = False,
+    ) -> list[bool]:
         made = calls.nacks(queue, ids, errors, delay_s, final, self.connect().server_limits)
         return [o for ok in self.pipeline(made) for o in ok]
 

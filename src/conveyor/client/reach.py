@@ -1,5 +1,8 @@
-"""Whether a pool's servers answer: what each held when last heard from, and the error that ends a
-wait on one out of reach for too long (rather than retrying it forever)."""
+"""Whether a pool's servers answer.
+
+What each held when last heard from, and the error that ends a wait on one out of reach for too long
+(rather than retrying it forever).
+"""
 
 from __future__ import annotations
 
@@ -32,8 +35,10 @@ class Reach:
         return [c for c in self.clients if c.unreachable_s() == 0.0]
 
     def check(self, limit_s: float, queues: Sequence[str] | None = None, what: str = "") -> None:
-        """Raise `ServerUnreachableError` for the first server that has not answered for longer than
-        `limit_s`, naming what it held of `queues` when last heard from."""
+        """Raise `ServerUnreachableError` for the first server silent for longer than `limit_s`.
+
+        The error names what the server held of `queues` when last heard from.
+        """
         for s, c in enumerate(self.clients):
             gone = c.unreachable_s()
             if gone > limit_s:

@@ -61,8 +61,9 @@ class ShardedQueues:
         self._tmp: list[Path] = []  # temporary data directories of servers started here
 
     @classmethod
-    def connect(cls, addresses: str | Sequence[str], token: str | bytes | None = None, *, batch_size: int = 1000,
-                **client_options: Any) -> Self:  # fmt: skip
+    def connect(
+        cls, addresses: str | Sequence[str], token: str | bytes | None = None, *, batch_size: int = 1000, **client_options: Any
+    ) -> Self:
         """A pool over running servers: a list, or one string of comma-separated addresses (options: `QueueClient`'s, TLS too)."""
         if isinstance(addresses, str):
             addresses = [a.strip() for a in addresses.split(",") if a.strip()]
@@ -119,8 +120,10 @@ class ShardedQueues:
             return self._threads
 
     def on_every_server(self, call: Call[T]) -> list[T | Exception]:
-        """`_everywhere`, a shard that fails (down, out of reach, no reply within the client's
-        timeout) giving its error in its place instead of failing the call."""
+        """`_everywhere`, with a failing shard's error in its place instead of failing the call.
+
+        A shard fails when it is down, out of reach, or gives no reply within the client's timeout.
+        """
 
         def one(client: QueueClient) -> T | Exception:
             try:
@@ -134,10 +137,11 @@ class ShardedQueues:
         """Route a per-id operation to the shards holding the ids; results in the order of `ids`."""
         return self._scatter_many(ids, lambda s, pos, local: [make(pos, local)])
 
-    def _scatter_many(self, ids: Sequence[int],
-                      make: Callable[[int, list[int], list[int]], list[Call[list[Any]]]]) -> list[Any]:  # fmt: skip
-        """`_scatter` with any number of requests per shard (`make(shard, positions, local ids)`),
-        whose replies, joined, answer its ids in order."""
+    def _scatter_many(self, ids: Sequence[int], make: Callable[[int, list[int], list[int]], list[Call[list[Any]]]]) -> list[Any]:
+        """`_scatter` with any number of requests per shard (`make(shard, positions, local ids)`).
+
+        The replies, joined, answer its ids in order.
+        """
         groups = self._by_shard(ids)
         work = {s: make(s, pos, [ids[k] & LOCAL_MASK for k in pos]) for s, pos in groups.items()}
         out: list[Any] = [None] * len(ids)
@@ -153,8 +157,10 @@ class ShardedQueues:
 
     def put(self, queue: str, messages: Sequence[Message]) -> list[int]:
         """Put messages in batches of `batch_size`, round-robin over the shards; returns pool-wide ids.
+
         A message with an idempotency key goes to the shard the key hashes to, so that the server
-        holding earlier messages with that key sees it and does not store it twice."""
+        holding earlier messages with that key sees it and does not store it twice.
+        """
         n, b = len(self.clients), self.batch_size
         plain: list[int] = []
         keyed: dict[int, list[int]] = {}
@@ -184,11 +190,21 @@ class ShardedQueues:
     def _server_limits(self, shard: int) -> Limits:  # what its server takes in a request: said at connecting
         return self.clients[shard].connect().server_limits
 
-    def get(self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0,
-            shards: Sequence[int] | None = None, tie: bool = False) -> list[Message]:  # fmt: skip
+    def get(
+        self,
+        queue: str,
+        n: int = 1,
+        *,
+        lease_s: float | None = None,
+        wait_s: float = 0.0,
+        shards: Sequence[int] | None = None,
+        tie: bool = False,
+    ) -> list[Message]:
         """Lease up to n messages from the first of `shards` (default: all, rotating) that has some.
+
         With `wait_s`, keeps trying (long polls of a fraction of a second on each shard) until then,
-        or until a server says a `wake` ended the wait (the list's `woken`; only with `tie`)."""
+        or until a server says a `wake` ended the wait (the list's `woken`; only with `tie`).
+        """
         order = list(range(len(self.clients))) if shards is None else list(shards)
         if shards is None:
             k = next(self._rr) % len(order)
@@ -228,8 +244,14 @@ class ShardedQueues:
 
         return self._scatter_many(ids, make)
 
-    def nack(self, queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
-             delay_s: float | Sequence[float] = 0.0, final: bool = False) -> list[bool]:  # fmt: skip
+    def nack(
+        self,
+        queue: str,
+        ids: Sequence[int],
+        errors: Sequence[str] | None = None,
+        delay_s: float | Sequence[float] = 0.0,
+        final: bool = False,
+    ) -> list[bool]:
         def make(s: int, pos: list[int], local: list[int]) -> list[Call[list[bool]]]:
             d = delay_s if isinstance(delay_s, (int, float)) else [delay_s[k] for k in pos]
             errs = None if errors is None else [errors[k] for k in pos]
@@ -283,10 +305,12 @@ class ShardedQueues:
         return sum(r[0] for r in self._each({s: [calls.purge(queue)] for s in self._shards_with(queue)}).values())
 
     def drop(self, queue: str) -> bool:
-        """Remove `queue` from every server with everything it holds (messages, results, dead
-        letters); False if no server had it. Consumers still fetching from it would make it anew,
-        empty: stop them first. Ids are not reused: a late ack meant for the dropped queue's
-        messages finds nothing in a queue made later under the same name."""
+        """Remove `queue` from every server with everything it holds (messages, results, dead letters); False if no server had it.
+
+        Consumers still fetching from it would make it anew, empty: stop them first. Ids are not
+        reused: a late ack meant for the dropped queue's messages finds nothing in a queue made
+        later under the same name.
+        """
         dropped = self._everywhere(calls.drop(queue))
         return any(dropped)
 
@@ -304,14 +328,20 @@ class ShardedQueues:
         return summed_stats(self.shard_stats(queue))
 
     def wait_drained(self, queues: Sequence[str] | None, wait_s: float) -> dict[str, QueueStats]:
-        """Stats of `queues` (default: all; those no shard has left out), summed over the shards, once
-        every shard has nothing pending in them, or after `wait_s`."""
+        """Stats of `queues`, summed over the shards, once every shard has nothing pending in them.
+
+        Or after `wait_s`, whichever comes first. `queues`: default all (those no shard has left out).
+        """
         return summed_stats(self.reach.heard(self._everywhere(calls.stats(queues=queues, drained_wait_s=wait_s))))
 
-    def reachable_stats(self, queues: Sequence[str] | None = None,
-                        drained_wait_s: float = 0.0) -> list[dict[str, QueueStats] | Exception]:  # fmt: skip
-        """Stats (of `queues`, default all) per shard, in shard order, or the error of a shard that does not
-        answer; with `drained_wait_s`, as `wait_drained`: a caller waiting for the end hears of it at once."""
+    def reachable_stats(
+        self, queues: Sequence[str] | None = None, drained_wait_s: float = 0.0
+    ) -> list[dict[str, QueueStats] | Exception]:
+        """Stats per shard, in shard order, or the error of a shard that does not answer.
+
+        Of `queues`, default all. With `drained_wait_s`, as `wait_drained`: a caller waiting for the
+        end hears of it at once.
+        """
         return self.reach.heard(self.on_every_server(calls.stats(queues=queues, drained_wait_s=drained_wait_s)))
 
     def check_reachable(self, limit_s: float, queues: Sequence[str] | None = None, what: str = "") -> None:
@@ -335,8 +365,10 @@ class ShardedQueues:
         """Every dead letter of the queue, with pool-wide ids."""
         out = []
         for s in self._shards_with(queue):
-            out += [dataclasses.replace(d, message=dataclasses.replace(d.message, id=s << SHARD_SHIFT | d.message.id))
-                    for d in self.clients[s].iter_dead_letters(queue)]  # fmt: skip
+            out += [
+                dataclasses.replace(d, message=dataclasses.replace(d.message, id=s << SHARD_SHIFT | d.message.id))
+                for d in self.clients[s].iter_dead_letters(queue)
+            ]
         return out
 
     def put_blob(self, data: bytes) -> str:

@@ -81,11 +81,20 @@ class Transport:
     `connect_timeout`: how long a request may wait for a connection, its owner may change it (0: one attempt).
     """
 
-    def __init__(self, address: str = f"tcp://127.0.0.1:{DEFAULT_PORT}", token: str | bytes | None = None, *,
-                 timeout: float = 30.0, connect_timeout: float = 10.0, limits: Limits | None = None,
-                 tls: bool | ClientTLS | None = None, ca: str | Path | None = None,
-                 fingerprint: str | Sequence[str] | None = None, cert: str | Path | None = None,
-                 key: str | Path | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        address: str = f"tcp://127.0.0.1:{DEFAULT_PORT}",
+        token: str | bytes | None = None,
+        *,
+        timeout: float = 30.0,
+        connect_timeout: float = 10.0,
+        limits: Limits | None = None,
+        tls: bool | ClientTLS | None = None,
+        ca: str | Path | None = None,
+        fingerprint: str | Sequence[str] | None = None,
+        cert: str | Path | None = None,
+        key: str | Path | None = None,
+    ) -> None:
         self.host, self.port = parse_address(address)
         if tls is False and address.startswith(TLS_SCHEME):
             raise ValueError(f"tls=False with the TLS address {address}: use tcp:// for plain TCP")
@@ -110,10 +119,13 @@ class Transport:
         self.unreachable_since: float | None = None
 
     def _idle_too_long(self) -> bool:
-        """Idle for half the server's idle timeout: connect anew before the server closes this one
-        under a request (which would then be lost to the caller as may-or-may-not-have-happened).
-        Never a tied connection: the server keeps it while its leases stand (they would lose
-        their tie on another), and `_stale` finds it closed once they are gone."""
+        """Idle for half the server's idle timeout: connect anew before the server closes this one.
+
+        Otherwise the server could close it under a request (which would then be lost to the caller
+        as may-or-may-not-have-happened). Never a tied connection: the server keeps it while its
+        leases stand (they would lose their tie on another), and `_stale` finds it closed once they
+        are gone.
+        """
         return not self.tied and self.server_idle_s is not None and time.monotonic() - self._used > self.server_idle_s / 2
 
     def _greeted(self, greeting: Header) -> None:
@@ -132,8 +144,11 @@ class Transport:
         return header
 
     def _attempts(self) -> Iterator[float]:
-        """The patience left before each connection attempt: the first at once, the next after a backoff
-        (0.05 s, doubling up to 1 s) while `connect_timeout` lasts; one attempt with a patience of 0."""
+        """The patience left before each connection attempt.
+
+        The first attempt at once, the next after a backoff (0.05 s, doubling up to 1 s) while
+        `connect_timeout` lasts; one attempt with a patience of 0.
+        """
         deadline = time.monotonic() + self.connect_timeout
         delay = 0.05
         yield self.connect_timeout
@@ -152,8 +167,10 @@ class Transport:
         return 0.0 if since is None else time.monotonic() - since
 
     def _cannot_connect(self, started: float, error: BaseException | None) -> ConnectionLostError:
-        return ConnectionLostError(f"cannot connect to {self.address} (tried for {time.monotonic() - started:.1f} s): "
-                                   f"{error}{connect_hint(error, self.tls is not None)}")  # fmt: skip
+        return ConnectionLostError(
+            f"cannot connect to {self.address} (tried for {time.monotonic() - started:.1f} s): "
+            f"{error}{connect_hint(error, self.tls is not None)}"
+        )
 
     def _secure(self, sock: socket.socket) -> socket.socket:
         return sock if self.tls is None else self.tls.wrap(sock, self.host, self.address)
@@ -273,8 +290,10 @@ class Transport:
             except ssl.SSLError as e:  # a record that fails its integrity check: refused by either end
                 self._drop()
                 self._failed()
-                raise ConnectionLostError(f"{self.address}: connection lost: TLS error ({e.reason or e}): data altered on "
-                                          "the way, or the connection broke mid-record") from None  # fmt: skip
+                raise ConnectionLostError(
+                    f"{self.address}: connection lost: TLS error ({e.reason or e}): data altered on "
+                    "the way, or the connection broke mid-record"
+                ) from None
             except OSError as e:
                 self._drop()
                 self._failed()
@@ -293,8 +312,11 @@ class Transport:
         return out
 
     def _stale(self) -> bool:
-        """Whether the connection was idle long enough that the server may have closed it (it says
-        after how long in its hello), or has: then a request is sent on a new one, never lost on it."""
+        """Whether the connection was idle long enough that the server may have closed it, or has.
+
+        The server says after how long in its hello. Then a request is sent on a new one, never lost
+        on it.
+        """
         if self._idle_too_long():
             return True
         if time.monotonic() - self._used < STALE_CHECK_S:
@@ -312,16 +334,21 @@ class Transport:
             return True
 
     def close(self) -> None:
-        """Close the connection; one that took tied leases (`get(tie=True)`) says `bye` first, so
-        that the server leaves them to their time: this process lives on, only the connection goes."""
+        """Close the connection; one that took tied leases (`get(tie=True)`) says `bye` first.
+
+        Then the server leaves those leases to their time: this process lives on, only the
+        connection goes.
+        """
         self._drop(farewell=True)
 
     def _drop(self, farewell: bool = False) -> None:
         """Close the socket: without a word when it broke or cannot be read on (a protocol error).
+
         With `farewell`, a tied connection says `bye`, then waits for the server to close its side
         (so that no reset of ours, for replies left unread, overtakes it), for BYE_TIMEOUT_S at most
         in all. Not after a request was cut mid-frame: the bye would complete it, whereas a close
-        makes the server drop it (its ties kept: a broken frame is a protocol error, not a death)."""
+        makes the server drop it (its ties kept: a broken frame is a protocol error, not a death).
+        """
         with self._lock:
             sock = self._sock
             try:

@@ -25,8 +25,11 @@ _HOST = re.compile(r"(?P<name>\[[0-9a-f:.]+\]|[a-z0-9_][a-z0-9_.-]*)(?::(?P<port
 
 
 def host_entry(value: str) -> str:
-    """An --allow-host value as a browser writes it in Host: NAME or NAME:PORT, lowercase, an IPv6
-    address compressed and in brackets. Raises ConveyorError for anything else."""
+    """An --allow-host value as a browser writes it in Host.
+
+    An --allow-host value as a browser writes it in Host: NAME or NAME:PORT, lowercase, an IPv6
+    address compressed and in brackets. Raises ConveyorError for anything else.
+    """
     text = value.strip().lower()
     if text.count(":") > 1 and not text.startswith("["):
         text = f"[{text}]"  # a bare IPv6 address
@@ -68,8 +71,11 @@ class Hosts:
         return cls(frozenset((*LOOPBACK_NAMES, *(set(entries) - with_port))), frozenset(with_port))
 
     def answers(self, host: str | None, port: int, target: str = "/") -> bool:
-        """Whether to answer a request whose Host header is `host`, that came in on `port`, for
-        `target` (its request line's): in absolute form, as sent to a proxy, that names a host too."""
+        """Whether to answer a request whose Host header is `host`, on `port`, for `target`.
+
+        Whether to answer a request whose Host header is `host`, that came in on `port`, for
+        `target` (its request line's): in absolute form, as sent to a proxy, that names a host too.
+        """
         absolute = not target.startswith("/") and target != "*"
         return self._told(host, port) and (not absolute or self._told(urllib.parse.urlsplit(target).netloc, port))
 

@@ -1,5 +1,8 @@
-"""`Dashboard`: the dashboard over a pool, served from an event loop of its own (a thread), startable
-from Python as from `conveyor dashboard`; the address rules it starts under."""
+"""`Dashboard`: the dashboard over a pool, served from an event loop of its own.
+
+`Dashboard`: the dashboard over a pool, served from an event loop of its own (a thread), startable
+from Python as from `conveyor dashboard`; the address rules it starts under.
+"""
 
 from __future__ import annotations
 
@@ -34,17 +37,29 @@ class Dashboard:
     `host`, or to a name in `allow_hosts` (NAME, or NAME:PORT), and no other (see `hosts`).
     """
 
-    def __init__(self, pool: QueuePool, host: str = "127.0.0.1", port: int = DEFAULT_DASHBOARD_PORT, *,
-                 token: str | None = None, tls: ssl.SSLContext | None = None, insecure: bool = False,
-                 allow_hosts: Iterable[str] = ()) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pool: QueuePool,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_DASHBOARD_PORT,
+        *,
+        token: str | None = None,
+        tls: ssl.SSLContext | None = None,
+        insecure: bool = False,
+        allow_hosts: Iterable[str] = (),
+    ) -> None:
         if not is_loopback(host):
             if not token:
-                raise ConveyorError(f"refusing to serve the dashboard on {host} without the pool's token: anyone who can "
-                                    "reach it could read the queues and requeue dead letters. Give the token "
-                                    "(--token or CONVEYOR_TOKEN), or keep it on loopback")  # fmt: skip
+                raise ConveyorError(
+                    f"refusing to serve the dashboard on {host} without the pool's token: anyone who can "
+                    "reach it could read the queues and requeue dead letters. Give the token "
+                    "(--token or CONVEYOR_TOKEN), or keep it on loopback"
+                )
             if tls is None and not insecure:
-                raise ConveyorError(f"refusing to serve the dashboard on {host} without TLS: its login would send the "
-                                    "token in clear. Give --cert and --key, or --insecure to accept that")  # fmt: skip
+                raise ConveyorError(
+                    f"refusing to serve the dashboard on {host} without TLS: its login would send the "
+                    "token in clear. Give --cert and --key, or --insecure to accept that"
+                )
         self.pool, self.host, self.port, self.token, self.tls = pool, host, port, token or None, tls
         self.hosts = Hosts.allowing(host, [allow_hosts] if isinstance(allow_hosts, str) else allow_hosts)
         self.watch: PoolWatch | None = None

@@ -1,6 +1,8 @@
-"""What the dashboard shows, gathered from a pool's servers: `PoolWatch` asks each server for its
-stats once a second, each in a thread of its own (a server that is down or slow delays no other),
-and keeps the minutes of history the charts draw. Everything it hands out is plain JSON-ready data.
+"""What the dashboard shows, gathered from a pool's servers.
+
+What the dashboard shows, gathered from a pool's servers: `PoolWatch` asks each server for its stats
+once a second, each in a thread of its own (a server that is down or slow delays no other), and
+keeps the minutes of history the charts draw. Everything it hands out is plain JSON-ready data.
 """
 
 from __future__ import annotations
@@ -75,8 +77,11 @@ class ServerWatch:
 
 
 class PoolWatch:
-    """The pool as the dashboard shows it: servers, queues (summed and per shard), consumers,
-    map jobs, and a history of each queue's ready count and rates."""
+    """The pool as the dashboard shows it: servers, queues, consumers, map jobs and a history.
+
+    The pool as the dashboard shows it: servers, queues (summed and per shard), consumers, map jobs,
+    and a history of each queue's ready count and rates.
+    """
 
     def __init__(self, pool: QueuePool) -> None:
         # connections of its own, with short timeouts: a server that dies holds up no page for long,
@@ -120,9 +125,16 @@ class PoolWatch:
         listed nor marks a live one late); only `time`, for people, is the wall clock's.
         """
         now = time.monotonic()
-        servers = [{"shard": k, "address": w.address, "up": w.up, "error": w.error,
-                    "last_answer_s": None if w.answered_at is None else round(now - w.answered_at, 1)}
-                   for k, w in enumerate(self.servers)]  # fmt: skip
+        servers = [
+            {
+                "shard": k,
+                "address": w.address,
+                "up": w.up,
+                "error": w.error,
+                "last_answer_s": None if w.answered_at is None else round(now - w.answered_at, 1),
+            }
+            for k, w in enumerate(self.servers)
+        ]
         per_shard: dict[str, dict[str, dict[str, Any]]] = {}
         for k, w in enumerate(self.servers):
             for q, s in w.queues.items():
@@ -150,8 +162,13 @@ class PoolWatch:
                 at = w.answered_at - float(counts.get("seen", 0))  # when it last reported, as that server saw it
                 if name not in heard or at > heard[name]["heard_at"]:
                     figures = {k: _int(counts.get(k)) for k in ("pid", "processed", "failed", "running", "stolen")}
-                    heard[name] = {"name": name, "host": str(counts.get(COUNT_HOST, "")), "heard_at": at, **figures,
-                                   "rows": _rows_of(counts)}  # fmt: skip
+                    heard[name] = {
+                        "name": name,
+                        "host": str(counts.get(COUNT_HOST, "")),
+                        "heard_at": at,
+                        **figures,
+                        "rows": _rows_of(counts),
+                    }
         answering = any(w.up for w in self.servers)
         out = []
         with self._lock:
@@ -178,12 +195,22 @@ class PoolWatch:
                 peers = [r for n, r in rates.items() if n != name and n in heard and r is not None]
                 rate = rates[name]
                 # judged only on a long enough span, and peers fast enough that a shortfall means something
-                behind = rate is not None and bool(peers) and (m := statistics.median(peers)) * RATE_WINDOW_S >= SLOW_MIN_TASKS \
-                    and rate < SLOW_FRACTION * m  # fmt: skip
+                behind = (
+                    rate is not None
+                    and bool(peers)
+                    and (m := statistics.median(peers)) * RATE_WINDOW_S >= SLOW_MIN_TASKS
+                    and rate < SLOW_FRACTION * m
+                )
                 if status == "ok" and fig["running"] and behind:
                     status = "slow"  # busy, yet far behind the others
-                out.append({**{k: v for k, v in fig.items() if k not in ("heard_at", "rows")}, "seen": round(ago, 1),
-                            "rate": None if rate is None else round(rate, 2), "status": status})  # fmt: skip
+                out.append(
+                    {
+                        **{k: v for k, v in fig.items() if k not in ("heard_at", "rows")},
+                        "seen": round(ago, 1),
+                        "rate": None if rate is None else round(rate, 2),
+                        "status": status,
+                    }
+                )
         return out
 
     def history(self, queue: str | None = None) -> dict[str, list[float]]:
@@ -200,8 +227,10 @@ class PoolWatch:
 
     def dead_letters(self, queue: str, cursor: str = "", limit: int = 50) -> dict[str, Any]:
         """One page of a queue's dead letters, shard after shard; `next` resumes after it ("" at the end).
+
         A shard is left for the next only once it has nothing more (a reply may hold fewer than
-        asked). Shards down, or failing the request, are passed over and named in `skipped`."""
+        asked). Shards down, or failing the request, are passed over and named in `skipped`.
+        """
         shard, after = (int(x) for x in cursor.split(":")) if cursor else (0, 0)
         items: list[dict[str, Any]] = []
         skipped: list[str] = []
@@ -217,9 +246,17 @@ class PoolWatch:
                     skipped.append(w.address)
             for d in page:
                 m = d.message
-                items.append({"id": str(shard << SHARD_SHIFT | m.id), "shard": shard, "attempts": m.attempts,
-                              "failed_at": d.failed_at, "task": m.headers.get(H_TASK, ""), "error": d.error,
-                              "payload": printable(m.payload, PREVIEW_BYTES)})  # fmt: skip
+                items.append(
+                    {
+                        "id": str(shard << SHARD_SHIFT | m.id),
+                        "shard": shard,
+                        "attempts": m.attempts,
+                        "failed_at": d.failed_at,
+                        "task": m.headers.get(H_TASK, ""),
+                        "error": d.error,
+                        "payload": printable(m.payload, PREVIEW_BYTES),
+                    }
+                )
                 after = m.id
             if not page:
                 shard, after = shard + 1, 0
@@ -227,18 +264,27 @@ class PoolWatch:
         return {"queue": queue, "items": items, "next": more, "skipped": skipped}
 
     def requeue(self, queue: str, ids: list[int] | None) -> dict[str, Any]:
-        """Put dead letters back (the pool's own requeue): these pool-wide ids, or all (None) on the
-        servers that answer (those down are named in `skipped`)."""
+        """Put dead letters back (the pool's own requeue) on the servers that answer.
+
+        Put dead letters back (the pool's own requeue): these pool-wide ids, or all (None) on the
+        servers that answer (those down are named in `skipped`).
+        """
         down = [w.address for w in self.servers if not w.up]
         if ids is None:  # every dead letter of the shards that answer, named (a shard down fails no other)
-            ids = [k << SHARD_SHIFT | d.message.id for k, w in enumerate(self.servers)
-                   if queue in w.queues
-                   for d in self.pool.clients[k].iter_dead_letters(queue)]  # fmt: skip
+            ids = [
+                k << SHARD_SHIFT | d.message.id
+                for k, w in enumerate(self.servers)
+                if queue in w.queues
+                for d in self.pool.clients[k].iter_dead_letters(queue)
+            ]
         return {"requeued": self.pool.requeue_dead_letters(queue, ids) if ids else 0, "skipped": down}
 
     def check_ids(self, ids: list[object]) -> list[int]:
-        """Pool-wide ids as the page sends them (decimal strings, or integers); ValueError for any
-        other, or one naming no shard of this pool."""
+        """Pool-wide ids from the page's decimal strings or integers; ValueError for any other.
+
+        Pool-wide ids as the page sends them (decimal strings, or integers); ValueError for any
+        other, or one naming no shard of this pool.
+        """
         out = []
         for i in ids:
             if isinstance(i, str) and i.isascii() and i.isdecimal():
@@ -259,32 +305,43 @@ def _counts(s: QueueStats) -> dict[str, Any]:
 
 
 def _job(q: dict[str, Any], reported: tuple[int, int]) -> dict[str, Any]:
-    """A map job's progress from its queue: messages (each up to `rows_per_message` rows) done of put,
+    """A map job's progress from its queue, in messages and in rows.
+
+    A map job's progress from its queue: messages (each up to `rows_per_message` rows) done of put,
     and in rows: the rows its consumers reported settled (`reported`: messages, rows), plus those of
     the messages settled or left since, at the rows per message reported (None before any report).
-    Exact once every message is settled and reported."""
+    Exact once every message is settled and reported.
+    """
     total = q["ready"] + q["delayed"] + q["delivered"] + q["acked"] + q["failed"]
     done = q["acked"] + q["failed"]
     rate = q["ack_rate"]
     left = total - done
     m, r = reported
     per = r / m if m else None
-    return {"queue": q["name"], "total": total, "done": done, "failed": q["failed"], "rate": rate,
-            "eta_s": round(left / rate, 1) if rate > 0 and left else (0.0 if not left else None),
-            "rows_done": None if per is None else r + round(max(done - m, 0) * per),
-            "rows_total": None if per is None else r + round(max(total - m, 0) * per),
-            "rows_rate": None if per is None else round(rate * per, 2)}  # fmt: skip
+    return {
+        "queue": q["name"],
+        "total": total,
+        "done": done,
+        "failed": q["failed"],
+        "rate": rate,
+        "eta_s": round(left / rate, 1) if rate > 0 and left else (0.0 if not left else None),
+        "rows_done": None if per is None else r + round(max(done - m, 0) * per),
+        "rows_total": None if per is None else r + round(max(total - m, 0) * per),
+        "rows_rate": None if per is None else round(rate * per, 2),
+    }
 
 
 def _rows_of(counts: Counts) -> dict[str, tuple[int, int]]:
     """A report's rows per map job queue: (messages, rows) its consumer settled."""
-    return {k[len(COUNT_ROWS):]: (_int(counts.get(COUNT_ROW_MESSAGES + k[len(COUNT_ROWS):])), _int(v))
-            for k, v in counts.items() if k.startswith(COUNT_ROWS)}  # fmt: skip
+    return {
+        k[len(COUNT_ROWS) :]: (_int(counts.get(COUNT_ROW_MESSAGES + k[len(COUNT_ROWS) :])), _int(v))
+        for k, v in counts.items()
+        if k.startswith(COUNT_ROWS)
+    }
 
 
 def _rate(done: deque[tuple[float, int]] | None) -> float | None:
-    """Tasks processed per second between the first and the last report kept (None: they span under
-    RATE_MIN_SPAN_S yet)."""
+    """Tasks processed per second between the first and the last report kept (None: they span under RATE_MIN_SPAN_S yet)."""
     if done is None or len(done) < 2 or done[-1][0] - done[0][0] < RATE_MIN_SPAN_S:
         return None
     return (done[-1][1] - done[0][1]) / (done[-1][0] - done[0][0])

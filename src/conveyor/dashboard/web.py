@@ -1,6 +1,8 @@
-"""The dashboard's web side (aiohttp): the page (static files shipped in the package, no build step,
-nothing fetched from elsewhere), the JSON endpoints behind it (documented in docs/dashboard.md),
-and the login a dashboard off loopback requires.
+"""The dashboard's web side (aiohttp): the page, the JSON endpoints behind it, and the login.
+
+The dashboard's web side (aiohttp): the page (static files shipped in the package, no build step,
+nothing fetched from elsewhere), the JSON endpoints behind it (documented in docs/dashboard.md), and
+the login a dashboard off loopback requires.
 
 Security: only a Host it was told is answered (`hosts`: no DNS rebinding); every response forbids
 inline scripts and foreign sources (a Content-Security-Policy), so an error text holding HTML or
@@ -36,11 +38,11 @@ CSRF_HEADER = "X-Conveyor"
 MAX_PAGE = 500  # dead letters per page at most
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                               "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
     "Cache-Control": "no-store",
-}  # fmt: skip
+}
 OPEN_PATHS = ("/login", "/static/style.css")  # reachable before logging in
 
 if TYPE_CHECKING:
@@ -57,8 +59,11 @@ def session_of(token: str) -> str:
 
 
 def make_app(watch: PoolWatch, token: str | None, secure: bool, hosts: Hosts) -> web.Application:
-    """The dashboard over `watch`, answering requests to `hosts`; with `token`, everything but the
-    login needs it (`secure`: over HTTPS, so the cookie is marked Secure)."""
+    """The dashboard over `watch`, answering requests to `hosts`.
+
+    The dashboard over `watch`, answering requests to `hosts`; with `token`, everything but the
+    login needs it (`secure`: over HTTPS, so the cookie is marked Secure).
+    """
     from aiohttp import web
 
     key, session = (None, None) if token is None else (token.encode(), session_of(token).encode())
@@ -145,8 +150,9 @@ def make_app(watch: PoolWatch, token: str | None, secure: bool, hosts: Hosts) ->
             wanted = None if ids == "all" else watch.check_ids(ids)
         except (ValueError, KeyError, TypeError) as e:
             return _error(400, f'send {{"queue": NAME, "ids": [ID, ...] or "all"}} ({type(e).__name__}: {e})')
-        log.info("dashboard: requeue of %s dead letter(s) of %s asked by %s", ids if ids == "all" else len(ids), queue,
-                 request.remote)  # fmt: skip
+        log.info(
+            "dashboard: requeue of %s dead letter(s) of %s asked by %s", ids if ids == "all" else len(ids), queue, request.remote
+        )
         return await _off_loop(lambda: watch.requeue(queue, wanted))
 
     app = web.Application(middlewares=[guard], client_max_size=1 << 20)
@@ -192,7 +198,8 @@ def _is_cursor(cursor: str) -> bool:
     return all(x.isascii() and x.isdecimal() for x in (shard, after))
 
 
-async def start(watch: PoolWatch, host: str, port: int, token: str | None,
-                tls: ssl.SSLContext | None, hosts: Hosts) -> tuple[web.AppRunner, int]:  # fmt: skip
+async def start(
+    watch: PoolWatch, host: str, port: int, token: str | None, tls: ssl.SSLContext | None, hosts: Hosts
+) -> tuple[web.AppRunner, int]:
     """Serve the dashboard on host:port (0: a free port) to `hosts`; (the runner to clean up, the port)."""
     return await serve_app(make_app(watch, token, tls is not None, hosts), host, port, tls)

@@ -28,9 +28,11 @@ PartitionKey = None | str | Callable[[pa.Table, int], Any]
 
 
 def to_table(value: object, where: str, keep_index: bool = False) -> pa.Table | None:
-    """An executor's or batch function's return value as a pyarrow Table (None stays None). With
-    `keep_index` (a pandas executor's output), a DataFrame's named index levels (a groupby's keys)
-    become columns, but for a RangeIndex and a name that is already a column."""
+    """An executor's or batch function's return value as a pyarrow Table (None stays None).
+
+    With `keep_index` (a pandas executor's output), a DataFrame's named index levels (a groupby's
+    keys) become columns, but for a RangeIndex and a name that is already a column.
+    """
     if value is None:
         return None
     if isinstance(value, pa.Table):
@@ -52,8 +54,9 @@ def to_table(value: object, where: str, keep_index: bool = False) -> pa.Table | 
             plain = [f.with_type(pa.string()) if pa.types.is_large_string(f.type) else f for f in table.schema]
             table = table.cast(pa.schema(plain))
         return table
-    raise_in_task(f"{where} returned a {type(value).__name__}; expected a pyarrow Table or RecordBatch, "
-                  "a pandas DataFrame, or None")  # fmt: skip
+    raise_in_task(
+        f"{where} returned a {type(value).__name__}; expected a pyarrow Table or RecordBatch, a pandas DataFrame, or None"
+    )
 
 
 def to_pandas(table: pa.Table) -> pd.DataFrame:
@@ -120,8 +123,10 @@ def channels_of(table: pa.Table, key: PartitionKey, n_channels: int, where: str)
         except Exception as exc:  # a user function: say which edge it belongs to
             raise_in_task(f"{where}: the partition function raised {type(exc).__name__}: {exc}")
         if result.shape != (table.num_rows,) or not np.issubdtype(result.dtype, np.integer):
-            raise_in_task(f"{where}: the partition function must return one integer channel per row "
-                          f"({table.num_rows} rows), got shape {result.shape} of {result.dtype}")  # fmt: skip
+            raise_in_task(
+                f"{where}: the partition function must return one integer channel per row "
+                f"({table.num_rows} rows), got shape {result.shape} of {result.dtype}"
+            )
         if len(result) and (result.min() < 0 or result.max() >= n_channels):
             raise_in_task(f"{where}: the partition function returned a channel outside 0..{n_channels - 1}")
         return result.astype(np.int64, copy=False)

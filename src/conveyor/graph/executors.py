@@ -55,10 +55,12 @@ class Executor:
 
 
 class StatelessExecutor(Executor):
-    """Quokka's executor base class: `execute(batch, stream_id, executor_id)` gets pandas DataFrames
-    and may return a DataFrame, a pyarrow Table, a list of them, or None; `done(executor_id)` likewise;
-    `early_termination()` stops the input. A DataFrame's named index (a groupby's keys) is kept as
-    columns of the output."""
+    """Quokka's executor base class.
+
+    `execute(batch, stream_id, executor_id)` gets pandas DataFrames and may return a DataFrame, a
+    pyarrow Table, a list of them, or None; `done(executor_id)` likewise; `early_termination()`
+    stops the input. A DataFrame's named index (a groupby's keys) is kept as columns of the output.
+    """
 
     batch_format: ClassVar[str] = "pandas"
 
@@ -174,9 +176,16 @@ class HashJoin(Executor):
     already taken gets `suffix`).
     """
 
-    def __init__(self, left_on: str | Sequence[str], right_on: str | Sequence[str] | None = None, *,
-                 left_stream: Hashable = 0, right_stream: Hashable = 1, build: Hashable | None = None,
-                 suffix: str = "_right") -> None:  # fmt: skip
+    def __init__(
+        self,
+        left_on: str | Sequence[str],
+        right_on: str | Sequence[str] | None = None,
+        *,
+        left_stream: Hashable = 0,
+        right_stream: Hashable = 1,
+        build: Hashable | None = None,
+        suffix: str = "_right",
+    ) -> None:
         self.left_on = (left_on,) if isinstance(left_on, str) else tuple(left_on)
         right = left_on if right_on is None else right_on
         self.right_on = (right,) if isinstance(right, str) else tuple(right)
@@ -198,8 +207,10 @@ class HashJoin(Executor):
         if self.build is not None:
             if stream_id == self.build:
                 if self.probing:
-                    raise ValueError(f"HashJoin(build={self.build!r}): a build batch arrived after the probe side started "
-                                     f"on channel {channel}; list the build input in the probe input's dependents")  # fmt: skip
+                    raise ValueError(
+                        f"HashJoin(build={self.build!r}): a build batch arrived after the probe side started "
+                        f"on channel {channel}; list the build input in the probe input's dependents"
+                    )
                 self.sides[me].add(batch)
                 return None
             if not self.probing:
@@ -294,8 +305,12 @@ class HashAggregate(Executor):
         if not self.partials:
             if self.by:
                 return None
-            return pa.table({out: pa.array([0 if func == "count" else None], pa.int64() if func == "count" else pa.float64())
-                             for out, (func, _) in self.aggs.items()})  # fmt: skip
+            return pa.table(
+                {
+                    out: pa.array([0 if func == "count" else None], pa.int64() if func == "count" else pa.float64())
+                    for out, (func, _) in self.aggs.items()
+                }
+            )
         part = self._combine()
         columns = {b: part.column(b) for b in self.by}
         for i, (out, (func, _col)) in enumerate(self.aggs.items()):

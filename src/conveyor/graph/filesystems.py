@@ -33,15 +33,17 @@ def local_path(path: str) -> str | None:
 
 
 def read_here(path: str, s3: bool = False) -> bool:
-    """Whether Conveyor reads `path` itself rather than Spark's readers: a local path, or with `s3`
-    (an input given in Quokka's bucket + key form) an `s3://` one. Other `s3://` paths stay
-    Spark's, as configured for the cluster (EMRFS, `spark.hadoop.fs.s3*`)."""
+    """Whether Conveyor reads `path` itself rather than Spark's readers.
+
+    True for a local path, or with `s3` (an input given in Quokka's bucket + key form) an `s3://`
+    one. Other `s3://` paths stay Spark's, as configured for the cluster (EMRFS,
+    `spark.hadoop.fs.s3*`).
+    """
     return local_path(path) is not None or (s3 and urlparse(path).scheme == "s3")
 
 
 def file_system(path: str, s3: bool = False) -> tuple[pafs.FileSystem, str] | None:
-    """(file system, path in it) for a path Conveyor reads itself (see `read_here`), or None for one
-    Spark must read."""
+    """(file system, path in it) for a path Conveyor reads itself (see `read_here`), or None for one Spark must read."""
     if not read_here(path, s3):
         return None
     local = local_path(path)
@@ -54,10 +56,13 @@ def file_system(path: str, s3: bool = False) -> tuple[pafs.FileSystem, str] | No
 
 
 def s3_file_system(bucket: str | None = None) -> pafs.S3FileSystem:
-    """pyarrow's S3 file system as the driver's environment configures it: AWS_ENDPOINT_URL_S3 or
-    AWS_ENDPOINT_URL (an S3-compatible server), AWS_REGION or AWS_DEFAULT_REGION, and the keys
-    AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN). On AWS itself with no region
-    given, `bucket`'s region is asked for here, so that the tasks get it with the rest."""
+    """pyarrow's S3 file system as the driver's environment configures it.
+
+    From AWS_ENDPOINT_URL_S3 or AWS_ENDPOINT_URL (an S3-compatible server), AWS_REGION or
+    AWS_DEFAULT_REGION, and the keys AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and
+    AWS_SESSION_TOKEN). On AWS itself with no region given, `bucket`'s region is asked for here, so
+    that the tasks get it with the rest.
+    """
     env = os.environ
     # bounded waits: a server that does not answer fails the read (after the SDK's retries), never hangs it
     options: dict[str, str | float] = {"connect_timeout": S3_CONNECT_TIMEOUT_S, "request_timeout": S3_REQUEST_TIMEOUT_S}
@@ -81,9 +86,11 @@ def s3_file_system(bucket: str | None = None) -> pafs.S3FileSystem:
 
 @functools.lru_cache(maxsize=256)
 def _bucket_region(bucket: str) -> str:
-    """The region of an AWS bucket, asked once per process (within the AWS SDK's own timeouts and
-    retries: ~6 s with no network); "" when it does not answer (AWS's default applies, and a read
-    names the error)."""
+    """The region of an AWS bucket, asked once per process; "" when it does not answer.
+
+    Asked within the AWS SDK's own timeouts and retries (~6 s with no network). With "", AWS's
+    default applies, and a read names the error.
+    """
     try:
         return str(pafs.resolve_s3_region(bucket))
     except OSError:
@@ -91,11 +98,15 @@ def _bucket_region(bucket: str) -> str:
 
 
 def bucket_path(bucket: object, key: object, what: str) -> str:
-    """Quokka's (bucket, key) as one path: under a local directory when `bucket` is one (or a
-    `file:` URI), under the URL when it has a scheme (`s3://name`), else in the S3 bucket `bucket`."""
+    """Quokka's (bucket, key) as one path.
+
+    Under a local directory when `bucket` is one (or a `file:` URI), under the URL when it has a
+    scheme (`s3://name`), else in the S3 bucket `bucket`.
+    """
     if not isinstance(bucket, str) or not bucket:
-        raise GraphError(f"{what}: bucket must be a non-empty string (a local directory, an s3:// URL or an S3 bucket name), "
-                         f"got {bucket!r}")  # fmt: skip
+        raise GraphError(
+            f"{what}: bucket must be a non-empty string (a local directory, an s3:// URL or an S3 bucket name), got {bucket!r}"
+        )
     if not isinstance(key, str) or not key:
         raise GraphError(f"{what}: key must be a non-empty string (a file, a directory or a prefix in the bucket), got {key!r}")
     if ".." in key.replace("\\", "/").split("/"):

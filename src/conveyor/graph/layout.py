@@ -16,8 +16,9 @@ MiB = 1024 * 1024
 # dependency level (build sides sort before probe sides), its sequence number within the edge, and
 # the batch. Consumers sort by (channel, level, seq, edge).
 ROUTE_DDL = "edge INT, channel INT, level INT, seq BIGINT, batch BINARY"
-ROUTE_SCHEMA = pa.schema([("edge", pa.int32()), ("channel", pa.int32()), ("level", pa.int32()), ("seq", pa.int64()),
-                          ("batch", pa.binary())])  # fmt: skip
+ROUTE_SCHEMA = pa.schema(
+    [("edge", pa.int32()), ("channel", pa.int32()), ("level", pa.int32()), ("seq", pa.int64()), ("batch", pa.binary())]
+)
 # A Dataset (a blocking node's materialised output): the channel that produced the batch, its
 # sequence number within the channel, the batch. Also the layout of a Dataset checkpointed as Parquet.
 DATASET_DDL = "channel INT, seq BIGINT, batch BINARY"

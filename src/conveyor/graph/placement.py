@@ -18,8 +18,11 @@ Parallelism = int | Mapping[str, int]  # channels: a count, or per machine
 
 
 def channel_count(parallelism: object, ip: object, what: str) -> int:
-    """The number of channels of `parallelism`: an integer >= 1, or a mapping of machine address ->
-    its channels (each >= 1); `ip` must be a non-empty string (Quokka's placement of an int)."""
+    """The number of channels of `parallelism`.
+
+    `parallelism` is an integer >= 1, or a mapping of machine address -> its channels (each >= 1);
+    `ip` must be a non-empty string (Quokka's placement of an int).
+    """
     if not isinstance(ip, str) or not ip:
         raise GraphError(f"{what}: ip must be a machine's address or 'localhost', got {ip!r}")
     if isinstance(parallelism, Mapping):
@@ -32,6 +35,8 @@ def channel_count(parallelism: object, ip: object, what: str) -> int:
                 raise GraphError(f"{what}: machine {host!r} must get an integer >= 1 of channels, got {n!r}")
         return sum(parallelism.values())
     if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism < 1:
-        raise GraphError(f"{what}: parallelism must be an integer >= 1 or a mapping of machine -> channels "
-                         f"(e.g. {{'localhost': 4}}), got {parallelism!r}")  # fmt: skip
+        raise GraphError(
+            f"{what}: parallelism must be an integer >= 1 or a mapping of machine -> channels "
+            f"(e.g. {{'localhost': 4}}), got {parallelism!r}"
+        )
     return parallelism

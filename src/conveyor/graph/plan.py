@@ -78,8 +78,10 @@ def make_plan(specs: Mapping[int, Spec], graph: int, file_reader: str) -> Plan:
                 if src.node.id == nid:
                     raise GraphError(f"{where}: cycle: stream {stream!r} reads the node's own output")
                 if isinstance(src, TaskSpec) and src.blocking:
-                    raise GraphError(f"{where}: stream {stream!r} reads blocking node {src.node}, whose output is a "
-                                     "Dataset: read it from a later graph with new_input_dataset()")  # fmt: skip
+                    raise GraphError(
+                        f"{where}: stream {stream!r} reads blocking node {src.node}, whose output is a "
+                        "Dataset: read it from a later graph with new_input_dataset()"
+                    )
                 sources[nid].append((stream, src.node.id))
             deps[nid] = [s for _, s in sources[nid]]
     order = _topological(deps, specs)
@@ -93,8 +95,9 @@ def make_plan(specs: Mapping[int, Spec], graph: int, file_reader: str) -> Plan:
             consumers[s].append(nid)
     for nid, spec in specs.items():
         if not consumers[nid] and not (isinstance(spec, TaskSpec) and spec.blocking):
-            raise GraphError(f"node {spec.node} has no consumer: its output would be lost "
-                             "(make the last node of each branch a blocking node)")  # fmt: skip
+            raise GraphError(
+                f"node {spec.node} has no consumer: its output would be lost (make the last node of each branch a blocking node)"
+            )
     fusing = file_reader == "auto"
     fused = {n for n, s in specs.items() if fusing and isinstance(s, InputSpec) and _fusable(s, consumers[n], specs)}
     edges: list[Edge] = []
@@ -106,8 +109,9 @@ def make_plan(specs: Mapping[int, Spec], graph: int, file_reader: str) -> Plan:
         for stream, producer in sources[nid]:
             key = consumer.partition_key[stream]
             label = f"edge {specs[producer].node} -> {consumer.node} (stream {stream!r})"
-            edges.append(Edge(len(edges), producer, nid, stream, key, consumer.parallelism, levels[producer], producer in fused,
-                              label))  # fmt: skip
+            edges.append(
+                Edge(len(edges), producer, nid, stream, key, consumer.parallelism, levels[producer], producer in fused, label)
+            )
             _check_key_statically(specs[producer], key, label)
     return Plan(order, levels, edges, fused)
 

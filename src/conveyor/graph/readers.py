@@ -29,9 +29,12 @@ TRAILING = "__conveyor_trailing"  # the column name of that empty field (never k
 
 
 def list_files(fs: pafs.FileSystem, path: str, suffixes: Sequence[str] = ()) -> list[str]:
-    """The data files at `path`, sorted: the file itself, or the visible files under a directory; in
-    an object store (S3) also those whose key starts with `path` (a prefix, as Quokka's keys were).
-    Locally, symbolic links to directories are not followed (a link loop would list forever)."""
+    """The data files at `path`, sorted.
+
+    The file itself, or the visible files under a directory; in an object store (S3) also those
+    whose key starts with `path` (a prefix, as Quokka's keys were). Locally, symbolic links to
+    directories are not followed (a link loop would list forever).
+    """
     if isinstance(fs, pafs.LocalFileSystem):
         return _local_files(path, suffixes)
     try:
@@ -44,8 +47,11 @@ def list_files(fs: pafs.FileSystem, path: str, suffixes: Sequence[str] = ()) -> 
         infos = fs.get_file_info(pafs.FileSelector(root, recursive=True))
     except (OSError, pa.ArrowException) as exc:
         raise GraphError(f"cannot list {path}: {exc}") from exc
-    found = [i.path for i in infos if i.type is pafs.FileType.File and i.path.startswith(path)
-             and _visible(i.path[len(root):].split("/"), suffixes)]  # fmt: skip
+    found = [
+        i.path
+        for i in infos
+        if i.type is pafs.FileType.File and i.path.startswith(path) and _visible(i.path[len(root) :].split("/"), suffixes)
+    ]
     if not found:
         missing = kind is pafs.FileType.NotFound
         raise GraphError(f"no such file or directory: {path}" if missing else f"no data files under {path}")
@@ -96,8 +102,10 @@ def csv_format(sample: bytes, names: Sequence[str | None], sep: str, columns: Se
     if len(set(full)) != len(full):
         raise GraphError(f"node {node}: names repeat a column: {full}")
     if fields and len(fields) != len(full):
-        raise GraphError(f"node {node}: the first line has {len(fields)} fields but {len(full)} names were given "
-                         f"(a line ending in {sep!r} needs a placeholder name at the end)")  # fmt: skip
+        raise GraphError(
+            f"node {node}: the first line has {len(fields)} fields but {len(full)} names were given "
+            f"(a line ending in {sep!r} needs a placeholder name at the end)"
+        )
     keep = [n for n in full if n != TRAILING]
     if columns is not None:
         missing = [c for c in columns if c not in keep]
@@ -107,9 +115,12 @@ def csv_format(sample: bytes, names: Sequence[str | None], sep: str, columns: Se
     types: dict[str, pa.DataType] = {n: pa.string() for n in keep}
     if sample:
         try:
-            table = pv.read_csv(io.BytesIO(sample), read_options=pv.ReadOptions(column_names=full, use_threads=False),
-                                parse_options=pv.ParseOptions(delimiter=sep),
-                                convert_options=pv.ConvertOptions(include_columns=keep))  # fmt: skip
+            table = pv.read_csv(
+                io.BytesIO(sample),
+                read_options=pv.ReadOptions(column_names=full, use_threads=False),
+                parse_options=pv.ParseOptions(delimiter=sep),
+                convert_options=pv.ConvertOptions(include_columns=keep),
+            )
         except pa.ArrowInvalid as exc:
             raise GraphError(f"node {node}: cannot parse the first lines as CSV with sep={sep!r}: {exc}") from exc
         for f in table.schema:
@@ -186,17 +197,20 @@ class CsvReader:
             try:
                 reader = pv.open_csv(
                     pa.BufferReader(data),
-                    read_options=pv.ReadOptions(column_names=list(self.fmt.names), use_threads=False,
-                                                block_size=self.block_bytes),
+                    read_options=pv.ReadOptions(
+                        column_names=list(self.fmt.names), use_threads=False, block_size=self.block_bytes
+                    ),
                     parse_options=pv.ParseOptions(delimiter=self.fmt.sep),
                     convert_options=pv.ConvertOptions(include_columns=list(self.fmt.keep), column_types=dict(self.fmt.types)),
-                )  # fmt: skip
+                )
                 for batch in reader:
                     if batch.num_rows:
                         yield pa.Table.from_batches([batch])
             except pa.ArrowInvalid as exc:
-                raise_in_task(f"node {self.node!r}: {split.path} bytes {start}..{end}: {exc} "
-                              "(column types were inferred from the start of the first file)")  # fmt: skip
+                raise_in_task(
+                    f"node {self.node!r}: {split.path} bytes {start}..{end}: {exc} "
+                    "(column types were inferred from the start of the first file)"
+                )
 
 
 @dataclass(frozen=True)
@@ -229,8 +243,9 @@ class ParquetReader:
                 yield table
 
 
-def parquet_reader(node: str, fs: pafs.FileSystem, files: Sequence[str], columns: Sequence[str] | None,
-                   filters: object) -> ParquetReader:  # fmt: skip
+def parquet_reader(
+    node: str, fs: pafs.FileSystem, files: Sequence[str], columns: Sequence[str] | None, filters: object
+) -> ParquetReader:
     """A reader over every row group of `files`, checking the columns against the first file's schema."""
     schema = pq.read_schema(files[0], filesystem=fs)
     if columns is not None:

@@ -50,8 +50,9 @@ class RunStats:
 class Runner:
     """Builds the DataFrames of a planned graph and materialises its blocking nodes."""
 
-    def __init__(self, specs: Mapping[int, Spec], plan: Plan, spark: SparkSession, name: str, checkpoint_dir: str | None,
-                 file_reader: str) -> None:  # fmt: skip
+    def __init__(
+        self, specs: Mapping[int, Spec], plan: Plan, spark: SparkSession, name: str, checkpoint_dir: str | None, file_reader: str
+    ) -> None:
         self.specs, self.plan, self.spark = specs, plan, spark
         self.name, self.checkpoint_dir, self.file_reader = name, checkpoint_dir, file_reader
         self.outputs: dict[int, DataFrame] = {}
@@ -156,8 +157,15 @@ class Runner:
         elif at is not None and source == "files":
             fs, path = at
             reader = parquet_reader(where, fs, list_files(fs, path, (".parquet", ".pq")), spec.columns, spec.filters)
-        return InputTask(spec.node.name, source, reader, spec.batch_func, self._out_edges(spec.node.id),
-                         self.plan.levels[spec.node.id], self.counters.get(spec.node.id))  # fmt: skip
+        return InputTask(
+            spec.node.name,
+            source,
+            reader,
+            spec.batch_func,
+            self._out_edges(spec.node.id),
+            self.plan.levels[spec.node.id],
+            self.counters.get(spec.node.id),
+        )
 
     def _input_df(self, spec: InputSpec) -> DataFrame:
         task = self._input_task(spec)
@@ -187,8 +195,7 @@ class Runner:
 
         assert spec.path is not None  # every file input has one
         lines = [r[0] for r in self.spark.read.text(spec.path).limit(2000).collect()]
-        fmt = csv_format("\n".join(lines).encode() + b"\n" if lines else b"", spec.names, spec.sep, spec.columns,
-                         str(spec.node))  # fmt: skip
+        fmt = csv_format("\n".join(lines).encode() + b"\n" if lines else b"", spec.names, spec.sep, spec.columns, str(spec.node))
         types = dict(fmt.types)
         schema = StructType([StructField(n, from_arrow_type(types[n]) if n in types else StringType()) for n in fmt.names])
         reader = self.spark.read.csv(spec.path, schema=schema, sep=spec.sep, mode="FAILFAST", header=False)
@@ -211,8 +218,16 @@ class Runner:
                 src = self.specs[e.src]
                 assert isinstance(src, InputSpec)
                 fused.append((self._input_task(src), OutEdge(e.id, e.key, e.n_channels, e.level, e.label)))
-        task = NodeTask(spec.node.name, spec.executor, spec.parallelism, spec.blocking, {e.id: e.stream for e in edges},
-                        [] if spec.blocking else self._out_edges(nid), bool(parts), fused)  # fmt: skip
+        task = NodeTask(
+            spec.node.name,
+            spec.executor,
+            spec.parallelism,
+            spec.blocking,
+            {e.id: e.stream for e in edges},
+            [] if spec.blocking else self._out_edges(nid),
+            bool(parts),
+            fused,
+        )
         if parts:
             df = parts[0]
             for other in parts[1:]:

@@ -61,8 +61,9 @@ class RowWriter:
         if table.num_rows == 0:
             return
         for edge in edges:
-            for channel, part in split_by_channel(table, channels_of(table, edge.key, edge.n_channels, edge.label),
-                                                  edge.n_channels):  # fmt: skip
+            for channel, part in split_by_channel(
+                table, channels_of(table, edge.key, edge.n_channels, edge.label), edge.n_channels
+            ):
                 for piece in slices(part):
                     out = self.add(edge.id, channel, edge.level, seq(), encode(piece))
                     if out is not None:
@@ -167,8 +168,10 @@ def _shuffled_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[Row]:
 
 
 def _merge_fused(shuffled: Iterator[Row], fused: list[tuple[int, Iterator[Row]]]) -> Iterator[Row]:
-    """Merge sorted shuffled rows with fused inputs, starting each fused input only when its level
-    comes up (a dependent input is not even opened before what it depends on is consumed)."""
+    """Merge sorted shuffled rows with fused inputs, each started only when its level comes up.
+
+    A dependent input is not even opened before what it depends on is consumed.
+    """
     pending: list[Row] = []
     shuffled = iter(shuffled)
 

@@ -32,15 +32,35 @@ if TYPE_CHECKING:
 _GRAPH_IDS = itertools.count(1)
 
 
-def _quokka_csv(bucket: str | os.PathLike[str], key: str | os.PathLike[str], names: Sequence[str | None],
-                parallelism: Parallelism, ip: str = LOCALHOST,
-                batch_func: BatchFunc | None = None, sep: str = ",", dependents: Sequence[NodeRef] = (),
-                stride: int = CSV_STRIDE_BYTES, *, columns: Sequence[str] | None = None,
-                name: str | None = None) -> dict[str, Any]:  # fmt: skip
+def _quokka_csv(
+    bucket: str | os.PathLike[str],
+    key: str | os.PathLike[str],
+    names: Sequence[str | None],
+    parallelism: Parallelism,
+    ip: str = LOCALHOST,
+    batch_func: BatchFunc | None = None,
+    sep: str = ",",
+    dependents: Sequence[NodeRef] = (),
+    stride: int = CSV_STRIDE_BYTES,
+    *,
+    columns: Sequence[str] | None = None,
+    name: str | None = None,
+) -> dict[str, Any]:
     """Quokka's new_input_csv arguments, as the keywords of Conveyor's form."""
     path = bucket_path(_fspath(bucket), _fspath(key), "new_input_csv")
-    return {"path": path, "names": names, "parallelism": parallelism, "ip": ip, "batch_func": batch_func, "sep": sep,
-            "dependents": dependents, "stride": stride, "columns": columns, "name": name, "s3_here": True}  # fmt: skip
+    return {
+        "path": path,
+        "names": names,
+        "parallelism": parallelism,
+        "ip": ip,
+        "batch_func": batch_func,
+        "sep": sep,
+        "dependents": dependents,
+        "stride": stride,
+        "columns": columns,
+        "name": name,
+        "s3_here": True,
+    }
 
 
 def _fspath(p: object) -> object:
@@ -48,16 +68,27 @@ def _fspath(p: object) -> object:
     return os.fspath(p) if isinstance(p, os.PathLike) else p
 
 
-def _quokka_node(streams: Mapping[Hashable, NodeRef | Dataset], datasets: object, functionObject: ExecutorSource,
-                 ip_to_num_channel: Parallelism, partition_key: Mapping[Hashable, PartitionKey], ckpt_interval: object = None,
-                 *, name: str | None = None) -> tuple[Any, ...]:  # fmt: skip
-    """Quokka's (streams, datasets, functionObject, ip_to_num_channel, partition_key) node form, as
-    Conveyor's arguments. Its `datasets` (handed to the executor's `initialize`) must be None or empty:
-    a Dataset is read as a stream instead (a source of the node, or new_input_from_dataset). A later
-    Quokka's `ckpt_interval` (its checkpoints) is taken and has no use: Spark retries tasks instead."""
+def _quokka_node(
+    streams: Mapping[Hashable, NodeRef | Dataset],
+    datasets: object,
+    functionObject: ExecutorSource,
+    ip_to_num_channel: Parallelism,
+    partition_key: Mapping[Hashable, PartitionKey],
+    ckpt_interval: object = None,
+    *,
+    name: str | None = None,
+) -> tuple[Any, ...]:
+    """Quokka's (streams, datasets, functionObject, ip_to_num_channel, partition_key) node form, as Conveyor's arguments.
+
+    Its `datasets` (handed to the executor's `initialize`) must be None or empty: a Dataset is read
+    as a stream instead (a source of the node, or new_input_from_dataset). A later Quokka's
+    `ckpt_interval` (its checkpoints) is taken and has no use: Spark retries tasks instead.
+    """
     if datasets:
-        raise GraphError("a task node's datasets argument is not supported: give each Dataset as a source stream of the "
-                         "node ({stream id: dataset}), or read it with new_input_from_dataset()")  # fmt: skip
+        raise GraphError(
+            "a task node's datasets argument is not supported: give each Dataset as a source stream of the "
+            "node ({stream id: dataset}), or read it with new_input_from_dataset()"
+        )
     return streams, functionObject, ip_to_num_channel, partition_key, name, LOCALHOST
 
 
@@ -97,21 +128,45 @@ class TaskGraph:
         return Node(self._id, node_id, name)
 
     @overload
-    def new_input_csv(self, path: str | os.PathLike[str], names: Sequence[str | None], parallelism: Parallelism,
-                      batch_func: BatchFunc | None = None, sep: str = ",", dependents: Sequence[NodeRef] = (),
-                      stride: int = CSV_STRIDE_BYTES, *, ip: str = LOCALHOST, columns: Sequence[str] | None = None,
-                      name: str | None = None) -> Node: ...  # fmt: skip
+    def new_input_csv(
+        self,
+        path: str | os.PathLike[str],
+        names: Sequence[str | None],
+        parallelism: Parallelism,
+        batch_func: BatchFunc | None = None,
+        sep: str = ",",
+        dependents: Sequence[NodeRef] = (),
+        stride: int = CSV_STRIDE_BYTES,
+        *,
+        ip: str = LOCALHOST,
+        columns: Sequence[str] | None = None,
+        name: str | None = None,
+    ) -> Node: ...
     @overload
-    def new_input_csv(self, bucket: str, key: str, names: Sequence[str | None], parallelism: Parallelism, ip: str = LOCALHOST,
-                      batch_func: BatchFunc | None = None, sep: str = ",", dependents: Sequence[NodeRef] = (),
-                      stride: int = CSV_STRIDE_BYTES, *, columns: Sequence[str] | None = None,
-                      name: str | None = None) -> Node: ...  # fmt: skip
+    def new_input_csv(
+        self,
+        bucket: str,
+        key: str,
+        names: Sequence[str | None],
+        parallelism: Parallelism,
+        ip: str = LOCALHOST,
+        batch_func: BatchFunc | None = None,
+        sep: str = ",",
+        dependents: Sequence[NodeRef] = (),
+        stride: int = CSV_STRIDE_BYTES,
+        *,
+        columns: Sequence[str] | None = None,
+        name: str | None = None,
+    ) -> Node: ...
     def new_input_csv(self, *args: Any, **kwargs: Any) -> Node:
-        """A CSV input: `(path, names, parallelism, ...)`, a file or directory Conveyor or Spark can
-        read; or Quokka's `(bucket, key, names, parallelism, ip, ...)` (see `bucket_path`). `names`
-        may end with a placeholder (None or "") for the empty field after a trailing delimiter.
-        `columns` keeps only those columns (parsing fewer columns is much faster); `stride` is the
-        bytes per read split; `parallelism` is a count or {machine: channels} (see `placement`)."""
+        """A CSV input: a file or directory Conveyor or Spark can read.
+
+        Arguments `(path, names, parallelism, ...)`; or Quokka's
+        `(bucket, key, names, parallelism, ip, ...)` (see `bucket_path`). `names` may end with a
+        placeholder (None or "") for the empty field after a trailing delimiter. `columns` keeps only
+        those columns (parsing fewer columns is much faster); `stride` is the bytes per read split;
+        `parallelism` is a count or {machine: channels} (see `placement`).
+        """
         # names is a list: a string or path second is Quokka's key
         quokka = "bucket" in kwargs or "key" in kwargs or (len(args) > 1 and isinstance(args[1], (str, os.PathLike)))
         if quokka:
@@ -119,10 +174,21 @@ class TaskGraph:
             args = ()
         return self._input_csv(*args, **kwargs)
 
-    def _input_csv(self, path: str | os.PathLike[str], names: Sequence[str | None], parallelism: Parallelism,
-                   batch_func: BatchFunc | None = None, sep: str = ",", dependents: Sequence[NodeRef] = (),
-                   stride: int = CSV_STRIDE_BYTES, *, ip: str = LOCALHOST, columns: Sequence[str] | None = None,
-                   name: str | None = None, s3_here: bool = False) -> Node:  # fmt: skip
+    def _input_csv(
+        self,
+        path: str | os.PathLike[str],
+        names: Sequence[str | None],
+        parallelism: Parallelism,
+        batch_func: BatchFunc | None = None,
+        sep: str = ",",
+        dependents: Sequence[NodeRef] = (),
+        stride: int = CSV_STRIDE_BYTES,
+        *,
+        ip: str = LOCALHOST,
+        columns: Sequence[str] | None = None,
+        name: str | None = None,
+        s3_here: bool = False,
+    ) -> Node:
         node = self._new_node(name, "csv")
         parallelism = channel_count(parallelism, ip, f"node {node}")
         if not names:
@@ -131,24 +197,58 @@ class TaskGraph:
             raise GraphError(f"node {node}: stride must be an integer >= 1024 bytes, got {stride!r}")
         if len(sep) != 1:
             raise GraphError(f"node {node}: sep must be one character, got {sep!r}")
-        self.specs[node.id] = InputSpec(node, NodeKind.CSV, parallelism, batch_func, tuple(dependents), path=os.fspath(path),
-                                        names=tuple(names), sep=sep, stride=stride, s3_here=s3_here,
-                                        columns=tuple(columns) if columns is not None else None)  # fmt: skip
+        self.specs[node.id] = InputSpec(
+            node,
+            NodeKind.CSV,
+            parallelism,
+            batch_func,
+            tuple(dependents),
+            path=os.fspath(path),
+            names=tuple(names),
+            sep=sep,
+            stride=stride,
+            s3_here=s3_here,
+            columns=tuple(columns) if columns is not None else None,
+        )
         return node
 
-    def new_input_parquet(self, path: str | os.PathLike[str], parallelism: Parallelism, columns: Sequence[str] | None = None,
-                          filters: Any = None, batch_func: BatchFunc | None = None, dependents: Sequence[NodeRef] = (),
-                          *, ip: str = LOCALHOST, name: str | None = None) -> Node:  # fmt: skip
+    def new_input_parquet(
+        self,
+        path: str | os.PathLike[str],
+        parallelism: Parallelism,
+        columns: Sequence[str] | None = None,
+        filters: Any = None,
+        batch_func: BatchFunc | None = None,
+        dependents: Sequence[NodeRef] = (),
+        *,
+        ip: str = LOCALHOST,
+        name: str | None = None,
+    ) -> Node:
         """A Parquet input (a file or directory); `filters` is a pyarrow Expression or DNF tuples."""
         node = self._new_node(name, "parquet")
         parallelism = channel_count(parallelism, ip, f"node {node}")
-        self.specs[node.id] = InputSpec(node, NodeKind.PARQUET, parallelism, batch_func, tuple(dependents), path=os.fspath(path),
-                                        columns=tuple(columns) if columns is not None else None, filters=filters)  # fmt: skip
+        self.specs[node.id] = InputSpec(
+            node,
+            NodeKind.PARQUET,
+            parallelism,
+            batch_func,
+            tuple(dependents),
+            path=os.fspath(path),
+            columns=tuple(columns) if columns is not None else None,
+            filters=filters,
+        )
         return node
 
-    def new_input_dataset(self, dataset: Dataset, parallelism: Parallelism, batch_func: BatchFunc | None = None,
-                          dependents: Sequence[NodeRef] = (), *, ip: str = LOCALHOST,
-                          name: str | None = None) -> Node:  # fmt: skip
+    def new_input_dataset(
+        self,
+        dataset: Dataset,
+        parallelism: Parallelism,
+        batch_func: BatchFunc | None = None,
+        dependents: Sequence[NodeRef] = (),
+        *,
+        ip: str = LOCALHOST,
+        name: str | None = None,
+    ) -> Node:
         """The batches of a Dataset an earlier graph made, as a stream of this graph."""
         node = self._new_node(name, "dataset")
         parallelism = channel_count(parallelism, ip, f"node {node}")
@@ -160,17 +260,31 @@ class TaskGraph:
     # Quokka's names for it: new_input_from_dataset, add_input_dataset, and new_input_redis (its Dataset reader)
     new_input_from_dataset = add_input_dataset = new_input_dataset
 
-    def new_input_redis(self, dataset: Dataset, ip_to_num_channel: Parallelism, policy: str = "default",
-                        batch_func: BatchFunc | None = None, dependents: Sequence[NodeRef] = (), *,
-                        name: str | None = None) -> Node:  # fmt: skip
+    def new_input_redis(
+        self,
+        dataset: Dataset,
+        ip_to_num_channel: Parallelism,
+        policy: str = "default",
+        batch_func: BatchFunc | None = None,
+        dependents: Sequence[NodeRef] = (),
+        *,
+        name: str | None = None,
+    ) -> Node:
         """Quokka's reader of a Dataset (its objects were in Redis): `new_input_dataset` by another name."""
         if policy != "default":
             raise GraphError(f"new_input_redis: policy must be 'default' (the only one Quokka had), got {policy!r}")
         return self.new_input_dataset(dataset, ip_to_num_channel, batch_func, dependents, name=name)
 
-    def _task(self, sources: Mapping[Hashable, NodeRef | Dataset], executor: ExecutorSource, parallelism: Parallelism,
-              partition_key: Mapping[Hashable, PartitionKey], blocking: bool, name: str | None,
-              ip: str = LOCALHOST) -> TaskSpec:  # fmt: skip
+    def _task(
+        self,
+        sources: Mapping[Hashable, NodeRef | Dataset],
+        executor: ExecutorSource,
+        parallelism: Parallelism,
+        partition_key: Mapping[Hashable, PartitionKey],
+        blocking: bool,
+        name: str | None,
+        ip: str = LOCALHOST,
+    ) -> TaskSpec:
         before = set(self.specs)
         try:
             return self._checked_task(sources, executor, parallelism, partition_key, blocking, name, ip)
@@ -179,9 +293,16 @@ class TaskGraph:
                 del self.specs[nid]
             raise
 
-    def _checked_task(self, sources: Mapping[Hashable, NodeRef | Dataset], executor: ExecutorSource,
-                      parallelism: Parallelism, partition_key: Mapping[Hashable, PartitionKey], blocking: bool,
-                      name: str | None, ip: str) -> TaskSpec:  # fmt: skip
+    def _checked_task(
+        self,
+        sources: Mapping[Hashable, NodeRef | Dataset],
+        executor: ExecutorSource,
+        parallelism: Parallelism,
+        partition_key: Mapping[Hashable, PartitionKey],
+        blocking: bool,
+        name: str | None,
+        ip: str,
+    ) -> TaskSpec:
         refs: dict[Hashable, NodeRef] = {}
         if isinstance(sources, Mapping):  # a Dataset as a source: read by an input node of its own (made first: ids)
             refs = {k: self._dataset_input(v, k) if isinstance(v, Dataset) else v for k, v in sources.items()}
@@ -194,21 +315,28 @@ class TaskGraph:
         if set(sources) != set(partition_key):
             only_s = ", ".join(sorted(map(repr, set(sources) - set(partition_key)))) or "none"
             only_k = ", ".join(sorted(map(repr, set(partition_key) - set(sources)))) or "none"
-            raise GraphError(f"node {node}: sources and partition_key must have the same stream ids: "
-                             f"streams without a key: {only_s}; keys without a stream: {only_k}")  # fmt: skip
+            raise GraphError(
+                f"node {node}: sources and partition_key must have the same stream ids: "
+                f"streams without a key: {only_s}; keys without a stream: {only_k}"
+            )
         for stream, key in partition_key.items():
             if key is not None and not isinstance(key, str) and not callable(key):
-                raise GraphError(f"node {node}: partition key of stream {stream!r} must be None, a column name or a "
-                                 f"callable, got {type(key).__name__}")  # fmt: skip
+                raise GraphError(
+                    f"node {node}: partition key of stream {stream!r} must be None, a column name or a "
+                    f"callable, got {type(key).__name__}"
+                )
         if not (isinstance(executor, Executor) or callable(executor)):
-            raise GraphError(f"node {node}: executor must be an Executor, an Executor class or a factory, "
-                             f"got {type(executor).__name__}")  # fmt: skip
+            raise GraphError(
+                f"node {node}: executor must be an Executor, an Executor class or a factory, got {type(executor).__name__}"
+            )
         for stream, ref in refs.items():
             if isinstance(ref, Node) and ref.graph != self._id:
                 raise GraphError(f"node {node}: source {ref} of stream {stream!r} is a node of another graph")
         if getattr(executor, "batch_format", "arrow") not in ("arrow", "pandas"):
-            raise GraphError(f"node {node}: the executor's batch_format must be 'arrow' or 'pandas', "
-                             f"got {getattr(executor, 'batch_format', None)!r}")  # fmt: skip
+            raise GraphError(
+                f"node {node}: the executor's batch_format must be 'arrow' or 'pandas', "
+                f"got {getattr(executor, 'batch_format', None)!r}"
+            )
         spec = TaskSpec(node, refs, executor, parallelism, dict(partition_key), blocking)
         self.specs[node.id] = spec
         return spec
@@ -216,20 +344,32 @@ class TaskGraph:
     def _dataset_input(self, dataset: Dataset, stream: Hashable) -> Node:
         """The input node that reads a Dataset given as a task node's source, one channel per Dataset channel."""
         if not dataset.materialized:
-            raise GraphError(f"stream {stream!r}: {dataset.unreadable_reason()} (a Dataset is read by a graph after "
-                             "the one that makes it)")  # fmt: skip
+            raise GraphError(
+                f"stream {stream!r}: {dataset.unreadable_reason()} (a Dataset is read by a graph after the one that makes it)"
+            )
         return self.new_input_dataset(dataset, dataset.n_channels)
 
-    def new_task_node(self, sources: Mapping[Hashable, NodeRef | Dataset], functionObject: ExecutorSource,
-                      parallelism: Parallelism, partition_key: Mapping[Hashable, PartitionKey], ip: str = LOCALHOST, *,
-                      name: str | None = None) -> Node:  # fmt: skip
-        """Quokka's task node: `new_non_blocking_node` with its argument names and `ip`. As in Quokka,
-        one that no node reads is an output node: it runs (its executors' effects happen) and its
-        output is dropped, where a `new_non_blocking_node` nobody reads is an error."""
+    def new_task_node(
+        self,
+        sources: Mapping[Hashable, NodeRef | Dataset],
+        functionObject: ExecutorSource,
+        parallelism: Parallelism,
+        partition_key: Mapping[Hashable, PartitionKey],
+        ip: str = LOCALHOST,
+        *,
+        name: str | None = None,
+    ) -> Node:
+        """Quokka's task node: `new_non_blocking_node` with its argument names and `ip`.
+
+        As in Quokka, one that no node reads is an output node: it runs (its executors' effects
+        happen) and its output is dropped, where a `new_non_blocking_node` nobody reads is an error.
+        """
         if functionObject is None or isinstance(functionObject, list | tuple):
-            raise GraphError("new_task_node takes (sources, functionObject, parallelism, partition_key, ip); Quokka's "
-                             "(streams, datasets, functionObject, ip_to_num_channel, partition_key) form is "
-                             "new_non_blocking_node's or new_blocking_node's")  # fmt: skip
+            raise GraphError(
+                "new_task_node takes (sources, functionObject, parallelism, partition_key, ip); Quokka's "
+                "(streams, datasets, functionObject, ip_to_num_channel, partition_key) form is "
+                "new_non_blocking_node's or new_blocking_node's"
+            )
         spec = self._task(sources, functionObject, parallelism, partition_key, False, name, ip)
         self._quokka_tasks.add(spec.node.id)
         return spec.node
@@ -248,15 +388,20 @@ class TaskGraph:
             spec.output = Dataset(spec.node.name, spec.parallelism) if unread else None
 
     def new_non_blocking_node(self, *args: Any, **kwargs: Any) -> Node:
-        """A task node whose output is a stream other task nodes can consume: `(sources, executor,
-        parallelism, partition_key, *, name=None)`, or Quokka's `(streams, datasets, functionObject,
-        ip_to_num_channel, partition_key)`. A source may be a node or a materialised Dataset."""
+        """A task node whose output is a stream other task nodes can consume.
+
+        Arguments `(sources, executor, parallelism, partition_key, *, name=None)`, or Quokka's
+        `(streams, datasets, functionObject, ip_to_num_channel, partition_key)`. A source may be a
+        node or a materialised Dataset.
+        """
         sources, executor, parallelism, partition_key, name, ip = _node_args(args, kwargs)
         return self._task(sources, executor, parallelism, partition_key, False, name, ip).node
 
     def new_blocking_node(self, *args: Any, **kwargs: Any) -> Dataset:
-        """A task node whose output is materialised as a Dataset when the graph runs; its arguments
-        as `new_non_blocking_node`'s."""
+        """A task node whose output is materialised as a Dataset when the graph runs.
+
+        Its arguments as `new_non_blocking_node`'s.
+        """
         sources, executor, parallelism, partition_key, name, ip = _node_args(args, kwargs)
         spec = self._task(sources, executor, parallelism, partition_key, True, name, ip)
         spec.output = Dataset(spec.node.name, spec.parallelism)
@@ -287,10 +432,13 @@ _QUOKKA_ONLY = frozenset({"streams", "datasets", "functionObject", "ip_to_num_ch
 
 
 def _node_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """(sources, executor, parallelism, partition_key, name, ip) of a task node, from Conveyor's form
-    `(sources, executor, parallelism, partition_key, *, name, ip)` or Quokka's five-argument one
-    (five positional arguments or more, a keyword only Quokka's form has, or a second argument that
-    is None or a list: Quokka's `datasets`, where Conveyor's form has the executor)."""
+    """(sources, executor, parallelism, partition_key, name, ip) of a task node, from either form.
+
+    Conveyor's form `(sources, executor, parallelism, partition_key, *, name, ip)` or Quokka's
+    five-argument one (five positional arguments or more, a keyword only Quokka's form has, or a
+    second argument that is None or a list: Quokka's `datasets`, where Conveyor's form has the
+    executor).
+    """
     if (
         len(args) >= 5
         or kwargs.keys() & _QUOKKA_ONLY
@@ -300,7 +448,13 @@ def _node_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]
     return _conveyor_node(*args, **kwargs)
 
 
-def _conveyor_node(sources: Mapping[Hashable, NodeRef | Dataset], executor: ExecutorSource, parallelism: Parallelism,
-                   partition_key: Mapping[Hashable, PartitionKey], *, name: str | None = None,
-                   ip: str = LOCALHOST) -> tuple[Any, ...]:  # fmt: skip
+def _conveyor_node(
+    sources: Mapping[Hashable, NodeRef | Dataset],
+    executor: ExecutorSource,
+    parallelism: Parallelism,
+    partition_key: Mapping[Hashable, PartitionKey],
+    *,
+    name: str | None = None,
+    ip: str = LOCALHOST,
+) -> tuple[Any, ...]:
     return sources, executor, parallelism, partition_key, name, ip

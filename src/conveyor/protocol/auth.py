@@ -33,8 +33,10 @@ def as_key(token: str | bytes | None) -> bytes | None:
 
 
 def load_token(path: str | Path) -> str:
-    """A token from a file (a mounted secret, say): its first non-blank line, stripped. An error
-    names the file, never its content."""
+    """A token from a file (a mounted secret, say): its first non-blank line, stripped.
+
+    An error names the file, never its content.
+    """
     try:
         text = Path(path).read_text(encoding="utf-8-sig")  # -sig: a byte-order mark is not part of the token
     except OSError as e:
@@ -56,10 +58,20 @@ def proof(key: bytes, label: bytes, server_nonce: bytes, client_nonce: bytes) ->
 
 
 def hello(key: bytes | None, nonce: bytes, limits: list[int], idle_s: float) -> dict[str, Any]:
-    """The server's greeting (request id 0): what it accepts in a request (`Limits.as_list`), and
-    after how long it closes a connection that sends nothing."""
-    return {"op": "hello", "id": 0, "version": PROTOCOL_VERSION, "auth": key is not None, "nonce": nonce,
-            "limits": limits, "idle_s": idle_s}  # fmt: skip
+    """The server's greeting (request id 0): what it accepts in a request, and its idle timeout.
+
+    The server's greeting (request id 0): what it accepts in a request (`Limits.as_list`), and after
+    how long it closes a connection that sends nothing.
+    """
+    return {
+        "op": "hello",
+        "id": 0,
+        "version": PROTOCOL_VERSION,
+        "auth": key is not None,
+        "nonce": nonce,
+        "limits": limits,
+        "idle_s": idle_s,
+    }
 
 
 def refusal(message: str) -> dict[str, Any]:
@@ -70,14 +82,17 @@ def refusal(message: str) -> dict[str, Any]:
 def auth_request(greeting: dict[str, Any], key: bytes | None, address: str, rid: int) -> tuple[dict[str, Any], bytes] | None:
     """Check a server's hello; returns the auth request to send and the client nonce, or None when none is due."""
     if greeting.get("op") != "hello" or greeting.get("version") != PROTOCOL_VERSION:
-        raise ProtocolError(f"{address} did not greet as a Conveyor server of protocol version {PROTOCOL_VERSION} "
-                            f"(got {greeting!r:.120})")  # fmt: skip
+        raise ProtocolError(
+            f"{address} did not greet as a Conveyor server of protocol version {PROTOCOL_VERSION} (got {greeting!r:.120})"
+        )
     if greeting.get("error") == ERR_BUSY:
         raise ServerBusyError(f"{address} refused the connection: {greeting.get('message', '')}")
     if not greeting.get("auth"):
         if key is not None:
-            raise AuthError(f"{address} does not require a token, so it cannot prove it knows yours; "
-                            "connect without a token, or give the server the token")  # fmt: skip
+            raise AuthError(
+                f"{address} does not require a token, so it cannot prove it knows yours; "
+                "connect without a token, or give the server the token"
+            )
         return None
     if key is None:
         raise AuthError(f"{address} requires a token: pass token=... (or --token / CONVEYOR_TOKEN)")
@@ -111,8 +126,10 @@ def check_server_proof(reply: dict[str, Any], key: bytes, server_nonce: bytes, c
 
 
 def is_loopback(host: str) -> bool:
-    """Whether every address `host` names is a loopback address: for an address this process binds
-    or connects to. It resolves names, so never for a name a peer sent (a Host header, say)."""
+    """Whether every address `host` names is a loopback address: for an address this process binds or connects to.
+
+    It resolves names, so never for a name a peer sent (a Host header, say).
+    """
     try:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:

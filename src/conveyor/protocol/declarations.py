@@ -116,8 +116,11 @@ class Operation:
         object.__setattr__(self, "fields", {f.name: f for f in self.request})
 
     def header(self, **values: Any) -> dict[str, Any]:
-        """A request's header fields from Python values; values left out or equal to the
-        default are not sent (the server applies the same default)."""
+        """A request's header fields from Python values, defaults left out.
+
+        A request's header fields from Python values; values left out or equal to the default are
+        not sent (the server applies the same default).
+        """
         out: dict[str, Any] = {}
         for name, v in values.items():
             f = self.fields[name]  # KeyError: a field this operation does not declare
@@ -195,47 +198,117 @@ _LIMIT = Field("limit", Kind.INT, 1000, lo=1, hi=MAX_BATCH)
 _FETCHED = ("queue", "lease_s", *MESSAGE_COLUMNS)
 
 PING = Operation("ping", (), ("pong", "time", "version"), "Is the server there; its time and protocol version.")
-DECLARE = Operation("declare", (_QUEUE, Field("durable", Kind.BOOL, None), _LEASE,
-                                Field("max_attempts", Kind.INT, None, lo=1, hi=0xFFFF), Field("fsync", Kind.STR, None)),
-                    ("info",), "Create a queue, or check that it exists with these settings.")  # fmt: skip
+DECLARE = Operation(
+    "declare",
+    (
+        _QUEUE,
+        Field("durable", Kind.BOOL, None),
+        _LEASE,
+        Field("max_attempts", Kind.INT, None, lo=1, hi=0xFFFF),
+        Field("fsync", Kind.STR, None),
+    ),
+    ("info",),
+    "Create a queue, or check that it exists with these settings.",
+)
 QUEUES = Operation("queues", (), ("queues", "unavailable"), "Every queue's settings.")
-PUT = Operation("put", (_QUEUE, Field("n", Kind.INT), Field("priority", Kind.COLUMN, 0, COL_PRIORITY),
-                        Field("not_before", Kind.COLUMN, 0.0, COL_NOT_BEFORE),
-                        Field("max_attempts", Kind.COLUMN, 0, COL_MAX_ATTEMPTS), Field("headers", Kind.COLUMN, {}, COL_HEADERS)),
-                ("first", "n", "ids"), "Append messages (payloads as frames); their ids.")  # fmt: skip
-GET = Operation("get", (_QUEUE, Field("n", Kind.INT, 1, hi=MAX_BATCH), _LEASE, Field("wait_s", Kind.NUM, 0.0, hi=MAX_WAIT_S),
-                        Field("tie", Kind.BOOL, False)),
-                (*_FETCHED, "left", "woken"), "Lease up to n messages, waiting up to wait_s for some; with tie (a "
-                                              "consumer's get), the leases also end when the connection is closed by "
-                                              "its peer, and a wake ends the wait (`woken`).")  # fmt: skip
-ACK = Operation("ack", (_QUEUE, _IDS, Field("none", Kind.IDS, None)), ("ok",),
-                "Finish messages, with results as frames (`none`: the positions without one).")  # fmt: skip
-NACK = Operation("nack", (_QUEUE, _IDS, Field("errors", Kind.STRS, None), Field("delay_s", Kind.COLUMN, 0.0),
-                          Field("final", Kind.BOOL, False)), ("ok",),
-                 "Give messages back after a delay, or to the dead letters.")  # fmt: skip
+PUT = Operation(
+    "put",
+    (
+        _QUEUE,
+        Field("n", Kind.INT),
+        Field("priority", Kind.COLUMN, 0, COL_PRIORITY),
+        Field("not_before", Kind.COLUMN, 0.0, COL_NOT_BEFORE),
+        Field("max_attempts", Kind.COLUMN, 0, COL_MAX_ATTEMPTS),
+        Field("headers", Kind.COLUMN, {}, COL_HEADERS),
+    ),
+    ("first", "n", "ids"),
+    "Append messages (payloads as frames); their ids.",
+)
+GET = Operation(
+    "get",
+    (
+        _QUEUE,
+        Field("n", Kind.INT, 1, hi=MAX_BATCH),
+        _LEASE,
+        Field("wait_s", Kind.NUM, 0.0, hi=MAX_WAIT_S),
+        Field("tie", Kind.BOOL, False),
+    ),
+    (*_FETCHED, "left", "woken"),
+    "Lease up to n messages, waiting up to wait_s for some; with tie (a "
+    "consumer's get), the leases also end when the connection is closed by "
+    "its peer, and a wake ends the wait (`woken`).",
+)
+ACK = Operation(
+    "ack",
+    (_QUEUE, _IDS, Field("none", Kind.IDS, None)),
+    ("ok",),
+    "Finish messages, with results as frames (`none`: the positions without one).",
+)
+NACK = Operation(
+    "nack",
+    (_QUEUE, _IDS, Field("errors", Kind.STRS, None), Field("delay_s", Kind.COLUMN, 0.0), Field("final", Kind.BOOL, False)),
+    ("ok",),
+    "Give messages back after a delay, or to the dead letters.",
+)
 RELEASE = Operation("release", (_QUEUE, _IDS), ("ok",), "Give back messages never started.")
 RESULT = Operation("result", (_QUEUE, _IDS), ("found",), "The stored results of ids (as many as fit in a reply).")
 STATUS = Operation("status", (_QUEUE, _IDS), ("status",), "Where each message is.")
 REPORT = Operation("report", (Field("worker", Kind.STR), Field("counts", Kind.COUNTS, {})), (), "A consumer's counts.")
-EXTEND_LEASE = Operation("extend_lease", (_QUEUE, _IDS, Field("lease_s", Kind.NUM, open_lo=True, hi=MAX_LEASE_S)), ("ok",),
-                         "Push the leases of delivered messages to now + lease_s.")  # fmt: skip
-STATS = Operation("stats", (Field("queue", Kind.STR, None), Field("queues", Kind.NAMES, None),
-                            Field("drained_wait_s", Kind.NUM, 0.0, hi=MAX_WAIT_S)), ("queues", "unavailable", "workers"),
-                  "Counts and rates of queues; with drained_wait_s, once they have nothing pending.")  # fmt: skip
+EXTEND_LEASE = Operation(
+    "extend_lease",
+    (_QUEUE, _IDS, Field("lease_s", Kind.NUM, open_lo=True, hi=MAX_LEASE_S)),
+    ("ok",),
+    "Push the leases of delivered messages to now + lease_s.",
+)
+STATS = Operation(
+    "stats",
+    (Field("queue", Kind.STR, None), Field("queues", Kind.NAMES, None), Field("drained_wait_s", Kind.NUM, 0.0, hi=MAX_WAIT_S)),
+    ("queues", "unavailable", "workers"),
+    "Counts and rates of queues; with drained_wait_s, once they have nothing pending.",
+)
 PURGE = Operation("purge", (_QUEUE,), ("n",), "Drop every READY and delayed message.")
 DROP = Operation("drop", (_QUEUE,), ("dropped",), "Remove a queue and everything it holds.")
 RESULTS = Operation("results", (_QUEUE, _AFTER, _LIMIT), ("ids",), "A page of stored results in id order.")
-DEAD_LETTERS = Operation("dead_letters", (_QUEUE, _AFTER, _LIMIT), (*_FETCHED, "errors", "failed_at"),
-                         "A page of dead letters in id order.")  # fmt: skip
+DEAD_LETTERS = Operation(
+    "dead_letters", (_QUEUE, _AFTER, _LIMIT), (*_FETCHED, "errors", "failed_at"), "A page of dead letters in id order."
+)
 FORGET = Operation("forget", (_QUEUE, _IDS), ("n",), "Drop stored results and dead letters of ids.")
 BYE = Operation("bye", (), ("ok",), "This connection closes on purpose: leases it took with tie keep their time.")
-WAKE = Operation("wake", (Field("queues", Kind.NAMES),), ("n",),
-                 "Answer the consumers' gets (with tie) waiting on these queues now, empty: they look again (at a "
-                 "stop, say).")  # fmt: skip
+WAKE = Operation(
+    "wake",
+    (Field("queues", Kind.NAMES),),
+    ("n",),
+    "Answer the consumers' gets (with tie) waiting on these queues now, empty: they look again (at a stop, say).",
+)
 PUT_BLOB = Operation("put_blob", (), ("key",), "Store one frame under its sha256.")
 GET_BLOB = Operation("get_blob", (Field("key", Kind.STR),), ("found",), "The bytes stored under a key.")
 FORGET_BLOBS = Operation("forget_blobs", (Field("keys", Kind.NAMES),), ("n",), "Remove blobs.")
 
-OPERATIONS: dict[str, Operation] = {op.name: op for op in (
-    PING, DECLARE, QUEUES, PUT, GET, ACK, NACK, RELEASE, RESULT, STATUS, REPORT, EXTEND_LEASE, STATS, PURGE, DROP, RESULTS,
-    DEAD_LETTERS, FORGET, PUT_BLOB, GET_BLOB, FORGET_BLOBS, BYE, WAKE)}  # fmt: skip
+OPERATIONS: dict[str, Operation] = {
+    op.name: op
+    for op in (
+        PING,
+        DECLARE,
+        QUEUES,
+        PUT,
+        GET,
+        ACK,
+        NACK,
+        RELEASE,
+        RESULT,
+        STATUS,
+        REPORT,
+        EXTEND_LEASE,
+        STATS,
+        PURGE,
+        DROP,
+        RESULTS,
+        DEAD_LETTERS,
+        FORGET,
+        PUT_BLOB,
+        GET_BLOB,
+        FORGET_BLOBS,
+        BYE,
+        WAKE,
+    )
+}

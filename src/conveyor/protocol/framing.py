@@ -73,9 +73,12 @@ class Limits:
         return min(self.max_frame_bytes, self.max_message_bytes)
 
     def reply_bytes(self) -> int:
-        """Bytes a reply to this side may carry, counting each message's header fields with its
+        """Bytes a reply to this side may carry: a page within every limit of the side.
+
+        Bytes a reply to this side may carry, counting each message's header fields with its
         payload (`Store._sizes`): a page of at most PAGE_BYTES, within every limit of the side. Only
-        an item bigger than that alone can break a limit (a reply holds at least one item)."""
+        an item bigger than that alone can break a limit (a reply holds at least one item).
+        """
         return min(PAGE_BYTES, self.max_message_bytes, self.max_frame_bytes, self.header_room())
 
     def header_room(self) -> int:
@@ -83,16 +86,22 @@ class Limits:
         return max(self.max_header_bytes // 2, self.max_header_bytes - REQUEST_SLACK_BYTES)
 
     def pieces(self, frames: Sequence[int], headers: Sequence[int], what: str = "item") -> list[range]:
-        """Split a request's items (each one payload frame of `frames[i]` bytes and about `headers[i]`
+        """Split a request's items into runs that each fit these limits.
+
+        Split a request's items (each one payload frame of `frames[i]` bytes and about `headers[i]`
         bytes of header fields) into runs that each fit these limits. ValueError for an item that
-        fits in no request, naming it (`what` and its index) and its size."""
+        fits in no request, naming it (`what` and its index) and its size.
+        """
         out: list[range] = []
         start, size, head = 0, 0, 0
         room = self.header_room()
         for i, (f, h) in enumerate(zip(frames, headers, strict=True)):
             if f > self.max_frame_bytes or h > room:
-                why = f"{f:,} bytes, over the server's limit of {self.max_frame_bytes:,} per frame" \
-                    if f > self.max_frame_bytes else f"about {h:,} bytes of headers, over the limit of {room:,}"  # fmt: skip
+                why = (
+                    f"{f:,} bytes, over the server's limit of {self.max_frame_bytes:,} per frame"
+                    if f > self.max_frame_bytes
+                    else f"about {h:,} bytes of headers, over the limit of {room:,}"
+                )
                 raise ValueError(f"{what} {i} does not fit in a request: {why}")
             if i > start and (size + f > self.max_message_bytes or head + h > room or i - start >= self.max_frames):
                 out.append(range(start, i))
@@ -146,8 +155,7 @@ def parser(
         big = max(lens)
         if big > limits.max_frame_bytes:
             raise ProtocolError(f"a payload frame of {big:,} bytes exceeds the limit of {limits.max_frame_bytes:,}", rid)
-        raise ProtocolError(f"payload frames of {total:,} bytes in all exceed the limit of "
-                            f"{limits.max_message_bytes:,}", rid)  # fmt: skip
+        raise ProtocolError(f"payload frames of {total:,} bytes in all exceed the limit of {limits.max_message_bytes:,}", rid)
     if not lens:
         return header, []
     body = yield total
@@ -185,8 +193,13 @@ def decode_header(raw: Body, request: bool) -> Header:
     return header
 
 
-async def read(reader: asyncio.StreamReader, limits: Limits, request: bool, started: Callable[[], None] | None = None,
-               admit: Callable[[int], Awaitable[None] | None] | None = None) -> tuple[Header, Frames]:  # fmt: skip
+async def read(
+    reader: asyncio.StreamReader,
+    limits: Limits,
+    request: bool,
+    started: Callable[[], None] | None = None,
+    admit: Callable[[int], Awaitable[None] | None] | None = None,
+) -> tuple[Header, Frames]:
     """Read one frame set from a stream; raises EOFError at a clean end of stream.
 
     `started` is called once its first bytes are in (a server times how long the rest takes);

@@ -16,8 +16,11 @@ from conveyor.constants import COUNT_TASK_SECONDS_LE, COUNT_TASK_SECONDS_SUM, TA
 
 
 class Histogram:
-    """Counts per bucket (a value goes to the first upper bound it does not exceed; the last bucket,
-    +Inf, takes the rest) and the sum of the values."""
+    """Counts per bucket and the sum of the values.
+
+    Counts per bucket (a value goes to the first upper bound it does not exceed; the last bucket,
+    +Inf, takes the rest) and the sum of the values.
+    """
 
     __slots__ = ("bounds", "counts", "sum")
 
@@ -53,8 +56,11 @@ class Histogram:
 
     @classmethod
     def from_counts(cls, counts: Mapping[str, float | str], bounds: Sequence[float] = TASK_SECONDS_BUCKETS) -> Histogram | None:
-        """The histogram a report carries, with these bounds (None: it has none, or not these: a
-        report cannot make label values of its own)."""
+        """The histogram a report carries, with these bounds (None: it has none, or not these).
+
+        The histogram a report carries, with these bounds (None: it has none, or not these: a report
+        cannot make label values of its own).
+        """
         keys = [f"{COUNT_TASK_SECONDS_LE}{_le(b)}" for b in bounds] + [f"{COUNT_TASK_SECONDS_LE}inf"]
         values = [counts.get(k) for k in keys]
         total = counts.get(COUNT_TASK_SECONDS_SUM)

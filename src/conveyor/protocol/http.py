@@ -1,11 +1,13 @@
-"""Serving an aiohttp application on the same terms as the queue protocol (the metrics endpoint, the
+"""Serving an aiohttp application on the same terms as the queue protocol.
+
+Serving an aiohttp application on the same terms as the queue protocol (the metrics endpoint, the
 dashboard): a TLS handshake ends within HANDSHAKE_S; at most MAX_HTTP_CONNECTIONS connections are
 served at once (one more is closed once it is set up, rather than held: over TLS, after its
-handshake; a burst accepted together may pass the mark by up to the listen backlog); an idle one
-is closed after KEEPALIVE_S; a stop waits at most SHUTDOWN_S for the requests under way, then as
-long again once it has asked them to end (aiohttp's way), then cancels them: a wrong token's answer
-held back by the throttle holds a stop up for 2 x SHUTDOWN_S; a request whose client went away is
-dropped at once.
+handshake; a burst accepted together may pass the mark by up to the listen backlog); an idle one is
+closed after KEEPALIVE_S; a stop waits at most SHUTDOWN_S for the requests under way, then as long
+again once it has asked them to end (aiohttp's way), then cancels them: a wrong token's answer held
+back by the throttle holds a stop up for 2 x SHUTDOWN_S; a request whose client went away is dropped
+at once.
 
 aiohttp is imported where used: a process that never serves HTTP does not pay for it.
 """
@@ -53,12 +55,23 @@ async def serve_app(app: web.Application, host: str, port: int, tls: ssl.SSLCont
                 return _Refused() if len(server.connections) >= MAX_HTTP_CONNECTIONS else server()
 
             self._server = await asyncio.get_running_loop().create_server(
-                protocol, self._host, self._port, ssl=self._ssl_context, backlog=self._backlog,
-                ssl_handshake_timeout=None if self._ssl_context is None else HANDSHAKE_S)  # fmt: skip
+                protocol,
+                self._host,
+                self._port,
+                ssl=self._ssl_context,
+                backlog=self._backlog,
+                ssl_handshake_timeout=None if self._ssl_context is None else HANDSHAKE_S,
+            )
             self._bound_port = self._server.sockets[0].getsockname()[1]
 
-    runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_S,
-                           keepalive_timeout=KEEPALIVE_S, handler_cancellation=True)  # fmt: skip
+    runner = web.AppRunner(
+        app,
+        access_log=None,
+        handle_signals=False,
+        shutdown_timeout=SHUTDOWN_S,
+        keepalive_timeout=KEEPALIVE_S,
+        handler_cancellation=True,
+    )
     await runner.setup()
     site = Site(runner, host, port, ssl_context=tls)
     try:

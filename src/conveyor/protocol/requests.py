@@ -118,8 +118,14 @@ def ping() -> Call[Header]:
     return Call(PING.name, {})
 
 
-def declare(queue: str, *, durable: bool | None = None, lease_s: float | None = None,
-            max_attempts: int | None = None, fsync: str | None = None) -> Call[QueueInfo]:  # fmt: skip
+def declare(
+    queue: str,
+    *,
+    durable: bool | None = None,
+    lease_s: float | None = None,
+    max_attempts: int | None = None,
+    fsync: str | None = None,
+) -> Call[QueueInfo]:
     """Create a queue, or check that it exists with these settings (None: the server's default)."""
     args = DECLARE.header(queue=queue, durable=durable, lease_s=lease_s, max_attempts=max_attempts, fsync=fsync)
     return Call(DECLARE.name, args, parse=lambda h, f: QueueInfo(**h["info"]))
@@ -148,8 +154,11 @@ def put(queue: str, messages: Sequence[Message]) -> Call[list[int]]:
 
 
 def puts(queue: str, messages: Sequence[Message], limits: Limits) -> list[Call[list[int]]]:
-    """`put` as as many requests as it takes to fit a server's limits (ValueError for a message that
-    fits in none); the ids are the replies' ids, in order."""
+    """`put` as as many requests as it takes to fit a server's limits.
+
+    `put` as as many requests as it takes to fit a server's limits (ValueError for a message that
+    fits in none); the ids are the replies' ids, in order.
+    """
     whole = put(queue, messages)
     if _fits(whole, limits):
         return [whole]
@@ -161,8 +170,12 @@ def puts(queue: str, messages: Sequence[Message], limits: Limits) -> list[Call[l
 def _fits(c: Call[Any], limits: Limits) -> bool:
     """Whether a request fits a server's limits as it is: the usual case, found at C speed."""
     f = c.frames
-    return (len(f) <= limits.max_frames and (not f or max(map(len, f)) <= limits.max_frame_bytes)
-            and sum(map(len, f)) <= limits.max_message_bytes and len(_packb(c.args)) <= limits.header_room())  # fmt: skip
+    return (
+        len(f) <= limits.max_frames
+        and (not f or max(map(len, f)) <= limits.max_frame_bytes)
+        and sum(map(len, f)) <= limits.max_message_bytes
+        and len(_packb(c.args)) <= limits.header_room()
+    )
 
 
 def _put_ids(h: Header, frames: Frames) -> list[int]:
@@ -178,14 +191,19 @@ def _messages(h: Header, frames: Frames, id_base: int = 0) -> list[Message]:
     n = len(frames)
     q, lease = h["queue"], h["lease_s"]
     cols = [expand(h[k], n, k) for k in MESSAGE_COLUMNS]
-    return [make_message(id_base + i, q, p, pr, a, at, nb, lease, ma, hd)
-            for i, p, pr, a, at, nb, ma, hd in zip(cols[0], frames, *cols[1:], strict=True)]  # fmt: skip
+    return [
+        make_message(id_base + i, q, p, pr, a, at, nb, lease, ma, hd)
+        for i, p, pr, a, at, nb, ma, hd in zip(cols[0], frames, *cols[1:], strict=True)
+    ]
 
 
 class Fetched(list[Message]):
-    """The messages a get delivered, how many READY ones its queue had left on that server (`left`;
-    None from a server that does not tell), and whether a `wake` ended its wait (`woken`: the
-    caller should not wait on, on this server or another)."""
+    """The messages a get delivered, how many READY ones were left, and whether a `wake` ended it.
+
+    The messages a get delivered, how many READY ones its queue had left on that server (`left`;
+    None from a server that does not tell), and whether a `wake` ended its wait (`woken`: the caller
+    should not wait on, on this server or another).
+    """
 
     left: int | None = None
     woken: bool = False
@@ -198,18 +216,24 @@ def _fetched(h: Header, frames: Frames, id_base: int) -> Fetched:
     return out
 
 
-def get(queue: str, n: int, *, lease_s: float | None = None, wait_s: float = 0.0, id_base: int = 0,
-        tie: bool = False) -> Call[Fetched]:  # fmt: skip
-    """Lease up to n messages; with `wait_s`, wait that long for some to arrive (long poll). With
-    `tie` (a consumer's get), the leases also end when this connection closes (the process holding
-    them died), and a `wake` of the queue ends the wait."""
+def get(
+    queue: str, n: int, *, lease_s: float | None = None, wait_s: float = 0.0, id_base: int = 0, tie: bool = False
+) -> Call[Fetched]:
+    """Lease up to n messages; with `wait_s`, wait that long for some to arrive (long poll).
+
+    With `tie` (a consumer's get), the leases also end when this connection closes (the process
+    holding them died), and a `wake` of the queue ends the wait.
+    """
     args = GET.header(queue=queue, n=n, lease_s=lease_s, wait_s=wait_s, tie=tie)
     return Call(GET.name, args, parse=lambda h, f: _fetched(h, f, id_base), wait_s=max(0.0, wait_s), ties=tie)
 
 
 def acks(queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None, limits: Limits) -> list[Call[list[bool]]]:
-    """`ack` as as many requests as it takes to fit a server's limits (ValueError for a result that
-    fits in none); the replies' lists, joined, are the acks' outcomes in order."""
+    """`ack` as as many requests as it takes to fit a server's limits.
+
+    `ack` as as many requests as it takes to fit a server's limits (ValueError for a result that
+    fits in none); the replies' lists, joined, are the acks' outcomes in order.
+    """
     whole = ack(queue, ids, results)
     if results is None or _fits(whole, limits):
         return [whole]
@@ -229,17 +253,26 @@ def ack(queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None =
     return Call(ACK.name, ACK.header(queue=queue, ids=list(ids), none=none), frames, parse=_ok)
 
 
-def nack(queue: str, ids: Sequence[int], errors: Sequence[str] | None = None,
-         delay_s: float | Sequence[float] = 0.0, final: bool = False) -> Call[list[bool]]:  # fmt: skip
-    """Give messages back (READY after the delay, per message or for all) or to the dead letters
-    (when out of attempts, or at once with `final`)."""
+def nack(
+    queue: str,
+    ids: Sequence[int],
+    errors: Sequence[str] | None = None,
+    delay_s: float | Sequence[float] = 0.0,
+    final: bool = False,
+) -> Call[list[bool]]:
+    """Give messages back (READY after the delay) or to the dead letters.
+
+    Give messages back (READY after the delay, per message or for all) or to the dead letters (when
+    out of attempts, or at once with `final`).
+    """
     delay = delay_s if isinstance(delay_s, (int, float)) else list(delay_s)
     args = NACK.header(queue=queue, ids=list(ids), errors=None if errors is None else list(errors), delay_s=delay, final=final)
     return Call(NACK.name, args, parse=_ok)
 
 
-def nacks(queue: str, ids: Sequence[int], errors: Sequence[str] | None, delay_s: float | Sequence[float],
-          final: bool, limits: Limits) -> list[Call[list[bool]]]:  # fmt: skip
+def nacks(
+    queue: str, ids: Sequence[int], errors: Sequence[str] | None, delay_s: float | Sequence[float], final: bool, limits: Limits
+) -> list[Call[list[bool]]]:
     """`nack` as as many requests as it takes to fit a server's limits (errors travel in the header)."""
     whole = nack(queue, ids, errors, delay_s, final)
     if errors is None or _fits(whole, limits):
@@ -304,16 +337,18 @@ def extend_lease(queue: str, ids: Sequence[int], lease_s: float) -> Call[list[bo
     return Call(EXTEND_LEASE.name, EXTEND_LEASE.header(queue=queue, ids=list(ids), lease_s=lease_s), parse=_ok)
 
 
-def stats(queue: str | None = None, *, queues: Sequence[str] | None = None,
-          drained_wait_s: float = 0.0) -> Call[dict[str, QueueStats]]:  # fmt: skip
+def stats(
+    queue: str | None = None, *, queues: Sequence[str] | None = None, drained_wait_s: float = 0.0
+) -> Call[dict[str, QueueStats]]:
     """Counts and rates of one queue, of those of `queues` on the server, or of every queue.
 
     With `drained_wait_s`, the server answers once those queues have nothing pending (or after
     that long).
     """
     args = STATS.header(queue=queue, queues=None if queues is None else list(queues), drained_wait_s=max(drained_wait_s, 0.0))
-    return Call(STATS.name, args, parse=lambda h, f: {q: QueueStats(q, **s) for q, s in h["queues"].items()},
-                wait_s=drained_wait_s)  # fmt: skip
+    return Call(
+        STATS.name, args, parse=lambda h, f: {q: QueueStats(q, **s) for q, s in h["queues"].items()}, wait_s=drained_wait_s
+    )
 
 
 def server_stats() -> Call[ServerStats]:
@@ -366,10 +401,13 @@ def bye() -> Call[bool]:
 
 
 def wake(queues: Sequence[str]) -> Call[int]:
-    """End the long polls of the consumers' gets (with `tie`) waiting on `queues` now (they answer
-    with nothing; a plain get waits its `wait_s` out); returns how many of those queues the server
-    has. A pool stopping its consumers sends it after the signal, so that a consumer idle in a long
-    poll stops at once, not when its poll ends."""
+    """End the long polls of the consumers' gets waiting on `queues` now.
+
+    End the long polls of the consumers' gets (with `tie`) waiting on `queues` now (they answer with
+    nothing; a plain get waits its `wait_s` out); returns how many of those queues the server has. A
+    pool stopping its consumers sends it after the signal, so that a consumer idle in a long poll
+    stops at once, not when its poll ends.
+    """
     return Call(WAKE.name, WAKE.header(queues=list(queues)), parse=lambda h, f: h["n"])
 
 

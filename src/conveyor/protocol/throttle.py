@@ -1,6 +1,8 @@
-"""Failed token checks, slowed per source address: the one rule for every place a token is checked
-(the queue protocol's handshake; the dashboard's login, session cookie and Bearer header; the
-metrics endpoint's Bearer header).
+"""Failed token checks, slowed per source address, wherever a token is checked.
+
+Failed token checks, slowed per source address: the one rule for every place a token is checked (the
+queue protocol's handshake; the dashboard's login, session cookie and Bearer header; the metrics
+endpoint's Bearer header).
 
 `Throttle.check(peer, attempt)` runs `attempt` (a quick comparison with the token) for a peer and
 says whether it passed. Two rules slow a guesser; neither slows a client that knows the token:
@@ -53,8 +55,11 @@ _MAX_DOUBLINGS = 32  # past THROTTLE_MAX_PACE_S long before: keeps the power of 
 
 
 def source_of(peer: str | None) -> str:
-    """The source a peer's failures count against: its IP address; an IPv6 one's /64 network (an
-    IPv4-mapped one as IPv4); anything that is not an IP address as itself."""
+    """The source a peer's failures count against: its IP address, or an IPv6 one's /64 network.
+
+    The source a peer's failures count against: its IP address; an IPv6 one's /64 network (an
+    IPv4-mapped one as IPv4); anything that is not an IP address as itself.
+    """
     if not peer:
         return "?"
     try:
@@ -134,8 +139,10 @@ class _Source:
 
 
 class Throttle:
-    """Failed token checks of one server (all its ways in), slowed per source address: see the
-    module's docstring. Used from one event loop."""
+    """Failed token checks of one server (all its ways in), slowed per source address: see the module's docstring.
+
+    Used from one event loop.
+    """
 
     def __init__(self, rule: Rule | None = None) -> None:
         self.rule = rule or Rule()
@@ -146,9 +153,12 @@ class Throttle:
         return len(self._sources)
 
     async def check(self, peer: str | None, attempt: Callable[[], bool]) -> bool:
-        """Whether `attempt` (a token check for `peer`, an IP address) passed: run at once while
-        `peer`'s address has tries left, else in its turn; a failure returns only when its answer
-        is due."""
+        """Whether `attempt` (a token check for `peer`, an IP address) passed.
+
+        Whether `attempt` (a token check for `peer`, an IP address) passed: run at once while
+        `peer`'s address has tries left, else in its turn; a failure returns only when its answer is
+        due.
+        """
         key = source_of(peer)
         source = self._sources.get(key)
         if source is not None and (source.queued() or source.left(time.monotonic()) < 1):

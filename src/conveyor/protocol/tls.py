@@ -79,9 +79,15 @@ class ClientTLS:
     key: bytes | None = field(default=None, repr=False)  # never in a repr (a log line, a traceback)
 
     @classmethod
-    def make(cls, tls: bool | ClientTLS | None = None, *, ca: str | Path | None = None,
-             fingerprint: str | Sequence[str] | None = None, cert: str | Path | None = None,
-             key: str | Path | None = None) -> ClientTLS | None:  # fmt: skip
+    def make(
+        cls,
+        tls: bool | ClientTLS | None = None,
+        *,
+        ca: str | Path | None = None,
+        fingerprint: str | Sequence[str] | None = None,
+        cert: str | Path | None = None,
+        key: str | Path | None = None,
+    ) -> ClientTLS | None:
         """From the options of `QueuePool.connect`: None (plain TCP) unless one of them asks for TLS."""
         if isinstance(tls, ClientTLS):
             return tls
@@ -94,10 +100,12 @@ class ClientTLS:
         if (cert is None) != (key is None):
             raise ValueError("a client certificate needs both cert= and key=")
         fps = () if fingerprint is None else (fingerprint,) if isinstance(fingerprint, str) else tuple(fingerprint)
-        return cls(fingerprints=tuple(normal_fingerprint(f) for f in fps),
-                   cadata=None if ca is None else _read(ca, "CA file").decode(),
-                   cert=None if cert is None else _read(cert, "client certificate"),
-                   key=None if key is None else _read(key, "client key"))  # fmt: skip
+        return cls(
+            fingerprints=tuple(normal_fingerprint(f) for f in fps),
+            cadata=None if ca is None else _read(ca, "CA file").decode(),
+            cert=None if cert is None else _read(cert, "client certificate"),
+            key=None if key is None else _read(key, "client key"),
+        )
 
     def context(self) -> ssl.SSLContext:
         """The client's SSL context (made once per ClientTLS and process: it loads CAs and keys)."""
@@ -118,8 +126,11 @@ class ClientTLS:
         return ctx
 
     def wrap(self, sock: socket.socket, host: str, address: str) -> ssl.SSLSocket:
-        """The TLS handshake on a new connection to `address`. A refused certificate (AuthError) or a
-        peer that does not speak TLS (ProtocolError) is not retried: trying again would not change it."""
+        """The TLS handshake on a new connection to `address`.
+
+        A refused certificate (AuthError) or a peer that does not speak TLS (ProtocolError) is not
+        retried: trying again would not change it.
+        """
         try:
             tls = self.context().wrap_socket(sock, server_hostname=host)
         except (ssl.SSLEOFError, ssl.SSLZeroReturnError):  # the peer went away mid-handshake (restarting?): retried
@@ -127,27 +138,38 @@ class ClientTLS:
             raise
         except ssl.SSLCertVerificationError as e:
             sock.close()
-            raise AuthError(f"{address}: its TLS certificate was refused ({e.verify_message or e}): trust the CA that "
-                            "signed it (ca=, --tls-ca) or pin it (fingerprint=, --tls-fingerprint)") from None  # fmt: skip
+            raise AuthError(
+                f"{address}: its TLS certificate was refused ({e.verify_message or e}): trust the CA that "
+                "signed it (ca=, --tls-ca) or pin it (fingerprint=, --tls-fingerprint)"
+            ) from None
         except ssl.SSLError as e:
             sock.close()
-            raise ProtocolError(f"{address}: the TLS handshake failed ({e.reason or e}): is it a TLS server "
-                                "(conveyor serve --tls-cert ...), and does it accept this client?") from None  # fmt: skip
+            raise ProtocolError(
+                f"{address}: the TLS handshake failed ({e.reason or e}): is it a TLS server "
+                "(conveyor serve --tls-cert ...), and does it accept this client?"
+            ) from None
         der = tls.getpeercert(binary_form=True)
         got = "" if der is None else fingerprint(der)
         if self.fingerprints and not any(hmac.compare_digest(got, f) for f in self.fingerprints):
             tls.close()
-            raise AuthError(f"{address}: its TLS certificate (sha256 {got or 'none'}) is not the one pinned "
-                            f"({', '.join(self.fingerprints)}): not the server you meant, or one on the path")  # fmt: skip
+            raise AuthError(
+                f"{address}: its TLS certificate (sha256 {got or 'none'}) is not the one pinned "
+                f"({', '.join(self.fingerprints)}): not the server you meant, or one on the path"
+            )
         return tls
 
 
 def refused_after_handshake(e: ssl.SSLError, address: str) -> ConveyorError:
-    """An SSL error while reading a server's greeting: its alert refusing this client's certificate
-    (TLS 1.3 says so only after the handshake), or a broken connection."""
+    """The ConveyorError for an SSL error while reading a server's greeting.
+
+    An SSL error while reading a server's greeting: its alert refusing this client's certificate
+    (TLS 1.3 says so only after the handshake), or a broken connection.
+    """
     if "ALERT" in str(e.reason):
-        return AuthError(f"{address}: the server refused this client's TLS certificate ({e.reason}): give cert= and "
-                         "key= of one a CA it trusts (its --tls-ca) signed")  # fmt: skip
+        return AuthError(
+            f"{address}: the server refused this client's TLS certificate ({e.reason}): give cert= and "
+            "key= of one a CA it trusts (its --tls-ca) signed"
+        )
     return ConnectionLostError(f"{address}: TLS error ({e.reason or e})")
 
 
@@ -186,8 +208,9 @@ def server_context(cert: str | Path, key: str | Path, ca: str | Path | None = No
             ctx.load_verify_locations(cafile=str(ca))
             ctx.verify_mode = ssl.CERT_REQUIRED
     except (OSError, ssl.SSLError) as e:
-        raise ConveyorError(f"cannot load the TLS certificate {cert} and key {key}"
-                            f"{'' if ca is None else f' (or the CA file {ca})'}: {e}") from None  # fmt: skip
+        raise ConveyorError(
+            f"cannot load the TLS certificate {cert} and key {key}{'' if ca is None else f' (or the CA file {ca})'}: {e}"
+        ) from None
     return ctx
 
 
@@ -197,8 +220,11 @@ def cert_fingerprint(cert: str | Path) -> str:
 
 
 def self_signed(directory: str | Path, hosts: Sequence[str], days: int = CERT_DAYS) -> tuple[Path, Path, str]:
-    """Write a new self-signed certificate for `hosts` (names or addresses) and its key (mode 0600)
-    into `directory`; returns (cert path, key path, fingerprint)."""
+    """Write a new self-signed certificate for `hosts` and its key into `directory`.
+
+    Write a new self-signed certificate for `hosts` (names or addresses) and its key (mode 0600)
+    into `directory`; returns (cert path, key path, fingerprint).
+    """
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -213,10 +239,16 @@ def self_signed(directory: str | Path, hosts: Sequence[str], days: int = CERT_DA
             names.append(x509.DNSName(h))
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, (list(hosts) or ["conveyor"])[0][:64])])
     now = datetime.datetime.now(datetime.timezone.utc)
-    builder = (x509.CertificateBuilder().subject_name(subject).issuer_name(subject).public_key(key.public_key())
-               .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
-               .not_valid_after(now + datetime.timedelta(days=days))
-               .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True))  # fmt: skip
+    builder = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+    )
     if names:
         builder = builder.add_extension(x509.SubjectAlternativeName(names), critical=False)
     cert = builder.sign(key, hashes.SHA256())
@@ -227,6 +259,5 @@ def self_signed(directory: str | Path, hosts: Sequence[str], days: int = CERT_DA
     fd = os.open(key_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     os.fchmod(fd, 0o600)  # an existing file keeps its mode through O_CREAT: make it private
     with os.fdopen(fd, "wb") as f:
-        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                  serialization.NoEncryption()))  # fmt: skip
+        f.write(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
     return cert_path, key_path, fingerprint(cert.public_bytes(serialization.Encoding.DER))

@@ -139,9 +139,12 @@ class Share:
         return self.held + n <= CONNECTION_FREE_BYTES or b.used + self.held + n - max(self.held, CONNECTION_FREE_BYTES) <= b.limit
 
     def admit(self, n: int) -> Awaitable[None] | None:
-        """Let in a request of n bytes (its header and frames): None if they fit now (a request's
+        """Let in a request of n bytes: None if they fit now, else what to await until they do.
+
+        Let in a request of n bytes (its header and frames): None if they fit now (a request's
         usual case, which costs no coroutine), else what to await until they do. `hold` hands
-        them on."""
+        them on.
+        """
         if self.held + n <= CONNECTION_FREE_BYTES:  # the usual case: `take` without a call
             self.held += n
         elif self.fits(n):
@@ -199,11 +202,14 @@ HOLD: contextvars.ContextVar[Hold | None] = contextvars.ContextVar("conveyor_hol
 
 
 def reply_room(n: int) -> Awaitable[None] | None:
-    """None if there is room for a reply of up to n bytes (at most the whole budget) beside what
+    """What to await for room for a reply of up to n bytes; None if there is room now.
+
+    None if there is room for a reply of up to n bytes (at most the whole budget) beside what
     the running request holds, which counts as part of it; else what to await until there is,
     holding nothing meanwhile: what the request holds is given back first, so that no wait for room
     holds any. The room is looked at, not taken: a handler makes its reply in the same step of the
-    event loop, and `Connection.send` counts it before anything else runs."""
+    event loop, and `Connection.send` counts it before anything else runs.
+    """
     hold = HOLD.get()
     if hold is None:
         return None

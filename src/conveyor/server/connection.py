@@ -43,9 +43,12 @@ async def linger(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
 
 
 async def unless_gone(reader: asyncio.StreamReader, waiting: Awaitable[T]) -> T | None:
-    """What `waiting` returns; or None, `waiting` cancelled, once the peer closes or sends anything
+    """What `waiting` returns, unless the peer closes or sends anything first (then None).
+
+    What `waiting` returns; or None, `waiting` cancelled, once the peer closes or sends anything
     first: for an answer the peer must wait for before it sends more (its token's, held back by the
-    throttle), so that a peer gone holds nothing here."""
+    throttle), so that a peer gone holds nothing here.
+    """
     work, gone = asyncio.ensure_future(waiting), asyncio.ensure_future(reader.read(1))
     try:
         await asyncio.wait((work, gone), return_when=asyncio.FIRST_COMPLETED)
@@ -112,8 +115,11 @@ class Connection:
 
 
 def finished(conn: Connection, slots: asyncio.Semaphore, hold: Hold, task: asyncio.Task[None]) -> None:
-    """A request's task ended: it no longer counts against its connection's requests in flight, nor
-    holds any of the memory budget (a task cancelled before it started never ran to give it back)."""
+    """Let a request's task go from its connection's count and the memory budget once it ends.
+
+    A request's task ended: it no longer counts against its connection's requests in flight, nor
+    holds any of the memory budget (a task cancelled before it started never ran to give it back).
+    """
     conn.tasks.discard(task)
     slots.release()
     if hold.n:

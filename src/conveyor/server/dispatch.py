@@ -1,4 +1,6 @@
-"""One request, from its task's start to its reply: its handler, whatever that raises as an error
+"""One request, from its task's start to its reply.
+
+One request, from its task's start to its reply: its handler, whatever that raises as an error
 reply, and the memory it holds on the way.
 
 A request's failure is its own: the reply says what went wrong (a store error, a bad argument, an

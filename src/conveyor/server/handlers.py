@@ -74,8 +74,9 @@ async def put(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     return reply, []
 
 
-def _put_once(q: HostedQueue, frames: Frames, cols: tuple[Any, Any, Any], hdr: list[dict[str, str]],
-              keys: list[str | None]) -> list[int]:  # fmt: skip
+def _put_once(
+    q: HostedQueue, frames: Frames, cols: tuple[Any, Any, Any], hdr: list[dict[str, str]], keys: list[str | None]
+) -> list[int]:
     """Put the messages whose idempotency key is new; every message gets the id stored under its key.
 
     The keys are written before their messages, with the ids the store reserved for them (durably:
@@ -115,15 +116,21 @@ def _put_once(q: HostedQueue, frames: Frames, cols: tuple[Any, Any, Any], hdr: l
 
 
 def _stored_under(q: HostedQueue, key: str) -> int | None:
-    """The id of the message stored under `key`; None if none is (or its id holds no message:
-    its put failed or was cut short by a crash, or it was purged)."""
+    """The id of the message stored under `key`, or None.
+
+    The id of the message stored under `key`; None if none is (or its id holds no message:
+    its put failed or was cut short by a crash, or it was purged).
+    """
     i = q.dedupe.get(key)
     return i if i and q.store.status(i) is not None else None
 
 
 def _columns(ids: list[int], *cols: list[Any]) -> dict[str, Any]:
-    """A batch's message columns as a reply carries them (`MESSAGE_COLUMNS`: ids, then one value
-    for all or a list of one per message)."""
+    """A batch's message columns as a reply carries them.
+
+    A batch's message columns as a reply carries them (`MESSAGE_COLUMNS`: ids, then one value
+    for all or a list of one per message).
+    """
     return {COL_IDS: ids, **{k: column(c) for k, c in zip(MESSAGE_COLUMNS[1:], cols, strict=True)}}
 
 
@@ -150,8 +157,9 @@ async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
         host.touch(q)  # it may have let go of its files while the get waited: they are open again
     if len(got) == 1:
         try:
-            check_fits(f"message {got.ids[0]}", len(got.payloads[0]), headers_bytes(got.headers[0]), lim,
-                       "; the message stays queued")  # fmt: skip
+            check_fits(
+                f"message {got.ids[0]}", len(got.payloads[0]), headers_bytes(got.headers[0]), lim, "; the message stays queued"
+            )
         except RequestError:
             q.store.release_many(got.ids)
             raise
@@ -249,9 +257,11 @@ async def extend_lease(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
 
 
 async def stats(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
-    """Counts of one queue (`queue`), of the named ones here (`queues`: names not here are left
-    out) or of all. With `drained_wait_s`, the answer waits up to that long for those queues to have
-    nothing pending: a join learns of the end at once instead of polling for it."""
+    """Counts of one queue (`queue`), of the named ones here (`queues`: names not here are left out) or of all.
+
+    With `drained_wait_s`, the answer waits up to that long for those queues to have nothing
+    pending: a join learns of the end at once instead of polling for it.
+    """
     name = a["queue"]
     names = a["queues"]
     wait = a["drained_wait_s"]
@@ -264,8 +274,7 @@ async def stats(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     if wait > 0:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
-        while not all(q.dropped or q.store.drained() for q in qs) and (left := deadline - loop.time()) > 0 \
-                and not host.closing:  # fmt: skip
+        while not all(q.dropped or q.store.drained() for q in qs) and (left := deadline - loop.time()) > 0 and not host.closing:
             await host.settled.wait(left)
     out = {}
     for q in (q for q in qs if not q.dropped):
@@ -324,13 +333,16 @@ async def dead_letters(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     dls = q.store.dead_letters(after, min(limit, lim.max_frames), lim.reply_bytes())
     if len(dls) == 1:
         d = dls[0]
-        check_fits(f"dead letter {d.message.id}", len(d.message.payload), headers_bytes(d.message.headers)
-                   + len(d.error.encode()), lim)  # fmt: skip
+        check_fits(
+            f"dead letter {d.message.id}", len(d.message.payload), headers_bytes(d.message.headers) + len(d.error.encode()), lim
+        )
     ms = [d.message for d in dls]
     fields = ("priority", "attempts", "enqueued_at", "not_before", "max_attempts", "headers")
     cols = _columns([m.id for m in ms], *([getattr(m, f) for m in ms] for f in fields))
-    return ({"queue": q.info.name, "lease_s": 0.0, **cols, "errors": [d.error for d in dls],
-             "failed_at": [d.failed_at for d in dls]}, [m.payload for m in ms])  # fmt: skip
+    return (
+        {"queue": q.info.name, "lease_s": 0.0, **cols, "errors": [d.error for d in dls], "failed_at": [d.failed_at for d in dls]},
+        [m.payload for m in ms],
+    )
 
 
 async def forget(host: QueueHost, a: Arguments, frames: Frames) -> Reply:

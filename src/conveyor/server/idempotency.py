@@ -60,9 +60,15 @@ class Dedupe:
         if damaged:
             aside = keep_aside(f)
             torn = damaged == [(damaged[0][0], len(data) - damaged[0][0])]
-            log.warning("%s: %s skipped (offset, bytes: %s); %d keys kept; original kept as %s. A retried put "
-                        "with a lost key is stored again", f, "a torn tail" if torn else "damaged records",
-                        damaged[:10], len(self._ids), aside.name)  # fmt: skip
+            log.warning(
+                "%s: %s skipped (offset, bytes: %s); %d keys kept; original kept as %s. A retried put "
+                "with a lost key is stored again",
+                f,
+                "a torn tail" if torn else "damaged records",
+                damaged[:10],
+                len(self._ids),
+                aside.name,
+            )
         if records > 2 * max(len(self._ids), 1024) or damaged:
             self._rewrite(f)  # mostly superseded or evicted keys, or damage: start clean
         with open(f, "ab") as fh:  # made if missing; opened for appends when a key comes (see `_out`)
@@ -81,8 +87,11 @@ class Dedupe:
         return self._ids.get(key)
 
     def add(self, pairs: list[tuple[str, int]]) -> None:
-        """Remember keys of messages about to be stored (written to the OS now, durable at the next
-        `sync`); all or none (a full disk raises DiskFullError and remembers none)."""
+        """Remember keys of messages about to be stored, all or none.
+
+        Remember keys of messages about to be stored (written to the OS now, durable at the next
+        `sync`); all or none (a full disk raises DiskFullError and remembers none).
+        """
         if self.path is not None and pairs:
             data = b"".join(_record(k, i) for k, i in pairs)
             with self._lock:

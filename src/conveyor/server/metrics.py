@@ -1,4 +1,6 @@
-"""A queue server's Prometheus metrics (`conveyor serve --metrics-port`): what they are, read from
+"""A queue server's Prometheus metrics and the HTTP endpoint that serves them.
+
+A queue server's Prometheus metrics (`conveyor serve --metrics-port`): what they are, read from
 the server's own state at each scrape, and the HTTP endpoint that serves them.
 
 The endpoint runs on the server's event loop (aiohttp), so a scrape reads the queues between two
@@ -56,9 +58,12 @@ class RequestTimes:
 
 
 class ServerCollector:
-    """The metric families of one server, built afresh at each scrape from `host()` (None: not
+    """The metric families of one server, built afresh at each scrape.
+
+    The metric families of one server, built afresh at each scrape from `host()` (None: not
     started), its request times, `connections()` (how many clients are connected) and its memory
-    budget."""
+    budget.
+    """
 
     def __init__(
         self, host: Callable[[], QueueHost | None], times: RequestTimes, connections: Callable[[], int], memory: MemoryBudget
@@ -75,9 +80,11 @@ class ServerCollector:
         if host is None:
             return
         yield from _queues(host)
-        requests = HistogramMetricFamily("conveyor_request_duration_seconds",
-                                         "Time a request took in the server, from read to reply (a get's wait included).",
-                                         labels=["op"])  # fmt: skip
+        requests = HistogramMetricFamily(
+            "conveyor_request_duration_seconds",
+            "Time a request took in the server, from read to reply (a get's wait included).",
+            labels=["op"],
+        )
         for op, h in sorted(self._times.by_op.items()):
             requests.add_metric([op], h.cumulative(), h.sum)
         yield requests
@@ -102,11 +109,15 @@ class ServerCollector:
 def _queues(host: QueueHost) -> Iterable[Metric]:
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-    messages = GaugeMetricFamily("conveyor_queue_messages", "Messages by state (acked: finished; failed: ended as dead "
-                                 "letters; both counted after their results or dead letters are forgotten or requeued).",
-                                 labels=["queue", "state"])  # fmt: skip
-    disk = GaugeMetricFamily("conveyor_queue_disk_bytes", "Bytes the queue's files take (0 for a transient queue).",
-                             labels=["queue"])  # fmt: skip
+    messages = GaugeMetricFamily(
+        "conveyor_queue_messages",
+        "Messages by state (acked: finished; failed: ended as dead "
+        "letters; both counted after their results or dead letters are forgotten or requeued).",
+        labels=["queue", "state"],
+    )
+    disk = GaugeMetricFamily(
+        "conveyor_queue_disk_bytes", "Bytes the queue's files take (0 for a transient queue).", labels=["queue"]
+    )
     totals = [(f, CounterMetricFamily(f"conveyor_queue_{f}", doc, labels=["queue"])) for f, doc in QUEUE_TOTALS]
     consumers = GaugeMetricFamily("conveyor_queue_consumers", "Live consumers that report serving the queue.", labels=["queue"])
     # per queue hosted here, not per consumer and queue: a report naming queues without end adds no series
@@ -115,8 +126,13 @@ def _queues(host: QueueHost) -> Iterable[Metric]:
         if q.dropped:
             continue
         s = q.store.stats()
-        for state, n in (("ready", s.ready), ("delivered", s.delivered), ("delayed", s.delayed), ("acked", s.acked),
-                         ("failed", s.failed)):  # fmt: skip
+        for state, n in (
+            ("ready", s.ready),
+            ("delivered", s.delivered),
+            ("delayed", s.delayed),
+            ("acked", s.acked),
+            ("failed", s.failed),
+        ):
             messages.add_metric([name, state], n)
         disk.add_metric([name], s.bytes_on_disk)
         consumers.add_metric([name], serving[name])
@@ -127,8 +143,11 @@ def _queues(host: QueueHost) -> Iterable[Metric]:
     yield consumers
     for _, family in totals:
         yield family
-    yield GaugeMetricFamily("conveyor_queues_unavailable", "Queues whose store could not be opened (see the server's log).",
-                            value=len(host.unavailable))  # fmt: skip
+    yield GaugeMetricFamily(
+        "conveyor_queues_unavailable",
+        "Queues whose store could not be opened (see the server's log).",
+        value=len(host.unavailable),
+    )
 
 
 def _consumers(host: QueueHost) -> Iterable[Metric]:
@@ -138,10 +157,12 @@ def _consumers(host: QueueHost) -> Iterable[Metric]:
     labels = ["consumer", "host"]
     totals = [(f, CounterMetricFamily(f"conveyor_consumer_{f}", doc, labels=labels)) for f, doc in CONSUMER_TOTALS]
     running = GaugeMetricFamily("conveyor_consumer_running", "Tasks the consumer is running or holds.", labels=labels)
-    seen = GaugeMetricFamily("conveyor_consumer_last_report_age_seconds", "Seconds since the consumer's last report.",
-                             labels=labels)  # fmt: skip
-    runtimes = HistogramMetricFamily("conveyor_consumer_task_duration_seconds", "How long the consumer's tasks ran.",
-                                     labels=labels)  # fmt: skip
+    seen = GaugeMetricFamily(
+        "conveyor_consumer_last_report_age_seconds", "Seconds since the consumer's last report.", labels=labels
+    )
+    runtimes = HistogramMetricFamily(
+        "conveyor_consumer_task_duration_seconds", "How long the consumer's tasks ran.", labels=labels
+    )
     for name, counts in sorted(host.workers().items()):
         at = [name, str(counts.get(COUNT_HOST, ""))]
         for f, family in totals:
@@ -161,10 +182,13 @@ def _number(v: object) -> float:
     return float(v) if isinstance(v, (int, float)) else 0.0
 
 
-async def start_endpoint(collector: ServerCollector, host: str, port: int, key: bytes | None,
-                         tls: ssl.SSLContext | None, throttle: Throttle) -> tuple[web.AppRunner, int]:  # fmt: skip
+async def start_endpoint(
+    collector: ServerCollector, host: str, port: int, key: bytes | None, tls: ssl.SSLContext | None, throttle: Throttle
+) -> tuple[web.AppRunner, int]:
     """Serve `collector` at METRICS_PATH on host:port (0: a free port); (the runner to clean up, the port).
-    With `key`, a scrape must send `Authorization: Bearer <token>`; `throttle` slows wrong ones."""
+
+    With `key`, a scrape must send `Authorization: Bearer <token>`; `throttle` slows wrong ones.
+    """
     from aiohttp import web
     from prometheus_client.exposition import choose_encoder
     from prometheus_client.registry import CollectorRegistry
@@ -175,8 +199,11 @@ async def start_endpoint(collector: ServerCollector, host: str, port: int, key: 
     async def metrics(request: web.Request) -> web.Response:
         given = request.headers.get("Authorization", "")  # none is no guess: refused at once
         if key is not None and not (given and await throttle.check(request.remote, lambda: bearer_ok(given, key))):
-            return web.Response(status=401, text="a token is required: send 'Authorization: Bearer <token>'\n",
-                                headers={"WWW-Authenticate": 'Bearer realm="conveyor"'})  # fmt: skip
+            return web.Response(
+                status=401,
+                text="a token is required: send 'Authorization: Bearer <token>'\n",
+                headers={"WWW-Authenticate": 'Bearer realm="conveyor"'},
+            )
         encoder, content_type = choose_encoder(request.headers.get("Accept", ""))
         return web.Response(body=encoder(registry), headers={"Content-Type": content_type})
 

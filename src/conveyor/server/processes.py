@@ -16,8 +16,15 @@ from conveyor.errors import ConveyorError
 SERVER_START_TIMEOUT_S = 30.0
 
 
-def spawn_server(data_dir: str | Path | None, port: int = 0, *, host: str = "127.0.0.1", token: str | None = None,
-                 args: Sequence[str] = (), stderr: Any = None) -> tuple[subprocess.Popen[bytes], str]:  # fmt: skip
+def spawn_server(
+    data_dir: str | Path | None,
+    port: int = 0,
+    *,
+    host: str = "127.0.0.1",
+    token: str | None = None,
+    args: Sequence[str] = (),
+    stderr: Any = None,
+) -> tuple[subprocess.Popen[bytes], str]:
     """Start `conveyor serve` on `host` in a child process; returns it and its address once it listens.
 
     The server logs to `stderr` (default: this process's stderr). It stops when this process ends,
@@ -29,8 +36,15 @@ def spawn_server(data_dir: str | Path | None, port: int = 0, *, host: str = "127
     return listening(start_server(data_dir, port, host=host, token=token, args=args, stderr=stderr))
 
 
-def start_server(data_dir: str | Path | None, port: int = 0, *, host: str = "127.0.0.1", token: str | None = None,
-                 args: Sequence[str] = (), stderr: Any = None) -> subprocess.Popen[bytes]:  # fmt: skip
+def start_server(
+    data_dir: str | Path | None,
+    port: int = 0,
+    *,
+    host: str = "127.0.0.1",
+    token: str | None = None,
+    args: Sequence[str] = (),
+    stderr: Any = None,
+) -> subprocess.Popen[bytes]:
     """`spawn_server` without waiting: several servers start at once, then `listening` waits for each."""
     cmd = [sys.executable, "-m", "conveyor", "serve", "--host", host, "--port", str(port), "--stop-with-parent", *args]
     if data_dir is not None:
@@ -53,8 +67,11 @@ def listening(proc: subprocess.Popen[bytes]) -> tuple[subprocess.Popen[bytes], s
             proc.kill()
             stop_server(proc)  # reaps it and closes its stdin
             proc.stdout.close()
-            why = f"did not start within {SERVER_START_TIMEOUT_S:.0f} s" if chunk is None else \
-                f"exited with code {proc.returncode} before listening (see its errors above)"  # fmt: skip
+            why = (
+                f"did not start within {SERVER_START_TIMEOUT_S:.0f} s"
+                if chunk is None
+                else f"exited with code {proc.returncode} before listening (see its errors above)"
+            )
             raise ConveyorError(f"queue server {why}: {' '.join(cast('list[str]', proc.args))}")
         line += chunk
     proc.stdout.close()  # the rest is not read: the server does not wait for it to be

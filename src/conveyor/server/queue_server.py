@@ -68,38 +68,63 @@ class QueueServer:
     the server has stopped.
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = DEFAULT_PORT, *, data_dir: str | Path | None = None,
-                 token: str | bytes | None = None, insecure: bool = False, tls: ssl.SSLContext | None = None,
-                 limits: Limits | None = None,
-                 defaults: Defaults | None = None, repair: bool = False, sweep_interval_s: float = 0.5,
-                 max_in_flight: int = DEFAULT_MAX_IN_FLIGHT, temporary: bool = False,
-                 max_connections: int | None = None, idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
-                 request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S, metrics_port: int | None = None,
-                 memory_budget: int = DEFAULT_MEMORY_BUDGET_BYTES) -> None:  # fmt: skip
-        """max_connections: more are refused with a clear error (None: as many as the descriptor
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        *,
+        data_dir: str | Path | None = None,
+        token: str | bytes | None = None,
+        insecure: bool = False,
+        tls: ssl.SSLContext | None = None,
+        limits: Limits | None = None,
+        defaults: Defaults | None = None,
+        repair: bool = False,
+        sweep_interval_s: float = 0.5,
+        max_in_flight: int = DEFAULT_MAX_IN_FLIGHT,
+        temporary: bool = False,
+        max_connections: int | None = None,
+        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+        metrics_port: int | None = None,
+        memory_budget: int = DEFAULT_MEMORY_BUDGET_BYTES,
+    ) -> None:
+        """A server's settings; it listens once `start` or `run` runs.
+
+        max_connections: more are refused with a clear error (None: as many as the descriptor
         limit leaves room for, at most DEFAULT_MAX_CONNECTIONS). A connection with no request under
         way is closed after `idle_timeout_s` of silence (clients reconnect unseen: the hello says
         when), and one that sent part of a request but not the rest within `request_timeout_s`.
         `metrics_port`: serve Prometheus metrics there too (0: a free port; `metrics_address` tells).
         `memory_budget`: bytes held at once for requests and unsent replies (`conveyor.server.budget`);
-        `limits` are lowered to fit it."""
+        `limits` are lowered to fit it.
+        """
         if temporary and data_dir is None:
             raise ConveyorError("a temporary server needs a data directory (to remove when it stops)")
         if temporary and data_dir is not None and Path(data_dir).is_dir() and any(Path(data_dir).iterdir()):
-            raise ConveyorError(f"a temporary server needs a new or empty data directory: {data_dir} holds files, "
-                                "which it would delete when it stops")  # fmt: skip
+            raise ConveyorError(
+                f"a temporary server needs a new or empty data directory: {data_dir} holds files, "
+                "which it would delete when it stops"
+            )
         self._key = as_key(token)
         self._throttle = Throttle()  # failed tokens, for the protocol and the metrics endpoint alike
         if self._key is None and not insecure and not is_loopback(host):
-            raise ConveyorError(f"refusing to listen on {host} without a token: anyone who can reach it could read and "
-                                "change the queues. Give a token (--token or CONVEYOR_TOKEN), or --insecure "
-                                "to accept that")  # fmt: skip
+            raise ConveyorError(
+                f"refusing to listen on {host} without a token: anyone who can reach it could read and "
+                "change the queues. Give a token (--token or CONVEYOR_TOKEN), or --insecure "
+                "to accept that"
+            )
         if metrics_port is not None and self._key is not None and tls is None and not is_loopback(host):
-            raise ConveyorError(f"refusing to serve metrics on {host} with a token but without TLS: each scrape would "
-                                "send the token in clear over the network. Give --tls-cert and --tls-key")  # fmt: skip
+            raise ConveyorError(
+                f"refusing to serve metrics on {host} with a token but without TLS: each scrape would "
+                "send the token in clear over the network. Give --tls-cert and --tls-key"
+            )
         if tls is None and not is_loopback(host):
-            log.warning("listening on %s without TLS: the traffic can be read and altered by anyone on the network "
-                        "path (the token only proves who connects). Give --tls-cert and --tls-key", host)  # fmt: skip
+            log.warning(
+                "listening on %s without TLS: the traffic can be read and altered by anyone on the network "
+                "path (the token only proves who connects). Give --tls-cert and --tls-key",
+                host,
+            )
         self.tls, self.host, self.port = tls, host, port
         self.data_dir = None if data_dir is None else Path(data_dir)
         self.budget = MemoryBudget(memory_budget)
@@ -144,17 +169,21 @@ class QueueServer:
             self.max_connections = max(1, min(DEFAULT_MAX_CONNECTIONS, fds // 4))
         budget = fds - self.max_connections - RESERVED_FDS - (MAX_HTTP_CONNECTIONS if self.metrics_port is not None else 0)
         if budget < 16:
-            raise ConveyorError(f"a descriptor limit of {fds} (ulimit -n) leaves no room for queues beside "
-                                f"{self.max_connections} connections: raise it, or lower --max-connections")  # fmt: skip
+            raise ConveyorError(
+                f"a descriptor limit of {fds} (ulimit -n) leaves no room for queues beside "
+                f"{self.max_connections} connections: raise it, or lower --max-connections"
+            )
         self.queues = QueueHost(self.data_dir, self.defaults, self.repair, fd_budget=budget)
         try:
             if self.metrics_port is not None:  # first: a failure here leaves no client connected
                 collector = ServerCollector(lambda: self.queues, self.request_times, lambda: len(self._conns), self.budget)
-                self._metrics, self.metrics_port = await start_endpoint(collector, self.host, self.metrics_port,
-                                                                        self._key, self.tls, self._throttle)  # fmt: skip
+                self._metrics, self.metrics_port = await start_endpoint(
+                    collector, self.host, self.metrics_port, self._key, self.tls, self._throttle
+                )
             handshake_s = None if self.tls is None else AUTH_TIMEOUT_S  # unaccounted until done: kept short
-            self._server = await asyncio.start_server(self._serve, self.host, self.port, limit=2**20, ssl=self.tls,
-                                                      ssl_handshake_timeout=handshake_s)  # fmt: skip
+            self._server = await asyncio.start_server(
+                self._serve, self.host, self.port, limit=2**20, ssl=self.tls, ssl_handshake_timeout=handshake_s
+            )
         except BaseException:
             if self._metrics is not None:
                 await self._metrics.cleanup()
@@ -239,8 +268,7 @@ class QueueServer:
         assert self.max_connections is not None
         if len(self._conns) >= self.max_connections:  # refused in words, not by running out of descriptors
             self._complain(f"refused {conn.peer}: {self.max_connections} connections already (--max-connections)")
-            await conn.send(refusal(f"it has {self.max_connections} connections, its limit (--max-connections); "
-                                    "try again later"))  # fmt: skip
+            await conn.send(refusal(f"it has {self.max_connections} connections, its limit (--max-connections); try again later"))
             writer.close()
             return
         self._conns.add(conn)
@@ -326,9 +354,11 @@ class QueueServer:
             log.warning("%s", message)
 
     def _close_silent(self) -> None:
-        """Close connections idle past the idle timeout, and those stuck in the middle of a request,
-        or not reading their replies. A request that waited that long for room in the memory budget
-        is closed only by a sweep that closes nothing else: room may come back from those closed."""
+        """Close connections idle past the idle timeout, and those stuck in the middle of a request, or not reading their replies.
+
+        A request that waited that long for room in the memory budget is closed only by a sweep that
+        closes nothing else: room may come back from those closed.
+        """
         now = time.monotonic()
         waited, closed = [], False
         for c in list(self._conns):
@@ -336,8 +366,11 @@ class QueueServer:
                 if c.share.waiting:
                     waited.append(c)
                     continue
-                log.warning("%s: sent part of a request and not the rest within %g s: closing the connection",
-                            c.peer, self.request_timeout_s)  # fmt: skip
+                log.warning(
+                    "%s: sent part of a request and not the rest within %g s: closing the connection",
+                    c.peer,
+                    self.request_timeout_s,
+                )
             elif c.sending is not None and now - c.sending > self.request_timeout_s:
                 log.warning("%s: read none of its replies for %g s: closing the connection", c.peer, self.request_timeout_s)
             elif c.reading is not None or c.tasks or now - c.active <= self.idle_timeout_s:
@@ -363,8 +396,7 @@ class QueueServer:
             c.reader_task.cancel()
 
     async def _sweep(self) -> None:
-        """Return expired leases to their queues, close silent connections, and sample the counters
-        behind the rates."""
+        """Return expired leases to their queues, close silent connections, and sample the counters behind the rates."""
         assert self.queues is not None
         next_sample = 0.0
         complained: dict[str, float] = {}  # queue -> when its expiry last failed (a full disk fails it often)

@@ -82,9 +82,12 @@ class HostedQueue:
         self.samples.append((now, self.store.totals.put, self.store.totals.acked))
 
     def suspend(self) -> bool:
-        """Let go of the queue's file descriptors but its lock, until it next reads or writes; False
+        """Let go of the queue's file descriptors but its lock, until it next reads or writes.
+
+        Let go of the queue's file descriptors but its lock, until it next reads or writes; False
         (nothing done) while it has writes its fsync policy has yet to sync (closing would sync them
-        on the event loop)."""
+        on the event loop).
+        """
         never = self.info.fsync == "never"  # its writes are left to the OS: nothing to wait for
         if not isinstance(self.store, DurableStore) or (self.dedupe.dirty and not never) or not self.store.suspend():
             return False
@@ -98,8 +101,7 @@ class HostedQueue:
             (t0, p0, a0), (t1, p1, a1) = self.samples[0], self.samples[-1]
             if t1 > t0:
                 put_rate, ack_rate = (p1 - p0) / (t1 - t0), (a1 - a0) / (t1 - t0)
-        return QueueStats(self.info.name, s.ready, s.delivered, s.delayed, s.acked, s.failed, s.bytes_on_disk,
-                          put_rate, ack_rate)  # fmt: skip
+        return QueueStats(self.info.name, s.ready, s.delivered, s.delayed, s.acked, s.failed, s.bytes_on_disk, put_rate, ack_rate)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +118,12 @@ class QueueHost:
     """The named queues of one server, created on first use or by `declare`, reopened on restart."""
 
     def __init__(self, data_dir: Path | None, defaults: Defaults, repair: bool = False, fd_budget: int | None = None) -> None:
-        """fd_budget: descriptors the durable queues may hold in all (None: no limit). Each holds one
-        (its lock) while it exists, and FDS_PER_OPEN_QUEUE more while in use: the least recently used
-        let go of theirs when the rest would not fit, and a durable queue beyond the budget is refused."""
+        """fd_budget: descriptors the durable queues may hold in all (None: no limit).
+
+        Each holds one (its lock) while it exists, and FDS_PER_OPEN_QUEUE more while in use: the
+        least recently used let go of theirs when the rest would not fit, and a durable queue beyond
+        the budget is refused.
+        """
         self.data_dir = data_dir
         self.queue_dir = None if data_dir is None else data_dir / QUEUES_DIR
         self.defaults = defaults
@@ -182,8 +187,15 @@ class QueueHost:
             info = QueueInfo(name, True, float(d.lease_s), int(d.max_attempts), d.fsync)
             aside = keep_aside(conf)
             write_atomically(conf, json.dumps(asdict(info)).encode())
-            log.warning("%s was damaged (%s: %s): queue %r reopened with the server's defaults %s; original kept as %s",
-                        conf, type(e).__name__, e, name, info, aside.name)  # fmt: skip
+            log.warning(
+                "%s was damaged (%s: %s): queue %r reopened with the server's defaults %s; original kept as %s",
+                conf,
+                type(e).__name__,
+                e,
+                name,
+                info,
+                aside.name,
+            )
             return info
 
     def _open(self, info: QueueInfo) -> HostedQueue:
@@ -192,13 +204,22 @@ class QueueHost:
             return HostedQueue(info, transient, None, Dedupe(None))
         assert self.queue_dir is not None and info.fsync is not None
         if self.fd_budget is not None and self._durable + 1 + FDS_PER_OPEN_QUEUE > self.fd_budget:
-            raise StoreError(f"queue {info.name!r}: this server holds {self._durable:,} durable queues, as many as its "
-                             f"descriptor limit allows ({self.fd_budget:,} for queues: ulimit -n less the connections "
-                             "it takes): raise the limit (ulimit -n), lower --max-connections, or drop queues")  # fmt: skip
+            raise StoreError(
+                f"queue {info.name!r}: this server holds {self._durable:,} durable queues, as many as its "
+                f"descriptor limit allows ({self.fd_budget:,} for queues: ulimit -n less the connections "
+                "it takes): raise the limit (ulimit -n), lower --max-connections, or drop queues"
+            )
         path = self.queue_dir / info.name
-        store = DurableStore(path, fsync=cast(FsyncPolicy, info.fsync), queue=info.name,
-                             max_attempts=info.max_attempts, lease_s=info.lease_s, repair=self.repair,
-                             group_commit=True, space=self.space)  # fmt: skip
+        store = DurableStore(
+            path,
+            fsync=cast(FsyncPolicy, info.fsync),
+            queue=info.name,
+            max_attempts=info.max_attempts,
+            lease_s=info.lease_s,
+            repair=self.repair,
+            group_commit=True,
+            space=self.space,
+        )
         try:
             dedupe = Dedupe(path)
             store.keep_ids_past(dedupe.highest)  # keys written before their messages name ids too
@@ -211,8 +232,11 @@ class QueueHost:
         return HostedQueue(info, store, commit, dedupe)
 
     def touch(self, q: HostedQueue) -> None:
-        """`q` is in use: it keeps its files open, and the least recently used queues let go of theirs
-        while all would not fit in the descriptor budget."""
+        """`q` is in use: it keeps its files open.
+
+        `q` is in use: it keeps its files open, and the least recently used queues let go of theirs
+        while all would not fit in the descriptor budget.
+        """
         if self.fd_budget is None or not q.info.durable:
             return
         self._holding[q.info.name] = q
@@ -238,8 +262,14 @@ class QueueHost:
             raise RequestError(ERR_NO_QUEUE, f"no queue named {name!r} on this server")
         return self.declare(name)
 
-    def declare(self, name: str, durable: bool | None = None, lease_s: float | None = None,
-                max_attempts: int | None = None, fsync: str | None = None) -> HostedQueue:  # fmt: skip
+    def declare(
+        self,
+        name: str,
+        durable: bool | None = None,
+        lease_s: float | None = None,
+        max_attempts: int | None = None,
+        fsync: str | None = None,
+    ) -> HostedQueue:
         _check_name(name)
         d = self.defaults
         durable = d.durable if durable is None else durable
@@ -247,9 +277,13 @@ class QueueHost:
             raise RequestError(ERR_BAD_ARGUMENT, f"queue {name!r}: this server has no --data-dir: transient queues only")
         if fsync is not None and fsync not in _FSYNC:
             raise RequestError(ERR_BAD_ARGUMENT, f"queue {name!r}: fsync must be one of {', '.join(_FSYNC)}, got {fsync!r}")
-        info = QueueInfo(name, durable, float(d.lease_s if lease_s is None else lease_s),
-                         int(d.max_attempts if max_attempts is None else max_attempts),
-                         (d.fsync if fsync is None else fsync) if durable else None)  # fmt: skip
+        info = QueueInfo(
+            name,
+            durable,
+            float(d.lease_s if lease_s is None else lease_s),
+            int(d.max_attempts if max_attempts is None else max_attempts),
+            (d.fsync if fsync is None else fsync) if durable else None,
+        )
         q = self.queues.get(name)
         if q is not None:
             asked = {"durable": durable, "lease_s": lease_s, "max_attempts": max_attempts, "fsync": fsync}
@@ -284,8 +318,10 @@ class QueueHost:
         return q
 
     def drop(self, name: str) -> tuple[bool, Path | None]:
-        """Remove a queue with everything in it (messages, results, dead letters, keys). Returns
-        whether there was one, and the directory left to delete (renamed so that it is no queue).
+        """Remove a queue with everything in it (messages, results, dead letters, keys).
+
+        Returns whether there was one, and the directory left to delete (renamed so that it is no
+        queue).
 
         Its ids are never used again here: an ack or lease extension meant for one of its messages
         cannot touch a message of a queue made later under the same name.
@@ -351,8 +387,10 @@ class QueueHost:
 
 def _check_name(name: str) -> None:
     if type(name) is not str or not _QUEUE_NAME.fullmatch(name):
-        raise RequestError(ERR_BAD_ARGUMENT, f"bad queue name {name!r:.80}: use 1-128 letters, digits, '_', '.' or '-', "
-                                             "not starting with '.' or '-'")  # fmt: skip
+        raise RequestError(
+            ERR_BAD_ARGUMENT,
+            f"bad queue name {name!r:.80}: use 1-128 letters, digits, '_', '.' or '-', not starting with '.' or '-'",
+        )
 
 
 def _read_floor(path: Path) -> int:
@@ -361,5 +399,7 @@ def _read_floor(path: Path) -> int:
     try:
         return int(json.loads(path.read_text())["next_id"])
     except (ValueError, KeyError, TypeError) as e:
-        raise ConveyorError(f"{path} is damaged ({type(e).__name__}: {e}); it holds the first message id a new "
-                            'queue may use, as {"next_id": <integer>}') from None  # fmt: skip
+        raise ConveyorError(
+            f"{path} is damaged ({type(e).__name__}: {e}); it holds the first message id a new "
+            'queue may use, as {"next_id": <integer>}'
+        ) from None

@@ -36,10 +36,16 @@ async def room(lim: Limits) -> Limits:
 
 
 def check_fits(what: str, size: int, head: int, lim: Limits, more: str = "") -> None:
-    """An item a reply holds alone (it came alone: bigger than a page): a `too-large` error if even so
-    it breaks the client's limits (`size`: its frame; `head`: its fields in the header)."""
+    """Check an item a reply holds alone against the client's limits.
+
+    An item a reply holds alone (it came alone: bigger than a page): a `too-large` error if even so
+    it breaks the client's limits (`size`: its frame; `head`: its fields in the header).
+    """
     if size > lim.max_item_bytes or head > lim.header_room():
-        raise RequestError(ERR_TOO_LARGE, f"{what} of {size:,} bytes (and {head:,} of headers) does not fit in a reply "
-                                          f"to this client, which takes at most {lim.max_frame_bytes:,} bytes per frame, "
-                                          f"{lim.max_message_bytes:,} per reply and {lim.header_room():,} of headers: "
-                                          f"give the client larger limits{more}")  # fmt: skip
+        raise RequestError(
+            ERR_TOO_LARGE,
+            f"{what} of {size:,} bytes (and {head:,} of headers) does not fit in a reply "
+            f"to this client, which takes at most {lim.max_frame_bytes:,} bytes per frame, "
+            f"{lim.max_message_bytes:,} per reply and {lim.header_room():,} of headers: "
+            f"give the client larger limits{more}",
+        )

@@ -1,6 +1,9 @@
-"""The server process's surroundings: its event loop (uvloop where installed) and how a listener
-closes on it, its descriptor limit, its data directory, and noticing that the process that started
-it is gone."""
+"""The server process's surroundings: event loop, descriptor limit, data directory, parent process.
+
+The server process's surroundings: its event loop (uvloop where installed) and how a listener closes
+on it, its descriptor limit, its data directory, and noticing that the process that started it is
+gone.
+"""
 
 from __future__ import annotations
 
@@ -63,8 +66,11 @@ async def watch_parent(loop: asyncio.AbstractEventLoop, stop: Callable[[], None]
 
 
 def raise_fd_limit() -> int:
-    """Raise this process's descriptor limit as far as the OS lets it (a server holds a few per queue
-    and one per connection); returns the limit now."""
+    """Raise this process's descriptor limit as far as the OS lets it; returns the limit now.
+
+    Raise this process's descriptor limit as far as the OS lets it (a server holds a few per queue
+    and one per connection); returns the limit now.
+    """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = FD_LIMIT_CAP if hard == resource.RLIM_INFINITY else min(hard, FD_LIMIT_CAP)
     if soft != resource.RLIM_INFINITY and soft < want:
@@ -75,29 +81,39 @@ def raise_fd_limit() -> int:
 
 
 def check_data_dir(path: Path) -> None:
-    """Make the data directory `path` if it is missing and make sure this process can create files in
+    """Make the data directory `path` if missing and make sure this process can create files in it.
+
+    Make the data directory `path` if it is missing and make sure this process can create files in
     it; else a ConveyorError saying what is wrong with it and what to do (the OSError a server would
-    meet later names a file, not the remedy)."""
+    meet later names a file, not the remedy).
+    """
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise ConveyorError(f"the data directory {path} is a file, not a directory: give another path (a directory, "
-                            "made if missing) or move the file away") from None  # fmt: skip
+        raise ConveyorError(
+            f"the data directory {path} is a file, not a directory: give another path (a directory, "
+            "made if missing) or move the file away"
+        ) from None
     except NotADirectoryError:
         blocker = next((p for p in path.parents if p.exists() and not p.is_dir()), path.parent)
-        raise ConveyorError(f"the data directory {path} cannot be made: {blocker} is a file, not a directory: give a "
-                            "path under a directory") from None  # fmt: skip
+        raise ConveyorError(
+            f"the data directory {path} cannot be made: {blocker} is a file, not a directory: give a path under a directory"
+        ) from None
     except OSError as e:
-        raise ConveyorError(f"the data directory {path} cannot be made ({e.strerror}): make it, or give a path this "
-                            f"user (uid {os.geteuid()}) may create") from None  # fmt: skip
+        raise ConveyorError(
+            f"the data directory {path} cannot be made ({e.strerror}): make it, or give a path this "
+            f"user (uid {os.geteuid()}) may create"
+        ) from None
     probe = path / f".conveyor-write-test-{os.getpid()}"
     try:
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         probe.unlink()
     except OSError as e:
-        raise ConveyorError(f"the data directory {path} is not writable by this user (uid {os.geteuid()}): "
-                            f"{e.strerror}: give a directory it may write to, or change the directory's owner or "
-                            "permissions (chown, chmod)") from None  # fmt: skip
+        raise ConveyorError(
+            f"the data directory {path} is not writable by this user (uid {os.geteuid()}): "
+            f"{e.strerror}: give a directory it may write to, or change the directory's owner or "
+            "permissions (chown, chmod)"
+        ) from None
 
 
 def run_loop(main: Coroutine[Any, Any, None]) -> None:
@@ -111,8 +127,7 @@ def run_loop(main: Coroutine[Any, Any, None]) -> None:
 
 
 def stop_accepting(listener: asyncio.base_events.Server) -> None:
-    """Accept no more connections, without closing the listener yet (see `close_listener`); uvloop's
-    accepts until then."""
+    """Accept no more connections, without closing the listener yet (see `close_listener`); uvloop's accepts until then."""
     loop = asyncio.get_running_loop()
     for sock in listener.sockets:
         loop.remove_reader(sock.fileno())
@@ -147,8 +162,10 @@ def interface_address(name: str) -> str:
     found = _ipv4(name)
     if found is None:
         have = {n: a for _, n in socket.if_nameindex() if (a := _ipv4(n))}
-        raise ConveyorError(f"network interface {name!r} has no IPv4 address here; these do: "
-                            f"{', '.join(f'{n} ({a})' for n, a in have.items()) or 'none'}")  # fmt: skip
+        raise ConveyorError(
+            f"network interface {name!r} has no IPv4 address here; these do: "
+            f"{', '.join(f'{n} ({a})' for n, a in have.items()) or 'none'}"
+        )
     return found
 
 
@@ -163,22 +180,31 @@ def _routed() -> str | None:
 
 
 def _ipv6_addresses(table: str = "/proc/net/if_inet6") -> list[str]:
-    """This host's IPv6 addresses a client can use: global ones, then loopback; not link-local ones,
-    which need an interface to be named (Linux's table; elsewhere none)."""
+    """This host's IPv6 addresses a client can use: global ones, then loopback.
+
+    This host's IPv6 addresses a client can use: global ones, then loopback; not link-local ones,
+    which need an interface to be named (Linux's table; elsewhere none).
+    """
     try:
         with open(table) as f:
             rows = [line.split() for line in f]
     except OSError:
         return []
-    found = [(row[3] == IPV6_SCOPE_HOST, ipaddress.IPv6Address(bytes.fromhex(row[0])))
-             for row in rows if len(row) >= 4 and row[3] in (IPV6_SCOPE_GLOBAL, IPV6_SCOPE_HOST)]  # fmt: skip
+    found = [
+        (row[3] == IPV6_SCOPE_HOST, ipaddress.IPv6Address(bytes.fromhex(row[0])))
+        for row in rows
+        if len(row) >= 4 and row[3] in (IPV6_SCOPE_GLOBAL, IPV6_SCOPE_HOST)
+    ]
     return [str(a) for _, a in sorted(found)]
 
 
 def reachable_addresses(address: str, host: str, port: int, ipv6_table: str = "/proc/net/if_inet6") -> list[str]:
-    """Addresses a client can use for a server at `address`: bound to every interface (0.0.0.0 or ::),
+    """Addresses a client can use for a server at `address`.
+
+    Addresses a client can use for a server at `address`: bound to every interface (0.0.0.0 or ::),
     one per interface address, loopback last (0.0.0.0 itself reaches nothing from elsewhere). `::`
-    binds IPv6 only (asyncio sets IPV6_V6ONLY), so it lists IPv6 addresses; 0.0.0.0, IPv4 ones."""
+    binds IPv6 only (asyncio sets IPV6_V6ONLY), so it lists IPv6 addresses; 0.0.0.0, IPv4 ones.
+    """
     if host not in ("0.0.0.0", "::", ""):
         return [address]
     scheme = address.split("://")[0]

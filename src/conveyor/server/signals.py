@@ -1,5 +1,8 @@
-"""Waking and durability on the server's event loop: `Signal` (wake every waiter) and `GroupCommit`
-(answer writes once durable, one fsync for every write made before it began)."""
+"""Waking and durability on the server's event loop: `Signal` and `GroupCommit`.
+
+Waking and durability on the server's event loop: `Signal` (wake every waiter) and `GroupCommit`
+(answer writes once durable, one fsync for every write made before it began).
+"""
 
 from __future__ import annotations
 

@@ -50,8 +50,11 @@ def is_local(spark: SparkSession) -> bool:
 
 
 def driver_host(spark: SparkSession, host: str | None = None, interface: str | None = None) -> str:
-    """The address for servers beside the driver: `host`, the address of `interface`, or the one the
-    executors use to reach the driver (`spark.driver.host`)."""
+    """The address for servers beside the driver.
+
+    `host`, the address of `interface`, or the one the executors use to reach the driver
+    (`spark.driver.host`).
+    """
     if host is not None and interface is not None:
         raise ValueError("give host= or interface=, not both")
     if host is not None:
@@ -61,14 +64,18 @@ def driver_host(spark: SparkSession, host: str | None = None, interface: str | N
     try:
         spark.sparkContext  # noqa: B018 - Spark Connect has none: its driver is elsewhere
     except Exception:
-        raise ConveyorError("under Spark Connect the queue servers cannot start beside the driver, which runs "
-                            "elsewhere: pass host= (or interface=) naming an address of this machine that the "
-                            "executors reach, or pool=QueuePool.connect([...]) with servers of your own") from None  # fmt: skip
+        raise ConveyorError(
+            "under Spark Connect the queue servers cannot start beside the driver, which runs "
+            "elsewhere: pass host= (or interface=) naming an address of this machine that the "
+            "executors reach, or pool=QueuePool.connect([...]) with servers of your own"
+        ) from None
     found = conf(spark, "spark.driver.host")
     if not found or (is_loopback(found) and not is_local(spark)):
         said = repr(found) if found else "unset"
-        raise ConveyorError(f"spark.driver.host is {said}: executors on other hosts could not reach queue servers "
-                            "there. Set spark.driver.host to an address they reach, or pass host= or interface=")  # fmt: skip
+        raise ConveyorError(
+            f"spark.driver.host is {said}: executors on other hosts could not reach queue servers "
+            "there. Set spark.driver.host to an address they reach, or pass host= or interface="
+        )
     return found
 
 
@@ -77,18 +84,31 @@ def _local_dir(spark: SparkSession) -> str | None:
     return conf(spark, "spark.local.dir").split(",")[0].strip() or None
 
 
-def driver_pool(spark: SparkSession, n_servers: int | None = None, *, host: str | None = None,
-                interface: str | None = None, ports: Sequence[int] | None = None) -> QueuePool:  # fmt: skip
-    """Start durable queue servers beside the driver (see the module docstring), on free ports or on
-    `ports`; close the pool to stop them and remove their data. `n_servers`: default DRIVER_SERVERS,
-    or one per port of `ports`."""
+def driver_pool(
+    spark: SparkSession,
+    n_servers: int | None = None,
+    *,
+    host: str | None = None,
+    interface: str | None = None,
+    ports: Sequence[int] | None = None,
+) -> QueuePool:
+    """Start durable queue servers beside the driver (see the module docstring).
+
+    On free ports or on `ports`; close the pool to stop them and remove their data. `n_servers`:
+    default DRIVER_SERVERS, or one per port of `ports`.
+    """
     if n_servers is None:
         n_servers = DRIVER_SERVERS if ports is None else len(ports)
     address = driver_host(spark, host, interface)
-    pool = QueuePool.local(n_servers, durable=True, host=address, temp_dir=_local_dir(spark) or tempfile.gettempdir(),
-                           ports=ports)  # fmt: skip
-    log.info("conveyor: %d queue server(s) beside the driver at %s%s", n_servers, ", ".join(pool.addresses),
-             "" if pool.clients[0].tls is None else " (TLS, token)")  # fmt: skip
+    pool = QueuePool.local(
+        n_servers, durable=True, host=address, temp_dir=_local_dir(spark) or tempfile.gettempdir(), ports=ports
+    )
+    log.info(
+        "conveyor: %d queue server(s) beside the driver at %s%s",
+        n_servers,
+        ", ".join(pool.addresses),
+        "" if pool.clients[0].tls is None else " (TLS, token)",
+    )
     return pool
 
 
@@ -101,14 +121,23 @@ class Cluster:
 
 
 @contextmanager
-def cluster(spark: SparkSession | None = None, *, n_servers: int | None = None, host: str | None = None,
-            interface: str | None = None, ports: Sequence[int] | None = None, task_modules: Sequence[str] = (),
-            check: bool = True) -> Iterator[Cluster]:  # fmt: skip
-    """Queue servers beside the driver of `spark` (default: the active session) for the `with`
-    block, as its default pool: `conveyor.spark.map`, `SparkConsumerPool`, `publish` and task
-    handles given no pool use them. `n_servers` and `ports` as for `driver_pool` (`ports` for a
+def cluster(
+    spark: SparkSession | None = None,
+    *,
+    n_servers: int | None = None,
+    host: str | None = None,
+    interface: str | None = None,
+    ports: Sequence[int] | None = None,
+    task_modules: Sequence[str] = (),
+    check: bool = True,
+) -> Iterator[Cluster]:
+    """Queue servers beside the driver of `spark` for the `with` block, as its default pool.
+
+    `spark`: default the active session. `conveyor.spark.map`, `SparkConsumerPool`, `publish` and
+    task handles given no pool use them. `n_servers` and `ports` as for `driver_pool` (`ports` for a
     firewall that opens only those; default: free ports). `check`: run the pre-flight (with
-    `task_modules`) first."""
+    `task_modules`) first.
+    """
     from pyspark.sql import SparkSession
 
     spark = spark or SparkSession.getActiveSession()

@@ -53,8 +53,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("conveyor.spark")
 
-STATS_DDL = ("consumer long, host string, pid long, started double, finished double, processed long, failed long, "
-             "retried long, dead long, timed_out long, stolen long, rows long")  # fmt: skip
+STATS_DDL = (
+    "consumer long, host string, pid long, started double, finished double, processed long, failed long, "
+    "retried long, dead long, timed_out long, stolen long, rows long"
+)
 STOP_PREFIX = b"conveyor-stop:"
 
 Prelude = Callable[[Iterator["pa.RecordBatch"], int], int]  # (the task's input batches, task index) -> rows fed
@@ -72,8 +74,7 @@ def fed_queue(job: str) -> str:
 
 
 def say_once(backend: QueuePool | QueueClient, queue: str, key: str, record: dict[str, Any]) -> None:
-    """A record on a job's bookkeeping queue, once whatever the attempts of the task saying it (`key`
-    is an idempotency key)."""
+    """A record on a job's bookkeeping queue, once whatever the attempts of the task saying it (`key` is an idempotency key)."""
     backend.put(queue, [Message(payload=json.dumps(record).encode(), headers={H_IDEMPOTENCY_KEY: key})])
 
 
@@ -94,8 +95,9 @@ def _fed(pool: QueuePool, job: str) -> int:
     return 0 if st is None else st.pending
 
 
-def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str, options: dict[str, Any],
-             prelude: Prelude | None) -> Any:  # fmt: skip
+def _consume(
+    pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str, options: dict[str, Any], prelude: Prelude | None
+) -> Any:
     """The function each Spark task runs: its prelude (if any), one consumer, then one row of counts."""
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -113,9 +115,16 @@ def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str,
             _say_fed(pool, job, index, rows)
             expect_more = _others_feeding(pool, job, n, index, lambda: consumer.stats)
         stop = _key(STOP_PREFIX, job)
-        consumer = Consumer(pool, queues, consumer=index, n_consumers=n, stop_when=lambda: pool.get_blob(stop) is not None,
-                            expect_more=expect_more, name=f"spark:{os.uname().nodename}:{job}:{index}:{os.getpid()}",
-                            **options)  # fmt: skip
+        consumer = Consumer(
+            pool,
+            queues,
+            consumer=index,
+            n_consumers=n,
+            stop_when=lambda: pool.get_blob(stop) is not None,
+            expect_more=expect_more,
+            name=f"spark:{os.uname().nodename}:{job}:{index}:{os.getpid()}",
+            **options,
+        )
         old = sys.getswitchinterval()
         sys.setswitchinterval(CONSUMER_SWITCH_INTERVAL_S)  # see conveyor.worker.consumer_pool
         started = time.time()
@@ -125,18 +134,34 @@ def _consume(pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str,
         finally:
             sys.setswitchinterval(old)
             pool.close()
-        yield pa.RecordBatch.from_pylist([{"consumer": index, "host": os.uname().nodename, "pid": os.getpid(),
-                                           "started": started, "finished": time.time(), "processed": s.processed,
-                                           "failed": s.failed, "retried": s.retried, "dead": s.dead,
-                                           "timed_out": s.timed_out, "stolen": s.stolen, "rows": rows}])  # fmt: skip
+        yield pa.RecordBatch.from_pylist(
+            [
+                {
+                    "consumer": index,
+                    "host": os.uname().nodename,
+                    "pid": os.getpid(),
+                    "started": started,
+                    "finished": time.time(),
+                    "processed": s.processed,
+                    "failed": s.failed,
+                    "retried": s.retried,
+                    "dead": s.dead,
+                    "timed_out": s.timed_out,
+                    "stolen": s.stolen,
+                    "rows": rows,
+                }
+            ]
+        )
 
     return run
 
 
 def _others_feeding(pool: QueuePool, job: str, n: int, index: int, stats: Callable[[], ConsumerStats]) -> Callable[[], bool]:
-    """`expect_more` of a fed consumer: True while another task has not put its rows yet and work
-    came within FEED_IDLE_S. Never longer: that task may have no slot (it may be waiting for this
-    one's), or have died; when it runs, it consumes its own rows."""
+    """`expect_more` of a fed consumer: True while another task has not put its rows yet and work came within FEED_IDLE_S.
+
+    Never longer: that task may have no slot (it may be waiting for this one's), or have died; when
+    it runs, it consumes its own rows.
+    """
     seen, since = -1, time.monotonic()
 
     def expect_more() -> bool:
@@ -148,8 +173,13 @@ def _others_feeding(pool: QueuePool, job: str, n: int, index: int, stats: Callab
             seen, since = done, time.monotonic()
         if time.monotonic() - since < FEED_IDLE_S:
             return True
-        log.info("consumer %d of job %s: other tasks have not put their rows after %.0f s idle; ending "
-                 "(they consume their own rows when they run)", index, job, FEED_IDLE_S)  # fmt: skip
+        log.info(
+            "consumer %d of job %s: other tasks have not put their rows after %.0f s idle; ending "
+            "(they consume their own rows when they run)",
+            index,
+            job,
+            FEED_IDLE_S,
+        )
         return False
 
     return expect_more
@@ -172,13 +202,25 @@ class SparkConsumerPool:
     On a cluster, `run` and `start` first check the executors (`conveyor.spark.preflight`).
     """
 
-    def __init__(self, spark: SparkSession, pool: QueuePool | None = None, n_consumers: int | None = None, *,
-                 queues: Sequence[QueueConfig | str] = ("default",), batch_size: int | None = None,
-                 max_concurrency: int | None = None, concurrency: Literal["thread", "process"] = "thread",
-                 task_modules: Sequence[str] = (), until_empty: bool = True, pin_core: bool | None = None,
-                 description: str | None = None, feed: tuple[DataFrame, Prelude] | None = None,
-                 unreachable_s: float = DEFAULT_UNREACHABLE_S, start_timeout_s: float = START_TIMEOUT_S,
-                 progress: bool | None = False) -> None:  # fmt: skip
+    def __init__(
+        self,
+        spark: SparkSession,
+        pool: QueuePool | None = None,
+        n_consumers: int | None = None,
+        *,
+        queues: Sequence[QueueConfig | str] = ("default",),
+        batch_size: int | None = None,
+        max_concurrency: int | None = None,
+        concurrency: Literal["thread", "process"] = "thread",
+        task_modules: Sequence[str] = (),
+        until_empty: bool = True,
+        pin_core: bool | None = None,
+        description: str | None = None,
+        feed: tuple[DataFrame, Prelude] | None = None,
+        unreachable_s: float = DEFAULT_UNREACHABLE_S,
+        start_timeout_s: float = START_TIMEOUT_S,
+        progress: bool | None = False,
+    ) -> None:
         self.spark = spark
         check_consumer_options(n_consumers, max_concurrency, batch_size, concurrency, pin_core)
         self.n_consumers = consumer_count(spark, n_consumers)
@@ -190,14 +232,20 @@ class SparkConsumerPool:
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
         # each consumer is a Spark task: one task slot, a core (processes in its stead: for that core)
         max_concurrency, read_ahead = resolve_slots(max_concurrency, concurrency, 1, cores=1)
-        self.options = {"batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency,
-                        "read_ahead": read_ahead,
-                        "task_modules": list(task_modules), "until_empty": until_empty,
-                        "pin_core": auto_pin(pin_core, concurrency, self.n_consumers, task_slots(spark)),
-                        "unreachable_s": unreachable_s}  # fmt: skip
+        self.options = {
+            "batch_size": batch_size,
+            "max_concurrency": max_concurrency,
+            "concurrency": concurrency,
+            "read_ahead": read_ahead,
+            "task_modules": list(task_modules),
+            "until_empty": until_empty,
+            "pin_core": auto_pin(pin_core, concurrency, self.n_consumers, task_slots(spark)),
+            "unreachable_s": unreachable_s,
+        }
         self.job = uuid.uuid4().hex[:12]
-        self.description = description or (f"conveyor: {self.n_consumers} consumer(s) x {max_concurrency} "
-                                            f"{concurrency}(s) on {', '.join(self.queue_names)}")  # fmt: skip
+        self.description = description or (
+            f"conveyor: {self.n_consumers} consumer(s) x {max_concurrency} {concurrency}(s) on {', '.join(self.queue_names)}"
+        )
         self.feed = feed
         self.unreachable_s, self.start_timeout_s, self.progress = unreachable_s, start_timeout_s, progress
         self.stats: list[dict[str, Any]] | None = None
@@ -223,23 +271,37 @@ class SparkConsumerPool:
         return JobGroup(self.spark, self.group, self.description)
 
     def watch(self, consuming: bool = True) -> JobWatch:
-        """The driver's watch over the consumers' job (see `conveyor.spark.watch`); `consuming=False`
-        for a job that only puts work (a drained queue does not mean its work is done)."""
+        """The driver's watch over the consumers' job (see `conveyor.spark.watch`).
+
+        `consuming=False` for a job that only puts work (a drained queue does not mean its work is
+        done).
+        """
         done = self._all_fed if consuming and self.options["until_empty"] else None
-        return JobWatch(self.spark, self.pool, self.group, self.queue_names, unreachable_s=self.unreachable_s,
-                        start_timeout_s=self.start_timeout_s, progress=self.progress, finished=done)  # fmt: skip
+        return JobWatch(
+            self.spark,
+            self.pool,
+            self.group,
+            self.queue_names,
+            unreachable_s=self.unreachable_s,
+            start_timeout_s=self.start_timeout_s,
+            progress=self.progress,
+            finished=done,
+        )
 
     def run(self) -> list[dict[str, Any]]:
-        """Run the consumers as one Spark job and return each one's counts (blocks until they end;
-        a Spark task that ran again, e.g. after its executor was lost, counts once, as its last run).
+        """Run the consumers as one Spark job and return each one's counts.
+
+        Blocks until they end; a Spark task that ran again, e.g. after its executor was lost, counts
+        once, as its last run.
 
         When the work is all done but Spark still counts some tasks as running (their executors
         were lost without a word: Spark notices only after `spark.network.timeout`), the watch
         ends the job early; the counts then come from the consumers' last reports.
         """
         if not is_local(self.spark):
-            preflight(self.spark, self.pool, self.task_modules, unreachable_s=self.unreachable_s,
-                      start_timeout_s=self.start_timeout_s)  # fmt: skip
+            preflight(
+                self.spark, self.pool, self.task_modules, unreachable_s=self.unreachable_s, start_timeout_s=self.start_timeout_s
+            )
         if self.feed is not None:
             self.pool.declare(fed_queue(self.job))
         watch = self.watch()
@@ -269,8 +331,16 @@ class SparkConsumerPool:
             parts = name.split(":")
             if len(parts) == 5 and parts[0] == "spark" and parts[2] == self.job:
                 counts = {k: int(c.get(k, 0)) for k in ("processed", "failed", "retried", "dead", "stolen")}
-                out[int(parts[3])] = {"consumer": int(parts[3]), "host": parts[1], "pid": int(parts[4]), "started": now,
-                                      "finished": now, "timed_out": 0, "rows": 0, **counts}  # fmt: skip
+                out[int(parts[3])] = {
+                    "consumer": int(parts[3]),
+                    "host": parts[1],
+                    "pid": int(parts[4]),
+                    "started": now,
+                    "finished": now,
+                    "timed_out": 0,
+                    "rows": 0,
+                    **counts,
+                }
         return list(out.values())
 
     def _clean_up(self) -> None:
@@ -284,8 +354,11 @@ class SparkConsumerPool:
         self._tidy()
 
     def _tidy(self) -> None:
-        """Drop the job's bookkeeping on the servers that answer (a failed job may have lost one: no
-        wait on it; what it keeps of a job is a small queue and a blob)."""
+        """Drop the job's bookkeeping on the servers that answer.
+
+        A failed job may have lost one: no wait on it; what a server keeps of a job is a small queue
+        and a blob.
+        """
         for c in self.pool.reach.answering():
             try:
                 if self.feed is not None:
@@ -344,8 +417,9 @@ def _servers_for(spark: SparkSession) -> QueuePool:
     return QueuePool.local(n_servers=2) if is_local(spark) else driver_pool(spark)
 
 
-def check_consumer_options(n_consumers: int | None, max_concurrency: int | None, batch_size: int | None, concurrency: str,
-                           pin_core: bool | None) -> None:  # fmt: skip
+def check_consumer_options(
+    n_consumers: int | None, max_concurrency: int | None, batch_size: int | None, concurrency: str, pin_core: bool | None
+) -> None:
     """Refuse bad consumer settings here, on the driver, rather than in every Spark task."""
     for name, value in (("n_consumers", n_consumers), ("max_concurrency", max_concurrency), ("batch_size", batch_size)):
         if value is not None and (type(value) is not int or value < 1):
@@ -356,14 +430,17 @@ def check_consumer_options(n_consumers: int | None, max_concurrency: int | None,
 
 
 def consumer_count(spark: SparkSession, requested: int | None) -> int:
-    """`requested`, or one consumer per task slot. With no executor yet, wait up to SLOTS_WAIT_S for
-    one; then (dynamic allocation, or a cluster still starting) `defaultParallelism`: tasks never
-    wait for each other, so a guess too high only runs some later, and the job's watch ends it if
-    no slot ever comes."""
+    """`requested`, or one consumer per task slot.
+
+    With no executor yet, wait up to SLOTS_WAIT_S for one; then (dynamic allocation, or a cluster
+    still starting) `defaultParallelism`: tasks never wait for each other, so a guess too high only
+    runs some later, and the job's watch ends it if no slot ever comes.
+    """
     if requested is not None:
         if requested > (slots := task_slots(spark)) > 0:
-            log.warning("%d consumers but %d Spark task slots: the consumers beyond them start only as others end",
-                        requested, slots)  # fmt: skip
+            log.warning(
+                "%d consumers but %d Spark task slots: the consumers beyond them start only as others end", requested, slots
+            )
         return requested
     deadline = time.monotonic() + SLOTS_WAIT_S
     while (slots := task_slots(spark)) == 0 and time.monotonic() < deadline:

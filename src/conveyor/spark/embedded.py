@@ -37,8 +37,14 @@ class Embedded:
 
 
 @contextmanager
-def local(data_dir: str | Path | None = None, *, n_servers: int = 2, master: str | None = None,
-          app_name: str = "conveyor", fsync: str = "batch") -> Iterator[Embedded]:  # fmt: skip
+def local(
+    data_dir: str | Path | None = None,
+    *,
+    n_servers: int = 2,
+    master: str | None = None,
+    app_name: str = "conveyor",
+    fsync: str = "batch",
+) -> Iterator[Embedded]:
     """A local Spark session (`local[*,4]` unless one is active) and `n_servers` durable queue servers.
 
     data_dir: where the queues live (default: a temporary directory, removed on exit).
@@ -60,13 +66,17 @@ def local(data_dir: str | Path | None = None, *, n_servers: int = 2, master: str
 
 
 def _check_local(master: str | None) -> None:
-    """`local()` is for one machine: its servers listen on 127.0.0.1, its session binds the driver to
-    it. On a cluster the executors could reach neither (they would crash-loop trying), so refuse
-    (`conveyor.cluster` is the cluster's counterpart)."""
+    """`local()` is for one machine: its servers listen on 127.0.0.1, its session binds the driver to it.
+
+    On a cluster the executors could reach neither (they would crash-loop trying), so refuse
+    (`conveyor.cluster` is the cluster's counterpart).
+    """
     if master is None or master.startswith("local"):
         return
-    raise ConveyorError(f"conveyor.local() runs everything on this machine, but the Spark master is {master!r}: its "
-                        "executors could not reach servers or a driver on 127.0.0.1. On a cluster, create your own "
-                        "SparkSession and use conveyor.cluster(spark) (queue servers beside the driver, with a token "
-                        "and TLS), or servers of your own (conveyor serve --host ADDRESS --token-file FILE --tls-cert "
-                        "... on each server host) passed as pool=QueuePool.connect([...]) (see docs/deploy.md)")  # fmt: skip
+    raise ConveyorError(
+        f"conveyor.local() runs everything on this machine, but the Spark master is {master!r}: its "
+        "executors could not reach servers or a driver on 127.0.0.1. On a cluster, create your own "
+        "SparkSession and use conveyor.cluster(spark) (queue servers beside the driver, with a token "
+        "and TLS), or servers of your own (conveyor serve --host ADDRESS --token-file FILE --tls-cert "
+        "... on each server host) passed as pool=QueuePool.connect([...]) (see docs/deploy.md)"
+    )

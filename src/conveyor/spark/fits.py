@@ -64,8 +64,7 @@ def _size(v: str | bytes) -> int:
 
 
 def _check_for(t: pa.DataType) -> tuple[Check, bool] | None:
-    """The check of one column type and whether its values count against SIZED_BYTES_MAX, or None
-    for a type left to pyarrow."""
+    """The check of one column type and whether its values count against SIZED_BYTES_MAX, or None for a type left to pyarrow."""
     import pyarrow as pa  # only where results are checked: importing conveyor.spark stays light
 
     if pa.types.is_integer(t):
@@ -74,25 +73,29 @@ def _check_for(t: pa.DataType) -> tuple[Check, bool] | None:
             return functools.partial(_int_in, 0, 2**bits - 1), False
         return functools.partial(_int_in, -(2 ** (bits - 1)), 2 ** (bits - 1) - 1), False
     plain: list[tuple[Callable[[pa.DataType], bool], Check, bool]] = [
-        (pa.types.is_float64, _double, False), (pa.types.is_float32, _float, False),
-        (pa.types.is_large_string, _text, False), (pa.types.is_string, _text, True),
-        (pa.types.is_large_binary, _bytes, False), (pa.types.is_binary, _bytes, True),
+        (pa.types.is_float64, _double, False),
+        (pa.types.is_float32, _float, False),
+        (pa.types.is_large_string, _text, False),
+        (pa.types.is_string, _text, True),
+        (pa.types.is_large_binary, _bytes, False),
+        (pa.types.is_binary, _bytes, True),
         (pa.types.is_boolean, _bool, False),
-    ]  # fmt: skip
+    ]
     return next(((check, sized) for is_kind, check, sized in plain if is_kind(t)), None)
 
 
 class FitCheck:
-    """The quick check for one schema, built once (a schema's hash, say for a cache, costs more than
-    the check of a few rows)."""
+    """The quick check for one schema, built once (a schema's hash, say for a cache, costs more than the check of a few rows)."""
 
     def __init__(self, schema: pa.Schema) -> None:
         checks = [(f.name, _check_for(f.type)) for f in schema]
         self._checks = None if any(c is None for _, c in checks) else [(n, *c) for n, c in checks if c is not None]
 
     def surely_fit(self, rows: list[dict[str, Any]]) -> bool:
-        """True only if every row converts to the schema (a value None included, as pyarrow takes
-        it); False says nothing: ask pyarrow."""
+        """True only if every row converts to the schema; False says nothing: ask pyarrow.
+
+        Rows with a value None included, as pyarrow takes it.
+        """
         if self._checks is None:
             return False
         room = SIZED_BYTES_MAX

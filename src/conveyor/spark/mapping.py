@@ -82,29 +82,67 @@ class MapStats:
 
 
 @overload
-def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType, pool: QueuePool | None = ...,
-        n_consumers: int | None = ..., batch_size: int | None = ..., max_concurrency: int | None = ...,
-        concurrency: Literal["thread", "process"] = ..., max_retries: int = ..., time_limit: float | None = ...,
-        lease_s: float = ..., rows_per_message: int | None = ..., unreachable_s: float = ...,
-        start_timeout_s: float = ..., pin_core: bool | None = ...,
-        progress: bool | None = ...,
-        stats: Literal[False] = ...) -> DataFrame: ...  # fmt: skip
+def map(
+    df: DataFrame,
+    func: Callable[[dict[str, Any]], Any],
+    *,
+    schema: str | StructType,
+    pool: QueuePool | None = ...,
+    n_consumers: int | None = ...,
+    batch_size: int | None = ...,
+    max_concurrency: int | None = ...,
+    concurrency: Literal["thread", "process"] = ...,
+    max_retries: int = ...,
+    time_limit: float | None = ...,
+    lease_s: float = ...,
+    rows_per_message: int | None = ...,
+    unreachable_s: float = ...,
+    start_timeout_s: float = ...,
+    pin_core: bool | None = ...,
+    progress: bool | None = ...,
+    stats: Literal[False] = ...,
+) -> DataFrame: ...
 @overload
-def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType, pool: QueuePool | None = ...,
-        n_consumers: int | None = ..., batch_size: int | None = ..., max_concurrency: int | None = ...,
-        concurrency: Literal["thread", "process"] = ..., max_retries: int = ..., time_limit: float | None = ...,
-        lease_s: float = ..., rows_per_message: int | None = ..., unreachable_s: float = ...,
-        start_timeout_s: float = ..., pin_core: bool | None = ...,
-        progress: bool | None = ...,
-        stats: Literal[True]) -> tuple[DataFrame, MapStats]: ...  # fmt: skip
-def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | StructType,
-        pool: QueuePool | None = None, n_consumers: int | None = None, batch_size: int | None = None,
-        max_concurrency: int | None = None, concurrency: Literal["thread", "process"] = "thread",
-        max_retries: int = DEFAULT_MAX_RETRIES, time_limit: float | None = None, lease_s: float = MAP_DEFAULT_LEASE_S,
-        rows_per_message: int | None = None, unreachable_s: float = DEFAULT_UNREACHABLE_S,
-        start_timeout_s: float = START_TIMEOUT_S,
-        pin_core: bool | None = None, progress: bool | None = None,
-        stats: bool = False) -> DataFrame | tuple[DataFrame, MapStats]:  # fmt: skip
+def map(
+    df: DataFrame,
+    func: Callable[[dict[str, Any]], Any],
+    *,
+    schema: str | StructType,
+    pool: QueuePool | None = ...,
+    n_consumers: int | None = ...,
+    batch_size: int | None = ...,
+    max_concurrency: int | None = ...,
+    concurrency: Literal["thread", "process"] = ...,
+    max_retries: int = ...,
+    time_limit: float | None = ...,
+    lease_s: float = ...,
+    rows_per_message: int | None = ...,
+    unreachable_s: float = ...,
+    start_timeout_s: float = ...,
+    pin_core: bool | None = ...,
+    progress: bool | None = ...,
+    stats: Literal[True],
+) -> tuple[DataFrame, MapStats]: ...
+def map(
+    df: DataFrame,
+    func: Callable[[dict[str, Any]], Any],
+    *,
+    schema: str | StructType,
+    pool: QueuePool | None = None,
+    n_consumers: int | None = None,
+    batch_size: int | None = None,
+    max_concurrency: int | None = None,
+    concurrency: Literal["thread", "process"] = "thread",
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    time_limit: float | None = None,
+    lease_s: float = MAP_DEFAULT_LEASE_S,
+    rows_per_message: int | None = None,
+    unreachable_s: float = DEFAULT_UNREACHABLE_S,
+    start_timeout_s: float = START_TIMEOUT_S,
+    pin_core: bool | None = None,
+    progress: bool | None = None,
+    stats: bool = False,
+) -> DataFrame | tuple[DataFrame, MapStats]:
     """Apply `func` to every row of `df` through the queue; returns the results as a DataFrame.
 
     func: called with each row as a dict; returns the output row as a dict (by column name), a
@@ -149,8 +187,12 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
     if type(rows_per_message) is not int or not 1 <= rows_per_message <= MAX_ROWS_PER_MESSAGE:
         raise ValueError(f"map: rows_per_message must be an integer in 1..{MAX_ROWS_PER_MESSAGE}, got {rows_per_message!r}")
     check_max_retries(max_retries, "map: ")
-    for name, value in (("time_limit", time_limit), ("lease_s", lease_s), ("unreachable_s", unreachable_s),
-                        ("start_timeout_s", start_timeout_s)):  # fmt: skip
+    for name, value in (
+        ("time_limit", time_limit),
+        ("lease_s", lease_s),
+        ("unreachable_s", unreachable_s),
+        ("start_timeout_s", start_timeout_s),
+    ):
         if value is not None and not (isinstance(value, (int, float)) and value > 0):
             raise ValueError(f"map: {name} must be a number of seconds > 0, got {value!r}")
     check_consumer_options(n_consumers, max_concurrency, batch_size, concurrency, pin_core)
@@ -167,28 +209,64 @@ def map(df: DataFrame, func: Callable[[dict[str, Any]], Any], *, schema: str | S
         job = uuid.uuid4().hex[:12]
         queue = f"map-{job}"
         try:
-            return _run(spark, df, func, out_schema, pool, queue, job, ephemeral, stats=stats, n_consumers=n_consumers,
-                        max_retries=max_retries, time_limit=time_limit, lease_s=lease_s,
-                        rows_per_message=rows_per_message, unreachable_s=unreachable_s,
-                        start_timeout_s=start_timeout_s, progress=progress,
-                        options={"batch_size": batch_size, "max_concurrency": max_concurrency,
-                                 "concurrency": concurrency, "pin_core": pin_core})  # fmt: skip
+            return _run(
+                spark,
+                df,
+                func,
+                out_schema,
+                pool,
+                queue,
+                job,
+                ephemeral,
+                stats=stats,
+                n_consumers=n_consumers,
+                max_retries=max_retries,
+                time_limit=time_limit,
+                lease_s=lease_s,
+                rows_per_message=rows_per_message,
+                unreachable_s=unreachable_s,
+                start_timeout_s=start_timeout_s,
+                progress=progress,
+                options={
+                    "batch_size": batch_size,
+                    "max_concurrency": max_concurrency,
+                    "concurrency": concurrency,
+                    "pin_core": pin_core,
+                },
+            )
         except BaseException as e:
             _abandon(pool, queue, e, ephemeral)
             raise
 
 
-def _run(spark: SparkSession, df: DataFrame, func: Callable[[dict[str, Any]], Any], out_schema: StructType,
-         pool: QueuePool, queue: str, job: str, ephemeral: bool, *, stats: bool, n_consumers: int | None,
-         max_retries: int, time_limit: float | None, lease_s: float, rows_per_message: int, unreachable_s: float,
-         start_timeout_s: float, progress: bool | None,
-         options: dict[str, Any]) -> DataFrame | tuple[DataFrame, MapStats]:  # fmt: skip
+def _run(
+    spark: SparkSession,
+    df: DataFrame,
+    func: Callable[[dict[str, Any]], Any],
+    out_schema: StructType,
+    pool: QueuePool,
+    queue: str,
+    job: str,
+    ephemeral: bool,
+    *,
+    stats: bool,
+    n_consumers: int | None,
+    max_retries: int,
+    time_limit: float | None,
+    lease_s: float,
+    rows_per_message: int,
+    unreachable_s: float,
+    start_timeout_s: float,
+    progress: bool | None,
+    options: dict[str, Any],
+) -> DataFrame | tuple[DataFrame, MapStats]:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     pool.declare(queue, lease_s=lease_s, max_attempts=attempts_for(max_retries))
     # a message is delivered again only when its worker died or it ran over its time limit
-    opts = TaskOptions(queue=queue, time_limit=None if time_limit is None else time_limit * rows_per_message,
-                       max_retries=max_retries)  # fmt: skip
+    opts = TaskOptions(
+        queue=queue, time_limit=None if time_limit is None else time_limit * rows_per_message, max_retries=max_retries
+    )
     row_opts = TaskOptions(queue=queue, time_limit=time_limit, max_retries=max_retries)  # of a row split off (RowRunner)
     ref = function_ref(RowRunner(func, max_retries, to_arrow_schema(out_schema), row_opts))
     pool.put_blob(ref.data)
@@ -196,12 +274,18 @@ def _run(spark: SparkSession, df: DataFrame, func: Callable[[dict[str, Any]], An
     t0 = time.time()
     put_rows = putter(pool, queue, job, adhoc_task_name(ref.digest), opts, rows_per_message, unreachable_s)
     n = consumer_count(spark, n_consumers)
-    common: dict[str, Any] = {"queues": [queue], "unreachable_s": unreachable_s, "start_timeout_s": start_timeout_s,
-                              "progress": progress, **options}  # fmt: skip
+    common: dict[str, Any] = {
+        "queues": [queue],
+        "unreachable_s": unreachable_s,
+        "start_timeout_s": start_timeout_s,
+        "progress": progress,
+        **options,
+    }
     rows, t1 = 0, t0  # rows put before consuming, and when that ended (when consumers put them: none, at once)
     if n <= _partitions(df):  # each of n tasks puts its share of the rows, then consumes
-        consumers = SparkConsumerPool(spark, pool, n, feed=(df, put_rows), **common,
-                                      description=f"conveyor.spark.map through {queue}")  # fmt: skip
+        consumers = SparkConsumerPool(
+            spark, pool, n, feed=(df, put_rows), **common, description=f"conveyor.spark.map through {queue}"
+        )
     else:  # fewer partitions than consumers: put the rows first (a job of its own), then consume
         consumers = SparkConsumerPool(spark, pool, n, **common, description=f"conveyor.spark.map through {queue}")
         with consumers.job_group(), consumers.watch(consuming=False):
@@ -214,8 +298,9 @@ def _run(spark: SparkSession, df: DataFrame, func: Callable[[dict[str, Any]], An
     tally = tally_queue(job)
     pool.declare(tally)
     try:
-        read = spark.range(shards, numPartitions=shards).mapInArrow(_reader(pool, queue, out_schema, tally),
-                                                                    with_extra(out_schema))  # fmt: skip
+        read = spark.range(shards, numPartitions=shards).mapInArrow(
+            _reader(pool, queue, out_schema, tally), with_extra(out_schema)
+        )
         with consumers.job_group():
             result = _materialize(read, ephemeral)
         got, failed = _tallied(pool, tally, shards)
@@ -232,11 +317,14 @@ def _run(spark: SparkSession, df: DataFrame, func: Callable[[dict[str, Any]], An
     return (result, MapStats(rows, failed, t1 - t0, t2 - t1, t3 - t2, first, done, queue)) if stats else result
 
 
-def _reader(pool: QueuePool, queue: str, schema: StructType,
-            tally: str) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:  # fmt: skip
-    """mapInArrow function of the read-back job: task i yields the rows of server i, then says how
-    many it yielded (and how many failed) in `tally`, once (an idempotency key), while `map` waits
-    for them: a partition read again later, with `tally` gone, says nothing."""
+def _reader(
+    pool: QueuePool, queue: str, schema: StructType, tally: str
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """mapInArrow function of the read-back job: task i yields the rows of server i.
+
+    Then it says how many it yielded (and how many failed) in `tally`, once (an idempotency key),
+    while `map` waits for them: a partition read again later, with `tally` gone, says nothing.
+    """
 
     def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import TaskContext
@@ -279,8 +367,7 @@ def _module_of(func: Callable[..., Any]) -> list[str]:
 
 def _check_servers(pool: QueuePool) -> None:
     """Fail at once, naming the servers, when some do not answer (rather than a bare ConnectionLostError later)."""
-    down = [f"{c.address} ({p})" for c, p in zip(pool.clients, pool.reachable_stats(), strict=True)
-            if isinstance(p, Exception)]  # fmt: skip
+    down = [f"{c.address} ({p})" for c, p in zip(pool.clients, pool.reachable_stats(), strict=True) if isinstance(p, Exception)]
     if down:
         raise ConnectionLostError(f"map: {len(down)} of {len(pool)} queue server(s) do not answer: {'; '.join(down)}")
 

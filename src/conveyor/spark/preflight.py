@@ -104,12 +104,20 @@ def make_probe(version, modules, pool_bytes, driver_host, timeout_s):
 _PASSED: dict[tuple[str, tuple[str, ...], tuple[str, ...]], float] = {}
 
 
-def preflight(spark: SparkSession, pool: QueuePool, task_modules: Sequence[str] = (), *,
-              unreachable_s: float = DEFAULT_UNREACHABLE_S, start_timeout_s: float = START_TIMEOUT_S) -> None:  # fmt: skip
-    """Check every executor (see the module docstring); raises PreflightError naming each host and
-    what to do. The job is watched as a map's: no slot within `start_timeout_s` is a NoSlotsError,
-    a server out of the driver's reach for `unreachable_s` a ServerUnreachableError. On local
-    masters the workers share this machine (`check_workers_python` covers them); it runs there too."""
+def preflight(
+    spark: SparkSession,
+    pool: QueuePool,
+    task_modules: Sequence[str] = (),
+    *,
+    unreachable_s: float = DEFAULT_UNREACHABLE_S,
+    start_timeout_s: float = START_TIMEOUT_S,
+) -> None:
+    """Check every executor (see the module docstring); raises PreflightError naming each host and what to do.
+
+    The job is watched as a map's: no slot within `start_timeout_s` is a NoSlotsError, a server out
+    of the driver's reach for `unreachable_s` a ServerUnreachableError. On local masters the workers
+    share this machine (`check_workers_python` covers them); it runs there too.
+    """
     app = _app_id(spark)
     key = (app, tuple(pool.addresses), tuple(task_modules))
     if time.monotonic() - _PASSED.get(key, -PREFLIGHT_TTL_S) < PREFLIGHT_TTL_S:
@@ -122,15 +130,19 @@ def preflight(spark: SparkSession, pool: QueuePool, task_modules: Sequence[str] 
     n = max(task_slots(spark), 1)
     group = f"conveyor-preflight-{uuid.uuid4().hex[:12]}"
     try:
-        with JobGroup(spark, group, f"conveyor pre-flight: {n} task(s)"), JobWatch(
-                spark, pool, group, [], unreachable_s=unreachable_s, start_timeout_s=start_timeout_s):  # fmt: skip
+        with (
+            JobGroup(spark, group, f"conveyor pre-flight: {n} task(s)"),
+            JobWatch(spark, pool, group, [], unreachable_s=unreachable_s, start_timeout_s=start_timeout_s),
+        ):
             rows = spark.range(n, numPartitions=n).mapInArrow(probe, PREFLIGHT_DDL).collect()
     except ConveyorError:  # the watch's reason: no slot, a server out of reach
         raise
     except Exception as e:
-        raise PreflightError(f"conveyor pre-flight: the check could not run on the executors: {_first_line(e)}. "
-                             "Check that Spark's Python workers start there (spark.pyspark.python, PYSPARK_PYTHON)",
-                             {}) from e  # fmt: skip
+        raise PreflightError(
+            f"conveyor pre-flight: the check could not run on the executors: {_first_line(e)}. "
+            "Check that Spark's Python workers start there (spark.pyspark.python, PYSPARK_PYTHON)",
+            {},
+        ) from e
     problems: dict[str, list[str]] = {}
     for r in rows:
         for p in filter(None, r["problems"].split("\n")):
@@ -143,8 +155,13 @@ def preflight(spark: SparkSession, pool: QueuePool, task_modules: Sequence[str] 
         kinds = {p.partition(": ")[0] for r in rows for p in filter(None, r["problems"].split("\n"))}
         lines = [f"  - {h}: {'; '.join(ps)}" for h, ps in sorted(bad.items())]
         todo = [f"  * {REMEDY[k]}" for k in ("conveyor", "module", "server") if k in kinds]
-        raise PreflightError(f"conveyor pre-flight: {len(bad)} of {len(problems)} executor host(s) cannot do the work:\n"
-                             + "\n".join(lines) + "\nWhat to do:\n" + "\n".join(todo), bad)  # fmt: skip
+        raise PreflightError(
+            f"conveyor pre-flight: {len(bad)} of {len(problems)} executor host(s) cannot do the work:\n"
+            + "\n".join(lines)
+            + "\nWhat to do:\n"
+            + "\n".join(todo),
+            bad,
+        )
     _PASSED[key] = time.monotonic()
     log.info("pre-flight passed on %d host(s) in %.1f s", len(problems), time.monotonic() - started)
 

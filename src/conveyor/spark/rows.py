@@ -1,6 +1,9 @@
-"""Rows through the queue for `conveyor.spark.map`: putting them as messages (a few to a message,
-each a `RowRunner` call), running them (each row tried per the retry policy), and reading the
-outcomes back as Arrow batches with `_id`, `_error` and `_input`."""
+"""Rows through the queue for `conveyor.spark.map`: put as messages, run, read back.
+
+Putting them as messages (a few to a message, each a `RowRunner` call), running them (each row tried
+per the retry policy), and reading the outcomes back as Arrow batches with `_id`, `_error` and
+`_input`.
+"""
 
 from __future__ import annotations
 
@@ -47,8 +50,9 @@ class RowRunner:
     one row that crashes its process, or hangs, fails alone (`read_results` takes each row once).
     """
 
-    def __init__(self, func: Callable[[dict[str, Any]], Any], max_retries: int, schema: pa.Schema,
-                 row_options: TaskOptions | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, func: Callable[[dict[str, Any]], Any], max_retries: int, schema: pa.Schema, row_options: TaskOptions | None = None
+    ) -> None:
         self.func = func
         self.max_retries = max_retries
         self.schema = schema
@@ -85,22 +89,32 @@ class RowRunner:
         return [[*o, key] for o in out] if key.startswith(SPLIT_PREFIX) else out
 
     def _split(self, message: Message, rows: list[dict[str, Any]]) -> bool:
-        """Each row of `message` back on its server alone, once whatever the attempts (idempotency
-        keys); False where the worker has no servers to put them on (the rows then run together)."""
+        """Each row of `message` back on its server alone, once whatever the attempts.
+
+        Idempotency keys make it once. False where the worker has no servers to put them on (the
+        rows then run together).
+        """
         backend = worker_backend()
         if not isinstance(backend, ShardedQueues):
             return False
         name = message.headers[H_TASK]
-        backend.clients[message.id >> SHARD_SHIFT].put(message.queue, [
-            build_message(name, self.row_options, ([row],), {}, key=f"{SPLIT_PREFIX}{message.id}:{j}")
-            for j, row in enumerate(rows)])  # fmt: skip
+        backend.clients[message.id >> SHARD_SHIFT].put(
+            message.queue,
+            [
+                build_message(name, self.row_options, ([row],), {}, key=f"{SPLIT_PREFIX}{message.id}:{j}")
+                for j, row in enumerate(rows)
+            ],
+        )
         return True
 
 
 class _SplitLedger:
-    """The rows of split messages one server's read-back gives: each once (see RowRunner). A message's
-    own rows win if an earlier attempt's late ack stored them; else its split rows stand in for it,
-    also when it ended as a dead letter (its rows that have no split row still come from it)."""
+    """The rows of split messages one server's read-back gives: each once (see RowRunner).
+
+    A message's own rows win if an earlier attempt's late ack stored them; else its split rows stand
+    in for it, also when it ended as a dead letter (its rows that have no split row still come from
+    it).
+    """
 
     def __init__(self, dead_keys: Iterable[str]) -> None:
         self.split: dict[int, set[int]] = {}  # message id -> which of its rows were split off
@@ -128,8 +142,10 @@ class _SplitLedger:
 
 
 def _misfits(rows: list[dict[str, Any]], schema: pa.Schema, fit: FitCheck | None = None) -> dict[int, str]:
-    """The rows that do not convert to `schema`, by position, with why (none when `fit`, the
-    schema's quick check, vouches for all; else one conversion when all do)."""
+    """The rows that do not convert to `schema`, by position, with why.
+
+    Empty when `fit`, the schema's quick check, vouches for all; else one conversion when all do.
+    """
     if fit is not None and fit.surely_fit(rows):
         return {}
     import pyarrow as pa
@@ -144,15 +160,24 @@ def _misfits(rows: list[dict[str, Any]], schema: pa.Schema, fit: FitCheck | None
     if why(rows) is None:
         return {}
     plain = schema.remove_metadata()
-    return {k: f"the result {row!r:.200} does not fit the schema {plain}: {e}" for k, row in enumerate(rows)
-            if (e := why([row])) is not None}  # fmt: skip
+    return {
+        k: f"the result {row!r:.200} does not fit the schema {plain}: {e}"
+        for k, row in enumerate(rows)
+        if (e := why([row])) is not None
+    }
 
 
 def with_extra(schema: StructType) -> StructType:
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
-    return StructType([*schema.fields, StructField("_id", LongType(), False), StructField("_error", StringType(), True),
-                       StructField("_input", StringType(), True)])  # fmt: skip
+    return StructType(
+        [
+            *schema.fields,
+            StructField("_id", LongType(), False),
+            StructField("_error", StringType(), True),
+            StructField("_input", StringType(), True),
+        ]
+    )
 
 
 def put_partitions(pool: QueuePool, put_rows: Callable[..., int]) -> Callable[..., Any]:
@@ -170,8 +195,9 @@ def put_partitions(pool: QueuePool, put_rows: Callable[..., int]) -> Callable[..
     return put
 
 
-def putter(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOptions, k: int,
-           unreachable_s: float) -> Callable[..., int]:  # fmt: skip
+def putter(
+    pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOptions, k: int, unreachable_s: float
+) -> Callable[..., int]:
     """(batches, task) -> rows put: a task's rows onto the queue, up to k to a message.
 
     An Arrow batch of n rows makes ceil(n / k) messages, dealt like cards (message j takes rows j,
@@ -190,8 +216,10 @@ def putter(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOpti
             rows = batch.to_pylist()
             m = -(-len(rows) // k)
             # the key (job, partition, first row of the batch, message) lets a retried Spark task put nothing twice
-            messages = [_counted(build_message(task_name, opts, (rows[j::m],), {}, key=f"{job}:{part}:{n}:{j}", now=now),
-                                 len(rows[j::m])) for j in range(m)]  # fmt: skip
+            messages = [
+                _counted(build_message(task_name, opts, (rows[j::m],), {}, key=f"{job}:{part}:{n}:{j}", now=now), len(rows[j::m]))
+                for j in range(m)
+            ]
             if messages:
                 _put(pool, queue, messages, PUT_PATIENCE * unreachable_s)
             n += len(rows)
@@ -202,7 +230,9 @@ def putter(pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOpti
 
 def _counted(message: Message, rows: int) -> Message:
     """`message`, saying it carries `rows` rows: its consumer reports them (the dashboard's progress in rows).
-    A row split off it later (RowRunner) says nothing: its rows were counted with it."""
+
+    A row split off it later (RowRunner) says nothing: its rows were counted with it.
+    """
     return dataclasses.replace(message, headers={**message.headers, H_ROWS: str(rows)})
 
 
@@ -218,10 +248,12 @@ def _put(pool: QueuePool, queue: str, messages: list[Message], patience_s: float
             time.sleep(PUT_RETRY_S)
 
 
-def read_results(pool: QueuePool, queue: str, schema: StructType,
-          shards: Iterable[int]) -> Generator[pa.RecordBatch, None, dict[str, int]]:  # fmt: skip
-    """The output rows of `shards`: one per input row, from the results and the dead letters (the
-    rows of a split message once: `_SplitLedger`).
+def read_results(
+    pool: QueuePool, queue: str, schema: StructType, shards: Iterable[int]
+) -> Generator[pa.RecordBatch, None, dict[str, int]]:
+    """The output rows of `shards`: one per input row, from the results and the dead letters.
+
+    The rows of a split message come once (`_SplitLedger`).
 
     Returns how many rows it yielded, and how many of them failed (`out_rows`, `out_failed`).
     """
@@ -300,9 +332,12 @@ def _row(value: Any, names: list[str]) -> dict[str, Any]:
         if value.keys() != set(names):
             unknown = [k for k in value if k not in names]
             missing = [n for n in names if n not in value]
-            raise ConveyorError(f"map: func returned a dict that does not fit the columns {names}: "
-                                + "; ".join([*([f"unknown keys {unknown}"] if unknown else []),
-                                             *([f"no value for {missing}"] if missing else [])]))  # fmt: skip
+            raise ConveyorError(
+                f"map: func returned a dict that does not fit the columns {names}: "
+                + "; ".join(
+                    [*([f"unknown keys {unknown}"] if unknown else []), *([f"no value for {missing}"] if missing else [])]
+                )
+            )
         return {n: value[n] for n in names}
     if isinstance(value, (tuple, list)):
         if len(value) != len(names):

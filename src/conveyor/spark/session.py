@@ -83,10 +83,13 @@ def get_or_create_session(
 
 
 def driver_java_options(conf: dict[str, Any]) -> str | None:
-    """The embedded driver JVM's default options: `DRIVER_JAVA_OPTIONS`, and `COLLECTOR_OPTION` unless
-    what the launch reads chooses a collector (the session's settings, `_OPTION_ENVS`, the files of
-    Spark's conf directory, a --properties-file). None where one of those files sets the default
-    options itself: a setting here would override it."""
+    """The embedded driver JVM's default options.
+
+    `DRIVER_JAVA_OPTIONS`, and `COLLECTOR_OPTION` unless what the launch reads chooses a collector
+    (the session's settings, `_OPTION_ENVS`, the files of Spark's conf directory, a
+    --properties-file). None where one of those files sets the default options itself: a setting
+    here would override it.
+    """
     conf_dir = Path(os.environ.get("SPARK_CONF_DIR") or Path(os.environ.get("SPARK_HOME") or _pyspark_home()) / "conf")
     props = re.findall(r"--properties-file[= ](\S+)", os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
     texts = [_text(f) for f in [*(conf_dir / name for name in _OPTION_FILES), *map(Path, props)]]
@@ -152,8 +155,10 @@ def workers_python_error(exe: str) -> str | None:
         why = str(e)
     if why is None:
         return None
-    return (f"Spark's Python workers run {exe!r}, which cannot import conveyor ({why}). Set PYSPARK_PYTHON={_python()} "
-            "before the Spark session is created, or use conveyor.local()")  # fmt: skip
+    return (
+        f"Spark's Python workers run {exe!r}, which cannot import conveyor ({why}). Set PYSPARK_PYTHON={_python()} "
+        "before the Spark session is created, or use conveyor.local()"
+    )
 
 
 def _which(exe: str) -> str:
@@ -163,8 +168,11 @@ def _which(exe: str) -> str:
 
 
 def conf(spark: SparkSession, key: str, default: str = "") -> str:
-    """A Spark setting, or `default` when it is unset, empty or cannot be read (a session stopped, or
-    a Spark Connect server that refuses the key): callers only ever use settings to choose defaults."""
+    """A Spark setting, or `default` when it is unset, empty or cannot be read.
+
+    It cannot be read when the session is stopped, or from a Spark Connect server that refuses the
+    key. Callers only ever use settings to choose defaults.
+    """
     try:
         return str(spark.conf.get(key, default) or default)
     except Exception:

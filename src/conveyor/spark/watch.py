@@ -47,9 +47,19 @@ class JobWatch:
     cancellation error (which says only that the job was cancelled).
     """
 
-    def __init__(self, spark: SparkSession, pool: QueuePool, group: str, queues: list[str], *,
-                 unreachable_s: float, start_timeout_s: float, progress: bool | None = False,
-                 description: str = "rows", finished: Callable[[], bool] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        spark: SparkSession,
+        pool: QueuePool,
+        group: str,
+        queues: list[str],
+        *,
+        unreachable_s: float,
+        start_timeout_s: float,
+        progress: bool | None = False,
+        description: str = "rows",
+        finished: Callable[[], bool] | None = None,
+    ) -> None:
         self.spark, self.pool, self.group, self.queues = spark, pool, group, queues
         self.unreachable_s, self.start_timeout_s = unreachable_s, start_timeout_s
         self.bar = JoinProgress(enabled=progress, description=description)
@@ -91,9 +101,13 @@ class JobWatch:
                 self._cancel()
                 return
             if self.finished:
-                log.warning("job group %s: the work is done, but Spark still counts %s task(s) as running %.0f s later "
-                            "(on executors lost without a word); ending the job", self.group, self._running(),
-                            DONE_GRACE_S)  # fmt: skip
+                log.warning(
+                    "job group %s: the work is done, but Spark still counts %s task(s) as running %.0f s later "
+                    "(on executors lost without a word); ending the job",
+                    self.group,
+                    self._running(),
+                    DONE_GRACE_S,
+                )
                 self._cancel()
                 return
 
@@ -102,8 +116,12 @@ class JobWatch:
         for c, p in zip(self.pool.clients, per, strict=True):
             if isinstance(p, Exception) and c.address not in self._down:
                 self._down.add(c.address)
-                log.warning("queue server %s is out of reach (%s); the consumers retry it for up to %.0f s",
-                            c.address, p, self.unreachable_s)  # fmt: skip
+                log.warning(
+                    "queue server %s is out of reach (%s); the consumers retry it for up to %.0f s",
+                    c.address,
+                    p,
+                    self.unreachable_s,
+                )
             elif not isinstance(p, Exception) and c.address in self._down:
                 self._down.discard(c.address)
                 log.warning("queue server %s answers again", c.address)
@@ -117,9 +135,11 @@ class JobWatch:
         waited = time.monotonic() - self._started_at
         if waited > self.start_timeout_s and not self._any_task_started():
             executors = _executors(self.spark)
-            return NoSlotsError(f"no Spark task of job group {self.group} started within {waited:.0f} s: the cluster grants "
-                                f"no task slot ({executors} executor(s) registered). Check that the Spark workers are "
-                                "up and have free cores, or lower spark.executor.cores / spark.task.cpus")  # fmt: skip
+            return NoSlotsError(
+                f"no Spark task of job group {self.group} started within {waited:.0f} s: the cluster grants "
+                f"no task slot ({executors} executor(s) registered). Check that the Spark workers are "
+                "up and have free cores, or lower spark.executor.cores / spark.task.cpus"
+            )
         return None
 
     def _check_done(self, drained: bool) -> None:
@@ -134,8 +154,13 @@ class JobWatch:
     def _stages(self) -> list[Any]:
         """The stage infos of the group's jobs (raises where Spark cannot tell: Spark Connect)."""
         tracker = self.spark.sparkContext.statusTracker()
-        return [s for job in tracker.getJobIdsForGroup(self.group) if (info := tracker.getJobInfo(job))
-                for stage in info.stageIds if (s := tracker.getStageInfo(stage)) is not None]  # fmt: skip
+        return [
+            s
+            for job in tracker.getJobIdsForGroup(self.group)
+            if (info := tracker.getJobInfo(job))
+            for stage in info.stageIds
+            if (s := tracker.getStageInfo(stage)) is not None
+        ]
 
     def _running(self) -> int | str:
         try:

@@ -84,13 +84,23 @@ class Store(StoreInspection):
         except AttributeError:
             bad = next(i for i, m in enumerate(messages) if not isinstance(m, Message))
             raise TypeError(f"put takes Message objects; item {bad} is {type(messages[bad]).__name__}") from None
-        return self.put_columns(payloads, [m.priority for m in messages], [m.not_before for m in messages],
-                                [m.max_attempts for m in messages], [m.headers for m in messages])  # fmt: skip
+        return self.put_columns(
+            payloads,
+            [m.priority for m in messages],
+            [m.not_before for m in messages],
+            [m.max_attempts for m in messages],
+            [m.headers for m in messages],
+        )
 
-    def put_columns(self, payloads: Sequence[bytes], priority: int | Sequence[int] = 0,
-                    not_before: float | Sequence[float] = 0.0, max_attempts: int | Sequence[int] = 0,
-                    headers: Sequence[dict[str, str]] | None = None,
-                    before: Callable[[int], None] | None = None) -> list[int]:  # fmt: skip
+    def put_columns(
+        self,
+        payloads: Sequence[bytes],
+        priority: int | Sequence[int] = 0,
+        not_before: float | Sequence[float] = 0.0,
+        max_attempts: int | Sequence[int] = 0,
+        headers: Sequence[dict[str, str]] | None = None,
+        before: Callable[[int], None] | None = None,
+    ) -> list[int]:
         """`put` from per-message columns (a scalar applies to all), without building Messages.
 
         Ids are consecutive, ascending in the order given. `before(first id)` runs once the put is
@@ -176,8 +186,9 @@ class Store(StoreInspection):
         """Give a delivered message back: READY after `delay_s`, or FAILED when out of attempts."""
         return self.nack_many([msg_id], [error], delay_s, final)[0]
 
-    def nack_many(self, ids: Sequence[int], errors: Sequence[str] | None = None, delay_s: float = 0.0,
-                  final: bool = False) -> list[bool]:  # fmt: skip
+    def nack_many(
+        self, ids: Sequence[int], errors: Sequence[str] | None = None, delay_s: float = 0.0, final: bool = False
+    ) -> list[bool]:
         """`nack` for many ids at once; returns which nacks took effect (the id was DELIVERED).
 
         final: fail them now, whatever attempts are left (an error no retry can mend).
@@ -244,9 +255,12 @@ class Store(StoreInspection):
         return n
 
     def end_leases(self, ids: Sequence[int], deliveries: Sequence[int]) -> int:
-        """End now the deliveries of `ids` numbered `deliveries` (`delivery_numbers`), where they
-        still stand, as if their leases ran out (the attempt counts): for a consumer known to be
-        gone. Returns how many ended."""
+        """End now the deliveries of `ids` numbered `deliveries`, as if their leases ran out.
+
+        End now the deliveries of `ids` numbered `deliveries` (`delivery_numbers`), where they still
+        stand, as if their leases ran out (the attempt counts): for a consumer known to be gone.
+        Returns how many ended.
+        """
         self._check_open()
         live = as_ids(ids)[self.delivered_as(ids, deliveries)]
         live = live[first_occurrences(live)]
@@ -259,8 +273,11 @@ class Store(StoreInspection):
         return n
 
     def delivery_numbers(self, ids: Sequence[int]) -> list[int]:
-        """How many times each of `ids` was delivered: with its id, names its latest delivery (an
-        attempt does not: a release gives it back)."""
+        """How many times each of `ids` was delivered.
+
+        How many times each of `ids` was delivered: with its id, names its latest delivery (an
+        attempt does not: a release gives it back).
+        """
         idx, inside = self._state.index(as_ids(ids))
         return cast(list[int], np.where(inside, self._state.cols["deliveries"][idx], 0).tolist())
 
@@ -284,9 +301,18 @@ class Store(StoreInspection):
             self._state.relist(ids, now + EXPIRE_RETRY_S)  # still delivered: looked at again a little later
             raise
 
-    def _retry_or_fail(self, ids: np.ndarray, errors: list[str] | None, not_before: float | np.floating,
-                       now: float, final: bool = False, why: str = "") -> int:  # fmt: skip
-        """Requeue delivered ids, or fail those out of attempts, or all if final (errors None: the
+    def _retry_or_fail(
+        self,
+        ids: np.ndarray,
+        errors: list[str] | None,
+        not_before: float | np.floating,
+        now: float,
+        final: bool = False,
+        why: str = "",
+    ) -> int:
+        """Requeue delivered ids, or fail those out of attempts, or all if final.
+
+        Requeue delivered ids, or fail those out of attempts, or all if final (errors None: the
         lease ended, for the reason `why`).
 
         The dead letters are written first: on a full disk a nack is refused whole, and a lease

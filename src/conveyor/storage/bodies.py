@@ -22,8 +22,15 @@ _unpack_msg = MESSAGE_PREFIX.unpack_from
 _packb = msgpack.Packer(use_bin_type=True).pack
 
 
-def message_bodies(ids: np.ndarray, priority: np.ndarray, max_attempts: np.ndarray, not_before: np.ndarray,
-                   payloads: Sequence[bytes], headers: Sequence[dict[str, str]] | None, now: float) -> list[bytes]:  # fmt: skip
+def message_bodies(
+    ids: np.ndarray,
+    priority: np.ndarray,
+    max_attempts: np.ndarray,
+    not_before: np.ndarray,
+    payloads: Sequence[bytes],
+    headers: Sequence[dict[str, str]] | None,
+    now: float,
+) -> list[bytes]:
     """The bodies of new messages (columns of scheduling fields, one entry per id)."""
     pack = MESSAGE_PREFIX.pack
     cols = (ids.tolist(), priority.tolist(), max_attempts.tolist(), not_before.tolist())
@@ -38,10 +45,14 @@ def message_bodies(ids: np.ndarray, priority: np.ndarray, max_attempts: np.ndarr
     return out
 
 
-def read_messages(mapped: Callable[[int, int], mmap.mmap], segs: list[int], offs: list[int],
-                  sizes: list[int]) -> tuple[list[float], list[float], list[dict[str, str]], list[bytes]]:  # fmt: skip
-    """(enqueued_at, not_before, headers, payload) of the message bodies at these locations, read
-    through `mapped(segment, end)` (a `SegmentLog`'s maps: the caller holds the store's lock)."""
+def read_messages(
+    mapped: Callable[[int, int], mmap.mmap], segs: list[int], offs: list[int], sizes: list[int]
+) -> tuple[list[float], list[float], list[dict[str, str]], list[bytes]]:
+    """(enqueued_at, not_before, headers, payload) of the message bodies at these locations.
+
+    (enqueued_at, not_before, headers, payload) of the message bodies at these locations, read
+    through `mapped(segment, end)` (a `SegmentLog`'s maps: the caller holds the store's lock).
+    """
     at: list[float] = []
     nb: list[float] = []
     headers: list[dict[str, str]] = []

@@ -1,5 +1,7 @@
-"""Checks of what callers pass to a store's operations: a put's columns, results, errors, leases and
-id lists. Each raises TypeError or ValueError naming the operation, before the store changes anything."""
+"""Checks of what callers pass to a store's operations: a put's columns, results, errors, leases and id lists.
+
+Each raises TypeError or ValueError naming the operation, before the store changes anything.
+"""
 
 from __future__ import annotations
 
@@ -11,11 +13,19 @@ import numpy as np
 from conveyor.constants import MAX_ATTEMPTS_LIMIT, MAX_LEASE_S, PRIORITY_MAX, PRIORITY_MIN
 
 
-def check_put(payloads: Sequence[bytes], priority: int | Sequence[int], not_before: float | Sequence[float],
-              max_attempts: int | Sequence[int], headers: Sequence[dict[str, str]] | None,
-              default_max_attempts: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:  # fmt: skip
-    """The columns of a put of `payloads` (a scalar applies to all): (priority, not_before, max_attempts),
-    with max_attempts 0 replaced by `default_max_attempts`."""
+def check_put(
+    payloads: Sequence[bytes],
+    priority: int | Sequence[int],
+    not_before: float | Sequence[float],
+    max_attempts: int | Sequence[int],
+    headers: Sequence[dict[str, str]] | None,
+    default_max_attempts: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The columns of a put of `payloads`: (priority, not_before, max_attempts).
+
+    The columns of a put of `payloads` (a scalar applies to all): (priority, not_before,
+    max_attempts), with max_attempts 0 replaced by `default_max_attempts`.
+    """
     n = len(payloads)
     prio = column(priority, n, np.int64, "priority")
     max_att = column(max_attempts, n, np.int64, "max_attempts")
@@ -82,8 +92,11 @@ def as_ids(ids: Sequence[int]) -> np.ndarray:
 
 
 def column(value: object, n: int, dtype: type, name: str) -> np.ndarray:
-    """A writable array of n values from a sequence, or from one value for all; TypeError unless every
-    value is an integer (an integer dtype) or a number (a float dtype): 2.7 is no max_attempts."""
+    """A writable array of n values from a sequence, or from one value for all.
+
+    A writable array of n values from a sequence, or from one value for all; TypeError unless every
+    value is an integer (an integer dtype) or a number (a float dtype): 2.7 is no max_attempts.
+    """
     kinds = "iu" if np.dtype(dtype).kind in "iu" else "iuf"
     if type(value) in (list, tuple) and (seq := cast("Sequence[object]", value)) and seq.count(seq[0]) == len(seq):
         value = seq[0]  # the usual case: one value for all (equal values: 1 and 1.0 hold the same)

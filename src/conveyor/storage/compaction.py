@@ -1,5 +1,7 @@
-"""Compaction of a durable store: deleting segments whose records are all dead, and the contents of
-a rewritten index (one record per id that still matters).
+"""Compaction of a durable store: deleting dead segments, and the contents of a rewritten index.
+
+Compaction of a durable store: deleting segments whose records are all dead, and the contents of a
+rewritten index (one record per id that still matters).
 
 A segment whose messages are all finished and whose results and dead letters are all forgotten is
 deleted (the active one too, once it is a quarter full, by rolling to a new one) — at once, or,
@@ -23,9 +25,12 @@ log = logging.getLogger("conveyor.storage")
 
 
 def drop_dead_segments(path: Path, segs: SegmentLog, live: dict[int, int], doomed: list[int], at_once: bool) -> None:
-    """Delete the segments no record in `live` needs, or add them to `doomed` (unless `at_once`), to be
+    """Delete the segments no record in `live` needs, or add them to `doomed` for the next sync.
+
+    Delete the segments no record in `live` needs, or add them to `doomed` (unless `at_once`), to be
     deleted by the next sync: deleted before the index records that say so are synced, a machine
-    crash could leave answered puts with neither body nor record."""
+    crash could leave answered puts with neither body nor record.
+    """
     for s in [s for s, k in live.items() if k <= 0]:
         if s != segs.active or segs.sizes.get(s, 0) >= segs.segment_bytes // 4:
             if s == segs.active:
@@ -43,8 +48,9 @@ def drop_dead_segments(path: Path, segs: SegmentLog, live: dict[int, int], doome
         segs.drop(s)  # segments holding only padding or superseded records (found so on opening)
 
 
-def index_snapshot(st: QueueState, kept: dict[int, tuple[int, int, int]], failed_ids: set[int],
-                   reserved_upto: int) -> tuple[Header, bytes]:  # fmt: skip
+def index_snapshot(
+    st: QueueState, kept: dict[int, tuple[int, int, int]], failed_ids: set[int], reserved_upto: int
+) -> tuple[Header, bytes]:
     """The header and records of a rewritten index: one record per id that still matters."""
     low = st.advance_low()
     c = st.cols

@@ -64,11 +64,20 @@ FsyncPolicy = Literal["batch", "interval", "never"]
 class DurableStore(Store):
     """A queue store in a directory: crash-safe, compacting, and compact in memory."""
 
-    def __init__(self, path: str | Path, *, segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-                 fsync: FsyncPolicy = "batch", fsync_interval_s: float = DEFAULT_FSYNC_INTERVAL_S,
-                 repair: bool = False, queue: str = "", max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-                 lease_s: float = DEFAULT_LEASE_S, group_commit: bool = False,
-                 space: SpaceReserve | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        fsync: FsyncPolicy = "batch",
+        fsync_interval_s: float = DEFAULT_FSYNC_INTERVAL_S,
+        repair: bool = False,
+        queue: str = "",
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        lease_s: float = DEFAULT_LEASE_S,
+        group_commit: bool = False,
+        space: SpaceReserve | None = None,
+    ) -> None:
         """Open (or create) the store in `path`.
 
         group_commit: with fsync="batch", operations return before their fsync and the owner calls
@@ -109,8 +118,9 @@ class DurableStore(Store):
             os.close(self._lock_fd)
             raise
         if fsync == "interval":
-            self._syncer = threading.Thread(target=self._sync_every, args=(fsync_interval_s,),
-                                            name=f"conveyor-fsync-{self.path.name}", daemon=True)  # fmt: skip
+            self._syncer = threading.Thread(
+                target=self._sync_every, args=(fsync_interval_s,), name=f"conveyor-fsync-{self.path.name}", daemon=True
+            )
             self._syncer.start()
 
     # --- recovery -------------------------------------------------------------------------
@@ -128,8 +138,11 @@ class DurableStore(Store):
         self._compact()
 
     def _fail_lost(self, losses: list[Loss]) -> None:
-        """Make each id a repair could not keep FAILED, with a dead letter saying why, on disk before
-        the store serves (whatever the fsync policy): the next opening finds nothing missing."""
+        """Make each id a repair could not keep FAILED, with a dead letter saying why.
+
+        Make each id a repair could not keep FAILED, with a dead letter saying why, on disk before
+        the store serves (whatever the fsync policy): the next opening finds nothing missing.
+        """
         ids, attempts, bodies = lost_dead_letters(self._state, losses, self._segments.read, self.clock())
         self._prepare(len(ids))
         segs, offs, sizes = self._keep(ids, bodies, KIND_DEAD, "repair")
@@ -140,17 +153,23 @@ class DurableStore(Store):
         self._index.sync()
 
     def keep_ids_past(self, highest: int) -> None:
-        """Never assign ids up to `highest`, which the owner's own files name (a server's idempotency
+        """Never assign ids up to `highest`, which the owner's own files name.
+
+        Never assign ids up to `highest`, which the owner's own files name (a server's idempotency
         keys, written before their messages); when the reservation could not be read, start past
-        them as `conveyor.storage.reservation.past_lost` says."""
+        them as `conveyor.storage.reservation.past_lost` says.
+        """
         start = past_lost(highest + 1) if self._reservation_lost else highest + 1
         if start > self.next_id:
             self.skip_ids(start)
 
     # --- writes, and what a full disk does to them -------------------------------------------
     def _disk_error(self, e: OSError, what: str) -> StoreError:
-        """The store error for a failed write (which left the files as they were); a full disk gives
-        up the space reserve, so that the writes that take little keep working."""
+        """The store error for a failed write (which left the files as they were).
+
+        The store error for a failed write (which left the files as they were); a full disk gives up
+        the space reserve, so that the writes that take little keep working.
+        """
         if e.errno in DISK_FULL and self._space is not None:
             self._space.give_up()
         return store_error(e, f"{self.path}: {what}")
@@ -180,8 +199,9 @@ class DurableStore(Store):
                     self._space.give_up()  # what the reserve is for: try again in the room it leaves
 
     # --- hooks ----------------------------------------------------------------------------
-    def _store_messages(self, ids: np.ndarray, payloads: Sequence[bytes], headers: Sequence[dict[str, str]] | None,
-                        now: float) -> None:  # fmt: skip
+    def _store_messages(
+        self, ids: np.ndarray, payloads: Sequence[bytes], headers: Sequence[dict[str, str]] | None, now: float
+    ) -> None:
         c = self._state.cols
         a = int(ids[0]) - self._state.base
         b = a + len(ids)
@@ -194,9 +214,12 @@ class DurableStore(Store):
             self._live[int(s)] = self._live.get(int(s), 0) + int(k)
 
     def _reserve_ids(self, upto: int) -> None:
-        """Make sure no id below `upto` can be assigned again after a crash (see `IdReservation.cover`:
+        """Make sure no id below `upto` can be assigned again after a crash.
+
+        Make sure no id below `upto` can be assigned again after a crash (see `IdReservation.cover`:
         synced whatever the fsync policy, once per ID_RESERVE_CHUNK ids). A put starts here: while
-        the disk is full it is refused before anything is written."""
+        the disk is full it is refused before anything is written.
+        """
         if self._space is not None:
             self._space.check(self.path, "put")
         self._cover(upto, ahead=True)
@@ -225,10 +248,18 @@ class DurableStore(Store):
             order = np.argsort(seg, kind="stable")
             idx, seg, back = idx[order], seg[order], np.argsort(order).tolist()
         with self._lock:
-            at, nb, headers, payloads = read_messages(self._segments.mapped, seg.tolist(), c["off"][idx].tolist(),
-                                                      c["size"][idx].tolist())  # fmt: skip
-        cols = [c["priority"][idx].tolist(), c["attempts"][idx].tolist(), at, nb, c["max_attempts"][idx].tolist(),
-                headers, payloads]  # fmt: skip
+            at, nb, headers, payloads = read_messages(
+                self._segments.mapped, seg.tolist(), c["off"][idx].tolist(), c["size"][idx].tolist()
+            )
+        cols = [
+            c["priority"][idx].tolist(),
+            c["attempts"][idx].tolist(),
+            at,
+            nb,
+            c["max_attempts"][idx].tolist(),
+            headers,
+            payloads,
+        ]
         if back is not None:  # in the order taken
             cols = [[col[j] for j in back] for col in cols]
         return MessageBatch(self.queue, lease_s, ids.tolist(), *cols)
@@ -289,10 +320,13 @@ class DurableStore(Store):
                 raise self._disk_error(e, "index") from e
 
     def suspend(self) -> bool:
-        """Let go of every descriptor but the lock (a server holding many queues does so for the least
+        """Let go of every descriptor but the lock, until the next read or write.
+
+        Let go of every descriptor but the lock (a server holding many queues does so for the least
         used): the next read or write opens what it needs again. False (nothing done) while writes
         wait for a sync, which closing would run (on a server's event loop); under fsync="never"
-        they are left to the OS."""
+        they are left to the OS.
+        """
         with self._lock:
             if self._closed or (self.fsync != "never" and (self._segments.dirty or self._index.dirty)):
                 return False
@@ -325,8 +359,11 @@ class DurableStore(Store):
 
     # --- compaction -----------------------------------------------------------------------
     def _compact(self) -> None:
-        """Delete dead segments; rewrite the index once it is mostly superseded records (the thresholds
-        are read from this module's globals, so that a test can lower them)."""
+        """Delete dead segments; rewrite the index once it is mostly superseded records.
+
+        Delete dead segments; rewrite the index once it is mostly superseded records (the thresholds
+        are read from this module's globals, so that a test can lower them).
+        """
         at_once = self.fsync == "never" or self._sync_each  # else: at the next sync (see _doomed)
         drop_dead_segments(self.path, self._segments, self._live, self._doomed, at_once)
         st = self._state
@@ -341,10 +378,13 @@ class DurableStore(Store):
                 log.warning("%s: the index could not be rewritten (%s); it stays as it is", self.path, e)
 
     def _rewrite_index(self) -> None:
-        """Replace the index by one record per id that still matters. The new index is synced at once,
-        so the segments its records point into are synced first (bodies before the records that point
-        at them, as in a sync; but for fsync="never"): else a machine crash could leave it confirming
-        messages whose bodies never reached the disk, and opening would refuse it as cut short."""
+        """Replace the index by one record per id that still matters.
+
+        The new index is synced at once, so the segments its records point into are synced first
+        (bodies before the records that point at them, as in a sync; but for fsync="never"): else a
+        machine crash could leave it confirming messages whose bodies never reached the disk, and
+        opening would refuse it as cut short.
+        """
         if self.fsync != "never":
             self._segments.sync(always=True)
         self._index.rewrite(*index_snapshot(self._state, self._kept, self._failed_ids, self._reserved.upto))

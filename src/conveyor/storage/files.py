@@ -1,6 +1,9 @@
-"""File operations shared by the stores and the server: durable directory entries, a file replaced
+"""File operations shared by the stores and the server.
+
+File operations shared by the stores and the server: durable directory entries, a file replaced
 whole, a damaged file kept aside, space made sure of before it is needed, a directory locked for one
-process, and OS errors said plainly."""
+process, and OS errors said plainly.
+"""
 
 from __future__ import annotations
 
@@ -38,9 +41,12 @@ _fallocate = _libc_fallocate()
 
 
 def preallocate(fd: int, offset: int, length: int) -> bool:
-    """Allocate disk blocks for `fd`'s bytes [offset, offset + length) without changing its size, so
+    """Allocate disk blocks for `fd`'s bytes [offset, offset + length) without changing its size.
+
+    Allocate disk blocks for `fd`'s bytes [offset, offset + length) without changing its size, so
     that appends into them cannot fail for lack of space. False where the OS or file system cannot
-    (then appends take their chances). Raises OSError (ENOSPC) when the space is not there."""
+    (then appends take their chances). Raises OSError (ENOSPC) when the space is not there.
+    """
     if _fallocate is None or length <= 0:
         return False
     if _fallocate(fd, _FALLOC_FL_KEEP_SIZE, offset, length) == 0:
@@ -62,13 +68,17 @@ def store_error(e: OSError, what: str) -> StoreError:
     if e.errno in DISK_FULL:
         return DiskFullError(f"{what}: the disk is full ({e.strerror}); nothing was changed: retry once space is freed")
     if e.errno in (errno.EMFILE, errno.ENFILE):
-        return StoreError(f"{what}: too many open files ({e.strerror}): raise the descriptor limit (ulimit -n) "
-                          "or use fewer queues or connections")  # fmt: skip
+        return StoreError(
+            f"{what}: too many open files ({e.strerror}): raise the descriptor limit (ulimit -n) "
+            "or use fewer queues or connections"
+        )
     return StoreError(f"{what}: {type(e).__name__}: {e}")
 
 
 def write_all(fd: int, data: bytes, size: int, *, sync_cut: bool = True) -> None:
-    """Append `data` to `fd` (opened O_APPEND, now `size` bytes long) whole, or not at all: after a
+    """Append `data` to `fd` (opened O_APPEND, now `size` bytes long) whole, or not at all.
+
+    Append `data` to `fd` (opened O_APPEND, now `size` bytes long) whole, or not at all: after a
     failed or short write the file is cut back to `size` and the error raised.
 
     sync_cut: sync the cut, so that a machine crash cannot bring back what the caller was told is
@@ -100,8 +110,10 @@ def aside_name(path: Path) -> Path:
 
 
 def keep_aside(path: Path, *, move: bool = False) -> Path:
-    """Keep a damaged file as `aside_name(path)`: a hard link (the caller then replaces `path`), or
-    with `move`, a rename. Returns the new name."""
+    """Keep a damaged file as `aside_name(path)`: a hard link (the caller then replaces `path`), or with `move`, a rename.
+
+    Returns the new name.
+    """
     aside = aside_name(path)
     if move:
         path.rename(aside)

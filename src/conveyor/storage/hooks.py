@@ -1,4 +1,6 @@
-"""The hooks of a store: what an implementation fills in (where bytes are kept, and how changes are
+"""The hooks of a store: what an implementation fills in.
+
+The hooks of a store: what an implementation fills in (where bytes are kept, and how changes are
 persisted), under the state that the shared operations (`Store`, `StoreInspection`) decide on.
 
 The shared logic calls them in a fixed order: `_prepare` before anything changes, `_keep_*` before
@@ -32,14 +34,18 @@ class StoreHooks(ABC):
             raise StoreClosedError(f"store {self.queue!r} is closed")
 
     @abstractmethod
-    def _store_messages(self, ids: np.ndarray, payloads: Sequence[bytes], headers: Sequence[dict[str, str]] | None,
-                        now: float) -> None:  # fmt: skip
+    def _store_messages(
+        self, ids: np.ndarray, payloads: Sequence[bytes], headers: Sequence[dict[str, str]] | None, now: float
+    ) -> None:
         """Keep new messages' payloads and headers (state already holds their scheduling fields)."""
 
     @abstractmethod
     def _reserve_ids(self, upto: int) -> None:
-        """Make sure ids below `upto` are never assigned again, even after a crash (a durable store
-        records that before the ids are used). A put starts here: it may be refused (disk full)."""
+        """Make sure ids below `upto` are never assigned again, even after a crash.
+
+        Make sure ids below `upto` are never assigned again, even after a crash (a durable store
+        records that before the ids are used). A put starts here: it may be refused (disk full).
+        """
 
     @abstractmethod
     def _load(self, ids: np.ndarray, lease_s: float) -> MessageBatch:
@@ -47,9 +53,12 @@ class StoreHooks(ABC):
 
     @abstractmethod
     def _prepare(self, n: int) -> None:
-        """Make sure the records of a transition of `n` messages can be written whatever happens to
-        the free space meanwhile (raises DiskFullError when they cannot be). Called before anything
-        changes, so that a full disk refuses an operation whole rather than failing it halfway."""
+        """Make sure the records of a transition of `n` messages can be written.
+
+        Make sure the records of a transition of `n` messages can be written whatever happens to the
+        free space meanwhile (raises DiskFullError when they cannot be). Called before anything
+        changes, so that a full disk refuses an operation whole rather than failing it halfway.
+        """
 
     @abstractmethod
     def _sizes(self, ids: np.ndarray) -> np.ndarray:
@@ -58,7 +67,9 @@ class StoreHooks(ABC):
     @abstractmethod
     def _keep_results(self, ids: np.ndarray, results: Sequence[bytes | None]) -> Any:
         """Write the results of messages about to be ACKED, before they are (None: no result).
-        Returns what `_record` needs to find them."""
+
+        Returns what `_record` needs to find them.
+        """
 
     @abstractmethod
     def _keep_dead(self, ids: np.ndarray, errors: Sequence[str], now: float) -> Any:
@@ -68,7 +79,8 @@ class StoreHooks(ABC):
     def _record(self, ids: np.ndarray, status: int, kept: Any, now: float) -> None:
         """Persist a transition of `ids` to `status` (`kept`: what `_keep_results` or `_keep_dead` returned).
 
-        Must not fail for lack of space: `_prepare` made room for it."""
+        Must not fail for lack of space: `_prepare` made room for it.
+        """
 
     @abstractmethod
     def _commit(self) -> None:

@@ -1,6 +1,9 @@
-"""Helpers over arrays of message ids: first occurrences within a batch, membership of sorted ids,
+"""Helpers over arrays of message ids, in numpy.
+
+Helpers over arrays of message ids: first occurrences within a batch, membership of sorted ids,
 [start, end) ranges of ids, and ids sorted for paging. Numpy throughout: batches and recoveries
-handle millions of ids."""
+handle millions of ids.
+"""
 
 from __future__ import annotations
 

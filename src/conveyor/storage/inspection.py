@@ -1,5 +1,7 @@
-"""The read-only operations of a store: statuses, counts, and paging through kept results and dead
-letters. They change nothing, so they persist nothing; `Store` adds the operations that change a queue."""
+"""The read-only operations of a store: statuses, counts, and paging through kept results and dead letters.
+
+They change nothing, so they persist nothing; `Store` adds the operations that change a queue.
+"""
 
 from __future__ import annotations
 
@@ -38,8 +40,11 @@ class StoreInspection(StoreHooks):
                 yield i, r
 
     def dead_letters(self, after: int = 0, limit: int | None = None, max_bytes: int | None = None) -> list[DeadLetter]:
-        """FAILED messages not forgotten, in id order, from the first id above `after`, at most `limit`,
-        and no more than fit in `max_bytes` of payloads, headers and errors (at least one)."""
+        """FAILED messages not forgotten, in id order, from the first id above `after`.
+
+        FAILED messages not forgotten, in id order, from the first id above `after`, at most
+        `limit`, and no more than fit in `max_bytes` of payloads, headers and errors (at least one).
+        """
         self._check_open()
         out: list[DeadLetter] = []
         size = 0
@@ -69,8 +74,11 @@ class StoreInspection(StoreHooks):
         return self._state.next_wakeup()
 
     def poll_wait(self, left: float) -> float:
-        """How long a long poll may wait for a put: at most `left`, and no later than just after a
-        delayed message may come due or a lease run out (then `get` may find something)."""
+        """How long a long poll may wait for a put: at most `left`.
+
+        How long a long poll may wait for a put: at most `left`, and no later than just after a
+        delayed message may come due or a lease run out (then `get` may find something).
+        """
         wake = self.next_wakeup()
         return left if wake is None else min(left, max(wake - self.clock(), 0.0) + POLL_GRACE_S)
 
@@ -94,5 +102,11 @@ class StoreInspection(StoreHooks):
     def stats(self) -> Stats:
         self._check_open()
         c = self._state.counts(self.clock())
-        return Stats(ready=c[ST_READY], delivered=c[ST_DELIVERED], acked=c[ST_ACKED], failed=c[ST_FAILED],
-                     delayed=c[ST_DELAYED], bytes_on_disk=self._bytes_on_disk())  # fmt: skip
+        return Stats(
+            ready=c[ST_READY],
+            delivered=c[ST_DELIVERED],
+            acked=c[ST_ACKED],
+            failed=c[ST_FAILED],
+            delayed=c[ST_DELAYED],
+            bytes_on_disk=self._bytes_on_disk(),
+        )

@@ -1,4 +1,6 @@
-"""Records the index confirmed and the segments no longer hold: found on opening, refused without
+"""Records the index confirmed and the segments no longer hold, found on opening.
+
+Records the index confirmed and the segments no longer hold: found on opening, refused without
 repair, and with it reported id by id and kept as FAILED messages whose dead letters say why.
 
 The index records every change after a put: a delivery, a requeue, an ack with its result's place,
@@ -51,8 +53,10 @@ class Loss:
         """The error of the dead letter a repair makes for each id."""
 
         def said(what: str, left: str) -> str:
-            return (f"{LOST_PREFIX} the index confirmed {what}, but the record is gone from {self.where()} (the file "
-                    f"was cut short or damaged, and opened with repair); {left} is kept")  # fmt: skip
+            return (
+                f"{LOST_PREFIX} the index confirmed {what}, but the record is gone from {self.where()} (the file "
+                f"was cut short or damaged, and opened with repair); {left} is kept"
+            )
 
         out = dict.fromkeys(self.messages, said("its message", "nothing of it"))
         for i in self.kept:
@@ -60,13 +64,17 @@ class Loss:
         return out
 
 
-def find_losses(path: Path, sizes: dict[int, int], found: np.ndarray, lost_messages: np.ndarray,
-                lost_kept: dict[int, int]) -> list[Loss]:  # fmt: skip
-    """The losses by segment, in segment order. `sizes`: segment -> where its intact records end;
-    `found`: the message records found (SCAN_DTYPE, ascending ids); `lost_messages`: ids the index
-    names unfinished whose bodies are not found; `lost_kept`: id -> segment of results and dead
-    letters not found. A lost message is placed in the segment holding the message before it
-    (bodies are appended in id order), or the first segment."""
+def find_losses(
+    path: Path, sizes: dict[int, int], found: np.ndarray, lost_messages: np.ndarray, lost_kept: dict[int, int]
+) -> list[Loss]:
+    """The losses by segment, in segment order.
+
+    `sizes`: segment -> where its intact records end; `found`: the message records found
+    (SCAN_DTYPE, ascending ids); `lost_messages`: ids the index names unfinished whose bodies are
+    not found; `lost_kept`: id -> segment of results and dead letters not found. A lost message is
+    placed in the segment holding the message before it (bodies are appended in id order), or the
+    first segment.
+    """
     segs, ids = np.asarray(found["seg"], np.int64), np.asarray(found["id"], np.int64)
     before = np.searchsorted(ids, lost_messages) - 1
     first = min(sizes, default=1)
@@ -78,31 +86,44 @@ def find_losses(path: Path, sizes: dict[int, int], found: np.ndarray, lost_messa
         by_seg.setdefault(s, ([], []))[1].append(i)
     kept = np.array(sorted(lost_kept), np.int64)
     has = member(kept, ids)
-    bodies = {int(i): (int(found["seg"][j]), int(found["off"][j]), int(found["size"][j]))
-              for i, j in zip(kept[has], np.searchsorted(ids, kept[has]), strict=True)}  # fmt: skip
-    return [Loss(path / SEGMENT_NAME.format(s), sizes.get(s, 0), m, k, {i: bodies[i] for i in k if i in bodies})
-            for s, (m, k) in sorted(by_seg.items())]  # fmt: skip
+    bodies = {
+        int(i): (int(found["seg"][j]), int(found["off"][j]), int(found["size"][j]))
+        for i, j in zip(kept[has], np.searchsorted(ids, kept[has]), strict=True)
+    }
+    return [
+        Loss(path / SEGMENT_NAME.format(s), sizes.get(s, 0), m, k, {i: bodies[i] for i in k if i in bodies})
+        for s, (m, k) in sorted(by_seg.items())
+    ]
 
 
 def refusal(losses: list[Loss]) -> CorruptStoreError:
     """The error of an opening without repair: the first segment short of what the index confirms."""
     x = losses[0]
-    parts = [f"unfinished messages {ranges(x.messages)}" if x.messages else "",
-             f"results or dead letters {ranges(x.kept)}" if x.kept else ""]  # fmt: skip
+    parts = [
+        f"unfinished messages {ranges(x.messages)}" if x.messages else "",
+        f"results or dead letters {ranges(x.kept)}" if x.kept else "",
+    ]
     others = sum(len(y.messages) + len(y.kept) for y in losses[1:])
     more = f"; {others:,} more ids in {len(losses) - 1} other segment(s)" if others else ""
     where = "beyond this offset, where its intact records end" if x.segment.exists() else "in it, and the file is gone"
-    return CorruptStoreError(str(x.segment), x.end,
-                             f"the index confirms the records of {len(x.messages) + len(x.kept):,} ids {where} "
-                             f"({'; '.join(p for p in parts if p)}): the file was cut short or damaged (a crash tears "
-                             f"off only records the index never confirmed){more}")  # fmt: skip
+    return CorruptStoreError(
+        str(x.segment),
+        x.end,
+        f"the index confirms the records of {len(x.messages) + len(x.kept):,} ids {where} "
+        f"({'; '.join(p for p in parts if p)}): the file was cut short or damaged (a crash tears "
+        f"off only records the index never confirmed){more}",
+    )
 
 
-def lost_dead_letters(st: QueueState, losses: list[Loss], read: Callable[[int, int, int], bytes],
-                      now: float) -> tuple[np.ndarray, np.ndarray, list[bytes]]:  # fmt: skip
-    """(ids, attempts, dead-letter bodies) for every id in `losses`, in id order: each error says
-    what was lost and where; the message's body is kept where it is still there (`read(seg, off,
-    size)`: so a lost result's message can be requeued), else the body has an empty payload."""
+def lost_dead_letters(
+    st: QueueState, losses: list[Loss], read: Callable[[int, int, int], bytes], now: float
+) -> tuple[np.ndarray, np.ndarray, list[bytes]]:
+    """(ids, attempts, dead-letter bodies) for every id in `losses`, in id order.
+
+    (ids, attempts, dead-letter bodies) for every id in `losses`, in id order: each error says what
+    was lost and where; the message's body is kept where it is still there (`read(seg, off, size)`:
+    so a lost result's message can be requeued), else the body has an empty payload.
+    """
     error = {i: e for x in losses for i, e in x.errors().items()}
     where = {i: loc for x in losses for i, loc in x.bodies.items()}
     ids = np.array(sorted(error), np.int64)

@@ -17,16 +17,19 @@ _FINISHED = (ST_ACKED, ST_FAILED, ST_NONE)
 class MemoryStore(Store):
     """A queue store in memory. Fast, and lost when the process ends."""
 
-    def __init__(self, queue: str = "", *, max_attempts: int = DEFAULT_MAX_ATTEMPTS,
-                 lease_s: float = DEFAULT_LEASE_S) -> None:  # fmt: skip
-        super().__init__(queue, max_attempts, lease_s,
-                         {"payload": object, "headers": object, "nb": np.float64, "at": np.float64,
-                          "size": np.int64})  # fmt: skip
+    def __init__(self, queue: str = "", *, max_attempts: int = DEFAULT_MAX_ATTEMPTS, lease_s: float = DEFAULT_LEASE_S) -> None:
+        super().__init__(
+            queue,
+            max_attempts,
+            lease_s,
+            {"payload": object, "headers": object, "nb": np.float64, "at": np.float64, "size": np.int64},
+        )
         self._results: dict[int, bytes] = {}
         self._dead: dict[int, DeadLetter] = {}
 
-    def _store_messages(self, ids: np.ndarray, payloads: Sequence[bytes], headers: Sequence[dict[str, str]] | None,
-                        now: float) -> None:  # fmt: skip
+    def _store_messages(
+        self, ids: np.ndarray, payloads: Sequence[bytes], headers: Sequence[dict[str, str]] | None, now: float
+    ) -> None:
         a = int(ids[0]) - self._state.base
         b = a + len(ids)
         cols = self._state.cols
@@ -42,18 +45,35 @@ class MemoryStore(Store):
     def _load(self, ids: np.ndarray, lease_s: float) -> MessageBatch:
         idx = ids - self._state.base
         c = self._state.cols
-        return MessageBatch(self.queue, lease_s, ids.tolist(), c["priority"][idx].tolist(), c["attempts"][idx].tolist(),
-                            c["at"][idx].tolist(), c["nb"][idx].tolist(), c["max_attempts"][idx].tolist(),
-                            [{} if h is None else dict(h) for h in c["headers"][idx].tolist()],
-                            c["payload"][idx].tolist())  # fmt: skip
+        return MessageBatch(
+            self.queue,
+            lease_s,
+            ids.tolist(),
+            c["priority"][idx].tolist(),
+            c["attempts"][idx].tolist(),
+            c["at"][idx].tolist(),
+            c["nb"][idx].tolist(),
+            c["max_attempts"][idx].tolist(),
+            [{} if h is None else dict(h) for h in c["headers"][idx].tolist()],
+            c["payload"][idx].tolist(),
+        )
 
     def _message(self, msg_id: int, lease_s: float) -> Message:
         i = msg_id - self._state.base
         c = self._state.cols
         h = c["headers"][i]
-        return make_message(msg_id, self.queue, c["payload"][i], int(c["priority"][i]), int(c["attempts"][i]),
-                            float(c["at"][i]), float(c["nb"][i]), lease_s, int(c["max_attempts"][i]),
-                            {} if h is None else dict(h))  # fmt: skip
+        return make_message(
+            msg_id,
+            self.queue,
+            c["payload"][i],
+            int(c["priority"][i]),
+            int(c["attempts"][i]),
+            float(c["at"][i]),
+            float(c["nb"][i]),
+            lease_s,
+            int(c["max_attempts"][i]),
+            {} if h is None else dict(h),
+        )
 
     def _reserve_ids(self, upto: int) -> None:
         pass  # ids live and die with this process: none can be reused after a crash

@@ -50,10 +50,14 @@ class Recovered:
     reservation_lost: bool  # the reservation could not be read: ids start past `past_lost`
 
 
-def recover(path: Path, segments: SegmentLog, index: IndexLog, st: QueueState, reserved: IdReservation,
-            repair: bool) -> Recovered:  # fmt: skip
-    """Open `segments` and `index` (repairing damage if `repair`) and load what they hold into `st`,
-    a new state; no id below the reservation (or any id the files name) is assigned again."""
+def recover(
+    path: Path, segments: SegmentLog, index: IndexLog, st: QueueState, reserved: IdReservation, repair: bool
+) -> Recovered:
+    """Open `segments` and `index` (repairing damage if `repair`) and load what they hold into `st`.
+
+    Open `segments` and `index` (repairing damage if `repair`) and load what they hold into `st`, a
+    new state; no id below the reservation (or any id the files name) is assigned again.
+    """
     scan = segments.open(repair)
     had_index = index.file.exists()
     rec = index.open(repair)
@@ -98,8 +102,13 @@ def recover(path: Path, segments: SegmentLog, index: IndexLog, st: QueueState, r
     segments.settle(scan, {x.segment for x in losses})
     if losses:
         lost_ids = [i for x in losses for i in (*x.messages, *x.kept)]
-        log.warning("%s: the repair could not keep what the index confirmed of %d ids: %s; each reads FAILED now, "
-                    "its dead letter saying what was lost where", path, len(lost_ids), ranges(lost_ids, None))  # fmt: skip
+        log.warning(
+            "%s: the repair could not keep what the index confirmed of %d ids: %s; each reads FAILED now, "
+            "its dead letter saying what was lost where",
+            path,
+            len(lost_ids),
+            ranges(lost_ids, None),
+        )
         status[lost] = ST_FAILED
     status[status == ST_DELAYED] = ST_READY
     idx = st.load(ids, status, prio, attempts, max_att, until, now)
@@ -124,23 +133,34 @@ def recover(path: Path, segments: SegmentLog, index: IndexLog, st: QueueState, r
 
 
 def _lost_reservation(path: Path, reserved: IdReservation, shown: int) -> bool:
-    """Whether the reservation cannot be read (logged, with what the store does about it). A missing
-    (or empty) file is lost only once the files show ids were handed out (`shown`: above them all)."""
+    """Whether the reservation cannot be read (logged, with what the store does about it).
+
+    A missing (or empty) file is lost only once the files show ids were handed out (`shown`: above
+    them all).
+    """
     keys = path / KEYS_LOG_NAME
     why = reserved.unreadable
     if why is None and reserved.missing and (shown > 1 or (keys.exists() and keys.stat().st_size > 0)):
         why = "the file is missing or empty, though the store has handed out ids"
     if why is None:
         return False
-    log.warning("%s cannot be read (%s): ids up to the lost reservation may have been handed out; ids start at %d, "
-                "past the highest any file shows (%d) and the largest reservation that can be lost",
-                reserved.file, why, past_lost(shown), shown - 1)  # fmt: skip
+    log.warning(
+        "%s cannot be read (%s): ids up to the lost reservation may have been handed out; ids start at %d, "
+        "past the highest any file shows (%d) and the largest reservation that can be lost",
+        reserved.file,
+        why,
+        past_lost(shown),
+        shown - 1,
+    )
     return True
 
 
 def _kept(segments: SegmentLog, scan: Scan, last: np.ndarray) -> tuple[dict[int, tuple[int, int, int]], dict[int, int]]:
-    """Where the results and dead letters still kept are, whatever their id (`last`: the last index
-    record per id); and the segment of each one lost (cut off or damaged)."""
+    """Where the results and dead letters still kept are, and the segment of each one lost.
+
+    Where the results and dead letters still kept are, whatever their id (`last`: the last index
+    record per id); and the segment of each one lost (cut off or damaged).
+    """
     out: dict[int, tuple[int, int, int]] = {}
     lost: dict[int, int] = {}
     kept = ((last["status"] == ST_ACKED) | (last["status"] == ST_FAILED)) & (last["len"] > 0)
@@ -153,9 +173,13 @@ def _kept(segments: SegmentLog, scan: Scan, last: np.ndarray) -> tuple[dict[int,
             # the record moved (a repaired segment) or is gone: look for it by kind and id
             if found is None:
                 k = np.concatenate(scan.kept) if scan.kept else np.zeros(0, KEPT_DTYPE)
-                found = dict(zip(zip(k["kind"].tolist(), k["id"].tolist(), strict=True),
-                                 zip(k["seg"].tolist(), k["off"].tolist(), k["size"].tolist(), strict=True),
-                                 strict=True))  # fmt: skip
+                found = dict(
+                    zip(
+                        zip(k["kind"].tolist(), k["id"].tolist(), strict=True),
+                        zip(k["seg"].tolist(), k["off"].tolist(), k["size"].tolist(), strict=True),
+                        strict=True,
+                    )
+                )
             loc = found.get((kind, i))
         if loc is not None:
             out[i] = loc

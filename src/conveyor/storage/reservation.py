@@ -93,13 +93,21 @@ class IdReservation:
             self.unreadable = "no slot passes its checksum"
         elif bad:
             self.torn = True
-            log.warning("%s: slot %d fails its checksum (a raise torn by a crash leaves this): the reservation in "
-                        "the other slot (%d) stands", self.file, bad[0], self.upto)  # fmt: skip
+            log.warning(
+                "%s: slot %d fails its checksum (a raise torn by a crash leaves this): the reservation in "
+                "the other slot (%d) stands",
+                self.file,
+                bad[0],
+                self.upto,
+            )
 
     def cover(self, upto: int, ahead: bool) -> None:
-        """Make sure the ids below `upto` are reserved. When they are not, reserve them and, with
-        `ahead`, a chunk more: ID_RESERVE_CHUNK ids, doubled (up to ID_RESERVE_MOST) while raises
-        come less than a second apart, so that a fast stream of puts syncs rarely."""
+        """Make sure the ids below `upto` are reserved.
+
+        When they are not, reserve them and, with `ahead`, a chunk more: ID_RESERVE_CHUNK ids,
+        doubled (up to ID_RESERVE_MOST) while raises come less than a second apart, so that a fast
+        stream of puts syncs rarely.
+        """
         if upto <= self.upto:
             return
         now = time.monotonic()

@@ -1,6 +1,9 @@
-"""The orders a queue's state keeps its ids in: READY ids in one FIFO per priority (`Fifo`), delayed
+"""The orders a queue's state keeps its ids in: FIFOs per priority, and heaps by time.
+
+The orders a queue's state keeps its ids in: READY ids in one FIFO per priority (`Fifo`), delayed
 ids and leases in heaps by time (`push_by_time`). Entries whose message moved on stay in place and
-are skipped when popped (lazy deletion): the state checks each popped id's status."""
+are skipped when popped (lazy deletion): the state checks each popped id's status.
+"""
 
 from __future__ import annotations
 

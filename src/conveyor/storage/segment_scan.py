@@ -51,8 +51,17 @@ _MIN_RECORD = RECORD_OVERHEAD + BODY_PREFIX.size
 
 
 # what a recovery scan reports per message record
-SCAN_DTYPE = np.dtype([("id", "<i8"), ("seg", "<u4"), ("off", "<u4"), ("size", "<u4"), ("priority", "<i4"),
-                       ("max_attempts", "<u2"), ("not_before", "<f8")])  # fmt: skip
+SCAN_DTYPE = np.dtype(
+    [
+        ("id", "<i8"),
+        ("seg", "<u4"),
+        ("off", "<u4"),
+        ("size", "<u4"),
+        ("priority", "<i4"),
+        ("max_attempts", "<u2"),
+        ("not_before", "<f8"),
+    ]
+)
 # and per result or dead-letter record
 KEPT_DTYPE = np.dtype([("kind", "u1"), ("id", "<i8"), ("seg", "<u4"), ("off", "<u4"), ("size", "<u4")])
 _CHUNK = 65536  # records verified per vectorised step
@@ -61,8 +70,10 @@ _CHUNK = 65536  # records verified per vectorised step
 @dataclass(frozen=True)
 class Cut:
     """A bad tail a scan found: cut off by `cut_torn`, not before (a refused open changes nothing).
+
     One of a sealed segment is never a torn tail (it was synced whole when the next one began):
-    opening refuses it (see `refuse_sealed`)."""
+    opening refuses it (see `refuse_sealed`).
+    """
 
     file: Path
     keep: int  # bytes kept (0: a torn header, the file is removed)
@@ -72,8 +83,11 @@ class Cut:
 
 @dataclass
 class Scan:
-    """What a recovery scan found: the message records (SCAN_DTYPE arrays), the result and dead-letter
-    records (KEPT_DTYPE arrays), the torn tails to cut, and what it repaired."""
+    """What a recovery scan found: records, torn tails to cut, and what it repaired.
+
+    What a recovery scan found: the message records (SCAN_DTYPE arrays), the result and dead-letter
+    records (KEPT_DTYPE arrays), the torn tails to cut, and what it repaired.
+    """
 
     messages: list[np.ndarray] = field(default_factory=list)
     kept: list[np.ndarray] = field(default_factory=list)
@@ -83,9 +97,12 @@ class Scan:
 
 
 def verify_segment(f: Path, seg: int, last: bool, repair: bool, scan: Scan) -> int | None:
-    """Verify the segment file `f` (number `seg`; `last`: the newest one), adding its records to `scan`;
-    returns its size without a torn tail (added to `scan.cuts`) and once damage is repaired, or None
-    when the file is no segment (a torn header, or a damaged header moved aside)."""
+    """Verify the segment file `f` (number `seg`), adding its records to `scan`.
+
+    Verify the segment file `f` (number `seg`; `last`: the newest one), adding its records to
+    `scan`; returns its size without a torn tail (added to `scan.cuts`) and once damage is repaired,
+    or None when the file is no segment (a torn header, or a damaged header moved aside).
+    """
     size = f.stat().st_size
     if size < SEGMENT_HEADER.size:
         if not last:
@@ -138,12 +155,16 @@ def refuse_sealed(scan: Scan) -> None:
 
 
 def cut_torn(scan: Scan, short: set[Path]) -> None:
-    """Cut off the tails `scan` found, each with a warning: torn tails, or, in the files in `short`
-    (cut short below what the index confirms: a repair), the broken end of what is left."""
+    """Cut off the tails `scan` found, each with a warning.
+
+    Cut off the tails `scan` found, each with a warning: torn tails, or, in the files in `short`
+    (cut short below what the index confirms: a repair), the broken end of what is left.
+    """
     for c in scan.cuts:
         if c.file in short:
-            log.warning("%s: cut short: what is left of a record at offset %d cut off (%d bytes)", c.file, c.keep,
-                        c.size - c.keep)  # fmt: skip
+            log.warning(
+                "%s: cut short: what is left of a record at offset %d cut off (%d bytes)", c.file, c.keep, c.size - c.keep
+            )
         elif c.keep == 0:
             log.warning("%s: torn segment header (%d bytes), removed", c.file, c.size)
         else:
@@ -163,9 +184,12 @@ def _damaged(f: Path, offset: int, reason: str, repair: bool, scan: Scan) -> Non
 
 
 def _repair(f: Path, mm: mmap.mmap, size: int, bad: list[tuple[int, int]], scan: Scan) -> int:
-    """Turn each damaged span of `f` into one padding record, in place (a damaged tail is cut
-    instead), so intact records keep their offsets and no room for a copy is needed; returns the
-    new size. The damaged bytes are kept first, at their offsets, in a sparse file beside it."""
+    """Turn each damaged span of `f` into one padding record, in place; returns the new size.
+
+    Turn each damaged span of `f` into one padding record, in place (a damaged tail is cut instead),
+    so intact records keep their offsets and no room for a copy is needed; returns the new size. The
+    damaged bytes are kept first, at their offsets, in a sparse file beside it.
+    """
     aside = aside_name(f)
     with open(aside, "wb") as out:
         for start, end in bad:
@@ -193,7 +217,9 @@ def _repair(f: Path, mm: mmap.mmap, size: int, bad: list[tuple[int, int]], scan:
 
 
 def _valid_records(raw: np.ndarray, mv: memoryview, pos: int, size: int, seg: int, scan: Scan) -> int:
-    """Verify the run of valid records starting at `pos` (up to _CHUNK of them), adding its message
+    """Verify the run of valid records starting at `pos`, adding its message records to `scan`.
+
+    Verify the run of valid records starting at `pos` (up to _CHUNK of them), adding its message
     records to `scan`; returns where the run ends (`pos` itself if the record there is bad).
 
     Only the walk over sizes is sequential; footers, CRCs and prefixes are checked per chunk.

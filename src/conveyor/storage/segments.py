@@ -62,8 +62,11 @@ class SegmentLog:
         return scan
 
     def settle(self, scan: Scan, short: set[Path]) -> None:
-        """Cut off the torn tails `scan` found (see `cut_torn`: `short`, the files cut short) and make
-        the newest segment the active one (a new one if none)."""
+        """Cut off the torn tails `scan` found and make the newest segment the active one.
+
+        Cut off the torn tails `scan` found (see `cut_torn`: `short`, the files cut short) and make
+        the newest segment the active one (a new one if none).
+        """
         cut_torn(scan, short)
         if self.sizes:
             self.active = max(self.sizes)
@@ -162,8 +165,11 @@ class SegmentLog:
         return self._fd
 
     def sync(self, always: bool = False) -> None:
-        """fsync the active segment if it has unsynced writes; `always`: whatever it has, so that a sync
-        another thread runs on it (see `take_dirty`) has finished too."""
+        """fsync the active segment if it has unsynced writes.
+
+        fsync the active segment if it has unsynced writes; `always`: whatever it has, so that a
+        sync another thread runs on it (see `take_dirty`) has finished too.
+        """
         if (self.dirty or always) and self._fd >= 0:
             self.dirty = False
             os.fsync(self._fd)
@@ -184,8 +190,10 @@ class SegmentLog:
         return self.mapped(seg, off + size)[off : off + size]
 
     def mapped(self, seg: int, end: int) -> mmap.mmap:
-        """The map of a segment, covering at least its first `end` bytes. At most MAX_MAPS stay
-        mapped (each holds a descriptor): use it before asking for another."""
+        """The map of a segment, covering at least its first `end` bytes.
+
+        At most MAX_MAPS stay mapped (each holds a descriptor): use it before asking for another.
+        """
         mm = self._maps.pop(seg, None)
         if mm is None or end > len(mm):
             if mm is not None:

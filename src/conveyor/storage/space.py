@@ -38,8 +38,12 @@ class SpaceReserve:
         self.given_up = False
         self._next_check = 0.0
         if not self._take():
-            log.warning("%s: no room for a reserve of %d bytes: the disk is full already; puts and results are "
-                        "refused until there is room", path.parent, size)  # fmt: skip
+            log.warning(
+                "%s: no room for a reserve of %d bytes: the disk is full already; puts and results are "
+                "refused until there is room",
+                path.parent,
+                size,
+            )
 
     def _take(self) -> bool:
         """Make the reserve file; False (and given up) when the disk has no room for it."""
@@ -55,8 +59,11 @@ class SpaceReserve:
                 if e.errno in DISK_FULL:
                     self.given_up = True
                     return False
-                log.warning("%s: no space reserve can be kept here (%s): on a full disk, deliveries and acks "
-                            "fail too", self.path.parent, e)  # fmt: skip
+                log.warning(
+                    "%s: no space reserve can be kept here (%s): on a full disk, deliveries and acks fail too",
+                    self.path.parent,
+                    e,
+                )
                 self.size = 0  # none: a full disk is still refused whole, only sooner
         self.given_up = False
         return True
@@ -64,16 +71,18 @@ class SpaceReserve:
     def give_up(self) -> None:
         """The disk is full: free the reserve for index writes, and refuse bulk writes until there is room."""
         if not self.given_up:
-            log.warning("%s: the disk is full: its reserve of %d bytes is given up so that deliveries and acks "
-                        "keep working; puts, results and dead letters are refused until there is room again",
-                        self.path.parent, self.size)  # fmt: skip
+            log.warning(
+                "%s: the disk is full: its reserve of %d bytes is given up so that deliveries and acks "
+                "keep working; puts, results and dead letters are refused until there is room again",
+                self.path.parent,
+                self.size,
+            )
             self.given_up = True
             self._next_check = time.monotonic() + CHECK_EVERY_S
         self.path.unlink(missing_ok=True)
 
     def check(self, where: object, what: str) -> None:
-        """Raise DiskFullError for a bulk write (`what`, to `where`) while the reserve is given up and
-        the disk still full."""
+        """Raise DiskFullError for a bulk write (`what`, to `where`) while the reserve is given up and the disk still full."""
         if not self.given_up:
             return
         now = time.monotonic()
@@ -83,5 +92,7 @@ class SpaceReserve:
             if st.f_bavail * st.f_frsize >= 2 * self.size and self._take():
                 log.warning("%s: there is room again: the reserve is back and every write is served", self.path.parent)
                 return
-        raise DiskFullError(f"{where}: {what}: the disk is full: refused (nothing was changed) until space is freed; "
-                            "deliveries and acks without results still work")  # fmt: skip
+        raise DiskFullError(
+            f"{where}: {what}: the disk is full: refused (nothing was changed) until space is freed; "
+            "deliveries and acks without results still work"
+        )

@@ -132,8 +132,7 @@ class QueueState:
         return out
 
     # --- transitions ----------------------------------------------------------------------
-    def add(self, priority: np.ndarray, not_before: np.ndarray, max_attempts: np.ndarray,
-            now: float) -> np.ndarray:  # fmt: skip
+    def add(self, priority: np.ndarray, not_before: np.ndarray, max_attempts: np.ndarray, now: float) -> np.ndarray:
         """Append new READY (or DELAYED) messages; returns their ids."""
         n = len(priority)
         self._reserve(n)
@@ -151,8 +150,16 @@ class QueueState:
         self._schedule(ids, delayed, priority, not_before)
         return ids
 
-    def load(self, ids: np.ndarray, status: np.ndarray, priority: np.ndarray, attempts: np.ndarray,
-             max_attempts: np.ndarray, until: np.ndarray, now: float) -> np.ndarray:  # fmt: skip
+    def load(
+        self,
+        ids: np.ndarray,
+        status: np.ndarray,
+        priority: np.ndarray,
+        attempts: np.ndarray,
+        max_attempts: np.ndarray,
+        until: np.ndarray,
+        now: float,
+    ) -> np.ndarray:
         """Install recovered messages (ids ascending, >= next_id); ids not given stay absent.
 
         Returns the array indices of the loaded ids, for the caller's extra columns.
@@ -189,8 +196,9 @@ class QueueState:
             self.status[self.next_id - self.base : next_id - self.base] = ST_NONE
             self.next_id = next_id
 
-    def _schedule(self, ids: np.ndarray, delayed: np.ndarray, priority: np.ndarray,
-                  until: np.ndarray, front: bool = False) -> None:  # fmt: skip
+    def _schedule(
+        self, ids: np.ndarray, delayed: np.ndarray, priority: np.ndarray, until: np.ndarray, front: bool = False
+    ) -> None:
         """Ready ids to the back of their priority's FIFO (`front`: to its head), delayed ones to the heap."""
         if delayed.any():
             push_by_time(self._delays, self._seq, ids[delayed], until[delayed])
@@ -220,11 +228,15 @@ class QueueState:
             self.status[idx] = ST_READY
             self._schedule(ids, np.zeros(len(ids), bool), self.cols["priority"][idx], self.cols["until"][idx])
 
-    def take(self, n: int, lease_s: float, now: float,
-             budget: tuple[Callable[[np.ndarray], np.ndarray], int] | None = None) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-        """Deliver up to n ready messages, highest priority first; returns their ids and their `until`
+    def take(
+        self, n: int, lease_s: float, now: float, budget: tuple[Callable[[np.ndarray], np.ndarray], int] | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Deliver up to n ready messages, highest priority first.
+
+        Deliver up to n ready messages, highest priority first; returns their ids and their `until`
         before (for `untake`). budget: (sizes of ids, most bytes in all): stop before the messages
-        taken would exceed it (the first one is taken whatever its size)."""
+        taken would exceed it (the first one is taken whatever its size).
+        """
         self.promote(now)
         taken: list[np.ndarray] = []
         want, got = n, 0
@@ -267,8 +279,11 @@ class QueueState:
         return ids, before
 
     def untake(self, ids: np.ndarray, until: np.ndarray) -> None:
-        """Undo the `take` that returned ids and until (nothing else changed them since): READY
-        again, at the head of their queues, the attempt not counted."""
+        """Undo the `take` that returned ids and until: READY again, the attempt not counted.
+
+        Undo the `take` that returned ids and until (nothing else changed them since): READY again,
+        at the head of their queues, the attempt not counted.
+        """
         idx = ids - self.base
         self.status[idx] = ST_READY
         self.cols["attempts"][idx] -= 1
@@ -278,8 +293,11 @@ class QueueState:
             self._fifo(int(p)).push_front(ids[prio == p])
 
     def relist(self, ids: np.ndarray, at: float) -> None:
-        """Watch the leases of delivered ids again, from `at` (`expired` handed them out, and they
-        stay delivered: their leases ended, but they could not be settled yet)."""
+        """Watch the leases of delivered ids again, from `at`.
+
+        Watch the leases of delivered ids again, from `at` (`expired` handed them out, and they stay
+        delivered: their leases ended, but they could not be settled yet).
+        """
         push_by_time(self._leases, self._seq, ids, np.full(len(ids), at))
 
     def finishable(self, ids: np.ndarray) -> np.ndarray:
@@ -309,8 +327,11 @@ class QueueState:
         return cast(np.ndarray, inside & (self.status[idx] == ST_DELIVERED) & (self.cols["deliveries"][idx] == deliveries))
 
     def lapse(self, ids: np.ndarray, now: float) -> None:
-        """End the leases of delivered ids at `now`, so that `expired` hands them out once they are
-        relisted (as a lease end that could not be settled is)."""
+        """End the leases of delivered ids at `now`, so that `expired` hands them out once relisted.
+
+        End the leases of delivered ids at `now`, so that `expired` hands them out once they are
+        relisted (as a lease end that could not be settled is).
+        """
         self.cols["until"][ids - self.base] = now
 
     def out_of_attempts(self, ids: np.ndarray) -> np.ndarray:
@@ -318,8 +339,11 @@ class QueueState:
         return cast(np.ndarray, self.cols["attempts"][idx] >= self.cols["max_attempts"][idx])
 
     def requeue(self, ids: np.ndarray, not_before: np.ndarray, now: float, front: bool = False) -> None:
-        """Return delivered messages to READY (or DELAYED until `not_before`): behind those waiting, or
-        (`front`) ahead of them."""
+        """Return delivered messages to READY (or DELAYED until `not_before`).
+
+        Return delivered messages to READY (or DELAYED until `not_before`): behind those waiting, or
+        (`front`) ahead of them.
+        """
         idx = ids - self.base
         self.cols["until"][idx] = not_before
         delayed = not_before > now

@@ -51,8 +51,15 @@ class Header:
         return INDEX_HEADER.pack(*fields, zlib.crc32(head[: INDEX_HEADER.size - 4]))
 
 
-def make_records(ids: np.ndarray, status: int | np.ndarray, attempts: np.ndarray, seg: np.ndarray | int,
-                 off: np.ndarray | int, length: np.ndarray | int, until: np.ndarray | float) -> bytes:  # fmt: skip
+def make_records(
+    ids: np.ndarray,
+    status: int | np.ndarray,
+    attempts: np.ndarray,
+    seg: np.ndarray | int,
+    off: np.ndarray | int,
+    length: np.ndarray | int,
+    until: np.ndarray | float,
+) -> bytes:
     """Encode records (one per id) with their CRCs."""
     rec = np.zeros(len(ids), INDEX_DTYPE)
     rec["ts"] = time.time()
@@ -162,8 +169,13 @@ class IndexLog:
 
     def _move_aside(self, n_bad: int, offsets: list[int]) -> None:
         aside = keep_aside(self.file)
-        log.warning("%s: damaged index header or records (%d records dropped, at offsets %s); original kept as %s",
-                    self.file, n_bad, offsets, aside.name)  # fmt: skip
+        log.warning(
+            "%s: damaged index header or records (%d records dropped, at offsets %s); original kept as %s",
+            self.file,
+            n_bad,
+            offsets,
+            aside.name,
+        )
 
     def _create(self, header: Header, records: bytes) -> None:
         """Write a complete new log atomically."""
@@ -176,12 +188,14 @@ class IndexLog:
         self.dirty = False
 
     def make_room(self, n: int) -> None:
-        """Make sure the next `n` records can be appended even when the disk fills meanwhile: their
-        blocks are allocated now. Raises OSError (ENOSPC) when they cannot be. A store calls it
-        before it changes anything, so that a full disk refuses an operation whole instead of
-        failing it halfway. While there is space, it keeps ROOM_BYTES allocated ahead (topped up
-        when half is used: rarely a system call), so that records still go in for a while once the
-        disk is full, whoever took the last of it."""
+        """Make sure the next `n` records can be appended even when the disk fills meanwhile: their blocks are allocated now.
+
+        Raises OSError (ENOSPC) when they cannot be. A store calls it before it changes anything, so
+        that a full disk refuses an operation whole instead of failing it halfway. While there is
+        space, it keeps ROOM_BYTES allocated ahead (topped up when half is used: rarely a system
+        call), so that records still go in for a while once the disk is full, whoever took the last
+        of it.
+        """
         fd = self._out()  # opened now if need be: a failure to open, too, comes before any change
         size = self.bytes_on_disk()
         end = size + n * _REC
@@ -235,8 +249,11 @@ class IndexLog:
         return INDEX_HEADER.size + self.records * _REC
 
     def close(self, sync: bool = True) -> None:
-        """Sync (unless told not to) and let go of the descriptor (and the room allocated ahead); a
-        later append opens it again."""
+        """Sync (unless told not to) and let go of the descriptor; a later append opens it again.
+
+        Sync (unless told not to) and let go of the descriptor (and the room allocated ahead); a later
+        append opens it again.
+        """
         if self._fd >= 0:
             if sync:
                 self.sync()

@@ -1,5 +1,6 @@
-"""Defining tasks: `@task` functions and `Task` classes (ndkale style), which register by name
-and publish through a `Publisher` (see conveyor.tasks.publish).
+"""Defining tasks: `@task` functions and `Task` classes (ndkale style).
+
+They register by name and publish through a `Publisher` (see conveyor.tasks.publish).
 
 Publish options are keyword-only with a leading underscore (`_delay`, `_priority`, `_key`,
 `_pool`) so they never collide with a task's own arguments. See docs/tasks.md.
@@ -36,8 +37,21 @@ from conveyor.tasks.registry import Registry
 from conveyor.tasks.registry import registry as default_registry
 from conveyor.tasks.runner import run_message
 
-__all__ = ["Args", "Publisher", "Task", "TaskFunction", "TaskHandle", "adhoc_message", "backoff_delay", "build_message",
-           "default_pool", "get_default_pool", "run_message", "set_default_pool", "task"]  # fmt: skip
+__all__ = [
+    "Args",
+    "Publisher",
+    "Task",
+    "TaskFunction",
+    "TaskHandle",
+    "adhoc_message",
+    "backoff_delay",
+    "build_message",
+    "default_pool",
+    "get_default_pool",
+    "run_message",
+    "set_default_pool",
+    "task",
+]
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -51,8 +65,9 @@ class TaskFunction(Generic[P, R]):
     task_name: its registered name. options: its TaskOptions. fn: the plain function.
     """
 
-    def __init__(self, fn: Callable[P, R], options: TaskOptions, name: str | None = None,
-                 registry: Registry | None = None) -> None:  # fmt: skip
+    def __init__(
+        self, fn: Callable[P, R], options: TaskOptions, name: str | None = None, registry: Registry | None = None
+    ) -> None:
         if not callable(fn):
             raise TaskOptionError(f"@task needs a callable, got {type(fn).__name__}")
         functools.update_wrapper(self, fn)
@@ -66,17 +81,34 @@ class TaskFunction(Generic[P, R]):
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self.fn(*args, **kwargs)
 
-    def publish(self, *args: Any, _delay: float | None = None, _priority: int | None = None, _key: str | None = None,
-                _pool: Publisher | None = None, **kwargs: Any) -> TaskHandle:  # fmt: skip
-        """Publish one call. `_delay` s before it may run, `_priority` overrides the task's,
-        `_key` is an idempotency key, `_pool` the publisher (else the default pool)."""
+    def publish(
+        self,
+        *args: Any,
+        _delay: float | None = None,
+        _priority: int | None = None,
+        _key: str | None = None,
+        _pool: Publisher | None = None,
+        **kwargs: Any,
+    ) -> TaskHandle:
+        """Publish one call.
+
+        `_delay` s before it may run, `_priority` overrides the task's, `_key` is an idempotency
+        key, `_pool` the publisher (else the default pool).
+        """
         return publish_calls(self.task_name, self.options, self._sig, [(args, kwargs, None)], _delay, _priority, _key, _pool)[0]
 
-    def publish_many(self, items: Iterable[tuple[Any, ...] | Args], *, _delay: float | None = None,
-                     _priority: int | None = None, _pool: Publisher | None = None) -> list[TaskHandle]:  # fmt: skip
+    def publish_many(
+        self,
+        items: Iterable[tuple[Any, ...] | Args],
+        *,
+        _delay: float | None = None,
+        _priority: int | None = None,
+        _pool: Publisher | None = None,
+    ) -> list[TaskHandle]:
         """Publish many calls in one put: each item a tuple of positional arguments or an `Args(...)`."""
-        return publish_calls(self.task_name, self.options, self._sig, calls_of(items, self.task_name), _delay, _priority,
-                        None, _pool)  # fmt: skip
+        return publish_calls(
+            self.task_name, self.options, self._sig, calls_of(items, self.task_name), _delay, _priority, None, _pool
+        )
 
     def run_call(self, call: Call, message: Message | None = None) -> R:
         return self.fn(*call.args, **call.kwargs)
@@ -99,20 +131,43 @@ def _registered_function(name: str) -> TaskFunction[Any, Any]:
 @overload
 def task(fn: Callable[P, R], /) -> TaskFunction[P, R]: ...
 @overload
-def task(*, queue: str = ..., priority: int = ..., time_limit: float | None = ..., max_retries: int = ...,
-         retry_backoff: BackoffSpec = ..., no_retry: tuple[type[BaseException], ...] = ..., name: str | None = ...,
-         registry: Registry | None = ...) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...  # fmt: skip
-def task(fn: Callable[P, R] | None = None, /, *, queue: str = DEFAULT_QUEUE, priority: int = 0,
-         time_limit: float | None = None, max_retries: int = DEFAULT_MAX_RETRIES, retry_backoff: BackoffSpec = DEFAULT_BACKOFF,
-         no_retry: tuple[type[BaseException], ...] = (), name: str | None = None,
-         registry: Registry | None = None) -> TaskFunction[P, R] | Callable[[Callable[P, R]], TaskFunction[P, R]]:  # fmt: skip
+def task(
+    *,
+    queue: str = ...,
+    priority: int = ...,
+    time_limit: float | None = ...,
+    max_retries: int = ...,
+    retry_backoff: BackoffSpec = ...,
+    no_retry: tuple[type[BaseException], ...] = ...,
+    name: str | None = ...,
+    registry: Registry | None = ...,
+) -> Callable[[Callable[P, R]], TaskFunction[P, R]]: ...
+def task(
+    fn: Callable[P, R] | None = None,
+    /,
+    *,
+    queue: str = DEFAULT_QUEUE,
+    priority: int = 0,
+    time_limit: float | None = None,
+    max_retries: int = DEFAULT_MAX_RETRIES,
+    retry_backoff: BackoffSpec = DEFAULT_BACKOFF,
+    no_retry: tuple[type[BaseException], ...] = (),
+    name: str | None = None,
+    registry: Registry | None = None,
+) -> TaskFunction[P, R] | Callable[[Callable[P, R]], TaskFunction[P, R]]:
     """Make a function a task, bare (`@task`) or with options (`@task(queue="io", max_retries=5)`).
 
     Options are checked here (TaskOptionError). `name` overrides the registered name
     (default `module.qualname`); `registry` registers elsewhere than the process-wide registry.
     """
-    options = TaskOptions(queue=queue, priority=priority, time_limit=time_limit, max_retries=max_retries,
-                          retry_backoff=retry_backoff, no_retry=no_retry)  # fmt: skip
+    options = TaskOptions(
+        queue=queue,
+        priority=priority,
+        time_limit=time_limit,
+        max_retries=max_retries,
+        retry_backoff=retry_backoff,
+        no_retry=no_retry,
+    )
 
     def wrap(f: Callable[P, R]) -> TaskFunction[P, R]:
         return TaskFunction(f, options, name, registry)
@@ -147,8 +202,9 @@ class Task:
     task_name: ClassVar[str] = ""
     _sig: ClassVar[ArgCheck | None] = None
 
-    def __init_subclass__(cls, *, name: str | None = None, abstract: bool = False, registry: Registry | None = None,
-                          **kwargs: Any) -> None:  # fmt: skip
+    def __init_subclass__(
+        cls, *, name: str | None = None, abstract: bool = False, registry: Registry | None = None, **kwargs: Any
+    ) -> None:
         super().__init_subclass__(**kwargs)
         try:
             cls.options = cls._task_options()
@@ -161,10 +217,15 @@ class Task:
 
     @classmethod
     def _task_options(cls) -> TaskOptions:
-        """The options the class attributes give; a subclass with attributes of its own (the ndkale
-        compat's) overrides this."""
-        return TaskOptions(queue=cls.queue, priority=cls.priority, time_limit=cls.time_limit, max_retries=cls.max_retries,
-                           retry_backoff=cls.retry_backoff, no_retry=cls.no_retry)  # fmt: skip
+        """The options the class attributes give; a subclass with attributes of its own (the ndkale compat's) overrides this."""
+        return TaskOptions(
+            queue=cls.queue,
+            priority=cls.priority,
+            time_limit=cls.time_limit,
+            max_retries=cls.max_retries,
+            retry_backoff=cls.retry_backoff,
+            no_retry=cls.no_retry,
+        )
 
     def __init__(self, app_data: dict[str, Any] | None = None, message: Message | None = None) -> None:
         """app_data: the data published with the task. message: the delivery (None when run directly)."""
@@ -174,16 +235,31 @@ class Task:
         self.attempt = message.attempts if message is not None else 0
 
     @classmethod
-    def publish(cls, app_data: dict[str, Any] | None, *args: Any, _delay: float | None = None, _priority: int | None = None,
-                _key: str | None = None, _pool: Publisher | None = None, **kwargs: Any) -> TaskHandle:  # fmt: skip
+    def publish(
+        cls,
+        app_data: dict[str, Any] | None,
+        *args: Any,
+        _delay: float | None = None,
+        _priority: int | None = None,
+        _key: str | None = None,
+        _pool: Publisher | None = None,
+        **kwargs: Any,
+    ) -> TaskHandle:
         """Publish one run of this task with `app_data` (a dict, or None) and its arguments."""
-        return publish_calls(cls._checked_name(), cls.options, cls._sig, [(args, kwargs, app_data)], _delay, _priority, _key,
-                        _pool)[0]  # fmt: skip
+        return publish_calls(
+            cls._checked_name(), cls.options, cls._sig, [(args, kwargs, app_data)], _delay, _priority, _key, _pool
+        )[0]
 
     @classmethod
-    def publish_many(cls, app_data: dict[str, Any] | None, items: Iterable[tuple[Any, ...] | Args], *,
-                     _delay: float | None = None, _priority: int | None = None,
-                     _pool: Publisher | None = None) -> list[TaskHandle]:  # fmt: skip
+    def publish_many(
+        cls,
+        app_data: dict[str, Any] | None,
+        items: Iterable[tuple[Any, ...] | Args],
+        *,
+        _delay: float | None = None,
+        _priority: int | None = None,
+        _pool: Publisher | None = None,
+    ) -> list[TaskHandle]:
         """Publish many runs sharing `app_data` in one put (items as for `TaskFunction.publish_many`)."""
         name = cls._checked_name()
         return publish_calls(name, cls.options, cls._sig, calls_of(items, name, app_data), _delay, _priority, None, _pool)
@@ -231,8 +307,10 @@ class Task:
         """Called after run_task returned `result`; not after a failure (ndkale's `_post_run`)."""
 
     def on_failure(self, exc: Exception, *args: Any, **kwargs: Any) -> None:
-        """Called when before_run, run_task or after_run raised `exc` (ndkale's `handle_failure`);
-        whether the message is retried is decided by `max_retries` and `no_retry`."""
+        """Called when before_run, run_task or after_run raised `exc` (ndkale's `handle_failure`).
+
+        Whether the message is retried is decided by `max_retries` and `no_retry`.
+        """
 
     def cleanup(self, exc: Exception | None) -> None:
         """Called last in every run, with the exception or None (ndkale's `_clean_task_environment`)."""

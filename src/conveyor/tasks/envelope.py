@@ -121,8 +121,9 @@ class Call:
 _CALL_SETTERS = slot_setters(Call)  # a decoded call is built without `__init__` (see there)
 
 
-def encode_call(name: str, args: tuple[Any, ...], kwargs: dict[str, Any],
-                app_data: dict[str, Any] | None = None) -> tuple[bytes, dict[str, str]]:  # fmt: skip
+def encode_call(
+    name: str, args: tuple[Any, ...], kwargs: dict[str, Any], app_data: dict[str, Any] | None = None
+) -> tuple[bytes, dict[str, str]]:
     """Encode a call as (payload, headers): msgpack when everything is plain data, else cloudpickle.
 
     Raises SerializationError naming the task and the first argument that cannot be pickled.
@@ -220,12 +221,16 @@ def encode_error(exc: BaseException) -> str:
     said is replaced by a note saying so, so the task is still settled with what can be said.
     """
     t = type(exc)
-    name = _safe(lambda: t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}",
-                 "an exception whose type has no name")  # fmt: skip
+    name = _safe(
+        lambda: t.__qualname__ if t.__module__ == "builtins" else f"{t.__module__}.{t.__qualname__}",
+        "an exception whose type has no name",
+    )
     head = f"{name}: {_safe(lambda: str(exc), f'<the message of this {name} could not be read: str() raised>')}"
     if exc.__traceback__ is not None:
-        head += "\n" + _safe(lambda: "".join(traceback.format_exception(t, exc, exc.__traceback__)).rstrip("\n"),
-                             "(the traceback could not be formatted)")  # fmt: skip
+        head += "\n" + _safe(
+            lambda: "".join(traceback.format_exception(t, exc, exc.__traceback__)).rstrip("\n"),
+            "(the traceback could not be formatted)",
+        )
     if len(head) <= MAX_ERROR_CHARS:
         return head
     half = MAX_ERROR_CHARS // 2  # the start says what, the end where: keep both
@@ -360,8 +365,9 @@ class FunctionCache:
         try:
             loaded: object = pickle.loads(data)
         except Exception as e:
-            raise SerializationError(f"function {digest} cannot be unpickled: {type(e).__name__}: {e}",
-                                     task=adhoc_task_name(digest)) from e  # fmt: skip
+            raise SerializationError(
+                f"function {digest} cannot be unpickled: {type(e).__name__}: {e}", task=adhoc_task_name(digest)
+            ) from e
         if not callable(loaded):
             raise SerializationError(f"function {digest} unpickled to a {type(loaded).__name__}", task=adhoc_task_name(digest))
         with self._lock:

@@ -1,5 +1,6 @@
-"""Task options: what a task asks of the queue (queue, priority, time limit, retries, backoff),
-validated where it is declared. The retry and time-limit rules themselves are `conveyor.tasks.policy`.
+"""Task options: what a task asks of the queue (queue, priority, time limit, retries, backoff), validated where it is declared.
+
+The retry and time-limit rules themselves are `conveyor.tasks.policy`.
 """
 
 from __future__ import annotations
@@ -46,8 +47,15 @@ class TaskOptions:
 
     if TYPE_CHECKING:
         # the signature of the dataclass's own __init__, which also takes a BackoffSpec (__post_init__ makes it a Backoff)
-        def __init__(self, queue: str = ..., priority: int = ..., time_limit: float | None = ..., max_retries: int = ...,
-                     retry_backoff: BackoffSpec = ..., no_retry: tuple[type[BaseException], ...] = ...) -> None: ...  # fmt: skip
+        def __init__(
+            self,
+            queue: str = ...,
+            priority: int = ...,
+            time_limit: float | None = ...,
+            max_retries: int = ...,
+            retry_backoff: BackoffSpec = ...,
+            no_retry: tuple[type[BaseException], ...] = ...,
+        ) -> None: ...
 
     def __post_init__(self) -> None:
         check_queue(self.queue)

@@ -1,5 +1,4 @@
-"""The retry and time-limit policy, in one place: what the worker, the stores' attempt counts and
-`conveyor.spark.map` all follow.
+"""The retry and time-limit policy, in one place: what the worker, the stores' attempt counts and `conveyor.spark.map` all follow.
 
 - A message gets `attempts_for(max_retries)` deliveries (its `max_attempts`); the store makes the
   last failed one a dead letter. `conveyor.spark.map` gives each row as many tries, at once inside
@@ -90,8 +89,9 @@ class Backoff:
         try:
             object.__setattr__(self, "jitter", Jitter(self.jitter))
         except ValueError:
-            raise TaskOptionError(f"retry_backoff: jitter must be one of {[j.value for j in Jitter]}, "
-                                  f"got {self.jitter!r}") from None  # fmt: skip
+            raise TaskOptionError(
+                f"retry_backoff: jitter must be one of {[j.value for j in Jitter]}, got {self.jitter!r}"
+            ) from None
 
     @classmethod
     def of(cls, spec: BackoffSpec) -> Backoff:
@@ -155,8 +155,11 @@ class RetryDecision:
 
 
 def retry_decision(message: Message, retryable: bool, rng: random.Random | None = None) -> RetryDecision:
-    """The policy for a failed delivery: a non-retryable failure fails at once; one out of attempts
-    is nacked without delay (the store makes it a dead letter); any other waits its backoff."""
+    """The policy for a failed delivery: fail it, nack it at once, or wait its backoff.
+
+    A non-retryable failure fails at once; one out of attempts is nacked without delay (the store
+    makes it a dead letter); any other waits its backoff.
+    """
     if not retryable:
         return RetryDecision(final=True)
     if message.attempts >= message.max_attempts:
@@ -165,8 +168,11 @@ def retry_decision(message: Message, retryable: bool, rng: random.Random | None 
 
 
 def is_retryable(exc: BaseException, no_retry: tuple[type[BaseException], ...] = ()) -> bool:
-    """Whether a retry could help: not if the exception's class says `retryable = False`, nor if it
-    is one of the task's `no_retry` types."""
+    """Whether a retry could help.
+
+    Not if the exception's class says `retryable = False`, nor if it is one of the task's
+    `no_retry` types.
+    """
     try:  # an exception object may do anything, even when asked this
         if getattr(exc, "retryable", True) is False:
             return False

@@ -1,5 +1,7 @@
-"""Publishing task messages: the `Publisher` protocol a queue pool implements, the default pool,
-message building and the checks done before anything is put.
+"""Publishing task messages: the `Publisher` protocol, the default pool, message building and checks.
+
+The `Publisher` protocol is what a queue pool implements; the checks are those done before anything
+is put.
 
 Publishing validates everything before anything is put: publish options, the arguments against
 the task's signature, that the arguments serialize, and that the time limit stays below the
@@ -32,8 +34,10 @@ class Publisher(Protocol):
     """Where published messages go; the queue pool implements it (tests: one store per queue)."""
 
     def put(self, queue: str, messages: Sequence[Message]) -> list[int]:
-        """Put messages on `queue`; returns their ids, in order. The messages of one publish may
-        share one headers dict: read it, do not change it in place."""
+        """Put messages on `queue`; returns their ids, in order.
+
+        The messages of one publish may share one headers dict: read it, do not change it in place.
+        """
         ...
 
     def queue_config(self, queue: str) -> QueueConfig | None:
@@ -96,15 +100,19 @@ class TaskHandle:
     def _reader(self) -> ResultReader:
         pool = self.pool if self.pool is not None else get_default_pool()
         if pool is None or not callable(getattr(pool, "gather", None)) or not callable(getattr(pool, "task_status", None)):
-            raise NoPublisherError(f"{self}: no pool to read its result from (it was published to {pool!r}); "
-                                   "use QueuePool.gather, or set_default_pool(pool)")  # fmt: skip
+            raise NoPublisherError(
+                f"{self}: no pool to read its result from (it was published to {pool!r}); "
+                "use QueuePool.gather, or set_default_pool(pool)"
+            )
         return cast("ResultReader", pool)
 
 
 def task_handles(ids: Sequence[int], queue: str, task: str, source: Publisher | None) -> list[TaskHandle]:
-    """The handles of a batch, each equal to `TaskHandle(id, queue, task, source)`, built without the
-    frozen dataclass's `__init__` (which costs more than encoding a small message), with the collector
-    paused (`gc_paused`: every handle outlives the collections it would trigger)."""
+    """The handles of a batch, each equal to `TaskHandle(id, queue, task, source)`, built cheaply.
+
+    Built without the frozen dataclass's `__init__` (which costs more than encoding a small message),
+    with the collector paused (`gc_paused`: every handle outlives the collections it would trigger).
+    """
     new = object.__new__
     out = []
     with gc_paused():
@@ -115,11 +123,15 @@ def task_handles(ids: Sequence[int], queue: str, task: str, source: Publisher | 
     return out
 
 
-def outcome(handle: TaskHandle, result: bytes | None, status: Status | None,
-            dead_error: Callable[[], str | None]) -> tuple[bool, Any]:  # fmt: skip
-    """A published task's outcome from its stored result and its status: (True, its value) once it
-    has finished, (False, None) while it has not; `TaskFailedError` (with the error `dead_error()`
-    reads from its dead letter) if it ended in the dead letters. Every pool's `gather` decides so."""
+def outcome(
+    handle: TaskHandle, result: bytes | None, status: Status | None, dead_error: Callable[[], str | None]
+) -> tuple[bool, Any]:
+    """A published task's outcome from its stored result and its status.
+
+    Returns (True, its value) once it has finished, (False, None) while it has not; raises
+    `TaskFailedError` (with the error `dead_error()` reads from its dead letter) if it ended in the
+    dead letters. Every pool's `gather` decides so.
+    """
     if result is not None:
         return True, decode_result(result)
     if status is Status.FAILED:
@@ -155,8 +167,10 @@ _default_lock = threading.Lock()
 
 
 def set_default_pool(pool: Publisher | None) -> Publisher | None:
-    """Make `pool` where `publish` goes without `_pool=` (process-wide; None unsets). Returns the
-    previous one. A `default_pool` block open meanwhile still wins until it ends."""
+    """Make `pool` where `publish` goes without `_pool=` (process-wide; None unsets).
+
+    Returns the previous one. A `default_pool` block open meanwhile still wins until it ends.
+    """
     global _default
     with _default_lock:
         old, _default = _default, pool
@@ -164,16 +178,21 @@ def set_default_pool(pool: Publisher | None) -> Publisher | None:
 
 
 def get_default_pool() -> Publisher | None:
-    """The pool every API given none uses: the innermost open `default_pool` block's, else the one
-    `set_default_pool` set (None: none)."""
+    """The pool every API given none uses.
+
+    The innermost open `default_pool` block's, else the one `set_default_pool` set (None: none).
+    """
     with _default_lock:
         return _scoped[-1] if _scoped else _default
 
 
 @contextmanager
 def default_pool(pool: Publisher) -> Iterator[Publisher]:
-    """Make `pool` the default for a `with` block. Blocks may end in any order (other threads'
-    included): each takes only its own pool off, and the default is the innermost one still open."""
+    """Make `pool` the default for a `with` block.
+
+    Blocks may end in any order (other threads' included): each takes only its own pool off, and the
+    default is the innermost one still open.
+    """
     with _default_lock:
         _scoped.append(pool)
     try:
@@ -186,15 +205,19 @@ def default_pool(pool: Publisher) -> Iterator[Publisher]:
 def _resolve_pool(pool: Publisher | None, task_name: str) -> Publisher:
     p = pool if pool is not None else get_default_pool()
     if p is None:
-        raise NoPublisherError(f"cannot publish {task_name!r}: no pool. Pass _pool=..., or call "
-                               "conveyor.set_default_pool(pool) (or use `with default_pool(pool):`)")  # fmt: skip
+        raise NoPublisherError(
+            f"cannot publish {task_name!r}: no pool. Pass _pool=..., or call "
+            "conveyor.set_default_pool(pool) (or use `with default_pool(pool):`)"
+        )
     return p
 
 
 # --- building messages --------------------------------------------------------------------------
 def check_time_limit(task_name: str, options: TaskOptions, config: QueueConfig | None) -> None:
-    """A time limit at or above the queue's visibility timeout would let a running task be
-    delivered again while it still runs: reject it (as ndkale's publisher does)."""
+    """Reject a time limit at or above the queue's visibility timeout (as ndkale's publisher does).
+
+    Such a limit would let a running task be delivered again while it still runs.
+    """
     if config is not None and options.time_limit is not None and options.time_limit >= config.visibility_timeout_sec:
         raise TaskOptionError(
             f"task {task_name!r}: time_limit {options.time_limit:g} s must be below the visibility timeout "
@@ -204,8 +227,9 @@ def check_time_limit(task_name: str, options: TaskOptions, config: QueueConfig |
 
 def check_publish_options(task_name: str, delay: float | None, priority: int | None, key: str | None) -> None:
     try:
-        if delay is not None and not (isinstance(delay, (int, float)) and not isinstance(delay, bool)
-                                      and math.isfinite(delay) and delay >= 0):  # fmt: skip
+        if delay is not None and not (
+            isinstance(delay, (int, float)) and not isinstance(delay, bool) and math.isfinite(delay) and delay >= 0
+        ):
             raise TaskOptionError(f"_delay must be a finite number of seconds >= 0 or None, got {delay!r}")
         if priority is not None:
             check_priority(priority)
@@ -216,13 +240,24 @@ def check_publish_options(task_name: str, delay: float | None, priority: int | N
 
 
 class MessageTemplate:
-    """What the messages of one task published in one go share (queue, priority, start time,
-    attempts, headers), worked out once, so that a batch pays per call only for encoding it."""
+    """What the messages of one task published in one go share, worked out once.
+
+    Queue, priority, start time, attempts, headers: worked out once, so that a batch pays per call
+    only for encoding it.
+    """
 
     __slots__ = ("_merged", "headers", "max_attempts", "not_before", "priority", "queue", "task_name")
 
-    def __init__(self, task_name: str, options: TaskOptions, *, delay: float | None = None,
-                 priority: int | None = None, key: str | None = None, now: float | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        task_name: str,
+        options: TaskOptions,
+        *,
+        delay: float | None = None,
+        priority: int | None = None,
+        key: str | None = None,
+        now: float | None = None,
+    ) -> None:
         self.task_name = task_name
         self.queue = options.queue
         self.priority = options.priority if priority is None else priority
@@ -234,8 +269,11 @@ class MessageTemplate:
         self._merged: dict[str, dict[str, str]] = {}  # the headers of a message, by its content type
 
     def message(self, args: tuple[Any, ...], kwargs: dict[str, Any], app_data: dict[str, Any] | None = None) -> Message:
-        """The message of one call. Raises SerializationError if an argument cannot be serialized.
-        The messages of one template with the same content type share one headers dict (built once)."""
+        """The message of one call.
+
+        Raises SerializationError if an argument cannot be serialized. The messages of one template
+        with the same content type share one headers dict (built once).
+        """
         payload, own = encode_call(self.task_name, args, kwargs, app_data)
         ct = own[H_CONTENT_TYPE]
         headers = self._merged.get(ct)
@@ -244,9 +282,18 @@ class MessageTemplate:
         return make_message(0, self.queue, payload, self.priority, 0, 0.0, self.not_before, 0.0, self.max_attempts, headers)
 
 
-def build_message(task_name: str, options: TaskOptions, args: tuple[Any, ...], kwargs: dict[str, Any],
-                  app_data: dict[str, Any] | None = None, *, delay: float | None = None, priority: int | None = None,
-                  key: str | None = None, now: float | None = None) -> Message:  # fmt: skip
+def build_message(
+    task_name: str,
+    options: TaskOptions,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    app_data: dict[str, Any] | None = None,
+    *,
+    delay: float | None = None,
+    priority: int | None = None,
+    key: str | None = None,
+    now: float | None = None,
+) -> Message:
     """The message for one call: envelope payload, priority, delay, attempts and headers.
 
     Raises SerializationError if an argument cannot be serialized. Publish options are not
@@ -256,9 +303,17 @@ def build_message(task_name: str, options: TaskOptions, args: tuple[Any, ...], k
     return template.message(args, kwargs, app_data)
 
 
-def adhoc_message(func: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
-                  options: TaskOptions | None = None, *, delay: float | None = None, priority: int | None = None,
-                  key: str | None = None, pickler: FunctionPickler | None = None) -> tuple[Message, FunctionRef]:  # fmt: skip
+def adhoc_message(
+    func: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    options: TaskOptions | None = None,
+    *,
+    delay: float | None = None,
+    priority: int | None = None,
+    key: str | None = None,
+    pickler: FunctionPickler | None = None,
+) -> tuple[Message, FunctionRef]:
     """The message of an ad-hoc call (`pool.submit(func, ...)`) and the function's pickled bytes.
 
     The message names the function by digest only; the caller stores `ref.data` where a worker's
@@ -314,9 +369,16 @@ def arg_check(func: Callable[..., Any], drop_first: bool) -> ArgCheck | None:
 CallArgs = tuple[tuple[Any, ...], dict[str, Any], dict[str, Any] | None]  # (args, kwargs, app_data)
 
 
-def publish_calls(task_name: str, options: TaskOptions, sig: ArgCheck | None, calls: Iterable[CallArgs],
-                  delay: float | None, priority: int | None, key: str | None,
-                  pool: Publisher | None) -> list[TaskHandle]:  # fmt: skip
+def publish_calls(
+    task_name: str,
+    options: TaskOptions,
+    sig: ArgCheck | None,
+    calls: Iterable[CallArgs],
+    delay: float | None,
+    priority: int | None,
+    key: str | None,
+    pool: Publisher | None,
+) -> list[TaskHandle]:
     """Check, encode and put calls of one task in one batch; nothing is put if any check fails."""
     check_publish_options(task_name, delay, priority, key)
     target = _resolve_pool(pool, task_name)
@@ -346,5 +408,7 @@ def calls_of(items: Iterable[Any], task_name: str, app_data: dict[str, Any] | No
         elif type(it) is tuple:
             yield it, {}, app_data
         else:
-            raise TaskArgumentError(f"task {task_name!r}: publish_many item {i} must be a tuple of positional "
-                                    f"arguments or an Args(...), got {type(it).__name__}")  # fmt: skip
+            raise TaskArgumentError(
+                f"task {task_name!r}: publish_many item {i} must be a tuple of positional "
+                f"arguments or an Args(...), got {type(it).__name__}"
+            )

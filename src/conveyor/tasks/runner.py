@@ -29,25 +29,38 @@ _final: ContextVar[bool] = ContextVar("conveyor_final_failure", default=False)
 
 
 def current_message() -> Message | None:
-    """The message whose task this thread is running (None outside a task): for a task that acts on
-    its own delivery, e.g. on how many attempts it has had."""
+    """The message whose task this thread is running (None outside a task).
+
+    For a task that acts on its own delivery, e.g. on how many attempts it has had.
+    """
     return _current.get()
 
 
 def worker_backend() -> Any:
-    """The queue backend of the worker running this task, over connections of the worker's own (None
-    outside a worker): for a task that puts messages where its own came from."""
+    """The queue backend of the worker running this task (None outside a worker).
+
+    Over connections of the worker's own; for a task that puts messages where its own came from.
+    """
     return _backend.get()
 
 
 def fail_without_retry() -> None:
-    """Called while a task runs (from its `on_failure` hook, say): if the run fails, its message fails
-    now, without retries, whatever the exception (the ndkale compat's `handle_failure` returning False)."""
+    """Make the running task's message fail now, without retries, if the run fails.
+
+    Called while a task runs (from its `on_failure` hook, say): if the run fails, its message fails
+    now, without retries, whatever the exception (the ndkale compat's `handle_failure` returning
+    False).
+    """
     _final.set(True)
 
 
-def run_message(message: Message, registry: Registry | None = None, function_cache: FunctionCache | None = None,
-                fetch: Callable[[str], bytes] | None = None, backend: Any = None) -> bytes:  # fmt: skip
+def run_message(
+    message: Message,
+    registry: Registry | None = None,
+    function_cache: FunctionCache | None = None,
+    fetch: Callable[[str], bytes] | None = None,
+    backend: Any = None,
+) -> bytes:
     """Decode `message`, run its task (hooks included) and return the encoded result.
 
     registry: where task names resolve (None: the process-wide registry).

@@ -60,20 +60,26 @@ def usable_cores() -> int:
 
 
 def default_slots(concurrency: str, consumers: int, cores: int | None = None) -> int:
-    """A consumer's `max_concurrency` when none is given: DEFAULT_MAX_CONCURRENCY threads; or child
-    processes for its share of the `cores` (default: this process's) among `consumers`, plus one
-    to start a task while another's result travels. More processes than cores only share them out
-    (measured: 8 per consumer on a core each ran 1.4x slower than 2-3)."""
+    """A consumer's `max_concurrency` when none is given.
+
+    DEFAULT_MAX_CONCURRENCY threads; or child processes for its share of the `cores` (default: this
+    process's) among `consumers`, plus one to start a task while another's result travels. More
+    processes than cores only share them out (measured: 8 per consumer on a core each ran 1.4x
+    slower than 2-3).
+    """
     if concurrency != "process":
         return DEFAULT_MAX_CONCURRENCY
     return max(1, (cores or usable_cores()) // max(1, consumers)) + 1
 
 
 def resolve_slots(max_concurrency: int | None, concurrency: str, consumers: int, cores: int | None = None) -> tuple[int, bool]:
-    """(slots, read ahead) of a consumer: `max_concurrency` as given, which also bounds the messages it
-    holds; left out (None), `default_slots`, and the consumer may hold quick tasks beyond its slots
-    (worker/pacing.py). A crash of the consumer's process returns the messages held after their
-    lease, an attempt spent: a bound given keeps that to the slots."""
+    """(slots, read ahead) of a consumer.
+
+    Slots: `max_concurrency` as given, which also bounds the messages it holds; left out (None),
+    `default_slots`, and the consumer may hold quick tasks beyond its slots (worker/pacing.py). A
+    crash of the consumer's process returns the messages held after their lease, an attempt spent: a
+    bound given keeps that to the slots.
+    """
     if max_concurrency is not None:
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
@@ -82,10 +88,13 @@ def resolve_slots(max_concurrency: int | None, concurrency: str, consumers: int,
 
 
 def auto_pin(pin_core: bool | None, concurrency: str, consumers: int, cores: int | None = None) -> bool:
-    """Whether consumers pin: as told, or (None, the default) in thread mode when there are at least
-    as many `consumers` as `cores` (default: the cores this process may use). One consumer per core
-    then gains by keeping to its own core; with cores to spare a consumer is better left free to use
-    several (tasks in native code that releases the GIL)."""
+    """Whether consumers pin.
+
+    As told, or (None, the default) in thread mode when there are at least as many `consumers` as
+    `cores` (default: the cores this process may use). One consumer per core then gains by keeping to
+    its own core; with cores to spare a consumer is better left free to use several (tasks in native
+    code that releases the GIL).
+    """
     check_pin(pin_core, concurrency)
     if pin_core is not None:
         return pin_core
@@ -93,8 +102,11 @@ def auto_pin(pin_core: bool | None, concurrency: str, consumers: int, cores: int
 
 
 def pin_core(lock_dir: Path | None = None) -> CorePin | None:
-    """Pin the calling thread to a core no other consumer on this host holds; None when every
-    core is held or the platform cannot pin (the consumer then runs as it would have)."""
+    """Pin the calling thread to a core no other consumer on this host holds.
+
+    None when every core is held or the platform cannot pin (the consumer then runs as it would
+    have).
+    """
     if not hasattr(os, "sched_setaffinity"):
         log.warning("this platform cannot pin a thread to a core: the consumer runs unpinned")
         return None

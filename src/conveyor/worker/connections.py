@@ -1,5 +1,7 @@
-"""A worker's own connections to the servers: the consumer's and its settler's (`own_connections`),
-and those of each of its task threads or child processes.
+"""A worker's own connections to the servers: the consumer's, its settler's and its tasks'.
+
+Those of the consumer and its settler (`own_connections`), and those of each of its task threads or
+child processes.
 
 A task's connections fetch the pickled functions of ad-hoc tasks, and are the backend a running task
 may use (`conveyor.tasks.runner.worker_backend`): a `map` message split into rows puts the rows back
@@ -23,8 +25,11 @@ ONE_ATTEMPT = 0.0
 
 
 def own_connections(pool: B, connect_s: float | None = None) -> B:
-    """A copy of `pool` on connections of its own (an in-process backend is itself), whose requests wait
-    at most `connect_s` for a connection (None: as `pool`'s; ONE_ATTEMPT: one attempt each)."""
+    """A copy of `pool` on connections of its own (an in-process backend is itself).
+
+    Its requests wait at most `connect_s` for a connection (None: as `pool`'s; ONE_ATTEMPT: one
+    attempt each).
+    """
     mine: B = pickle.loads(pickle.dumps(pool))
     for c in mine.clients:
         if isinstance(c, Transport) and connect_s is not None:

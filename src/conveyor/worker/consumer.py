@@ -57,30 +57,49 @@ _HOST = socket.gethostname()  # in every report: `conveyor stats` shows where a 
 class Consumer:
     """Runs tasks from `queues` of `pool` until stopped (or, with `until_empty`, until they are drained)."""
 
-    def __init__(self, pool: QueueBackend, queues: Sequence[QueueConfig | str] = ("default",), *, consumer: int = 0,
-                 n_consumers: int = 1, batch_size: int | None = None, max_concurrency: int | None = None,
-                 concurrency: Literal["thread", "process"] = "thread", selector: QueueSelector | str = DEFAULT_SELECTOR,
-                 middleware: Sequence[Middleware] | None = None, task_modules: Sequence[str] = (),
-                 until_empty: bool = False, name: str | None = None, seed: int | None = None,
-                 stop_when: Callable[[], bool] | None = None, expect_more: Callable[[], bool] | None = None,
-                 on_started: Callable[[], object] | None = None, pin_core: bool = False,
-                 unreachable_s: float | None = DEFAULT_UNREACHABLE_S, read_ahead: bool | None = None, early_ack: bool = False,
-                 holding: Callable[[int], object] | None = None, shutdown_s: float | None = None) -> None:  # fmt: skip
-        """See the module docstring. `stop_when`, asked about once a second, stops the consumer
-        gracefully when it returns True (a stop signalled from elsewhere, e.g. through the servers).
-        `expect_more` (with `until_empty`): while it returns True, drained queues do not end the
-        consumer (producers are still at work). `on_started` is called once `run()` is ready to
-        work: task modules imported, task slots started. `pin_core` (thread concurrency only) runs
-        the consumer on a core of its own while one is free (see `conveyor.worker.affinity`).
-        `unreachable_s`: a server out of reach for longer ends `run()` with `ServerUnreachableError`
-        (one back within it, and the work goes on; None: retried for as long as it takes, the others
-        served meanwhile). `shutdown_s`: after a graceful `stop()`, tasks still running this long are
-        handed back (the attempt not counted; None: no limit). `early_ack`: each message is acked
-        (without a result) as it is delivered, before it runs: at most once (see
-        `settler.ack_on_delivery`); it reads no messages ahead then, since those could not be given
-        back, and extends no leases. `holding` (with `early_ack`) is told how many acked messages the
-        consumer holds, before each ack and as they end: the servers no longer count them
-        (`ConsumerPool.join`)."""
+    def __init__(
+        self,
+        pool: QueueBackend,
+        queues: Sequence[QueueConfig | str] = ("default",),
+        *,
+        consumer: int = 0,
+        n_consumers: int = 1,
+        batch_size: int | None = None,
+        max_concurrency: int | None = None,
+        concurrency: Literal["thread", "process"] = "thread",
+        selector: QueueSelector | str = DEFAULT_SELECTOR,
+        middleware: Sequence[Middleware] | None = None,
+        task_modules: Sequence[str] = (),
+        until_empty: bool = False,
+        name: str | None = None,
+        seed: int | None = None,
+        stop_when: Callable[[], bool] | None = None,
+        expect_more: Callable[[], bool] | None = None,
+        on_started: Callable[[], object] | None = None,
+        pin_core: bool = False,
+        unreachable_s: float | None = DEFAULT_UNREACHABLE_S,
+        read_ahead: bool | None = None,
+        early_ack: bool = False,
+        holding: Callable[[int], object] | None = None,
+        shutdown_s: float | None = None,
+    ) -> None:
+        """See the module docstring.
+
+        `stop_when`, asked about once a second, stops the consumer gracefully when it returns True
+        (a stop signalled from elsewhere, e.g. through the servers). `expect_more` (with
+        `until_empty`): while it returns True, drained queues do not end the consumer (producers are
+        still at work). `on_started` is called once `run()` is ready to work: task modules imported,
+        task slots started. `pin_core` (thread concurrency only) runs the consumer on a core of its
+        own while one is free (see `conveyor.worker.affinity`). `unreachable_s`: a server out of
+        reach for longer ends `run()` with `ServerUnreachableError` (one back within it, and the
+        work goes on; None: retried for as long as it takes, the others served meanwhile).
+        `shutdown_s`: after a graceful `stop()`, tasks still running this long are handed back (the
+        attempt not counted; None: no limit). `early_ack`: each message is acked (without a result)
+        as it is delivered, before it runs: at most once (see `settler.ack_on_delivery`); it reads
+        no messages ahead then, since those could not be given back, and extends no leases.
+        `holding` (with `early_ack`) is told how many acked messages the consumer holds, before each
+        ack and as they end: the servers no longer count them (`ConsumerPool.join`).
+        """
         if not queues:
             raise ValueError("a consumer needs at least one queue")
         max_concurrency, reads_ahead = resolve_slots(max_concurrency, concurrency, 1)
@@ -124,8 +143,11 @@ class Consumer:
 
     # --- control --------------------------------------------------------------------------
     def stop(self, graceful: bool = True) -> None:
-        """Stop fetching and return once running tasks finish (graceful) or at once (their
-        messages are handed back for another worker). Safe from any thread or a signal handler."""
+        """Stop fetching and return once running tasks finish (graceful) or at once.
+
+        At once, their messages are handed back for another worker. Safe from any thread or a signal
+        handler.
+        """
         if not graceful:
             self._hard_stop = True
         self._stop.set()
@@ -144,20 +166,31 @@ class Consumer:
 
     def _run(self, core: int | None) -> None:
         sizes = [q.batch_size or 0 for q in self.queues]  # 0: no limit of the queue's own
-        self._pacing = Pacing(self.max_concurrency, max(sizes) if min(sizes) else None, core is not None,
-                              self.n_consumers, len(self.pool))  # fmt: skip
+        self._pacing = Pacing(
+            self.max_concurrency, max(sizes) if min(sizes) else None, core is not None, self.n_consumers, len(self.pool)
+        )
         # its fetches' own connections: one attempt each to connect, so that a server out of reach holds up
         # neither the others' work nor a stop (it is tried again later; see Outages)
         self._servers = own_connections(self.pool, ONE_ATTEMPT)
         self._outages = Outages(self._servers, f"consumer {self.name}", self.unreachable_s)
         self._fetcher = Fetcher(self._servers, self.queues, self.selector, self.shards, self.n_assigned, self.stats, self._stop)
         fetcher, conns = BlobFetcher(self.pool), None  # conns: the task threads' own connections, closed at the end
-        slots = (ThreadSlots(self.max_concurrency, self._done, conns := fetcher()) if self.concurrency == "thread"
-                 else ProcessSlots(self.max_concurrency, self._done, fetcher, self.task_modules))  # fmt: skip
+        slots = (
+            ThreadSlots(self.max_concurrency, self._done, conns := fetcher())
+            if self.concurrency == "thread"
+            else ProcessSlots(self.max_concurrency, self._done, fetcher, self.task_modules)
+        )
         slots.start()
         self._settler = Settler(self.pool, self._counts, REPORT_EVERY_S)  # reports: this consumer is ready
-        log.info("consumer %s: %s x %d on %s, shards %s%s", self.name, self.concurrency, self.max_concurrency,
-                 ", ".join(q.name for q in self.queues), self.shards, "" if core is None else f", core {core}")  # fmt: skip
+        log.info(
+            "consumer %s: %s x %d on %s, shards %s%s",
+            self.name,
+            self.concurrency,
+            self.max_concurrency,
+            ", ".join(q.name for q in self.queues),
+            self.shards,
+            "" if core is None else f", core {core}",
+        )
         try:
             if self.on_started is not None:
                 self.on_started()
@@ -233,8 +266,7 @@ class Consumer:
                 self._stop.wait(RETRY_CONNECT_S)
 
     def _check_reachable(self) -> None:
-        """Say which servers are out of reach; one past `unreachable_s` ends the consumer: a hard stop (no long
-        goodbye to it)."""
+        """Say which servers are out of reach; one past `unreachable_s` ends the consumer: a hard stop (no long goodbye to it)."""
         self._outages.say()
         try:
             if self.unreachable_s is not None:
@@ -253,8 +285,10 @@ class Consumer:
         return got
 
     def _poll_s(self, q: ServedQueue) -> float | None:
-        """How long to long-poll `q`: only when idle; with until_empty, only while others still put work
-        (then see _drained). None: a stop since the loop looked (the pool's wake may be past), no poll."""
+        """How long to long-poll `q`: only when idle; with until_empty, only while others still put work (then see _drained).
+
+        None: a stop since the loop looked (the pool's wake may be past), no poll.
+        """
         wait = 0.0
         if not self._running and not self.until_empty:
             wait = min(q.long_poll_s, IDLE_POLL_S)
@@ -307,8 +341,11 @@ class Consumer:
             if slots.stop_task(r.message.key):
                 self.stats.timed_out += 1
                 how = "its process was killed" if slots.kind == "process" else "its thread was abandoned and may still be running"
-                err = TaskError(r.message.headers.get(H_TASK, "?"),
-                                f"TimeLimitExceeded: the task ran over its time limit of {limit:g} s ({how})", True)  # fmt: skip
+                err = TaskError(
+                    r.message.headers.get(H_TASK, "?"),
+                    f"TimeLimitExceeded: the task ran over its time limit of {limit:g} s ({how})",
+                    True,
+                )
                 self._settle([Completion(r.message, None, err, -1, limit)])
 
     def _heartbeat(self, now: float) -> None:
@@ -338,8 +375,11 @@ class Consumer:
                 if H_ROWS in m.headers:  # a map job's: its rows are counted (only then: this is the hot path)
                     self.stats.settled(m)
             else:  # acked on delivery, it was settled already: no retry can follow
-                d = Decision(True) if early else next((d for mw in self.middleware if (d := mw.on_failure(m, c.error))
-                                                       is not None), Decision(False))  # fmt: skip
+                d = (
+                    Decision(True)
+                    if early
+                    else next((d for mw in self.middleware if (d := mw.on_failure(m, c.error)) is not None), Decision(False))
+                )
                 if not early:
                     out.append(Settler.nack(m.queue, m.id, c.error.error, d.delay_s, d.final))
                 self.stats.failed += 1
@@ -347,8 +387,9 @@ class Consumer:
                 self.stats.dead, self.stats.retried = self.stats.dead + dead, self.stats.retried + (not dead)
                 if dead:
                     self.stats.settled(m)
-                log.info("task %s (message %d, attempt %d) failed: %s", c.error.task, m.id, m.attempts,
-                         c.error.error.split("\n", 1)[0])  # fmt: skip
+                log.info(
+                    "task %s (message %d, attempt %d) failed: %s", c.error.task, m.id, m.attempts, c.error.error.split("\n", 1)[0]
+                )
             for mw in self.middleware:
                 mw.on_finish(m, c.error)
         self._settler.put(out)
@@ -356,8 +397,10 @@ class Consumer:
             self._hold(len(self._running))
 
     def _give_back(self, slots: ThreadSlots | ProcessSlots) -> None:
-        """Release the messages read ahead and not started: a stopping consumer leaves them to others
-        (acked on delivery, they cannot go back: they run here)."""
+        """Release the messages read ahead and not started: a stopping consumer leaves them to others.
+
+        Acked on delivery, they cannot go back: they run here.
+        """
         waiting = slots.unstarted()
         if self.early_ack:
             for m in waiting:
@@ -368,10 +411,13 @@ class Consumer:
         self._release(waiting)
 
     def _hand_back(self) -> None:
-        """Give back the messages still running as the consumer ends (a hard stop, `shutdown_s` past, an
-        error): READY again for another worker, the attempt not counted, since the worker stopped and the
-        task did not fail (counted, a task on its last attempt would go to the dead letters). Acked on
-        delivery, they cannot go back: lost with the stop (at most once), they count as failed."""
+        """Give back the messages still running as the consumer ends.
+
+        The consumer ends on a hard stop, `shutdown_s` past, or an error. The messages are READY again
+        for another worker, the attempt not counted, since the worker stopped and the task did not fail
+        (counted, a task on its last attempt would go to the dead letters). Acked on delivery, they
+        cannot go back: lost with the stop (at most once), they count as failed.
+        """
         held = [r.message for r in self._running.values()]
         if held and self.early_ack:
             why = "WorkerStopped: the worker stopped before the task finished"
@@ -387,6 +433,16 @@ class Consumer:
 
     def _counts(self) -> tuple[str, Counts]:
         s = self.stats
-        return self.name, {"processed": s.processed, "failed": s.failed, "retried": s.retried, "dead": s.dead,
-                           "running": len(self._running), "stolen": s.stolen, "pid": os.getpid(), COUNT_HOST: _HOST,
-                           **self._task_seconds.as_counts(), **s.row_counts(), **serves(self.queues)}  # fmt: skip
+        return self.name, {
+            "processed": s.processed,
+            "failed": s.failed,
+            "retried": s.retried,
+            "dead": s.dead,
+            "running": len(self._running),
+            "stolen": s.stolen,
+            "pid": os.getpid(),
+            COUNT_HOST: _HOST,
+            **self._task_seconds.as_counts(),
+            **s.row_counts(),
+            **serves(self.queues),
+        }

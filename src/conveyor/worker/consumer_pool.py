@@ -78,13 +78,24 @@ class TaskFailure:
         return self.error.split("\n", 1)[0]
 
 
-def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int, n: int, options: dict[str, Any],
-                   conn: Connection, environ: dict[str, str], hooks: ConsumerHooks | None = None,
-                   holding: Any = None, tally: Any = None) -> None:  # fmt: skip
-    """One consumer process: run until SIGTERM or SIGINT, then stop gracefully; tell the pool
-    through `conn` when it has started and, at the end, its counts (`tally`, a shared array: as it goes).
-    `holding`: a shared array, the messages it holds acked on delivery and how often that changed
-    (see `ConsumerPool.join`)."""
+def _consumer_main(
+    pool: QueuePool,
+    queues: list[QueueConfig | str],
+    index: int,
+    n: int,
+    options: dict[str, Any],
+    conn: Connection,
+    environ: dict[str, str],
+    hooks: ConsumerHooks | None = None,
+    holding: Any = None,
+    tally: Any = None,
+) -> None:
+    """One consumer process: run until SIGTERM or SIGINT, then stop gracefully.
+
+    It tells the pool through `conn` when it has started and, at the end, its counts (`tally`, a
+    shared array: as it goes). `holding`: a shared array, the messages it holds acked on delivery and
+    how often that changed (see `ConsumerPool.join`).
+    """
     os.environ.clear()  # the pool process's environment when it started this one, not the fork server's
     os.environ.update(environ)
     logging.basicConfig(level=options.pop("log_level", logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
@@ -95,12 +106,22 @@ def _consumer_main(pool: QueuePool, queues: list[QueueConfig | str], index: int,
         raise
 
 
-def _consume(pool: QueuePool, queues: list[QueueConfig | str], index: int, n: int, options: dict[str, Any], conn: Connection,
-             hooks: ConsumerHooks | None, holding: Callable[[int], object] | None, tally: Any) -> None:  # fmt: skip
+def _consume(
+    pool: QueuePool,
+    queues: list[QueueConfig | str],
+    index: int,
+    n: int,
+    options: dict[str, Any],
+    conn: Connection,
+    hooks: ConsumerHooks | None,
+    holding: Callable[[int], object] | None,
+    tally: Any,
+) -> None:
     settings = load_settings()
     own_process()
-    consumer = Consumer(pool, queues, consumer=index, n_consumers=n, on_started=lambda: _tell(conn, _STARTED, None),
-                        holding=holding, **options)  # fmt: skip
+    consumer = Consumer(
+        pool, queues, consumer=index, n_consumers=n, on_started=lambda: _tell(conn, _STARTED, None), holding=holding, **options
+    )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: consumer.stop())
     parent, done = multiprocessing.parent_process(), threading.Event()
@@ -134,15 +155,29 @@ def _tell(conn: Connection, what: str, data: object) -> None:
 class ConsumerPool:
     """`n_consumers` consumer processes on this machine (see `Consumer` for the options)."""
 
-    def __init__(self, pool: QueuePool, n_consumers: int | None = None, *, queues: Sequence[QueueConfig | str] = ("default",),
-                 batch_size: int | None = None, max_concurrency: int | None = None,
-                 concurrency: Literal["thread", "process"] = "thread", task_modules: Sequence[str] = (),
-                 selector: str = DEFAULT_SELECTOR, restart: bool = True, pin_core: bool | None = None,
-                 early_ack: bool = False, middleware: Sequence[Middleware] | None = None,
-                 hooks: ConsumerHooks | None = None, shutdown_timeout: float | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        pool: QueuePool,
+        n_consumers: int | None = None,
+        *,
+        queues: Sequence[QueueConfig | str] = ("default",),
+        batch_size: int | None = None,
+        max_concurrency: int | None = None,
+        concurrency: Literal["thread", "process"] = "thread",
+        task_modules: Sequence[str] = (),
+        selector: str = DEFAULT_SELECTOR,
+        restart: bool = True,
+        pin_core: bool | None = None,
+        early_ack: bool = False,
+        middleware: Sequence[Middleware] | None = None,
+        hooks: ConsumerHooks | None = None,
+        shutdown_timeout: float | None = None,
+    ) -> None:
         """`early_ack`, `middleware`: the consumers' (see `Consumer`); `hooks`: see `ConsumerHooks`.
-        `shutdown_timeout` (default STOP_GRACE_S): how long a stop lets running tasks finish (see `cancel`).
-        A consumer keeps trying a server out of reach: `join` is what gives up on it."""
+
+        `shutdown_timeout` (default STOP_GRACE_S): how long a stop lets running tasks finish (see
+        `cancel`). A consumer keeps trying a server out of reach: `join` is what gives up on it.
+        """
         self.pool = pool
         self.n_consumers = n_consumers or os.cpu_count() or 1
         if self.n_consumers < 1:
@@ -151,13 +186,19 @@ class ConsumerPool:
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
         max_concurrency, read_ahead = resolve_slots(max_concurrency, concurrency, self.n_consumers)
         self.options: dict[str, Any] = {
-            "batch_size": batch_size, "max_concurrency": max_concurrency, "concurrency": concurrency, "read_ahead": read_ahead,
-            "task_modules": list(task_modules), "selector": selector,
-            "pin_core": auto_pin(pin_core, concurrency, self.n_consumers), "early_ack": early_ack,
+            "batch_size": batch_size,
+            "max_concurrency": max_concurrency,
+            "concurrency": concurrency,
+            "read_ahead": read_ahead,
+            "task_modules": list(task_modules),
+            "selector": selector,
+            "pin_core": auto_pin(pin_core, concurrency, self.n_consumers),
+            "early_ack": early_ack,
             "middleware": None if middleware is None else list(middleware),
-            "log_level": logging.getLogger().level or logging.WARNING, "unreachable_s": None,
+            "log_level": logging.getLogger().level or logging.WARNING,
+            "unreachable_s": None,
             "shutdown_s": STOP_GRACE_S if shutdown_timeout is None else shutdown_timeout,
-        }  # fmt: skip
+        }
         if max_concurrency < 1 or (batch_size is not None and batch_size < 1):
             raise ValueError("max_concurrency and batch_size must be >= 1")
         self.restart = restart
@@ -184,16 +225,32 @@ class ConsumerPool:
         return [p for p in self._procs if p is not None]
 
     def _spawn(self, i: int) -> None:
-        """Start consumer i with a pipe of its own: it sends when it has started and, when it stops
-        (not when killed), its counts, which go into `stats`."""
+        """Start consumer i with a pipe of its own.
+
+        It sends when it has started and, when it stops (not when killed), its counts, which go into
+        `stats`.
+        """
         read, write = self._ctx.Pipe(duplex=False)
         # [held, changes]: a new process holds nothing yet
         self._holding[i] = self._ctx.Array("q", 2) if self.options["early_ack"] else None
         self._tallies[i] = self._ctx.RawArray("q", len(TALLIED))
-        p = self._ctx.Process(target=_consumer_main,
-                              args=(self.pool, self.queues, i, self.n_consumers, dict(self.options), write, dict(os.environ),
-                                    self.hooks, self._holding[i], self._tallies[i]),
-                              name=f"conveyor-consumer-{i}", daemon=False)  # fmt: skip
+        p = self._ctx.Process(
+            target=_consumer_main,
+            args=(
+                self.pool,
+                self.queues,
+                i,
+                self.n_consumers,
+                dict(self.options),
+                write,
+                dict(os.environ),
+                self.hooks,
+                self._holding[i],
+                self._tallies[i],
+            ),
+            name=f"conveyor-consumer-{i}",
+            daemon=False,
+        )
         p.start()
         write.close()  # the child's end: with it closed here, the read end sees EOF when the child exits
         self._procs[i], self._conns[i], self._started[i], self._why[i] = p, read, False, ""
@@ -266,9 +323,15 @@ class ConsumerPool:
                     self._start_failures[i] += 1
                     if self.restart and self._start_failures[i] >= START_FAILURES_MAX:
                         raise ConveyorError(self._never_started(i, self._start_failures[i], p.exitcode))
-                log.warning("consumer %d (pid %s) exited with code %s%s%s%s", i, p.pid, p.exitcode,
-                            "" if self._started[i] else " before it started", f" ({self._why[i]})" if self._why[i] else "",
-                            "; restarting it" if self.restart else "")  # fmt: skip
+                log.warning(
+                    "consumer %d (pid %s) exited with code %s%s%s%s",
+                    i,
+                    p.pid,
+                    p.exitcode,
+                    "" if self._started[i] else " before it started",
+                    f" ({self._why[i]})" if self._why[i] else "",
+                    "; restarting it" if self.restart else "",
+                )
                 if self.restart:
                     self.restarts += 1
                     self._spawn(i)
@@ -288,15 +351,23 @@ class ConsumerPool:
         return never_started(f"consumer process {i}", times, code, self._why[i])
 
     def _held(self) -> tuple[int, int]:
-        """Messages acked on delivery still running in live consumers (the servers no longer count them),
-        and how many times those counts changed."""
+        """Messages acked on delivery still running in live consumers, and how often that changed.
+
+        The servers no longer count these messages.
+        """
         live = [h[:] for h, p in zip(self._holding, self._procs, strict=True) if h is not None and p is not None and p.is_alive()]
         return sum(h[0] for h in live), sum(h[1] for h in live)
 
-    def join(self, timeout: float | None = None, progress: bool | None = None, poll_s: float = 0.2,
-             unreachable_s: float = DEFAULT_UNREACHABLE_S) -> dict[str, QueueStats]:  # fmt: skip
-        """Wait until the queues have nothing ready, delayed or delivered (with `early_ack`, and until the
-        consumers run nothing they acked on delivery), then stop the consumers.
+    def join(
+        self,
+        timeout: float | None = None,
+        progress: bool | None = None,
+        poll_s: float = 0.2,
+        unreachable_s: float = DEFAULT_UNREACHABLE_S,
+    ) -> dict[str, QueueStats]:
+        """Wait until the queues have nothing ready, delayed or delivered, then stop the consumers.
+
+        With `early_ack`, also wait until the consumers run nothing they acked on delivery.
 
         With no consumer running (a previous `join` stopped them, or `cancel`), it starts them again
         first: work put since is served, not waited on. A progress bar shows on a terminal. Raises
@@ -337,8 +408,11 @@ class ConsumerPool:
         return st
 
     def cancel(self, graceful: bool = True) -> None:
-        """Stop the consumers: gracefully (running tasks finish, for up to the pool's shutdown timeout; those
-        still running then are handed back) or at once (SIGKILL; their messages come back at once)."""
+        """Stop the consumers: gracefully or at once.
+
+        Gracefully, running tasks finish, for up to the pool's shutdown timeout; those still running
+        then are handed back. At once (SIGKILL), their messages come back at once.
+        """
         with self._lock:  # once a check() under way in another thread's wait is done: none looks after them now
             self._stopping = True
         self.pool.detach(self)

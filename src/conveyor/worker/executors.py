@@ -2,7 +2,8 @@
 
 Both kinds take a message, run it with `run_message` and put a `Completion` on the consumer's
 queue. A task over its time limit is stopped with `stop_task(message.key)`: a child process is killed
-and replaced; a thread cannot be killed, so its task is abandoned (its late result is dropped) and a new thread takes the slot."""
+and replaced; a thread cannot be killed, so its task is abandoned (its late result is dropped) and a new thread takes the slot.
+"""
 
 from __future__ import annotations
 
@@ -39,13 +40,16 @@ log = logging.getLogger("conveyor.worker")
 # A forkserver that preloaded the main module's imports (see ProcessSlots) has it in sys.modules when
 # each child runs it again as __mp_main__: runpy warns of that, once per child, to no purpose here.
 # Children inherit this filter from the forkserver, which imports this module.
-warnings.filterwarnings("ignore", message=r".*found in sys.modules after import of package", category=RuntimeWarning,
-                        module="runpy")  # fmt: skip
+warnings.filterwarnings(
+    "ignore", message=r".*found in sys.modules after import of package", category=RuntimeWarning, module="runpy"
+)
 
 
 class Completion(NamedTuple):
-    """The outcome of one run: the result bytes, or the error (a tuple: one is made per task, at a
-    third of a frozen dataclass's cost)."""
+    """The outcome of one run: the result bytes, or the error.
+
+    A tuple: one is made per task, at a third of a frozen dataclass's cost.
+    """
 
     message: Message
     result: bytes | None
@@ -55,8 +59,11 @@ class Completion(NamedTuple):
 
 
 def _run(message: Message, conns: WorkerConnections | None) -> tuple[bytes | None, TaskError | None]:
-    """Run one message; every outcome is a result or a TaskError, never an exception out of the slot
-    (a task raising SystemExit in a thread, say, would otherwise end the slot with its message unsettled)."""
+    """Run one message; every outcome is a result or a TaskError, never an exception out of the slot.
+
+    Otherwise a task raising SystemExit in a thread, say, would end the slot with its message
+    unsettled.
+    """
     try:
         return run_message(message, fetch=conns, backend=None if conns is None else conns.pool), None
     except TaskError as e:
@@ -219,16 +226,16 @@ class ProcessSlots:
 
     kind = "process"
 
-    def __init__(self, n: int, done: Completions[Completion], fetcher: BlobFetcher | None,
-                 task_modules: Sequence[str] = ()) -> None:  # fmt: skip
+    def __init__(
+        self, n: int, done: Completions[Completion], fetcher: BlobFetcher | None, task_modules: Sequence[str] = ()
+    ) -> None:
         self.n = n
         self._done = done
         self._fetcher = fetcher  # gives each child connections of its own (None: no ad-hoc tasks)
         self._task_modules = list(task_modules)
         # children fork from a server that has imported these already: a replacement starts in milliseconds
         # (and the main module: in a Spark Python worker, pyspark.daemon, whose imports are much of pyspark)
-        self._ctx = process_context(["conveyor.tasks.runner", "conveyor.worker.executors", *self._task_modules],
-                                    with_main=True)  # fmt: skip
+        self._ctx = process_context(["conveyor.tasks.runner", "conveyor.worker.executors", *self._task_modules], with_main=True)
         self._ready = threading.Semaphore(0)
         self._idle: list[_Child] = []  # started, running nothing (under _lock)
         self._line: collections.deque[Message] = collections.deque()  # read ahead, waiting for a child (under _lock)
@@ -255,8 +262,9 @@ class ProcessSlots:
             slot = self._next_slot
             self._next_slot += 1
         parent, child = self._ctx.Pipe()
-        proc = self._ctx.Process(target=_child_main, args=(child, self._task_modules, self._fetcher),
-                                 name=f"conveyor-task-{slot}", daemon=True)  # fmt: skip
+        proc = self._ctx.Process(
+            target=_child_main, args=(child, self._task_modules, self._fetcher), name=f"conveyor-task-{slot}", daemon=True
+        )
         proc.start()
         child.close()
         c = _Child(slot, proc, parent)
@@ -301,8 +309,9 @@ class ProcessSlots:
         if c.stopped or self._closing:
             return
         code = c.proc.exitcode
-        log.warning("worker process %s died (exit code %s)%s", c.proc.pid, code,
-                    f" running message {m.id}" if m is not None else "")  # fmt: skip
+        log.warning(
+            "worker process %s died (exit code %s)%s", c.proc.pid, code, f" running message {m.id}" if m is not None else ""
+        )
         if m is not None:
             why = f"WorkerDied: the worker process running it died (exit code {code})"
             err = TaskError(m.headers.get(H_TASK, "?"), why, True)

@@ -1,7 +1,10 @@
-"""What a consumer fetches: from the queue its selector picks (served for up to `num_iterations`
-batches; a selector's probe of a queue is a fetch, and what it finds is run, not fetched twice), from
-its assigned shards first, then from the others (stealing); and what the last fetch said of the
-queues (how much its server had left, whether it came back short), which paces the next."""
+"""What a consumer fetches, from where, and what the last fetch said of the queues.
+
+It fetches from the queue its selector picks (served for up to `num_iterations` batches; a
+selector's probe of a queue is a fetch, and what it finds is run, not fetched twice), from its
+assigned shards first, then from the others (stealing). What the last fetch said of the queues (how
+much its server had left, whether it came back short) paces the next.
+"""
 
 from __future__ import annotations
 
@@ -39,9 +42,11 @@ class Fetcher:
         self._stash: list[Message] = []
 
     def fetch(self, free: int, poll_s: Callable[[ServedQueue], float | None]) -> tuple[list[Message], list[Message]]:
-        """Up to `free` messages from the selected queue, and those the selector's probes found beyond
-        them (to give back). `poll_s(queue)`: how long to long-poll it (None: not at all, nothing is
-        fetched: the consumer is stopping)."""
+        """Up to `free` messages from the selected queue, and those the selector's probes found beyond them (to give back).
+
+        `poll_s(queue)`: how long to long-poll it (None: not at all, nothing is fetched: the
+        consumer is stopping).
+        """
         self._stash = []
         q: ServedQueue | None
         if self._current is not None and self._iterations_left > 0:

@@ -1,7 +1,8 @@
-"""SIGTERM in the fork servers Conveyor starts (`spawning.process_context` preloads this module): a
-fork server ignores it, as multiprocessing already makes it ignore SIGINT, and the processes it forks
-start with its default action all the same (`default_sigterm_in_forks`). Imported anywhere else, it
-changes nothing.
+"""SIGTERM in the fork servers Conveyor starts: ignored there, its default action in what they fork.
+
+`spawning.process_context` preloads this module. A fork server ignores SIGTERM, as multiprocessing
+already makes it ignore SIGINT, and the processes it forks start with its default action all the
+same (`default_sigterm_in_forks`). Imported anywhere else, it changes nothing.
 
 A stop sent to a worker's whole process group (systemd's default KillMode=control-group, `kill -TERM
 -PGID`) would otherwise kill the fork server, and the pool would read its consumers as gone (their
@@ -26,8 +27,11 @@ def _default_sigterm() -> None:
 
 
 def default_sigterm_in_forks() -> None:
-    """Make the processes this one forks from now on (`os.fork`, multiprocessing's fork) start with
-    SIGTERM's default action, whatever this process does with it; and those they fork, in turn."""
+    """Make the processes this one forks from now on start with SIGTERM's default action.
+
+    So do those forked by `os.fork` or by multiprocessing's fork, whatever this process does with
+    SIGTERM; and those they fork, in turn.
+    """
     os.register_at_fork(after_in_child=_default_sigterm)
 
 

@@ -1,6 +1,8 @@
-"""The messages a consumer holds (fetched, not yet settled): when each is over its time limit, and
-when its lease is due an extension (a heartbeat); the queues it serves, as it fetches from them; and,
-with early acks, how many it holds, told to its pool."""
+"""The messages a consumer holds (fetched, not yet settled), and the queues it serves.
+
+When each message is over its time limit, and when its lease is due an extension (a heartbeat); the
+queues it serves, as it fetches from them; and, with early acks, how many it holds, told to its pool.
+"""
 
 from __future__ import annotations
 
@@ -48,10 +50,16 @@ class Held:
 
 
 def over_limit(held: Iterable[Held], started: Callable[[tuple[str, int]], float | None], now: float) -> list[tuple[Held, float]]:
-    """The held messages running past their time limit, with the limit; `started((queue, id))` says
-    when a slot started one (None: waiting in line for a slot, whose wait does not count)."""
-    return [(h, limit) for h in held if (limit := h.limit) is not None
-            and (t0 := started(h.message.key)) is not None and now >= t0 + limit]  # fmt: skip
+    """The held messages running past their time limit, with the limit.
+
+    `started((queue, id))` says when a slot started one (None: waiting in line for a slot, whose
+    wait does not count).
+    """
+    return [
+        (h, limit)
+        for h in held
+        if (limit := h.limit) is not None and (t0 := started(h.message.key)) is not None and now >= t0 + limit
+    ]
 
 
 def due_extensions(held: Iterable[Held], now: float) -> dict[tuple[str, float], list[int]]:
@@ -66,7 +74,9 @@ def due_extensions(held: Iterable[Held], now: float) -> dict[tuple[str, float], 
 
 
 def say_held(shared: Any, n: int) -> None:
-    """In a consumer process with early acks: it holds `n` messages acked on delivery; `shared` (a
-    shared array [held, changes], read by `ConsumerPool.join`) also counts the change."""
+    """In a consumer process with early acks: it holds `n` messages acked on delivery.
+
+    `shared` (a shared array [held, changes], read by `ConsumerPool.join`) also counts the change.
+    """
     with shared.get_lock():
         shared[0], shared[1] = n, shared[1] + 1

@@ -1,6 +1,9 @@
-"""Hooks: `ConsumerHooks`, set-up and tear-down of each consumer process of a `ConsumerPool`, and what
-the tear-down sends back to the pool (its value, or a `HookFailure` saying why there is none); and
-`add_child_hooks`, those of each task process of a consumer in process mode."""
+"""Hooks: set-up and tear-down of each consumer process of a pool, and of each task process.
+
+`ConsumerHooks`, set-up and tear-down of each consumer process of a `ConsumerPool`, and what the
+tear-down sends back to the pool (its value, or a `HookFailure` saying why there is none); and
+`add_child_hooks`, those of each task process of a consumer in process mode.
+"""
 
 from __future__ import annotations
 
@@ -14,21 +17,27 @@ CHILD_HOOKS: list[tuple[Callable[[], object], Callable[[], object] | None]] = []
 
 
 def add_child_hooks(start: Callable[[], object], stop: Callable[[], object] | None = None) -> None:
-    """Per-process setup (a database pool, say): `start()` runs in each task child process once its task modules
-    are imported, before it takes work (if it raises, the child ends unready); `stop()` as its consumer closes it
-    (not when killed). A task module calls this at import: the fork server imports them, so its children have them."""
+    """Per-process setup (a database pool, say) of each task child process.
+
+    `start()` runs in each task child process once its task modules are imported, before it takes
+    work (if it raises, the child ends unready); `stop()` as its consumer closes it (not when
+    killed). A task module calls this at import: the fork server imports them, so its children have
+    them.
+    """
     if (start, stop) not in CHILD_HOOKS:
         CHILD_HOOKS.append((start, stop))
 
 
 class ConsumerHooks:
-    """Set-up and tear-down of each consumer process of a pool, for process-wide state its tasks use
-    (`conveyor.compat.daskqueue` keeps a daskqueue consumer object there). Pickled to each process:
+    """Set-up and tear-down of each consumer process of a pool, for process-wide state its tasks use.
+
+    `conveyor.compat.daskqueue` keeps a daskqueue consumer object there. Pickled to each process:
     `start(index)` runs before the consumer takes work, `stop()` after it stopped; what `stop` returns
-    (picklable) is appended to `ConsumerPool.farewells[index]` (a killed consumer says nothing; one whose
-    `stop` raises or returns what cannot be pickled, a `HookFailure`, and its counts go anyway). A `start`
-    that raises fails the process before it starts: after START_FAILURES_MAX in a row, the pool's error
-    says what it raised."""
+    (picklable) is appended to `ConsumerPool.farewells[index]` (a killed consumer says nothing; one
+    whose `stop` raises or returns what cannot be pickled, a `HookFailure`, and its counts go
+    anyway). A `start` that raises fails the process before it starts: after START_FAILURES_MAX in a
+    row, the pool's error says what it raised.
+    """
 
     def start(self, index: int) -> None:
         """Called in consumer process `index` before it consumes."""

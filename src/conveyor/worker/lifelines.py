@@ -1,6 +1,8 @@
-"""Worker processes never outlive the process that started them: a consumer process stops at once
-when its pool's process is gone (`stop_with_parent`), a task process exits when its consumer is
-(`exit_with`). Whatever ended the parent, even SIGKILL."""
+"""Worker processes never outlive the process that started them, even one killed by SIGKILL.
+
+A consumer process stops at once when its pool's process is gone (`stop_with_parent`), a task
+process exits when its consumer is (`exit_with`), whatever ended the parent, even SIGKILL.
+"""
 
 from __future__ import annotations
 
@@ -31,8 +33,11 @@ def exit_with(sentinel: int) -> None:
 
 
 def stop_with_parent(parent: multiprocessing.process.BaseProcess, consumer: Stoppable, done: threading.Event) -> None:
-    """Stop at once when the parent exits: the pool is gone (with it, likely, the servers it started),
-    so running tasks are handed back, or come back by lease, rather than waited for."""
+    """Stop at once when the parent exits.
+
+    The pool is gone (with it, likely, the servers it started), so running tasks are handed back, or
+    come back by lease, rather than waited for.
+    """
     # the sentinel closes when the parent exits, unless a child it forked holds it open: hence
     # also a look whether the parent still exists
     while parent.is_alive() and parent.pid is not None and _exists(parent.pid):

@@ -45,10 +45,11 @@ class TimeLimits(Middleware):
 
 
 class Retries(Middleware):
-    """The retry policy (`conveyor.tasks.policy.retry_decision`): exponential backoff with jitter
-    (the task's `retry_backoff`) while attempts are left; a non-retryable error (unknown task,
-    damaged payload, a `no_retry` exception) fails at once. Once a message has used its
-    `max_attempts`, the store makes the nack a dead letter.
+    """The retry policy (`conveyor.tasks.policy.retry_decision`).
+
+    Exponential backoff with jitter (the task's `retry_backoff`) while attempts are left; a
+    non-retryable error (unknown task, damaged payload, a `no_retry` exception) fails at once. Once
+    a message has used its `max_attempts`, the store makes the nack a dead letter.
     """
 
     def __init__(self, rng: random.Random | None = None) -> None:

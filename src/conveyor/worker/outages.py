@@ -1,6 +1,9 @@
-"""Servers out of reach, as a consumer sees them: it says so when it notices, then once a minute while
-one stays out (naming it and how long), and again when it answers; a consumer keeps serving the
-servers that answer meanwhile, and gives up only past its `unreachable_s` (see `Consumer`)."""
+"""Servers out of reach, as a consumer sees them.
+
+It says so when it notices, then once a minute while one stays out (naming it and how long), and
+again when it answers; a consumer keeps serving the servers that answer meanwhile, and gives up
+only past its `unreachable_s` (see `Consumer`).
+"""
 
 from __future__ import annotations
 

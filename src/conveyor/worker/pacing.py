@@ -1,5 +1,6 @@
-"""How many messages a consumer fetches next: back-pressure, batching, read-ahead of quick tasks
-and, as the queues drain, holding fewer.
+"""How many messages a consumer fetches next.
+
+Back-pressure, batching, read-ahead of quick tasks and, as the queues drain, holding fewer.
 
 A policy of its own, apart from the consumer's loop, so that it can be read and tested as one.
 """
@@ -57,8 +58,7 @@ class Pacing:
         return self.refill(hold) if running and busy else 1
 
     def want(self, running: int, left: int | None, busy: bool, read_ahead: int = 0) -> int:
-        """How many messages to fetch now (0: wait for running tasks first); `busy`: the last fetch
-        got all it asked for."""
+        """How many messages to fetch now (0: wait for running tasks first); `busy`: the last fetch got all it asked for."""
         hold = self.hold(left, read_ahead)
         free = hold - running
         return free if free >= self._need(hold, running, busy) else 0

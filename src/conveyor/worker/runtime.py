@@ -1,5 +1,4 @@
-"""`run_worker`: a worker process's life, callable without the CLI (`conveyor worker` only parses
-options and calls it).
+"""`run_worker`: a worker process's life, callable without the CLI (`conveyor worker` only parses options and calls it).
 
 It imports the task modules, runs one consumer in this process or several consumer processes,
 stops gracefully on SIGTERM or Ctrl-C, whether sent to this process or to its whole process group
@@ -62,8 +61,14 @@ def import_task_modules(modules: Sequence[str]) -> None:
         import_named(m)
 
 
-def run_worker(pool: QueuePool, queues: Sequence[QueueConfig | str], settings: Settings, task_modules: Sequence[str],
-               options: WorkerOptions, say: Callable[[str], object] = print) -> ConsumerStats:  # fmt: skip
+def run_worker(
+    pool: QueuePool,
+    queues: Sequence[QueueConfig | str],
+    settings: Settings,
+    task_modules: Sequence[str],
+    options: WorkerOptions,
+    say: Callable[[str], object] = print,
+) -> ConsumerStats:
     """Run consumers on `queues` until stopped (or, with `until_empty`, until they are drained).
 
     One process runs its consumer here; more run as child processes (`ConsumerPool`). `say`
@@ -73,10 +78,18 @@ def run_worker(pool: QueuePool, queues: Sequence[QueueConfig | str], settings: S
     sel = options.selector or settings.queue_selector
     if options.processes == 1:
         return _run_here(pool, queues, settings, task_modules, options, sel, say)
-    cp = ConsumerPool(pool, options.processes, queues=list(queues), batch_size=options.batch_size,
-                      max_concurrency=options.concurrency, concurrency=options.mode, task_modules=list(task_modules),
-                      selector=sel if isinstance(sel, str) else sel.__name__, pin_core=options.pin_core,
-                      shutdown_timeout=options.shutdown_timeout)  # fmt: skip
+    cp = ConsumerPool(
+        pool,
+        options.processes,
+        queues=list(queues),
+        batch_size=options.batch_size,
+        max_concurrency=options.concurrency,
+        concurrency=options.mode,
+        task_modules=list(task_modules),
+        selector=sel if isinstance(sel, str) else sel.__name__,
+        pin_core=options.pin_core,
+        shutdown_timeout=options.shutdown_timeout,
+    )
     signals = StopOnSignals(options.shutdown_timeout, say)
     limit, names = options.gives_up_after, [q if isinstance(q, str) else q.name for q in queues]
     try:
@@ -93,14 +106,29 @@ def run_worker(pool: QueuePool, queues: Sequence[QueueConfig | str], settings: S
     return cp.stats  # the sum over the consumer processes (those that died: as far as their tallies go)
 
 
-def _run_here(pool: QueuePool, queues: Sequence[QueueConfig | str], settings: Settings, task_modules: Sequence[str],
-              options: WorkerOptions, sel: str | type[QueueSelector], say: Callable[[str], object]) -> ConsumerStats:  # fmt: skip
+def _run_here(
+    pool: QueuePool,
+    queues: Sequence[QueueConfig | str],
+    settings: Settings,
+    task_modules: Sequence[str],
+    options: WorkerOptions,
+    sel: str | type[QueueSelector],
+    say: Callable[[str], object],
+) -> ConsumerStats:
     own_process()
-    consumer = Consumer(pool, list(queues), batch_size=options.batch_size, max_concurrency=options.concurrency,
-                        concurrency=options.mode, selector=sel if isinstance(sel, str) else sel(),
-                        task_modules=list(task_modules), until_empty=options.until_empty,
-                        pin_core=auto_pin(options.pin_core, options.mode, 1), unreachable_s=options.gives_up_after,
-                        shutdown_s=options.shutdown_timeout)  # fmt: skip
+    consumer = Consumer(
+        pool,
+        list(queues),
+        batch_size=options.batch_size,
+        max_concurrency=options.concurrency,
+        concurrency=options.mode,
+        selector=sel if isinstance(sel, str) else sel(),
+        task_modules=list(task_modules),
+        until_empty=options.until_empty,
+        pin_core=auto_pin(options.pin_core, options.mode, 1),
+        unreachable_s=options.gives_up_after,
+        shutdown_s=options.shutdown_timeout,
+    )
     stops = [0]
 
     def on_signal(*_: object) -> None:
@@ -121,9 +149,11 @@ def _run_here(pool: QueuePool, queues: Sequence[QueueConfig | str], settings: Se
 
 
 class StopOnSignals:
-    """SIGTERM and SIGINT in a multi-process worker: the first raises `Stopping` in the main thread (the
-    consumer processes have the signal too when it went to the whole process group; if not,
-    `ConsumerPool.cancel` sends it on); once the stop is `under_way`, a signal is said, not raised."""
+    """SIGTERM and SIGINT in a multi-process worker: the first raises `Stopping` in the main thread.
+
+    The consumer processes have the signal too when it went to the whole process group; if not,
+    `ConsumerPool.cancel` sends it on. Once the stop is `under_way`, a signal is said, not raised.
+    """
 
     def __init__(self, shutdown_timeout: float, say: Callable[[str], object]) -> None:
         self.shutdown_timeout, self.say, self.under_way = shutdown_timeout, say, False
@@ -140,9 +170,11 @@ class StopOnSignals:
 
 
 def _look_after(cp: ConsumerPool, pool: QueuePool, queues: list[str], limit_s: float | None) -> None:
-    """Until a signal (`Stopping`): restart consumer processes that die and, with a limit, end with
-    `ServerUnreachableError` once a server has been out of reach for longer (each look, one attempt to
-    connect: the consumers keep serving the others meanwhile)."""
+    """Until a signal (`Stopping`): restart dying consumer processes; with a limit, end on an outage.
+
+    With a limit, end with `ServerUnreachableError` once a server has been out of reach for longer
+    (each look, one attempt to connect: the consumers keep serving the others meanwhile).
+    """
     probe = None if limit_s is None else own_connections(pool, ONE_ATTEMPT)
     try:
         while True:

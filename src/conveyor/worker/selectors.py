@@ -47,8 +47,11 @@ def by_priority(queues: Sequence[Q]) -> list[Q]:
 
 
 class QueueSelector(ABC):
-    """Base of the queue selection algorithms: `get_queue(queues, needs_work)` returns one queue,
-    or None when it cannot pick one (no queues; a lottery with no valid priority)."""
+    """Base of the queue selection algorithms.
+
+    `get_queue(queues, needs_work)` returns one queue, or None when it cannot pick one (no queues; a
+    lottery with no valid priority).
+    """
 
     def __init__(self, rng: random.Random | None = None) -> None:
         self.rng = rng if rng is not None else random.Random()
@@ -118,8 +121,10 @@ class HighestPriorityLottery(QueueSelector):
 
 
 class LotteryLottery(QueueSelector):
-    """Lotteries over all queues until one draws a queue with work, at most `draws` (10) times;
-    then one more lottery, whose queue is served (long-polled) even if empty."""
+    """Lotteries over all queues until one draws a queue with work, at most `draws` (10) times.
+
+    Then one more lottery, whose queue is served (long-polled) even if empty.
+    """
 
     def __init__(self, rng: random.Random | None = None, draws: int = LOTTERY_LOTTERY_DRAWS) -> None:
         super().__init__(rng)
@@ -135,10 +140,13 @@ class LotteryLottery(QueueSelector):
 
 
 class ReducedLottery(QueueSelector):
-    """The default. A lottery over the queues not yet found empty: a drawn queue with work is
-    returned, an empty one leaves the pool and the lottery is drawn again. When every queue has
-    been found empty (or no candidate has a valid priority), a lottery over all queues picks one
-    to long-poll. So the only queue with work is always found, probing each queue at most once."""
+    """The default.
+
+    A lottery over the queues not yet found empty: a drawn queue with work is returned, an empty one
+    leaves the pool and the lottery is drawn again. When every queue has been found empty (or no
+    candidate has a valid priority), a lottery over all queues picks one to long-poll. So the only
+    queue with work is always found, probing each queue at most once.
+    """
 
     def get_queue(self, queues: Sequence[Q], needs_work: NeedsWork[Q] = None) -> Q | None:
         probe = self._probe(needs_work)
@@ -159,8 +167,11 @@ SELECTORS: dict[str, type[QueueSelector]] = {
 
 
 def selector_class(name: str | type[QueueSelector] = DEFAULT_SELECTOR) -> type[QueueSelector]:
-    """A selector class by name: one of SELECTORS ("ReducedLottery"; ndkale's dotted
-    "kale.queue_selector.ReducedLottery" too), or "package.module.Class" of your own subclass."""
+    """A selector class by name.
+
+    One of SELECTORS ("ReducedLottery"; ndkale's dotted "kale.queue_selector.ReducedLottery" too), or
+    "package.module.Class" of your own subclass.
+    """
     if isinstance(name, type):
         if not issubclass(name, QueueSelector):
             raise ConfigError(f"QUEUE_SELECTOR {name!r} is not a QueueSelector subclass")

@@ -1,5 +1,4 @@
-"""Worker configuration: the settings module (the queue YAML it names is read by
-`conveyor.tasks.queue_config`).
+"""Worker configuration: the settings module (the queue YAML it names is read by `conveyor.tasks.queue_config`).
 
 Settings: the module named by CONVEYOR_SETTINGS_MODULE (like ndkale's KALE_SETTINGS_MODULE), read
 once per `load_settings()` call. Only these upper-case names are read; the rest of the module is
@@ -66,8 +65,10 @@ class Settings:
 
 
 def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
-    """Settings from the module named by CONVEYOR_SETTINGS_MODULE in `environ` (default
-    os.environ); the defaults when it is unset or empty."""
+    """Settings from the module named by CONVEYOR_SETTINGS_MODULE in `environ` (default os.environ).
+
+    The defaults when it is unset or empty.
+    """
     env = os.environ if environ is None else environ
     name = env.get(SETTINGS_ENV, "").strip()
     if not name:
@@ -96,8 +97,9 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         selector_class(selector)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
-    modules = get("TASK_MODULES", (), lambda v: isinstance(v, (list, tuple)) and all(type(m) is str for m in v),
-                  "a list of module names")  # fmt: skip
+    modules = get(
+        "TASK_MODULES", (), lambda v: isinstance(v, (list, tuple)) and all(type(m) is str for m in v), "a list of module names"
+    )
     hook_ok = lambda v: v is None or callable(v)  # noqa: E731
     return Settings(
         queue_config=path,

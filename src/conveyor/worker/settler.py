@@ -54,8 +54,9 @@ class _Outage:
 class Settler:
     """Queues settlements for a background thread; `flush()` waits until all were sent."""
 
-    def __init__(self, pool: QueueBackend, report: Callable[[], tuple[str, Counts]] | None = None,
-                 report_every_s: float = 2.0) -> None:  # fmt: skip
+    def __init__(
+        self, pool: QueueBackend, report: Callable[[], tuple[str, Counts]] | None = None, report_every_s: float = 2.0
+    ) -> None:
         self._pool: QueueBackend = own_connections(pool, ONE_ATTEMPT)  # each try is one: the thread retries
         self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._report = report
@@ -100,8 +101,10 @@ class Settler:
         return ("extend", queue_name, lease_s, msg_id, None)
 
     def hurry(self) -> None:
-        """Send what is queued without gathering more (nothing else is coming soon). With nothing
-        queued, nothing to hurry: the next settlements gather as usual."""
+        """Send what is queued without gathering more (nothing else is coming soon).
+
+        With nothing queued, nothing to hurry: the next settlements gather as usual.
+        """
         with self._cond:
             if self._pending:
                 self._hurry.set()
@@ -113,9 +116,12 @@ class Settler:
             return self._cond.wait_for(lambda: self._pending == 0, timeout)
 
     def close(self, timeout: float = 30.0) -> None:
-        """Send what is queued and a last report, and stop. Gives up after `timeout` s (what was not
-        sent by then comes back to the queues when its lease ends) and returns; says so when it
-        waits longer than CLOSE_SAY_S (a server out of reach holds its settlements)."""
+        """Send what is queued and a last report, and stop.
+
+        Gives up after `timeout` s (what was not sent by then comes back to the queues when its
+        lease ends) and returns; says so when it waits longer than CLOSE_SAY_S (a server out of
+        reach holds its settlements).
+        """
         self._give_up_at = deadline = time.monotonic() + timeout
         if not self.flush(min(timeout, CLOSE_SAY_S)) and (left := deadline - time.monotonic()) > 0:
             with self._cond:
@@ -165,8 +171,10 @@ class Settler:
                 return
 
     def _take(self, timeout: float | None) -> list[Any]:
-        """The lists of settlements queued by `timeout` (None: until there are some), gathered a little
-        longer for more to go in the same requests."""
+        """The lists of settlements queued by `timeout` (None: until there are some).
+
+        Gathered a little longer for more to go in the same requests.
+        """
         try:
             first = self._items.get(timeout=None if timeout is None else max(timeout, 0.01))
         except queue.Empty:
@@ -192,8 +200,11 @@ class Settler:
         return out
 
     def _send(self, batch: list[tuple[Any, ...]]) -> int:
-        """Send `batch`, one request per server, queue and kind; what a server out of reach (or with its
-        disk full) was to get waits for its next try. Returns how many were settled: sent, or given up."""
+        """Send `batch`, one request per server, queue and kind; return how many were settled.
+
+        What a server out of reach (or with its disk full) was to get waits for its next try. Settled:
+        sent, or given up.
+        """
         groups: dict[tuple[int, str, str, Any], list[tuple[int, Any]]] = {}
         for kind, q, extra, msg_id, data in batch:  # the shard as split_id reads it, without a call per message
             groups.setdefault((msg_id >> SHARD_SHIFT, kind, q, extra), []).append((msg_id, data))
@@ -233,8 +244,10 @@ class Settler:
         return settled
 
     def _wait_for(self, shard: int, what: str) -> None:
-        """Try server `shard` again later, each time after twice the wait (up to MAX_RETRY_S); say so at
-        the first failure and once every OUT_OF_REACH_SAY_S while it lasts."""
+        """Try server `shard` again later, each time after twice the wait (up to MAX_RETRY_S).
+
+        Say so at the first failure and once every OUT_OF_REACH_SAY_S while it lasts.
+        """
         now = time.monotonic()
         o = self._out.get(shard) or _Outage(now, now, RETRY_S, -OUT_OF_REACH_SAY_S)
         o.retry_at, o.wait = now + o.wait, min(o.wait * 2, MAX_RETRY_S)
@@ -254,8 +267,14 @@ class Settler:
 
     def _lost(self, kind: str, ids: list[int], q: str, e: BaseException) -> None:
         self._done(kind, len(ids), given_up=True)
-        log.error("gave up trying to %s %d message(s) on %r (%s: %s): they come back when their leases end",
-                  kind, len(ids), q, type(e).__name__, e)  # fmt: skip
+        log.error(
+            "gave up trying to %s %d message(s) on %r (%s: %s): they come back when their leases end",
+            kind,
+            len(ids),
+            q,
+            type(e).__name__,
+            e,
+        )
 
     def _send_report(self) -> None:
         assert self._report is not None
@@ -291,14 +310,19 @@ def ack_on_delivery(pool: QueueBackend, got: list[Message]) -> tuple[list[Messag
 
 
 def result_fits(c: Completion, pool: QueueBackend, fits: int) -> Completion:
-    """`c`, or, when its result is bigger than the server holding its message takes (`fits`: what any
-    server takes), a failure of that task alone, not retried: the other results of its batch are acked."""
+    """`c`, or, when its result is too big for a server, a failure of that task alone.
+
+    Too big: bigger than the server holding its message takes (`fits`: what any server takes). The
+    failure is not retried: the other results of its batch are acked.
+    """
     if c.result is None or len(c.result) <= fits:
         return c
     m = c.message
     limit = pool.clients[pool.split_id(m.id)[0]].server_limits.max_item_bytes  # its hello said: it was fetched there
     if len(c.result) <= limit:
         return c
-    why = (f"ResultTooLarge: the result is {len(c.result):,} bytes, over the server's limit of {limit:,} "
-           "bytes (return less, or store it elsewhere and return where)")  # fmt: skip
+    why = (
+        f"ResultTooLarge: the result is {len(c.result):,} bytes, over the server's limit of {limit:,} "
+        "bytes (return less, or store it elsewhere and return where)"
+    )
     return Completion(m, None, TaskError(m.headers.get(H_TASK, "?"), why, False), c.slot)

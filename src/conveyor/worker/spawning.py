@@ -1,5 +1,6 @@
-"""How Conveyor starts its worker processes (consumers, and task processes): from a fork server that
-has imported what they need once, so that each new process starts in milliseconds.
+"""How Conveyor starts its worker processes (consumers, and task processes): from a fork server.
+
+The fork server has imported what they need once, so that each new process starts in milliseconds.
 
 A process started with multiprocessing's "spawn" method is a fresh interpreter: it imports
 Conveyor (with numpy: ~0.3 s here) and runs the main module again, every time. The "forkserver"
@@ -27,14 +28,16 @@ FORKSERVER_SIGNALS = "conveyor.worker.forkserver_signals"  # imported by a fork 
 
 
 def process_context(preload: Sequence[str], with_main: bool = False) -> ForkServerContext | SpawnContext:
-    """The context to start worker processes with: a fork server preloading `preload` where there is
-    one, else "spawn". `with_main` preloads the main module too, by its module name when it has one
-    (a Spark Python worker's pyspark.daemon, whose imports are much of pyspark): only where that
-    module is known not to start workers itself when imported (the fork server would import it, and
-    a script that starts a pool without the main guard would start fork servers without end).
+    """The context to start worker processes with: a fork server preloading `preload` where there is one, else "spawn".
+
+    `with_main` preloads the main module too, by its module name when it has one (a Spark Python
+    worker's pyspark.daemon, whose imports are much of pyspark): only where that module is known not
+    to start workers itself when imported (the fork server would import it, and a script that starts
+    a pool without the main guard would start fork servers without end).
 
     The fork server is one per process: the preload takes effect if it has not started yet (a
-    server already running keeps what it has; its children import the rest themselves)."""
+    server already running keeps what it has; its children import the rest themselves).
+    """
     if "forkserver" not in multiprocessing.get_all_start_methods():
         return multiprocessing.get_context("spawn")
     ctx = multiprocessing.get_context("forkserver")
@@ -45,10 +48,12 @@ def process_context(preload: Sequence[str], with_main: bool = False) -> ForkServ
 
 
 def warm_up(ctx: ForkServerContext | SpawnContext) -> None:
-    """Start the fork server in the background (it takes as long as its imports), so that the first
-    process started later does not wait for it. Nothing to do for "spawn". (Processes forked from it
-    inherit its environment, not the starting process's: pass what may have changed since, as
-    ConsumerPool passes os.environ.)"""
+    """Start the fork server in the background, ahead of the first process that needs it.
+
+    It takes as long as its imports: the first process started later then does not wait for it.
+    Nothing to do for "spawn". Processes forked from it inherit its environment, not the starting
+    process's: pass what may have changed since, as ConsumerPool passes os.environ.
+    """
     if ctx.get_start_method() != "forkserver":
         return
 

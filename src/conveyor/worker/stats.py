@@ -1,5 +1,8 @@
-"""`ConsumerStats`: what a consumer did, summed over a pool of them and printed when a worker stops; and
-its tally, kept in memory its pool shares, so that the counts of a consumer process that dies are not lost."""
+"""`ConsumerStats`: what a consumer did, summed over a pool of them and printed when a worker stops.
+
+Also its tally, kept in memory its pool shares, so that the counts of a consumer process that dies
+are not lost.
+"""
 
 from __future__ import annotations
 
@@ -58,8 +61,10 @@ class ConsumerStats:
         """One line, as `conveyor worker` prints it when it stops."""
         unsettled = f", unsettled {self.unsettled:,} (back in their queues once their leases end)" if self.unsettled else ""
         back = f", handed back {self.handed_back:,} (running at the stop: back in their queues)" if self.handed_back else ""
-        return (f"processed {self.processed:,}, failed {self.failed:,} (retried {self.retried:,}, dead {self.dead:,}), "
-                f"timed out {self.timed_out:,}, stolen {self.stolen:,}{back}{unsettled}")  # fmt: skip
+        return (
+            f"processed {self.processed:,}, failed {self.failed:,} (retried {self.retried:,}, dead {self.dead:,}), "
+            f"timed out {self.timed_out:,}, stolen {self.stolen:,}{back}{unsettled}"
+        )
 
 
 TALLY_EVERY_S = 0.5  # how often a consumer process copies its counts to its tally
@@ -72,8 +77,10 @@ def write_tally(stats: ConsumerStats, tally: Any) -> None:
 
 
 def keep_tally(stats: ConsumerStats, tally: Any, done: threading.Event) -> None:
-    """Copy the counts of `stats` (a running consumer's) to `tally` every TALLY_EVERY_S until `done`:
-    should the process die, its pool reads them there (`tallied`)."""
+    """Copy the counts of `stats` (a running consumer's) to `tally` every TALLY_EVERY_S until `done`.
+
+    Should the process die, its pool reads them there (`tallied`).
+    """
     while not done.wait(TALLY_EVERY_S):
         write_tally(stats, tally)
 

@@ -178,8 +178,11 @@ class GiveUpTask(task.Task):
 
 
 class SlowFailureTask(task.Task):
-    """Fails within its time_limit; its handle_failure runs well past it (ndkale's limit has ended by
-    then, and no bound from outside but the queue's visibility timeout applies)."""
+    """Fails within its time_limit; its handle_failure runs well past it.
+
+    ndkale's limit has ended by then, and no bound from outside but the queue's visibility timeout
+    applies.
+    """
 
     max_retries = None
     time_limit = 1

@@ -19,20 +19,46 @@ from types import TracebackType
 from conveyor.client.pool import QueuePool as ConveyorPool
 
 # dask's Client / LocalCluster options with no meaning over Conveyor servers (accepted, ignored)
-DASK_ONLY = frozenset({
-    "n_workers", "processes", "dashboard_address", "direct_to_workers", "set_as_default", "name", "timeout",
-    "memory_limit", "silence_logs", "scheduler_port", "worker_class", "nthreads", "heartbeat_interval",
-    "connection_limit", "serializers", "deserializers", "extensions", "security", "asynchronous_client",
-    "scheduler_file", "local_directory", "protocol", "interface", "host", "resources", "loop",
-})  # fmt: skip
+DASK_ONLY = frozenset(
+    {
+        "n_workers",
+        "processes",
+        "dashboard_address",
+        "direct_to_workers",
+        "set_as_default",
+        "name",
+        "timeout",
+        "memory_limit",
+        "silence_logs",
+        "scheduler_port",
+        "worker_class",
+        "nthreads",
+        "heartbeat_interval",
+        "connection_limit",
+        "serializers",
+        "deserializers",
+        "extensions",
+        "security",
+        "asynchronous_client",
+        "scheduler_file",
+        "local_directory",
+        "protocol",
+        "interface",
+        "host",
+        "resources",
+        "loop",
+    }
+)
 
 
 def check_dask_options(what: str, options: dict[str, object]) -> None:
     """Dask options are ignored; an unknown keyword is a mistake worth saying (a typo, say)."""
     unknown = sorted(set(options) - DASK_ONLY)
     if unknown:
-        raise TypeError(f"{what}: unexpected keyword argument(s) {', '.join(unknown)} (dask options accepted and "
-                        f"ignored: {', '.join(sorted(DASK_ONLY))})")  # fmt: skip
+        raise TypeError(
+            f"{what}: unexpected keyword argument(s) {', '.join(unknown)} (dask options accepted and "
+            f"ignored: {', '.join(sorted(DASK_ONLY))})"
+        )
     if options.get("asynchronous_client") or options.get("asynchronous"):
         raise TypeError(f"{what}: asynchronous clients are not supported")
 
@@ -46,11 +72,21 @@ def _threads(threads_per_worker: int | None) -> int | None:
 
 
 class LocalCluster:
-    """Local Conveyor queue servers (child processes, durable, data in temporary directories unless
-    `data_dir` is given), standing in for `distributed.LocalCluster`. `close()` stops them."""
+    """Local Conveyor queue servers, standing in for `distributed.LocalCluster`.
 
-    def __init__(self, n_workers: int | None = None, threads_per_worker: int | None = None, *, n_servers: int = 2,
-                 data_dir: str | Path | None = None, **dask_options: object) -> None:  # fmt: skip
+    Child processes, durable, data in temporary directories unless `data_dir` is given. `close()`
+    stops them.
+    """
+
+    def __init__(
+        self,
+        n_workers: int | None = None,
+        threads_per_worker: int | None = None,
+        *,
+        n_servers: int = 2,
+        data_dir: str | Path | None = None,
+        **dask_options: object,
+    ) -> None:
         check_dask_options("LocalCluster", dask_options)
         self.threads_per_worker = _threads(threads_per_worker)
         self.pool = ConveyorPool.local(n_servers=n_servers, data_dir=data_dir)
@@ -82,9 +118,16 @@ class Client:
     in its worker's threads); None: Conveyor's default.
     """
 
-    def __init__(self, address: str | Sequence[str] | LocalCluster | None = None, *, token: str | None = None,
-                 threads_per_worker: int | None = None, n_servers: int = 2, data_dir: str | Path | None = None,
-                 **dask_options: object) -> None:  # fmt: skip
+    def __init__(
+        self,
+        address: str | Sequence[str] | LocalCluster | None = None,
+        *,
+        token: str | None = None,
+        threads_per_worker: int | None = None,
+        n_servers: int = 2,
+        data_dir: str | Path | None = None,
+        **dask_options: object,
+    ) -> None:
         check_dask_options("Client", dask_options)
         self.threads_per_worker = _threads(threads_per_worker)
         self._cluster: LocalCluster | None = None  # one this client started, and stops
@@ -100,8 +143,9 @@ class Client:
                 raise ValueError("Client: no server address given")
             self.pool = ConveyorPool.connect(address, token)
         else:
-            raise TypeError(f"Client: address must be a server address, a list of them, a LocalCluster or None, "
-                            f"got {type(address).__name__}")  # fmt: skip
+            raise TypeError(
+                f"Client: address must be a server address, a list of them, a LocalCluster or None, got {type(address).__name__}"
+            )
         self.closed = False
 
     @property

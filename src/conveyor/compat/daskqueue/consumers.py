@@ -71,8 +71,9 @@ class ConsumerBaseClass(ABC):
     late acks it is also stored as the message's Conveyor result when it can be (see `deliver`).
     """
 
-    def __init__(self, id: int, name: str, pool: Any, batch_size: int, max_concurrency: int,
-                 retries: int, early_ack: bool) -> None:  # fmt: skip
+    def __init__(
+        self, id: int, name: str, pool: Any, batch_size: int, max_concurrency: int, retries: int, early_ack: bool
+    ) -> None:
         self.id = id
         self.name = f"{name}-{os.getpid()}"
         self.pool = pool
@@ -118,8 +119,17 @@ class DummyConsumer(ConsumerBaseClass):
 class GeneralConsumer(ConsumerBaseClass):
     """Runs the calls `QueuePool.submit` / `batch_submit` put; `get_results()` is {hash(message): result}."""
 
-    def __init__(self, id: int, name: str, pool: Any, batch_size: int, max_concurrency: int,
-                 retries: int, early_ack: bool, backend: object = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        id: int,
+        name: str,
+        pool: Any,
+        batch_size: int,
+        max_concurrency: int,
+        retries: int,
+        early_ack: bool,
+        backend: object = None,
+    ) -> None:
         super().__init__(id, name, pool, batch_size, max_concurrency, retries, early_ack)
         self.backend = backend
         self._results: dict[int, Any] = {}
@@ -132,8 +142,10 @@ class GeneralConsumer(ConsumerBaseClass):
 
     def process_item(self, msg: Any) -> Any:
         if not isinstance(msg, Message):
-            raise NotACall(f"GeneralConsumer runs the calls put by submit or batch_submit, got {type(msg).__name__} "
-                           f"{msg!r:.80}: give the ConsumerPool a ConsumerClass whose process_item takes such items")  # fmt: skip
+            raise NotACall(
+                f"GeneralConsumer runs the calls put by submit or batch_submit, got {type(msg).__name__} "
+                f"{msg!r:.80}: give the ConsumerPool a ConsumerClass whose process_item takes such items"
+            )
         result = msg.data()
         self.save(msg, result)
         return result
@@ -152,11 +164,14 @@ def deliver(item: Any) -> Any:
 
     daskqueue ignored what `process_item` returns: here it is the message's result only with late
     acks, and only when it can be stored (it encodes, and fits the servers' limit); otherwise None
-    is, and the item succeeded all the same (a result that cannot be stored is logged)."""
+    is, and the item succeeded all the same (a result that cannot be stored is logged).
+    """
     consumer = _Here.consumer
     if consumer is None:
-        raise RuntimeError("no daskqueue consumer in this process: the items of a conveyor.compat.daskqueue "
-                           "QueuePool are run by its ConsumerPool")  # fmt: skip
+        raise RuntimeError(
+            "no daskqueue consumer in this process: the items of a conveyor.compat.daskqueue "
+            "QueuePool are run by its ConsumerPool"
+        )
     value = consumer._handle(item)
     if value is None or consumer.early_ack:  # acked on delivery: no result is stored
         return None
@@ -166,8 +181,13 @@ def deliver(item: Any) -> Any:
         log.warning("consumer %s: process_item returned what cannot be stored as the result (%s): none is", consumer.name, e)
         return None
     if size > _result_limit():
-        log.warning("consumer %s: process_item returned a %s of %d bytes encoded, over the servers' limit of %d: "
-                    "no result is stored", consumer.name, type(value).__name__, size, _result_limit())  # fmt: skip
+        log.warning(
+            "consumer %s: process_item returned a %s of %d bytes encoded, over the servers' limit of %d: no result is stored",
+            consumer.name,
+            type(value).__name__,
+            size,
+            _result_limit(),
+        )
         return None
     return value
 
@@ -181,8 +201,10 @@ def _result_limit() -> int:
 
 @dataclass(frozen=True)
 class Hooks(ConsumerHooks):
-    """Makes a consumer process's consumer object (the class cloudpickled: one defined in a script
-    or a function goes too, as dask sent it) and, when it stops, sends back its results."""
+    """Makes a consumer process's consumer object and, when it stops, sends back its results.
+
+    The class is cloudpickled: one defined in a script or a function goes too, as dask sent it.
+    """
 
     consumer_class: bytes
     queue_pool: Any  # the compat QueuePool (typed loosely: pools imports this module)
@@ -194,8 +216,15 @@ class Hooks(ConsumerHooks):
     def start(self, index: int) -> None:
         cls = cloudpickle.loads(self.consumer_class)
         _Here.servers, _Here.result_limit = self.queue_pool._pool, None
-        _Here.consumer = cls(index + 1, f"{cls.__name__}-{index}", self.queue_pool, self.batch_size, self.max_concurrency,
-                             self.retries, self.early_ack)  # fmt: skip
+        _Here.consumer = cls(
+            index + 1,
+            f"{cls.__name__}-{index}",
+            self.queue_pool,
+            self.batch_size,
+            self.max_concurrency,
+            self.retries,
+            self.early_ack,
+        )
 
     def stop(self) -> object:
         """(items received, cloudpickled `get_results()` or None); an error getting them is logged, not raised."""
@@ -212,8 +241,11 @@ class Hooks(ConsumerHooks):
 
 
 class CapRetries(Middleware):
-    """daskqueue's `retries`: a message that failed `retries + 1` times is failed for good (a dead
-    letter), whatever attempts it has left; before that, Conveyor's `Retries` decides (backoff)."""
+    """daskqueue's `retries`: a message that failed `retries + 1` times is failed for good.
+
+    It becomes a dead letter, whatever attempts it has left; before that, Conveyor's `Retries`
+    decides (backoff).
+    """
 
     def __init__(self, retries: int) -> None:
         self.retries = retries

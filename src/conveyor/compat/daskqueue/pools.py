@@ -64,8 +64,10 @@ def _check_worker_class(worker_class: object) -> None:
 
 
 class Queue:
-    """One queue of a pool (what `queue_pool[i]` gives): `qsize()`, `put`, `put_many`. Its methods
-    return their values, not dask actor futures."""
+    """One queue of a pool (what `queue_pool[i]` gives): `qsize()`, `put`, `put_many`.
+
+    Its methods return their values, not dask actor futures.
+    """
 
     def __init__(self, pool: QueuePool, name: str) -> None:
         self._pool = pool
@@ -98,8 +100,15 @@ class QueuePool:
     is ignored: an unacked message always comes back when its lease ends or its consumer dies.
     """
 
-    def __init__(self, client: Client, n_queues: int, durability: Durability = Durability.TRANSIENT, ack_timeout: float = 5,
-                 retry: bool = False, **kwargs: Any) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: Client,
+        n_queues: int,
+        durability: Durability = Durability.TRANSIENT,
+        ack_timeout: float = 5,
+        retry: bool = False,
+        **kwargs: Any,
+    ) -> None:
         if not isinstance(client, Client):
             raise TypeError(f"QueuePool: client must be a conveyor.compat.daskqueue.Client, got {type(client).__name__}")
         self.n_queues = count_arg("n_queues", n_queues, 1)
@@ -161,17 +170,31 @@ class QueuePool:
     def put_nowait(self, item: Any) -> None:
         self.put(item)
 
-    def submit(self, func: Callable[..., Any], *args: Any, timeout: float | None = None,
-               worker_class: type[ConsumerBaseClass] = GeneralConsumer, **kwargs: Any) -> None:  # fmt: skip
+    def submit(
+        self,
+        func: Callable[..., Any],
+        *args: Any,
+        timeout: float | None = None,
+        worker_class: type[ConsumerBaseClass] = GeneralConsumer,
+        **kwargs: Any,
+    ) -> None:
         """Queue the call `func(*args, **kwargs)` for a `GeneralConsumer`."""
         _check_worker_class(worker_class)
         self.put(Message(func, *args, **kwargs), timeout=timeout)
 
-    def batch_submit(self, list_calls: list[tuple[Any, ...]], sync_mode: bool = True,
-                     worker_class: type[ConsumerBaseClass] = GeneralConsumer, batch_size: int = 1000,
-                     **kwargs: Any) -> list[None]:  # fmt: skip
-        """Queue calls given as `(func, *args)` tuples (each also gets `kwargs`), in chunks of up to
-        `batch_size`, each chunk on the next queue in turn; returns one None per chunk, as daskqueue."""
+    def batch_submit(
+        self,
+        list_calls: list[tuple[Any, ...]],
+        sync_mode: bool = True,
+        worker_class: type[ConsumerBaseClass] = GeneralConsumer,
+        batch_size: int = 1000,
+        **kwargs: Any,
+    ) -> list[None]:
+        """Queue calls given as `(func, *args)` tuples (each also gets `kwargs`), in chunks.
+
+        Chunks of up to `batch_size`, each chunk on the next queue in turn; returns one None per
+        chunk, as daskqueue.
+        """
         _check_worker_class(worker_class)
         batch_size = count_arg("batch_size", batch_size, 1)
         calls = list(list_calls)

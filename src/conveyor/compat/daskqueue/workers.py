@@ -42,9 +42,12 @@ class ConsumerRef:
         return sum(n for n, _ in self._said())
 
     def get_results(self) -> Any:
-        """What its `get_results()` returned when it stopped; over several processes (a restart after
-        a crash, a `start` after a `join`), dicts merged and lists joined in order, else the last.
-        {} for a `GeneralConsumer` that has not stopped yet, None for another class."""
+        """What its `get_results()` returned when it stopped.
+
+        Over several processes (a restart after a crash, a `start` after a `join`), dicts merged and
+        lists joined in order, else the last. {} for a `GeneralConsumer` that has not stopped yet,
+        None for another class.
+        """
         got = [cloudpickle.loads(r) for _, r in self._said() if r is not None]
         if not got:
             return {} if issubclass(self._pool.consumer_class, GeneralConsumer) else None
@@ -68,14 +71,23 @@ class ConsumerPool:
     consumer that dies comes back to the queue at once (at least once).
     """
 
-    def __init__(self, client: Client, queue_pool: QueuePool, ConsumerClass: type[ConsumerBaseClass] = GeneralConsumer,
-                 n_consumers: int = 1, batch_size: int = 1, retries: int = 1, early_ack: bool = True,
-                 max_concurrency: int = 10000) -> None:  # fmt: skip
+    def __init__(
+        self,
+        client: Client,
+        queue_pool: QueuePool,
+        ConsumerClass: type[ConsumerBaseClass] = GeneralConsumer,
+        n_consumers: int = 1,
+        batch_size: int = 1,
+        retries: int = 1,
+        early_ack: bool = True,
+        max_concurrency: int = 10000,
+    ) -> None:
         if not isinstance(client, Client):
             raise TypeError(f"ConsumerPool: client must be a conveyor.compat.daskqueue.Client, got {type(client).__name__}")
         if not isinstance(queue_pool, QueuePool):
-            raise TypeError(f"ConsumerPool: queue_pool must be a conveyor.compat.daskqueue.QueuePool, "
-                            f"got {type(queue_pool).__name__}")  # fmt: skip
+            raise TypeError(
+                f"ConsumerPool: queue_pool must be a conveyor.compat.daskqueue.QueuePool, got {type(queue_pool).__name__}"
+            )
         if not (isinstance(ConsumerClass, type) and issubclass(ConsumerClass, ConsumerBaseClass)):
             raise TypeError(f"ConsumerClass passed should be a subclass of ConsumerBaseClass, got {ConsumerClass!r}")
         if inspect.isabstract(ConsumerClass):  # said here, not by every consumer process failing to make one
@@ -89,10 +101,17 @@ class ConsumerPool:
         threads = max_concurrency if client.threads_per_worker is None else min(max_concurrency, client.threads_per_worker)
         self.queue_pool, self.consumer_class, self.early_ack = queue_pool, ConsumerClass, early_ack
         hooks = Hooks(cloudpickle.dumps(ConsumerClass), queue_pool, self.batch_size, max_concurrency, retries, early_ack)
-        self._pool = ConveyorConsumerPool(client.pool, self.n_consumers, queues=queue_pool.queue_names,
-                                          batch_size=self.batch_size, max_concurrency=None if threads > MAX_THREADS else threads,
-                                          concurrency="thread", early_ack=early_ack, hooks=hooks,
-                                          middleware=[TimeLimits(), CapRetries(retries), Retries()])  # fmt: skip
+        self._pool = ConveyorConsumerPool(
+            client.pool,
+            self.n_consumers,
+            queues=queue_pool.queue_names,
+            batch_size=self.batch_size,
+            max_concurrency=None if threads > MAX_THREADS else threads,
+            concurrency="thread",
+            early_ack=early_ack,
+            hooks=hooks,
+            middleware=[TimeLimits(), CapRetries(retries), Retries()],
+        )
         names = [f"{ConsumerClass.__name__}-{i}" for i in range(self.n_consumers)]
         self.consumers = {name: ConsumerRef(self, i, name) for i, name in enumerate(names)}
 
@@ -102,17 +121,20 @@ class ConsumerPool:
         return self._pool.stats
 
     def start(self, timeout: float = 1) -> None:
-        """Start the consumer processes (again after a `cancel`; no-op while they run). `timeout`:
-        daskqueue's fetch poll, accepted (Conveyor long-polls the servers instead)."""
+        """Start the consumer processes (again after a `cancel`; no-op while they run).
+
+        `timeout`: daskqueue's fetch poll, accepted (Conveyor long-polls the servers instead).
+        """
         check_seconds("timeout", timeout)
         if not self._pool.processes:
             log.info("Starting %d consumers", self.n_consumers)
             self._pool.start()
 
     def join(self, timestep: float = 0.1, print_timestep: float = 2, progress: bool = False) -> None:
-        """Wait until every item of the queue pool is processed, then stop the consumers. With early
-        acks, "processed" includes the items still running (acked, so no longer pending on the
-        servers): join waits for them, as daskqueue's did, rather than stop their consumers.
+        """Wait until every item of the queue pool is processed, then stop the consumers.
+
+        With early acks, "processed" includes the items still running (acked, so no longer pending
+        on the servers): join waits for them, as daskqueue's did, rather than stop their consumers.
 
         `timestep` is how long each look at the servers may wait for the end (they answer as soon as
         it comes); `progress` shows Conveyor's progress bar (`print_timestep`: accepted, the bar
@@ -130,8 +152,11 @@ class ConsumerPool:
         self._pool.cancel()
 
     def nb_consumed(self) -> int:
-        """Items this pool's consumers received (as daskqueue: their `len_items()`, counted as each
-        consumer process stops; not those of other pools on the same queue pool)."""
+        """Items this pool's consumers received.
+
+        As daskqueue: their `len_items()`, counted as each consumer process stops; not those of
+        other pools on the same queue pool.
+        """
         return sum(c.len_items() for c in self.consumers.values())
 
     def results(self) -> dict[str, Any]:
@@ -144,8 +169,10 @@ class ConsumerPool:
         st = self.queue_pool._pool.stats()
         mine = [s for q, s in st.items() if q in self.queue_pool.queue_names]
         received = self.nb_consumed()
-        return (f"Consumers : \n\t{self.n_consumers} Consumers(s), \n\t{received} received "
-                f"\n\t{sum(s.delivered for s in mine)} pending ")  # fmt: skip
+        return (
+            f"Consumers : \n\t{self.n_consumers} Consumers(s), \n\t{received} received "
+            f"\n\t{sum(s.delivered for s in mine)} pending "
+        )
 
     def __getitem__(self, idx: int) -> ConsumerRef:
         return list(self.consumers.values())[idx]

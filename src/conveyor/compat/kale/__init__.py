@@ -1,5 +1,7 @@
-"""ndkale on Conveyor: `from conveyor.compat.kale import task, worker, settings` (and `publisher`,
-`exceptions`, `queue_info`, `queue_selector`, `message`) in place of `from kale import ...`.
+"""ndkale on Conveyor: its modules, imported from `conveyor.compat.kale` instead of `kale`.
+
+`from conveyor.compat.kale import task, worker, settings` (and `publisher`, `exceptions`,
+`queue_info`, `queue_selector`, `message`) in place of `from kale import ...`.
 
 A thin layer over Conveyor's own tasks, queue YAML, selectors and consumer; what differs from
 ndkale, and why, is in docs/migrating-from-ndkale.md.

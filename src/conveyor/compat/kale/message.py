@@ -1,5 +1,6 @@
-"""`KaleMessage`: what ndkale's `Task.handle_failure(message, exc)` is given, built from a Conveyor
-delivery. Only the fields task code reads are kept; encoding is Conveyor's envelope (docs/tasks.md).
+"""`KaleMessage`: what ndkale's `Task.handle_failure(message, exc)` is given, built from a Conveyor delivery.
+
+Only the fields task code reads are kept; encoding is Conveyor's envelope (docs/tasks.md).
 """
 
 from __future__ import annotations

@@ -50,8 +50,10 @@ def endpoints(url: str) -> list[str]:
 
 
 def get_pool() -> QueuePool:
-    """This process's pool over the configured servers (made on first use), told the queue YAML's
-    configurations so that publishing checks time limits against them."""
+    """This process's pool over the configured servers (made on first use).
+
+    It is told the queue YAML's configurations so that publishing checks time limits against them.
+    """
     global _pool
     with _pool_lock:
         if _pool is None:
@@ -78,16 +80,31 @@ def _accepts(task_class: Any, kwarg: str) -> bool:
 
 
 class Publisher:
-    """Publishes kale tasks (ndkale's `Publisher`); `Task.publish` uses one. `task_class` is a
-    `conveyor.compat.kale.task.Task` subclass (typed Any: that module imports this one)."""
+    """Publishes kale tasks (ndkale's `Publisher`); `Task.publish` uses one.
 
-    def publish(self, task_class: Any, task_id: str, payload: dict[str, Any], current_retry_num: int | None = None,
-                delay_sec: float | None = None) -> int:  # fmt: skip
-        """Publish `payload` ({'args', 'kwargs', 'app_data'}) as a run of `task_class`, visible after
-        `delay_sec` seconds. Returns the Conveyor message id. `current_retry_num` is accepted for
-        ndkale's signature: Conveyor counts attempts itself."""
-        if delay_sec is not None and not (isinstance(delay_sec, (int, float)) and not isinstance(delay_sec, bool)
-                                          and math.isfinite(delay_sec) and delay_sec >= 0):  # fmt: skip
+    `task_class` is a `conveyor.compat.kale.task.Task` subclass (typed Any: that module imports this
+    one).
+    """
+
+    def publish(
+        self,
+        task_class: Any,
+        task_id: str,
+        payload: dict[str, Any],
+        current_retry_num: int | None = None,
+        delay_sec: float | None = None,
+    ) -> int:
+        """Publish `payload` ({'args', 'kwargs', 'app_data'}) as a run of `task_class`, visible after `delay_sec` seconds.
+
+        Returns the Conveyor message id. `current_retry_num` is accepted for ndkale's signature:
+        Conveyor counts attempts itself.
+        """
+        if delay_sec is not None and not (
+            isinstance(delay_sec, (int, float))
+            and not isinstance(delay_sec, bool)
+            and math.isfinite(delay_sec)
+            and delay_sec >= 0
+        ):
             raise InvalidTaskDelayException(f"Invalid task delay_sec {delay_sec!r}: a number of seconds >= 0")
         name = task_class._checked_name()  # a class that can be published: it implements run_task
         if task_class.queue is None:
@@ -104,6 +121,7 @@ class Publisher:
         if "delay_sec" in kwargs and not _accepts(task_class, "delay_sec"):
             del kwargs["delay_sec"]  # ndkale hands it to run_task too; one that cannot take it never sees it
         app_data = {APP_DATA_KEY: [task_id, payload.get("app_data")]}
-        handles = publish_calls(name, task_class._publish_options(), task_class._sig,
-                                [(args, kwargs, app_data)], delay_sec or None, None, None, pool)  # fmt: skip
+        handles = publish_calls(
+            name, task_class._publish_options(), task_class._sig, [(args, kwargs, app_data)], delay_sec or None, None, None, pool
+        )
         return handles[0].id

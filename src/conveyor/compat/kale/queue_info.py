@@ -1,5 +1,6 @@
-"""ndkale's queue information (`kale.queue_info`): the queues of the QUEUE_CONFIG YAML, read by
-Conveyor's own reader (`conveyor.tasks.queue_config`, which reads ndkale's format).
+"""ndkale's queue information (`kale.queue_info`): the queues of the QUEUE_CONFIG YAML.
+
+They are read by Conveyor's own reader (`conveyor.tasks.queue_config`, which reads ndkale's format).
 
 ndkale opens QUEUE_CONFIG relative to the working directory; so does this module.
 """
@@ -19,8 +20,15 @@ from conveyor.tasks.queue_config import QueueConfig, load_queues
 class TaskQueue:
     """One queue as ndkale shows it: its fields, `simple_name` and the dead-letter name ndkale used."""
 
-    def __init__(self, name: str = "default", priority: int = 5, num_iterations: int = 2, long_poll_time_sec: float = 5,
-                 batch_size: int | None = None, visibility_timeout_sec: float = 600) -> None:  # fmt: skip
+    def __init__(
+        self,
+        name: str = "default",
+        priority: int = 5,
+        num_iterations: int = 2,
+        long_poll_time_sec: float = 5,
+        batch_size: int | None = None,
+        visibility_timeout_sec: float = 600,
+    ) -> None:
         self.config = QueueConfig(name, priority, batch_size, visibility_timeout_sec, long_poll_time_sec, num_iterations)
         self.simple_name = self.name = name
         self.dlq_name = "dlq-" + name  # Conveyor keeps dead letters inside the queue itself; kept for code that logs it
@@ -48,11 +56,14 @@ def load_configs(config_file: str | os.PathLike[str] | None = None) -> list[Queu
 class QueueInfo:
     """The configured queues: `get_queues()` (highest priority first) and `get_queue(name)`."""
 
-    def __init__(self, config_file: str | os.PathLike[str] | None = None, sqs_talk: Any = None,
-                 queue_cls: type[TaskQueue] = TaskQueue) -> None:  # fmt: skip
+    def __init__(
+        self, config_file: str | os.PathLike[str] | None = None, sqs_talk: Any = None, queue_cls: type[TaskQueue] = TaskQueue
+    ) -> None:
         self._file = config_file
-        self._queues = [queue_cls(c.name, c.priority, c.num_iterations, c.long_poll_time_sec, c.batch_size,
-                                  c.visibility_timeout_sec) for c in load_configs(config_file)]  # fmt: skip
+        self._queues = [
+            queue_cls(c.name, c.priority, c.num_iterations, c.long_poll_time_sec, c.batch_size, c.visibility_timeout_sec)
+            for c in load_configs(config_file)
+        ]
         self._by_name = {q.simple_name: q for q in self._queues}
         # whether a queue has work: set by the worker while its selector chooses (a probe fetches from the
         # servers); None elsewhere: every queue is taken to need work, as ndkale does when it cannot tell

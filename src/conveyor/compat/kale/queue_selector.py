@@ -1,5 +1,6 @@
-"""ndkale's queue selectors (`kale.queue_selector`): Conveyor's six, under the same names
-(docs/tasks.md), and ndkale's `SelectQueueBase` for selectors of your own.
+"""ndkale's queue selectors (`kale.queue_selector`): Conveyor's six, under the same names.
+
+Conveyor's six are in docs/tasks.md; ndkale's `SelectQueueBase` is here for selectors of your own.
 
 A selector of your own is written as for ndkale: subclass `SelectQueueBase`, implement
 `get_queue(self)` and return one of `self.queue_info.get_queues()`. `self.queue_info` is a
@@ -35,8 +36,11 @@ log = logging.getLogger(__name__)
 
 
 class SelectQueueBase:
-    """ndkale's base class of a queue selector: `__init__(queue_info)`, `get_queue()` returns a
-    `TaskQueue` of `self.queue_info.get_queues()` (or None: nothing to serve this round)."""
+    """ndkale's base class of a queue selector.
+
+    `__init__(queue_info)`; `get_queue()` returns a `TaskQueue` of `self.queue_info.get_queues()`
+    (or None: nothing to serve this round).
+    """
 
     def __init__(self, queue_info: queue_info.QueueInfo) -> None:
         self.queue_info = queue_info
@@ -46,8 +50,11 @@ class SelectQueueBase:
 
 
 class KaleSelector(QueueSelector):
-    """An ndkale selector (a `SelectQueueBase`) as a Conveyor selector: each round its queue_info
-    probes with the worker's `needs_work`, and the TaskQueue it returns is mapped back by name."""
+    """An ndkale selector (a `SelectQueueBase`) as a Conveyor selector.
+
+    Each round its queue_info probes with the worker's `needs_work`, and the TaskQueue it returns is
+    mapped back by name.
+    """
 
     def __init__(self, selector: SelectQueueBase) -> None:
         super().__init__()
@@ -67,14 +74,21 @@ class KaleSelector(QueueSelector):
         name = getattr(chosen, "name", None)
         q = by_name.get(name) if isinstance(name, str) else None
         if q is None:
-            log.warning("queue selector %s returned %r, not one of the worker's queues %s", type(self.selector).__name__,
-                        chosen, sorted(by_name))  # fmt: skip
+            log.warning(
+                "queue selector %s returned %r, not one of the worker's queues %s",
+                type(self.selector).__name__,
+                chosen,
+                sorted(by_name),
+            )
         return q
 
 
 def make_selector(spec: str | type) -> QueueSelector:
-    """The QUEUE_SELECTOR setting's selector: a dotted name or a class, ndkale's (`SelectQueueBase`,
-    given the configured queues' QueueInfo) or Conveyor's (`QueueSelector`)."""
+    """The QUEUE_SELECTOR setting's selector, from a dotted name or a class.
+
+    The class is ndkale's (`SelectQueueBase`, given the configured queues' QueueInfo) or Conveyor's
+    (`QueueSelector`).
+    """
     cls: object = spec
     if isinstance(spec, str) and "." in spec and not spec.startswith("kale.queue_selector."):
         module, _, attr = spec.rpartition(".")
@@ -94,5 +108,15 @@ def make_selector(spec: str | type) -> QueueSelector:
         ) from None
 
 
-__all__ = ["HighestPriorityFirst", "HighestPriorityLottery", "KaleSelector", "Lottery", "LotteryLottery", "QueueSelector",
-           "Random", "ReducedLottery", "SelectQueueBase", "make_selector"]  # fmt: skip
+__all__ = [
+    "HighestPriorityFirst",
+    "HighestPriorityLottery",
+    "KaleSelector",
+    "Lottery",
+    "LotteryLottery",
+    "QueueSelector",
+    "Random",
+    "ReducedLottery",
+    "SelectQueueBase",
+    "make_selector",
+]

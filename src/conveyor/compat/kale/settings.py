@@ -1,6 +1,7 @@
-"""ndkale's settings (`from kale import settings`): ndkale's names and defaults, overridden by the
-upper-case names of the module named by `KALE_SETTINGS_MODULE`, read as attributes
-(`settings.QUEUE_CONFIG`).
+"""ndkale's settings (`from kale import settings`): ndkale's names and defaults, overridable.
+
+The upper-case names of the module named by `KALE_SETTINGS_MODULE` override them; settings are read
+as attributes (`settings.QUEUE_CONFIG`).
 
 Read on first use (a publish, a worker, a task's failure), never at import nor when a task class is
 defined: a tasks module imports before the variable is set, and a settings module may import the
@@ -147,8 +148,11 @@ def _read(environ: Mapping[str, str] | None) -> Settings:
 
 
 def _check_not_reading() -> None:
-    """Under _lock: a read from inside a read (a module the settings module imports reads the settings at
-    its import) would see settings not yet made: a circular import, said so (a plain lock would hang)."""
+    """Under _lock: a read from inside a read is a circular import, said so.
+
+    Such a read (a module the settings module imports reads the settings at its import) would see
+    settings not yet made. A plain lock would hang.
+    """
     if _reading:  # under the re-entrant lock: only the reading thread gets here
         raise ImproperlyConfiguredException(
             f"the kale settings were read while their module ({os.environ.get(ENVIRONMENT_VARIABLE)!r}) was still "

@@ -51,8 +51,11 @@ def _publish(cls: type[Task], /, app_data: Any, *args: Any, **kwargs: Any) -> st
 
 
 class _Setting:
-    """A class attribute that reads a kale setting when read (ndkale reads it at class definition;
-    here no settings are read then): `_retry_delay_multiple` is RETRY_DELAY_MULTIPLE_SEC unless set."""
+    """A class attribute that reads a kale setting when read.
+
+    ndkale reads it at class definition; here no settings are read then. `_retry_delay_multiple` is
+    RETRY_DELAY_MULTIPLE_SEC unless set.
+    """
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -71,7 +74,12 @@ class Task(definition.Task, abstract=True):
     target_runtime: ClassVar[float | None] = 50
     time_limit: ClassVar[float | None] = 60
     EXCEPTION_LIST: ClassVar[tuple[type[BaseException], ...]] = (
-        exceptions.BlacklistedException, KeyError, NotImplementedError, SyntaxError, UnboundLocalError)  # fmt: skip
+        exceptions.BlacklistedException,
+        KeyError,
+        NotImplementedError,
+        SyntaxError,
+        UnboundLocalError,
+    )
     queue: ClassVar[Any] = None
     # ndkale's task ids are the publisher's strings (conveyor.Task's: the message id), app_data anything
     task_id: Any
@@ -84,13 +92,20 @@ class Task(definition.Task, abstract=True):
     @classmethod
     def _task_options(cls) -> TaskOptions:
         """The options at class definition: no settings read (the backoff is set at publish time)."""
-        return TaskOptions(queue=cls.queue or DEFAULT_QUEUE, time_limit=cls.time_limit, max_retries=max(cls.max_retries or 0, 0),
-                           no_retry=tuple(cls.EXCEPTION_LIST))  # fmt: skip
+        return TaskOptions(
+            queue=cls.queue or DEFAULT_QUEUE,
+            time_limit=cls.time_limit,
+            max_retries=max(cls.max_retries or 0, 0),
+            no_retry=tuple(cls.EXCEPTION_LIST),
+        )
 
     @classmethod
     def _publish_options(cls) -> TaskOptions:
-        """The options a publish sends: with ndkale's backoff from the settings now, for a consumer
-        that does not ask `_get_delay_sec_for_retry` (the kale worker does)."""
+        """The options a publish sends: with ndkale's backoff from the settings now.
+
+        The backoff is for a consumer that does not ask `_get_delay_sec_for_retry` (the kale worker
+        does).
+        """
         cap = settings.current().SQS_MAX_TASK_DELAY_SEC
         backoff = Backoff(min(cls._retry_delay_multiple, cap), 2, cap, Jitter.NONE)
         return dataclasses.replace(cls.options, retry_backoff=backoff)
@@ -102,8 +117,11 @@ class Task(definition.Task, abstract=True):
         return super()._checked_name()
 
     def __init__(self, message_body: Any = None, message: Message | None = None, *args: Any, **kwargs: Any) -> None:
-        """From a delivery (Conveyor passes the app_data it carried and the message), or as ndkale's
-        tests build one: `MyTask()` or `MyTask({'id': ..., 'payload': {'app_data': ...}})`."""
+        """From a delivery, or as ndkale's tests build one.
+
+        Conveyor passes the app_data the delivery carried and the message; ndkale's tests build one
+        as `MyTask()` or `MyTask({'id': ..., 'payload': {'app_data': ...}})`.
+        """
         super().__init__(None, message)
         body = message_body if isinstance(message_body, dict) else {}
         if publisher.APP_DATA_KEY in body:
@@ -135,9 +153,12 @@ class Task(definition.Task, abstract=True):
 
     # --- running: Conveyor's hooks call ndkale's --------------------------------------------------
     def run(self, *args: Any, **kwargs: Any) -> Any:
-        """Run with the hooks; in a main thread (a worker's task process) `time_limit` raises
-        `TimeoutException` inside the task, as ndkale's SIGALRM did, so `handle_failure` sees it
-        (the limit ends before `handle_failure` runs, as in ndkale)."""
+        """Run with the hooks, under `time_limit` in a main thread.
+
+        In a main thread (a worker's task process) `time_limit` raises `TimeoutException` inside the
+        task, as ndkale's SIGALRM did, so `handle_failure` sees it (the limit ends before
+        `handle_failure` runs, as in ndkale).
+        """
         with _Alarm(self.time_limit) as self._alarm:
             return super().run(*args, **kwargs)
 
@@ -188,8 +209,10 @@ class Task(definition.Task, abstract=True):
 
     @classmethod
     def _get_delay_sec_for_retry(cls, current_retry_num: int) -> float:
-        """Seconds the kale worker waits before retry `current_retry_num + 1` (ndkale's backoff;
-        override for your own: the worker calls it on every retry)."""
+        """Seconds the kale worker waits before retry `current_retry_num + 1` (ndkale's backoff).
+
+        Override for your own: the worker calls it on every retry.
+        """
         delay: float = min((1 << current_retry_num) * cls._retry_delay_multiple, settings.current().SQS_MAX_TASK_DELAY_SEC)
         return delay
 
@@ -223,15 +246,24 @@ class Task(definition.Task, abstract=True):
         """Called from handle_failure when the task was stopped by its time limit."""
 
     @classmethod
-    def _report_permanent_failure(cls, message: KaleMessage, exception: BaseException, failure_type: str,
-                                  log_exception: bool) -> None:  # fmt: skip
-        log.error("PERMANENT_TASK_FAILURE: FAILURE_TYPE=%s TASK_TYPE=%s TASK_ID=%s, TRACEBACK=%s", failure_type,
-                  message.task_name, message.task_id, exception)  # fmt: skip
+    def _report_permanent_failure(
+        cls, message: KaleMessage, exception: BaseException, failure_type: str, log_exception: bool
+    ) -> None:
+        log.error(
+            "PERMANENT_TASK_FAILURE: FAILURE_TYPE=%s TASK_TYPE=%s TASK_ID=%s, TRACEBACK=%s",
+            failure_type,
+            message.task_name,
+            message.task_id,
+            exception,
+        )
 
 
 class _Alarm:
-    """Raises TimeoutException in this thread `seconds` after entry, until cancelled or left (only a
-    main thread receives signals; elsewhere Conveyor's own time limit stops the task from outside)."""
+    """Raises TimeoutException in this thread `seconds` after entry, until cancelled or left.
+
+    Only a main thread receives signals; elsewhere Conveyor's own time limit stops the task from
+    outside.
+    """
 
     def __init__(self, seconds: float | None) -> None:
         self.seconds = seconds
@@ -260,7 +292,9 @@ class _Alarm:
 
 def _resolve(name: str) -> RegisteredTask | None:
     """A kale task by the name a message carries: through TASK_MAPPER, else by importing its module.
-    None if there is none (the registry then raises UnknownTaskError, never retried)."""
+
+    None if there is none (the registry then raises UnknownTaskError, never retried).
+    """
     path = settings.current().TASK_MAPPER.get(name, name)
     module, _, attr = path.rpartition(".")
     if not module:

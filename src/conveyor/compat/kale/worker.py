@@ -47,10 +47,12 @@ TIMEOUT_GRACE_S = 2.0  # past its time_limit, a task that did not stop on Timeou
 
 
 class QueueSLA(Middleware):
-    """ndkale's bound on a task from outside: its queue's visibility timeout (the batch SLA). Its time
-    limit acts inside it (TimeoutException), and `handle_failure` and the clean-up run after that,
-    unbounded by it, as in ndkale; only for a queue without a visibility timeout is the time limit
-    (plus a grace for the exception to act first) the bound from outside."""
+    """ndkale's bound on a task from outside: its queue's visibility timeout (the batch SLA).
+
+    Its time limit acts inside it (TimeoutException), and `handle_failure` and the clean-up run
+    after that, unbounded by it, as in ndkale; only for a queue without a visibility timeout is the
+    time limit (plus a grace for the exception to act first) the bound from outside.
+    """
 
     def __init__(self, queues: list[QueueConfig]) -> None:
         self.sla = {q.name: q.visibility_timeout_sec for q in queues}
@@ -63,9 +65,12 @@ class QueueSLA(Middleware):
 
 
 class HandleFailureDelays(Middleware):
-    """ndkale's retry delay: a failure its task's `handle_failure` retried (a retryable error with
-    attempts left) waits the class's `_get_delay_sec_for_retry(retry_num)` seconds. Anything else,
-    or a class that cannot be found or a delay that is not a number >= 0, is left to `Retries`."""
+    """ndkale's retry delay, for a failure its task's `handle_failure` retried.
+
+    Such a failure (a retryable error with attempts left) waits the class's
+    `_get_delay_sec_for_retry(retry_num)` seconds. Anything else, or a class that cannot be found or
+    a delay that is not a number >= 0, is left to `Retries`.
+    """
 
     def on_failure(self, message: Message, error: TaskError) -> Decision | None:
         if not error.retryable or message.attempts >= message.max_attempts:
@@ -83,8 +88,11 @@ class HandleFailureDelays(Middleware):
             log.exception("%s._get_delay_sec_for_retry raised: the retry waits the default backoff", cls.__qualname__)
             return None
         if not (is_number(delay) and delay >= 0):
-            log.warning("%s._get_delay_sec_for_retry returned %r, not seconds >= 0: the retry waits the default backoff",
-                        cls.__qualname__, delay)  # fmt: skip
+            log.warning(
+                "%s._get_delay_sec_for_retry returned %r, not seconds >= 0: the retry waits the default backoff",
+                cls.__qualname__,
+                delay,
+            )
             return None
         return Decision(final=False, delay_s=float(delay))
 
@@ -110,9 +118,16 @@ class Worker:
         self._max_rss_kb = s.DIE_ON_RESIDENT_SET_SIZE_MB * 1024
         self._over_memory = False
         middleware = [QueueSLA(self._queues), HandleFailureDelays(), Retries()]
-        self._consumer = Consumer(publisher.get_pool(), self._queues, max_concurrency=s.CONVEYOR_CONCURRENCY,
-                                  concurrency=s.CONVEYOR_MODE, selector=selector, middleware=middleware,
-                                  task_modules=TASK_MODULES, stop_when=self._check_process_resources)  # fmt: skip
+        self._consumer = Consumer(
+            publisher.get_pool(),
+            self._queues,
+            max_concurrency=s.CONVEYOR_CONCURRENCY,
+            concurrency=s.CONVEYOR_MODE,
+            selector=selector,
+            middleware=middleware,
+            task_modules=TASK_MODULES,
+            stop_when=self._check_process_resources,
+        )
         self._signals = 0
         for sig in SIGNALS_TO_HANDLE:
             signal.signal(sig, self._cleanup_worker)
