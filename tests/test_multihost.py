@@ -312,7 +312,9 @@ def test_the_preflight_names_each_host_and_what_it_lacks(bed: ClusterBed, tmp_pa
     assert "sc.addPyFile" in result["error"] and "spark.archives" in result["error"], result["error"]
     took = took_since(result["map_called"], result)
     print(f"\nnetbed: pre-flight failed {took:.1f} s after map was called:\n{result['error']}")
-    assert took <= 15, f"the pre-flight took {took:.1f} s"
+    # before any work, and before the 30 s the map gives a server out of reach (its probe waits 3 s for
+    # an answer); Spark's own start of the job takes the rest: 5-10 s quiet, 18 s under a load of 8
+    assert took < 30, f"the pre-flight took {took:.1f} s"
 
 
 MITM_CLIENT = """
