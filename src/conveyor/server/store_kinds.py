@@ -32,7 +32,7 @@ class StoreOpening:
     queue: str
     max_attempts: int
     lease_s: float
-    path: Path | None  # the queue's directory under the data dir, for a kind kept on disk; else None
+    path: Path | None  # for a kind kept on disk, the queue's directory under the data dir (it exists); else None
     fsync: FsyncPolicy | None  # the queue's fsync policy, for a kind kept on disk; else None
     repair: bool  # keep what is intact of damaged files, rather than refuse them (`--repair`)
     space: SpaceReserve | None  # the data dir's disk reserve (see `conveyor.storage.space`), if any
