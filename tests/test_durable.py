@@ -14,8 +14,8 @@ from conveyor.errors import StoreError
 from conveyor.message import Message, Status
 from conveyor.storage import DurableStore
 
+from .servers import wait_for
 from .test_crash import spy_fsync
-from .test_store_conformance import wait_for
 
 
 def dir_bytes(path: Path) -> int:

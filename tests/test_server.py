@@ -218,7 +218,7 @@ def test_declare_settings_conflicts_and_restart(tmp_path: Path) -> None:
     d = tmp_path / "data"
     with thread_server(data_dir=d) as s, QueueClient(s.address) as c:
         info = c.declare("jobs", lease_s=7, max_attempts=2, fsync="interval")
-        assert info == QueueInfo("jobs", True, 7.0, 2, "interval")
+        assert info == QueueInfo("jobs", "durable", 7.0, 2, "interval")
         assert c.declare("jobs") == info and c.declare("jobs", lease_s=7) == info
         with pytest.raises(RequestError, match=r"exists with lease_s=7\.0") as e:
             c.declare("jobs", lease_s=8)
@@ -238,7 +238,7 @@ def test_declare_settings_conflicts_and_restart(tmp_path: Path) -> None:
 
 def test_transient_only_server_refuses_durable_queues() -> None:
     with thread_server() as s, QueueClient(s.address) as c:
-        assert c.declare("q").durable is False
+        assert c.declare("q").kind == "transient"
         with pytest.raises(RequestError, match="no --data-dir"):
             c.declare("d", durable=True)
 

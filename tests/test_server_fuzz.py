@@ -61,7 +61,7 @@ def random_request(rng: random.Random, rid: int) -> tuple[dict[str, Any], list[b
         "after",
         "limit",
         "key",
-        "durable",
+        "kind",
         "max_attempts",
         "fsync",
     ]

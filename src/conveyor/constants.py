@@ -181,7 +181,10 @@ THROTTLE_FORGET_S = 60.0
 THROTTLE_MAX_SOURCES = 10_000
 # queue names are directory names under a server's data dir
 QUEUE_NAME_PATTERN = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
-QUEUES_DIR = "queues"  # <data dir>/queues/<name>/ holds a durable queue's store
+# store kinds a server knows (conveyor.server.store_kinds): a queue is declared with one, by name
+STORE_TRANSIENT = "transient"  # in the server's memory, gone when it stops
+STORE_DURABLE = "durable"  # on disk under the server's data dir, reopened when it restarts
+QUEUES_DIR = "queues"  # <data dir>/queues/<name>/ holds the store of a queue kept on disk
 QUEUE_CONFIG_NAME = "queue.json"  # a durable queue's settings, beside its store files
 SERVER_LOCK_NAME = "SERVER.lock"
 # {"next_id": n}: every queue dropped so far used only ids below n; a queue created after starts at n,

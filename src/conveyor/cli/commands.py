@@ -249,7 +249,7 @@ def serve(
     token = token_of(token, token_file)
 
     limits = Limits(max_frame_bytes=max_frame_bytes, max_message_bytes=max(DEFAULT_MAX_MESSAGE_BYTES, max_frame_bytes))
-    defaults = Defaults(durable=data_dir is not None, lease_s=lease_s, max_attempts=max_attempts, fsync=fsync)
+    defaults = Defaults(lease_s=lease_s, max_attempts=max_attempts, fsync=fsync)
 
     def ready(address: str) -> None:  # in one write: a parent reading the first line may close the pipe after it
         first, *more = reachable_addresses(address, server.host, server.port)

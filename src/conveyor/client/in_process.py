@@ -28,12 +28,13 @@ from conveyor.constants import (
     ERR_NO_QUEUE,
     ERR_QUEUE_CONFLICT,
     H_IDEMPOTENCY_KEY,
+    STORE_TRANSIENT,
     WORKER_GONE_S,
 )
 from conveyor.errors import ConveyorError, RequestError
 from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol.framing import Limits
-from conveyor.protocol.requests import Counts, Fetched, QueueInfo, QueueStats
+from conveyor.protocol.requests import Counts, Fetched, QueueInfo, QueueStats, store_kind
 from conveyor.storage import MemoryStore
 from conveyor.tasks.publish import TaskHandle, outcome
 from conveyor.tasks.queue_config import QueueConfig
@@ -114,23 +115,31 @@ class InProcessQueues:
     def _new(self, name: str, lease_s: float | None, max_attempts: int | None) -> _Queue:
         lease = float(self.lease_s if lease_s is None else lease_s)
         attempts = int(self.max_attempts if max_attempts is None else max_attempts)
-        return _Queue(QueueInfo(name, False, lease, attempts, None), MemoryStore(name, max_attempts=attempts, lease_s=lease))
+        return _Queue(
+            QueueInfo(name, STORE_TRANSIENT, lease, attempts, None), MemoryStore(name, max_attempts=attempts, lease_s=lease)
+        )
 
     def declare(
         self,
         queue: str,
         *,
+        kind: str | None = None,
         durable: bool | None = None,
         lease_s: float | None = None,
         max_attempts: int | None = None,
         fsync: str | None = None,
     ) -> QueueInfo:
         """Make a transient queue with these settings (one that exists must have them, as on a server)."""
+        kind = store_kind(kind, durable)
         with self._cond:
             if queue not in self._queues:
                 self._queues[queue] = self._new(queue, lease_s, max_attempts)
             have = self._queues[queue].info
-            if durable or lease_s not in (None, have.lease_s) or max_attempts not in (None, have.max_attempts):
+            if (
+                kind not in (None, STORE_TRANSIENT)
+                or lease_s not in (None, have.lease_s)
+                or max_attempts not in (None, have.max_attempts)
+            ):
                 raise RequestError(ERR_QUEUE_CONFLICT, f"queue {queue!r}: in-process queues are transient; it has {have}")
             return have
 

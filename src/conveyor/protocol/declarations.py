@@ -202,7 +202,7 @@ DECLARE = Operation(
     "declare",
     (
         _QUEUE,
-        Field("durable", Kind.BOOL, None),
+        Field("kind", Kind.STR, None),
         _LEASE,
         Field("max_attempts", Kind.INT, None, lo=1, hi=0xFFFF),
         Field("fsync", Kind.STR, None),

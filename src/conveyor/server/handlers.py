@@ -45,7 +45,7 @@ async def ping(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
 
 
 async def declare(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
-    q = host.declare(a["queue"], a["durable"], a["lease_s"], a["max_attempts"], a["fsync"])
+    q = host.declare(a["queue"], a["kind"], a["lease_s"], a["max_attempts"], a["fsync"])
     await q.durable()
     return {"info": asdict(q.info)}, []
 

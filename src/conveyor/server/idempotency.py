@@ -6,7 +6,7 @@ DEDUPE_MAX_KEYS keys are remembered; a durable queue keeps them in `keys.log` be
 open when mostly superseded), so a retried publish after a crash or a lost reply is still dropped.
 The server writes a put's keys before its messages (see `handlers._put_once`); id 0 means "none".
 So the keys may name ids no segment shows: a server opening a queue keeps its store's ids past
-`highest` (`DurableStore.keep_ids_past`).
+`highest` (`Store.keep_ids_past`).
 """
 
 from __future__ import annotations

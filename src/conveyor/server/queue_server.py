@@ -129,7 +129,7 @@ class QueueServer:
         self.data_dir = None if data_dir is None else Path(data_dir)
         self.budget = MemoryBudget(memory_budget)
         self.limits = self.budget.fit(limits or Limits())
-        self.defaults = defaults or Defaults(durable=data_dir is not None)
+        self.defaults = defaults or Defaults()
         self.repair = repair
         self.temporary = temporary
         self.sweep_interval_s = sweep_interval_s

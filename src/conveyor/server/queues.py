@@ -1,4 +1,7 @@
-"""What a queue server hosts: named queues (each a store), their settings, and its blobs (`blobs`).
+"""What a queue server hosts: named queues (each a store of some kind), their settings, and its blobs.
+
+A queue's store is opened by the factory of its kind (`store_kinds`) and used through the `Store`
+interface only; its kind says whether it lives under the data dir (see `StoreKind.on_disk`).
 
 Everything here runs on the server's event loop thread except `Store.sync`, which group commit
 runs in a worker thread so that one fsync covers every operation written before it started.
@@ -18,7 +21,7 @@ import uuid
 from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from conveyor.constants import (
     BLOB_DIR,
@@ -36,6 +39,8 @@ from conveyor.constants import (
     QUEUES_DIR,
     SERVER_LOCK_NAME,
     SPACE_RESERVE_NAME,
+    STORE_DURABLE,
+    STORE_TRANSIENT,
     WORKER_GONE_S,
 )
 from conveyor.errors import ConveyorError, RequestError, StoreError
@@ -43,7 +48,8 @@ from conveyor.protocol.requests import Counts, QueueInfo, QueueStats
 from conveyor.server.blobs import Blobs
 from conveyor.server.idempotency import Dedupe
 from conveyor.server.signals import GroupCommit, Signal
-from conveyor.storage import DurableStore, MemoryStore, Store
+from conveyor.server.store_kinds import StoreKind, StoreOpening, kind_named, known
+from conveyor.storage import Store
 from conveyor.storage.durable import FsyncPolicy
 from conveyor.storage.files import fsync_dir, keep_aside, store_error, write_atomically
 from conveyor.storage.segments import MAX_MAPS
@@ -55,7 +61,9 @@ _QUEUE_NAME = re.compile(QUEUE_NAME_PATTERN)
 _FSYNC = ("batch", "interval", "never")
 RATE_WINDOW = 10  # samples (one a second) behind the rates in stats
 MAX_WORKERS = 10_000
-FDS_PER_OPEN_QUEUE = 3 + MAX_MAPS  # a durable queue in use: its newest segment, index, keys, mapped segments
+# a queue kept on disk, in use: its idempotency keys and its store's files (a durable store: its
+# newest segment, index and mapped segments); besides, each holds its lock while it exists
+FDS_PER_OPEN_QUEUE = 3 + MAX_MAPS
 
 
 @dataclass
@@ -63,8 +71,9 @@ class HostedQueue:
     """One named queue: its settings, its store, and what the server tracks about it."""
 
     info: QueueInfo
+    kind: StoreKind  # of its store (`info.kind` names it)
     store: Store
-    commit: GroupCommit | None  # for durable queues with fsync="batch"
+    commit: GroupCommit | None  # for queues kept on disk with fsync="batch"
     dedupe: Dedupe
     changed: Signal = field(default_factory=Signal)
     samples: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW + 1))
@@ -89,7 +98,7 @@ class HostedQueue:
         on the event loop).
         """
         never = self.info.fsync == "never"  # its writes are left to the OS: nothing to wait for
-        if not isinstance(self.store, DurableStore) or (self.dedupe.dirty and not never) or not self.store.suspend():
+        if (self.dedupe.dirty and not never) or not self.store.suspend():
             return False
         self.dedupe.close(sync=not never)
         return True
@@ -108,7 +117,7 @@ class HostedQueue:
 class Defaults:
     """Settings of queues declared without them."""
 
-    durable: bool
+    kind: str | None = None  # None: STORE_DURABLE on a server with a data dir, else STORE_TRANSIENT
     lease_s: float = DEFAULT_LEASE_S
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     fsync: str = "batch"
@@ -118,14 +127,16 @@ class QueueHost:
     """The named queues of one server, created on first use or by `declare`, reopened on restart."""
 
     def __init__(self, data_dir: Path | None, defaults: Defaults, repair: bool = False, fd_budget: int | None = None) -> None:
-        """fd_budget: descriptors the durable queues may hold in all (None: no limit).
+        """fd_budget: descriptors the queues kept on disk may hold in all (None: no limit).
 
         Each holds one (its lock) while it exists, and FDS_PER_OPEN_QUEUE more while in use: the
-        least recently used let go of theirs when the rest would not fit, and a durable queue beyond
-        the budget is refused.
+        least recently used let go of theirs when the rest would not fit, and one beyond the budget
+        is refused.
         """
         self.data_dir = data_dir
         self.queue_dir = None if data_dir is None else data_dir / QUEUES_DIR
+        if defaults.kind is None:
+            defaults = replace(defaults, kind=STORE_TRANSIENT if data_dir is None else STORE_DURABLE)
         self.defaults = defaults
         self.repair = repair
         self.queues: dict[str, HostedQueue] = {}
@@ -137,8 +148,8 @@ class QueueHost:
         self.id_floor = 1  # new queues start here: above every id a dropped queue used
         self.space: SpaceReserve | None = None  # disk space held back for a full disk (see conveyor.storage.space)
         self.fd_budget = fd_budget
-        self._holding: OrderedDict[str, HostedQueue] = OrderedDict()  # durable queues with files open, oldest use first
-        self._durable = 0  # durable queues open here (each holds its lock)
+        self._holding: OrderedDict[str, HostedQueue] = OrderedDict()  # queues with files open, oldest use first
+        self._on_disk = 0  # queues kept on disk open here (each holds its lock)
         self._lock_fd = -1
         if data_dir is not None:
             data_dir.mkdir(parents=True, exist_ok=True)
@@ -170,12 +181,15 @@ class QueueHost:
             log.info("reopened %d queue(s): %s", len(self.queues), ", ".join(self.queues))
 
     def _read_info(self, conf: Path) -> QueueInfo:
-        """A durable queue's settings; with --repair, the server's defaults in place of a damaged file."""
+        """The settings of a queue kept on disk; with --repair, the server's defaults in place of a damaged file.
+
+        A kind this server does not know is no damage: the queue stays unavailable, its files as they are.
+        """
         name = conf.parent.name
         try:
-            info = QueueInfo(**json.loads(conf.read_text()))
-            if info.name != name or not info.durable:
-                raise ValueError(f"it names {'queue ' + repr(info.name) if info.name != name else 'a transient queue'}")
+            info = QueueInfo(**_settings(json.loads(conf.read_text())))
+            if info.name != name or not kind_named(info.kind, name).on_disk:
+                raise ValueError(f"it names {'queue ' + repr(info.name) if info.name != name else 'a queue not kept on disk'}")
             if type(info.lease_s) in (int, float) and info.lease_s > MAX_LEASE_S:  # declared before leases had a limit
                 log.warning("queue %r: its lease of %g s is over the limit: served with %g s", name, info.lease_s, MAX_LEASE_S)
                 info = replace(info, lease_s=MAX_LEASE_S)
@@ -184,7 +198,7 @@ class QueueHost:
             if not self.repair:
                 raise ConveyorError(f"{conf} is damaged ({type(e).__name__}: {e})") from None
             d = self.defaults
-            info = QueueInfo(name, True, float(d.lease_s), int(d.max_attempts), d.fsync)
+            info = QueueInfo(name, STORE_DURABLE, float(d.lease_s), int(d.max_attempts), d.fsync)
             aside = keep_aside(conf)
             write_atomically(conf, json.dumps(asdict(info)).encode())
             log.warning(
@@ -199,27 +213,21 @@ class QueueHost:
             return info
 
     def _open(self, info: QueueInfo) -> HostedQueue:
-        if not info.durable:
-            transient = MemoryStore(info.name, max_attempts=info.max_attempts, lease_s=info.lease_s)
-            return HostedQueue(info, transient, None, Dedupe(None))
+        kind = kind_named(info.kind, info.name)
+        if not kind.on_disk:
+            store = kind.open(StoreOpening(info.name, info.max_attempts, info.lease_s, None, None, self.repair, None))
+            return HostedQueue(info, kind, store, None, Dedupe(None))
         assert self.queue_dir is not None and info.fsync is not None
-        if self.fd_budget is not None and self._durable + 1 + FDS_PER_OPEN_QUEUE > self.fd_budget:
+        if self.fd_budget is not None and self._on_disk + 1 + FDS_PER_OPEN_QUEUE > self.fd_budget:
             raise StoreError(
-                f"queue {info.name!r}: this server holds {self._durable:,} durable queues, as many as its "
+                f"queue {info.name!r}: this server holds {self._on_disk:,} queues on disk, as many as its "
                 f"descriptor limit allows ({self.fd_budget:,} for queues: ulimit -n less the connections "
                 "it takes): raise the limit (ulimit -n), lower --max-connections, or drop queues"
             )
         path = self.queue_dir / info.name
-        store = DurableStore(
-            path,
-            fsync=cast(FsyncPolicy, info.fsync),
-            queue=info.name,
-            max_attempts=info.max_attempts,
-            lease_s=info.lease_s,
-            repair=self.repair,
-            group_commit=True,
-            space=self.space,
-        )
+        path.mkdir(parents=True, exist_ok=True)
+        fsync = cast(FsyncPolicy, info.fsync)  # one of _FSYNC: checked by `declare`, or read from its own file
+        store = kind.open(StoreOpening(info.name, info.max_attempts, info.lease_s, path, fsync, self.repair, self.space))
         try:
             dedupe = Dedupe(path)
             store.keep_ids_past(dedupe.highest)  # keys written before their messages name ids too
@@ -228,8 +236,8 @@ class QueueHost:
             raise
         # keys before messages, as they are written (see handlers._put_once)
         commit = GroupCommit(dedupe.sync, store.sync) if info.fsync == "batch" else None
-        self._durable += 1
-        return HostedQueue(info, store, commit, dedupe)
+        self._on_disk += 1
+        return HostedQueue(info, kind, store, commit, dedupe)
 
     def touch(self, q: HostedQueue) -> None:
         """`q` is in use: it keeps its files open.
@@ -237,11 +245,11 @@ class QueueHost:
         `q` is in use: it keeps its files open, and the least recently used queues let go of theirs
         while all would not fit in the descriptor budget.
         """
-        if self.fd_budget is None or not q.info.durable:
+        if self.fd_budget is None or not q.kind.on_disk:
             return
         self._holding[q.info.name] = q
         self._holding.move_to_end(q.info.name)
-        room = max(1, (self.fd_budget - self._durable) // FDS_PER_OPEN_QUEUE)
+        room = max(1, (self.fd_budget - self._on_disk) // FDS_PER_OPEN_QUEUE)
         while len(self._holding) > room:
             _, old = self._holding.popitem(last=False)
             if not old.suspend():  # writes not synced yet: let go of it at a later touch
@@ -265,28 +273,38 @@ class QueueHost:
     def declare(
         self,
         name: str,
-        durable: bool | None = None,
+        kind: str | None = None,
         lease_s: float | None = None,
         max_attempts: int | None = None,
         fsync: str | None = None,
     ) -> HostedQueue:
+        """The queue `name`, made with these settings (None: the server's default) unless it exists.
+
+        An existing queue must have the settings given: else a `queue-conflict` error.
+        """
         _check_name(name)
         d = self.defaults
-        durable = d.durable if durable is None else durable
-        if durable and self.data_dir is None:
-            raise RequestError(ERR_BAD_ARGUMENT, f"queue {name!r}: this server has no --data-dir: transient queues only")
+        assert d.kind is not None  # set by __init__
+        store_kind = kind_named(d.kind if kind is None else kind, name)
+        on_disk = store_kind.on_disk
+        if on_disk and self.data_dir is None:
+            raise RequestError(
+                ERR_BAD_ARGUMENT,
+                f"queue {name!r}: a {store_kind.name} queue is kept on disk, and this server has no --data-dir: "
+                f"{', '.join(k.name for k in known().values() if not k.on_disk)} queues only",
+            )
         if fsync is not None and fsync not in _FSYNC:
             raise RequestError(ERR_BAD_ARGUMENT, f"queue {name!r}: fsync must be one of {', '.join(_FSYNC)}, got {fsync!r}")
         info = QueueInfo(
             name,
-            durable,
+            store_kind.name,
             float(d.lease_s if lease_s is None else lease_s),
             int(d.max_attempts if max_attempts is None else max_attempts),
-            (d.fsync if fsync is None else fsync) if durable else None,
+            (d.fsync if fsync is None else fsync) if on_disk else None,
         )
         q = self.queues.get(name)
         if q is not None:
-            asked = {"durable": durable, "lease_s": lease_s, "max_attempts": max_attempts, "fsync": fsync}
+            asked = {"kind": kind, "lease_s": lease_s, "max_attempts": max_attempts, "fsync": fsync}
             have = asdict(q.info)
             diff = [f"{k}={have[k]!r} (asked {v!r})" for k, v in asked.items() if v is not None and v != have[k]]
             if diff:
@@ -302,11 +320,11 @@ class QueueHost:
         try:
             if q.store.next_id < self.id_floor:  # a new queue (an existing store has its own ids)
                 q.store.skip_ids(self.id_floor)
-            if durable:
+            if on_disk:
                 assert self.queue_dir is not None
                 write_atomically(self.queue_dir / name / QUEUE_CONFIG_NAME, json.dumps(asdict(info)).encode())
         except BaseException as e:  # not declared: close it, so that a retry can open it again
-            self._durable -= durable
+            self._on_disk -= on_disk
             q.store.close()
             q.dedupe.close()
             if isinstance(e, OSError):
@@ -338,7 +356,7 @@ class QueueHost:
             if self.data_dir is not None:  # first: a crash midway leaves the queue whole, never an id to reuse
                 write_atomically(self.data_dir / ID_FLOOR_NAME, json.dumps({"next_id": self.id_floor}).encode())
         trash = None
-        if q.info.durable:  # renamed first: if that fails, the queue is still served as it was
+        if q.kind.on_disk:  # renamed first: if that fails, the queue is still served as it was
             assert self.queue_dir is not None
             trash = self.queue_dir / f"{DROPPING_PREFIX}{uuid.uuid4().hex[:12]}-{name}"
             try:
@@ -349,7 +367,7 @@ class QueueHost:
                 fsync_dir(self.queue_dir)
         del self.queues[name]
         self._holding.pop(name, None)
-        self._durable -= q.info.durable
+        self._on_disk -= q.kind.on_disk
         q.dropped = True
         q.changed.notify()
         self.settled.notify()  # its pending messages are gone: a join may be over
@@ -391,6 +409,18 @@ def _check_name(name: str) -> None:
             ERR_BAD_ARGUMENT,
             f"bad queue name {name!r:.80}: use 1-128 letters, digits, '_', '.' or '-', not starting with '.' or '-'",
         )
+
+
+def _settings(raw: object) -> dict[str, Any]:
+    """The fields of a `queue.json` as `QueueInfo` takes them (a ValueError if it holds no map).
+
+    A file written before queues had kinds says `"durable": true` where it now says the kind.
+    """
+    if not isinstance(raw, dict):
+        raise ValueError(f"it holds {type(raw).__name__}, not a map of settings")
+    if "durable" in raw and "kind" not in raw:
+        raw = {k: v for k, v in raw.items() if k != "durable"} | {"kind": STORE_DURABLE if raw["durable"] else STORE_TRANSIENT}
+    return raw
 
 
 def _read_floor(path: Path) -> int:

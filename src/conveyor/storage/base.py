@@ -16,7 +16,11 @@ type: they are opaque bytes (errors are text). The operations, all batch-friendl
   counted an attempt) or to FAILED when out of attempts; `get` also sweeps them.
 - `result(id)`, `results(after)`, `dead_letters(after, limit)`, `forget(ids)`, `status(id)`, `stats()`.
 - `purge()`: drop every READY message. `sync()`: make writes durable now (a server's group commit).
-  `next_wakeup()`: when a delayed message or a lease may next change what `get` returns. `close()`.
+  `next_wakeup()`: when a delayed message or a lease may next change what `get` returns.
+- `skip_ids(next_id)`, `keep_ids_past(highest)`: never assign ids below or up to these (a server's
+  queues made again after a drop, its idempotency keys).
+- `suspend()`: let go of open files until the next operation (a server holding many queues does so
+  for the least used). `close()`.
 
 A store is not thread-safe: one thread (or one asyncio loop) uses it at a time. Subclasses
 persist what the shared logic decides through a handful of hooks (`conveyor.storage.hooks`); the
@@ -353,6 +357,11 @@ class Store(StoreInspection):
         self._check_open()
         self._state.skip_to(next_id)
 
+    def keep_ids_past(self, highest: int) -> None:
+        """Never assign ids up to `highest`, which the owner's own files name (a server's idempotency keys)."""
+        if highest + 1 > self.next_id:
+            self.skip_ids(highest + 1)
+
     def purge(self) -> int:
         """Drop every READY message (delayed ones too); returns how many. Delivered ones stay leased.
 
@@ -370,6 +379,15 @@ class Store(StoreInspection):
     def sync(self) -> None:
         """Make everything written so far durable (group commit); safe to call from another thread."""
         return  # nothing to do for a store that keeps nothing on disk
+
+    def suspend(self) -> bool:
+        """Let go of every file descriptor the store holds open, until its next operation needs them.
+
+        Returns whether it holds none now. False (nothing done) while it has writes waiting for a
+        `sync`, which closing would run on the caller's thread. A store that keeps no files holds
+        none: True.
+        """
+        return True
 
     def forget(self, ids: Iterable[int]) -> int:
         """Drop the stored results and dead letters of finished messages, freeing their space."""

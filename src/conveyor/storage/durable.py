@@ -322,10 +322,9 @@ class DurableStore(Store):
     def suspend(self) -> bool:
         """Let go of every descriptor but the lock, until the next read or write.
 
-        Let go of every descriptor but the lock (a server holding many queues does so for the least
-        used): the next read or write opens what it needs again. False (nothing done) while writes
-        wait for a sync, which closing would run (on a server's event loop); under fsync="never"
-        they are left to the OS.
+        Let go of every descriptor but the lock: the next read or write opens what it needs again.
+        False (nothing done) while writes wait for a sync, which closing would run (on a server's
+        event loop); under fsync="never" they are left to the OS.
         """
         with self._lock:
             if self._closed or (self.fsync != "never" and (self._segments.dirty or self._index.dirty)):
