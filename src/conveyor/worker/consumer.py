@@ -39,7 +39,7 @@ from conveyor.worker.middleware import Decision, Middleware, default_middleware
 from conveyor.worker.outages import Outages
 from conveyor.worker.pacing import Pacing, Throughput, read_ahead
 from conveyor.worker.selectors import QueueSelector, selector_class
-from conveyor.worker.settler import Settler, ack_on_delivery, result_fits
+from conveyor.worker.settler import Ack, Extend, Nack, Release, Settlement, Settler, ack_on_delivery, result_fits
 from conveyor.worker.stats import ConsumerStats
 
 log = logging.getLogger("conveyor.worker")
@@ -351,14 +351,15 @@ class Consumer:
     def _heartbeat(self, now: float) -> None:
         """Extend the leases of tasks running long enough for their lease to matter."""
         due = due_extensions(self._running.values(), now)
-        self._settler.put([Settler.extend(q, i, lease) for (q, lease), ids in due.items() for i in ids])
+        self._settler.put([Extend(q, i, lease) for (q, lease), ids in due.items() for i in ids])
 
     def _settle(self, done: list[Completion]) -> None:
         """Ack successes with their results and hand failures to the middleware (sent by the settler)."""
         if done:
             self._undrained = False  # a task of ours ended: the queues may be drained now
             self._throughput.add(len(done))
-        out, early, held = [], self.early_ack, len(self._running)  # early: acked on delivery, results not stored
+        out: list[Settlement] = []
+        early, held = self.early_ack, len(self._running)  # early: acked on delivery, results not stored
         fits = min(c.server_limits.max_item_bytes for c in self._servers.clients) if done else 0  # on any server
         for c in done:
             m = c.message
@@ -370,7 +371,7 @@ class Consumer:
                 c = result_fits(c, self._servers, fits)  # a result too big fails its task, not its batch
             if c.error is None:
                 if not early:
-                    out.append(Settler.ack(m.queue, m.id, c.result))
+                    out.append(Ack(m.queue, m.id, c.result))
                 self.stats.processed += 1
                 if H_ROWS in m.headers:  # a map job's: its rows are counted (only then: this is the hot path)
                     self.stats.settled(m)
@@ -381,7 +382,7 @@ class Consumer:
                     else next((d for mw in self.middleware if (d := mw.on_failure(m, c.error)) is not None), Decision(False))
                 )
                 if not early:
-                    out.append(Settler.nack(m.queue, m.id, c.error.error, d.delay_s, d.final))
+                    out.append(Nack(m.queue, m.id, c.error.error, d.delay_s, d.final))
                 self.stats.failed += 1
                 dead = d.final or m.attempts >= m.max_attempts
                 self.stats.dead, self.stats.retried = self.stats.dead + dead, self.stats.retried + (not dead)
@@ -423,12 +424,12 @@ class Consumer:
             why = "WorkerStopped: the worker stopped before the task finished"
             self._settle([Completion(m, None, TaskError(m.headers.get(H_TASK, "?"), why, True), -1) for m in held])
         elif held:
-            self._settler.put([Settler.release(m.queue, m.id) for m in held])
+            self._settler.put([Release(m.queue, m.id) for m in held])
             self.stats.handed_back += len(held)
         self._running.clear()
 
     def _release(self, got: list[Message]) -> None:
-        self._settler.put([Settler.release(m.queue, m.id) for m in got])
+        self._settler.put([Release(m.queue, m.id) for m in got])
         self.stats.released += len(got)
 
     def _counts(self) -> tuple[str, Counts]:
