@@ -22,11 +22,11 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from conveyor.client.backend import QueueBackend
-from conveyor.constants import COUNT_HOST, DEFAULT_SELECTOR, DEFAULT_UNREACHABLE_S, H_ROWS, H_TASK, TASK_SECONDS_BUCKETS
+from conveyor.constants import DEFAULT_SELECTOR, DEFAULT_UNREACHABLE_S, H_ROWS, H_TASK, TASK_SECONDS_BUCKETS
 from conveyor.errors import ConnectionLostError, ConveyorError, ServerUnreachableError, TaskError
 from conveyor.message import Message
 from conveyor.protocol.histograms import Histogram
-from conveyor.protocol.requests import Counts
+from conveyor.protocol.report import ConsumerReport, Rows
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.tasks.registry import import_named
 from conveyor.worker.affinity import check_pin, pin_core, resolve_slots
@@ -34,7 +34,7 @@ from conveyor.worker.completions import Completions
 from conveyor.worker.connections import ONE_ATTEMPT, BlobFetcher, own_connections
 from conveyor.worker.executors import Completion, ProcessSlots, ThreadSlots
 from conveyor.worker.fetching import Fetcher
-from conveyor.worker.held import Held, ServedQueue, due_extensions, over_limit, serves
+from conveyor.worker.held import Held, ServedQueue, due_extensions, over_limit
 from conveyor.worker.middleware import Decision, Middleware, default_middleware
 from conveyor.worker.outages import Outages
 from conveyor.worker.pacing import Pacing, Throughput, read_ahead
@@ -181,7 +181,7 @@ class Consumer:
             else ProcessSlots(self.max_concurrency, self._done, fetcher, self.task_modules)
         )
         slots.start()
-        self._settler = Settler(self.pool, self._counts, REPORT_EVERY_S)  # reports: this consumer is ready
+        self._settler = Settler(self.pool, self.report, REPORT_EVERY_S)  # reports: this consumer is ready
         log.info(
             "consumer %s: %s x %d on %s, shards %s%s",
             self.name,
@@ -432,18 +432,23 @@ class Consumer:
         self._settler.put([Release(m.queue, m.id) for m in got])
         self.stats.released += len(got)
 
-    def _counts(self) -> tuple[str, Counts]:
+    def report(self) -> ConsumerReport:
+        """What this consumer tells the servers now (its settler sends it every REPORT_EVERY_S).
+
+        Its task times are the live histogram, not a copy: read the report as it is made.
+        """
         s = self.stats
-        return self.name, {
-            "processed": s.processed,
-            "failed": s.failed,
-            "retried": s.retried,
-            "dead": s.dead,
-            "running": len(self._running),
-            "stolen": s.stolen,
-            "pid": os.getpid(),
-            COUNT_HOST: _HOST,
-            **self._task_seconds.as_counts(),
-            **s.row_counts(),
-            **serves(self.queues),
-        }
+        return ConsumerReport(
+            self.name,
+            _HOST,
+            pid=os.getpid(),
+            processed=s.processed,
+            failed=s.failed,
+            retried=s.retried,
+            dead=s.dead,
+            running=len(self._running),
+            stolen=s.stolen,
+            serves=tuple(q.name for q in self.queues),
+            rows={q: Rows(m, r) for q, (m, r) in s.rows.items()},
+            task_seconds=self._task_seconds,
+        )

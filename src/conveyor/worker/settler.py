@@ -23,7 +23,7 @@ from conveyor.client.backend import QueueBackend
 from conveyor.constants import ERR_STORE, H_TASK, OUT_OF_REACH_SAY_S, SHARD_SHIFT
 from conveyor.errors import ConnectionLostError, ConveyorError, RequestError, TaskError
 from conveyor.message import Message
-from conveyor.protocol.requests import Counts
+from conveyor.protocol.report import ConsumerReport
 from conveyor.worker.connections import ONE_ATTEMPT, own_connections
 from conveyor.worker.executors import Completion
 
@@ -105,7 +105,7 @@ class Settler:
     """Queues settlements for a background thread; `flush()` waits until all were sent."""
 
     def __init__(
-        self, pool: QueueBackend, report: Callable[[], tuple[str, Counts]] | None = None, report_every_s: float = 2.0
+        self, pool: QueueBackend, report: Callable[[], ConsumerReport] | None = None, report_every_s: float = 2.0
     ) -> None:
         self._pool: QueueBackend = own_connections(pool, ONE_ATTEMPT)  # each try is one: the thread retries
         self._items: queue.SimpleQueue[list[Settlement] | _Stop] = queue.SimpleQueue()
@@ -320,9 +320,9 @@ class Settler:
 
     def _send_report(self) -> None:
         assert self._report is not None
-        name, counts = self._report()
+        r = self._report()
         try:  # to every server; one out of reach costs a refused attempt to connect, not a wait
-            self._pool.report(name, counts)
+            self._pool.report(r.consumer, r.to_counts())
         except (ConveyorError, OSError) as e:  # OSError: TimeoutError, a server that does not reply
             log.debug("report failed: %s", e)
 
