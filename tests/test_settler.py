@@ -13,6 +13,7 @@ import pytest
 from conveyor.client.pool import QueuePool
 from conveyor.errors import ConnectionLostError
 from conveyor.message import Message
+from conveyor.protocol.report import ConsumerReport
 from conveyor.worker.settler import BUSY_COALESCE_S, CLOSE_SAY_S, COALESCE_S, Ack, Settler, ack_on_delivery
 
 from .servers import ThreadServer, thread_server, wait_for
@@ -105,7 +106,7 @@ def test_a_report_waits_little_on_a_server_out_of_reach() -> None:
         probe.bind(("127.0.0.1", 0))
         dead = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
     with thread_server() as s, QueuePool.connect([s.address, dead], connect_timeout=10.0) as pool:
-        settler = Settler(pool, report=lambda: ("w", {"processed": 1.0}), report_every_s=0.2)
+        settler = Settler(pool, report=lambda: ConsumerReport("w", processed=1), report_every_s=0.2)
         with QueuePool.connect([s.address]) as live:
             wait_for(lambda: "w" in live.workers(), timeout=5, what="the report on the live server")
         t0 = time.monotonic()
