@@ -21,7 +21,7 @@ from conveyor.errors import TaskFailedError
 from conveyor.message import Message, Status
 from conveyor.tasks.publish import adhoc_message
 from conveyor.worker import Consumer
-from conveyor.worker.settler import BUSY_COALESCE_S, COALESCE_S, Settler
+from conveyor.worker.settler import BUSY_COALESCE_S, COALESCE_S, Ack, Settler
 
 from . import worker_tasks as wt
 
@@ -177,11 +177,11 @@ def test_the_settler_gathers_acks_into_one_call(queues: Recording) -> None:
     settler = Settler(queues)
     try:
         settler.busy = True
-        settler.put([Settler.ack("q", a, b"ra")])
+        settler.put([Ack("q", a, b"ra")])
         until = time.monotonic() + 2 * COALESCE_S  # a settler that is not busy would have sent it by now
         while time.monotonic() < until:
             assert queues.ack_calls == [], "a busy settler sent an ack within the quiet window"
-        settler.put([Settler.ack("q", b, b"rb"), Settler.ack("q", c, None)])
+        settler.put([Ack("q", b, b"rb"), Ack("q", c, None)])
         assert settler.flush(5)  # hurries: no wait for the rest of the window
         assert queues.ack_calls == [[a, b, c]]
         assert dict(queues.results("q")) == {a: b"ra", b: b"rb"}

@@ -13,7 +13,8 @@ import pytest
 from conveyor.client.pool import QueuePool
 from conveyor.errors import ConnectionLostError
 from conveyor.message import Message
-from conveyor.worker.settler import BUSY_COALESCE_S, CLOSE_SAY_S, COALESCE_S, Settler, ack_on_delivery
+from conveyor.protocol.report import ConsumerReport
+from conveyor.worker.settler import BUSY_COALESCE_S, CLOSE_SAY_S, COALESCE_S, Ack, Settler, ack_on_delivery
 
 from .servers import ThreadServer, thread_server, wait_for
 
@@ -41,12 +42,12 @@ def test_a_busy_settler_gathers_acks_longer_and_a_hurry_sends_them_together(pool
     settler = Settler(pool)
     try:
         settler.busy = True
-        settler.put([Settler.ack("q", a, b"ra")])
+        settler.put([Ack("q", a, b"ra")])
         # twice the quiet window: a settler that is not busy would have sent this ack by now
         until = time.monotonic() + 2 * COALESCE_S
         while time.monotonic() < until:
             assert acked(pool) == 0, "a busy settler sent an ack within the quiet window"
-        settler.put([Settler.ack("q", b, b"rb")])
+        settler.put([Ack("q", b, b"rb")])
         settler.hurry()  # the consumer went idle: send now, without waiting out the window
         n = wait_for(lambda: acked(pool), what="the acks")
         assert n == 2, "acks gathered together should go in one request"
@@ -61,7 +62,7 @@ def test_a_flush_sends_a_busy_settlers_acks_and_waits_for_them(pool: QueuePool) 
     settler = Settler(pool)
     try:
         settler.busy = True
-        settler.put([Settler.ack("q", i, None) for i in ids])
+        settler.put([Ack("q", i, None) for i in ids])
         assert settler.flush(10)
         assert acked(pool) == 3  # sent and answered when flush returns
     finally:
@@ -105,7 +106,7 @@ def test_a_report_waits_little_on_a_server_out_of_reach() -> None:
         probe.bind(("127.0.0.1", 0))
         dead = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
     with thread_server() as s, QueuePool.connect([s.address, dead], connect_timeout=10.0) as pool:
-        settler = Settler(pool, report=lambda: ("w", {"processed": 1.0}), report_every_s=0.2)
+        settler = Settler(pool, report=lambda: ConsumerReport("w", processed=1), report_every_s=0.2)
         with QueuePool.connect([s.address]) as live:
             wait_for(lambda: "w" in live.workers(), timeout=5, what="the report on the live server")
         t0 = time.monotonic()
@@ -135,9 +136,9 @@ def test_settlements_for_a_server_out_of_reach_wait_and_the_others_go_on(
             down.stop()
             settler = Settler(pool)
             try:
-                settler.put([Settler.ack("q", i, b"r") for i in on_down])  # its server is gone: they wait
+                settler.put([Ack("q", i, b"r") for i in on_down])  # its server is gone: they wait
                 assert not settler.flush(1.0)
-                settler.put([Settler.ack("q", i, b"r") for i in on_live])
+                settler.put([Ack("q", i, b"r") for i in on_live])
                 t0 = time.monotonic()
                 # the live server's acks go at once (before: behind the retries, for as long as its server was out)
                 wait_for(lambda: pool.clients[0].stats()["q"].acked == 2, timeout=5, what="the live server's acks")
@@ -168,7 +169,7 @@ def test_a_close_that_waits_for_a_server_out_of_reach_says_so(caplog: pytest.Log
             ids = [m.id for m in pool.get("q", 2, lease_s=60, shards=[1])]
             down.stop()
             settler = Settler(pool)
-            settler.put([Settler.ack("q", i, None) for i in ids])
+            settler.put([Ack("q", i, None) for i in ids])
             settler.close(CLOSE_SAY_S + 1.0)
     assert settler.unsettled == 2
     said = r"2 settlement\(s\) not sent yet \(a server out of reach, or slow\): trying for up to \d s more"

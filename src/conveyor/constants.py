@@ -276,9 +276,8 @@ QUEUE_DEFAULT_NUM_ITERATIONS = 2
 # a consumer reports its counts (REPORT_EVERY_S in worker/consumer.py: every 2 s) to every server; one
 # not heard from for this long (several missed reports) is gone: out of `workers()` and `conveyor stats`
 WORKER_GONE_S = 10.0
-# in a report's counts, every value is a number but this one: the consumer's host name (a string)
-COUNT_HOST = "host"
-# each queue a consumer serves: COUNT_SERVES + the queue's name, 1 (a wait on a queue none serves says so)
+# a consumer's report: its fields are declared in conveyor.protocol.report; its prefixed keys here.
+# Each queue a consumer serves: COUNT_SERVES + the queue's name, 1 (a wait on a queue none serves says so)
 COUNT_SERVES = "serves:"
 MAX_HOST_CHARS = 255
 # a consumer's task run times travel in its report as a histogram: per bucket, the number of tasks

@@ -27,6 +27,7 @@ from typing import Any
 
 from conveyor.cli.corpus import busy, documents
 from conveyor.client.pool import QueuePool
+from conveyor.protocol.report import ConsumerReport
 from conveyor.spark import mapping
 
 PAGE_SCHEMA = "doc long, page long, words long, seconds double"
@@ -289,11 +290,12 @@ class _ConsumerKiller(threading.Thread):
             except Exception:  # the demo's killer must never fail the job
                 continue
             for name, w in workers.items():  # this map's consumers: those not seen before it (any will do)
-                if name.startswith("spark:") and name not in self.before:
-                    os.kill(int(w["pid"]), signal.SIGKILL)
+                pid = ConsumerReport.from_counts(name, w).pid  # 0: none reported (never kill(0): our own group)
+                if name.startswith("spark:") and name not in self.before and pid > 0:
+                    os.kill(pid, signal.SIGKILL)
                     self.killed_at = time.perf_counter()
                     self.say(
-                        f"killed consumer pid {w['pid']} (SIGKILL) a third of the way: Spark runs its task again, "
+                        f"killed consumer pid {pid} (SIGKILL) a third of the way: Spark runs its task again, "
                         "and the pages it held go back to the queue as its connections close"
                     )
                     return

@@ -9,9 +9,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from conveyor.client.pool import QueuePool
-from conveyor.constants import COUNT_HOST
 from conveyor.message import printable
-from conveyor.protocol.requests import Counts, QueueStats, ServerStats
+from conveyor.protocol.report import FIGURES, SEEN, ConsumerReport, Shown
+from conveyor.protocol.requests import QueueStats, ServerStats
 
 Answers = Sequence[ServerStats | Exception]  # each server's stats reply, or the error it gave (shard order)
 
@@ -101,29 +101,31 @@ def dead_letter_table(pool: QueuePool, queue: str, limit: int) -> Table:
     return t
 
 
+_SHOWN = (Shown.TOTAL, Shown.NOW)  # the figures of a consumer's report in its row
+
+
 def workers_table(got: Answers) -> Table | None:
     """The consumers the servers heard from within WORKER_GONE_S, with their host and counts (None when there are none).
 
-    A consumer reports to every server: the latest report is shown.
+    A consumer reports to every server: the latest report is shown, with every figure of the report
+    but which process it is (`conveyor.protocol.report`).
     """
-    workers: dict[str, Counts] = {}
+    workers: dict[str, ConsumerReport] = {}
     for g in got:
         if isinstance(g, Exception):
             continue
         for name, c in g.workers.items():
-            if name not in workers or float(c["seen"]) < float(workers[name]["seen"]):
-                workers[name] = c
+            r = ConsumerReport.from_counts(name, c)
+            if name not in workers or r.seen < workers[name].seen:
+                workers[name] = r
     if not workers:
         return None
     t = Table(title=f"Consumers: {len(workers)}")
-    for col in ("consumer", "host", "processed", "failed", "retried", "dead", "running", "stolen", "seen"):
-        named = col in ("consumer", "host")
-        t.add_column(col, justify="left" if named else "right", overflow="fold" if named else "ellipsis")
-    for name, c in sorted(workers.items()):
-        t.add_row(
-            escape(name),
-            escape(str(c.get(COUNT_HOST, ""))),
-            *(f"{int(c.get(k, 0)):,}" for k in ("processed", "failed", "retried", "dead", "running", "stolen")),
-            f"{float(c['seen']):.0f} s ago",
-        )
+    for col in ("consumer", "host"):
+        t.add_column(col, justify="left", overflow="fold")
+    for col in [*(name for name, f in FIGURES.items() if f.shown in _SHOWN), SEEN]:
+        t.add_column(col, justify="right", overflow="ellipsis")
+    for _, r in sorted(workers.items()):
+        figures = r.figures(*_SHOWN).values()
+        t.add_row(escape(r.consumer), escape(r.host), *(f"{n:,}" for n in figures), f"{r.seen:.0f} s ago")
     return t

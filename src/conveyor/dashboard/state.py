@@ -11,16 +11,17 @@ import statistics
 import threading
 import time
 from collections import deque
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.queue_client import QueueClient
 from conveyor.client.sharded import summed_stats
-from conveyor.constants import COUNT_HOST, COUNT_ROW_MESSAGES, COUNT_ROWS, H_TASK, SHARD_SHIFT
+from conveyor.constants import H_TASK, SHARD_SHIFT
 from conveyor.errors import ConveyorError
 from conveyor.message import DeadLetter, printable
 from conveyor.protocol import requests as calls
+from conveyor.protocol.report import SEEN, ConsumerReport, Rows
 from conveyor.protocol.requests import Counts, QueueStats, ServerStats
 
 POLL_S = 1.0  # how often each server is asked
@@ -36,6 +37,14 @@ RATE_MIN_SPAN_S = 15.0  # a rate is given once a consumer's reports span this lo
 PREVIEW_BYTES = 120  # of a dead letter's payload, shown as text
 MAP_PREFIX = "map-"  # the queues of conveyor.spark.map jobs
 _COUNTS = ("ready", "delivered", "delayed", "acked", "failed", "bytes_on_disk", "put_rate", "ack_rate")
+
+
+@dataclass(frozen=True, slots=True)
+class _Heard:
+    """A consumer's latest report, and when (time.monotonic()) it was sent, as the server that had it saw it."""
+
+    at: float
+    report: ConsumerReport
 
 
 class ServerWatch:
@@ -89,10 +98,10 @@ class PoolWatch:
         self.pool = QueuePool([c.sibling(ACTION_TIMEOUT_S, POLL_TIMEOUT_S) for c in pool.clients])
         self._stop = threading.Event()
         self.servers = [ServerWatch(c, self._stop) for c in pool.clients]
-        self._seen: dict[str, dict[str, Any]] = {}  # consumer -> its last figures, also once gone
+        self._seen: dict[str, _Heard] = {}  # consumer -> its last report, also once gone
         self._done: dict[str, deque[tuple[float, int]]] = {}  # consumer -> (when, processed) over RATE_WINDOW_S
         # map job queue -> consumer -> (messages, rows) it settled, kept while the queue lives (also once it is gone)
-        self._rows: dict[str, dict[str, tuple[int, int]]] = {}
+        self._rows: dict[str, dict[str, Rows]] = {}
         self._history: deque[tuple[float, dict[str, tuple[int, float, float]]]] = deque()
         self._lock = threading.Lock()
         self._sampler = threading.Thread(target=self._sample_loop, name="dashboard-history", daemon=True)
@@ -145,7 +154,7 @@ class PoolWatch:
             if all(w.up for w in self.servers):  # a queue no server has is over: forget its rows
                 for q in self._rows.keys() - {q["name"] for q in queues}:
                     del self._rows[q]
-            rows = {q: (sum(m for m, _ in by.values()), sum(r for _, r in by.values())) for q, by in self._rows.items()}
+            rows = {q: (sum(r.messages for r in by.values()), sum(r.rows for r in by.values())) for q, by in self._rows.items()}
         jobs = [_job(q, rows.get(q["name"], (0, 0))) for q in queues if q["name"].startswith(MAP_PREFIX)]
         return {"time": time.time(), "servers": servers, "queues": queues, "consumers": consumers, "jobs": jobs}
 
@@ -154,42 +163,36 @@ class PoolWatch:
 
         `now`, and every time kept here, are time.monotonic()'s.
         """
-        heard: dict[str, dict[str, Any]] = {}
+        heard: dict[str, _Heard] = {}
         for w in self.servers:
             if w.answered_at is None:  # not answered yet: no consumer heard of
                 continue
             for name, counts in w.workers.items():
-                at = w.answered_at - float(counts.get("seen", 0))  # when it last reported, as that server saw it
-                if name not in heard or at > heard[name]["heard_at"]:
-                    figures = {k: _int(counts.get(k)) for k in ("pid", "processed", "failed", "running", "stolen")}
-                    heard[name] = {
-                        "name": name,
-                        "host": str(counts.get(COUNT_HOST, "")),
-                        "heard_at": at,
-                        **figures,
-                        "rows": _rows_of(counts),
-                    }
+                r = ConsumerReport.from_counts(name, counts)
+                at = w.answered_at - r.seen  # when it last reported, as that server saw it
+                if name not in heard or at > heard[name].at:
+                    heard[name] = _Heard(at, r)
         answering = any(w.up for w in self.servers)
         out = []
         with self._lock:
             self._seen.update(heard)
-            for name, fig in heard.items():
-                for q, pair in fig["rows"].items():
-                    self._rows.setdefault(q, {})[name] = pair
-            for name, fig in heard.items():
+            for name, h in heard.items():
+                for q, settled in h.report.rows.items():
+                    self._rows.setdefault(q, {})[name] = settled
+            for name, h in heard.items():
                 done = self._done.setdefault(name, deque())
-                if done and fig["processed"] < done[-1][1]:  # started again under the same name: count anew
+                if done and h.report.processed < done[-1][1]:  # started again under the same name: count anew
                     done.clear()
-                if not done or fig["heard_at"] > done[-1][0]:
-                    done.append((fig["heard_at"], fig["processed"]))
-                while len(done) > 2 and done[1][0] < fig["heard_at"] - RATE_WINDOW_S:
+                if not done or h.at > done[-1][0]:
+                    done.append((h.at, h.report.processed))
+                while len(done) > 2 and done[1][0] < h.at - RATE_WINDOW_S:
                     done.popleft()
-            for name in [n for n, fig in self._seen.items() if now - fig["heard_at"] > GONE_KEPT_S]:
+            for name in [n for n, h in self._seen.items() if now - h.at > GONE_KEPT_S]:
                 del self._seen[name]
                 self._done.pop(name, None)
             rates = {n: _rate(self._done.get(n)) for n in self._seen}
-            for name, fig in sorted(self._seen.items()):
-                ago = now - fig["heard_at"]
+            for name, h in sorted(self._seen.items()):
+                ago = now - h.at
                 # with no server answering, nothing is known of any
                 status = "unknown" if not answering else "gone" if name not in heard else "late" if ago > LATE_S else "ok"
                 peers = [r for n, r in rates.items() if n != name and n in heard and r is not None]
@@ -201,12 +204,14 @@ class PoolWatch:
                     and (m := statistics.median(peers)) * RATE_WINDOW_S >= SLOW_MIN_TASKS
                     and rate < SLOW_FRACTION * m
                 )
-                if status == "ok" and fig["running"] and behind:
+                if status == "ok" and h.report.running and behind:
                     status = "slow"  # busy, yet far behind the others
                 out.append(
                     {
-                        **{k: v for k, v in fig.items() if k not in ("heard_at", "rows")},
-                        "seen": round(ago, 1),
+                        "name": name,
+                        "host": h.report.host,
+                        **h.report.figures(),
+                        SEEN: round(ago, 1),
                         "rate": None if rate is None else round(rate, 2),
                         "status": status,
                     }
@@ -331,21 +336,8 @@ def _job(q: dict[str, Any], reported: tuple[int, int]) -> dict[str, Any]:
     }
 
 
-def _rows_of(counts: Counts) -> dict[str, tuple[int, int]]:
-    """A report's rows per map job queue: (messages, rows) its consumer settled."""
-    return {
-        k[len(COUNT_ROWS) :]: (_int(counts.get(COUNT_ROW_MESSAGES + k[len(COUNT_ROWS) :])), _int(v))
-        for k, v in counts.items()
-        if k.startswith(COUNT_ROWS)
-    }
-
-
 def _rate(done: deque[tuple[float, int]] | None) -> float | None:
     """Tasks processed per second between the first and the last report kept (None: they span under RATE_MIN_SPAN_S yet)."""
     if done is None or len(done) < 2 or done[-1][0] - done[0][0] < RATE_MIN_SPAN_S:
         return None
     return (done[-1][1] - done[0][1]) / (done[-1][0] - done[0][0])
-
-
-def _int(v: object) -> int:
-    return int(v) if isinstance(v, (int, float)) else 0

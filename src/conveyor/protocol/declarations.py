@@ -14,7 +14,6 @@ from enum import Enum
 from typing import Any
 
 from conveyor.constants import (
-    COUNT_HOST,
     ERR_BAD_ARGUMENT,
     MAX_BATCH,
     MAX_HOST_CHARS,
@@ -23,6 +22,7 @@ from conveyor.constants import (
 )
 from conveyor.errors import RequestError
 from conveyor.protocol.framing import Header
+from conveyor.protocol.report import HOST
 
 _I64 = 2**63 - 1
 
@@ -38,7 +38,7 @@ class Kind(Enum):
     NAMES = "a list of strings"
     STRS = "a list of strings, one per id"
     COLUMN = "one value for all messages, or a list of one per message"
-    COUNTS = f"a map of names to numbers ('{COUNT_HOST}': a string of at most {MAX_HOST_CHARS} characters)"
+    COUNTS = f"a map of names to numbers ('{HOST}': a string of at most {MAX_HOST_CHARS} characters)"
 
 
 REQUIRED: Any = object()  # the default of a field a request must carry
@@ -97,7 +97,7 @@ class Field:
 
 def _count(name: str, v: Any) -> bool:
     """A report's count is a number; its host, a short string (shown by `conveyor stats`)."""
-    if name == COUNT_HOST:
+    if name == HOST:
         return type(v) is str and len(v) <= MAX_HOST_CHARS
     return type(v) in (int, float)
 

@@ -14,7 +14,7 @@ from typing import Any, Generic, TypeVar, cast
 
 import msgpack
 
-from conveyor.constants import COUNT_SERVES, STORE_DURABLE, STORE_TRANSIENT
+from conveyor.constants import STORE_DURABLE, STORE_TRANSIENT
 from conveyor.errors import ProtocolError
 from conveyor.message import DeadLetter, Message, Status, headers_bytes, make_message
 from conveyor.protocol.declarations import (
@@ -45,6 +45,8 @@ from conveyor.protocol.declarations import (
     WAKE,
 )
 from conveyor.protocol.framing import Frames, Header, Limits, column, expand
+from conveyor.protocol.report import Counts as Counts
+from conveyor.protocol.report import queues_served as queues_served
 
 T = TypeVar("T")
 _packb = msgpack.Packer(use_bin_type=True).pack
@@ -98,12 +100,6 @@ class QueueStats:
 
 
 _STAT_FIELDS = ("ready", "delivered", "delayed", "acked", "failed", "bytes_on_disk", "put_rate", "ack_rate")
-Counts = dict[str, float | str]  # a consumer's report: numbers, and its host name (COUNT_HOST) as a string
-
-
-def queues_served(counts: Counts) -> list[str]:
-    """The queues a consumer's report says it serves (COUNT_SERVES)."""
-    return [k[len(COUNT_SERVES) :] for k in counts if k.startswith(COUNT_SERVES)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +107,7 @@ class ServerStats:
     """One server's `stats` reply: its queues, and the consumers it heard from lately (with `seen`)."""
 
     queues: dict[str, QueueStats]
-    workers: dict[str, Counts]
+    workers: dict[str, Counts]  # by consumer: its report on the wire (`ConsumerReport.from_counts` reads it)
 
 
 def ping() -> Call[Header]:

@@ -16,10 +16,10 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
-from conveyor.constants import COUNT_HOST, METRICS_PATH, REQUEST_SECONDS_BUCKETS
+from conveyor.constants import METRICS_PATH, REQUEST_SECONDS_BUCKETS
 from conveyor.protocol.histograms import Histogram
 from conveyor.protocol.http import bearer_ok, serve_app
-from conveyor.protocol.requests import queues_served
+from conveyor.protocol.report import FIGURES, ConsumerReport, Shown, queues_served
 from conveyor.protocol.throttle import Throttle
 from conveyor.server.budget import MemoryBudget
 from conveyor.server.queues import QueueHost
@@ -40,8 +40,6 @@ QUEUE_TOTALS = (
     ("expired", "Leases that ran out, or ended with their consumer's connection."),
     ("dead_lettered", "Messages that became dead letters (out of attempts, or failed for good)."),
 )
-# a consumer's report counts shown as counters
-CONSUMER_TOTALS = (("processed", "Tasks that succeeded (acked)."), ("failed", "Tasks that failed (nacked)."))
 
 
 class RequestTimes:
@@ -151,12 +149,20 @@ def _queues(host: QueueHost) -> Iterable[Metric]:
 
 
 def _consumers(host: QueueHost) -> Iterable[Metric]:
-    """From the consumers' reports (each reports to every server: aggregate with max by consumer)."""
+    """From the consumers' reports (each reports to every server: aggregate with max by consumer).
+
+    Each figure of the report counted since the consumer started is a counter, each as it stands a
+    gauge (`conveyor.protocol.report`).
+    """
     from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
     labels = ["consumer", "host"]
-    totals = [(f, CounterMetricFamily(f"conveyor_consumer_{f}", doc, labels=labels)) for f, doc in CONSUMER_TOTALS]
-    running = GaugeMetricFamily("conveyor_consumer_running", "Tasks the consumer is running or holds.", labels=labels)
+    kinds = {Shown.TOTAL: CounterMetricFamily, Shown.NOW: GaugeMetricFamily}
+    figures = {
+        name: kinds[f.shown](f"conveyor_consumer_{name}", f.help, labels=labels)
+        for name, f in FIGURES.items()
+        if f.shown in kinds
+    }
     seen = GaugeMetricFamily(
         "conveyor_consumer_last_report_age_seconds", "Seconds since the consumer's last report.", labels=labels
     )
@@ -164,22 +170,16 @@ def _consumers(host: QueueHost) -> Iterable[Metric]:
         "conveyor_consumer_task_duration_seconds", "How long the consumer's tasks ran.", labels=labels
     )
     for name, counts in sorted(host.workers().items()):
-        at = [name, str(counts.get(COUNT_HOST, ""))]
-        for f, family in totals:
-            family.add_metric(at, _number(counts.get(f)))
-        running.add_metric(at, _number(counts.get("running")))
-        seen.add_metric(at, _number(counts.get("seen")))
-        h = Histogram.from_counts(counts)
-        if h is not None:
-            runtimes.add_metric(at, h.cumulative(), h.sum)
-    yield from (family for _, family in totals)
-    yield running
+        r = ConsumerReport.from_counts(name, counts)
+        at = [r.consumer, r.host]
+        for figure, n in r.figures(*kinds).items():
+            figures[figure].add_metric(at, n)
+        seen.add_metric(at, r.seen)
+        if r.task_seconds is not None:
+            runtimes.add_metric(at, r.task_seconds.cumulative(), r.task_seconds.sum)
+    yield from figures.values()
     yield seen
     yield runtimes
-
-
-def _number(v: object) -> float:
-    return float(v) if isinstance(v, (int, float)) else 0.0
 
 
 async def start_endpoint(

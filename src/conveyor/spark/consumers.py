@@ -36,6 +36,7 @@ from conveyor.constants import DEFAULT_UNREACHABLE_S, H_IDEMPOTENCY_KEY
 from conveyor.errors import ConveyorError
 from conveyor.gc_policy import gc_tuned
 from conveyor.message import Message
+from conveyor.protocol.report import FIGURES, HOST, ConsumerReport, Shown
 from conveyor.spark.cluster import driver_pool, is_local
 from conveyor.spark.preflight import preflight
 from conveyor.spark.session import check_workers_python, task_slots
@@ -53,9 +54,21 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("conveyor.spark")
 
-STATS_DDL = (
-    "consumer long, host string, pid long, started double, finished double, processed long, failed long, "
-    "retried long, dead long, timed_out long, stolen long, rows long"
+# a row of a job's consumer stats: the consumer's report (which process, its figures counted since it
+# started: conveyor.protocol.report) among the job's own columns, in this order
+_WHO = [name for name, f in FIGURES.items() if f.shown is Shown.WHO]
+_TOTALS = [name for name, f in FIGURES.items() if f.shown is Shown.TOTAL]
+STATS_DDL = ", ".join(
+    [
+        "consumer long",
+        f"{HOST} string",
+        *(f"{name} long" for name in _WHO),
+        "started double",
+        "finished double",
+        *(f"{name} long" for name in _TOTALS),
+        "timed_out long",
+        "rows long",
+    ]
 )
 STOP_PREFIX = b"conveyor-stop:"
 
@@ -134,26 +147,23 @@ def _consume(
         finally:
             sys.setswitchinterval(old)
             pool.close()
-        yield pa.RecordBatch.from_pylist(
-            [
-                {
-                    "consumer": index,
-                    "host": os.uname().nodename,
-                    "pid": os.getpid(),
-                    "started": started,
-                    "finished": time.time(),
-                    "processed": s.processed,
-                    "failed": s.failed,
-                    "retried": s.retried,
-                    "dead": s.dead,
-                    "timed_out": s.timed_out,
-                    "stolen": s.stolen,
-                    "rows": rows,
-                }
-            ]
-        )
+        yield pa.RecordBatch.from_pylist([_stats_row(index, consumer.report(), started, time.time(), s.timed_out, rows)])
 
     return run
+
+
+def _stats_row(index: int, r: ConsumerReport, started: float, finished: float, timed_out: int, rows: int) -> dict[str, Any]:
+    """The row of STATS_DDL of consumer `index` of a job, from its report."""
+    return {
+        "consumer": index,
+        HOST: r.host,
+        **r.figures(Shown.WHO),
+        "started": started,
+        "finished": finished,
+        **r.figures(Shown.TOTAL),
+        "timed_out": timed_out,
+        "rows": rows,
+    }
 
 
 def _others_feeding(pool: QueuePool, job: str, n: int, index: int, stats: Callable[[], ConsumerStats]) -> Callable[[], bool]:
@@ -330,17 +340,7 @@ class SparkConsumerPool:
         for name, c in self.pool.workers().items():
             parts = name.split(":")
             if len(parts) == 5 and parts[0] == "spark" and parts[2] == self.job:
-                counts = {k: int(c.get(k, 0)) for k in ("processed", "failed", "retried", "dead", "stolen")}
-                out[int(parts[3])] = {
-                    "consumer": int(parts[3]),
-                    "host": parts[1],
-                    "pid": int(parts[4]),
-                    "started": now,
-                    "finished": now,
-                    "timed_out": 0,
-                    "rows": 0,
-                    **counts,
-                }
+                out[int(parts[3])] = _stats_row(int(parts[3]), ConsumerReport.from_counts(name, c), now, now, 0, 0)
         return list(out.values())
 
     def _clean_up(self) -> None:

@@ -22,11 +22,11 @@ from collections.abc import Callable, Sequence
 from typing import Literal
 
 from conveyor.client.backend import QueueBackend
-from conveyor.constants import COUNT_HOST, DEFAULT_SELECTOR, DEFAULT_UNREACHABLE_S, H_ROWS, H_TASK, TASK_SECONDS_BUCKETS
+from conveyor.constants import DEFAULT_SELECTOR, DEFAULT_UNREACHABLE_S, H_ROWS, H_TASK, TASK_SECONDS_BUCKETS
 from conveyor.errors import ConnectionLostError, ConveyorError, ServerUnreachableError, TaskError
 from conveyor.message import Message
 from conveyor.protocol.histograms import Histogram
-from conveyor.protocol.requests import Counts
+from conveyor.protocol.report import ConsumerReport, Rows
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.tasks.registry import import_named
 from conveyor.worker.affinity import check_pin, pin_core, resolve_slots
@@ -34,12 +34,12 @@ from conveyor.worker.completions import Completions
 from conveyor.worker.connections import ONE_ATTEMPT, BlobFetcher, own_connections
 from conveyor.worker.executors import Completion, ProcessSlots, ThreadSlots
 from conveyor.worker.fetching import Fetcher
-from conveyor.worker.held import Held, ServedQueue, due_extensions, over_limit, serves
+from conveyor.worker.held import Held, ServedQueue, due_extensions, over_limit
 from conveyor.worker.middleware import Decision, Middleware, default_middleware
 from conveyor.worker.outages import Outages
 from conveyor.worker.pacing import Pacing, Throughput, read_ahead
 from conveyor.worker.selectors import QueueSelector, selector_class
-from conveyor.worker.settler import Settler, ack_on_delivery, result_fits
+from conveyor.worker.settler import Ack, Extend, Nack, Release, Settlement, Settler, ack_on_delivery, result_fits
 from conveyor.worker.stats import ConsumerStats
 
 log = logging.getLogger("conveyor.worker")
@@ -181,7 +181,7 @@ class Consumer:
             else ProcessSlots(self.max_concurrency, self._done, fetcher, self.task_modules)
         )
         slots.start()
-        self._settler = Settler(self.pool, self._counts, REPORT_EVERY_S)  # reports: this consumer is ready
+        self._settler = Settler(self.pool, self.report, REPORT_EVERY_S)  # reports: this consumer is ready
         log.info(
             "consumer %s: %s x %d on %s, shards %s%s",
             self.name,
@@ -351,14 +351,15 @@ class Consumer:
     def _heartbeat(self, now: float) -> None:
         """Extend the leases of tasks running long enough for their lease to matter."""
         due = due_extensions(self._running.values(), now)
-        self._settler.put([Settler.extend(q, i, lease) for (q, lease), ids in due.items() for i in ids])
+        self._settler.put([Extend(q, i, lease) for (q, lease), ids in due.items() for i in ids])
 
     def _settle(self, done: list[Completion]) -> None:
         """Ack successes with their results and hand failures to the middleware (sent by the settler)."""
         if done:
             self._undrained = False  # a task of ours ended: the queues may be drained now
             self._throughput.add(len(done))
-        out, early, held = [], self.early_ack, len(self._running)  # early: acked on delivery, results not stored
+        out: list[Settlement] = []
+        early, held = self.early_ack, len(self._running)  # early: acked on delivery, results not stored
         fits = min(c.server_limits.max_item_bytes for c in self._servers.clients) if done else 0  # on any server
         for c in done:
             m = c.message
@@ -370,7 +371,7 @@ class Consumer:
                 c = result_fits(c, self._servers, fits)  # a result too big fails its task, not its batch
             if c.error is None:
                 if not early:
-                    out.append(Settler.ack(m.queue, m.id, c.result))
+                    out.append(Ack(m.queue, m.id, c.result))
                 self.stats.processed += 1
                 if H_ROWS in m.headers:  # a map job's: its rows are counted (only then: this is the hot path)
                     self.stats.settled(m)
@@ -381,7 +382,7 @@ class Consumer:
                     else next((d for mw in self.middleware if (d := mw.on_failure(m, c.error)) is not None), Decision(False))
                 )
                 if not early:
-                    out.append(Settler.nack(m.queue, m.id, c.error.error, d.delay_s, d.final))
+                    out.append(Nack(m.queue, m.id, c.error.error, d.delay_s, d.final))
                 self.stats.failed += 1
                 dead = d.final or m.attempts >= m.max_attempts
                 self.stats.dead, self.stats.retried = self.stats.dead + dead, self.stats.retried + (not dead)
@@ -423,26 +424,31 @@ class Consumer:
             why = "WorkerStopped: the worker stopped before the task finished"
             self._settle([Completion(m, None, TaskError(m.headers.get(H_TASK, "?"), why, True), -1) for m in held])
         elif held:
-            self._settler.put([Settler.release(m.queue, m.id) for m in held])
+            self._settler.put([Release(m.queue, m.id) for m in held])
             self.stats.handed_back += len(held)
         self._running.clear()
 
     def _release(self, got: list[Message]) -> None:
-        self._settler.put([Settler.release(m.queue, m.id) for m in got])
+        self._settler.put([Release(m.queue, m.id) for m in got])
         self.stats.released += len(got)
 
-    def _counts(self) -> tuple[str, Counts]:
+    def report(self) -> ConsumerReport:
+        """What this consumer tells the servers now (its settler sends it every REPORT_EVERY_S).
+
+        Its task times are the live histogram, not a copy: read the report as it is made.
+        """
         s = self.stats
-        return self.name, {
-            "processed": s.processed,
-            "failed": s.failed,
-            "retried": s.retried,
-            "dead": s.dead,
-            "running": len(self._running),
-            "stolen": s.stolen,
-            "pid": os.getpid(),
-            COUNT_HOST: _HOST,
-            **self._task_seconds.as_counts(),
-            **s.row_counts(),
-            **serves(self.queues),
-        }
+        return ConsumerReport(
+            self.name,
+            _HOST,
+            pid=os.getpid(),
+            processed=s.processed,
+            failed=s.failed,
+            retried=s.retried,
+            dead=s.dead,
+            running=len(self._running),
+            stolen=s.stolen,
+            serves=tuple(q.name for q in self.queues),
+            rows={q: Rows(m, r) for q, (m, r) in s.rows.items()},
+            task_seconds=self._task_seconds,
+        )

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from conveyor.constants import COUNT_SERVES, DEFAULT_LEASE_S
+from conveyor.constants import DEFAULT_LEASE_S
 from conveyor.message import Message
 from conveyor.tasks.policy import heartbeat_s
 from conveyor.tasks.queue_config import QueueConfig
@@ -31,11 +31,6 @@ class ServedQueue:
     def of(cls, q: QueueConfig | str, batch_size: int | None) -> ServedQueue:
         c, lease = (QueueConfig(q), None) if isinstance(q, str) else (q, q.visibility_timeout_sec)
         return cls(c.name, c.priority, batch_size or c.batch_size, lease, c.long_poll_time_sec, c.num_iterations)
-
-
-def serves(queues: Iterable[ServedQueue]) -> dict[str, float | str]:
-    """The queues a consumer serves, as its report's counts carry them (see COUNT_SERVES)."""
-    return {COUNT_SERVES + q.name: 1 for q in queues}
 
 
 @dataclass(eq=False)

@@ -17,13 +17,13 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar, cast
 
 from conveyor.client.backend import QueueBackend
 from conveyor.constants import ERR_STORE, H_TASK, OUT_OF_REACH_SAY_S, SHARD_SHIFT
 from conveyor.errors import ConnectionLostError, ConveyorError, RequestError, TaskError
 from conveyor.message import Message
-from conveyor.protocol.requests import Counts
+from conveyor.protocol.report import ConsumerReport
 from conveyor.worker.connections import ONE_ATTEMPT, own_connections
 from conveyor.worker.executors import Completion
 
@@ -37,8 +37,58 @@ COALESCE_S = 0.05  # after the first settlement, how long to gather more before 
 # idle consumer, a flush and close hurry them: the end of the work is not delayed)
 BUSY_COALESCE_S = 0.25
 CLOSE_SAY_S = 2.0  # a close that waits longer for its last settlements says why
-_STOP = object()
-_SETTLES = ("ack", "nack")  # the kinds that finish or return a message (a consumer counts those not sent)
+
+
+@dataclass(frozen=True, slots=True)
+class Ack:
+    """Finish a message, with its task's result (None: it returned none)."""
+
+    kind: ClassVar[str] = "ack"
+    queue: str
+    msg_id: int
+    result: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class Nack:
+    """Fail a message: back to its queue after `delay_s`, or (`final`, or out of attempts) to its dead letters."""
+
+    kind: ClassVar[str] = "nack"
+    queue: str
+    msg_id: int
+    error: str
+    delay_s: float
+    final: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """Give a message back unstarted: no attempt counted."""
+
+    kind: ClassVar[str] = "release"
+    queue: str
+    msg_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Extend:
+    """Push a running message's lease to now + `lease_s` (its task's heartbeat)."""
+
+    kind: ClassVar[str] = "extend"
+    queue: str
+    msg_id: int
+    lease_s: float
+
+
+Settlement = Ack | Nack | Release | Extend
+_SETTLES = (Ack, Nack)  # the kinds that finish or return a message (a consumer counts those not sent)
+
+
+class _Stop:
+    """Put last on the settler's queue by `close`."""
+
+
+_STOP = _Stop()
 
 
 @dataclass
@@ -55,10 +105,10 @@ class Settler:
     """Queues settlements for a background thread; `flush()` waits until all were sent."""
 
     def __init__(
-        self, pool: QueueBackend, report: Callable[[], tuple[str, Counts]] | None = None, report_every_s: float = 2.0
+        self, pool: QueueBackend, report: Callable[[], ConsumerReport] | None = None, report_every_s: float = 2.0
     ) -> None:
         self._pool: QueueBackend = own_connections(pool, ONE_ATTEMPT)  # each try is one: the thread retries
-        self._items: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._items: queue.SimpleQueue[list[Settlement] | _Stop] = queue.SimpleQueue()
         self._report = report
         self._report_every_s = report_every_s
         self._pending = 0
@@ -71,34 +121,18 @@ class Settler:
         self.unsettled = 0  # set by close: acks and nacks not sent (their messages come back when their leases end)
         self._give_up_at = float("inf")  # set by close: stop retrying after this
         self._out: dict[int, _Outage] = {}  # by shard: servers whose settlements wait
-        self._later: list[tuple[Any, ...]] = []  # those settlements, in order
+        self._later: list[Settlement] = []  # those settlements, in order
         self._thread = threading.Thread(target=self._loop, name="conveyor-settler", daemon=True)
         self._thread.start()
 
     # --- what a consumer queues ---------------------------------------------------------
-    def put(self, items: list[tuple[Any, ...]]) -> None:
-        """Queue settlements, each one of `ack`, `nack`, `release` or `extend` below."""
+    def put(self, items: list[Settlement]) -> None:
+        """Queue settlements (`Ack`, `Nack`, `Release`, `Extend`), sent in this order per server and queue."""
         if items:
             with self._cond:
                 self._pending += len(items)
-                self._owed += sum(1 for item in items if item[0] in _SETTLES)
+                self._owed += sum(1 for item in items if isinstance(item, _SETTLES))
             self._items.put(items)
-
-    @staticmethod
-    def ack(queue_name: str, msg_id: int, result: bytes | None) -> tuple[Any, ...]:
-        return ("ack", queue_name, False, msg_id, result)
-
-    @staticmethod
-    def nack(queue_name: str, msg_id: int, error: str, delay_s: float, final: bool) -> tuple[Any, ...]:
-        return ("nack", queue_name, final, msg_id, (error, delay_s))
-
-    @staticmethod
-    def release(queue_name: str, msg_id: int) -> tuple[Any, ...]:
-        return ("release", queue_name, False, msg_id, None)
-
-    @staticmethod
-    def extend(queue_name: str, msg_id: int, lease_s: float) -> tuple[Any, ...]:
-        return ("extend", queue_name, lease_s, msg_id, None)
 
     def hurry(self) -> None:
         """Send what is queued without gathering more (nothing else is coming soon).
@@ -150,27 +184,27 @@ class Settler:
                 self._send_report()
                 next_report = now + self._report_every_s
             # wake for the next report, the next try of a server settlements wait for, or (stopping) the time to give up
-            waiting = {item[3] >> SHARD_SHIFT for item in self._later}
+            waiting = {item.msg_id >> SHARD_SHIFT for item in self._later}
             wake = [next_report] if self._report is not None else []
             wake += [o.retry_at for s, o in self._out.items() if s in waiting] + ([self._give_up_at] if stopping else [])
             lists = self._take(min(wake) - time.monotonic() if wake else None)
             stopping = stopping or any(items is _STOP for items in lists)
-            batch = self._due() + [item for items in lists if items is not _STOP for item in items]
+            batch = self._due() + [item for items in lists if not isinstance(items, _Stop) for item in items]
             settled = self._send(batch)
             with self._cond:
                 self._pending -= settled
                 self._cond.notify_all()
             if stopping and (not self._later or time.monotonic() >= self._give_up_at):
-                left: dict[tuple[str, str], list[int]] = {}
-                for kind, q, _, msg_id, _ in self._later:
-                    left.setdefault((kind, q), []).append(msg_id)
+                left: dict[tuple[type[Settlement], str], list[int]] = {}
+                for item in self._later:
+                    left.setdefault((type(item), item.queue), []).append(item.msg_id)
                 for (kind, q), ids in left.items():
                     self._lost(kind, ids, q, TimeoutError("its server did not answer before the consumer stopped"))
                 if self._report is not None:
                     self._send_report()
                 return
 
-    def _take(self, timeout: float | None) -> list[Any]:
+    def _take(self, timeout: float | None) -> list[list[Settlement] | _Stop]:
         """The lists of settlements queued by `timeout` (None: until there are some).
 
         Gathered a little longer for more to go in the same requests.
@@ -179,7 +213,7 @@ class Settler:
             first = self._items.get(timeout=None if timeout is None else max(timeout, 0.01))
         except queue.Empty:
             return []
-        if first is not _STOP:  # let settlements arriving together go in one request
+        if not isinstance(first, _Stop):  # let settlements arriving together go in one request
             self._hurry.wait(BUSY_COALESCE_S if self.busy else COALESCE_S)
         self._hurry.clear()
         lists = [first]
@@ -189,48 +223,43 @@ class Settler:
             except queue.Empty:
                 return lists
 
-    def _due(self) -> list[tuple[Any, ...]]:
+    def _due(self) -> list[Settlement]:
         """Take the waiting settlements whose server is to be tried again now."""
         now = time.monotonic()
         due = {s for s, o in self._out.items() if o.retry_at <= now}
         if not due:
             return []
-        out = [item for item in self._later if item[3] >> SHARD_SHIFT in due]
-        self._later = [item for item in self._later if item[3] >> SHARD_SHIFT not in due]
+        out = [item for item in self._later if item.msg_id >> SHARD_SHIFT in due]
+        self._later = [item for item in self._later if item.msg_id >> SHARD_SHIFT not in due]
         return out
 
-    def _send(self, batch: list[tuple[Any, ...]]) -> int:
+    def _send(self, batch: list[Settlement]) -> int:
         """Send `batch`, one request per server, queue and kind; return how many were settled.
 
         What a server out of reach (or with its disk full) was to get waits for its next try. Settled:
         sent, or given up.
         """
-        groups: dict[tuple[int, str, str, Any], list[tuple[int, Any]]] = {}
-        for kind, q, extra, msg_id, data in batch:  # the shard as split_id reads it, without a call per message
-            groups.setdefault((msg_id >> SHARD_SHIFT, kind, q, extra), []).append((msg_id, data))
+        # one request takes one `final` (nacks) or one lease (extensions): those differing go apart
+        groups: dict[tuple[int, type[Settlement], str, bool | float | None], list[Settlement]] = {}
+        for item in batch:  # the shard as split_id reads it, without a call per message
+            alike = item.final if type(item) is Nack else item.lease_s if type(item) is Extend else None
+            groups.setdefault((item.msg_id >> SHARD_SHIFT, type(item), item.queue, alike), []).append(item)
         settled = 0
-        for (shard, kind, q, extra), items in groups.items():
-            ids = [i for i, _ in items]
+        for (shard, kind, q, _), items in groups.items():
+            ids = [item.msg_id for item in items]
             if shard in self._out and self._out[shard].retry_at > time.monotonic():  # it failed just now: wait
-                self._later += [(kind, q, extra, i, d) for i, d in items]
+                self._later += items
                 continue
             try:
-                if kind == "ack":
-                    self._pool.ack(q, ids, [d for _, d in items])
-                elif kind == "nack":
-                    self._pool.nack(q, ids, [d[0] for _, d in items], [d[1] for _, d in items], final=extra)
-                elif kind == "release":
-                    self._pool.release(q, ids)
-                else:
-                    self._pool.extend_lease(q, ids, extra)
+                self._request(q, ids, items)
             except (ConnectionLostError, TimeoutError, RequestError) as e:
                 self.errors += 1
                 if isinstance(e, RequestError) and e.kind != ERR_STORE:
                     self._lost(kind, ids, q, e)  # refused (a queue gone): retrying cannot help
                     settled += len(ids)
                     continue
-                self._wait_for(shard, f"could not {kind} {len(ids)} message(s) on {q!r} ({e})")
-                self._later += [(kind, q, extra, i, d) for i, d in items]
+                self._wait_for(shard, f"could not {kind.kind} {len(ids)} message(s) on {q!r} ({e})")
+                self._later += items
                 continue
             except Exception as e:  # anything else (a bug, or a settlement no server takes): not retried
                 self.errors += 1
@@ -242,6 +271,19 @@ class Settler:
             self._done(kind, len(ids))
             settled += len(ids)
         return settled
+
+    def _request(self, q: str, ids: list[int], items: list[Settlement]) -> None:
+        """One request for `items`: of one kind, queue and server, and alike (`_send` grouped them so)."""
+        match items[0]:
+            case Ack():
+                self._pool.ack(q, ids, [a.result for a in cast(list[Ack], items)])
+            case Nack(final=final):
+                nacks = cast(list[Nack], items)
+                self._pool.nack(q, ids, [n.error for n in nacks], [n.delay_s for n in nacks], final=final)
+            case Release():
+                self._pool.release(q, ids)
+            case Extend(lease_s=lease_s):
+                self._pool.extend_lease(q, ids, lease_s)
 
     def _wait_for(self, shard: int, what: str) -> None:
         """Try server `shard` again later, each time after twice the wait (up to MAX_RETRY_S).
@@ -259,17 +301,17 @@ class Settler:
         else:
             log.debug("%s", said)
 
-    def _done(self, kind: str, n: int, given_up: bool = False) -> None:
-        if kind in _SETTLES:
+    def _done(self, kind: type[Settlement], n: int, given_up: bool = False) -> None:
+        if issubclass(kind, _SETTLES):
             with self._cond:
                 self._owed -= n
                 self._given_up += n if given_up else 0
 
-    def _lost(self, kind: str, ids: list[int], q: str, e: BaseException) -> None:
+    def _lost(self, kind: type[Settlement], ids: list[int], q: str, e: BaseException) -> None:
         self._done(kind, len(ids), given_up=True)
         log.error(
             "gave up trying to %s %d message(s) on %r (%s: %s): they come back when their leases end",
-            kind,
+            kind.kind,
             len(ids),
             q,
             type(e).__name__,
@@ -278,9 +320,9 @@ class Settler:
 
     def _send_report(self) -> None:
         assert self._report is not None
-        name, counts = self._report()
+        r = self._report()
         try:  # to every server; one out of reach costs a refused attempt to connect, not a wait
-            self._pool.report(name, counts)
+            self._pool.report(r.consumer, r.to_counts())
         except (ConveyorError, OSError) as e:  # OSError: TimeoutError, a server that does not reply
             log.debug("report failed: %s", e)
 

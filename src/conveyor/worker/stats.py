@@ -10,7 +10,7 @@ import threading
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from conveyor.constants import COUNT_ROW_MESSAGES, COUNT_ROWS, H_ROWS
+from conveyor.constants import H_ROWS
 from conveyor.message import Message
 
 
@@ -49,13 +49,6 @@ class ConsumerStats:
         if (n := m.headers.get(H_ROWS)) is not None and n.isdecimal():
             mine = self.rows.setdefault(m.queue, [0, 0])
             mine[0], mine[1] = mine[0] + 1, mine[1] + int(n)
-
-    def row_counts(self) -> dict[str, int]:
-        """The rows settled per map job queue, as a report carries them."""
-        out = {}
-        for q, (m, r) in self.rows.items():
-            out[COUNT_ROW_MESSAGES + q], out[COUNT_ROWS + q] = m, r
-        return out
 
     def summary(self) -> str:
         """One line, as `conveyor worker` prints it when it stops."""
