@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
                     record(f"{w} (e) efficiency", work / (WORKERS * t))
                     record(f"{w} (e) steady-state efficiency", work / (WORKERS * window))
                 progress(f"run {run}/{runs}: (e) on {n_noop:,} no-op rows")
-                t, window, k = through_conveyor(noop, noop_item, max_concurrency=64, batch_size=64)
+                t, window, k = through_conveyor(noop, noop_item, concurrency=64, batch_size=64)
                 record("noop (e) per-item overhead", WORKERS * window / k)
     progress("done")
 

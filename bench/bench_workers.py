@@ -50,13 +50,13 @@ PUBLISH_BATCH = 10_000
 # in parallel
 # no-op: a consumer fetches at most what its free slots can start, so many slots mean large fetches
 # (measured, medians of 3: 128 slots ~52k tasks/s, 256 ~58k, 512 ~64k, 1,000 ~65k)
-NOOP_CONFIG: dict[str, Any] = {"concurrency": "thread", "max_concurrency": 512, "batch_size": 1000}
+NOOP_CONFIG: dict[str, Any] = {"pool": "thread", "concurrency": 512, "batch_size": 1000}
 SKEWED_CONFIGS: dict[str, dict[str, Any]] = {
     "defaults": {},  # as a new user runs it: 2 consumers on 2 cores pin, 8 threads, read-ahead
-    "thread x8": {"concurrency": "thread", "max_concurrency": 8, "batch_size": 8},
-    "thread x32 pinned": {"concurrency": "thread", "max_concurrency": 32, "batch_size": 16, "pin_core": True},
-    "thread x64 pinned": {"concurrency": "thread", "max_concurrency": 64, "batch_size": 32, "pin_core": True},
-    "process x2": {"concurrency": "process", "max_concurrency": 2, "batch_size": 2},
+    "thread x8": {"pool": "thread", "concurrency": 8, "batch_size": 8},
+    "thread x32 pinned": {"pool": "thread", "concurrency": 32, "batch_size": 16, "pin_core": True},
+    "thread x64 pinned": {"pool": "thread", "concurrency": 64, "batch_size": 32, "pin_core": True},
+    "process x2": {"pool": "process", "concurrency": 2, "batch_size": 2},
 }
 
 

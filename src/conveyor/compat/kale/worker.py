@@ -121,8 +121,9 @@ class Worker:
         self._consumer = Consumer(
             publisher.get_pool(),
             self._queues,
-            max_concurrency=s.CONVEYOR_CONCURRENCY,
-            concurrency=s.CONVEYOR_MODE,
+            concurrency=s.CONVEYOR_CONCURRENCY,
+            pool=s.CONVEYOR_MODE,
+            shutdown_timeout=None,  # ndkale's worker lets running tasks finish, however long they take
             selector=selector,
             middleware=middleware,
             task_modules=TASK_MODULES,
