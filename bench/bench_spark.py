@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from benchlib import Row, busy_machine, make_console, micros, number, print_report, progress, quiet_target, ratio, seconds
+from compat import consumer_keywords
 
 WORKERS = 2
 ROW_DDL = "i long, seconds double"
@@ -96,7 +97,7 @@ def through_conveyor(df: Any, func: Callable[..., Any], **options: Any) -> tuple
     import conveyor.spark as cs
 
     t0 = time.perf_counter()
-    out = cs.map(df, func, schema=OUT_DDL, n_consumers=WORKERS, progress=False, **options)
+    out = cs.map(df, func, schema=OUT_DDL, n_consumers=WORKERS, progress=False, **consumer_keywords(options))
     rows = out.collect()
     makespan = time.perf_counter() - t0
     bad = [r for r in rows if r["_error"] is not None]

@@ -37,7 +37,7 @@ from typing import Any
 
 import bench_tasks
 from benchlib import Row, busy_machine, make_console, number, print_report, progress, quiet_target, rate, ratio
-from compat import QueuePool
+from compat import QueuePool, consumer_keywords
 from conveyor.worker import ConsumerPool
 from workloads import NOOP_PAYLOAD, busy, noop, skewed
 
@@ -71,7 +71,7 @@ def _started(pool: QueuePool, n: int) -> None:
 def conveyor_run(fsync: str, publish: Callable[[QueuePool], None], **consumer: Any) -> float:
     """Seconds from the first publish to the queue drained, on fresh servers and consumers."""
     with QueuePool.local(n_servers=2, fsync=fsync) as pool:
-        cp = ConsumerPool(pool, WORKERS, queues=["bench"], task_modules=["bench_tasks"], **consumer).start()
+        cp = ConsumerPool(pool, WORKERS, queues=["bench"], task_modules=["bench_tasks"], **consumer_keywords(consumer)).start()
         try:
             _started(pool, WORKERS)
             t0 = time.perf_counter()

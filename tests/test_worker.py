@@ -45,7 +45,7 @@ def pool() -> Iterator[QueuePool]:
         yield p
 
 
-def consume(pool: QueuePool, **kw: object) -> Consumer:
+def consume(pool: QueuePool, /, **kw: object) -> Consumer:
     """Run a consumer on 'jobs' in this thread until the queue is drained."""
     options: dict[str, object] = {"concurrency": 4, "until_empty": True, "task_modules": MODULES}
     options.update(kw)

@@ -5,7 +5,7 @@ at once (no prefetched message waits behind a long task), picks queues with a se
 algorithms), serves its assigned shards first and steals from the others when they are empty,
 acks results in batches, extends the leases of long tasks, stops tasks over their time limit and
 hands failures to the middleware (retries with backoff, dead letters). On `stop()` it fetches no
-more, lets running tasks finish (for up to `shutdown_s`; then hands them back, the attempt not
+more, lets running tasks finish (for up to `shutdown_timeout`; then hands them back, the attempt not
 counted), gives back anything fetched but not started, and returns. A server out of reach is
 retried now and then while the others are served (see `outages`).
 """
@@ -119,7 +119,7 @@ class Consumer:
         self.expect_more = expect_more
         self.on_started = on_started
         self.pin_core = auto_pin(opts.pin_core, opts.pool, 1)
-        self.unreachable_s, self.shutdown_s = unreachable_s, opts.shutdown_timeout
+        self.unreachable_s, self.shutdown_timeout = unreachable_s, opts.shutdown_timeout
         self._next_stop_check = self._next_sweep = 0.0  # sweep: tasks over their time limit or due a lease extension
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{consumer}"
         self.stats = ConsumerStats()
@@ -219,9 +219,14 @@ class Consumer:
                 if self._stop.is_set():
                     if not gave_back:
                         self._give_back(slots)
-                        gave_back, stop_by = True, now + (float("inf") if self.shutdown_s is None else self.shutdown_s)
+                        gave_back, stop_by = (
+                            True,
+                            now + (float("inf") if self.shutdown_timeout is None else self.shutdown_timeout),
+                        )
                     if self._running and now >= stop_by and not self._hard_stop:
-                        log.warning(f"consumer {self.name}: {self.shutdown_s:g} s after the stop, running tasks are handed back")
+                        log.warning(
+                            f"consumer {self.name}: {self.shutdown_timeout:g} s after the stop, running tasks are handed back"
+                        )
                         self._hard_stop = True
                     if self._hard_stop or not self._running:
                         return
@@ -404,7 +409,7 @@ class Consumer:
     def _hand_back(self) -> None:
         """Give back the messages still running as the consumer ends.
 
-        The consumer ends on a hard stop, `shutdown_s` past, or an error. The messages are READY again
+        The consumer ends on a hard stop, `shutdown_timeout` past, or an error. The messages are READY again
         for another worker, the attempt not counted, since the worker stopped and the task did not fail
         (counted, a task on its last attempt would go to the dead letters). Acked on delivery, they
         cannot go back: lost with the stop (at most once), they count as failed.
