@@ -152,7 +152,7 @@ def test_dict_results_must_have_the_schema_keys(spark: SparkSession, pool: Queue
 )
 def test_bad_arguments_are_refused_before_any_work(spark: SparkSession, pool: QueuePool, kw: dict[str, Any], error: str) -> None:
     before = set(pool.stats())
-    args: dict[str, Any] = {"func": lambda r: r["id"], "schema": "id long", "pool": pool, **kw}
+    args: dict[str, Any] = {"func": lambda r: r["id"], "schema": "id long", "queue_pool": pool, **kw}
     with pytest.raises((TypeError, ValueError), match=error):
         cs.map(spark.range(3), args.pop("func"), **args)
     assert set(pool.stats()) == before  # no queue declared

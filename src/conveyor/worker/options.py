@@ -68,7 +68,8 @@ class ConsumerOptions:
             if v is not None and (type(v) is not int or v < 1):
                 raise ValueError(f"{name} must be an integer >= 1 (or None for the default), got {v!r}")
         if self.pool not in POOLS:
-            raise ValueError(f"pool must be 'thread' or 'process', got {self.pool!r}")
+            servers = "" if isinstance(self.pool, str) else " (the queue servers of map and SparkConsumerPool are queue_pool=)"
+            raise ValueError(f"pool must be 'thread' or 'process', where tasks run, got {self.pool!r}{servers}")
         if not isinstance(self.selector, QueueSelector):
             selector_class(self.selector)  # a ConfigError names an unknown selector, or one that does not import
         if isinstance(self.task_modules, str) or not all(type(m) is str for m in self.task_modules):
