@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -14,11 +15,12 @@ import pytest
 import conveyor
 import conveyor.spark
 from conveyor.cli.worker_command import worker
+from conveyor.constants import DEFAULT_SHUTDOWN_TIMEOUT_S
 from conveyor.errors import ConfigError
 from conveyor.spark.consumers import SparkConsumerPool
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import ConsumerPool
-from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_of
+from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_of, process_shutdown_timeout
 from conveyor.worker.runtime import run_worker
 
 FIELDS = {f.name: f for f in dataclasses.fields(ConsumerOptions)}
@@ -66,6 +68,8 @@ def test_the_worker_command_has_an_option_for_each_with_the_same_default() -> No
         default = params[name].get_default(click.Context(worker))
         if name == "selector":  # None: the settings module's QUEUE_SELECTOR, itself ReducedLottery by default
             assert default is None
+        elif name == "shutdown_timeout":  # None: 30 s where the process ends with its consumers, as a worker's does
+            assert default == DEFAULT_SHUTDOWN_TIMEOUT_S
         else:
             assert default == FIELDS[name].default, name
     assert params["concurrency"].opts == ["--concurrency"] and params["pool"].opts == ["--pool"]
@@ -118,3 +122,10 @@ def test_keywords_beside_options_take_their_place() -> None:
     assert options_of("x", base, {"concurrency": 8}) == ConsumerOptions(concurrency=8, batch_size=2)
     with pytest.raises(ValueError, match="concurrency must be"):
         options_of("x", base, {"concurrency": 0})
+
+
+def test_the_shutdown_timeout_is_30_s_only_where_the_process_ends_with_its_consumers() -> None:
+    """Left out, a Consumer (or Spark's) waits for its running tasks: a task thread handed back would run twice."""
+    assert ConsumerOptions().shutdown_timeout is None
+    assert process_shutdown_timeout(None) == DEFAULT_SHUTDOWN_TIMEOUT_S
+    assert process_shutdown_timeout(math.inf) == math.inf and process_shutdown_timeout(0) == 0

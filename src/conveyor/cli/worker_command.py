@@ -14,6 +14,7 @@ import click
 from rich.console import Console
 
 from conveyor.cli.connecting import Connection, connect_options, open_pool
+from conveyor.constants import DEFAULT_SHUTDOWN_TIMEOUT_S
 from conveyor.errors import ConnectionLostError, ConveyorError
 from conveyor.tasks.queue_config import QueueConfig, load_queues
 from conveyor.worker.affinity import default_slots
@@ -80,11 +81,11 @@ DEFAULTS = ConsumerOptions()  # the options' defaults are ConsumerOptions': the 
 )
 @click.option(
     "--shutdown-timeout",
-    default=DEFAULTS.shutdown_timeout,
+    default=DEFAULT_SHUTDOWN_TIMEOUT_S,  # a worker's process ends with its consumers (see ConsumerOptions)
     show_default=True,
     type=click.FloatRange(0),
     help="On SIGTERM or Ctrl-C, how many seconds running tasks may take to finish; those still running then "
-    "are handed back to their queues for another worker.",
+    "are handed back to their queues for another worker (inf: no limit).",
 )
 @click.option(
     "--pin-core/--no-pin-core",

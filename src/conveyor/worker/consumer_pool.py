@@ -43,7 +43,7 @@ from conveyor.worker.consumer import Consumer
 from conveyor.worker.held import say_held
 from conveyor.worker.hooks import ConsumerHooks, HookFailure, farewell
 from conveyor.worker.lifelines import stop_with_parent
-from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_of
+from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_of, process_shutdown_timeout
 from conveyor.worker.settings import load_settings
 from conveyor.worker.spawning import START_FAILURES_MAX, never_started, process_context, warm_up
 from conveyor.worker.stats import TALLIED, ConsumerStats, keep_tally, tallied, write_tally
@@ -205,7 +205,12 @@ class ConsumerPool:
         given = options_of("ConsumerPool", options, keywords)
         slots, read_ahead = resolve_slots(given.concurrency, given.pool, self.n_consumers)
         # what each consumer runs with: sized for the consumers on this machine
-        self.options = replace(given, concurrency=slots, pin_core=auto_pin(given.pin_core, given.pool, self.n_consumers))
+        self.options = replace(
+            given,
+            concurrency=slots,
+            pin_core=auto_pin(given.pin_core, given.pool, self.n_consumers),
+            shutdown_timeout=process_shutdown_timeout(given.shutdown_timeout),
+        )
         self._wiring = _Wiring(read_ahead, logging.getLogger().level or logging.WARNING)
         self.restart = restart
         self.restarts = 0
@@ -433,8 +438,7 @@ class ConsumerPool:
                 self.pool.wake(self.queue_names)  # after the signals: a woken consumer has its stop already
             except Exception as e:  # only speeds the stop up: the consumers' polls end on their own
                 log.warning("could not wake the consumers' long polls: %s", e)
-        shutdown = self.options.shutdown_timeout
-        grace = (float("inf") if shutdown is None else shutdown + STOP_MARGIN_S) if graceful else STOP_MARGIN_S
+        grace = STOP_MARGIN_S + (process_shutdown_timeout(self.options.shutdown_timeout) if graceful else 0)
         deadline = time.monotonic() + grace
         try:
             for i, p in ((i, p) for i, p in enumerate(self._procs) if p is not None):

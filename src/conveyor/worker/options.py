@@ -58,8 +58,11 @@ class ConsumerOptions:
     pin_core: bool | None = None
     # ack each message as it is delivered, before it runs: at most once (a crash loses it), no read-ahead, no lease extended
     early_ack: bool = False
-    # after a graceful stop, tasks still running this long (seconds) are handed back, the attempt not counted; None: no limit
-    shutdown_timeout: float | None = DEFAULT_SHUTDOWN_TIMEOUT_S
+    # after a graceful stop, tasks still running this long (seconds) are handed back, the attempt not counted; None: 30 s
+    # (DEFAULT_SHUTDOWN_TIMEOUT_S) where the consumer's process ends with it (ConsumerPool, run_worker, conveyor worker),
+    # no limit in-process (Consumer, Spark), where a task thread cannot be stopped and, handed back, would run twice;
+    # math.inf: no limit anywhere
+    shutdown_timeout: float | None = None
 
     def __post_init__(self) -> None:
         """Refuse a bad value with the option's name and what it may be; lists become tuples."""
@@ -86,7 +89,16 @@ class ConsumerOptions:
         check_pin(self.pin_core, self.pool)
         t = self.shutdown_timeout
         if t is not None and (type(t) not in (int, float) or not t >= 0):
-            raise ValueError(f"shutdown_timeout must be a number of seconds >= 0 (or None: no limit), got {t!r}")
+            raise ValueError(f"shutdown_timeout must be a number of seconds >= 0 (math.inf: no limit; or None), got {t!r}")
+
+
+def process_shutdown_timeout(timeout: float | None) -> float:
+    """The shutdown timeout of consumers whose process ends with them (ConsumerPool, run_worker): None is 30 s.
+
+    There a task thread still running when the time is up ends with the process, so handing its task
+    back cannot run it twice.
+    """
+    return DEFAULT_SHUTDOWN_TIMEOUT_S if timeout is None else timeout
 
 
 class ConsumerKeywords(TypedDict, total=False):

@@ -9,6 +9,8 @@ reach is retried, the others served meanwhile, for as long as it takes unless to
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import signal
 import time
 from collections.abc import Callable, Sequence
@@ -22,7 +24,7 @@ from conveyor.worker.connections import ONE_ATTEMPT, own_connections
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import ConsumerPool, own_process
 from conveyor.worker.forkserver_signals import default_sigterm_in_forks
-from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_of
+from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_of, process_shutdown_timeout
 from conveyor.worker.settings import Settings
 from conveyor.worker.stats import ConsumerStats
 
@@ -71,13 +73,15 @@ def run_worker(
     `unreachable_s`: see `gives_up_after`. `say` reports stopping and the like (the CLI prints to
     stderr).
     """
-    opts = options_of("run_worker", options, keywords)
+    given = options_of("run_worker", options, keywords)
+    shutdown_timeout = process_shutdown_timeout(given.shutdown_timeout)
+    opts = dataclasses.replace(given, shutdown_timeout=shutdown_timeout)
     import_task_modules(opts.task_modules)
     limit = gives_up_after(unreachable_s, until_empty)
     if processes == 1:
         return _run_here(pool, queues, settings, opts, until_empty, limit, say)
     cp = ConsumerPool(pool, processes, queues=list(queues), options=opts)
-    signals = StopOnSignals(opts.shutdown_timeout, say)
+    signals = StopOnSignals(shutdown_timeout, say)
     names = [q if isinstance(q, str) else q.name for q in queues]
     try:
         cp.start()
@@ -130,7 +134,7 @@ class StopOnSignals:
     `ConsumerPool.cancel` sends it on. Once the stop is `under_way`, a signal is said, not raised.
     """
 
-    def __init__(self, shutdown_timeout: float | None, say: Callable[[str], object]) -> None:
+    def __init__(self, shutdown_timeout: float, say: Callable[[str], object]) -> None:
         self.shutdown_timeout, self.say, self.under_way = shutdown_timeout, say, False
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, self.on_signal)
@@ -140,7 +144,7 @@ class StopOnSignals:
             self.say("already stopping: running tasks finish first")
             return
         self.under_way = True
-        within = "" if self.shutdown_timeout is None else f" (for up to {self.shutdown_timeout:g} s)"
+        within = "" if math.isinf(self.shutdown_timeout) else f" (for up to {self.shutdown_timeout:g} s)"
         self.say(f"stopping: finishing running tasks{within}")
         raise Stopping
 

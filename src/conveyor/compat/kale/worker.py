@@ -123,7 +123,6 @@ class Worker:
             self._queues,
             concurrency=s.CONVEYOR_CONCURRENCY,
             pool=s.CONVEYOR_MODE,
-            shutdown_timeout=None,  # ndkale's worker lets running tasks finish, however long they take
             selector=selector,
             middleware=middleware,
             task_modules=TASK_MODULES,
