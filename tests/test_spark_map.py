@@ -18,6 +18,7 @@ import conveyor.spark as cs
 from conveyor.client.pool import QueuePool
 from conveyor.constants import SHARD_SHIFT
 from conveyor.message import Status
+from conveyor.worker.middleware import Retries
 
 from . import worker_tasks as wt
 from .servers import wait_for
@@ -146,6 +147,7 @@ def test_dict_results_must_have_the_schema_keys(spark: SparkSession, pool: Queue
         ({"concurrency": 0}, r"concurrency must be an integer >= 1"),
         ({"max_concurrency": 0}, r"map\(\) got an unexpected keyword argument 'max_concurrency'"),
         ({"early_ack": True}, r"map: early_ack is not for map"),
+        ({"middleware": [Retries()]}, r"map: middleware is not for map: .* max_retries= and time_limit="),
         ({"time_limit": 0}, r"time_limit must be a number of seconds > 0"),
         ({"pool": "fibers"}, r"pool must be 'thread' or 'process'"),
     ],

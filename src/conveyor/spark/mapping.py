@@ -155,7 +155,8 @@ def map(
     n_consumers: the consumers, Spark tasks (default: one per task slot; see `SparkConsumerPool`).
     options (`options=`, or keywords of their names: `concurrency`, `pool`, `batch_size`, ...):
         how each consumer runs the rows, `ConsumerOptions` (all but `early_ack`: every row's result
-        is read back).
+        is read back; and `middleware`: a row's retries and time limit are `max_retries` and
+        `time_limit`).
     max_retries: a row that raises is run again, up to this many times, then reported.
     time_limit: seconds a row may take; a row over it fails (and is retried). The limit holds a
         message, so with it rows travel one to a message unless `rows_per_message` is given: then
@@ -197,6 +198,10 @@ def map(
     consumer_options = options_of("map", options, keywords)
     if consumer_options.early_ack:
         raise ValueError("map: early_ack is not for map: a row acked on delivery leaves no result or error to read back")
+    if consumer_options.middleware is not None:  # it would take the place of the Retries and TimeLimits that serve them
+        raise ValueError(
+            "map: middleware is not for map: its rows' retries and time limit are map's own max_retries= and time_limit="
+        )
     check_count("n_consumers", n_consumers)
     pool = queue_pool
     spark: SparkSession = df.sparkSession
