@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import math
+import sys
 import typing
 from collections.abc import Callable
 from typing import Any
@@ -51,6 +52,7 @@ def test_every_entry_point_takes_the_options_and_declares_none_of_its_own(name: 
     assert not named & FIELDS.keys(), f"{name} declares {sorted(named & FIELDS.keys())} itself: they are ConsumerOptions'"
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="typing.get_overloads is 3.11+")
 def test_the_overloads_of_map_take_them_too() -> None:
     for overload in typing.get_overloads(conveyor.spark.map):
         params = inspect.signature(overload).parameters

@@ -51,10 +51,9 @@ from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_o
 from conveyor.worker.stats import ConsumerStats
 
 if TYPE_CHECKING:
-    from typing import Unpack
-
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
+    from typing_extensions import Unpack  # typing.Unpack is 3.11+; only the type checker reads it
 
 log = logging.getLogger("conveyor.spark")
 

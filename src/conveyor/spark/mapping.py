@@ -60,11 +60,10 @@ from conveyor.tasks.publish import get_default_pool
 from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_of
 
 if TYPE_CHECKING:
-    from typing import Unpack
-
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
+    from typing_extensions import Unpack  # typing.Unpack is 3.11+; only the type checker reads it
 
 
 log = logging.getLogger("conveyor.spark")

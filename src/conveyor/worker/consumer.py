@@ -44,7 +44,7 @@ from conveyor.worker.settler import Ack, Extend, Nack, Release, Settlement, Sett
 from conveyor.worker.stats import ConsumerStats
 
 if TYPE_CHECKING:
-    from typing import Unpack
+    from typing_extensions import Unpack  # typing.Unpack is 3.11+; only the type checker reads it
 
 log = logging.getLogger("conveyor.worker")
 

@@ -49,7 +49,7 @@ from conveyor.worker.spawning import START_FAILURES_MAX, never_started, process_
 from conveyor.worker.stats import TALLIED, ConsumerStats, keep_tally, tallied, write_tally
 
 if TYPE_CHECKING:
-    from typing import Unpack
+    from typing_extensions import Unpack  # typing.Unpack is 3.11+; only the type checker reads it
 
 log = logging.getLogger("conveyor.worker")
 

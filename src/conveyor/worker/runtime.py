@@ -29,7 +29,7 @@ from conveyor.worker.settings import Settings
 from conveyor.worker.stats import ConsumerStats
 
 if TYPE_CHECKING:
-    from typing import Unpack
+    from typing_extensions import Unpack  # typing.Unpack is 3.11+; only the type checker reads it
 
 SIGNAL_CHECK_S = 1.0  # how often a multi-process worker looks after its consumers (and the servers) while it waits
 
