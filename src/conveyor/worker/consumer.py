@@ -59,11 +59,11 @@ _HOST = socket.gethostname()  # in every report: `conveyor stats` shows where a 
 
 
 class Consumer:
-    """Runs tasks from `queues` of `pool` until stopped (or, with `until_empty`, until they are drained)."""
+    """Runs tasks from `queues` of `queue_pool` until stopped (or, with `until_empty`, until they are drained)."""
 
     def __init__(
         self,
-        pool: QueueBackend,
+        queue_pool: QueueBackend,
         /,
         queues: Sequence[QueueConfig | str] = ("default",),
         *,
@@ -103,10 +103,10 @@ class Consumer:
         self.slots, reads_ahead = resolve_slots(opts.concurrency, opts.pool, 1)
         self.reads_ahead = (reads_ahead if read_ahead is None else read_ahead) and not opts.early_ack
         self.early_ack, self.holding = opts.early_ack, holding  # with early_ack, every message held is acked already
-        self.pool = pool
+        self.pool = queue_pool
         self.queues = [ServedQueue.of(q, opts.batch_size) for q in queues]
-        mine = pool.assign(consumer, n_consumers)
-        self.shards = mine + [s for s in range(len(pool)) if s not in mine]  # assigned first, then steal
+        mine = queue_pool.assign(consumer, n_consumers)
+        self.shards = mine + [s for s in range(len(queue_pool)) if s not in mine]  # assigned first, then steal
         self.n_assigned = len(mine)
         self.n_consumers = n_consumers
         rng = random.Random(seed)

@@ -179,7 +179,7 @@ class ConsumerPool:
 
     def __init__(
         self,
-        pool: QueuePool,
+        queue_pool: QueuePool,
         /,
         n_consumers: int | None = None,
         *,
@@ -196,7 +196,7 @@ class ConsumerPool:
         `restart`: consumers that die are started again. `hooks`: see `ConsumerHooks`. A consumer
         keeps trying a server out of reach: `join` is what gives up on it.
         """
-        self.pool = pool
+        self.pool = queue_pool
         self.n_consumers = n_consumers or os.cpu_count() or 1
         if type(self.n_consumers) is not int or self.n_consumers < 1:
             raise ValueError(f"n_consumers must be an integer >= 1, got {n_consumers!r}")

@@ -53,7 +53,7 @@ def import_task_modules(modules: Sequence[str]) -> None:
 
 
 def run_worker(
-    pool: QueuePool,
+    queue_pool: QueuePool,
     /,
     queues: Sequence[QueueConfig | str],
     settings: Settings,
@@ -79,8 +79,8 @@ def run_worker(
     import_task_modules(opts.task_modules)
     limit = gives_up_after(unreachable_s, until_empty)
     if processes == 1:
-        return _run_here(pool, queues, settings, opts, until_empty, limit, say)
-    cp = ConsumerPool(pool, processes, queues=list(queues), options=opts)
+        return _run_here(queue_pool, queues, settings, opts, until_empty, limit, say)
+    cp = ConsumerPool(queue_pool, processes, queues=list(queues), options=opts)
     signals = StopOnSignals(shutdown_timeout, say)
     names = [q if isinstance(q, str) else q.name for q in queues]
     try:
@@ -88,7 +88,7 @@ def run_worker(
         if until_empty:
             cp.join(unreachable_s=limit or DEFAULT_UNREACHABLE_S)  # with until_empty, there is a limit
         else:
-            _look_after(cp, pool, names, limit)
+            _look_after(cp, queue_pool, names, limit)
     except Stopping:
         pass
     finally:
@@ -98,7 +98,7 @@ def run_worker(
 
 
 def _run_here(
-    pool: QueuePool,
+    queue_pool: QueuePool,
     queues: Sequence[QueueConfig | str],
     settings: Settings,
     options: ConsumerOptions,
@@ -107,7 +107,7 @@ def _run_here(
     say: Callable[[str], object],
 ) -> ConsumerStats:
     own_process()
-    consumer = Consumer(pool, list(queues), options=options, until_empty=until_empty, unreachable_s=unreachable_s)
+    consumer = Consumer(queue_pool, list(queues), options=options, until_empty=until_empty, unreachable_s=unreachable_s)
     stops = [0]
 
     def on_signal(*_: object) -> None:
