@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from conveyor.client.in_process import InProcessQueues
 from conveyor.client.queue_client import QueueClient
 from conveyor.constants import QUEUE_CONFIG_NAME, QUEUES_DIR, SEGMENT_GLOB
 from conveyor.errors import RequestError
@@ -86,6 +87,26 @@ def test_durable_true_or_false_say_the_kind(tmp_path: Path) -> None:
         assert c.declare("q").kind == "transient"
         with pytest.raises(RequestError, match="a durable queue is kept on disk, and this server has no --data-dir"):
             c.declare("d", kind="durable")
+
+
+def test_a_declare_without_a_kind_asks_for_the_servers_default(tmp_path: Path) -> None:
+    """A queue of another kind than the server's default conflicts with a declare that names none."""
+    with thread_server(data_dir=tmp_path / "data") as s, QueueClient(s.address) as c:
+        c.declare("t", kind="transient")
+        with pytest.raises(RequestError, match=r"exists with kind='transient' \(asked 'durable'\)") as e:
+            c.declare("t")
+        assert e.value.kind == "queue-conflict"
+        assert c.declare("d").kind == c.declare("d", kind="durable").kind == "durable"
+
+
+def test_in_process_queues_refuse_other_kinds_and_make_nothing() -> None:
+    with InProcessQueues() as b:
+        for asked in ({"kind": "durable"}, {"durable": True}, {"kind": "bogus"}):
+            with pytest.raises(RequestError, match="in-process queues are transient") as e:
+                b.declare("q", **asked)
+            assert e.value.kind == "bad-argument"
+        assert b.stats() == {}
+        assert b.declare("q", kind="transient").kind == "transient"
 
 
 def test_a_queue_json_written_before_kinds_opens_as_durable(tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ from typing import Protocol, runtime_checkable
 
 from conveyor.message import DeadLetter, Message
 from conveyor.protocol.framing import Limits
-from conveyor.protocol.requests import Counts, QueueStats
+from conveyor.protocol.report import Counts
+from conveyor.protocol.requests import QueueStats
 
 
 class ShardLimits(Protocol):

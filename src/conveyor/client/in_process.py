@@ -25,6 +25,7 @@ from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import (
     DEFAULT_LEASE_S,
     DEFAULT_MAX_ATTEMPTS,
+    ERR_BAD_ARGUMENT,
     ERR_NO_QUEUE,
     ERR_QUEUE_CONFLICT,
     H_IDEMPOTENCY_KEY,
@@ -34,7 +35,8 @@ from conveyor.constants import (
 from conveyor.errors import ConveyorError, RequestError
 from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol.framing import Limits
-from conveyor.protocol.requests import Counts, Fetched, QueueInfo, QueueStats, store_kind
+from conveyor.protocol.report import SEEN, Counts
+from conveyor.protocol.requests import Fetched, QueueInfo, QueueStats, store_kind
 from conveyor.storage import MemoryStore
 from conveyor.tasks.publish import TaskHandle, outcome
 from conveyor.tasks.queue_config import QueueConfig
@@ -131,16 +133,14 @@ class InProcessQueues:
     ) -> QueueInfo:
         """Make a transient queue with these settings (one that exists must have them, as on a server)."""
         kind = store_kind(kind, durable)
+        if kind not in (None, STORE_TRANSIENT):  # as a server without --data-dir refuses it: nothing made
+            raise RequestError(ERR_BAD_ARGUMENT, f"queue {queue!r}: in-process queues are {STORE_TRANSIENT}, not {kind!r}")
         with self._cond:
             if queue not in self._queues:
                 self._queues[queue] = self._new(queue, lease_s, max_attempts)
             have = self._queues[queue].info
-            if (
-                kind not in (None, STORE_TRANSIENT)
-                or lease_s not in (None, have.lease_s)
-                or max_attempts not in (None, have.max_attempts)
-            ):
-                raise RequestError(ERR_QUEUE_CONFLICT, f"queue {queue!r}: in-process queues are transient; it has {have}")
+            if lease_s not in (None, have.lease_s) or max_attempts not in (None, have.max_attempts):
+                raise RequestError(ERR_QUEUE_CONFLICT, f"queue {queue!r} exists with {have}")
             return have
 
     def put(self, queue: str, messages: Sequence[Message]) -> list[int]:
@@ -244,7 +244,7 @@ class InProcessQueues:
         """Consumers heard from within WORKER_GONE_S, with their latest counts and `seen` seconds ago."""
         now = time.monotonic()  # not the wall clock: a step of it would keep a dead consumer listed, or drop a live one
         with self._cond:
-            return {w: {**c, "seen": now - t} for w, (t, c) in self._workers.items() if now - t <= WORKER_GONE_S}
+            return {w: {**c, SEEN: now - t} for w, (t, c) in self._workers.items() if now - t <= WORKER_GONE_S}
 
     def _stats(self, names: Iterable[str]) -> dict[str, QueueStats]:
         out = {}

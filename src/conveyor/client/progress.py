@@ -11,8 +11,9 @@ from types import TracebackType
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeRemainingColumn
 
-from conveyor.constants import COUNT_SERVES, STALL_FIRST_S, STALL_LOOK_S, STALL_WARN_S
-from conveyor.protocol.requests import Counts, QueueStats, queues_served
+from conveyor.constants import STALL_FIRST_S, STALL_LOOK_S, STALL_WARN_S
+from conveyor.protocol.report import Counts, queues_served, serves
+from conveyor.protocol.requests import QueueStats
 
 log = logging.getLogger("conveyor.client")
 
@@ -121,4 +122,4 @@ def served(workers: dict[str, Counts], queue: str) -> bool:
 
     One whose report names no queue (a consumer of a version that did not say) may serve any.
     """
-    return any(COUNT_SERVES + queue in c or not queues_served(c) for c in workers.values())
+    return any(serves(c, queue) or not queues_served(c) for c in workers.values())

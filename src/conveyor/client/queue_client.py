@@ -12,7 +12,8 @@ from conveyor.client.transport import Transport
 from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Header
-from conveyor.protocol.requests import Counts, QueueInfo, QueueStats
+from conveyor.protocol.report import Counts
+from conveyor.protocol.requests import QueueInfo, QueueStats
 
 
 class QueueClient(Transport):

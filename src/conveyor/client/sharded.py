@@ -28,7 +28,8 @@ from conveyor.errors import ConnectionLostError, ConveyorError, RequestError
 from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Limits
-from conveyor.protocol.requests import Call, Counts, QueueInfo, QueueStats
+from conveyor.protocol.report import SEEN, Counts
+from conveyor.protocol.requests import Call, QueueInfo, QueueStats
 from conveyor.server.processes import stop_server
 
 if TYPE_CHECKING:
@@ -289,7 +290,7 @@ class ShardedQueues:
         out: dict[str, Counts] = {}
         for per in self._everywhere(calls.workers()):
             for w, counts in per.items():
-                if w not in out or float(counts["seen"]) < float(out[w]["seen"]):
+                if w not in out or float(counts[SEEN]) < float(out[w][SEEN]):
                     out[w] = counts
         return out
 

@@ -21,8 +21,8 @@ from conveyor.constants import H_TASK, SHARD_SHIFT
 from conveyor.errors import ConveyorError
 from conveyor.message import DeadLetter, printable
 from conveyor.protocol import requests as calls
-from conveyor.protocol.report import SEEN, ConsumerReport, Rows
-from conveyor.protocol.requests import Counts, QueueStats, ServerStats
+from conveyor.protocol.report import SEEN, ConsumerReport, Counts, Rows
+from conveyor.protocol.requests import QueueStats, ServerStats
 
 POLL_S = 1.0  # how often each server is asked
 ACTION_TIMEOUT_S = 10.0  # a page of dead letters, a requeue: answered within this, or an error shown

@@ -62,12 +62,13 @@ class ConsumerReport:
     """
 
     consumer: str
-    host: str = ""  # where the consumer runs (a string of at most MAXHOST_CHARS on the wire)
+    host: str = ""  # where the consumer runs (a string of at most MAX_HOST_CHARS on the wire)
     pid: int = _figure("The consumer's process id.", Shown.WHO)
     processed: int = _figure("Tasks that succeeded (acked).", Shown.TOTAL)
     failed: int = _figure("Tasks that failed (nacked).", Shown.TOTAL)
     retried: int = _figure("Failed tasks put back in their queue to run again.", Shown.TOTAL)
     dead: int = _figure("Failed tasks that became dead letters.", Shown.TOTAL)
+    timed_out: int = _figure("Tasks stopped at their time limit.", Shown.TOTAL)
     running: int = _figure("Tasks the consumer is running or holds.", Shown.NOW)
     stolen: int = _figure("Messages taken from shards not assigned to the consumer.", Shown.TOTAL)
     serves: tuple[str, ...] = ()  # the queues it serves: a wait on a queue none serves says so
@@ -117,6 +118,11 @@ FIGURES: dict[str, Figure] = {f.name: f.metadata[Figure] for f in fields(Consume
 # the wire keys of the host (the one string a report carries) and of `seen` (set by the server)
 HOST, SEEN = "host", "seen"
 assert {HOST, SEEN} <= {f.name for f in fields(ConsumerReport)}
+
+
+def serves(counts: Mapping[str, float | str], queue: str) -> bool:
+    """Whether a report on the wire says its consumer serves `queue`."""
+    return COUNT_SERVES + queue in counts
 
 
 def queues_served(counts: Mapping[str, float | str]) -> list[str]:

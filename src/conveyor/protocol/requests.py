@@ -45,8 +45,7 @@ from conveyor.protocol.declarations import (
     WAKE,
 )
 from conveyor.protocol.framing import Frames, Header, Limits, column, expand
-from conveyor.protocol.report import Counts as Counts
-from conveyor.protocol.report import queues_served as queues_served
+from conveyor.protocol.report import Counts
 
 T = TypeVar("T")
 _packb = msgpack.Packer(use_bin_type=True).pack

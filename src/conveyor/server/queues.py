@@ -44,7 +44,8 @@ from conveyor.constants import (
     WORKER_GONE_S,
 )
 from conveyor.errors import ConveyorError, RequestError, StoreError
-from conveyor.protocol.requests import Counts, QueueInfo, QueueStats
+from conveyor.protocol.report import SEEN, Counts
+from conveyor.protocol.requests import QueueInfo, QueueStats, store_kind
 from conveyor.server.blobs import Blobs
 from conveyor.server.idempotency import Dedupe
 from conveyor.server.signals import GroupCommit, Signal
@@ -285,26 +286,26 @@ class QueueHost:
         _check_name(name)
         d = self.defaults
         assert d.kind is not None  # set by __init__
-        store_kind = kind_named(d.kind if kind is None else kind, name)
-        on_disk = store_kind.on_disk
+        chosen = kind_named(d.kind if kind is None else kind, name)
+        on_disk = chosen.on_disk
         if on_disk and self.data_dir is None:
             raise RequestError(
                 ERR_BAD_ARGUMENT,
-                f"queue {name!r}: a {store_kind.name} queue is kept on disk, and this server has no --data-dir: "
+                f"queue {name!r}: a {chosen.name} queue is kept on disk, and this server has no --data-dir: "
                 f"{', '.join(k.name for k in known().values() if not k.on_disk)} queues only",
             )
         if fsync is not None and fsync not in _FSYNC:
             raise RequestError(ERR_BAD_ARGUMENT, f"queue {name!r}: fsync must be one of {', '.join(_FSYNC)}, got {fsync!r}")
         info = QueueInfo(
             name,
-            store_kind.name,
+            chosen.name,
             float(d.lease_s if lease_s is None else lease_s),
             int(d.max_attempts if max_attempts is None else max_attempts),
             (d.fsync if fsync is None else fsync) if on_disk else None,
         )
         q = self.queues.get(name)
         if q is not None:
-            asked = {"kind": kind, "lease_s": lease_s, "max_attempts": max_attempts, "fsync": fsync}
+            asked = {"kind": chosen.name, "lease_s": lease_s, "max_attempts": max_attempts, "fsync": fsync}
             have = asdict(q.info)
             diff = [f"{k}={have[k]!r} (asked {v!r})" for k, v in asked.items() if v is not None and v != have[k]]
             if diff:
@@ -384,7 +385,7 @@ class QueueHost:
     def workers(self) -> dict[str, Counts]:
         """Counts of the consumers heard from within WORKER_GONE_S, with `seen` seconds ago."""
         now = time.monotonic()  # not the wall clock: a step of it would keep a dead consumer listed, or drop a live one
-        return {w: {**c, "seen": now - t} for w, (t, c) in self._workers.items() if now - t <= WORKER_GONE_S}
+        return {w: {**c, SEEN: now - t} for w, (t, c) in self._workers.items() if now - t <= WORKER_GONE_S}
 
     def sample(self) -> None:
         now = time.monotonic()
@@ -419,7 +420,7 @@ def _settings(raw: object) -> dict[str, Any]:
     if not isinstance(raw, dict):
         raise ValueError(f"it holds {type(raw).__name__}, not a map of settings")
     if "durable" in raw and "kind" not in raw:
-        raw = {k: v for k, v in raw.items() if k != "durable"} | {"kind": STORE_DURABLE if raw["durable"] else STORE_TRANSIENT}
+        raw = {k: v for k, v in raw.items() if k != "durable"} | {"kind": store_kind(None, raw["durable"])}
     return raw
 
 

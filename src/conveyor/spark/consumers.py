@@ -69,7 +69,6 @@ STATS_DDL = ", ".join(
         "started double",
         "finished double",
         *(f"{name} long" for name in _TOTALS),
-        "timed_out long",
         "rows long",
     ]
 )
@@ -155,16 +154,16 @@ def _consume(
         started = time.time()
         try:
             with gc_tuned():
-                s = consumer.run()
+                consumer.run()
         finally:
             sys.setswitchinterval(old)
             pool.close()
-        yield pa.RecordBatch.from_pylist([_stats_row(index, consumer.report(), started, time.time(), s.timed_out, rows)])
+        yield pa.RecordBatch.from_pylist([_stats_row(index, consumer.report(), started, time.time(), rows)])
 
     return consume
 
 
-def _stats_row(index: int, r: ConsumerReport, started: float, finished: float, timed_out: int, rows: int) -> dict[str, Any]:
+def _stats_row(index: int, r: ConsumerReport, started: float, finished: float, rows: int) -> dict[str, Any]:
     """The row of STATS_DDL of consumer `index` of a job, from its report."""
     return {
         "consumer": index,
@@ -173,7 +172,6 @@ def _stats_row(index: int, r: ConsumerReport, started: float, finished: float, t
         "started": started,
         "finished": finished,
         **r.figures(Shown.TOTAL),
-        "timed_out": timed_out,
         "rows": rows,
     }
 
@@ -346,7 +344,7 @@ class SparkConsumerPool:
         for name, c in self.pool.workers().items():
             parts = name.split(":")
             if len(parts) == 5 and parts[0] == "spark" and parts[2] == self.job:
-                out[int(parts[3])] = _stats_row(int(parts[3]), ConsumerReport.from_counts(name, c), now, now, 0, 0)
+                out[int(parts[3])] = _stats_row(int(parts[3]), ConsumerReport.from_counts(name, c), now, now, 0)
         return list(out.values())
 
     def _clean_up(self) -> None:

@@ -399,6 +399,23 @@ class StoreContract:
         assert store.result(ids[0]) == b"r" and store.status(ids[0]) == Status.ACKED
         assert not store.ack(new - 1)  # a skipped id is nobody's
 
+    def test_keep_ids_past_never_moves_back(self, store: Store) -> None:
+        [first] = store.put(_msgs(b"a"))
+        store.keep_ids_past(first + 99)
+        store.keep_ids_past(first)  # already past it: nothing changes
+        assert store.put(_msgs(b"b")) == [first + 100]
+        assert store.status(first) == Status.READY
+
+    def test_a_suspended_store_carries_on_at_its_next_operation(self, store: Store) -> None:
+        ids = store.put(_msgs(b"a", b"b"))
+        store.sync()
+        assert store.suspend()  # nothing waits for a sync: it lets go of what it holds
+        [m] = store.get(1)
+        assert (m.id, m.payload) == (ids[0], b"a") and store.ack(m.id, b"r")
+        assert store.suspend()
+        assert store.result(ids[0]) == b"r" and store.put(_msgs(b"c")) == [ids[1] + 1]
+        assert [m.payload for m in store.get(10)] == [b"b", b"c"]
+
     def test_absent_ids_stay_absent_once_the_window_moves_past_them(self, store: Store) -> None:
         purged = store.put(_msgs(*[b"p"] * 10))
         store.purge()

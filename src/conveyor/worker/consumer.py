@@ -441,9 +441,11 @@ class Consumer:
             failed=s.failed,
             retried=s.retried,
             dead=s.dead,
+            timed_out=s.timed_out,
             running=len(self._running),
             stolen=s.stolen,
             serves=tuple(q.name for q in self.queues),
-            rows={q: Rows(m, r) for q, (m, r) in s.rows.items()},
+            # a copy made at once (atomic): the consumer's thread adds job queues while the settler's reads
+            rows={q: Rows(m, r) for q, (m, r) in list(s.rows.items())},
             task_seconds=self._task_seconds,
         )

@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar, cast
+from typing import ClassVar, NoReturn, cast
 
 from conveyor.client.backend import QueueBackend
 from conveyor.constants import ERR_STORE, H_TASK, OUT_OF_REACH_SAY_S, SHARD_SHIFT
@@ -39,7 +39,8 @@ BUSY_COALESCE_S = 0.25
 CLOSE_SAY_S = 2.0  # a close that waits longer for its last settlements says why
 
 
-@dataclass(frozen=True, slots=True)
+# not frozen: a frozen dataclass costs three times as much to make (0.4 µs), for each message settled
+@dataclass(slots=True)
 class Ack:
     """Finish a message, with its task's result (None: it returned none)."""
 
@@ -49,7 +50,7 @@ class Ack:
     result: bytes | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Nack:
     """Fail a message: back to its queue after `delay_s`, or (`final`, or out of attempts) to its dead letters."""
 
@@ -61,7 +62,7 @@ class Nack:
     final: bool
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Release:
     """Give a message back unstarted: no attempt counted."""
 
@@ -70,7 +71,7 @@ class Release:
     msg_id: int
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Extend:
     """Push a running message's lease to now + `lease_s` (its task's heartbeat)."""
 
@@ -274,7 +275,8 @@ class Settler:
 
     def _request(self, q: str, ids: list[int], items: list[Settlement]) -> None:
         """One request for `items`: of one kind, queue and server, and alike (`_send` grouped them so)."""
-        match items[0]:
+        first = items[0]
+        match first:
             case Ack():
                 self._pool.ack(q, ids, [a.result for a in cast(list[Ack], items)])
             case Nack(final=final):
@@ -284,6 +286,9 @@ class Settler:
                 self._pool.release(q, ids)
             case Extend(lease_s=lease_s):
                 self._pool.extend_lease(q, ids, lease_s)
+            case _:
+                unknown: NoReturn = first  # mypy: each kind of settlement has its case
+                raise AssertionError(f"a settlement of no known kind: {unknown!r}")
 
     def _wait_for(self, shard: int, what: str) -> None:
         """Try server `shard` again later, each time after twice the wait (up to MAX_RETRY_S).
