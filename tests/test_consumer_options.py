@@ -16,6 +16,7 @@ import pytest
 import conveyor
 import conveyor.spark
 from conveyor.cli.worker_command import worker
+from conveyor.client.in_process import InProcessQueues
 from conveyor.constants import DEFAULT_SHUTDOWN_TIMEOUT_S
 from conveyor.errors import ConfigError
 from conveyor.spark.consumers import SparkConsumerPool
@@ -23,6 +24,7 @@ from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import ConsumerPool
 from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_of, process_shutdown_timeout
 from conveyor.worker.runtime import run_worker
+from conveyor.worker.selectors import ReducedLottery
 
 FIELDS = {f.name: f for f in dataclasses.fields(ConsumerOptions)}
 ENTRY_POINTS: dict[str, Callable[..., Any]] = {
@@ -83,7 +85,7 @@ def test_the_worker_command_has_an_option_for_each_with_the_same_default() -> No
         ({"concurrency": 0}, r"concurrency must be an integer >= 1"),
         ({"concurrency": "8"}, r"concurrency must be an integer >= 1"),
         ({"pool": "fibers"}, r"pool must be 'thread' or 'process', where tasks run, got 'fibers'"),
-        ({"pool": object()}, r"the queue servers of map and SparkConsumerPool are queue_pool="),
+        ({"pool": object()}, r"or queue_pool= for map and SparkConsumerPool"),
         ({"batch_size": 0}, r"batch_size must be an integer >= 1"),
         ({"task_modules": "myapp.tasks"}, r"task_modules must be a list of module names"),
         ({"middleware": [object()]}, r"middleware must be a list of Middleware instances"),
@@ -131,3 +133,20 @@ def test_the_shutdown_timeout_is_30_s_only_where_the_process_ends_with_its_consu
     assert ConsumerOptions().shutdown_timeout is None
     assert process_shutdown_timeout(None) == DEFAULT_SHUTDOWN_TIMEOUT_S
     assert process_shutdown_timeout(math.inf) == math.inf and process_shutdown_timeout(0) == 0
+
+
+def test_old_meaning_of_concurrency_gets_a_hint() -> None:
+    with pytest.raises(ValueError, match="where tasks run is pool="):
+        ConsumerOptions(concurrency="process")  # type: ignore[arg-type]
+
+
+def test_a_selector_instance_is_refused_where_each_consumer_would_get_a_copy() -> None:
+    with pytest.raises(ValueError, match="not an instance"):
+        ConsumerPool(InProcessQueues(), 1, selector=ReducedLottery())
+    with pytest.raises(ValueError, match="not an instance"):  # refused before Spark is asked for anything
+        SparkConsumerPool(None, selector=ReducedLottery())  # type: ignore[arg-type]
+
+
+def test_spark_consumers_refuse_early_acks() -> None:
+    with pytest.raises(ValueError, match="early_ack is for ConsumerPool"):
+        SparkConsumerPool(None, early_ack=True)  # type: ignore[arg-type]

@@ -149,6 +149,8 @@ def worker(
                 shutdown_timeout=shutdown_timeout,
             )
         except ValueError as e:  # a ConfigError (a --selector that does not load) is one too
+            if selector is None and "selector" in str(e):  # the settings module's QUEUE_SELECTOR, not the command line
+                raise click.ClickException(f"settings QUEUE_SELECTOR: {e}") from None
             raise click.UsageError(str(e)) from None
         import_task_modules(modules)  # a module that does not import is said first, before any server is tried
         servers = open_pool(conn)

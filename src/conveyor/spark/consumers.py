@@ -47,7 +47,7 @@ from conveyor.tasks.queue_config import QueueConfig
 from conveyor.worker.affinity import auto_pin, resolve_slots
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import CONSUMER_SWITCH_INTERVAL_S
-from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_of
+from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_of, refuse_shared_selector
 from conveyor.worker.stats import ConsumerStats
 
 if TYPE_CHECKING:
@@ -242,6 +242,12 @@ class SparkConsumerPool:
     ) -> None:
         self.spark = spark
         given = options_of("SparkConsumerPool", options, keywords)
+        refuse_shared_selector("SparkConsumerPool", given)
+        if given.early_ack:  # the job's watch counts a consumer done when nothing it holds is unsettled
+            raise ValueError(
+                "SparkConsumerPool: early_ack is for ConsumerPool and conveyor worker: a Spark consumer's "
+                "progress and stop are judged by what it has settled"
+            )
         check_count("n_consumers", n_consumers)
         self.n_consumers = consumer_count(spark, n_consumers)
         check_workers_python(spark)

@@ -43,7 +43,13 @@ from conveyor.worker.consumer import Consumer
 from conveyor.worker.held import say_held
 from conveyor.worker.hooks import ConsumerHooks, HookFailure, farewell
 from conveyor.worker.lifelines import stop_with_parent
-from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_of, process_shutdown_timeout
+from conveyor.worker.options import (
+    ConsumerKeywords,
+    ConsumerOptions,
+    options_of,
+    process_shutdown_timeout,
+    refuse_shared_selector,
+)
 from conveyor.worker.settings import load_settings
 from conveyor.worker.spawning import START_FAILURES_MAX, never_started, process_context, warm_up
 from conveyor.worker.stats import TALLIED, ConsumerStats, keep_tally, tallied, write_tally
@@ -203,6 +209,7 @@ class ConsumerPool:
         self.queues = list(queues)
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
         given = options_of("ConsumerPool", options, keywords)
+        refuse_shared_selector("ConsumerPool", given)
         slots, read_ahead = resolve_slots(given.concurrency, given.pool, self.n_consumers)
         # what each consumer runs with: sized for the consumers on this machine
         self.options = replace(

@@ -69,9 +69,14 @@ class ConsumerOptions:
         for name in ("concurrency", "batch_size"):
             v = getattr(self, name)
             if v is not None and (type(v) is not int or v < 1):
-                raise ValueError(f"{name} must be an integer >= 1 (or None for the default), got {v!r}")
+                where = " (where tasks run is pool=; concurrency is a count)" if v in POOLS else ""
+                raise ValueError(f"{name} must be an integer >= 1 (or None for the default), got {v!r}{where}")
         if self.pool not in POOLS:
-            servers = "" if isinstance(self.pool, str) else " (the queue servers of map and SparkConsumerPool are queue_pool=)"
+            servers = (
+                ""
+                if isinstance(self.pool, str)
+                else " (the queue servers are the first argument, or queue_pool= for map and SparkConsumerPool)"
+            )
             raise ValueError(f"pool must be 'thread' or 'process', where tasks run, got {self.pool!r}{servers}")
         if not isinstance(self.selector, QueueSelector):
             selector_class(self.selector)  # a ConfigError names an unknown selector, or one that does not import
@@ -115,7 +120,7 @@ class ConsumerKeywords(TypedDict, total=False):
     shutdown_timeout: float | None
 
 
-OPTION_NAMES = frozenset(f.name for f in dataclasses.fields(ConsumerOptions))
+OPTION_NAMES = tuple(f.name for f in dataclasses.fields(ConsumerOptions))
 
 
 def options_of(where: str, options: ConsumerOptions | None, keywords: ConsumerKeywords) -> ConsumerOptions:
@@ -123,14 +128,26 @@ def options_of(where: str, options: ConsumerOptions | None, keywords: ConsumerKe
 
     A keyword that is not an option is a TypeError naming it, as for any function.
     """
-    unknown = sorted(keywords.keys() - OPTION_NAMES)
+    unknown = sorted(keywords.keys() - set(OPTION_NAMES))
     if unknown:
         raise TypeError(
-            f"{where}() got an unexpected keyword argument {unknown[0]!r} "
-            f"(the consumer options are: {', '.join(f.name for f in dataclasses.fields(ConsumerOptions))})"
+            f"{where}() got an unexpected keyword argument {unknown[0]!r} (the consumer options are: {', '.join(OPTION_NAMES)})"
         )
     if options is None:
         return ConsumerOptions(**keywords)
     if not isinstance(options, ConsumerOptions):
         raise TypeError(f"{where}(): options must be a ConsumerOptions, got {type(options).__name__}")
     return dataclasses.replace(options, **keywords) if keywords else options
+
+
+def refuse_shared_selector(where: str, options: ConsumerOptions) -> None:
+    """Refuse a selector instance where it would be copied to each consumer (with the same random state).
+
+    Copies made by pickling draw the same lottery numbers, so the consumers would pick queues in
+    lockstep; a name or a class lets each consumer make its own.
+    """
+    if isinstance(options.selector, QueueSelector):
+        raise ValueError(
+            f"{where}: selector must be a name or a QueueSelector class, not an instance: "
+            "each consumer makes its own (copies of one instance draw the same numbers)"
+        )
