@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from benchlib import Row, busy_machine, make_console, micros, number, print_report, progress, quiet_target, ratio, seconds
+from compat import consumer_keywords
 
 WORKERS = 2
 ROW_DDL = "i long, seconds double"
@@ -96,7 +97,7 @@ def through_conveyor(df: Any, func: Callable[..., Any], **options: Any) -> tuple
     import conveyor.spark as cs
 
     t0 = time.perf_counter()
-    out = cs.map(df, func, schema=OUT_DDL, n_consumers=WORKERS, progress=False, **options)
+    out = cs.map(df, func, schema=OUT_DDL, n_consumers=WORKERS, progress=False, **consumer_keywords(options))
     rows = out.collect()
     makespan = time.perf_counter() - t0
     bad = [r for r in rows if r["_error"] is not None]
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                     record(f"{w} (e) efficiency", work / (WORKERS * t))
                     record(f"{w} (e) steady-state efficiency", work / (WORKERS * window))
                 progress(f"run {run}/{runs}: (e) on {n_noop:,} no-op rows")
-                t, window, k = through_conveyor(noop, noop_item, max_concurrency=64, batch_size=64)
+                t, window, k = through_conveyor(noop, noop_item, concurrency=64, batch_size=64)
                 record("noop (e) per-item overhead", WORKERS * window / k)
     progress("done")
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import bench_tasks
 from benchlib import Row, busy_machine, make_console, number, print_report, progress, quiet_target, rate, ratio
-from compat import QueuePool
+from compat import QueuePool, consumer_keywords
 from conveyor.worker import ConsumerPool
 from workloads import NOOP_PAYLOAD, busy, noop, skewed
 
@@ -50,13 +50,13 @@ PUBLISH_BATCH = 10_000
 # in parallel
 # no-op: a consumer fetches at most what its free slots can start, so many slots mean large fetches
 # (measured, medians of 3: 128 slots ~52k tasks/s, 256 ~58k, 512 ~64k, 1,000 ~65k)
-NOOP_CONFIG: dict[str, Any] = {"concurrency": "thread", "max_concurrency": 512, "batch_size": 1000}
+NOOP_CONFIG: dict[str, Any] = {"pool": "thread", "concurrency": 512, "batch_size": 1000}
 SKEWED_CONFIGS: dict[str, dict[str, Any]] = {
     "defaults": {},  # as a new user runs it: 2 consumers on 2 cores pin, 8 threads, read-ahead
-    "thread x8": {"concurrency": "thread", "max_concurrency": 8, "batch_size": 8},
-    "thread x32 pinned": {"concurrency": "thread", "max_concurrency": 32, "batch_size": 16, "pin_core": True},
-    "thread x64 pinned": {"concurrency": "thread", "max_concurrency": 64, "batch_size": 32, "pin_core": True},
-    "process x2": {"concurrency": "process", "max_concurrency": 2, "batch_size": 2},
+    "thread x8": {"pool": "thread", "concurrency": 8, "batch_size": 8},
+    "thread x32 pinned": {"pool": "thread", "concurrency": 32, "batch_size": 16, "pin_core": True},
+    "thread x64 pinned": {"pool": "thread", "concurrency": 64, "batch_size": 32, "pin_core": True},
+    "process x2": {"pool": "process", "concurrency": 2, "batch_size": 2},
 }
 
 
@@ -71,7 +71,7 @@ def _started(pool: QueuePool, n: int) -> None:
 def conveyor_run(fsync: str, publish: Callable[[QueuePool], None], **consumer: Any) -> float:
     """Seconds from the first publish to the queue drained, on fresh servers and consumers."""
     with QueuePool.local(n_servers=2, fsync=fsync) as pool:
-        cp = ConsumerPool(pool, WORKERS, queues=["bench"], task_modules=["bench_tasks"], **consumer).start()
+        cp = ConsumerPool(pool, WORKERS, queues=["bench"], task_modules=["bench_tasks"], **consumer_keywords(consumer)).start()
         try:
             _started(pool, WORKERS)
             t0 = time.perf_counter()

@@ -1,11 +1,14 @@
-"""The library names the benchmarks use, from this layout or from the one before it.
+"""The library names the benchmarks use, from this layout or from the ones before it.
 
-The one before it is that of revision 07aed37 and earlier, so that `bench/compare.py --base <such a
-revision>` runs this tree's scripts against both. Drop the fallback once no comparison needs that
-old a base.
+The layout before this one is that of revision 07aed37 and earlier, so that `bench/compare.py
+--base <such a revision>` runs this tree's scripts against both. The consumer options are
+ConsumerOptions' names, or those before it (`max_concurrency`, and `concurrency` for thread or
+process). Drop a fallback once no comparison needs that old a base.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 try:
     from conveyor.cli.corpus import busy, documents
@@ -20,4 +23,27 @@ except ImportError:  # the flat layout: conveyor.pool, conveyor.client, conveyor
     from conveyor.client import QueueClient
     from conveyor.pool import QueuePool, spawn_server, stop_server
 
-__all__ = ["QueueClient", "QueuePool", "busy", "calls", "documents", "spawn_server", "stop_server"]
+try:
+    from conveyor.worker.options import ConsumerOptions
+except ImportError:  # before ConsumerOptions: the count was max_concurrency, and thread or process was concurrency
+    ConsumerOptions = None  # type: ignore[assignment, misc]
+
+
+def consumer_keywords(options: dict[str, Any]) -> dict[str, Any]:
+    """Consumer options (`concurrency` a count, `pool` thread or process) under the names this tree's ConsumerPool takes."""
+    if ConsumerOptions is not None:
+        return options
+    old = {"concurrency": "max_concurrency", "pool": "concurrency"}
+    return {old.get(k, k): v for k, v in options.items()}
+
+
+__all__ = [
+    "QueueClient",
+    "QueuePool",
+    "busy",
+    "calls",
+    "consumer_keywords",
+    "documents",
+    "spawn_server",
+    "stop_server",
+]

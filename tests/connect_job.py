@@ -42,7 +42,7 @@ def main(url: str, out: Path) -> None:
     result: dict[str, object] = {"session": type(spark).__module__}
     with QueuePool.local(2) as pool:
         df = spark.range(ROWS, numPartitions=4).selectExpr("id", "id + 1 as x")
-        rows = conveyor.spark.map(df, double, schema="y long", pool=pool, max_retries=1, progress=False).collect()
+        rows = conveyor.spark.map(df, double, schema="y long", queue_pool=pool, max_retries=1, progress=False).collect()
         result["map"] = [{"y": r["y"], "error": r["_error"], "input": r["_input"]} for r in rows]
 
         handles = worker_tasks.add.publish_many([(i, i) for i in range(TASKS)], _pool=pool)

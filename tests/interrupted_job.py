@@ -34,7 +34,7 @@ def main(mode: str, mark: str) -> None:
 
     if mode == "join":
         with QueuePool.local(n_servers=2) as pool:
-            consumers = ConsumerPool(pool, 2, max_concurrency=2).start()
+            consumers = ConsumerPool(pool, 2, concurrency=2).start()
             pool.map(task, range(400))
             consumers.join(progress=False)
     else:

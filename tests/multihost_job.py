@@ -177,7 +177,7 @@ def beside_the_driver(spark: Any, driver_ip: str, work: str) -> dict[str, Any]:
     logging.getLogger("conveyor.spark").setLevel(logging.INFO)  # the servers' start and the pre-flight, timed
     df = spark.range(ROWS, numPartitions=PARTITIONS)
     func = make_func(driver_ip, work, ROW_S["driver-servers"])
-    opts: dict[str, Any] = {"schema": SCHEMA, "max_concurrency": MAX_CONCURRENCY, "rows_per_message": 1, "progress": False}
+    opts: dict[str, Any] = {"schema": SCHEMA, "concurrency": MAX_CONCURRENCY, "rows_per_message": 1, "progress": False}
     # both maps below find the executors' Python workers started, conveyor imported (a first map pays for that
     # with servers or without): what differs is the servers' start and the pre-flight
     spark.range(EXECUTORS * 4, numPartitions=EXECUTORS * 4).mapInArrow(warm_up, "id long").collect()
@@ -191,11 +191,11 @@ def beside_the_driver(spark: Any, driver_ip: str, work: str) -> dict[str, Any]:
     with conveyor.cluster(spark, ports=CLUSTER_PORTS) as c:
         result["cluster_addresses"] = c.pool.addresses
         called = time.time()
-        again = [r.asDict() for r in conveyor.spark.map(df, func, pool=c.pool, **opts).collect()]
+        again = [r.asDict() for r in conveyor.spark.map(df, func, queue_pool=c.pool, **opts).collect()]
         result["first_row_started_s"] = first_row_s(again, called)
         result["rows_started"] = again
     note(f"map with servers started before: first row {result['first_row_started_s']:.2f} s after the call")
-    with SparkConsumerPool(spark, max_concurrency=MAX_CONCURRENCY) as consumers:
+    with SparkConsumerPool(spark, concurrency=MAX_CONCURRENCY) as consumers:
         result["consumer_addresses"] = consumers.pool.addresses
         handles = [consumers.pool.submit(pow, i, 2) for i in range(ROWS)]
         consumers.run()
@@ -225,8 +225,8 @@ def run(spark: Any, pool: QueuePool, driver_ip: str, scenario: str, work: str) -
             df,
             func,
             schema=SCHEMA,
-            pool=pool,
-            max_concurrency=MAX_CONCURRENCY,
+            queue_pool=pool,
+            concurrency=MAX_CONCURRENCY,
             rows_per_message=1,
             progress=False,
             unreachable_s=unreachable,

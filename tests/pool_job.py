@@ -25,7 +25,7 @@ def main(data_dir: str, log: str, tasks: int, fork: bool) -> None:
     from tests import worker_tasks
 
     pool = QueuePool.local(2, data_dir=None if data_dir == "-" else data_dir)
-    cp = ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=2, task_modules=["tests.worker_tasks"]).start()
+    cp = ConsumerPool(pool, 2, queues=["jobs"], concurrency=2, task_modules=["tests.worker_tasks"]).start()
     worker_tasks.slow_once.publish_many([(log, 1.0)] * tasks, _pool=pool)
     deadline = time.monotonic() + 60
     while pool.stats("jobs")["jobs"].delivered < 2:

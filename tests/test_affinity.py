@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 
 from conveyor.client.pool import QueuePool
-from conveyor.constants import DEFAULT_MAX_CONCURRENCY
-from conveyor.spark.consumers import check_consumer_options
-from conveyor.worker import Consumer, ConsumerPool
+from conveyor.constants import DEFAULT_CONCURRENCY
+from conveyor.worker import Consumer, ConsumerOptions, ConsumerPool
 from conveyor.worker.affinity import CORE_LOCK_DIR_ENV, CorePin, auto_pin, default_slots, pin_core, resolve_slots
 
 from . import worker_tasks as wt
@@ -103,42 +102,40 @@ def test_by_default_consumers_pin_when_there_is_one_per_core(pool: QueuePool) ->
     assert auto_pin(None, "thread", consumers=1, cores=2) is False  # cores to spare: left free to use several
     assert auto_pin(None, "process", consumers=4, cores=2) is False  # the OS spreads task processes
     assert auto_pin(False, "thread", consumers=2, cores=2) is False and auto_pin(True, "thread", 1, 8) is True
-    with pytest.raises(ValueError, match="pin_core is for concurrency='thread'"):
+    with pytest.raises(ValueError, match="pin_core is for pool='thread'"):
         auto_pin(True, "process", consumers=2, cores=2)
     cores = len(os.sched_getaffinity(0))
-    assert ConsumerPool(pool, cores).options["pin_core"] is True  # resolved here, told to each consumer
-    assert ConsumerPool(pool, cores, pin_core=False).options["pin_core"] is False
+    assert ConsumerPool(pool, cores).options.pin_core is True  # resolved here, told to each consumer
+    assert ConsumerPool(pool, cores, pin_core=False).options.pin_core is False
 
 
 def test_by_default_a_consumer_has_8_threads_or_a_process_per_core_of_its_share_plus_one(pool: QueuePool) -> None:
-    assert default_slots("thread", consumers=2, cores=2) == DEFAULT_MAX_CONCURRENCY
+    assert default_slots("thread", consumers=2, cores=2) == DEFAULT_CONCURRENCY
     assert default_slots("process", consumers=1, cores=1) == 2  # a Spark consumer: its task slot's core
     assert default_slots("process", consumers=2, cores=16) == 9
     assert default_slots("process", consumers=4, cores=2) == 2  # never fewer than one core's worth
-    assert ConsumerPool(pool, 1, concurrency="process").options["max_concurrency"] == default_slots("process", 1)
-    assert ConsumerPool(pool, 1, concurrency="process", max_concurrency=5).options["max_concurrency"] == 5
+    assert ConsumerPool(pool, 1, pool="process").options.concurrency == default_slots("process", 1)
+    assert ConsumerPool(pool, 1, pool="process", concurrency=5).options.concurrency == 5
 
 
 def test_slots_left_out_read_ahead_and_slots_given_bound_what_is_held(pool: QueuePool) -> None:
-    assert resolve_slots(None, "thread", consumers=2, cores=2) == (DEFAULT_MAX_CONCURRENCY, True)
+    assert resolve_slots(None, "thread", consumers=2, cores=2) == (DEFAULT_CONCURRENCY, True)
     assert resolve_slots(None, "process", consumers=1, cores=1) == (2, True)
     assert resolve_slots(3, "thread", consumers=2) == (3, False)
-    with pytest.raises(ValueError, match="max_concurrency must be >= 1, got 0"):
-        resolve_slots(0, "thread", consumers=1)
-    with pytest.raises(ValueError, match="max_concurrency must be >= 1, got 0"):
-        ConsumerPool(pool, 1, max_concurrency=0)
-    assert ConsumerPool(pool, 1).options["read_ahead"] is True
-    assert ConsumerPool(pool, 1, max_concurrency=8).options["read_ahead"] is False
-    assert Consumer(pool, ["jobs"]).reads_ahead and not Consumer(pool, ["jobs"], max_concurrency=8).reads_ahead
+    with pytest.raises(ValueError, match=r"concurrency must be an integer >= 1 .*got 0"):
+        ConsumerPool(pool, 1, concurrency=0)
+    assert ConsumerPool(pool, 1)._wiring.read_ahead is True
+    assert ConsumerPool(pool, 1, concurrency=8)._wiring.read_ahead is False
+    assert Consumer(pool, ["jobs"]).reads_ahead and not Consumer(pool, ["jobs"], concurrency=8).reads_ahead
 
 
-def test_pinning_is_refused_for_process_concurrency(pool: QueuePool) -> None:
-    with pytest.raises(ValueError, match="pin_core is for concurrency='thread'"):
-        Consumer(pool, ["jobs"], concurrency="process", pin_core=True)
-    with pytest.raises(ValueError, match="pin_core is for concurrency='thread'"):
-        ConsumerPool(pool, 1, queues=["jobs"], concurrency="process", pin_core=True)
-    with pytest.raises(ValueError, match="pin_core is for concurrency='thread'"):
-        check_consumer_options(None, 8, None, "process", True)
+def test_pinning_is_refused_for_the_process_pool(pool: QueuePool) -> None:
+    with pytest.raises(ValueError, match="pin_core is for pool='thread'"):
+        Consumer(pool, ["jobs"], pool="process", pin_core=True)
+    with pytest.raises(ValueError, match="pin_core is for pool='thread'"):
+        ConsumerPool(pool, 1, queues=["jobs"], pool="process", pin_core=True)
+    with pytest.raises(ValueError, match="pin_core is for pool='thread'"):
+        ConsumerOptions(concurrency=8, pool="process", pin_core=True)  # SparkConsumerPool and map: on the driver
 
 
 def test_a_pinned_consumer_runs_its_tasks_on_its_core_then_unpins(
@@ -148,7 +145,7 @@ def test_a_pinned_consumer_runs_its_tasks_on_its_core_then_unpins(
     handles = wt.cores_of_worker.publish_many([() for _ in range(20)], _pool=pool)
 
     def run() -> None:
-        Consumer(pool, ["jobs"], max_concurrency=4, until_empty=True, pin_core=True, task_modules=["tests.worker_tasks"]).run()
+        Consumer(pool, ["jobs"], concurrency=4, until_empty=True, pin_core=True, task_modules=["tests.worker_tasks"]).run()
 
     _, after = in_thread(run)
     masks = {tuple(cores) for _, cores in pool.gather(handles)}
@@ -174,7 +171,7 @@ def test_a_pinned_consumer_holds_fewer_tasks_as_the_queue_drains(monkeypatch: py
             pool,
             ["jobs"],
             n_consumers=2,
-            max_concurrency=16,
+            concurrency=16,
             batch_size=8,
             until_empty=True,
             pin_core=True,
@@ -199,7 +196,7 @@ def test_a_pool_of_pinned_consumers_spreads_over_the_cores(
     """
     monkeypatch.setenv(CORE_LOCK_DIR_ENV, str(tmp_path))
     with ConsumerPool(
-        pool, 2, queues=["jobs"], max_concurrency=2, batch_size=1, pin_core=True, task_modules=["tests.worker_tasks"]
+        pool, 2, queues=["jobs"], concurrency=2, batch_size=1, pin_core=True, task_modules=["tests.worker_tasks"]
     ) as cp:
         # both consumers pinned and polling before there is work, however long a busy machine takes to start
         # them: one started late would find the queue drained by the other

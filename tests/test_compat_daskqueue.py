@@ -6,6 +6,7 @@ under a killed consumer, poison items, and clear errors for bad input.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import threading
@@ -17,7 +18,6 @@ from typing import Any
 import pytest
 
 import conveyor.worker.consumer as consumer_module
-import conveyor.worker.consumer_pool as consumer_pool_module
 from conveyor.compat.daskqueue import (
     Client,
     ConsumerBaseClass,
@@ -194,7 +194,7 @@ def test_conveyor_consumers_early_ack_settles_on_delivery(client: Client) -> Non
     """
     pool = client.pool
     ok, bad = pool.submit(add, 2, 3, _queue="early-acks"), pool.submit(add, "a", 1, _queue="early-acks")
-    consumer = Consumer(pool, ["early-acks"], early_ack=True, until_empty=True, max_concurrency=2)
+    consumer = Consumer(pool, ["early-acks"], early_ack=True, until_empty=True, concurrency=2)
     assert not consumer.reads_ahead  # a message read ahead could not be given back
     stats = consumer.run()
     assert pool.status("early-acks", [ok.id, bad.id]) == [Status.ACKED, Status.ACKED]
@@ -222,7 +222,7 @@ def test_a_consumer_tells_apart_messages_of_two_queues_with_the_same_id(client: 
         for h in pool.map(held_a_while, range(first, first + 5), queue=q)
     ]
     assert {h.id for h in handles[:10]} & {h.id for h in handles[10:]}  # ids both queues have
-    stats = Consumer(pool, ["ids-a", "ids-b"], until_empty=True, max_concurrency=20).run()
+    stats = Consumer(pool, ["ids-a", "ids-b"], until_empty=True, concurrency=20).run()
     assert pool.gather(handles, timeout=10) == list(range(20))
     assert stats.processed == 20 and stats.failed == 0
     assert sum(stats.fetched_by_shard.values()) == 20  # none delivered again for want of its ack
@@ -326,19 +326,18 @@ def finish_on_go(log: str, go: str) -> str:
     return "done"
 
 
-def test_join_with_early_acks_waits_for_the_items_still_running(
-    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_join_with_early_acks_waits_for_the_items_still_running(client: Client, tmp_path: Path) -> None:
     """join waits on the consumers for an item still running, acked on delivery.
 
     Acked on delivery, a running item is no longer pending on the servers: join waits on the
-    consumers for it (a join that stopped them instead would kill it after STOP_GRACE_S).
+    consumers for it (a join that stopped them instead would kill it after their shutdown timeout).
     """
-    monkeypatch.setattr(consumer_pool_module, "STOP_GRACE_S", 0.5)  # a wrong stop kills the item at once
     log, go = tmp_path / "runs.log", tmp_path / "go"
     queue_pool = QueuePool(client, 1)
     queue_pool.submit(finish_on_go, str(log), str(go))
     consumer_pool = ConsumerPool(client, queue_pool, n_consumers=1)  # early_ack=True, daskqueue's default
+    inner = consumer_pool._pool
+    inner.options = dataclasses.replace(inner.options, shutdown_timeout=0.5)  # a wrong stop kills the item at once
     consumer_pool.start()
     wait_for(lambda: lines(log), timeout=20, what="the item started")
     assert queue_pool[0].qsize() == 0  # drained, as far as the servers know
@@ -380,7 +379,7 @@ def test_early_ack_consumers_extend_no_leases_and_ordinary_ones_check_results_on
         raise AssertionError("not expected on this path")
 
     monkeypatch.setattr(consumer_module, "result_fits", no_call)  # small results: the size check alone
-    assert Consumer(pool, ["hot-path"], until_empty=True, max_concurrency=2).run().processed == 5
+    assert Consumer(pool, ["hot-path"], until_empty=True, concurrency=2).run().processed == 5
     assert pool.gather(handles, timeout=10) == [2 * i for i in range(5)]
     monkeypatch.setattr(consumer_module, "due_extensions", no_call)  # acked on delivery: no lease to extend
     pool.map(double, range(5), queue="hot-path-early")

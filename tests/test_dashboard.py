@@ -100,7 +100,7 @@ def test_counts_follow_the_work_and_a_killed_consumer_is_marked(page: Any) -> No
         wt.sleeps.publish_many([(0.05,)] * 400, _pool=pool)
         page.goto(board.url)
         wait_for(lambda: number(cell(page, "queues", "jobs", 1)) == 400, 10, "400 ready on the page")
-        cp = ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=2, task_modules=MODULES, restart=False).start()
+        cp = ConsumerPool(pool, 2, queues=["jobs"], concurrency=2, task_modules=MODULES, restart=False).start()
         try:
             wait_for(lambda: 100 <= number(cell(page, "queues", "jobs", 4)) < 400, 20, "acked growing on the page")
             working = page.locator("#consumers tbody tr.ok, #consumers tbody tr.slow")
@@ -413,7 +413,7 @@ def test_a_map_jobs_rows_are_counted_by_its_consumers_reports() -> None:
         ]
         failing = build_message(wt.fails_for_good.task_name, opts, (), {})
         pool.put("map-t", [*messages, dataclasses.replace(failing, headers={**failing.headers, H_ROWS: "7"})])
-        Consumer(pool, ["map-t"], max_concurrency=2, until_empty=True, task_modules=MODULES).run()
+        Consumer(pool, ["map-t"], concurrency=2, until_empty=True, task_modules=MODULES).run()
 
         def job() -> dict[str, Any] | None:
             jobs = _overview(board.url)["jobs"]
@@ -441,9 +441,9 @@ def test_a_running_map_job_shows_its_progress_then_done(page: Any, spark: Any) -
                     df,
                     _slow_row,
                     schema="i long",
-                    pool=pool,
+                    queue_pool=pool,
                     n_consumers=2,
-                    max_concurrency=2,
+                    concurrency=2,
                     rows_per_message=2,
                     progress=False,
                 )

@@ -171,7 +171,7 @@ def test_map_fails_with_the_server_named_when_one_stays_out_of_reach(
             spark.range(400, numPartitions=2),
             func,
             schema="id long",
-            pool=pool,
+            queue_pool=pool,
             rows_per_message=1,
             unreachable_s=UNREACHABLE_S,
             progress=False,
@@ -212,7 +212,7 @@ def test_a_server_lost_while_rows_are_put_fails_the_map_with_it_named(
     df = spark.range(2400, numPartitions=2).mapInPandas(_second_partition_late, "id long")
     t0 = time.monotonic()
     with pytest.raises(ServerUnreachableError) as err:
-        cs.map(df, func, schema="id long", pool=pool, rows_per_message=1, unreachable_s=UNREACHABLE_S, progress=False)
+        cs.map(df, func, schema="id long", queue_pool=pool, rows_per_message=1, unreachable_s=UNREACHABLE_S, progress=False)
     assert (tmp_path / "killed").exists() and err.value.address == servers.addresses[1]
     assert time.monotonic() - t0 < BOUND_S + 15
     pool.close()
@@ -233,7 +233,7 @@ def test_map_goes_on_when_the_server_is_back_within_the_bound(spark: SparkSessio
         spark.range(400, numPartitions=2),
         func,
         schema="id long",
-        pool=pool,
+        queue_pool=pool,
         rows_per_message=1,
         unreachable_s=30.0,
         progress=False,
@@ -252,7 +252,7 @@ def test_a_map_whose_server_is_down_at_the_start_names_it(spark: SparkSession, s
     pool = servers.pool()
     servers.kill(0)
     with pytest.raises(conveyor.ConnectionLostError, match=f"1 of 2 queue server.*{servers.addresses[0]}"):
-        cs.map(spark.range(10), lambda r: r["id"], schema="id long", pool=pool, progress=False)
+        cs.map(spark.range(10), lambda r: r["id"], schema="id long", queue_pool=pool, progress=False)
     pool.close()
 
 

@@ -51,9 +51,9 @@ def queues(monkeypatch: pytest.MonkeyPatch) -> Iterator[Recording]:
         yield q
 
 
-def consume(q: InProcessQueues, max_concurrency: int = 4, batch_size: int | None = None) -> Consumer:
+def consume(q: InProcessQueues, concurrency: int = 4, batch_size: int | None = None) -> Consumer:
     """Run a consumer on 'jobs' in this thread until the queue is drained."""
-    c = Consumer(q, ["jobs"], max_concurrency=max_concurrency, batch_size=batch_size, until_empty=True, task_modules=MODULES)
+    c = Consumer(q, ["jobs"], concurrency=concurrency, batch_size=batch_size, until_empty=True, task_modules=MODULES)
     c.run()
     return c
 
@@ -141,7 +141,7 @@ def test_a_time_limit_stops_the_task(queues: Recording) -> None:
     slow = wt.sleeps.publish(2.0, _pool=queues)
     quick = wt.sleeps.publish(0.01, _pool=queues)
     t0 = time.monotonic()
-    c = consume(queues, max_concurrency=1)
+    c = consume(queues, concurrency=1)
     assert time.monotonic() - t0 < 1.8  # the 2 s task did not hold the consumer
     with pytest.raises(TaskFailedError, match=r"TimeLimitExceeded: the task ran over its time limit of 0\.5 s") as e:
         slow.result(timeout=5)
@@ -154,7 +154,7 @@ def test_task_handles_wait_for_results_from_a_running_consumer(queues: Recording
     h = wt.add.publish(2, 3, _pool=queues)
     with pytest.raises(TimeoutError):
         h.result(timeout=0.1)  # no consumer yet
-    c = Consumer(queues, ["jobs"], max_concurrency=2, task_modules=MODULES)
+    c = Consumer(queues, ["jobs"], concurrency=2, task_modules=MODULES)
     t = threading.Thread(target=c.run)
     t.start()
     try:
@@ -198,7 +198,7 @@ def test_a_consumer_whose_last_fetch_was_full_sends_its_acks_when_it_goes_idle(
     # than after the window (the end of the work would wait for them)
     monkeypatch.setattr(settler_module, "BUSY_COALESCE_S", 2.0)
     monkeypatch.setattr(consumer_module, "IDLE_POLL_S", 2.0)  # the long poll an idle consumer makes next
-    c = Consumer(queues, ["jobs"], max_concurrency=2, batch_size=2, task_modules=MODULES)
+    c = Consumer(queues, ["jobs"], concurrency=2, batch_size=2, task_modules=MODULES)
     t = threading.Thread(target=c.run)
     t.start()
     try:
@@ -215,7 +215,7 @@ def test_a_consumer_whose_last_fetch_was_full_sends_its_acks_when_it_goes_idle(
 
 def test_a_consumer_acks_in_batches(queues: Recording) -> None:
     handles = wt.add.publish_many([(i, 1) for i in range(200)], _pool=queues)
-    consume(queues, max_concurrency=8, batch_size=50)
+    consume(queues, concurrency=8, batch_size=50)
     assert queues.gather(handles, timeout=5) == [i + 1 for i in range(200)]
     assert sorted(i for ids in queues.ack_calls for i in ids) == sorted(h.id for h in handles)
     assert len(queues.ack_calls) < 200 / 2  # settlements went together, not one call per message

@@ -18,6 +18,7 @@ import conveyor.spark as cs
 from conveyor.client.pool import QueuePool
 from conveyor.constants import SHARD_SHIFT
 from conveyor.message import Status
+from conveyor.worker.middleware import Retries
 
 from . import worker_tasks as wt
 from .servers import wait_for
@@ -41,7 +42,7 @@ def test_map_gives_one_row_per_input_row_and_reports_failures(spark: SparkSessio
         df,
         double,
         schema="id long, twice long, label string",
-        pool=pool,
+        queue_pool=pool,
         max_retries=1,
         rows_per_message=4,
         progress=False,
@@ -83,7 +84,9 @@ def test_pinned_consumers_run_rows_on_cores_of_their_own(spark: SparkSession, po
     import os
 
     df = spark.range(200, numPartitions=2)
-    rows = cs.map(df, cores_of, schema="id long, pid long, cores string", pool=pool, pin_core=True, progress=False).collect()
+    rows = cs.map(
+        df, cores_of, schema="id long, pid long, cores string", queue_pool=pool, pin_core=True, progress=False
+    ).collect()
     assert sorted(r["id"] for r in rows) == list(range(200)) and all(r["_error"] is None for r in rows)
     by_pid: dict[int, set[str]] = {}
     for r in rows:
@@ -103,11 +106,11 @@ def test_pinned_consumers_run_rows_on_cores_of_their_own(spark: SparkSession, po
 
 def test_results_as_tuples_values_and_the_wrong_shape(spark: SparkSession, pool: QueuePool) -> None:
     df = spark.createDataFrame([(i, f"w{i}") for i in range(20)], "n long, word string")
-    out = cs.map(df, lambda r: (r["word"].upper(), r["n"] + 1), schema="word string, n long", pool=pool, progress=False)
+    out = cs.map(df, lambda r: (r["word"].upper(), r["n"] + 1), schema="word string, n long", queue_pool=pool, progress=False)
     assert sorted((r["word"], r["n"]) for r in out.collect()) == sorted((f"W{i}", i + 1) for i in range(20))
-    one = cs.map(df, lambda r: len(r["word"]), schema="length int", pool=pool, progress=False)
+    one = cs.map(df, lambda r: len(r["word"]), schema="length int", queue_pool=pool, progress=False)
     assert sorted(r["length"] for r in one.collect()) == sorted(len(f"w{i}") for i in range(20))
-    wrong = cs.map(df, lambda r: "not a number" if r["n"] == 3 else r["n"], schema="n long", pool=pool, progress=False)
+    wrong = cs.map(df, lambda r: "not a number" if r["n"] == 3 else r["n"], schema="n long", queue_pool=pool, progress=False)
     rows = wrong.collect()
     assert len(rows) == 20
     [bad] = [r for r in rows if r["_error"] is not None]
@@ -117,7 +120,7 @@ def test_results_as_tuples_values_and_the_wrong_shape(spark: SparkSession, pool:
 
 def test_schema_columns_may_not_clash(spark: SparkSession, pool: QueuePool) -> None:
     with pytest.raises(ValueError, match=r"clash with the columns map adds"):
-        cs.map(spark.range(3), lambda r: r, schema="_id long", pool=pool)
+        cs.map(spark.range(3), lambda r: r, schema="_id long", queue_pool=pool)
 
 
 def test_dict_results_must_have_the_schema_keys(spark: SparkSession, pool: QueuePool) -> None:
@@ -126,7 +129,7 @@ def test_dict_results_must_have_the_schema_keys(spark: SparkSession, pool: Queue
         df,
         lambda r: {"n": r["n"], "W": 1} if r["n"] == 1 else {"n": r["n"]} if r["n"] == 2 else {"n": r["n"], "w": 2},
         schema="n long, w long",
-        pool=pool,
+        queue_pool=pool,
         progress=False,
     )
     rows = {r["_input"] and json.loads(r["_input"])["n"]: r for r in out.collect() if r["_error"]}
@@ -141,14 +144,17 @@ def test_dict_results_must_have_the_schema_keys(spark: SparkSession, pool: Queue
         ({"func": 42}, r"func must be callable"),
         ({"max_retries": -1}, r"map: max_retries must be an int in 0\.\."),
         ({"n_consumers": 0}, r"n_consumers must be an integer >= 1"),
-        ({"max_concurrency": 0}, r"max_concurrency must be an integer >= 1"),
+        ({"concurrency": 0}, r"concurrency must be an integer >= 1"),
+        ({"max_concurrency": 0}, r"map\(\) got an unexpected keyword argument 'max_concurrency'"),
+        ({"early_ack": True}, r"map: early_ack is not for map"),
+        ({"middleware": [Retries()]}, r"map: middleware is not for map: .* max_retries= and time_limit="),
         ({"time_limit": 0}, r"time_limit must be a number of seconds > 0"),
-        ({"concurrency": "fibers"}, r"concurrency must be 'thread' or 'process'"),
+        ({"pool": "fibers"}, r"pool must be 'thread' or 'process'"),
     ],
 )
 def test_bad_arguments_are_refused_before_any_work(spark: SparkSession, pool: QueuePool, kw: dict[str, Any], error: str) -> None:
     before = set(pool.stats())
-    args: dict[str, Any] = {"func": lambda r: r["id"], "schema": "id long", "pool": pool, **kw}
+    args: dict[str, Any] = {"func": lambda r: r["id"], "schema": "id long", "queue_pool": pool, **kw}
     with pytest.raises((TypeError, ValueError), match=error):
         cs.map(spark.range(3), args.pop("func"), **args)
     assert set(pool.stats()) == before  # no queue declared
@@ -159,14 +165,16 @@ def test_more_consumers_than_task_slots_still_ends(
 ) -> None:
     """No task waits for another: the tasks without a slot run as others end, consuming their own rows."""
     n = spark.sparkContext.defaultParallelism + 1
-    out = cs.map(spark.range(40, numPartitions=8), lambda r: r["id"], schema="id long", pool=pool, n_consumers=n, progress=False)
+    out = cs.map(
+        spark.range(40, numPartitions=8), lambda r: r["id"], schema="id long", queue_pool=pool, n_consumers=n, progress=False
+    )
     assert sorted(r["id"] for r in out.collect()) == list(range(40))
     assert any(f"{n} consumers but {n - 1} Spark task slots" in r.getMessage() for r in caplog.records)
 
 
 def test_a_time_limit_sends_rows_one_to_a_message(spark: SparkSession, pool: QueuePool) -> None:
     out, stats = cs.map(
-        spark.range(12), lambda r: r["id"], schema="id long", pool=pool, time_limit=30, progress=False, stats=True
+        spark.range(12), lambda r: r["id"], schema="id long", queue_pool=pool, time_limit=30, progress=False, stats=True
     )
     assert len({r["_id"] for r in out.collect()}) == 12
     assert pool.drop(stats.queue)
@@ -240,7 +248,7 @@ def test_a_killed_consumer_loses_no_row_and_duplicates_none(spark: SparkSession,
     df = spark.range(600, numPartitions=3)
     t0 = time.monotonic()
     # a lease never waited out: the dead consumer's connections closed, which ends its leases at once
-    out = cs.map(df, killer(str(marker)), schema="id long", pool=pool, lease_s=600.0, progress=False)
+    out = cs.map(df, killer(str(marker)), schema="id long", queue_pool=pool, lease_s=600.0, progress=False)
     rows = out.collect()
     assert time.monotonic() - t0 < 120
     assert marker.exists(), "the consumer was never killed: the test did not test anything"
@@ -268,8 +276,8 @@ def test_a_row_that_crashes_its_process_fails_alone(spark: SparkSession, pool: Q
         df,
         crashes_on_13,
         schema="id long",
-        pool=pool,
-        concurrency="process",
+        queue_pool=pool,
+        pool="process",
         rows_per_message=4,
         max_retries=1,
         progress=False,
@@ -386,7 +394,7 @@ def test_map_without_a_pool_starts_and_stops_its_own_servers(spark: SparkSession
 def test_map_over_fewer_partitions_than_consumers_puts_rows_first(spark: SparkSession, pool: QueuePool) -> None:
     df = spark.range(100, numPartitions=1)  # one partition, two consumers: rows are put by a job of their own
     out, stats = cs.map(
-        df, lambda r: r["id"] // (r["id"] % 10), schema="n long", pool=pool, max_retries=0, progress=False, stats=True
+        df, lambda r: r["id"] // (r["id"] % 10), schema="n long", queue_pool=pool, max_retries=0, progress=False, stats=True
     )
     rows = out.collect()
     assert sorted(r["n"] for r in rows if r["_error"] is None) == sorted(i // (i % 10) for i in range(100) if i % 10)

@@ -88,7 +88,7 @@ def test_a_wait_on_a_queue_nobody_serves_warns_though_a_consumer_on_another_repo
     Now the wait warns once consumers have had time to report.
     """
     monkeypatch.setattr(progress, "STALL_FIRST_S", FIRST_S)
-    consumer = Consumer(pool, ["other"], max_concurrency=1, task_modules=MODULES)
+    consumer = Consumer(pool, ["other"], concurrency=1, task_modules=MODULES)
     runner = threading.Thread(target=consumer.run, name="test-consumer")
     runner.start()
     try:
@@ -146,7 +146,7 @@ def test_a_wait_looks_after_only_the_consumer_pools_on_its_queues(pool: QueuePoo
     queue it does not serve (its error would point that wait the wrong way); and once its `with`
     block is left, no wait at all.
     """
-    consumer = Consumer(pool, ["other"], max_concurrency=1)
+    consumer = Consumer(pool, ["other"], concurrency=1)
     runner = threading.Thread(target=consumer.run, name="test-consumer")
     runner.start()
 

@@ -45,9 +45,9 @@ def pool() -> Iterator[QueuePool]:
         yield p
 
 
-def consume(pool: QueuePool, **kw: object) -> Consumer:
+def consume(pool: QueuePool, /, **kw: object) -> Consumer:
     """Run a consumer on 'jobs' in this thread until the queue is drained."""
-    options: dict[str, object] = {"max_concurrency": 4, "until_empty": True, "task_modules": MODULES}
+    options: dict[str, object] = {"concurrency": 4, "until_empty": True, "task_modules": MODULES}
     options.update(kw)
     c = Consumer(pool, kw.pop("queues", ["jobs"]), **options)  # type: ignore[arg-type]
     c.run()
@@ -64,7 +64,7 @@ def test_function_and_class_tasks_run_with_results(pool: QueuePool, tmp_path: Pa
     log_ok, log_bad = tmp_path / "ok.log", tmp_path / "bad.log"
     ok = wt.Hooked.publish({"log": str(log_ok), "user": "ada"}, 7, _pool=pool)
     bad = wt.Hooked.publish({"log": str(log_bad)}, 8, fail=True, _pool=pool)
-    c = consume(pool, concurrency=mode)
+    c = consume(pool, pool=mode)
     assert pool.gather(handles) == [i + 10 for i in range(200)]
     assert pool.gather([ok]) == [{"x": 7, "app_data": {"log": str(log_ok), "user": "ada"}}]
     with pytest.raises(TaskFailedError, match="RuntimeError: asked to fail"):
@@ -118,7 +118,7 @@ def test_time_limit_stops_the_task(pool: QueuePool, mode: str) -> None:
     slow = wt.sleeps.publish(5.0, _pool=pool)
     quick = wt.sleeps.publish(0.01, _pool=pool)
     t0 = time.monotonic()
-    c = consume(pool, concurrency=mode, max_concurrency=1)
+    c = consume(pool, pool=mode, concurrency=1)
     assert time.monotonic() - t0 < 4  # the 5 s task did not hold the consumer
     with pytest.raises(TaskFailedError, match=r"TimeLimitExceeded: the task ran over its time limit of 0\.5 s") as e:
         pool.gather([slow])
@@ -135,7 +135,7 @@ def test_a_task_that_hangs_on_every_attempt_ends_in_the_dead_letters_and_the_con
     """
     h = wt.hangs.publish(30.0, _pool=pool)
     t0 = time.monotonic()
-    c = consume(pool, max_concurrency=2)
+    c = consume(pool, concurrency=2)
     assert time.monotonic() - t0 < 10  # 3 attempts of 0.3 s and short backoffs, not a hung thread's 30 s
     assert c.stats.timed_out == 3 and c.stats.dead == 1
     with pytest.raises(TaskFailedError, match="TimeLimitExceeded"):
@@ -236,7 +236,7 @@ def test_a_consumer_whose_slots_cannot_start_a_process_stops_and_says_why(
         raise OSError(24, "Too many open files")
 
     monkeypatch.setattr(ProcessSlots, "_spawn", only_the_first)
-    c = Consumer(pool, ["jobs"], concurrency="process", max_concurrency=1, task_modules=MODULES)
+    c = Consumer(pool, ["jobs"], pool="process", concurrency=1, task_modules=MODULES)
     t0 = time.monotonic()
     with pytest.raises(ConveyorError, match=r"could not start a worker process.*Too many open files"):
         c.run()
@@ -248,11 +248,11 @@ def test_a_consumer_whose_slots_cannot_start_a_process_stops_and_says_why(
 
 def test_process_mode_replaces_a_killed_child(pool: QueuePool) -> None:
     first = wt.pid_of_worker.publish(_pool=pool)
-    consume(pool, concurrency="process", max_concurrency=1)
+    consume(pool, pool="process", concurrency=1)
     [pid1] = pool.gather([first])
     wt.sleeps.publish(5.0, _pool=pool)  # killed at its time limit
     after = wt.pid_of_worker.publish(_pool=pool)
-    consume(pool, concurrency="process", max_concurrency=1)
+    consume(pool, pool="process", concurrency=1)
     [pid2] = pool.gather([after])
     assert pid1 != pid2 != os.getpid()
 
@@ -263,7 +263,7 @@ def test_back_pressure_fetches_only_what_it_can_start(pool: QueuePool) -> None:
     Never more fetched and unfinished than there are slots.
     """
     wt.sleeps.publish_many([(0.25,)] * 12, _pool=pool)  # 8 a second: under one in the read-ahead window
-    c = Consumer(pool, ["jobs"], max_concurrency=2, batch_size=100, until_empty=True, task_modules=MODULES)
+    c = Consumer(pool, ["jobs"], concurrency=2, batch_size=100, until_empty=True, task_modules=MODULES)
     seen: list[int] = []
 
     class Watch(Middleware):
@@ -287,10 +287,10 @@ def test_quick_tasks_are_read_ahead_in_large_fetches(pool: QueuePool, mode: str)
     """
     n = 3000
     wt.add.publish_many([(i, 1) for i in range(n)], _pool=pool)
-    c = consume(pool, max_concurrency=None, concurrency=mode)  # left out: 8 threads or 2 processes, and a read-ahead
+    c = consume(pool, concurrency=None, pool=mode)  # left out: 8 threads or 2 processes, and a read-ahead
     assert c.stats.processed == n and pool.stats("jobs")["jobs"].acked == n
     assert c.stats.fetches < n / 20, c.stats.fetches  # without the read-ahead: one fetch per 1-8 tasks
-    bounded = consume(pool, max_concurrency=8)  # given: a bound on the messages held, so no read-ahead
+    bounded = consume(pool, concurrency=8)  # given: a bound on the messages held, so no read-ahead
     assert bounded.reads_ahead is False and c.reads_ahead is True
 
 
@@ -306,7 +306,7 @@ def test_a_consumer_steals_from_other_shards(pool: QueuePool) -> None:
 def test_graceful_stop_finishes_running_tasks_and_leaves_the_rest(pool: QueuePool, tmp_path: Path) -> None:
     log = tmp_path / "done.log"
     handles = wt.slow_once.publish_many([(str(log), 0.4)] * 10, _pool=pool)
-    c = Consumer(pool, ["jobs"], max_concurrency=2, task_modules=MODULES)
+    c = Consumer(pool, ["jobs"], concurrency=2, task_modules=MODULES)
     t = threading.Thread(target=c.run)
     t.start()
     wait_for(lambda: pool.stats("jobs")["jobs"].delivered == 2, what="two tasks running")
@@ -336,7 +336,7 @@ def test_submit_and_map_ad_hoc_callables(pool: QueuePool) -> None:
     hs = pool.map(lambda x: x * factor, range(50), queue="jobs")
     h = pool.submit(divmod, 17, 5, _queue="jobs")
     bad = pool.submit(int, "not a number", _queue="jobs", _max_retries=0)
-    consume(pool, concurrency="process")
+    consume(pool, pool="process")
     assert pool.gather(hs) == [x * 3 for x in range(50)]
     assert pool.gather([h]) == [(3, 2)]
     with pytest.raises(TaskFailedError, match="ValueError"):
@@ -380,7 +380,7 @@ def test_sigkilled_consumer_loses_nothing_and_runs_each_task_to_completion_once(
     pool.declare("jobs", lease_s=1.0)  # the killed consumer's tasks come back after 1 s
     log = tmp_path / "done.log"
     handles = wt.slow_once.publish_many([(str(log), 0.3)] * 12, _pool=pool)
-    cp = ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=2, task_modules=MODULES).start()
+    cp = ConsumerPool(pool, 2, queues=["jobs"], concurrency=2, task_modules=MODULES).start()
     try:
         wait_for(lambda: pool.stats("jobs")["jobs"].delivered >= 3, what="tasks running")
         victim = cp.processes[0]
@@ -472,7 +472,7 @@ def test_a_task_that_kills_its_worker_ends_in_the_dead_letters(pool: QueuePool) 
     pool.declare("jobs", lease_s=600)  # never waited out: a dead consumer's leases end with its connections
     poison = wt.kills_its_worker.publish(_pool=pool)  # max_retries=2: three attempts, each killing a consumer
     good = wt.add.publish_many([(i, 0) for i in range(40)], _pool=pool)
-    with ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=1, task_modules=MODULES) as cp:
+    with ConsumerPool(pool, 2, queues=["jobs"], concurrency=1, task_modules=MODULES) as cp:
         cp.join(timeout=90, progress=False)
         results = dict(cp.results())
     # three attempts take three consumer lives: the two it started with and at least one restart (the
@@ -486,7 +486,7 @@ def test_a_task_that_kills_its_worker_ends_in_the_dead_letters(pool: QueuePool) 
 def test_in_process_mode_a_dying_child_is_a_retried_failure(pool: QueuePool) -> None:
     poison = wt.kills_its_worker.publish(_pool=pool)
     after = wt.add.publish(1, 1, _pool=pool)
-    c = consume(pool, concurrency="process", max_concurrency=1)
+    c = consume(pool, pool="process", concurrency=1)
     [dl] = pool.dead_letters("jobs")
     assert dl.message.id == poison.id and dl.message.attempts == 3 and "WorkerDied" in dl.error and "13" in dl.error
     assert pool.gather([after]) == [2] and c.stats.dead == 1
@@ -509,9 +509,9 @@ def main():
     with QueuePool.local(n_servers=1) as pool:
         handles = pool.map(abs, [-1, -2, -3], queue="jobs")
         if sys.argv[1] == "process-mode":
-            Consumer(pool, ["jobs"], max_concurrency=2, concurrency="process", until_empty=True).run()
+            Consumer(pool, ["jobs"], concurrency=2, pool="process", until_empty=True).run()
         else:
-            with ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=1) as workers:
+            with ConsumerPool(pool, 2, queues=["jobs"], concurrency=1) as workers:
                 workers.join(timeout=120, progress=False)
                 print("stats:", workers.stats.processed, "restarts:", workers.restarts)
         print("results:", pool.gather(handles))

@@ -161,7 +161,7 @@ def test_the_counts_of_a_consumer_process_that_dies_are_not_lost(tmp_path: Path)
     """
     with QueuePool.local(n_servers=2, data_dir=tmp_path) as pool:
         handles = wt.add.publish_many([(i, 1) for i in range(20)], _pool=pool)
-        cp = ConsumerPool(pool, 2, queues=["jobs"], max_concurrency=2, task_modules=MODULES).start()
+        cp = ConsumerPool(pool, 2, queues=["jobs"], concurrency=2, task_modules=MODULES).start()
         try:
             assert len(pool.gather(handles, timeout=60)) == 20
             steady = SteadyReports(pool)

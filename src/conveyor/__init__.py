@@ -4,7 +4,7 @@ The public API is what this package exports (see docs/architecture.md for the pa
 
 - tasks: `task`, `Task`, `TaskHandle` (`handle.result(timeout=...)`, `handle.status()`), `Args`;
 - queues: `QueuePool` (servers used as one; `submit`, `map`, `gather`), `QueueClient` (one server);
-- workers: `ConsumerPool`;
+- workers: `ConsumerPool`, `ConsumerOptions` (how each consumer runs tasks, for every way to start one);
 - the ambient pool: `local()` (an embedded Spark session and local servers), `cluster()` (servers
   beside a cluster's Spark driver), `set_default_pool`,
   `default_pool`, `get_default_pool`: every API that takes an optional pool uses it;
@@ -47,6 +47,7 @@ _LAZY = {
     "QueuePool": "conveyor.client.pool",
     "QueueClient": "conveyor.client.queue_client",
     "ConsumerPool": "conveyor.worker.consumer_pool",
+    "ConsumerOptions": "conveyor.worker.options",
     "local": "conveyor.spark.embedded",
     "cluster": "conveyor.spark.cluster",
     "TaskGraph": "conveyor.graph",

@@ -229,7 +229,7 @@ MAX_ERROR_CHARS = 64 * 1024
 # task option defaults
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_RETRIES = 3
-DEFAULT_MAX_CONCURRENCY = 8  # tasks one consumer runs at once
+DEFAULT_CONCURRENCY = 8  # tasks one consumer runs at once
 # a thread-mode consumer holds, beyond its slots, the messages it finishes in this long at its pace
 # (worker/pacing.py), at most READ_AHEAD_MAX: quick tasks come in large fetches, long ones one by one.
 # Measured on the skewed workload (5 ms tasks on average): a window of 0.05 s made ~100 fetches per

@@ -53,8 +53,8 @@ def scenes(pages: int) -> dict[str, Scene]:
                 "pages that crash their process",
                 small,
                 crash=3,
-                options={"concurrency": "process"},
-                shown="concurrency='process'",
+                options={"pool": "process"},
+                shown="pool='process'",
             ),
             Scene(
                 "c",

@@ -18,13 +18,22 @@ from conveyor.constants import DEFAULT_SHUTDOWN_TIMEOUT_S
 from conveyor.errors import ConnectionLostError, ConveyorError
 from conveyor.tasks.queue_config import QueueConfig, load_queues
 from conveyor.worker.affinity import default_slots
-from conveyor.worker.runtime import WorkerOptions, import_task_modules, run_worker
+from conveyor.worker.options import POOLS, ConsumerOptions
+from conveyor.worker.runtime import import_task_modules, run_worker
 from conveyor.worker.settings import load_settings
+
+DEFAULTS = ConsumerOptions()  # the options' defaults are ConsumerOptions': the command line's follow
 
 
 @click.command()
 @connect_options
-@click.option("--tasks", "task_modules", multiple=True, help="A module to import so its tasks register (repeat it).")
+@click.option(
+    "--tasks",
+    "task_modules",
+    multiple=True,
+    default=DEFAULTS.task_modules,
+    help="A module to import so its tasks register (repeat it).",
+)
 @click.option(
     "--queues-config",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
@@ -34,21 +43,25 @@ from conveyor.worker.settings import load_settings
 @click.option("--queues", "queue_names", default=None, help="Comma-separated queue names, instead of a queue YAML.")
 @click.option(
     "--concurrency",
-    default=None,
+    default=DEFAULTS.concurrency,
     type=click.IntRange(1),
     help="Tasks one consumer runs at once (default: 8 threads; or, with --pool process, child processes "
     "for the consumer's share of the cores, plus one).",
 )
 @click.option(
     "--pool",
-    "mode",
-    type=click.Choice(["thread", "process"]),
-    default="thread",
+    type=click.Choice(POOLS),
+    default=DEFAULTS.pool,
     show_default=True,
     help="Run tasks in threads, or in child processes (CPU-bound work; over its time limit, killed).",
 )
 @click.option("--processes", default=1, show_default=True, type=click.IntRange(1), help="Consumer processes to run.")
-@click.option("--batch-size", default=None, type=click.IntRange(1), help="Messages per fetch (default: each queue's batch_size).")
+@click.option(
+    "--batch-size",
+    default=DEFAULTS.batch_size,
+    type=click.IntRange(1),
+    help="Messages per fetch (default: each queue's batch_size).",
+)
 @click.option("--selector", default=None, help="Queue selection algorithm (default: settings QUEUE_SELECTOR, ReducedLottery).")
 @click.option("--until-empty", is_flag=True, help="Exit once the queues are drained.")
 @click.option(
@@ -68,17 +81,24 @@ from conveyor.worker.settings import load_settings
 )
 @click.option(
     "--shutdown-timeout",
-    default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+    default=DEFAULT_SHUTDOWN_TIMEOUT_S,  # a worker's process ends with its consumers (see ConsumerOptions)
     show_default=True,
     type=click.FloatRange(0),
     help="On SIGTERM or Ctrl-C, how many seconds running tasks may take to finish; those still running then "
-    "are handed back to their queues for another worker.",
+    "are handed back to their queues for another worker (inf: no limit).",
 )
 @click.option(
     "--pin-core/--no-pin-core",
-    default=None,
+    default=DEFAULTS.pin_core,
     help="Run each consumer on a core of its own while one is free (--pool thread, CPU-bound tasks). "
     "Default: pinned when --processes is at least the number of cores.",
+)
+@click.option(
+    "--early-ack",
+    is_flag=True,
+    default=DEFAULTS.early_ack,
+    help="Ack each message as it is delivered, before its task runs: at most once (a worker that dies loses "
+    "the tasks it was running), never a task run twice.",
 )
 def worker(
     conn: Connection,
@@ -86,7 +106,7 @@ def worker(
     queues_config: Path | None,
     queue_names: str | None,
     concurrency: int | None,
-    mode: Literal["thread", "process"],
+    pool: Literal["thread", "process"],
     processes: int,
     batch_size: int | None,
     selector: str | None,
@@ -95,6 +115,7 @@ def worker(
     unreachable_s: float | None,
     shutdown_timeout: float,
     pin_core: bool | None,
+    early_ack: bool,
 ) -> None:
     """Run consumers: fetch tasks from the queues and run them, until SIGTERM or Ctrl-C (a graceful stop).
 
@@ -103,7 +124,7 @@ def worker(
     """
     if queues_config is not None and queue_names is not None:  # which one would win is a guess: say so
         raise click.UsageError("give --queues-config or --queues, not both (the YAML names its queues)")
-    if pin_core and mode != "thread":
+    if pin_core and pool != "thread":
         raise click.UsageError("--pin-core is for --pool thread: the OS spreads task processes over the cores")
     _cwd_on_path()
     try:
@@ -116,14 +137,28 @@ def worker(
             queues = [q.strip() for q in queue_names.split(",") if q.strip()]
         else:
             queues = list(settings.queues())
+        try:
+            options = ConsumerOptions(
+                concurrency=concurrency,
+                pool=pool,
+                batch_size=batch_size,
+                selector=selector or settings.queue_selector,
+                task_modules=modules,
+                pin_core=pin_core,
+                early_ack=early_ack,
+                shutdown_timeout=shutdown_timeout,
+            )
+        except ValueError as e:  # a ConfigError (a --selector that does not load) is one too
+            if selector is None and "selector" in str(e):  # the settings module's QUEUE_SELECTOR, not the command line
+                raise click.ClickException(f"settings QUEUE_SELECTOR: {e}") from None
+            raise click.UsageError(str(e)) from None
         import_task_modules(modules)  # a module that does not import is said first, before any server is tried
-        pool = open_pool(conn)
+        servers = open_pool(conn)
         names = ", ".join(q if isinstance(q, str) else q.name for q in queues)
         console = Console(stderr=True)
-        slots = concurrency or default_slots(mode, processes)  # None goes on: the consumers then read ahead
-        console.print(
-            f"[bold]conveyor worker[/]: {processes} consumer(s) x {slots} {mode}(s) on {names} from {', '.join(pool.addresses)}"
-        )
+        slots = concurrency or default_slots(pool, processes)  # None goes on: the consumers then read ahead
+        where = f"{names} from {', '.join(servers.addresses)}"
+        console.print(f"[bold]conveyor worker[/]: {processes} consumer(s) x {slots} {pool}(s) on {where}")
         if not modules:  # said up front: otherwise every named task's message ends in the dead letters
             console.print(
                 "[yellow]warning[/]: no task modules (--tasks MODULE, or TASK_MODULES in the settings module): "
@@ -132,18 +167,16 @@ def worker(
             )
         if until_empty:
             _reach(conn, connect_timeout)
-        options = WorkerOptions(
+        st = run_worker(
+            servers,
+            queues,
+            settings,
             processes=processes,
-            concurrency=concurrency,
-            mode=mode,
-            batch_size=batch_size,
-            selector=selector,
             until_empty=until_empty,
-            pin_core=pin_core,
             unreachable_s=unreachable_s,
-            shutdown_timeout=shutdown_timeout,
+            say=console.print,
+            options=options,
         )
-        st = run_worker(pool, queues, settings, modules, options, say=console.print)
         console.print(st.summary(), soft_wrap=True)  # one line, however long: a log reads it whole
     except ConveyorError as e:
         raise click.ClickException(str(e)) from None

@@ -5,7 +5,7 @@ a transient queue server does per operation (see `conveyor.server.handlers`), mi
 Consumers, settlers, `@task` publishing and `TaskHandle.result()` work against it unchanged, so
 worker logic can be tested without a server. It has no threads of its own: a `get` or `gather`
 waits on a condition that every change notifies. It lives in one process: a consumer using it
-runs tasks in threads (`concurrency="thread"`), not in child processes.
+runs tasks in threads (`pool="thread"`), not in child processes.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _live(token: str) -> InProcessQueues:
     if q is None:
         raise ConveyorError(
             "an InProcessQueues lives in the process that made it: it cannot cross to another "
-            "(run consumers on it with concurrency='thread')"
+            "(run consumers on it with pool='thread')"
         )
     return q
 

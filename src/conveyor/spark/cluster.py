@@ -12,7 +12,7 @@ Before any work the executors are checked (`conveyor.spark.preflight`).
 What is lost when: the servers live in the driver's process tree, so losing the driver's host
 loses the queues, as it loses the Spark application anyway; losing an executor loses nothing
 (its messages come back when their leases end). For queues that must outlive the driver, run
-`conveyor serve` on hosts of their own and pass `pool=` (see docs/deploy.md).
+`conveyor serve` on hosts of their own and pass `queue_pool=` (see docs/deploy.md).
 
 Under Spark Connect the Python client is not the driver, and there is no `spark.driver.host` to
 follow: the servers start where the client runs, on the address given by `host=` (or
@@ -67,7 +67,7 @@ def driver_host(spark: SparkSession, host: str | None = None, interface: str | N
         raise ConveyorError(
             "under Spark Connect the queue servers cannot start beside the driver, which runs "
             "elsewhere: pass host= (or interface=) naming an address of this machine that the "
-            "executors reach, or pool=QueuePool.connect([...]) with servers of your own"
+            "executors reach, or queue_pool=QueuePool.connect([...]) with servers of your own"
         ) from None
     found = conf(spark, "spark.driver.host")
     if not found or (is_loopback(found) and not is_local(spark)):

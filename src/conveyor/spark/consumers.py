@@ -28,7 +28,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, Literal, cast
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.queue_client import QueueClient
@@ -43,14 +44,16 @@ from conveyor.spark.session import check_workers_python, task_slots
 from conveyor.spark.watch import START_TIMEOUT_S, JobGroup, JobWatch
 from conveyor.tasks.publish import get_default_pool
 from conveyor.tasks.queue_config import QueueConfig
-from conveyor.worker.affinity import auto_pin, check_pin, resolve_slots
+from conveyor.worker.affinity import auto_pin, resolve_slots
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import CONSUMER_SWITCH_INTERVAL_S
+from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_of, refuse_shared_selector
 from conveyor.worker.stats import ConsumerStats
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
+    from typing_extensions import Unpack  # typing.Unpack is 3.11+; only the type checker reads it
 
 log = logging.getLogger("conveyor.spark")
 
@@ -108,11 +111,17 @@ def _fed(pool: QueuePool, job: str) -> int:
 
 
 def _consume(
-    pool: QueuePool, queues: list[QueueConfig | str], n: int, job: str, options: dict[str, Any], prelude: Prelude | None
+    pool: QueuePool,
+    queues: list[QueueConfig | str],
+    n: int,
+    job: str,
+    options: ConsumerOptions,
+    run: _Run,
+    prelude: Prelude | None,
 ) -> Any:
     """The function each Spark task runs: its prelude (if any), one consumer, then one row of counts."""
 
-    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def consume(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
         from pyspark import TaskContext
 
@@ -130,12 +139,15 @@ def _consume(
         consumer = Consumer(
             pool,
             queues,
+            options=options,
+            until_empty=run.until_empty,
+            unreachable_s=run.unreachable_s,
             consumer=index,
             n_consumers=n,
             stop_when=lambda: pool.get_blob(stop) is not None,
             expect_more=expect_more,
             name=f"spark:{os.uname().nodename}:{job}:{index}:{os.getpid()}",
-            **options,
+            read_ahead=run.read_ahead,
         )
         old = sys.getswitchinterval()
         sys.setswitchinterval(CONSUMER_SWITCH_INTERVAL_S)  # see conveyor.worker.consumer_pool
@@ -148,7 +160,7 @@ def _consume(
             pool.close()
         yield pa.RecordBatch.from_pylist([_stats_row(index, consumer.report(), started, time.time(), rows)])
 
-    return run
+    return consume
 
 
 def _stats_row(index: int, r: ConsumerReport, started: float, finished: float, rows: int) -> dict[str, Any]:
@@ -197,14 +209,16 @@ class SparkConsumerPool:
     """Consumers as Spark tasks: `run()` until drained, or `start()` ... `stop()`.
 
     n_consumers: Spark tasks to run (default: the task slots the cluster has, see `task_slots`).
-    The other options are `Consumer`'s; `until_empty=False` keeps consumers running until `stop()`.
+    options (`options=`, or keywords of their names): `ConsumerOptions`. Left out, `concurrency`
+        is sized for a core per consumer (its Spark task's), `pin_core` for the task slots.
+    until_empty: consumers end once the queues are drained; False keeps them running until `stop()`.
     feed: (df, prelude): each consumer task first runs `prelude(batches, task)` over its share of
         df's rows (df coalesced to n_consumers tasks: no shuffle), e.g. to put them on the queue,
         then consumes (see the module docstring for how long it waits for the others' rows). This
         is how `map` overlaps putting rows on the queue with working them off.
     unreachable_s: a queue server out of reach for longer fails the job (`ServerUnreachableError`).
     start_timeout_s: no task started within it fails the job (`NoSlotsError`).
-    pool: the queue servers; None: the default pool, or else servers started for these consumers
+    queue_pool: the queue servers; None: the default pool, or else servers started for these consumers
         (beside the driver on a cluster: `conveyor.spark.cluster`), put work through `.pool`,
         stopped by `close()` (or the `with` block's end).
     On a cluster, `run` and `start` first check the executors (`conveyor.spark.preflight`).
@@ -213,46 +227,44 @@ class SparkConsumerPool:
     def __init__(
         self,
         spark: SparkSession,
-        pool: QueuePool | None = None,
+        queue_pool: QueuePool | None = None,
         n_consumers: int | None = None,
         *,
         queues: Sequence[QueueConfig | str] = ("default",),
-        batch_size: int | None = None,
-        max_concurrency: int | None = None,
-        concurrency: Literal["thread", "process"] = "thread",
-        task_modules: Sequence[str] = (),
         until_empty: bool = True,
-        pin_core: bool | None = None,
         description: str | None = None,
         feed: tuple[DataFrame, Prelude] | None = None,
         unreachable_s: float = DEFAULT_UNREACHABLE_S,
         start_timeout_s: float = START_TIMEOUT_S,
         progress: bool | None = False,
+        options: ConsumerOptions | None = None,
+        **keywords: Unpack[ConsumerKeywords],
     ) -> None:
         self.spark = spark
-        check_consumer_options(n_consumers, max_concurrency, batch_size, concurrency, pin_core)
+        given = options_of("SparkConsumerPool", options, keywords)
+        refuse_shared_selector("SparkConsumerPool", given)
+        if given.early_ack:  # the job's watch counts a consumer done when nothing it holds is unsettled
+            raise ValueError(
+                "SparkConsumerPool: early_ack is for ConsumerPool and conveyor worker: a Spark consumer's "
+                "progress and stop are judged by what it has settled"
+            )
+        check_count("n_consumers", n_consumers)
         self.n_consumers = consumer_count(spark, n_consumers)
         check_workers_python(spark)
         default = get_default_pool()  # servers started here come last: nothing below can fail and leave them running
-        self._own = None if pool is not None or isinstance(default, QueuePool) else _servers_for(spark)
-        self.pool: QueuePool = pool or self._own or cast("QueuePool", default)
-        self.queues, self.task_modules = list(queues), list(task_modules)
+        self._own = None if queue_pool is not None or isinstance(default, QueuePool) else _servers_for(spark)
+        self.pool: QueuePool = queue_pool or self._own or cast("QueuePool", default)
+        self.queues, self.task_modules = list(queues), list(given.task_modules)
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
         # each consumer is a Spark task: one task slot, a core (processes in its stead: for that core)
-        max_concurrency, read_ahead = resolve_slots(max_concurrency, concurrency, 1, cores=1)
-        self.options = {
-            "batch_size": batch_size,
-            "max_concurrency": max_concurrency,
-            "concurrency": concurrency,
-            "read_ahead": read_ahead,
-            "task_modules": list(task_modules),
-            "until_empty": until_empty,
-            "pin_core": auto_pin(pin_core, concurrency, self.n_consumers, task_slots(spark)),
-            "unreachable_s": unreachable_s,
-        }
+        slots, read_ahead = resolve_slots(given.concurrency, given.pool, 1, cores=1)
+        pin = auto_pin(given.pin_core, given.pool, self.n_consumers, task_slots(spark))
+        self.options = replace(given, concurrency=slots, pin_core=pin)  # what each consumer runs with
+        self.until_empty = until_empty
+        self._run = _Run(until_empty, unreachable_s, read_ahead)
         self.job = uuid.uuid4().hex[:12]
         self.description = description or (
-            f"conveyor: {self.n_consumers} consumer(s) x {max_concurrency} {concurrency}(s) on {', '.join(self.queue_names)}"
+            f"conveyor: {self.n_consumers} consumer(s) x {slots} {given.pool}(s) on {', '.join(self.queue_names)}"
         )
         self.feed = feed
         self.unreachable_s, self.start_timeout_s, self.progress = unreachable_s, start_timeout_s, progress
@@ -269,7 +281,7 @@ class SparkConsumerPool:
     def dataframe(self) -> DataFrame:
         """The (lazy) DataFrame whose evaluation runs the consumers: one row of counts per consumer."""
         prelude = None if self.feed is None else self.feed[1]
-        fn = _consume(self.pool, self.queues, self.n_consumers, self.job, self.options, prelude)
+        fn = _consume(self.pool, self.queues, self.n_consumers, self.job, self.options, self._run, prelude)
         if self.feed is None:
             return self.spark.range(self.n_consumers, numPartitions=self.n_consumers).mapInArrow(fn, STATS_DDL)
         return self.feed[0].coalesce(self.n_consumers).mapInArrow(fn, STATS_DDL)
@@ -284,7 +296,7 @@ class SparkConsumerPool:
         `consuming=False` for a job that only puts work (a drained queue does not mean its work is
         done).
         """
-        done = self._all_fed if consuming and self.options["until_empty"] else None
+        done = self._all_fed if consuming and self.until_empty else None
         return JobWatch(
             self.spark,
             self.pool,
@@ -410,21 +422,24 @@ class SparkConsumerPool:
             self.join(timeout)
 
 
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """How each consumer of a job runs, beside its options."""
+
+    until_empty: bool  # it ends once the queues are drained
+    unreachable_s: float  # a server out of reach this long ends it with an error
+    read_ahead: bool  # it may hold quick tasks beyond its slots (sized here: the options leave them out)
+
+
 def _servers_for(spark: SparkSession) -> QueuePool:
     """Servers for consumers given no pool: local ones on a local master, else beside the driver."""
     return QueuePool.local(n_servers=2) if is_local(spark) else driver_pool(spark)
 
 
-def check_consumer_options(
-    n_consumers: int | None, max_concurrency: int | None, batch_size: int | None, concurrency: str, pin_core: bool | None
-) -> None:
-    """Refuse bad consumer settings here, on the driver, rather than in every Spark task."""
-    for name, value in (("n_consumers", n_consumers), ("max_concurrency", max_concurrency), ("batch_size", batch_size)):
-        if value is not None and (type(value) is not int or value < 1):
-            raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-    if concurrency not in ("thread", "process"):
-        raise ValueError(f"concurrency must be 'thread' or 'process', got {concurrency!r}")
-    check_pin(pin_core, concurrency)
+def check_count(name: str, value: int | None) -> None:
+    """Refuse a count that is not a positive integer here, on the driver, rather than in every Spark task."""
+    if value is not None and (type(value) is not int or value < 1):
+        raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
 def consumer_count(spark: SparkSession, requested: int | None) -> int:

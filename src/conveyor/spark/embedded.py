@@ -78,5 +78,5 @@ def _check_local(master: str | None) -> None:
         "executors could not reach servers or a driver on 127.0.0.1. On a cluster, create your own "
         "SparkSession and use conveyor.cluster(spark) (queue servers beside the driver, with a token "
         "and TLS), or servers of your own (conveyor serve --host ADDRESS --token-file FILE --tls-cert "
-        "... on each server host) passed as pool=QueuePool.connect([...]) (see docs/deploy.md)"
+        "... on each server host) passed as queue_pool=QueuePool.connect([...]) (see docs/deploy.md)"
     )

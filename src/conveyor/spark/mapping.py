@@ -48,7 +48,7 @@ from conveyor.constants import (
 )
 from conveyor.errors import ConnectionLostError, ConveyorError
 from conveyor.spark.cluster import driver_pool, is_local
-from conveyor.spark.consumers import SparkConsumerPool, check_consumer_options, consumer_count, said, say_once
+from conveyor.spark.consumers import SparkConsumerPool, check_count, consumer_count, said, say_once
 from conveyor.spark.preflight import preflight
 from conveyor.spark.rows import EXTRA_COLUMNS, MAX_ROWS_PER_MESSAGE, RowRunner, put_partitions, putter, read_results, with_extra
 from conveyor.spark.session import check_workers_python
@@ -57,11 +57,13 @@ from conveyor.tasks.envelope import adhoc_task_name, function_ref
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import attempts_for, check_max_retries
 from conveyor.tasks.publish import get_default_pool
+from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_of
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
+    from typing_extensions import Unpack  # typing.Unpack is 3.11+; only the type checker reads it
 
 
 log = logging.getLogger("conveyor.spark")
@@ -87,20 +89,18 @@ def map(
     func: Callable[[dict[str, Any]], Any],
     *,
     schema: str | StructType,
-    pool: QueuePool | None = ...,
+    queue_pool: QueuePool | None = ...,
     n_consumers: int | None = ...,
-    batch_size: int | None = ...,
-    max_concurrency: int | None = ...,
-    concurrency: Literal["thread", "process"] = ...,
     max_retries: int = ...,
     time_limit: float | None = ...,
     lease_s: float = ...,
     rows_per_message: int | None = ...,
     unreachable_s: float = ...,
     start_timeout_s: float = ...,
-    pin_core: bool | None = ...,
     progress: bool | None = ...,
     stats: Literal[False] = ...,
+    options: ConsumerOptions | None = ...,
+    **keywords: Unpack[ConsumerKeywords],
 ) -> DataFrame: ...
 @overload
 def map(
@@ -108,55 +108,54 @@ def map(
     func: Callable[[dict[str, Any]], Any],
     *,
     schema: str | StructType,
-    pool: QueuePool | None = ...,
+    queue_pool: QueuePool | None = ...,
     n_consumers: int | None = ...,
-    batch_size: int | None = ...,
-    max_concurrency: int | None = ...,
-    concurrency: Literal["thread", "process"] = ...,
     max_retries: int = ...,
     time_limit: float | None = ...,
     lease_s: float = ...,
     rows_per_message: int | None = ...,
     unreachable_s: float = ...,
     start_timeout_s: float = ...,
-    pin_core: bool | None = ...,
     progress: bool | None = ...,
     stats: Literal[True],
+    options: ConsumerOptions | None = ...,
+    **keywords: Unpack[ConsumerKeywords],
 ) -> tuple[DataFrame, MapStats]: ...
 def map(
     df: DataFrame,
     func: Callable[[dict[str, Any]], Any],
     *,
     schema: str | StructType,
-    pool: QueuePool | None = None,
+    queue_pool: QueuePool | None = None,
     n_consumers: int | None = None,
-    batch_size: int | None = None,
-    max_concurrency: int | None = None,
-    concurrency: Literal["thread", "process"] = "thread",
     max_retries: int = DEFAULT_MAX_RETRIES,
     time_limit: float | None = None,
     lease_s: float = MAP_DEFAULT_LEASE_S,
     rows_per_message: int | None = None,
     unreachable_s: float = DEFAULT_UNREACHABLE_S,
     start_timeout_s: float = START_TIMEOUT_S,
-    pin_core: bool | None = None,
     progress: bool | None = None,
     stats: bool = False,
+    options: ConsumerOptions | None = None,
+    **keywords: Unpack[ConsumerKeywords],
 ) -> DataFrame | tuple[DataFrame, MapStats]:
     """Apply `func` to every row of `df` through the queue; returns the results as a DataFrame.
 
     func: called with each row as a dict; returns the output row as a dict (by column name), a
         tuple (in `schema` order) or, for a one-column schema, the value.
     schema: the output columns (DDL string or StructType), without `_id`, `_error`, `_input`.
-    pool: the queue servers; None: the default pool (`conveyor.local()`'s, `conveyor.cluster()`'s,
+    queue_pool: the queue servers; None: the default pool (`conveyor.local()`'s, `conveyor.cluster()`'s,
         or `set_default_pool`'s, which must be a QueuePool), or else servers started for this call
         and stopped after it: on this machine for local Spark, beside the driver on a cluster (with
         a token and TLS: `conveyor.spark.cluster`). The output is read back from the servers if an
         executor holding part of it is lost later; with servers stopped after the call it is
         checkpointed on the executors instead. On a cluster the executors are checked first
         (`conveyor.spark.preflight`): conveyor and func's module importable, the servers reachable.
-    n_consumers, batch_size, max_concurrency, concurrency, pin_core: the consumers (see
-        `SparkConsumerPool` and `Consumer`).
+    n_consumers: the consumers, Spark tasks (default: one per task slot; see `SparkConsumerPool`).
+    options (`options=`, or keywords of their names: `concurrency`, `pool`, `batch_size`, ...):
+        how each consumer runs the rows, `ConsumerOptions` (all but `early_ack`: every row's result
+        is read back; and `middleware`: a row's retries and time limit are `max_retries` and
+        `time_limit`).
     max_retries: a row that raises is run again, up to this many times, then reported.
     time_limit: seconds a row may take; a row over it fails (and is retried). The limit holds a
         message, so with it rows travel one to a message unless `rows_per_message` is given: then
@@ -195,7 +194,15 @@ def map(
     ):
         if value is not None and not (isinstance(value, (int, float)) and value > 0):
             raise ValueError(f"map: {name} must be a number of seconds > 0, got {value!r}")
-    check_consumer_options(n_consumers, max_concurrency, batch_size, concurrency, pin_core)
+    consumer_options = options_of("map", options, keywords)
+    if consumer_options.early_ack:
+        raise ValueError("map: early_ack is not for map: a row acked on delivery leaves no result or error to read back")
+    if consumer_options.middleware is not None:  # it would take the place of the Retries and TimeLimits that serve them
+        raise ValueError(
+            "map: middleware is not for map: its rows' retries and time limit are map's own max_retries= and time_limit="
+        )
+    check_count("n_consumers", n_consumers)
+    pool = queue_pool
     spark: SparkSession = df.sparkSession
     out_schema = _output_schema(spark, schema)
     check_workers_python(spark)
@@ -227,12 +234,7 @@ def map(
                 unreachable_s=unreachable_s,
                 start_timeout_s=start_timeout_s,
                 progress=progress,
-                options={
-                    "batch_size": batch_size,
-                    "max_concurrency": max_concurrency,
-                    "concurrency": concurrency,
-                    "pin_core": pin_core,
-                },
+                options=consumer_options,
             )
         except BaseException as e:
             _abandon(pool, queue, e, ephemeral)
@@ -258,7 +260,7 @@ def _run(
     unreachable_s: float,
     start_timeout_s: float,
     progress: bool | None,
-    options: dict[str, Any],
+    options: ConsumerOptions,
 ) -> DataFrame | tuple[DataFrame, MapStats]:
     from pyspark.sql.pandas.types import to_arrow_schema
 
@@ -274,20 +276,21 @@ def _run(
     t0 = time.time()
     put_rows = putter(pool, queue, job, adhoc_task_name(ref.digest), opts, rows_per_message, unreachable_s)
     n = consumer_count(spark, n_consumers)
-    common: dict[str, Any] = {
-        "queues": [queue],
-        "unreachable_s": unreachable_s,
-        "start_timeout_s": start_timeout_s,
-        "progress": progress,
-        **options,
-    }
     rows, t1 = 0, t0  # rows put before consuming, and when that ended (when consumers put them: none, at once)
-    if n <= _partitions(df):  # each of n tasks puts its share of the rows, then consumes
-        consumers = SparkConsumerPool(
-            spark, pool, n, feed=(df, put_rows), **common, description=f"conveyor.spark.map through {queue}"
-        )
-    else:  # fewer partitions than consumers: put the rows first (a job of its own), then consume
-        consumers = SparkConsumerPool(spark, pool, n, **common, description=f"conveyor.spark.map through {queue}")
+    fed = n <= _partitions(df)  # each of n tasks puts its share of the rows, then consumes
+    consumers = SparkConsumerPool(
+        spark,
+        pool,
+        n,
+        queues=[queue],
+        description=f"conveyor.spark.map through {queue}",
+        feed=(df, put_rows) if fed else None,
+        unreachable_s=unreachable_s,
+        start_timeout_s=start_timeout_s,
+        progress=progress,
+        options=options,
+    )
+    if not fed:  # fewer partitions than consumers: put the rows first (a job of its own), then consume
         with consumers.job_group(), consumers.watch(consuming=False):
             counts = df.mapInArrow(put_partitions(pool, put_rows), "partition long, rows long").collect()
         rows, t1 = sum(r["rows"] for r in counts), time.time()

@@ -7,6 +7,7 @@ from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import ConsumerPool, TaskFailure
 from conveyor.worker.hooks import ConsumerHooks, HookFailure
 from conveyor.worker.middleware import Decision, Middleware, Retries, TimeLimits
+from conveyor.worker.options import ConsumerOptions
 from conveyor.worker.selectors import (
     SELECTORS,
     HighestPriorityFirst,
@@ -25,6 +26,7 @@ __all__ = [
     "SELECTORS",
     "Consumer",
     "ConsumerHooks",
+    "ConsumerOptions",
     "ConsumerPool",
     "ConsumerStats",
     "Decision",

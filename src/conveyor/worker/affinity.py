@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from conveyor.constants import DEFAULT_MAX_CONCURRENCY
+from conveyor.constants import DEFAULT_CONCURRENCY
 
 log = logging.getLogger("conveyor.worker")
 
@@ -48,10 +48,10 @@ class CorePin:
         self._fd = -1
 
 
-def check_pin(pin_core: bool | None, concurrency: str) -> None:
+def check_pin(pin_core: bool | None, pool: str) -> None:
     """Refuse pinning where it does not apply."""
-    if pin_core and concurrency != "thread":
-        raise ValueError("pin_core is for concurrency='thread': the OS spreads task processes over the cores")
+    if pin_core and pool != "thread":
+        raise ValueError("pin_core is for pool='thread': the OS spreads task processes over the cores")
 
 
 def usable_cores() -> int:
@@ -59,35 +59,33 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def default_slots(concurrency: str, consumers: int, cores: int | None = None) -> int:
-    """A consumer's `max_concurrency` when none is given.
+def default_slots(pool: str, consumers: int, cores: int | None = None) -> int:
+    """A consumer's `concurrency` when none is given.
 
-    DEFAULT_MAX_CONCURRENCY threads; or child processes for its share of the `cores` (default: this
+    DEFAULT_CONCURRENCY threads; or child processes for its share of the `cores` (default: this
     process's) among `consumers`, plus one to start a task while another's result travels. More
     processes than cores only share them out (measured: 8 per consumer on a core each ran 1.4x
     slower than 2-3).
     """
-    if concurrency != "process":
-        return DEFAULT_MAX_CONCURRENCY
+    if pool != "process":
+        return DEFAULT_CONCURRENCY
     return max(1, (cores or usable_cores()) // max(1, consumers)) + 1
 
 
-def resolve_slots(max_concurrency: int | None, concurrency: str, consumers: int, cores: int | None = None) -> tuple[int, bool]:
+def resolve_slots(concurrency: int | None, pool: str, consumers: int, cores: int | None = None) -> tuple[int, bool]:
     """(slots, read ahead) of a consumer.
 
-    Slots: `max_concurrency` as given, which also bounds the messages it holds; left out (None),
+    Slots: `concurrency` as given, which also bounds the messages it holds; left out (None),
     `default_slots`, and the consumer may hold quick tasks beyond its slots (worker/pacing.py). A
     crash of the consumer's process returns the messages held after their lease, an attempt spent: a
     bound given keeps that to the slots.
     """
-    if max_concurrency is not None:
-        if max_concurrency < 1:
-            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
-        return max_concurrency, False
-    return default_slots(concurrency, consumers, cores), True
+    if concurrency is not None:
+        return concurrency, False  # checked by ConsumerOptions
+    return default_slots(pool, consumers, cores), True
 
 
-def auto_pin(pin_core: bool | None, concurrency: str, consumers: int, cores: int | None = None) -> bool:
+def auto_pin(pin_core: bool | None, pool: str, consumers: int, cores: int | None = None) -> bool:
     """Whether consumers pin.
 
     As told, or (None, the default) in thread mode when there are at least as many `consumers` as
@@ -95,10 +93,10 @@ def auto_pin(pin_core: bool | None, concurrency: str, consumers: int, cores: int
     its own core; with cores to spare a consumer is better left free to use several (tasks in native
     code that releases the GIL).
     """
-    check_pin(pin_core, concurrency)
+    check_pin(pin_core, pool)
     if pin_core is not None:
         return pin_core
-    return concurrency == "thread" and consumers >= (cores or usable_cores())
+    return pool == "thread" and consumers >= (cores or usable_cores())
 
 
 def pin_core(lock_dir: Path | None = None) -> CorePin | None:

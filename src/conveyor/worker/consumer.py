@@ -5,7 +5,7 @@ at once (no prefetched message waits behind a long task), picks queues with a se
 algorithms), serves its assigned shards first and steals from the others when they are empty,
 acks results in batches, extends the leases of long tasks, stops tasks over their time limit and
 hands failures to the middleware (retries with backoff, dead letters). On `stop()` it fetches no
-more, lets running tasks finish (for up to `shutdown_s`; then hands them back, the attempt not
+more, lets running tasks finish (for up to `shutdown_timeout`; then hands them back, the attempt not
 counted), gives back anything fetched but not started, and returns. A server out of reach is
 retried now and then while the others are served (see `outages`).
 """
@@ -19,28 +19,32 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import TYPE_CHECKING
 
 from conveyor.client.backend import QueueBackend
-from conveyor.constants import DEFAULT_SELECTOR, DEFAULT_UNREACHABLE_S, H_ROWS, H_TASK, TASK_SECONDS_BUCKETS
+from conveyor.constants import DEFAULT_UNREACHABLE_S, H_ROWS, H_TASK, TASK_SECONDS_BUCKETS
 from conveyor.errors import ConnectionLostError, ConveyorError, ServerUnreachableError, TaskError
 from conveyor.message import Message
 from conveyor.protocol.histograms import Histogram
 from conveyor.protocol.report import ConsumerReport, Rows
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.tasks.registry import import_named
-from conveyor.worker.affinity import check_pin, pin_core, resolve_slots
+from conveyor.worker.affinity import auto_pin, pin_core, resolve_slots
 from conveyor.worker.completions import Completions
 from conveyor.worker.connections import ONE_ATTEMPT, BlobFetcher, own_connections
 from conveyor.worker.executors import Completion, ProcessSlots, ThreadSlots
 from conveyor.worker.fetching import Fetcher
 from conveyor.worker.held import Held, ServedQueue, due_extensions, over_limit
-from conveyor.worker.middleware import Decision, Middleware, default_middleware
+from conveyor.worker.middleware import Decision, default_middleware
+from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_of
 from conveyor.worker.outages import Outages
 from conveyor.worker.pacing import Pacing, Throughput, read_ahead
 from conveyor.worker.selectors import QueueSelector, selector_class
 from conveyor.worker.settler import Ack, Extend, Nack, Release, Settlement, Settler, ack_on_delivery, result_fits
 from conveyor.worker.stats import ConsumerStats
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack is 3.11+; only the type checker reads it
 
 log = logging.getLogger("conveyor.worker")
 
@@ -55,79 +59,67 @@ _HOST = socket.gethostname()  # in every report: `conveyor stats` shows where a 
 
 
 class Consumer:
-    """Runs tasks from `queues` of `pool` until stopped (or, with `until_empty`, until they are drained)."""
+    """Runs tasks from `queues` of `queue_pool` until stopped (or, with `until_empty`, until they are drained)."""
 
     def __init__(
         self,
-        pool: QueueBackend,
+        queue_pool: QueueBackend,
+        /,
         queues: Sequence[QueueConfig | str] = ("default",),
         *,
+        options: ConsumerOptions | None = None,
+        until_empty: bool = False,
+        unreachable_s: float | None = DEFAULT_UNREACHABLE_S,
         consumer: int = 0,
         n_consumers: int = 1,
-        batch_size: int | None = None,
-        max_concurrency: int | None = None,
-        concurrency: Literal["thread", "process"] = "thread",
-        selector: QueueSelector | str = DEFAULT_SELECTOR,
-        middleware: Sequence[Middleware] | None = None,
-        task_modules: Sequence[str] = (),
-        until_empty: bool = False,
         name: str | None = None,
         seed: int | None = None,
         stop_when: Callable[[], bool] | None = None,
         expect_more: Callable[[], bool] | None = None,
         on_started: Callable[[], object] | None = None,
-        pin_core: bool = False,
-        unreachable_s: float | None = DEFAULT_UNREACHABLE_S,
-        read_ahead: bool | None = None,
-        early_ack: bool = False,
         holding: Callable[[int], object] | None = None,
-        shutdown_s: float | None = None,
+        read_ahead: bool | None = None,
+        **keywords: Unpack[ConsumerKeywords],
     ) -> None:
-        """See the module docstring.
+        """See the module docstring; the options (`options=`, or keywords of their names) are `ConsumerOptions`.
 
-        `stop_when`, asked about once a second, stops the consumer gracefully when it returns True
-        (a stop signalled from elsewhere, e.g. through the servers). `expect_more` (with
-        `until_empty`): while it returns True, drained queues do not end the consumer (producers are
-        still at work). `on_started` is called once `run()` is ready to work: task modules imported,
-        task slots started. `pin_core` (thread concurrency only) runs the consumer on a core of its
-        own while one is free (see `conveyor.worker.affinity`). `unreachable_s`: a server out of
-        reach for longer ends `run()` with `ServerUnreachableError` (one back within it, and the
-        work goes on; None: retried for as long as it takes, the others served meanwhile).
-        `shutdown_s`: after a graceful `stop()`, tasks still running this long are handed back (the
-        attempt not counted; None: no limit). `early_ack`: each message is acked (without a result)
-        as it is delivered, before it runs: at most once (see `settler.ack_on_delivery`); it reads
-        no messages ahead then, since those could not be given back, and extends no leases.
-        `holding` (with `early_ack`) is told how many acked messages the consumer holds, before each
-        ack and as they end: the servers no longer count them (`ConsumerPool.join`).
+        `until_empty`: end once the queues are drained. `unreachable_s`: a server out of reach for
+        longer ends `run()` with `ServerUnreachableError` (one back within it, and the work goes on;
+        None: retried for as long as it takes, the others served meanwhile). `consumer` of
+        `n_consumers`: which shards it serves first. `stop_when`, asked about once a second, stops
+        the consumer gracefully when it returns True (a stop signalled from elsewhere, e.g. through
+        the servers). `expect_more` (with `until_empty`): while it returns True, drained queues do
+        not end the consumer (producers are still at work). `on_started` is called once `run()` is
+        ready to work: task modules imported, task slots started. `holding` (with `early_ack`) is
+        told how many acked messages the consumer holds, before each ack and as they end: the
+        servers no longer count them (`ConsumerPool.join`). `read_ahead`: whether it may hold quick
+        tasks beyond its slots (None: when `concurrency` is left out; a pool that sized the slots
+        for its consumers says so here). With `early_ack` it reads no messages ahead, since those
+        could not be given back (see `settler.ack_on_delivery`), and extends no leases.
         """
         if not queues:
             raise ValueError("a consumer needs at least one queue")
-        max_concurrency, reads_ahead = resolve_slots(max_concurrency, concurrency, 1)
-        self.reads_ahead = (reads_ahead if read_ahead is None else read_ahead) and not early_ack
-        self.early_ack, self.holding = early_ack, holding  # with early_ack, every message held is acked already
-        if batch_size is not None and batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if concurrency not in ("thread", "process"):
-            raise ValueError(f"concurrency must be 'thread' or 'process', got {concurrency!r}")
-        check_pin(pin_core, concurrency)
-        self.pool = pool
-        self.queues = [ServedQueue.of(q, batch_size) for q in queues]
-        mine = pool.assign(consumer, n_consumers)
-        self.shards = mine + [s for s in range(len(pool)) if s not in mine]  # assigned first, then steal
+        self.options = opts = options_of("Consumer", options, keywords)
+        self.slots, reads_ahead = resolve_slots(opts.concurrency, opts.pool, 1)
+        self.reads_ahead = (reads_ahead if read_ahead is None else read_ahead) and not opts.early_ack
+        self.early_ack, self.holding = opts.early_ack, holding  # with early_ack, every message held is acked already
+        self.pool = queue_pool
+        self.queues = [ServedQueue.of(q, opts.batch_size) for q in queues]
+        mine = queue_pool.assign(consumer, n_consumers)
+        self.shards = mine + [s for s in range(len(queue_pool)) if s not in mine]  # assigned first, then steal
         self.n_assigned = len(mine)
         self.n_consumers = n_consumers
-        self.max_concurrency = max_concurrency
-        self.concurrency = concurrency
         rng = random.Random(seed)
-        self.selector = selector if isinstance(selector, QueueSelector) else selector_class(selector)(rng)
-        self.middleware = list(default_middleware() if middleware is None else middleware)
-        self.task_modules = list(task_modules)
+        sel = opts.selector
+        self.selector = sel if isinstance(sel, QueueSelector) else selector_class(sel)(rng)
+        self.middleware = list(default_middleware() if opts.middleware is None else opts.middleware)
+        self.task_modules = list(opts.task_modules)
         self.until_empty = until_empty
         self.stop_when = stop_when
         self.expect_more = expect_more
         self.on_started = on_started
-        self.pin_core = pin_core
-        self.unreachable_s, self.shutdown_s = unreachable_s, shutdown_s
+        self.pin_core = auto_pin(opts.pin_core, opts.pool, 1)
+        self.unreachable_s, self.shutdown_timeout = unreachable_s, opts.shutdown_timeout
         self._next_stop_check = self._next_sweep = 0.0  # sweep: tasks over their time limit or due a lease extension
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{consumer}"
         self.stats = ConsumerStats()
@@ -166,9 +158,7 @@ class Consumer:
 
     def _run(self, core: int | None) -> None:
         sizes = [q.batch_size or 0 for q in self.queues]  # 0: no limit of the queue's own
-        self._pacing = Pacing(
-            self.max_concurrency, max(sizes) if min(sizes) else None, core is not None, self.n_consumers, len(self.pool)
-        )
+        self._pacing = Pacing(self.slots, max(sizes) if min(sizes) else None, core is not None, self.n_consumers, len(self.pool))
         # its fetches' own connections: one attempt each to connect, so that a server out of reach holds up
         # neither the others' work nor a stop (it is tried again later; see Outages)
         self._servers = own_connections(self.pool, ONE_ATTEMPT)
@@ -176,17 +166,17 @@ class Consumer:
         self._fetcher = Fetcher(self._servers, self.queues, self.selector, self.shards, self.n_assigned, self.stats, self._stop)
         fetcher, conns = BlobFetcher(self.pool), None  # conns: the task threads' own connections, closed at the end
         slots = (
-            ThreadSlots(self.max_concurrency, self._done, conns := fetcher())
-            if self.concurrency == "thread"
-            else ProcessSlots(self.max_concurrency, self._done, fetcher, self.task_modules)
+            ThreadSlots(self.slots, self._done, conns := fetcher())
+            if self.options.pool == "thread"
+            else ProcessSlots(self.slots, self._done, fetcher, self.task_modules)
         )
         slots.start()
         self._settler = Settler(self.pool, self.report, REPORT_EVERY_S)  # reports: this consumer is ready
         log.info(
             "consumer %s: %s x %d on %s, shards %s%s",
             self.name,
-            self.concurrency,
-            self.max_concurrency,
+            self.options.pool,
+            self.slots,
             ", ".join(q.name for q in self.queues),
             self.shards,
             "" if core is None else f", core {core}",
@@ -229,9 +219,14 @@ class Consumer:
                 if self._stop.is_set():
                     if not gave_back:
                         self._give_back(slots)
-                        gave_back, stop_by = True, now + (float("inf") if self.shutdown_s is None else self.shutdown_s)
+                        gave_back, stop_by = (
+                            True,
+                            now + (float("inf") if self.shutdown_timeout is None else self.shutdown_timeout),
+                        )
                     if self._running and now >= stop_by and not self._hard_stop:
-                        log.warning(f"consumer {self.name}: {self.shutdown_s:g} s after the stop, running tasks are handed back")
+                        log.warning(
+                            f"consumer {self.name}: {self.shutdown_timeout:g} s after the stop, running tasks are handed back"
+                        )
                         self._hard_stop = True
                     if self._hard_stop or not self._running:
                         return
@@ -414,7 +409,7 @@ class Consumer:
     def _hand_back(self) -> None:
         """Give back the messages still running as the consumer ends.
 
-        The consumer ends on a hard stop, `shutdown_s` past, or an error. The messages are READY again
+        The consumer ends on a hard stop, `shutdown_timeout` past, or an error. The messages are READY again
         for another worker, the attempt not counted, since the worker stopped and the task did not fail
         (counted, a task on its last attempt would go to the dead letters). Acked on delivery, they
         cannot go back: lost with the stop (at most once), they count as failed.

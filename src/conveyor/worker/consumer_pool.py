@@ -22,17 +22,17 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from multiprocessing.connection import Connection
 from multiprocessing.reduction import ForkingPickler
 from types import TracebackType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.progress import JoinProgress
 from conveyor.client.sharded import summed_stats
-from conveyor.constants import DEFAULT_SELECTOR, DEFAULT_SHUTDOWN_TIMEOUT_S, DEFAULT_UNREACHABLE_S
+from conveyor.constants import DEFAULT_UNREACHABLE_S
 from conveyor.errors import ConveyorError, RequestError
 from conveyor.gc_policy import tune_gc
 from conveyor.protocol.requests import QueueStats
@@ -43,14 +43,22 @@ from conveyor.worker.consumer import Consumer
 from conveyor.worker.held import say_held
 from conveyor.worker.hooks import ConsumerHooks, HookFailure, farewell
 from conveyor.worker.lifelines import stop_with_parent
-from conveyor.worker.middleware import Middleware
+from conveyor.worker.options import (
+    ConsumerKeywords,
+    ConsumerOptions,
+    options_of,
+    process_shutdown_timeout,
+    refuse_shared_selector,
+)
 from conveyor.worker.settings import load_settings
 from conveyor.worker.spawning import START_FAILURES_MAX, never_started, process_context, warm_up
 from conveyor.worker.stats import TALLIED, ConsumerStats, keep_tally, tallied, write_tally
 
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack is 3.11+; only the type checker reads it
+
 log = logging.getLogger("conveyor.worker")
 
-STOP_GRACE_S = DEFAULT_SHUTDOWN_TIMEOUT_S  # a pool's default shutdown_timeout (read as the pool is made)
 STOP_MARGIN_S = 10.0  # past its shutdown timeout, how long a consumer may take to hand its tasks back before it is killed
 # In a process that only consumes, CPU-bound tasks in threads switch the GIL every 5 ms by default;
 # every switch costs the process time on the CPU (measured: 0.86 -> 0.90 efficiency on the skewed
@@ -83,7 +91,8 @@ def _consumer_main(
     queues: list[QueueConfig | str],
     index: int,
     n: int,
-    options: dict[str, Any],
+    options: ConsumerOptions,
+    wiring: _Wiring,
     conn: Connection,
     environ: dict[str, str],
     hooks: ConsumerHooks | None = None,
@@ -98,9 +107,11 @@ def _consumer_main(
     """
     os.environ.clear()  # the pool process's environment when it started this one, not the fork server's
     os.environ.update(environ)
-    logging.basicConfig(level=options.pop("log_level", logging.WARNING), format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=wiring.log_level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        _consume(pool, queues, index, n, options, conn, hooks, None if holding is None else partial(say_held, holding), tally)
+        _consume(
+            pool, queues, index, n, options, wiring, conn, hooks, None if holding is None else partial(say_held, holding), tally
+        )
     except BaseException as e:  # before it started, the pool's error says why (not only that it exited)
         _tell(conn, _FAILED, "".join(traceback.format_exception_only(type(e), e)).strip())
         raise
@@ -111,7 +122,8 @@ def _consume(
     queues: list[QueueConfig | str],
     index: int,
     n: int,
-    options: dict[str, Any],
+    options: ConsumerOptions,
+    wiring: _Wiring,
     conn: Connection,
     hooks: ConsumerHooks | None,
     holding: Callable[[int], object] | None,
@@ -120,7 +132,15 @@ def _consume(
     settings = load_settings()
     own_process()
     consumer = Consumer(
-        pool, queues, consumer=index, n_consumers=n, on_started=lambda: _tell(conn, _STARTED, None), holding=holding, **options
+        pool,
+        queues,
+        options=options,
+        unreachable_s=None,  # join() is what gives up on a server out of reach
+        consumer=index,
+        n_consumers=n,
+        on_started=lambda: _tell(conn, _STARTED, None),
+        holding=holding,
+        read_ahead=wiring.read_ahead,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: consumer.stop())
@@ -152,55 +172,53 @@ def _tell(conn: Connection, what: str, data: object) -> None:
         conn.send((what, data))
 
 
+@dataclass(frozen=True, slots=True)
+class _Wiring:
+    """What a pool tells each of its consumer processes beside the options."""
+
+    read_ahead: bool  # whether it may hold quick tasks beyond its slots (the slots were sized by the pool)
+    log_level: int  # the pool process's, when it made the pool
+
+
 class ConsumerPool:
-    """`n_consumers` consumer processes on this machine (see `Consumer` for the options)."""
+    """`n_consumers` consumer processes on this machine."""
 
     def __init__(
         self,
-        pool: QueuePool,
+        queue_pool: QueuePool,
+        /,
         n_consumers: int | None = None,
         *,
         queues: Sequence[QueueConfig | str] = ("default",),
-        batch_size: int | None = None,
-        max_concurrency: int | None = None,
-        concurrency: Literal["thread", "process"] = "thread",
-        task_modules: Sequence[str] = (),
-        selector: str = DEFAULT_SELECTOR,
         restart: bool = True,
-        pin_core: bool | None = None,
-        early_ack: bool = False,
-        middleware: Sequence[Middleware] | None = None,
         hooks: ConsumerHooks | None = None,
-        shutdown_timeout: float | None = None,
+        options: ConsumerOptions | None = None,
+        **keywords: Unpack[ConsumerKeywords],
     ) -> None:
-        """`early_ack`, `middleware`: the consumers' (see `Consumer`); `hooks`: see `ConsumerHooks`.
+        """The consumers' options (`options=`, or keywords of their names) are `ConsumerOptions`.
 
-        `shutdown_timeout` (default STOP_GRACE_S): how long a stop lets running tasks finish (see
-        `cancel`). A consumer keeps trying a server out of reach: `join` is what gives up on it.
+        Left out, `concurrency` and `pin_core` are sized for `n_consumers` consumers sharing this
+        machine's cores. `shutdown_timeout` is also how long `cancel` waits for running tasks.
+        `restart`: consumers that die are started again. `hooks`: see `ConsumerHooks`. A consumer
+        keeps trying a server out of reach: `join` is what gives up on it.
         """
-        self.pool = pool
+        self.pool = queue_pool
         self.n_consumers = n_consumers or os.cpu_count() or 1
-        if self.n_consumers < 1:
-            raise ValueError(f"n_consumers must be >= 1, got {n_consumers}")
+        if type(self.n_consumers) is not int or self.n_consumers < 1:
+            raise ValueError(f"n_consumers must be an integer >= 1, got {n_consumers!r}")
         self.queues = list(queues)
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
-        max_concurrency, read_ahead = resolve_slots(max_concurrency, concurrency, self.n_consumers)
-        self.options: dict[str, Any] = {
-            "batch_size": batch_size,
-            "max_concurrency": max_concurrency,
-            "concurrency": concurrency,
-            "read_ahead": read_ahead,
-            "task_modules": list(task_modules),
-            "selector": selector,
-            "pin_core": auto_pin(pin_core, concurrency, self.n_consumers),
-            "early_ack": early_ack,
-            "middleware": None if middleware is None else list(middleware),
-            "log_level": logging.getLogger().level or logging.WARNING,
-            "unreachable_s": None,
-            "shutdown_s": STOP_GRACE_S if shutdown_timeout is None else shutdown_timeout,
-        }
-        if max_concurrency < 1 or (batch_size is not None and batch_size < 1):
-            raise ValueError("max_concurrency and batch_size must be >= 1")
+        given = options_of("ConsumerPool", options, keywords)
+        refuse_shared_selector("ConsumerPool", given)
+        slots, read_ahead = resolve_slots(given.concurrency, given.pool, self.n_consumers)
+        # what each consumer runs with: sized for the consumers on this machine
+        self.options = replace(
+            given,
+            concurrency=slots,
+            pin_core=auto_pin(given.pin_core, given.pool, self.n_consumers),
+            shutdown_timeout=process_shutdown_timeout(given.shutdown_timeout),
+        )
+        self._wiring = _Wiring(read_ahead, logging.getLogger().level or logging.WARNING)
         self.restart = restart
         self.restarts = 0
         self.hooks = hooks
@@ -232,7 +250,7 @@ class ConsumerPool:
         """
         read, write = self._ctx.Pipe(duplex=False)
         # [held, changes]: a new process holds nothing yet
-        self._holding[i] = self._ctx.Array("q", 2) if self.options["early_ack"] else None
+        self._holding[i] = self._ctx.Array("q", 2) if self.options.early_ack else None
         self._tallies[i] = self._ctx.RawArray("q", len(TALLIED))
         p = self._ctx.Process(
             target=_consumer_main,
@@ -241,7 +259,8 @@ class ConsumerPool:
                 self.queues,
                 i,
                 self.n_consumers,
-                dict(self.options),
+                self.options,
+                self._wiring,
                 write,
                 dict(os.environ),
                 self.hooks,
@@ -426,7 +445,7 @@ class ConsumerPool:
                 self.pool.wake(self.queue_names)  # after the signals: a woken consumer has its stop already
             except Exception as e:  # only speeds the stop up: the consumers' polls end on their own
                 log.warning("could not wake the consumers' long polls: %s", e)
-        grace = self.options["shutdown_s"] + STOP_MARGIN_S if graceful else STOP_MARGIN_S
+        grace = STOP_MARGIN_S + (process_shutdown_timeout(self.options.shutdown_timeout) if graceful else 0)
         deadline = time.monotonic() + grace
         try:
             for i, p in ((i, p) for i, p in enumerate(self._procs) if p is not None):

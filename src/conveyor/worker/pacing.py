@@ -16,7 +16,7 @@ from conveyor.constants import READ_AHEAD_MAX, READ_AHEAD_WINDOW_S
 class Pacing:
     """A consumer's fetch policy.
 
-    - Back-pressure: never more tasks held (fetched, not finished) than `max_concurrency` plus the
+    - Back-pressure: never more tasks held (fetched, not finished) than `slots` plus the
       read-ahead.
     - Read-ahead (`read_ahead`): messages held beyond the slots (threads or child processes), waiting for the
       next free one, as many as the consumer finishes in READ_AHEAD_WINDOW_S at its current pace.
@@ -32,7 +32,7 @@ class Pacing:
       long last tasks while the others wait.
     """
 
-    max_concurrency: int
+    slots: int
     batch_size: int | None  # the largest of the consumer's queues' (None: no limit of its own)
     pinned: bool = False
     n_consumers: int = 1
@@ -40,13 +40,13 @@ class Pacing:
 
     def hold(self, left: int | None, read_ahead: int = 0) -> int:
         """How many tasks to hold, given how many ready messages the last fetch's server had left."""
-        most = self.max_concurrency + read_ahead
+        most = self.slots + read_ahead
         if left is None:
             return most
         share = -(-left * self.n_shards // (2 * max(1, self.n_consumers)))  # ceil; shards hold about as much each
         if self.pinned:
             return min(most, max(2, share))
-        return min(most, max(self.max_concurrency, share))  # each slot may be a core of its own, or wait on I/O
+        return min(most, max(self.slots, share))  # each slot may be a core of its own, or wait on I/O
 
     def refill(self, hold: int) -> int:
         """With tasks running and the queues busy, fetch once this many slots are free."""

@@ -9,24 +9,27 @@ reach is retried, the others served meanwhile, for as long as it takes unless to
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING
 
 from conveyor.client.pool import QueuePool
-from conveyor.constants import DEFAULT_SHUTDOWN_TIMEOUT_S, DEFAULT_UNREACHABLE_S
+from conveyor.constants import DEFAULT_UNREACHABLE_S
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.tasks.registry import import_named
-from conveyor.worker.affinity import auto_pin
 from conveyor.worker.connections import ONE_ATTEMPT, own_connections
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import ConsumerPool, own_process
 from conveyor.worker.forkserver_signals import default_sigterm_in_forks
-from conveyor.worker.selectors import QueueSelector
+from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_of, process_shutdown_timeout
 from conveyor.worker.settings import Settings
 from conveyor.worker.stats import ConsumerStats
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack  # typing.Unpack is 3.11+; only the type checker reads it
 
 SIGNAL_CHECK_S = 1.0  # how often a multi-process worker looks after its consumers (and the servers) while it waits
 
@@ -35,24 +38,12 @@ class Stopping(Exception):
     """SIGTERM or Ctrl-C: a multi-process worker stops its consumers gracefully."""
 
 
-@dataclass(frozen=True)
-class WorkerOptions:
-    """How a worker runs (the `conveyor worker` options)."""
+def gives_up_after(unreachable_s: float | None, until_empty: bool) -> float | None:
+    """How long a server may be out of reach before the worker ends with an error (None: never).
 
-    processes: int = 1
-    concurrency: int | None = None  # None: see conveyor.worker.affinity.default_slots
-    mode: Literal["thread", "process"] = "thread"
-    batch_size: int | None = None
-    selector: str | type[QueueSelector] | None = None  # None: the settings' QUEUE_SELECTOR
-    until_empty: bool = False
-    pin_core: bool | None = None  # None: pin when there are as many consumer processes as cores
-    unreachable_s: float | None = None  # give up on a server out of reach this long (None: never; until_empty: 30 s)
-    shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S  # on a stop, how long running tasks may take to finish
-
-    @property
-    def gives_up_after(self) -> float | None:
-        """How long a server may be out of reach before the worker ends with an error (None: never)."""
-        return DEFAULT_UNREACHABLE_S if self.unreachable_s is None and self.until_empty else self.unreachable_s
+    As given; left out, never, unless the worker is to drain the queues and end (DEFAULT_UNREACHABLE_S).
+    """
+    return DEFAULT_UNREACHABLE_S if unreachable_s is None and until_empty else unreachable_s
 
 
 def import_task_modules(modules: Sequence[str]) -> None:
@@ -62,42 +53,42 @@ def import_task_modules(modules: Sequence[str]) -> None:
 
 
 def run_worker(
-    pool: QueuePool,
+    queue_pool: QueuePool,
+    /,
     queues: Sequence[QueueConfig | str],
     settings: Settings,
-    task_modules: Sequence[str],
-    options: WorkerOptions,
+    *,
+    processes: int = 1,
+    until_empty: bool = False,
+    unreachable_s: float | None = None,
     say: Callable[[str], object] = print,
+    options: ConsumerOptions | None = None,
+    **keywords: Unpack[ConsumerKeywords],
 ) -> ConsumerStats:
     """Run consumers on `queues` until stopped (or, with `until_empty`, until they are drained).
 
-    One process runs its consumer here; more run as child processes (`ConsumerPool`). `say`
-    reports stopping and the like (the CLI prints to stderr).
+    One process runs its consumer here; more run as child processes (`ConsumerPool`). The options
+    (`options=`, or keywords of their names) are `ConsumerOptions`; `conveyor worker` fills in the
+    settings module's task modules and selector. `settings`: its startup and shutdown hooks run.
+    `unreachable_s`: see `gives_up_after`. `say` reports stopping and the like (the CLI prints to
+    stderr).
     """
-    import_task_modules(task_modules)
-    sel = options.selector or settings.queue_selector
-    if options.processes == 1:
-        return _run_here(pool, queues, settings, task_modules, options, sel, say)
-    cp = ConsumerPool(
-        pool,
-        options.processes,
-        queues=list(queues),
-        batch_size=options.batch_size,
-        max_concurrency=options.concurrency,
-        concurrency=options.mode,
-        task_modules=list(task_modules),
-        selector=sel if isinstance(sel, str) else sel.__name__,
-        pin_core=options.pin_core,
-        shutdown_timeout=options.shutdown_timeout,
-    )
-    signals = StopOnSignals(options.shutdown_timeout, say)
-    limit, names = options.gives_up_after, [q if isinstance(q, str) else q.name for q in queues]
+    given = options_of("run_worker", options, keywords)
+    shutdown_timeout = process_shutdown_timeout(given.shutdown_timeout)
+    opts = dataclasses.replace(given, shutdown_timeout=shutdown_timeout)
+    import_task_modules(opts.task_modules)
+    limit = gives_up_after(unreachable_s, until_empty)
+    if processes == 1:
+        return _run_here(queue_pool, queues, settings, opts, until_empty, limit, say)
+    cp = ConsumerPool(queue_pool, processes, queues=list(queues), options=opts)
+    signals = StopOnSignals(shutdown_timeout, say)
+    names = [q if isinstance(q, str) else q.name for q in queues]
     try:
         cp.start()
-        if options.until_empty:
+        if until_empty:
             cp.join(unreachable_s=limit or DEFAULT_UNREACHABLE_S)  # with until_empty, there is a limit
         else:
-            _look_after(cp, pool, names, limit)
+            _look_after(cp, queue_pool, names, limit)
     except Stopping:
         pass
     finally:
@@ -107,28 +98,16 @@ def run_worker(
 
 
 def _run_here(
-    pool: QueuePool,
+    queue_pool: QueuePool,
     queues: Sequence[QueueConfig | str],
     settings: Settings,
-    task_modules: Sequence[str],
-    options: WorkerOptions,
-    sel: str | type[QueueSelector],
+    options: ConsumerOptions,
+    until_empty: bool,
+    unreachable_s: float | None,
     say: Callable[[str], object],
 ) -> ConsumerStats:
     own_process()
-    consumer = Consumer(
-        pool,
-        list(queues),
-        batch_size=options.batch_size,
-        max_concurrency=options.concurrency,
-        concurrency=options.mode,
-        selector=sel if isinstance(sel, str) else sel(),
-        task_modules=list(task_modules),
-        until_empty=options.until_empty,
-        pin_core=auto_pin(options.pin_core, options.mode, 1),
-        unreachable_s=options.gives_up_after,
-        shutdown_s=options.shutdown_timeout,
-    )
+    consumer = Consumer(queue_pool, list(queues), options=options, until_empty=until_empty, unreachable_s=unreachable_s)
     stops = [0]
 
     def on_signal(*_: object) -> None:
@@ -165,7 +144,8 @@ class StopOnSignals:
             self.say("already stopping: running tasks finish first")
             return
         self.under_way = True
-        self.say(f"stopping: finishing running tasks (for up to {self.shutdown_timeout:g} s)")
+        within = "" if math.isinf(self.shutdown_timeout) else f" (for up to {self.shutdown_timeout:g} s)"
+        self.say(f"stopping: finishing running tasks{within}")
         raise Stopping
 
 

@@ -121,8 +121,8 @@ class Worker:
         self._consumer = Consumer(
             publisher.get_pool(),
             self._queues,
-            max_concurrency=s.CONVEYOR_CONCURRENCY,
-            concurrency=s.CONVEYOR_MODE,
+            concurrency=s.CONVEYOR_CONCURRENCY,
+            pool=s.CONVEYOR_MODE,
             selector=selector,
             middleware=middleware,
             task_modules=TASK_MODULES,
