@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from .servers import wait_for
+from ..support.servers import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_demo_runs_every_scene_and_reports_what_it_measured() -> None:
@@ -180,7 +180,7 @@ def test_stats_reports_an_unreachable_server() -> None:
 
 def test_worker_command_runs_tasks_until_empty_and_stats_shows_it(tmp_path: Path) -> None:
     from conveyor.client.pool import QueuePool
-    from tests import worker_tasks as wt
+    from tests.support import worker_tasks as wt
 
     with QueuePool.local(n_servers=1, data_dir=tmp_path) as pool:
         handles = wt.add.publish_many([(i, 1) for i in range(50)], _pool=pool)
@@ -194,7 +194,7 @@ def test_worker_command_runs_tasks_until_empty_and_stats_shows_it(tmp_path: Path
                 "--connect",
                 connect,
                 "--tasks",
-                "tests.worker_tasks",
+                "tests.support.worker_tasks",
                 "--queues",
                 "jobs",
                 "--concurrency",
@@ -226,7 +226,7 @@ def test_worker_command_reports_a_missing_task_module() -> None:
 
 
 def conveyor(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
-    """Run the `conveyor` command from the repository's directory (where `tests.worker_tasks` imports)."""
+    """Run the `conveyor` command from the repository's directory (where `tests.support.worker_tasks` imports)."""
     kw.setdefault("cwd", ROOT)
     return subprocess.run(
         [sys.executable, "-m", "conveyor", *args], capture_output=True, text=True, timeout=kw.pop("timeout", 120), **kw
@@ -236,7 +236,7 @@ def conveyor(*args: str, **kw: Any) -> subprocess.CompletedProcess[str]:
 def test_worker_without_task_modules_warns_and_dead_letters_can_be_requeued(tmp_path: Path) -> None:
     from conveyor.client.pool import QueuePool
     from conveyor.tasks.envelope import decode_result
-    from tests import worker_tasks as wt
+    from tests.support import worker_tasks as wt
 
     with QueuePool.local(n_servers=2, data_dir=tmp_path) as pool:
         wt.add.publish_many([(i, 1) for i in range(20)], _pool=pool)
@@ -247,14 +247,18 @@ def test_worker_without_task_modules_warns_and_dead_letters_can_be_requeued(tmp_
         assert "only ad-hoc callables" in out.stderr
         dead = pool.dead_letters("jobs")
         assert len(dead) == 20 and all(d.message.attempts == 1 for d in dead)  # unknown: no retry can mend it
-        assert "conveyor worker --tasks MODULE" in dead[0].error and "unknown task 'tests.worker_tasks.add'" in dead[0].error
+        assert (
+            "conveyor worker --tasks MODULE" in dead[0].error and "unknown task 'tests.support.worker_tasks.add'" in dead[0].error
+        )
         out = conveyor("dead-letters", "--connect", connect, "--queue", "jobs", "--requeue", input="n\n")
         assert out.returncode == 1 and "Put 20 dead letter(s) of 'jobs' back" in out.stderr and "Aborted" in out.stderr
         assert len(pool.dead_letters("jobs")) == 20  # asked first; kept
         out = conveyor("dead-letters", "--connect", connect, "--queue", "jobs", "--requeue", "--yes")
         assert out.returncode == 0, out.stderr
         assert out.stdout.strip() == "jobs: requeued 20 dead letter(s)" and pool.dead_letters("jobs") == []
-        out = conveyor("worker", "--connect", connect, "--queues", "jobs", "--tasks", "tests.worker_tasks", "--until-empty")
+        out = conveyor(
+            "worker", "--connect", connect, "--queues", "jobs", "--tasks", "tests.support.worker_tasks", "--until-empty"
+        )
         assert out.returncode == 0, out.stderr
         assert "warning" not in out.stderr and "processed 20," in out.stderr
         assert sorted(decode_result(r) for _, r in pool.results("jobs")) == [i + 1 for i in range(20)]
@@ -308,7 +312,7 @@ def test_worker_imports_task_modules_from_the_current_directory(tmp_path: Path, 
 @pytest.mark.parametrize("until_empty", [True, False], ids=["until-empty", "until-sigterm"])
 def test_worker_with_several_processes_prints_their_summed_counts(tmp_path: Path, until_empty: bool) -> None:
     from conveyor.client.pool import QueuePool
-    from tests import worker_tasks as wt
+    from tests.support import worker_tasks as wt
 
     with QueuePool.local(n_servers=2, data_dir=tmp_path) as pool:
         handles = wt.add.publish_many([(i, 1) for i in range(40)], _pool=pool)
@@ -317,7 +321,7 @@ def test_worker_with_several_processes_prints_their_summed_counts(tmp_path: Path
             "--connect",
             ",".join(pool.addresses),
             "--tasks",
-            "tests.worker_tasks",
+            "tests.support.worker_tasks",
             "--queues",
             "jobs",
             "--processes",
@@ -344,7 +348,7 @@ def test_worker_with_several_processes_prints_their_summed_counts(tmp_path: Path
 
 @pytest.mark.parametrize("processes", ["1", "2"])
 def test_worker_until_empty_gives_up_on_servers_it_cannot_reach(processes: str) -> None:
-    from .procs import free_port
+    from ..support.procs import free_port
 
     started = time.monotonic()
     out = conveyor(
@@ -352,7 +356,7 @@ def test_worker_until_empty_gives_up_on_servers_it_cannot_reach(processes: str) 
         "--connect",
         f"tcp://127.0.0.1:{free_port()}",
         "--tasks",
-        "tests.worker_tasks",
+        "tests.support.worker_tasks",
         "--queues",
         "jobs",
         "--until-empty",
@@ -371,12 +375,12 @@ def test_worker_without_until_empty_waits_for_a_server_to_come_up(tmp_path: Path
     """A long-lived worker keeps retrying: it serves a server started after it."""
     from conveyor.client.pool import QueuePool
     from conveyor.server.processes import spawn_server, stop_server
-    from tests import worker_tasks as wt
+    from tests.support import worker_tasks as wt
 
-    from .procs import free_port
+    from ..support.procs import free_port
 
     address = f"tcp://127.0.0.1:{free_port()}"
-    args = ["worker", "--connect", address, "--tasks", "tests.worker_tasks", "--queues", "jobs", "--connect-timeout", "1"]
+    args = ["worker", "--connect", address, "--tasks", "tests.support.worker_tasks", "--queues", "jobs", "--connect-timeout", "1"]
     proc = subprocess.Popen([sys.executable, "-m", "conveyor", *args], cwd=ROOT, stderr=subprocess.PIPE, text=True)
     try:
         with pytest.raises(subprocess.TimeoutExpired):  # past --connect-timeout, it is still trying

@@ -18,10 +18,10 @@ from conveyor.message import Message
 from conveyor.protocol import requests as calls
 from conveyor.server.processes import spawn_server, stop_server
 
-from .procs import free_port
-from .servers import wait_for
+from ..support.procs import free_port
+from ..support.servers import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LONG_QUEUE = "jobs-" + "q" * 120  # wider than 80 columns, the width rich gives a pipe
 LONG_CONSUMER = "spark:" + "c" * 150 + ":0:4242"
 EXIT_SERVER_DOWN = 3

@@ -23,9 +23,9 @@ from conveyor.tasks.publish import adhoc_message
 from conveyor.worker import Consumer
 from conveyor.worker.settler import BUSY_COALESCE_S, COALESCE_S, Ack, Settler
 
-from . import worker_tasks as wt
+from ..support import worker_tasks as wt
 
-MODULES = ["tests.worker_tasks"]
+MODULES = ["tests.support.worker_tasks"]
 
 
 class Recording(InProcessQueues):

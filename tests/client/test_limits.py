@@ -18,10 +18,10 @@ from conveyor.message import Message, Status
 from conveyor.protocol.framing import Limits
 from conveyor.worker import Consumer
 
-from . import worker_tasks as wt
-from .servers import thread_server
+from ..support import worker_tasks as wt
+from ..support.servers import thread_server
 
-MODULES = ["tests.worker_tasks"]
+MODULES = ["tests.support.worker_tasks"]
 MB = 1_000_000
 
 
@@ -116,7 +116,9 @@ def test_exceptions_that_cannot_be_formatted_are_settled_and_the_rest_runs(pool:
     assert pool.gather(good) == [i + 1 for i in range(40)]
     with pytest.raises(TaskFailedError) as e:
         pool.gather([bad])
-    assert e.value.error.startswith("tests.worker_tasks.Unprintable: <the message of this tests.worker_tasks.Unprintable")
+    assert e.value.error.startswith(
+        "tests.support.worker_tasks.Unprintable: <the message of this tests.support.worker_tasks.Unprintable"
+    )
     with pytest.raises(TaskFailedError, match="SystemExit: 3"):
         pool.gather([exits])
     assert (c.stats.processed, c.stats.failed) == (40, 2)

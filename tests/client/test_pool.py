@@ -20,7 +20,7 @@ from conveyor.errors import ConveyorError, RequestError
 from conveyor.message import Message
 from conveyor.server.processes import spawn_server, stop_server
 
-from .servers import wait_for
+from ..support.servers import wait_for
 
 
 @pytest.fixture(scope="module")

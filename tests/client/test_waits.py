@@ -21,11 +21,11 @@ from conveyor.constants import COUNT_SERVES
 from conveyor.errors import ConveyorError
 from conveyor.worker import Consumer, ConsumerPool
 
-from . import worker_tasks as wt
-from .servers import wait_for
+from ..support import worker_tasks as wt
+from ..support.servers import wait_for
 
 pytestmark = pytest.mark.timeout(120)
-MODULES = ["tests.worker_tasks"]
+MODULES = ["tests.support.worker_tasks"]
 FIRST_S = 0.5  # the first warning, shortened for the tests (STALL_FIRST_S)
 # a consumer pool's start failure, seen by a wait: its consumers exit (START_FAILURES_MAX times, each
 # from a fork server) and the wait looks after them at each poll; generous for a busy machine
@@ -110,7 +110,7 @@ def test_a_wait_on_a_queue_nobody_serves_warns_though_a_consumer_on_another_repo
     ("module", "cause"),
     [
         ("tests.no_such_task_module", "cannot import task module 'tests.no_such_task_module'"),
-        ("tests.tasks_missing_dependency", "imports 'conveyor_test_no_such_dependency', which is not found: install"),
+        ("tests.support.tasks_missing_dependency", "imports 'conveyor_test_no_such_dependency', which is not found: install"),
     ],
     ids=["module-missing", "dependency-missing"],
 )

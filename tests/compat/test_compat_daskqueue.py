@@ -35,7 +35,7 @@ from conveyor.tasks.envelope import decode_result
 from conveyor.worker import Consumer, ConsumerHooks, HookFailure
 from conveyor.worker import ConsumerPool as ConveyorConsumerPool
 
-from .servers import wait_for
+from ..support.servers import wait_for
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,6 +1,6 @@
 """conveyor.compat.kale: an ndkale-style project run with only its import lines changed.
 
-The project is tests/kale_project (taskworker/ tasks, settings, queue YAML; publisher.py,
+The project is tests/support/kale_project (taskworker/ tasks, settings, queue YAML; publisher.py,
 worker.py), run against real queue servers and a real worker process.
 """
 
@@ -30,15 +30,15 @@ from conveyor.tasks.publish import build_message
 from conveyor.tasks.registry import Registry, registry
 from conveyor.tasks.runner import run_message
 
-from .servers import wait_for
+from ..support.servers import wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
-PROJECT = Path(__file__).parent / "kale_project"
+PROJECT = Path(__file__).parents[1] / "support" / "kale_project"
 
 
 def env_for(endpoint: str, out: Path) -> dict[str, str]:
-    src = str(Path(__file__).parents[1] / "src")
+    src = str(Path(__file__).parents[2] / "src")
     return {
         **os.environ,
         "KALE_SETTINGS_MODULE": "taskworker.settings",

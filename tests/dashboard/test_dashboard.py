@@ -38,11 +38,11 @@ from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.publish import build_message
 from conveyor.worker import Consumer, ConsumerPool
 
-from . import worker_tasks as wt
-from .servers import wait_for
+from ..support import worker_tasks as wt
+from ..support.servers import wait_for
 
 pytestmark = pytest.mark.timeout(120)
-MODULES = ["tests.worker_tasks"]
+MODULES = ["tests.support.worker_tasks"]
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 

@@ -22,7 +22,7 @@ from conveyor.client.pool import QueuePool
 from conveyor.dashboard import Dashboard
 from conveyor.errors import ConveyorError
 
-from .servers import thread_server
+from ..support.servers import thread_server
 
 pytestmark = pytest.mark.timeout(120)
 TOKEN = "s3cret"

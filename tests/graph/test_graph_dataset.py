@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 
 from conveyor import Dataset, TaskGraph
 from conveyor.graph import FilterProject, GraphError, HashAggregate, Map
-from tests.graph_helpers import example
+from tests.support.graph_helpers import example
 
 
 def squares(spark: SparkSession, path: Path, checkpoint_dir: Path | None = None) -> Dataset:

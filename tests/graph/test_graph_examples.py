@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.graph_helpers import ROOT
+from tests.support.graph_helpers import ROOT
 
 
 @pytest.mark.parametrize("name", ["tpch_q6", "tpch_q12", "pagerank"])

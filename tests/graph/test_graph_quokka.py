@@ -26,8 +26,8 @@ from conveyor.graph import GraphError, StatelessExecutor, TaskGraph
 from conveyor.graph.channels import to_table
 from conveyor.graph.filesystems import bucket_path, read_here, s3_file_system
 from conveyor.graph.readers import list_files
-from tests.graph_helpers import assert_frames_close, duckdb_answer
-from tests.servers import wait_for
+from tests.support.graph_helpers import assert_frames_close, duckdb_answer
+from tests.support.servers import wait_for
 
 pytestmark = pytest.mark.timeout(240)
 

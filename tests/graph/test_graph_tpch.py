@@ -11,7 +11,7 @@ from pyspark.sql import SparkSession
 
 from conveyor import Dataset, TaskGraph
 from conveyor.graph import HashAggregate, HashJoin, Sort
-from tests.graph_helpers import assert_frames_close, duckdb_answer, example
+from tests.support.graph_helpers import assert_frames_close, duckdb_answer, example
 
 
 def q1_lineitem(df: pd.DataFrame) -> pd.DataFrame:

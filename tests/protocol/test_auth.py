@@ -18,7 +18,7 @@ from conveyor.server.processes import start_server, stop_server
 from conveyor.server.queue_server import QueueServer
 from conveyor.server.runtime import reachable_addresses
 
-from .servers import RawConnection, frame, thread_server
+from ..support.servers import RawConnection, frame, thread_server
 
 
 def test_right_token_is_accepted_as_text_or_bytes() -> None:

@@ -27,12 +27,12 @@ from conveyor.protocol.histograms import Histogram
 from conveyor.protocol.report import FIGURES, ConsumerReport, Rows, Shown
 from conveyor.spark.consumers import STATS_DDL, _stats_row
 
-from .servers import ThreadServer, thread_server, wait_for
-from .test_metrics import scrape, value
+from ..server.test_metrics import scrape, value
+from ..support.servers import ThreadServer, thread_server, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
-SRC = Path(__file__).resolve().parent.parent / "src" / "conveyor"
+SRC = Path(__file__).resolve().parents[2] / "src" / "conveyor"
 
 
 def _sample() -> ConsumerReport:

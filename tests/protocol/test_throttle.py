@@ -29,7 +29,7 @@ from conveyor.protocol import throttle as throttle_module
 from conveyor.protocol.auth import proof
 from conveyor.protocol.throttle import Rule, Throttle, source_of
 
-from .servers import RawConnection, frame, thread_server, wait_for
+from ..support.servers import RawConnection, frame, thread_server, wait_for
 
 pytestmark = pytest.mark.timeout(180)
 TOKEN = "s3cret"

@@ -23,8 +23,8 @@ from conveyor.protocol.auth import load_token
 from conveyor.protocol.tls import ClientTLS, cert_fingerprint, normal_fingerprint, self_signed, server_context
 from conveyor.server.queue_server import QueueServer
 
-from .relay import relay
-from .servers import thread_server
+from ..support.relay import relay
+from ..support.servers import thread_server
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -24,7 +24,7 @@ from conveyor.errors import ConnectionLostError
 from conveyor.message import Message
 from conveyor.server.processes import spawn_server, stop_server
 
-from .servers import Confirmed
+from ..support.servers import Confirmed
 
 ROUNDS = 12  # x 3 fsync policies: 36 kills at random moments (about 25 s a policy)
 N = 10_000  # messages per put: big enough that a kill often lands between the keys and the messages

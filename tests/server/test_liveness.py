@@ -20,7 +20,7 @@ from conveyor.client.in_process import InProcessQueues
 from conveyor.client.pool import QueuePool
 from conveyor.dashboard.state import PoolWatch
 
-from .servers import ThreadServer, thread_server, wait_for
+from ..support.servers import ThreadServer, thread_server, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 HOUR_S = 3600.0

@@ -36,7 +36,7 @@ from conveyor.protocol.framing import Limits, SocketReader
 from conveyor.protocol.tls import ClientTLS, self_signed, server_context
 from conveyor.server.processes import spawn_server, stop_server
 
-from .servers import RawConnection, frame, thread_server, wait_for
+from ..support.servers import RawConnection, frame, thread_server, wait_for
 
 MiB = 1 << 20
 # what a server holds beyond its budget under these attacks (docs/server.md): the stream buffer of each

@@ -22,7 +22,7 @@ from conveyor.protocol.framing import Limits
 from conveyor.protocol.requests import QueueInfo
 from conveyor.storage import DurableStore
 
-from .servers import RawConnection, ThreadServer, frame, thread_server, wait_for
+from ..support.servers import RawConnection, ThreadServer, frame, thread_server, wait_for
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from conveyor.errors import ConnectionLostError
 from conveyor.message import Message
 from conveyor.server.processes import spawn_server, stop_server
 
-from .servers import wait_for
+from ..support.servers import wait_for
 
 ROUNDS = 5
 LEASE_S = 1.0

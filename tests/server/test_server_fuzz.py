@@ -16,7 +16,7 @@ from conveyor.message import Message
 from conveyor.server.handlers import HANDLERS
 from conveyor.server.processes import spawn_server, stop_server
 
-from .servers import RawConnection, frame
+from ..support.servers import RawConnection, frame
 
 FRAMES = 10_000
 SEED = 20261122

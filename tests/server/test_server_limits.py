@@ -25,7 +25,7 @@ from conveyor.message import Message, Status
 from conveyor.server.processes import SERVER_START_TIMEOUT_S, stop_server
 from conveyor.storage.files import store_error
 
-from .servers import RawConnection, frame, thread_server, wait_for
+from ..support.servers import RawConnection, frame, thread_server, wait_for
 
 
 @pytest.mark.parametrize("token", [None, "s3cret"])

@@ -18,7 +18,7 @@ from conveyor.server import store_kinds
 from conveyor.server.store_kinds import StoreKind, StoreOpening
 from conveyor.storage import DurableStore, MemoryStore, Store
 
-from .servers import thread_server
+from ..support.servers import thread_server
 
 SERVER_DIR = Path(store_kinds.__file__).parent
 

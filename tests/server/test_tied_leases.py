@@ -25,7 +25,7 @@ from conveyor.message import Message
 from conveyor.protocol import framing as protocol
 from conveyor.server import tied
 
-from .servers import ThreadServer, thread_server, wait_for
+from ..support.servers import ThreadServer, thread_server, wait_for
 
 LONG = 600.0  # a lease no test waits out
 

@@ -21,10 +21,10 @@ pytestmark = pytest.mark.timeout(120)
 def test_a_healthy_executor_passes_quickly_and_the_pass_is_remembered(spark: SparkSession) -> None:
     with QueuePool.local(n_servers=2, tls=True) as pool:
         t = time.monotonic()
-        preflight(spark, pool, ["json", "tests.worker_tasks"])
+        preflight(spark, pool, ["json", "tests.support.worker_tasks"])
         took = time.monotonic() - t
         t = time.monotonic()
-        preflight(spark, pool, ["json", "tests.worker_tasks"])
+        preflight(spark, pool, ["json", "tests.support.worker_tasks"])
         assert time.monotonic() - t < 0.05, "a passed check is remembered"
     assert took < 10, f"the pre-flight took {took:.1f} s"
 
@@ -50,10 +50,10 @@ def test_a_missing_task_module_and_a_server_down_are_named_in_one_error(spark: S
 
 def test_an_import_error_of_several_lines_is_reported_on_one(spark: SparkSession) -> None:
     with QueuePool.local(n_servers=1) as pool, pytest.raises(PreflightError) as e:
-        preflight(spark, pool, ["tests.preflight_multiline"])
+        preflight(spark, pool, ["tests.support.preflight_multiline"])
     [problems] = e.value.problems.values()
     assert problems == [
-        "task module 'tests.preflight_multiline' is not importable (ImportError: Importing the "
+        "task module 'tests.support.preflight_multiline' is not importable (ImportError: Importing the "
         f"C-extensions failed. Here is how to debug it: see the docs) [python {problems[0].split('[python ')[1]}"
     ]
 

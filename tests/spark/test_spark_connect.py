@@ -1,7 +1,7 @@
 """Conveyor through Spark Connect.
 
 A Connect server started from the pyspark installation, a client session in a process of its own
-(tests/connect_job.py), and map, SparkConsumerPool and a TaskGraph run through it.
+(tests/support/connect_job.py), and map, SparkConsumerPool and a TaskGraph run through it.
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from pyspark.find_spark_home import _find_spark_home
 
-from tests.connect_job import CSV_ROWS, FAILING, ROWS, TASKS
-from tests.graph_helpers import ROOT
-from tests.procs import Daemon, free_port, kill_tree, spawn, tail, wait_until
+from tests.support.connect_job import CSV_ROWS, FAILING, ROWS, TASKS
+from tests.support.graph_helpers import ROOT
+from tests.support.procs import Daemon, free_port, kill_tree, spawn, tail, wait_until
 
-JOB = Path(__file__).with_name("connect_job.py")
+JOB = Path(__file__).parents[1] / "support" / "connect_job.py"
 SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
 START_TIMEOUT_S = 90.0  # a JVM takes ~5-10 s to start on a busy 2-core machine
 JOB_TIMEOUT_S = 240.0
@@ -36,7 +36,7 @@ def _listening(port: int) -> bool:
 
 
 def _pythonpath() -> str:
-    """This checkout first, so that `tests.worker_tasks` imports in the client and the Spark workers."""
+    """This checkout first, so that `tests.support.worker_tasks` imports in the client and the Spark workers."""
     return os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
 
 

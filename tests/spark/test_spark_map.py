@@ -20,8 +20,8 @@ from conveyor.constants import SHARD_SHIFT
 from conveyor.message import Status
 from conveyor.worker.middleware import Retries
 
-from . import worker_tasks as wt
-from .servers import wait_for
+from ..support import worker_tasks as wt
+from ..support.servers import wait_for
 
 
 @pytest.fixture(scope="module")
@@ -362,7 +362,7 @@ def test_spark_consumer_pool_runs_tasks_until_stopped(spark: SparkSession, pool:
 
 def test_spark_consumers_run_registered_tasks_until_drained(spark: SparkSession, pool: QueuePool) -> None:
     handles = wt.add.publish_many([(i, 1) for i in range(100)], _pool=pool)
-    stats = cs.SparkConsumerPool(spark, pool, queues=["jobs"], task_modules=["tests.worker_tasks"]).run()
+    stats = cs.SparkConsumerPool(spark, pool, queues=["jobs"], task_modules=["tests.support.worker_tasks"]).run()
     assert sum(s["processed"] for s in stats) == 100
     assert pool.gather(handles) == [i + 1 for i in range(100)]
 
@@ -378,7 +378,7 @@ def test_local_gives_the_embedded_default(spark: SparkSession) -> None:
         assert conveyor.get_default_pool() is env.pool
         handle = wt.add.publish(2, 3)
         assert handle.pool is env.pool and handle.status() is Status.READY
-        with conveyor.ConsumerPool(env.pool, 1, queues=["jobs"], task_modules=["tests.worker_tasks"]):
+        with conveyor.ConsumerPool(env.pool, 1, queues=["jobs"], task_modules=["tests.support.worker_tasks"]):
             assert handle.result(timeout=60) == 5
     assert conveyor.get_default_pool() is None  # restored on exit
     assert SparkSession.getActiveSession() is spark  # the session the block did not start stays

@@ -39,7 +39,7 @@ from conveyor.message import Message
 from conveyor.server.processes import spawn_server, stop_server
 from conveyor.storage import DurableStore
 
-from .servers import Confirmed
+from ..support.servers import Confirmed
 
 TRIALS = 20
 DAMAGES = ("zero", "truncate", "garble")

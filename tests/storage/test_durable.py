@@ -14,7 +14,7 @@ from conveyor.errors import StoreError
 from conveyor.message import Message, Status
 from conveyor.storage import DurableStore
 
-from .servers import wait_for
+from ..support.servers import wait_for
 from .test_crash import spy_fsync
 
 

@@ -23,8 +23,8 @@ from conveyor.message import Message, Status
 from conveyor.server.processes import spawn_server, stop_server
 from conveyor.storage import DurableStore
 
-from .disks import KINDS, fill, small_disk
-from .servers import wait_for
+from ..support.disks import KINDS, fill, small_disk
+from ..support.servers import wait_for
 
 MIB = 24
 PAYLOAD = 48 * 1024

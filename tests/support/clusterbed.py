@@ -1,4 +1,4 @@
-"""`ClusterBed`: a Spark standalone cluster and queue servers on a `NetBed` (tests/netbed.py).
+"""`ClusterBed`: a Spark standalone cluster and queue servers on a `NetBed` (tests/support/netbed.py).
 
 A Spark master on `driver`, a Spark worker (1 core, 1 GB) on each `worker<i>`, `conveyor serve` on
 each `server<i>` (fixed ports: each host has its own). Faults (`kill_host`, `stop_server`, ...) and
@@ -18,8 +18,8 @@ from typing import Any, TypeGuard
 
 from pyspark.find_spark_home import _find_spark_home
 
-from tests.netbed import ROOT, NetBed, ns_pids
-from tests.procs import Daemon, kill_tree, process_tree, tail, wait_until
+from tests.support.netbed import ROOT, NetBed, ns_pids
+from tests.support.procs import Daemon, kill_tree, process_tree, tail, wait_until
 
 START_TIMEOUT_S = 120.0  # JVMs start in ~5-10 s, far slower when several start at once on 2 cores
 MASTER_PORT, MASTER_UI_PORT, WORKER_UI_PORT, SERVER_PORT = 7077, 8080, 8081, 7070

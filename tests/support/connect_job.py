@@ -1,6 +1,6 @@
-"""The Spark Connect client of tests/test_spark_connect.py, run in its own process.
+"""The Spark Connect client of tests/spark/test_spark_connect.py, run in its own process.
 
-Usage: python tests/connect_job.py sc://HOST:PORT OUTPUT_JSON
+Usage: python tests/support/connect_job.py sc://HOST:PORT OUTPUT_JSON
 
 A Connect session marks its process as "remote" for PySpark (an environment variable), which would
 turn the classic session of the other tests into a Connect one: hence a process of its own. With
@@ -36,7 +36,7 @@ def main(url: str, out: Path) -> None:
     from conveyor.client.pool import QueuePool
     from conveyor.graph import Count
     from conveyor.tasks.envelope import decode_result
-    from tests import worker_tasks
+    from tests.support import worker_tasks
 
     spark = SparkSession.builder.remote(url).getOrCreate()
     result: dict[str, object] = {"session": type(spark).__module__}
@@ -46,7 +46,9 @@ def main(url: str, out: Path) -> None:
         result["map"] = [{"y": r["y"], "error": r["_error"], "input": r["_input"]} for r in rows]
 
         handles = worker_tasks.add.publish_many([(i, i) for i in range(TASKS)], _pool=pool)
-        stats = conveyor.spark.SparkConsumerPool(spark, pool, 2, queues=["jobs"], task_modules=["tests.worker_tasks"]).run()
+        stats = conveyor.spark.SparkConsumerPool(
+            spark, pool, 2, queues=["jobs"], task_modules=["tests.support.worker_tasks"]
+        ).run()
         result["consumers"] = [s["processed"] for s in stats]
         results = {i: decode_result(r) for i, r in pool.results("jobs")}
         result["tasks"] = sorted(results[h.id] for h in handles)

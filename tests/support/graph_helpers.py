@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 from examples.tpch import QUERIES, TABLES, duckdb_columns
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def example(name: str) -> ModuleType:

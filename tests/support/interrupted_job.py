@@ -2,7 +2,7 @@
 
 tests/test_interrupts.py sends SIGINT to its process group, as a terminal does.
 
-Usage: python tests/interrupted_job.py join MARK | map MARK
+Usage: python tests/support/interrupted_job.py join MARK | map MARK
 
 `join`: a local pool (2 servers) and a `ConsumerPool` of 2 started (not in a `with` block: the
 pool's close must stop them), 400 tasks of 1 s published, then `join()`. `map`: `conveyor.local()`

@@ -1,6 +1,6 @@
 """The Spark driver of tests/test_multihost.py, run in the bed's `driver` namespace (one SparkContext per process).
 
-Usage: python tests/multihost_job.py MASTER_URL DRIVER_IP SERVER_ADDRESSES TOKEN OUTPUT_JSON SCENARIO WORK_DIR
+Usage: python tests/support/multihost_job.py MASTER_URL DRIVER_IP SERVER_ADDRESSES TOKEN OUTPUT_JSON SCENARIO WORK_DIR
 
 SERVER_ADDRESSES: comma-separated tcp://ip:port of the queue servers on their own hosts. Runs
 `conveyor.spark.map` over ROWS rows on the standalone cluster once EXECUTORS executors are
@@ -104,7 +104,7 @@ def conf(driver_ip: str, scenario: str) -> dict[str, str]:
         c["spark.executor.cores"] = "2"
     if scenario == "parallelism":  # Spark's tuning guide: 2-3 tasks per core; here only 2 slots exist
         c["spark.default.parallelism"] = "4"
-    if scenario == "preflight":  # tests/preflight_tasks.py cannot be imported on worker1
+    if scenario == "preflight":  # tests/support/preflight_tasks.py cannot be imported on worker1
         c["spark.executorEnv.CONVEYOR_TEST_NO_TASKS_ON"] = os.environ["CONVEYOR_TEST_NO_TASKS_ON"]
     return c
 
@@ -211,7 +211,7 @@ def run(spark: Any, pool: QueuePool, driver_ip: str, scenario: str, work: str) -
         df = df.selectExpr("id", f"reflect('java.lang.Thread', 'sleep', cast({PRODUCE_MS[scenario]} as bigint)) as slow")
     func = make_func(driver_ip, work, ROW_S.get(scenario, ROW_S_FAULT))
     if scenario == "preflight":
-        from tests import preflight_tasks
+        from tests.support import preflight_tasks
 
         func = preflight_tasks.double
     done = threading.Event()

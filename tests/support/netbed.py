@@ -6,7 +6,7 @@ Processes started in it run in sessions of their own and are recorded; `close()`
 anything else in the namespaces, then deletes links and namespaces. `kill_host` is a crash: the
 cable is pulled first, so peers hear nothing (no FIN, no RST), then everything on it is SIGKILLed.
 
-`ClusterBed` (tests/clusterbed.py) puts a Spark cluster and queue servers on one.
+`ClusterBed` (tests/support/clusterbed.py) puts a Spark cluster and queue servers on one.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ from typing import NoReturn
 
 import pytest
 
-from tests.procs import Daemon, alive, kill_tree, process_tree, wait_gone
+from tests.support.procs import Daemon, alive, kill_tree, process_tree, wait_gone
 
-ROOT = Path(__file__).resolve().parents[1]  # the checkout: processes in the bed import its src/ and tests/
+ROOT = Path(__file__).resolve().parents[2]  # the checkout: processes in the bed import its src/ and tests/
 PREFIX = "cvb"  # namespaces are named cvb<pid>-<n>-<host>: unique per process and bed
 CMD_TIMEOUT_S = 10.0
 GONE_TIMEOUT_S = 10.0

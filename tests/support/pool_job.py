@@ -1,8 +1,8 @@
 """A process that starts a local pool and consumer processes, then waits to be killed.
 
-For tests/test_worker.py: what it started must not outlive it.
+For tests/worker/test_worker.py: what it started must not outlive it.
 
-Usage: python tests/pool_job.py DATA_DIR LOG TASKS [fork]
+Usage: python tests/support/pool_job.py DATA_DIR LOG TASKS [fork]
 
 It starts 2 durable servers under DATA_DIR (`-`: temporary directories) and 2 consumers, publishes
 TASKS `slow_once` tasks (1 s each, noted in LOG as they finish), and once two are running prints a
@@ -22,10 +22,10 @@ import time
 def main(data_dir: str, log: str, tasks: int, fork: bool) -> None:
     from conveyor.client.pool import QueuePool
     from conveyor.worker import ConsumerPool
-    from tests import worker_tasks
+    from tests.support import worker_tasks
 
     pool = QueuePool.local(2, data_dir=None if data_dir == "-" else data_dir)
-    cp = ConsumerPool(pool, 2, queues=["jobs"], concurrency=2, task_modules=["tests.worker_tasks"]).start()
+    cp = ConsumerPool(pool, 2, queues=["jobs"], concurrency=2, task_modules=["tests.support.worker_tasks"]).start()
     worker_tasks.slow_once.publish_many([(log, 1.0)] * tasks, _pool=pool)
     deadline = time.monotonic() + 60
     while pool.stats("jobs")["jobs"].delivered < 2:

@@ -3,7 +3,7 @@
 It flips it once `after` bytes have gone by (past the handshakes). Run as a script on a host of the
 multi-host bed:
 
-    python tests/relay.py LISTEN_IP LISTEN_PORT TARGET_IP TARGET_PORT AFTER
+    python tests/support/relay.py LISTEN_IP LISTEN_PORT TARGET_IP TARGET_PORT AFTER
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from conveyor.testing import StoreContract
 
 PYTEST_TIMEOUT_S = 600  # the contract runs twice (about 80 tests, a few seconds): a bound for a busy machine
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 # the example of docs/storage.md ("Store kinds"), as a user pastes it: a store that keeps the contract
 DOCS_EXAMPLE = re.search(
     r"```python\n(.*?class TestMyStore\(StoreContract\):.*?)```", (ROOT / "docs" / "storage.md").read_text(), re.S

@@ -22,8 +22,8 @@ from conveyor.constants import DEFAULT_CONCURRENCY
 from conveyor.worker import Consumer, ConsumerOptions, ConsumerPool
 from conveyor.worker.affinity import CORE_LOCK_DIR_ENV, CorePin, auto_pin, default_slots, pin_core, resolve_slots
 
-from . import worker_tasks as wt
-from .servers import wait_for
+from ..support import worker_tasks as wt
+from ..support.servers import wait_for
 
 CORES = sorted(os.sched_getaffinity(0))
 
@@ -145,7 +145,9 @@ def test_a_pinned_consumer_runs_its_tasks_on_its_core_then_unpins(
     handles = wt.cores_of_worker.publish_many([() for _ in range(20)], _pool=pool)
 
     def run() -> None:
-        Consumer(pool, ["jobs"], concurrency=4, until_empty=True, pin_core=True, task_modules=["tests.worker_tasks"]).run()
+        Consumer(
+            pool, ["jobs"], concurrency=4, until_empty=True, pin_core=True, task_modules=["tests.support.worker_tasks"]
+        ).run()
 
     _, after = in_thread(run)
     masks = {tuple(cores) for _, cores in pool.gather(handles)}
@@ -175,7 +177,7 @@ def test_a_pinned_consumer_holds_fewer_tasks_as_the_queue_drains(monkeypatch: py
             batch_size=8,
             until_empty=True,
             pin_core=True,
-            task_modules=["tests.worker_tasks"],
+            task_modules=["tests.support.worker_tasks"],
         )
         stats = in_thread(consumer.run)[0]
         at_once = pool.gather(handles)
@@ -196,7 +198,7 @@ def test_a_pool_of_pinned_consumers_spreads_over_the_cores(
     """
     monkeypatch.setenv(CORE_LOCK_DIR_ENV, str(tmp_path))
     with ConsumerPool(
-        pool, 2, queues=["jobs"], concurrency=2, batch_size=1, pin_core=True, task_modules=["tests.worker_tasks"]
+        pool, 2, queues=["jobs"], concurrency=2, batch_size=1, pin_core=True, task_modules=["tests.support.worker_tasks"]
     ) as cp:
         # both consumers pinned and polling before there is work, however long a busy machine takes to start
         # them: one started late would find the queue drained by the other

@@ -16,7 +16,7 @@ from conveyor.message import Message
 from conveyor.protocol.report import ConsumerReport
 from conveyor.worker.settler import BUSY_COALESCE_S, CLOSE_SAY_S, COALESCE_S, Ack, Settler, ack_on_delivery
 
-from .servers import ThreadServer, thread_server, wait_for
+from ..support.servers import ThreadServer, thread_server, wait_for
 
 
 @pytest.fixture

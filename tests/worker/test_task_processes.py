@@ -17,11 +17,11 @@ import pytest
 
 from conveyor.client.pool import QueuePool
 
-from . import worker_tasks as wt
-from .servers import wait_for
+from ..support import worker_tasks as wt
+from ..support.servers import wait_for
 
 pytestmark = pytest.mark.timeout(90)
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _alive(pid: int) -> bool:
@@ -50,7 +50,7 @@ def test_a_signal_to_the_workers_group_lets_the_running_task_and_its_program_fin
                 "--connect",
                 pool.addresses[0],
                 "--tasks",
-                "tests.worker_tasks",
+                "tests.support.worker_tasks",
                 "--queues",
                 "jobs",
                 "--pool",
@@ -90,7 +90,7 @@ def test_task_processes_go_with_a_consumer_that_dies(tmp_path: Path) -> None:
                 "--connect",
                 pool.addresses[0],
                 "--tasks",
-                "tests.worker_tasks",
+                "tests.support.worker_tasks",
                 "--queues",
                 "jobs",
                 "--pool",

@@ -31,12 +31,12 @@ from conveyor.worker import Consumer, ConsumerPool, Middleware, QueueConfig, Tas
 from conveyor.worker.completions import Completions
 from conveyor.worker.executors import Completion, ProcessSlots, ThreadSlots
 
-from . import worker_tasks as wt
-from .graph_helpers import ROOT
-from .procs import process_tree, wait_gone
-from .servers import wait_for
+from ..support import worker_tasks as wt
+from ..support.graph_helpers import ROOT
+from ..support.procs import process_tree, wait_gone
+from ..support.servers import wait_for
 
-MODULES = ["tests.worker_tasks"]
+MODULES = ["tests.support.worker_tasks"]
 
 
 @pytest.fixture
@@ -98,9 +98,10 @@ def test_a_flaky_task_succeeds_on_a_retry(pool: QueuePool, tmp_path: Path) -> No
 def test_errors_no_retry_can_mend_fail_at_once(pool: QueuePool) -> None:
     a = wt.fails_for_good.publish(_pool=pool)
     b = wt.listed_no_retry.publish(_pool=pool)
-    payload, headers = encode_call("tests.worker_tasks.never_defined", (), {})
+    payload, headers = encode_call("tests.support.worker_tasks.never_defined", (), {})
     [unknown] = pool.put(
-        "jobs", [Message(payload=payload, headers={**headers, H_TASK: "tests.worker_tasks.never_defined"}, max_attempts=5)]
+        "jobs",
+        [Message(payload=payload, headers={**headers, H_TASK: "tests.support.worker_tasks.never_defined"}, max_attempts=5)],
     )
     [garbage] = pool.put("jobs", [Message(payload=b"\xc1 not an envelope", headers={H_CONTENT_TYPE: "msgpack"}, max_attempts=5)])
     consume(pool)
@@ -109,7 +110,7 @@ def test_errors_no_retry_can_mend_fail_at_once(pool: QueuePool) -> None:
     assert all(d.message.attempts == 1 for d in dead.values())  # failed at once, not after 5 attempts
     assert "Unfixable: no retry can mend this" in dead[a.id].error
     assert "KeyError" in dead[b.id].error
-    assert "unknown task 'tests.worker_tasks.never_defined'" in dead[unknown].error
+    assert "unknown task 'tests.support.worker_tasks.never_defined'" in dead[unknown].error
     assert dead[garbage].error
 
 
@@ -431,7 +432,7 @@ def test_servers_and_consumers_do_not_outlive_their_pool_process(tmp_path: Path,
     job = subprocess.Popen(
         [
             sys.executable,
-            str(ROOT / "tests" / "pool_job.py"),
+            str(ROOT / "tests" / "support" / "pool_job.py"),
             str(data_dir),
             str(tmp_path / "done.log"),
             "8",

@@ -26,12 +26,12 @@ from conveyor.server.processes import spawn_server, stop_server
 from conveyor.worker import ConsumerPool
 from conveyor.worker.outages import Outages
 
-from . import worker_tasks as wt
-from .procs import free_port, kill_tree
-from .servers import ThreadServer, thread_server, wait_for
+from ..support import worker_tasks as wt
+from ..support.procs import free_port, kill_tree
+from ..support.servers import ThreadServer, thread_server, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
-MODULES = ["tests.worker_tasks"]
+ROOT = Path(__file__).resolve().parents[2]
+MODULES = ["tests.support.worker_tasks"]
 
 
 def test_a_consumer_says_which_server_is_out_of_reach_now_and_then_and_when_it_is_back(caplog: pytest.LogCaptureFixture) -> None:
@@ -74,7 +74,7 @@ def two_servers(tmp_path: Path) -> Iterator[list[tuple[subprocess.Popen[bytes], 
 def worker(
     addresses: list[str], *args: str, queue: str = "jobs", stderr: IO[str] | int = subprocess.PIPE
 ) -> subprocess.Popen[str]:
-    tasks = ["--tasks", "tests.worker_tasks", "--queues", queue, "--concurrency", "2"]
+    tasks = ["--tasks", "tests.support.worker_tasks", "--queues", queue, "--concurrency", "2"]
     cmd = [sys.executable, "-m", "conveyor", "worker", "--connect", ",".join(addresses), *tasks, *args]
     return subprocess.Popen(cmd, cwd=ROOT, stderr=stderr, text=True, start_new_session=True)
 

@@ -24,11 +24,11 @@ import pytest
 from conveyor.client.pool import QueuePool
 from conveyor.tasks.envelope import decode_result
 
-from . import worker_tasks as wt
-from .procs import kill_tree, process_tree, wait_gone
-from .servers import wait_for
+from ..support import worker_tasks as wt
+from ..support.procs import kill_tree, process_tree, wait_gone
+from ..support.servers import wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 NAP_S = 1.5  # how long each task runs: a stop lands while every slot runs one
 SLOTS = 2  # tasks each consumer runs at once
 
@@ -55,7 +55,7 @@ def start_args(pool: QueuePool, *args: str) -> list[str]:
         "--connect",
         pool.addresses[0],
         "--tasks",
-        "tests.worker_tasks",
+        "tests.support.worker_tasks",
         "--queues",
         "jobs",
         "--concurrency",
