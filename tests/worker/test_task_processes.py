@@ -10,7 +10,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,9 +18,9 @@ from conveyor.client.pool import QueuePool
 
 from ..support import worker_tasks as wt
 from ..support.servers import wait_for
+from ..support.worker_command import start_worker
 
 pytestmark = pytest.mark.timeout(90)
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _alive(pid: int) -> bool:
@@ -41,28 +40,7 @@ def test_a_signal_to_the_workers_group_lets_the_running_task_and_its_program_fin
     with QueuePool.local(n_servers=1) as pool:
         out = tmp_path / "task.log"
         handle = wt.runs_a_program.publish(2.0, str(out), _pool=pool)
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "conveyor",
-                "worker",
-                "--connect",
-                pool.addresses[0],
-                "--tasks",
-                "tests.support.worker_tasks",
-                "--queues",
-                "jobs",
-                "--pool",
-                "process",
-                "--concurrency",
-                "1",
-            ],
-            cwd=ROOT,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+        worker = start_worker(pool.addresses, "--pool", "process", concurrency=1, stderr=subprocess.PIPE)
         try:
             wait_for(lambda: _lines(out), 30, "the task to start")
             os.killpg(worker.pid, sig)  # as Ctrl-C does, or a service manager stopping the group
@@ -81,27 +59,7 @@ def test_task_processes_go_with_a_consumer_that_dies(tmp_path: Path) -> None:
     with QueuePool.local(n_servers=1) as pool:
         out = tmp_path / "task.log"
         wt.runs_a_program.publish(60.0, str(out), _pool=pool)
-        worker = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "conveyor",
-                "worker",
-                "--connect",
-                pool.addresses[0],
-                "--tasks",
-                "tests.support.worker_tasks",
-                "--queues",
-                "jobs",
-                "--pool",
-                "process",
-                "--concurrency",
-                "1",
-            ],
-            cwd=ROOT,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        worker = start_worker(pool.addresses, "--pool", "process", concurrency=1, stderr=subprocess.DEVNULL)
         try:
             wait_for(lambda: _lines(out), 30, "the task to start")
             child = int(_lines(out)[0].split()[1])

@@ -11,11 +11,9 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import pytest
 
@@ -29,8 +27,8 @@ from conveyor.worker.outages import Outages
 from ..support import worker_tasks as wt
 from ..support.procs import free_port, kill_tree
 from ..support.servers import ThreadServer, thread_server, wait_for
+from ..support.worker_command import start_worker
 
-ROOT = Path(__file__).resolve().parents[2]
 MODULES = ["tests.support.worker_tasks"]
 
 
@@ -71,14 +69,6 @@ def two_servers(tmp_path: Path) -> Iterator[list[tuple[subprocess.Popen[bytes], 
             stop_server(proc)
 
 
-def worker(
-    addresses: list[str], *args: str, queue: str = "jobs", stderr: IO[str] | int = subprocess.PIPE
-) -> subprocess.Popen[str]:
-    tasks = ["--tasks", "tests.support.worker_tasks", "--queues", queue, "--concurrency", "2"]
-    cmd = [sys.executable, "-m", "conveyor", "worker", "--connect", ",".join(addresses), *tasks, *args]
-    return subprocess.Popen(cmd, cwd=ROOT, stderr=stderr, text=True, start_new_session=True)
-
-
 # one worker of each kind through the same outage, each on a queue of its own: one consumer in the
 # worker's process, and two consumer processes (a ConsumerPool)
 KINDS = {"1": ("jobs", wt.add), "2": ("jobs2", wt.add_too)}
@@ -106,7 +96,7 @@ def test_a_worker_rides_out_a_server_outage(two_servers: list[tuple[subprocess.P
     try:
         for kind, (queue, _) in KINDS.items():
             with logs[kind].open("w") as err:
-                workers[kind] = worker([a, b], "--processes", kind, queue=queue, stderr=err)
+                workers[kind] = start_worker([a, b], "--processes", kind, queue=queue, stderr=err)
         with QueuePool.connect([a, b]) as both, QueuePool.connect([a]) as only_a:
             serve(both, 1, 40)  # on both servers
             b_proc.kill()  # down, as a machine that is lost
@@ -143,7 +133,7 @@ def test_a_worker_rides_out_a_server_outage(two_servers: list[tuple[subprocess.P
 def test_a_worker_gives_up_on_a_server_out_of_reach_when_told_to(processes: str) -> None:
     with thread_server() as live:
         dead = f"tcp://127.0.0.1:{free_port()}"
-        w = worker([live.address, dead], "--processes", processes, "--unreachable-s", "2")
+        w = start_worker([live.address, dead], "--processes", processes, "--unreachable-s", "2")
         try:
             _, stderr = w.communicate(timeout=60)
         finally:

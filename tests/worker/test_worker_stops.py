@@ -12,12 +12,10 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import pytest
 
@@ -27,8 +25,8 @@ from conveyor.tasks.envelope import decode_result
 from ..support import worker_tasks as wt
 from ..support.procs import kill_tree, process_tree, wait_gone
 from ..support.servers import wait_for
+from ..support.worker_command import ROOT, start_worker, worker_args
 
-ROOT = Path(__file__).resolve().parents[2]
 NAP_S = 1.5  # how long each task runs: a stop lands while every slot runs one
 SLOTS = 2  # tasks each consumer runs at once
 
@@ -43,30 +41,6 @@ def runs(log: Path) -> tuple[Counter[int], Counter[int]]:
     """How many times each task started, and finished, as its log says."""
     said = re.findall(r"^(start|done) (\d+)$", log.read_text(), re.MULTILINE) if log.exists() else []
     return Counter(int(t) for w, t in said if w == "start"), Counter(int(t) for w, t in said if w == "done")
-
-
-def start_args(pool: QueuePool, *args: str) -> list[str]:
-    """The command line of `conveyor worker` on the pool's server, the test tasks and SLOTS slots."""
-    return [
-        sys.executable,
-        "-m",
-        "conveyor",
-        "worker",
-        "--connect",
-        pool.addresses[0],
-        "--tasks",
-        "tests.support.worker_tasks",
-        "--queues",
-        "jobs",
-        "--concurrency",
-        str(SLOTS),
-        *args,
-    ]
-
-
-def start_worker(pool: QueuePool, *args: str, stderr: IO[str] | int = subprocess.PIPE) -> subprocess.Popen[str]:
-    """`conveyor worker` in a session of its own: its process group is its own, as under systemd or a shell's job."""
-    return subprocess.Popen(start_args(pool, *args), cwd=ROOT, stderr=stderr, text=True, start_new_session=True)
 
 
 def stop(worker: subprocess.Popen[str], how: str) -> None:
@@ -101,7 +75,9 @@ def test_a_stop_lets_running_tasks_finish_and_acks_them(
     n = n_running + 2  # two wait for a slot when the stop comes: given back, run by the next worker
     handles = wt.naps.publish_many([(str(log), tag, NAP_S) for tag in range(n)], _pool=pool)
     until_empty = ["--until-empty"] if how.endswith("until-empty") else []
-    worker = start_worker(pool, "--processes", processes, "--pool", mode, "--shutdown-timeout", "20", *until_empty)
+    worker = start_worker(
+        pool.addresses, "--processes", processes, "--pool", mode, "--shutdown-timeout", "20", *until_empty, concurrency=SLOTS
+    )
     try:
         # every slot runs a task (the tasks are long enough for a stop to land while they run)
         wait_for(lambda: sum(runs(log)[0].values()) >= n_running, timeout=60, what="every slot running a task")
@@ -147,7 +123,9 @@ def test_tasks_still_running_at_the_end_of_a_stop_are_handed_back_without_counti
     wt.naps.publish_many([(str(log), tag, 60.0) for tag in range(n)], _pool=pool)
     timeout = "1" if how == "shutdown-timeout" else "60"
     with err.open("w") as stderr_file:
-        worker = start_worker(pool, "--processes", processes, "--shutdown-timeout", timeout, stderr=stderr_file)
+        worker = start_worker(
+            pool.addresses, "--processes", processes, "--shutdown-timeout", timeout, concurrency=SLOTS, stderr=stderr_file
+        )
     try:
         wait_for(lambda: sum(runs(log)[0].values()) == n, timeout=60, what="every slot running a task")
         os.killpg(worker.pid, signal.SIGTERM)
@@ -182,7 +160,7 @@ def test_what_a_task_starts_can_be_terminated(pool: QueuePool, mode: str) -> Non
     process it forks, ends on SIGTERM as anywhere else (`Popen.terminate`, `Process.terminate`).
     """
     handle = wt.terminates_its_children.publish(_pool=pool)
-    drain = start_args(pool, "--pool", mode, "--until-empty")
+    drain = worker_args(pool.addresses, "--pool", mode, "--until-empty", concurrency=SLOTS)
     out = subprocess.run(drain, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert handle.result(timeout=10) == [-signal.SIGTERM, -signal.SIGTERM]
