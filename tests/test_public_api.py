@@ -2,6 +2,8 @@
 
 The public API at the top of the package, the names kept for a release, and the declarations both
 sides of the protocol are made from.
+
+Names loaded on first use, and the old ones behind a warning, come from `conveyor.lazy`.
 """
 
 from __future__ import annotations

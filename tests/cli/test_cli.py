@@ -1,4 +1,8 @@
-"""The `conveyor` command, run as a user runs it, and the project's lint gate."""
+"""The `conveyor` command, run as a user runs it, and the project's lint gate.
+
+`conveyor demo` runs every scene (`conveyor.cli.demo`, `conveyor.cli.scenes`, over
+`conveyor.cli.corpus`), and the commands reach servers through `conveyor.cli.connecting`.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
 Requests split to fit the server, replies that fit the client, one bad task that never hurts its
 neighbours, and exception objects that cannot be formatted.
+
+What a reply may hold is `conveyor.server.replies`.
 """
 
 from __future__ import annotations

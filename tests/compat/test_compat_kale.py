@@ -2,6 +2,9 @@
 
 The project is tests/support/kale_project (taskworker/ tasks, settings, queue YAML; publisher.py,
 worker.py), run against real queue servers and a real worker process.
+
+ndkale's `Task` is `conveyor.compat.kale.task`; what its `handle_failure` is given,
+`conveyor.compat.kale.message`.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 Loopback names, the address it serves on and --allow-host ones, compared as written, nothing
 resolved; other spellings of a loopback address and names that would resolve to it get 421.
+
+The rule is `conveyor.dashboard.hosts`, checked through the running dashboard.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""Every TaskGraph error: clear, raised at initialize() or when first detected, naming the node."""
+"""Every TaskGraph error: clear, raised at initialize() or when first detected, naming the node.
+
+The checks are made as the graph is recorded (`conveyor.graph.nodes`) and planned
+(`conveyor.graph.plan`).
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,9 @@
 
 Routing to channels, dependency order, stream order, readers, and early termination (a limit stops
 reading its input).
+
+The runtime is `conveyor.graph.runtime`; what runs inside the Spark tasks, `conveyor.graph.stages`,
+over the rows of `conveyor.graph.layout`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,7 @@
-"""TPC-H Q1, Q3, Q6 and Q12 at scale factor 0.01 on the TaskGraph, checked against DuckDB."""
+"""TPC-H Q1, Q3, Q6 and Q12 at scale factor 0.01 on the TaskGraph, checked against DuckDB.
+
+Q3 and Q12 run the streaming hash join (`conveyor.graph.join`).
+"""
 
 from __future__ import annotations
 

@@ -3,6 +3,8 @@
 A server's memory budget under abuse: clients that send most of a big request and stall, and
 clients that ask for replies and never read them. Real `conveyor serve` processes, their memory read
 from /proc; another client pings throughout. Figures and the margin: docs/server.md ("Memory").
+
+The budget is `conveyor.server.budget`.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
 Scraped over real HTTP after a known workload and parsed with prometheus_client's own parser; every
 value checked. Also the consumers' figures (from their reports), the token and TLS rules, and the
 CLI.
+
+The metrics are `conveyor.server.metrics`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""A queue server over real TCP on 127.0.0.1: operations, long polls, limits and bad requests."""
+"""A queue server over real TCP on 127.0.0.1: operations, long polls, limits and bad requests.
+
+Each connection (`conveyor.server.connection`), its requests to their handlers
+(`conveyor.server.dispatch`), and the wakeups that end long polls (`conveyor.server.signals`).
+"""
 
 from __future__ import annotations
 

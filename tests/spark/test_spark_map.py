@@ -1,4 +1,7 @@
-"""conveyor.spark: DataFrames mapped through the queue, and consumers running as Spark tasks (local[2,4])."""
+"""conveyor.spark: DataFrames mapped through the queue, and consumers running as Spark tasks (local[2,4]).
+
+Also `conveyor.local()` (`conveyor.spark.embedded`).
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
 Every expected offset is computed here from the layouts in `conveyor.constants`, independently of the
 store's own scanning code.
+
+The scan on opening is `conveyor.storage.segment_scan`.
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ confirmed for two payloads, every confirmed id holds its payload (but for the re
 off), and every keyed message is stored exactly once. The store tests cover the other ways the file
 can be unreadable, one bad slot (a torn raise: the other slot's reservation stands, no skip), and a
 fresh store, which must not warn.
+
+The reservation is `conveyor.storage.reservation`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,8 @@
-"""DurableStore behaviour beyond the shared contract: reopening, compaction, the index rewrite, fsync policies."""
+"""DurableStore behaviour beyond the shared contract: reopening, compaction, the index rewrite, fsync policies.
+
+Reopening is `conveyor.storage.recovery` over the record bodies of `conveyor.storage.bodies`;
+compaction is `conveyor.storage.compaction`.
+"""
 
 from __future__ import annotations
 

@@ -5,6 +5,8 @@ is full: puts, keyed puts and acks with results get a `store` error that says th
 change nothing; deliveries, acks without results, lease extensions and nacks keep working. Once the
 filler is removed, everything works again with no restart; the refused acks go through when retried.
 Then every confirmed operation is reconciled, before and after a restart.
+
+The space held back for this is `conveyor.storage.space`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,9 @@
-"""The store contract (`conveyor.testing.StoreContract`), run against every store in the tree."""
+"""The store contract (`conveyor.testing.StoreContract`), run against every store in the tree.
+
+Each store runs on a queue's state (`conveyor.storage.state`, its orders
+`conveyor.storage.schedule`), with the argument checks of `conveyor.storage.checks` and the hooks of
+`conveyor.storage.hooks`.
+"""
 
 from __future__ import annotations
 

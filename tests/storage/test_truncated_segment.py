@@ -7,6 +7,8 @@ with that error until it is started with --repair, and the repair names every id
 each of which then reads FAILED with a dead letter saying what was lost where (and stays so through
 requeueing, compaction and reopening). A torn tail holding only records the index never confirmed
 is still cut with a warning. Offsets are computed here from the layouts in constants.
+
+What is lost is found by `conveyor.storage.losses`.
 """
 
 from __future__ import annotations

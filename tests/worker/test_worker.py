@@ -2,6 +2,9 @@
 
 Results, retries, dead letters, time limits, back-pressure, work stealing, graceful stops, and local
 consumer pools surviving killed workers.
+
+A consumer's connections are `conveyor.worker.connections`, its fetches `conveyor.worker.fetching`,
+and processes that do not outlive their parent `conveyor.worker.lifelines`.
 """
 
 from __future__ import annotations

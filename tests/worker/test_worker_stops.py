@@ -4,6 +4,8 @@ SIGTERM to its process group (`kill -TERM -PGID`), to every process it started (
 KillMode=control-group signals the whole cgroup), to its first process only, and Ctrl-C (SIGINT to
 the group, as a terminal sends it). Running tasks finish and are acked, each task runs once, and the
 worker exits within --shutdown-timeout; past it, what still runs is handed back.
+
+The summary a stopped worker prints is `conveyor.worker.stats`.
 """
 
 from __future__ import annotations
