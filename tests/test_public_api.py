@@ -56,7 +56,7 @@ def test_requests_carry_only_declared_fields() -> None:
 
     made = [
         requests.ping(),
-        requests.declare("q", durable=True, lease_s=5.0, max_attempts=3, fsync="batch"),
+        requests.declare("q", kind="durable", lease_s=5.0, max_attempts=3, fsync="batch"),
         requests.queues(),
         requests.put("q", [Message(payload=b"x", priority=2, not_before=1.0, max_attempts=4, headers={"k": "v"})]),
         requests.get("q", 5, lease_s=3.0, wait_s=1.0, tie=True),

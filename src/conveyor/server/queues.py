@@ -45,7 +45,7 @@ from conveyor.constants import (
 )
 from conveyor.errors import ConveyorError, RequestError, StoreError
 from conveyor.protocol.report import SEEN, Counts
-from conveyor.protocol.requests import QueueInfo, QueueStats, store_kind
+from conveyor.protocol.requests import QueueInfo, QueueStats
 from conveyor.server.blobs import Blobs
 from conveyor.server.group_commit import GroupCommit
 from conveyor.server.idempotency import Dedupe
@@ -414,14 +414,9 @@ def _check_name(name: str) -> None:
 
 
 def _settings(raw: object) -> dict[str, Any]:
-    """The fields of a `queue.json` as `QueueInfo` takes them (a ValueError if it holds no map).
-
-    A file written before queues had kinds says `"durable": true` where it now says the kind.
-    """
+    """The fields of a `queue.json` as `QueueInfo` takes them (a ValueError if it holds no map)."""
     if not isinstance(raw, dict):
         raise ValueError(f"it holds {type(raw).__name__}, not a map of settings")
-    if "durable" in raw and "kind" not in raw:
-        raw = {k: v for k, v in raw.items() if k != "durable"} | {"kind": store_kind(None, raw["durable"])}
     return raw
 
 
