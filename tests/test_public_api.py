@@ -1,7 +1,7 @@
-"""The public API, the names kept for a release, and the declarations the protocol is made from.
+"""The public API and the declarations the protocol is made from.
 
-The public API at the top of the package, the names kept for a release, and the declarations both
-sides of the protocol are made from.
+The public API at the top of the package, and the declarations both sides of the protocol are made
+from.
 """
 
 from __future__ import annotations
@@ -38,31 +38,6 @@ def test_import_conveyor_stays_light() -> None:
     code = "import sys, conveyor; print(sorted(m for m in ('pyspark', 'pyarrow', 'pandas') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True).stdout
     assert out.strip() == "[]"
-
-
-@pytest.mark.parametrize(
-    ("module", "name", "home"),
-    [
-        ("conveyor", "Message", "conveyor.message"),
-        ("conveyor", "Status", "conveyor.message"),
-        ("conveyor", "CorruptStoreError", "conveyor.errors"),
-        ("conveyor.pool", "QueuePool", "conveyor.client.pool"),
-        ("conveyor.spark.executors", "HashJoin", "conveyor.graph"),
-    ],
-)
-def test_old_names_still_resolve_with_one_warning(module: str, name: str, home: str) -> None:
-    code = f"""
-import importlib, warnings
-warnings.simplefilter("always")
-with warnings.catch_warnings(record=True) as caught:
-    m = importlib.import_module({module!r})
-    first = getattr(m, {name!r})
-    again = getattr(m, {name!r})
-assert first is again is getattr(importlib.import_module({home!r}), {name!r})
-assert [str(w.message) for w in caught if w.category is DeprecationWarning] == [
-    "{module}.{name} is deprecated and goes in the next release: import it from {home}"], caught
-"""
-    subprocess.run([sys.executable, "-c", code], timeout=60, check=True)
 
 
 def test_unknown_names_are_attribute_errors() -> None:
