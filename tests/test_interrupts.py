@@ -18,7 +18,7 @@ import pytest
 
 from conveyor.client.pool import QueuePool
 from conveyor.server.processes import spawn_server, stop_server
-from conveyor.spark.mapping import _abandon
+from conveyor.spark.job import abandon_queue
 
 from .graph_helpers import ROOT
 from .procs import kill_tree, process_tree, wait_gone
@@ -87,7 +87,7 @@ def _notes_of_abandoning(pool: QueuePool, server: subprocess.Popen[bytes], ephem
     server.kill()
     server.wait(10)
     error = KeyboardInterrupt()
-    _abandon(pool, "map-x", error, ephemeral)
+    abandon_queue(pool, "map-x", error, entry="map", ephemeral=ephemeral)
     return " ".join(getattr(error, "__notes__", []))
 
 

@@ -71,9 +71,9 @@ def driver_host(spark: SparkSession, host: str | None = None, interface: str | N
         ) from None
     found = conf(spark, "spark.driver.host")
     if not found or (is_loopback(found) and not is_local(spark)):
-        said = repr(found) if found else "unset"
+        shown = repr(found) if found else "unset"
         raise ConveyorError(
-            f"spark.driver.host is {said}: executors on other hosts could not reach queue servers "
+            f"spark.driver.host is {shown}: executors on other hosts could not reach queue servers "
             "there. Set spark.driver.host to an address they reach, or pass host= or interface="
         )
     return found
