@@ -49,7 +49,7 @@ from conveyor.tasks.envelope import adhoc_task_name, function_ref
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import attempts_for
 from conveyor.tasks.publish import build_message, get_default_pool
-from conveyor.worker.options import ConsumerOptions
+from conveyor.worker.options import ConsumerOptions, refuse_shared_selector
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -100,6 +100,7 @@ class JobSettings:
                 f"{self.entry}'s own max_retries= and time_limit="
             )
         check_count("n_consumers", self.n_consumers)
+        refuse_shared_selector(self.entry, self.options)  # said in the entry point's name, before its consumers' check
 
 
 def check_seconds(entry: str, name: str, value: float | None) -> None:

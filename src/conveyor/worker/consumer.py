@@ -30,7 +30,7 @@ from conveyor.protocol.report import ConsumerReport, Rows
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.tasks.registry import import_named
 from conveyor.worker.ack_modes import ack_mode
-from conveyor.worker.affinity import auto_pin, pin_core, resolve_slots
+from conveyor.worker.affinity import pin_core, resolve_slots
 from conveyor.worker.completions import Completions
 from conveyor.worker.connections import ONE_ATTEMPT, BlobFetcher, own_connections
 from conveyor.worker.executors import Completion, ProcessSlots, ThreadSlots
@@ -118,7 +118,7 @@ class Consumer:
         self.stop_when = stop_when
         self.expect_more = expect_more
         self.on_started = on_started
-        self.pin_core = auto_pin(opts.pin_core, opts.pool, 1)
+        self.pin_core = bool(opts.pin_core)  # alone it cannot tell how many consumers share the host: pinned when asked
         self.unreachable_s = unreachable_s
         self._next_stop_check = self._next_sweep = 0.0  # sweep: tasks over their time limit or due a lease extension
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{consumer}"

@@ -20,6 +20,7 @@ from conveyor.client.pool import QueuePool
 from conveyor.constants import DEFAULT_UNREACHABLE_S
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.tasks.registry import import_named
+from conveyor.worker.affinity import auto_pin
 from conveyor.worker.connections import ONE_ATTEMPT, own_connections
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import ConsumerPool, own_process
@@ -107,6 +108,7 @@ def _run_here(
     say: Callable[[str], object],
 ) -> ConsumerStats:
     own_process()
+    options = dataclasses.replace(options, pin_core=auto_pin(options.pin_core, options.pool, 1))  # the one consumer here
     consumer = Consumer(queue_pool, list(queues), options=options, until_empty=until_empty, unreachable_s=unreachable_s)
     stops = [0]
 
