@@ -62,7 +62,7 @@ SKEWED_CONFIGS: dict[str, dict[str, Any]] = {
 
 def _started(pool: QueuePool, n: int) -> None:
     deadline = time.monotonic() + 60
-    while len(pool.workers()) < n:
+    while len(pool.queues.workers()) < n:
         if time.monotonic() > deadline:
             raise RuntimeError("consumers did not start within 60 s")
         time.sleep(0.05)

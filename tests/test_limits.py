@@ -37,7 +37,7 @@ def test_a_result_over_the_limit_fails_its_task_alone_and_acks_are_split_to_fit(
     with thread_server(limits=limits) as a, thread_server(limits=limits) as b, QueuePool.connect([a.address, b.address]) as pool:
         good = wt.returns_bytes.publish_many([(3 * MB // 10,)] * 40, _pool=pool)
         (big,) = wt.returns_bytes.publish_many([(2 * MB,)], _pool=pool)
-        c = Consumer(pool, ["jobs"], concurrency=8, until_empty=True, task_modules=MODULES)
+        c = Consumer(pool.queues, ["jobs"], concurrency=8, until_empty=True, task_modules=MODULES)
         c.run()
         assert pool.gather(good) == [b"r" * (3 * MB // 10)] * 40
         with pytest.raises(TaskFailedError) as e:

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.queue_client import QueueClient
+from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import DEFAULT_UNREACHABLE_S, H_IDEMPOTENCY_KEY
 from conveyor.errors import ConveyorError
 from conveyor.gc_policy import gc_tuned
@@ -88,30 +89,30 @@ def fed_queue(job: str) -> str:
     return f"conveyor-fed-{job}"
 
 
-def say_once(backend: QueuePool | QueueClient, queue: str, key: str, record: dict[str, Any]) -> None:
+def say_once(backend: ShardedQueues | QueueClient, queue: str, key: str, record: dict[str, Any]) -> None:
     """A record on a job's bookkeeping queue, once whatever the attempts of the task saying it (`key` is an idempotency key)."""
     backend.put(queue, [Message(payload=json.dumps(record).encode(), headers={H_IDEMPOTENCY_KEY: key})])
 
 
-def said(pool: QueuePool, queue: str) -> Iterator[dict[str, Any]]:
+def said(pool: ShardedQueues, queue: str) -> Iterator[dict[str, Any]]:
     """The records on a bookkeeping queue (taken, never acked: the queue is dropped after)."""
     while got := pool.get(queue, 1000):
         yield from (json.loads(m.payload) for m in got)
 
 
-def _say_fed(pool: QueuePool, job: str, task: int, rows: int) -> None:
+def _say_fed(pool: ShardedQueues, job: str, task: int, rows: int) -> None:
     """Task `task` has put its `rows`: one message per task, whatever its attempts."""
     say_once(pool, fed_queue(job), f"fed:{job}:{task}", {"task": task, "rows": rows})
 
 
-def _fed(pool: QueuePool, job: str) -> int:
+def _fed(pool: ShardedQueues, job: str) -> int:
     """How many tasks of the job have put their rows."""
     st = pool.wait_drained([fed_queue(job)], 0.0).get(fed_queue(job))
     return 0 if st is None else st.pending
 
 
 def _consume(
-    pool: QueuePool,
+    pool: ShardedQueues,
     queues: list[QueueConfig | str],
     n: int,
     job: str,
@@ -176,7 +177,7 @@ def _stats_row(index: int, r: ConsumerReport, started: float, finished: float, r
     }
 
 
-def _others_feeding(pool: QueuePool, job: str, n: int, index: int, stats: Callable[[], ConsumerStats]) -> Callable[[], bool]:
+def _others_feeding(pool: ShardedQueues, job: str, n: int, index: int, stats: Callable[[], ConsumerStats]) -> Callable[[], bool]:
     """`expect_more` of a fed consumer: True while another task has not put its rows yet and work came within FEED_IDLE_S.
 
     Never longer: that task may have no slot (it may be waiting for this one's), or have died; when
@@ -281,7 +282,7 @@ class SparkConsumerPool:
     def dataframe(self) -> DataFrame:
         """The (lazy) DataFrame whose evaluation runs the consumers: one row of counts per consumer."""
         prelude = None if self.feed is None else self.feed[1]
-        fn = _consume(self.pool, self.queues, self.n_consumers, self.job, self.options, self._run, prelude)
+        fn = _consume(self.pool.queues, self.queues, self.n_consumers, self.job, self.options, self._run, prelude)
         if self.feed is None:
             return self.spark.range(self.n_consumers, numPartitions=self.n_consumers).mapInArrow(fn, STATS_DDL)
         return self.feed[0].coalesce(self.n_consumers).mapInArrow(fn, STATS_DDL)
@@ -299,7 +300,7 @@ class SparkConsumerPool:
         done = self._all_fed if consuming and self.until_empty else None
         return JobWatch(
             self.spark,
-            self.pool,
+            self.pool.queues,
             self.group,
             self.queue_names,
             unreachable_s=self.unreachable_s,
@@ -320,10 +321,14 @@ class SparkConsumerPool:
         """
         if not is_local(self.spark):
             preflight(
-                self.spark, self.pool, self.task_modules, unreachable_s=self.unreachable_s, start_timeout_s=self.start_timeout_s
+                self.spark,
+                self.pool.queues,
+                self.task_modules,
+                unreachable_s=self.unreachable_s,
+                start_timeout_s=self.start_timeout_s,
             )
         if self.feed is not None:
-            self.pool.declare(fed_queue(self.job))
+            self.pool.queues.declare(fed_queue(self.job))
         watch = self.watch()
         try:
             with self.job_group(), watch:
@@ -341,13 +346,13 @@ class SparkConsumerPool:
         return self.stats
 
     def _all_fed(self) -> bool:
-        return self.feed is None or _fed(self.pool, self.job) >= self.n_consumers
+        return self.feed is None or _fed(self.pool.queues, self.job) >= self.n_consumers
 
     def _reported(self) -> list[dict[str, Any]]:
         """Each consumer's counts from its last report to the servers (the job ended before they could return them)."""
         out: dict[int, dict[str, Any]] = {}
         now = time.time()
-        for name, c in self.pool.workers().items():
+        for name, c in self.pool.queues.workers().items():
             parts = name.split(":")
             if len(parts) == 5 and parts[0] == "spark" and parts[2] == self.job:
                 out[int(parts[3])] = _stats_row(int(parts[3]), ConsumerReport.from_counts(name, c), now, now, 0)
@@ -357,7 +362,7 @@ class SparkConsumerPool:
         """The consumers have ended: read how many rows each fed task put, then drop the bookkeeping."""
         try:
             if self.feed is not None:
-                by_task = {d["task"]: d["rows"] for d in said(self.pool, fed_queue(self.job))}
+                by_task = {d["task"]: d["rows"] for d in said(self.pool.queues, fed_queue(self.job))}
                 self.fed_rows = sum(by_task.values())
         except ConveyorError as e:
             log.warning("could not read what the tasks of %s put: %s", self.job, e)
@@ -369,7 +374,7 @@ class SparkConsumerPool:
         A failed job may have lost one: no wait on it; what a server keeps of a job is a small queue
         and a blob.
         """
-        for c in self.pool.reach.answering():
+        for c in self.pool.queues.health.answering():
             try:
                 if self.feed is not None:
                     c.drop(fed_queue(self.job))
@@ -417,7 +422,7 @@ class SparkConsumerPool:
         """Tell the consumers to stop (each finishes its running tasks); with `wait`, wait for them."""
         if self._thread is not None and not self._thread.is_alive():
             return  # they have ended (and nobody would remove the marker)
-        self.pool.put_blob(STOP_PREFIX + self.job.encode())  # its key: _key(STOP_PREFIX, job)
+        self.pool.queues.put_blob(STOP_PREFIX + self.job.encode())  # its key: _key(STOP_PREFIX, job)
         if wait and self._thread is not None:
             self.join(timeout)
 

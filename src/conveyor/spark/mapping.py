@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from conveyor.client.pool import QueuePool
+from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import (
     DEFAULT_MAX_RETRIES,
     DEFAULT_UNREACHABLE_S,
@@ -210,9 +211,9 @@ def map(
         ephemeral = pool is None and _ambient() is None  # servers that stop when map returns
         if pool is None:
             pool = _default_pool(stack, spark)
-        _check_servers(pool)
+        _check_servers(pool.queues)
         if not is_local(spark):  # every executor can import conveyor and func's module, and reach the servers
-            preflight(spark, pool, _module_of(func), unreachable_s=unreachable_s, start_timeout_s=start_timeout_s)
+            preflight(spark, pool.queues, _module_of(func), unreachable_s=unreachable_s, start_timeout_s=start_timeout_s)
         job = uuid.uuid4().hex[:12]
         queue = f"map-{job}"
         try:
@@ -264,17 +265,18 @@ def _run(
 ) -> DataFrame | tuple[DataFrame, MapStats]:
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    pool.declare(queue, lease_s=lease_s, max_attempts=attempts_for(max_retries))
+    queues = pool.queues
+    queues.declare(queue, lease_s=lease_s, max_attempts=attempts_for(max_retries))
     # a message is delivered again only when its worker died or it ran over its time limit
     opts = TaskOptions(
         queue=queue, time_limit=None if time_limit is None else time_limit * rows_per_message, max_retries=max_retries
     )
     row_opts = TaskOptions(queue=queue, time_limit=time_limit, max_retries=max_retries)  # of a row split off (RowRunner)
     ref = function_ref(RowRunner(func, max_retries, to_arrow_schema(out_schema), row_opts))
-    pool.put_blob(ref.data)
+    queues.put_blob(ref.data)
 
     t0 = time.time()
-    put_rows = putter(pool, queue, job, adhoc_task_name(ref.digest), opts, rows_per_message, unreachable_s)
+    put_rows = putter(queues, queue, job, adhoc_task_name(ref.digest), opts, rows_per_message, unreachable_s)
     n = consumer_count(spark, n_consumers)
     rows, t1 = 0, t0  # rows put before consuming, and when that ended (when consumers put them: none, at once)
     fed = n <= _partitions(df)  # each of n tasks puts its share of the rows, then consumes
@@ -292,23 +294,23 @@ def _run(
     )
     if not fed:  # fewer partitions than consumers: put the rows first (a job of its own), then consume
         with consumers.job_group(), consumers.watch(consuming=False):
-            counts = df.mapInArrow(put_partitions(pool, put_rows), "partition long, rows long").collect()
+            counts = df.mapInArrow(put_partitions(queues, put_rows), "partition long, rows long").collect()
         rows, t1 = sum(r["rows"] for r in counts), time.time()
     done = consumers.run()
     rows += consumers.fed_rows  # what the consumer tasks put themselves
     t2 = min(max((s["finished"] for s in done), default=t1), time.time())
-    shards = len(pool)
+    shards = len(queues)
     tally = tally_queue(job)
-    pool.declare(tally)
+    queues.declare(tally)
     try:
         read = spark.range(shards, numPartitions=shards).mapInArrow(
-            _reader(pool, queue, out_schema, tally), with_extra(out_schema)
+            _reader(queues, queue, out_schema, tally), with_extra(out_schema)
         )
         with consumers.job_group():
             result = _materialize(read, ephemeral)
-        got, failed = _tallied(pool, tally, shards)
+        got, failed = _tallied(queues, tally, shards)
     finally:
-        for c in pool.reach.answering():  # no wait on a server that is gone: the map fails on it anyway
+        for c in queues.health.answering():  # no wait on a server that is gone: the map fails on it anyway
             with contextlib.suppress(ConveyorError, OSError):
                 c.drop(tally)
     t3 = time.time()
@@ -321,7 +323,7 @@ def _run(
 
 
 def _reader(
-    pool: QueuePool, queue: str, schema: StructType, tally: str
+    pool: ShardedQueues, queue: str, schema: StructType, tally: str
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """mapInArrow function of the read-back job: task i yields the rows of server i.
 
@@ -351,7 +353,7 @@ def tally_queue(job: str) -> str:
     return f"conveyor-read-{job}"
 
 
-def _tallied(pool: QueuePool, tally: str, shards: int) -> tuple[int, int]:
+def _tallied(pool: ShardedQueues, tally: str, shards: int) -> tuple[int, int]:
     """(rows, failed rows) the read-back tasks said they read; an error if a task said nothing."""
     by_shard = {d["shard"]: d for d in said(pool, tally)}
     if len(by_shard) != shards:
@@ -368,7 +370,7 @@ def _module_of(func: Callable[..., Any]) -> list[str]:
     return [module] if getattr(sys.modules.get(module), "__file__", None) else []
 
 
-def _check_servers(pool: QueuePool) -> None:
+def _check_servers(pool: ShardedQueues) -> None:
     """Fail at once, naming the servers, when some do not answer (rather than a bare ConnectionLostError later)."""
     down = [f"{c.address} ({p})" for c, p in zip(pool.clients, pool.reachable_stats(), strict=True) if isinstance(p, Exception)]
     if down:
@@ -386,8 +388,8 @@ def _abandon(pool: QueuePool, queue: str, error: BaseException, ephemeral: bool)
     if ephemeral:
         _say(error, logging.INFO, "the servers started for this map stop with it: nothing is left behind")
         return
-    up = pool.reach.answering()
-    left = [c.address for c in pool.clients if c not in up]
+    up = pool.queues.health.answering()
+    left = [c.address for c in pool.queues.clients if c not in up]
     for c in up:
         try:
             c.drop(queue)
@@ -395,10 +397,10 @@ def _abandon(pool: QueuePool, queue: str, error: BaseException, ephemeral: bool)
             left.append(c.address)
     if not left:
         _say(error, logging.INFO, f"dropped its queue {queue}: nothing is left behind")
-    elif pool.processes and pool.data_dir is None:
+    elif pool.servers is not None and pool.servers.data_dir is None:
         _say(error, logging.INFO, f"its queue {queue} goes with the servers this program started: nothing is left behind")
-    elif pool.processes:
-        kept = f"its queue {queue} stays in {pool.data_dir}: drop it (pool.drop) when servers run on it again"
+    elif pool.servers is not None:
+        kept = f"its queue {queue} stays in {pool.servers.data_dir}: drop it (pool.drop) when servers run on it again"
         _say(error, logging.WARNING, kept)
     else:
         how = f"conveyor drop --connect {','.join(left)} {queue}"

@@ -14,7 +14,6 @@ import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
-from conveyor.client.pool import QueuePool
 from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import H_IDEMPOTENCY_KEY, H_ROWS, H_TASK, SHARD_SHIFT
 from conveyor.errors import ConnectionLostError, ConveyorError
@@ -180,7 +179,7 @@ def with_extra(schema: StructType) -> StructType:
     )
 
 
-def put_partitions(pool: QueuePool, put_rows: Callable[..., int]) -> Callable[..., Any]:
+def put_partitions(pool: ShardedQueues, put_rows: Callable[..., int]) -> Callable[..., Any]:
     """mapInArrow function: put a partition's rows on the queue; one row of counts."""
 
     def put(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -196,7 +195,7 @@ def put_partitions(pool: QueuePool, put_rows: Callable[..., int]) -> Callable[..
 
 
 def putter(
-    pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOptions, k: int, unreachable_s: float
+    pool: ShardedQueues, queue: str, job: str, task_name: str, opts: TaskOptions, k: int, unreachable_s: float
 ) -> Callable[..., int]:
     """(batches, task) -> rows put: a task's rows onto the queue, up to k to a message.
 
@@ -236,7 +235,7 @@ def _counted(message: Message, rows: int) -> Message:
     return dataclasses.replace(message, headers={**message.headers, H_ROWS: str(rows)})
 
 
-def _put(pool: QueuePool, queue: str, messages: list[Message], patience_s: float) -> None:
+def _put(pool: ShardedQueues, queue: str, messages: list[Message], patience_s: float) -> None:
     deadline = time.monotonic() + patience_s
     while True:
         try:
@@ -249,7 +248,7 @@ def _put(pool: QueuePool, queue: str, messages: list[Message], patience_s: float
 
 
 def read_results(
-    pool: QueuePool, queue: str, schema: StructType, shards: Iterable[int]
+    pool: ShardedQueues, queue: str, schema: StructType, shards: Iterable[int]
 ) -> Generator[pa.RecordBatch, None, dict[str, int]]:
     """The output rows of `shards`: one per input row, from the results and the dead letters.
 

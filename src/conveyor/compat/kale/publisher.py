@@ -58,9 +58,8 @@ def get_pool() -> QueuePool:
     with _pool_lock:
         if _pool is None:
             s = settings.current()
-            pool = QueuePool.connect(endpoints(s.MESSAGE_QUEUE_ENDPOINT_URL), s.CONVEYOR_TOKEN)
-            pool.use_queues(queue_info.load_configs())
-            _pool = pool
+            configs = queue_info.load_configs()
+            _pool = QueuePool.connect(endpoints(s.MESSAGE_QUEUE_ENDPOINT_URL), s.CONVEYOR_TOKEN, queue_configs=configs)
         return _pool
 
 
