@@ -111,7 +111,7 @@ def test_exceptions_that_cannot_be_formatted_are_settled_and_the_rest_runs(pool:
     bad = wt.raises_unprintable.publish(_pool=pool)
     exits = wt.exits.publish(3, _pool=pool)
     good = wt.add.publish_many([(i, 1) for i in range(40)], _pool=pool)
-    c = Consumer(pool, ["jobs"], concurrency=1, until_empty=True, pool=mode, task_modules=MODULES)  # type: ignore[arg-type]
+    c = Consumer(pool.queues, ["jobs"], concurrency=1, until_empty=True, pool=mode, task_modules=MODULES)  # type: ignore[arg-type]
     c.run()
     assert pool.gather(good) == [i + 1 for i in range(40)]
     with pytest.raises(TaskFailedError) as e:

@@ -49,7 +49,7 @@ def consume(pool: QueuePool, /, **kw: object) -> Consumer:
     """Run a consumer on 'jobs' in this thread until the queue is drained."""
     options: dict[str, object] = {"concurrency": 4, "until_empty": True, "task_modules": MODULES}
     options.update(kw)
-    c = Consumer(pool, kw.pop("queues", ["jobs"]), **options)  # type: ignore[arg-type]
+    c = Consumer(pool.queues, kw.pop("queues", ["jobs"]), **options)  # type: ignore[arg-type]
     c.run()
     return c
 
@@ -509,7 +509,7 @@ def main():
     with QueuePool.local(n_servers=1) as pool:
         handles = pool.map(abs, [-1, -2, -3], _queue="jobs")
         if sys.argv[1] == "process-mode":
-            Consumer(pool, ["jobs"], concurrency=2, pool="process", until_empty=True).run()
+            Consumer(pool.queues, ["jobs"], concurrency=2, pool="process", until_empty=True).run()
         else:
             with ConsumerPool(pool, 2, queues=["jobs"], concurrency=1) as workers:
                 workers.join(timeout=120, progress=False)
