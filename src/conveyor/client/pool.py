@@ -188,7 +188,7 @@ class QueuePool:
         Returns the handles in item order; `gather(handles)` waits for the results.
         """
         options = _options(_queue, _time_limit, _max_retries, _retry_backoff)
-        calls: Iterable[tuple[Sequence[Any], dict[str, Any]]] = (((item,), {}) for item in items)
+        calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]] = (((item,), {}) for item in items)
         return publish_adhoc(func, calls, options, _delay, _priority, _key, self, self._store_function)
 
     def _store_function(self, ref: FunctionRef) -> None:

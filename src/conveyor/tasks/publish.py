@@ -386,7 +386,7 @@ def publish_calls(
 
 def publish_adhoc(
     func: Callable[..., Any],
-    calls: Iterable[tuple[Sequence[Any], dict[str, Any]]],
+    calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]],
     options: TaskOptions,
     delay: float | None,
     priority: int | None,
@@ -401,7 +401,7 @@ def publish_adhoc(
     are checked and before they are put. Its arguments are not checked against its signature.
     """
     ref = function_ref(func)
-    arguments = ((tuple(args), dict(kwargs), None) for args, kwargs in calls)
+    arguments = ((args, kwargs, None) for args, kwargs in calls)
     return publish_calls(
         adhoc_task_name(ref.digest),
         options,
