@@ -103,7 +103,7 @@ class QueuePool:
         Durable servers keep their queues under `data_dir/shard-<i>`; without a `data_dir`, each in a
         temporary directory of its own (under `temp_dir`, default the system's), which the server removes
         when it stops (on `close()`, or when this process ends however it ends). `close()` or leaving
-        the `with` block stops the consumer pools attached to the pool (`attach`), then the servers,
+        the `with` block stops the consumer pools attached to the pool (`attached`), then the servers,
         cleanly. The servers run in a session of their own: a terminal's Ctrl-C reaches this program
         and its consumers, not them, so the consumers settle their running tasks before they stop.
 
