@@ -17,11 +17,11 @@ try:
     from conveyor.protocol import requests as calls
     from conveyor.server.processes import spawn_server, stop_server
 except ImportError:  # the flat layout: conveyor.pool, conveyor.client, conveyor.calls, conveyor.workloads
+    from conveyor.pool import QueuePool, spawn_server, stop_server
     from conveyor.workloads import busy, documents
 
     from conveyor import calls
     from conveyor.client import QueueClient
-    from conveyor.pool import QueuePool, spawn_server, stop_server
 
 try:
     from conveyor.worker.options import ConsumerOptions

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import conveyor.worker.ack_modes as ack_modes_module
 import conveyor.worker.consumer as consumer_module
 from conveyor.compat.daskqueue import (
     Client,
@@ -381,7 +382,7 @@ def test_early_ack_consumers_extend_no_leases_and_ordinary_ones_check_results_on
     monkeypatch.setattr(consumer_module, "result_fits", no_call)  # small results: the size check alone
     assert Consumer(pool.queues, ["hot-path"], until_empty=True, concurrency=2).run().processed == 5
     assert pool.gather(handles, timeout=10) == [2 * i for i in range(5)]
-    monkeypatch.setattr(consumer_module, "due_extensions", no_call)  # acked on delivery: no lease to extend
+    monkeypatch.setattr(ack_modes_module, "due_extensions", no_call)  # acked on delivery: no lease to extend
     pool.map(double, range(5), _queue="hot-path-early")
     assert Consumer(pool.queues, ["hot-path-early"], until_empty=True, early_ack=True).run().processed == 5
 

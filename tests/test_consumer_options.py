@@ -15,7 +15,7 @@ import pytest
 
 import conveyor
 import conveyor.spark
-from conveyor.cli.worker_command import worker
+from conveyor.cli.worker import worker
 from conveyor.client.in_process import InProcessQueues
 from conveyor.constants import DEFAULT_SHUTDOWN_TIMEOUT_S
 from conveyor.errors import ConfigError

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from conveyor.client.pool import QueuePool
-from conveyor.errors import ConnectionLostError
 from conveyor.message import Message
 from conveyor.protocol.report import ConsumerReport
-from conveyor.worker.settler import BUSY_COALESCE_S, CLOSE_SAY_S, COALESCE_S, Ack, Settler, ack_on_delivery
+from conveyor.worker.settler import BUSY_COALESCE_S, CLOSE_SAY_S, COALESCE_S, Ack, Settler
 
 from .servers import ThreadServer, thread_server, wait_for
 
@@ -67,33 +66,6 @@ def test_a_flush_sends_a_busy_settlers_acks_and_waits_for_them(pool: QueuePool) 
         assert acked(pool) == 3  # sent and answered when flush returns
     finally:
         settler.close(10)
-
-
-class _AcksFailOnQueueB:
-    """A pool whose acks take on queue "a" and fail on queue "b" (its server gone, say)."""
-
-    def __init__(self) -> None:
-        self.acked: list[tuple[str, list[int]]] = []
-
-    @staticmethod
-    def split_id(msg_id: int) -> tuple[int, int]:
-        return msg_id % 2, msg_id // 2
-
-    def ack(self, queue: str, ids: list[int]) -> list[bool]:
-        if queue == "b":
-            raise ConnectionLostError("server gone")
-        self.acked.append((queue, ids))
-        return [i != 5 for i in ids]  # 5: its lease had ended, another consumer has it
-
-
-@pytest.mark.timeout(10)
-def test_acks_on_delivery_that_partly_fail_still_run_what_was_acked() -> None:
-    pool = _AcksFailOnQueueB()
-    got = [Message(id=i, queue=q) for i, q in [(1, "a"), (2, "a"), (3, "a"), (4, "b"), (5, "a"), (7, "b")]]
-    acked, error = ack_on_delivery(pool, got)  # type: ignore[arg-type]
-    # one request per queue and server: a (server 1), a (server 0), then b fails
-    assert pool.acked == [("a", [1, 3, 5]), ("a", [2])]
-    assert [m.id for m in acked] == [1, 3, 2] and isinstance(error, ConnectionLostError)
 
 
 def test_a_report_waits_little_on_a_server_out_of_reach() -> None:

@@ -79,7 +79,6 @@ class MapStats:
     enqueue_s: float
     consume_s: float
     read_s: float
-    first_start: float  # the earliest consumer start (wall clock)
     consumers: list[dict[str, Any]]
     queue: str  # holds the results until dropped (`QueuePool.drop`, `conveyor drop`)
 
@@ -316,10 +315,9 @@ def _run(
     t3 = time.time()
     if got != rows:
         raise ConveyorError(f"map: {rows:,} rows went in but {got:,} came out (queue {queue}); please report this")
-    first = min((s["started"] for s in done), default=t1)
     if failed:
         log.warning("map: %d of %d rows failed; see the _error column", failed, rows)
-    return (result, MapStats(rows, failed, t1 - t0, t2 - t1, t3 - t2, first, done, queue)) if stats else result
+    return (result, MapStats(rows, failed, t1 - t0, t2 - t1, t3 - t2, done, queue)) if stats else result
 
 
 def _reader(
