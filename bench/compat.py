@@ -29,6 +29,11 @@ except ImportError:  # before ConsumerOptions: the count was max_concurrency, an
     ConsumerOptions = None  # type: ignore[assignment, misc]
 
 
+def sharded(pool: Any) -> Any:
+    """A pool's sharded client (queue operations such as `workers()`): `pool.queues`, or the pool itself before it held one."""
+    return getattr(pool, "queues", pool)
+
+
 def consumer_keywords(options: dict[str, Any]) -> dict[str, Any]:
     """Consumer options (`concurrency` a count, `pool` thread or process) under the names this tree's ConsumerPool takes."""
     if ConsumerOptions is not None:
@@ -44,6 +49,7 @@ __all__ = [
     "calls",
     "consumer_keywords",
     "documents",
+    "sharded",
     "spawn_server",
     "stop_server",
 ]

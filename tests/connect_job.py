@@ -48,7 +48,7 @@ def main(url: str, out: Path) -> None:
         handles = worker_tasks.add.publish_many([(i, i) for i in range(TASKS)], _pool=pool)
         stats = conveyor.spark.SparkConsumerPool(spark, pool, 2, queues=["jobs"], task_modules=["tests.worker_tasks"]).run()
         result["consumers"] = [s["processed"] for s in stats]
-        results = {i: decode_result(r) for i, r in pool.results("jobs")}
+        results = {i: decode_result(r) for i, r in pool.queues.results("jobs")}
         result["tasks"] = sorted(results[h.id] for h in handles)
 
     # servers beside "the driver": under Connect there is none here to follow, so an address must be named

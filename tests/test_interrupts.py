@@ -81,9 +81,9 @@ def test_ctrl_c_in_a_map_under_conveyor_local_points_at_no_server(tmp_path: Path
 
 def _notes_of_abandoning(pool: QueuePool, server: subprocess.Popen[bytes], ephemeral: bool = False) -> str:
     """What a map that failed on `pool` once `server` was SIGKILLed says is left behind."""
-    for c in pool.clients:
+    for c in pool.queues.clients:
         c.connect_timeout = 1.0  # the server killed refuses at once: one attempt, not the default patience
-    pool.declare("map-x")
+    pool.queues.declare("map-x")
     server.kill()
     server.wait(10)
     error = KeyboardInterrupt()
@@ -111,7 +111,7 @@ def test_an_abandoned_map_points_only_at_servers_that_outlive_the_program(tmp_pa
         return
     data_dir = tmp_path / "data" if case == "local-kept" else None
     with QueuePool.local(n_servers=2, data_dir=data_dir) as pool:
-        notes = _notes_of_abandoning(pool, pool.processes[1], ephemeral=case == "ephemeral")
+        notes = _notes_of_abandoning(pool, pool.servers.processes[1], ephemeral=case == "ephemeral")
     assert "conveyor drop" not in notes and pool.addresses[1] not in notes, notes
     if case == "local-kept":
         assert f"stays in {data_dir}" in notes, notes

@@ -38,7 +38,7 @@ def stats(conn: Connection, queue: str | None, per_shard: bool, watch: float | N
     --watch, as of the last refresh); 1 on other errors, such as a --queue no server has.
     """
     with open_pool(conn, connect_timeout=timeout_s, timeout=timeout_s) as pool:
-        got = pool.on_every_server(calls.server_stats())
+        got = pool.queues.on_every_server(calls.server_stats())
 
         def tables() -> Group:
             shown = (servers_table(pool.addresses, got), stats_table(pool.addresses, got, queue, per_shard), workers_table(got))
@@ -55,12 +55,12 @@ def stats(conn: Connection, queue: str | None, per_shard: bool, watch: float | N
                     console.print(time.strftime("%Y-%m-%d %H:%M:%S"), tables())
                     console.file.flush()
                     time.sleep(watch)
-                    got = pool.on_every_server(calls.server_stats())
+                    got = pool.queues.on_every_server(calls.server_stats())
             else:
                 with Live(tables(), console=console, auto_refresh=False) as live:
                     while True:
                         time.sleep(watch)
-                        got = pool.on_every_server(calls.server_stats())
+                        got = pool.queues.on_every_server(calls.server_stats())
                         live.update(tables(), refresh=True)
         except KeyboardInterrupt:
             pass

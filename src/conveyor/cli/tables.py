@@ -110,7 +110,7 @@ def dead_letter_table(pool: QueuePool, queue: str, limit: int) -> Table:
     for col in ("id", "shard", "attempts", "failed at", "error", "payload"):
         t.add_column(col, overflow="fold")
     for d in dls[:limit]:
-        shard, local = pool.split_id(d.message.id)
+        shard, local = pool.queues.split_id(d.message.id)
         when = datetime.datetime.fromtimestamp(d.failed_at).isoformat(sep=" ", timespec="seconds")
         error = d.error.strip().splitlines()[-1] if d.error.strip() else ""
         t.add_row(str(local), str(shard), str(d.message.attempts), when, error, _preview(d.message.payload))

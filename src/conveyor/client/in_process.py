@@ -318,6 +318,10 @@ class InProcessQueues:
         return self.status(handle.queue, [handle.id])[0]
 
     # --- lifecycle ----------------------------------------------------------------------------
+    def with_own_connections(self) -> Self:
+        """Itself: it has no connections, and every thread may call it."""
+        return self
+
     def close(self) -> None:
         """Nothing to let go of: the queues stay (a settler's copy of this object is this object)."""
 

@@ -107,7 +107,7 @@ def driver_pool(
         "conveyor: %d queue server(s) beside the driver at %s%s",
         n_servers,
         ", ".join(pool.addresses),
-        "" if pool.clients[0].tls is None else " (TLS, token)",
+        "" if pool.queues.clients[0].tls is None else " (TLS, token)",
     )
     return pool
 
@@ -145,5 +145,5 @@ def cluster(
         raise ConveyorError("conveyor.cluster(): no active Spark session: create yours (SparkSession.builder...) first")
     with driver_pool(spark, n_servers, host=host, interface=interface, ports=ports) as pool, default_pool(pool):
         if check and not is_local(spark):
-            preflight(spark, pool, task_modules)
+            preflight(spark, pool.queues, task_modules)
         yield Cluster(spark, pool)

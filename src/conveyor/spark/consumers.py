@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.client.pool import QueuePool
+from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import DEFAULT_UNREACHABLE_S
 from conveyor.errors import ConveyorError
 from conveyor.gc_policy import gc_tuned
@@ -101,7 +102,7 @@ class Feed:
 
 
 def _consume(
-    pool: QueuePool,
+    pool: ShardedQueues,
     queues: list[QueueConfig | str],
     n: int,
     job: str,
@@ -166,7 +167,9 @@ def _stats_row(index: int, r: ConsumerReport, started: float, finished: float, r
     }
 
 
-def _while_others_put(pool: QueuePool, job: str, n: int, index: int, stats: Callable[[], ConsumerStats]) -> Callable[[], bool]:
+def _while_others_put(
+    pool: ShardedQueues, job: str, n: int, index: int, stats: Callable[[], ConsumerStats]
+) -> Callable[[], bool]:
     """`expect_more` of a fed consumer: True while another task has not put its rows yet and work came within FEED_IDLE_S.
 
     Never longer: that task may have no slot (it may be waiting for this one's), or have died; when
@@ -273,7 +276,7 @@ class SparkConsumerPool:
     def dataframe(self) -> DataFrame:
         """The (lazy) DataFrame whose evaluation runs the consumers: one row of counts per consumer."""
         put_input = None if self.feed is None else self.feed.put
-        fn = _consume(self.pool, self.queues, self.n_consumers, self.job, self.options, self._consumer_run, put_input)
+        fn = _consume(self.pool.queues, self.queues, self.n_consumers, self.job, self.options, self._consumer_run, put_input)
         if self.feed is None:
             return self.spark.range(self.n_consumers, numPartitions=self.n_consumers).mapInArrow(fn, STATS_DDL)
         return self.feed.frame.coalesce(self.n_consumers).mapInArrow(fn, STATS_DDL)
@@ -291,7 +294,7 @@ class SparkConsumerPool:
         done = self._all_input_put if consuming and self.until_empty else None
         return JobWatch(
             self.spark,
-            self.pool,
+            self.pool.queues,
             self.group,
             self.queue_names,
             unreachable_s=self.unreachable_s,
@@ -312,10 +315,14 @@ class SparkConsumerPool:
         """
         if not is_local(self.spark):
             preflight(
-                self.spark, self.pool, self.task_modules, unreachable_s=self.unreachable_s, start_timeout_s=self.start_timeout_s
+                self.spark,
+                self.pool.queues,
+                self.task_modules,
+                unreachable_s=self.unreachable_s,
+                start_timeout_s=self.start_timeout_s,
             )
         if self.feed is not None:
-            self._rows_put.declare(self.pool)
+            self._rows_put.declare(self.pool.queues)
         watch = self.watch()
         try:
             with self.job_group(), watch:
@@ -334,13 +341,13 @@ class SparkConsumerPool:
         return self.stats
 
     def _all_input_put(self) -> bool:
-        return self.feed is None or self._rows_put.count(self.pool) >= self.n_consumers
+        return self.feed is None or self._rows_put.count(self.pool.queues) >= self.n_consumers
 
     def _reported(self) -> list[dict[str, Any]]:
         """Each consumer's counts from its last report to the servers (the job ended before they could return them)."""
         out: dict[int, dict[str, Any]] = {}
         now = time.time()
-        for name, c in self.pool.workers().items():
+        for name, c in self.pool.queues.workers().items():
             parts = name.split(":")
             if len(parts) == 5 and parts[0] == "spark" and parts[2] == self.job:
                 out[int(parts[3])] = _stats_row(int(parts[3]), ConsumerReport.from_counts(name, c), now, now, 0)
@@ -350,7 +357,7 @@ class SparkConsumerPool:
         """The consumers have ended: read how many rows the fed tasks put (`fed_rows`)."""
         try:
             if self.feed is not None:
-                self.fed_rows = sum(r.rows for r in self._rows_put.read(self.pool).values())
+                self.fed_rows = sum(r.rows for r in self._rows_put.read(self.pool.queues).values())
         except ConveyorError as e:
             log.warning("could not read what the tasks of %s put: %s", self.job, e)
 
@@ -361,8 +368,8 @@ class SparkConsumerPool:
         and a blob.
         """
         if self.feed is not None:
-            self._rows_put.drop(self.pool)
-        for c in self.pool.reach.answering():
+            self._rows_put.drop(self.pool.queues)
+        for c in self.pool.queues.health.answering():
             try:
                 c.forget_blobs([_stop_key(self.job)])
             except (ConveyorError, OSError) as e:
@@ -408,7 +415,7 @@ class SparkConsumerPool:
         """Tell the consumers to stop (each finishes its running tasks); with `wait`, wait for them."""
         if self._thread is not None and not self._thread.is_alive():
             return  # they have ended (and nobody would remove the marker)
-        self.pool.put_blob(_stop_blob(self.job))
+        self.pool.queues.put_blob(_stop_blob(self.job))
         if wait and self._thread is not None:
             self.join(timeout)
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
-    from conveyor.client.pool import QueuePool
+    from conveyor.client.sharded import ShardedQueues
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,7 +32,7 @@ class Parcel:
 
 MakeParcels = Callable[["pa.RecordBatch"], list[Parcel]]  # an Arrow batch of input -> its messages' parcels
 # (the servers, the job's queue, a server's index) -> that server's output batches, then what it read
-ReadShard = Callable[["QueuePool", str, int], Generator["pa.RecordBatch", None, ReadCounts]]
+ReadShard = Callable[["ShardedQueues", str, int], Generator["pa.RecordBatch", None, ReadCounts]]
 
 
 @dataclass(frozen=True, slots=True)

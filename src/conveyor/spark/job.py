@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.client.pool import QueuePool
+from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import DEFAULT_UNREACHABLE_S, H_ROWS, MAP_DEFAULT_LEASE_S
 from conveyor.errors import ConnectionLostError, ConveyorError
 from conveyor.message import Message
@@ -128,7 +129,7 @@ class InputPut:
     been so for `unreachable_s`; should nobody, the put gives up after `patience_s`.
     """
 
-    pool: QueuePool
+    pool: ShardedQueues
     queue: str
     job: str
     task_name: str
@@ -187,7 +188,7 @@ class QueueJob:
     def _run(self, df: DataFrame, form: JobForm) -> JobOutcome:
         s = self.settings
         put = InputPut(
-            self.pool,
+            self.pool.queues,
             self.queue,
             self.id,
             self._declare(form.task),
@@ -216,12 +217,12 @@ class QueueJob:
         done = consumers.run()
         rows += consumers.fed_rows
         t2 = min(max((c["finished"] for c in done), default=t1), time.time())
-        self.read_counts.declare(self.pool)
+        self.read_counts.declare(self.pool.queues)
         try:
             frame = self._read_back(form, consumers)
             got = self._counts_read()
         finally:
-            self.read_counts.drop(self.pool)
+            self.read_counts.drop(self.pool.queues)
         t3 = time.time()
         if got.rows != rows:
             raise ConveyorError(
@@ -235,9 +236,9 @@ class QueueJob:
         """Declare the job's queue and store its task; returns the name its messages call the task by."""
         if task.options.queue != self.queue:
             raise ValueError(f"the job's task goes to queue {task.options.queue!r}, not the job's own {self.queue!r}")
-        self.pool.declare(self.queue, lease_s=self.settings.lease_s, max_attempts=attempts_for(task.options.max_retries))
+        self.pool.queues.declare(self.queue, lease_s=self.settings.lease_s, max_attempts=attempts_for(task.options.max_retries))
         ref = function_ref(task.run)
-        self.pool.put_blob(ref.data)
+        self.pool.queues.put_blob(ref.data)
         return adhoc_task_name(ref.digest)
 
     def _put_first(self, df: DataFrame, put: InputPut, consumers: SparkConsumerPool) -> int:
@@ -248,18 +249,18 @@ class QueueJob:
 
     def _read_back(self, form: JobForm, consumers: SparkConsumerPool) -> DataFrame:
         """The output: one Spark task per server reads its results, computed once (`_materialize`)."""
-        shards = len(self.pool)
+        shards = len(self.pool.queues)
         read = self.spark.range(shards, numPartitions=shards).mapInArrow(
-            _read_task(self.pool, self.queue, form.read, self.read_counts), form.output
+            _read_task(self.pool.queues, self.queue, form.read, self.read_counts), form.output
         )
         with consumers.job_group():
             return self._materialize(read)
 
     def _counts_read(self) -> ReadCounts:
         """What the read-back tasks read, summed; an error if one said nothing."""
-        by_shard = self.read_counts.read(self.pool)
-        if len(by_shard) != len(self.pool):
-            missing = sorted(set(range(len(self.pool))) - set(by_shard))
+        by_shard = self.read_counts.read(self.pool.queues)
+        if len(by_shard) != len(self.pool.queues):
+            missing = sorted(set(range(len(self.pool.queues))) - set(by_shard))
             raise ConveyorError(
                 f"{self.settings.entry}: the read-back of server(s) {missing} did not say what it read; please report this"
             )
@@ -296,10 +297,14 @@ def queue_job(
     with ExitStack() as stack:
         ephemeral = queue_pool is None and _ambient(settings.entry) is None  # servers that stop when the job ends
         pool = queue_pool if queue_pool is not None else _default_pool(stack, spark, settings.entry)
-        _check_servers(pool, settings.entry)
+        _check_servers(pool.queues, settings.entry)
         if not is_local(spark):  # every executor can import conveyor and the task's module, and reach the servers
             preflight(
-                spark, pool, list(task_modules), unreachable_s=settings.unreachable_s, start_timeout_s=settings.start_timeout_s
+                spark,
+                pool.queues,
+                list(task_modules),
+                unreachable_s=settings.unreachable_s,
+                start_timeout_s=settings.start_timeout_s,
             )
         yield QueueJob(spark, pool, settings, ephemeral=ephemeral)
 
@@ -329,8 +334,8 @@ def abandon_queue(pool: QueuePool, queue: str, error: BaseException, *, entry: s
     if ephemeral:
         say(logging.INFO, f"the servers started for this {entry} stop with it: nothing is left behind")
         return
-    up = pool.reach.answering()
-    left = [c.address for c in pool.clients if c not in up]
+    up = pool.queues.health.answering()
+    left = [c.address for c in pool.queues.clients if c not in up]
     for c in up:
         try:
             c.drop(queue)
@@ -338,10 +343,13 @@ def abandon_queue(pool: QueuePool, queue: str, error: BaseException, *, entry: s
             left.append(c.address)
     if not left:
         say(logging.INFO, f"dropped its queue {queue}: nothing is left behind")
-    elif pool.processes and pool.data_dir is None:
+    elif pool.servers is not None and pool.servers.data_dir is None:
         say(logging.INFO, f"its queue {queue} goes with the servers this program started: nothing is left behind")
-    elif pool.processes:
-        say(logging.WARNING, f"its queue {queue} stays in {pool.data_dir}: drop it (pool.drop) when servers run on it again")
+    elif pool.servers is not None:
+        say(
+            logging.WARNING,
+            f"its queue {queue} stays in {pool.servers.data_dir}: drop it (pool.drop) when servers run on it again",
+        )
     else:
         how = f"conveyor drop --connect {','.join(left)} {queue}"
         say(logging.ERROR, f"could not drop its queue {queue} on {', '.join(left)}; drop it with: {how}")
@@ -366,7 +374,7 @@ def _default_pool(stack: ExitStack, spark: SparkSession, entry: str) -> QueuePoo
     return stack.enter_context(QueuePool.local(n_servers=2))
 
 
-def _check_servers(pool: QueuePool, entry: str) -> None:
+def _check_servers(pool: ShardedQueues, entry: str) -> None:
     """Fail at once, naming the servers, when some do not answer (rather than a bare ConnectionLostError later)."""
     down = [f"{c.address} ({p})" for c, p in zip(pool.clients, pool.reachable_stats(), strict=True) if isinstance(p, Exception)]
     if down:
@@ -398,7 +406,7 @@ def _put_task(put: InputPut) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa
 
 
 def _read_task(
-    pool: QueuePool, queue: str, read: ReadShard, records: TaskRecords[ReadCounts]
+    pool: ShardedQueues, queue: str, read: ReadShard, records: TaskRecords[ReadCounts]
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """mapInArrow function of the read-back job: task i yields the output rows of server i.
 

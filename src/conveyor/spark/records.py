@@ -22,8 +22,8 @@ from conveyor.message import Message
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
-    from conveyor.client.pool import QueuePool
     from conveyor.client.queue_client import QueueClient
+    from conveyor.client.sharded import ShardedQueues
 
 log = logging.getLogger("conveyor.spark")
 
@@ -56,21 +56,21 @@ class TaskRecords(Generic[R]):
         self.queue = queue
         self._kind = kind
 
-    def declare(self, pool: QueuePool) -> None:
+    def declare(self, pool: ShardedQueues) -> None:
         pool.declare(self.queue)
 
-    def record(self, backend: QueuePool | QueueClient, task: int, record: R) -> None:
+    def record(self, backend: ShardedQueues | QueueClient, task: int, record: R) -> None:
         """Task `task` says `record`, once whatever its attempts."""
         fields = {"task": task, **dataclasses.asdict(record)}
         message = Message(payload=json.dumps(fields).encode(), headers={H_IDEMPOTENCY_KEY: f"{self.queue}:{task}"})
         backend.put(self.queue, [message])
 
-    def count(self, pool: QueuePool) -> int:
+    def count(self, pool: ShardedQueues) -> int:
         """How many tasks have recorded so far (the queue's pending messages: one per task)."""
         st = pool.wait_drained([self.queue], 0.0).get(self.queue)
         return 0 if st is None else st.pending
 
-    def read(self, pool: QueuePool) -> dict[int, R]:
+    def read(self, pool: ShardedQueues) -> dict[int, R]:
         """Every task's record, by task index."""
         out: dict[int, R] = {}
         while got := pool.get(self.queue, TAKE_AT_ONCE):
@@ -80,13 +80,13 @@ class TaskRecords(Generic[R]):
                 out[task] = self._kind(**fields)
         return out
 
-    def drop(self, pool: QueuePool) -> None:
+    def drop(self, pool: ShardedQueues) -> None:
         """Drop the queue on the servers that answer.
 
         No wait on one out of reach (a failed job may have lost it): what it keeps is a small
         queue.
         """
-        for c in pool.reach.answering():
+        for c in pool.health.answering():
             try:
                 c.drop(self.queue)
             except (ConveyorError, OSError) as e:

@@ -13,7 +13,6 @@ from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from conveyor.client.pool import QueuePool
 from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import H_IDEMPOTENCY_KEY, H_TASK, SHARD_SHIFT
 from conveyor.errors import ConveyorError
@@ -202,12 +201,12 @@ class ReadRows:
 
     schema: StructType  # the output columns, without those every row gets (EXTRA_COLUMNS)
 
-    def __call__(self, pool: QueuePool, queue: str, shard: int) -> Generator[pa.RecordBatch, None, ReadCounts]:
+    def __call__(self, pool: ShardedQueues, queue: str, shard: int) -> Generator[pa.RecordBatch, None, ReadCounts]:
         return (yield from read_results(pool, queue, self.schema, [shard]))
 
 
 def read_results(
-    pool: QueuePool, queue: str, schema: StructType, shards: Iterable[int]
+    pool: ShardedQueues, queue: str, schema: StructType, shards: Iterable[int]
 ) -> Generator[pa.RecordBatch, None, ReadCounts]:
     """The output rows of `shards`: one per input row, from the results and the dead letters.
 

@@ -30,7 +30,7 @@ from conveyor.errors import ConveyorError, NoSlotsError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from conveyor.client.pool import QueuePool
+    from conveyor.client.sharded import ShardedQueues
 
 log = logging.getLogger("conveyor.spark")
 
@@ -50,7 +50,7 @@ class JobWatch:
     def __init__(
         self,
         spark: SparkSession,
-        pool: QueuePool,
+        pool: ShardedQueues,
         group: str,
         queues: list[str],
         *,

@@ -125,7 +125,7 @@ class QueuePool:
         prefix = f"dq-{secrets.token_hex(4)}"
         self.queue_names = [f"{prefix}-{i}" for i in range(self.n_queues)]
         for name in self.queue_names:  # on every server, so that each shard takes its share of each queue
-            self._pool.declare(
+            self._pool.queues.declare(
                 name, kind=STORE_DURABLE if durability is Durability.DURABLE else STORE_TRANSIENT, lease_s=float(ack_timeout)
             )
         self._setup()
@@ -151,7 +151,7 @@ class QueuePool:
     def _put(self, queue: str, items: list[Any]) -> None:
         """Each item a message running `deliver(item)` in a consumer (encoded as Conveyor encodes task arguments)."""
         if items:
-            self._pool.map(deliver, items, queue=queue, max_retries=PUT_MAX_RETRIES)
+            self._pool.map(deliver, items, _queue=queue, _max_retries=PUT_MAX_RETRIES)
             with self._lock:
                 self._total_put += len(items)
 
