@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
 from conveyor.client.pool import QueuePool
+from conveyor.client.sharded import ShardedQueues
 from conveyor.spark.form import JobForm, JobTask, MakeParcels, Parcel, ReadShard
 from conveyor.spark.job import JobSettings, queue_job
 from conveyor.spark.records import ReadCounts, RowsPut, TaskRecords
@@ -48,14 +49,14 @@ def failing_parcels(batch: pa.RecordBatch) -> list[Parcel]:
     raise ValueError("no parcel for this batch")
 
 
-def read_squares(pool: QueuePool, queue: str, shard: int) -> Generator[pa.RecordBatch, None, ReadCounts]:
+def read_squares(pool: ShardedQueues, queue: str, shard: int) -> Generator[pa.RecordBatch, None, ReadCounts]:
     rows = [{"id": i, "square": sq} for _, r in pool.clients[shard].iter_results(queue) for i, sq in decode_result(r)]
     if rows:
         yield pa.RecordBatch.from_pylist(rows, schema=pa.schema([("id", pa.int64(), False), ("square", pa.int64(), False)]))
     return ReadCounts(len(rows), 0)
 
 
-def failing_read(pool: QueuePool, queue: str, shard: int) -> Generator[pa.RecordBatch, None, ReadCounts]:
+def failing_read(pool: ShardedQueues, queue: str, shard: int) -> Generator[pa.RecordBatch, None, ReadCounts]:
     raise ValueError(f"server {shard} cannot be read")
     yield  # a generator, as a form's read is
 
@@ -131,12 +132,12 @@ def test_job_settings_are_checked_once() -> None:
 def test_task_records_count_each_task_once_whatever_its_attempts(pool: QueuePool) -> None:
     """A task run again (a retried Spark task) records once: its record is keyed by the task."""
     records = TaskRecords("conveyor-fed-records-test", RowsPut)
-    records.declare(pool)
+    records.declare(pool.queues)
     try:
         for task, rows in [(0, 5), (1, 7), (0, 5), (2, 0), (1, 7)]:
-            records.record(pool, task, RowsPut(rows))
-        assert records.count(pool) == 3
-        assert records.read(pool) == {0: RowsPut(5), 1: RowsPut(7), 2: RowsPut(0)}
+            records.record(pool.queues, task, RowsPut(rows))
+        assert records.count(pool.queues) == 3
+        assert records.read(pool.queues) == {0: RowsPut(5), 1: RowsPut(7), 2: RowsPut(0)}
     finally:
-        records.drop(pool)
+        records.drop(pool.queues)
     assert records.queue not in pool.stats()
