@@ -37,7 +37,7 @@ from typing import Any
 
 import bench_tasks
 from benchlib import Row, busy_machine, make_console, number, print_report, progress, quiet_target, rate, ratio
-from compat import QueuePool, consumer_keywords
+from compat import QueuePool, consumer_keywords, sharded
 from conveyor.worker import ConsumerPool
 from workloads import NOOP_PAYLOAD, busy, noop, skewed
 
@@ -62,7 +62,7 @@ SKEWED_CONFIGS: dict[str, dict[str, Any]] = {
 
 def _started(pool: QueuePool, n: int) -> None:
     deadline = time.monotonic() + 60
-    while len(pool.workers()) < n:
+    while len(sharded(pool).workers()) < n:
         if time.monotonic() > deadline:
             raise RuntimeError("consumers did not start within 60 s")
         time.sleep(0.05)

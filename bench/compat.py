@@ -17,16 +17,21 @@ try:
     from conveyor.protocol import requests as calls
     from conveyor.server.processes import spawn_server, stop_server
 except ImportError:  # the flat layout: conveyor.pool, conveyor.client, conveyor.calls, conveyor.workloads
+    from conveyor.pool import QueuePool, spawn_server, stop_server
     from conveyor.workloads import busy, documents
 
     from conveyor import calls
     from conveyor.client import QueueClient
-    from conveyor.pool import QueuePool, spawn_server, stop_server
 
 try:
     from conveyor.worker.options import ConsumerOptions
 except ImportError:  # before ConsumerOptions: the count was max_concurrency, and thread or process was concurrency
     ConsumerOptions = None  # type: ignore[assignment, misc]
+
+
+def sharded(pool: Any) -> Any:
+    """A pool's sharded client (queue operations such as `workers()`): `pool.queues`, or the pool itself before it held one."""
+    return getattr(pool, "queues", pool)
 
 
 def consumer_keywords(options: dict[str, Any]) -> dict[str, Any]:
@@ -44,6 +49,7 @@ __all__ = [
     "calls",
     "consumer_keywords",
     "documents",
+    "sharded",
     "spawn_server",
     "stop_server",
 ]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from conveyor.cli.commands import serve
+from conveyor.cli.serve import serve
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 

@@ -82,10 +82,10 @@ def servers(tmp_path: Path) -> Iterator[Servers]:
 @pytest.mark.timeout(60)
 def test_a_consumer_ends_with_the_server_named_when_it_stays_out_of_reach(servers: Servers) -> None:
     pool = servers.pool()
-    pool.declare("jobs")
+    pool.queues.declare("jobs")
     wt.add.publish_many([(i, 1) for i in range(40)], _pool=pool)
     servers.kill(1)
-    consumer = Consumer(pool, ["jobs"], task_modules=["tests.support.worker_tasks"], unreachable_s=UNREACHABLE_S)
+    consumer = Consumer(pool.queues, ["jobs"], task_modules=["tests.support.worker_tasks"], unreachable_s=UNREACHABLE_S)
     t0 = time.monotonic()
     with pytest.raises(ServerUnreachableError) as err:
         consumer.run()
@@ -100,7 +100,7 @@ def test_a_consumer_ends_with_the_server_named_when_it_stays_out_of_reach(server
 @pytest.mark.timeout(90)
 def test_a_join_fails_naming_the_server_and_what_it_holds(servers: Servers) -> None:
     pool = servers.pool()
-    pool.declare("jobs")
+    pool.queues.declare("jobs")
     for k in range(2):  # a batch to each server
         wt.add.publish_many([(i, k) for i in range(10)], _pool=pool)
     pool.stats()  # the pool has heard what each server holds

@@ -18,7 +18,7 @@ import pytest
 
 from conveyor.client.pool import QueuePool
 from conveyor.server.processes import spawn_server, stop_server
-from conveyor.spark.mapping import _abandon
+from conveyor.spark.job import abandon_queue
 
 from .support.graph_helpers import ROOT
 from .support.procs import kill_tree, process_tree, wait_gone
@@ -81,13 +81,13 @@ def test_ctrl_c_in_a_map_under_conveyor_local_points_at_no_server(tmp_path: Path
 
 def _notes_of_abandoning(pool: QueuePool, server: subprocess.Popen[bytes], ephemeral: bool = False) -> str:
     """What a map that failed on `pool` once `server` was SIGKILLed says is left behind."""
-    for c in pool.clients:
+    for c in pool.queues.clients:
         c.connect_timeout = 1.0  # the server killed refuses at once: one attempt, not the default patience
-    pool.declare("map-x")
+    pool.queues.declare("map-x")
     server.kill()
     server.wait(10)
     error = KeyboardInterrupt()
-    _abandon(pool, "map-x", error, ephemeral)
+    abandon_queue(pool, "map-x", error, entry="map", ephemeral=ephemeral)
     return " ".join(getattr(error, "__notes__", []))
 
 
@@ -111,7 +111,7 @@ def test_an_abandoned_map_points_only_at_servers_that_outlive_the_program(tmp_pa
         return
     data_dir = tmp_path / "data" if case == "local-kept" else None
     with QueuePool.local(n_servers=2, data_dir=data_dir) as pool:
-        notes = _notes_of_abandoning(pool, pool.processes[1], ephemeral=case == "ephemeral")
+        notes = _notes_of_abandoning(pool, pool.servers.processes[1], ephemeral=case == "ephemeral")
     assert "conveyor drop" not in notes and pool.addresses[1] not in notes, notes
     if case == "local-kept":
         assert f"stays in {data_dir}" in notes, notes

@@ -275,8 +275,9 @@ def test_map_and_consumers_with_no_pool_use_servers_beside_the_driver(bed: Clust
     """map and consumers with no pool use servers on the driver's host, over TLS with a token.
 
     No pool on the cluster: servers on the driver's host over TLS with a token, one row per input
-    row; the time to the first row within 3 s of the same map on servers started beforehand (by
-    conveyor.cluster, on fixed ports).
+    row; the time to the first row within 8 s of the same map on servers started beforehand (by
+    conveyor.cluster, on fixed ports): starting the servers costs under 1 s on a quiet machine and 3-4 s
+    on a loaded one, while a start that waited on a timeout would cost 10 s or more.
     """
     result = Job(bed, tmp_path, "driver-servers").result()
     exactly_once(result["rows"])
@@ -289,7 +290,7 @@ def test_map_and_consumers_with_no_pool_use_servers_beside_the_driver(bed: Clust
     assert {r["host"] for r in result["rows"]} == {bed.ip("worker0"), bed.ip("worker1")}
     cold, warm = result["first_row_s"], result["first_row_started_s"]
     print(f"\nnetbed: map with no pool: first row {cold:.2f} s after the call; with servers started before: {warm:.2f} s")
-    assert cold - warm <= 3.0, f"first row {cold:.2f} s after the call with no pool, {warm:.2f} s with servers started"
+    assert cold - warm <= 8.0, f"first row {cold:.2f} s after the call with no pool, {warm:.2f} s with servers started"
 
 
 @pytest.mark.cluster

@@ -1,9 +1,7 @@
-"""The public API, the names kept for a release, and the declarations the protocol is made from.
+"""The public API and the declarations the protocol is made from.
 
-The public API at the top of the package, the names kept for a release, and the declarations both
-sides of the protocol are made from.
-
-Names loaded on first use, and the old ones behind a warning, come from `conveyor.lazy`.
+The public API at the top of the package (its heavy parts loaded on first use: `conveyor.lazy`), and
+the declarations both sides of the protocol are made from.
 """
 
 from __future__ import annotations
@@ -42,31 +40,6 @@ def test_import_conveyor_stays_light() -> None:
     assert out.strip() == "[]"
 
 
-@pytest.mark.parametrize(
-    ("module", "name", "home"),
-    [
-        ("conveyor", "Message", "conveyor.message"),
-        ("conveyor", "Status", "conveyor.message"),
-        ("conveyor", "CorruptStoreError", "conveyor.errors"),
-        ("conveyor.pool", "QueuePool", "conveyor.client.pool"),
-        ("conveyor.spark.executors", "HashJoin", "conveyor.graph"),
-    ],
-)
-def test_old_names_still_resolve_with_one_warning(module: str, name: str, home: str) -> None:
-    code = f"""
-import importlib, warnings
-warnings.simplefilter("always")
-with warnings.catch_warnings(record=True) as caught:
-    m = importlib.import_module({module!r})
-    first = getattr(m, {name!r})
-    again = getattr(m, {name!r})
-assert first is again is getattr(importlib.import_module({home!r}), {name!r})
-assert [str(w.message) for w in caught if w.category is DeprecationWarning] == [
-    "{module}.{name} is deprecated and goes in the next release: import it from {home}"], caught
-"""
-    subprocess.run([sys.executable, "-c", code], timeout=60, check=True)
-
-
 def test_unknown_names_are_attribute_errors() -> None:
     with warnings.catch_warnings(), pytest.raises(AttributeError, match="no attribute 'Nope'"):
         warnings.simplefilter("error")
@@ -83,7 +56,7 @@ def test_requests_carry_only_declared_fields() -> None:
 
     made = [
         requests.ping(),
-        requests.declare("q", durable=True, lease_s=5.0, max_attempts=3, fsync="batch"),
+        requests.declare("q", kind="durable", lease_s=5.0, max_attempts=3, fsync="batch"),
         requests.queues(),
         requests.put("q", [Message(payload=b"x", priority=2, not_before=1.0, max_attempts=4, headers={"k": "v"})]),
         requests.get("q", 5, lease_s=3.0, wait_s=1.0, tie=True),

@@ -55,8 +55,6 @@ _LAZY = {
     "Dataset": "conveyor.graph",
     "GraphError": "conveyor.graph",
 }
-# internals once exported here: still found, with a warning, for one release
-_MOVED = {"Message": "conveyor.message", "Status": "conveyor.message", "CorruptStoreError": "conveyor.errors"}
 
 __all__ = [
     "Args",
@@ -89,4 +87,4 @@ __all__ = [
     *_LAZY,
 ]
 
-__getattr__ = lazy_attributes(__name__, _LAZY, _MOVED)
+__getattr__ = lazy_attributes(__name__, _LAZY)

@@ -96,9 +96,9 @@ def test_stats_and_dead_letters_commands(tmp_path: Path) -> None:
 
     with QueuePool.local(n_servers=2, data_dir=tmp_path) as pool:
         pool.put("jobs", [Message(payload=b"job-%d" % i, max_attempts=1) for i in range(30)])
-        got = pool.get("jobs", 4)
+        got = pool.queues.get("jobs", 4)
         errors = [f"Traceback (most recent call last):\nValueError: bad page {i}" for i in range(4)]
-        pool.nack("jobs", [m.id for m in got], errors)
+        pool.queues.nack("jobs", [m.id for m in got], errors)
         connect = ",".join(pool.addresses)
         run = [sys.executable, "-m", "conveyor"]
         env = {"COLUMNS": "200", "PATH": "/usr/bin:/bin"}
@@ -265,7 +265,7 @@ def test_worker_without_task_modules_warns_and_dead_letters_can_be_requeued(tmp_
         )
         assert out.returncode == 0, out.stderr
         assert "warning" not in out.stderr and "processed 20," in out.stderr
-        assert sorted(decode_result(r) for _, r in pool.results("jobs")) == [i + 1 for i in range(20)]
+        assert sorted(decode_result(r) for _, r in pool.queues.results("jobs")) == [i + 1 for i in range(20)]
         assert pool.dead_letters("jobs") == []
         out = conveyor("dead-letters", "--connect", connect, "--queue", "jobs", "--requeue")
         assert out.returncode == 0 and out.stdout.strip() == "jobs: no dead letters"
@@ -307,7 +307,7 @@ def test_worker_imports_task_modules_from_the_current_directory(tmp_path: Path, 
         args = ["worker", "--connect", pool.addresses[0], "--queues", "jobs", "--until-empty", *how]
         out = conveyor(*args, "--tasks", "myapp.tasks", cwd=project, env=env)
         assert out.returncode == 0, out.stderr
-        assert [decode_result(r) for _, r in pool.results("jobs")] == ["HI"] * 4 and pool.dead_letters("jobs") == []
+        assert [decode_result(r) for _, r in pool.queues.results("jobs")] == ["HI"] * 4 and pool.dead_letters("jobs") == []
         out = conveyor(*args, "--tasks", "myapp.nothing", cwd=project, env=env)
         assert out.returncode == 1 and "cannot import task module 'myapp.nothing'" in out.stderr
         assert "current directory" in out.stderr

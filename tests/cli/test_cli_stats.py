@@ -48,9 +48,9 @@ def cells(out: str, first: str) -> list[str]:
 def test_stats_shows_the_servers_that_answer_and_marks_a_killed_one_down() -> None:
     with QueuePool.local(n_servers=2, batch_size=10) as pool:
         pool.put(LONG_QUEUE, [Message(payload=b"m%d" % i) for i in range(30)])  # 20 on the first server, 10 on the other
-        pool.report(LONG_CONSUMER, {"processed": 7, "pid": 4242})
-        pool.clients[0].call(calls.report("on-host", {"processed": 1, "host": "box-1.example"}))
-        live = pool.shard_stats(LONG_QUEUE)[0][LONG_QUEUE].ready
+        pool.queues.report(LONG_CONSUMER, {"processed": 7, "pid": 4242})
+        pool.queues.clients[0].call(calls.report("on-host", {"processed": 1, "host": "box-1.example"}))
+        live = pool.queues.shard_stats(LONG_QUEUE)[0][LONG_QUEUE].ready
         a, b = pool.addresses
         out = stats("--connect", f"{a},{b}")
         assert out.returncode == 0, out.stderr
@@ -59,8 +59,8 @@ def test_stats_shows_the_servers_that_answer_and_marks_a_killed_one_down() -> No
         assert cells(out.stdout, LONG_CONSUMER)[2] == "7"
         assert cells(out.stdout, "on-host")[1:3] == ["box-1.example", "1"]
 
-        pool.processes[1].kill()  # SIGKILL: gone without a word
-        pool.processes[1].wait(30)
+        pool.servers.processes[1].kill()  # SIGKILL: gone without a word
+        pool.servers.processes[1].wait(30)
         started = time.monotonic()
         out = stats("--connect", f"{a},{b}", "--timeout", "2")
         assert time.monotonic() - started < 15
@@ -122,18 +122,18 @@ def test_a_consumer_that_stops_reporting_leaves_the_table() -> None:
 
         def keep_reporting() -> None:  # as a live consumer does, every 2 s
             while not stop.is_set():
-                pool.report("stays", {"processed": 1})
+                pool.queues.report("stays", {"processed": 1})
                 stop.wait(0.5)
 
         reporter = threading.Thread(target=keep_reporting, daemon=True)
         reporter.start()
         try:
             started = time.monotonic()
-            pool.report("goes", {"processed": 2})
-            assert {"stays", "goes"} <= set(pool.workers()) and pool.workers()["goes"]["seen"] < WORKER_GONE_S
-            wait_for(lambda: "goes" not in pool.workers(), timeout=WORKER_GONE_S + 10, what="the silent consumer gone")
+            pool.queues.report("goes", {"processed": 2})
+            assert {"stays", "goes"} <= set(pool.queues.workers()) and pool.queues.workers()["goes"]["seen"] < WORKER_GONE_S
+            wait_for(lambda: "goes" not in pool.queues.workers(), timeout=WORKER_GONE_S + 10, what="the silent consumer gone")
             assert time.monotonic() - started >= WORKER_GONE_S - 0.5  # not before its time
-            assert "stays" in pool.workers()
+            assert "stays" in pool.queues.workers()
             out = stats("--connect", ",".join(pool.addresses))
             assert out.returncode == 0, out.stderr
             assert "Consumers: 1" in out.stdout and cells(out.stdout, "stays")[2] == "1" and "goes" not in out.stdout

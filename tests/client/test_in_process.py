@@ -19,7 +19,7 @@ from conveyor.client.in_process import InProcessQueues
 from conveyor.client.pool import QueuePool
 from conveyor.errors import TaskFailedError
 from conveyor.message import Message, Status
-from conveyor.tasks.publish import adhoc_message
+from conveyor.tasks.publish import publish_adhoc
 from conveyor.worker import Consumer
 from conveyor.worker.settler import BUSY_COALESCE_S, COALESCE_S, Ack, Settler
 
@@ -66,13 +66,14 @@ def wait_until(cond: Callable[[], object], timeout: float = 5.0) -> None:
 
 
 def backends(pool: QueuePool, q: InProcessQueues) -> list[QueueBackend]:
-    """Both are QueueBackends (mypy checks this function)."""
-    return [pool, q]
+    """Both are QueueBackends: a pool's sharded client and the in-process queues (mypy checks this function)."""
+    return [pool.queues, q]
 
 
 def test_it_is_a_backend_whose_copies_are_itself(queues: Recording) -> None:
     assert isinstance(queues, QueueBackend)
-    assert pickle.loads(pickle.dumps(queues)) is queues  # what the settler and the blob fetcher do
+    assert queues.with_own_connections() is queues  # what the settler and the blob fetcher take
+    assert pickle.loads(pickle.dumps(queues)) is queues  # and a pickled copy: it lives in this process only
     assert (len(queues), queues.assign(0, 3), queues.split_id(42)) == (1, [0], (0, 42))
     key = queues.put_blob(b"bytes")
     assert len(key) == 64 and queues.get_blob(key) == b"bytes" and queues.get_blob("0" * 64) is None
@@ -80,12 +81,11 @@ def test_it_is_a_backend_whose_copies_are_itself(queues: Recording) -> None:
 
 def test_tasks_run_and_their_results_are_stored(queues: Recording) -> None:
     handles = wt.add.publish_many([(i, 10) for i in range(40)], _pool=queues)
-    msg, ref = adhoc_message(divmod, (17, 5), {}, wt.add.options)  # an ad-hoc callable: its function is a blob
-    queues.put_blob(ref.data)
-    [adhoc] = queues.put("jobs", [msg])
+    # an ad-hoc callable: its function is a blob
+    [adhoc] = publish_adhoc(divmod, [((17, 5), {})], wt.add.options, None, None, None, queues, lambda f: queues.put_blob(f.data))
     c = consume(queues)
     assert queues.gather(handles, timeout=5) == [i + 10 for i in range(40)]
-    assert dict(queues.results("jobs"))[adhoc] is not None
+    assert dict(queues.results("jobs"))[adhoc.id] is not None
     assert c.stats.processed == 41 and c.stats.failed == 0 and c.stats.fetched_by_shard == {0: 41}
     st = queues.stats("jobs")["jobs"]
     assert (st.acked, st.pending) == (41, 0)

@@ -39,7 +39,7 @@ def test_a_result_over_the_limit_fails_its_task_alone_and_acks_are_split_to_fit(
     with thread_server(limits=limits) as a, thread_server(limits=limits) as b, QueuePool.connect([a.address, b.address]) as pool:
         good = wt.returns_bytes.publish_many([(3 * MB // 10,)] * 40, _pool=pool)
         (big,) = wt.returns_bytes.publish_many([(2 * MB,)], _pool=pool)
-        c = Consumer(pool, ["jobs"], concurrency=8, until_empty=True, task_modules=MODULES)
+        c = Consumer(pool.queues, ["jobs"], concurrency=8, until_empty=True, task_modules=MODULES)
         c.run()
         assert pool.gather(good) == [b"r" * (3 * MB // 10)] * 40
         with pytest.raises(TaskFailedError) as e:
@@ -113,7 +113,7 @@ def test_exceptions_that_cannot_be_formatted_are_settled_and_the_rest_runs(pool:
     bad = wt.raises_unprintable.publish(_pool=pool)
     exits = wt.exits.publish(3, _pool=pool)
     good = wt.add.publish_many([(i, 1) for i in range(40)], _pool=pool)
-    c = Consumer(pool, ["jobs"], concurrency=1, until_empty=True, pool=mode, task_modules=MODULES)  # type: ignore[arg-type]
+    c = Consumer(pool.queues, ["jobs"], concurrency=1, until_empty=True, pool=mode, task_modules=MODULES)  # type: ignore[arg-type]
     c.run()
     assert pool.gather(good) == [i + 1 for i in range(40)]
     with pytest.raises(TaskFailedError) as e:

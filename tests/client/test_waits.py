@@ -48,14 +48,14 @@ def test_a_stall_is_judged_by_who_serves_the_queue_waited_on(pool: QueuePool, ca
     A consumer on the queue, or one whose report names no queue (an older consumer), silences it.
     """
     caplog.set_level(logging.WARNING, "conveyor.client")
-    Stall("join", pool.workers, first=0.0).check({"jobs": 3, "drained": 0})
+    Stall("join", pool.queues.workers, first=0.0).check({"jobs": 3, "drained": 0})
     assert [w.split(": start")[0] for w in warnings(caplog)] == [
         "join: 3 pending on queue 'jobs', which no live consumer serves (no consumer reports)"
     ]
     assert "or pass a timeout" in warnings(caplog)[0]  # the wait has none: it would wait for ever
     caplog.clear()
-    stall = Stall("gather", pool.workers, first=0.0, every=60.0)
-    pool.report("other-consumer", {"processed": 0, COUNT_SERVES + "other": 1})
+    stall = Stall("gather", pool.queues.workers, first=0.0, every=60.0)
+    pool.queues.report("other-consumer", {"processed": 0, COUNT_SERVES + "other": 1})
     stall.check({"jobs": 3, "other": 2})
     said = warnings(caplog)
     assert len(said) == 1, said
@@ -68,15 +68,15 @@ def test_a_stall_is_judged_by_who_serves_the_queue_waited_on(pool: QueuePool, ca
     assert len(warnings(caplog)) == 1, "warned again before the slow interval"
 
     for counts in ({COUNT_SERVES + "jobs": 1}, {"processed": 0}):  # serves it; names no queue
-        pool.report("jobs-consumer", counts)
-        quiet = Stall("gather", pool.workers, first=0.0, every=0.0)
+        pool.queues.report("jobs-consumer", counts)
+        quiet = Stall("gather", pool.queues.workers, first=0.0, every=0.0)
         caplog.clear()
         deadline = time.monotonic() + 1.0
         while time.monotonic() < deadline:
             quiet.check({"jobs": 3})
             time.sleep(0.1)
         assert warnings(caplog) == [], counts
-        pool.report("jobs-consumer", {COUNT_SERVES + "elsewhere": 1})  # the next report says otherwise
+        pool.queues.report("jobs-consumer", {COUNT_SERVES + "elsewhere": 1})  # the next report says otherwise
 
 
 @pytest.mark.parametrize("wait", ["result", "join"])
@@ -88,11 +88,11 @@ def test_a_wait_on_a_queue_nobody_serves_warns_though_a_consumer_on_another_repo
     Now the wait warns once consumers have had time to report.
     """
     monkeypatch.setattr(progress, "STALL_FIRST_S", FIRST_S)
-    consumer = Consumer(pool, ["other"], concurrency=1, task_modules=MODULES)
+    consumer = Consumer(pool.queues, ["other"], concurrency=1, task_modules=MODULES)
     runner = threading.Thread(target=consumer.run, name="test-consumer")
     runner.start()
     try:
-        wait_for(lambda: pool.workers(), 10, "the consumer's first report")
+        wait_for(lambda: pool.queues.workers(), 10, "the consumer's first report")
         h = wt.add.publish(1, 2, _pool=pool)  # on 'jobs'
         caplog.set_level(logging.WARNING, "conveyor.client")
         with pytest.raises(TimeoutError):
@@ -146,7 +146,7 @@ def test_a_wait_looks_after_only_the_consumer_pools_on_its_queues(pool: QueuePoo
     queue it does not serve (its error would point that wait the wrong way); and once its `with`
     block is left, no wait at all.
     """
-    consumer = Consumer(pool, ["other"], concurrency=1)
+    consumer = Consumer(pool.queues, ["other"], concurrency=1)
     runner = threading.Thread(target=consumer.run, name="test-consumer")
     runner.start()
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+import conveyor.worker.ack_modes as ack_modes_module
 import conveyor.worker.consumer as consumer_module
 from conveyor.compat.daskqueue import (
     Client,
@@ -100,7 +101,7 @@ def flat(results: dict[str, Any]) -> list[Any]:
 # --- a daskqueue script ---------------------------------------------------------------------------
 def test_a_daskqueue_script_runs_with_its_imports_changed() -> None:
     client = Client(n_workers=5, threads_per_worker=2, direct_to_workers=True)  # dask's options: accepted
-    servers = client.pool.processes
+    servers = client.pool.servers.processes
     try:
         queue_pool = QueuePool(client, 4)
         consumer_pool = ConsumerPool(client, queue_pool, ConsumerClass=GeneralConsumer, n_consumers=2)
@@ -194,11 +195,11 @@ def test_conveyor_consumers_early_ack_settles_on_delivery(client: Client) -> Non
     """
     pool = client.pool
     ok, bad = pool.submit(add, 2, 3, _queue="early-acks"), pool.submit(add, "a", 1, _queue="early-acks")
-    consumer = Consumer(pool, ["early-acks"], early_ack=True, until_empty=True, concurrency=2)
+    consumer = Consumer(pool.queues, ["early-acks"], early_ack=True, until_empty=True, concurrency=2)
     assert not consumer.reads_ahead  # a message read ahead could not be given back
     stats = consumer.run()
-    assert pool.status("early-acks", [ok.id, bad.id]) == [Status.ACKED, Status.ACKED]
-    assert pool.result("early-acks", [ok.id]) == [None]
+    assert pool.queues.status("early-acks", [ok.id, bad.id]) == [Status.ACKED, Status.ACKED]
+    assert pool.queues.result("early-acks", [ok.id]) == [None]
     assert stats.processed == 1 and stats.failed == 1 and stats.dead == 1 and stats.retried == 0
     assert pool.dead_letters("early-acks") == []
 
@@ -219,10 +220,10 @@ def test_a_consumer_tells_apart_messages_of_two_queues_with_the_same_id(client: 
     handles = [
         h
         for q, first in [("ids-a", 0), ("ids-a", 5), ("ids-b", 10), ("ids-b", 15)]
-        for h in pool.map(held_a_while, range(first, first + 5), queue=q)
+        for h in pool.map(held_a_while, range(first, first + 5), _queue=q)
     ]
     assert {h.id for h in handles[:10]} & {h.id for h in handles[10:]}  # ids both queues have
-    stats = Consumer(pool, ["ids-a", "ids-b"], until_empty=True, concurrency=20).run()
+    stats = Consumer(pool.queues, ["ids-a", "ids-b"], until_empty=True, concurrency=20).run()
     assert pool.gather(handles, timeout=10) == list(range(20))
     assert stats.processed == 20 and stats.failed == 0
     assert sum(stats.fetched_by_shard.values()) == 20  # none delivered again for want of its ack
@@ -271,7 +272,7 @@ def test_clients_of_a_cluster_and_of_addresses() -> None:
         with pytest.raises(NotImplementedError):  # DummyConsumer keeps no results
             consumer_pool.results()
         by_address.close()
-        assert all(p.poll() is None for p in cluster.pool.processes)  # the cluster's servers outlive its clients
+        assert all(p.poll() is None for p in cluster.pool.servers.processes)  # the cluster's servers outlive its clients
         assert sum(cluster.pool.stats()[q].pending for q in queue_pool.queue_names) == 0
 
 
@@ -358,14 +359,14 @@ class Unstorable(ConsumerBaseClass):
 
 @pytest.mark.parametrize("early_ack", [False, True])
 def test_what_process_item_returns_never_fails_the_item(client: Client, early_ack: bool) -> None:
-    limit = min(c.connect().server_limits.max_item_bytes for c in client.pool.clients)
+    limit = min(c.connect().server_limits.max_item_bytes for c in client.pool.queues.clients)
     queue_pool = QueuePool(client, 1)
     queue_pool.put_many(["lock", limit + 1, 3])
     consumer_pool = ConsumerPool(client, queue_pool, ConsumerClass=Unstorable, n_consumers=1, early_ack=early_ack)
     consumer_pool.join()
     assert consumer_pool.stats.processed == 3 and consumer_pool.stats.failed == 0
     assert queue_pool.dead_letters() == []
-    stored = [v for _, r in client.pool.results(queue_pool.queue_names[0]) if (v := decode_result(r)) is not None]
+    stored = [v for _, r in client.pool.queues.results(queue_pool.queue_names[0]) if (v := decode_result(r)) is not None]
     assert stored == ([] if early_ack else [b"xxx"])  # only what can be stored, and only with late acks
 
 
@@ -373,17 +374,17 @@ def test_early_ack_consumers_extend_no_leases_and_ordinary_ones_check_results_on
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     pool = client.pool
-    handles = pool.map(double, range(5), queue="hot-path")
+    handles = pool.map(double, range(5), _queue="hot-path")
 
     def no_call(*args: object) -> None:
         raise AssertionError("not expected on this path")
 
     monkeypatch.setattr(consumer_module, "result_fits", no_call)  # small results: the size check alone
-    assert Consumer(pool, ["hot-path"], until_empty=True, concurrency=2).run().processed == 5
+    assert Consumer(pool.queues, ["hot-path"], until_empty=True, concurrency=2).run().processed == 5
     assert pool.gather(handles, timeout=10) == [2 * i for i in range(5)]
-    monkeypatch.setattr(consumer_module, "due_extensions", no_call)  # acked on delivery: no lease to extend
-    pool.map(double, range(5), queue="hot-path-early")
-    assert Consumer(pool, ["hot-path-early"], until_empty=True, early_ack=True).run().processed == 5
+    monkeypatch.setattr(ack_modes_module, "due_extensions", no_call)  # acked on delivery: no lease to extend
+    pool.map(double, range(5), _queue="hot-path-early")
+    assert Consumer(pool.queues, ["hot-path-early"], until_empty=True, early_ack=True).run().processed == 5
 
 
 def double(x: int) -> int:
@@ -416,7 +417,7 @@ class Unreadable:
 @pytest.mark.parametrize("how", ["raises", "unpicklable", "unreadable"])
 def test_a_failing_hook_stop_loses_no_counts_and_says_why(client: Client, how: str) -> None:
     pool = client.pool
-    pool.map(double, range(4), queue=f"hooks-{how}")
+    pool.map(double, range(4), _queue=f"hooks-{how}")
     consumer_pool = ConveyorConsumerPool(pool, 1, queues=[f"hooks-{how}"], hooks=FailingStop(how))
     consumer_pool.join(timeout=30)
     assert consumer_pool.stats.processed == 4

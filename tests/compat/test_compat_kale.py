@@ -79,7 +79,7 @@ def running_worker(out: Path) -> Iterator[Project]:
     SIGTERM to its whole group is how systemd stops a service.
     """
     with QueuePool.local(n_servers=1) as pool:
-        env = env_for(",".join(c.address for c in pool.clients), out)
+        env = env_for(",".join(c.address for c in pool.queues.clients), out)
         proc = subprocess.Popen([sys.executable, "worker.py"], cwd=PROJECT, env=env, start_new_session=True)
         try:
             wait_for(lambda: (out / "worker-started").exists() or proc.poll() is not None, 30, "the worker to start")
@@ -251,7 +251,7 @@ def test_missing_queue_config_and_bad_time_limit(in_project: None, tmp_path: Pat
         time_limit = 120  # the default queue's visibility timeout is 120: ndkale refuses it
 
     with QueuePool.local(n_servers=1, durable=False) as pool:
-        monkeypatch.setattr(settings.current(), "MESSAGE_QUEUE_ENDPOINT_URL", pool.clients[0].address)
+        monkeypatch.setattr(settings.current(), "MESSAGE_QUEUE_ENDPOINT_URL", pool.queues.clients[0].address)
         with pytest.raises(exceptions.InvalidTimeLimitTaskException, match="120 >= 120"):
             TooSlow.publish(None, 3)
         with pytest.raises(exceptions.InvalidTaskDelayException):

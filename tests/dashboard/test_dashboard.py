@@ -131,17 +131,17 @@ def test_counts_follow_the_work_and_a_killed_consumer_is_marked(page: Any) -> No
 
 def test_a_killed_server_is_shown_down_and_the_rest_keeps_updating(page: Any) -> None:
     with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
-        pool.clients[0].put("jobs", [Message(payload=b"x")] * 60)
-        pool.clients[1].put("jobs", [Message(payload=b"x")] * 40)
+        pool.queues.clients[0].put("jobs", [Message(payload=b"x")] * 60)
+        pool.queues.clients[1].put("jobs", [Message(payload=b"x")] * 40)
         page.goto(board.url)
         wait_for(lambda: number(cell(page, "queues", "jobs", 1)) == 100, 10, "100 ready")
-        victim = pool._procs[1]  # type: ignore[attr-defined]
+        victim = pool.servers.processes[1]  # type: ignore[union-attr]
         os.kill(victim.pid, signal.SIGKILL)
         down = page.locator("#servers .server.down")
         wait_for(lambda: down.count() == 1, 10, "the killed server shown down")
-        assert pool.clients[1].address in str(down.text_content())
+        assert pool.queues.clients[1].address in str(down.text_content())
         wait_for(lambda: number(cell(page, "queues", "jobs", 1)) == 60, 10, "the other shard's 60 still shown")
-        pool.clients[0].put("jobs", [Message(payload=b"y")] * 7)
+        pool.queues.clients[0].put("jobs", [Message(payload=b"y")] * 7)
         wait_for(lambda: number(cell(page, "queues", "jobs", 1)) == 67, 10, "and still updated")
         t0 = updated(page)
         wait_for(lambda: updated(page) > t0, 5, "the page still refreshing")
@@ -149,16 +149,16 @@ def test_a_killed_server_is_shown_down_and_the_rest_keeps_updating(page: Any) ->
         page.click("#queues tbody tr[data-queue='jobs']")
         wait_for(lambda: page.locator("#shards tbody tr.gone").count() == 1, 10, "its shard shown down in the breakdown")
         wait_for(lambda: "(down)" in str(page.locator("#dead-status").text_content()), 10, "its dead letters said unread")
-        assert pool.clients[1].address in str(page.locator("#dead-status").text_content())
+        assert pool.queues.clients[1].address in str(page.locator("#dead-status").text_content())
         shot(page, "dashboard-server-down")
     assert page.errors == []
 
 
 def test_the_requeue_buttons_move_dead_letters_back_to_ready(page: Any) -> None:
     with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
-        pool.declare("bad", max_attempts=1)
+        pool.queues.declare("bad", max_attempts=1)
         ids = pool.put("bad", [Message(payload=b"item %d" % i) for i in range(6)])
-        for c in pool.clients:
+        for c in pool.queues.clients:
             got = c.get("bad", 10)
             c.nack("bad", [m.id for m in got], [f"Traceback (most recent call last):\nValueError: item {m.id}" for m in got])
         page.goto(board.url)
@@ -185,10 +185,10 @@ def test_the_requeue_buttons_move_dead_letters_back_to_ready(page: Any) -> None:
 def test_an_error_text_holding_script_shows_as_text_and_never_runs(page: Any) -> None:
     evil = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script><b>bold</b>'
     with QueuePool.local(n_servers=1) as pool, Dashboard(pool, port=0) as board:
-        pool.declare("evil", max_attempts=1)
+        pool.queues.declare("evil", max_attempts=1)
         pool.put("evil", [Message(payload=evil.encode())])
-        got = pool.clients[0].get("evil", 1)
-        pool.clients[0].nack("evil", [got[0].id], [evil])
+        got = pool.queues.clients[0].get("evil", 1)
+        pool.queues.clients[0].nack("evil", [got[0].id], [evil])
         page.goto(board.url)
         page.click("#queues tbody tr[data-queue='evil']")
         wait_for(lambda: page.locator("#dead tbody tr").count() == 1, 10, "the dead letter listed")
@@ -201,9 +201,9 @@ def test_an_error_text_holding_script_shows_as_text_and_never_runs(page: Any) ->
 
 def test_100000_dead_letters_are_paged_and_the_page_stays_fast(page: Any) -> None:
     with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
-        pool.declare("many", max_attempts=1)
+        pool.queues.declare("many", max_attempts=1)
         pool.put("many", [Message(payload=b"p")] * 100_000)
-        for c in pool.clients:
+        for c in pool.queues.clients:
             while got := c.get("many", 5000):
                 c.nack("many", [m.id for m in got], final=True)
         assert pool.stats("many")["many"].failed == 100_000
@@ -274,7 +274,7 @@ def test_the_page_is_fast_with_2_servers_100_queues_and_50_consumers(page: Any) 
         for q in range(100):
             pool.put(f"queue-{q:03d}", [Message(payload=b"x")] * 10)
         for w in range(50):  # 50 consumers' reports, through the real report operation
-            pool.report(
+            pool.queues.report(
                 f"host-{w % 5}:{1000 + w}:0",
                 {"processed": w, "failed": 0, "running": 1, "pid": 1000 + w, "host": f"host-{w % 5}"},
             )
@@ -347,10 +347,10 @@ def _call(url: str, body: dict[str, Any] | None = None, headers: dict[str, str] 
 def test_the_json_endpoints_refuse_bad_input_and_a_queue_on_one_shard_pages() -> None:
     with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
         api = board.url + "api/"
-        pool.clients[0].declare("one", max_attempts=1)  # on shard 0 only: shard 1 has no such queue
-        pool.clients[0].put("one", [Message(payload=b"x")] * 3)
-        got = pool.clients[0].get("one", 3)
-        pool.clients[0].nack("one", [m.id for m in got], ["no"] * 3)
+        pool.queues.clients[0].declare("one", max_attempts=1)  # on shard 0 only: shard 1 has no such queue
+        pool.queues.clients[0].put("one", [Message(payload=b"x")] * 3)
+        got = pool.queues.clients[0].get("one", 3)
+        pool.queues.clients[0].nack("one", [m.id for m in got], ["no"] * 3)
         wait_for(lambda: _overview(board.url)["queues"], 10, "the dashboard's first poll")
         status, page = _call(api + "dead-letters?queue=one&limit=2")
         assert status == 200 and len(page["items"]) == 2 and page["next"] and page["skipped"] == []
@@ -388,7 +388,7 @@ def test_a_busy_consumer_far_behind_its_peers_is_marked_slow() -> None:
         def report() -> dict[str, dict[str, Any]] | None:
             for name in done:
                 done[name] += 1 if name == "laggard" else 20
-                pool.report(name, {"processed": done[name], "failed": 0, "running": 2, "pid": 1, "host": "h"})
+                pool.queues.report(name, {"processed": done[name], "failed": 0, "running": 2, "pid": 1, "host": "h"})
             got = consumers()
             time.sleep(0.5)  # the pace of the reports, not a wait for anything
             return got if got.get("laggard", {}).get("status") == "slow" else None
@@ -413,7 +413,7 @@ def test_a_map_jobs_rows_are_counted_by_its_consumers_reports() -> None:
         ]
         failing = build_message(wt.fails_for_good.task_name, opts, (), {})
         pool.put("map-t", [*messages, dataclasses.replace(failing, headers={**failing.headers, H_ROWS: "7"})])
-        Consumer(pool, ["map-t"], concurrency=2, until_empty=True, task_modules=MODULES).run()
+        Consumer(pool.queues, ["map-t"], concurrency=2, until_empty=True, task_modules=MODULES).run()
 
         def job() -> dict[str, Any] | None:
             jobs = _overview(board.url)["jobs"]

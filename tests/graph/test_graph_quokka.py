@@ -23,6 +23,7 @@ from examples.tpch import names
 from pyspark.sql import SparkSession
 
 from conveyor.graph import GraphError, StatelessExecutor, TaskGraph
+from conveyor.graph.arguments import csv_args, node_args
 from conveyor.graph.channels import to_table
 from conveyor.graph.filesystems import bucket_path, read_here, s3_file_system
 from conveyor.graph.readers import list_files
@@ -256,6 +257,19 @@ def test_a_task_node_nobody_reads_is_an_output_node(spark: SparkSession, tpch_sf
     task_graph.run()
     expected = float(duckdb_answer("q6", tpch_sf001).revenue[0])
     assert float((tmp_path / "total").read_text()) == pytest.approx(expected, rel=1e-9)
+
+
+def test_each_call_is_read_in_the_form_its_arguments_show(tmp_path: Path) -> None:
+    """Quokka's argument forms and Conveyor's are told apart by the arguments alone (`conveyor.graph.arguments`)."""
+    args, kwargs = csv_args((str(tmp_path), "lineitem.tbl", LINEITEM, 2), {})  # a string second: Quokka's key
+    assert args == () and kwargs["path"] == bucket_path(str(tmp_path), "lineitem.tbl", "new_input_csv")
+    assert kwargs["names"] == LINEITEM and kwargs["parallelism"] == 2 and kwargs["s3_here"]
+    assert csv_args((tmp_path / "x.csv", LINEITEM, 2), {"sep": "|"}) == ((tmp_path / "x.csv", LINEITEM, 2), {"sep": "|"})
+    sources, executor, placement, keys = {0: "node"}, object(), {"localhost": 2}, {0: None}  # read as given: checked later
+    expected = (sources, executor, placement, keys, None, "localhost")
+    assert node_args((sources, None, executor, placement, keys), {}) == expected  # five: Quokka's, datasets second
+    assert node_args((sources, executor, placement, keys), {}) == expected
+    assert node_args((sources, executor, placement, keys), {"name": "n", "ip": "h"}) == (*expected[:4], "n", "h")
 
 
 def test_quokka_arguments_that_are_wrong_get_clear_errors(tpch_sf001: Path) -> None:

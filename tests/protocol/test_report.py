@@ -54,7 +54,7 @@ def _sample() -> ConsumerReport:
 def reported(tmp_path: Path) -> Iterator[tuple[ThreadServer, QueuePool, ConsumerReport]]:
     r = _sample()
     with thread_server(data_dir=tmp_path / "data", metrics_port=0) as s, QueuePool.connect([s.address]) as pool:
-        pool.report(r.consumer, r.to_counts())
+        pool.queues.report(r.consumer, r.to_counts())
         yield s, pool, r
 
 
@@ -70,7 +70,7 @@ def test_the_declaration_has_figures_of_every_kind() -> None:
 
 def test_a_report_comes_back_from_a_server_as_it_was_sent(reported: tuple[ThreadServer, QueuePool, ConsumerReport]) -> None:
     _, pool, sent = reported
-    [(name, counts)] = pool.workers().items()
+    [(name, counts)] = pool.queues.workers().items()
     back = ConsumerReport.from_counts(name, counts)
     assert 0 <= back.seen < 10  # set by the server: seconds since it heard the report
     assert back.task_seconds is not None and sent.task_seconds is not None
@@ -99,7 +99,7 @@ def test_the_metrics_show_every_total_and_current_figure(reported: tuple[ThreadS
 
 def test_conveyor_stats_shows_every_total_and_current_figure(reported: tuple[ThreadServer, QueuePool, ConsumerReport]) -> None:
     _, pool, r = reported
-    table = workers_table(pool.on_every_server(calls.server_stats()))
+    table = workers_table(pool.queues.on_every_server(calls.server_stats()))
     assert table is not None
     console = Console(width=400, record=True)
     console.print(table)

@@ -66,9 +66,9 @@ def test_a_pinned_server_serves_over_tls(certs: dict[str, tuple[Path, Path, str]
         pool = QueuePool.connect([s.address], "s3cret", fingerprint=fp)
         with pool:
             [mid] = pool.put("q", [Message(payload=b"pay 100 EUR to alice")])
-            [m] = pool.get("q", 1)
+            [m] = pool.queues.get("q", 1)
             assert m.id == mid and m.payload == b"pay 100 EUR to alice"
-            pool.ack("q", [mid])
+            pool.queues.ack("q", [mid])
         # a client crosses to a Spark executor pickled: it keeps what it trusts, and connects there
         again = pickle.loads(pickle.dumps(pool))
         with again:
@@ -206,16 +206,16 @@ def test_local_servers_off_loopback_get_a_token_and_tls_by_default() -> None:
     """Bound to every interface, `QueuePool.local` secures itself: a generated token and a pinned certificate."""
     with QueuePool.local(n_servers=2, host="0.0.0.0") as pool:
         assert all(a.startswith("tls://") and "0.0.0.0" not in a for a in pool.addresses)
-        assert all(c.tls is not None and len(c.tls.fingerprints) == 1 for c in pool.clients)
+        assert all(c.tls is not None and len(c.tls.fingerprints) == 1 for c in pool.queues.clients)
         pool.put("q", [Message(payload=b"x")])
         copy = pickle.loads(pickle.dumps(pool))  # what a Spark executor gets: token and fingerprint included
         with copy:
             assert copy.stats("q")["q"].ready == 1
         for a in pool.addresses:  # without the token: refused
             with pytest.raises(AuthError, match="requires a token"):
-                QueueClient(a, tls=pool.clients[0].tls).ping()
+                QueueClient(a, tls=pool.queues.clients[0].tls).ping()
     with QueuePool.local(n_servers=1, tls=True) as pool:  # loopback: TLS only when asked
-        assert pool.addresses[0].startswith("tls://127.0.0.1:") and pool.clients[0]._key is None
+        assert pool.addresses[0].startswith("tls://127.0.0.1:") and pool.queues.clients[0]._key is None
         assert pool.stats() == {}
 
 
@@ -237,7 +237,7 @@ def test_the_commands_connect_over_tls_with_a_token_file(tmp_path: Path) -> None
     token.write_text("cli-s3cret\n")
     with QueuePool.local(n_servers=1, tls=True, token="cli-s3cret") as pool:
         pool.put("pages", [Message(payload=b"x")])
-        fp = pool.clients[0].tls.fingerprints[0] if pool.clients[0].tls else ""
+        fp = pool.queues.clients[0].tls.fingerprints[0] if pool.queues.clients[0].tls else ""
         base = [sys.executable, "-m", "conveyor", "stats", "--connect", pool.addresses[0], "--token-file", str(token)]
         ok = subprocess.run([*base, "--tls-fingerprint", fp], capture_output=True, text=True, timeout=60)
         assert ok.returncode == 0 and "pages" in ok.stdout and "UP" in ok.stdout, ok.stdout + ok.stderr

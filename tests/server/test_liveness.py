@@ -61,12 +61,12 @@ def test_the_server_judges_a_consumers_reports_on_the_monotonic_clock(
     """
     clock = SteppedClock(monkeypatch)
     with QueuePool.connect([server.address]) as pool:
-        pool.report("w", {"processed": 1, "running": 0})
+        pool.queues.report("w", {"processed": 1, "running": 0})
         clock.step(step)
-        listed = pool.workers()
+        listed = pool.queues.workers()
         assert "w" in listed and 0 <= float(listed["w"]["seen"]) < GONE_S, listed
         t0 = time.monotonic()
-        wait_for(lambda: "w" not in pool.workers(), GONE_S + 10, "the silent consumer gone")
+        wait_for(lambda: "w" not in pool.queues.workers(), GONE_S + 10, "the silent consumer gone")
         assert time.monotonic() - t0 < GONE_S + 10
 
 
@@ -103,7 +103,7 @@ def test_the_dashboard_marks_a_silent_consumer_late_then_gone_after_the_wall_clo
                 return found[0] if found else None
 
             def reported() -> bool:
-                pool.report("w", {"processed": 1, "running": 0, "pid": 1, "host": "h"})  # as a live consumer does
+                pool.queues.report("w", {"processed": 1, "running": 0, "pid": 1, "host": "h"})  # as a live consumer does
                 return (c := consumer()) is not None and c["status"] == "ok"
 
             wait_for(reported, 10, "the consumer seen")

@@ -136,7 +136,9 @@ def test_the_consumers_figures_come_from_their_reports(server: ThreadServer) -> 
     with QueuePool.connect([server.address]) as pool:
         handles = wt.sleeps.publish_many([(0.002,)] * 30 + [(0.2,)] * 3, _pool=pool)
         wt.always_fails.publish("/dev/null", _pool=pool)  # fails 3 times (max_retries=2): a dead letter
-        c = Consumer(pool, ["jobs"], concurrency=4, until_empty=True, task_modules=["tests.support.worker_tasks"], name="c-1")
+        c = Consumer(
+            pool.queues, ["jobs"], concurrency=4, until_empty=True, task_modules=["tests.support.worker_tasks"], name="c-1"
+        )
         c.run()
         assert len(pool.gather(handles)) == 33
     url = server.server.metrics_address or ""

@@ -227,7 +227,7 @@ def test_declare_settings_conflicts_and_restart(tmp_path: Path) -> None:
         with pytest.raises(RequestError, match=r"exists with lease_s=7\.0") as e:
             c.declare("jobs", lease_s=8)
         assert e.value.kind == "queue-conflict"
-        assert c.declare("mem", durable=False).fsync is None
+        assert c.declare("mem", kind="transient").fsync is None
         with pytest.raises(RequestError, match="fsync must be one of"):
             c.declare("x", fsync="sometimes")
         c.put("jobs", msgs(2))
@@ -244,7 +244,7 @@ def test_transient_only_server_refuses_durable_queues() -> None:
     with thread_server() as s, QueueClient(s.address) as c:
         assert c.declare("q").kind == "transient"
         with pytest.raises(RequestError, match="no --data-dir"):
-            c.declare("d", durable=True)
+            c.declare("d", kind="durable")
 
 
 def test_a_damaged_queue_is_unavailable_and_the_rest_keeps_serving(tmp_path: Path) -> None:
@@ -443,7 +443,7 @@ def test_drop_removes_a_queue_and_never_reuses_its_ids(tmp_path: Path) -> None:
         got = c.get("q", 3)
         c.ack("q", [got[0].id], [b"r"])
         c.put("other", msgs(1))
-        c.declare("mem", durable=False)
+        c.declare("mem", kind="transient")
         assert c.drop("q") is True and c.drop("q") is False and c.drop("mem") is True
         assert not (d / QUEUES_DIR / "q").exists()
         assert {q.name for q in c.queues()} == {"other"}

@@ -100,7 +100,7 @@ def test_durable_queues_hold_few_descriptors_and_past_the_limit_a_declare_says_s
         names = []
         with pytest.raises(RequestError) as e:
             for i in range(limit):
-                c.declare(f"q{i}", durable=True)
+                c.declare(f"q{i}", kind="durable")
                 names.append(f"q{i}")
         assert e.value.kind == ERR_STORE and "as many as its descriptor limit allows" in str(e.value), e.value
         assert 400 < len(names) < limit and _fds(proc.pid) < limit
@@ -128,10 +128,10 @@ def test_ten_thousand_durable_queues_work_with_the_limit_the_server_raises(tmp_p
         if hard != resource.RLIM_INFINITY and hard < 16_000:  # the OS allows too few: a clear error instead
             with pytest.raises(RequestError, match="as many as its descriptor limit allows"):
                 for i in range(n):
-                    c.declare(f"q{i}", durable=True)
+                    c.declare(f"q{i}", kind="durable")
             return
         for i in range(n):
-            c.declare(f"q{i}", durable=True)
+            c.declare(f"q{i}", kind="durable")
         for i in range(0, n, 7):
             c.put(f"q{i}", [Message(payload=b"%d" % i)])
         for i in range(0, n, 7):

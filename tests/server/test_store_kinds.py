@@ -75,14 +75,12 @@ def test_an_unknown_kind_is_refused_naming_the_known_ones_and_changes_nothing(tm
     assert sorted(p.name for p in (d / QUEUES_DIR).iterdir()) == ["kept"]
 
 
-def test_durable_true_or_false_say_the_kind(tmp_path: Path) -> None:
+def test_the_kind_is_named_and_the_default_is_the_servers(tmp_path: Path) -> None:
     with thread_server(data_dir=tmp_path / "data") as s, QueueClient(s.address) as c:
-        assert c.declare("d", durable=True).kind == "durable"
-        assert c.declare("t", durable=False).kind == "transient"
-        assert c.declare("d", kind="durable", durable=True).kind == "durable"
-        with pytest.raises(ValueError, match="disagree"):
-            c.declare("x", kind="transient", durable=True)
-        assert {q.name for q in c.queues()} == {"d", "t"}
+        assert c.declare("d", kind="durable").kind == "durable"
+        assert c.declare("t", kind="transient").kind == "transient"
+        assert c.declare("x").kind == "durable"
+        assert {q.name for q in c.queues()} == {"d", "t", "x"}
     with thread_server() as s, QueueClient(s.address) as c:  # no data dir: nothing on disk
         assert c.declare("q").kind == "transient"
         with pytest.raises(RequestError, match="a durable queue is kept on disk, and this server has no --data-dir"):
@@ -101,27 +99,12 @@ def test_a_declare_without_a_kind_asks_for_the_servers_default(tmp_path: Path) -
 
 def test_in_process_queues_refuse_other_kinds_and_make_nothing() -> None:
     with InProcessQueues() as b:
-        for asked in ({"kind": "durable"}, {"durable": True}, {"kind": "bogus"}):
+        for asked in ({"kind": "durable"}, {"kind": "bogus"}):
             with pytest.raises(RequestError, match="in-process queues are transient") as e:
                 b.declare("q", **asked)
             assert e.value.kind == "bad-argument"
         assert b.stats() == {}
         assert b.declare("q", kind="transient").kind == "transient"
-
-
-def test_a_queue_json_written_before_kinds_opens_as_durable(tmp_path: Path) -> None:
-    d = tmp_path / "data"
-    with thread_server(data_dir=d) as s, QueueClient(s.address) as c:
-        c.declare("old", lease_s=11)
-        c.put("old", [Message(payload=b"x")])
-    conf = d / QUEUES_DIR / "old" / QUEUE_CONFIG_NAME
-    settings = json.loads(conf.read_text())
-    conf.write_text(
-        json.dumps({"name": "old", "durable": True, **{k: settings[k] for k in ("lease_s", "max_attempts", "fsync")}})
-    )
-    with thread_server(data_dir=d) as s, QueueClient(s.address) as c:
-        assert [(q.name, q.kind, q.lease_s) for q in c.queues()] == [("old", "durable", 11.0)]
-        assert [m.payload for m in c.get("old", 5)] == [b"x"]
 
 
 def test_a_kind_is_registered_once_under_a_plain_name() -> None:

@@ -23,7 +23,7 @@ from conveyor.client.queue_client import QueueClient
 from conveyor.constants import FRAME_PREFIX
 from conveyor.message import Message
 from conveyor.protocol import framing as protocol
-from conveyor.server import tied
+from conveyor.server import connection_leases
 
 from ..support.servers import ThreadServer, thread_server, wait_for
 
@@ -221,13 +221,13 @@ def test_a_tied_message_whose_every_holder_dies_ends_as_a_dead_letter_saying_so(
 def test_a_long_lived_connection_forgets_the_deliveries_it_settled(
     server: ThreadServer, client: QueueClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(tied, "PRUNE_AT", 8)
+    monkeypatch.setattr(connection_leases, "PRUNE_AT", 8)
     _put(client, 100)
     worker = QueueClient(server.address, timeout=10)
     for _ in range(25):
         got = worker.get("q", 4, lease_s=LONG, tie=True)
         assert worker.ack("q", [m.id for m in got[:3]]) == [True] * 3  # one of four stays delivered
-    held = server.call(lambda: [c.tied._size for c in server.server._conns])
+    held = server.call(lambda: [c.leases._size for c in server.server._conns])
     assert max(held) <= 2 * 25  # pruned: what it still holds and at most as much again, not all 100
     worker._drop()  # as a dying process would: no word
     wait_for(lambda: client.stats("q")["q"].ready == 25, 5, "the 25 it held back")

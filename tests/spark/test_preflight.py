@@ -21,10 +21,10 @@ pytestmark = pytest.mark.timeout(120)
 def test_a_healthy_executor_passes_quickly_and_the_pass_is_remembered(spark: SparkSession) -> None:
     with QueuePool.local(n_servers=2, tls=True) as pool:
         t = time.monotonic()
-        preflight(spark, pool, ["json", "tests.support.worker_tasks"])
+        preflight(spark, pool.queues, ["json", "tests.support.worker_tasks"])
         took = time.monotonic() - t
         t = time.monotonic()
-        preflight(spark, pool, ["json", "tests.support.worker_tasks"])
+        preflight(spark, pool.queues, ["json", "tests.support.worker_tasks"])
         assert time.monotonic() - t < 0.05, "a passed check is remembered"
     assert took < 10, f"the pre-flight took {took:.1f} s"
 
@@ -32,11 +32,11 @@ def test_a_healthy_executor_passes_quickly_and_the_pass_is_remembered(spark: Spa
 def test_a_missing_task_module_and_a_server_down_are_named_in_one_error(spark: SparkSession) -> None:
     pool = QueuePool.local(n_servers=2)
     address = pool.addresses[1]
-    pool._procs[1].kill()  # server 1 gone for good
-    pool._procs[1].wait(10)
+    pool.servers.processes[1].kill()  # server 1 gone for good
+    pool.servers.processes[1].wait(10)
     try:
         with pytest.raises(PreflightError) as e:
-            preflight(spark, pool, ["no_such_tasks_module"])
+            preflight(spark, pool.queues, ["no_such_tasks_module"])
     finally:
         pool.close()
     [(host, problems)] = e.value.problems.items()  # local[2]: one host, the problems of its tasks once each
@@ -50,7 +50,7 @@ def test_a_missing_task_module_and_a_server_down_are_named_in_one_error(spark: S
 
 def test_an_import_error_of_several_lines_is_reported_on_one(spark: SparkSession) -> None:
     with QueuePool.local(n_servers=1) as pool, pytest.raises(PreflightError) as e:
-        preflight(spark, pool, ["tests.support.preflight_multiline"])
+        preflight(spark, pool.queues, ["tests.support.preflight_multiline"])
     [problems] = e.value.problems.values()
     assert problems == [
         "task module 'tests.support.preflight_multiline' is not importable (ImportError: Importing the "

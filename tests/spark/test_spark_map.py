@@ -308,9 +308,9 @@ def test_the_read_back_takes_each_row_of_a_split_message_once(pool: QueuePool) -
     from conveyor.tasks.options import TaskOptions
     from conveyor.tasks.publish import build_message
 
-    queue, c, opts = "split-read", pool.clients[1], TaskOptions(queue="split-read")
+    queue, c, opts = "split-read", pool.queues.clients[1], TaskOptions(queue="split-read")
     base = 1 << SHARD_SHIFT  # ids as consumers see them: the shard in the high bits
-    pool.declare(queue)
+    pool.queues.declare(queue)
 
     def put(rows: list[int], key: str) -> int:
         [i] = c.put(queue, [build_message("t", opts, ([{"id": r} for r in rows],), {}, key=key)])
@@ -331,7 +331,7 @@ def test_the_read_back_takes_each_row_of_a_split_message_once(pool: QueuePool) -
         [encode_result([[True, {"id": first[k[0]] + k[1]}, f"split:{base | k[0]}:{k[1]}"]]) for k in done],
     )
     c.nack(queue, [kids[b, 1]], ["WorkerDied: crashed"], final=True)
-    batches = list(read_results(pool, queue, StructType([StructField("id", LongType())]), [1]))
+    batches = list(read_results(pool.queues, queue, StructType([StructField("id", LongType())]), [1]))
     rows = sorted(
         (r["id"] if r["id"] is not None else json.loads(r["_input"])["id"], r["_id"], r["_error"])
         for batch in batches
@@ -349,7 +349,7 @@ def test_the_read_back_takes_each_row_of_a_split_message_once(pool: QueuePool) -
 
 
 def test_spark_consumer_pool_runs_tasks_until_stopped(spark: SparkSession, pool: QueuePool) -> None:
-    pool.declare("spark-jobs")
+    pool.queues.declare("spark-jobs")
     handles = [pool.submit(pow, i, 2, _queue="spark-jobs") for i in range(50)]
     sp = cs.SparkConsumerPool(spark, pool, 2, queues=["spark-jobs"], until_empty=False, description="test consumers")
     sp.start()
@@ -376,7 +376,7 @@ def test_local_gives_the_embedded_default(spark: SparkSession) -> None:
         assert cs.local is conveyor.local
         out = cs.map(spark.range(10), lambda r: r["id"] + 1, schema="n long", progress=False)  # no pool: env's
         assert sorted(r["n"] for r in out.collect()) == list(range(1, 11))
-        assert any(q.name.startswith("map-") for q in env.pool.clients[0].queues())
+        assert any(q.name.startswith("map-") for q in env.pool.queues.clients[0].queues())
         # the one ambient pool: a task published with no pool goes to env's, and its handle reads from it
         assert conveyor.get_default_pool() is env.pool
         handle = wt.add.publish(2, 3)

@@ -52,7 +52,7 @@ def test_a_full_disk_refuses_whole_operations_and_loses_nothing(tmp_path: Path, 
         port = int(address.rsplit(":", 1)[1])
         try:
             with QueueClient(address, timeout=30) as c:
-                c.declare("q", durable=True, lease_s=600)
+                c.declare("q", kind="durable", lease_s=600)
                 (disk / "spare").write_bytes(bytes(4 * 1024 * 1024))  # someone else's files, removed later
                 put: dict[int, bytes] = {}  # confirmed puts
                 k = 0

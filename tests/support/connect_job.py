@@ -50,7 +50,7 @@ def main(url: str, out: Path) -> None:
             spark, pool, 2, queues=["jobs"], task_modules=["tests.support.worker_tasks"]
         ).run()
         result["consumers"] = [s["processed"] for s in stats]
-        results = {i: decode_result(r) for i, r in pool.results("jobs")}
+        results = {i: decode_result(r) for i, r in pool.queues.results("jobs")}
         result["tasks"] = sorted(results[h.id] for h in handles)
 
     # servers beside "the driver": under Connect there is none here to follow, so an address must be named

@@ -136,7 +136,7 @@ def watch(pool: QueuePool, scenario: str, before: set[str], done: threading.Even
     while want in ("consuming", "putting") and not done.wait(POLL_S):
         try:
             stats = pool.stats()
-            consumers = {w: c for w, c in pool.workers().items() if w.startswith("spark:")}
+            consumers = {w: c for w, c in pool.queues.workers().items() if w.startswith("spark:")}
         except ConveyorError as e:
             note(f"watch: {e}")
             continue

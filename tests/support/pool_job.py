@@ -39,9 +39,9 @@ def main(data_dir: str, log: str, tasks: int, fork: bool) -> None:
     print(
         json.dumps(
             {
-                "servers": [p.pid for p in pool.processes],
+                "servers": [p.pid for p in pool.servers.processes],
                 "consumers": [p.pid for p in cp.processes],
-                "temporary": [str(d) for d in pool._tmp],
+                "temporary": [str(d) for d in pool.servers.temporary_dirs],
                 "forked": forked,
             }
         ),

@@ -238,16 +238,16 @@ def test_function_pickler_pickles_each_function_once() -> None:
     def f(x: int) -> int:
         return x * 3
 
-    digest, data = pickler.pickle_function(f)
-    assert digest == hashlib.sha256(data).hexdigest()
-    again = pickler.pickle_function(f)
-    assert again[1] is data  # the very same bytes: not pickled a second time
-    assert pickle.loads(data)(2) == 6
+    ref = pickler.ref(f)
+    assert ref.digest == hashlib.sha256(ref.data).hexdigest()
+    again = pickler.ref(f)
+    assert again.data is ref.data  # the very same bytes: not pickled a second time
+    assert pickle.loads(ref.data)(2) == 6
 
     def g(x: int) -> int:
         return x * 4
 
-    assert pickler.pickle_function(g)[0] != digest
+    assert pickler.ref(g).digest != ref.digest
     assert len(pickler) == 2
     del f, again
     gc.collect()
@@ -256,25 +256,26 @@ def test_function_pickler_pickles_each_function_once() -> None:
 
 def test_function_pickler_keeps_unreferenceable_callables_in_a_bounded_lru() -> None:
     pickler = FunctionPickler(max_strong=2)
-    first = pickler.pickle_function(str.upper)  # a method descriptor: no weak references
-    assert pickler.pickle_function(str.upper)[1] is first[1]
-    pickler.pickle_function(str.lower)
-    pickler.pickle_function(bytes.hex)
+    first = pickler.ref(str.upper)  # a method descriptor: no weak references
+    assert pickler.ref(str.upper).data is first.data
+    pickler.ref(str.lower)
+    pickler.ref(bytes.hex)
     assert len(pickler) == 2
-    assert pickle.loads(first[1])("a") == "A"
+    assert pickle.loads(first.data)("a") == "A"
 
 
 def test_function_pickler_rejects_what_cannot_be_pickled() -> None:
     lock = threading.Lock()
     with pytest.raises(SerializationError, match="cannot be pickled"):
-        FunctionPickler().pickle_function(lambda: lock)
+        FunctionPickler().ref(lambda: lock)
     with pytest.raises(SerializationError, match="not callable"):
-        FunctionPickler().pickle_function(42)  # type: ignore[arg-type]
+        FunctionPickler().ref(42)  # type: ignore[arg-type]
 
 
 def test_function_cache_fetches_and_unpickles_once_per_digest() -> None:
     base = 5
-    digest, data = FunctionPickler().pickle_function(lambda x: x + base)
+    ref = FunctionPickler().ref(lambda x: x + base)
+    digest, data = ref.digest, ref.data
     fetched: list[str] = []
 
     def fetch(d: str) -> bytes:
@@ -289,8 +290,8 @@ def test_function_cache_fetches_and_unpickles_once_per_digest() -> None:
 
 
 def test_function_cache_verifies_the_digest() -> None:
-    digest, _ = FunctionPickler().pickle_function(len)
-    _, other = FunctionPickler().pickle_function(abs)
+    digest = FunctionPickler().ref(len).digest
+    other = FunctionPickler().ref(abs).data
     with pytest.raises(SerializationError, match="hash to"):
         FunctionCache().get(digest, lambda d: other)
     junk = b"not a pickle"
@@ -303,9 +304,9 @@ def test_function_cache_verifies_the_digest() -> None:
 
 def test_function_cache_evicts_least_recently_used() -> None:
     pickler = FunctionPickler()
-    refs = [pickler.pickle_function(f) for f in (len, abs, min)]
-    blobs = dict(refs)
+    refs = [pickler.ref(f) for f in (len, abs, min)]
+    blobs = {r.digest: r.data for r in refs}
     cache = FunctionCache(max_entries=2)
-    for d, _ in refs:
-        cache.get(d, blobs.__getitem__)
-    assert len(cache) == 2 and refs[0][0] not in cache and refs[2][0] in cache
+    for r in refs:
+        cache.get(r.digest, blobs.__getitem__)
+    assert len(cache) == 2 and refs[0].digest not in cache and refs[2].digest in cache

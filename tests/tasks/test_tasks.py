@@ -35,7 +35,6 @@ from conveyor.tasks.definition import (
     Task,
     TaskFunction,
     TaskHandle,
-    adhoc_message,
     backoff_delay,
     default_pool,
     get_default_pool,
@@ -43,9 +42,10 @@ from conveyor.tasks.definition import (
     set_default_pool,
     task,
 )
-from conveyor.tasks.envelope import FunctionCache, decode_call, decode_error, decode_result
+from conveyor.tasks.envelope import FunctionCache, FunctionRef, decode_call, decode_error, decode_result
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import DEFAULT_BACKOFF, Backoff, Jitter, backoff_of, time_limit_of
+from conveyor.tasks.publish import publish_adhoc
 from conveyor.tasks.registry import Registry, registry
 from conveyor.worker import QueueConfig
 
@@ -485,10 +485,14 @@ def test_unknown_tasks_and_damaged_payloads_are_not_retryable(pool: StorePool) -
 
 def test_adhoc_calls_carry_a_digest_and_resolve_through_fetch() -> None:
     scale = 3
-    msg, ref = adhoc_message(lambda x, y=0: x * scale + y, (2,), {"y": 1}, TaskOptions(queue="adhoc", max_retries=0))
-    assert ref.data not in msg.payload and msg.headers[H_TASK] == f"fn:{ref.digest}"
+    pool, stored = StorePool(), list[FunctionRef]()
+    opts = TaskOptions(queue="adhoc", max_retries=0)
+    [h] = publish_adhoc(lambda x, y=0: x * scale + y, [((2,), {"y": 1})], opts, None, None, None, pool, stored.append)
+    [ref] = stored  # the function's bytes, stored before its message was put
+    [msg] = pool.take("adhoc")
+    assert ref.data not in msg.payload and msg.headers[H_TASK] == f"fn:{ref.digest}" == h.task
     assert msg.queue == "adhoc" and msg.max_attempts == 1
-    (mid,) = StorePool().put("adhoc", [msg])
+    mid = h.id
     blobs = {ref.digest: ref.data}
     cache = FunctionCache()
     assert decode_result(run_message(msg, function_cache=cache, fetch=blobs.__getitem__)) == 7

@@ -126,12 +126,12 @@ def test_slots_left_out_read_ahead_and_slots_given_bound_what_is_held(pool: Queu
         ConsumerPool(pool, 1, concurrency=0)
     assert ConsumerPool(pool, 1)._wiring.read_ahead is True
     assert ConsumerPool(pool, 1, concurrency=8)._wiring.read_ahead is False
-    assert Consumer(pool, ["jobs"]).reads_ahead and not Consumer(pool, ["jobs"], concurrency=8).reads_ahead
+    assert Consumer(pool.queues, ["jobs"]).reads_ahead and not Consumer(pool.queues, ["jobs"], concurrency=8).reads_ahead
 
 
 def test_pinning_is_refused_for_the_process_pool(pool: QueuePool) -> None:
     with pytest.raises(ValueError, match="pin_core is for pool='thread'"):
-        Consumer(pool, ["jobs"], pool="process", pin_core=True)
+        Consumer(pool.queues, ["jobs"], pool="process", pin_core=True)
     with pytest.raises(ValueError, match="pin_core is for pool='thread'"):
         ConsumerPool(pool, 1, queues=["jobs"], pool="process", pin_core=True)
     with pytest.raises(ValueError, match="pin_core is for pool='thread'"):
@@ -146,7 +146,7 @@ def test_a_pinned_consumer_runs_its_tasks_on_its_core_then_unpins(
 
     def run() -> None:
         Consumer(
-            pool, ["jobs"], concurrency=4, until_empty=True, pin_core=True, task_modules=["tests.support.worker_tasks"]
+            pool.queues, ["jobs"], concurrency=4, until_empty=True, pin_core=True, task_modules=["tests.support.worker_tasks"]
         ).run()
 
     _, after = in_thread(run)
@@ -168,9 +168,9 @@ def test_a_pinned_consumer_holds_fewer_tasks_as_the_queue_drains(monkeypatch: py
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     with QueuePool.local(n_servers=1) as pool:
         handles = wt.running_at_start.publish_many([(0.05,) for _ in range(40)], _pool=pool)
-        assert pool.clients[0].get("jobs", 0).left == 40  # what a get tells of the queue
+        assert pool.queues.clients[0].get("jobs", 0).left == 40  # what a get tells of the queue
         consumer = Consumer(
-            pool,
+            pool.queues,
             ["jobs"],
             n_consumers=2,
             concurrency=16,
@@ -202,7 +202,7 @@ def test_a_pool_of_pinned_consumers_spreads_over_the_cores(
     ) as cp:
         # both consumers pinned and polling before there is work, however long a busy machine takes to start
         # them: one started late would find the queue drained by the other
-        wait_for(lambda: len(pool.workers()) == 2, timeout=60, what="both consumers reporting")
+        wait_for(lambda: len(pool.queues.workers()) == 2, timeout=60, what="both consumers reporting")
         # tasks that wait a little, so that both consumers take some while the other runs
         handles = wt.cores_of_worker.publish_many([(0.05,) for _ in range(40)], _pool=pool)
         cp.join(timeout=60, progress=False)

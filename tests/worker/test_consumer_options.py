@@ -15,7 +15,7 @@ import pytest
 
 import conveyor
 import conveyor.spark
-from conveyor.cli.worker_command import worker
+from conveyor.cli.worker import worker
 from conveyor.client.in_process import InProcessQueues
 from conveyor.constants import DEFAULT_SHUTDOWN_TIMEOUT_S
 from conveyor.errors import ConfigError
@@ -150,3 +150,16 @@ def test_a_selector_instance_is_refused_where_each_consumer_would_get_a_copy() -
 def test_spark_consumers_refuse_early_acks() -> None:
     with pytest.raises(ValueError, match="early_ack is for ConsumerPool"):
         SparkConsumerPool(None, early_ack=True)  # type: ignore[arg-type]
+
+
+def test_a_spark_entry_point_refuses_a_selector_instance_in_its_own_name() -> None:
+    from conveyor.spark.job import JobSettings
+
+    with pytest.raises(ValueError, match=r"^map: selector must be a name or a QueueSelector class"):
+        JobSettings("map", ConsumerOptions(selector=ReducedLottery()))
+
+
+def test_a_consumer_built_alone_pins_only_when_asked() -> None:
+    with InProcessQueues() as b:
+        assert Consumer(b, ["jobs"]).pin_core is False
+        assert Consumer(b, ["jobs"], pin_core=True).pin_core is True

@@ -11,10 +11,9 @@ from pathlib import Path
 import pytest
 
 from conveyor.client.pool import QueuePool
-from conveyor.errors import ConnectionLostError
 from conveyor.message import Message
 from conveyor.protocol.report import ConsumerReport
-from conveyor.worker.settler import BUSY_COALESCE_S, CLOSE_SAY_S, COALESCE_S, Ack, Settler, ack_on_delivery
+from conveyor.worker.settler import BUSY_COALESCE_S, CLOSE_SAY_S, COALESCE_S, Ack, Settler
 
 from ..support.servers import ThreadServer, thread_server, wait_for
 
@@ -27,7 +26,7 @@ def pool() -> Iterator[QueuePool]:
 
 def leased(pool: QueuePool, n: int) -> list[int]:
     pool.put("q", [Message(b"x") for _ in range(n)])
-    got = pool.get("q", n, lease_s=30)
+    got = pool.queues.get("q", n, lease_s=30)
     assert len(got) == n
     return [m.id for m in got]
 
@@ -39,7 +38,7 @@ def acked(pool: QueuePool) -> int:
 def test_a_busy_settler_gathers_acks_longer_and_a_hurry_sends_them_together(pool: QueuePool) -> None:
     assert BUSY_COALESCE_S >= 4 * COALESCE_S
     a, b = leased(pool, 2)
-    settler = Settler(pool)
+    settler = Settler(pool.queues)
     try:
         settler.busy = True
         settler.put([Ack("q", a, b"ra")])
@@ -52,14 +51,14 @@ def test_a_busy_settler_gathers_acks_longer_and_a_hurry_sends_them_together(pool
         n = wait_for(lambda: acked(pool), what="the acks")
         assert n == 2, "acks gathered together should go in one request"
         assert settler.flush(10)
-        assert dict(pool.results("q")) == {a: b"ra", b: b"rb"}
+        assert dict(pool.queues.results("q")) == {a: b"ra", b: b"rb"}
     finally:
         settler.close(10)
 
 
 def test_a_flush_sends_a_busy_settlers_acks_and_waits_for_them(pool: QueuePool) -> None:
     ids = leased(pool, 3)
-    settler = Settler(pool)
+    settler = Settler(pool.queues)
     try:
         settler.busy = True
         settler.put([Ack("q", i, None) for i in ids])
@@ -67,33 +66,6 @@ def test_a_flush_sends_a_busy_settlers_acks_and_waits_for_them(pool: QueuePool) 
         assert acked(pool) == 3  # sent and answered when flush returns
     finally:
         settler.close(10)
-
-
-class _AcksFailOnQueueB:
-    """A pool whose acks take on queue "a" and fail on queue "b" (its server gone, say)."""
-
-    def __init__(self) -> None:
-        self.acked: list[tuple[str, list[int]]] = []
-
-    @staticmethod
-    def split_id(msg_id: int) -> tuple[int, int]:
-        return msg_id % 2, msg_id // 2
-
-    def ack(self, queue: str, ids: list[int]) -> list[bool]:
-        if queue == "b":
-            raise ConnectionLostError("server gone")
-        self.acked.append((queue, ids))
-        return [i != 5 for i in ids]  # 5: its lease had ended, another consumer has it
-
-
-@pytest.mark.timeout(10)
-def test_acks_on_delivery_that_partly_fail_still_run_what_was_acked() -> None:
-    pool = _AcksFailOnQueueB()
-    got = [Message(id=i, queue=q) for i, q in [(1, "a"), (2, "a"), (3, "a"), (4, "b"), (5, "a"), (7, "b")]]
-    acked, error = ack_on_delivery(pool, got)  # type: ignore[arg-type]
-    # one request per queue and server: a (server 1), a (server 0), then b fails
-    assert pool.acked == [("a", [1, 3, 5]), ("a", [2])]
-    assert [m.id for m in acked] == [1, 3, 2] and isinstance(error, ConnectionLostError)
 
 
 def test_a_report_waits_little_on_a_server_out_of_reach() -> None:
@@ -106,9 +78,9 @@ def test_a_report_waits_little_on_a_server_out_of_reach() -> None:
         probe.bind(("127.0.0.1", 0))
         dead = f"tcp://127.0.0.1:{probe.getsockname()[1]}"
     with thread_server() as s, QueuePool.connect([s.address, dead], connect_timeout=10.0) as pool:
-        settler = Settler(pool, report=lambda: ConsumerReport("w", processed=1), report_every_s=0.2)
+        settler = Settler(pool.queues, report=lambda: ConsumerReport("w", processed=1), report_every_s=0.2)
         with QueuePool.connect([s.address]) as live:
-            wait_for(lambda: "w" in live.workers(), timeout=5, what="the report on the live server")
+            wait_for(lambda: "w" in live.queues.workers(), timeout=5, what="the report on the live server")
         t0 = time.monotonic()
         settler.close()
         took = time.monotonic() - t0
@@ -129,25 +101,25 @@ def test_settlements_for_a_server_out_of_reach_wait_and_the_others_go_on(
         with QueuePool.connect([live.address, down.address], connect_timeout=10.0) as pool:
             for _ in range(2):  # a batch to each server in turn
                 pool.put("q", [Message(b"x") for _ in range(2)])
-            held = pool.get("q", 2, lease_s=60, shards=[0]) + pool.get("q", 2, lease_s=60, shards=[1])
-            on_down = [m.id for m in held if pool.split_id(m.id)[0] == 1]
-            on_live = [m.id for m in held if pool.split_id(m.id)[0] == 0]
+            held = pool.queues.get("q", 2, lease_s=60, shards=[0]) + pool.queues.get("q", 2, lease_s=60, shards=[1])
+            on_down = [m.id for m in held if pool.queues.split_id(m.id)[0] == 1]
+            on_live = [m.id for m in held if pool.queues.split_id(m.id)[0] == 0]
             assert len(on_down) == len(on_live) == 2
             down.stop()
-            settler = Settler(pool)
+            settler = Settler(pool.queues)
             try:
                 settler.put([Ack("q", i, b"r") for i in on_down])  # its server is gone: they wait
                 assert not settler.flush(1.0)
                 settler.put([Ack("q", i, b"r") for i in on_live])
                 t0 = time.monotonic()
                 # the live server's acks go at once (before: behind the retries, for as long as its server was out)
-                wait_for(lambda: pool.clients[0].stats()["q"].acked == 2, timeout=5, what="the live server's acks")
+                wait_for(lambda: pool.queues.clients[0].stats()["q"].acked == 2, timeout=5, what="the live server's acks")
                 assert time.monotonic() - t0 < 3.0
                 assert f"settlements for {down.address} wait" in caplog.text  # said, naming the server
                 back = ThreadServer(data_dir=tmp_path / "b", port=port)  # started again on its data
                 try:
                     assert settler.flush(30), "the waiting acks did not go through once the server was back"
-                    assert pool.clients[1].stats()["q"].acked == 2
+                    assert pool.queues.clients[1].stats()["q"].acked == 2
                 finally:
                     back.stop()
             finally:
@@ -166,9 +138,9 @@ def test_a_close_that_waits_for_a_server_out_of_reach_says_so(caplog: pytest.Log
         with QueuePool.connect([live.address, down.address]) as pool:
             for _ in range(2):  # a batch to each server in turn
                 pool.put("q", [Message(b"x") for _ in range(2)])
-            ids = [m.id for m in pool.get("q", 2, lease_s=60, shards=[1])]
+            ids = [m.id for m in pool.queues.get("q", 2, lease_s=60, shards=[1])]
             down.stop()
-            settler = Settler(pool)
+            settler = Settler(pool.queues)
             settler.put([Ack("q", i, None) for i in ids])
             settler.close(CLOSE_SAY_S + 1.0)
     assert settler.unsettled == 2

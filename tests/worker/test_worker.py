@@ -52,7 +52,7 @@ def consume(pool: QueuePool, /, **kw: object) -> Consumer:
     """Run a consumer on 'jobs' in this thread until the queue is drained."""
     options: dict[str, object] = {"concurrency": 4, "until_empty": True, "task_modules": MODULES}
     options.update(kw)
-    c = Consumer(pool, kw.pop("queues", ["jobs"]), **options)  # type: ignore[arg-type]
+    c = Consumer(pool.queues, kw.pop("queues", ["jobs"]), **options)  # type: ignore[arg-type]
     c.run()
     return c
 
@@ -154,7 +154,7 @@ def test_messages_in_line_for_a_slot_have_not_started_and_can_be_taken_back(pool
     rather than running it.
     """
     wt.sleeps.publish_many([(0.5,), (0.01,), (0.01,)], _pool=pool)
-    msgs = pool.get("jobs", 3)
+    msgs = pool.queues.get("jobs", 3)
     done: Completions[Completion] = Completions()
     slots = ThreadSlots(1, done, None) if mode == "thread" else ProcessSlots(1, done, None, MODULES)
     slots.start()
@@ -176,7 +176,7 @@ def test_slots_tell_apart_messages_of_two_queues_with_the_same_id(pool: QueuePoo
     So a time limit is measured, and a stop aimed, at the right one.
     """
     wt.sleeps.publish_many([(0.4,), (0.0,)], _pool=pool)
-    a, quick = pool.get("jobs", 2)
+    a, quick = pool.queues.get("jobs", 2)
     b = dataclasses.replace(quick, queue="other", id=a.id)  # a quick task, numbered as `a` in another queue
     done: Completions[Completion] = Completions()
     slots = ThreadSlots(2, done, None) if mode == "thread" else ProcessSlots(2, done, None, MODULES)
@@ -240,14 +240,14 @@ def test_a_consumer_whose_slots_cannot_start_a_process_stops_and_says_why(
         raise OSError(24, "Too many open files")
 
     monkeypatch.setattr(ProcessSlots, "_spawn", only_the_first)
-    c = Consumer(pool, ["jobs"], pool="process", concurrency=1, task_modules=MODULES)
+    c = Consumer(pool.queues, ["jobs"], pool="process", concurrency=1, task_modules=MODULES)
     t0 = time.monotonic()
     with pytest.raises(ConveyorError, match=r"could not start a worker process.*Too many open files"):
         c.run()
     assert time.monotonic() - t0 < 30
     st = pool.stats("jobs")["jobs"]  # nothing stuck with the stopped consumer: the poison back for a retry, the other given back
     assert (st.acked, st.failed, st.delivered, st.ready + st.delayed) == (0, 0, 0, 2), st
-    assert pool.status("jobs", [poison.id, after.id]) == [Status.READY, Status.READY]
+    assert pool.queues.status("jobs", [poison.id, after.id]) == [Status.READY, Status.READY]
 
 
 def test_process_mode_replaces_a_killed_child(pool: QueuePool) -> None:
@@ -267,7 +267,7 @@ def test_back_pressure_fetches_only_what_it_can_start(pool: QueuePool) -> None:
     Never more fetched and unfinished than there are slots.
     """
     wt.sleeps.publish_many([(0.25,)] * 12, _pool=pool)  # 8 a second: under one in the read-ahead window
-    c = Consumer(pool, ["jobs"], concurrency=2, batch_size=100, until_empty=True, task_modules=MODULES)
+    c = Consumer(pool.queues, ["jobs"], concurrency=2, batch_size=100, until_empty=True, task_modules=MODULES)
     seen: list[int] = []
 
     class Watch(Middleware):
@@ -300,7 +300,7 @@ def test_quick_tasks_are_read_ahead_in_large_fetches(pool: QueuePool, mode: str)
 
 def test_a_consumer_steals_from_other_shards(pool: QueuePool) -> None:
     handles = wt.add.publish_many([(i, 1) for i in range(30)], _pool=pool)
-    shards = {pool.split_id(h.id)[0] for h in handles}
+    shards = {pool.queues.split_id(h.id)[0] for h in handles}
     assert shards == {0}  # one batch: all on shard 0
     c = consume(pool, consumer=1, n_consumers=2)  # assigned shard 1, which is empty
     assert c.shards[0] == 1 and c.stats.stolen == 30
@@ -310,7 +310,7 @@ def test_a_consumer_steals_from_other_shards(pool: QueuePool) -> None:
 def test_graceful_stop_finishes_running_tasks_and_leaves_the_rest(pool: QueuePool, tmp_path: Path) -> None:
     log = tmp_path / "done.log"
     handles = wt.slow_once.publish_many([(str(log), 0.4)] * 10, _pool=pool)
-    c = Consumer(pool, ["jobs"], concurrency=2, task_modules=MODULES)
+    c = Consumer(pool.queues, ["jobs"], concurrency=2, task_modules=MODULES)
     t = threading.Thread(target=c.run)
     t.start()
     wait_for(lambda: pool.stats("jobs")["jobs"].delivered == 2, what="two tasks running")
@@ -320,24 +320,24 @@ def test_graceful_stop_finishes_running_tasks_and_leaves_the_rest(pool: QueuePoo
     st = pool.stats("jobs")["jobs"]
     assert (st.acked, st.delivered, st.ready) == (2, 0, 8)  # the running two finished; nothing else taken
     assert len(lines(log)) == 2
-    statuses = pool.status("jobs", [h.id for h in handles])
+    statuses = pool.queues.status("jobs", [h.id for h in handles])
     assert sum(s is not None and s.name == "READY" for s in statuses) == 8
     # the untouched eight were never delivered: a later consumer gets them on their first attempt
-    got = pool.get("jobs", 10)
+    got = pool.queues.get("jobs", 10)
     assert all(m.attempts == 1 for m in got)
 
 
 def test_publish_rejects_a_time_limit_at_the_queue_visibility_timeout(pool: QueuePool) -> None:
-    pool.declare("jobs", lease_s=0.5)
+    pool.queues.declare("jobs", lease_s=0.5)
     with pytest.raises(TaskOptionError, match="must be below the visibility timeout"):
         wt.sleeps.publish(1.0, _pool=pool)  # time_limit 0.5 s is not below a 0.5 s lease
-    pool.use_queues([QueueConfig("jobs", visibility_timeout_sec=60)])
-    wt.sleeps.publish(0.01, _pool=pool)
+    configured = QueuePool(pool.queues, queue_configs=[QueueConfig("jobs", visibility_timeout_sec=60)])
+    wt.sleeps.publish(0.01, _pool=configured)  # its configuration wins over the lease (not closed: its client is the fixture's)
 
 
 def test_submit_and_map_ad_hoc_callables(pool: QueuePool) -> None:
     factor = 3
-    hs = pool.map(lambda x: x * factor, range(50), queue="jobs")
+    hs = pool.map(lambda x: x * factor, range(50), _queue="jobs")
     h = pool.submit(divmod, 17, 5, _queue="jobs")
     bad = pool.submit(int, "not a number", _queue="jobs", _max_retries=0)
     consume(pool, pool="process")
@@ -351,7 +351,7 @@ def test_submit_and_map_ad_hoc_callables(pool: QueuePool) -> None:
 def test_workers_report_their_counts(pool: QueuePool) -> None:
     wt.add.publish_many([(1, 2)] * 20, _pool=pool)
     c = consume(pool, name="w-under-test")
-    w = pool.workers()["w-under-test"]
+    w = pool.queues.workers()["w-under-test"]
     assert w["processed"] == 20 and w["failed"] == 0 and w["seen"] < 30
     assert c.stats.fetched_by_shard == {0: 20}
 
@@ -381,7 +381,7 @@ def test_consumer_pool_results_and_failures(pool: QueuePool) -> None:
 
 
 def test_sigkilled_consumer_loses_nothing_and_runs_each_task_to_completion_once(pool: QueuePool, tmp_path: Path) -> None:
-    pool.declare("jobs", lease_s=1.0)  # the killed consumer's tasks come back after 1 s
+    pool.queues.declare("jobs", lease_s=1.0)  # the killed consumer's tasks come back after 1 s
     log = tmp_path / "done.log"
     handles = wt.slow_once.publish_many([(str(log), 0.3)] * 12, _pool=pool)
     cp = ConsumerPool(pool, 2, queues=["jobs"], concurrency=2, task_modules=MODULES).start()
@@ -404,11 +404,11 @@ def test_a_stop_does_not_wait_on_a_killed_server(pool: QueuePool) -> None:
 
     `cancel` neither waits on it nor fails, and the consumers idle in long polls stop all the same.
     """
-    pool.declare("jobs")
+    pool.queues.declare("jobs")
     cp = ConsumerPool(pool, 2, queues=["jobs"], task_modules=MODULES).start()
     try:
-        wait_for(lambda: len(pool.workers()) == 2, what="both consumers polling")
-        victim = pool.processes[1]
+        wait_for(lambda: len(pool.queues.workers()) == 2, what="both consumers polling")
+        victim = pool.servers.processes[1]
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait(10)
         t0 = time.monotonic()
@@ -418,7 +418,7 @@ def test_a_stop_does_not_wait_on_a_killed_server(pool: QueuePool) -> None:
         cp.cancel()
     assert took < 5, f"the stop took {took:.1f} s"
     assert all(not p.is_alive() for p in cp.processes)
-    assert pool.clients[0].ping() is not None  # the live server is untouched
+    assert pool.queues.clients[0].ping() is not None  # the live server is untouched
 
 
 @pytest.mark.parametrize("case", ["kept", "temporary", "forked"])
@@ -473,7 +473,7 @@ def test_servers_and_consumers_do_not_outlive_their_pool_process(tmp_path: Path,
 
 
 def test_a_task_that_kills_its_worker_ends_in_the_dead_letters(pool: QueuePool) -> None:
-    pool.declare("jobs", lease_s=600)  # never waited out: a dead consumer's leases end with its connections
+    pool.queues.declare("jobs", lease_s=600)  # never waited out: a dead consumer's leases end with its connections
     poison = wt.kills_its_worker.publish(_pool=pool)  # max_retries=2: three attempts, each killing a consumer
     good = wt.add.publish_many([(i, 0) for i in range(40)], _pool=pool)
     with ConsumerPool(pool, 2, queues=["jobs"], concurrency=1, task_modules=MODULES) as cp:
@@ -511,9 +511,9 @@ from conveyor.worker import Consumer, ConsumerPool
 
 def main():
     with QueuePool.local(n_servers=1) as pool:
-        handles = pool.map(abs, [-1, -2, -3], queue="jobs")
+        handles = pool.map(abs, [-1, -2, -3], _queue="jobs")
         if sys.argv[1] == "process-mode":
-            Consumer(pool, ["jobs"], concurrency=2, pool="process", until_empty=True).run()
+            Consumer(pool.queues, ["jobs"], concurrency=2, pool="process", until_empty=True).run()
         else:
             with ConsumerPool(pool, 2, queues=["jobs"], concurrency=1) as workers:
                 workers.join(timeout=120, progress=False)

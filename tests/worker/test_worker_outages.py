@@ -37,11 +37,11 @@ def test_a_consumer_says_which_server_is_out_of_reach_now_and_then_and_when_it_i
         down = ThreadServer()
         port = down.server.port
         with QueuePool.connect([live.address, down.address], connect_timeout=0) as pool:
-            outages = Outages(pool, "consumer c", None, every_s=0.5)
-            pool.clients[1].ping()
+            outages = Outages(pool.queues, "consumer c", None, every_s=0.5)
+            pool.queues.clients[1].ping()
             down.stop()
             with pytest.raises(ConnectionLostError):
-                pool.clients[1].ping()
+                pool.queues.clients[1].ping()
             outages.say()
             outages.say()  # said just now: not again yet
             said = [r.getMessage() for r in caplog.records]
@@ -52,7 +52,7 @@ def test_a_consumer_says_which_server_is_out_of_reach_now_and_then_and_when_it_i
             assert time.monotonic() - t0 >= 0.4  # not before its time
             back = ThreadServer(port=port)
             try:
-                pool.clients[1].ping()
+                pool.queues.clients[1].ping()
                 outages.say()
             finally:
                 back.stop()
@@ -177,7 +177,7 @@ class SteadyReports:
 
     def consumer(self) -> int | None:
         """Its pid, once there is one."""
-        for name, counts in self.pool.workers().items():
+        for name, counts in self.pool.queues.workers().items():
             processed, seen = float(counts["processed"]), float(counts["seen"])
             before, self.last[name] = self.last.get(name), (processed, seen)
             if processed and before is not None and seen < before[1] and processed == before[0]:  # a new report, alike

@@ -93,7 +93,7 @@ def test_a_stop_lets_running_tasks_finish_and_acks_them(
             kill_tree(worker)
     started, done = runs(log)
     assert worker.returncode == 0, stderr
-    assert took < 20, f"the stop took {took:.1f} s: past --shutdown-timeout"
+    assert took < 20, f"the stop took {took:.1f} s: past --shutdown-timeout\n{stderr}"
     assert started == done and set(started.values()) == {1}, (started, done, stderr)  # each finished, once
     assert "the process that started it is gone" not in stderr and "Traceback" not in stderr, stderr
     summary = stderr.strip().splitlines()[-1]
@@ -107,7 +107,7 @@ def test_a_stop_lets_running_tasks_finish_and_acks_them(
     assert out.returncode == 0, out.stderr
     started, done = runs(log)
     assert started == done == Counter(range(n))
-    assert [decode_result(r) for r in pool.result("jobs", [h.id for h in handles])] == list(range(n))
+    assert [decode_result(r) for r in pool.queues.result("jobs", [h.id for h in handles])] == list(range(n))
 
 
 @pytest.mark.parametrize(("how", "processes"), [("shutdown-timeout", "2"), ("second-signal", "1")])
@@ -149,7 +149,7 @@ def test_tasks_still_running_at_the_end_of_a_stop_are_handed_back_without_counti
     assert re.match(rf"processed 0, failed 0 \(retried 0, dead 0\).*, handed back {n} ", summary), stderr
     st = pool.stats("jobs")["jobs"]
     assert (st.acked, st.failed, st.ready) == (0, 0, n)  # back in the queue at once, for another worker
-    again = pool.get("jobs", n, lease_s=60)
+    again = pool.queues.get("jobs", n, lease_s=60)
     assert sorted(m.attempts for m in again) == [1] * n  # this delivery is their first counted attempt
 
 

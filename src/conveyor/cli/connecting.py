@@ -106,7 +106,7 @@ def connect_options(f: Any) -> Any:
     return wrapped
 
 
-def open_pool(conn: Connection, connect_timeout: float = 5.0, timeout: float = 30.0) -> Any:
+def open_pool(conn: Connection, connect_timeout: float = 5.0, timeout: float = 30.0) -> QueuePool:
     flat = [a.strip() for item in conn.addresses for a in item.split(",") if a.strip()]
     try:
         return QueuePool.connect(flat, conn.token, tls=conn.tls, connect_timeout=connect_timeout, timeout=timeout)

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import click
 from rich.console import Console
 from rich.table import Table
 
@@ -187,3 +188,51 @@ def verdicts(results: list[Result]) -> list[str]:
         out.append(f"   map{shown}: {r.conveyor.note}")
         out.append(f"   plain Spark: {r.plain.ended if r.plain.ended != 'finished' else r.plain.note}")
     return out
+
+
+@click.command()
+@click.option(
+    "--pages",
+    default=9000,
+    show_default=True,
+    type=click.IntRange(40),
+    help="Pages in the corpus of scenes a and d (b and c take a quarter of it).",
+)
+@click.option("--workers", default=None, type=click.IntRange(1), help="Consumers (default: one per Spark slot).")
+@click.option(
+    "--scenes",
+    "keys",
+    default=DEFAULT_SCENES,
+    show_default=True,
+    help="Which scenes to run, in order: a skewed documents, b pages that crash their process, c a page "
+    "that hangs, d a worker killed midway.",
+)
+@click.option("--kill-worker", is_flag=True, help="Run scene d (a worker killed midway) too.")
+@click.option(
+    "--dashboard",
+    "with_dashboard",
+    is_flag=True,
+    help="Serve the dashboard of the demo's queue servers meanwhile, and print its address.",
+)
+def demo(pages: int, workers: int | None, keys: str, kill_worker: bool, with_dashboard: bool) -> None:
+    """Process a corpus of documents page by page through the queue on Spark and with plain Spark, scene by scene."""
+    keys = keys.lower() + ("d" if kill_worker and "d" not in keys.lower() else "")
+    if not keys or any(k not in SCENE_KEYS for k in keys) or len(set(keys)) != len(keys):
+        raise click.BadParameter(f"letters of {SCENE_KEYS!r}, each at most once (got {keys!r})", param_hint="--scenes")
+    console = Console(stderr=True)
+    console.print(f"[bold]conveyor demo[/]: scenes {', '.join(keys)}; each through conveyor.spark.map, then plain Spark")
+    results = run_demo(pages, workers, keys, console, dashboard=with_dashboard)
+    out = Console()
+    out.print(summary_table(results))
+    for line in verdicts(results):
+        out.print(line, highlight=False)
+    wrong = [r for r in results if not r.expected()]
+    if wrong:
+        raise click.ClickException(
+            "; ".join(
+                f"scene {r.scene.key}: the map brought back {r.conveyor.done:,} pages and "
+                f"reported {sum(r.conveyor.failed.values())} of {r.total:,}, with "
+                f"{sum(r.faults.values())} bad"
+                for r in wrong
+            )
+        )

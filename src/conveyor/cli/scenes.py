@@ -275,7 +275,7 @@ class _ConsumerKiller(threading.Thread):
     def __init__(self, pool: QueuePool, say: Callable[[str], None]) -> None:
         super().__init__(name="conveyor-demo-killer", daemon=True)
         self.pool, self.say = pool, say
-        self.before = {*pool.stats(), *pool.workers()}  # queues and consumers of earlier maps
+        self.before = {*pool.stats(), *pool.queues.workers()}  # queues and consumers of earlier maps
         self.stop = threading.Event()
         self.killed_at: float | None = None
 
@@ -286,7 +286,7 @@ class _ConsumerKiller(threading.Thread):
                 q = next(iter(st), None)  # this map's queue: the one that was not there before
                 if q is None or st[q].acked < (st[q].acked + st[q].pending) / 3:
                     continue
-                workers = self.pool.workers()
+                workers = self.pool.queues.workers()
             except Exception:  # the demo's killer must never fail the job
                 continue
             for name, w in workers.items():  # this map's consumers: those not seen before it (any will do)

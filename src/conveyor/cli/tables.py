@@ -1,10 +1,11 @@
-"""Tables the command line prints: servers, queue stats, consumers and dead letters."""
+"""Tables the command line prints (servers, queue stats, consumers, dead letters), and the console they go to."""
 
 from __future__ import annotations
 
 import datetime
 from collections.abc import Sequence
 
+from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
@@ -12,6 +13,21 @@ from conveyor.client.pool import QueuePool
 from conveyor.message import printable
 from conveyor.protocol.report import FIGURES, SEEN, ConsumerReport, Shown
 from conveyor.protocol.requests import QueueStats, ServerStats
+
+PIPE_WIDTH = 100_000  # columns of a console into a file or a pipe: more than any line needs
+
+
+def stdout_console() -> Console:
+    """A console for stdout that, into a file or a pipe, is as wide as what it prints.
+
+    Into a file or a pipe rich would print 80 columns; here a table fits its content, and no queue or
+    consumer name is cut or folded.
+    """
+    console = Console()
+    if not console.is_terminal:
+        console.width = PIPE_WIDTH
+    return console
+
 
 Answers = Sequence[ServerStats | Exception]  # each server's stats reply, or the error it gave (shard order)
 
@@ -94,7 +110,7 @@ def dead_letter_table(pool: QueuePool, queue: str, limit: int) -> Table:
     for col in ("id", "shard", "attempts", "failed at", "error", "payload"):
         t.add_column(col, overflow="fold")
     for d in dls[:limit]:
-        shard, local = pool.split_id(d.message.id)
+        shard, local = pool.queues.split_id(d.message.id)
         when = datetime.datetime.fromtimestamp(d.failed_at).isoformat(sep=" ", timespec="seconds")
         error = d.error.strip().splitlines()[-1] if d.error.strip() else ""
         t.add_row(str(local), str(shard), str(d.message.attempts), when, error, _preview(d.message.payload))

@@ -1,25 +1,27 @@
 """QueueBackend: the queue operations the worker layer uses, as a protocol.
 
 A `Consumer`, its `Settler` and a `ConsumerPool` need only these calls from the pool they work
-for. `QueuePool` (queue servers over TCP) is the production implementation;
-`conveyor.client.in_process.InProcessQueues` implements it over in-memory stores in this process,
-so that worker logic (retries, dead letters, time limits, ack batching) can be tested without
-starting a server. Signatures are those of `ShardedQueues`.
+for. `ShardedQueues` (queue servers over TCP, what a `QueuePool` holds as `pool.queues`) is the
+production implementation; `conveyor.client.in_process.InProcessQueues` implements it over
+in-memory stores in this process, so that worker logic (retries, dead letters, time limits, ack
+batching) can be tested without starting a server. Signatures are those of `ShardedQueues`.
 
-A worker also copies its pool with `pickle.loads(pickle.dumps(pool))` to get connections of its
-own (the settler, the blob fetcher): an implementation must survive that round trip within a
-process.
+A worker also takes a copy on connections of its own (`with_own_connections()`: the settler, the
+blob fetcher), so that their requests never wait behind the consumer's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from conveyor.message import DeadLetter, Message
 from conveyor.protocol.framing import Limits
 from conveyor.protocol.report import Counts
 from conveyor.protocol.requests import QueueStats
+
+if TYPE_CHECKING:
+    from typing import Self
 
 
 class ShardLimits(Protocol):
@@ -125,6 +127,10 @@ class QueueBackend(Protocol):
 
     def dead_letters(self, queue: str) -> list[DeadLetter]:
         """Every dead letter of `queue`."""
+        ...
+
+    def with_own_connections(self) -> Self:
+        """A copy on connections of its own, sharing no socket with this one (an in-process backend: itself)."""
         ...
 
     def close(self) -> None:

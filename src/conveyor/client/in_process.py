@@ -36,7 +36,7 @@ from conveyor.errors import ConveyorError, RequestError
 from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol.framing import Limits
 from conveyor.protocol.report import SEEN, Counts
-from conveyor.protocol.requests import Fetched, QueueInfo, QueueStats, store_kind
+from conveyor.protocol.requests import Fetched, QueueInfo, QueueStats
 from conveyor.storage import MemoryStore
 from conveyor.tasks.publish import TaskHandle, outcome
 from conveyor.tasks.queue_config import QueueConfig
@@ -126,13 +126,11 @@ class InProcessQueues:
         queue: str,
         *,
         kind: str | None = None,
-        durable: bool | None = None,
         lease_s: float | None = None,
         max_attempts: int | None = None,
         fsync: str | None = None,
     ) -> QueueInfo:
         """Make a transient queue with these settings (one that exists must have them, as on a server)."""
-        kind = store_kind(kind, durable)
         if kind not in (None, STORE_TRANSIENT):  # as a server without --data-dir refuses it: nothing made
             raise RequestError(ERR_BAD_ARGUMENT, f"queue {queue!r}: in-process queues are {STORE_TRANSIENT}, not {kind!r}")
         with self._cond:
@@ -320,6 +318,10 @@ class InProcessQueues:
         return self.status(handle.queue, [handle.id])[0]
 
     # --- lifecycle ----------------------------------------------------------------------------
+    def with_own_connections(self) -> Self:
+        """Itself: it has no connections, and every thread may call it."""
+        return self
+
     def close(self) -> None:
         """Nothing to let go of: the queues stay (a settler's copy of this object is this object)."""
 

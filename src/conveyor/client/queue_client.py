@@ -41,14 +41,11 @@ class QueueClient(Transport):
         queue: str,
         *,
         kind: str | None = None,
-        durable: bool | None = None,
         lease_s: float | None = None,
         max_attempts: int | None = None,
         fsync: str | None = None,
     ) -> QueueInfo:
-        return self.call(
-            calls.declare(queue, kind=kind, durable=durable, lease_s=lease_s, max_attempts=max_attempts, fsync=fsync)
-        )
+        return self.call(calls.declare(queue, kind=kind, lease_s=lease_s, max_attempts=max_attempts, fsync=fsync))
 
     def queues(self) -> list[QueueInfo]:
         return self.call(calls.queues())

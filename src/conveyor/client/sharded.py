@@ -10,19 +10,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import shutil
-import subprocess
+import logging
 import threading
 import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from conveyor.client.queue_client import QueueClient
-from conveyor.client.reach import Reach
+from conveyor.client.server_health import ServerHealth
 from conveyor.constants import ERR_NO_QUEUE, H_IDEMPOTENCY_KEY, SHARD_DOWN_MAX_S, SHARD_DOWN_S, SHARD_SHIFT
 from conveyor.errors import ConnectionLostError, ConveyorError, RequestError
 from conveyor.message import DeadLetter, Message, Status
@@ -30,19 +28,20 @@ from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Limits
 from conveyor.protocol.report import SEEN, Counts
 from conveyor.protocol.requests import Call, QueueInfo, QueueStats
-from conveyor.server.processes import stop_server
 
 if TYPE_CHECKING:
     from typing import Self
 
 T = TypeVar("T")
+log = logging.getLogger("conveyor.client")
 LOCAL_MASK = (1 << SHARD_SHIFT) - 1
 
 
 class ShardedQueues:
-    """Queue servers used as one: routing, aggregated stats, consumer assignment and `join`.
+    """Queue servers used as one: every queue operation, routed by id or sent to every server.
 
-    `QueuePool` adds tasks on top (`submit`, `map`, `gather`, the `Publisher` protocol).
+    Aggregated stats, consumer assignment, blobs. It is the `QueueBackend` the workers use; a
+    `QueuePool` holds one (`pool.queues`) and adds tasks and the waits users call on top.
     """
 
     def __init__(self, clients: Sequence[QueueClient], *, batch_size: int = 1000) -> None:
@@ -55,11 +54,9 @@ class ShardedQueues:
         self._rr = itertools.count()  # rotates the shard a shard-less get looks at first
         self._next_put = 0
         self._down: dict[int, float] = {}  # shard -> until when `get` skips it (it failed to answer)
-        self.reach = Reach(self.clients)  # what each server held when last heard from
+        self.health = ServerHealth(self.clients)  # which servers answer, what each held when last heard from
         self._threads: ThreadPoolExecutor | None = None
         self._threads_lock = threading.Lock()  # threads calling at once make one executor, not one each
-        self._procs: list[subprocess.Popen[bytes]] = []
-        self._tmp: list[Path] = []  # temporary data directories of servers started here
 
     @classmethod
     def connect(
@@ -74,10 +71,13 @@ class ShardedQueues:
     def addresses(self) -> list[str]:
         return [c.address for c in self.clients]
 
-    @property
-    def processes(self) -> list[subprocess.Popen[bytes]]:
-        """The server processes this pool started (`local`), in shard order."""
-        return list(self._procs)
+    def with_own_connections(self) -> Self:
+        """A copy over the same servers, with the same settings, on connections of its own.
+
+        For a thread whose requests must not wait behind this one's (a long poll, a settler, a
+        watcher): close it when done. The copy shares no socket, lock or executor with this one.
+        """
+        return type(self)([c.sibling(c.timeout, c.connect_timeout) for c in self.clients], batch_size=self.batch_size)
 
     def __len__(self) -> int:
         return len(self.clients)
@@ -317,7 +317,7 @@ class ShardedQueues:
 
     def shard_stats(self, queue: str | None = None) -> list[dict[str, QueueStats]]:
         """Stats per shard, in shard order (a queue appears on the shards that have it)."""
-        per = self.reach.heard(self._everywhere(calls.stats()))
+        per = self.health.heard(self._everywhere(calls.stats()))
         if queue is not None:
             per = [{q: st for q, st in p.items() if q == queue} for p in per]
             if not any(per):
@@ -333,7 +333,7 @@ class ShardedQueues:
 
         Or after `wait_s`, whichever comes first. `queues`: default all (those no shard has left out).
         """
-        return summed_stats(self.reach.heard(self._everywhere(calls.stats(queues=queues, drained_wait_s=wait_s))))
+        return summed_stats(self.health.heard(self._everywhere(calls.stats(queues=queues, drained_wait_s=wait_s))))
 
     def reachable_stats(
         self, queues: Sequence[str] | None = None, drained_wait_s: float = 0.0
@@ -343,11 +343,11 @@ class ShardedQueues:
         Of `queues`, default all. With `drained_wait_s`, as `wait_drained`: a caller waiting for the
         end hears of it at once.
         """
-        return self.reach.heard(self.on_every_server(calls.stats(queues=queues, drained_wait_s=drained_wait_s)))
+        return self.health.heard(self.on_every_server(calls.stats(queues=queues, drained_wait_s=drained_wait_s)))
 
     def check_reachable(self, limit_s: float, queues: Sequence[str] | None = None, what: str = "") -> None:
-        """Raise `ServerUnreachableError` for a server out of reach for longer than `limit_s` (see `Reach`)."""
-        self.reach.check(limit_s, queues, what)
+        """Raise `ServerUnreachableError` for a server out of reach for longer than `limit_s` (see `ServerHealth`)."""
+        self.health.check(limit_s, queues, what)
 
     def _shards_with(self, queue: str) -> list[int]:
         """The shards that host `queue` (a queue exists where it was put, got or declared)."""
@@ -372,6 +372,44 @@ class ShardedQueues:
             ]
         return out
 
+    def requeue_dead_letters(self, queue: str, ids: Sequence[int] | None = None) -> int:
+        """Put dead letters of `queue` back on it, then forget them; returns how many were put back.
+
+        By default all of them; else those of the pool-wide `ids` that are dead letters.
+
+        Each goes back to the shard it died on as a new message (a new id) with its payload,
+        headers, priority and max_attempts, and fresh attempts. Its idempotency key is dropped:
+        the server would take the message for the dead one and store nothing. Not atomic: a crash
+        between the put and the forget leaves a message both requeued and still a dead letter, and
+        requeueing again would put it twice (at-least-once, like every delivery).
+        """
+        wanted: dict[int, set[int]] | None = None
+        if ids is not None:
+            wanted = {s: {ids[k] & LOCAL_MASK for k in pos} for s, pos in self._by_shard(ids).items()}
+        n = 0
+        for s in self._shards_with(queue) if wanted is None else sorted(wanted):
+            client, local = self.clients[s], None if wanted is None else wanted[s]
+            # ids only grow: a dead letter at or above the first id put here is one of ours that
+            # died again meanwhile (a worker still failing it), not one to requeue in this pass
+            after, first_new = 0, None
+            while page := client.dead_letters(queue, after):
+                after = page[-1].message.id
+                dead = [
+                    d.message
+                    for d in page
+                    if (local is None or d.message.id in local) and (first_new is None or d.message.id < first_new)
+                ]
+                if dead:
+                    new = client.put(queue, [_fresh(m) for m in dead])
+                    first_new = min(new) if first_new is None else first_new
+                    client.forget(queue, [m.id for m in dead])
+                    n += len(dead)
+                    if local is not None:
+                        local -= {m.id for m in dead}
+                if (first_new is not None and after >= first_new) or local == set():
+                    break
+        return n
+
     def put_blob(self, data: bytes) -> str:
         """Store bytes on every shard (so any consumer finds them); returns the sha256 key."""
         return self._everywhere(calls.put_blob(data))[0]
@@ -382,6 +420,25 @@ class ShardedQueues:
     def forget_blobs(self, keys: Sequence[str]) -> None:
         """Remove blobs from every shard (markers nothing needs any more)."""
         self._everywhere(calls.forget_blobs(keys))
+
+    def wake(self, queues: Sequence[str]) -> None:
+        """End the long polls of consumers idle in one on `queues`, from a thread of its own.
+
+        Consumers told to stop then stop at once, not when their poll ends. Over connections of its
+        own: a server out of reach costs the caller, and this client's own requests, nothing (the
+        polls end on their own).
+        """
+        call, own = calls.wake(queues), self.with_own_connections()
+
+        def wake() -> None:
+            try:
+                own.on_every_server(call)  # a server's error comes back as a value
+            except Exception as e:
+                log.warning("could not wake the consumers' long polls: %s", e)
+            finally:
+                own.close()
+
+        threading.Thread(target=wake, name="conveyor-wake", daemon=True).start()
 
     def assign(self, consumer: int, n_consumers: int) -> list[int]:
         """The shards consumer `consumer` of `n_consumers` serves first (it may steal from the others)."""
@@ -394,18 +451,12 @@ class ShardedQueues:
 
     # --- lifecycle --------------------------------------------------------------------------
     def close(self) -> None:
-        """Close the connections; stop the servers this pool started and remove their temporary data."""
+        """Close the connections (the servers go on: `LocalServers` stops those started here)."""
         for c in self.clients:
             c.close()
         with self._threads_lock:  # shut down outside it: its tasks may be asking for it
             threads, self._threads = self._threads, None
         threads.shutdown() if threads is not None else None
-        for p in self._procs:
-            stop_server(p)
-        self._procs = []
-        for d in self._tmp:  # the servers removed them as they stopped, unless one had to be killed
-            shutil.rmtree(d, ignore_errors=True)
-        self._tmp = []
 
     def __enter__(self) -> Self:
         return self
@@ -431,3 +482,13 @@ def summed_stats(shards: Iterable[dict[str, QueueStats]]) -> dict[str, QueueStat
         for q, st in per.items():
             out[q] = out[q] + st if q in out else st
     return out
+
+
+def _fresh(m: Message) -> Message:
+    """A dead message as a new one to put.
+
+    Same payload, headers (less the idempotency key), priority and max_attempts; the store gives it
+    a new id and fresh attempts.
+    """
+    headers = {k: v for k, v in m.headers.items() if k != H_IDEMPOTENCY_KEY}
+    return Message(queue=m.queue, payload=m.payload, priority=m.priority, max_attempts=m.max_attempts, headers=headers)

@@ -16,7 +16,7 @@ from typing import Any
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.queue_client import QueueClient
-from conveyor.client.sharded import summed_stats
+from conveyor.client.sharded import ShardedQueues, summed_stats
 from conveyor.constants import H_TASK, SHARD_SHIFT
 from conveyor.errors import ConveyorError
 from conveyor.message import DeadLetter, printable
@@ -95,9 +95,9 @@ class PoolWatch:
     def __init__(self, pool: QueuePool) -> None:
         # connections of its own, with short timeouts: a server that dies holds up no page for long,
         # and the pool's own callers are never held up by the page
-        self.pool = QueuePool([c.sibling(ACTION_TIMEOUT_S, POLL_TIMEOUT_S) for c in pool.clients])
+        self.pool = ShardedQueues([c.sibling(ACTION_TIMEOUT_S, POLL_TIMEOUT_S) for c in pool.queues.clients])
         self._stop = threading.Event()
-        self.servers = [ServerWatch(c, self._stop) for c in pool.clients]
+        self.servers = [ServerWatch(c, self._stop) for c in pool.queues.clients]
         self._seen: dict[str, _Heard] = {}  # consumer -> its last report, also once gone
         self._done: dict[str, deque[tuple[float, int]]] = {}  # consumer -> (when, processed) over RATE_WINDOW_S
         # map job queue -> consumer -> (messages, rows) it settled, kept while the queue lives (also once it is gone)

@@ -23,7 +23,7 @@ from .errors import GraphError
 
 if TYPE_CHECKING:
     import pandas as pd
-    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql import DataFrame
     from pyspark.sql.types import StructType
 
 
@@ -34,7 +34,6 @@ class Dataset:
     name: str
     n_channels: int
     _encoded: DataFrame | None = field(default=None, repr=False)
-    _spark: SparkSession | None = field(default=None, repr=False)
     path: str | None = None  # the Parquet directory, for a checkpointed Dataset
     _schema: pa.Schema | None = field(default=None, repr=False)
     _dropped: bool = field(default=False, repr=False)  # unpersist() freed the rows
@@ -43,8 +42,8 @@ class Dataset:
     def materialized(self) -> bool:
         return self._encoded is not None
 
-    def _attach(self, spark: SparkSession, encoded: DataFrame, path: str | None) -> None:
-        self._spark, self._encoded, self.path = spark, encoded, path
+    def _attach(self, encoded: DataFrame, path: str | None) -> None:
+        self._encoded, self.path = encoded, path
 
     @property
     def encoded(self) -> DataFrame:

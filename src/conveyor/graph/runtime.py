@@ -116,7 +116,7 @@ class Runner:
         if self.checkpoint_dir is not None:
             path = os.path.join(self.checkpoint_dir, f"{self.name}-{uuid.uuid4().hex[:8]}", spec.node.name)
             df.write.parquet(path)
-            spec.output._attach(self.spark, self.spark.read.parquet(path), path)
+            spec.output._attach(self.spark.read.parquet(path), path)
             return
         # A local checkpoint rather than persist(): the Dataset must not carry this graph's plan, which
         # holds the plans of every earlier graph whose Datasets it read. A graph chain (an iterative
@@ -124,7 +124,7 @@ class Runner:
         # by two edges appears twice, each cached relation prints its whole cached plan) until the
         # driver runs out of heap. Eager: errors surface in run(), and later reads use the stored rows.
         df = df.localCheckpoint(eager=True, storageLevel=StorageLevel.MEMORY_AND_DISK)
-        spec.output._attach(self.spark, df, None)
+        spec.output._attach(df, None)
 
     # --- DataFrames --------------------------------------------------------------------------------
     def _out_edges(self, nid: int) -> list[OutEdge]:

@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, overload
 
 from ..spark.session import get_or_create_session
+from .arguments import csv_args, node_args
 from .channels import PartitionKey
 from .dataset import Dataset
 from .errors import GraphError
 from .executors import Executor
-from .filesystems import bucket_path
 from .layout import CSV_STRIDE_BYTES
 from .nodes import BatchFunc, ExecutorSource, InputSpec, Node, NodeKind, NodeRef, Spec, TaskSpec, resolve
 from .placement import LOCALHOST, Parallelism, channel_count
@@ -30,66 +30,6 @@ if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 _GRAPH_IDS = itertools.count(1)
-
-
-def _quokka_csv(
-    bucket: str | os.PathLike[str],
-    key: str | os.PathLike[str],
-    names: Sequence[str | None],
-    parallelism: Parallelism,
-    ip: str = LOCALHOST,
-    batch_func: BatchFunc | None = None,
-    sep: str = ",",
-    dependents: Sequence[NodeRef] = (),
-    stride: int = CSV_STRIDE_BYTES,
-    *,
-    columns: Sequence[str] | None = None,
-    name: str | None = None,
-) -> dict[str, Any]:
-    """Quokka's new_input_csv arguments, as the keywords of Conveyor's form."""
-    path = bucket_path(_fspath(bucket), _fspath(key), "new_input_csv")
-    return {
-        "path": path,
-        "names": names,
-        "parallelism": parallelism,
-        "ip": ip,
-        "batch_func": batch_func,
-        "sep": sep,
-        "dependents": dependents,
-        "stride": stride,
-        "columns": columns,
-        "name": name,
-        "s3_here": True,
-    }
-
-
-def _fspath(p: object) -> object:
-    """A path object as its string; anything else as it is (checked where it is used)."""
-    return os.fspath(p) if isinstance(p, os.PathLike) else p
-
-
-def _quokka_node(
-    streams: Mapping[Hashable, NodeRef | Dataset],
-    datasets: object,
-    functionObject: ExecutorSource,
-    ip_to_num_channel: Parallelism,
-    partition_key: Mapping[Hashable, PartitionKey],
-    ckpt_interval: object = None,
-    *,
-    name: str | None = None,
-) -> tuple[Any, ...]:
-    """Quokka's (streams, datasets, functionObject, ip_to_num_channel, partition_key) node form, as Conveyor's arguments.
-
-    Its `datasets` (handed to the executor's `initialize`) must be None or empty: a Dataset is read
-    as a stream instead (a source of the node, or new_input_from_dataset). A later Quokka's
-    `ckpt_interval` (its checkpoints) is taken and has no use: Spark retries tasks instead.
-    """
-    if datasets:
-        raise GraphError(
-            "a task node's datasets argument is not supported: give each Dataset as a source stream of the "
-            "node ({stream id: dataset}), or read it with new_input_from_dataset()"
-        )
-    return streams, functionObject, ip_to_num_channel, partition_key, name, LOCALHOST
 
 
 @dataclass
@@ -167,11 +107,7 @@ class TaskGraph:
         those columns (parsing fewer columns is much faster); `stride` is the bytes per read split;
         `parallelism` is a count or {machine: channels} (see `placement`).
         """
-        # names is a list: a string or path second is Quokka's key
-        quokka = "bucket" in kwargs or "key" in kwargs or (len(args) > 1 and isinstance(args[1], (str, os.PathLike)))
-        if quokka:
-            kwargs = _quokka_csv(*args, **kwargs)
-            args = ()
+        args, kwargs = csv_args(args, kwargs)
         return self._input_csv(*args, **kwargs)
 
     def _input_csv(
@@ -394,7 +330,7 @@ class TaskGraph:
         `(streams, datasets, functionObject, ip_to_num_channel, partition_key)`. A source may be a
         node or a materialised Dataset.
         """
-        sources, executor, parallelism, partition_key, name, ip = _node_args(args, kwargs)
+        sources, executor, parallelism, partition_key, name, ip = node_args(args, kwargs)
         return self._task(sources, executor, parallelism, partition_key, False, name, ip).node
 
     def new_blocking_node(self, *args: Any, **kwargs: Any) -> Dataset:
@@ -402,7 +338,7 @@ class TaskGraph:
 
         Its arguments as `new_non_blocking_node`'s.
         """
-        sources, executor, parallelism, partition_key, name, ip = _node_args(args, kwargs)
+        sources, executor, parallelism, partition_key, name, ip = node_args(args, kwargs)
         spec = self._task(sources, executor, parallelism, partition_key, True, name, ip)
         spec.output = Dataset(spec.node.name, spec.parallelism)
         return spec.output
@@ -426,35 +362,3 @@ class TaskGraph:
         spark = self.spark if self.spark is not None else get_or_create_session()
         self.stats = Runner(self.specs, plan, spark, f"graph{self._id}", self.checkpoint_dir, self.file_reader).run()
         return self.stats
-
-
-_QUOKKA_ONLY = frozenset({"streams", "datasets", "functionObject", "ip_to_num_channel", "ckpt_interval"})
-
-
-def _node_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-    """(sources, executor, parallelism, partition_key, name, ip) of a task node, from either form.
-
-    Conveyor's form `(sources, executor, parallelism, partition_key, *, name, ip)` or Quokka's
-    five-argument one (five positional arguments or more, a keyword only Quokka's form has, or a
-    second argument that is None or a list: Quokka's `datasets`, where Conveyor's form has the
-    executor).
-    """
-    if (
-        len(args) >= 5
-        or kwargs.keys() & _QUOKKA_ONLY
-        or (len(args) > 1 and (args[1] is None or isinstance(args[1], list | tuple)))
-    ):
-        return _quokka_node(*args, **kwargs)
-    return _conveyor_node(*args, **kwargs)
-
-
-def _conveyor_node(
-    sources: Mapping[Hashable, NodeRef | Dataset],
-    executor: ExecutorSource,
-    parallelism: Parallelism,
-    partition_key: Mapping[Hashable, PartitionKey],
-    *,
-    name: str | None = None,
-    ip: str = LOCALHOST,
-) -> tuple[Any, ...]:
-    return sources, executor, parallelism, partition_key, name, ip

@@ -14,7 +14,6 @@ from typing import Any, Generic, TypeVar, cast
 
 import msgpack
 
-from conveyor.constants import STORE_DURABLE, STORE_TRANSIENT
 from conveyor.errors import ProtocolError
 from conveyor.message import DeadLetter, Message, Status, headers_bytes, make_message
 from conveyor.protocol.declarations import (
@@ -117,7 +116,6 @@ def declare(
     queue: str,
     *,
     kind: str | None = None,
-    durable: bool | None = None,
     lease_s: float | None = None,
     max_attempts: int | None = None,
     fsync: str | None = None,
@@ -125,23 +123,10 @@ def declare(
     """Create a queue, or check that it exists with these settings (None: the server's default).
 
     kind: the kind of store that holds it, by name (`STORE_TRANSIENT`, `STORE_DURABLE`, or another
-    the server knows); `durable=True` or `False` says the same as `kind="durable"` or "transient".
+    the server knows).
     """
-    kind = store_kind(kind, durable)
     args = DECLARE.header(queue=queue, kind=kind, lease_s=lease_s, max_attempts=max_attempts, fsync=fsync)
     return Call(DECLARE.name, args, parse=lambda h, f: QueueInfo(**h["info"]))
-
-
-def store_kind(kind: str | None, durable: bool | None) -> str | None:
-    """The store kind a declare asks for, given as `kind` or as `durable` (None: the server's default)."""
-    if durable is None:
-        return kind
-    if type(durable) is not bool:
-        raise TypeError(f"durable must be True or False, got {durable!r:.80}")
-    said = STORE_DURABLE if durable else STORE_TRANSIENT
-    if kind is not None and kind != said:
-        raise ValueError(f"kind={kind!r} and durable={durable} disagree: give one of them")
-    return said
 
 
 def queues() -> Call[list[QueueInfo]]:

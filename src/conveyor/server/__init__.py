@@ -3,7 +3,9 @@
 - `queue_server`: `QueueServer`, accepting connections and running their requests;
 - `handlers`: one handler per operation declared in `conveyor.protocol.declarations`;
 - `queues`: the hosted queues (`QueueHost`, `HostedQueue`), their settings and descriptor budget;
-- `signals`: waking waiters, and group commit (one fsync for many writes);
+- `wakeups`: waking waiters (a queue may have new work, messages were settled);
+- `group_commit`: writes answered once durable, one fsync for many writes;
+- `connection_leases`: the leases a connection took with `tie`, ended when its peer closes it;
 - `idempotency`: the idempotency keys of a queue;
 - `blobs`: content-addressed bytes beside the queues (pickled functions);
 - `runtime`: the event loop, the descriptor limit, watching the parent process;

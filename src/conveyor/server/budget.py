@@ -142,8 +142,8 @@ class Share:
         """Let in a request of n bytes: None if they fit now, else what to await until they do.
 
         Let in a request of n bytes (its header and frames): None if they fit now (a request's
-        usual case, which costs no coroutine), else what to await until they do. `hold` hands
-        them on.
+        usual case, which costs no coroutine), else what to await until they do. `RequestBytes`
+        hands them on.
         """
         if self.held + n <= CONNECTION_FREE_BYTES:  # the usual case: `take` without a call
             self.held += n
@@ -178,7 +178,7 @@ class Share:
         )
 
 
-class Hold:
+class RequestBytes:
     """What one request holds of its connection's share: its bytes, let in as it was read.
 
     Its task gives it back once its handler is done, and whatever ends the task (it may be
@@ -198,7 +198,7 @@ class Hold:
 
 
 # what the request a task runs holds (set by its server as the task starts; None outside one)
-HOLD: contextvars.ContextVar[Hold | None] = contextvars.ContextVar("conveyor_hold", default=None)
+REQUEST_BYTES: contextvars.ContextVar[RequestBytes | None] = contextvars.ContextVar("conveyor_request_bytes", default=None)
 
 
 def reply_room(n: int) -> Awaitable[None] | None:
@@ -210,12 +210,12 @@ def reply_room(n: int) -> Awaitable[None] | None:
     holds any. The room is looked at, not taken: a handler makes its reply in the same step of the
     event loop, and `Connection.send` counts it before anything else runs.
     """
-    hold = HOLD.get()
-    if hold is None:
+    request = REQUEST_BYTES.get()
+    if request is None:
         return None
-    share = hold.share
+    share = request.share
     n = min(n, share.budget.limit)
-    if share.fits(n - hold.n):
+    if share.fits(n - request.n):
         return None
-    hold.release()
+    request.release()
     return share.room(n, "a reply")

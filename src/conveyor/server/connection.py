@@ -16,8 +16,8 @@ from typing import Any, TypeVar
 
 from conveyor.protocol import framing as protocol
 from conveyor.protocol.framing import Header
-from conveyor.server.budget import Hold, Share
-from conveyor.server.tied import TiedLeases
+from conveyor.server.budget import RequestBytes, Share
+from conveyor.server.connection_leases import ConnectionLeases
 
 LINGER_S = 2.0  # after a protocol error: how long, and how much, to drain before closing
 LINGER_BYTES = 256 * 1024 * 1024
@@ -73,7 +73,7 @@ class Connection:
     reading: float | None = None  # since when a request is coming in, part of it read
     sending: float | None = None  # since when a reply waits for the peer to read what is before it
     tls: bool = False  # TLS makes a record of every write: a frame set goes as one
-    tied: TiedLeases = field(default_factory=TiedLeases)  # what it took with `tie`: ends when its peer closes it
+    leases: ConnectionLeases = field(default_factory=ConnectionLeases)  # what it took with `tie`: ends when its peer closes it
     dropped: bool = False  # the server closed it (idle, too slow): its tied leases keep their time
 
     async def send(self, header: Header, frames: Sequence[bytes] = ()) -> None:
@@ -114,7 +114,7 @@ class Connection:
         await self.send({"id": rid, "error": kind, "message": message})
 
 
-def finished(conn: Connection, slots: asyncio.Semaphore, hold: Hold, task: asyncio.Task[None]) -> None:
+def finished(conn: Connection, slots: asyncio.Semaphore, request_bytes: RequestBytes, task: asyncio.Task[None]) -> None:
     """Let a request's task go from its connection's count and the memory budget once it ends.
 
     A request's task ended: it no longer counts against its connection's requests in flight, nor
@@ -122,5 +122,5 @@ def finished(conn: Connection, slots: asyncio.Semaphore, hold: Hold, task: async
     """
     conn.tasks.discard(task)
     slots.release()
-    if hold.n:
-        hold.release()
+    if request_bytes.n:
+        request_bytes.release()

@@ -17,7 +17,7 @@ from typing import Any
 from conveyor.constants import CONNECTION_FREE_BYTES, ERR_BAD_ARGUMENT, ERR_INTERNAL, ERR_STORE, ERR_UNKNOWN_OP
 from conveyor.errors import RequestError, StoreError
 from conveyor.protocol.framing import Frames, Header
-from conveyor.server.budget import HOLD, Hold
+from conveyor.server.budget import REQUEST_BYTES, RequestBytes
 from conveyor.server.connection import Connection
 from conveyor.server.handlers import HANDLERS
 from conveyor.server.metrics import RequestTimes
@@ -27,13 +27,15 @@ from conveyor.storage.files import store_error
 log = logging.getLogger("conveyor.server.queue_server")
 
 
-async def handle(conn: Connection, host: QueueHost, times: RequestTimes, header: Header, frames: Frames, hold: Hold) -> None:
+async def handle(
+    conn: Connection, host: QueueHost, times: RequestTimes, header: Header, frames: Frames, request_bytes: RequestBytes
+) -> None:
     """Run a request from `conn` and send its reply (a request's task).
 
-    What it `hold`s of the memory budget (its bytes, let in as it was read, then room for its reply)
-    is given back once its handler is done; its reply counts until its peer takes it.
+    What it holds of the memory budget (`request_bytes`: its bytes, let in as it was read, then room
+    for its reply) is given back once its handler is done; its reply counts until its peer takes it.
     """
-    HOLD.set(hold)
+    REQUEST_BYTES.set(request_bytes)
     rid, op = header["id"], header["op"]
     t0 = time.perf_counter()
     found = HANDLERS.get(op)
@@ -64,7 +66,7 @@ async def handle(conn: Connection, host: QueueHost, times: RequestTimes, header:
         reply = {"id": rid, "error": ERR_INTERNAL, "message": f"{op}: internal error: {type(e).__name__}: {e}"}
     finally:
         del frames
-        hold.release()  # the reply counts as itself from now on (`send`)
+        request_bytes.release()  # the reply counts as itself from now on (`send`)
     if found is not None:  # not an unknown name: clients could make those labels without end
         times.observe(op, time.perf_counter() - t0)
     sending = conn.send(reply, out)

@@ -21,10 +21,10 @@ from conveyor.errors import RequestError, StoreError
 from conveyor.message import headers_bytes
 from conveyor.protocol.declarations import COL_IDS, MESSAGE_COLUMNS, OPERATIONS, Arguments, Operation
 from conveyor.protocol.framing import Frames, column
+from conveyor.server.connection_leases import CONNECTION_LEASES
 from conveyor.server.idempotency import check_key
 from conveyor.server.queues import HostedQueue, QueueHost
 from conveyor.server.replies import check_fits, reply_limits, room
-from conveyor.server.tied import TIED
 
 Reply = tuple[dict[str, Any], list[bytes]]
 Handler = Callable[[QueueHost, Arguments, Frames], Awaitable[Reply]]
@@ -142,8 +142,8 @@ async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     q = _queue(host, a, create=True)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
-    tied = TIED.get()  # the connection's record of its ties: one per connection
-    wakes = q.wakes - (loop.time() < q.woken_until and id(tied) not in q.woken)  # a wake just now counts, once
+    leases = CONNECTION_LEASES.get()  # the connection's record of its ties: one per connection
+    wakes = q.wakes - (loop.time() < q.woken_until and id(leases) not in q.woken)  # a wake just now counts, once
     wakeable = a["tie"]  # a wake answers a consumer's get (it ties its leases), never a plain one
     while True:
         got = q.store.get_batch(n, lease, (await room(lim)).reply_bytes())  # what fits in the client's limits
@@ -164,9 +164,9 @@ async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
             q.store.release_many(got.ids)
             raise
     if woken := wakeable and q.wakes != wakes:
-        q.woken.add(id(tied))
-    if a["tie"] and len(got) and tied is not None:
-        tied.took(q, got.ids)
+        q.woken.add(id(leases))
+    if a["tie"] and len(got) and leases is not None:
+        leases.took(q, got.ids)
     cols = _columns(got.ids, got.priority, got.attempts, got.enqueued_at, got.not_before, got.max_attempts, got.headers)
     return {"queue": q.info.name, "lease_s": got.lease_s, "left": q.store.ready_left(), "woken": woken, **cols}, got.payloads
 

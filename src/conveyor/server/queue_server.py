@@ -39,13 +39,13 @@ from conveyor.protocol.framing import Limits
 from conveyor.protocol.http import MAX_HTTP_CONNECTIONS
 from conveyor.protocol.throttle import Throttle
 from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME, netloc
-from conveyor.server.budget import Hold, MemoryBudget, Share
+from conveyor.server.budget import MemoryBudget, RequestBytes, Share
 from conveyor.server.connection import Connection, finished, linger, unless_gone
+from conveyor.server.connection_leases import CONNECTION_LEASES
 from conveyor.server.dispatch import handle
 from conveyor.server.metrics import RequestTimes, ServerCollector, start_endpoint
 from conveyor.server.queues import Defaults, QueueHost
 from conveyor.server.runtime import close_listener, raise_fd_limit, run_loop, stop_accepting, watch_parent
-from conveyor.server.tied import TIED
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -272,7 +272,7 @@ class QueueServer:
             writer.close()
             return
         self._conns.add(conn)
-        TIED.set(conn.tied)  # its requests' tasks start from this context: `get` finds its connection's ties
+        CONNECTION_LEASES.set(conn.leases)  # its requests' tasks start from this context: `get` finds its connection's ties
         peer_closed = False
         try:
             nonce = new_nonce()
@@ -296,13 +296,13 @@ class QueueServer:
                 finally:
                     conn.reading = None
                 if header["op"] == BYE.name:  # now, not in its task: the close that follows may cancel that
-                    conn.tied.clear()
+                    conn.leases.clear()
                 await slots.acquire()
-                hold = Hold(conn.share)
-                task = asyncio.create_task(handle(conn, self.queues, self.request_times, header, frames, hold))
+                request_bytes = RequestBytes(conn.share)
+                task = asyncio.create_task(handle(conn, self.queues, self.request_times, header, frames, request_bytes))
                 del frames  # the task's now: freed when it is done
                 conn.tasks.add(task)
-                task.add_done_callback(functools.partial(finished, conn, slots, hold))
+                task.add_done_callback(functools.partial(finished, conn, slots, request_bytes))
         except ConnectionError:
             peer_closed = True
         except asyncio.CancelledError:
@@ -310,7 +310,7 @@ class QueueServer:
         except ssl.SSLError as e:  # a record failed its integrity check, say: the peer is told only by the close
             log.warning("%s: TLS error, closing the connection: %s (data altered on the way?)", conn.peer, e.reason or e)
         finally:
-            Hold(conn.share).release()  # a request cut short
+            RequestBytes(conn.share).release()  # a request cut short
             self._conns.discard(conn)
             if not self._closing:  # else stop() lets running requests answer, then closes
                 for t in conn.tasks:
@@ -318,7 +318,7 @@ class QueueServer:
                 writer.close()
                 if peer_closed and not conn.dropped:
                     assert self.queues is not None
-                    conn.tied.end(self.queues, conn.peer)
+                    conn.leases.end(self.queues, conn.peer)
 
     async def _authenticate(self, reader: asyncio.StreamReader, conn: Connection, nonce: bytes) -> bool:
         assert self._key is not None
@@ -375,7 +375,7 @@ class QueueServer:
                 log.warning("%s: read none of its replies for %g s: closing the connection", c.peer, self.request_timeout_s)
             elif c.reading is not None or c.tasks or now - c.active <= self.idle_timeout_s:
                 continue
-            elif c.tied.holding():  # a consumer whose tasks all run long: its silence counts from their end
+            elif c.leases.any_standing():  # a consumer whose tasks all run long: its silence counts from their end
                 c.active = now
                 continue
             self._drop(c)

@@ -45,11 +45,12 @@ from conveyor.constants import (
 )
 from conveyor.errors import ConveyorError, RequestError, StoreError
 from conveyor.protocol.report import SEEN, Counts
-from conveyor.protocol.requests import QueueInfo, QueueStats, store_kind
+from conveyor.protocol.requests import QueueInfo, QueueStats
 from conveyor.server.blobs import Blobs
+from conveyor.server.group_commit import GroupCommit
 from conveyor.server.idempotency import Dedupe
-from conveyor.server.signals import GroupCommit, Signal
 from conveyor.server.store_kinds import StoreKind, StoreOpening, kind_named, known
+from conveyor.server.wakeups import Wakeup
 from conveyor.storage import Store
 from conveyor.storage.durable import FsyncPolicy
 from conveyor.storage.files import fsync_dir, keep_aside, store_error, write_atomically
@@ -76,7 +77,7 @@ class HostedQueue:
     store: Store
     commit: GroupCommit | None  # for queues kept on disk with fsync="batch"
     dedupe: Dedupe
-    changed: Signal = field(default_factory=Signal)
+    changed: Wakeup = field(default_factory=Wakeup)
     samples: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW + 1))
     dropped: bool = False  # requests waiting on it when it is dropped answer at once
     wakes: int = 0  # how many `wake`s it had: a tied get waiting through one answers at once
@@ -143,13 +144,13 @@ class QueueHost:
         self.queues: dict[str, HostedQueue] = {}
         self.unavailable: dict[str, str] = {}  # queue -> why its store could not be opened
         self.closing = False  # set when the server stops: long polls return at once
-        self.settled = Signal()  # messages left the pending count (acked, failed for good, purged)
+        self.settled = Wakeup()  # messages left the pending count (acked, failed for good, purged)
         self._workers: dict[str, tuple[float, Counts]] = {}  # worker -> (when, monotonic; counts)
         self.blobs = Blobs(None if data_dir is None else data_dir / BLOB_DIR)
         self.id_floor = 1  # new queues start here: above every id a dropped queue used
         self.space: SpaceReserve | None = None  # disk space held back for a full disk (see conveyor.storage.space)
         self.fd_budget = fd_budget
-        self._holding: OrderedDict[str, HostedQueue] = OrderedDict()  # queues with files open, oldest use first
+        self._files_open: OrderedDict[str, HostedQueue] = OrderedDict()  # queues with files open, oldest use first
         self._on_disk = 0  # queues kept on disk open here (each holds its lock)
         self._lock_fd = -1
         if data_dir is not None:
@@ -248,14 +249,14 @@ class QueueHost:
         """
         if self.fd_budget is None or not q.kind.on_disk:
             return
-        self._holding[q.info.name] = q
-        self._holding.move_to_end(q.info.name)
+        self._files_open[q.info.name] = q
+        self._files_open.move_to_end(q.info.name)
         room = max(1, (self.fd_budget - self._on_disk) // FDS_PER_OPEN_QUEUE)
-        while len(self._holding) > room:
-            _, old = self._holding.popitem(last=False)
+        while len(self._files_open) > room:
+            _, old = self._files_open.popitem(last=False)
             if not old.suspend():  # writes not synced yet: let go of it at a later touch
-                self._holding[old.info.name] = old
-                self._holding.move_to_end(old.info.name, last=False)
+                self._files_open[old.info.name] = old
+                self._files_open.move_to_end(old.info.name, last=False)
                 break
 
     def get(self, name: str, create: bool = False) -> HostedQueue:
@@ -367,7 +368,7 @@ class QueueHost:
             with contextlib.suppress(OSError):  # else a crash may bring the queue back: as one before the rename
                 fsync_dir(self.queue_dir)
         del self.queues[name]
-        self._holding.pop(name, None)
+        self._files_open.pop(name, None)
         self._on_disk -= q.kind.on_disk
         q.dropped = True
         q.changed.notify()
@@ -413,14 +414,9 @@ def _check_name(name: str) -> None:
 
 
 def _settings(raw: object) -> dict[str, Any]:
-    """The fields of a `queue.json` as `QueueInfo` takes them (a ValueError if it holds no map).
-
-    A file written before queues had kinds says `"durable": true` where it now says the kind.
-    """
+    """The fields of a `queue.json` as `QueueInfo` takes them (a ValueError if it holds no map)."""
     if not isinstance(raw, dict):
         raise ValueError(f"it holds {type(raw).__name__}, not a map of settings")
-    if "durable" in raw and "kind" not in raw:
-        raw = {k: v for k, v in raw.items() if k != "durable"} | {"kind": store_kind(None, raw["durable"])}
     return raw
 
 

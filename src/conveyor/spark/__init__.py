@@ -9,7 +9,7 @@ from conveyor.lazy import lazy_attributes
 
 _LAZY = {
     "map": "conveyor.spark.mapping",
-    "MapStats": "conveyor.spark.mapping",
+    "MapStats": "conveyor.spark.job",
     "SparkConsumerPool": "conveyor.spark.consumers",
     "local": "conveyor.spark.embedded",
     "cluster": "conveyor.spark.cluster",

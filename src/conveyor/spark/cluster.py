@@ -71,9 +71,9 @@ def driver_host(spark: SparkSession, host: str | None = None, interface: str | N
         ) from None
     found = conf(spark, "spark.driver.host")
     if not found or (is_loopback(found) and not is_local(spark)):
-        said = repr(found) if found else "unset"
+        shown = repr(found) if found else "unset"
         raise ConveyorError(
-            f"spark.driver.host is {said}: executors on other hosts could not reach queue servers "
+            f"spark.driver.host is {shown}: executors on other hosts could not reach queue servers "
             "there. Set spark.driver.host to an address they reach, or pass host= or interface="
         )
     return found
@@ -107,7 +107,7 @@ def driver_pool(
         "conveyor: %d queue server(s) beside the driver at %s%s",
         n_servers,
         ", ".join(pool.addresses),
-        "" if pool.clients[0].tls is None else " (TLS, token)",
+        "" if pool.queues.clients[0].tls is None else " (TLS, token)",
     )
     return pool
 
@@ -145,5 +145,5 @@ def cluster(
         raise ConveyorError("conveyor.cluster(): no active Spark session: create yours (SparkSession.builder...) first")
     with driver_pool(spark, n_servers, host=host, interface=interface, ports=ports) as pool, default_pool(pool):
         if check and not is_local(spark):
-            preflight(spark, pool, task_modules)
+            preflight(spark, pool.queues, task_modules)
         yield Cluster(spark, pool)

@@ -20,7 +20,6 @@ consumers know, and each checks for it about once a second, then stops gracefull
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import sys
@@ -32,14 +31,14 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.client.pool import QueuePool
-from conveyor.client.queue_client import QueueClient
-from conveyor.constants import DEFAULT_UNREACHABLE_S, H_IDEMPOTENCY_KEY
+from conveyor.client.sharded import ShardedQueues
+from conveyor.constants import DEFAULT_UNREACHABLE_S
 from conveyor.errors import ConveyorError
 from conveyor.gc_policy import gc_tuned
-from conveyor.message import Message
 from conveyor.protocol.report import FIGURES, HOST, ConsumerReport, Shown
 from conveyor.spark.cluster import driver_pool, is_local
 from conveyor.spark.preflight import preflight
+from conveyor.spark.records import RowsPut, TaskRecords
 from conveyor.spark.session import check_workers_python, task_slots
 from conveyor.spark.watch import START_TIMEOUT_S, JobGroup, JobWatch
 from conveyor.tasks.publish import get_default_pool
@@ -74,52 +73,44 @@ STATS_DDL = ", ".join(
 )
 STOP_PREFIX = b"conveyor-stop:"
 
-Prelude = Callable[[Iterator["pa.RecordBatch"], int], int]  # (the task's input batches, task index) -> rows fed
+PutInput = Callable[[Iterator["pa.RecordBatch"], int], int]  # (a task's input batches, its index) -> rows put
 FEED_IDLE_S = 5.0  # a fed consumer with nothing to do waits this long for other tasks' rows, then ends
 SLOTS_WAIT_S = 10.0  # with no executor registered yet, how long to wait for one before sizing the job
 
 
-def _key(prefix: bytes, job: str) -> str:
-    return hashlib.sha256(prefix + job.encode()).hexdigest()
+def _stop_blob(job: str) -> bytes:
+    """The blob whose presence on the servers tells the consumers of `job` to stop (`stop()`)."""
+    return STOP_PREFIX + job.encode()
 
 
-def fed_queue(job: str) -> str:
-    """The queue where each task of a fed job says, once, that it has put its rows (and how many)."""
-    return f"conveyor-fed-{job}"
+def _stop_key(job: str) -> str:
+    """The key the servers store `_stop_blob(job)` under (its sha256), which the consumers look for."""
+    return hashlib.sha256(_stop_blob(job)).hexdigest()
 
 
-def say_once(backend: QueuePool | QueueClient, queue: str, key: str, record: dict[str, Any]) -> None:
-    """A record on a job's bookkeeping queue, once whatever the attempts of the task saying it (`key` is an idempotency key)."""
-    backend.put(queue, [Message(payload=json.dumps(record).encode(), headers={H_IDEMPOTENCY_KEY: key})])
+def rows_put_records(job: str) -> TaskRecords[RowsPut]:
+    """Where each task of a fed job records, once, that it has put its rows (and how many)."""
+    return TaskRecords(f"conveyor-fed-{job}", RowsPut)
 
 
-def said(pool: QueuePool, queue: str) -> Iterator[dict[str, Any]]:
-    """The records on a bookkeeping queue (taken, never acked: the queue is dropped after)."""
-    while got := pool.get(queue, 1000):
-        yield from (json.loads(m.payload) for m in got)
+@dataclass(frozen=True)
+class Feed:
+    """Input the consumer tasks put on the queue themselves before they consume (`SparkConsumerPool(feed=...)`)."""
 
-
-def _say_fed(pool: QueuePool, job: str, task: int, rows: int) -> None:
-    """Task `task` has put its `rows`: one message per task, whatever its attempts."""
-    say_once(pool, fed_queue(job), f"fed:{job}:{task}", {"task": task, "rows": rows})
-
-
-def _fed(pool: QueuePool, job: str) -> int:
-    """How many tasks of the job have put their rows."""
-    st = pool.wait_drained([fed_queue(job)], 0.0).get(fed_queue(job))
-    return 0 if st is None else st.pending
+    frame: DataFrame  # its rows, coalesced to one partition per consumer task (no shuffle)
+    put: PutInput  # (a task's input batches, its index) -> the rows it put
 
 
 def _consume(
-    pool: QueuePool,
+    pool: ShardedQueues,
     queues: list[QueueConfig | str],
     n: int,
     job: str,
     options: ConsumerOptions,
-    run: _Run,
-    prelude: Prelude | None,
+    run: _ConsumerRun,
+    put_input: PutInput | None,
 ) -> Any:
-    """The function each Spark task runs: its prelude (if any), one consumer, then one row of counts."""
+    """The function each Spark task runs: its input put on the queue (if fed), one consumer, then one row of counts."""
 
     def consume(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -128,14 +119,14 @@ def _consume(
         index = cast("TaskContext", TaskContext.get()).partitionId()  # always set inside a Spark task
         rows = 0
         expect_more = None
-        if prelude is None:
+        if put_input is None:
             for _ in batches:  # the range rows: only the partition number matters
                 pass
         else:
-            rows = prelude(batches, index)
-            _say_fed(pool, job, index, rows)
-            expect_more = _others_feeding(pool, job, n, index, lambda: consumer.stats)
-        stop = _key(STOP_PREFIX, job)
+            rows = put_input(batches, index)
+            rows_put_records(job).record(pool, index, RowsPut(rows))
+            expect_more = _while_others_put(pool, job, n, index, lambda: consumer.stats)
+        stop = _stop_key(job)
         consumer = Consumer(
             pool,
             queues,
@@ -176,17 +167,20 @@ def _stats_row(index: int, r: ConsumerReport, started: float, finished: float, r
     }
 
 
-def _others_feeding(pool: QueuePool, job: str, n: int, index: int, stats: Callable[[], ConsumerStats]) -> Callable[[], bool]:
+def _while_others_put(
+    pool: ShardedQueues, job: str, n: int, index: int, stats: Callable[[], ConsumerStats]
+) -> Callable[[], bool]:
     """`expect_more` of a fed consumer: True while another task has not put its rows yet and work came within FEED_IDLE_S.
 
     Never longer: that task may have no slot (it may be waiting for this one's), or have died; when
     it runs, it consumes its own rows.
     """
     seen, since = -1, time.monotonic()
+    records = rows_put_records(job)
 
     def expect_more() -> bool:
         nonlocal seen, since
-        if _fed(pool, job) >= n:
+        if records.count(pool) >= n:
             return False
         done = stats().processed + stats().failed
         if done != seen:
@@ -212,8 +206,8 @@ class SparkConsumerPool:
     options (`options=`, or keywords of their names): `ConsumerOptions`. Left out, `concurrency`
         is sized for a core per consumer (its Spark task's), `pin_core` for the task slots.
     until_empty: consumers end once the queues are drained; False keeps them running until `stop()`.
-    feed: (df, prelude): each consumer task first runs `prelude(batches, task)` over its share of
-        df's rows (df coalesced to n_consumers tasks: no shuffle), e.g. to put them on the queue,
+    feed: a `Feed`: each consumer task first runs `feed.put(batches, task)` over its share of the
+        rows of `feed.frame` (coalesced to n_consumers tasks: no shuffle), to put them on the queue,
         then consumes (see the module docstring for how long it waits for the others' rows). This
         is how `map` overlaps putting rows on the queue with working them off.
     unreachable_s: a queue server out of reach for longer fails the job (`ServerUnreachableError`).
@@ -233,7 +227,7 @@ class SparkConsumerPool:
         queues: Sequence[QueueConfig | str] = ("default",),
         until_empty: bool = True,
         description: str | None = None,
-        feed: tuple[DataFrame, Prelude] | None = None,
+        feed: Feed | None = None,
         unreachable_s: float = DEFAULT_UNREACHABLE_S,
         start_timeout_s: float = START_TIMEOUT_S,
         progress: bool | None = False,
@@ -261,8 +255,9 @@ class SparkConsumerPool:
         pin = auto_pin(given.pin_core, given.pool, self.n_consumers, task_slots(spark))
         self.options = replace(given, concurrency=slots, pin_core=pin)  # what each consumer runs with
         self.until_empty = until_empty
-        self._run = _Run(until_empty, unreachable_s, read_ahead)
+        self._consumer_run = _ConsumerRun(until_empty, unreachable_s, read_ahead)
         self.job = uuid.uuid4().hex[:12]
+        self._rows_put = rows_put_records(self.job)
         self.description = description or (
             f"conveyor: {self.n_consumers} consumer(s) x {slots} {given.pool}(s) on {', '.join(self.queue_names)}"
         )
@@ -280,11 +275,11 @@ class SparkConsumerPool:
 
     def dataframe(self) -> DataFrame:
         """The (lazy) DataFrame whose evaluation runs the consumers: one row of counts per consumer."""
-        prelude = None if self.feed is None else self.feed[1]
-        fn = _consume(self.pool, self.queues, self.n_consumers, self.job, self.options, self._run, prelude)
+        put_input = None if self.feed is None else self.feed.put
+        fn = _consume(self.pool.queues, self.queues, self.n_consumers, self.job, self.options, self._consumer_run, put_input)
         if self.feed is None:
             return self.spark.range(self.n_consumers, numPartitions=self.n_consumers).mapInArrow(fn, STATS_DDL)
-        return self.feed[0].coalesce(self.n_consumers).mapInArrow(fn, STATS_DDL)
+        return self.feed.frame.coalesce(self.n_consumers).mapInArrow(fn, STATS_DDL)
 
     def job_group(self) -> JobGroup:
         """A context naming the Spark jobs started inside it after these consumers (in the Spark UI)."""
@@ -296,10 +291,10 @@ class SparkConsumerPool:
         `consuming=False` for a job that only puts work (a drained queue does not mean its work is
         done).
         """
-        done = self._all_fed if consuming and self.until_empty else None
+        done = self._all_input_put if consuming and self.until_empty else None
         return JobWatch(
             self.spark,
-            self.pool,
+            self.pool.queues,
             self.group,
             self.queue_names,
             unreachable_s=self.unreachable_s,
@@ -320,10 +315,14 @@ class SparkConsumerPool:
         """
         if not is_local(self.spark):
             preflight(
-                self.spark, self.pool, self.task_modules, unreachable_s=self.unreachable_s, start_timeout_s=self.start_timeout_s
+                self.spark,
+                self.pool.queues,
+                self.task_modules,
+                unreachable_s=self.unreachable_s,
+                start_timeout_s=self.start_timeout_s,
             )
         if self.feed is not None:
-            self.pool.declare(fed_queue(self.job))
+            self._rows_put.declare(self.pool.queues)
         watch = self.watch()
         try:
             with self.job_group(), watch:
@@ -334,46 +333,45 @@ class SparkConsumerPool:
                         raise
                     rows = self._reported()
         except BaseException:
-            self._tidy()
+            self._drop_bookkeeping()
             raise
-        self._clean_up()
+        self._count_rows_put()
+        self._drop_bookkeeping()
         self.stats = sorted(rows, key=lambda r: r["consumer"])
         return self.stats
 
-    def _all_fed(self) -> bool:
-        return self.feed is None or _fed(self.pool, self.job) >= self.n_consumers
+    def _all_input_put(self) -> bool:
+        return self.feed is None or self._rows_put.count(self.pool.queues) >= self.n_consumers
 
     def _reported(self) -> list[dict[str, Any]]:
         """Each consumer's counts from its last report to the servers (the job ended before they could return them)."""
         out: dict[int, dict[str, Any]] = {}
         now = time.time()
-        for name, c in self.pool.workers().items():
+        for name, c in self.pool.queues.workers().items():
             parts = name.split(":")
             if len(parts) == 5 and parts[0] == "spark" and parts[2] == self.job:
                 out[int(parts[3])] = _stats_row(int(parts[3]), ConsumerReport.from_counts(name, c), now, now, 0)
         return list(out.values())
 
-    def _clean_up(self) -> None:
-        """The consumers have ended: read how many rows each fed task put, then drop the bookkeeping."""
+    def _count_rows_put(self) -> None:
+        """The consumers have ended: read how many rows the fed tasks put (`fed_rows`)."""
         try:
             if self.feed is not None:
-                by_task = {d["task"]: d["rows"] for d in said(self.pool, fed_queue(self.job))}
-                self.fed_rows = sum(by_task.values())
+                self.fed_rows = sum(r.rows for r in self._rows_put.read(self.pool.queues).values())
         except ConveyorError as e:
             log.warning("could not read what the tasks of %s put: %s", self.job, e)
-        self._tidy()
 
-    def _tidy(self) -> None:
+    def _drop_bookkeeping(self) -> None:
         """Drop the job's bookkeeping on the servers that answer.
 
         A failed job may have lost one: no wait on it; what a server keeps of a job is a small queue
         and a blob.
         """
-        for c in self.pool.reach.answering():
+        if self.feed is not None:
+            self._rows_put.drop(self.pool.queues)
+        for c in self.pool.queues.health.answering():
             try:
-                if self.feed is not None:
-                    c.drop(fed_queue(self.job))
-                c.forget_blobs([_key(STOP_PREFIX, self.job)])
+                c.forget_blobs([_stop_key(self.job)])
             except (ConveyorError, OSError) as e:
                 log.warning("could not remove the bookkeeping of %s on %s: %s", self.job, c.address, e)
 
@@ -417,13 +415,13 @@ class SparkConsumerPool:
         """Tell the consumers to stop (each finishes its running tasks); with `wait`, wait for them."""
         if self._thread is not None and not self._thread.is_alive():
             return  # they have ended (and nobody would remove the marker)
-        self.pool.put_blob(STOP_PREFIX + self.job.encode())  # its key: _key(STOP_PREFIX, job)
+        self.pool.queues.put_blob(_stop_blob(self.job))
         if wait and self._thread is not None:
             self.join(timeout)
 
 
 @dataclass(frozen=True, slots=True)
-class _Run:
+class _ConsumerRun:
     """How each consumer of a job runs, beside its options."""
 
     until_empty: bool  # it ends once the queues are drained

@@ -25,19 +25,16 @@ output has one row per input row, whatever happened on the way (the store keeps 
 per message): the `schema` columns from `func(row)`, plus `_id` (the id of the row's message) and
 `_error` (None, or the error of a row that failed after its retries, whose `schema` columns are then
 null and whose input row is in `_input`, as JSON).
+
+The queue job (the queue, the put, the consumers, the read-back, the stats, the cleanup) is
+`conveyor.spark.job`'s; map supplies its form (`_row_form`): rows dealt to messages, each a
+`RowRunner(func)` call, and the outcomes read back as rows (`conveyor.spark.rows`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import sys
-import time
-import uuid
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, cast, overload
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from conveyor.client.pool import QueuePool
 from conveyor.constants import (
@@ -46,41 +43,18 @@ from conveyor.constants import (
     MAP_DEFAULT_LEASE_S,
     MAP_DEFAULT_ROWS_PER_MESSAGE,
 )
-from conveyor.errors import ConnectionLostError, ConveyorError
-from conveyor.spark.cluster import driver_pool, is_local
-from conveyor.spark.consumers import SparkConsumerPool, check_count, consumer_count, said, say_once
-from conveyor.spark.preflight import preflight
-from conveyor.spark.rows import EXTRA_COLUMNS, MAX_ROWS_PER_MESSAGE, RowRunner, put_partitions, putter, read_results, with_extra
-from conveyor.spark.session import check_workers_python
+from conveyor.spark.form import JobForm, JobTask
+from conveyor.spark.job import JobSettings, MapStats, check_seconds, module_of, queue_job
+from conveyor.spark.rows import EXTRA_COLUMNS, MAX_ROWS_PER_MESSAGE, DealRows, ReadRows, RowRunner, with_extra
 from conveyor.spark.watch import START_TIMEOUT_S
-from conveyor.tasks.envelope import adhoc_task_name, function_ref
 from conveyor.tasks.options import TaskOptions
-from conveyor.tasks.policy import attempts_for, check_max_retries
-from conveyor.tasks.publish import get_default_pool
+from conveyor.tasks.policy import check_max_retries
 from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_of
 
 if TYPE_CHECKING:
-    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
     from typing_extensions import Unpack  # typing.Unpack is 3.11+; only the type checker reads it
-
-
-log = logging.getLogger("conveyor.spark")
-
-
-@dataclass(frozen=True)
-class MapStats:
-    """What a `map` did (`map(..., stats=True)`), for reports: rows in and out, failures, and the consumers' times."""
-
-    rows: int
-    failed: int
-    enqueue_s: float
-    consume_s: float
-    read_s: float
-    first_start: float  # the earliest consumer start (wall clock)
-    consumers: list[dict[str, Any]]
-    queue: str  # holds the results until dropped (`QueuePool.drop`, `conveyor drop`)
 
 
 @overload
@@ -186,252 +160,51 @@ def map(
     if type(rows_per_message) is not int or not 1 <= rows_per_message <= MAX_ROWS_PER_MESSAGE:
         raise ValueError(f"map: rows_per_message must be an integer in 1..{MAX_ROWS_PER_MESSAGE}, got {rows_per_message!r}")
     check_max_retries(max_retries, "map: ")
-    for name, value in (
-        ("time_limit", time_limit),
-        ("lease_s", lease_s),
-        ("unreachable_s", unreachable_s),
-        ("start_timeout_s", start_timeout_s),
-    ):
-        if value is not None and not (isinstance(value, (int, float)) and value > 0):
-            raise ValueError(f"map: {name} must be a number of seconds > 0, got {value!r}")
-    consumer_options = options_of("map", options, keywords)
-    if consumer_options.early_ack:
-        raise ValueError("map: early_ack is not for map: a row acked on delivery leaves no result or error to read back")
-    if consumer_options.middleware is not None:  # it would take the place of the Retries and TimeLimits that serve them
-        raise ValueError(
-            "map: middleware is not for map: its rows' retries and time limit are map's own max_retries= and time_limit="
-        )
-    check_count("n_consumers", n_consumers)
-    pool = queue_pool
-    spark: SparkSession = df.sparkSession
-    out_schema = _output_schema(spark, schema)
-    check_workers_python(spark)
-    with ExitStack() as stack:
-        ephemeral = pool is None and _ambient() is None  # servers that stop when map returns
-        if pool is None:
-            pool = _default_pool(stack, spark)
-        _check_servers(pool)
-        if not is_local(spark):  # every executor can import conveyor and func's module, and reach the servers
-            preflight(spark, pool, _module_of(func), unreachable_s=unreachable_s, start_timeout_s=start_timeout_s)
-        job = uuid.uuid4().hex[:12]
-        queue = f"map-{job}"
-        try:
-            return _run(
-                spark,
-                df,
-                func,
-                out_schema,
-                pool,
-                queue,
-                job,
-                ephemeral,
-                stats=stats,
-                n_consumers=n_consumers,
-                max_retries=max_retries,
-                time_limit=time_limit,
-                lease_s=lease_s,
-                rows_per_message=rows_per_message,
-                unreachable_s=unreachable_s,
-                start_timeout_s=start_timeout_s,
-                progress=progress,
-                options=consumer_options,
-            )
-        except BaseException as e:
-            _abandon(pool, queue, e, ephemeral)
-            raise
-
-
-def _run(
-    spark: SparkSession,
-    df: DataFrame,
-    func: Callable[[dict[str, Any]], Any],
-    out_schema: StructType,
-    pool: QueuePool,
-    queue: str,
-    job: str,
-    ephemeral: bool,
-    *,
-    stats: bool,
-    n_consumers: int | None,
-    max_retries: int,
-    time_limit: float | None,
-    lease_s: float,
-    rows_per_message: int,
-    unreachable_s: float,
-    start_timeout_s: float,
-    progress: bool | None,
-    options: ConsumerOptions,
-) -> DataFrame | tuple[DataFrame, MapStats]:
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    pool.declare(queue, lease_s=lease_s, max_attempts=attempts_for(max_retries))
-    # a message is delivered again only when its worker died or it ran over its time limit
-    opts = TaskOptions(
-        queue=queue, time_limit=None if time_limit is None else time_limit * rows_per_message, max_retries=max_retries
-    )
-    row_opts = TaskOptions(queue=queue, time_limit=time_limit, max_retries=max_retries)  # of a row split off (RowRunner)
-    ref = function_ref(RowRunner(func, max_retries, to_arrow_schema(out_schema), row_opts))
-    pool.put_blob(ref.data)
-
-    t0 = time.time()
-    put_rows = putter(pool, queue, job, adhoc_task_name(ref.digest), opts, rows_per_message, unreachable_s)
-    n = consumer_count(spark, n_consumers)
-    rows, t1 = 0, t0  # rows put before consuming, and when that ended (when consumers put them: none, at once)
-    fed = n <= _partitions(df)  # each of n tasks puts its share of the rows, then consumes
-    consumers = SparkConsumerPool(
-        spark,
-        pool,
-        n,
-        queues=[queue],
-        description=f"conveyor.spark.map through {queue}",
-        feed=(df, put_rows) if fed else None,
+    check_seconds("map", "time_limit", time_limit)
+    settings = JobSettings(
+        "map",
+        options_of("map", options, keywords),
+        n_consumers=n_consumers,
+        lease_s=lease_s,
         unreachable_s=unreachable_s,
         start_timeout_s=start_timeout_s,
         progress=progress,
-        options=options,
     )
-    if not fed:  # fewer partitions than consumers: put the rows first (a job of its own), then consume
-        with consumers.job_group(), consumers.watch(consuming=False):
-            counts = df.mapInArrow(put_partitions(pool, put_rows), "partition long, rows long").collect()
-        rows, t1 = sum(r["rows"] for r in counts), time.time()
-    done = consumers.run()
-    rows += consumers.fed_rows  # what the consumer tasks put themselves
-    t2 = min(max((s["finished"] for s in done), default=t1), time.time())
-    shards = len(pool)
-    tally = tally_queue(job)
-    pool.declare(tally)
-    try:
-        read = spark.range(shards, numPartitions=shards).mapInArrow(
-            _reader(pool, queue, out_schema, tally), with_extra(out_schema)
-        )
-        with consumers.job_group():
-            result = _materialize(read, ephemeral)
-        got, failed = _tallied(pool, tally, shards)
-    finally:
-        for c in pool.reach.answering():  # no wait on a server that is gone: the map fails on it anyway
-            with contextlib.suppress(ConveyorError, OSError):
-                c.drop(tally)
-    t3 = time.time()
-    if got != rows:
-        raise ConveyorError(f"map: {rows:,} rows went in but {got:,} came out (queue {queue}); please report this")
-    first = min((s["started"] for s in done), default=t1)
-    if failed:
-        log.warning("map: %d of %d rows failed; see the _error column", failed, rows)
-    return (result, MapStats(rows, failed, t1 - t0, t2 - t1, t3 - t2, first, done, queue)) if stats else result
+    spark: SparkSession = df.sparkSession
+    out_schema = _output_schema(spark, schema)
+    with queue_job(spark, queue_pool, settings, task_modules=module_of(func)) as job:
+        form = _row_form(func, out_schema, job.queue, max_retries, time_limit, rows_per_message)
+        outcome = job.run(df, form)
+    return (outcome.frame, outcome.stats) if stats else outcome.frame
 
 
-def _reader(
-    pool: QueuePool, queue: str, schema: StructType, tally: str
-) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """mapInArrow function of the read-back job: task i yields the rows of server i.
+def _row_form(
+    func: Callable[[dict[str, Any]], Any],
+    schema: StructType,
+    queue: str,
+    max_retries: int,
+    time_limit: float | None,
+    rows_per_message: int,
+) -> JobForm:
+    """Map's form of the queue job: rows dealt to messages, each a `RowRunner(func)` call, read back as rows."""
+    from pyspark.sql.pandas.types import to_arrow_schema
 
-    Then it says how many it yielded (and how many failed) in `tally`, once (an idempotency key),
-    while `map` waits for them: a partition read again later, with `tally` gone, says nothing.
-    """
-
-    def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
-
-        for _ in batches:
-            pass
-        shard = cast("TaskContext", TaskContext.get()).partitionId()  # always set inside a Spark task
-        try:
-            counts = yield from read_results(pool, queue, schema, [shard])
-            client = pool.clients[shard]
-            if tally in {q.name for q in client.queues()}:
-                say_once(client, tally, f"{tally}:{shard}", {"shard": shard, **counts})
-        finally:
-            pool.close()
-
-    return read
-
-
-def tally_queue(job: str) -> str:
-    """Where the read-back tasks of map `job` say how many rows they read (see `_reader`)."""
-    return f"conveyor-read-{job}"
+    # a message is delivered again only when its worker died or it ran over its time limit
+    message_time_limit = None if time_limit is None else time_limit * rows_per_message
+    row_options = TaskOptions(queue=queue, time_limit=time_limit, max_retries=max_retries)  # of a row split off (RowRunner)
+    return JobForm(
+        task=JobTask(
+            RowRunner(func, max_retries, to_arrow_schema(schema), row_options),
+            TaskOptions(queue=queue, time_limit=message_time_limit, max_retries=max_retries),
+        ),
+        parcels=DealRows(rows_per_message),
+        read=ReadRows(schema),
+        output=with_extra(schema),
+    )
 
 
-def _tallied(pool: QueuePool, tally: str, shards: int) -> tuple[int, int]:
-    """(rows, failed rows) the read-back tasks said they read; an error if a task said nothing."""
-    by_shard = {d["shard"]: d for d in said(pool, tally)}
-    if len(by_shard) != shards:
-        missing = sorted(set(range(shards)) - set(by_shard))
-        raise ConveyorError(f"map: the read-back of server(s) {missing} did not say what it read; please report this")
-    return sum(d["out_rows"] for d in by_shard.values()), sum(d["out_failed"] for d in by_shard.values())
-
-
-def _module_of(func: Callable[..., Any]) -> list[str]:
-    """The module a function is pickled by reference to (the executors import it), if not ours or __main__."""
-    module = getattr(func, "__module__", None) or getattr(type(func), "__module__", None)
-    if not module or module == "__main__" or module.split(".")[0] in ("conveyor", "builtins"):
-        return []
-    return [module] if getattr(sys.modules.get(module), "__file__", None) else []
-
-
-def _check_servers(pool: QueuePool) -> None:
-    """Fail at once, naming the servers, when some do not answer (rather than a bare ConnectionLostError later)."""
-    down = [f"{c.address} ({p})" for c, p in zip(pool.clients, pool.reachable_stats(), strict=True) if isinstance(p, Exception)]
-    if down:
-        raise ConnectionLostError(f"map: {len(down)} of {len(pool)} queue server(s) do not answer: {'; '.join(down)}")
-
-
-def _abandon(pool: QueuePool, queue: str, error: BaseException, ephemeral: bool) -> None:
-    """Clean up after a map that failed or was interrupted, and say what is left (a note on `error`).
-
-    Its queue is dropped where the servers answer. What is left elsewhere is pointed at only on
-    servers that outlive this program (a pool the user gave): servers it started stop with it (a
-    Ctrl-C reaches them only through their stop), their queues gone with them unless they keep a
-    data directory. An ephemeral pool's servers stop with the call, their data with them.
-    """
-    if ephemeral:
-        _say(error, logging.INFO, "the servers started for this map stop with it: nothing is left behind")
-        return
-    up = pool.reach.answering()
-    left = [c.address for c in pool.clients if c not in up]
-    for c in up:
-        try:
-            c.drop(queue)
-        except (ConveyorError, OSError):
-            left.append(c.address)
-    if not left:
-        _say(error, logging.INFO, f"dropped its queue {queue}: nothing is left behind")
-    elif pool.processes and pool.data_dir is None:
-        _say(error, logging.INFO, f"its queue {queue} goes with the servers this program started: nothing is left behind")
-    elif pool.processes:
-        kept = f"its queue {queue} stays in {pool.data_dir}: drop it (pool.drop) when servers run on it again"
-        _say(error, logging.WARNING, kept)
-    else:
-        how = f"conveyor drop --connect {','.join(left)} {queue}"
-        _say(error, logging.ERROR, f"could not drop its queue {queue} on {', '.join(left)}; drop it with: {how}")
-
-
-def _say(error: BaseException, level: int, what: str) -> None:
-    """Log what a failed map left behind and add it to its error (Python 3.11+: the log says it on 3.10)."""
-    log.log(level, "map: %s", what)
-    if hasattr(error, "add_note"):
-        error.add_note(f"conveyor.spark.map: {what}")
-
-
-def _ambient() -> QueuePool | None:
-    """The default pool (`conveyor.local()`, `set_default_pool`), which must be a QueuePool."""
-    pool = get_default_pool()
-    if pool is not None and not isinstance(pool, QueuePool):
-        raise ConveyorError(f"map: the default pool is a {type(pool).__name__}, not a QueuePool: pass pool=...")
-    return pool
-
-
-def _default_pool(stack: ExitStack, spark: Any) -> QueuePool:
-    ambient = _ambient()
-    if ambient is not None:
-        return ambient
-    if not is_local(spark):
-        log.info("conveyor.spark.map: no pool given on a cluster: starting queue servers beside the driver for this call")
-        return stack.enter_context(driver_pool(spark))
-    log.info("conveyor.spark.map: no pool given and no conveyor.local(): starting local queue servers for this call")
-    return stack.enter_context(QueuePool.local(n_servers=2))
-
-
-def _output_schema(spark: Any, schema: str | StructType) -> StructType:
+def _output_schema(spark: SparkSession, schema: str | StructType) -> StructType:
+    """The output columns `func`'s results fill, checked not to clash with those map adds."""
     from pyspark.sql.types import StructType
 
     st = schema if isinstance(schema, StructType) else spark.createDataFrame([], schema).schema
@@ -439,29 +212,3 @@ def _output_schema(spark: Any, schema: str | StructType) -> StructType:
     if clash:
         raise ValueError(f"map: schema columns {clash} clash with the columns map adds ({', '.join(EXTRA_COLUMNS)})")
     return st
-
-
-def _materialize(result: DataFrame, ephemeral: bool) -> DataFrame:
-    """Compute the rows once and keep them in Spark, in one single-stage job.
-
-    With servers that stop when `map` returns, the lineage is cut (a local checkpoint): the rows no
-    longer need the servers. With servers that stay, the rows are persisted and the lineage (a read
-    from the servers) kept, so that rows lost with an executor are read again; a write to Spark's
-    "noop" sink computes (and so caches) them without a shuffle or a trip through Python.
-    """
-    from pyspark import StorageLevel
-
-    if ephemeral:
-        return result.localCheckpoint(eager=True)
-    result = result.persist(StorageLevel.MEMORY_AND_DISK)
-    result.write.format("noop").mode("overwrite").save()
-    return result
-
-
-# --- executor side --------------------------------------------------------------------------------
-def _partitions(df: DataFrame) -> int:
-    """The DataFrame's partitions (0 where it cannot be told without computing it: Spark Connect)."""
-    try:
-        return int(df.rdd.getNumPartitions())
-    except Exception:
-        return 0

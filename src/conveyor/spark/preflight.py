@@ -30,7 +30,7 @@ from conveyor.spark.watch import START_TIMEOUT_S, JobGroup, JobWatch
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from conveyor.client.pool import QueuePool
+    from conveyor.client.sharded import ShardedQueues
 
 log = logging.getLogger("conveyor.spark")
 
@@ -106,7 +106,7 @@ _PASSED: dict[tuple[str, tuple[str, ...], tuple[str, ...]], float] = {}
 
 def preflight(
     spark: SparkSession,
-    pool: QueuePool,
+    pool: ShardedQueues,
     task_modules: Sequence[str] = (),
     *,
     unreachable_s: float = DEFAULT_UNREACHABLE_S,

@@ -1,25 +1,25 @@
-"""Rows through the queue for `conveyor.spark.map`: put as messages, run, read back.
+"""Rows through the queue for `conveyor.spark.map`: its form of the queue job (`conveyor.spark.job`).
 
-Putting them as messages (a few to a message, each a `RowRunner` call), running them (each row tried
-per the retry policy), and reading the outcomes back as Arrow batches with `_id`, `_error` and
-`_input`.
+Rows dealt to messages (a few to a message, each a `RowRunner` call: `DealRows`), run (each row
+tried per the retry policy), and the outcomes read back as Arrow batches with `_id`, `_error` and
+`_input` (`ReadRows`, `read_results`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
-import time
-from collections.abc import Callable, Generator, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from conveyor.client.pool import QueuePool
 from conveyor.client.sharded import ShardedQueues
-from conveyor.constants import H_IDEMPOTENCY_KEY, H_ROWS, H_TASK, SHARD_SHIFT
-from conveyor.errors import ConnectionLostError, ConveyorError
+from conveyor.constants import H_IDEMPOTENCY_KEY, H_TASK, SHARD_SHIFT
+from conveyor.errors import ConveyorError
 from conveyor.message import Message
 from conveyor.spark.fits import FitCheck
+from conveyor.spark.form import Parcel
+from conveyor.spark.records import ReadCounts
 from conveyor.tasks.envelope import decode_call, decode_result, encode_error
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import attempts_for
@@ -34,8 +34,6 @@ EXTRA_COLUMNS = ("_id", "_error", "_input")  # added to every output row
 READ_BATCH_ROWS = 10_000
 MAX_ROWS_PER_MESSAGE = 1000
 SPLIT_PREFIX = "split:"  # the idempotency keys of rows split off a message (RowRunner)
-PUT_RETRY_S = 0.2  # a put to a server out of reach is tried again this often
-PUT_PATIENCE = 2.0  # ... for up to this many times the map's unreachable_s
 
 
 class RowRunner:
@@ -180,93 +178,52 @@ def with_extra(schema: StructType) -> StructType:
     )
 
 
-def put_partitions(pool: QueuePool, put_rows: Callable[..., int]) -> Callable[..., Any]:
-    """mapInArrow function: put a partition's rows on the queue; one row of counts."""
+@dataclass(frozen=True, slots=True)
+class DealRows:
+    """`JobForm.parcels` of `map`: an Arrow batch's rows, up to `per_message` to a message, dealt like cards.
 
-    def put(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import pyarrow as pa
-        from pyspark import TaskContext
-
-        part = cast("TaskContext", TaskContext.get()).partitionId()  # always set inside a Spark task
-        n = put_rows(batches, part)
-        pool.close()
-        yield pa.RecordBatch.from_pylist([{"partition": part, "rows": n}])
-
-    return put
-
-
-def putter(
-    pool: QueuePool, queue: str, job: str, task_name: str, opts: TaskOptions, k: int, unreachable_s: float
-) -> Callable[..., int]:
-    """(batches, task) -> rows put: a task's rows onto the queue, up to k to a message.
-
-    An Arrow batch of n rows makes ceil(n / k) messages, dealt like cards (message j takes rows j,
-    j + m, j + 2m, ...): inputs often arrive clustered by cost (sorted by size, say), and k costly
-    neighbours in one message would make one long message that ends the run late.
-
-    A server out of reach is retried, as the consumers retry it: the driver's watch ends the job
-    with ServerUnreachableError once it has been so for `unreachable_s`; should nobody, the put
-    gives up at PUT_PATIENCE x that. A retry puts nothing twice (each message has its key).
+    A batch of n rows makes ceil(n / per_message) messages, message j taking rows j, j + m, j + 2m,
+    ...: inputs often arrive clustered by cost (sorted by size, say), and costly neighbours in one
+    message would make one long message that ends the run late.
     """
 
-    def put_rows(batches: Iterator[pa.RecordBatch], part: int) -> int:
-        n = 0
-        now = time.time()
-        for batch in batches:
-            rows = batch.to_pylist()
-            m = -(-len(rows) // k)
-            # the key (job, partition, first row of the batch, message) lets a retried Spark task put nothing twice
-            messages = [
-                _counted(build_message(task_name, opts, (rows[j::m],), {}, key=f"{job}:{part}:{n}:{j}", now=now), len(rows[j::m]))
-                for j in range(m)
-            ]
-            if messages:
-                _put(pool, queue, messages, PUT_PATIENCE * unreachable_s)
-            n += len(rows)
-        return n
+    per_message: int
 
-    return put_rows
+    def __call__(self, batch: pa.RecordBatch) -> list[Parcel]:
+        rows = batch.to_pylist()
+        m = -(-len(rows) // self.per_message)
+        return [Parcel((rows[j::m],), len(rows[j::m])) for j in range(m)]
 
 
-def _counted(message: Message, rows: int) -> Message:
-    """`message`, saying it carries `rows` rows: its consumer reports them (the dashboard's progress in rows).
+@dataclass(frozen=True, slots=True)
+class ReadRows:
+    """`JobForm.read` of `map`: one server's output rows (`read_results`)."""
 
-    A row split off it later (RowRunner) says nothing: its rows were counted with it.
-    """
-    return dataclasses.replace(message, headers={**message.headers, H_ROWS: str(rows)})
+    schema: StructType  # the output columns, without those every row gets (EXTRA_COLUMNS)
 
-
-def _put(pool: QueuePool, queue: str, messages: list[Message], patience_s: float) -> None:
-    deadline = time.monotonic() + patience_s
-    while True:
-        try:
-            pool.put(queue, messages)
-            return
-        except ConnectionLostError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(PUT_RETRY_S)
+    def __call__(self, pool: ShardedQueues, queue: str, shard: int) -> Generator[pa.RecordBatch, None, ReadCounts]:
+        return (yield from read_results(pool, queue, self.schema, [shard]))
 
 
 def read_results(
-    pool: QueuePool, queue: str, schema: StructType, shards: Iterable[int]
-) -> Generator[pa.RecordBatch, None, dict[str, int]]:
+    pool: ShardedQueues, queue: str, schema: StructType, shards: Iterable[int]
+) -> Generator[pa.RecordBatch, None, ReadCounts]:
     """The output rows of `shards`: one per input row, from the results and the dead letters.
 
     The rows of a split message come once (`_SplitLedger`).
 
-    Returns how many rows it yielded, and how many of them failed (`out_rows`, `out_failed`).
+    Returns how many rows it yielded, and how many of them failed.
     """
     from pyspark.sql.pandas.types import to_arrow_schema
 
     names = [f.name for f in schema.fields]
     arrow = to_arrow_schema(with_extra(schema))
     rows: list[dict[str, Any]] = []
-    counts = {"out_rows": 0, "out_failed": 0}
+    counts = ReadCounts(0, 0)
 
-    def tally(batch: pa.RecordBatch) -> pa.RecordBatch:
-        counts["out_rows"] += batch.num_rows
-        counts["out_failed"] += batch.num_rows - batch.column("_error").null_count
+    def counted(batch: pa.RecordBatch) -> pa.RecordBatch:
+        nonlocal counts
+        counts += ReadCounts(batch.num_rows, batch.num_rows - batch.column("_error").null_count)
         return batch
 
     for shard in shards:
@@ -296,7 +253,7 @@ def read_results(
                     row.update(_id=base | i, _error=outcome[1], _input=outcome[2])
                 rows.append(row)
             if len(rows) >= READ_BATCH_ROWS:
-                yield tally(_batch(rows, arrow, names))
+                yield counted(_batch(rows, arrow, names))
                 rows = []
         for d in dead():  # a whole message failed (its workers died, or it ran out of time): each row
             key = _key(d.message)
@@ -310,7 +267,7 @@ def read_results(
                 row.update(_id=base | d.message.id, _error=d.error, _input=inp)
                 rows.append(row)
     if rows:
-        yield tally(_batch(rows, arrow, names))
+        yield counted(_batch(rows, arrow, names))
     return counts
 
 

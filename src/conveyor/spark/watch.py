@@ -30,7 +30,7 @@ from conveyor.errors import ConveyorError, NoSlotsError
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-    from conveyor.client.pool import QueuePool
+    from conveyor.client.sharded import ShardedQueues
 
 log = logging.getLogger("conveyor.spark")
 
@@ -50,7 +50,7 @@ class JobWatch:
     def __init__(
         self,
         spark: SparkSession,
-        pool: QueuePool,
+        pool: ShardedQueues,
         group: str,
         queues: list[str],
         *,
@@ -91,7 +91,7 @@ class JobWatch:
         poll = BAR_POLL_S if self.bar.enabled else POLL_S
         while not self._stop.wait(poll):
             try:
-                reason = self._look()
+                reason = self._reason_to_end()
             except Exception as e:  # a glitch in watching must not fail the job
                 log.debug("watch of %s: %s", self.group, e)
                 continue
@@ -111,7 +111,8 @@ class JobWatch:
                 self._cancel()
                 return
 
-    def _look(self) -> ConveyorError | None:
+    def _reason_to_end(self) -> ConveyorError | None:
+        """One look at the servers and Spark (servers lost and back logged, the bar fed); why to end the job, if so."""
         per = self.pool.reachable_stats(self.queues)
         for c, p in zip(self.pool.clients, per, strict=True):
             if isinstance(p, Exception) and c.address not in self._down:

@@ -296,12 +296,8 @@ class FunctionPickler:
         self._max_strong = max_strong
         self._lock = threading.Lock()
 
-    def pickle_function(self, func: Callable[..., Any]) -> tuple[str, bytes]:
-        """(sha256 hex digest, cloudpickled bytes) of `func`, pickled once per function object."""
-        ref = self.ref(func)
-        return ref.digest, ref.data
-
     def ref(self, func: Callable[..., Any]) -> FunctionRef:
+        """`func` cloudpickled, with the digest naming it: pickled once per function object."""
         if not callable(func):
             raise SerializationError(f"not callable: {type(func).__name__}")
         key = id(func)

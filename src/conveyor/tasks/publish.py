@@ -23,7 +23,7 @@ from conveyor.constants import H_CONTENT_TYPE, H_IDEMPOTENCY_KEY, H_TASK
 from conveyor.errors import ConveyorError, NoPublisherError, TaskArgumentError, TaskFailedError, TaskOptionError
 from conveyor.gc_policy import gc_paused
 from conveyor.message import Message, Status, make_message
-from conveyor.tasks.envelope import FunctionPickler, FunctionRef, adhoc_task_name, decode_result, encode_call, function_ref
+from conveyor.tasks.envelope import FunctionRef, adhoc_task_name, decode_result, encode_call, function_ref
 from conveyor.tasks.options import TaskOptions, check_priority
 
 if TYPE_CHECKING:
@@ -303,29 +303,6 @@ def build_message(
     return template.message(args, kwargs, app_data)
 
 
-def adhoc_message(
-    func: Callable[..., Any],
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    options: TaskOptions | None = None,
-    *,
-    delay: float | None = None,
-    priority: int | None = None,
-    key: str | None = None,
-    pickler: FunctionPickler | None = None,
-) -> tuple[Message, FunctionRef]:
-    """The message of an ad-hoc call (`pool.submit(func, ...)`) and the function's pickled bytes.
-
-    The message names the function by digest only; the caller stores `ref.data` where a worker's
-    `fetch(ref.digest)` finds it. The function is pickled once per function object.
-    """
-    ref = function_ref(func) if pickler is None else pickler.ref(func)
-    opts = options if options is not None else TaskOptions()
-    name = adhoc_task_name(ref.digest)
-    check_publish_options(name, delay, priority, key)
-    return build_message(name, opts, tuple(args), dict(kwargs), delay=delay, priority=priority, key=key), ref
-
-
 class ArgCheck:
     """Checks published arguments against a signature; a fast path for positional-only calls.
 
@@ -378,8 +355,13 @@ def publish_calls(
     priority: int | None,
     key: str | None,
     pool: Publisher | None,
+    before_put: Callable[[], object] | None = None,
 ) -> list[TaskHandle]:
-    """Check, encode and put calls of one task in one batch; nothing is put if any check fails."""
+    """Check, encode and put calls of one task in one batch; nothing is put if any check fails.
+
+    `before_put()` runs once everything is checked, before the put (an ad-hoc task stores
+    its function there).
+    """
     check_publish_options(task_name, delay, priority, key)
     target = _resolve_pool(pool, task_name)
     template = MessageTemplate(task_name, options, delay=delay, priority=priority, key=key)
@@ -394,10 +376,43 @@ def publish_calls(
     if not messages:
         return []
     check_time_limit(task_name, options, target.queue_config(options.queue))
+    if before_put is not None:
+        before_put()
     ids = target.put(options.queue, messages)
     if len(ids) != len(messages):
         raise ConveyorError(f"publisher returned {len(ids)} ids for {len(messages)} messages")
     return task_handles(ids, options.queue, task_name, target)
+
+
+def publish_adhoc(
+    func: Callable[..., Any],
+    calls: Iterable[tuple[tuple[Any, ...], dict[str, Any]]],
+    options: TaskOptions,
+    delay: float | None,
+    priority: int | None,
+    key: str | None,
+    pool: Publisher,
+    store_function: Callable[[FunctionRef], object],
+) -> list[TaskHandle]:
+    """Publish calls of an ad-hoc callable (`pool.submit`, `pool.map`): `publish_calls` under its digest.
+
+    The function is cloudpickled once per function object; its messages carry only the digest, and
+    `store_function(ref)` puts its bytes where a worker's fetch by digest finds them, once the calls
+    are checked and before they are put. Its arguments are not checked against its signature.
+    """
+    ref = function_ref(func)
+    arguments = ((args, kwargs, None) for args, kwargs in calls)
+    return publish_calls(
+        adhoc_task_name(ref.digest),
+        options,
+        None,
+        arguments,
+        delay,
+        priority,
+        key,
+        pool,
+        lambda: store_function(ref),
+    )
 
 
 def calls_of(items: Iterable[Any], task_name: str, app_data: dict[str, Any] | None = None) -> Iterator[CallArgs]:

@@ -10,7 +10,6 @@ through them. Never the consumer's own connections, which its fetches and acks k
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -30,7 +29,7 @@ def own_connections(pool: B, connect_s: float | None = None) -> B:
     Its requests wait at most `connect_s` for a connection (None: as `pool`'s; ONE_ATTEMPT: one
     attempt each).
     """
-    mine: B = pickle.loads(pickle.dumps(pool))
+    mine = pool.with_own_connections()
     for c in mine.clients:
         if isinstance(c, Transport) and connect_s is not None:
             c.connect_timeout = connect_s

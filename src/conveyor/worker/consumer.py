@@ -29,18 +29,19 @@ from conveyor.protocol.histograms import Histogram
 from conveyor.protocol.report import ConsumerReport, Rows
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.tasks.registry import import_named
-from conveyor.worker.affinity import auto_pin, pin_core, resolve_slots
+from conveyor.worker.ack_modes import ack_mode
+from conveyor.worker.affinity import pin_core, resolve_slots
 from conveyor.worker.completions import Completions
 from conveyor.worker.connections import ONE_ATTEMPT, BlobFetcher, own_connections
 from conveyor.worker.executors import Completion, ProcessSlots, ThreadSlots
 from conveyor.worker.fetching import Fetcher
-from conveyor.worker.held import Held, ServedQueue, due_extensions, over_limit
-from conveyor.worker.middleware import Decision, default_middleware
+from conveyor.worker.held import Held, ServedQueue, over_limit
+from conveyor.worker.middleware import default_middleware
 from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_of
 from conveyor.worker.outages import Outages
-from conveyor.worker.pacing import Pacing, Throughput, read_ahead
+from conveyor.worker.pacing import Pacing
 from conveyor.worker.selectors import QueueSelector, selector_class
-from conveyor.worker.settler import Ack, Extend, Nack, Release, Settlement, Settler, ack_on_delivery, result_fits
+from conveyor.worker.settler import Release, Settlement, Settler, result_fits
 from conveyor.worker.stats import ConsumerStats
 
 if TYPE_CHECKING:
@@ -95,14 +96,15 @@ class Consumer:
         servers no longer count them (`ConsumerPool.join`). `read_ahead`: whether it may hold quick
         tasks beyond its slots (None: when `concurrency` is left out; a pool that sized the slots
         for its consumers says so here). With `early_ack` it reads no messages ahead, since those
-        could not be given back (see `settler.ack_on_delivery`), and extends no leases.
+        could not be given back, and extends no leases (see `ack_modes`).
         """
         if not queues:
             raise ValueError("a consumer needs at least one queue")
         self.options = opts = options_of("Consumer", options, keywords)
         self.slots, reads_ahead = resolve_slots(opts.concurrency, opts.pool, 1)
-        self.reads_ahead = (reads_ahead if read_ahead is None else read_ahead) and not opts.early_ack
-        self.early_ack, self.holding = opts.early_ack, holding  # with early_ack, every message held is acked already
+        self.middleware = list(default_middleware() if opts.middleware is None else opts.middleware)
+        self._ack_mode = ack_mode(opts.early_ack, self.middleware, holding)
+        self.reads_ahead = (reads_ahead if read_ahead is None else read_ahead) and self._ack_mode.reads_ahead
         self.pool = queue_pool
         self.queues = [ServedQueue.of(q, opts.batch_size) for q in queues]
         mine = queue_pool.assign(consumer, n_consumers)
@@ -112,14 +114,12 @@ class Consumer:
         rng = random.Random(seed)
         sel = opts.selector
         self.selector = sel if isinstance(sel, QueueSelector) else selector_class(sel)(rng)
-        self.middleware = list(default_middleware() if opts.middleware is None else opts.middleware)
-        self.task_modules = list(opts.task_modules)
         self.until_empty = until_empty
         self.stop_when = stop_when
         self.expect_more = expect_more
         self.on_started = on_started
-        self.pin_core = auto_pin(opts.pin_core, opts.pool, 1)
-        self.unreachable_s, self.shutdown_timeout = unreachable_s, opts.shutdown_timeout
+        self.pin_core = bool(opts.pin_core)  # alone it cannot tell how many consumers share the host: pinned when asked
+        self.unreachable_s = unreachable_s
         self._next_stop_check = self._next_sweep = 0.0  # sweep: tasks over their time limit or due a lease extension
         self.name = name or f"{socket.gethostname()}:{os.getpid()}:{consumer}"
         self.stats = ConsumerStats()
@@ -130,8 +130,6 @@ class Consumer:
         self._hard_stop = False
         self._settler: Settler
         self._undrained = False  # with until_empty: the last drained check found work still pending
-        self._pacing: Pacing  # set by _run, which knows whether the consumer got a core of its own
-        self._throughput, self._read_ahead = Throughput(), 0
 
     # --- control --------------------------------------------------------------------------
     def stop(self, graceful: bool = True) -> None:
@@ -146,7 +144,7 @@ class Consumer:
 
     def run(self) -> ConsumerStats:
         """Work until `stop()` (or, with `until_empty`, until the queues are drained); returns the counts."""
-        for name in self.task_modules:
+        for name in self.options.task_modules:
             import_named(name)
         pin = pin_core() if self.pin_core else None  # before any thread starts: they inherit it
         try:
@@ -158,17 +156,27 @@ class Consumer:
 
     def _run(self, core: int | None) -> None:
         sizes = [q.batch_size or 0 for q in self.queues]  # 0: no limit of the queue's own
-        self._pacing = Pacing(self.slots, max(sizes) if min(sizes) else None, core is not None, self.n_consumers, len(self.pool))
+        pacing = Pacing(self.slots, max(sizes) if min(sizes) else None, core is not None, self.n_consumers, len(self.pool))
         # its fetches' own connections: one attempt each to connect, so that a server out of reach holds up
         # neither the others' work nor a stop (it is tried again later; see Outages)
         self._servers = own_connections(self.pool, ONE_ATTEMPT)
         self._outages = Outages(self._servers, f"consumer {self.name}", self.unreachable_s)
-        self._fetcher = Fetcher(self._servers, self.queues, self.selector, self.shards, self.n_assigned, self.stats, self._stop)
+        self._fetcher = Fetcher(
+            self._servers,
+            self.queues,
+            self.selector,
+            self.shards,
+            self.n_assigned,
+            self.stats,
+            self._stop,
+            pacing,
+            self.reads_ahead,
+        )
         fetcher, conns = BlobFetcher(self.pool), None  # conns: the task threads' own connections, closed at the end
         slots = (
             ThreadSlots(self.slots, self._done, conns := fetcher())
             if self.options.pool == "thread"
-            else ProcessSlots(self.slots, self._done, fetcher, self.task_modules)
+            else ProcessSlots(self.slots, self._done, fetcher, self.options.task_modules)
         )
         slots.start()
         self._settler = Settler(self.pool, self.report, REPORT_EVERY_S)  # reports: this consumer is ready
@@ -204,40 +212,33 @@ class Consumer:
                 now = time.monotonic()
                 if now >= self._next_sweep:  # not at every completion: each looks at every running task
                     self._next_sweep = now + BUSY_POLL_S
-                    if self.reads_ahead:
-                        self._read_ahead = read_ahead(self._throughput.update(now))
+                    self._fetcher.look(now)
                     if slots.broken is not None:  # no slot will ever run what it holds: said, not waited on
                         raise ConveyorError(f"consumer {self.name}: {slots.broken}")
                     self._enforce_limits(slots, now)
-                    if not self.early_ack:  # an acked message has no lease left to extend
-                        self._heartbeat(now)
+                    self._settler.put(self._ack_mode.extensions(self._running.values(), now))
                     self._check_reachable()
                 if self.stop_when is not None and now >= self._next_stop_check:
                     self._next_stop_check = now + STOP_CHECK_S
                     if self.stop_when():
                         self._stop.set()
                 if self._stop.is_set():
+                    timeout = self.options.shutdown_timeout
                     if not gave_back:
                         self._give_back(slots)
-                        gave_back, stop_by = (
-                            True,
-                            now + (float("inf") if self.shutdown_timeout is None else self.shutdown_timeout),
-                        )
+                        gave_back, stop_by = True, now + (float("inf") if timeout is None else timeout)
                     if self._running and now >= stop_by and not self._hard_stop:
-                        log.warning(
-                            f"consumer {self.name}: {self.shutdown_timeout:g} s after the stop, running tasks are handed back"
-                        )
+                        log.warning(f"consumer {self.name}: {timeout:g} s after the stop, running tasks are handed back")
                         self._hard_stop = True
                     if self._hard_stop or not self._running:
                         return
                     self._wait(BUSY_POLL_S)
                     continue
-                left, busy = self._fetcher.left, not self._fetcher.last_short
-                free = self._pacing.want(len(self._running), left, busy, self._read_ahead)
+                free = self._fetcher.want(len(self._running))
                 if not free:  # while the queue is busy, fetch in batches rather than one by one
-                    self._wait(BUSY_POLL_S, self._pacing.short_of(len(self._running), left, busy, self._read_ahead))
+                    self._wait(BUSY_POLL_S, self._fetcher.short_of(len(self._running)))
                     continue
-                if not self._running and (not busy or not left):
+                if not self._running and self._fetcher.looks_drained:
                     self._settler.hurry()  # idle, the queues look drained: our last acks may be what ends the work
                 got = self._fetch(free)
                 if self._stop.is_set() and got:
@@ -308,23 +309,16 @@ class Consumer:
 
     # --- running --------------------------------------------------------------------------
     def _start(self, slots: ThreadSlots | ProcessSlots, got: list[Message]) -> None:
-        error = None
-        if self.early_ack and got:  # settled before they run: a crash from here on loses them
-            self._hold(len(self._running) + len(got))  # said before the acks: a join seeing them acked sees them held
-            got, error = ack_on_delivery(self._servers, got)  # those not acked do not run here
+        got, error = self._ack_mode.delivered(self._servers, got, len(self._running))  # those it keeps from running do not
         middleware, running = self.middleware, self._running
         now = time.monotonic()  # fetched together: one time for the batch
         for m in got:
             deadlines = [d for mw in middleware if (d := mw.deadline(m, now)) is not None]
             running[m.queue, m.id] = Held.fetched(m, min(deadlines) - now if deadlines else None, now)
             slots.submit(m)
-        self._hold(len(running))
+        self._ack_mode.holding(len(running))
         if error is not None:  # what was acked before it runs; the loop retries (or ends on) the error
             raise error
-
-    def _hold(self, n: int) -> None:
-        if self.early_ack and self.holding is not None:
-            self.holding(n)
 
     def _wait(self, timeout: float, n: int = 1) -> None:
         """Wait for `n` completions (left for the next loop) or the timeout."""
@@ -343,41 +337,32 @@ class Consumer:
                 )
                 self._settle([Completion(r.message, None, err, -1, limit)])
 
-    def _heartbeat(self, now: float) -> None:
-        """Extend the leases of tasks running long enough for their lease to matter."""
-        due = due_extensions(self._running.values(), now)
-        self._settler.put([Extend(q, i, lease) for (q, lease), ids in due.items() for i in ids])
-
     def _settle(self, done: list[Completion]) -> None:
-        """Ack successes with their results and hand failures to the middleware (sent by the settler)."""
+        """Settle what finished, as the ack mode says (sent by the settler); failures go to the middleware first."""
         if done:
             self._undrained = False  # a task of ours ended: the queues may be drained now
-            self._throughput.add(len(done))
+            self._fetcher.finished(len(done))
         out: list[Settlement] = []
-        early, held = self.early_ack, len(self._running)  # early: acked on delivery, results not stored
-        fits = min(c.server_limits.max_item_bytes for c in self._servers.clients) if done else 0  # on any server
+        mode, running, held = self._ack_mode, self._running, len(self._running)
+        fits = mode.result_room(self._servers) if done else 0
         for c in done:
             m = c.message
-            if self._running.pop((m.queue, m.id), None) is None:
+            if running.pop((m.queue, m.id), None) is None:
                 continue  # stopped over its time limit and settled then: a late result
             if c.seconds >= 0:
                 self._task_seconds.observe(c.seconds)
-            if c.result is not None and len(c.result) > fits and not early:
+            if c.result is not None and len(c.result) > fits:
                 c = result_fits(c, self._servers, fits)  # a result too big fails its task, not its batch
             if c.error is None:
-                if not early:
-                    out.append(Ack(m.queue, m.id, c.result))
+                if (ack := mode.succeeded(m, c.result)) is not None:
+                    out.append(ack)
                 self.stats.processed += 1
                 if H_ROWS in m.headers:  # a map job's: its rows are counted (only then: this is the hot path)
                     self.stats.settled(m)
-            else:  # acked on delivery, it was settled already: no retry can follow
-                d = (
-                    Decision(True)
-                    if early
-                    else next((d for mw in self.middleware if (d := mw.on_failure(m, c.error)) is not None), Decision(False))
-                )
-                if not early:
-                    out.append(Nack(m.queue, m.id, c.error.error, d.delay_s, d.final))
+            else:
+                d, nack = mode.failed(m, c.error)
+                if nack is not None:
+                    out.append(nack)
                 self.stats.failed += 1
                 dead = d.final or m.attempts >= m.max_attempts
                 self.stats.dead, self.stats.retried = self.stats.dead + dead, self.stats.retried + (not dead)
@@ -389,38 +374,29 @@ class Consumer:
             for mw in self.middleware:
                 mw.on_finish(m, c.error)
         self._settler.put(out)
-        if early and len(self._running) != held:
-            self._hold(len(self._running))
+        if len(running) != held:
+            mode.holding(len(running))
 
     def _give_back(self, slots: ThreadSlots | ProcessSlots) -> None:
         """Release the messages read ahead and not started: a stopping consumer leaves them to others.
 
-        Acked on delivery, they cannot go back: they run here.
+        Acked on delivery, they cannot go back: they run here (see `ack_modes`).
         """
-        waiting = slots.unstarted()
-        if self.early_ack:
-            for m in waiting:
-                slots.submit(m)
-            return
-        for m in waiting:
+        back = self._ack_mode.unstarted(slots.unstarted(), slots)
+        for m in back:
             del self._running[m.queue, m.id]
-        self._release(waiting)
+        self._release(back)
 
     def _hand_back(self) -> None:
-        """Give back the messages still running as the consumer ends.
+        """Settle the messages still running as the consumer ends, as the ack mode says.
 
-        The consumer ends on a hard stop, `shutdown_timeout` past, or an error. The messages are READY again
-        for another worker, the attempt not counted, since the worker stopped and the task did not fail
-        (counted, a task on its last attempt would go to the dead letters). Acked on delivery, they
-        cannot go back: lost with the stop (at most once), they count as failed.
+        The consumer ends on a hard stop, `shutdown_timeout` past, or an error: their messages go
+        back to the queue, or, acked on delivery, count as failed.
         """
-        held = [r.message for r in self._running.values()]
-        if held and self.early_ack:
-            why = "WorkerStopped: the worker stopped before the task finished"
-            self._settle([Completion(m, None, TaskError(m.headers.get(H_TASK, "?"), why, True), -1) for m in held])
-        elif held:
-            self._settler.put([Release(m.queue, m.id) for m in held])
-            self.stats.handed_back += len(held)
+        back, failed = self._ack_mode.stopped([r.message for r in self._running.values()])
+        self._settle(failed)
+        self._settler.put([Release(m.queue, m.id) for m in back])
+        self.stats.handed_back += len(back)
         self._running.clear()
 
     def _release(self, got: list[Message]) -> None:

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.progress import JoinProgress
-from conveyor.client.sharded import summed_stats
+from conveyor.client.sharded import ShardedQueues, summed_stats
 from conveyor.constants import DEFAULT_UNREACHABLE_S
 from conveyor.errors import ConveyorError, RequestError
 from conveyor.gc_policy import tune_gc
@@ -87,7 +87,7 @@ class TaskFailure:
 
 
 def _consumer_main(
-    pool: QueuePool,
+    pool: ShardedQueues,
     queues: list[QueueConfig | str],
     index: int,
     n: int,
@@ -118,7 +118,7 @@ def _consumer_main(
 
 
 def _consume(
-    pool: QueuePool,
+    pool: ShardedQueues,
     queues: list[QueueConfig | str],
     index: int,
     n: int,
@@ -255,7 +255,7 @@ class ConsumerPool:
         p = self._ctx.Process(
             target=_consumer_main,
             args=(
-                self.pool,
+                self.pool.queues,
                 self.queues,
                 i,
                 self.n_consumers,
@@ -304,12 +304,12 @@ class ConsumerPool:
         """Start the consumer processes.
 
         The pool's waits (`result()`, `gather`, `join`) look after them from then on
-        (`QueuePool.attach`): consumers that cannot start fail the wait with their error.
+        (`QueuePool.attached`): consumers that cannot start fail the wait with their error.
         """
         self._stopping, self._failure = False, None
         for i in range(self.n_consumers):
             self._spawn(i)
-        self.pool.attach(self)
+        self.pool.attached.add(self)
         return self
 
     def check(self) -> None:
@@ -404,8 +404,8 @@ class ConsumerPool:
                 if deadline is not None:
                     wait = max(0.0, min(wait, deadline - time.monotonic()))
                 before = self._held()  # a message that ends between two looks may have put more: look again
-                per = self.pool.reachable_stats(self.queue_names, drained_wait_s=wait)
-                self.pool.check_reachable(unreachable_s, self.queue_names, "join: ")
+                per = self.pool.queues.reachable_stats(self.queue_names, drained_wait_s=wait)
+                self.pool.queues.check_reachable(unreachable_s, self.queue_names, "join: ")
                 up = [{q: s for q, s in p.items() if q in self.queue_names} for p in per if isinstance(p, dict)]
                 st = summed_stats(up)
                 bar.update(st)
@@ -434,7 +434,7 @@ class ConsumerPool:
         """
         with self._lock:  # once a check() under way in another thread's wait is done: none looks after them now
             self._stopping = True
-        self.pool.detach(self)
+        self.pool.attached.remove(self)
         procs = self.processes
         for p in procs:
             if p.is_alive() and p.pid is not None:
@@ -442,7 +442,7 @@ class ConsumerPool:
                     os.kill(p.pid, signal.SIGTERM if graceful else signal.SIGKILL)
         if graceful and procs:
             try:
-                self.pool.wake(self.queue_names)  # after the signals: a woken consumer has its stop already
+                self.pool.queues.wake(self.queue_names)  # after the signals: a woken consumer has its stop already
             except Exception as e:  # only speeds the stop up: the consumers' polls end on their own
                 log.warning("could not wake the consumers' long polls: %s", e)
         grace = STOP_MARGIN_S + (process_shutdown_timeout(self.options.shutdown_timeout) if graceful else 0)
@@ -470,7 +470,7 @@ class ConsumerPool:
         """(message id, result) for every finished task; a failed one's result is a `TaskFailure`."""
         for q in self.queue_names:
             try:
-                for i, r in self.pool.results(q):
+                for i, r in self.pool.queues.results(q):
                     yield i, decode_result(r)
                 for d in self.pool.dead_letters(q):
                     yield d.message.id, TaskFailure(d.error)

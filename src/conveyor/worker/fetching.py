@@ -1,9 +1,10 @@
-"""What a consumer fetches, from where, and what the last fetch said of the queues.
+"""A consumer's fetch policy: which queue, from which shards, how many, and when.
 
 It fetches from the queue its selector picks (served for up to `num_iterations` batches; a
 selector's probe of a queue is a fetch, and what it finds is run, not fetched twice), from its
-assigned shards first, then from the others (stealing). What the last fetch said of the queues (how
-much its server had left, whether it came back short) paces the next.
+assigned shards first, then from the others (stealing). How many, and whether to wait for more free
+slots first, is its `Pacing`'s call, from what the last fetch said of the queues (how much its
+server had left, whether it came back short) and, reading ahead, from how fast tasks finish.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Callable, Sequence
 from conveyor.client.backend import QueueBackend
 from conveyor.message import Message
 from conveyor.worker.held import ServedQueue
+from conveyor.worker.pacing import Pacing, Throughput, read_ahead
 from conveyor.worker.selectors import QueueSelector
 from conveyor.worker.stats import ConsumerStats
 
@@ -21,7 +23,10 @@ NO_QUEUE_WAIT_S = 0.05  # the selector picked no queue: how long to wait before 
 
 
 class Fetcher:
-    """A consumer's fetches from `queues` on `servers`, `shards` in order (the first `n_assigned` its own)."""
+    """A consumer's fetches from `queues` on `servers`, `shards` in order (the first `n_assigned` its own).
+
+    Paced by `pacing`; `reads_ahead`: whether it may hold quick tasks beyond the slots.
+    """
 
     def __init__(
         self,
@@ -32,15 +37,43 @@ class Fetcher:
         n_assigned: int,
         stats: ConsumerStats,
         stop: threading.Event,
+        pacing: Pacing,
+        reads_ahead: bool,
     ) -> None:
         self.servers, self.queues, self.selector, self.stats, self._stop = servers, list(queues), selector, stats, stop
         self.shards, self.n_assigned = shards, n_assigned
+        self.pacing, self.reads_ahead = pacing, reads_ahead
+        self._throughput, self._read_ahead = Throughput(), 0
         self.left: int | None = None  # READY messages the last fetch's queue had left on its server
         self.last_short = True  # the last fetch got less than it asked for: the queues are not busy
         self._current: ServedQueue | None = None
         self._iterations_left = 0
         self._stash: list[Message] = []
 
+    # --- how many ------------------------------------------------------------------------
+    def finished(self, n: int) -> None:
+        """`n` more tasks finished (their pace sizes the read-ahead)."""
+        self._throughput.add(n)
+
+    def look(self, now: float) -> None:
+        """Size the read-ahead to the pace tasks finish at, as of `now` (monotonic; every so often)."""
+        if self.reads_ahead:
+            self._read_ahead = read_ahead(self._throughput.update(now))
+
+    def want(self, running: int) -> int:
+        """How many messages to fetch now, with `running` held (0: wait for some of them to finish first)."""
+        return self.pacing.want(running, self.left, not self.last_short, self._read_ahead)
+
+    def short_of(self, running: int) -> int:
+        """How many of the `running` tasks must finish before `want` asks for more (at least 1)."""
+        return self.pacing.short_of(running, self.left, not self.last_short, self._read_ahead)
+
+    @property
+    def looks_drained(self) -> bool:
+        """The last fetch came back short, or its queue had nothing left on its server."""
+        return self.last_short or not self.left
+
+    # --- fetching --------------------------------------------------------------------------
     def fetch(self, free: int, poll_s: Callable[[ServedQueue], float | None]) -> tuple[list[Message], list[Message]]:
         """Up to `free` messages from the selected queue, and those the selector's probes found beyond them (to give back).
 

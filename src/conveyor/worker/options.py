@@ -54,7 +54,8 @@ class ConsumerOptions:
     task_modules: Sequence[str] = ()
     # around each task, in order; None: Retries and TimeLimits (conveyor.worker.middleware)
     middleware: Sequence[Middleware] | None = None
-    # (pool "thread") each consumer on a core of its own while one is free; None: when there are as many consumers as cores
+    # (pool "thread") each consumer on a core of its own while one is free; None: when there are as many consumers as
+    # cores (ConsumerPool, Spark, conveyor worker: they know how many share the host), never for a Consumer built alone
     pin_core: bool | None = None
     # ack each message as it is delivered, before it runs: at most once (a crash loses it), no read-ahead, no lease extended
     early_ack: bool = False

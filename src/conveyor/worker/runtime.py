@@ -17,9 +17,11 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from conveyor.client.pool import QueuePool
+from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import DEFAULT_UNREACHABLE_S
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.tasks.registry import import_named
+from conveyor.worker.affinity import auto_pin
 from conveyor.worker.connections import ONE_ATTEMPT, own_connections
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import ConsumerPool, own_process
@@ -79,7 +81,7 @@ def run_worker(
     import_task_modules(opts.task_modules)
     limit = gives_up_after(unreachable_s, until_empty)
     if processes == 1:
-        return _run_here(queue_pool, queues, settings, opts, until_empty, limit, say)
+        return _run_here(queue_pool.queues, queues, settings, opts, until_empty, limit, say)
     cp = ConsumerPool(queue_pool, processes, queues=list(queues), options=opts)
     signals = StopOnSignals(shutdown_timeout, say)
     names = [q if isinstance(q, str) else q.name for q in queues]
@@ -88,7 +90,7 @@ def run_worker(
         if until_empty:
             cp.join(unreachable_s=limit or DEFAULT_UNREACHABLE_S)  # with until_empty, there is a limit
         else:
-            _look_after(cp, queue_pool, names, limit)
+            _look_after(cp, queue_pool.queues, names, limit)
     except Stopping:
         pass
     finally:
@@ -98,7 +100,7 @@ def run_worker(
 
 
 def _run_here(
-    queue_pool: QueuePool,
+    queue_pool: ShardedQueues,
     queues: Sequence[QueueConfig | str],
     settings: Settings,
     options: ConsumerOptions,
@@ -107,6 +109,7 @@ def _run_here(
     say: Callable[[str], object],
 ) -> ConsumerStats:
     own_process()
+    options = dataclasses.replace(options, pin_core=auto_pin(options.pin_core, options.pool, 1))  # the one consumer here
     consumer = Consumer(queue_pool, list(queues), options=options, until_empty=until_empty, unreachable_s=unreachable_s)
     stops = [0]
 
@@ -149,7 +152,7 @@ class StopOnSignals:
         raise Stopping
 
 
-def _look_after(cp: ConsumerPool, pool: QueuePool, queues: list[str], limit_s: float | None) -> None:
+def _look_after(cp: ConsumerPool, pool: ShardedQueues, queues: list[str], limit_s: float | None) -> None:
     """Until a signal (`Stopping`): restart dying consumer processes; with a limit, end on an outage.
 
     With a limit, end with `ServerUnreachableError` once a server has been out of reach for longer

@@ -15,14 +15,13 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, NoReturn, cast
 
 from conveyor.client.backend import QueueBackend
 from conveyor.constants import ERR_STORE, H_TASK, OUT_OF_REACH_SAY_S, SHARD_SHIFT
 from conveyor.errors import ConnectionLostError, ConveyorError, RequestError, TaskError
-from conveyor.message import Message
 from conveyor.protocol.report import ConsumerReport
 from conveyor.worker.connections import ONE_ATTEMPT, own_connections
 from conveyor.worker.executors import Completion
@@ -109,7 +108,7 @@ class Settler:
         self, pool: QueueBackend, report: Callable[[], ConsumerReport] | None = None, report_every_s: float = 2.0
     ) -> None:
         self._pool: QueueBackend = own_connections(pool, ONE_ATTEMPT)  # each try is one: the thread retries
-        self._items: queue.SimpleQueue[list[Settlement] | _Stop] = queue.SimpleQueue()
+        self._items: queue.SimpleQueue[Sequence[Settlement] | _Stop] = queue.SimpleQueue()
         self._report = report
         self._report_every_s = report_every_s
         self._pending = 0
@@ -127,7 +126,7 @@ class Settler:
         self._thread.start()
 
     # --- what a consumer queues ---------------------------------------------------------
-    def put(self, items: list[Settlement]) -> None:
+    def put(self, items: Sequence[Settlement]) -> None:
         """Queue settlements (`Ack`, `Nack`, `Release`, `Extend`), sent in this order per server and queue."""
         if items:
             with self._cond:
@@ -205,7 +204,7 @@ class Settler:
                     self._send_report()
                 return
 
-    def _take(self, timeout: float | None) -> list[list[Settlement] | _Stop]:
+    def _take(self, timeout: float | None) -> list[Sequence[Settlement] | _Stop]:
         """The lists of settlements queued by `timeout` (None: until there are some).
 
         Gathered a little longer for more to go in the same requests.
@@ -332,31 +331,7 @@ class Settler:
             log.debug("report failed: %s", e)
 
 
-def ack_on_delivery(pool: QueueBackend, got: list[Message]) -> tuple[list[Message], Exception | None]:
-    """Ack `got` now, before any of it runs (a consumer's `early_ack`): at most once, daskqueue's default.
-
-    Sent at once on the consumer's own connections, not by the settler's next batch: a message is
-    settled before it starts. One request per queue and server, in turn; returns the messages whose
-    ack took, and the error of the first request that failed (None if none). The messages of the
-    requests before it were acked: they are returned, to run (an ack that went through is never
-    lost). Those of the failed request and after it are not returned: not run here, they come back
-    to their queue when their leases end (or, acked by the failed request after all, are lost: at
-    most once). One refused (its lease had ended: another consumer has it) is not returned either.
-    """
-    groups: dict[tuple[str, int], list[Message]] = {}
-    for m in got:
-        groups.setdefault((m.queue, pool.split_id(m.id)[0]), []).append(m)
-    out: list[Message] = []
-    for (q, _), ms in groups.items():
-        try:
-            oks = pool.ack(q, [m.id for m in ms])
-        except Exception as e:  # said to the caller, after what was acked starts
-            return out, e
-        out += [m for m, ok in zip(ms, oks, strict=True) if ok]
-    return out, None
-
-
-def result_fits(c: Completion, pool: QueueBackend, fits: int) -> Completion:
+def result_fits(c: Completion, pool: QueueBackend, fits: float) -> Completion:
     """`c`, or, when its result is too big for a server, a failure of that task alone.
 
     Too big: bigger than the server holding its message takes (`fits`: what any server takes). The

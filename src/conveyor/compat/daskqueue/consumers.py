@@ -195,7 +195,7 @@ def deliver(item: Any) -> Any:
 def _result_limit() -> int:
     """The largest result every server takes (their hellos say; asked once per process)."""
     if _Here.result_limit is None:
-        _Here.result_limit = min(c.connect().server_limits.max_item_bytes for c in _Here.servers.clients)
+        _Here.result_limit = min(c.connect().server_limits.max_item_bytes for c in _Here.servers.queues.clients)
     return _Here.result_limit
 
 

@@ -20,6 +20,7 @@ from typing import Any, SupportsIndex
 from conveyor.client.pool import QueuePool as ConveyorPool
 from conveyor.compat.daskqueue.client import Client
 from conveyor.compat.daskqueue.consumers import ConsumerBaseClass, GeneralConsumer, Message, deliver
+from conveyor.constants import STORE_DURABLE, STORE_TRANSIENT
 from conveyor.message import DeadLetter
 
 log = logging.getLogger("conveyor.compat.daskqueue")
@@ -124,7 +125,9 @@ class QueuePool:
         prefix = f"dq-{secrets.token_hex(4)}"
         self.queue_names = [f"{prefix}-{i}" for i in range(self.n_queues)]
         for name in self.queue_names:  # on every server, so that each shard takes its share of each queue
-            self._pool.declare(name, durable=durability is Durability.DURABLE, lease_s=float(ack_timeout))
+            self._pool.queues.declare(
+                name, kind=STORE_DURABLE if durability is Durability.DURABLE else STORE_TRANSIENT, lease_s=float(ack_timeout)
+            )
         self._setup()
 
     def _setup(self) -> None:
@@ -148,7 +151,7 @@ class QueuePool:
     def _put(self, queue: str, items: list[Any]) -> None:
         """Each item a message running `deliver(item)` in a consumer (encoded as Conveyor encodes task arguments)."""
         if items:
-            self._pool.map(deliver, items, queue=queue, max_retries=PUT_MAX_RETRIES)
+            self._pool.map(deliver, items, _queue=queue, _max_retries=PUT_MAX_RETRIES)
             with self._lock:
                 self._total_put += len(items)
 

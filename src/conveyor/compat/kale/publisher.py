@@ -15,6 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from conveyor.client.pool import QueuePool
+from conveyor.client.sharded import ShardedQueues
 from conveyor.compat.kale import queue_info, settings
 from conveyor.compat.kale.exceptions import (
     ImproperlyConfiguredException,
@@ -58,9 +59,8 @@ def get_pool() -> QueuePool:
     with _pool_lock:
         if _pool is None:
             s = settings.current()
-            pool = QueuePool.connect(endpoints(s.MESSAGE_QUEUE_ENDPOINT_URL), s.CONVEYOR_TOKEN)
-            pool.use_queues(queue_info.load_configs())
-            _pool = pool
+            queues = ShardedQueues.connect(endpoints(s.MESSAGE_QUEUE_ENDPOINT_URL), s.CONVEYOR_TOKEN)
+            _pool = QueuePool(queues, queue_configs=queue_info.load_configs())
         return _pool
 
 

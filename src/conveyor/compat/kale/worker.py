@@ -119,7 +119,7 @@ class Worker:
         self._over_memory = False
         middleware = [QueueSLA(self._queues), HandleFailureDelays(), Retries()]
         self._consumer = Consumer(
-            publisher.get_pool(),
+            publisher.get_pool().queues,
             self._queues,
             concurrency=s.CONVEYOR_CONCURRENCY,
             pool=s.CONVEYOR_MODE,

@@ -25,7 +25,7 @@ log = logging.getLogger("conveyor.server.queue_server")
 PRUNE_AT = 4096  # deliveries a connection holds before those settled meanwhile are dropped from its list
 
 
-class TiedLeases:
+class ConnectionLeases:
     """The deliveries (queue, id, delivery number) one connection took with `tie`.
 
     A delivery is known by its number (`Store.delivery_numbers`): once settled (acked, nacked,
@@ -35,13 +35,13 @@ class TiedLeases:
     """
 
     def __init__(self) -> None:
-        self._held: dict[int, tuple[HostedQueue, list[int], list[int]]] = {}  # by id(queue): ids, deliveries
+        self._taken: dict[int, tuple[HostedQueue, list[int], list[int]]] = {}  # by id(queue): ids, deliveries
         self._size = 0
         self._prune_at = PRUNE_AT
 
     def took(self, q: HostedQueue, ids: list[int]) -> None:
-        _, held, numbers = self._held.setdefault(id(q), (q, [], []))
-        held += ids
+        _, taken, numbers = self._taken.setdefault(id(q), (q, [], []))
+        taken += ids
         numbers += q.store.delivery_numbers(ids)
         self._size += len(ids)
         if self._size >= self._prune_at:
@@ -50,34 +50,34 @@ class TiedLeases:
     def _prune(self) -> None:
         """Keep the deliveries that still stand; look again once the list has doubled."""
         self._size = 0
-        for key, (q, ids, numbers) in list(self._held.items()):
+        for key, (q, ids, numbers) in list(self._taken.items()):
             live = np.zeros(len(ids), bool) if q.dropped else q.store.delivered_as(ids, numbers)
             ids[:] = np.asarray(ids)[live].tolist()
             numbers[:] = np.asarray(numbers)[live].tolist()
             if not ids:
-                del self._held[key]
+                del self._taken[key]
             self._size += len(ids)
         self._prune_at = max(PRUNE_AT, 2 * self._size)
 
-    def holding(self) -> bool:
+    def any_standing(self) -> bool:
         """Whether some of its deliveries still stand (then the server does not close it for silence)."""
-        if self._held:
+        if self._taken:
             try:
                 self._prune()
             except Exception:  # never the sweep's end: taken as holding, and looked at again next time
                 log.exception("looking at a connection's tied deliveries")
                 return True
-        return bool(self._held)
+        return bool(self._taken)
 
     def clear(self) -> None:
         """Tie nothing taken so far (its client said `bye`: it lives on)."""
-        self._held.clear()
+        self._taken.clear()
         self._size = 0
 
     def end(self, host: QueueHost, peer: str) -> int:
         """The connection's peer closed it: end the leases it still holds; returns how many ended."""
         n = 0
-        for q, ids, numbers in self._held.values():
+        for q, ids, numbers in self._taken.values():
             if q.dropped or host.queues.get(q.info.name) is not q:
                 continue
             try:
@@ -91,9 +91,11 @@ class TiedLeases:
                 host.settled.notify()  # past its last attempt, a message ends here
                 log.info("%s closed its connection: %d deliveries of queue %s back at once", peer, ended, q.info.name)
             n += ended
-        self._held.clear()
+        self._taken.clear()
         return n
 
 
 # the leases of the connection a request came on: set for each connection, read by the `get` handler
-TIED: contextvars.ContextVar[TiedLeases | None] = contextvars.ContextVar("conveyor_tied_leases", default=None)
+CONNECTION_LEASES: contextvars.ContextVar[ConnectionLeases | None] = contextvars.ContextVar(
+    "conveyor_connection_leases", default=None
+)

@@ -1,7 +1,7 @@
-"""Whether a pool's servers answer.
+"""Whether a pool's servers answer: `ServerHealth`.
 
-What each held when last heard from, and the error that ends a wait on one out of reach for too long
-(rather than retrying it forever).
+Which servers answer, what each held when last heard from, and the error that ends a wait on one
+out of reach for too long (rather than retrying it forever).
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from conveyor.protocol.requests import QueueStats
 T = TypeVar("T")
 
 
-class Reach:
-    """The pending messages per queue of each server (shard), as last heard from it."""
+class ServerHealth:
+    """Which servers (shards) of a pool answer, and the pending messages per queue each held when last heard from."""
 
     def __init__(self, clients: Sequence[QueueClient]) -> None:
         self.clients = clients

@@ -1,33 +1,9 @@
-"""Waking and durability on the server's event loop: `Signal` and `GroupCommit`.
-
-Waking and durability on the server's event loop: `Signal` (wake every waiter) and `GroupCommit`
-(answer writes once durable, one fsync for every write made before it began).
-"""
+"""Group commit on the server's event loop: writes answered once durable, one fsync for many writes."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Callable
-
-
-class Signal:
-    """Wakes every waiter at the next `notify`: a queue may have new work, or messages were settled."""
-
-    def __init__(self) -> None:
-        self._fut: asyncio.Future[None] | None = None
-
-    def notify(self) -> None:
-        if self._fut is not None and not self._fut.done():
-            self._fut.set_result(None)
-        self._fut = None
-
-    async def wait(self, timeout: float) -> None:
-        """Return on the next notify, or after `timeout` seconds."""
-        if self._fut is None:
-            self._fut = asyncio.get_running_loop().create_future()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self._fut), timeout)
 
 
 class GroupCommit:

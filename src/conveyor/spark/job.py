@@ -1,0 +1,431 @@
+"""The queue job under a Spark entry point: its input put on a queue, consumed by Spark tasks, read back.
+
+`conveyor.spark.map` is an entry point over a `QueueJob`. An entry point supplies only what is its
+own, a `JobForm`: the task each message runs, how an Arrow batch of input becomes the messages'
+arguments (`Parcel`s), and how one server's results become output rows. The job does the rest, the
+same for every entry point:
+
+- the servers (`queue_job`): the pool given, the default one, or servers started for the call and
+  stopped after it; checked to answer, and on a cluster every executor checked first (`preflight`);
+- its queue, `<entry>-<job>`, declared with the job's lease and the task's attempts, and the task
+  stored once on the servers as a blob;
+- the put (`InputPut`): each Spark task puts its share of the input, every message with an
+  idempotency key (job, task, rows before its batch, message: a retried task puts nothing twice),
+  saying how many rows it carries, a server out of reach retried;
+- the consumers: a `SparkConsumerPool` fed with the input (each consumer task puts its share, then
+  consumes), or, with fewer input partitions than consumers, the input put first by a Spark job of
+  its own; the driver's `JobWatch` over both, and the stop blob, are the consumer pool's;
+- the read-back: a second Spark job, one task per server, through the form's `read`; each task
+  records what it read (`ReadCounts`) and the driver checks that every row came out; the output is
+  computed once before the call returns, its lineage only that read;
+- `MapStats`, and on a failure or an interrupt the queue dropped, or what is left said
+  (`abandon_queue`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+from conveyor.client.pool import QueuePool
+from conveyor.client.sharded import ShardedQueues
+from conveyor.constants import DEFAULT_UNREACHABLE_S, H_ROWS, MAP_DEFAULT_LEASE_S
+from conveyor.errors import ConnectionLostError, ConveyorError
+from conveyor.message import Message
+from conveyor.spark.cluster import driver_pool, is_local
+from conveyor.spark.consumers import Feed, SparkConsumerPool, check_count, consumer_count
+from conveyor.spark.form import JobForm, JobTask, MakeParcels, Parcel, ReadShard
+from conveyor.spark.preflight import preflight
+from conveyor.spark.records import ReadCounts, TaskRecords
+from conveyor.spark.session import check_workers_python
+from conveyor.spark.watch import START_TIMEOUT_S
+from conveyor.tasks.envelope import adhoc_task_name, function_ref
+from conveyor.tasks.options import TaskOptions
+from conveyor.tasks.policy import attempts_for
+from conveyor.tasks.publish import build_message, get_default_pool
+from conveyor.worker.options import ConsumerOptions, refuse_shared_selector
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import DataFrame, SparkSession
+
+log = logging.getLogger("conveyor.spark")
+
+PUT_RETRY_S = 0.2  # a put to a server out of reach is tried again this often
+PUT_PATIENCE = 2.0  # ... for up to this many times the job's unreachable_s
+PUT_JOB_DDL = "partition long, rows long"  # a row of the job that puts the input first
+
+
+@dataclass(frozen=True)
+class MapStats:
+    """What a queue job did (`map(..., stats=True)`), for reports: rows in and out, failures, and the consumers' times."""
+
+    rows: int
+    failed: int
+    enqueue_s: float
+    consume_s: float
+    read_s: float
+    consumers: list[dict[str, Any]]
+    queue: str  # holds the results until dropped (`QueuePool.drop`, `conveyor drop`)
+
+
+@dataclass(frozen=True, slots=True)
+class JobSettings:
+    """How an entry point's queue job runs, checked once; what the entry point does with rows is its `JobForm`."""
+
+    entry: str  # the entry point's name ("map"): its queue's prefix, and what its errors and logs start with
+    options: ConsumerOptions  # how each consumer runs the messages; no early_ack (every result is read back), no middleware
+    n_consumers: int | None = None  # consumers, Spark tasks (None: one per task slot)
+    lease_s: float = MAP_DEFAULT_LEASE_S  # the queue's lease, extended while a message runs
+    unreachable_s: float = DEFAULT_UNREACHABLE_S  # a server out of reach for longer fails the job
+    start_timeout_s: float = START_TIMEOUT_S  # no task started within it fails the job (NoSlotsError)
+    progress: bool | None = None  # a progress bar (None: when stderr is a terminal)
+
+    def __post_init__(self) -> None:
+        for name in ("lease_s", "unreachable_s", "start_timeout_s"):
+            check_seconds(self.entry, name, getattr(self, name))
+        if self.options.early_ack:
+            raise ValueError(
+                f"{self.entry}: early_ack is not for {self.entry}: a row acked on delivery leaves no result or error to read back"
+            )
+        if self.options.middleware is not None:  # it would take the place of the Retries and TimeLimits that serve them
+            raise ValueError(
+                f"{self.entry}: middleware is not for {self.entry}: its rows' retries and time limit are "
+                f"{self.entry}'s own max_retries= and time_limit="
+            )
+        check_count("n_consumers", self.n_consumers)
+        refuse_shared_selector(self.entry, self.options)  # said in the entry point's name, before its consumers' check
+
+
+def check_seconds(entry: str, name: str, value: float | None) -> None:
+    """Refuse a duration that is not a number of seconds > 0 (None stands for none)."""
+    if value is not None and not (isinstance(value, (int, float)) and value > 0):
+        raise ValueError(f"{entry}: {name} must be a number of seconds > 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class JobOutcome:
+    """What a job gives back: the output, computed once and kept in Spark, and its stats."""
+
+    frame: DataFrame
+    stats: MapStats
+
+
+@dataclass(frozen=True)
+class InputPut:
+    """`put(batches, task)` -> rows put: a Spark task's input on the job's queue, as `parcels` makes messages of it.
+
+    Every message has an idempotency key (job, task, rows before its batch, message), so that a
+    Spark task retried after a failure puts nothing twice, and says how many rows it carries (its
+    consumer reports them: the dashboard's progress in rows). A server out of reach is retried, as
+    the consumers retry it: the driver's watch ends the job with ServerUnreachableError once it has
+    been so for `unreachable_s`; should nobody, the put gives up after `patience_s`.
+    """
+
+    pool: ShardedQueues
+    queue: str
+    job: str
+    task_name: str
+    options: TaskOptions
+    parcels: MakeParcels
+    patience_s: float
+
+    def __call__(self, batches: Iterator[pa.RecordBatch], task: int) -> int:
+        n = 0
+        now = time.time()
+        for batch in batches:
+            messages = [self._message(p, f"{self.job}:{task}:{n}:{j}", now) for j, p in enumerate(self.parcels(batch))]
+            if messages:
+                self._put(messages)
+            n += batch.num_rows
+        return n
+
+    def _message(self, parcel: Parcel, key: str, now: float) -> Message:
+        m = build_message(self.task_name, self.options, parcel.args, {}, key=key, now=now)
+        return dataclasses.replace(m, headers={**m.headers, H_ROWS: str(parcel.rows)})
+
+    def _put(self, messages: list[Message]) -> None:
+        deadline = time.monotonic() + self.patience_s
+        while True:
+            try:
+                self.pool.put(self.queue, messages)
+                return
+            except ConnectionLostError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(PUT_RETRY_S)
+
+
+class QueueJob:
+    """One queue job on `pool`: `run(df, form)` puts df's rows, consumes them, reads the results back.
+
+    Made by `queue_job`, which picks and checks the servers. `queue` holds the results once the job
+    has run (the caller drops it when done); a job that fails drops it itself (`abandon_queue`).
+    """
+
+    def __init__(self, spark: SparkSession, pool: QueuePool, settings: JobSettings, *, ephemeral: bool) -> None:
+        self.spark, self.pool, self.settings = spark, pool, settings
+        self.ephemeral = ephemeral  # servers started for this job: they stop when it ends
+        self.id = uuid.uuid4().hex[:12]
+        self.queue = f"{settings.entry}-{self.id}"
+        self.read_counts = TaskRecords(f"conveyor-read-{self.id}", ReadCounts)
+
+    def run(self, df: DataFrame, form: JobForm) -> JobOutcome:
+        """Put `df` through the queue and read the output back; a failure or an interrupt abandons the queue."""
+        try:
+            return self._run(df, form)
+        except BaseException as e:
+            abandon_queue(self.pool, self.queue, e, entry=self.settings.entry, ephemeral=self.ephemeral)
+            raise
+
+    def _run(self, df: DataFrame, form: JobForm) -> JobOutcome:
+        s = self.settings
+        put = InputPut(
+            self.pool.queues,
+            self.queue,
+            self.id,
+            self._declare(form.task),
+            form.task.options,
+            form.parcels,
+            PUT_PATIENCE * s.unreachable_s,
+        )
+        t0 = time.time()
+        n = consumer_count(self.spark, s.n_consumers)
+        fed = n <= _partitions(df)  # each of n consumer tasks puts its share of the rows, then consumes
+        consumers = SparkConsumerPool(
+            self.spark,
+            self.pool,
+            n,
+            queues=[self.queue],
+            description=f"conveyor.spark.{s.entry} through {self.queue}",
+            feed=Feed(df, put) if fed else None,
+            unreachable_s=s.unreachable_s,
+            start_timeout_s=s.start_timeout_s,
+            progress=s.progress,
+            options=s.options,
+        )
+        rows, t1 = 0, t0  # rows put before consuming, and when that ended (when the consumers put them: none, at once)
+        if not fed:
+            rows, t1 = self._put_first(df, put, consumers), time.time()
+        done = consumers.run()
+        rows += consumers.fed_rows
+        t2 = min(max((c["finished"] for c in done), default=t1), time.time())
+        self.read_counts.declare(self.pool.queues)
+        try:
+            frame = self._read_back(form, consumers)
+            got = self._counts_read()
+        finally:
+            self.read_counts.drop(self.pool.queues)
+        t3 = time.time()
+        if got.rows != rows:
+            raise ConveyorError(
+                f"{s.entry}: {rows:,} rows went in but {got.rows:,} came out (queue {self.queue}); please report this"
+            )
+        if got.failed:
+            log.warning("%s: %d of %d rows failed; see the _error column", s.entry, got.failed, rows)
+        return JobOutcome(frame, MapStats(rows, got.failed, t1 - t0, t2 - t1, t3 - t2, done, self.queue))
+
+    def _declare(self, task: JobTask) -> str:
+        """Declare the job's queue and store its task; returns the name its messages call the task by."""
+        if task.options.queue != self.queue:
+            raise ValueError(f"the job's task goes to queue {task.options.queue!r}, not the job's own {self.queue!r}")
+        self.pool.queues.declare(self.queue, lease_s=self.settings.lease_s, max_attempts=attempts_for(task.options.max_retries))
+        ref = function_ref(task.run)
+        self.pool.queues.put_blob(ref.data)
+        return adhoc_task_name(ref.digest)
+
+    def _put_first(self, df: DataFrame, put: InputPut, consumers: SparkConsumerPool) -> int:
+        """Fewer partitions than consumers: the rows put by a Spark job of their own; returns how many."""
+        with consumers.job_group(), consumers.watch(consuming=False):
+            counts = df.mapInArrow(_put_task(put), PUT_JOB_DDL).collect()
+        return sum(r["rows"] for r in counts)
+
+    def _read_back(self, form: JobForm, consumers: SparkConsumerPool) -> DataFrame:
+        """The output: one Spark task per server reads its results, computed once (`_materialize`)."""
+        shards = len(self.pool.queues)
+        read = self.spark.range(shards, numPartitions=shards).mapInArrow(
+            _read_task(self.pool.queues, self.queue, form.read, self.read_counts), form.output
+        )
+        with consumers.job_group():
+            return self._materialize(read)
+
+    def _counts_read(self) -> ReadCounts:
+        """What the read-back tasks read, summed; an error if one said nothing."""
+        by_shard = self.read_counts.read(self.pool.queues)
+        if len(by_shard) != len(self.pool.queues):
+            missing = sorted(set(range(len(self.pool.queues))) - set(by_shard))
+            raise ConveyorError(
+                f"{self.settings.entry}: the read-back of server(s) {missing} did not say what it read; please report this"
+            )
+        return sum(by_shard.values(), ReadCounts(0, 0))
+
+    def _materialize(self, result: DataFrame) -> DataFrame:
+        """Compute the rows once and keep them in Spark, in one single-stage job.
+
+        With servers that stop when the call returns, the lineage is cut (a local checkpoint): the
+        rows no longer need the servers. With servers that stay, the rows are persisted and the
+        lineage (a read from the servers) kept, so that rows lost with an executor are read again; a
+        write to Spark's "noop" sink computes (and so caches) them without a shuffle or a trip
+        through Python.
+        """
+        from pyspark import StorageLevel
+
+        if self.ephemeral:
+            return result.localCheckpoint(eager=True)
+        result = result.persist(StorageLevel.MEMORY_AND_DISK)
+        result.write.format("noop").mode("overwrite").save()
+        return result
+
+
+@contextmanager
+def queue_job(
+    spark: SparkSession, queue_pool: QueuePool | None, settings: JobSettings, *, task_modules: Sequence[str]
+) -> Iterator[QueueJob]:
+    """A `QueueJob` on `queue_pool`, the default pool, or servers started for it (stopped when the block ends).
+
+    The servers must answer; on a cluster every executor must import conveyor and `task_modules`
+    and reach them (`conveyor.spark.preflight`).
+    """
+    check_workers_python(spark)
+    with ExitStack() as stack:
+        ephemeral = queue_pool is None and _ambient(settings.entry) is None  # servers that stop when the job ends
+        pool = queue_pool if queue_pool is not None else _default_pool(stack, spark, settings.entry)
+        _check_servers(pool.queues, settings.entry)
+        if not is_local(spark):  # every executor can import conveyor and the task's module, and reach the servers
+            preflight(
+                spark,
+                pool.queues,
+                list(task_modules),
+                unreachable_s=settings.unreachable_s,
+                start_timeout_s=settings.start_timeout_s,
+            )
+        yield QueueJob(spark, pool, settings, ephemeral=ephemeral)
+
+
+def module_of(func: Callable[..., Any]) -> list[str]:
+    """The module a function is pickled by reference to (the executors import it), if not ours or __main__."""
+    module = getattr(func, "__module__", None) or getattr(type(func), "__module__", None)
+    if not module or module == "__main__" or module.split(".")[0] in ("conveyor", "builtins"):
+        return []
+    return [module] if getattr(sys.modules.get(module), "__file__", None) else []
+
+
+def abandon_queue(pool: QueuePool, queue: str, error: BaseException, *, entry: str, ephemeral: bool) -> None:
+    """Clean up after a job that failed or was interrupted, and say what is left (a note on `error`).
+
+    Its queue is dropped where the servers answer. What is left elsewhere is pointed at only on
+    servers that outlive this program (a pool the user gave): servers it started stop with it (a
+    Ctrl-C reaches them only through their stop), their queues gone with them unless they keep a
+    data directory. An ephemeral pool's servers stop with the call, their data with them.
+    """
+
+    def say(level: int, what: str) -> None:  # in the log, and on the error (Python 3.11+: the log says it on 3.10)
+        log.log(level, "%s: %s", entry, what)
+        if hasattr(error, "add_note"):
+            error.add_note(f"conveyor.spark.{entry}: {what}")
+
+    if ephemeral:
+        say(logging.INFO, f"the servers started for this {entry} stop with it: nothing is left behind")
+        return
+    up = pool.queues.health.answering()
+    left = [c.address for c in pool.queues.clients if c not in up]
+    for c in up:
+        try:
+            c.drop(queue)
+        except (ConveyorError, OSError):
+            left.append(c.address)
+    if not left:
+        say(logging.INFO, f"dropped its queue {queue}: nothing is left behind")
+    elif pool.servers is not None and pool.servers.data_dir is None:
+        say(logging.INFO, f"its queue {queue} goes with the servers this program started: nothing is left behind")
+    elif pool.servers is not None:
+        say(
+            logging.WARNING,
+            f"its queue {queue} stays in {pool.servers.data_dir}: drop it (pool.drop) when servers run on it again",
+        )
+    else:
+        how = f"conveyor drop --connect {','.join(left)} {queue}"
+        say(logging.ERROR, f"could not drop its queue {queue} on {', '.join(left)}; drop it with: {how}")
+
+
+def _ambient(entry: str) -> QueuePool | None:
+    """The default pool (`conveyor.local()`, `set_default_pool`), which must be a QueuePool."""
+    pool = get_default_pool()
+    if pool is not None and not isinstance(pool, QueuePool):
+        raise ConveyorError(f"{entry}: the default pool is a {type(pool).__name__}, not a QueuePool: pass queue_pool=...")
+    return pool
+
+
+def _default_pool(stack: ExitStack, spark: SparkSession, entry: str) -> QueuePool:
+    ambient = _ambient(entry)
+    if ambient is not None:
+        return ambient
+    if not is_local(spark):
+        log.info("conveyor.spark.%s: no pool given on a cluster: starting queue servers beside the driver for this call", entry)
+        return stack.enter_context(driver_pool(spark))
+    log.info("conveyor.spark.%s: no pool given and no conveyor.local(): starting local queue servers for this call", entry)
+    return stack.enter_context(QueuePool.local(n_servers=2))
+
+
+def _check_servers(pool: ShardedQueues, entry: str) -> None:
+    """Fail at once, naming the servers, when some do not answer (rather than a bare ConnectionLostError later)."""
+    down = [f"{c.address} ({p})" for c, p in zip(pool.clients, pool.reachable_stats(), strict=True) if isinstance(p, Exception)]
+    if down:
+        raise ConnectionLostError(f"{entry}: {len(down)} of {len(pool)} queue server(s) do not answer: {'; '.join(down)}")
+
+
+def _partitions(df: DataFrame) -> int:
+    """The DataFrame's partitions (0 where it cannot be told without computing it: Spark Connect)."""
+    try:
+        return int(df.rdd.getNumPartitions())
+    except Exception:
+        return 0
+
+
+# --- executor side --------------------------------------------------------------------------------
+def _put_task(put: InputPut) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """mapInArrow function of the job that puts the input first: a partition's rows on the queue; one row of counts."""
+
+    def put_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import pyarrow as pa
+        from pyspark import TaskContext
+
+        part = cast("TaskContext", TaskContext.get()).partitionId()  # always set inside a Spark task
+        n = put(batches, part)
+        put.pool.close()
+        yield pa.RecordBatch.from_pylist([{"partition": part, "rows": n}])
+
+    return put_partition
+
+
+def _read_task(
+    pool: ShardedQueues, queue: str, read: ReadShard, records: TaskRecords[ReadCounts]
+) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """mapInArrow function of the read-back job: task i yields the output rows of server i.
+
+    Then it records what it read, once (`records`), while the job waits for them: a partition read
+    again later, with the records queue gone, records nothing.
+    """
+
+    def read_shard(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        for _ in batches:
+            pass
+        shard = cast("TaskContext", TaskContext.get()).partitionId()  # always set inside a Spark task
+        try:
+            counts = yield from read(pool, queue, shard)
+            client = pool.clients[shard]
+            if records.queue in {q.name for q in client.queues()}:
+                records.record(client, shard, counts)
+        finally:
+            pool.close()
+
+    return read_shard

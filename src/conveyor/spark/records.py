@@ -1,0 +1,93 @@
+"""A Spark job's records: a small queue where each of its tasks records once what it did.
+
+A Spark task may run more than once (retried after a failure, or run again when an executor is
+lost); its record goes on the queue once whatever its attempts (an idempotency key names the task),
+so the driver counts each task once. The fed consumers of a `SparkConsumerPool` record the rows
+they put (`RowsPut`), and the read-back tasks of a `QueueJob` the rows they read (`ReadCounts`). The
+records are taken, never acked: the queue is dropped once they are read.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Generic, TypeVar
+
+from conveyor.constants import H_IDEMPOTENCY_KEY
+from conveyor.errors import ConveyorError
+from conveyor.message import Message
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+    from conveyor.client.queue_client import QueueClient
+    from conveyor.client.sharded import ShardedQueues
+
+log = logging.getLogger("conveyor.spark")
+
+TAKE_AT_ONCE = 1000  # records taken per request when they are read
+R = TypeVar("R", bound="DataclassInstance")
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class RowsPut:
+    """What a fed consumer task put on the queue before consuming."""
+
+    rows: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class ReadCounts:
+    """What a read-back task read of one server's results: output rows, and how many of them failed."""
+
+    rows: int
+    failed: int
+
+    def __add__(self, other: ReadCounts) -> ReadCounts:
+        return ReadCounts(self.rows + other.rows, self.failed + other.failed)
+
+
+class TaskRecords(Generic[R]):
+    """The records queue `queue`, each record an `R` (a dataclass of plain fields) by task index."""
+
+    def __init__(self, queue: str, kind: Callable[..., R]) -> None:
+        self.queue = queue
+        self._kind = kind
+
+    def declare(self, pool: ShardedQueues) -> None:
+        pool.declare(self.queue)
+
+    def record(self, backend: ShardedQueues | QueueClient, task: int, record: R) -> None:
+        """Task `task` says `record`, once whatever its attempts."""
+        fields = {"task": task, **dataclasses.asdict(record)}
+        message = Message(payload=json.dumps(fields).encode(), headers={H_IDEMPOTENCY_KEY: f"{self.queue}:{task}"})
+        backend.put(self.queue, [message])
+
+    def count(self, pool: ShardedQueues) -> int:
+        """How many tasks have recorded so far (the queue's pending messages: one per task)."""
+        st = pool.wait_drained([self.queue], 0.0).get(self.queue)
+        return 0 if st is None else st.pending
+
+    def read(self, pool: ShardedQueues) -> dict[int, R]:
+        """Every task's record, by task index."""
+        out: dict[int, R] = {}
+        while got := pool.get(self.queue, TAKE_AT_ONCE):
+            for m in got:
+                fields = json.loads(m.payload)
+                task = fields.pop("task")
+                out[task] = self._kind(**fields)
+        return out
+
+    def drop(self, pool: ShardedQueues) -> None:
+        """Drop the queue on the servers that answer.
+
+        No wait on one out of reach (a failed job may have lost it): what it keeps is a small
+        queue.
+        """
+        for c in pool.health.answering():
+            try:
+                c.drop(self.queue)
+            except (ConveyorError, OSError) as e:
+                log.warning("could not drop the records queue %s on %s: %s", self.queue, c.address, e)
