@@ -4,7 +4,7 @@ A queue server SIGKILLed for good or started again on its data dir, under a cons
 `conveyor.spark.map`; a second join after the first stopped the consumers; `conveyor.local()` given
 a cluster's master.
 
-What the pool last heard from each server (`conveyor.client.reach`) is what the errors name.
+What the pool last heard from each server (`conveyor.client.server_health`) is what the errors name.
 """
 
 from __future__ import annotations

@@ -1,7 +1,9 @@
 """The `conveyor` command, run as a user runs it, and the project's lint gate.
 
-`conveyor demo` runs every scene (`conveyor.cli.demo`, `conveyor.cli.scenes`, over
-`conveyor.cli.corpus`), and the commands reach servers through `conveyor.cli.connecting`.
+The commands are registered in `conveyor.cli.commands` and reach servers through
+`conveyor.cli.connecting`; `conveyor demo` runs every scene (`conveyor.cli.demo`, `conveyor.cli.scenes`,
+over `conveyor.cli.corpus`); `conveyor dead-letters` is `conveyor.cli.dead_letters`, `conveyor drop`
+`conveyor.cli.drop`.
 """
 
 from __future__ import annotations

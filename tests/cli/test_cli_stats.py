@@ -1,4 +1,7 @@
-"""`conveyor stats` with real servers in child processes: a server down, consumers gone, piped output."""
+"""`conveyor stats` with real servers in child processes: a server down, consumers gone, piped output.
+
+The command is `conveyor.cli.stats`.
+"""
 
 from __future__ import annotations
 

@@ -2,6 +2,8 @@
 
 `result()`, `gather` and `join` on a queue no live consumer serves warn, and consumers that cannot
 start fail the wait at once with their own error (not its timeout).
+
+The consumer pools a wait looks after are those attached to its pool (`conveyor.client.attached`).
 """
 
 from __future__ import annotations

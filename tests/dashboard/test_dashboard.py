@@ -6,6 +6,8 @@ keeps updating, the requeue button, the login, bad input (an unreachable server,
 100,000 dead letters, script in an error text), and the page's speed with 2 servers, 100 queues and
 50 consumers. Screenshots for the docs are taken from these runs (CONVEYOR_SCREENSHOTS=DIR writes
 them there).
+
+The command is `conveyor.cli.dashboard`.
 """
 
 from __future__ import annotations

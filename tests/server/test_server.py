@@ -1,7 +1,8 @@
 """A queue server over real TCP on 127.0.0.1: operations, long polls, limits and bad requests.
 
 Each connection (`conveyor.server.connection`), its requests to their handlers
-(`conveyor.server.dispatch`), and the wakeups that end long polls (`conveyor.server.signals`).
+(`conveyor.server.dispatch`), and the wakeups that end long polls (`conveyor.server.wakeups`), and
+the group commit that answers durable writes once on disk (`conveyor.server.group_commit`).
 """
 
 from __future__ import annotations

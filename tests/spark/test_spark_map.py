@@ -1,6 +1,8 @@
 """conveyor.spark: DataFrames mapped through the queue, and consumers running as Spark tasks (local[2,4]).
 
 Also `conveyor.local()` (`conveyor.spark.embedded`).
+
+`conveyor.spark.map` is `conveyor.spark.mapping`.
 """
 
 from __future__ import annotations
