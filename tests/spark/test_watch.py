@@ -57,9 +57,9 @@ def test_a_server_out_of_reach_ends_the_job_with_the_server_named(spark: SparkSe
         gone = pool.addresses[1]
         t0 = time.monotonic()
         with pytest.raises(ServerUnreachableError, match=re.escape(gone)) as raised:
-            watch = JobWatch(spark, pool, group, ["jobs"], unreachable_s=UNREACHABLE_S, start_timeout_s=HOLD_S)
+            watch = JobWatch(spark, pool.queues, group, ["jobs"], unreachable_s=UNREACHABLE_S, start_timeout_s=HOLD_S)
             with JobGroup(spark, group, "a job the watch ends"), watch:
-                pool.processes[1].kill()  # SIGKILL: the server is gone for good
+                pool.servers.processes[1].kill()  # SIGKILL: the server is gone for good
                 run_held_job(spark, tmp_path)
         took = time.monotonic() - t0
     assert raised.value is watch.error and raised.value.address == gone
@@ -73,7 +73,7 @@ def test_a_job_no_task_of_which_starts_ends_with_no_slots(spark: SparkSession) -
     """No task of the group starts (as on a cluster granting no slot): the watch gives up, naming the group."""
     group = "watch-test-no-slot"
     with QueuePool.local(n_servers=1) as pool:
-        watch = JobWatch(spark, pool, group, [], unreachable_s=HOLD_S, start_timeout_s=START_TIMEOUT_S)
+        watch = JobWatch(spark, pool.queues, group, [], unreachable_s=HOLD_S, start_timeout_s=START_TIMEOUT_S)
         with watch:
             wait_for(lambda: watch.error is not None, 60, "the watch to give up on a job group with no task started")
     assert isinstance(watch.error, NoSlotsError)
@@ -85,7 +85,7 @@ def test_a_job_whose_tasks_run_past_the_start_timeout_is_left_alone(spark: Spark
     group = "watch-test-running"
     release = tmp_path / "release"
     with QueuePool.local(n_servers=1) as pool:
-        watch = JobWatch(spark, pool, group, [], unreachable_s=HOLD_S, start_timeout_s=START_TIMEOUT_S)
+        watch = JobWatch(spark, pool.queues, group, [], unreachable_s=HOLD_S, start_timeout_s=START_TIMEOUT_S)
         entered: list[float] = []
 
         def release_later() -> None:
@@ -115,7 +115,7 @@ def test_a_job_still_running_once_its_work_is_done_is_ended_but_not_while_work_i
     group = "watch-test-finished"
     with QueuePool.local(n_servers=1) as pool, QueueClient(pool.addresses[0]) as client:
         client.put("jobs", [Message(payload=b"pending")])
-        watch = JobWatch(spark, pool, group, ["jobs"], unreachable_s=HOLD_S, start_timeout_s=HOLD_S, finished=lambda: True)
+        watch = JobWatch(spark, pool.queues, group, ["jobs"], unreachable_s=HOLD_S, start_timeout_s=HOLD_S, finished=lambda: True)
         seen: dict[str, bool] = {}
         acked_at: list[float] = []
 
