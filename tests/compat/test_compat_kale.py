@@ -70,6 +70,15 @@ class Project:
     out: Path
     proc: subprocess.Popen[bytes]
 
+    def wait(self, cond: Callable[[], Any], timeout: float, what: str) -> Any:
+        """`wait_for` the worker's output, failing at once with its exit status and output if it has ended."""
+        got = wait_for(lambda: cond() or self.proc.poll() is not None, timeout, what)
+        status = self.proc.poll()
+        if status is not None and not cond():
+            log = (self.out / "worker.log").read_text(errors="replace")
+            raise AssertionError(f"the worker ended (status {status}) before {what}; its output:\n{log}")
+        return got
+
 
 @contextlib.contextmanager
 def running_worker(out: Path) -> Iterator[Project]:
@@ -78,9 +87,11 @@ def running_worker(out: Path) -> Iterator[Project]:
     The worker is `python worker.py` in the project directory, in a process group of its own; the
     SIGTERM to its whole group is how systemd stops a service.
     """
-    with QueuePool.local(n_servers=1) as pool:
+    with QueuePool.local(n_servers=1) as pool, open(out / "worker.log", "wb") as log:
         env = env_for(",".join(c.address for c in pool.queues.clients), out)
-        proc = subprocess.Popen([sys.executable, "worker.py"], cwd=PROJECT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "worker.py"], cwd=PROJECT, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT
+        )
         try:
             wait_for(lambda: (out / "worker-started").exists() or proc.poll() is not None, 30, "the worker to start")
             assert proc.poll() is None, "the worker exited as it started"
@@ -116,10 +127,10 @@ def test_tasks_run_with_any_app_data_and_delay_sec_delays(project: Project) -> N
     published = time.time()
     ids = publish(env, "fib")
     assert ids[0].startswith("FibonacciTask_uuid_")
-    first = wait_for(lambda: lines(out / "fib-10"), 15, "fib(10)")[0]
+    first = project.wait(lambda: lines(out / "fib-10"), 15, "fib(10)")[0]
     assert first["value"] == 55 and first["app_data"] == [3, 4] and first["task_id"] == ids[0] and first["pre_ran"]
-    assert wait_for(lambda: lines(out / "post-10"), 5, "_post_run")  # the hook after run_task
-    delayed = wait_for(lambda: lines(out / "fib-7"), 15, "fib(7)")[0]
+    assert project.wait(lambda: lines(out / "post-10"), 5, "_post_run")  # the hook after run_task
+    delayed = project.wait(lambda: lines(out / "fib-7"), 15, "fib(7)")[0]
     assert delayed["value"] == 13 and delayed["app_data"] == "a string"
     assert delayed["kwargs"] == {"delay_sec": 2}  # run_task takes **kwargs: it sees delay_sec, as in ndkale
     assert delayed["at"] - published >= 2  # the delay is honoured
@@ -129,12 +140,12 @@ def test_tasks_run_with_any_app_data_and_delay_sec_delays(project: Project) -> N
 def test_failures_retry_per_max_retries_and_exception_list(project: Project) -> None:
     env, out = project.env, project.out
     ids = publish(env, "flaky")
-    got = wait_for(lambda: (f := lines(out / "flaky-failures")) and len(f) >= 3 and f, 20, "3 attempts of FlakyTask")
+    got = project.wait(lambda: (f := lines(out / "flaky-failures")) and len(f) >= 3 and f, 20, "3 attempts of FlakyTask")
     assert [(f["retry_num"], f["retried"]) for f in got] == [(0, True), (1, True), (2, False)]  # max_retries = 2
     assert {f["task_id"] for f in got} == {ids[0]} and got[0]["error"] == "flaky f1"
-    cleaned = wait_for(lambda: (c := lines(out / "flaky-cleanup")) and len(c) >= 3 and c, 10, "3 cleanups of FlakyTask")
+    cleaned = project.wait(lambda: (c := lines(out / "flaky-cleanup")) and len(c) >= 3 and c, 10, "3 cleanups of FlakyTask")
     assert len(cleaned) == 3 and "ValueError" in cleaned[0]["exc"] and cleaned[0]["task_name"] == "taskworker.tasks.FlakyTask"
-    black = wait_for(lambda: lines(out / "blacklisted-failures"), 10, "BlacklistedTask's failure")
+    black = project.wait(lambda: lines(out / "blacklisted-failures"), 10, "BlacklistedTask's failure")
     assert black == [{"retry_num": 0, "retried": False}]  # KeyError is in EXCEPTION_LIST: never retried
     # past the next backoff ((1 << 2) * 0.2 s), still no 4th attempt
     stays(
@@ -147,14 +158,14 @@ def test_failures_retry_per_max_retries_and_exception_list(project: Project) -> 
 def test_handle_failure_returning_false_fails_at_once(project: Project) -> None:
     env, out = project.env, project.out
     publish(env, "GiveUpTask")  # max_retries = 3, but handle_failure says no
-    wait_for(lambda: lines(out / "giveup-attempts"), 15, "GiveUpTask's attempt")
+    project.wait(lambda: lines(out / "giveup-attempts"), 15, "GiveUpTask's attempt")
     stays(lambda: len(lines(out / "giveup-attempts")) == 1, 1.5, "one attempt only (a retry would come after 0.2 s)")
 
 
 def test_retry_delay_is_the_task_classes_get_delay_sec_for_retry(project: Project) -> None:
     env, out = project.env, project.out
     publish(env, "DelayOverrideTask")
-    got = wait_for(lambda: (a := lines(out / "delay-attempts")) and len(a) >= 2 and a, 15, "DelayOverrideTask's retry")
+    got = project.wait(lambda: (a := lines(out / "delay-attempts")) and len(a) >= 2 and a, 15, "DelayOverrideTask's retry")
     assert lines(out / "delay-asked") == [{"retry_num": 0}]  # asked once: the retry (max_retries = 1)
     assert got[1]["at"] - got[0]["at"] >= 1.5  # its delay, not the settings' (1 << 0) * 0.2 s
 
@@ -162,7 +173,7 @@ def test_retry_delay_is_the_task_classes_get_delay_sec_for_retry(project: Projec
 def test_on_worker_startup_runs_in_the_process_that_runs_tasks(project: Project) -> None:
     env, out = project.env, project.out
     publish(env, "StartupTask")
-    ran = wait_for(lambda: lines(out / "startup-task"), 15, "StartupTask")[0]
+    ran = project.wait(lambda: lines(out / "startup-task"), 15, "StartupTask")[0]
     assert ran["ready"] is True  # what ON_WORKER_STARTUP set up (django.setup(), a database pool) is there
     # it ran in the task process (which then ran the task), and in the worker's own process
     assert {"pid": ran["pid"], "worker": False} in lines(out / "worker-started") and ran["pid"] != project.proc.pid
@@ -172,20 +183,44 @@ def test_on_worker_startup_runs_in_the_process_that_runs_tasks(project: Project)
 def test_time_limit_ends_before_handle_failure(project: Project) -> None:
     env, out = project.env, project.out
     publish(env, "SlowFailureTask")  # fails at 0.7 s of its 1 s limit; handle_failure takes 3 s more
-    assert wait_for(lambda: lines(out / "slowfailure-handled"), 15, "handle_failure to finish") == [{"error": "ValueError"}]
+    assert project.wait(lambda: lines(out / "slowfailure-handled"), 15, "handle_failure to finish") == [{"error": "ValueError"}]
     stays(lambda: len(lines(out / "slowfailure-handled")) == 1, 2.0, "one attempt: not stopped from outside, not retried")
 
 
 def test_hung_tasks_are_bounded_by_time_limit_and_queue_sla(project: Project) -> None:
     env, out = project.env, project.out
     publish(env, "hang")
-    fail = wait_for(lambda: lines(out / "hang-failures"), 15, "HangTask's timeout")
+    fail = project.wait(lambda: lines(out / "hang-failures"), 15, "HangTask's timeout")
     assert fail == [{"error": "TimeoutException", "retried": False}]  # max_retries = None: no retry
     assert lines(out / "hang-killed") == [{}] and len(lines(out / "hang-started")) == 1
     # time_limit = None: the "sla" queue's visibility timeout (3 s) stops it; the next task on the queue runs
-    after = wait_for(lambda: lines(out / "after-hang"), 20, "the task behind the hung one")[0]
+    after = project.wait(lambda: lines(out / "after-hang"), 20, "the task behind the hung one")[0]
     started = lines(out / "nolimit-started")
     assert len(started) == 1 and 2.5 <= after["at"] - started[0]["at"] < 10
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="the peak carried across exec is Linux's")
+def test_a_worker_started_by_a_large_process_measures_its_own_memory(tmp_path: Path) -> None:
+    """DIE_ON_RESIDENT_SET_SIZE_MB compares the worker's resident memory now, not the peak it inherits.
+
+    Linux keeps `ru_maxrss` across `exec`: a worker started by a test runner or supervisor holding
+    400 MB would begin over ndkale's default 256 MB, and exit 1 before running a task.
+    """
+    measure = (
+        "import resource; from conveyor.compat.kale.worker import resident_kb; "
+        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resident_kb())"
+    )
+    big_parent = (
+        "import os, sys; ballast = b'x' * (400 << 20); "  # resident, unlike a calloc'd bytearray
+        f"os.execv(sys.executable, [sys.executable, '-c', {measure!r}])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", big_parent], env=env_for("", tmp_path), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    peak_kb, now_kb = map(int, done.stdout.split())
+    assert peak_kb > 400 * 1024  # the inherited peak this test is about
+    assert now_kb < settings.DEFAULTS["DIE_ON_RESIDENT_SET_SIZE_MB"] * 1024
 
 
 # --- bad input: clear errors ----------------------------------------------------------------------
@@ -263,7 +298,7 @@ def test_a_signal_to_the_process_group_lets_running_tasks_finish(tmp_path: Path)
     out = tmp_path
     with running_worker(out) as p:
         publish(p.env, "SlowTask")
-        started = wait_for(lambda: lines(out / "slow-started"), 15, "SlowTask to start")[0]
+        started = p.wait(lambda: lines(out / "slow-started"), 15, "SlowTask to start")[0]
         os.killpg(p.proc.pid, signal.SIGTERM)  # to the worker and its task processes, as systemd's KillMode=control-group
         assert p.proc.wait(20) == 0
     assert lines(out / "slow-done") == [{}]  # the running task finished
