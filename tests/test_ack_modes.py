@@ -24,11 +24,11 @@ from conveyor.worker.ack_modes import (
     Failed,
     SettleAfterRunning,
     Stopped,
+    Unstarted,
     ack_mode,
     ack_on_delivery,
 )
-from conveyor.worker.completions import Completions
-from conveyor.worker.executors import Completion, ThreadSlots
+from conveyor.worker.executors import Completion
 from conveyor.worker.held import Held
 from conveyor.worker.middleware import Decision, Middleware, default_middleware
 from conveyor.worker.settler import Ack, Extend, Nack
@@ -84,8 +84,7 @@ def test_settled_after_running_long_tasks_have_their_leases_extended(queues: InP
 def test_settled_after_running_a_stop_gives_back_what_did_not_finish(queues: InProcessQueues) -> None:
     mode = SettleAfterRunning(default_middleware())
     got = fetched(queues, 3)
-    slots = ThreadSlots(1, Completions(), None)  # not started: what is submitted waits in line
-    assert mode.unstarted(got[:1], slots) == got[:1] and slots.unstarted() == []
+    assert mode.unstarted(got[:1]) == Unstarted(got[:1], [])
     assert mode.stopped(got[1:]) == Stopped(got[1:], [])
 
 
@@ -112,8 +111,7 @@ def test_acked_on_delivery_nothing_is_sent_after_the_task(queues: InProcessQueue
 def test_acked_on_delivery_a_stop_gives_nothing_back(queues: InProcessQueues) -> None:
     mode = AckOnDelivery(None)
     got = fetched(queues, 3)
-    slots = ThreadSlots(1, Completions(), None)
-    assert mode.unstarted(got[:1], slots) == [] and slots.unstarted() == got[:1]  # back in line: they run here
+    assert mode.unstarted(got[:1]) == Unstarted([], got[:1])  # acked: they run here
     stopped = mode.stopped(got[1:])
     assert stopped.give_back == [] and [c.message for c in stopped.failed] == got[1:]
     assert all(isinstance(c, Completion) and c.error is not None and c.error.error == STOPPED for c in stopped.failed)

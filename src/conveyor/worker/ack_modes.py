@@ -17,7 +17,7 @@ from conveyor.client.backend import QueueBackend
 from conveyor.constants import H_TASK
 from conveyor.errors import TaskError
 from conveyor.message import Message
-from conveyor.worker.executors import Completion, ProcessSlots, ThreadSlots
+from conveyor.worker.executors import Completion
 from conveyor.worker.held import Held, due_extensions
 from conveyor.worker.middleware import Decision, Middleware
 from conveyor.worker.settler import Ack, Extend, Nack
@@ -39,6 +39,14 @@ class Failed:
 
     decision: Decision
     nack: Nack | None
+
+
+@dataclass(frozen=True, slots=True)
+class Unstarted:
+    """Of the messages waiting for a slot as the consumer stops, those to `give_back` and those to `run_here`."""
+
+    give_back: list[Message]
+    run_here: list[Message]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,8 +87,8 @@ class AckMode(ABC):
         """What becomes of a failed task, and what to send for it (None: nothing)."""
 
     @abstractmethod
-    def unstarted(self, waiting: list[Message], slots: ThreadSlots | ProcessSlots) -> list[Message]:
-        """Of the messages `waiting` for a slot as the consumer stops, those it gives back (the others run here)."""
+    def unstarted(self, waiting: list[Message]) -> Unstarted:
+        """Split the messages `waiting` for a slot as the consumer stops: the consumer gives back or runs them as told."""
 
     @abstractmethod
     def stopped(self, running: list[Message]) -> Stopped:
@@ -119,8 +127,8 @@ class SettleAfterRunning(AckMode):
         d = next((d for mw in self.middleware if (d := mw.on_failure(m, error)) is not None), Decision(False))
         return Failed(d, Nack(m.queue, m.id, error.error, d.delay_s, d.final))
 
-    def unstarted(self, waiting: list[Message], slots: ThreadSlots | ProcessSlots) -> list[Message]:
-        return waiting
+    def unstarted(self, waiting: list[Message]) -> Unstarted:
+        return Unstarted(waiting, [])
 
     def stopped(self, running: list[Message]) -> Stopped:
         """Give them back READY, the attempt not counted: the worker stopped, the task did not fail.
@@ -167,10 +175,8 @@ class AckOnDelivery(AckMode):
     def failed(self, m: Message, error: TaskError) -> Failed:
         return Failed(Decision(True), None)  # settled already: no retry can follow
 
-    def unstarted(self, waiting: list[Message], slots: ThreadSlots | ProcessSlots) -> list[Message]:
-        for m in waiting:
-            slots.submit(m)
-        return []
+    def unstarted(self, waiting: list[Message]) -> Unstarted:
+        return Unstarted([], waiting)  # acked: they cannot go back
 
     def stopped(self, running: list[Message]) -> Stopped:
         return Stopped([], [Completion(m, None, TaskError(m.headers.get(H_TASK, "?"), STOPPED, True), -1) for m in running])

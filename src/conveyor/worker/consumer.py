@@ -382,10 +382,12 @@ class Consumer:
 
         Acked on delivery, they cannot go back: they run here (see `ack_modes`).
         """
-        back = self._ack_mode.unstarted(slots.unstarted(), slots)
-        for m in back:
+        split = self._ack_mode.unstarted(slots.unstarted())
+        for m in split.run_here:
+            slots.submit(m)  # back in line, in their order
+        for m in split.give_back:
             del self._running[m.queue, m.id]
-        self._release(back)
+        self._release(split.give_back)
 
     def _hand_back(self) -> None:
         """Settle the messages still running as the consumer ends, as the ack mode says.
