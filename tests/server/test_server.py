@@ -274,6 +274,37 @@ def test_a_damaged_queue_is_unavailable_and_the_rest_keeps_serving(tmp_path: Pat
     assert len(list((d / QUEUES_DIR / "conf").glob(QUEUE_CONFIG_NAME + ".damaged-*"))) == 1
 
 
+def test_a_queue_json_from_before_store_kinds_is_no_damage_and_says_what_to_change(tmp_path: Path) -> None:
+    """A `queue.json` saying `"durable": true` where it now says its kind: written by an older build.
+
+    The queue is unavailable with a message saying so and what to put in its place; --repair does
+    not reset its settings to the defaults (it is not damaged); changed as told, it opens as it was.
+    """
+    d = tmp_path / "data"
+    with thread_server(data_dir=d) as s, QueueClient(s.address) as c:
+        c.declare("old", lease_s=11.0, max_attempts=4)
+        c.put("old", msgs(3))
+    conf = d / QUEUES_DIR / "old" / QUEUE_CONFIG_NAME
+    settings = json.loads(conf.read_text())
+    older = json.dumps({"durable": True, **{k: v for k, v in settings.items() if k != "kind"}})
+    conf.write_text(older)
+    for repair in (False, True):
+        with thread_server(data_dir=d, repair=repair) as s, QueueClient(s.address) as c:
+            with pytest.raises(RequestError) as e:
+                c.get("old", 1)
+            assert e.value.kind == "unavailable"
+            said = str(e.value)
+            assert "written by an older build" in said and '"durable": true' in said and '"kind": "durable"' in said, said
+            assert "damaged" not in said and "restart the server with --repair" not in said, said
+            assert [q.name for q in c.queues()] == []
+        assert conf.read_text() == older  # left as it was, settings and all: nothing set aside, nothing reset
+        assert list(conf.parent.glob(QUEUE_CONFIG_NAME + ".*")) == []
+    conf.write_text(older.replace('"durable": true', '"kind": "durable"'))  # as the message says
+    with thread_server(data_dir=d) as s, QueueClient(s.address) as c:
+        assert [(q.name, q.kind, q.lease_s, q.max_attempts) for q in c.queues()] == [("old", "durable", 11.0, 4)]
+        assert len(c.get("old", 10)) == 3
+
+
 def test_blobs_are_content_addressed(server: ThreadServer, client: QueueClient) -> None:
     key = client.put_blob(b"pickled function")
     assert len(key) == 64 and client.get_blob(key) == b"pickled function"

@@ -17,9 +17,18 @@ from conveyor.client.in_process import InProcessQueues
 from conveyor.constants import H_TASK
 from conveyor.errors import ConnectionLostError, TaskError
 from conveyor.message import Message
-from conveyor.worker.ack_modes import STOPPED, AckOnDelivery, SettleAfterRunning, ack_mode, ack_on_delivery
-from conveyor.worker.completions import Completions
-from conveyor.worker.executors import Completion, ThreadSlots
+from conveyor.worker.ack_modes import (
+    STOPPED,
+    AckOnDelivery,
+    Delivered,
+    Failed,
+    SettleAfterRunning,
+    Stopped,
+    Unstarted,
+    ack_mode,
+    ack_on_delivery,
+)
+from conveyor.worker.executors import Completion
 from conveyor.worker.held import Held
 from conveyor.worker.middleware import Decision, Middleware, default_middleware
 from conveyor.worker.settler import Ack, Extend, Nack
@@ -44,8 +53,7 @@ def test_the_options_choose_the_mode() -> None:
 def test_settled_after_running_a_fetch_stays_leased_until_its_task_ends(queues: InProcessQueues) -> None:
     mode = SettleAfterRunning(default_middleware())
     got = fetched(queues, 3)
-    run, error = mode.delivered(queues, got, 0)
-    assert run == got and error is None
+    assert mode.delivered(queues, got, 0) == Delivered(got, None)
     assert queues.stats("jobs")["jobs"].delivered == 3  # leased, not acked
     assert mode.succeeded(got[0], b"r") == Ack("jobs", got[0].id, b"r")
     assert mode.result_room(queues) == queues.clients[0].server_limits.max_item_bytes
@@ -60,8 +68,8 @@ def test_settled_after_running_a_failure_is_the_middlewares_call(queues: InProce
     mode = SettleAfterRunning(middleware)
     [m] = fetched(queues, 1)
     middleware.append(Later())  # the consumer's own list: one added after the mode was chosen is asked too
-    d, nack = mode.failed(m, TaskError("t", "ValueError: no", True))
-    assert d == Decision(False, 7.0) and nack == Nack("jobs", m.id, "ValueError: no", 7.0, False)
+    failed = mode.failed(m, TaskError("t", "ValueError: no", True))
+    assert failed == Failed(Decision(False, 7.0), Nack("jobs", m.id, "ValueError: no", 7.0, False))
 
 
 def test_settled_after_running_long_tasks_have_their_leases_extended(queues: InProcessQueues) -> None:
@@ -76,17 +84,15 @@ def test_settled_after_running_long_tasks_have_their_leases_extended(queues: InP
 def test_settled_after_running_a_stop_gives_back_what_did_not_finish(queues: InProcessQueues) -> None:
     mode = SettleAfterRunning(default_middleware())
     got = fetched(queues, 3)
-    slots = ThreadSlots(1, Completions(), None)  # not started: what is submitted waits in line
-    assert mode.unstarted(got[:1], slots) == got[:1] and slots.unstarted() == []
-    assert mode.stopped(got[1:]) == (got[1:], [])
+    assert mode.unstarted(got[:1]) == Unstarted(got[:1], [])
+    assert mode.stopped(got[1:]) == Stopped(got[1:], [])
 
 
 def test_acked_on_delivery_a_fetch_is_acked_before_it_runs_and_the_pool_told_first(queues: InProcessQueues) -> None:
     told: list[tuple[int, int]] = []  # (held, acked on the server) as the pool is told
     mode = AckOnDelivery(lambda n: told.append((n, queues.stats("jobs")["jobs"].acked)))
     got = fetched(queues, 3)
-    run, error = mode.delivered(queues, got, 2)
-    assert run == got and error is None
+    assert mode.delivered(queues, got, 2) == Delivered(got, None)
     assert told == [(5, 0)]  # 2 held before, 3 more: said before the acks
     assert queues.stats("jobs")["jobs"].acked == 3
     mode.holding(1)
@@ -98,18 +104,17 @@ def test_acked_on_delivery_nothing_is_sent_after_the_task(queues: InProcessQueue
     [m] = fetched(queues, 1)
     assert mode.succeeded(m, b"r") is None  # no result is stored: none is too big either
     assert mode.result_room(queues) == math.inf
-    assert mode.failed(m, TaskError("t", "ValueError: no", True)) == (Decision(True), None)  # no retry can follow
+    assert mode.failed(m, TaskError("t", "ValueError: no", True)) == Failed(Decision(True), None)  # no retry can follow
     assert mode.extensions([Held(m, None, heartbeat_at=0.0)], 1e9) == []  # no lease left to extend
 
 
 def test_acked_on_delivery_a_stop_gives_nothing_back(queues: InProcessQueues) -> None:
     mode = AckOnDelivery(None)
     got = fetched(queues, 3)
-    slots = ThreadSlots(1, Completions(), None)
-    assert mode.unstarted(got[:1], slots) == [] and slots.unstarted() == got[:1]  # back in line: they run here
-    back, failed = mode.stopped(got[1:])
-    assert back == [] and [c.message for c in failed] == got[1:]
-    assert all(isinstance(c, Completion) and c.error is not None and c.error.error == STOPPED for c in failed)
+    assert mode.unstarted(got[:1]) == Unstarted([], got[:1])  # acked: they run here
+    stopped = mode.stopped(got[1:])
+    assert stopped.give_back == [] and [c.message for c in stopped.failed] == got[1:]
+    assert all(isinstance(c, Completion) and c.error is not None and c.error.error == STOPPED for c in stopped.failed)
 
 
 class _AcksFailOnQueueB:
@@ -133,7 +138,7 @@ class _AcksFailOnQueueB:
 def test_acks_on_delivery_that_partly_fail_still_run_what_was_acked() -> None:
     pool = _AcksFailOnQueueB()
     got = [Message(id=i, queue=q) for i, q in [(1, "a"), (2, "a"), (3, "a"), (4, "b"), (5, "a"), (7, "b")]]
-    acked, error = ack_on_delivery(pool, got)  # type: ignore[arg-type]
+    delivered = ack_on_delivery(pool, got)  # type: ignore[arg-type]
     # one request per queue and server: a (server 1), a (server 0), then b fails
     assert pool.acked == [("a", [1, 3, 5]), ("a", [2])]
-    assert [m.id for m in acked] == [1, 3, 2] and isinstance(error, ConnectionLostError)
+    assert [m.id for m in delivered.run] == [1, 3, 2] and isinstance(delivered.error, ConnectionLostError)

@@ -31,6 +31,7 @@ from rich.table import Table
 from conveyor.cli.scenes import Outcome, Scene, corpus, run_map, run_plain
 from conveyor.dashboard import Dashboard
 from conveyor.spark.embedded import local
+from conveyor.worker.options import ConsumerOptions
 
 SCENE_KEYS = "abcd"
 DEFAULT_SCENES = "abc"  # d (--kill-worker) too would take the demo past 2 minutes on 2 cores
@@ -54,15 +55,15 @@ def scenes(pages: int) -> dict[str, Scene]:
                 "pages that crash their process",
                 small,
                 crash=3,
-                options={"pool": "process"},
-                shown="pool='process'",
+                consumers=ConsumerOptions(pool="process"),
+                shown="options=ConsumerOptions(pool='process')",
             ),
             Scene(
                 "c",
                 "a page that hangs",
                 small,
                 hang=1,
-                options={"time_limit": HANG_LIMIT_S},
+                time_limit=HANG_LIMIT_S,
                 shown=f"time_limit={HANG_LIMIT_S:g}",
             ),
             Scene("d", "a worker killed midway", pages, kill=True),

@@ -21,7 +21,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +29,7 @@ from conveyor.cli.corpus import busy, documents
 from conveyor.client.pool import QueuePool
 from conveyor.protocol.report import ConsumerReport
 from conveyor.spark import mapping
+from conveyor.worker.options import ConsumerOptions
 
 PAGE_SCHEMA = "doc long, page long, words long, seconds double"
 INPUT_SCHEMA = "doc long, page long, cost double, fault string"
@@ -42,7 +43,7 @@ MAP_RETRIES = 2  # the demo's map: a failing page is tried this many times more 
 
 @dataclass(frozen=True)
 class Scene:
-    """One scene: the corpus size, the faults put in it, and the map options it shows."""
+    """One scene: the corpus size, the faults put in it, and the map settings it shows."""
 
     key: str
     title: str
@@ -50,8 +51,9 @@ class Scene:
     crash: int = 0  # pages that kill their process
     hang: int = 0  # pages that never return
     kill: bool = False  # kill a worker process a third of the way through
-    options: dict[str, Any] = field(default_factory=dict)  # for conveyor.spark.map
-    shown: str = ""  # how the options read in the report
+    consumers: ConsumerOptions | None = None  # the map's consumers' options (its options=); None: the defaults
+    time_limit: float | None = None  # the map's time limit per page (None: none)
+    shown: str = ""  # how the settings read in the report
 
 
 @dataclass
@@ -145,9 +147,10 @@ def run_map(
             schema=PAGE_SCHEMA,
             n_consumers=workers,
             max_retries=MAP_RETRIES,
+            time_limit=scene.time_limit,
             progress=progress,
             stats=True,
-            **scene.options,
+            options=scene.consumers,
         )
         rows = out.select("doc", "page", "_error").collect()  # one job: the output is read back once
         ok = [r for r in rows if r[2] is None]

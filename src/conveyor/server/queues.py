@@ -177,7 +177,8 @@ class QueueHost:
                 self.queues[name] = q = self._open(self._read_info(conf))
                 self.touch(q)
             except Exception as e:  # one damaged queue must not take the others down
-                self.unavailable[name] = f"queue {name!r} could not be opened: {e}"
+                repair = "" if isinstance(e, OlderSettings) else " (restart the server with --repair to keep what is intact)"
+                self.unavailable[name] = f"queue {name!r} could not be opened: {e}{repair}"
                 log.error("%s", self.unavailable[name])
         if self.queues:
             log.info("reopened %d queue(s): %s", len(self.queues), ", ".join(self.queues))
@@ -185,11 +186,12 @@ class QueueHost:
     def _read_info(self, conf: Path) -> QueueInfo:
         """The settings of a queue kept on disk; with --repair, the server's defaults in place of a damaged file.
 
-        A kind this server does not know is no damage: the queue stays unavailable, its files as they are.
+        A kind this server does not know is no damage, nor is a file written by an older build: the
+        queue stays unavailable, its files as they are.
         """
         name = conf.parent.name
         try:
-            info = QueueInfo(**_settings(json.loads(conf.read_text())))
+            info = QueueInfo(**_settings(conf, json.loads(conf.read_text())))
             if info.name != name or not kind_named(info.kind, name).on_disk:
                 raise ValueError(f"it names {'queue ' + repr(info.name) if info.name != name else 'a queue not kept on disk'}")
             if type(info.lease_s) in (int, float) and info.lease_s > MAX_LEASE_S:  # declared before leases had a limit
@@ -266,7 +268,7 @@ class QueueHost:
             return q
         if name in self.unavailable:
             why = self.unavailable[name]
-            raise RequestError(ERR_UNAVAILABLE, f"{why} (restart the server with --repair to keep what is intact)")
+            raise RequestError(ERR_UNAVAILABLE, why)
         if not create:
             _check_name(name)
             raise RequestError(ERR_NO_QUEUE, f"no queue named {name!r} on this server")
@@ -413,10 +415,25 @@ def _check_name(name: str) -> None:
         )
 
 
-def _settings(raw: object) -> dict[str, Any]:
-    """The fields of a `queue.json` as `QueueInfo` takes them (a ValueError if it holds no map)."""
+class OlderSettings(ConveyorError):
+    """A `queue.json` written by an older build: not damaged, so --repair leaves it as it is."""
+
+
+def _settings(conf: Path, raw: object) -> dict[str, Any]:
+    """The fields of the `queue.json` `conf` as `QueueInfo` takes them (a ValueError if it holds no map).
+
+    One from before store kinds says `"durable"` where it now says its kind: no release wrote one,
+    so it is not read, and rather than reset its settings to the defaults (as --repair does to a
+    damaged file) the server says how to change it.
+    """
     if not isinstance(raw, dict):
         raise ValueError(f"it holds {type(raw).__name__}, not a map of settings")
+    if "durable" in raw and "kind" not in raw:
+        raise OlderSettings(
+            f'{conf} was written by an older build of conveyor: it says "durable": {json.dumps(raw["durable"])} '
+            'where this build reads the store kind. Put "kind": "durable" in its place (the kind of a queue kept '
+            "on disk) and restart the server; --repair leaves the file as it is"
+        )
     return raw
 
 

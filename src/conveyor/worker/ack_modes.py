@@ -11,17 +11,50 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 
 from conveyor.client.backend import QueueBackend
 from conveyor.constants import H_TASK
 from conveyor.errors import TaskError
 from conveyor.message import Message
-from conveyor.worker.executors import Completion, ProcessSlots, ThreadSlots
+from conveyor.worker.executors import Completion
 from conveyor.worker.held import Held, due_extensions
 from conveyor.worker.middleware import Decision, Middleware
 from conveyor.worker.settler import Ack, Extend, Nack
 
 STOPPED = "WorkerStopped: the worker stopped before the task finished"  # a task acked on delivery, cut short
+
+
+@dataclass(frozen=True, slots=True)
+class Delivered:
+    """Of a fetch, the messages to `run`, and the `error` that kept any others from running (None: none)."""
+
+    run: list[Message]
+    error: Exception | None
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """What becomes of a failed task (the middleware's `decision`), and the `nack` to send for it (None: nothing)."""
+
+    decision: Decision
+    nack: Nack | None
+
+
+@dataclass(frozen=True, slots=True)
+class Unstarted:
+    """Of the messages waiting for a slot as the consumer stops, those to `give_back` and those to `run_here`."""
+
+    give_back: list[Message]
+    run_here: list[Message]
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """Of the tasks running as the consumer ends, the messages to `give_back` and the `failed` settled in their place."""
+
+    give_back: list[Message]
+    failed: list[Completion]
 
 
 class AckMode(ABC):
@@ -30,7 +63,7 @@ class AckMode(ABC):
     reads_ahead: bool  # whether the consumer may hold messages beyond its slots (see `Pacing`)
 
     @abstractmethod
-    def delivered(self, servers: QueueBackend, got: list[Message], held: int) -> tuple[list[Message], Exception | None]:
+    def delivered(self, servers: QueueBackend, got: list[Message], held: int) -> Delivered:
         """The messages of a fetch to run (`held` are held already), and the error that kept any others from it."""
 
     @abstractmethod
@@ -50,19 +83,16 @@ class AckMode(ABC):
         """What to send for a task that ran to the end (None: nothing)."""
 
     @abstractmethod
-    def failed(self, m: Message, error: TaskError) -> tuple[Decision, Nack | None]:
+    def failed(self, m: Message, error: TaskError) -> Failed:
         """What becomes of a failed task, and what to send for it (None: nothing)."""
 
     @abstractmethod
-    def unstarted(self, waiting: list[Message], slots: ThreadSlots | ProcessSlots) -> list[Message]:
-        """Of the messages `waiting` for a slot as the consumer stops, those it gives back (the others run here)."""
+    def unstarted(self, waiting: list[Message]) -> Unstarted:
+        """Split the messages `waiting` for a slot as the consumer stops: the consumer gives back or runs them as told."""
 
     @abstractmethod
-    def stopped(self, running: list[Message]) -> tuple[list[Message], list[Completion]]:
-        """What the consumer does with tasks still `running` as it ends.
-
-        The messages it gives back, and the failures it settles in their place.
-        """
+    def stopped(self, running: list[Message]) -> Stopped:
+        """What the consumer does with tasks still `running` as it ends."""
 
 
 class SettleAfterRunning(AckMode):
@@ -77,8 +107,8 @@ class SettleAfterRunning(AckMode):
     def __init__(self, middleware: Sequence[Middleware]) -> None:
         self.middleware = middleware  # the consumer's own list: one added later is asked too
 
-    def delivered(self, servers: QueueBackend, got: list[Message], held: int) -> tuple[list[Message], Exception | None]:
-        return got, None
+    def delivered(self, servers: QueueBackend, got: list[Message], held: int) -> Delivered:
+        return Delivered(got, None)
 
     def holding(self, held: int) -> None:
         pass  # leased, not acked: the servers count them
@@ -93,19 +123,19 @@ class SettleAfterRunning(AckMode):
     def succeeded(self, m: Message, result: bytes | None) -> Ack | None:
         return Ack(m.queue, m.id, result)
 
-    def failed(self, m: Message, error: TaskError) -> tuple[Decision, Nack | None]:
+    def failed(self, m: Message, error: TaskError) -> Failed:
         d = next((d for mw in self.middleware if (d := mw.on_failure(m, error)) is not None), Decision(False))
-        return d, Nack(m.queue, m.id, error.error, d.delay_s, d.final)
+        return Failed(d, Nack(m.queue, m.id, error.error, d.delay_s, d.final))
 
-    def unstarted(self, waiting: list[Message], slots: ThreadSlots | ProcessSlots) -> list[Message]:
-        return waiting
+    def unstarted(self, waiting: list[Message]) -> Unstarted:
+        return Unstarted(waiting, [])
 
-    def stopped(self, running: list[Message]) -> tuple[list[Message], list[Completion]]:
+    def stopped(self, running: list[Message]) -> Stopped:
         """Give them back READY, the attempt not counted: the worker stopped, the task did not fail.
 
         Counted, a task on its last attempt would go to the dead letters.
         """
-        return running, []
+        return Stopped(running, [])
 
 
 class AckOnDelivery(AckMode):
@@ -122,10 +152,10 @@ class AckOnDelivery(AckMode):
     def __init__(self, holding: Callable[[int], object] | None) -> None:
         self._holding = holding
 
-    def delivered(self, servers: QueueBackend, got: list[Message], held: int) -> tuple[list[Message], Exception | None]:
+    def delivered(self, servers: QueueBackend, got: list[Message], held: int) -> Delivered:
         """Acked before they run: a crash from here on loses them."""
         if not got:
-            return got, None
+            return Delivered(got, None)
         self.holding(held + len(got))  # said before the acks: a join seeing them acked sees them held
         return ack_on_delivery(servers, got)
 
@@ -142,19 +172,17 @@ class AckOnDelivery(AckMode):
     def succeeded(self, m: Message, result: bytes | None) -> Ack | None:
         return None
 
-    def failed(self, m: Message, error: TaskError) -> tuple[Decision, Nack | None]:
-        return Decision(True), None  # settled already: no retry can follow
+    def failed(self, m: Message, error: TaskError) -> Failed:
+        return Failed(Decision(True), None)  # settled already: no retry can follow
 
-    def unstarted(self, waiting: list[Message], slots: ThreadSlots | ProcessSlots) -> list[Message]:
-        for m in waiting:
-            slots.submit(m)
-        return []
+    def unstarted(self, waiting: list[Message]) -> Unstarted:
+        return Unstarted([], waiting)  # acked: they cannot go back
 
-    def stopped(self, running: list[Message]) -> tuple[list[Message], list[Completion]]:
-        return [], [Completion(m, None, TaskError(m.headers.get(H_TASK, "?"), STOPPED, True), -1) for m in running]
+    def stopped(self, running: list[Message]) -> Stopped:
+        return Stopped([], [Completion(m, None, TaskError(m.headers.get(H_TASK, "?"), STOPPED, True), -1) for m in running])
 
 
-def ack_on_delivery(pool: QueueBackend, got: list[Message]) -> tuple[list[Message], Exception | None]:
+def ack_on_delivery(pool: QueueBackend, got: list[Message]) -> Delivered:
     """Ack `got` now, before any of it runs.
 
     Sent at once on the consumer's own connections, not by the settler's next batch: a message is
@@ -173,9 +201,9 @@ def ack_on_delivery(pool: QueueBackend, got: list[Message]) -> tuple[list[Messag
         try:
             oks = pool.ack(q, [m.id for m in ms])
         except Exception as e:  # said to the caller, after what was acked starts
-            return out, e
+            return Delivered(out, e)
         out += [m for m, ok in zip(ms, oks, strict=True) if ok]
-    return out, None
+    return Delivered(out, None)
 
 
 def ack_mode(early_ack: bool, middleware: Sequence[Middleware], holding: Callable[[int], object] | None) -> AckMode:

@@ -309,16 +309,16 @@ class Consumer:
 
     # --- running --------------------------------------------------------------------------
     def _start(self, slots: ThreadSlots | ProcessSlots, got: list[Message]) -> None:
-        got, error = self._ack_mode.delivered(self._servers, got, len(self._running))  # those it keeps from running do not
+        delivered = self._ack_mode.delivered(self._servers, got, len(self._running))  # those it keeps from running do not
         middleware, running = self.middleware, self._running
         now = time.monotonic()  # fetched together: one time for the batch
-        for m in got:
+        for m in delivered.run:
             deadlines = [d for mw in middleware if (d := mw.deadline(m, now)) is not None]
             running[m.queue, m.id] = Held.fetched(m, min(deadlines) - now if deadlines else None, now)
             slots.submit(m)
         self._ack_mode.holding(len(running))
-        if error is not None:  # what was acked before it runs; the loop retries (or ends on) the error
-            raise error
+        if delivered.error is not None:  # what was acked before it runs; the loop retries (or ends on) the error
+            raise delivered.error
 
     def _wait(self, timeout: float, n: int = 1) -> None:
         """Wait for `n` completions (left for the next loop) or the timeout."""
@@ -360,11 +360,11 @@ class Consumer:
                 if H_ROWS in m.headers:  # a map job's: its rows are counted (only then: this is the hot path)
                     self.stats.settled(m)
             else:
-                d, nack = mode.failed(m, c.error)
-                if nack is not None:
-                    out.append(nack)
+                failed = mode.failed(m, c.error)
+                if failed.nack is not None:
+                    out.append(failed.nack)
                 self.stats.failed += 1
-                dead = d.final or m.attempts >= m.max_attempts
+                dead = failed.decision.final or m.attempts >= m.max_attempts
                 self.stats.dead, self.stats.retried = self.stats.dead + dead, self.stats.retried + (not dead)
                 if dead:
                     self.stats.settled(m)
@@ -382,10 +382,12 @@ class Consumer:
 
         Acked on delivery, they cannot go back: they run here (see `ack_modes`).
         """
-        back = self._ack_mode.unstarted(slots.unstarted(), slots)
-        for m in back:
+        split = self._ack_mode.unstarted(slots.unstarted())
+        for m in split.run_here:
+            slots.submit(m)  # back in line, in their order
+        for m in split.give_back:
             del self._running[m.queue, m.id]
-        self._release(back)
+        self._release(split.give_back)
 
     def _hand_back(self) -> None:
         """Settle the messages still running as the consumer ends, as the ack mode says.
@@ -393,10 +395,10 @@ class Consumer:
         The consumer ends on a hard stop, `shutdown_timeout` past, or an error: their messages go
         back to the queue, or, acked on delivery, count as failed.
         """
-        back, failed = self._ack_mode.stopped([r.message for r in self._running.values()])
-        self._settle(failed)
-        self._settler.put([Release(m.queue, m.id) for m in back])
-        self.stats.handed_back += len(back)
+        stopped = self._ack_mode.stopped([r.message for r in self._running.values()])
+        self._settle(stopped.failed)
+        self._settler.put([Release(m.queue, m.id) for m in stopped.give_back])
+        self.stats.handed_back += len(stopped.give_back)
         self._running.clear()
 
     def _release(self, got: list[Message]) -> None:

@@ -445,7 +445,9 @@ class ConsumerPool:
                 self.pool.queues.wake(self.queue_names)  # after the signals: a woken consumer has its stop already
             except Exception as e:  # only speeds the stop up: the consumers' polls end on their own
                 log.warning("could not wake the consumers' long polls: %s", e)
-        grace = STOP_MARGIN_S + (process_shutdown_timeout(self.options.shutdown_timeout) if graceful else 0)
+        timeout = self.options.shutdown_timeout
+        assert timeout is not None  # resolved in __init__, as the consumers have it
+        grace = STOP_MARGIN_S + (timeout if graceful else 0)
         deadline = time.monotonic() + grace
         try:
             for i, p in ((i, p) for i, p in enumerate(self._procs) if p is not None):
