@@ -212,18 +212,20 @@ def read_results(
 
     The rows of a split message come once (`_SplitLedger`).
 
-    Returns how many rows it yielded, and how many of them failed.
+    Returns how many rows it yielded, and how many of them failed; each stands for one input row
+    (a message's result or dead letter gives a row per row it carried, a split one's rows coming
+    from the messages split off it), so the inputs are the rows.
     """
     from pyspark.sql.pandas.types import to_arrow_schema
 
     names = [f.name for f in schema.fields]
     arrow = to_arrow_schema(with_extra(schema))
     rows: list[dict[str, Any]] = []
-    counts = ReadCounts(0, 0)
+    counts = ReadCounts(0, 0, 0)
 
     def counted(batch: pa.RecordBatch) -> pa.RecordBatch:
         nonlocal counts
-        counts += ReadCounts(batch.num_rows, batch.num_rows - batch.column("_error").null_count)
+        counts += ReadCounts(batch.num_rows, batch.num_rows, batch.num_rows - batch.column("_error").null_count)
         return batch
 
     for shard in shards:
