@@ -17,8 +17,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
 from conveyor.client.pool import QueuePool
-from conveyor.client.sharded import ShardedQueues
-from conveyor.spark.form import JobForm, JobTask, MakeParcels, Parcel, ReadShard
+from conveyor.spark.form import JobForm, JobTask, MakeParcels, Parcel, ReadShard, ServerOutcomes
 from conveyor.spark.job import JobSettings, queue_job
 from conveyor.spark.records import ReadCounts, RowsPut, TaskRecords
 from conveyor.tasks.envelope import decode_result
@@ -51,9 +50,9 @@ def square_and_negative(ids: list[int]) -> list[list[list[int]]]:
     return [[[i, i * i], [i, -i * i]] for i in ids]
 
 
-def read_per_input(pool: ShardedQueues, queue: str, shard: int) -> Generator[pa.RecordBatch, None, ReadCounts]:
+def read_per_input(server: ServerOutcomes) -> Generator[pa.RecordBatch, None, ReadCounts]:
     """The read-back of a task giving a list of output rows per input row: it counts the inputs and the rows apart."""
-    per_input = [rows for _, r in pool.clients[shard].iter_results(queue) for rows in decode_result(r)]
+    per_input = [rows for _, r in server.results() for rows in decode_result(r)]
     rows = [{"id": i, "square": sq} for out in per_input for i, sq in out]
     if rows:
         yield pa.RecordBatch.from_pylist(rows, schema=ARROW_OUTPUT)
@@ -64,23 +63,23 @@ def failing_parcels(batch: pa.RecordBatch) -> list[Parcel]:
     raise ValueError("no parcel for this batch")
 
 
-def read_squares(pool: ShardedQueues, queue: str, shard: int) -> Generator[pa.RecordBatch, None, ReadCounts]:
-    rows = [{"id": i, "square": sq} for _, r in pool.clients[shard].iter_results(queue) for i, sq in decode_result(r)]
+def read_squares(server: ServerOutcomes) -> Generator[pa.RecordBatch, None, ReadCounts]:
+    rows = [{"id": i, "square": sq} for _, r in server.results() for i, sq in decode_result(r)]
     if rows:
         yield pa.RecordBatch.from_pylist(rows, schema=ARROW_OUTPUT)
     return ReadCounts(len(rows), len(rows), 0)
 
 
-def read_losing_a_message(pool: ShardedQueues, queue: str, shard: int) -> Generator[pa.RecordBatch, None, ReadCounts]:
+def read_losing_a_message(server: ServerOutcomes) -> Generator[pa.RecordBatch, None, ReadCounts]:
     """A read-back that misses the first message each server holds, as a bug would."""
-    rows = [{"id": i, "square": sq} for _, r in list(pool.clients[shard].iter_results(queue))[1:] for i, sq in decode_result(r)]
+    rows = [{"id": i, "square": sq} for _, r in list(server.results())[1:] for i, sq in decode_result(r)]
     if rows:
         yield pa.RecordBatch.from_pylist(rows, schema=ARROW_OUTPUT)
     return ReadCounts(len(rows), len(rows), 0)
 
 
-def failing_read(pool: ShardedQueues, queue: str, shard: int) -> Generator[pa.RecordBatch, None, ReadCounts]:
-    raise ValueError(f"server {shard} cannot be read")
+def failing_read(server: ServerOutcomes) -> Generator[pa.RecordBatch, None, ReadCounts]:
+    raise ValueError(f"server {server.shard} cannot be read")
     yield  # a generator, as a form's read is
 
 

@@ -36,13 +36,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.client.pool import QueuePool
+from conveyor.client.queue_client import QueueClient
 from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import DEFAULT_UNREACHABLE_S, H_ROWS, MAP_DEFAULT_LEASE_S
 from conveyor.errors import ConnectionLostError, ConveyorError
 from conveyor.message import Message
 from conveyor.spark.cluster import driver_pool, is_local
 from conveyor.spark.consumers import Feed, SparkConsumerPool, check_count, consumer_count
-from conveyor.spark.form import JobForm, JobTask, MakeParcels, Parcel, ReadShard
+from conveyor.spark.form import JobForm, JobTask, MakeParcels, Parcel, ReadShard, ServerOutcomes
 from conveyor.spark.preflight import preflight
 from conveyor.spark.records import ReadCounts, TaskRecords, drop_where_answering
 from conveyor.spark.session import check_workers_python
@@ -403,7 +404,7 @@ def _put_task(put: InputPut) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa
 def _read_task(
     pool: ShardedQueues, queue: str, read: ReadShard, records: TaskRecords[ReadCounts]
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """mapInArrow function of the read-back job: task i yields the output rows of server i.
+    """mapInArrow function of the read-back job: task i yields the output rows of server i (none if it lost the queue).
 
     Then it records what it read, once (`records`), while the job waits for them: a partition read
     again later, with the records queue gone, records nothing.
@@ -415,12 +416,19 @@ def _read_task(
         for _ in batches:
             pass
         shard = cast("TaskContext", TaskContext.get()).partitionId()  # always set inside a Spark task
+        client = pool.clients[shard]
         try:
-            counts = yield from read(pool, queue, shard)
-            client = pool.clients[shard]
-            if records.queue in {q.name for q in client.queues()}:
+            counts = ReadCounts(0, 0, 0)
+            if queue in _queues(client):
+                counts = yield from read(ServerOutcomes(client, queue, shard))
+            if records.queue in _queues(client):
                 records.record(client, shard, counts)
         finally:
             pool.close()
 
     return read_shard
+
+
+def _queues(client: QueueClient) -> set[str]:
+    """The names of the queues a server holds."""
+    return {q.name for q in client.queues()}
