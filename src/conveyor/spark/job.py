@@ -36,7 +36,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.client.pool import QueuePool
-from conveyor.client.queue_client import QueueClient
 from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import DEFAULT_UNREACHABLE_S, H_ROWS, MAP_DEFAULT_LEASE_S
 from conveyor.errors import ConnectionLostError, ConveyorError
@@ -57,6 +56,8 @@ from conveyor.worker.options import ConsumerOptions, refuse_shared_selector
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
+
+    from conveyor.client.queue_client import QueueClient
 
 log = logging.getLogger("conveyor.spark")
 
@@ -416,8 +417,8 @@ def _read_task(
         for _ in batches:
             pass
         shard = cast("TaskContext", TaskContext.get()).partitionId()  # always set inside a Spark task
-        client = pool.clients[shard]
         try:
+            client = pool.clients[shard]
             counts = ReadCounts(0, 0, 0)
             if queue in _queues(client):
                 counts = yield from read(ServerOutcomes(client, queue, shard))
