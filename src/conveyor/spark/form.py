@@ -14,7 +14,7 @@ from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from conveyor.constants import SHARD_SHIFT
+from conveyor.client.sharded import ShardedQueues
 from conveyor.message import DeadLetter
 from conveyor.spark.records import ReadCounts
 from conveyor.tasks.options import TaskOptions
@@ -51,15 +51,14 @@ class ServerOutcomes:
 
     def results(self) -> Iterator[tuple[int, bytes]]:
         """Each message's result, in id order: (the message's id across the pool, its result)."""
-        base = self.shard << SHARD_SHIFT
         for i, r in self.client.iter_results(self.queue, page=READ_PAGE):
-            yield base | i, r
+            yield ShardedQueues.global_id(self.shard, i), r
 
     def dead_letters(self) -> Iterator[DeadLetter]:
         """Each dead letter, in id order, its message's id the one across the pool."""
-        base = self.shard << SHARD_SHIFT
         for d in self.client.iter_dead_letters(self.queue, page=READ_PAGE):
-            yield dataclasses.replace(d, message=dataclasses.replace(d.message, id=base | d.message.id))
+            pool_id = ShardedQueues.global_id(self.shard, d.message.id)
+            yield dataclasses.replace(d, message=dataclasses.replace(d.message, id=pool_id))
 
 
 MakeParcels = Callable[["pa.RecordBatch"], list[Parcel]]  # an Arrow batch of input -> its messages' parcels
