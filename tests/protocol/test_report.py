@@ -25,7 +25,7 @@ from conveyor.dashboard.state import PoolWatch
 from conveyor.protocol import requests as calls
 from conveyor.protocol.histograms import Histogram
 from conveyor.protocol.report import FIGURES, ConsumerReport, Rows, Shown
-from conveyor.spark.consumers import STATS_DDL, _stats_row
+from conveyor.spark.consumers import STATS_DDL, ConsumerRow
 
 from ..server.test_metrics import scrape, value
 from ..support.servers import ThreadServer, thread_server, wait_for
@@ -129,7 +129,9 @@ def test_the_dashboard_shows_every_figure(reported: tuple[ThreadServer, QueuePoo
 
 def test_spark_consumer_stats_have_a_column_for_every_total_and_process_figure() -> None:
     r = _sample()
-    row = _stats_row(3, r, 1.0, 2.0, 10)
+    typed = ConsumerRow.of(3, r, 1.0, 2.0, 10)
+    row = typed.as_dict()
+    assert ConsumerRow.from_dict(row) == typed  # as it comes back from Spark
     columns = [c.split()[0] for c in STATS_DDL.split(", ")]
     assert list(row) == columns  # the row as the DDL declares it, in its order
     # the columns of SparkConsumerPool.dataframe() keep their order: a figure added comes among them

@@ -17,8 +17,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
 from conveyor.client.pool import QueuePool
-from conveyor.client.sharded import ShardedQueues
-from conveyor.spark.form import JobForm, JobTask, MakeParcels, Parcel, ReadShard
+from conveyor.spark.form import JobForm, JobTask, MakeParcels, Parcel, ReadShard, ServerOutcomes
 from conveyor.spark.job import JobSettings, queue_job
 from conveyor.spark.records import ReadCounts, RowsPut, TaskRecords
 from conveyor.tasks.envelope import decode_result
@@ -26,6 +25,7 @@ from conveyor.tasks.options import TaskOptions
 from conveyor.worker.options import ConsumerOptions
 
 OUTPUT = StructType([StructField("id", LongType(), False), StructField("square", LongType(), False)])
+ARROW_OUTPUT = pa.schema([("id", pa.int64(), False), ("square", pa.int64(), False)])
 JOB_QUEUE_PREFIXES = ("squares-", "conveyor-fed-", "conveyor-read-")
 
 
@@ -45,19 +45,41 @@ def one_message_per_batch(batch: pa.RecordBatch) -> list[Parcel]:
     return [Parcel((ids,), len(ids))] if ids else []
 
 
+def square_and_negative(ids: list[int]) -> list[list[list[int]]]:
+    """A task whose every input row gives two output rows: the id with its square, and with minus it."""
+    return [[[i, i * i], [i, -i * i]] for i in ids]
+
+
+def read_per_input(server: ServerOutcomes) -> Generator[pa.RecordBatch, None, ReadCounts]:
+    """The read-back of a task giving a list of output rows per input row: it counts the inputs and the rows apart."""
+    per_input = [rows for _, r in server.results() for rows in decode_result(r)]
+    rows = [{"id": i, "square": sq} for out in per_input for i, sq in out]
+    if rows:
+        yield pa.RecordBatch.from_pylist(rows, schema=ARROW_OUTPUT)
+    return ReadCounts(len(per_input), len(rows), 0)
+
+
 def failing_parcels(batch: pa.RecordBatch) -> list[Parcel]:
     raise ValueError("no parcel for this batch")
 
 
-def read_squares(pool: ShardedQueues, queue: str, shard: int) -> Generator[pa.RecordBatch, None, ReadCounts]:
-    rows = [{"id": i, "square": sq} for _, r in pool.clients[shard].iter_results(queue) for i, sq in decode_result(r)]
+def read_squares(server: ServerOutcomes) -> Generator[pa.RecordBatch, None, ReadCounts]:
+    rows = [{"id": i, "square": sq} for _, r in server.results() for i, sq in decode_result(r)]
     if rows:
-        yield pa.RecordBatch.from_pylist(rows, schema=pa.schema([("id", pa.int64(), False), ("square", pa.int64(), False)]))
-    return ReadCounts(len(rows), 0)
+        yield pa.RecordBatch.from_pylist(rows, schema=ARROW_OUTPUT)
+    return ReadCounts(len(rows), len(rows), 0)
 
 
-def failing_read(pool: ShardedQueues, queue: str, shard: int) -> Generator[pa.RecordBatch, None, ReadCounts]:
-    raise ValueError(f"server {shard} cannot be read")
+def read_losing_a_message(server: ServerOutcomes) -> Generator[pa.RecordBatch, None, ReadCounts]:
+    """A read-back that misses the first message each server holds, as a bug would."""
+    rows = [{"id": i, "square": sq} for _, r in list(server.results())[1:] for i, sq in decode_result(r)]
+    if rows:
+        yield pa.RecordBatch.from_pylist(rows, schema=ARROW_OUTPUT)
+    return ReadCounts(len(rows), len(rows), 0)
+
+
+def failing_read(server: ServerOutcomes) -> Generator[pa.RecordBatch, None, ReadCounts]:
+    raise ValueError(f"server {server.shard} cannot be read")
     yield  # a generator, as a form's read is
 
 
@@ -92,17 +114,38 @@ def test_a_job_puts_consumes_reads_back_and_leaves_only_its_results_queue(
     assert pool.drop(job.queue) and job_queues(pool) == set()
 
 
-@pytest.mark.parametrize("failing", ["put", "read"])
-def test_a_failed_job_leaves_nothing_behind(spark: SparkSession, pool: QueuePool, failing: str) -> None:
-    """A job whose put or read-back fails drops its queue and its records, and says so on the error."""
-    df = spark.range(20, numPartitions=2)
+def test_a_job_whose_output_rows_differ_from_its_input_rows_reports_its_output(spark: SparkSession, pool: QueuePool) -> None:
+    """Two output rows per input row: the job checks that every input came back once, and reports the rows out."""
+    df = spark.range(100, numPartitions=2)
     with queue_job(spark, pool, settings(), task_modules=[]) as job:
-        if failing == "put":
-            form = squares_form(job.queue, parcels=failing_parcels)
-        else:
-            form = squares_form(job.queue, read=failing_read)
-        with pytest.raises(Exception, match="no parcel for this batch" if failing == "put" else "cannot be read") as e:
-            job.run(df, form)
+        form = JobForm(
+            task=JobTask(square_and_negative, TaskOptions(queue=job.queue, max_retries=0)),
+            parcels=one_message_per_batch,
+            read=read_per_input,
+            output=OUTPUT,
+        )
+        outcome = job.run(df, form)
+    rows = sorted((r["id"], r["square"]) for r in outcome.frame.collect())
+    assert rows == sorted([(i, i * i) for i in range(100)] + [(i, -i * i) for i in range(100)])
+    assert (outcome.stats.rows, outcome.stats.failed) == (200, 0)
+    outcome.frame.unpersist()
+    assert pool.drop(job.queue) and job_queues(pool) == set()
+
+
+FAILING_FORMS: dict[str, tuple[MakeParcels, ReadShard, str]] = {
+    "put": (failing_parcels, read_squares, "no parcel for this batch"),
+    "read": (one_message_per_batch, failing_read, "cannot be read"),
+    "lost": (one_message_per_batch, read_losing_a_message, r"20 rows went in but the read-back accounts for \d+ of them"),
+}
+
+
+@pytest.mark.parametrize("failing", list(FAILING_FORMS))
+def test_a_failed_job_leaves_nothing_behind(spark: SparkSession, pool: QueuePool, failing: str) -> None:
+    """A job whose put or read-back fails, or whose read-back misses input rows, drops its queue and its records, and says so."""
+    df = spark.range(20, numPartitions=2)
+    parcels, read, error = FAILING_FORMS[failing]
+    with queue_job(spark, pool, settings(), task_modules=[]) as job, pytest.raises(Exception, match=error) as e:
+        job.run(df, squares_form(job.queue, parcels=parcels, read=read))
     assert job_queues(pool) == set()
     if sys.version_info >= (3, 11):  # notes on exceptions are 3.11+; the log says it on 3.10
         assert f"conveyor.spark.squares: dropped its queue {job.queue}: nothing is left behind" in e.value.__notes__

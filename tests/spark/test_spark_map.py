@@ -305,6 +305,7 @@ def test_the_read_back_takes_each_row_of_a_split_message_once(pool: QueuePool) -
     """
     from pyspark.sql.types import LongType, StructField, StructType
 
+    from conveyor.spark.form import ServerOutcomes
     from conveyor.spark.rows import read_results
     from conveyor.tasks.envelope import encode_result
     from conveyor.tasks.options import TaskOptions
@@ -333,7 +334,7 @@ def test_the_read_back_takes_each_row_of_a_split_message_once(pool: QueuePool) -
         [encode_result([[True, {"id": first[k[0]] + k[1]}, f"split:{base | k[0]}:{k[1]}"]]) for k in done],
     )
     c.nack(queue, [kids[b, 1]], ["WorkerDied: crashed"], final=True)
-    batches = list(read_results(pool.queues, queue, StructType([StructField("id", LongType())]), [1]))
+    batches = list(read_results(ServerOutcomes(c, queue, 1), StructType([StructField("id", LongType())])))
     rows = sorted(
         (r["id"] if r["id"] is not None else json.loads(r["_input"])["id"], r["_id"], r["_error"])
         for batch in batches

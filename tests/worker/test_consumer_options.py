@@ -159,6 +159,15 @@ def test_a_spark_entry_point_refuses_a_selector_instance_in_its_own_name() -> No
         JobSettings("map", ConsumerOptions(selector=ReducedLottery()))
 
 
+def test_spark_consumers_refuse_in_the_name_of_the_entry_point_that_runs_them() -> None:
+    with pytest.raises(ValueError, match=r"^map: selector must be a name or a QueueSelector class"):
+        SparkConsumerPool(None, where="map", selector=ReducedLottery())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^map: early_ack is for ConsumerPool"):
+        SparkConsumerPool(None, where="map", early_ack=True)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^map\(\) got an unexpected keyword argument 'lease'"):
+        SparkConsumerPool(None, where="map", lease=3)  # type: ignore[arg-type,call-arg]
+
+
 def test_a_consumer_built_alone_pins_only_when_asked() -> None:
     with InProcessQueues() as b:
         assert Consumer(b, ["jobs"]).pin_core is False

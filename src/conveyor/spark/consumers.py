@@ -38,7 +38,7 @@ from conveyor.gc_policy import gc_tuned
 from conveyor.protocol.report import FIGURES, HOST, ConsumerReport, Shown
 from conveyor.spark.cluster import driver_pool, is_local
 from conveyor.spark.preflight import preflight
-from conveyor.spark.records import RowsPut, TaskRecords
+from conveyor.spark.records import RowsPut, TaskRecords, where_answering
 from conveyor.spark.session import check_workers_python, task_slots
 from conveyor.spark.watch import START_TIMEOUT_S, JobGroup, JobWatch
 from conveyor.tasks.publish import get_default_pool
@@ -91,6 +91,45 @@ def _stop_key(job: str) -> str:
 def rows_put_records(job: str) -> TaskRecords[RowsPut]:
     """Where each task of a fed job records, once, that it has put its rows (and how many)."""
     return TaskRecords(f"conveyor-fed-{job}", RowsPut)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerRow:
+    """What one consumer task of a job did: its figures since it started, when it ran, the rows it put.
+
+    It crosses from the Spark task to the driver as a row of STATS_DDL; the dicts users see (`run`,
+    `MapStats.consumers`) are made of it (`as_dict`) where it leaves conveyor.
+    """
+
+    consumer: int  # its index among the job's consumers
+    host: str
+    figures: dict[str, int]  # those of its report that STATS_DDL has a column for (Shown.WHO, Shown.TOTAL), by name
+    started: float
+    finished: float
+    rows: int  # the input rows it put (a fed consumer), else 0
+
+    @classmethod
+    def of(cls, consumer: int, r: ConsumerReport, started: float, finished: float, rows: int) -> ConsumerRow:
+        """The row of consumer `consumer` of a job, from its report."""
+        return cls(consumer, r.host, r.figures(Shown.WHO, Shown.TOTAL), started, finished, rows)
+
+    @classmethod
+    def from_dict(cls, row: dict[str, Any]) -> ConsumerRow:
+        """A row as Spark hands it back (STATS_DDL's columns)."""
+        figures = {name: int(row[name]) for name in (*_WHO, *_TOTALS)}
+        return cls(int(row["consumer"]), str(row[HOST]), figures, float(row["started"]), float(row["finished"]), int(row["rows"]))
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row as STATS_DDL declares it, in its order."""
+        return {
+            "consumer": self.consumer,
+            HOST: self.host,
+            **{name: self.figures[name] for name in _WHO},
+            "started": self.started,
+            "finished": self.finished,
+            **{name: self.figures[name] for name in _TOTALS},
+            "rows": self.rows,
+        }
 
 
 @dataclass(frozen=True)
@@ -149,22 +188,9 @@ def _consume(
         finally:
             sys.setswitchinterval(old)
             pool.close()
-        yield pa.RecordBatch.from_pylist([_stats_row(index, consumer.report(), started, time.time(), rows)])
+        yield pa.RecordBatch.from_pylist([ConsumerRow.of(index, consumer.report(), started, time.time(), rows).as_dict()])
 
     return consume
-
-
-def _stats_row(index: int, r: ConsumerReport, started: float, finished: float, rows: int) -> dict[str, Any]:
-    """The row of STATS_DDL of consumer `index` of a job, from its report."""
-    return {
-        "consumer": index,
-        HOST: r.host,
-        **r.figures(Shown.WHO),
-        "started": started,
-        "finished": finished,
-        **r.figures(Shown.TOTAL),
-        "rows": rows,
-    }
 
 
 def _while_others_put(
@@ -215,6 +241,7 @@ class SparkConsumerPool:
     queue_pool: the queue servers; None: the default pool, or else servers started for these consumers
         (beside the driver on a cluster: `conveyor.spark.cluster`), put work through `.pool`,
         stopped by `close()` (or the `with` block's end).
+    where: the name its errors start with: the entry point the user called (`map` for its consumers).
     On a cluster, `run` and `start` first check the executors (`conveyor.spark.preflight`).
     """
 
@@ -232,14 +259,15 @@ class SparkConsumerPool:
         start_timeout_s: float = START_TIMEOUT_S,
         progress: bool | None = False,
         options: ConsumerOptions | None = None,
+        where: str = "SparkConsumerPool",
         **keywords: Unpack[ConsumerKeywords],
     ) -> None:
         self.spark = spark
-        given = options_of("SparkConsumerPool", options, keywords)
-        refuse_shared_selector("SparkConsumerPool", given)
+        given = options_of(where, options, keywords)
+        refuse_shared_selector(where, given)
         if given.early_ack:  # the job's watch counts a consumer done when nothing it holds is unsettled
             raise ValueError(
-                "SparkConsumerPool: early_ack is for ConsumerPool and conveyor worker: a Spark consumer's "
+                f"{where}: early_ack is for ConsumerPool and conveyor worker: a Spark consumer's "
                 "progress and stop are judged by what it has settled"
             )
         check_count("n_consumers", n_consumers)
@@ -263,7 +291,7 @@ class SparkConsumerPool:
         )
         self.feed = feed
         self.unreachable_s, self.start_timeout_s, self.progress = unreachable_s, start_timeout_s, progress
-        self.stats: list[dict[str, Any]] | None = None
+        self._rows: list[ConsumerRow] | None = None
         self.fed_rows = 0  # with `feed`, after `run`: the rows the tasks put
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -303,8 +331,13 @@ class SparkConsumerPool:
             finished=done,
         )
 
+    @property
+    def stats(self) -> list[dict[str, Any]] | None:
+        """Each consumer's counts once `run` has returned (None before), as `run` returns them."""
+        return None if self._rows is None else [r.as_dict() for r in self._rows]
+
     def run(self) -> list[dict[str, Any]]:
-        """Run the consumers as one Spark job and return each one's counts.
+        """Run the consumers as one Spark job and return each one's counts (STATS_DDL's columns), by consumer.
 
         Blocks until they end; a Spark task that ran again, e.g. after its executor was lost, counts
         once, as its last run.
@@ -313,6 +346,10 @@ class SparkConsumerPool:
         were lost without a word: Spark notices only after `spark.network.timeout`), the watch
         ends the job early; the counts then come from the consumers' last reports.
         """
+        return [r.as_dict() for r in self.run_rows()]
+
+    def run_rows(self) -> list[ConsumerRow]:
+        """`run`, each consumer's counts a `ConsumerRow`."""
         if not is_local(self.spark):
             preflight(
                 self.spark,
@@ -327,7 +364,7 @@ class SparkConsumerPool:
         try:
             with self.job_group(), watch:
                 try:
-                    rows = [r.asDict() for r in self.dataframe().collect()]
+                    rows = [ConsumerRow.from_dict(r.asDict()) for r in self.dataframe().collect()]
                 except Exception:
                     if not watch.finished:
                         raise
@@ -337,20 +374,20 @@ class SparkConsumerPool:
             raise
         self._count_rows_put()
         self._drop_bookkeeping()
-        self.stats = sorted(rows, key=lambda r: r["consumer"])
-        return self.stats
+        self._rows = sorted(rows, key=lambda r: r.consumer)
+        return self._rows
 
     def _all_input_put(self) -> bool:
         return self.feed is None or self._rows_put.count(self.pool.queues) >= self.n_consumers
 
-    def _reported(self) -> list[dict[str, Any]]:
+    def _reported(self) -> list[ConsumerRow]:
         """Each consumer's counts from its last report to the servers (the job ended before they could return them)."""
-        out: dict[int, dict[str, Any]] = {}
+        out: dict[int, ConsumerRow] = {}
         now = time.time()
         for name, c in self.pool.queues.workers().items():
             parts = name.split(":")
             if len(parts) == 5 and parts[0] == "spark" and parts[2] == self.job:
-                out[int(parts[3])] = _stats_row(int(parts[3]), ConsumerReport.from_counts(name, c), now, now, 0)
+                out[int(parts[3])] = ConsumerRow.of(int(parts[3]), ConsumerReport.from_counts(name, c), now, now, 0)
         return list(out.values())
 
     def _count_rows_put(self) -> None:
@@ -369,11 +406,8 @@ class SparkConsumerPool:
         """
         if self.feed is not None:
             self._rows_put.drop(self.pool.queues)
-        for c in self.pool.queues.health.answering():
-            try:
-                c.forget_blobs([_stop_key(self.job)])
-            except (ConveyorError, OSError) as e:
-                log.warning("could not remove the bookkeeping of %s on %s: %s", self.job, c.address, e)
+        stop = _stop_key(self.job)
+        where_answering(self.pool.queues, lambda c: c.forget_blobs([stop]), f"remove the stop blob of {self.job}")
 
     def close(self) -> None:
         """Stop the servers started for these consumers (none with a pool given or a default one)."""
@@ -400,7 +434,7 @@ class SparkConsumerPool:
         return self
 
     def join(self, timeout: float | None = None) -> list[dict[str, Any]]:
-        """Wait for the consumers to end; re-raises the Spark job's error."""
+        """Wait for the consumers to end and return each one's counts, as `run` does; re-raises the Spark job's error."""
         if self._thread is None:
             raise ConveyorError("SparkConsumerPool.join() before start()")
         self._thread.join(timeout)
@@ -408,8 +442,9 @@ class SparkConsumerPool:
             raise TimeoutError(f"the Spark consumers still run after {timeout} s")
         if self._error is not None:
             raise self._error
-        assert self.stats is not None
-        return self.stats
+        stats = self.stats
+        assert stats is not None  # run returned
+        return stats
 
     def stop(self, wait: bool = True, timeout: float | None = None) -> None:
         """Tell the consumers to stop (each finishes its running tasks); with `wait`, wait for them."""

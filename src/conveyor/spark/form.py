@@ -2,16 +2,20 @@
 
 The job is the same for every entry point (the queue, the put, the consumers, the read-back, the
 stats, the cleanup); the form is what differs: the task every message runs, how an Arrow batch of
-input becomes the messages' arguments, and how one server's results become output rows.
-`conveyor.spark.map`'s form is in `conveyor.spark.rows`.
+input becomes the messages' arguments, and how one server's outcomes (`ServerOutcomes`, walked by
+the job) become output rows, any number per message. `conveyor.spark.map`'s form is in
+`conveyor.spark.rows`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator
+import dataclasses
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from conveyor.client.sharded import ShardedQueues
+from conveyor.message import DeadLetter
 from conveyor.spark.records import ReadCounts
 from conveyor.tasks.options import TaskOptions
 
@@ -19,7 +23,9 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql.types import StructType
 
-    from conveyor.client.sharded import ShardedQueues
+    from conveyor.client.queue_client import QueueClient
+
+READ_PAGE = 10_000  # results, or dead letters, fetched from a server per request
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +36,34 @@ class Parcel:
     rows: int
 
 
+@dataclass(frozen=True)
+class ServerOutcomes:
+    """What one server holds of a job's queue once its consumers have ended: its messages' results and dead letters.
+
+    The job's read-back task of server `shard` hands it to the form's `read`: walking the server
+    (its pages, the ids across the pool) is the job's, what a result means is the form's. Each walk
+    starts afresh, so a form may take either more than once.
+    """
+
+    client: QueueClient
+    queue: str
+    shard: int
+
+    def results(self) -> Iterator[tuple[int, bytes]]:
+        """Each message's result, in id order: (the message's id across the pool, its result)."""
+        for i, r in self.client.iter_results(self.queue, page=READ_PAGE):
+            yield ShardedQueues.global_id(self.shard, i), r
+
+    def dead_letters(self) -> Iterator[DeadLetter]:
+        """Each dead letter, in id order, its message's id the one across the pool."""
+        for d in self.client.iter_dead_letters(self.queue, page=READ_PAGE):
+            pool_id = ShardedQueues.global_id(self.shard, d.message.id)
+            yield dataclasses.replace(d, message=dataclasses.replace(d.message, id=pool_id))
+
+
 MakeParcels = Callable[["pa.RecordBatch"], list[Parcel]]  # an Arrow batch of input -> its messages' parcels
-# (the servers, the job's queue, a server's index) -> that server's output batches, then what it read
-ReadShard = Callable[["ShardedQueues", str, int], Generator["pa.RecordBatch", None, ReadCounts]]
+# one server's outcomes -> its output batches, then what it read (the inputs they stood for, each message once)
+ReadShard = Callable[[ServerOutcomes], Generator["pa.RecordBatch", None, ReadCounts]]
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,8 +16,9 @@ same for every entry point:
   consumes), or, with fewer input partitions than consumers, the input put first by a Spark job of
   its own; the driver's `JobWatch` over both, and the stop blob, are the consumer pool's;
 - the read-back: a second Spark job, one task per server, through the form's `read`; each task
-  records what it read (`ReadCounts`) and the driver checks that every row came out; the output is
-  computed once before the call returns, its lineage only that read;
+  records what it read (`ReadCounts`: the input rows its messages stood for, and the output rows,
+  which need not be as many) and the driver checks that every input row came back once; the output
+  is computed once before the call returns, its lineage only that read;
 - `MapStats`, and on a failure or an interrupt the queue dropped, or what is left said
   (`abandon_queue`).
 """
@@ -41,9 +42,9 @@ from conveyor.errors import ConnectionLostError, ConveyorError
 from conveyor.message import Message
 from conveyor.spark.cluster import driver_pool, is_local
 from conveyor.spark.consumers import Feed, SparkConsumerPool, check_count, consumer_count
-from conveyor.spark.form import JobForm, JobTask, MakeParcels, Parcel, ReadShard
+from conveyor.spark.form import JobForm, JobTask, MakeParcels, Parcel, ReadShard, ServerOutcomes
 from conveyor.spark.preflight import preflight
-from conveyor.spark.records import ReadCounts, TaskRecords
+from conveyor.spark.records import ReadCounts, TaskRecords, drop_where_answering
 from conveyor.spark.session import check_workers_python
 from conveyor.spark.watch import START_TIMEOUT_S
 from conveyor.tasks.envelope import adhoc_task_name, function_ref
@@ -56,6 +57,8 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
+    from conveyor.client.queue_client import QueueClient
+
 log = logging.getLogger("conveyor.spark")
 
 PUT_RETRY_S = 0.2  # a put to a server out of reach is tried again this often
@@ -65,10 +68,10 @@ PUT_JOB_DDL = "partition long, rows long"  # a row of the job that puts the inpu
 
 @dataclass(frozen=True)
 class MapStats:
-    """What a queue job did (`map(..., stats=True)`), for reports: rows in and out, failures, and the consumers' times."""
+    """What a queue job did (`map(..., stats=True)`), for reports: its output rows, failures, and the consumers' times."""
 
-    rows: int
-    failed: int
+    rows: int  # output rows (map's: one per input row)
+    failed: int  # of them, rows that failed
     enqueue_s: float
     consume_s: float
     read_s: float
@@ -78,10 +81,14 @@ class MapStats:
 
 @dataclass(frozen=True, slots=True)
 class JobSettings:
-    """How an entry point's queue job runs, checked once; what the entry point does with rows is its `JobForm`."""
+    """How an entry point's queue job runs, checked once; what the entry point does with rows is its `JobForm`.
+
+    Only what holds for every queue job is checked here; an entry point checks its own arguments
+    (map refuses `middleware`, which would take the place of its max_retries= and time_limit=).
+    """
 
     entry: str  # the entry point's name ("map"): its queue's prefix, and what its errors and logs start with
-    options: ConsumerOptions  # how each consumer runs the messages; no early_ack (every result is read back), no middleware
+    options: ConsumerOptions  # how each consumer runs the messages; no early_ack (every result is read back)
     n_consumers: int | None = None  # consumers, Spark tasks (None: one per task slot)
     lease_s: float = MAP_DEFAULT_LEASE_S  # the queue's lease, extended while a message runs
     unreachable_s: float = DEFAULT_UNREACHABLE_S  # a server out of reach for longer fails the job
@@ -94,11 +101,6 @@ class JobSettings:
         if self.options.early_ack:
             raise ValueError(
                 f"{self.entry}: early_ack is not for {self.entry}: a row acked on delivery leaves no result or error to read back"
-            )
-        if self.options.middleware is not None:  # it would take the place of the Retries and TimeLimits that serve them
-            raise ValueError(
-                f"{self.entry}: middleware is not for {self.entry}: its rows' retries and time limit are "
-                f"{self.entry}'s own max_retries= and time_limit="
             )
         check_count("n_consumers", self.n_consumers)
         refuse_shared_selector(self.entry, self.options)  # said in the entry point's name, before its consumers' check
@@ -210,13 +212,14 @@ class QueueJob:
             start_timeout_s=s.start_timeout_s,
             progress=s.progress,
             options=s.options,
+            where=s.entry,
         )
         rows, t1 = 0, t0  # rows put before consuming, and when that ended (when the consumers put them: none, at once)
         if not fed:
             rows, t1 = self._put_first(df, put, consumers), time.time()
-        done = consumers.run()
+        done = consumers.run_rows()
         rows += consumers.fed_rows
-        t2 = min(max((c["finished"] for c in done), default=t1), time.time())
+        t2 = min(max((c.finished for c in done), default=t1), time.time())
         self.read_counts.declare(self.pool.queues)
         try:
             frame = self._read_back(form, consumers)
@@ -224,13 +227,13 @@ class QueueJob:
         finally:
             self.read_counts.drop(self.pool.queues)
         t3 = time.time()
-        if got.rows != rows:
+        if got.inputs != rows:
             raise ConveyorError(
-                f"{s.entry}: {rows:,} rows went in but {got.rows:,} came out (queue {self.queue}); please report this"
+                f"{s.entry}: {rows:,} rows went in but the read-back accounts for {got.inputs:,} of them "
+                f"(queue {self.queue}); please report this"
             )
-        if got.failed:
-            log.warning("%s: %d of %d rows failed; see the _error column", s.entry, got.failed, rows)
-        return JobOutcome(frame, MapStats(rows, got.failed, t1 - t0, t2 - t1, t3 - t2, done, self.queue))
+        consumer_stats = [c.as_dict() for c in done]
+        return JobOutcome(frame, MapStats(got.rows, got.failed, t1 - t0, t2 - t1, t3 - t2, consumer_stats, self.queue))
 
     def _declare(self, task: JobTask) -> str:
         """Declare the job's queue and store its task; returns the name its messages call the task by."""
@@ -264,7 +267,7 @@ class QueueJob:
             raise ConveyorError(
                 f"{self.settings.entry}: the read-back of server(s) {missing} did not say what it read; please report this"
             )
-        return sum(by_shard.values(), ReadCounts(0, 0))
+        return sum(by_shard.values(), ReadCounts(0, 0, 0))
 
     def _materialize(self, result: DataFrame) -> DataFrame:
         """Compute the rows once and keep them in Spark, in one single-stage job.
@@ -334,13 +337,7 @@ def abandon_queue(pool: QueuePool, queue: str, error: BaseException, *, entry: s
     if ephemeral:
         say(logging.INFO, f"the servers started for this {entry} stop with it: nothing is left behind")
         return
-    up = pool.queues.health.answering()
-    left = [c.address for c in pool.queues.clients if c not in up]
-    for c in up:
-        try:
-            c.drop(queue)
-        except (ConveyorError, OSError):
-            left.append(c.address)
+    left = drop_where_answering(pool.queues, queue)
     if not left:
         say(logging.INFO, f"dropped its queue {queue}: nothing is left behind")
     elif pool.servers is not None and pool.servers.data_dir is None:
@@ -408,7 +405,7 @@ def _put_task(put: InputPut) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa
 def _read_task(
     pool: ShardedQueues, queue: str, read: ReadShard, records: TaskRecords[ReadCounts]
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """mapInArrow function of the read-back job: task i yields the output rows of server i.
+    """mapInArrow function of the read-back job: task i yields the output rows of server i (none if it lost the queue).
 
     Then it records what it read, once (`records`), while the job waits for them: a partition read
     again later, with the records queue gone, records nothing.
@@ -421,11 +418,18 @@ def _read_task(
             pass
         shard = cast("TaskContext", TaskContext.get()).partitionId()  # always set inside a Spark task
         try:
-            counts = yield from read(pool, queue, shard)
             client = pool.clients[shard]
-            if records.queue in {q.name for q in client.queues()}:
+            counts = ReadCounts(0, 0, 0)
+            if queue in _queues(client):
+                counts = yield from read(ServerOutcomes(client, queue, shard))
+            if records.queue in _queues(client):
                 records.record(client, shard, counts)
         finally:
             pool.close()
 
     return read_shard
+
+
+def _queues(client: QueueClient) -> set[str]:
+    """The names of the queues a server holds."""
+    return {q.name for q in client.queues()}

@@ -33,6 +33,7 @@ The queue job (the queue, the put, the consumers, the read-back, the stats, the 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal, overload
 
@@ -55,6 +56,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.types import StructType
     from typing_extensions import Unpack  # typing.Unpack is 3.11+; only the type checker reads it
+
+log = logging.getLogger("conveyor.spark")
 
 
 @overload
@@ -161,9 +164,14 @@ def map(
         raise ValueError(f"map: rows_per_message must be an integer in 1..{MAX_ROWS_PER_MESSAGE}, got {rows_per_message!r}")
     check_max_retries(max_retries, "map: ")
     check_seconds("map", "time_limit", time_limit)
+    consumer_options = options_of("map", options, keywords)
+    if consumer_options.middleware is not None:  # it would take the place of the Retries and TimeLimits that serve them
+        raise ValueError(
+            "map: middleware is not for map: its rows' retries and time limit are map's own max_retries= and time_limit="
+        )
     settings = JobSettings(
         "map",
-        options_of("map", options, keywords),
+        consumer_options,
         n_consumers=n_consumers,
         lease_s=lease_s,
         unreachable_s=unreachable_s,
@@ -175,6 +183,8 @@ def map(
     with queue_job(spark, queue_pool, settings, task_modules=module_of(func)) as job:
         form = _row_form(func, out_schema, job.queue, max_retries, time_limit, rows_per_message)
         outcome = job.run(df, form)
+    if outcome.stats.failed:
+        log.warning("map: %d of %d rows failed; see the _error column", outcome.stats.failed, outcome.stats.rows)
     return (outcome.frame, outcome.stats) if stats else outcome.frame
 
 

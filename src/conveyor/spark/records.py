@@ -3,8 +3,9 @@
 A Spark task may run more than once (retried after a failure, or run again when an executor is
 lost); its record goes on the queue once whatever its attempts (an idempotency key names the task),
 so the driver counts each task once. The fed consumers of a `SparkConsumerPool` record the rows
-they put (`RowsPut`), and the read-back tasks of a `QueueJob` the rows they read (`ReadCounts`). The
-records are taken, never acked: the queue is dropped once they are read.
+they put (`RowsPut`), and the read-back tasks of a `QueueJob` what they read (`ReadCounts`). The
+records are taken, never acked: the queue is dropped once they are read, where the servers answer
+(`drop_where_answering`, as the job drops its own queues).
 """
 
 from __future__ import annotations
@@ -40,13 +41,19 @@ class RowsPut:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class ReadCounts:
-    """What a read-back task read of one server's results: output rows, and how many of them failed."""
+    """What a read-back task read of one server's results: the input rows they stood for, the output rows, the failed ones.
 
+    `inputs` counts each message read once, as the rows it carried when put (`Parcel.rows`), so
+    the job can check that every input came back; `rows` may differ from it (a form may give any
+    number of output rows per message), and `failed` counts output rows.
+    """
+
+    inputs: int
     rows: int
     failed: int
 
     def __add__(self, other: ReadCounts) -> ReadCounts:
-        return ReadCounts(self.rows + other.rows, self.failed + other.failed)
+        return ReadCounts(self.inputs + other.inputs, self.rows + other.rows, self.failed + other.failed)
 
 
 class TaskRecords(Generic[R]):
@@ -81,13 +88,29 @@ class TaskRecords(Generic[R]):
         return out
 
     def drop(self, pool: ShardedQueues) -> None:
-        """Drop the queue on the servers that answer.
+        """Drop the queue where the servers answer: what one out of reach keeps is a small queue."""
+        left = drop_where_answering(pool, self.queue)
+        if left:
+            log.warning("the records queue %s may be left on %s (a small queue)", self.queue, ", ".join(left))
 
-        No wait on one out of reach (a failed job may have lost it): what it keeps is a small
-        queue.
-        """
-        for c in pool.health.answering():
-            try:
-                c.drop(self.queue)
-            except (ConveyorError, OSError) as e:
-                log.warning("could not drop the records queue %s on %s: %s", self.queue, c.address, e)
+
+def where_answering(pool: ShardedQueues, act: Callable[[QueueClient], object], what: str) -> list[str]:
+    """`act` on each server that answers; returns the addresses of those where it was not done.
+
+    Those are the servers out of reach, not waited on (a failed job may have lost one), and those
+    where `act` failed (logged, saying `what` it was).
+    """
+    up = pool.health.answering()
+    left = [c.address for c in pool.clients if c not in up]
+    for c in up:
+        try:
+            act(c)
+        except (ConveyorError, OSError) as e:
+            log.info("could not %s on %s: %s", what, c.address, e)
+            left.append(c.address)
+    return left
+
+
+def drop_where_answering(pool: ShardedQueues, queue: str) -> list[str]:
+    """Drop `queue` on each server that answers; returns the addresses where it may be left."""
+    return where_answering(pool, lambda c: c.drop(queue), f"drop the queue {queue}")

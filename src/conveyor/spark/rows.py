@@ -2,7 +2,7 @@
 
 Rows dealt to messages (a few to a message, each a `RowRunner` call: `DealRows`), run (each row
 tried per the retry policy), and the outcomes read back as Arrow batches with `_id`, `_error` and
-`_input` (`ReadRows`, `read_results`).
+`_input` (`ReadRows`, `read_results`, over the job's walk of a server: `ServerOutcomes`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from conveyor.constants import H_IDEMPOTENCY_KEY, H_TASK, SHARD_SHIFT
 from conveyor.errors import ConveyorError
 from conveyor.message import Message
 from conveyor.spark.fits import FitCheck
-from conveyor.spark.form import Parcel
+from conveyor.spark.form import Parcel, ServerOutcomes
 from conveyor.spark.records import ReadCounts
 from conveyor.tasks.envelope import decode_call, decode_result, encode_error
 from conveyor.tasks.options import TaskOptions
@@ -201,71 +201,65 @@ class ReadRows:
 
     schema: StructType  # the output columns, without those every row gets (EXTRA_COLUMNS)
 
-    def __call__(self, pool: ShardedQueues, queue: str, shard: int) -> Generator[pa.RecordBatch, None, ReadCounts]:
-        return (yield from read_results(pool, queue, self.schema, [shard]))
+    def __call__(self, server: ServerOutcomes) -> Generator[pa.RecordBatch, None, ReadCounts]:
+        return (yield from read_results(server, self.schema))
 
 
-def read_results(
-    pool: ShardedQueues, queue: str, schema: StructType, shards: Iterable[int]
-) -> Generator[pa.RecordBatch, None, ReadCounts]:
-    """The output rows of `shards`: one per input row, from the results and the dead letters.
+def read_results(server: ServerOutcomes, schema: StructType) -> Generator[pa.RecordBatch, None, ReadCounts]:
+    """The output rows of one server: one per input row, from its results and its dead letters.
 
     The rows of a split message come once (`_SplitLedger`).
 
-    Returns how many rows it yielded, and how many of them failed.
+    Returns how many rows it yielded, and how many of them failed; each stands for one input row
+    (a message's result or dead letter gives a row per row it carried, a split one's rows coming
+    from the messages split off it), so the inputs are the rows.
     """
     from pyspark.sql.pandas.types import to_arrow_schema
 
     names = [f.name for f in schema.fields]
     arrow = to_arrow_schema(with_extra(schema))
     rows: list[dict[str, Any]] = []
-    counts = ReadCounts(0, 0)
+    counts = ReadCounts(0, 0, 0)
 
     def counted(batch: pa.RecordBatch) -> pa.RecordBatch:
         nonlocal counts
-        counts += ReadCounts(batch.num_rows, batch.num_rows - batch.column("_error").null_count)
+        counts += ReadCounts(batch.num_rows, batch.num_rows, batch.num_rows - batch.column("_error").null_count)
         return batch
 
-    for shard in shards:
-        client = pool.clients[shard]
-        base = shard << SHARD_SHIFT
-        if queue not in {q.name for q in client.queues()}:
-            continue
-        dead = functools.partial(client.iter_dead_letters, queue, page=READ_BATCH_ROWS)
-        ledger = _SplitLedger(k for d in dead() if (k := _key(d.message)).startswith(SPLIT_PREFIX))
-        for i, r in client.iter_results(queue, page=READ_BATCH_ROWS):
-            outcomes = cast("list[list[Any]]", decode_result(r))  # RowRunner's outcomes
-            last = outcomes[0][-1] if outcomes else None
-            if isinstance(last, str) and last.startswith(SPLIT_PREFIX):  # a split row (see RowRunner)
-                if not ledger.take(last):
-                    continue
-            elif outcomes:
-                ledger.answered.add(base | i)
-            for outcome in outcomes:
-                row = dict.fromkeys(names)
-                if outcome[0]:
-                    try:
-                        row = _row(outcome[1], names)
-                        row.update(_id=base | i, _error=None, _input=None)
-                    except Exception as e:  # a value that is not a row: reported on its row, never dropped
-                        row.update(_id=base | i, _error=f"{type(e).__name__}: {e}", _input=None)
-                else:
-                    row.update(_id=base | i, _error=outcome[1], _input=outcome[2])
-                rows.append(row)
-            if len(rows) >= READ_BATCH_ROWS:
-                yield counted(_batch(rows, arrow, names))
-                rows = []
-        for d in dead():  # a whole message failed (its workers died, or it ran out of time): each row
-            key = _key(d.message)
-            if key.startswith(SPLIT_PREFIX) and not ledger.take(key):
+    ledger = _SplitLedger(k for d in server.dead_letters() if (k := _key(d.message)).startswith(SPLIT_PREFIX))
+    for msg_id, r in server.results():
+        outcomes = cast("list[list[Any]]", decode_result(r))  # RowRunner's outcomes
+        last = outcomes[0][-1] if outcomes else None
+        if isinstance(last, str) and last.startswith(SPLIT_PREFIX):  # a split row (see RowRunner)
+            if not ledger.take(last):
                 continue
-            inputs = _input_rows(d.message.payload, d.message.headers)
-            if not key.startswith(SPLIT_PREFIX):
-                inputs = [inputs[j] for j in ledger.left(base | d.message.id, len(inputs))]
-            for inp in inputs:
-                row = dict.fromkeys(names)
-                row.update(_id=base | d.message.id, _error=d.error, _input=inp)
-                rows.append(row)
+        elif outcomes:
+            ledger.answered.add(msg_id)
+        for outcome in outcomes:
+            row = dict.fromkeys(names)
+            if outcome[0]:
+                try:
+                    row = _row(outcome[1], names)
+                    row.update(_id=msg_id, _error=None, _input=None)
+                except Exception as e:  # a value that is not a row: reported on its row, never dropped
+                    row.update(_id=msg_id, _error=f"{type(e).__name__}: {e}", _input=None)
+            else:
+                row.update(_id=msg_id, _error=outcome[1], _input=outcome[2])
+            rows.append(row)
+        if len(rows) >= READ_BATCH_ROWS:
+            yield counted(_batch(rows, arrow, names))
+            rows = []
+    for d in server.dead_letters():  # a whole message failed (its workers died, or it ran out of time): each row
+        key = _key(d.message)
+        if key.startswith(SPLIT_PREFIX) and not ledger.take(key):
+            continue
+        inputs = _input_rows(d.message.payload, d.message.headers)
+        if not key.startswith(SPLIT_PREFIX):
+            inputs = [inputs[j] for j in ledger.left(d.message.id, len(inputs))]
+        for inp in inputs:
+            row = dict.fromkeys(names)
+            row.update(_id=d.message.id, _error=d.error, _input=inp)
+            rows.append(row)
     if rows:
         yield counted(_batch(rows, arrow, names))
     return counts
