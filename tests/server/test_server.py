@@ -571,3 +571,24 @@ def test_a_wake_ends_a_pools_long_poll_across_its_shards(tmp_path: Path) -> None
         finally:
             pool.close()
             waker.close()
+
+
+def test_a_stopped_server_leaves_no_task_of_its_connections_pending(tmp_path: Path) -> None:
+    """After `stop()` the loop has no task left: the connections' readers ran their clean-up.
+
+    Else a loop closed after the stop (an embedding application's, or `asyncio.run`'s) destroys them
+    pending, with "Task was destroyed but it is pending!" and never-awaited reads.
+    """
+    s = ThreadServer(data_dir=str(tmp_path))
+    idle = [RawConnection(s.address) for _ in range(3)]  # their readers wait on their sockets
+    with QueueClient(s.address) as c:
+        c.put("jobs", [Message(payload=b"x")])
+        asyncio.run_coroutine_threadsafe(s.server.stop(), s.loop).result(30)
+    s.thread.join(30)
+    try:
+        assert not s.thread.is_alive()
+        assert not [t for t in asyncio.all_tasks(s.loop) if not t.done()]
+    finally:
+        s.loop.close()
+        for r in idle:
+            r.sock.close()

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -44,6 +44,19 @@ def holding(started: Path, release: Path) -> Callable[[Iterable[int]], None]:
             time.sleep(0.05)  # the test's release is a file: polled
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def slots_freed(spark: SparkSession, tmp_path: Path) -> Iterator[None]:
+    """After each test, release its held tasks and wait until both slots run tasks again.
+
+    A job the watch cancelled leaves its Python tasks running until they return: held, they would
+    keep the next test's tasks from starting (and its watch would see no slot).
+    """
+    yield
+    (tmp_path / "release").touch()
+    # both partitions at once need both slots: it returns once the held tasks have let them go
+    spark.sparkContext.parallelize(range(2), 2).foreach(lambda _: None)
 
 
 def run_held_job(spark: SparkSession, tmp_path: Path) -> None:
