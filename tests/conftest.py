@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-pytest_plugins = ["tests.spark_fixtures"]
+pytest_plugins = ["tests.support.spark_fixtures"]
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -4,7 +4,9 @@
 - a strict type check of src/ (mypy, configured in pyproject.toml);
 - no import of our own modules inside a function (which is how an import cycle is usually dodged);
 - the layout is the formatter's and the lint rules hold (ruff, configured in pyproject.toml), with
-  docstrings after PEP 257: a summary line, a blank line, then the body.
+  docstrings after PEP 257: a summary line, a blank line, then the body;
+- every module of src/ is named by at least one test file (imported, or written as
+  `conveyor.pkg.module` or `pkg/module.py`), so each has a test to go to.
 
 A module's size follows its job: there is no line limit (one pushed code into squeezed lines), and
 `# fmt: skip` is kept for the few tables that read better aligned, each with its reason.
@@ -13,6 +15,9 @@ A module's size follows its job: there is no line limit (one pushed code into sq
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
+import re
 import shutil
 import subprocess
 import sys
@@ -22,6 +27,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "conveyor"
+TESTS = ROOT / "tests"
 BIN = Path(sys.executable).parent
 MAX_FMT_SKIPS = 20  # aligned tables only, each with its reason
 
@@ -97,3 +103,38 @@ def test_no_type_ignore_comments_in_the_library() -> None:
         if "type: ignore" in line
     ]
     assert not found, f"'type: ignore' in src/ (type it properly, or cast where a library is untyped): {found}"
+
+
+def _module_name(p: Path) -> str:
+    parts = p.relative_to(SRC.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _imported(tree: ast.AST) -> set[str]:
+    """The modules a test file imports from: each `from conveyor.x import name`, as the module defining `name`."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "conveyor":
+            assert node.module is not None
+            package = importlib.import_module(node.module)
+            for alias in node.names:
+                found.add(f"{node.module}.{alias.name}")  # a module imported by name from its package
+                obj = getattr(package, alias.name, None)
+                if inspect.isclass(obj) or inspect.isfunction(obj):
+                    found.add(obj.__module__)  # a re-exported name: the module that defines it
+    return found
+
+
+def test_every_module_is_named_by_a_test_file() -> None:
+    tests = [(p.read_text(), _imported(ast.parse(p.read_text()))) for p in sorted(TESTS.rglob("test_*.py"))]
+    unnamed = []
+    for p in _modules():
+        name, path = _module_name(p), p.relative_to(SRC).as_posix()
+        written = re.compile(rf"(?<![\w.]){re.escape(name)}(?!\w)|(?<![\w/])(?:conveyor/)?{re.escape(path)}(?!\w)")
+        if not any(name in imported or written.search(text) for text, imported in tests):
+            unnamed.append(name)
+    assert not unnamed, (
+        f"{len(unnamed)} module(s) of src/conveyor named by no test file: {', '.join(unnamed)}. Test each in the test "
+        "file of its package (tests/<package>/, see docs/architecture.md, Tests), importing it or naming it as "
+        "`conveyor.<package>.<module>`; a module renamed or split is named by its new name"
+    )

@@ -3,6 +3,8 @@
 A queue server SIGKILLed for good or started again on its data dir, under a consumer, a join and a
 `conveyor.spark.map`; a second join after the first stopped the consumers; `conveyor.local()` given
 a cluster's master.
+
+What the pool last heard from each server (`conveyor.client.server_health`) is what the errors name.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ from conveyor.errors import ConveyorError, ServerUnreachableError
 from conveyor.message import Message
 from conveyor.server.processes import spawn_server, stop_server
 from conveyor.worker.consumer import Consumer
-from tests import worker_tasks as wt
+from tests.support import worker_tasks as wt
 
-from .servers import wait_for
+from .support.servers import wait_for
 
 UNREACHABLE_S = 4.0
 CONNECT_TIMEOUT_S = 1.0
@@ -83,7 +85,7 @@ def test_a_consumer_ends_with_the_server_named_when_it_stays_out_of_reach(server
     pool.queues.declare("jobs")
     wt.add.publish_many([(i, 1) for i in range(40)], _pool=pool)
     servers.kill(1)
-    consumer = Consumer(pool.queues, ["jobs"], task_modules=["tests.worker_tasks"], unreachable_s=UNREACHABLE_S)
+    consumer = Consumer(pool.queues, ["jobs"], task_modules=["tests.support.worker_tasks"], unreachable_s=UNREACHABLE_S)
     t0 = time.monotonic()
     with pytest.raises(ServerUnreachableError) as err:
         consumer.run()
@@ -103,7 +105,7 @@ def test_a_join_fails_naming_the_server_and_what_it_holds(servers: Servers) -> N
         wt.add.publish_many([(i, k) for i in range(10)], _pool=pool)
     pool.stats()  # the pool has heard what each server holds
     servers.kill(1)
-    with conveyor.ConsumerPool(pool, 1, queues=["jobs"], task_modules=["tests.worker_tasks"]) as consumers:
+    with conveyor.ConsumerPool(pool, 1, queues=["jobs"], task_modules=["tests.support.worker_tasks"]) as consumers:
         t0 = time.monotonic()
         with pytest.raises(ServerUnreachableError, match=r"join: queue server .* unreachable") as err:
             consumers.join(timeout=60, progress=False, unreachable_s=UNREACHABLE_S)
@@ -116,7 +118,7 @@ def test_a_join_fails_naming_the_server_and_what_it_holds(servers: Servers) -> N
 @pytest.mark.timeout(120)
 def test_a_second_join_serves_work_put_after_the_first(servers: Servers) -> None:
     pool = servers.pool()
-    with conveyor.ConsumerPool(pool, 2, queues=["jobs"], task_modules=["tests.worker_tasks"]) as consumers:
+    with conveyor.ConsumerPool(pool, 2, queues=["jobs"], task_modules=["tests.support.worker_tasks"]) as consumers:
         first = wt.add.publish_many([(i, 1) for i in range(100)], _pool=pool)
         consumers.join(timeout=60, progress=False)
         assert not any(p.is_alive() for p in consumers.processes)  # join stopped them

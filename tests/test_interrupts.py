@@ -20,9 +20,9 @@ from conveyor.client.pool import QueuePool
 from conveyor.server.processes import spawn_server, stop_server
 from conveyor.spark.job import abandon_queue
 
-from .graph_helpers import ROOT
-from .procs import kill_tree, process_tree, wait_gone
-from .servers import wait_for
+from .support.graph_helpers import ROOT
+from .support.procs import kill_tree, process_tree, wait_gone
+from .support.servers import wait_for
 
 pytestmark = pytest.mark.timeout(180)
 # the issue's bound is 2 s from Ctrl-C to exit with short tasks (measured here: well under 1 s);
@@ -32,14 +32,14 @@ MAP_EXIT_S = 60.0  # Spark cancels the jobs and stops the session too
 
 
 def interrupted(mode: str, tmp_path: Path, start_s: float) -> tuple[float, str, list[int]]:
-    """Run tests/interrupted_job.py `mode`; once a task has run, SIGINT its process group.
+    """Run tests/support/interrupted_job.py `mode`; once a task has run, SIGINT its process group.
 
     Returns the seconds from the signal to its exit, its stderr, and the pids it had started.
     """
     mark, err = tmp_path / "mark", tmp_path / "stderr"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     with open(err, "wb") as stderr:
-        args = [sys.executable, str(ROOT / "tests" / "interrupted_job.py"), mode, str(mark)]
+        args = [sys.executable, str(ROOT / "tests" / "support" / "interrupted_job.py"), mode, str(mark)]
         job = subprocess.Popen(
             args, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr, start_new_session=True
         )

@@ -1,4 +1,4 @@
-"""Conveyor across hosts: a Spark standalone cluster and queue servers on network namespaces (tests/netbed.py).
+"""Conveyor across hosts: a Spark standalone cluster and queue servers on network namespaces (tests/support/netbed.py).
 
 The bed (`cluster_bed`, one per module: its start-up costs two rounds of JVM start-ups) holds
 hosts `driver` (the Spark master; the test's Spark driver runs there too), `worker0`, `worker1`
@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 
 from conveyor.protocol.tls import self_signed
-from tests.clusterbed import ClusterBed
-from tests.multihost_job import CLUSTER_PORTS, MARK, ROWS, START_TIMEOUT_S, UNREACHABLE_S
-from tests.netbed import BedUnavailable, ns_pids, unavailable
-from tests.procs import alive, cmdline, kill_tree, tail, wait_until
+from tests.support.clusterbed import ClusterBed
+from tests.support.multihost_job import CLUSTER_PORTS, MARK, ROWS, START_TIMEOUT_S, UNREACHABLE_S
+from tests.support.netbed import BedUnavailable, ns_pids, unavailable
+from tests.support.procs import alive, cmdline, kill_tree, tail, wait_until
 
-JOB = Path(__file__).with_name("multihost_job.py")
-RELAY = Path(__file__).with_name("relay.py")
+JOB = Path(__file__).parent / "support" / "multihost_job.py"
+RELAY = Path(__file__).parent / "support" / "relay.py"
 TOKEN = "multihost-test-token"
 JOB_TIMEOUT_S = 180.0  # driver JVM, two executors, then a few seconds of rows
 MARK_TIMEOUT_S = 120.0  # the driver JVM and its executors start, and the map is under way
@@ -71,7 +71,7 @@ def bed(cluster_bed: ClusterBed) -> Iterator[ClusterBed]:
 
 
 class Job:
-    """tests/multihost_job.py running a scenario on `driver`: its MARK line (the moment for the fault), its result."""
+    """tests/support/multihost_job.py running a scenario on `driver`: its MARK line (the moment for the fault), its result."""
 
     def __init__(self, bed: ClusterBed, tmp_path: Path, scenario: str, env: dict[str, str] | None = None) -> None:
         self.bed, self.out, self.work = bed, tmp_path / "result.json", tmp_path / "work"
@@ -308,7 +308,7 @@ def test_the_preflight_names_each_host_and_what_it_lacks(bed: ClusterBed, tmp_pa
     problems = result["problems"]
     by_ip = {h.split("(")[-1].rstrip(")"): "; ".join(ps) for h, ps in problems.items()}
     assert set(by_ip) == {bed.ip("worker0"), bed.ip("worker1")}, problems
-    assert "tests.preflight_tasks" in by_ip[bed.ip("worker1")] and "not importable" in by_ip[bed.ip("worker1")]
+    assert "tests.support.preflight_tasks" in by_ip[bed.ip("worker1")] and "not importable" in by_ip[bed.ip("worker1")]
     assert bed.server_addresses[1] in by_ip[bed.ip("worker0")] and "does not answer" in by_ip[bed.ip("worker0")]
     assert "sc.addPyFile" in result["error"] and "spark.archives" in result["error"], result["error"]
     took = took_since(result["map_called"], result)

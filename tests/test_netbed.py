@@ -1,4 +1,4 @@
-"""The network-namespace test bed itself (tests/netbed.py).
+"""The network-namespace test bed itself (tests/support/netbed.py).
 
 A teardown leaves nothing, and a killed host is silent to its peers (a crash, not a clean close) yet
 answers at once when rebooted.
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.netbed import BedUnavailable, NetBed, namespaces, ns_pids, unavailable
-from tests.procs import alive, tail
+from tests.support.netbed import BedUnavailable, NetBed, namespaces, ns_pids, unavailable
+from tests.support.procs import alive, tail
 
 
 @pytest.mark.cluster

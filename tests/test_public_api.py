@@ -1,7 +1,7 @@
 """The public API and the declarations the protocol is made from.
 
-The public API at the top of the package, and the declarations both sides of the protocol are made
-from.
+The public API at the top of the package (its heavy parts loaded on first use: `conveyor.lazy`), and
+the declarations both sides of the protocol are made from.
 """
 
 from __future__ import annotations

@@ -210,9 +210,9 @@ class QueueServer:
             q.changed.notify()
         self.queues.settled.notify()
         conns = list(self._conns)
-        for c in conns:
-            if c.reader_task is not None:
-                c.reader_task.cancel()
+        readers = [c.reader_task for c in conns if c.reader_task is not None and c.reader_task is not asyncio.current_task()]
+        for t in readers:
+            t.cancel()
         running = [t for c in conns for t in c.tasks]
         await close_listener(self._server)
         if running:
@@ -221,6 +221,8 @@ class QueueServer:
                 t.cancel()
         for c in conns:
             c.writer.close()
+        if readers:  # cancelled, they still have to run their clean-up: a loop closed before that warns of them
+            await asyncio.wait(readers, timeout=grace_s)
         if self._metrics is not None:  # not before: the connections above are taken before any await
             await self._metrics.cleanup()
         self.queues.close()

@@ -1,6 +1,6 @@
 """`StoreContract`: the behaviour every queue store must have, as a pytest test class to subclass.
 
-Every store in Conveyor passes it (`tests/test_store_conformance.py`), and so must a store kept
+Every store in Conveyor passes it (`tests/storage/test_store_conformance.py`), and so must a store kept
 elsewhere before a server holds queues in it (`conveyor.server.store_kinds`). Subclass it in a test
 module, under a name pytest collects, and say how to open a store; every test below then runs
 against yours::

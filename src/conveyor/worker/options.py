@@ -19,7 +19,7 @@ at run time a name that is not an option is a `TypeError` naming it, never swall
 Plain keyword parameters on each entry point would repeat the 9 names and defaults 6 times over;
 `**kwargs: Any` would lose both the type check and the typo's error. `ConsumerKeywords` repeats the
 names and types (a TypedDict cannot be derived from a dataclass for mypy), and
-`tests/test_consumer_options.py` checks that it, every entry point and the CLI agree with the fields.
+`tests/worker/test_consumer_options.py` checks that it, every entry point and the CLI agree with the fields.
 """
 
 from __future__ import annotations

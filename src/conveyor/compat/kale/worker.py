@@ -15,12 +15,14 @@ replacement too) before it takes work. ON_WORKER_SHUTDOWN runs as each of them e
 when the worker closes it; not for one killed, past its bound or on a hard stop). SIGTERM, SIGINT,
 SIGQUIT and SIGABRT stop it gracefully (running tasks finish; task children ignore the first three,
 so one sent to the whole process group does not kill them); a second one stops it at once. It exits
-with status 1 once its memory passes DIE_ON_RESIDENT_SET_SIZE_MB, as ndkale's.
+with status 1 once its resident memory passes DIE_ON_RESIDENT_SET_SIZE_MB, as ndkale's, saying so
+on stderr.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import resource
 import signal
 import sys
@@ -44,6 +46,21 @@ SIGNALS_TO_HANDLE = (signal.SIGABRT, signal.SIGINT, signal.SIGQUIT, signal.SIGTE
 # this module, whose import gives them the startup and shutdown hooks
 TASK_MODULES = (task.__name__, __name__)  # imported here too: thread slots resolve tasks in this process
 TIMEOUT_GRACE_S = 2.0  # past its time_limit, a task that did not stop on TimeoutException is stopped from outside
+
+
+def resident_kb() -> int:
+    """This process's resident set size now, in KB.
+
+    Not `ru_maxrss`: that is a peak, and Linux carries the peak across `exec`, so a worker
+    started by a large process (a test runner, a supervisor that forks) would begin "over" it.
+    Where /proc is missing, the peak is the best measure there is (bytes on macOS).
+    """
+    try:
+        with open("/proc/self/statm", "rb") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") // 1024
+    except OSError:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak // 1024 if sys.platform == "darwin" else peak
 
 
 class QueueSLA(Middleware):
@@ -145,10 +162,11 @@ class Worker:
         return stats
 
     def _check_process_resources(self) -> bool:
-        """True (stop) once this process's peak memory passes DIE_ON_RESIDENT_SET_SIZE_MB."""
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        """True (stop) once this process's resident memory passes DIE_ON_RESIDENT_SET_SIZE_MB."""
+        rss = resident_kb()
         if rss >= self._max_rss_kb and not self._over_memory:
-            log.info("Memory usage exceeds max: %d KB. Exiting.", rss)
+            # a warning, so that it reaches stderr even where the project configures no logging
+            log.warning("Memory usage exceeds max: %d KB (DIE_ON_RESIDENT_SET_SIZE_MB). Exiting.", rss)
             self._over_memory = True
         return self._over_memory
 

@@ -1,0 +1,480 @@
+"""`conveyor dashboard` end to end, in a real headless Chromium over real queue servers and consumers.
+
+In the system's Chromium, driven by Playwright, over real queue servers and consumer processes:
+counts that follow the work, a killed consumer marked, a killed server shown down while the rest
+keeps updating, the requeue button, the login, bad input (an unreachable server, a wrong token,
+100,000 dead letters, script in an error text), and the page's speed with 2 servers, 100 queues and
+50 consumers. Screenshots for the docs are taken from these runs (CONVEYOR_SCREENSHOTS=DIR writes
+them there).
+
+The command is `conveyor.cli.dashboard`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import conveyor.spark as cs
+from conveyor.client.pool import QueuePool
+from conveyor.constants import H_ROWS
+from conveyor.dashboard import Dashboard
+from conveyor.errors import ConveyorError
+from conveyor.message import Message
+from conveyor.tasks.options import TaskOptions
+from conveyor.tasks.publish import build_message
+from conveyor.worker import Consumer, ConsumerPool
+
+from ..support import worker_tasks as wt
+from ..support.servers import wait_for
+
+pytestmark = pytest.mark.timeout(120)
+MODULES = ["tests.support.worker_tasks"]
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if CHROMIUM is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("no chromium on this machine: .ci/run installs it (apt-get install chromium)")
+        pytest.skip("no chromium on this machine (apt-get install chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])  # root in CI: no sandbox there
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    p = context.new_page()
+    p.set_default_timeout(20_000)
+    p.errors = []  # type: ignore[attr-defined]
+    p.on("pageerror", lambda e: p.errors.append(str(e)))  # type: ignore[attr-defined]
+    p.on("dialog", lambda d: d.accept())  # the requeue's confirmation
+    yield p
+    context.close()
+
+
+def shot(page: Any, name: str) -> None:
+    """A screenshot for the docs, when asked for (CONVEYOR_SCREENSHOTS=DIR)."""
+    where = os.environ.get("CONVEYOR_SCREENSHOTS")
+    if where:
+        Path(where).mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(Path(where) / f"{name}.png"), full_page=True)
+
+
+def cell(page: Any, table: str, key: str, column: int) -> str:
+    """The text of a row's cell (`key`: its data attribute's value), or "" if no such row yet."""
+    attr = {"queues": "queue", "consumers": "consumer", "dead": "id"}[table]
+    loc = page.locator(f"#{table} tbody tr[data-{attr}='{key}'] td").nth(column)
+    return str(loc.text_content()) if loc.count() else ""
+
+
+def number(text: str) -> int:
+    return int(text.replace(",", "")) if text.replace(",", "").isdigit() else -1
+
+
+def updated(page: Any) -> float:
+    return float(page.evaluate("document.body.dataset.updated || '0'"))
+
+
+def test_counts_follow_the_work_and_a_killed_consumer_is_marked(page: Any) -> None:
+    with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
+        wt.sleeps.publish_many([(0.05,)] * 400, _pool=pool)
+        page.goto(board.url)
+        wait_for(lambda: number(cell(page, "queues", "jobs", 1)) == 400, 10, "400 ready on the page")
+        cp = ConsumerPool(pool, 2, queues=["jobs"], concurrency=2, task_modules=MODULES, restart=False).start()
+        try:
+            wait_for(lambda: 100 <= number(cell(page, "queues", "jobs", 4)) < 400, 20, "acked growing on the page")
+            working = page.locator("#consumers tbody tr.ok, #consumers tbody tr.slow")
+            wait_for(lambda: working.count() == 2, 10, "2 consumers shown working")
+            rows = page.locator("#consumers tbody tr")
+            wait_for(
+                lambda: all(number(str(r.locator("td").nth(3).text_content())) > 0 for r in rows.all()),
+                10,
+                "their reports of work done",
+            )
+            shot(page, "dashboard-running")
+            victim = cp.processes[0]
+            name = next(
+                r.get_attribute("data-consumer")
+                for r in page.locator("#consumers tbody tr").all()
+                if f":{victim.pid}:" in str(r.get_attribute("data-consumer"))
+            )
+            os.kill(victim.pid, signal.SIGKILL)  # type: ignore[arg-type]
+            wait_for(lambda: cell(page, "consumers", name, 9) == "late", 15, "the killed consumer marked late")
+            wait_for(lambda: cell(page, "consumers", name, 9) == "gone", 15, "then gone")
+            assert page.locator(f"#consumers tbody tr.gone[data-consumer='{name}']").count() == 1
+            others = [r for r in page.locator("#consumers tbody tr").all() if r.get_attribute("data-consumer") != name]
+            assert len(others) == 1 and others[0].get_attribute("class") in ("ok", "slow")
+        finally:
+            cp.cancel()
+    assert page.errors == []
+
+
+def test_a_killed_server_is_shown_down_and_the_rest_keeps_updating(page: Any) -> None:
+    with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
+        pool.queues.clients[0].put("jobs", [Message(payload=b"x")] * 60)
+        pool.queues.clients[1].put("jobs", [Message(payload=b"x")] * 40)
+        page.goto(board.url)
+        wait_for(lambda: number(cell(page, "queues", "jobs", 1)) == 100, 10, "100 ready")
+        victim = pool.servers.processes[1]  # type: ignore[union-attr]
+        os.kill(victim.pid, signal.SIGKILL)
+        down = page.locator("#servers .server.down")
+        wait_for(lambda: down.count() == 1, 10, "the killed server shown down")
+        assert pool.queues.clients[1].address in str(down.text_content())
+        wait_for(lambda: number(cell(page, "queues", "jobs", 1)) == 60, 10, "the other shard's 60 still shown")
+        pool.queues.clients[0].put("jobs", [Message(payload=b"y")] * 7)
+        wait_for(lambda: number(cell(page, "queues", "jobs", 1)) == 67, 10, "and still updated")
+        t0 = updated(page)
+        wait_for(lambda: updated(page) > t0, 5, "the page still refreshing")
+        assert "1 of 2 servers down" in str(page.locator("#updated").text_content())
+        page.click("#queues tbody tr[data-queue='jobs']")
+        wait_for(lambda: page.locator("#shards tbody tr.gone").count() == 1, 10, "its shard shown down in the breakdown")
+        wait_for(lambda: "(down)" in str(page.locator("#dead-status").text_content()), 10, "its dead letters said unread")
+        assert pool.queues.clients[1].address in str(page.locator("#dead-status").text_content())
+        shot(page, "dashboard-server-down")
+    assert page.errors == []
+
+
+def test_the_requeue_buttons_move_dead_letters_back_to_ready(page: Any) -> None:
+    with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
+        pool.queues.declare("bad", max_attempts=1)
+        ids = pool.put("bad", [Message(payload=b"item %d" % i) for i in range(6)])
+        for c in pool.queues.clients:
+            got = c.get("bad", 10)
+            c.nack("bad", [m.id for m in got], [f"Traceback (most recent call last):\nValueError: item {m.id}" for m in got])
+        page.goto(board.url)
+        wait_for(lambda: number(cell(page, "queues", "bad", 5)) == 6, 10, "6 dead letters on the page")
+        page.click("#queues tbody tr[data-queue='bad']")
+        wait_for(lambda: page.locator("#dead tbody tr").count() == 6, 10, "the dead letters listed")
+        shot(page, "dashboard-dead-letters")
+        first = str(ids[0])
+        page.check(f"#dead tbody tr[data-id='{first}'] input")
+        page.click("#requeue-selected")
+        wait_for(lambda: page.locator("#dead tbody tr").count() == 5, 10, "one requeued")
+        assert "requeued 1" in str(page.locator("#dead-status").text_content())
+        # ready again; "failed" counts the messages that ended so, the requeued one too (it came back as a new message)
+        wait_for(lambda: number(cell(page, "queues", "bad", 1)) == 1, 10, "the queue's row shows it ready")
+        assert number(cell(page, "queues", "bad", 5)) == 6
+        assert pool.stats("bad")["bad"].ready == 1
+        page.click("#requeue-all")
+        wait_for(lambda: page.locator("#dead tbody tr").count() == 0, 10, "all requeued")
+        wait_for(lambda: number(cell(page, "queues", "bad", 1)) == 6, 10, "all ready")
+        assert pool.dead_letters("bad") == []
+    assert page.errors == []
+
+
+def test_an_error_text_holding_script_shows_as_text_and_never_runs(page: Any) -> None:
+    evil = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script><b>bold</b>'
+    with QueuePool.local(n_servers=1) as pool, Dashboard(pool, port=0) as board:
+        pool.queues.declare("evil", max_attempts=1)
+        pool.put("evil", [Message(payload=evil.encode())])
+        got = pool.queues.clients[0].get("evil", 1)
+        pool.queues.clients[0].nack("evil", [got[0].id], [evil])
+        page.goto(board.url)
+        page.click("#queues tbody tr[data-queue='evil']")
+        wait_for(lambda: page.locator("#dead tbody tr").count() == 1, 10, "the dead letter listed")
+        row = page.locator("#dead tbody tr").first
+        assert evil in str(row.text_content())  # the markup shown as text, the payload too
+        assert page.locator("#dead img, #dead script, #dead b").count() == 0
+        assert page.evaluate("window.pwned === undefined")
+    assert page.errors == []
+
+
+def test_100000_dead_letters_are_paged_and_the_page_stays_fast(page: Any) -> None:
+    with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
+        pool.queues.declare("many", max_attempts=1)
+        pool.put("many", [Message(payload=b"p")] * 100_000)
+        for c in pool.queues.clients:
+            while got := c.get("many", 5000):
+                c.nack("many", [m.id for m in got], final=True)
+        assert pool.stats("many")["many"].failed == 100_000
+        page.goto(board.url)
+        wait_for(lambda: number(cell(page, "queues", "many", 5)) == 100_000, 10, "100,000 dead on the page")
+        t0 = time.monotonic()
+        page.click("#queues tbody tr[data-queue='many']")
+        wait_for(lambda: page.locator("#dead tbody tr").count() == 50, 10, "the first page")
+        first_page_s = time.monotonic() - t0
+        page.click("#dead-more")
+        wait_for(lambda: page.locator("#dead tbody tr").count() == 100, 10, "the second page")
+        assert first_page_s < 1.0, f"the first page of dead letters took {first_page_s:.2f} s"
+        ids = [int(str(r.get_attribute("data-id"))) for r in page.locator("#dead tbody tr").all()]
+        assert len(set(ids)) == 100 and ids == sorted(ids)  # pages follow each other, nothing twice
+
+
+def test_off_loopback_the_page_asks_for_the_token(page: Any, tmp_path: Path) -> None:
+    with QueuePool.local(n_servers=1, token="s3cret") as pool:
+        with pytest.raises(ConveyorError, match="without the pool's token"):
+            Dashboard(pool, "0.0.0.0", 0)
+        with pytest.raises(ConveyorError, match="without TLS"):
+            Dashboard(pool, "0.0.0.0", 0, token="s3cret")
+        pool.put("jobs", [Message(payload=b"x")] * 3)
+        with Dashboard(pool, "0.0.0.0", 0, token="s3cret", insecure=True) as board:
+            url = f"http://127.0.0.1:{board.port}/"
+            with pytest.raises(urllib.error.HTTPError) as e:
+                urllib.request.urlopen(url + "api/overview", timeout=10)
+            e.value.close()
+            assert e.value.code == 401
+            page.goto(url)
+            assert page.url.endswith("/login")
+            page.fill("input[name=token]", "wrong")
+            page.click("button[type=submit]")
+            page.wait_for_url("**/login?failed=1")
+            assert page.locator("#queues").count() == 0
+            shot(page, "dashboard-login")
+            page.fill("input[name=token]", "s3cret")
+            page.click("button[type=submit]")
+            wait_for(lambda: number(cell(page, "queues", "jobs", 1)) == 3, 10, "the page, once logged in")
+            cookie = next(c for c in page.context.cookies() if c["name"] == "conveyor_dashboard")
+            assert cookie["httpOnly"] and "s3cret" not in cookie["value"]
+            headers = {"Authorization": "Bearer s3cret", "Content-Type": "application/json"}
+            req = urllib.request.Request(url + "api/requeue", data=b'{"queue": "jobs", "ids": "all"}', headers=headers)
+            with pytest.raises(urllib.error.HTTPError) as e:  # no X-Conveyor header: what another site's page would send
+                urllib.request.urlopen(req, timeout=10)
+            e.value.close()
+            assert e.value.code == 403
+
+
+def test_an_unreachable_server_is_shown_down_from_the_start(page: Any) -> None:
+    with QueuePool.local(n_servers=1) as up:
+        up.put("jobs", [Message(payload=b"x")] * 4)
+        pool = QueuePool.connect([up.addresses[0], "tcp://127.0.0.1:1"], connect_timeout=2.0, timeout=2.0)
+        try:
+            with Dashboard(pool, port=0) as board:
+                page.goto(board.url)
+                wait_for(lambda: number(cell(page, "queues", "jobs", 1)) == 4, 10, "the answering server's queue")
+                down = page.locator("#servers .server.down")
+                wait_for(lambda: down.count() == 1, 10, "the other shown down")
+                assert "tcp://127.0.0.1:1" in str(down.text_content())
+                wait_for(lambda: "refused" in str(down.get_attribute("title")).lower(), 10, "its error shown")
+        finally:
+            pool.close()
+
+
+def test_the_page_is_fast_with_2_servers_100_queues_and_50_consumers(page: Any) -> None:
+    with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
+        for q in range(100):
+            pool.put(f"queue-{q:03d}", [Message(payload=b"x")] * 10)
+        for w in range(50):  # 50 consumers' reports, through the real report operation
+            pool.queues.report(
+                f"host-{w % 5}:{1000 + w}:0",
+                {"processed": w, "failed": 0, "running": 1, "pid": 1000 + w, "host": f"host-{w % 5}"},
+            )
+        wait_for(
+            lambda: len(_overview(board.url)["queues"]) == 100 and len(_overview(board.url)["consumers"]) == 50,
+            10,
+            "the dashboard polled the servers since",
+        )
+        t0 = time.monotonic()
+        page.goto(board.url)
+        wait_for(
+            lambda: page.locator("#queues tbody tr").count() == 100 and page.locator("#consumers tbody tr").count() == 50,
+            10,
+            "100 queues and 50 consumers",
+        )
+        load_s = time.monotonic() - t0
+        stamps = [updated(page)]
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            if (u := updated(page)) != stamps[-1]:
+                stamps.append(u)
+            time.sleep(0.05)
+        gaps = [b - a for a, b in itertools.pairwise(stamps)]
+        assert load_s < 1.0, f"the page took {load_s:.2f} s to show everything"
+        assert len(gaps) >= 3 and max(gaps) <= 2.0, f"updates {gaps}"
+        shot(page, "dashboard-many")
+
+
+def test_conveyor_dashboard_serves_the_page_and_its_json(tmp_path: Path) -> None:
+    with QueuePool.local(n_servers=1) as pool:
+        pool.put("jobs", [Message(payload=b"x")] * 2)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "conveyor", "dashboard", "--connect", pool.addresses[0], "--port", "0"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline().split()
+            assert line[:2] == ["dashboard", "on"]
+            url = line[2]
+            got = wait_for(lambda: _overview(url) if _overview(url)["queues"] else None, 10, "the overview")
+            assert got["queues"][0]["name"] == "jobs" and got["queues"][0]["ready"] == 2
+            with urllib.request.urlopen(url, timeout=10) as r:
+                assert b"Conveyor" in r.read() and "script-src 'self'" in r.headers["Content-Security-Policy"]
+        finally:
+            proc.send_signal(signal.SIGINT)
+            proc.wait(15)
+            assert proc.stdout is not None
+            proc.stdout.close()
+        assert proc.returncode == 0
+
+
+def _overview(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url + "api/overview", timeout=10) as r:
+        return dict(json.loads(r.read()))
+
+
+def _call(url: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    data = None if body is None else json.dumps(body).encode()
+    h = {"X-Conveyor": "1", "Content-Type": "application/json", **(headers or {})}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=h), timeout=10) as r:
+            return r.status, dict(json.loads(r.read()))
+    except urllib.error.HTTPError as e:
+        with e:
+            return e.code, dict(json.loads(e.read()))
+
+
+def test_the_json_endpoints_refuse_bad_input_and_a_queue_on_one_shard_pages() -> None:
+    with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
+        api = board.url + "api/"
+        pool.queues.clients[0].declare("one", max_attempts=1)  # on shard 0 only: shard 1 has no such queue
+        pool.queues.clients[0].put("one", [Message(payload=b"x")] * 3)
+        got = pool.queues.clients[0].get("one", 3)
+        pool.queues.clients[0].nack("one", [m.id for m in got], ["no"] * 3)
+        wait_for(lambda: _overview(board.url)["queues"], 10, "the dashboard's first poll")
+        status, page = _call(api + "dead-letters?queue=one&limit=2")
+        assert status == 200 and len(page["items"]) == 2 and page["next"] and page["skipped"] == []
+        status, rest = _call(api + f"dead-letters?queue=one&limit=2&cursor={page['next']}")
+        assert status == 200 and len(rest["items"]) == 1 and rest["next"] == ""
+        assert len({d["id"] for d in page["items"] + rest["items"]}) == 3
+        for query in ("", "queue=one&limit=0", "queue=one&limit=x", "queue=one&cursor=x", "queue=one&cursor=%C2%B2:1"):
+            assert _call(api + "dead-letters?" + query)[0] == 400, query
+        for ids in (["-1"], ["abc"], [True], [1.5], [str(2 << 48)], [], "some"):
+            status, reply = _call(api + "requeue", {"queue": "one", "ids": ids})
+            assert status == 400 and "error" in reply, ids
+        assert _call(api + "requeue", {"queue": "one"})[0] == 400
+        status, reply = _call(api + "requeue", {"queue": "one", "ids": [page["items"][0]["id"]]})
+        assert status == 200 and reply == {"requeued": 1, "skipped": []}
+        assert _call(api + "requeue", {"queue": "one", "ids": "all"})[1] == {"requeued": 2, "skipped": []}
+        assert pool.stats("one")["one"].ready == 3
+        # a page of another site, its name rebound to this address: not answered
+        status, reply = _call(api + "overview", headers={"Host": f"evil.example:{board.port}"})
+        assert status == 421 and "answers only to loopback names" in reply["error"]
+        assert _call(api + "overview", headers={"Host": f"localhost:{board.port}"})[0] == 200
+
+
+def test_a_busy_consumer_far_behind_its_peers_is_marked_slow() -> None:
+    """Of three consumers reporting, the one doing 1 task a report to its peers' 20 is marked slow.
+
+    Three consumers report (the real report operation, every 0.5 s): two do 20 tasks a report, one
+    does 1 with tasks running; that one is slow, the others ok.
+    """
+    with QueuePool.local(n_servers=1) as pool, Dashboard(pool, port=0) as board:
+        done = {"fast-1": 0, "fast-2": 0, "laggard": 0}
+
+        def consumers() -> dict[str, dict[str, Any]]:
+            return {c["name"]: c for c in _overview(board.url)["consumers"]}
+
+        def report() -> dict[str, dict[str, Any]] | None:
+            for name in done:
+                done[name] += 1 if name == "laggard" else 20
+                pool.queues.report(name, {"processed": done[name], "failed": 0, "running": 2, "pid": 1, "host": "h"})
+            got = consumers()
+            time.sleep(0.5)  # the pace of the reports, not a wait for anything
+            return got if got.get("laggard", {}).get("status") == "slow" else None
+
+        got = wait_for(report, 40, "the laggard marked slow")  # a rate needs 15 s of reports
+        assert got["fast-1"]["status"] == got["fast-2"]["status"] == "ok"
+        assert got["laggard"]["rate"] < 0.3 * got["fast-1"]["rate"]
+
+
+def test_a_map_jobs_rows_are_counted_by_its_consumers_reports() -> None:
+    """A map job's rows done and total are those of its messages settled, exact at the end.
+
+    Messages saying how many rows they carry (as map's do): the job's rows done and total are the
+    rows of the messages settled, a message failed for good included, and exact at the end.
+    """
+    with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
+        opts = TaskOptions(queue="map-t", max_retries=0)
+        sizes = [3, 5, 1, 4] * 10
+        messages = [
+            dataclasses.replace(m := build_message(wt.add.task_name, opts, (j, 1), {}), headers={**m.headers, H_ROWS: str(n)})
+            for j, n in enumerate(sizes)
+        ]
+        failing = build_message(wt.fails_for_good.task_name, opts, (), {})
+        pool.put("map-t", [*messages, dataclasses.replace(failing, headers={**failing.headers, H_ROWS: "7"})])
+        Consumer(pool.queues, ["map-t"], concurrency=2, until_empty=True, task_modules=MODULES).run()
+
+        def job() -> dict[str, Any] | None:
+            jobs = _overview(board.url)["jobs"]
+            return jobs[0] if jobs and jobs[0]["done"] == 41 and jobs[0]["rows_total"] == sum(sizes) + 7 else None
+
+        got = wait_for(job, 10, "the job's rows, as the consumer's last report says")
+        assert got["rows_done"] == got["rows_total"] == 137 and got["failed"] == 1 and got["total"] == 41
+
+
+def _slow_row(row: dict[str, Any]) -> dict[str, Any]:
+    time.sleep(0.05)
+    return {"i": row["id"]}
+
+
+def test_a_running_map_job_shows_its_progress_then_done(page: Any, spark: Any) -> None:
+    with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
+        done: dict[str, int] = {}
+        df = spark.range(600, numPartitions=4)
+
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                out = cs.map(
+                    df,
+                    _slow_row,
+                    schema="i long",
+                    queue_pool=pool,
+                    n_consumers=2,
+                    concurrency=2,
+                    rows_per_message=2,
+                    progress=False,
+                )
+                done["rows"] = out.count()
+            except BaseException as e:  # told by the test, not lost with the thread
+                failed.append(e)
+
+        job = threading.Thread(target=run, daemon=True)
+        job.start()
+        page.goto(board.url)
+
+        def midway() -> bool:
+            row = page.locator("#jobs tbody tr")
+            if row.count() != 1:
+                return False
+            cells = [str(c.text_content()) for c in row.locator("td").all()]
+            rows, messages = (number(cells[2]), number(cells[3])), (number(cells[4]), number(cells[5]))
+            return cells[0].startswith("map-") and 0 < rows[0] < rows[1] and 0 < messages[0] < messages[1]
+
+        wait_for(midway, 60, "the map job shown midway")
+        shot(page, "dashboard-map")
+        job.join(120)
+        assert not failed and done.get("rows") == 600, failed
+
+        def finished() -> bool:
+            cells = [str(c.text_content()) for c in page.locator("#jobs tbody tr td").all()]
+            # rows (2 to a message) and messages, each all done
+            rows, messages = (number(cells[2]), number(cells[3])), (number(cells[4]), number(cells[5]))
+            return len(cells) == 9 and rows == (600, 600) and messages == (300, 300) and cells[8] == "0 s"
+
+        wait_for(finished, 15, "the finished job shown done, until its results' queue is dropped")
+    assert page.errors == []

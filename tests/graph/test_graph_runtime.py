@@ -1,0 +1,133 @@
+"""How the runtime moves batches.
+
+Routing to channels, dependency order, stream order, readers, and early termination (a limit stops
+reading its input).
+
+The runtime is `conveyor.graph.runtime`; what runs inside the Spark tasks, `conveyor.graph.stages`,
+over the rows of `conveyor.graph.layout`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from examples.tpch import names
+from pyspark.sql import SparkSession
+
+from conveyor import Executor, TaskGraph
+from conveyor.graph import Count, FilterProject, Limit
+from conveyor.graph.channels import stable_hash
+
+
+class Recorder(Executor):
+    """Emits, for every row it sees, the channel, stream, arrival number and the row's key."""
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+        self.seen = 0
+
+    def execute(self, batch: pa.Table, stream_id: Hashable, channel: int) -> pd.DataFrame:
+        self.seen += 1
+        keys = batch.column(self.key).to_pylist()
+        return pd.DataFrame({"channel": channel, "stream": str(stream_id), "arrival": self.seen, "key": keys})
+
+
+@pytest.fixture
+def numbers(tmp_path: Path) -> Path:
+    path = tmp_path / "numbers.csv"
+    path.write_text("".join(f"{i},w{i % 11},{i * 0.5}\n" for i in range(5000)))
+    return path
+
+
+def test_routing_by_integer_string_callable_and_broadcast(spark: SparkSession, numbers: Path) -> None:
+    g = TaskGraph(spark)
+    src = g.new_input_csv(numbers, ["n", "word", "half"], 2, stride=16 * 1024, name="numbers")
+    by_int = g.new_blocking_node({0: src}, Recorder("n"), 3, {0: "n"})
+    by_str = g.new_blocking_node({0: src}, Recorder("word"), 3, {0: "word"})
+    by_fn = g.new_blocking_node({0: src}, Recorder("n"), 4, {0: lambda batch, n: np.asarray(batch.column("n")) // 10 % n})
+    everywhere = g.new_blocking_node({0: src}, Recorder("n"), 3, {0: None})
+    g.run()
+    ints = by_int.to_pandas()
+    assert sorted(ints.key) == list(range(5000)) and (ints.key % 3 == ints.channel).all()
+    words = by_str.to_pandas()
+    expected = stable_hash(pa.array(words.key)) % np.uint64(3)  # hashed here, in another process than the tasks
+    assert (expected.astype(np.int64) == words.channel.to_numpy()).all() and words.channel.nunique() > 1
+    fn = by_fn.to_pandas()
+    assert (fn.key // 10 % 4 == fn.channel).all() and len(fn) == 5000
+    wide = everywhere.to_pandas()
+    assert len(wide) == 3 * 5000 and all(sorted(g_.key) == list(range(5000)) for _, g_ in wide.groupby("channel"))
+
+
+def test_stable_hash_is_pinned() -> None:
+    # the documented hash (pandas.util.hash_array, SipHash-2-4, fixed key): a change here re-routes data
+    assert stable_hash(pa.array(["a", "b", None])).tolist() == [
+        int(pd.util.hash_array(np.array(["a"], dtype=object))[0]),
+        int(pd.util.hash_array(np.array(["b"], dtype=object))[0]),
+        0,
+    ]
+    assert int(pd.util.hash_array(np.array(["MAIL"], dtype=object))[0]) == 5726641970519379524
+
+
+def test_dependents_order_build_before_probe_and_keep_stream_order(spark: SparkSession, tmp_path: Path) -> None:
+    left = tmp_path / "left.csv"
+    right = tmp_path / "right.csv"
+    left.write_text("".join(f"{i}\n" for i in range(3000)))
+    right.write_text("".join(f"{i}\n" for i in range(3000, 9000)))
+    g = TaskGraph(spark)
+    a = g.new_input_csv(left, ["k"], 2, stride=4096, name="build")
+    b = g.new_input_csv(right, ["k"], 2, stride=4096, dependents=[a], name="probe")
+    out = g.new_blocking_node({"a": a, "b": b}, lambda: Recorder("k"), 2, {"a": "k", "b": "k"})  # a factory
+    g.run()
+    seen = out.to_pandas()
+    for _, rows in seen.groupby("channel"):
+        rows = rows.sort_values(["arrival"], kind="stable")
+        streams = rows.stream.tolist()
+        assert streams == sorted(streams)  # every "a" batch before any "b" batch
+        for _, part in rows.groupby("stream"):
+            assert part.key.is_monotonic_increasing  # each stream arrives in file order
+
+
+def test_parquet_and_spark_readers_agree(spark: SparkSession, tmp_path: Path, tpch_sf001: Path) -> None:
+    table = pa.table({"k": np.arange(20000), "v": np.arange(20000) % 7, "s": [f"x{i % 5}" for i in range(20000)]})
+    (tmp_path / "t").mkdir()  # a directory of two files, and a marker file both readers skip
+    pq.write_table(table.slice(0, 12000), tmp_path / "t" / "part-0.parquet", row_group_size=3000)
+    pq.write_table(table.slice(12000), tmp_path / "t" / "part-1.parquet", row_group_size=3000)
+    (tmp_path / "t" / "_SUCCESS").write_text("")
+    results = {}
+    for reader in ("auto", "spark"):
+        g = TaskGraph(spark, file_reader=reader)
+        pqin = g.new_input_parquet(tmp_path / "t", 2, columns=["k", "v"], filters=[("v", "=", 3)])
+        pq_out = g.new_blocking_node({0: pqin}, FilterProject(), 2, {0: "k"})
+        csvin = g.new_input_csv(tpch_sf001 / "orders.tbl", names("orders"), 2, sep="|", columns=["o_orderkey", "o_orderdate"])
+        csv_out = g.new_blocking_node({0: csvin}, Count(), 1, {0: None})
+        stats = g.run()
+        results[reader] = (pq_out.to_pandas().sort_values("k", ignore_index=True), csv_out.to_pandas(), stats)
+        assert pq_out.to_arrow().schema.names == ["k", "v"]
+    assert results["auto"][0].equals(results["spark"][0])
+    assert results["auto"][0].k.tolist() == list(range(3, 20000, 7))
+    assert results["auto"][1]["count"].tolist() == results["spark"][1]["count"].tolist() == [15000]
+
+
+def test_limit_stops_reading_early(spark: SparkSession, tpch_sf001: Path) -> None:
+    path = tpch_sf001 / "lineitem.tbl"
+    stride = 128 * 1024  # ~57 splits of one batch each
+    g = TaskGraph(spark)
+    everything = g.new_input_csv(path, names("lineitem"), 2, sep="|", stride=stride, name="all")
+    total = g.new_blocking_node({0: everything}, Count(), 1, {0: None})
+    read_all = g.run().batches_read["all"]
+    g = TaskGraph(spark)
+    few = g.new_input_csv(path, names("lineitem"), 2, sep="|", stride=stride, name="few")
+    first = g.new_blocking_node({0: few}, Limit(5), 1, {0: None})
+    stats = g.run()
+    assert total.to_pandas()["count"].tolist() == [60175]
+    assert read_all >= 50 and stats.batches_read["few"] == 1 and stats.fused_inputs == ["few"]
+    rows = first.to_pandas()
+    with open(path) as f:
+        head = [next(f).split("|") for _ in range(5)]
+    assert rows.l_orderkey.tolist() == [int(r[0]) for r in head] and rows.l_comment.tolist() == [r[15] for r in head]
