@@ -7,6 +7,9 @@ stops that lose nothing.
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -25,6 +28,7 @@ from . import async_tasks as at
 from .servers import wait_for
 
 MODULES = ["tests.async_tasks"]
+ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
@@ -182,3 +186,16 @@ def test_a_stop_cancels_the_calls_in_flight_and_hands_them_back(pool: QueuePool,
     consume(pool, concurrency=100)
     assert sorted(pool.gather(handles, timeout=10)) == list(range(40))  # every message came back and ran
     assert all(said(log)[f"done {i}"] == 1 for i in range(40))
+
+
+def test_the_example_in_the_docs_runs_as_written(tmp_path: Path) -> None:
+    """docs/workers.md's "Async tasks" example, run as a script: 1,000 calls of 0.5 s at 256 in flight."""
+    section = (ROOT / "docs" / "workers.md").read_text().split("## Async tasks", 1)[1].split("\n## ", 1)[0]
+    [code] = re.findall(r"```python\n(.*?)```", section, re.S)
+    script = tmp_path / "async_example.py"
+    script.write_text(code)
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(sum(i * i for i in range(1000)))
+    assert time.monotonic() - t0 < 60  # four rounds of 0.5 s, and the servers' start; 1,000 s one by one

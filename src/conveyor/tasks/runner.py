@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import Any
@@ -123,10 +123,6 @@ def _task_call(
     return functools.partial(func, *call.args, **call.kwargs), is_async_callable(func)
 
 
-async def _awaited(value: Awaitable[Any]) -> Any:
-    return await value
-
-
 def run_message(
     message: Message,
     registry: Registry | None = None,
@@ -150,8 +146,8 @@ def run_message(
     with _Attempt(message, backend) as attempt:
         run, _ = _task_call(attempt, registry, function_cache, fetch)
         value = run()
-        if inspect.isawaitable(value):
-            value = asyncio.run(_awaited(value))
+        if inspect.iscoroutine(value):  # not isawaitable: on the hot path of every plain task, at a third of its cost
+            value = asyncio.run(value)
         return encode_result(value)
 
 
@@ -172,6 +168,6 @@ async def run_message_async(
     with _Attempt(message, backend) as attempt:
         run, awaits = _task_call(attempt, registry, function_cache, fetch)
         value = run() if awaits else await asyncio.to_thread(run)
-        if inspect.isawaitable(value):
+        if inspect.iscoroutine(value):  # a plain function's, given to await (a Task class's async run_task, say)
             value = await value
         return encode_result(value)
