@@ -199,3 +199,13 @@ def test_the_example_in_the_docs_runs_as_written(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(sum(i * i for i in range(1000)))
     assert time.monotonic() - t0 < 60  # four rounds of 0.5 s, and the servers' start; 1,000 s one by one
+
+
+def test_the_leases_of_calls_in_flight_are_extended(pool: QueuePool, tmp_path: Path) -> None:
+    """Calls of 3 s on a queue whose lease is 1 s: extended while they run, none comes back to run again."""
+    pool.queues.declare("jobs", lease_s=1.0)
+    log, flag = tmp_path / "runs.log", tmp_path / "flag"
+    handles = at.waits_for.publish_many([(str(log), str(flag), 3.0, i) for i in range(50)], _pool=pool)
+    consume(pool)
+    assert sorted(pool.gather(handles, timeout=10)) == list(range(50))
+    assert said(log) == Counter({**{f"start {i}": 1 for i in range(50)}, **{f"done {i}": 1 for i in range(50)}})
