@@ -154,7 +154,7 @@ def test_dict_results_must_have_the_schema_keys(spark: SparkSession, pool: Queue
         ({"early_ack": True}, r"map: early_ack is not for map"),
         ({"middleware": [Retries()]}, r"map: middleware is not for map: .* max_retries= and time_limit="),
         ({"time_limit": 0}, r"time_limit must be a number of seconds > 0"),
-        ({"pool": "fibers"}, r"pool must be 'thread' or 'process'"),
+        ({"pool": "fibers"}, r"pool must be 'thread', 'process' or 'async'"),
     ],
 )
 def test_bad_arguments_are_refused_before_any_work(spark: SparkSession, pool: QueuePool, kw: dict[str, Any], error: str) -> None:

@@ -84,7 +84,7 @@ def test_the_worker_command_has_an_option_for_each_with_the_same_default() -> No
     [
         ({"concurrency": 0}, r"concurrency must be an integer >= 1"),
         ({"concurrency": "8"}, r"concurrency must be an integer >= 1"),
-        ({"pool": "fibers"}, r"pool must be 'thread' or 'process', where tasks run, got 'fibers'"),
+        ({"pool": "fibers"}, r"pool must be 'thread', 'process' or 'async', where tasks run, got 'fibers'"),
         ({"pool": object()}, r"or queue_pool= for map and SparkConsumerPool"),
         ({"batch_size": 0}, r"batch_size must be an integer >= 1"),
         ({"task_modules": "myapp.tasks"}, r"task_modules must be a list of module names"),

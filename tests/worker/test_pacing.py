@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from conveyor.constants import READ_AHEAD_MAX, READ_AHEAD_WINDOW_S
+from conveyor.constants import READ_AHEAD_MAX, READ_AHEAD_WINDOW_S, REFILL_MAX
 from conveyor.message import Message
 from conveyor.worker.held import Held, due_extensions, over_limit
 from conveyor.worker.pacing import Pacing, Throughput, read_ahead
@@ -38,6 +38,17 @@ def test_the_loop_sleeps_until_enough_tasks_finish_for_a_fetch() -> None:
         if p.want(running=running, left=None, busy=True) == 0:
             assert p.want(running=running - k, left=None, busy=True) > 0
             assert k == 1 or p.want(running=running - k + 1, left=None, busy=True) == 0
+
+
+def test_with_hundreds_of_slots_no_more_than_refill_max_wait_idle_for_a_batch() -> None:
+    """Async calls in flight: half of 256 slots idle for a batch would halve them; the fetch comes at REFILL_MAX free."""
+    p = Pacing(slots=256, batch_size=None)
+    assert p.want(running=256 - REFILL_MAX + 1, left=None, busy=True) == 0
+    assert p.want(running=256 - REFILL_MAX, left=None, busy=True) == REFILL_MAX
+    assert p.short_of(running=256, left=None, busy=True) == REFILL_MAX
+    # what is held beyond the slots (read ahead) may go first: the slots stay full
+    assert p.want(running=256 + 500 - 250, left=None, busy=True, read_ahead=500) == 0
+    assert p.want(running=256 + 500 - 378, left=None, busy=True, read_ahead=500) == 378  # half of 756
 
 
 def test_pinned_it_waits_for_a_whole_batch_when_one_still_runs() -> None:

@@ -67,6 +67,7 @@ def stop(worker: subprocess.Popen[str], how: str) -> None:
         ("parent-until-empty", "2", "thread"),  # a worker meant to drain the queues, stopped before
         ("ctrl-c", "2", "thread"),
         ("ctrl-c", "1", "process"),
+        ("group", "2", "async"),  # plain tasks, in the event loop's threads
     ],
 )
 def test_a_stop_lets_running_tasks_finish_and_acks_them(

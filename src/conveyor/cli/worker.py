@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Literal
 
 import click
 from rich.console import Console
@@ -18,7 +17,7 @@ from conveyor.constants import DEFAULT_SHUTDOWN_TIMEOUT_S
 from conveyor.errors import ConnectionLostError, ConveyorError
 from conveyor.tasks.queue_config import QueueConfig, load_queues
 from conveyor.worker.affinity import default_slots
-from conveyor.worker.options import POOLS, ConsumerOptions
+from conveyor.worker.options import POOLS, ConsumerOptions, Pool
 from conveyor.worker.runtime import import_task_modules, run_worker
 from conveyor.worker.settings import load_settings
 
@@ -45,15 +44,16 @@ DEFAULTS = ConsumerOptions()  # the options' defaults are ConsumerOptions': the 
     "--concurrency",
     default=DEFAULTS.concurrency,
     type=click.IntRange(1),
-    help="Tasks one consumer runs at once (default: 8 threads; or, with --pool process, child processes "
-    "for the consumer's share of the cores, plus one).",
+    help="Tasks one consumer runs at once (default: 8 threads; with --pool process, child processes "
+    "for the consumer's share of the cores, plus one; with --pool async, 256 calls in flight).",
 )
 @click.option(
     "--pool",
     type=click.Choice(POOLS),
     default=DEFAULTS.pool,
     show_default=True,
-    help="Run tasks in threads, or in child processes (CPU-bound work; over its time limit, killed).",
+    help="Run tasks in threads, in child processes (CPU-bound work; over its time limit, killed), or as "
+    "coroutines on one event loop (async def tasks waiting on I/O; plain ones in its threads).",
 )
 @click.option("--processes", default=1, show_default=True, type=click.IntRange(1), help="Consumer processes to run.")
 @click.option(
@@ -106,7 +106,7 @@ def worker(
     queues_config: Path | None,
     queue_names: str | None,
     concurrency: int | None,
-    pool: Literal["thread", "process"],
+    pool: Pool,
     processes: int,
     batch_size: int | None,
     selector: str | None,

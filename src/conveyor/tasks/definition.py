@@ -34,7 +34,7 @@ from conveyor.tasks.publish import (
 )
 from conveyor.tasks.registry import Registry
 from conveyor.tasks.registry import registry as default_registry
-from conveyor.tasks.runner import run_message
+from conveyor.tasks.runner import is_async_callable, run_message
 
 __all__ = [
     "Args",
@@ -71,6 +71,7 @@ class TaskFunction(Generic[P, R]):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.options = options
+        self.is_async = is_async_callable(fn)  # run_call returns its coroutine: awaited on the worker's loop
         self.task_name = name if name is not None else f"{fn.__module__}.{fn.__qualname__}"
         self._sig = arg_check(fn, drop_first=False)
         self._registry = default_registry if registry is None else registry
@@ -198,6 +199,7 @@ class Task:
     no_retry: ClassVar[tuple[type[BaseException], ...]] = ()
     options: ClassVar[TaskOptions] = TaskOptions()
     task_name: ClassVar[str] = ""
+    is_async: ClassVar[bool] = False  # run() is plain: its hooks run around a plain run_task
     _sig: ClassVar[ArgCheck | None] = None
 
     def __init_subclass__(

@@ -36,6 +36,7 @@ class RegisteredTask(Protocol):
 
     task_name: str
     options: TaskOptions
+    is_async: bool  # run_call returns a coroutine to await (an `async def` task)
 
     def run_call(self, call: Call, message: Message | None = None) -> Any:
         """Run the task for one decoded call (hooks included) and return its value."""

@@ -1,39 +1,78 @@
 """The run side of a task, free of any transport: one delivered message in, result bytes out.
 
-A consumer calls `run_message` for each delivered message, acks with the bytes it returns, and
-on `TaskError` nacks with `error.error` after `backoff_delay(message.attempts, backoff_of(message.headers))`
-seconds, or fails the message at once when `error.retryable` is False (unknown task, undecodable
-payload, unserializable result, an exception the task declared not retryable, or a run that called
-`fail_without_retry()`).
+A consumer calls `run_message` (or, on an event loop, `run_message_async`) for each delivered
+message, acks with the bytes it returns, and on `TaskError` nacks with `error.error` after
+`backoff_delay(message.attempts, backoff_of(message.headers))` seconds, or fails the message at once
+when `error.retryable` is False (unknown task, undecodable payload, unserializable result, an
+exception the task declared not retryable, or a run that called `fail_without_retry()`).
+
+A task may be a coroutine function (`async def`, or a callable whose `__call__` is one). On a loop
+(`run_message_async`, the consumer's `pool="async"`) it is awaited there, many at once, and a plain
+function is run in the loop's default executor, a thread, so that it blocks no other call. Outside
+a loop (`run_message`, thread and process slots) a coroutine function runs on a loop of its own
+for that call (`asyncio.run`): it works, without sharing a loop with other calls.
 """
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 from collections.abc import Callable
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
+from types import TracebackType
 from typing import Any
 
 from conveyor.constants import H_TASK
 from conveyor.errors import ConveyorError, TaskError
 from conveyor.message import Message
 from conveyor.tasks.envelope import FunctionCache, adhoc_digest, decode_call, encode_error, encode_result
-from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import is_retryable
 from conveyor.tasks.registry import Registry
 from conveyor.tasks.registry import registry as default_registry
 
 _function_cache = FunctionCache()  # the process-wide cache of ad-hoc callables, when given none
-_current: ContextVar[Message | None] = ContextVar("conveyor_current_message", default=None)
-_backend: ContextVar[Any] = ContextVar("conveyor_worker_backend", default=None)
-_final: ContextVar[bool] = ContextVar("conveyor_final_failure", default=False)
+
+
+class _Attempt:
+    """One run of a message's task: what `current_message()` and the others read while it runs.
+
+    A context manager: it is what they read for the run, and every `Exception` out of the run
+    leaves it as a `TaskError`, retryable as the task's options and `fail_without_retry()` say.
+    One mutable object, so that `fail_without_retry()` from a copy of the context (a task's thread
+    under an event loop, a task's own loop) still reaches the run.
+    """
+
+    __slots__ = ("_token", "backend", "final", "message", "name", "no_retry")
+
+    def __init__(self, message: Message, backend: Any) -> None:
+        self.message, self.backend = message, backend
+        self.name: str = message.headers.get(H_TASK, "?")  # the envelope's, once decoded
+        self.no_retry: tuple[type[BaseException], ...] = ()  # the task's, once found
+        self.final = False  # fail_without_retry() was called
+        self._token: Token[_Attempt | None] | None = None
+
+    def __enter__(self) -> _Attempt:
+        self._token = _attempt.set(self)
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None) -> None:
+        if self._token is not None:
+            _attempt.reset(self._token)
+        if isinstance(exc, Exception):  # not KeyboardInterrupt, SystemExit, CancelledError: those go on as they are
+            raise TaskError(self.name, encode_error(exc), not self.final and is_retryable(exc, self.no_retry), exc) from exc
+
+
+_attempt: ContextVar[_Attempt | None] = ContextVar("conveyor_attempt", default=None)
 
 
 def current_message() -> Message | None:
-    """The message whose task this thread is running (None outside a task).
+    """The message whose task this thread (or coroutine) is running (None outside a task).
 
     For a task that acts on its own delivery, e.g. on how many attempts it has had.
     """
-    return _current.get()
+    a = _attempt.get()
+    return None if a is None else a.message
 
 
 def worker_backend() -> Any:
@@ -41,7 +80,8 @@ def worker_backend() -> Any:
 
     Over connections of the worker's own; for a task that puts messages where its own came from.
     """
-    return _backend.get()
+    a = _attempt.get()
+    return None if a is None else a.backend
 
 
 def fail_without_retry() -> None:
@@ -51,7 +91,36 @@ def fail_without_retry() -> None:
     now, without retries, whatever the exception (the ndkale compat's `handle_failure` returning
     False).
     """
-    _final.set(True)
+    a = _attempt.get()
+    if a is not None:
+        a.final = True
+
+
+def is_async_callable(fn: object) -> bool:
+    """Whether calling `fn` returns a coroutine to await: an `async def` function, or an object whose `__call__` is one."""
+    return inspect.iscoroutinefunction(fn) or (callable(fn) and inspect.iscoroutinefunction(type(fn).__call__))
+
+
+def _task_call(
+    attempt: _Attempt,
+    registry: Registry | None,
+    function_cache: FunctionCache | None,
+    fetch: Callable[[str], bytes] | None,
+) -> tuple[Callable[[], Any], bool]:
+    """Decode the attempt's message and find its task: a call that runs it, and whether that call returns a coroutine."""
+    message = attempt.message
+    call = decode_call(message.payload, message.headers)
+    attempt.name = call.name
+    digest = adhoc_digest(call.name)
+    if digest is None:
+        task = (default_registry if registry is None else registry).get(call.name)
+        attempt.no_retry = task.options.no_retry
+        return functools.partial(task.run_call, call, message), task.is_async
+    if fetch is None:
+        raise ConveyorError(f"ad-hoc task {call.name}: this worker was given no `fetch` for function bytes")
+    cache = function_cache if function_cache is not None else _function_cache  # an empty cache is falsy
+    func = cache.get(digest, fetch)
+    return functools.partial(func, *call.args, **call.kwargs), is_async_callable(func)
 
 
 def run_message(
@@ -68,33 +137,37 @@ def run_message(
         function's pickled bytes (from the servers' blob store). Needed only for ad-hoc calls.
     backend: what `worker_backend()` returns while the task runs.
 
+    A coroutine function's task runs to its end on a loop of its own (`asyncio.run`).
+
     Every failure raises `TaskError` (with `cause` the original exception and `__cause__` set):
     the task's own exceptions, and also an unknown task or a damaged payload, which are not
     retryable. Exceptions that are not `Exception`s (KeyboardInterrupt, SystemExit) propagate as is.
     """
-    reg = default_registry if registry is None else registry
-    name = message.headers.get(H_TASK, "?")
-    options: TaskOptions | None = None
-    token, backend_token, final_token = _current.set(message), _backend.set(backend), _final.set(False)
-    try:
-        call = decode_call(message.payload, message.headers)
-        name = call.name
-        digest = adhoc_digest(name)
-        if digest is None:
-            task = reg.get(name)
-            options = task.options
-            value = task.run_call(call, message)
-        else:
-            if fetch is None:
-                raise ConveyorError(f"ad-hoc task {name}: this worker was given no `fetch` for function bytes")
-            cache = function_cache if function_cache is not None else _function_cache  # an empty cache is falsy
-            func = cache.get(digest, fetch)
-            value = func(*call.args, **call.kwargs)
+    with _Attempt(message, backend) as attempt:
+        run, _ = _task_call(attempt, registry, function_cache, fetch)
+        value = run()
+        if inspect.iscoroutine(value):  # not isawaitable: on the hot path of every plain task, at a third of its cost
+            value = asyncio.run(value)
         return encode_result(value)
-    except Exception as exc:
-        retryable = not _final.get() and is_retryable(exc, options.no_retry if options is not None else ())
-        raise TaskError(name, encode_error(exc), retryable, exc) from exc
-    finally:
-        _current.reset(token)
-        _backend.reset(backend_token)
-        _final.reset(final_token)
+
+
+async def run_message_async(
+    message: Message,
+    registry: Registry | None = None,
+    function_cache: FunctionCache | None = None,
+    fetch: Callable[[str], bytes] | None = None,
+    backend: Any = None,
+) -> bytes:
+    """`run_message` on the running event loop: a coroutine function's task is awaited here.
+
+    A plain function's task runs in the loop's default executor (a thread, with this context:
+    `current_message()` works there too), so that it holds up no other call. Decoding, and the
+    first fetch of an ad-hoc function's bytes, run on the loop: once per function per process.
+    Cancelled, the task gets `CancelledError`, which leaves as it is (not a `TaskError`).
+    """
+    with _Attempt(message, backend) as attempt:
+        run, awaits = _task_call(attempt, registry, function_cache, fetch)
+        value = run() if awaits else await asyncio.to_thread(run)
+        if inspect.iscoroutine(value):  # a plain function's, given to await (a Task class's async run_task, say)
+            value = await value
+        return encode_result(value)

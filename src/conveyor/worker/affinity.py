@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from conveyor.constants import DEFAULT_CONCURRENCY
+from conveyor.constants import DEFAULT_ASYNC_CONCURRENCY, DEFAULT_CONCURRENCY
 
 log = logging.getLogger("conveyor.worker")
 
@@ -62,11 +62,13 @@ def usable_cores() -> int:
 def default_slots(pool: str, consumers: int, cores: int | None = None) -> int:
     """A consumer's `concurrency` when none is given.
 
-    DEFAULT_CONCURRENCY threads; or child processes for its share of the `cores` (default: this
-    process's) among `consumers`, plus one to start a task while another's result travels. More
-    processes than cores only share them out (measured: 8 per consumer on a core each ran 1.4x
-    slower than 2-3).
+    DEFAULT_CONCURRENCY threads; DEFAULT_ASYNC_CONCURRENCY calls in flight on an event loop; or
+    child processes for its share of the `cores` (default: this process's) among `consumers`, plus
+    one to start a task while another's result travels. More processes than cores only share them
+    out (measured: 8 per consumer on a core each ran 1.4x slower than 2-3).
     """
+    if pool == "async":
+        return DEFAULT_ASYNC_CONCURRENCY
     if pool != "process":
         return DEFAULT_CONCURRENCY
     return max(1, (cores or usable_cores()) // max(1, consumers)) + 1

@@ -31,9 +31,10 @@ from conveyor.tasks.queue_config import QueueConfig
 from conveyor.tasks.registry import import_named
 from conveyor.worker.ack_modes import ack_mode
 from conveyor.worker.affinity import pin_core, resolve_slots
+from conveyor.worker.async_slots import AsyncSlots
 from conveyor.worker.completions import Completions
 from conveyor.worker.connections import ONE_ATTEMPT, BlobFetcher, own_connections
-from conveyor.worker.executors import Completion, ProcessSlots, ThreadSlots
+from conveyor.worker.executors import Completion, ProcessSlots, Slots, ThreadSlots
 from conveyor.worker.fetching import Fetcher
 from conveyor.worker.held import Held, ServedQueue, over_limit
 from conveyor.worker.middleware import default_middleware
@@ -173,11 +174,11 @@ class Consumer:
             self.reads_ahead,
         )
         fetcher, conns = BlobFetcher(self.pool), None  # conns: the task threads' own connections, closed at the end
-        slots = (
-            ThreadSlots(self.slots, self._done, conns := fetcher())
-            if self.options.pool == "thread"
-            else ProcessSlots(self.slots, self._done, fetcher, self.options.task_modules)
-        )
+        slots: Slots
+        if self.options.pool == "process":
+            slots = ProcessSlots(self.slots, self._done, fetcher, self.options.task_modules)
+        else:
+            slots = (AsyncSlots if self.options.pool == "async" else ThreadSlots)(self.slots, self._done, conns := fetcher())
         slots.start()
         self._settler = Settler(self.pool, self.report, REPORT_EVERY_S)  # reports: this consumer is ready
         log.info(
@@ -195,7 +196,7 @@ class Consumer:
             self._loop(slots)
         finally:
             self._give_back(slots)
-            slots.close(wait=not self._hard_stop)  # a hard stop kills task processes (and leaves task threads)
+            slots.close(wait=not self._hard_stop)  # a hard stop kills task processes, cancels calls (and leaves task threads)
             self._settle(self._done.take())  # what finished meanwhile is acked, not run again elsewhere
             self._hand_back()
             if conns is not None:
@@ -204,7 +205,7 @@ class Consumer:
             self.stats.unsettled += self._settler.unsettled
             self._servers.close()
 
-    def _loop(self, slots: ThreadSlots | ProcessSlots) -> None:
+    def _loop(self, slots: Slots) -> None:
         gave_back, stop_by = False, 0.0  # once stopping, nothing new goes in line: what waits there is given back once
         while True:
             try:
@@ -308,7 +309,7 @@ class Consumer:
         return all(s.pending == 0 for s in st.values())
 
     # --- running --------------------------------------------------------------------------
-    def _start(self, slots: ThreadSlots | ProcessSlots, got: list[Message]) -> None:
+    def _start(self, slots: Slots, got: list[Message]) -> None:
         delivered = self._ack_mode.delivered(self._servers, got, len(self._running))  # those it keeps from running do not
         middleware, running = self.middleware, self._running
         now = time.monotonic()  # fetched together: one time for the batch
@@ -324,15 +325,14 @@ class Consumer:
         """Wait for `n` completions (left for the next loop) or the timeout."""
         self._done.wait(timeout, n)
 
-    def _enforce_limits(self, slots: ThreadSlots | ProcessSlots, now: float) -> None:
+    def _enforce_limits(self, slots: Slots, now: float) -> None:
         """Stop the tasks over their time limit (counted from when they started: not while in line)."""
         for r, limit in over_limit(self._running.values(), slots.started, now):
             if slots.stop_task(r.message.key):
                 self.stats.timed_out += 1
-                how = "its process was killed" if slots.kind == "process" else "its thread was abandoned and may still be running"
                 err = TaskError(
                     r.message.headers.get(H_TASK, "?"),
-                    f"TimeLimitExceeded: the task ran over its time limit of {limit:g} s ({how})",
+                    f"TimeLimitExceeded: the task ran over its time limit of {limit:g} s ({slots.stopping})",
                     True,
                 )
                 self._settle([Completion(r.message, None, err, -1, limit)])
@@ -377,7 +377,7 @@ class Consumer:
         if len(running) != held:
             mode.holding(len(running))
 
-    def _give_back(self, slots: ThreadSlots | ProcessSlots) -> None:
+    def _give_back(self, slots: Slots) -> None:
         """Release the messages read ahead and not started: a stopping consumer leaves them to others.
 
         Acked on delivery, they cannot go back: they run here (see `ack_modes`).

@@ -1,8 +1,9 @@
 """Where a consumer runs tasks: a fixed number of slots, in threads or in child processes.
 
-Both kinds take a message, run it with `run_message` and put a `Completion` on the consumer's
-queue. A task over its time limit is stopped with `stop_task(message.key)`: a child process is killed
-and replaced; a thread cannot be killed, so its task is abandoned (its late result is dropped) and a new thread takes the slot.
+Every kind (these two, and `AsyncSlots` in worker/async_slots.py) is a `Slots`: it takes a message,
+runs it with `run_message` and puts a `Completion` on the consumer's queue. A task over its time
+limit is stopped with `stop_task(message.key)`: a child process is killed and replaced; a thread
+cannot be killed, so its task is abandoned (its late result is dropped) and a new thread takes the slot.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 from conveyor.constants import H_TASK
 from conveyor.errors import ConveyorError, TaskError
@@ -58,6 +59,58 @@ class Completion(NamedTuple):
     seconds: float = -1.0  # how long it ran (-1: unknown)
 
 
+class Slots(Protocol):
+    """Where a consumer runs tasks: what it asks of each kind (`ThreadSlots`, `ProcessSlots`, `AsyncSlots`).
+
+    Outcomes go to the `Completions` the slots were made with; a message is known by its key,
+    (queue, id).
+    """
+
+    @property
+    def kind(self) -> str:
+        """The consumer option `pool` that chooses this kind."""
+        ...
+
+    @property
+    def stopping(self) -> str:
+        """What `stop_task` does to a task, as a time-limit error says it."""
+        ...
+
+    @property
+    def broken(self) -> str | None:
+        """Why no slot will ever run what waits (the consumer stops on it); None while they work."""
+        ...
+
+    def start(self) -> None:
+        """Start the slots (ready to run once this returns)."""
+        ...
+
+    def submit(self, message: Message) -> None:
+        """Run `message` in a free slot, or in the first that frees up (it waits in line meanwhile)."""
+        ...
+
+    def started(self, key: tuple[str, int]) -> float | None:
+        """When a slot started the message `key` (monotonic; None: it waits in line, or has ended)."""
+        ...
+
+    def unstarted(self) -> list[Message]:
+        """Take back the messages waiting in line (a stopping consumer gives them back)."""
+        ...
+
+    def stop_task(self, key: tuple[str, int]) -> bool:
+        """Stop the task of the message `key` (False: it is not running); its outcome, if any, is dropped."""
+        ...
+
+    def close(self, wait: bool = True) -> None:
+        """End the slots; `wait`: for the tasks still running, else stopped as they are."""
+        ...
+
+
+def failure(message: Message, e: BaseException) -> TaskError:
+    """Any exception out of a run, as the TaskError it settles with (a TaskError as it is)."""
+    return e if isinstance(e, TaskError) else TaskError(message.headers.get(H_TASK, "?"), encode_error(e), True)
+
+
 def _run(message: Message, conns: WorkerConnections | None) -> tuple[bytes | None, TaskError | None]:
     """Run one message; every outcome is a result or a TaskError, never an exception out of the slot.
 
@@ -66,16 +119,15 @@ def _run(message: Message, conns: WorkerConnections | None) -> tuple[bytes | Non
     """
     try:
         return run_message(message, fetch=conns, backend=None if conns is None else conns.pool), None
-    except TaskError as e:
-        return None, e
     except BaseException as e:
-        return None, TaskError(message.headers.get(H_TASK, "?"), encode_error(e), True)
+        return None, failure(message, e)
 
 
 class ThreadSlots:
     """`n` threads; each runs one message at a time."""
 
     kind = "thread"
+    stopping = "its thread was abandoned and may still be running"
     broken: str | None = None  # threads always start
 
     def __init__(self, n: int, done: Completions[Completion], conns: WorkerConnections | None) -> None:
@@ -225,6 +277,7 @@ class ProcessSlots:
     """`n` child processes; each runs one message at a time. A killed child is replaced."""
 
     kind = "process"
+    stopping = "its process was killed"
 
     def __init__(
         self, n: int, done: Completions[Completion], fetcher: BlobFetcher | None, task_modules: Sequence[str] = ()

@@ -3,8 +3,8 @@
 `Consumer`, `ConsumerPool`, `SparkConsumerPool`, `conveyor.spark.map`, `run_worker` and
 `conveyor worker` all take these options, and only these: one name, one type and one default each,
 checked once (here, in `__post_init__`). The words are Celery's: `concurrency` is how many tasks one
-consumer runs at once, `pool` is where they run (threads or child processes); on the command line
-`--concurrency N` and `--pool thread|process`.
+consumer runs at once, `pool` is where they run (threads, child processes, or coroutines on one event
+loop); on the command line `--concurrency N` and `--pool thread|process|async`.
 
 What belongs to an entry point instead is how long its run lasts and who it is: `until_empty`,
 `unreachable_s` (when to give up on a server out of reach: a consumer's own check, `join`'s, the Spark
@@ -34,7 +34,8 @@ from conveyor.worker.affinity import check_pin
 from conveyor.worker.middleware import Middleware
 from conveyor.worker.selectors import QueueSelector, selector_class
 
-POOLS = ("thread", "process")  # where a consumer's tasks may run
+Pool = Literal["thread", "process", "async"]  # where a consumer's tasks run
+POOLS: tuple[Pool, ...] = ("thread", "process", "async")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,8 +45,9 @@ class ConsumerOptions:
     # tasks one consumer runs at once (its slots); None: 8 threads, or child processes for its share of the cores plus one,
     # and it may fetch quick tasks beyond its slots (read-ahead); given, it also bounds the messages a consumer holds
     concurrency: int | None = None
-    # where tasks run: "thread", or "process" (child processes: CPU-bound work; a task over its time limit is killed)
-    pool: Literal["thread", "process"] = "thread"
+    # where tasks run: "thread", or "process" (child processes: CPU-bound work; a task over its time limit is killed),
+    # or "async" (coroutines on one event loop: I/O-bound work, `concurrency` calls in flight, by default 256)
+    pool: Pool = "thread"
     # most messages one fetch takes; None: each queue's own batch_size
     batch_size: int | None = None
     # how a consumer picks the queue to fetch from: a name in SELECTORS, a dotted path, a QueueSelector class or instance
@@ -78,7 +80,7 @@ class ConsumerOptions:
                 if isinstance(self.pool, str)
                 else " (the queue servers are the first argument, or queue_pool= for map and SparkConsumerPool)"
             )
-            raise ValueError(f"pool must be 'thread' or 'process', where tasks run, got {self.pool!r}{servers}")
+            raise ValueError(f"pool must be 'thread', 'process' or 'async', where tasks run, got {self.pool!r}{servers}")
         if not isinstance(self.selector, QueueSelector):
             selector_class(self.selector)  # a ConfigError names an unknown selector, or one that does not import
         if isinstance(self.task_modules, str) or not all(type(m) is str for m in self.task_modules):
@@ -111,7 +113,7 @@ class ConsumerKeywords(TypedDict, total=False):
     """`ConsumerOptions`' fields as keywords of an entry point: the same names and types (checked by a test)."""
 
     concurrency: int | None
-    pool: Literal["thread", "process"]
+    pool: Pool
     batch_size: int | None
     selector: str | type[QueueSelector] | QueueSelector
     task_modules: Sequence[str]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from conveyor.constants import READ_AHEAD_MAX, READ_AHEAD_WINDOW_S
+from conveyor.constants import READ_AHEAD_MAX, READ_AHEAD_WINDOW_S, REFILL_MAX
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +24,9 @@ class Pacing:
       task); for long tasks it is next to nothing, so no message waits long behind them.
     - Batching: while tasks run and the queues are busy, wait until enough slots are free for one
       request to bring several messages: half a batch; a whole one when pinned with room for two.
-      A batch is the queue's `batch_size`, or (None) whatever may be held.
+      A batch is the queue's `batch_size`, or (None) whatever may be held. Never more than
+      REFILL_MAX slots wait idle for it, though: with hundreds of slots (async calls in flight),
+      half of them would.
     - As the queues run low the read-ahead goes; a pinned consumer (`pinned`: its threads share one
       core, so any one running task keeps the core busy) even holds at most half an even share of
       what is left (guided self-scheduling): the last messages wait in the queue for whichever
@@ -51,7 +53,9 @@ class Pacing:
     def refill(self, hold: int) -> int:
         """With tasks running and the queues busy, fetch once this many slots are free."""
         fill = min(self.batch_size or hold, hold)
-        return fill if self.pinned and hold >= 2 * fill else max(1, fill // 2)
+        if self.pinned and hold >= 2 * fill:
+            return fill
+        return max(1, min(fill // 2, hold - self.slots + REFILL_MAX))  # what is held beyond the slots may go first
 
     def _need(self, hold: int, running: int, busy: bool) -> int:
         """The free slots a fetch waits for: a refill while tasks run and the queues are busy, else one."""

@@ -1,0 +1,179 @@
+"""Async slots: a consumer's tasks as coroutines on one event loop, many calls in flight.
+
+For tasks that wait (web APIs, language models, anything behind a socket): `n` calls run at once on
+one loop in one thread of the consumer, where threads would cost a thread each. Each message runs
+with `run_message_async`: an `async def` task is awaited on the loop, a plain one runs in the
+loop's default executor (threads, `n` at most, made as needed) so that it holds up no other call.
+
+A call over its time limit is cancelled (`stop_task`: the coroutine gets `CancelledError`); the
+consumer fails it as a time limit, and whatever the call does after is dropped. `close` cancels
+whatever still runs: their messages are the consumer's to hand back. While every call waits, the
+loop sleeps in its selector, and the consumer's loop on its completions: nothing polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from conveyor.message import Message
+from conveyor.tasks.runner import run_message_async
+from conveyor.worker.completions import Completions
+from conveyor.worker.connections import WorkerConnections
+from conveyor.worker.executors import Completion, failure
+
+log = logging.getLogger("conveyor.worker")
+
+CANCEL_WAIT_S = 5.0  # on close, how long cancelled calls may take to end before the loop closes anyway
+
+
+@dataclass(eq=False, slots=True)
+class _Call:
+    """One message's run on the loop."""
+
+    message: Message
+    started: float  # monotonic
+    task: asyncio.Task[None] | None = None  # set on the loop as it starts
+    stopped: bool = False  # cancelled by stop_task or close: what it does from then on is no one's
+
+
+class AsyncSlots:
+    """`n` calls at once on one event loop, in a thread of its own (see the module docstring)."""
+
+    kind = "async"
+    stopping = "its call was cancelled"
+    broken: str | None = None  # one thread, started once
+
+    def __init__(self, n: int, done: Completions[Completion], conns: WorkerConnections | None) -> None:
+        self.n = n
+        self._done = done
+        self._conns = conns
+        self._executor = ThreadPoolExecutor(n, thread_name_prefix="conveyor-async-sync")  # plain tasks' threads
+        self._loop = asyncio.new_event_loop()
+        self._loop.set_default_executor(self._executor)
+        self._lock = threading.Lock()  # over what the consumer's thread and the loop's share: the line and the calls
+        self._line: collections.deque[Message] = collections.deque()  # submitted, waiting for a call to end
+        self._calls: dict[tuple[str, int], _Call] = {}  # running, by message key
+        self._tasks: set[asyncio.Task[None]] = set()  # every call's task until it ends, stopped ones included (loop only)
+        self._fill_due = False  # a fill is scheduled on the loop: submits in a row wake it once
+        self._thread = threading.Thread(target=self._serve, name="conveyor-async", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _serve(self) -> None:
+        """The loop's thread: run until `close`, then cancel what is left and close the loop."""
+        asyncio.set_event_loop(self._loop)  # for tasks that ask for the loop the old way
+        try:
+            self._loop.run_forever()
+            if self._tasks:  # cancelled by close: given a moment to end (their finally blocks run)
+                self._loop.run_until_complete(asyncio.wait(self._tasks, timeout=CANCEL_WAIT_S))
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+        finally:
+            self._executor.shutdown(wait=False, cancel_futures=True)  # a plain task still running ends with the process
+            self._loop.close()
+
+    # --- the consumer's side ----------------------------------------------------------------
+    def submit(self, message: Message) -> None:
+        """Run `message` as soon as fewer than `n` calls run (it waits in line meanwhile)."""
+        with self._lock:
+            self._line.append(message)
+            if self._fill_due:
+                return
+            self._fill_due = True
+        self._loop.call_soon_threadsafe(self._fill)
+
+    def started(self, key: tuple[str, int]) -> float | None:
+        """When the call of the message `key` started (None: it waits in line, or has ended)."""
+        call = self._calls.get(key)
+        return None if call is None else call.started
+
+    def unstarted(self) -> list[Message]:
+        """Take back the messages waiting in line (a stopping consumer gives them back)."""
+        with self._lock:
+            out = list(self._line)
+            self._line.clear()
+        return out
+
+    def stop_task(self, key: tuple[str, int]) -> bool:
+        """Cancel the call of the message `key` (False: it is not running); its place goes to the next in line."""
+        with self._lock:
+            call = self._calls.pop(key, None)
+            if call is None:
+                return False
+            call.stopped = True
+        self._loop.call_soon_threadsafe(self._cancel, [call])
+        return True
+
+    def close(self, wait: bool = True) -> None:
+        """Cancel the calls still running (the consumer hands their messages back) and end the loop.
+
+        `wait`: until the loop's thread has ended (cancelled calls get CANCEL_WAIT_S to end); else
+        it ends on its own.
+        """
+        with self._lock:
+            calls = list(self._calls.values())
+            for call in calls:
+                call.stopped = True
+            self._calls.clear()
+            self._line.clear()
+        if not self._thread.is_alive():  # never started, or ended
+            if not self._loop.is_closed() and not self._thread.ident:
+                self._executor.shutdown(wait=False)
+                self._loop.close()
+            return
+        try:
+            self._loop.call_soon_threadsafe(self._cancel, calls)
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        except RuntimeError:  # the loop has just closed
+            return
+        if wait:
+            self._thread.join(CANCEL_WAIT_S + 5.0)
+
+    # --- on the loop -------------------------------------------------------------------------
+    def _fill(self) -> None:
+        """Start calls for what waits in line, while fewer than `n` run."""
+        now = time.monotonic()
+        starting: list[_Call] = []
+        with self._lock:
+            self._fill_due = False
+            while self._line and len(self._calls) < self.n:
+                m = self._line.popleft()
+                call = self._calls[m.queue, m.id] = _Call(m, now)
+                starting.append(call)
+        for call in starting:
+            call.task = task = self._loop.create_task(self._run(call))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _cancel(self, calls: list[_Call]) -> None:
+        for call in calls:
+            if call.task is not None:
+                call.task.cancel()
+        self._fill()  # their places are free
+
+    async def _run(self, call: _Call) -> None:
+        """Run one message; its outcome goes to the consumer unless the call was stopped meanwhile."""
+        m = call.message
+        try:
+            result, error = (
+                await run_message_async(m, fetch=self._conns, backend=None if self._conns is None else self._conns.pool),
+                None,
+            )
+        except BaseException as e:  # a CancelledError not of ours (from what the task awaited) fails it as any error
+            if call.stopped:
+                return
+            result, error = None, failure(m, e)
+        with self._lock:
+            if call.stopped:  # over its time limit, settled then; or closing, handed back
+                log.info("cancelled call of message %s ended: its outcome is dropped", m.id)
+                return
+            del self._calls[m.queue, m.id]
+        self._done.put(Completion(m, result, error, 0, time.monotonic() - call.started))
+        if self._line:
+            self._fill()

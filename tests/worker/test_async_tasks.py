@@ -1,0 +1,211 @@
+"""Async tasks: coroutines on one event loop per consumer (pool="async"), against real queue servers.
+
+Many calls in flight at little CPU, time limits that cancel, retries and dead letters as for plain
+tasks, plain tasks beside them in the loop's threads, async tasks in thread and process slots, and
+stops that lose nothing.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from conveyor.client.pool import QueuePool
+from conveyor.constants import DEFAULT_ASYNC_CONCURRENCY
+from conveyor.errors import TaskFailedError
+from conveyor.worker import Consumer
+from conveyor.worker.affinity import resolve_slots
+
+from ..support import async_tasks as at
+from ..support.servers import wait_for
+
+MODULES = ["tests.support.async_tasks"]
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def pool() -> Iterator[QueuePool]:
+    at.IN_FLIGHT.reset()
+    with QueuePool.local(n_servers=2) as p:
+        yield p
+
+
+def consume(pool: QueuePool, /, **kw: object) -> Consumer:
+    """Run a consumer of async slots on 'jobs' in this thread until the queue is drained."""
+    options: dict[str, object] = {"pool": "async", "until_empty": True, "task_modules": MODULES}
+    options.update(kw)
+    c = Consumer(pool.queues, ["jobs"], **options)  # type: ignore[arg-type]
+    c.run()
+    return c
+
+
+def said(log: Path) -> Counter[str]:
+    """How often each line was noted in `log`."""
+    return Counter(log.read_text().splitlines() if log.exists() else [])
+
+
+def test_the_default_concurrency_of_async_slots_is_for_io() -> None:
+    assert resolve_slots(None, "async", 1) == (DEFAULT_ASYNC_CONCURRENCY, True)
+    assert resolve_slots(40, "async", 1) == (40, False)
+
+
+def test_hundreds_of_calls_wait_at_once_on_one_loop(pool: QueuePool) -> None:
+    """600 calls of 1 s each: one consumer has 500 or more in flight, and ends far under the 600 s they take one by one."""
+    handles = at.naps.publish_many([(1.0,)] * 600, _pool=pool)
+    t0 = time.monotonic()
+    c = consume(pool, concurrency=600)
+    took = time.monotonic() - t0
+    assert pool.gather(handles, timeout=30) == [1.0] * 600
+    assert at.IN_FLIGHT.most >= 500, at.IN_FLIGHT.most
+    assert took < 60, f"600 calls of 1 s took {took:.1f} s"  # ~1 s on an idle machine; bound for a loaded one
+    assert c.stats.processed == 600
+
+
+def test_a_consumer_whose_calls_all_wait_uses_next_to_no_cpu(pool: QueuePool) -> None:
+    """300 calls sleeping 2 s: the consumer's process spends well under half a second of CPU on them.
+
+    The servers are processes of their own; what this process spends while the consumer runs is the
+    consumer's (its loop, its event loop, its settler): no thread polls.
+    """
+    handles = at.naps.publish_many([(2.0,)] * 300, _pool=pool)
+    cpu0, t0 = time.process_time(), time.monotonic()
+    consume(pool, concurrency=300)
+    cpu, took = time.process_time() - cpu0, time.monotonic() - t0
+    assert pool.gather(handles, timeout=30) == [2.0] * 300
+    assert at.IN_FLIGHT.most >= 250, at.IN_FLIGHT.most  # they did wait together
+    assert cpu < 0.5, f"{cpu:.2f} s of CPU over {took:.1f} s"
+
+
+def test_a_call_over_its_time_limit_is_cancelled_retried_then_dead_lettered(pool: QueuePool, tmp_path: Path) -> None:
+    log = tmp_path / "overruns.log"
+    h = at.overruns.publish(str(log), _pool=pool)
+    quick = at.naps.publish(0.01, _pool=pool)
+    t0 = time.monotonic()
+    c = consume(pool, concurrency=4)
+    assert time.monotonic() - t0 < 30  # 3 attempts of 0.5 s, not 60 s each
+    with pytest.raises(
+        TaskFailedError, match=r"TimeLimitExceeded: the task ran over its time limit of 0\.5 s \(its call was cancelled\)"
+    ):
+        pool.gather([h])
+    [dl] = pool.dead_letters("jobs")
+    assert dl.message.id == h.id and dl.message.attempts == 3  # max_retries=2
+    assert c.stats.timed_out == 3 and c.stats.dead == 1
+    # each attempt's coroutine got CancelledError
+    wait_for(lambda: said(log)["cancelled"] == 3, timeout=10, what="three cancellations noted")
+    assert said(log) == Counter({"start 1": 1, "start 2": 1, "start 3": 1, "cancelled": 3})
+    assert pool.gather([quick]) == [0.01]
+
+
+def test_a_failing_call_is_retried_and_its_error_kept(pool: QueuePool) -> None:
+    """Retries and dead letters as for plain tasks; `current_message()` works inside a coroutine."""
+    third = at.fails_before.publish(3, _pool=pool)
+    bad = at.always_fails.publish(_pool=pool)
+    c = consume(pool)
+    assert pool.gather([third]) == [3]  # its own message said which attempt it was
+    [dl] = pool.dead_letters("jobs")
+    assert dl.message.id == bad.id and dl.message.attempts == 3
+    assert dl.error.startswith("ValueError: this input is bad") and "Traceback" in dl.error
+    assert (c.stats.retried, c.stats.dead, c.stats.processed) == (4, 1, 1)
+
+
+def test_a_plain_task_runs_in_the_loops_threads_and_holds_up_no_call(pool: QueuePool) -> None:
+    blocking = at.blocks.publish(2.0, _pool=pool)
+    quick = at.ends_at.publish_many([(0.1,)] * 20, _pool=pool)
+    consume(pool)
+    [b] = pool.gather([blocking])
+    ends = pool.gather(quick)
+    assert b["thread"].startswith("conveyor-async-sync") and b["id"] == blocking.id  # current_message() there too
+    assert max(ends) < b["end"] - 1.0, "the calls waited for the plain task"
+
+
+@pytest.mark.parametrize("mode", ["thread", "process"])
+def test_an_async_task_in_thread_and_process_slots_runs_on_a_loop_of_its_own(pool: QueuePool, mode: str) -> None:
+    handles = at.where_it_ran.publish_many([()] * 4, _pool=pool)
+
+    async def ad_hoc(x: int) -> int:
+        return x * 2
+
+    adhoc = pool.map(ad_hoc, range(5), _queue="jobs")
+    consume(pool, pool=mode, concurrency=2)
+    ran = pool.gather(handles)
+    assert pool.gather(adhoc) == [0, 2, 4, 6, 8]
+    assert all(r["thread"].startswith("conveyor-task") or mode == "process" for r in ran)
+
+
+def test_an_ad_hoc_async_function_runs_on_the_consumers_loop(pool: QueuePool) -> None:
+    async def ad_hoc(x: int) -> int:
+        return x * 2
+
+    handles = pool.map(ad_hoc, range(50), _queue="jobs")
+    consume(pool)
+    assert pool.gather(handles) == [2 * x for x in range(50)]
+
+
+def _run_until_in_flight(pool: QueuePool, n: int, **kw: object) -> tuple[Consumer, threading.Thread]:
+    """A consumer of async slots on 'jobs' in a thread of its own, once `n` of its calls are in flight."""
+    c = Consumer(pool.queues, ["jobs"], pool="async", concurrency=100, task_modules=MODULES, **kw)  # type: ignore[arg-type]
+    t = threading.Thread(target=c.run, name="consumer-under-test")
+    t.start()
+    wait_for(lambda: at.IN_FLIGHT.now == n, timeout=30, what=f"{n} calls in flight")
+    return c, t
+
+
+def test_a_graceful_stop_lets_the_calls_in_flight_finish(pool: QueuePool, tmp_path: Path) -> None:
+    log, flag = tmp_path / "runs.log", tmp_path / "flag"
+    handles = at.waits_for.publish_many([(str(log), str(flag), 1.0, i) for i in range(40)], _pool=pool)
+    c, t = _run_until_in_flight(pool, 40)
+    c.stop()
+    t.join(30)  # the calls end in 1 s
+    assert not t.is_alive()
+    assert sorted(pool.gather(handles, timeout=10)) == list(range(40))
+    assert (c.stats.processed, c.stats.handed_back) == (40, 0)
+    assert said(log) == Counter({**{f"start {i}": 1 for i in range(40)}, **{f"done {i}": 1 for i in range(40)}})
+
+
+@pytest.mark.parametrize("how", ["past-shutdown-timeout", "hard"])
+def test_a_stop_cancels_the_calls_in_flight_and_hands_them_back(pool: QueuePool, tmp_path: Path, how: str) -> None:
+    """Calls cut short by a stop (hard, or past the shutdown timeout) are cancelled and handed back: none is lost."""
+    log, flag = tmp_path / "runs.log", tmp_path / "flag"
+    handles = at.waits_for.publish_many([(str(log), str(flag), 60.0, i) for i in range(40)], _pool=pool)
+    c, t = _run_until_in_flight(pool, 40, shutdown_timeout=0.5)
+    t0 = time.monotonic()
+    c.stop(graceful=how != "hard")
+    t.join(30)  # at once (hard), or after 0.5 s: not the calls' 60 s
+    assert not t.is_alive() and time.monotonic() - t0 < 20
+    assert c.stats.handed_back == 40 and c.stats.processed == 0
+    wait_for(lambda: sum(said(log)[f"cancelled {i}"] for i in range(40)) == 40, timeout=10, what="every call cancelled")
+    flag.touch()  # from now on the calls return at once
+    consume(pool, concurrency=100)
+    assert sorted(pool.gather(handles, timeout=10)) == list(range(40))  # every message came back and ran
+    assert all(said(log)[f"done {i}"] == 1 for i in range(40))
+
+
+def test_the_example_in_the_docs_runs_as_written(tmp_path: Path) -> None:
+    """docs/workers.md's "Async tasks" example, run as a script: 1,000 calls of 0.5 s at 256 in flight."""
+    section = (ROOT / "docs" / "workers.md").read_text().split("## Async tasks", 1)[1].split("\n## ", 1)[0]
+    [code] = re.findall(r"```python\n(.*?)```", section, re.S)
+    script = tmp_path / "async_example.py"
+    script.write_text(code)
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == str(sum(i * i for i in range(1000)))
+    assert time.monotonic() - t0 < 60  # four rounds of 0.5 s, and the servers' start; 1,000 s one by one
+
+
+def test_the_leases_of_calls_in_flight_are_extended(pool: QueuePool, tmp_path: Path) -> None:
+    """Calls of 3 s on a queue whose lease is 1 s: extended while they run, none comes back to run again."""
+    pool.queues.declare("jobs", lease_s=1.0)
+    log, flag = tmp_path / "runs.log", tmp_path / "flag"
+    handles = at.waits_for.publish_many([(str(log), str(flag), 3.0, i) for i in range(50)], _pool=pool)
+    consume(pool)
+    assert sorted(pool.gather(handles, timeout=10)) == list(range(50))
+    assert said(log) == Counter({**{f"start {i}": 1 for i in range(50)}, **{f"done {i}": 1 for i in range(50)}})
