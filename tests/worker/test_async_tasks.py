@@ -28,7 +28,7 @@ from ..support import async_tasks as at
 from ..support.servers import wait_for
 
 MODULES = ["tests.support.async_tasks"]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
