@@ -28,6 +28,7 @@ from conveyor.tasks.runner import current_message, worker_backend
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
 EXTRA_COLUMNS = ("_id", "_error", "_input")  # added to every output row
@@ -72,17 +73,17 @@ class RowRunner:
                     value = self.func(row)
                 except Exception as e:
                     if attempt == self.max_retries:
-                        out.append([False, encode_error(e), json.dumps(row, default=str)])
+                        out.append([False, encode_error(e), input_json(row)])
                     continue
                 try:
                     out.append([True, _row(value, names)])
                 except ConveyorError as e:
-                    out.append([False, str(e), json.dumps(row, default=str)])
+                    out.append([False, str(e), input_json(row)])
                 break
         ok = [j for j, o in enumerate(out) if o[0]]
         for k, why in _misfits([out[j][1] for j in ok], self.schema, self._fit).items():
             j = ok[k]
-            out[j] = [False, f"map: {why}", json.dumps(rows[j], default=str)]
+            out[j] = [False, f"map: {why}", input_json(rows[j])]
         key = "" if message is None else _key(message)
         return [[*o, key] for o in out] if key.startswith(SPLIT_PREFIX) else out
 
@@ -163,6 +164,22 @@ def _misfits(rows: list[dict[str, Any]], schema: pa.Schema, fit: FitCheck | None
         for k, row in enumerate(rows)
         if (e := why([row])) is not None
     }
+
+
+def output_schema(spark: SparkSession, schema: str | StructType, entry: str) -> StructType:
+    """The output columns a function's results fill (a DDL string or a StructType), checked not to clash with EXTRA_COLUMNS."""
+    from pyspark.sql.types import StructType
+
+    st = schema if isinstance(schema, StructType) else spark.createDataFrame([], schema).schema
+    clash = [f.name for f in st.fields if f.name in EXTRA_COLUMNS]
+    if clash:
+        raise ValueError(f"{entry}: schema columns {clash} clash with the columns {entry} adds ({', '.join(EXTRA_COLUMNS)})")
+    return st
+
+
+def input_json(row: dict[str, Any]) -> str:
+    """An input row as the `_input` column holds it: JSON, values JSON has no type for as their text."""
+    return json.dumps(row, default=str)
 
 
 def with_extra(schema: StructType) -> StructType:
@@ -305,4 +322,4 @@ def _key(message: Message) -> str:
 
 def _input_rows(payload: bytes, headers: dict[str, str]) -> list[str]:
     """The input rows of a message, as JSON."""
-    return [json.dumps(row, default=str) for row in decode_call(payload, headers).args[0]]
+    return [input_json(row) for row in decode_call(payload, headers).args[0]]
