@@ -222,5 +222,31 @@ def test_bad_arguments_are_refused_before_any_work(df: DataFrame, kwargs: dict[s
 
 
 def test_a_function_that_is_not_callable_is_refused(df: DataFrame) -> None:
-    with pytest.raises(TypeError, match=r"map_batches: fn must be a function or a class"):
+    with pytest.raises(TypeError, match=r"map_batches: fn must be callable: a function or a class"):
         cs.map_batches(df, 42, schema=SCHEMA)
+
+
+class RowModel:
+    """A model class for map: built once per consumer process (its pid to the side file), called per row."""
+
+    def __init__(self, side_file: str, *, scale: float) -> None:
+        self.scale = scale
+        with open(side_file, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        return {"id": row["id"], "y": row["x"] * self.scale + 1, "label": f"n{row['id']}"}
+
+
+def test_map_takes_a_model_class_too(df: DataFrame, pool: QueuePool, tmp_path: Path) -> None:
+    side = tmp_path / "built"
+    out, stats = cs.map(
+        df, RowModel, schema=SCHEMA, fn_args=(str(side),), fn_kwargs={"scale": 3.0}, queue_pool=pool, progress=False, stats=True
+    )
+    rows = out.toPandas()
+    out.unpersist()
+    assert pool.drop(stats.queue)
+    want = expected(df.toPandas().sort_values("id").reset_index(drop=True), scale=3.0)
+    pd.testing.assert_frame_equal(computed(rows), want, check_dtype=False)
+    built = pids(side)
+    assert stats.instances == len(built) == len(set(built)) and 1 <= len(built) <= 2

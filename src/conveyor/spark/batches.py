@@ -127,7 +127,7 @@ def map_batches(
     """
     import pyarrow  # noqa: F401 - fail early, here, if it is missing
 
-    instances = check_fn("map_batches", fn, fn_args, fn_kwargs, "a batch")
+    instances = check_fn("map_batches", "fn", fn, fn_args, fn_kwargs, "a batch")
     if "batch_size" in keywords:  # a consumer option's name, and Ray Data's for the rows of a batch: said which
         raise TypeError(
             "map_batches: the rows fn gets at once are rows_per_batch=; batch_size= is the consumers' messages per "

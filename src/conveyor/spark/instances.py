@@ -103,13 +103,13 @@ class Instances:
         return n
 
 
-def check_fn(entry: str, fn: object, fn_args: object, fn_kwargs: object, what: str) -> Instances:
-    """`fn` with its constructor's arguments, checked: a callable, and arguments only for a class.
+def check_fn(entry: str, name: str, fn: object, fn_args: object, fn_kwargs: object, what: str) -> Instances:
+    """`fn` (the parameter `name`) with its constructor's arguments, checked: a callable, and arguments only for a class.
 
     `what` says what a call gets (for the error naming it).
     """
     if not callable(fn):
-        raise TypeError(f"{entry}: fn must be a function or a class (its instances called with {what}), got {type(fn).__name__}")
+        raise TypeError(f"{entry}: {name} must be callable: a function or a class (called with {what}), got {type(fn).__name__}")
     if not isinstance(fn_args, (tuple, list)):
         raise TypeError(f"{entry}: fn_args must be a tuple, got {type(fn_args).__name__}")
     if fn_kwargs is not None and not (isinstance(fn_kwargs, dict) and all(type(k) is str for k in fn_kwargs)):

@@ -77,7 +77,7 @@ class MapStats:
     read_s: float
     consumers: list[dict[str, Any]]
     queue: str  # holds the results until dropped (`QueuePool.drop`, `conveyor drop`)
-    instances: int = 0  # instances of a class given as the function, built by the consumers (map_batches)
+    instances: int = 0  # instances of a class given as the function, built by the consumers
 
 
 @dataclass(frozen=True, slots=True)

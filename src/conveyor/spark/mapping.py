@@ -45,6 +45,7 @@ from conveyor.constants import (
     MAP_DEFAULT_ROWS_PER_MESSAGE,
 )
 from conveyor.spark.form import JobForm, JobTask
+from conveyor.spark.instances import Instances, check_fn
 from conveyor.spark.job import JobOutcome, JobSettings, MapStats, check_seconds, module_of, queue_job
 from conveyor.spark.rows import MAX_ROWS_PER_MESSAGE, DealRows, ReadRows, RowRunner, output_schema, with_extra
 from conveyor.spark.watch import START_TIMEOUT_S
@@ -66,6 +67,8 @@ def map(
     func: Callable[[dict[str, Any]], Any],
     *,
     schema: str | StructType,
+    fn_args: tuple[Any, ...] = ...,
+    fn_kwargs: dict[str, Any] | None = ...,
     queue_pool: QueuePool | None = ...,
     n_consumers: int | None = ...,
     max_retries: int = ...,
@@ -85,6 +88,8 @@ def map(
     func: Callable[[dict[str, Any]], Any],
     *,
     schema: str | StructType,
+    fn_args: tuple[Any, ...] = ...,
+    fn_kwargs: dict[str, Any] | None = ...,
     queue_pool: QueuePool | None = ...,
     n_consumers: int | None = ...,
     max_retries: int = ...,
@@ -103,6 +108,8 @@ def map(
     func: Callable[[dict[str, Any]], Any],
     *,
     schema: str | StructType,
+    fn_args: tuple[Any, ...] = (),
+    fn_kwargs: dict[str, Any] | None = None,
     queue_pool: QueuePool | None = None,
     n_consumers: int | None = None,
     max_retries: int = DEFAULT_MAX_RETRIES,
@@ -120,6 +127,9 @@ def map(
 
     func: called with each row as a dict; returns the output row as a dict (by column name), a
         tuple (in `schema` order) or, for a one-column schema, the value.
+        Or a class whose instances are (built once per process where the rows run, with `fn_args`
+        and `fn_kwargs`: `__init__` loads a model, `__call__(row)` uses it; see `map_batches`).
+    fn_args, fn_kwargs: the arguments of a class's constructor (refused for a function).
     schema: the output columns (DDL string or StructType), without `_id`, `_error`, `_input`.
     queue_pool: the queue servers; None: the default pool (`conveyor.local()`'s, `conveyor.cluster()`'s,
         or `set_default_pool`'s, which must be a QueuePool), or else servers started for this call
@@ -156,8 +166,7 @@ def map(
     """
     import pyarrow  # noqa: F401 - fail early, here, if it is missing
 
-    if not callable(func):
-        raise TypeError(f"map: func must be callable (it gets each row as a dict), got {type(func).__name__}")
+    instances = check_fn("map", "func", func, fn_args, fn_kwargs, "each row as a dict")
     if rows_per_message is None:
         rows_per_message = MAP_DEFAULT_ROWS_PER_MESSAGE if time_limit is None else 1
     if type(rows_per_message) is not int or not 1 <= rows_per_message <= MAX_ROWS_PER_MESSAGE:
@@ -177,7 +186,7 @@ def map(
     spark: SparkSession = df.sparkSession
     out_schema = output_schema(spark, schema, "map")
     with queue_job(spark, queue_pool, settings, task_modules=module_of(func)) as job:
-        form = _row_form(func, out_schema, job.queue, max_retries, time_limit, rows_per_message)
+        form = _row_form(instances, out_schema, job.queue, max_retries, time_limit, rows_per_message)
         outcome = job.run(df, form)
     return rows_out("map", outcome, stats)
 
@@ -227,7 +236,7 @@ def rows_out(entry: str, outcome: JobOutcome, stats: bool) -> DataFrame | tuple[
 
 
 def _row_form(
-    func: Callable[[dict[str, Any]], Any],
+    func: Instances,
     schema: StructType,
     queue: str,
     max_retries: int,

@@ -52,7 +52,7 @@ class ReadCounts:
     inputs: int
     rows: int
     failed: int
-    instances: int = 0  # instances of the function's class its results say were built (map_batches: `Instances`)
+    instances: int = 0  # instances of the function's class its results say were built (`Instances.take_built`)
 
     def __add__(self, other: ReadCounts) -> ReadCounts:
         return ReadCounts(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)))
