@@ -265,6 +265,7 @@ STALL_FIRST_S = 5.0
 STALL_WARN_S = 30.0
 STALL_LOOK_S = 2.0
 MAP_DEFAULT_ROWS_PER_MESSAGE = 8  # conveyor.spark.map without a time limit (with one: 1)
+MAP_BATCHES_DEFAULT_ROWS = 1024  # conveyor.spark.map_batches: the input rows of one batch (one message, one call of fn)
 DEFAULT_BACKOFF_BASE_S = 1.0
 DEFAULT_BACKOFF_FACTOR = 2.0
 DEFAULT_BACKOFF_CAP_S = 300.0

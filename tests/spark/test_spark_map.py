@@ -147,6 +147,7 @@ def test_dict_results_must_have_the_schema_keys(spark: SparkSession, pool: Queue
     ("kw", "error"),
     [
         ({"func": 42}, r"func must be callable"),
+        ({"fn_args": (1,)}, r"map: fn_args and fn_kwargs are the constructor's arguments of a class"),
         ({"max_retries": -1}, r"map: max_retries must be an int in 0\.\."),
         ({"n_consumers": 0}, r"n_consumers must be an integer >= 1"),
         ({"concurrency": 0}, r"concurrency must be an integer >= 1"),
@@ -325,13 +326,13 @@ def test_the_read_back_takes_each_row_of_a_split_message_once(pool: QueuePool) -
     # C's split was cut short: only its first row was put back before C ended as a dead letter
     kids = {(m, j): put([first[m] + j], f"split:{base | m}:{j}") for m in (a, b, cut) for j in (0, 1) if (m, j) != (cut, 1)}
     assert len(c.get(queue, 5)) == 5
-    c.ack(queue, [a], [encode_result([[True, {"id": 0}], [True, {"id": 1}]])])  # an earlier attempt's late ack
+    c.ack(queue, [a], [encode_result([[[True, {"id": 0}], [True, {"id": 1}]], 0])])  # an earlier attempt's late ack
     c.nack(queue, [b, cut], ["WorkerDied: lost"] * 2, final=True)
     done = [k for k in kids if k != (b, 1)]
     c.ack(
         queue,
         [kids[k] for k in done],
-        [encode_result([[True, {"id": first[k[0]] + k[1]}, f"split:{base | k[0]}:{k[1]}"]]) for k in done],
+        [encode_result([[[True, {"id": first[k[0]] + k[1]}, f"split:{base | k[0]}:{k[1]}"]], 0]) for k in done],
     )
     c.nack(queue, [kids[b, 1]], ["WorkerDied: crashed"], final=True)
     batches = list(read_results(ServerOutcomes(c, queue, 1), StructType([StructField("id", LongType())])))

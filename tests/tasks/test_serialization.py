@@ -10,6 +10,7 @@ import hashlib
 import math
 import pickle
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -287,6 +288,32 @@ def test_function_cache_fetches_and_unpickles_once_per_digest() -> None:
     f2 = cache.get(digest, fetch)
     assert f1 is f2 and f1(1) == 6
     assert fetched == [digest] and digest in cache
+
+
+def test_function_cache_loads_a_digest_once_for_threads_asking_at_once() -> None:
+    """Threads missing the cache together wait for one fetch and share its callable (a model it builds, say)."""
+    ref = FunctionPickler().ref(lambda x: x)
+    fetched: list[str] = []
+    asked = threading.Barrier(8)
+
+    def fetch(d: str) -> bytes:
+        fetched.append(d)
+        time.sleep(0.2)  # a slow round trip: the other threads arrive while it lasts
+        return ref.data
+
+    cache = FunctionCache()
+    got: list[object] = []
+
+    def ask() -> None:
+        asked.wait(timeout=10)  # bounded: all 8 threads start within it
+        got.append(cache.get(ref.digest, fetch))
+
+    threads = [threading.Thread(target=ask) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)  # bounded: one fetch of 0.2 s
+    assert len(got) == 8 and len({id(f) for f in got}) == 1 and fetched == [ref.digest]
 
 
 def test_function_cache_verifies_the_digest() -> None:

@@ -32,6 +32,7 @@ ENTRY_POINTS: dict[str, Callable[..., Any]] = {
     "ConsumerPool": ConsumerPool,
     "SparkConsumerPool": SparkConsumerPool,
     "conveyor.spark.map": conveyor.spark.map,
+    "conveyor.spark.map_batches": conveyor.spark.map_batches,
     "run_worker": run_worker,
 }
 # the command line cannot give Python objects
@@ -55,8 +56,9 @@ def test_every_entry_point_takes_the_options_and_declares_none_of_its_own(name: 
 
 
 @pytest.mark.skipif(sys.version_info < (3, 11), reason="typing.get_overloads is 3.11+")
-def test_the_overloads_of_map_take_them_too() -> None:
-    for overload in typing.get_overloads(conveyor.spark.map):
+@pytest.mark.parametrize("entry", [conveyor.spark.map, conveyor.spark.map_batches], ids=["map", "map_batches"])
+def test_the_overloads_of_map_take_them_too(entry: Callable[..., Any]) -> None:
+    for overload in typing.get_overloads(entry):
         params = inspect.signature(overload).parameters
         assert "options" in params and not params.keys() & FIELDS.keys()
         assert any(

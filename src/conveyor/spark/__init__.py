@@ -1,4 +1,4 @@
-"""Conveyor on Apache Spark: consumers as Spark tasks, `map` over DataFrames, `conveyor.local()` and the session.
+"""Conveyor on Apache Spark: consumers as Spark tasks, `map` and `map_batches`, `conveyor.local()`, the session.
 
 Importing this package does not start Spark; its pieces load on first use.
 """
@@ -9,6 +9,7 @@ from conveyor.lazy import lazy_attributes
 
 _LAZY = {
     "map": "conveyor.spark.mapping",
+    "map_batches": "conveyor.spark.batches",
     "MapStats": "conveyor.spark.job",
     "SparkConsumerPool": "conveyor.spark.consumers",
     "local": "conveyor.spark.embedded",

@@ -77,6 +77,7 @@ class MapStats:
     read_s: float
     consumers: list[dict[str, Any]]
     queue: str  # holds the results until dropped (`QueuePool.drop`, `conveyor drop`)
+    instances: int = 0  # instances of a class given as the function, built by the consumers
 
 
 @dataclass(frozen=True, slots=True)
@@ -233,7 +234,9 @@ class QueueJob:
                 f"(queue {self.queue}); please report this"
             )
         consumer_stats = [c.as_dict() for c in done]
-        return JobOutcome(frame, MapStats(got.rows, got.failed, t1 - t0, t2 - t1, t3 - t2, consumer_stats, self.queue))
+        return JobOutcome(
+            frame, MapStats(got.rows, got.failed, t1 - t0, t2 - t1, t3 - t2, consumer_stats, self.queue, got.instances)
+        )
 
     def _declare(self, task: JobTask) -> str:
         """Declare the job's queue and store its task; returns the name its messages call the task by."""

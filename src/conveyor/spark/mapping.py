@@ -45,8 +45,9 @@ from conveyor.constants import (
     MAP_DEFAULT_ROWS_PER_MESSAGE,
 )
 from conveyor.spark.form import JobForm, JobTask
-from conveyor.spark.job import JobSettings, MapStats, check_seconds, module_of, queue_job
-from conveyor.spark.rows import EXTRA_COLUMNS, MAX_ROWS_PER_MESSAGE, DealRows, ReadRows, RowRunner, with_extra
+from conveyor.spark.instances import Instances, check_fn
+from conveyor.spark.job import JobOutcome, JobSettings, MapStats, check_seconds, module_of, queue_job
+from conveyor.spark.rows import MAX_ROWS_PER_MESSAGE, DealRows, ReadRows, RowRunner, output_schema, with_extra
 from conveyor.spark.watch import START_TIMEOUT_S
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import check_max_retries
@@ -66,6 +67,8 @@ def map(
     func: Callable[[dict[str, Any]], Any],
     *,
     schema: str | StructType,
+    fn_args: tuple[Any, ...] = ...,
+    fn_kwargs: dict[str, Any] | None = ...,
     queue_pool: QueuePool | None = ...,
     n_consumers: int | None = ...,
     max_retries: int = ...,
@@ -85,6 +88,8 @@ def map(
     func: Callable[[dict[str, Any]], Any],
     *,
     schema: str | StructType,
+    fn_args: tuple[Any, ...] = ...,
+    fn_kwargs: dict[str, Any] | None = ...,
     queue_pool: QueuePool | None = ...,
     n_consumers: int | None = ...,
     max_retries: int = ...,
@@ -103,6 +108,8 @@ def map(
     func: Callable[[dict[str, Any]], Any],
     *,
     schema: str | StructType,
+    fn_args: tuple[Any, ...] = (),
+    fn_kwargs: dict[str, Any] | None = None,
     queue_pool: QueuePool | None = None,
     n_consumers: int | None = None,
     max_retries: int = DEFAULT_MAX_RETRIES,
@@ -120,6 +127,9 @@ def map(
 
     func: called with each row as a dict; returns the output row as a dict (by column name), a
         tuple (in `schema` order) or, for a one-column schema, the value.
+        Or a class whose instances are (built once per process where the rows run, with `fn_args`
+        and `fn_kwargs`: `__init__` loads a model, `__call__(row)` uses it; see `map_batches`).
+    fn_args, fn_kwargs: the arguments of a class's constructor (refused for a function).
     schema: the output columns (DDL string or StructType), without `_id`, `_error`, `_input`.
     queue_pool: the queue servers; None: the default pool (`conveyor.local()`'s, `conveyor.cluster()`'s,
         or `set_default_pool`'s, which must be a QueuePool), or else servers started for this call
@@ -156,22 +166,17 @@ def map(
     """
     import pyarrow  # noqa: F401 - fail early, here, if it is missing
 
-    if not callable(func):
-        raise TypeError(f"map: func must be callable (it gets each row as a dict), got {type(func).__name__}")
+    instances = check_fn("map", "func", func, fn_args, fn_kwargs, "each row as a dict")
     if rows_per_message is None:
         rows_per_message = MAP_DEFAULT_ROWS_PER_MESSAGE if time_limit is None else 1
     if type(rows_per_message) is not int or not 1 <= rows_per_message <= MAX_ROWS_PER_MESSAGE:
         raise ValueError(f"map: rows_per_message must be an integer in 1..{MAX_ROWS_PER_MESSAGE}, got {rows_per_message!r}")
-    check_max_retries(max_retries, "map: ")
-    check_seconds("map", "time_limit", time_limit)
-    consumer_options = options_of("map", options, keywords)
-    if consumer_options.middleware is not None:  # it would take the place of the Retries and TimeLimits that serve them
-        raise ValueError(
-            "map: middleware is not for map: its rows' retries and time limit are map's own max_retries= and time_limit="
-        )
-    settings = JobSettings(
+    settings = row_job_settings(
         "map",
-        consumer_options,
+        options,
+        keywords,
+        max_retries=max_retries,
+        time_limit=time_limit,
         n_consumers=n_consumers,
         lease_s=lease_s,
         unreachable_s=unreachable_s,
@@ -179,17 +184,59 @@ def map(
         progress=progress,
     )
     spark: SparkSession = df.sparkSession
-    out_schema = _output_schema(spark, schema)
+    out_schema = output_schema(spark, schema, "map")
     with queue_job(spark, queue_pool, settings, task_modules=module_of(func)) as job:
-        form = _row_form(func, out_schema, job.queue, max_retries, time_limit, rows_per_message)
+        form = _row_form(instances, out_schema, job.queue, max_retries, time_limit, rows_per_message)
         outcome = job.run(df, form)
+    return rows_out("map", outcome, stats)
+
+
+def row_job_settings(
+    entry: str,
+    options: ConsumerOptions | None,
+    keywords: ConsumerKeywords,
+    *,
+    max_retries: int,
+    time_limit: float | None,
+    n_consumers: int | None,
+    lease_s: float,
+    unreachable_s: float,
+    start_timeout_s: float,
+    progress: bool | None,
+) -> JobSettings:
+    """The job settings of an entry point giving one output row per input row (map, map_batches), checked.
+
+    Both refuse `middleware`: it would take the place of the Retries and TimeLimits that serve
+    their own `max_retries=` and `time_limit=`.
+    """
+    check_max_retries(max_retries, f"{entry}: ")
+    check_seconds(entry, "time_limit", time_limit)
+    consumer_options = options_of(entry, options, keywords)
+    if consumer_options.middleware is not None:
+        raise ValueError(
+            f"{entry}: middleware is not for {entry}: its rows' retries and time limit are {entry}'s own "
+            "max_retries= and time_limit="
+        )
+    return JobSettings(
+        entry,
+        consumer_options,
+        n_consumers=n_consumers,
+        lease_s=lease_s,
+        unreachable_s=unreachable_s,
+        start_timeout_s=start_timeout_s,
+        progress=progress,
+    )
+
+
+def rows_out(entry: str, outcome: JobOutcome, stats: bool) -> DataFrame | tuple[DataFrame, MapStats]:
+    """What map and map_batches return: the output (with its stats if asked), failed rows warned of."""
     if outcome.stats.failed:
-        log.warning("map: %d of %d rows failed; see the _error column", outcome.stats.failed, outcome.stats.rows)
+        log.warning("%s: %d of %d rows failed; see the _error column", entry, outcome.stats.failed, outcome.stats.rows)
     return (outcome.frame, outcome.stats) if stats else outcome.frame
 
 
 def _row_form(
-    func: Callable[[dict[str, Any]], Any],
+    func: Instances,
     schema: StructType,
     queue: str,
     max_retries: int,
@@ -211,14 +258,3 @@ def _row_form(
         read=ReadRows(schema),
         output=with_extra(schema),
     )
-
-
-def _output_schema(spark: SparkSession, schema: str | StructType) -> StructType:
-    """The output columns `func`'s results fill, checked not to clash with those map adds."""
-    from pyspark.sql.types import StructType
-
-    st = schema if isinstance(schema, StructType) else spark.createDataFrame([], schema).schema
-    clash = [f.name for f in st.fields if f.name in EXTRA_COLUMNS]
-    if clash:
-        raise ValueError(f"map: schema columns {clash} clash with the columns map adds ({', '.join(EXTRA_COLUMNS)})")
-    return st

@@ -45,15 +45,17 @@ class ReadCounts:
 
     `inputs` counts each message read once, as the rows it carried when put (`Parcel.rows`), so
     the job can check that every input came back; `rows` may differ from it (a form may give any
-    number of output rows per message), and `failed` counts output rows.
+    number of output rows per message), and `failed` counts output rows. `instances` counts what
+    the results say of the instances built of a class given as the function.
     """
 
     inputs: int
     rows: int
     failed: int
+    instances: int = 0  # instances of the function's class its results say were built (`Instances.take_built`)
 
     def __add__(self, other: ReadCounts) -> ReadCounts:
-        return ReadCounts(self.inputs + other.inputs, self.rows + other.rows, self.failed + other.failed)
+        return ReadCounts(*(a + b for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)))
 
 
 class TaskRecords(Generic[R]):

@@ -7,6 +7,7 @@ tried per the retry policy), and the outcomes read back as Arrow batches with `_
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections.abc import Callable, Generator, Iterable
@@ -19,6 +20,7 @@ from conveyor.errors import ConveyorError
 from conveyor.message import Message
 from conveyor.spark.fits import FitCheck
 from conveyor.spark.form import Parcel, ServerOutcomes
+from conveyor.spark.instances import BuildError, Instances
 from conveyor.spark.records import ReadCounts
 from conveyor.tasks.envelope import decode_call, decode_result, encode_error
 from conveyor.tasks.options import TaskOptions
@@ -28,6 +30,7 @@ from conveyor.tasks.runner import current_message, worker_backend
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
 
 EXTRA_COLUMNS = ("_id", "_error", "_input")  # added to every output row
@@ -39,8 +42,10 @@ SPLIT_PREFIX = "split:"  # the idempotency keys of rows split off a message (Row
 class RowRunner:
     """The task of one message: `func` over its rows, each tried up to 1 + max_retries times.
 
-    Returns one outcome per row: [True, output row as a dict] or [False, error text, the input row
-    as JSON]. A result that does not fit `schema` fails its row here, where the input is at hand.
+    Returns [one outcome per row, the instances of func's class built here since the last result
+    said so (`Instances.take_built`)]; an outcome is [True, output row as a dict] or [False, error
+    text, the input row as JSON]. A class given as func that cannot be built fails every row with
+    its error (`BuildError`). A result that does not fit `schema` fails its row here, where the input is at hand.
     A row's failure never fails its neighbours; the message itself fails only if its worker dies
     or it runs over its time limit. Delivered again (after that, or a stop), a message of several rows is split:
     each row goes back on the same server as a message of its own (`row_options`, key
@@ -48,9 +53,7 @@ class RowRunner:
     one row that crashes its process, or hangs, fails alone (`read_results` takes each row once).
     """
 
-    def __init__(
-        self, func: Callable[[dict[str, Any]], Any], max_retries: int, schema: pa.Schema, row_options: TaskOptions | None = None
-    ) -> None:
+    def __init__(self, func: Instances, max_retries: int, schema: pa.Schema, row_options: TaskOptions | None = None) -> None:
         self.func = func
         self.max_retries = max_retries
         self.schema = schema
@@ -60,31 +63,38 @@ class RowRunner:
     def _fit(self) -> FitCheck:
         return FitCheck(self.schema)  # built where the rows run, at the first message
 
-    def __call__(self, rows: list[dict[str, Any]]) -> list[list[Any]]:
+    def __call__(self, rows: list[dict[str, Any]]) -> list[Any]:
         message = current_message()
         if message is not None and len(rows) > 1 and message.attempts > 1 and self._split(message, rows):
-            return []
+            return [[], self.func.take_built()]
+        key = "" if message is None else _key(message)
+        try:
+            out = self._run(self.func.get(), rows)
+        except BuildError as e:
+            out = [[False, str(e), input_json(row)] for row in rows]
+        return [[[*o, key] for o in out] if key.startswith(SPLIT_PREFIX) else out, self.func.take_built()]
+
+    def _run(self, func: Callable[[dict[str, Any]], Any], rows: list[dict[str, Any]]) -> list[list[Any]]:
         names = self.schema.names
         out: list[list[Any]] = []
         for row in rows:
             for attempt in range(attempts_for(self.max_retries)):  # the same policy as a task's retries
                 try:
-                    value = self.func(row)
+                    value = func(row)
                 except Exception as e:
                     if attempt == self.max_retries:
-                        out.append([False, encode_error(e), json.dumps(row, default=str)])
+                        out.append([False, encode_error(e), input_json(row)])
                     continue
                 try:
                     out.append([True, _row(value, names)])
                 except ConveyorError as e:
-                    out.append([False, str(e), json.dumps(row, default=str)])
+                    out.append([False, str(e), input_json(row)])
                 break
         ok = [j for j, o in enumerate(out) if o[0]]
         for k, why in _misfits([out[j][1] for j in ok], self.schema, self._fit).items():
             j = ok[k]
-            out[j] = [False, f"map: {why}", json.dumps(rows[j], default=str)]
-        key = "" if message is None else _key(message)
-        return [[*o, key] for o in out] if key.startswith(SPLIT_PREFIX) else out
+            out[j] = [False, f"map: {why}", input_json(rows[j])]
+        return out
 
     def _split(self, message: Message, rows: list[dict[str, Any]]) -> bool:
         """Each row of `message` back on its server alone, once whatever the attempts.
@@ -165,6 +175,22 @@ def _misfits(rows: list[dict[str, Any]], schema: pa.Schema, fit: FitCheck | None
     }
 
 
+def output_schema(spark: SparkSession, schema: str | StructType, entry: str) -> StructType:
+    """The output columns a function's results fill (a DDL string or a StructType), checked not to clash with EXTRA_COLUMNS."""
+    from pyspark.sql.types import StructType
+
+    st = schema if isinstance(schema, StructType) else spark.createDataFrame([], schema).schema
+    clash = [f.name for f in st.fields if f.name in EXTRA_COLUMNS]
+    if clash:
+        raise ValueError(f"{entry}: schema columns {clash} clash with the columns {entry} adds ({', '.join(EXTRA_COLUMNS)})")
+    return st
+
+
+def input_json(row: dict[str, Any]) -> str:
+    """An input row as the `_input` column holds it: JSON, values JSON has no type for as their text."""
+    return json.dumps(row, default=str)
+
+
 def with_extra(schema: StructType) -> StructType:
     from pyspark.sql.types import LongType, StringType, StructField, StructType
 
@@ -220,6 +246,7 @@ def read_results(server: ServerOutcomes, schema: StructType) -> Generator[pa.Rec
     arrow = to_arrow_schema(with_extra(schema))
     rows: list[dict[str, Any]] = []
     counts = ReadCounts(0, 0, 0)
+    built = 0  # instances of func's class the results say were built
 
     def counted(batch: pa.RecordBatch) -> pa.RecordBatch:
         nonlocal counts
@@ -228,7 +255,8 @@ def read_results(server: ServerOutcomes, schema: StructType) -> Generator[pa.Rec
 
     ledger = _SplitLedger(k for d in server.dead_letters() if (k := _key(d.message)).startswith(SPLIT_PREFIX))
     for msg_id, r in server.results():
-        outcomes = cast("list[list[Any]]", decode_result(r))  # RowRunner's outcomes
+        outcomes, by = cast("tuple[list[list[Any]], int]", decode_result(r))  # RowRunner's
+        built += by
         last = outcomes[0][-1] if outcomes else None
         if isinstance(last, str) and last.startswith(SPLIT_PREFIX):  # a split row (see RowRunner)
             if not ledger.take(last):
@@ -262,7 +290,7 @@ def read_results(server: ServerOutcomes, schema: StructType) -> Generator[pa.Rec
             rows.append(row)
     if rows:
         yield counted(_batch(rows, arrow, names))
-    return counts
+    return dataclasses.replace(counts, instances=built)
 
 
 def _batch(rows: list[dict[str, Any]], arrow: pa.Schema, names: list[str]) -> pa.RecordBatch:
@@ -305,4 +333,4 @@ def _key(message: Message) -> str:
 
 def _input_rows(payload: bytes, headers: dict[str, str]) -> list[str]:
     """The input rows of a message, as JSON."""
-    return [json.dumps(row, default=str) for row in decode_call(payload, headers).args[0]]
+    return [input_json(row) for row in decode_call(payload, headers).args[0]]

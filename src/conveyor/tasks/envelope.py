@@ -340,13 +340,16 @@ class FunctionCache:
     """Worker side: ad-hoc callables by digest, unpickled once each (LRU of `max_entries`).
 
     `get` fetches the bytes of a digest not seen yet through `fetch` (the lead's blob store) and
-    checks that they hash to the digest before unpickling them.
+    checks that they hash to the digest before unpickling them. Threads asking for the same new
+    digest at once wait for one load and share its callable, so that state a callable builds
+    where it runs (a model) is built once per process.
     """
 
     def __init__(self, max_entries: int = 256) -> None:
         self._funcs: OrderedDict[str, Callable[..., Any]] = OrderedDict()
         self._max = max_entries
         self._lock = threading.Lock()
+        self._loading: dict[str, threading.Lock] = {}  # digest -> held by the thread loading it
 
     def get(self, digest: str, fetch: Callable[[str], bytes]) -> Callable[..., Any]:
         with self._lock:
@@ -354,7 +357,26 @@ class FunctionCache:
             if f is not None:
                 self._funcs.move_to_end(digest)
                 return f
-        data = fetch(digest)  # outside the lock: a fetch may be a network round trip
+            loading = self._loading.setdefault(digest, threading.Lock())
+        with loading:  # outside the cache's lock: a fetch may be a network round trip
+            with self._lock:
+                f = self._funcs.get(digest)
+            if f is not None:  # loaded while this thread waited
+                return f
+            try:
+                loaded = self._load(digest, fetch)
+            finally:
+                with self._lock:
+                    self._loading.pop(digest, None)
+            with self._lock:
+                self._funcs[digest] = loaded
+                if len(self._funcs) > self._max:
+                    self._funcs.popitem(last=False)
+            return loaded
+
+    @staticmethod
+    def _load(digest: str, fetch: Callable[[str], bytes]) -> Callable[..., Any]:
+        data = fetch(digest)
         got = hashlib.sha256(data).hexdigest()
         if got != digest:
             raise SerializationError(f"function bytes fetched for {digest} hash to {got}", task=adhoc_task_name(digest))
@@ -366,10 +388,6 @@ class FunctionCache:
             ) from e
         if not callable(loaded):
             raise SerializationError(f"function {digest} unpickled to a {type(loaded).__name__}", task=adhoc_task_name(digest))
-        with self._lock:
-            self._funcs[digest] = loaded
-            if len(self._funcs) > self._max:
-                self._funcs.popitem(last=False)
         return loaded
 
     def __contains__(self, digest: object) -> bool:

@@ -1,0 +1,241 @@
+"""Batches through the queue for `conveyor.spark.map_batches`: its form of the queue job (`conveyor.spark.job`).
+
+Each message carries up to `rows` consecutive input rows as Arrow IPC bytes (`SliceRows`); its task
+(`BatchRunner`) hands them to fn as one batch in the asked format and returns the output rows, one
+per input row, as Arrow IPC bytes with `_error` and `_input`; the read-back (`ReadBatches`) adds
+`_id` and turns dead letters into failed rows.
+
+Where a failure lands (`BatchRunner`):
+- fn raises on a batch: the batch is split in halves, each run again, down to single rows, in the
+  same attempt; a row that fails alone is tried again up to `max_retries` times, then gets
+  `_error`. So one bad row never fails its neighbours, and a batch with one bad row costs about
+  two more calls per halving (log2 of the batch's rows of them).
+- fn returns a batch of another length, or other columns (`BatchContractError`): fn broke its
+  contract on the whole batch, and halves would break it as well: every row of the batch gets the
+  error, naming the lengths or the columns.
+- a class given as fn fails to build (`BuildError`): every row of the batch gets its error, at
+  once (the class is not built again in that process).
+- the message fails whole (its time limit, which covers the whole batch, or its worker lost): the
+  message is retried per `max_retries`, then each of its rows gets the dead letter's error.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Generator, Sized
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, cast
+
+from conveyor.errors import ConveyorError
+from conveyor.spark.form import Parcel, ServerOutcomes
+from conveyor.spark.instances import BuildError, Instances
+from conveyor.spark.records import ReadCounts
+from conveyor.spark.rows import input_json, with_extra
+from conveyor.tasks.envelope import decode_call, decode_result, encode_error
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql.types import StructType
+
+BatchFormat = Literal["pandas", "pyarrow", "numpy"]
+BATCH_FORMATS: tuple[BatchFormat, ...] = ("pandas", "pyarrow", "numpy")
+ERROR, INPUT = "_error", "_input"  # the columns a task's result adds to fn's (the read-back adds `_id`)
+
+
+class BatchContractError(ConveyorError):
+    """fn's output breaks its contract on a whole batch (its length, its columns): the batch's fault, not a row's."""
+
+
+def to_ipc(data: pa.Table | pa.RecordBatch) -> bytes:
+    """Rows as one Arrow IPC stream."""
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, data.schema) as writer:
+        writer.write(data)
+    return cast(bytes, sink.getvalue().to_pybytes())
+
+
+def from_ipc(data: bytes) -> pa.Table:
+    """The rows `to_ipc` wrote."""
+    import pyarrow as pa
+
+    return pa.ipc.open_stream(data).read_all()
+
+
+@dataclass(frozen=True, slots=True)
+class SliceRows:
+    """`JobForm.parcels` of `map_batches`: an Arrow batch cut into runs of up to `rows` consecutive rows, one a message."""
+
+    rows: int
+
+    def __call__(self, batch: pa.RecordBatch) -> list[Parcel]:
+        n = batch.num_rows
+        return [Parcel((to_ipc(batch.slice(i, self.rows)),), min(self.rows, n - i)) for i in range(0, n, self.rows)]
+
+
+class BatchRunner:
+    """The task of one message: fn over its batch, one output row per input row (see the module docstring).
+
+    `schema` is the output columns (all nullable: a failed row's are null). Returns
+    [the output as Arrow IPC bytes (`schema`, `_error`, `_input`), the instances of fn's class
+    built here since the last result said so].
+    """
+
+    def __init__(self, fn: Instances, batch_format: BatchFormat, schema: pa.Schema, max_retries: int) -> None:
+        import pyarrow as pa
+
+        self.fn, self.format, self.schema, self.max_retries = fn, batch_format, schema, max_retries
+        self.result = pa.schema([*schema, pa.field(ERROR, pa.string()), pa.field(INPUT, pa.string())])
+
+    def __call__(self, data: bytes) -> list[Any]:
+        import pyarrow as pa
+
+        table = from_ipc(data)
+        try:
+            fn = self.fn.get()
+        except BuildError as e:
+            out = self._failed(table, str(e))
+        else:
+            out = pa.concat_tables(self._run(fn, table))
+        return [to_ipc(out), self.fn.take_built()]
+
+    def _run(self, fn: Callable[[Any], Any], table: pa.Table) -> list[pa.Table]:
+        """The output of `table`'s rows: halves run apart on an exception, down to single rows."""
+        error: Exception
+        try:
+            return [self._call(fn, table)]
+        except BatchContractError as e:
+            return [self._failed(table, str(e))]
+        except Exception as e:
+            if table.num_rows > 1:
+                half = table.num_rows // 2
+                return self._run(fn, table.slice(0, half)) + self._run(fn, table.slice(half))
+            error = e
+        for _ in range(self.max_retries):  # a row that fails alone is tried again, as map's rows are
+            try:
+                return [self._call(fn, table)]
+            except BatchContractError as e:
+                return [self._failed(table, str(e))]
+            except Exception as e:
+                error = e
+        return [self._failed(table, encode_error(error))]
+
+    def _call(self, fn: Callable[[Any], Any], table: pa.Table) -> pa.Table:
+        import pyarrow as pa
+
+        out = self._fit(fn(self._batch(table)), table.num_rows)
+        nulls = pa.nulls(table.num_rows, pa.string())
+        return pa.Table.from_arrays([*out.columns, nulls, nulls], schema=self.result)
+
+    def _batch(self, table: pa.Table) -> Any:
+        """The rows as fn gets them."""
+        if self.format == "pandas":
+            return table.to_pandas()
+        if self.format == "numpy":
+            return {name: table.column(name).to_numpy() for name in table.column_names}
+        return table
+
+    def _fit(self, out: object, n: int) -> pa.Table:
+        """fn's output as a table of `schema`; BatchContractError if it is not n rows of its columns."""
+        import pyarrow as pa
+
+        pd = sys.modules.get("pandas")  # a pandas DataFrame can only come from a pandas imported already
+        names = self.schema.names
+        if pd is not None and isinstance(out, pd.DataFrame):
+            columns, lengths = [str(c) for c in out.columns], {"": len(out)}
+        elif isinstance(out, (pa.Table, pa.RecordBatch)):
+            columns, lengths = out.schema.names, {"": out.num_rows}
+        elif isinstance(out, dict):
+            columns = [str(c) for c in out]
+            lengths = {str(k): _length(k, v) for k, v in out.items()}
+        else:
+            raise BatchContractError(
+                f"map_batches: fn returned a {type(out).__name__}; return a pandas DataFrame, a pyarrow Table or "
+                f"RecordBatch, or a dict of column name -> array, with the columns {names}"
+            )
+        if sorted(columns) != sorted(names):
+            unknown = [c for c in columns if c not in names]
+            missing = [c for c in names if c not in columns]
+            raise BatchContractError(
+                f"map_batches: fn returned the columns {columns}, not the schema's {names}: "
+                + "; ".join([*([f"unknown {unknown}"] if unknown else []), *([f"no values for {missing}"] if missing else [])])
+            )
+        wrong = {k: v for k, v in lengths.items() if v != n}
+        if wrong:
+            said = ", ".join(f"{k!r}: {v:,}" for k, v in wrong.items()) if "" not in wrong else f"{wrong['']:,} rows"
+            raise BatchContractError(
+                f"map_batches: fn returned {said} for a batch of {n:,} rows: it must return one row per input row, in order"
+            )
+        if pd is not None and isinstance(out, pd.DataFrame):
+            return pa.Table.from_pandas(out[names], schema=self.schema, preserve_index=False)
+        if isinstance(out, pa.RecordBatch):
+            out = pa.Table.from_batches([out])
+        if isinstance(out, pa.Table):
+            return out.select(names).cast(self.schema)
+        return pa.Table.from_pydict({k: cast("dict[str, Any]", out)[k] for k in names}, schema=self.schema)
+
+    def _failed(self, table: pa.Table, error: str) -> pa.Table:
+        """`table`'s rows failed with `error`: null outputs, their input as JSON."""
+        import pyarrow as pa
+
+        n = table.num_rows
+        return pa.Table.from_arrays(
+            [
+                *(pa.nulls(n, f.type) for f in self.schema),
+                pa.array([error] * n, pa.string()),
+                pa.array([input_json(r) for r in table.to_pylist()], pa.string()),
+            ],
+            schema=self.result,
+        )
+
+
+def _length(name: object, values: object) -> int:
+    if not isinstance(values, Sized) or isinstance(values, (str, bytes)):
+        raise BatchContractError(
+            f"map_batches: fn returned a {type(values).__name__} for the column {name!r}: give each column an array of values"
+        )
+    return len(values)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadBatches:
+    """`JobForm.read` of `map_batches`: one server's output rows, each result's with its message's id as `_id`.
+
+    A dead letter (a message that failed whole) gives each of its input rows with its error.
+    """
+
+    schema: StructType  # the output columns, without those every row gets (EXTRA_COLUMNS)
+
+    def __call__(self, server: ServerOutcomes) -> Generator[pa.RecordBatch, None, ReadCounts]:
+        import pyarrow as pa
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        arrow = to_arrow_schema(with_extra(self.schema))
+        names = [f.name for f in self.schema.fields]
+        counts = ReadCounts(0, 0, 0)
+        for msg_id, r in server.results():
+            data, built = cast("list[Any]", decode_result(r))  # BatchRunner's
+            t = from_ipc(data)
+            out = [t.column(name) for name in names]
+            batch = pa.Table.from_arrays([*out, _ids(msg_id, t.num_rows), t.column(ERROR), t.column(INPUT)], schema=arrow)
+            counts += ReadCounts(t.num_rows, t.num_rows, t.num_rows - t.column(ERROR).null_count, built)
+            yield from batch.to_batches()
+        for d in server.dead_letters():
+            rows = from_ipc(decode_call(d.message.payload, d.message.headers).args[0]).to_pylist()
+            n = len(rows)
+            failed = [
+                *(pa.nulls(n, f.type) for f in arrow if f.name in names),
+                _ids(d.message.id, n),
+                pa.array([d.error] * n, pa.string()),
+                pa.array([input_json(row) for row in rows], pa.string()),
+            ]
+            counts += ReadCounts(n, n, n)
+            yield from pa.Table.from_arrays(failed, schema=arrow).to_batches()
+        return counts
+
+
+def _ids(msg_id: int, n: int) -> pa.Array:
+    import pyarrow as pa
+
+    return pa.array([msg_id] * n, pa.int64())

@@ -1,0 +1,252 @@
+"""conveyor.spark.map_batches: batches of rows through the queue, fn a function or a model class (local[2]).
+
+`conveyor.spark.map_batches` is `conveyor.spark.batches`; its form `conveyor.spark.batch_form`, the
+classes built where they run `conveyor.spark.instances`. Real local Spark and real queue servers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+import conveyor.spark as cs
+from conveyor.client.pool import QueuePool
+from conveyor.spark.job import MapStats
+from conveyor.worker.middleware import Retries
+
+N = 1000
+SCHEMA = "id long, y double, label string"
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[QueuePool]:
+    with QueuePool.local(n_servers=2) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def df(spark: SparkSession) -> DataFrame:
+    return spark.range(N, numPartitions=2).selectExpr("id", "CAST(id AS DOUBLE) / 2 AS x")
+
+
+def expected(frame: pd.DataFrame, scale: float = 2.0) -> pd.DataFrame:
+    """What every fn here computes, by plain pandas."""
+    return pd.DataFrame({"id": frame["id"], "y": frame["x"] * scale + 1, "label": "n" + frame["id"].astype(str)})
+
+
+def by_pandas(batch: pd.DataFrame) -> pd.DataFrame:
+    return expected(batch)
+
+
+def by_pyarrow(batch: pa.Table) -> pa.Table:
+    ids = batch.column("id").to_numpy()
+    return pa.table({"label": [f"n{i}" for i in ids], "id": ids, "y": batch.column("x").to_numpy() * 2 + 1})
+
+
+def by_numpy(batch: dict[str, np.ndarray]) -> dict[str, Any]:
+    return {"id": batch["id"], "y": batch["x"] * 2 + 1, "label": np.array([f"n{i}" for i in batch["id"]])}
+
+
+FORMATS = {"pandas": by_pandas, "pyarrow": by_pyarrow, "numpy": by_numpy}
+
+
+def run(df: DataFrame, fn: Any, servers: QueuePool, **kwargs: Any) -> tuple[pd.DataFrame, MapStats]:
+    kwargs = {"schema": SCHEMA, "rows_per_batch": 128, "progress": False, **kwargs}
+    out, stats = cs.map_batches(df, fn, queue_pool=servers, stats=True, **kwargs)
+    rows = out.toPandas()
+    out.unpersist()
+    assert servers.drop(stats.queue)
+    return rows, stats
+
+
+def computed(rows: pd.DataFrame) -> pd.DataFrame:
+    """The rows that did not fail, in id order, as `expected` gives them."""
+    ok = rows[rows["_error"].isna()].sort_values("id").reset_index(drop=True)
+    return ok[["id", "y", "label"]]
+
+
+@pytest.mark.parametrize("batch_format", list(FORMATS))
+def test_each_batch_format_gives_what_plain_pandas_gives(
+    spark: SparkSession, df: DataFrame, pool: QueuePool, batch_format: str
+) -> None:
+    rows, stats = run(df, FORMATS[batch_format], pool, batch_format=batch_format)
+    want = expected(df.toPandas().sort_values("id").reset_index(drop=True))
+    pd.testing.assert_frame_equal(computed(rows), want, check_dtype=False)
+    assert (stats.rows, stats.failed, stats.instances) == (N, 0, 0) and rows["_input"].isna().all()
+    sizes = rows.groupby("_id").size()  # each message a run of up to 128 consecutive rows
+    assert sizes.max() <= 128 and len(sizes) >= N // 128
+    assert all(g["id"].max() - g["id"].min() == len(g) - 1 for _, g in rows.groupby("_id"))
+    assert list(rows.columns) == ["id", "y", "label", "_id", "_error", "_input"]
+
+
+BAD_ID = 417
+
+
+class FailsOnOneRow:
+    """fn raising on any batch holding BAD_ID, counting its calls on that row."""
+
+    def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
+        if (batch["id"] == BAD_ID).any():
+            raise ValueError(f"row {BAD_ID} is bad")
+        return expected(batch)
+
+
+def test_a_bad_row_fails_alone_and_its_neighbours_are_computed(df: DataFrame, pool: QueuePool) -> None:
+    rows, stats = run(df, FailsOnOneRow, pool, max_retries=1)
+    [bad] = rows[rows["_error"].notna()].to_dict("records")
+    assert "ValueError: row 417 is bad" in bad["_error"] and json.loads(bad["_input"]) == {"id": BAD_ID, "x": BAD_ID / 2}
+    assert bad["id"] is None or pd.isna(bad["id"])
+    want = expected(df.toPandas().sort_values("id").reset_index(drop=True))
+    pd.testing.assert_frame_equal(computed(rows), want[want["id"] != BAD_ID].reset_index(drop=True), check_dtype=False)
+    assert (stats.rows, stats.failed) == (N, 1) and len(rows) == N
+    assert rows.loc[rows["id"] == BAD_ID + 1, "_id"].item() == bad["_id"]  # its neighbour came from the same message
+
+
+def short_by_one(batch: pd.DataFrame) -> pd.DataFrame:
+    return expected(batch).iloc[:-1]
+
+
+def other_columns(batch: pd.DataFrame) -> pd.DataFrame:
+    return expected(batch).rename(columns={"y": "z"})
+
+
+def not_a_batch(batch: pd.DataFrame) -> list[int]:
+    return list(batch["id"])
+
+
+CONTRACT_ERRORS = {
+    "length": (short_by_one, r"fn returned 127 rows for a batch of 128 rows: it must return one row per input row"),
+    "columns": (
+        other_columns,
+        r"fn returned the columns \['id', 'z', 'label'\], not the schema's \['id', 'y', 'label'\]: "
+        r"unknown \['z'\]; no values for \['y'\]",
+    ),
+    "type": (not_a_batch, r"fn returned a list; return a pandas DataFrame"),
+}
+
+
+@pytest.mark.parametrize("broken", list(CONTRACT_ERRORS))
+def test_an_output_that_breaks_the_contract_fails_its_batch_with_a_clear_error(
+    spark: SparkSession, pool: QueuePool, broken: str
+) -> None:
+    fn, error = CONTRACT_ERRORS[broken]
+    rows, stats = run(spark.range(128, numPartitions=1).selectExpr("id", "CAST(id AS DOUBLE) / 2 AS x"), fn, pool)
+    assert stats.failed == 128 and rows["_error"].str.contains(error).all(), rows["_error"][0]
+    assert rows["id"].isna().all() and rows["_input"].map(lambda s: json.loads(s)["id"]).sort_values().tolist() == list(
+        range(128)
+    )
+
+
+class Model:
+    """A model class: built with a side file (each build writes its pid there) and a scale; predicts y."""
+
+    def __init__(self, side_file: str, *, scale: float) -> None:
+        self.scale = scale
+        with open(side_file, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+    def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
+        return expected(batch, self.scale)
+
+
+class ThreadModel(Model):
+    per_thread = True
+
+
+def pids(side_file: Path) -> list[int]:
+    return [int(line) for line in side_file.read_text().split()]
+
+
+@pytest.mark.parametrize(
+    ("model", "pool_kind"),
+    [(Model, "thread"), (ThreadModel, "thread"), (Model, "process")],
+    ids=["shared", "per-thread", "process"],
+)
+def test_a_model_class_is_built_once_per_process_with_its_arguments(
+    df: DataFrame, pool: QueuePool, tmp_path: Path, model: type[Model], pool_kind: str
+) -> None:
+    """Shared: once per consumer process (2 consumers); per thread: once per thread; in process mode: once per task process."""
+    side = tmp_path / "built"
+    rows, stats = run(df, model, pool, fn_args=(str(side),), fn_kwargs={"scale": 3.0}, pool=pool_kind, n_consumers=2)
+    want = expected(df.toPandas().sort_values("id").reset_index(drop=True), scale=3.0)
+    pd.testing.assert_frame_equal(computed(rows), want, check_dtype=False)
+    built = pids(side)
+    assert stats.instances == len(built) >= 1 and stats.failed == 0
+    if model.__dict__.get("per_thread"):
+        assert len(set(built)) <= 2  # each consumer's threads are in its one process
+    else:
+        assert len(set(built)) == len(built)  # never twice in a process
+    if pool_kind == "thread" and model is Model:
+        assert len(built) <= 2
+
+
+class BrokenModel:
+    def __init__(self) -> None:
+        raise OSError("no such model file: model.bin")
+
+    def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
+        raise AssertionError("never built")
+
+
+def test_a_class_that_fails_to_build_fails_every_row_with_its_error(df: DataFrame, pool: QueuePool) -> None:
+    rows, stats = run(df, BrokenModel, pool)
+    assert stats.failed == N and stats.instances == 0
+    assert rows["_error"].str.contains(r"BrokenModel\(\*fn_args, \*\*fn_kwargs\) raised as it was built").all()
+    assert rows["_error"].str.contains("OSError: no such model file: model.bin").all()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"fn_args": (1,)}, r"map_batches: fn_args and fn_kwargs are the constructor's arguments of a class"),
+        ({"batch_size": 64}, r"map_batches: the rows fn gets at once are rows_per_batch=; batch_size= is the consumers'"),
+        ({"batch_format": "polars"}, r"map_batches: batch_format must be one of pandas, pyarrow, numpy, got 'polars'"),
+        ({"rows_per_batch": 0}, r"map_batches: rows_per_batch must be an integer >= 1, got 0"),
+        ({"middleware": [Retries()]}, r"map_batches: middleware is not for map_batches"),
+        ({"schema": "_id long"}, r"map_batches: schema columns \['_id'\] clash with the columns map_batches adds"),
+        ({"max_retries": -1}, r"map_batches: max_retries must be an int"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_work(df: DataFrame, kwargs: dict[str, Any], error: str) -> None:
+    with pytest.raises((TypeError, ValueError), match=error):
+        cs.map_batches(df, by_pandas, **{"schema": SCHEMA, **kwargs})
+
+
+def test_a_function_that_is_not_callable_is_refused(df: DataFrame) -> None:
+    with pytest.raises(TypeError, match=r"map_batches: fn must be callable: a function or a class"):
+        cs.map_batches(df, 42, schema=SCHEMA)
+
+
+class RowModel:
+    """A model class for map: built once per consumer process (its pid to the side file), called per row."""
+
+    def __init__(self, side_file: str, *, scale: float) -> None:
+        self.scale = scale
+        with open(side_file, "a") as f:
+            f.write(f"{os.getpid()}\n")
+
+    def __call__(self, row: dict[str, Any]) -> dict[str, Any]:
+        return {"id": row["id"], "y": row["x"] * self.scale + 1, "label": f"n{row['id']}"}
+
+
+def test_map_takes_a_model_class_too(df: DataFrame, pool: QueuePool, tmp_path: Path) -> None:
+    side = tmp_path / "built"
+    out, stats = cs.map(
+        df, RowModel, schema=SCHEMA, fn_args=(str(side),), fn_kwargs={"scale": 3.0}, queue_pool=pool, progress=False, stats=True
+    )
+    rows = out.toPandas()
+    out.unpersist()
+    assert pool.drop(stats.queue)
+    want = expected(df.toPandas().sort_values("id").reset_index(drop=True), scale=3.0)
+    pd.testing.assert_frame_equal(computed(rows), want, check_dtype=False)
+    built = pids(side)
+    assert stats.instances == len(built) == len(set(built)) and 1 <= len(built) <= 2
