@@ -1,4 +1,4 @@
-"""Async tasks: coroutines on one event loop per consumer (pool="async"), against real queue servers.
+"""Async tasks (`conveyor.worker.async_slots`): coroutines on one event loop per consumer (pool="async"), on real servers.
 
 Many calls in flight at little CPU, time limits that cancel, retries and dead letters as for plain
 tasks, plain tasks beside them in the loop's threads, async tasks in thread and process slots, and
