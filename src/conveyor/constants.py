@@ -234,8 +234,8 @@ DEFAULT_CONCURRENCY = 8  # tasks one consumer runs at once
 # server), so hundreds overlap where 8 would leave it idle; each call may hold a socket, and 256 keeps a
 # consumer well under the common limit of 1,024 open descriptors (and a server's patience with one client)
 DEFAULT_ASYNC_CONCURRENCY = 256
-# most slots a busy consumer leaves idle while it waits to fetch a batch: half a batch of hundreds of
-# async slots would leave half of them idle, and 32 messages a fetch already spread its round trip thin
+# most async slots a busy consumer leaves idle while it waits to fetch a batch: half a batch of hundreds of
+# calls in flight would leave half of them idle, and 32 messages a fetch already spread its round trip thin
 REFILL_MAX = 32
 # a thread-mode consumer holds, beyond its slots, the messages it finishes in this long at its pace
 # (worker/pacing.py), at most READ_AHEAD_MAX: quick tasks come in large fetches, long ones one by one.

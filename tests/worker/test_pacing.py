@@ -40,9 +40,13 @@ def test_the_loop_sleeps_until_enough_tasks_finish_for_a_fetch() -> None:
             assert k == 1 or p.want(running=running - k + 1, left=None, busy=True) == 0
 
 
-def test_with_hundreds_of_slots_no_more_than_refill_max_wait_idle_for_a_batch() -> None:
-    """Async calls in flight: half of 256 slots idle for a batch would halve them; the fetch comes at REFILL_MAX free."""
-    p = Pacing(slots=256, batch_size=None)
+def test_with_hundreds_of_async_slots_no_more_than_refill_max_wait_idle_for_a_batch() -> None:
+    """Async calls in flight: half of 256 slots idle for a batch would halve them; the fetch comes at REFILL_MAX free.
+
+    Threads keep the half batch: one fetch of hundreds for hundreds of quick tasks.
+    """
+    assert Pacing(slots=512, batch_size=1000).want(running=512 - 255, left=None, busy=True) == 0
+    p = Pacing(slots=256, batch_size=None, idle_max=REFILL_MAX)
     assert p.want(running=256 - REFILL_MAX + 1, left=None, busy=True) == 0
     assert p.want(running=256 - REFILL_MAX, left=None, busy=True) == REFILL_MAX
     assert p.short_of(running=256, left=None, busy=True) == REFILL_MAX

@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from conveyor.client.backend import QueueBackend
-from conveyor.constants import DEFAULT_UNREACHABLE_S, H_ROWS, H_TASK, TASK_SECONDS_BUCKETS
+from conveyor.constants import DEFAULT_UNREACHABLE_S, H_ROWS, H_TASK, REFILL_MAX, TASK_SECONDS_BUCKETS
 from conveyor.errors import ConnectionLostError, ConveyorError, ServerUnreachableError, TaskError
 from conveyor.message import Message
 from conveyor.protocol.histograms import Histogram
@@ -157,7 +157,10 @@ class Consumer:
 
     def _run(self, core: int | None) -> None:
         sizes = [q.batch_size or 0 for q in self.queues]  # 0: no limit of the queue's own
-        pacing = Pacing(self.slots, max(sizes) if min(sizes) else None, core is not None, self.n_consumers, len(self.pool))
+        idle_max = REFILL_MAX if self.options.pool == "async" else None
+        pacing = Pacing(
+            self.slots, max(sizes) if min(sizes) else None, core is not None, self.n_consumers, len(self.pool), idle_max
+        )
         # its fetches' own connections: one attempt each to connect, so that a server out of reach holds up
         # neither the others' work nor a stop (it is tried again later; see Outages)
         self._servers = own_connections(self.pool, ONE_ATTEMPT)

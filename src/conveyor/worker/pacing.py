@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from conveyor.constants import READ_AHEAD_MAX, READ_AHEAD_WINDOW_S, REFILL_MAX
+from conveyor.constants import READ_AHEAD_MAX, READ_AHEAD_WINDOW_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,9 +24,10 @@ class Pacing:
       task); for long tasks it is next to nothing, so no message waits long behind them.
     - Batching: while tasks run and the queues are busy, wait until enough slots are free for one
       request to bring several messages: half a batch; a whole one when pinned with room for two.
-      A batch is the queue's `batch_size`, or (None) whatever may be held. Never more than
-      REFILL_MAX slots wait idle for it, though: with hundreds of slots (async calls in flight),
-      half of them would.
+      A batch is the queue's `batch_size`, or (None) whatever may be held. For async calls
+      (`idle_max`, REFILL_MAX) no more slots than that wait idle for it: a call is a wait, and half
+      of hundreds of them idle would halve the calls in flight. Threads and processes keep the
+      half batch: there one fetch of hundreds beats several small ones (bench_workers' 512 threads).
     - As the queues run low the read-ahead goes; a pinned consumer (`pinned`: its threads share one
       core, so any one running task keeps the core busy) even holds at most half an even share of
       what is left (guided self-scheduling): the last messages wait in the queue for whichever
@@ -39,6 +40,7 @@ class Pacing:
     pinned: bool = False
     n_consumers: int = 1
     n_shards: int = 1
+    idle_max: int | None = None  # most slots left idle while waiting to fetch a batch (None: half a batch)
 
     def hold(self, left: int | None, read_ahead: int = 0) -> int:
         """How many tasks to hold, given how many ready messages the last fetch's server had left."""
@@ -55,7 +57,9 @@ class Pacing:
         fill = min(self.batch_size or hold, hold)
         if self.pinned and hold >= 2 * fill:
             return fill
-        return max(1, min(fill // 2, hold - self.slots + REFILL_MAX))  # what is held beyond the slots may go first
+        if self.idle_max is None:
+            return max(1, fill // 2)
+        return max(1, min(fill // 2, hold - self.slots + self.idle_max))  # what is held beyond the slots may go first
 
     def _need(self, hold: int, running: int, busy: bool) -> int:
         """The free slots a fetch waits for: a refill while tasks run and the queues are busy, else one."""
