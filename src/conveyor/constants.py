@@ -136,6 +136,11 @@ DEFAULT_MAX_HEADER_BYTES = 16 * 1024 * 1024  # per-message metadata of a large b
 # small messages take it about a quarter of a second (clients split bigger puts; replies stop here)
 DEFAULT_MAX_FRAMES = 65_536
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024 * 1024  # all payload frames of one message
+# an ad-hoc function's pickle is stored on the servers as blobs of at most this many bytes (a manifest names
+# them when there are several): a model in a closure travels once per consumer, each blob far under a frame
+FUNCTION_CHUNK_BYTES = 16 * 1024 * 1024
+FUNCTION_MAX_BYTES = 1024 * 1024 * 1024  # past this a function is refused: each server holds it, each worker loads it
+FUNCTION_MANIFEST_MAGIC = b"conveyor-function-chunks/1\n"  # a pickle starts with 0x80: never taken for a manifest
 # a reply of messages, results or dead letters stops growing past this many bytes (or the client's limits)
 PAGE_BYTES = 16 * 1024 * 1024
 REQUEST_SLACK_BYTES = 64 * 1024  # of a header limit, kept for the fields that are not per message

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -176,6 +177,21 @@ def test_more_consumers_than_task_slots_still_ends(
     )
     assert sorted(r["id"] for r in out.collect()) == list(range(40))
     assert any(f"{n} consumers but {n - 1} Spark task slots" in r.getMessage() for r in caplog.records)
+
+
+def test_a_model_bigger_than_a_frame_kept_in_the_closure_runs(spark: SparkSession, pool: QueuePool) -> None:
+    """An 80 MiB model in the function's closure: stored on the servers in chunks, once, and every row computed."""
+    model = os.urandom(80 * 2**20)
+    out, st = cs.map(
+        spark.range(30),
+        lambda r: (r["id"], model[r["id"]]),
+        schema="id long, b int",
+        queue_pool=pool,
+        progress=False,
+        stats=True,
+    )
+    assert sorted((r["id"], r["b"]) for r in out.collect()) == [(i, model[i]) for i in range(30)]
+    assert st.failed == 0
 
 
 def test_a_time_limit_sends_rows_one_to_a_message(spark: SparkSession, pool: QueuePool) -> None:

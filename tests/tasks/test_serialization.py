@@ -8,6 +8,7 @@ import enum
 import gc
 import hashlib
 import math
+import os
 import pickle
 import threading
 import time
@@ -17,7 +18,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from conveyor.constants import CT_MSGPACK, CT_PICKLE, H_CONTENT_TYPE, RESULT_TAG_MSGPACK, RESULT_TAG_PICKLE
+from conveyor.constants import (
+    CT_MSGPACK,
+    CT_PICKLE,
+    FUNCTION_CHUNK_BYTES,
+    FUNCTION_MAX_BYTES,
+    H_CONTENT_TYPE,
+    RESULT_TAG_MSGPACK,
+    RESULT_TAG_PICKLE,
+)
 from conveyor.errors import SerializationError
 from conveyor.tasks.envelope import (
     Call,
@@ -31,6 +40,7 @@ from conveyor.tasks.envelope import (
     encode_call,
     encode_error,
     encode_result,
+    stored_form,
 )
 
 
@@ -271,6 +281,32 @@ def test_function_pickler_rejects_what_cannot_be_pickled() -> None:
         FunctionPickler().ref(lambda: lock)
     with pytest.raises(SerializationError, match="not callable"):
         FunctionPickler().ref(42)  # type: ignore[arg-type]
+
+
+def test_a_big_function_is_stored_as_chunks_and_loaded_whole() -> None:
+    """A model kept in a closure (40 MiB here) is stored as chunks and a manifest naming them, each checked."""
+    weights = os.urandom(40 * 2**20)
+    ref = FunctionPickler().ref(lambda i: weights[i])
+    assert ref.size > 40 * 2**20 and len(ref.blobs) == 4  # three chunks and the manifest, named by the digest
+    assert list(ref.blobs)[-1] == ref.digest and all(len(b) <= FUNCTION_CHUNK_BYTES for b in ref.blobs.values())
+    assert all(hashlib.sha256(b).hexdigest() == k for k, b in ref.blobs.items())
+    fetched: list[str] = []
+
+    def fetch(key: str) -> bytes:
+        fetched.append(key)
+        return ref.blobs[key]
+
+    f = FunctionCache().get(ref.digest, fetch)
+    assert f(7) == weights[7] and sorted(fetched) == sorted(ref.blobs)
+    first = next(iter(ref.blobs))
+    with pytest.raises(SerializationError, match="hash to"):  # a chunk altered on the way: nothing is unpickled
+        FunctionCache().get(ref.digest, lambda k: b"x" + ref.blobs[k][1:] if k == first else ref.blobs[k])
+
+
+def test_a_function_past_the_limit_is_refused_with_its_size_and_the_fix() -> None:
+    too_big = bytes(FUNCTION_MAX_BYTES + 2**20)  # zeros: not touched, so not resident
+    with pytest.raises(SerializationError, match=r"predict' pickles to 1,025 MiB, over the 1,024 MiB .* load it where"):
+        stored_form(too_big, "predict")
 
 
 def test_function_cache_fetches_and_unpickles_once_per_digest() -> None:

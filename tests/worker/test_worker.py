@@ -348,6 +348,14 @@ def test_submit_and_map_ad_hoc_callables(pool: QueuePool) -> None:
     assert len(pool._blobs_sent) == 3  # the lambda went to the servers once, not 50 times
 
 
+def test_a_function_bigger_than_a_frame_reaches_the_consumers(pool: QueuePool) -> None:
+    """A model kept in a closure past the 64 MiB frame (80 MiB) is stored in chunks, once, and runs."""
+    model = os.urandom(80 * 2**20)
+    hs = pool.map(lambda i: model[i], range(20), _queue="jobs")
+    consume(pool)
+    assert pool.gather(hs) == [model[i] for i in range(20)]
+
+
 def test_workers_report_their_counts(pool: QueuePool) -> None:
     wt.add.publish_many([(1, 2)] * 20, _pool=pool)
     c = consume(pool, name="w-under-test")

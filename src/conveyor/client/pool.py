@@ -25,11 +25,10 @@ from conveyor.client.attached import Attachments
 from conveyor.client.progress import JoinProgress, Stall
 from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE
-from conveyor.errors import ConveyorError
 from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol.requests import QueueInfo, QueueStats
 from conveyor.server.local_servers import LocalServers
-from conveyor.tasks.envelope import FunctionRef, adhoc_task_name
+from conveyor.tasks.envelope import FunctionRef
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import Backoff, BackoffSpec
 from conveyor.tasks.publish import TaskHandle, outcome, publish_adhoc
@@ -194,8 +193,7 @@ class QueuePool:
     def _store_function(self, ref: FunctionRef) -> None:
         """An ad-hoc task's function, on every server: once per function and pool."""
         if ref.digest not in self._blobs_sent:
-            if self.queues.put_blob(ref.data) != ref.digest:
-                raise ConveyorError(f"the servers stored {adhoc_task_name(ref.digest)} under another digest")
+            self.queues.put_function(ref)
             self._blobs_sent.add(ref.digest)
 
     # --- results and waits (the `ResultReader` protocol of `TaskHandle`) --------------------

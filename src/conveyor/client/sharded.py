@@ -28,6 +28,7 @@ from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Limits
 from conveyor.protocol.report import SEEN, Counts
 from conveyor.protocol.requests import Call, QueueInfo, QueueStats
+from conveyor.tasks.envelope import FunctionRef, adhoc_task_name
 
 if TYPE_CHECKING:
     from typing import Self
@@ -413,6 +414,12 @@ class ShardedQueues:
     def put_blob(self, data: bytes) -> str:
         """Store bytes on every shard (so any consumer finds them); returns the sha256 key."""
         return self._everywhere(calls.put_blob(data))[0]
+
+    def put_function(self, ref: FunctionRef) -> None:
+        """Store an ad-hoc task's function on every shard: its blobs, the one its digest names last."""
+        for key, blob in ref.blobs.items():
+            if self.put_blob(blob) != key:
+                raise ConveyorError(f"the servers stored a blob of {adhoc_task_name(ref.digest)} under another digest")
 
     def get_blob(self, key: str, shard: int = 0) -> bytes | None:
         return self.clients[shard].get_blob(key)

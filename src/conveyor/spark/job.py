@@ -244,7 +244,7 @@ class QueueJob:
             raise ValueError(f"the job's task goes to queue {task.options.queue!r}, not the job's own {self.queue!r}")
         self.pool.queues.declare(self.queue, lease_s=self.settings.lease_s, max_attempts=attempts_for(task.options.max_retries))
         ref = function_ref(task.run)
-        self.pool.queues.put_blob(ref.data)
+        self.pool.queues.put_function(ref)
         return adhoc_task_name(ref.digest)
 
     def _put_first(self, df: DataFrame, put: InputPut, consumers: SparkConsumerPool) -> int:

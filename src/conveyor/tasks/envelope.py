@@ -30,6 +30,9 @@ from conveyor.constants import (
     CT_MSGPACK,
     CT_PICKLE,
     ENVELOPE_VERSION,
+    FUNCTION_CHUNK_BYTES,
+    FUNCTION_MANIFEST_MAGIC,
+    FUNCTION_MAX_BYTES,
     H_CONTENT_TYPE,
     INT64_MIN,
     MAX_ERROR_CHARS,
@@ -276,10 +279,50 @@ def adhoc_digest(name: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class FunctionRef:
-    """A cloudpickled callable: `digest` (sha256 hex of `data`) names it on the wire."""
+    """A cloudpickled callable as the servers store it; `digest` names it on the wire.
+
+    A pickle of up to FUNCTION_CHUNK_BYTES is one blob, itself (`digest` its sha256). A larger one
+    is stored as chunks and a manifest that names them in order (`digest` the manifest's sha256), so
+    that no request comes near the frame limit and every blob is still checked by its hash where
+    it is read (`FunctionCache`).
+    """
 
     digest: str
-    data: bytes = field(repr=False)
+    blobs: dict[str, bytes] = field(repr=False)  # by sha256 hex, to store in this order: the one `digest` names last
+    size: int  # bytes of the pickle
+
+    @property
+    def data(self) -> bytes:
+        """The pickle itself (a big one's chunks joined, in the manifest's order)."""
+        named = self.blobs[self.digest]
+        if not named.startswith(FUNCTION_MANIFEST_MAGIC):
+            return named
+        return b"".join(self.blobs[k] for k in named[len(FUNCTION_MANIFEST_MAGIC) :].decode("ascii").split("\n"))
+
+
+def stored_form(data: bytes, what: str) -> FunctionRef:
+    """The blobs that store the pickle `data` of the function `what` (see `FunctionRef`)."""
+    if len(data) > FUNCTION_MAX_BYTES:
+        raise SerializationError(
+            f"function {what!r} pickles to {len(data) / 2**20:,.0f} MiB, over the {FUNCTION_MAX_BYTES // 2**20:,} MiB a "
+            "function may take: it holds big state in its closure or globals; load it where the function runs "
+            "instead (e.g. a class whose __init__ loads the model from a path given in fn_args)",
+            task=what,
+        )
+    if len(data) <= FUNCTION_CHUNK_BYTES:
+        key = _sha256(data)
+        return FunctionRef(key, {key: data}, len(data))
+    chunks = [data[i : i + FUNCTION_CHUNK_BYTES] for i in range(0, len(data), FUNCTION_CHUNK_BYTES)]
+    keys = [_sha256(c) for c in chunks]
+    manifest = FUNCTION_MANIFEST_MAGIC + "\n".join(keys).encode()
+    blobs = dict(zip(keys, chunks, strict=True))
+    digest = _sha256(manifest)
+    blobs[digest] = manifest
+    return FunctionRef(digest, blobs, len(data))
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 class FunctionPickler:
@@ -314,7 +357,7 @@ class FunctionPickler:
         except Exception as e:
             name = getattr(func, "__qualname__", type(func).__name__)
             raise SerializationError(f"function {name!r} cannot be pickled: {type(e).__name__}: {e}", task=name) from e
-        ref = FunctionRef(hashlib.sha256(data).hexdigest(), data)
+        ref = stored_form(data, getattr(func, "__qualname__", type(func).__name__))
         with self._lock:
             try:
                 self._weak[key] = (weakref.ref(func, lambda _: self._weak.pop(key, None)), ref)
@@ -376,10 +419,10 @@ class FunctionCache:
 
     @staticmethod
     def _load(digest: str, fetch: Callable[[str], bytes]) -> Callable[..., Any]:
-        data = fetch(digest)
-        got = hashlib.sha256(data).hexdigest()
-        if got != digest:
-            raise SerializationError(f"function bytes fetched for {digest} hash to {got}", task=adhoc_task_name(digest))
+        data = _fetch_checked(digest, digest, fetch)
+        if data.startswith(FUNCTION_MANIFEST_MAGIC):  # a big function: its chunks, each checked by its hash
+            keys = data[len(FUNCTION_MANIFEST_MAGIC) :].decode("ascii", "replace").split("\n")
+            data = b"".join(_fetch_checked(digest, key, fetch) for key in keys)
         try:
             loaded: object = pickle.loads(data)
         except Exception as e:
@@ -395,3 +438,16 @@ class FunctionCache:
 
     def __len__(self) -> int:
         return len(self._funcs)
+
+
+def _fetch_checked(digest: str, key: str, fetch: Callable[[str], bytes]) -> bytes:
+    """The blob `key` of the function `digest`, fetched and checked against its hash."""
+    if len(key) != 64 or not all(c in "0123456789abcdef" for c in key):
+        raise SerializationError(
+            f"function {digest}: its manifest names {key[:80]!r}, not a sha256", task=adhoc_task_name(digest)
+        )
+    data = fetch(key)
+    got = _sha256(data)
+    if got != key:
+        raise SerializationError(f"function bytes fetched for {key} hash to {got}", task=adhoc_task_name(digest))
+    return data
