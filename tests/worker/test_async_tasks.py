@@ -7,9 +7,6 @@ stops that lose nothing.
 
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -25,10 +22,10 @@ from conveyor.worker import Consumer
 from conveyor.worker.affinity import resolve_slots
 
 from ..support import async_tasks as at
+from ..support.docs import run_example, section_code
 from ..support.servers import wait_for
 
 MODULES = ["tests.support.async_tasks"]
-ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
@@ -190,12 +187,8 @@ def test_a_stop_cancels_the_calls_in_flight_and_hands_them_back(pool: QueuePool,
 
 def test_the_example_in_the_docs_runs_as_written(tmp_path: Path) -> None:
     """docs/workers.md's "Async tasks" example, run as a script: 1,000 calls of 0.5 s at 256 in flight."""
-    section = (ROOT / "docs" / "workers.md").read_text().split("## Async tasks", 1)[1].split("\n## ", 1)[0]
-    [code] = re.findall(r"```python\n(.*?)```", section, re.S)
-    script = tmp_path / "async_example.py"
-    script.write_text(code)
     t0 = time.monotonic()
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    done = run_example(section_code("workers.md", "## Async tasks"), tmp_path, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(sum(i * i for i in range(1000)))
     assert time.monotonic() - t0 < 60  # four rounds of 0.5 s, and the servers' start; 1,000 s one by one
