@@ -12,17 +12,31 @@ of items/s (input rows over the end-to-end call: for Spark, the predictions writ
   (b) map_batches with a model class, its defaults (1,024 rows a batch, 8 threads per consumer)
   (c) map_batches as (b), concurrency=1 (one batch at a time per consumer: no threads contend)
 
-Needs scikit-learn (the `bench` extra).
+W2 of issue 40: 5,000 calls to a local HTTP server (aiohttp, in a thread of this process) that
+answers each after a lognormal delay (median 50 ms, p99 about 1 s; the same delay for the same
+item in every variant), makespan of the call to the last answer:
 
-    python bench/bench_inference.py [--rows 200000] [--runs 3]
+  (a) Spark mapInPandas, 16 partitions, 32 threads each (written by hand)
+  (b) conveyor.spark.map, a plain function, its defaults
+  (c) conveyor.spark.map, tuned: concurrency=32, rows_per_message=1
+
+Needs scikit-learn (the `bench` extra) for W1.
+
+    python bench/bench_inference.py [--workload w1|w2|all] [--rows 200000] [--calls 5000] [--runs 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import math
+import random
+import socket
 import statistics
+import threading
 import time
-from collections.abc import Callable
+import urllib.request
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from benchlib import progress
@@ -54,10 +68,19 @@ def train() -> tuple[Any, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=200_000)
+    parser.add_argument("--workload", choices=("w1", "w2", "all"), default="all")
+    parser.add_argument("--rows", type=int, default=200_000, help="W1's images")
+    parser.add_argument("--calls", type=int, default=5_000, help="W2's HTTP calls")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
+    if args.workload in ("w1", "all"):
+        w1(args)
+    if args.workload in ("w2", "all"):
+        w2(args)
 
+
+def w1(args: argparse.Namespace) -> None:
+    """W1: digits predicted by map_batches with a model class and by predict_batch_udf."""
     import numpy as np
     import pandas as pd
     from pyspark.ml.functions import predict_batch_udf
@@ -132,6 +155,109 @@ def main() -> None:
         median = statistics.median(got)
         runs = ", ".join(f"{r:,.0f}" for r in got)
         print(f"  {name:46s} {median:>10,.0f} items/s  ({median / best:.2f}x predict_batch_udf; runs {runs})")
+
+
+def delay_of(item: int) -> float:
+    """W2's answer delay for `item`: lognormal, median 50 ms, p99 about 1 s, the same in every variant."""
+    rng = random.Random(item)
+    return min(DELAY_CAP_S, math.exp(math.log(0.05) + 1.288 * rng.gauss(0.0, 1.0)))
+
+
+DELAY_CAP_S = 5.0  # the lognormal's far tail cut, so that one draw does not decide a makespan
+
+
+@contextlib.contextmanager
+def slow_server() -> Iterator[str]:
+    """An HTTP server answering `/item/<n>` with `n` after `delay_of(n)`; yields its base URL."""
+    import asyncio
+
+    from aiohttp import web
+
+    async def answer(request: web.Request) -> web.Response:
+        n = int(request.match_info["n"])
+        await asyncio.sleep(delay_of(n))
+        return web.Response(text=str(n))
+
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_get("/item/{n}", answer)
+    runner = web.AppRunner(app, access_log=None)
+    loop.run_until_complete(runner.setup())
+    sock = socket.create_server(("127.0.0.1", 0), backlog=4096)  # its port known before the site starts
+    loop.run_until_complete(web.SockSite(runner, sock).start())
+    port = sock.getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(30)
+
+
+def fetch(base: str, item: int) -> int:
+    """One W2 call: a plain, blocking HTTP GET (what a sync function does)."""
+    with urllib.request.urlopen(f"{base}/item/{item}", timeout=60) as r:
+        return int(r.read())
+
+
+def w2(args: argparse.Namespace) -> None:
+    """W2: HTTP calls of lognormal latency: Spark mapInPandas with threads written by hand, and conveyor.spark.map."""
+    import pandas as pd
+
+    import conveyor.spark as cs
+    from conveyor.client.pool import QueuePool
+    from conveyor.spark.session import get_or_create_session
+
+    spark = get_or_create_session("local[2]", app_name="bench-api-calls")
+    n = args.calls
+    df = spark.range(n).repartition(16).cache()
+    progress(f"{df.count():,} calls; serial time {sum(delay_of(i) for i in range(n)):,.0f} s")
+    with slow_server() as base, QueuePool.local(n_servers=2) as pool:
+
+        def call(row: dict[str, Any]) -> int:
+            return fetch(base, row["id"])
+
+        def spark_threads(batches: Any) -> Any:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(32) as ex:
+                for b in batches:
+                    yield pd.DataFrame({"n": list(ex.map(lambda i: fetch(base, int(i)), b["id"]))})
+
+        def spark_run() -> None:
+            got = df.mapInPandas(spark_threads, "n long").agg({"n": "sum"}).collect()[0][0]
+            assert got == n * (n - 1) // 2, got
+
+        def conveyor_run(**options: Any) -> Callable[[], None]:
+            def run() -> None:
+                out, stats = cs.map(df, call, schema="n long", queue_pool=pool, progress=False, stats=True, **options)
+                assert stats.failed == 0 and out.agg({"n": "sum"}).collect()[0][0] == n * (n - 1) // 2
+                pool.drop(stats.queue)
+
+            return run
+
+        variants: dict[str, Callable[[], None]] = {
+            "(a) Spark mapInPandas, 16 x 32 threads": spark_run,
+            "(b) map, defaults": conveyor_run(),
+            "(c) map, concurrency=32, rows_per_message=1": conveyor_run(concurrency=32, rows_per_message=1),
+        }
+        spark_run()  # Python workers started: not measured
+        took: dict[str, list[float]] = {name: [] for name in variants}
+        for run in range(args.runs):
+            for name, variant in variants.items():
+                t0 = time.perf_counter()
+                variant()
+                took[name].append(time.perf_counter() - t0)
+                progress(f"run {run + 1}: {name}: {took[name][-1]:.1f} s")
+    spark.stop()
+    print(f"\nW2: {n:,} HTTP calls of lognormal latency (median 50 ms), local[2], makespan, medians of {args.runs}")
+    base_s = statistics.median(took["(a) Spark mapInPandas, 16 x 32 threads"])
+    for name, got in took.items():
+        median = statistics.median(got)
+        runs = ", ".join(f"{t:.1f}" for t in got)
+        print(f"  {name:46s} {median:>7.1f} s  ({median / base_s:.2f}x mapInPandas; runs {runs})")
 
 
 if __name__ == "__main__":
