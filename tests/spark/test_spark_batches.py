@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 import conveyor.spark as cs
 from conveyor.client.pool import QueuePool
+from conveyor.spark.batch_form import BatchRunner, from_ipc, to_ipc
+from conveyor.spark.instances import check_fn
 from conveyor.spark.job import MapStats
 from conveyor.worker.middleware import Retries
 
@@ -123,6 +125,10 @@ def not_a_batch(batch: pd.DataFrame) -> list[int]:
     return list(batch["id"])
 
 
+def words_for_numbers(batch: pd.DataFrame) -> pd.DataFrame:
+    return expected(batch).assign(y="many")
+
+
 CONTRACT_ERRORS = {
     "length": (short_by_one, r"fn returned 127 rows for a batch of 128 rows: it must return one row per input row"),
     "columns": (
@@ -131,6 +137,7 @@ CONTRACT_ERRORS = {
         r"unknown \['z'\]; no values for \['y'\]",
     ),
     "type": (not_a_batch, r"fn returned a list; return a pandas DataFrame"),
+    "values": (words_for_numbers, r"fn's output does not convert to the schema \(id int64, y double, label string\)"),
 }
 
 
@@ -250,3 +257,30 @@ def test_map_takes_a_model_class_too(df: DataFrame, pool: QueuePool, tmp_path: P
     pd.testing.assert_frame_equal(computed(rows), want, check_dtype=False)
     built = pids(side)
     assert stats.instances == len(built) == len(set(built)) and 1 <= len(built) <= 2
+
+
+class Counted:
+    """fn for a BatchRunner run here: `answer` of each batch, its calls counted by the rows each got."""
+
+    def __init__(self, answer: Callable[[pa.Table], Any]) -> None:
+        self.answer, self.calls = answer, list[int]()
+
+    def __call__(self, batch: pa.Table) -> Any:
+        self.calls.append(batch.num_rows)
+        return self.answer(batch)
+
+
+def run_here(fn: Counted, rows: int, max_retries: int = 3) -> pa.Table:
+    """A BatchRunner's output for one message of `rows` rows (ids 0..rows-1), run in this process."""
+    schema = pa.schema([pa.field("y", pa.float64())])
+    runner = BatchRunner(check_fn("map_batches", "fn", fn, (), None, "a batch"), "pyarrow", schema, max_retries)
+    return from_ipc(runner(to_ipc(pa.table({"id": list(range(rows))})))[0])
+
+
+def test_an_output_of_the_wrong_types_fails_its_batch_in_one_call() -> None:
+    """Values that do not convert to the schema are the batch's fault: no split, no retry, every row told why."""
+    fn = Counted(lambda batch: {"y": ["a"] * batch.num_rows})
+    out = run_here(fn, 64)
+    assert fn.calls == [64]
+    assert out.column("_error").null_count == 0 and out.column("y").null_count == 64
+    assert all("fn's output does not convert to the schema (y double)" in e for e in out.column("_error").to_pylist())

@@ -10,9 +10,10 @@ Where a failure lands (`BatchRunner`):
   same attempt; a row that fails alone is tried again up to `max_retries` times, then gets
   `_error`. So one bad row never fails its neighbours, and a batch with one bad row costs about
   two more calls per halving (log2 of the batch's rows of them).
-- fn returns a batch of another length, or other columns (`BatchContractError`): fn broke its
-  contract on the whole batch, and halves would break it as well: every row of the batch gets the
-  error, naming the lengths or the columns.
+- fn returns a batch of another length, other columns, or values that do not convert to the
+  schema's types (`BatchContractError`): fn broke its contract on the whole batch, and halves
+  would break it as well: every row of the batch gets the error, naming the lengths, the columns
+  or the types, with no split and no retry.
 - a class given as fn fails to build (`BuildError`): every row of the batch gets its error, at
   once (the class is not built again in that process).
 - the message fails whole (its time limit, which covers the whole batch, or its worker lost): the
@@ -101,32 +102,38 @@ class BatchRunner:
         return [to_ipc(out), self.fn.take_built()]
 
     def _run(self, fn: Callable[[Any], Any], table: pa.Table) -> list[pa.Table]:
-        """The output of `table`'s rows: halves run apart on an exception, down to single rows."""
+        """The output of `table`'s rows: halves run apart when fn raises, down to single rows."""
         error: Exception
         try:
-            return [self._call(fn, table)]
-        except BatchContractError as e:
-            return [self._failed(table, str(e))]
+            out = fn(self._batch(table))
         except Exception as e:
             if table.num_rows > 1:
                 half = table.num_rows // 2
                 return self._run(fn, table.slice(0, half)) + self._run(fn, table.slice(half))
             error = e
+        else:
+            return [self._fitted(out, table)]
         for _ in range(self.max_retries):  # a row that fails alone is tried again, as map's rows are
             try:
-                return [self._call(fn, table)]
-            except BatchContractError as e:
-                return [self._failed(table, str(e))]
+                out = fn(self._batch(table))
             except Exception as e:
                 error = e
+            else:
+                return [self._fitted(out, table)]
         return [self._failed(table, encode_error(error))]
 
-    def _call(self, fn: Callable[[Any], Any], table: pa.Table) -> pa.Table:
+    def _fitted(self, out: object, table: pa.Table) -> pa.Table:
+        """fn's output for `table`, or its rows failed with the contract it breaks (halves would break it as well)."""
+        try:
+            return self._output(out, table.num_rows)
+        except BatchContractError as e:
+            return self._failed(table, str(e))
+
+    def _output(self, out: object, n: int) -> pa.Table:
         import pyarrow as pa
 
-        out = self._fit(fn(self._batch(table)), table.num_rows)
-        nulls = pa.nulls(table.num_rows, pa.string())
-        return pa.Table.from_arrays([*out.columns, nulls, nulls], schema=self.result)
+        nulls = pa.nulls(n, pa.string())
+        return pa.Table.from_arrays([*self._fit(out, n).columns, nulls, nulls], schema=self.result)
 
     def _batch(self, table: pa.Table) -> Any:
         """The rows as fn gets them."""
@@ -167,13 +174,19 @@ class BatchRunner:
             raise BatchContractError(
                 f"map_batches: fn returned {said} for a batch of {n:,} rows: it must return one row per input row, in order"
             )
-        if pd is not None and isinstance(out, pd.DataFrame):
-            return pa.Table.from_pandas(out[names], schema=self.schema, preserve_index=False)
-        if isinstance(out, pa.RecordBatch):
-            out = pa.Table.from_batches([out])
-        if isinstance(out, pa.Table):
-            return out.select(names).cast(self.schema)
-        return pa.Table.from_pydict({k: cast("dict[str, Any]", out)[k] for k in names}, schema=self.schema)
+        try:
+            if pd is not None and isinstance(out, pd.DataFrame):
+                return pa.Table.from_pandas(out[names], schema=self.schema, preserve_index=False)
+            if isinstance(out, pa.RecordBatch):
+                out = pa.Table.from_batches([out])
+            if isinstance(out, pa.Table):
+                return out.select(names).cast(self.schema)
+            return pa.Table.from_pydict({k: cast("dict[str, Any]", out)[k] for k in names}, schema=self.schema)
+        except (pa.ArrowException, ValueError, TypeError, OverflowError) as e:  # every row's values are of the wrong types
+            fields = ", ".join(f"{f.name} {f.type}" for f in self.schema)
+            raise BatchContractError(
+                f"map_batches: fn's output does not convert to the schema ({fields}): {e}; return values of these types"
+            ) from e
 
     def _failed(self, table: pa.Table, error: str) -> pa.Table:
         """`table`'s rows failed with `error`: null outputs, their input as JSON."""
