@@ -6,6 +6,7 @@ classes built where they run `conveyor.spark.instances`. Real local Spark and re
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -260,14 +261,18 @@ def test_map_takes_a_model_class_too(df: DataFrame, pool: QueuePool, tmp_path: P
 
 
 class Counted:
-    """fn for a BatchRunner run here: `answer` of each batch, its calls counted by the rows each got."""
+    """fn for a BatchRunner run here: `answer` of each batch, each call noted as the ids of its rows."""
 
     def __init__(self, answer: Callable[[pa.Table], Any]) -> None:
-        self.answer, self.calls = answer, list[int]()
+        self.answer, self.calls = answer, list[list[int]]()
 
     def __call__(self, batch: pa.Table) -> Any:
-        self.calls.append(batch.num_rows)
+        self.calls.append(batch.column("id").to_pylist())
         return self.answer(batch)
+
+    def runs(self) -> collections.Counter[int]:
+        """How many calls each row was in."""
+        return collections.Counter(i for call in self.calls for i in call)
 
 
 def run_here(fn: Counted, rows: int, max_retries: int = 3) -> pa.Table:
@@ -281,6 +286,45 @@ def test_an_output_of_the_wrong_types_fails_its_batch_in_one_call() -> None:
     """Values that do not convert to the schema are the batch's fault: no split, no retry, every row told why."""
     fn = Counted(lambda batch: {"y": ["a"] * batch.num_rows})
     out = run_here(fn, 64)
-    assert fn.calls == [64]
+    assert [len(c) for c in fn.calls] == [64]
     assert out.column("_error").null_count == 0 and out.column("y").null_count == 64
     assert all("fn's output does not convert to the schema (y double)" in e for e in out.column("_error").to_pylist())
+
+
+def doubled_unless(bad: set[int]) -> Callable[[pa.Table], Any]:
+    def answer(batch: pa.Table) -> Any:
+        ids = batch.column("id").to_pylist()
+        if bad.intersection(ids):
+            raise ValueError(f"rows {sorted(bad.intersection(ids))} are bad")
+        return {"y": [2.0 * i for i in ids]}
+
+    return answer
+
+
+@pytest.mark.parametrize(("rows", "max_retries"), [(1024, 3), (1000, 1), (64, 5), (2, 3)])
+def test_a_bad_row_runs_at_most_max_retries_plus_one_times_and_alone_fails_alone(rows: int, max_retries: int) -> None:
+    """Splitting spends the rows' runs: no row runs more than max_retries + 1 times, and only the bad row fails."""
+    fn = Counted(doubled_unless({rows // 3}))
+    out = run_here(fn, rows, max_retries)
+    runs = fn.runs()
+    assert runs[rows // 3] == max_retries + 1 and max(runs.values()) <= max_retries + 1
+    errors = out.column("_error").to_pylist()
+    assert [i for i, e in enumerate(errors) if e is not None] == [rows // 3]
+    assert f"ValueError: rows [{rows // 3}] are bad" in errors[rows // 3]
+    assert out.column("y").to_pylist() == [None if i == rows // 3 else 2.0 * i for i in range(rows)]
+    if (rows, max_retries) == (1024, 3):
+        assert len(fn.calls) == 32  # 1 + 11 parts + 10 parts + 10 single rows, as docs/spark.md says
+
+
+def test_a_batch_that_always_raises_runs_each_row_at_most_max_retries_plus_one_times() -> None:
+    """A batch-wide error (a GPU out of memory, say) costs each row its runs, not a run per halving."""
+    fn = Counted(doubled_unless(set(range(256))))
+    out = run_here(fn, 256, 2)
+    assert set(fn.runs().values()) == {3} and out.column("_error").null_count == 0
+    assert len(fn.calls) == 1 + 16 + 256  # the whole, ceil(256 ** (1 / 2)) parts, then each row alone
+
+
+def test_with_no_retries_a_batch_that_raises_fails_all_its_rows_in_one_call() -> None:
+    fn = Counted(doubled_unless({5}))
+    out = run_here(fn, 64, 0)
+    assert len(fn.calls) == 1 and out.column("_error").null_count == 0
