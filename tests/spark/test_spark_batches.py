@@ -21,8 +21,9 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import conveyor.spark as cs
+from conveyor.arrow_ipc import decode, encode
 from conveyor.client.pool import QueuePool
-from conveyor.spark.batch_form import BatchRunner, from_ipc, to_ipc
+from conveyor.spark.batch_form import BatchRunner
 from conveyor.spark.instances import check_fn
 from conveyor.spark.job import MapStats
 from conveyor.worker.middleware import Retries
@@ -325,7 +326,7 @@ def run_here(fn: Counted, rows: int, max_retries: int = 3) -> pa.Table:
     """A BatchRunner's output for one message of `rows` rows (ids 0..rows-1), run in this process."""
     schema = pa.schema([pa.field("y", pa.float64())])
     runner = BatchRunner(check_fn("map_batches", "fn", fn, (), None, "a batch"), "pyarrow", schema, max_retries)
-    return from_ipc(runner(to_ipc(pa.table({"id": list(range(rows))})))[0])
+    return decode(runner(encode(pa.table({"id": list(range(rows))})))[0])
 
 
 def test_an_output_of_the_wrong_types_fails_its_batch_in_one_call() -> None:

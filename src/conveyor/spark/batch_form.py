@@ -31,6 +31,7 @@ from collections.abc import Callable, Generator, Sized
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from conveyor.arrow_ipc import decode, encode
 from conveyor.errors import ConveyorError
 from conveyor.spark.form import Parcel, ServerOutcomes
 from conveyor.spark.instances import BuildError, Instances
@@ -51,23 +52,6 @@ class BatchContractError(ConveyorError):
     """fn's output breaks its contract on a whole batch (its length, its columns): the batch's fault, not a row's."""
 
 
-def to_ipc(data: pa.Table | pa.RecordBatch) -> bytes:
-    """Rows as one Arrow IPC stream."""
-    import pyarrow as pa
-
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, data.schema) as writer:
-        writer.write(data)
-    return cast(bytes, sink.getvalue().to_pybytes())
-
-
-def from_ipc(data: bytes) -> pa.Table:
-    """The rows `to_ipc` wrote."""
-    import pyarrow as pa
-
-    return pa.ipc.open_stream(data).read_all()
-
-
 @dataclass(frozen=True, slots=True)
 class SliceRows:
     """`JobForm.parcels` of `map_batches`: an Arrow batch cut into runs of up to `rows` consecutive rows, one a message."""
@@ -76,7 +60,7 @@ class SliceRows:
 
     def __call__(self, batch: pa.RecordBatch) -> list[Parcel]:
         n = batch.num_rows
-        return [Parcel((to_ipc(batch.slice(i, self.rows)),), min(self.rows, n - i)) for i in range(0, n, self.rows)]
+        return [Parcel((encode(batch.slice(i, self.rows)),), min(self.rows, n - i)) for i in range(0, n, self.rows)]
 
 
 class BatchRunner:
@@ -96,14 +80,14 @@ class BatchRunner:
     def __call__(self, data: bytes) -> list[Any]:
         import pyarrow as pa
 
-        table = from_ipc(data)
+        table = decode(data)
         try:
             fn = self.fn.get()
         except BuildError as e:
             out = self._failed(table, str(e))
         else:
             out = pa.concat_tables(self._run(fn, table))
-        return [to_ipc(out), self.fn.take_built()]
+        return [encode(out), self.fn.take_built()]
 
     def _run(self, fn: Callable[[Any], Any], table: pa.Table, runs: int | None = None) -> list[pa.Table]:
         """The output of `table`'s rows, each of which may run `runs` more times (max_retries + 1 at first).
@@ -231,13 +215,13 @@ class ReadBatches:
         counts = ReadCounts(0, 0, 0)
         for msg_id, r in server.results():
             data, built = cast("list[Any]", decode_result(r))  # BatchRunner's
-            t = from_ipc(data)
+            t = decode(data)
             out = [t.column(name) for name in names]
             batch = pa.Table.from_arrays([*out, _ids(msg_id, t.num_rows), t.column(ERROR), t.column(INPUT)], schema=arrow)
             counts += ReadCounts(t.num_rows, t.num_rows, t.num_rows - t.column(ERROR).null_count, built)
             yield from batch.to_batches()
         for d in server.dead_letters():
-            rows = from_ipc(decode_call(d.message.payload, d.message.headers).args[0]).to_pylist()
+            rows = decode(decode_call(d.message.payload, d.message.headers).args[0]).to_pylist()
             n = len(rows)
             failed = [
                 *(pa.nulls(n, f.type) for f in arrow if f.name in names),
