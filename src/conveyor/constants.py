@@ -266,6 +266,11 @@ STALL_WARN_S = 30.0
 STALL_LOOK_S = 2.0
 MAP_DEFAULT_ROWS_PER_MESSAGE = 8  # conveyor.spark.map without a time limit (with one: 1)
 MAP_BATCHES_DEFAULT_ROWS = 1024  # conveyor.spark.map_batches: the input rows of one batch (one message, one call of fn)
+# map_batches' bytes, well under DEFAULT_MAX_FRAME_BYTES: a batch's input rows as Arrow (cut smaller to fit; a
+# single row over it fails alone), and its result (over it, its rows fail saying so)
+MAP_BATCHES_MAX_BYTES = 16 * 1024 * 1024
+MAP_BATCHES_MAX_RESULT_BYTES = 32 * 1024 * 1024
+INPUT_MAX_CHARS = 2048  # a failed row's `_input` (map, map_batches): longer, each value is cut to its share of it
 DEFAULT_BACKOFF_BASE_S = 1.0
 DEFAULT_BACKOFF_FACTOR = 2.0
 DEFAULT_BACKOFF_CAP_S = 300.0

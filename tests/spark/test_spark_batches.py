@@ -17,15 +17,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 import conveyor.spark as cs
 from conveyor.arrow_ipc import decode, encode
 from conveyor.client.pool import QueuePool
-from conveyor.spark.batch_form import BatchRunner
+from conveyor.constants import INPUT_MAX_CHARS
+from conveyor.spark.batch_form import BatchRunner, SliceRows
 from conveyor.spark.instances import check_fn
 from conveyor.spark.job import MapStats
+from conveyor.spark.rows import input_json
 from conveyor.worker.middleware import Retries
 
 N = 1000
@@ -375,3 +378,64 @@ def test_with_no_retries_a_batch_that_raises_fails_all_its_rows_in_one_call() ->
     fn = Counted(doubled_unless({5}))
     out = run_here(fn, 64, 0)
     assert len(fn.calls) == 1 and out.column("_error").null_count == 0
+
+
+def test_wide_rows_are_cut_by_bytes_and_a_row_too_large_fails_alone_saying_so() -> None:
+    """Runs of rows under the byte bound (a single row over it refused on its own), each row's outcome once."""
+    blobs = [b"x" * (100_000 if i == 33 else 10_000) for i in range(100)]
+    batch = pa.RecordBatch.from_pydict({"id": list(range(100)), "blob": blobs})
+    parcels = SliceRows(rows=100, max_bytes=64_000)(batch)
+    assert sum(p.rows for p in parcels) == 100 and len(parcels) > 2
+    [refusal] = [p for p in parcels if len(p.args) > 1]
+    assert refusal.rows == 1 and all(len(p.args[0]) < 64_000 for p in parcels)
+    fn = Counted(lambda batch: {"y": [float(len(b)) for b in batch.column("blob").to_pylist()]})
+    runner = BatchRunner(
+        check_fn("map_batches", "fn", fn, (), None, "a batch"), "pyarrow", pa.schema([pa.field("y", pa.float64())]), 3
+    )
+    out = pa.concat_tables(decode(runner(*p.args)[0]) for p in parcels)
+    assert out.column("y").to_pylist() == [None if i == 33 else 10_000.0 for i in range(100)]
+    error, given = out.column("_error")[33].as_py(), out.column("_input")[33].as_py()
+    assert "map_batches: this row is 100," in error and "over the 64,000 a batch message may carry" in error
+    assert json.loads(given) == {"id": 33, "blob": "<100,000 bytes>"}
+    assert 33 not in fn.runs()
+
+
+def test_an_output_too_large_for_a_result_fails_its_rows_saying_what_to_do() -> None:
+    schema = pa.schema([pa.field("y", pa.string())])
+    fn = Counted(lambda batch: {"y": ["y" * 10_000] * batch.num_rows})
+    runner = BatchRunner(check_fn("map_batches", "fn", fn, (), None, "a batch"), "pyarrow", schema, 3, max_result_bytes=50_000)
+    out = decode(runner(encode(pa.table({"id": list(range(10))})))[0])
+    assert out.column("_error").null_count == 0 and len(fn.calls) == 1
+    assert "the output of this batch of 10 rows is 100," in out.column("_error")[0].as_py()
+    assert "over the 50,000 a result may hold: pass a smaller rows_per_batch" in out.column("_error")[0].as_py()
+    assert json.loads(out.column("_input")[3].as_py()) == {"id": 3}
+
+
+def test_a_failed_rows_input_is_bounded_and_still_json() -> None:
+    row = {"id": 7, "text": "word " * 100_000, "blob": b"\0" * 5_000, "tags": list(range(10_000))}
+    shown = input_json(row)
+    assert len(shown) <= INPUT_MAX_CHARS + 200
+    back = json.loads(shown)
+    assert back["id"] == 7 and back["blob"] == "<5,000 bytes>"
+    assert back["text"].startswith('"word word') and back["text"].endswith("(500,002 characters)")
+    assert back["tags"].startswith("[0, 1, 2")
+
+
+@pytest.fixture
+def wide(spark: SparkSession) -> DataFrame:
+    """70 rows of 1 MiB (a 70 MiB batch: over a 64 MiB frame whole) and one of 17 MiB (over MAP_BATCHES_MAX_BYTES)."""
+    return spark.range(71, numPartitions=1).selectExpr("id", "CAST(repeat('x', IF(id = 7, 17, 1) * 1048576) AS BINARY) AS blob")
+
+
+def test_map_batches_takes_rows_wider_than_a_message_in_batches_of_fewer_rows(wide: DataFrame, pool: QueuePool) -> None:
+    def sizes(batch: pa.Table) -> pa.Table:
+        return pa.table({"id": batch.column("id"), "n": pc.binary_length(batch.column("blob")).cast(pa.int64())})
+
+    rows, stats = run(wide, sizes, pool, schema="id long, n long", rows_per_batch=71, batch_format="pyarrow")
+    assert (stats.rows, stats.failed) == (71, 1)
+    ok = rows[rows["_error"].isna()]
+    assert sorted(ok["id"]) == [i for i in range(71) if i != 7] and (ok["n"] == 1048576).all()
+    assert ok["_id"].nunique() >= 5  # 70 MiB in messages of 16 MiB at most
+    [bad] = rows[rows["_error"].notna()].to_dict("records")
+    assert "this row is 17,825," in bad["_error"] and "pass large values by reference" in bad["_error"]
+    assert json.loads(bad["_input"]) == {"id": 7, "blob": "<17,825,792 bytes>"}

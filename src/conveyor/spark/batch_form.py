@@ -1,9 +1,9 @@
 """Batches through the queue for `conveyor.spark.map_batches`: its form of the queue job (`conveyor.spark.job`).
 
-Each message carries up to `rows` consecutive input rows as Arrow IPC bytes (`SliceRows`); its task
-(`BatchRunner`) hands them to fn as one batch in the asked format and returns the output rows, one
-per input row, as Arrow IPC bytes with `_error` and `_input`; the read-back (`ReadBatches`) adds
-`_id` and turns dead letters into failed rows.
+Each message carries up to `rows` consecutive input rows, of up to MAP_BATCHES_MAX_BYTES, as Arrow
+IPC bytes (`SliceRows`); its task (`BatchRunner`) hands them to fn as one batch in the asked format
+and returns the output rows, one per input row, as Arrow IPC bytes with `_error` and `_input`; the
+read-back (`ReadBatches`) adds `_id` and turns dead letters into failed rows.
 
 Where a failure lands (`BatchRunner`):
 - fn raises on a batch: its rows run again, in the same attempt, in parts, so that only the rows
@@ -19,6 +19,8 @@ Where a failure lands (`BatchRunner`):
   or the types, with no split and no retry.
 - a class given as fn fails to build (`BuildError`): every row of the batch gets its error, at
   once (the class is not built again in that process).
+- a single input row over MAP_BATCHES_MAX_BYTES, or a batch whose output is over
+  MAP_BATCHES_MAX_RESULT_BYTES (both well under a frame): its rows fail, saying so.
 - the message fails whole (its time limit, which covers the whole batch, or its worker lost): the
   message is retried per `max_retries`, then each of its rows gets the dead letter's error.
 """
@@ -31,7 +33,8 @@ from collections.abc import Callable, Generator, Sized
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from conveyor.arrow_ipc import decode, encode
+from conveyor.arrow_ipc import decode, encode, slices
+from conveyor.constants import MAP_BATCHES_MAX_RESULT_BYTES
 from conveyor.errors import ConveyorError
 from conveyor.spark.form import Parcel, ServerOutcomes
 from conveyor.spark.instances import BuildError, Instances
@@ -54,13 +57,36 @@ class BatchContractError(ConveyorError):
 
 @dataclass(frozen=True, slots=True)
 class SliceRows:
-    """`JobForm.parcels` of `map_batches`: an Arrow batch cut into runs of up to `rows` consecutive rows, one a message."""
+    """`JobForm.parcels` of `map_batches`: an Arrow batch cut into runs of consecutive rows, one a message.
+
+    A run holds up to `rows` rows and `max_bytes` bytes (cut smaller to fit them). A single row
+    over `max_bytes` goes alone as a refusal, which its task reports on that row (`BatchRunner`):
+    it would not fit in a message with room for its result.
+    """
 
     rows: int
+    max_bytes: int
 
     def __call__(self, batch: pa.RecordBatch) -> list[Parcel]:
-        n = batch.num_rows
-        return [Parcel((encode(batch.slice(i, self.rows)),), min(self.rows, n - i)) for i in range(0, n, self.rows)]
+        import pyarrow as pa
+
+        table = pa.Table.from_batches([batch])
+        parcels = []
+        for start in range(0, table.num_rows, self.rows):
+            for piece in slices(table.slice(start, self.rows), self.max_bytes):
+                if piece.num_rows == 1 and piece.nbytes > self.max_bytes:
+                    parcels.append(Parcel(self._refused(piece), 1))
+                else:
+                    parcels.append(Parcel((encode(piece),), piece.num_rows))
+        return parcels
+
+    def _refused(self, row: pa.Table) -> tuple[bytes, str, str]:
+        """The arguments of a row's refusal: no rows, the error, the row as `_input` shows it."""
+        error = (
+            f"map_batches: this row is {row.nbytes:,} bytes as Arrow, over the {self.max_bytes:,} a batch message may "
+            "carry with room for its result: pass large values by reference (a path or URL) and load them in fn"
+        )
+        return encode(row.slice(0, 0)), error, input_json(row.to_pylist()[0])
 
 
 class BatchRunner:
@@ -68,18 +94,30 @@ class BatchRunner:
 
     `schema` is the output columns (all nullable: a failed row's are null). Returns
     [the output as Arrow IPC bytes (`schema`, `_error`, `_input`), the instances of fn's class
-    built here since the last result said so].
+    built here since the last result said so]. An output over `max_result_bytes` fails its rows
+    instead, saying so; a row refused as too large (`SliceRows`) comes as no rows, the error and
+    its `_input`.
     """
 
-    def __init__(self, fn: Instances, batch_format: BatchFormat, schema: pa.Schema, max_retries: int) -> None:
+    def __init__(
+        self,
+        fn: Instances,
+        batch_format: BatchFormat,
+        schema: pa.Schema,
+        max_retries: int,
+        max_result_bytes: int = MAP_BATCHES_MAX_RESULT_BYTES,
+    ) -> None:
         import pyarrow as pa
 
         self.fn, self.format, self.schema, self.max_retries = fn, batch_format, schema, max_retries
+        self.max_result_bytes = max_result_bytes
         self.result = pa.schema([*schema, pa.field(ERROR, pa.string()), pa.field(INPUT, pa.string())])
 
-    def __call__(self, data: bytes) -> list[Any]:
+    def __call__(self, data: bytes, refused: str = "", given: str = "") -> list[Any]:
         import pyarrow as pa
 
+        if refused:
+            return [encode(self._failed_rows(1, refused, [given])), self.fn.take_built()]
         table = decode(data)
         try:
             fn = self.fn.get()
@@ -87,7 +125,16 @@ class BatchRunner:
             out = self._failed(table, str(e))
         else:
             out = pa.concat_tables(self._run(fn, table))
-        return [encode(out), self.fn.take_built()]
+        encoded = encode(out)
+        if len(encoded) > self.max_result_bytes:  # it would not fit in a frame: its rows fail, with what to do
+            encoded = encode(
+                self._failed(
+                    table,
+                    f"map_batches: the output of this batch of {table.num_rows:,} rows is {len(encoded):,} bytes as Arrow, "
+                    f"over the {self.max_result_bytes:,} a result may hold: pass a smaller rows_per_batch",
+                )
+            )
+        return [encoded, self.fn.take_built()]
 
     def _run(self, fn: Callable[[Any], Any], table: pa.Table, runs: int | None = None) -> list[pa.Table]:
         """The output of `table`'s rows, each of which may run `runs` more times (max_retries + 1 at first).
@@ -176,15 +223,13 @@ class BatchRunner:
 
     def _failed(self, table: pa.Table, error: str) -> pa.Table:
         """`table`'s rows failed with `error`: null outputs, their input as JSON."""
+        return self._failed_rows(table.num_rows, error, [input_json(r) for r in table.to_pylist()])
+
+    def _failed_rows(self, n: int, error: str, inputs: list[str]) -> pa.Table:
         import pyarrow as pa
 
-        n = table.num_rows
         return pa.Table.from_arrays(
-            [
-                *(pa.nulls(n, f.type) for f in self.schema),
-                pa.array([error] * n, pa.string()),
-                pa.array([input_json(r) for r in table.to_pylist()], pa.string()),
-            ],
+            [*(pa.nulls(n, f.type) for f in self.schema), pa.array([error] * n, pa.string()), pa.array(inputs, pa.string())],
             schema=self.result,
         )
 
@@ -221,13 +266,14 @@ class ReadBatches:
             counts += ReadCounts(t.num_rows, t.num_rows, t.num_rows - t.column(ERROR).null_count, built)
             yield from batch.to_batches()
         for d in server.dead_letters():
-            rows = decode(decode_call(d.message.payload, d.message.headers).args[0]).to_pylist()
-            n = len(rows)
+            args = decode_call(d.message.payload, d.message.headers).args
+            inputs = [args[2]] if len(args) > 1 else [input_json(row) for row in decode(args[0]).to_pylist()]  # a refused row
+            n = len(inputs)
             failed = [
                 *(pa.nulls(n, f.type) for f in arrow if f.name in names),
                 _ids(d.message.id, n),
                 pa.array([d.error] * n, pa.string()),
-                pa.array([input_json(row) for row in rows], pa.string()),
+                pa.array(inputs, pa.string()),
             ]
             counts += ReadCounts(n, n, n)
             yield from pa.Table.from_arrays(failed, schema=arrow).to_batches()

@@ -17,7 +17,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from conveyor.client.pool import QueuePool
-from conveyor.constants import DEFAULT_MAX_RETRIES, DEFAULT_UNREACHABLE_S, MAP_BATCHES_DEFAULT_ROWS, MAP_DEFAULT_LEASE_S
+from conveyor.constants import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_UNREACHABLE_S,
+    MAP_BATCHES_DEFAULT_ROWS,
+    MAP_BATCHES_MAX_BYTES,
+    MAP_DEFAULT_LEASE_S,
+)
 from conveyor.spark.batch_form import BATCH_FORMATS, BatchFormat, BatchRunner, ReadBatches, SliceRows
 from conveyor.spark.form import JobForm, JobTask
 from conveyor.spark.instances import Instances, check_fn
@@ -178,7 +184,7 @@ def _batch_form(
             BatchRunner(fn, batch_format, nullable, max_retries),
             TaskOptions(queue=queue, time_limit=time_limit, max_retries=max_retries),
         ),
-        parcels=SliceRows(rows),
+        parcels=SliceRows(rows, MAP_BATCHES_MAX_BYTES),
         read=ReadBatches(schema),
         output=with_extra(schema),
     )

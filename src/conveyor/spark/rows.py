@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.client.sharded import ShardedQueues
-from conveyor.constants import H_IDEMPOTENCY_KEY, H_TASK, SHARD_SHIFT
+from conveyor.constants import H_IDEMPOTENCY_KEY, H_TASK, INPUT_MAX_CHARS, SHARD_SHIFT
 from conveyor.errors import ConveyorError
 from conveyor.message import Message
 from conveyor.spark.fits import FitCheck
@@ -187,8 +187,28 @@ def output_schema(spark: SparkSession, schema: str | StructType, entry: str) -> 
 
 
 def input_json(row: dict[str, Any]) -> str:
-    """An input row as the `_input` column holds it: JSON, values JSON has no type for as their text."""
-    return json.dumps(row, default=str)
+    """An input row as the `_input` column holds it: JSON, of about INPUT_MAX_CHARS at most.
+
+    Values JSON has no type for are their text, bytes their size; in a row over the bound, each
+    value whose JSON is longer than its share of it is cut to a string of its start and length.
+    """
+    text = json.dumps(row, default=_plain)
+    if len(text) <= INPUT_MAX_CHARS:
+        return text
+    share = max(INPUT_MAX_CHARS // max(len(row), 1), 32)
+    return json.dumps({k: _cut(v, share) for k, v in row.items()}, default=_plain)
+
+
+def _cut(value: Any, chars: int) -> Any:
+    text = json.dumps(value, default=_plain)
+    return value if len(text) <= chars else f"{text[:chars]}... ({len(text):,} characters)"
+
+
+def _plain(value: Any) -> str:
+    """A value JSON has no type for, as `_input` shows it."""
+    if isinstance(value, (bytes, bytearray)):
+        return f"<{len(value):,} bytes>"
+    return str(value)
 
 
 def with_extra(schema: StructType) -> StructType:
