@@ -10,6 +10,7 @@ import collections
 import functools
 import json
 import os
+import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -200,6 +201,44 @@ def test_a_model_class_is_built_once_per_process_with_its_arguments(
         assert len(set(built)) == len(built)  # never twice in a process
     if pool_kind == "thread" and model is Model:
         assert len(built) <= 2
+
+
+class NotedModel:
+    """A model noting each build and each release in its side file: what, its process, which instance, its scale."""
+
+    def __init__(self, side_file: str, *, scale: float) -> None:
+        self.side_file, self.scale, self.name = side_file, scale, uuid.uuid4().hex
+        self._note("built")
+
+    def _note(self, what: str) -> None:
+        with open(self.side_file, "a") as f:
+            f.write(f"{what} {os.getpid()} {self.name} {self.scale}\n")
+
+    def __del__(self) -> None:
+        self._note("freed")
+
+    def __call__(self, batch: pd.DataFrame) -> pd.DataFrame:
+        return expected(batch, self.scale)
+
+
+def alive(side_file: Path) -> collections.Counter[str]:
+    """The instances built and not released yet, by scale."""
+    notes = [line.split() for line in side_file.read_text().splitlines()]
+    freed = {name for what, _, name, _ in notes if what == "freed"}
+    return collections.Counter(scale for what, _, name, scale in notes if what == "built" and name not in freed)
+
+
+def test_a_jobs_instances_are_released_as_its_consumers_end(df: DataFrame, pool: QueuePool, tmp_path: Path) -> None:
+    """Two jobs in one session (Spark reuses its Python workers): neither leaves a model behind in them."""
+    side = tmp_path / "lives"
+    for scale in (2.0, 3.0):
+        rows, stats = run(df, NotedModel, pool, fn_args=(str(side),), fn_kwargs={"scale": scale}, n_consumers=2)
+        assert stats.failed == 0 and stats.instances >= 1
+        pd.testing.assert_frame_equal(
+            computed(rows), expected(df.toPandas().sort_values("id").reset_index(drop=True), scale), check_dtype=False
+        )
+        assert alive(side) == {}, side.read_text()  # released before the job returned: none outlives it
+    assert side.read_text().count("built") >= 2
 
 
 class BrokenModel:

@@ -8,7 +8,9 @@ its own. A class that sets `per_thread = True` gets an instance per thread inste
 `__call__` that is not thread-safe; `concurrency=1` is the other way).
 
 The tasks say how many instances they built in their results (`take_built`), so that the count
-reaches the job from child processes too.
+reaches the job from child processes too (a build whose result is dropped goes uncounted: the count
+is a lower bound). What is built lives as long as its task in the process's `FunctionCache`: a
+Spark consumer drops its job's task as it ends (`SparkConsumerPool(job_tasks=)`).
 """
 
 from __future__ import annotations
