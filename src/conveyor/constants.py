@@ -270,6 +270,12 @@ MAP_BATCHES_DEFAULT_ROWS = 1024  # conveyor.spark.map_batches: the input rows of
 # single row over it fails alone), and its result (over it, its rows fail saying so)
 MAP_BATCHES_MAX_BYTES = 16 * 1024 * 1024
 MAP_BATCHES_MAX_RESULT_BYTES = 32 * 1024 * 1024
+# a map or map_batches task's result (conveyor.spark.rows, conveyor.spark.batch_form), a msgpack list: [its rows
+# (map: a list of outcomes; map_batches: Arrow IPC bytes), the instances of fn's class built since the last result]
+JOB_RESULT_ROWS, JOB_RESULT_BUILT = 0, 1
+# one of map's outcomes, a list: [ok, the output row or the error text, the input row as JSON or None, the
+# idempotency key of the split message the row ran in or ""]
+OUTCOME_OK, OUTCOME_VALUE, OUTCOME_INPUT, OUTCOME_KEY = 0, 1, 2, 3
 INPUT_MAX_CHARS = 2048  # a failed row's `_input` (map, map_batches): longer, each value is cut to its share of it
 DEFAULT_BACKOFF_BASE_S = 1.0
 DEFAULT_BACKOFF_FACTOR = 2.0

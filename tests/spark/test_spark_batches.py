@@ -26,7 +26,7 @@ import conveyor.spark as cs
 from conveyor.arrow_ipc import decode, encode
 from conveyor.client.pool import QueuePool
 from conveyor.constants import INPUT_MAX_CHARS
-from conveyor.spark.batch_form import BatchRunner, SliceRows
+from conveyor.spark.batch_form import BatchResult, BatchRunner, SliceRows
 from conveyor.spark.instances import check_fn
 from conveyor.spark.job import MapStats
 from conveyor.spark.rows import input_json
@@ -368,7 +368,7 @@ def run_here(fn: Counted, rows: int, max_retries: int = 3) -> pa.Table:
     """A BatchRunner's output for one message of `rows` rows (ids 0..rows-1), run in this process."""
     schema = pa.schema([pa.field("y", pa.float64())])
     runner = BatchRunner(check_fn("map_batches", "fn", fn, (), None, "a batch"), "pyarrow", schema, max_retries)
-    return decode(runner(encode(pa.table({"id": list(range(rows))})))[0])
+    return decode(BatchResult.from_wire(runner(encode(pa.table({"id": list(range(rows))})))).output)
 
 
 def test_an_output_of_the_wrong_types_fails_its_batch_in_one_call() -> None:
@@ -431,7 +431,7 @@ def test_wide_rows_are_cut_by_bytes_and_a_row_too_large_fails_alone_saying_so() 
     runner = BatchRunner(
         check_fn("map_batches", "fn", fn, (), None, "a batch"), "pyarrow", pa.schema([pa.field("y", pa.float64())]), 3
     )
-    out = pa.concat_tables(decode(runner(*p.args)[0]) for p in parcels)
+    out = pa.concat_tables(decode(BatchResult.from_wire(runner(*p.args)).output) for p in parcels)
     assert out.column("y").to_pylist() == [None if i == 33 else 10_000.0 for i in range(100)]
     error, given = out.column("_error")[33].as_py(), out.column("_input")[33].as_py()
     assert "map_batches: this row is 100," in error and "over the 64,000 a batch message may carry" in error
@@ -443,7 +443,7 @@ def test_an_output_too_large_for_a_result_fails_its_rows_saying_what_to_do() -> 
     schema = pa.schema([pa.field("y", pa.string())])
     fn = Counted(lambda batch: {"y": ["y" * 10_000] * batch.num_rows})
     runner = BatchRunner(check_fn("map_batches", "fn", fn, (), None, "a batch"), "pyarrow", schema, 3, max_result_bytes=50_000)
-    out = decode(runner(encode(pa.table({"id": list(range(10))})))[0])
+    out = decode(BatchResult.from_wire(runner(encode(pa.table({"id": list(range(10))})))).output)
     assert out.column("_error").null_count == 0 and len(fn.calls) == 1
     assert "the output of this batch of 10 rows is 100," in out.column("_error")[0].as_py()
     assert "over the 50,000 a result may hold: pass a smaller rows_per_batch" in out.column("_error")[0].as_py()

@@ -34,12 +34,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from conveyor.arrow_ipc import decode, encode, slices
-from conveyor.constants import MAP_BATCHES_MAX_RESULT_BYTES
+from conveyor.constants import JOB_RESULT_BUILT, JOB_RESULT_ROWS, MAP_BATCHES_MAX_RESULT_BYTES
 from conveyor.errors import ConveyorError
 from conveyor.spark.form import Parcel, ServerOutcomes
 from conveyor.spark.instances import BuildError, Instances
 from conveyor.spark.records import ReadCounts
-from conveyor.spark.rows import input_json, with_extra
+from conveyor.spark.rows import input_json, job_result, with_extra
 from conveyor.tasks.envelope import decode_call, decode_result, encode_error
 
 if TYPE_CHECKING:
@@ -89,12 +89,29 @@ class SliceRows:
         return encode(row.slice(0, 0)), error, input_json(row.to_pylist()[0])
 
 
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """A `BatchRunner` call's result: its output rows, and the instances of fn's class it reports built."""
+
+    output: bytes  # Arrow IPC: the schema's columns, `_error`, `_input`; one row per input row
+    built: int  # since the last result said so (`Instances.take_built`)
+
+    def to_wire(self) -> list[Any]:
+        """As the task returns it, for msgpack (JOB_RESULT_*)."""
+        return job_result(self.output, self.built)
+
+    @classmethod
+    def from_wire(cls, data: object) -> BatchResult:
+        """A result the read-back decoded (`decode_result`)."""
+        items = cast("list[Any]", data)
+        return cls(bytes(items[JOB_RESULT_ROWS]), int(items[JOB_RESULT_BUILT]))
+
+
 class BatchRunner:
     """The task of one message: fn over its batch, one output row per input row (see the module docstring).
 
-    `schema` is the output columns (all nullable: a failed row's are null). Returns
-    [the output as Arrow IPC bytes (`schema`, `_error`, `_input`), the instances of fn's class
-    built here since the last result said so]. An output over `max_result_bytes` fails its rows
+    `schema` is the output columns (all nullable: a failed row's are null). Returns a
+    `BatchResult` (as its `to_wire`). An output over `max_result_bytes` fails its rows
     instead, saying so; a row refused as too large (`SliceRows`) comes as no rows, the error and
     its `_input`.
     """
@@ -117,7 +134,7 @@ class BatchRunner:
         import pyarrow as pa
 
         if refused:
-            return [encode(self._failed_rows(1, refused, [given])), self.fn.take_built()]
+            return BatchResult(encode(self._failed_rows(1, refused, [given])), self.fn.take_built()).to_wire()
         table = decode(data)
         try:
             fn = self.fn.get()
@@ -134,7 +151,7 @@ class BatchRunner:
                     f"over the {self.max_result_bytes:,} a result may hold: pass a smaller rows_per_batch",
                 )
             )
-        return [encoded, self.fn.take_built()]
+        return BatchResult(encoded, self.fn.take_built()).to_wire()
 
     def _run(self, fn: Callable[[Any], Any], table: pa.Table, runs: int | None = None) -> list[pa.Table]:
         """The output of `table`'s rows, each of which may run `runs` more times (max_retries + 1 at first).
@@ -258,12 +275,12 @@ class ReadBatches:
         arrow = to_arrow_schema(with_extra(self.schema))
         names = [f.name for f in self.schema.fields]
         counts = ReadCounts(0, 0, 0)
-        for msg_id, r in server.results():
-            data, built = cast("list[Any]", decode_result(r))  # BatchRunner's
-            t = decode(data)
+        for msg_id, data in server.results():
+            result = BatchResult.from_wire(decode_result(data))
+            t = decode(result.output)
             out = [t.column(name) for name in names]
             batch = pa.Table.from_arrays([*out, _ids(msg_id, t.num_rows), t.column(ERROR), t.column(INPUT)], schema=arrow)
-            counts += ReadCounts(t.num_rows, t.num_rows, t.num_rows - t.column(ERROR).null_count, built)
+            counts += ReadCounts(t.num_rows, t.num_rows, t.num_rows - t.column(ERROR).null_count, result.built)
             yield from batch.to_batches()
         for d in server.dead_letters():
             args = decode_call(d.message.payload, d.message.headers).args

@@ -105,7 +105,9 @@ class ConsumerRow:
 
     consumer: int  # its index among the job's consumers
     host: str
-    figures: dict[str, int]  # those of its report that STATS_DDL has a column for (Shown.WHO, Shown.TOTAL), by name
+    # those of its report that STATS_DDL has a column for (Shown.WHO, Shown.TOTAL), by name: keyed by string, as
+    # the report's declaration (conveyor.protocol.report FIGURES) names them and every reader reads them through it
+    figures: dict[str, int]
     started: float
     finished: float
     rows: int  # the input rows it put (a fed consumer), else 0
