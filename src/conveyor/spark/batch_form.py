@@ -52,7 +52,7 @@ ERROR, INPUT = "_error", "_input"  # the columns a task's result adds to fn's (t
 
 
 class BatchContractError(ConveyorError):
-    """fn's output breaks its contract on a whole batch (its length, its columns): the batch's fault, not a row's."""
+    """fn's output breaks its contract on a whole batch (its length, columns or types): the batch's fault, not a row's."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +71,7 @@ class SliceRows:
         import pyarrow as pa
 
         table = pa.Table.from_batches([batch])
-        parcels = []
+        parcels: list[Parcel] = []
         for start in range(0, table.num_rows, self.rows):
             for piece in slices(table.slice(start, self.rows), self.max_bytes):
                 if piece.num_rows == 1 and piece.nbytes > self.max_bytes:
@@ -104,7 +104,7 @@ class BatchResult:
     def from_wire(cls, data: object) -> BatchResult:
         """A result the read-back decoded (`decode_result`)."""
         items = cast("list[Any]", data)
-        return cls(bytes(items[JOB_RESULT_ROWS]), int(items[JOB_RESULT_BUILT]))
+        return cls(cast(bytes, items[JOB_RESULT_ROWS]), int(items[JOB_RESULT_BUILT]))
 
 
 class BatchRunner:
@@ -173,7 +173,7 @@ class BatchRunner:
         return [self._fitted(out, table)]
 
     def _fitted(self, out: object, table: pa.Table) -> pa.Table:
-        """fn's output for `table`, or its rows failed with the contract it breaks (halves would break it as well)."""
+        """fn's output for `table`, or its rows failed with the contract it breaks (parts would break it as well)."""
         try:
             return self._output(out, table.num_rows)
         except BatchContractError as e:
