@@ -271,6 +271,17 @@ STALL_WARN_S = 30.0
 STALL_LOOK_S = 2.0
 MAP_DEFAULT_ROWS_PER_MESSAGE = 8  # conveyor.spark.map without a time limit (with one: 1)
 MAP_BATCHES_DEFAULT_ROWS = 1024  # conveyor.spark.map_batches: the input rows of one batch (one message, one call of fn)
+# map_batches' bytes, well under DEFAULT_MAX_FRAME_BYTES: a batch's input rows as Arrow (cut smaller to fit; a
+# single row over it fails alone), and its result (over it, its rows fail saying so)
+MAP_BATCHES_MAX_BYTES = 16 * 1024 * 1024
+MAP_BATCHES_MAX_RESULT_BYTES = 32 * 1024 * 1024
+# a map or map_batches task's result (conveyor.spark.rows, conveyor.spark.batch_form), a msgpack list: [its rows
+# (map: a list of outcomes; map_batches: Arrow IPC bytes), the instances of fn's class built since the last result]
+JOB_RESULT_ROWS, JOB_RESULT_BUILT = 0, 1
+# one of map's outcomes, a list: [ok, the output row or the error text, the input row as JSON or None, the
+# idempotency key of the split message the row ran in or ""]
+OUTCOME_OK, OUTCOME_VALUE, OUTCOME_INPUT, OUTCOME_KEY = 0, 1, 2, 3
+INPUT_MAX_CHARS = 2048  # a failed row's `_input` (map, map_batches): longer, each value is cut to its share of it
 DEFAULT_BACKOFF_BASE_S = 1.0
 DEFAULT_BACKOFF_FACTOR = 2.0
 DEFAULT_BACKOFF_CAP_S = 300.0

@@ -323,7 +323,7 @@ def test_the_read_back_takes_each_row_of_a_split_message_once(pool: QueuePool) -
     from pyspark.sql.types import LongType, StructField, StructType
 
     from conveyor.spark.form import ServerOutcomes
-    from conveyor.spark.rows import read_results
+    from conveyor.spark.rows import RowOutcome, RowsResult, read_results
     from conveyor.tasks.envelope import encode_result
     from conveyor.tasks.options import TaskOptions
     from conveyor.tasks.publish import build_message
@@ -342,13 +342,19 @@ def test_the_read_back_takes_each_row_of_a_split_message_once(pool: QueuePool) -
     # C's split was cut short: only its first row was put back before C ended as a dead letter
     kids = {(m, j): put([first[m] + j], f"split:{base | m}:{j}") for m in (a, b, cut) for j in (0, 1) if (m, j) != (cut, 1)}
     assert len(c.get(queue, 5)) == 5
-    c.ack(queue, [a], [encode_result([[[True, {"id": 0}], [True, {"id": 1}]], 0])])  # an earlier attempt's late ack
+    late = RowsResult([RowOutcome(True, {"id": 0}), RowOutcome(True, {"id": 1})], 0)
+    c.ack(queue, [a], [encode_result(late.to_wire())])  # an earlier attempt's late ack
     c.nack(queue, [b, cut], ["WorkerDied: lost"] * 2, final=True)
     done = [k for k in kids if k != (b, 1)]
     c.ack(
         queue,
         [kids[k] for k in done],
-        [encode_result([[[True, {"id": first[k[0]] + k[1]}, f"split:{base | k[0]}:{k[1]}"]], 0]) for k in done],
+        [
+            encode_result(
+                RowsResult([RowOutcome(True, {"id": first[k[0]] + k[1]}, key=f"split:{base | k[0]}:{k[1]}")], 0).to_wire()
+            )
+            for k in done
+        ],
     )
     c.nack(queue, [kids[b, 1]], ["WorkerDied: crashed"], final=True)
     batches = list(read_results(ServerOutcomes(c, queue, 1), StructType([StructField("id", LongType())])))

@@ -12,6 +12,8 @@ import os
 import pickle
 import threading
 import time
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -350,6 +352,80 @@ def test_function_cache_loads_a_digest_once_for_threads_asking_at_once() -> None
     for t in threads:
         t.join(timeout=10)  # bounded: one fetch of 0.2 s
     assert len(got) == 8 and len({id(f) for f in got}) == 1 and fetched == [ref.digest]
+
+
+UNPICKLED: list[str] = []  # the tag of each `Unpickled` unpickled in this process
+
+
+class Unpickled:
+    """A callable that notes each time it is unpickled (as a task holding a model would build it)."""
+
+    def __init__(self, tag: str) -> None:
+        self.tag = tag
+
+    def __call__(self) -> str:
+        return self.tag
+
+    def __setstate__(self, state: dict[str, str]) -> None:
+        self.tag = state["tag"]
+        UNPICKLED.append(self.tag)
+
+
+class AskingLock:
+    """The cache's lock, which before each hold the loading thread takes after its fetch first lets a new thread ask.
+
+    So a thread asks at every step of the load's end, where a gap between removing the loading
+    mark and inserting the function would let it load a second time.
+    """
+
+    def __init__(self, ask: Callable[[], None]) -> None:
+        self.lock, self.ask = threading.Lock(), ask
+        self.loader: int | None = None  # set by the fetch: the thread loading
+        self.askers: list[threading.Thread] = []
+
+    def __enter__(self) -> None:
+        if threading.get_ident() == self.loader:
+            asker = threading.Thread(target=self.ask)
+            self.askers.append(asker)
+            asker.start()
+            asker.join(timeout=1)  # bounded: it returns at once, or waits for this load (then on its own after it)
+        self.lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.release()
+
+
+def test_function_cache_unpickles_a_function_once_whenever_another_thread_asks() -> None:
+    """The loading mark goes when the function is in: no thread finds neither and loads again (a model built twice)."""
+    data = pickle.dumps(Unpickled("once"))
+    digest = hashlib.sha256(data).hexdigest()
+    cache = FunctionCache()
+    got: list[object] = []
+    gate = AskingLock(lambda: got.append(cache.get(digest, fetch)))
+
+    def fetch(d: str) -> bytes:
+        if gate.loader is None:  # the first load's thread (an asker loading again would be the fault tested)
+            gate.loader = threading.get_ident()
+        return data
+
+    cache._lock = gate  # type: ignore[assignment]  # the real lock inside, held as the cache holds it
+    got.append(cache.get(digest, fetch))
+    for t in gate.askers:
+        t.join(timeout=10)  # bounded: each waits for one load at most
+    assert gate.askers and not any(t.is_alive() for t in gate.askers)
+    assert UNPICKLED.count("once") == 1 and len(got) == 1 + len(gate.askers) and len({id(f) for f in got}) == 1
+
+
+def test_function_cache_forgets_a_digest() -> None:
+    """`forget` drops the callable, and what it holds goes with it once nothing else does."""
+    data = pickle.dumps(Unpickled("forgotten"))
+    digest = hashlib.sha256(data).hexdigest()
+    cache = FunctionCache()
+    loaded = weakref.ref(cache.get(digest, lambda d: data))
+    cache.forget(digest)
+    gc.collect()
+    assert digest not in cache and loaded() is None
+    cache.forget(digest)  # not there: nothing to do
 
 
 def test_function_cache_verifies_the_digest() -> None:

@@ -1,4 +1,4 @@
-"""Batches and channels: normalising executor outputs, Arrow IPC encoding, and routing rows to channels.
+"""Batches and channels: normalising executor outputs, and routing rows to channels (Arrow IPC: `conveyor.arrow_ipc`).
 
 Routing rule (a partition key per edge):
 - `None`: the batch goes whole to every channel of the consumer (broadcast).
@@ -21,7 +21,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .errors import raise_in_task
-from .layout import BATCH_MAX_BYTES
 
 Batch = pa.Table | pa.RecordBatch | pd.DataFrame
 PartitionKey = None | str | Callable[[pa.Table, int], Any]
@@ -67,32 +66,6 @@ def to_pandas(table: pa.Table) -> pd.DataFrame:
     """
     mapper = {pa.string(): pd.StringDtype("pyarrow"), pa.large_string(): pd.StringDtype("pyarrow")}
     return table.to_pandas(date_as_object=False, types_mapper=mapper.get)
-
-
-def encode(table: pa.Table) -> bytes:
-    """A table as one Arrow IPC stream."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    blob: bytes = sink.getvalue().to_pybytes()
-    return blob
-
-
-def decode(blob: pa.Buffer | bytes) -> pa.Table:
-    """The table an `encode`d IPC stream holds."""
-    return pa.ipc.open_stream(blob).read_all()
-
-
-def slices(table: pa.Table, max_bytes: int = BATCH_MAX_BYTES) -> Iterator[pa.Table]:
-    """The table cut into row slices of at most about `max_bytes` each (one slice when small)."""
-    size = table.nbytes
-    if size <= max_bytes or table.num_rows <= 1:
-        yield table
-        return
-    parts = -(-size // max_bytes)
-    step = -(-table.num_rows // parts)
-    for start in range(0, table.num_rows, step):
-        yield table.slice(start, step)
 
 
 def stable_hash(values: pa.ChunkedArray | pa.Array) -> np.ndarray:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .channels import decode
+from ..arrow_ipc import decode
 from .errors import GraphError
 
 if TYPE_CHECKING:

@@ -16,10 +16,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from .channels import PartitionKey, channels_of, decode, encode, slices, split_by_channel, to_pandas, to_table
+from ..arrow_ipc import decode, encode, slices
+from .channels import PartitionKey, channels_of, split_by_channel, to_pandas, to_table
 from .errors import NodeTaskError, raise_in_task
 from .executors import Executor
-from .layout import DATASET_SCHEMA, FLUSH_BYTES, ROUTE_SCHEMA, SEQ_SHIFT
+from .layout import BATCH_MAX_BYTES, DATASET_SCHEMA, FLUSH_BYTES, ROUTE_SCHEMA, SEQ_SHIFT
 from .readers import CsvReader, ParquetReader
 
 Row = tuple[int, int, int, int, Any]  # channel, level, seq, edge, batch (IPC bytes, or a Table when read in-task)
@@ -64,7 +65,7 @@ class RowWriter:
             for channel, part in split_by_channel(
                 table, channels_of(table, edge.key, edge.n_channels, edge.label), edge.n_channels
             ):
-                for piece in slices(part):
+                for piece in slices(part, BATCH_MAX_BYTES):
                     out = self.add(edge.id, channel, edge.level, seq(), encode(piece))
                     if out is not None:
                         yield out
@@ -246,7 +247,7 @@ class NodeTask:
                 empty.setdefault(channel, table)
                 return
             nonempty.add(channel)
-            for piece in slices(table):
+            for piece in slices(table, BATCH_MAX_BYTES):
                 out = writer.add(channel, seqs[channel](), encode(piece))
                 if out is not None:
                     yield out

@@ -1,36 +1,45 @@
 """Batches through the queue for `conveyor.spark.map_batches`: its form of the queue job (`conveyor.spark.job`).
 
-Each message carries up to `rows` consecutive input rows as Arrow IPC bytes (`SliceRows`); its task
-(`BatchRunner`) hands them to fn as one batch in the asked format and returns the output rows, one
-per input row, as Arrow IPC bytes with `_error` and `_input`; the read-back (`ReadBatches`) adds
-`_id` and turns dead letters into failed rows.
+Each message carries up to `rows` consecutive input rows, of up to MAP_BATCHES_MAX_BYTES, as Arrow
+IPC bytes (`SliceRows`); its task (`BatchRunner`) hands them to fn as one batch in the asked format
+and returns the output rows, one per input row, as Arrow IPC bytes with `_error` and `_input`; the
+read-back (`ReadBatches`) adds `_id` and turns dead letters into failed rows.
 
 Where a failure lands (`BatchRunner`):
-- fn raises on a batch: the batch is split in halves, each run again, down to single rows, in the
-  same attempt; a row that fails alone is tried again up to `max_retries` times, then gets
-  `_error`. So one bad row never fails its neighbours, and a batch with one bad row costs about
-  two more calls per halving (log2 of the batch's rows of them).
-- fn returns a batch of another length, or other columns (`BatchContractError`): fn broke its
-  contract on the whole batch, and halves would break it as well: every row of the batch gets the
-  error, naming the lengths or the columns.
+- fn raises on a batch: its rows run again, in the same attempt, in parts, so that only the rows
+  at fault fail. Each row runs at most max_retries + 1 times per delivery, its runs in the batches
+  it was part of counted: a failed batch of n rows whose rows have r runs left runs again in
+  ceil(n ** (1 / r)) parts, so that a part that keeps failing is one row by its last run; a row
+  that has no run left gets the error in `_error`. So with max_retries >= 1 a bad row never fails
+  its neighbours (n = 1,024, max_retries = 3, one bad row: 1 + 11 + 10 + 10 = 32 calls, the bad
+  row in 4 of them); with max_retries = 0 a batch that raises fails all its rows.
+- fn returns a batch of another length, other columns, or values that do not convert to the
+  schema's types (`BatchContractError`): fn broke its contract on the whole batch, and parts
+  would break it as well: every row of the batch gets the error, naming the lengths, the columns
+  or the types, with no split and no retry.
 - a class given as fn fails to build (`BuildError`): every row of the batch gets its error, at
   once (the class is not built again in that process).
+- a single input row over MAP_BATCHES_MAX_BYTES, or a batch whose output is over
+  MAP_BATCHES_MAX_RESULT_BYTES (both well under a frame): its rows fail, saying so.
 - the message fails whole (its time limit, which covers the whole batch, or its worker lost): the
   message is retried per `max_retries`, then each of its rows gets the dead letter's error.
 """
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable, Generator, Sized
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from conveyor.arrow_ipc import decode, encode, slices
+from conveyor.constants import JOB_RESULT_BUILT, JOB_RESULT_ROWS, MAP_BATCHES_MAX_RESULT_BYTES
 from conveyor.errors import ConveyorError
 from conveyor.spark.form import Parcel, ServerOutcomes
 from conveyor.spark.instances import BuildError, Instances
 from conveyor.spark.records import ReadCounts
-from conveyor.spark.rows import input_json, with_extra
+from conveyor.spark.rows import input_json, job_result, with_extra
 from conveyor.tasks.envelope import decode_call, decode_result, encode_error
 
 if TYPE_CHECKING:
@@ -43,90 +52,138 @@ ERROR, INPUT = "_error", "_input"  # the columns a task's result adds to fn's (t
 
 
 class BatchContractError(ConveyorError):
-    """fn's output breaks its contract on a whole batch (its length, its columns): the batch's fault, not a row's."""
-
-
-def to_ipc(data: pa.Table | pa.RecordBatch) -> bytes:
-    """Rows as one Arrow IPC stream."""
-    import pyarrow as pa
-
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, data.schema) as writer:
-        writer.write(data)
-    return cast(bytes, sink.getvalue().to_pybytes())
-
-
-def from_ipc(data: bytes) -> pa.Table:
-    """The rows `to_ipc` wrote."""
-    import pyarrow as pa
-
-    return pa.ipc.open_stream(data).read_all()
+    """fn's output breaks its contract on a whole batch (its length, columns or types): the batch's fault, not a row's."""
 
 
 @dataclass(frozen=True, slots=True)
 class SliceRows:
-    """`JobForm.parcels` of `map_batches`: an Arrow batch cut into runs of up to `rows` consecutive rows, one a message."""
+    """`JobForm.parcels` of `map_batches`: an Arrow batch cut into runs of consecutive rows, one a message.
+
+    A run holds up to `rows` rows and `max_bytes` bytes (cut smaller to fit them). A single row
+    over `max_bytes` goes alone as a refusal, which its task reports on that row (`BatchRunner`):
+    it would not fit in a message with room for its result.
+    """
 
     rows: int
+    max_bytes: int
 
     def __call__(self, batch: pa.RecordBatch) -> list[Parcel]:
-        n = batch.num_rows
-        return [Parcel((to_ipc(batch.slice(i, self.rows)),), min(self.rows, n - i)) for i in range(0, n, self.rows)]
+        import pyarrow as pa
+
+        table = pa.Table.from_batches([batch])
+        parcels: list[Parcel] = []
+        for start in range(0, table.num_rows, self.rows):
+            for piece in slices(table.slice(start, self.rows), self.max_bytes):
+                if piece.num_rows == 1 and piece.nbytes > self.max_bytes:
+                    parcels.append(Parcel(self._refused(piece), 1))
+                else:
+                    parcels.append(Parcel((encode(piece),), piece.num_rows))
+        return parcels
+
+    def _refused(self, row: pa.Table) -> tuple[bytes, str, str]:
+        """The arguments of a row's refusal: no rows, the error, the row as `_input` shows it."""
+        error = (
+            f"map_batches: this row is {row.nbytes:,} bytes as Arrow, over the {self.max_bytes:,} a batch message may "
+            "carry with room for its result: pass large values by reference (a path or URL) and load them in fn"
+        )
+        return encode(row.slice(0, 0)), error, input_json(row.to_pylist()[0])
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """A `BatchRunner` call's result: its output rows, and the instances of fn's class it reports built."""
+
+    output: bytes  # Arrow IPC: the schema's columns, `_error`, `_input`; one row per input row
+    built: int  # since the last result said so (`Instances.take_built`)
+
+    def to_wire(self) -> list[Any]:
+        """As the task returns it, for msgpack (JOB_RESULT_*)."""
+        return job_result(self.output, self.built)
+
+    @classmethod
+    def from_wire(cls, data: object) -> BatchResult:
+        """A result the read-back decoded (`decode_result`)."""
+        items = cast("list[Any]", data)
+        return cls(cast(bytes, items[JOB_RESULT_ROWS]), int(items[JOB_RESULT_BUILT]))
 
 
 class BatchRunner:
     """The task of one message: fn over its batch, one output row per input row (see the module docstring).
 
-    `schema` is the output columns (all nullable: a failed row's are null). Returns
-    [the output as Arrow IPC bytes (`schema`, `_error`, `_input`), the instances of fn's class
-    built here since the last result said so].
+    `schema` is the output columns (all nullable: a failed row's are null). Returns a
+    `BatchResult` (as its `to_wire`). An output over `max_result_bytes` fails its rows
+    instead, saying so; a row refused as too large (`SliceRows`) comes as no rows, the error and
+    its `_input`.
     """
 
-    def __init__(self, fn: Instances, batch_format: BatchFormat, schema: pa.Schema, max_retries: int) -> None:
+    def __init__(
+        self,
+        fn: Instances,
+        batch_format: BatchFormat,
+        schema: pa.Schema,
+        max_retries: int,
+        max_result_bytes: int = MAP_BATCHES_MAX_RESULT_BYTES,
+    ) -> None:
         import pyarrow as pa
 
         self.fn, self.format, self.schema, self.max_retries = fn, batch_format, schema, max_retries
+        self.max_result_bytes = max_result_bytes
         self.result = pa.schema([*schema, pa.field(ERROR, pa.string()), pa.field(INPUT, pa.string())])
 
-    def __call__(self, data: bytes) -> list[Any]:
+    def __call__(self, data: bytes, refused: str = "", given: str = "") -> list[Any]:
         import pyarrow as pa
 
-        table = from_ipc(data)
+        if refused:
+            return BatchResult(encode(self._failed_rows(1, refused, [given])), self.fn.take_built()).to_wire()
+        table = decode(data)
         try:
             fn = self.fn.get()
         except BuildError as e:
             out = self._failed(table, str(e))
         else:
             out = pa.concat_tables(self._run(fn, table))
-        return [to_ipc(out), self.fn.take_built()]
+        encoded = encode(out)
+        if len(encoded) > self.max_result_bytes:  # it would not fit in a frame: its rows fail, with what to do
+            encoded = encode(
+                self._failed(
+                    table,
+                    f"map_batches: the output of this batch of {table.num_rows:,} rows is {len(encoded):,} bytes as Arrow, "
+                    f"over the {self.max_result_bytes:,} a result may hold: pass a smaller rows_per_batch",
+                )
+            )
+        return BatchResult(encoded, self.fn.take_built()).to_wire()
 
-    def _run(self, fn: Callable[[Any], Any], table: pa.Table) -> list[pa.Table]:
-        """The output of `table`'s rows: halves run apart on an exception, down to single rows."""
-        error: Exception
+    def _run(self, fn: Callable[[Any], Any], table: pa.Table, runs: int | None = None) -> list[pa.Table]:
+        """The output of `table`'s rows, each of which may run `runs` more times (max_retries + 1 at first).
+
+        A run that raises spends one run of each of its rows. With `left` runs left, the rows run
+        again in ceil(n ** (1 / left)) parts of equal size, so that a part that keeps raising is a
+        single row by its last run (one part: a row alone runs again alone); with none left, they
+        fail with the error (see the module docstring).
+        """
+        runs = self.max_retries + 1 if runs is None else runs
         try:
-            return [self._call(fn, table)]
-        except BatchContractError as e:
-            return [self._failed(table, str(e))]
+            out = fn(self._batch(table))
         except Exception as e:
-            if table.num_rows > 1:
-                half = table.num_rows // 2
-                return self._run(fn, table.slice(0, half)) + self._run(fn, table.slice(half))
-            error = e
-        for _ in range(self.max_retries):  # a row that fails alone is tried again, as map's rows are
-            try:
-                return [self._call(fn, table)]
-            except BatchContractError as e:
-                return [self._failed(table, str(e))]
-            except Exception as e:
-                error = e
-        return [self._failed(table, encode_error(error))]
+            left, n = runs - 1, table.num_rows
+            if left == 0:
+                return [self._failed(table, encode_error(e))]
+            step = -(-n // math.ceil(n ** (1 / left)))
+            return [piece for i in range(0, n, step) for piece in self._run(fn, table.slice(i, step), left)]
+        return [self._fitted(out, table)]
 
-    def _call(self, fn: Callable[[Any], Any], table: pa.Table) -> pa.Table:
+    def _fitted(self, out: object, table: pa.Table) -> pa.Table:
+        """fn's output for `table`, or its rows failed with the contract it breaks (parts would break it as well)."""
+        try:
+            return self._output(out, table.num_rows)
+        except BatchContractError as e:
+            return self._failed(table, str(e))
+
+    def _output(self, out: object, n: int) -> pa.Table:
         import pyarrow as pa
 
-        out = self._fit(fn(self._batch(table)), table.num_rows)
-        nulls = pa.nulls(table.num_rows, pa.string())
-        return pa.Table.from_arrays([*out.columns, nulls, nulls], schema=self.result)
+        nulls = pa.nulls(n, pa.string())
+        return pa.Table.from_arrays([*self._fit(out, n).columns, nulls, nulls], schema=self.result)
 
     def _batch(self, table: pa.Table) -> Any:
         """The rows as fn gets them."""
@@ -167,25 +224,29 @@ class BatchRunner:
             raise BatchContractError(
                 f"map_batches: fn returned {said} for a batch of {n:,} rows: it must return one row per input row, in order"
             )
-        if pd is not None and isinstance(out, pd.DataFrame):
-            return pa.Table.from_pandas(out[names], schema=self.schema, preserve_index=False)
-        if isinstance(out, pa.RecordBatch):
-            out = pa.Table.from_batches([out])
-        if isinstance(out, pa.Table):
-            return out.select(names).cast(self.schema)
-        return pa.Table.from_pydict({k: cast("dict[str, Any]", out)[k] for k in names}, schema=self.schema)
+        try:
+            if pd is not None and isinstance(out, pd.DataFrame):
+                return pa.Table.from_pandas(out[names], schema=self.schema, preserve_index=False)
+            if isinstance(out, pa.RecordBatch):
+                out = pa.Table.from_batches([out])
+            if isinstance(out, pa.Table):
+                return out.select(names).cast(self.schema)
+            return pa.Table.from_pydict({k: cast("dict[str, Any]", out)[k] for k in names}, schema=self.schema)
+        except (pa.ArrowException, ValueError, TypeError, OverflowError) as e:  # every row's values are of the wrong types
+            fields = ", ".join(f"{f.name} {f.type}" for f in self.schema)
+            raise BatchContractError(
+                f"map_batches: fn's output does not convert to the schema ({fields}): {e}; return values of these types"
+            ) from e
 
     def _failed(self, table: pa.Table, error: str) -> pa.Table:
         """`table`'s rows failed with `error`: null outputs, their input as JSON."""
+        return self._failed_rows(table.num_rows, error, [input_json(r) for r in table.to_pylist()])
+
+    def _failed_rows(self, n: int, error: str, inputs: list[str]) -> pa.Table:
         import pyarrow as pa
 
-        n = table.num_rows
         return pa.Table.from_arrays(
-            [
-                *(pa.nulls(n, f.type) for f in self.schema),
-                pa.array([error] * n, pa.string()),
-                pa.array([input_json(r) for r in table.to_pylist()], pa.string()),
-            ],
+            [*(pa.nulls(n, f.type) for f in self.schema), pa.array([error] * n, pa.string()), pa.array(inputs, pa.string())],
             schema=self.result,
         )
 
@@ -214,21 +275,22 @@ class ReadBatches:
         arrow = to_arrow_schema(with_extra(self.schema))
         names = [f.name for f in self.schema.fields]
         counts = ReadCounts(0, 0, 0)
-        for msg_id, r in server.results():
-            data, built = cast("list[Any]", decode_result(r))  # BatchRunner's
-            t = from_ipc(data)
+        for msg_id, data in server.results():
+            result = BatchResult.from_wire(decode_result(data))
+            t = decode(result.output)
             out = [t.column(name) for name in names]
             batch = pa.Table.from_arrays([*out, _ids(msg_id, t.num_rows), t.column(ERROR), t.column(INPUT)], schema=arrow)
-            counts += ReadCounts(t.num_rows, t.num_rows, t.num_rows - t.column(ERROR).null_count, built)
+            counts += ReadCounts(t.num_rows, t.num_rows, t.num_rows - t.column(ERROR).null_count, result.built)
             yield from batch.to_batches()
         for d in server.dead_letters():
-            rows = from_ipc(decode_call(d.message.payload, d.message.headers).args[0]).to_pylist()
-            n = len(rows)
+            args = decode_call(d.message.payload, d.message.headers).args
+            inputs = [args[2]] if len(args) > 1 else [input_json(row) for row in decode(args[0]).to_pylist()]  # a refused row
+            n = len(inputs)
             failed = [
                 *(pa.nulls(n, f.type) for f in arrow if f.name in names),
                 _ids(d.message.id, n),
                 pa.array([d.error] * n, pa.string()),
-                pa.array([input_json(row) for row in rows], pa.string()),
+                pa.array(inputs, pa.string()),
             ]
             counts += ReadCounts(n, n, n)
             yield from pa.Table.from_arrays(failed, schema=arrow).to_batches()

@@ -6,7 +6,7 @@ where `map`'s call per row would cost more than the work. Each message carries u
 `map`'s (`conveyor.spark.job`: the put, the consumers, the read-back, the stats, the cleanup). fn
 gets the batch as a pandas DataFrame, a pyarrow Table or a dict of numpy arrays, and returns as
 many rows; the output has one row per input row with `_id`, `_error` and `_input`, as `map`'s.
-A batch that raises is split so that only the rows at fault fail (`conveyor.spark.batch_form`).
+A batch that raises runs again in parts so that only the rows at fault fail (`conveyor.spark.batch_form`).
 
 fn may be a class: built once per process where it runs, with `fn_args`/`fn_kwargs`, then called
 per batch (`conveyor.spark.instances`); `MapStats.instances` says how many were built.
@@ -17,7 +17,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from conveyor.client.pool import QueuePool
-from conveyor.constants import DEFAULT_MAX_RETRIES, DEFAULT_UNREACHABLE_S, MAP_BATCHES_DEFAULT_ROWS, MAP_DEFAULT_LEASE_S
+from conveyor.constants import (
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_UNREACHABLE_S,
+    MAP_BATCHES_DEFAULT_ROWS,
+    MAP_BATCHES_MAX_BYTES,
+    MAP_DEFAULT_LEASE_S,
+)
 from conveyor.spark.batch_form import BATCH_FORMATS, BatchFormat, BatchRunner, ReadBatches, SliceRows
 from conveyor.spark.form import JobForm, JobTask
 from conveyor.spark.instances import Instances, check_fn
@@ -116,10 +122,12 @@ def map_batches(
         column name -> ndarray).
     fn_args, fn_kwargs: the arguments of a class's constructor (refused for a function: bind them
         with functools.partial).
-    max_retries: a batch that raises is split in halves, down to single rows, and a row that fails
-        alone is run again up to this many times, then reported in `_error`: its neighbours are
-        computed. A message that fails whole (over its time limit, its worker lost) is delivered
-        again up to this many times, then each of its rows is reported.
+    max_retries: a batch that raises runs again in parts, so that only the rows at fault fail,
+        each row running at most max_retries + 1 times per delivery (its runs in the batches it
+        was part of counted: `conveyor.spark.batch_form`); a row with no run left is reported in
+        `_error`, and its neighbours are computed (with max_retries=0 a batch that raises fails
+        all its rows). A message that fails whole (over its time limit, its worker lost) is
+        delivered again up to this many times, then each of its rows is reported.
     time_limit: seconds one batch's message may take, its splits included.
     The rest are `map`'s: `queue_pool`, `n_consumers`, `lease_s`, `unreachable_s`,
     `start_timeout_s`, `progress`, `stats` (`MapStats`, with `instances`: how many instances of
@@ -176,7 +184,7 @@ def _batch_form(
             BatchRunner(fn, batch_format, nullable, max_retries),
             TaskOptions(queue=queue, time_limit=time_limit, max_retries=max_retries),
         ),
-        parcels=SliceRows(rows),
+        parcels=SliceRows(rows, MAP_BATCHES_MAX_BYTES),
         read=ReadBatches(schema),
         output=with_extra(schema),
     )

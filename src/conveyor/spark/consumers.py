@@ -19,6 +19,7 @@ consumers know, and each checks for it about once a second, then stops gracefull
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
 import os
@@ -43,6 +44,7 @@ from conveyor.spark.session import check_workers_python, task_slots
 from conveyor.spark.watch import START_TIMEOUT_S, JobGroup, JobWatch
 from conveyor.tasks.publish import get_default_pool
 from conveyor.tasks.queue_config import QueueConfig
+from conveyor.tasks.runner import forget_adhoc
 from conveyor.worker.affinity import auto_pin, resolve_slots
 from conveyor.worker.consumer import Consumer
 from conveyor.worker.consumer_pool import CONSUMER_SWITCH_INTERVAL_S
@@ -103,7 +105,9 @@ class ConsumerRow:
 
     consumer: int  # its index among the job's consumers
     host: str
-    figures: dict[str, int]  # those of its report that STATS_DDL has a column for (Shown.WHO, Shown.TOTAL), by name
+    # those of its report that STATS_DDL has a column for (Shown.WHO, Shown.TOTAL), by name: keyed by string, as
+    # the report's declaration (conveyor.protocol.report FIGURES) names them and every reader reads them through it
+    figures: dict[str, int]
     started: float
     finished: float
     rows: int  # the input rows it put (a fed consumer), else 0
@@ -188,6 +192,10 @@ def _consume(
         finally:
             sys.setswitchinterval(old)
             pool.close()
+            if run.job_tasks:
+                for name in run.job_tasks:
+                    forget_adhoc(name)
+                gc.collect()  # what they built now, not at some later collection (a model holds cycles)
         yield pa.RecordBatch.from_pylist([ConsumerRow.of(index, consumer.report(), started, time.time(), rows).as_dict()])
 
     return consume
@@ -242,6 +250,9 @@ class SparkConsumerPool:
         (beside the driver on a cluster: `conveyor.spark.cluster`), put work through `.pool`,
         stopped by `close()` (or the `with` block's end).
     where: the name its errors start with: the entry point the user called (`map` for its consumers).
+    job_tasks: ad-hoc task names that are these consumers' alone (a map's task): each consumer
+        drops them from its process's function cache as it ends, and with them what they built
+        there (a model), so that a Python worker Spark reuses keeps none of it.
     On a cluster, `run` and `start` first check the executors (`conveyor.spark.preflight`).
     """
 
@@ -260,6 +271,7 @@ class SparkConsumerPool:
         progress: bool | None = False,
         options: ConsumerOptions | None = None,
         where: str = "SparkConsumerPool",
+        job_tasks: Sequence[str] = (),
         **keywords: Unpack[ConsumerKeywords],
     ) -> None:
         self.spark = spark
@@ -283,7 +295,7 @@ class SparkConsumerPool:
         pin = auto_pin(given.pin_core, given.pool, self.n_consumers, task_slots(spark))
         self.options = replace(given, concurrency=slots, pin_core=pin)  # what each consumer runs with
         self.until_empty = until_empty
-        self._consumer_run = _ConsumerRun(until_empty, unreachable_s, read_ahead)
+        self._consumer_run = _ConsumerRun(until_empty, unreachable_s, read_ahead, tuple(job_tasks))
         self.job = uuid.uuid4().hex[:12]
         self._rows_put = rows_put_records(self.job)
         self.description = description or (
@@ -462,6 +474,7 @@ class _ConsumerRun:
     until_empty: bool  # it ends once the queues are drained
     unreachable_s: float  # a server out of reach this long ends it with an error
     read_ahead: bool  # it may hold quick tasks beyond its slots (sized here: the options leave them out)
+    job_tasks: tuple[str, ...] = ()  # ad-hoc tasks dropped from the process when it ends (SparkConsumerPool)
 
 
 def _servers_for(spark: SparkSession) -> QueuePool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from conveyor.client.sharded import ShardedQueues
 from conveyor.message import DeadLetter
@@ -36,6 +36,13 @@ class Parcel:
     rows: int
 
 
+class Result(NamedTuple):
+    """One message's result as a server holds it."""
+
+    id: int  # the message's id across the pool
+    data: bytes  # the task's encoded result (`decode_result`)
+
+
 @dataclass(frozen=True)
 class ServerOutcomes:
     """What one server holds of a job's queue once its consumers have ended: its messages' results and dead letters.
@@ -49,10 +56,10 @@ class ServerOutcomes:
     queue: str
     shard: int
 
-    def results(self) -> Iterator[tuple[int, bytes]]:
-        """Each message's result, in id order: (the message's id across the pool, its result)."""
+    def results(self) -> Iterator[Result]:
+        """Each message's result, in id order."""
         for i, r in self.client.iter_results(self.queue, page=READ_PAGE):
-            yield ShardedQueues.global_id(self.shard, i), r
+            yield Result(ShardedQueues.global_id(self.shard, i), r)
 
     def dead_letters(self) -> Iterator[DeadLetter]:
         """Each dead letter, in id order, its message's id the one across the pool."""

@@ -8,7 +8,9 @@ its own. A class that sets `per_thread = True` gets an instance per thread inste
 `__call__` that is not thread-safe; `concurrency=1` is the other way).
 
 The tasks say how many instances they built in their results (`take_built`), so that the count
-reaches the job from child processes too.
+reaches the job from child processes too (a build whose result is dropped goes uncounted: the count
+is a lower bound). What is built lives as long as its task in the process's `FunctionCache`: a
+Spark consumer drops its job's task as it ends (`SparkConsumerPool(job_tasks=)`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 from conveyor.errors import ConveyorError
 from conveyor.tasks.envelope import encode_error
+from conveyor.tasks.runner import is_async_callable
 
 
 class BuildError(ConveyorError):
@@ -110,6 +113,7 @@ def check_fn(entry: str, name: str, fn: object, fn_args: object, fn_kwargs: obje
     """
     if not callable(fn):
         raise TypeError(f"{entry}: {name} must be callable: a function or a class (called with {what}), got {type(fn).__name__}")
+    refuse_unrun(entry, name, fn)
     if not isinstance(fn_args, (tuple, list)):
         raise TypeError(f"{entry}: fn_args must be a tuple, got {type(fn_args).__name__}")
     if fn_kwargs is not None and not (isinstance(fn_kwargs, dict) and all(type(k) is str for k in fn_kwargs)):
@@ -121,3 +125,24 @@ def check_fn(entry: str, name: str, fn: object, fn_args: object, fn_kwargs: obje
             "for a function, bind them with functools.partial"
         )
     return Instances(fn, tuple(fn_args), kwargs, entry)
+
+
+def refuse_unrun(entry: str, name: str, fn: object) -> None:
+    """Refuse a callable whose calls would not run it: a generator function, or (until they are awaited here) an async one.
+
+    `fn` is called synchronously where it runs, and its return value taken as the result: a
+    generator or a coroutine would only fail every row, after the whole job.
+    """
+    cls = inspect.isclass(fn)
+    runs = [inspect.getattr_static(fn if cls else type(fn), "__call__", None), *([] if cls else [fn])]  # what a call runs
+    which = "the __call__ of " if cls else ""
+    if any(inspect.isasyncgenfunction(f) or inspect.isgeneratorfunction(f) for f in runs):
+        raise TypeError(
+            f"{entry}: {name} is {which}a generator function ({getattr(fn, '__qualname__', fn)!r}): {entry} takes what a "
+            "call returns, so return the result instead of yielding it"
+        )
+    if any(is_async_callable(f) for f in runs):
+        raise TypeError(
+            f"{entry}: {name} is {which}an async function ({getattr(fn, '__qualname__', fn)!r}), which {entry} does not "
+            "await yet: give a plain function, for instance one that runs it with asyncio.run(...)"
+        )

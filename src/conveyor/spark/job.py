@@ -77,7 +77,7 @@ class MapStats:
     read_s: float
     consumers: list[dict[str, Any]]
     queue: str  # holds the results until dropped (`QueuePool.drop`, `conveyor drop`)
-    instances: int = 0  # instances of a class given as the function, built by the consumers
+    instances: int = 0  # instances of a class given as the function the consumers built, as their results report (at least)
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,11 +190,12 @@ class QueueJob:
 
     def _run(self, df: DataFrame, form: JobForm) -> JobOutcome:
         s = self.settings
+        task_name = self._declare(form.task)
         put = InputPut(
             self.pool.queues,
             self.queue,
             self.id,
-            self._declare(form.task),
+            task_name,
             form.task.options,
             form.parcels,
             PUT_PATIENCE * s.unreachable_s,
@@ -214,6 +215,7 @@ class QueueJob:
             progress=s.progress,
             options=s.options,
             where=s.entry,
+            job_tasks=[task_name],  # built instances (a model) end with the job's consumers
         )
         rows, t1 = 0, t0  # rows put before consuming, and when that ended (when the consumers put them: none, at once)
         if not fed:

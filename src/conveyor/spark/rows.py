@@ -15,7 +15,18 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.client.sharded import ShardedQueues
-from conveyor.constants import H_IDEMPOTENCY_KEY, H_TASK, SHARD_SHIFT
+from conveyor.constants import (
+    H_IDEMPOTENCY_KEY,
+    H_TASK,
+    INPUT_MAX_CHARS,
+    JOB_RESULT_BUILT,
+    JOB_RESULT_ROWS,
+    OUTCOME_INPUT,
+    OUTCOME_KEY,
+    OUTCOME_OK,
+    OUTCOME_VALUE,
+    SHARD_SHIFT,
+)
 from conveyor.errors import ConveyorError
 from conveyor.message import Message
 from conveyor.spark.fits import FitCheck
@@ -39,12 +50,56 @@ MAX_ROWS_PER_MESSAGE = 1000
 SPLIT_PREFIX = "split:"  # the idempotency keys of rows split off a message (RowRunner)
 
 
+@dataclass(frozen=True, slots=True)
+class RowOutcome:
+    """What became of one row in a `RowRunner` call."""
+
+    ok: bool
+    value: Any  # ok: the output row, a dict of the schema's columns; else the error text
+    input: str | None = None  # a failed row's input, as `_input` shows it (`input_json`)
+    key: str = ""  # the idempotency key of the split message it ran in (SPLIT_PREFIX...), else ""
+
+    def to_wire(self) -> list[Any]:
+        """As a result carries it (OUTCOME_*)."""
+        out: list[Any] = [None] * 4
+        out[OUTCOME_OK], out[OUTCOME_VALUE], out[OUTCOME_INPUT], out[OUTCOME_KEY] = self.ok, self.value, self.input, self.key
+        return out
+
+    @classmethod
+    def from_wire(cls, item: list[Any]) -> RowOutcome:
+        return cls(bool(item[OUTCOME_OK]), item[OUTCOME_VALUE], item[OUTCOME_INPUT], str(item[OUTCOME_KEY]))
+
+
+@dataclass(frozen=True, slots=True)
+class RowsResult:
+    """A `RowRunner` call's result: one outcome per row, and the instances of func's class it reports built."""
+
+    outcomes: list[RowOutcome]
+    built: int  # since the last result said so (`Instances.take_built`)
+
+    def to_wire(self) -> list[Any]:
+        """As the task returns it, for msgpack (JOB_RESULT_*)."""
+        return job_result([o.to_wire() for o in self.outcomes], self.built)
+
+    @classmethod
+    def from_wire(cls, data: object) -> RowsResult:
+        """A result the read-back decoded (`decode_result`)."""
+        items = cast("list[Any]", data)
+        return cls([RowOutcome.from_wire(o) for o in items[JOB_RESULT_ROWS]], int(items[JOB_RESULT_BUILT]))
+
+
+def job_result(rows: Any, built: int) -> list[Any]:
+    """A map or map_batches task's result as msgpack carries it (JOB_RESULT_*)."""
+    out: list[Any] = [None] * 2
+    out[JOB_RESULT_ROWS], out[JOB_RESULT_BUILT] = rows, built
+    return out
+
+
 class RowRunner:
     """The task of one message: `func` over its rows, each tried up to 1 + max_retries times.
 
-    Returns [one outcome per row, the instances of func's class built here since the last result
-    said so (`Instances.take_built`)]; an outcome is [True, output row as a dict] or [False, error
-    text, the input row as JSON]. A class given as func that cannot be built fails every row with
+    Returns a `RowsResult` (as its `to_wire`): an outcome per row, and the instances of func's class
+    built here since the last result said so. A class given as func that cannot be built fails every row with
     its error (`BuildError`). A result that does not fit `schema` fails its row here, where the input is at hand.
     A row's failure never fails its neighbours; the message itself fails only if its worker dies
     or it runs over its time limit. Delivered again (after that, or a stop), a message of several rows is split:
@@ -66,34 +121,36 @@ class RowRunner:
     def __call__(self, rows: list[dict[str, Any]]) -> list[Any]:
         message = current_message()
         if message is not None and len(rows) > 1 and message.attempts > 1 and self._split(message, rows):
-            return [[], self.func.take_built()]
+            return RowsResult([], self.func.take_built()).to_wire()
         key = "" if message is None else _key(message)
         try:
             out = self._run(self.func.get(), rows)
         except BuildError as e:
-            out = [[False, str(e), input_json(row)] for row in rows]
-        return [[[*o, key] for o in out] if key.startswith(SPLIT_PREFIX) else out, self.func.take_built()]
+            out = [RowOutcome(False, str(e), input_json(row)) for row in rows]
+        if key.startswith(SPLIT_PREFIX):
+            out = [dataclasses.replace(o, key=key) for o in out]
+        return RowsResult(out, self.func.take_built()).to_wire()
 
-    def _run(self, func: Callable[[dict[str, Any]], Any], rows: list[dict[str, Any]]) -> list[list[Any]]:
+    def _run(self, func: Callable[[dict[str, Any]], Any], rows: list[dict[str, Any]]) -> list[RowOutcome]:
         names = self.schema.names
-        out: list[list[Any]] = []
+        out: list[RowOutcome] = []
         for row in rows:
             for attempt in range(attempts_for(self.max_retries)):  # the same policy as a task's retries
                 try:
                     value = func(row)
                 except Exception as e:
                     if attempt == self.max_retries:
-                        out.append([False, encode_error(e), input_json(row)])
+                        out.append(RowOutcome(False, encode_error(e), input_json(row)))
                     continue
                 try:
-                    out.append([True, _row(value, names)])
+                    out.append(RowOutcome(True, _row(value, names)))
                 except ConveyorError as e:
-                    out.append([False, str(e), input_json(row)])
+                    out.append(RowOutcome(False, str(e), input_json(row)))
                 break
-        ok = [j for j, o in enumerate(out) if o[0]]
-        for k, why in _misfits([out[j][1] for j in ok], self.schema, self._fit).items():
+        ok = [j for j, o in enumerate(out) if o.ok]
+        for k, why in _misfits([out[j].value for j in ok], self.schema, self._fit).items():
             j = ok[k]
-            out[j] = [False, f"map: {why}", input_json(rows[j])]
+            out[j] = RowOutcome(False, f"map: {why}", input_json(rows[j]))
         return out
 
     def _split(self, message: Message, rows: list[dict[str, Any]]) -> bool:
@@ -187,8 +244,28 @@ def output_schema(spark: SparkSession, schema: str | StructType, entry: str) -> 
 
 
 def input_json(row: dict[str, Any]) -> str:
-    """An input row as the `_input` column holds it: JSON, values JSON has no type for as their text."""
-    return json.dumps(row, default=str)
+    """An input row as the `_input` column holds it: JSON, of about INPUT_MAX_CHARS at most.
+
+    Values JSON has no type for are their text, bytes their size; in a row over the bound, each
+    value whose JSON is longer than its share of it is cut to a string of its start and length.
+    """
+    text = json.dumps(row, default=_plain)
+    if len(text) <= INPUT_MAX_CHARS:
+        return text
+    share = max(INPUT_MAX_CHARS // max(len(row), 1), 32)
+    return json.dumps({k: _cut(v, share) for k, v in row.items()}, default=_plain)
+
+
+def _cut(value: Any, chars: int) -> Any:
+    text = json.dumps(value, default=_plain)
+    return value if len(text) <= chars else f"{text[:chars]}... ({len(text):,} characters)"
+
+
+def _plain(value: Any) -> str:
+    """A value JSON has no type for, as `_input` shows it."""
+    if isinstance(value, (bytes, bytearray)):
+        return f"<{len(value):,} bytes>"
+    return str(value)
 
 
 def with_extra(schema: StructType) -> StructType:
@@ -254,25 +331,25 @@ def read_results(server: ServerOutcomes, schema: StructType) -> Generator[pa.Rec
         return batch
 
     ledger = _SplitLedger(k for d in server.dead_letters() if (k := _key(d.message)).startswith(SPLIT_PREFIX))
-    for msg_id, r in server.results():
-        outcomes, by = cast("tuple[list[list[Any]], int]", decode_result(r))  # RowRunner's
-        built += by
-        last = outcomes[0][-1] if outcomes else None
-        if isinstance(last, str) and last.startswith(SPLIT_PREFIX):  # a split row (see RowRunner)
-            if not ledger.take(last):
+    for msg_id, data in server.results():
+        result = RowsResult.from_wire(decode_result(data))
+        built += result.built
+        key = result.outcomes[0].key if result.outcomes else ""
+        if key.startswith(SPLIT_PREFIX):  # a split row (see RowRunner)
+            if not ledger.take(key):
                 continue
-        elif outcomes:
+        elif result.outcomes:
             ledger.answered.add(msg_id)
-        for outcome in outcomes:
+        for outcome in result.outcomes:
             row = dict.fromkeys(names)
-            if outcome[0]:
+            if outcome.ok:
                 try:
-                    row = _row(outcome[1], names)
+                    row = _row(outcome.value, names)
                     row.update(_id=msg_id, _error=None, _input=None)
                 except Exception as e:  # a value that is not a row: reported on its row, never dropped
                     row.update(_id=msg_id, _error=f"{type(e).__name__}: {e}", _input=None)
             else:
-                row.update(_id=msg_id, _error=outcome[1], _input=outcome[2])
+                row.update(_id=msg_id, _error=outcome.value, _input=outcome.input)
             rows.append(row)
         if len(rows) >= READ_BATCH_ROWS:
             yield counted(_batch(rows, arrow, names))

@@ -408,14 +408,21 @@ class FunctionCache:
                 return f
             try:
                 loaded = self._load(digest, fetch)
-            finally:
+            except BaseException:
                 with self._lock:
                     self._loading.pop(digest, None)
-            with self._lock:
+                raise
+            with self._lock:  # in one hold: a thread arriving now finds the function, never neither entry
                 self._funcs[digest] = loaded
+                self._loading.pop(digest, None)
                 if len(self._funcs) > self._max:
                     self._funcs.popitem(last=False)
             return loaded
+
+    def forget(self, digest: str) -> None:
+        """Drop `digest`'s callable (a job's task, once its consumer ends), and with it what it built where it ran."""
+        with self._lock:
+            self._funcs.pop(digest, None)
 
     @staticmethod
     def _load(digest: str, fetch: Callable[[str], bytes]) -> Callable[..., Any]:

@@ -96,6 +96,16 @@ def fail_without_retry() -> None:
         a.final = True
 
 
+def forget_adhoc(name: str) -> None:
+    """Drop the ad-hoc task `name`'s callable from the process-wide cache (its job is over here), and what it built.
+
+    A registered task's name: nothing to do.
+    """
+    digest = adhoc_digest(name)
+    if digest is not None:
+        _function_cache.forget(digest)
+
+
 def is_async_callable(fn: object) -> bool:
     """Whether calling `fn` returns a coroutine to await: an `async def` function, or an object whose `__call__` is one."""
     return inspect.iscoroutinefunction(fn) or (callable(fn) and inspect.iscoroutinefunction(type(fn).__call__))
