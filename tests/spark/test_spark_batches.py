@@ -413,10 +413,12 @@ def test_a_batch_that_always_raises_runs_each_row_at_most_max_retries_plus_one_t
     assert len(fn.calls) == 1 + 16 + 256  # the whole, ceil(256 ** (1 / 2)) parts, then each row alone
 
 
-def test_with_no_retries_a_batch_that_raises_fails_all_its_rows_in_one_call() -> None:
+def test_with_no_retries_a_bad_row_still_fails_alone() -> None:
+    """max_retries=0: the rows of a batch that raises run once more, each alone, and only the bad one fails."""
     fn = Counted(doubled_unless({5}))
     out = run_here(fn, 64, 0)
-    assert len(fn.calls) == 1 and out.column("_error").null_count == 0
+    assert len(fn.calls) == 1 + 64 and max(fn.runs().values()) == 2
+    assert [i for i, e in enumerate(out.column("_error").to_pylist()) if e is not None] == [5]
 
 
 def test_wide_rows_are_cut_by_bytes_and_a_row_too_large_fails_alone_saying_so() -> None:

@@ -10,9 +10,10 @@ Where a failure lands (`BatchRunner`):
   at fault fail. Each row runs at most max_retries + 1 times per delivery, its runs in the batches
   it was part of counted: a failed batch of n rows whose rows have r runs left runs again in
   ceil(n ** (1 / r)) parts, so that a part that keeps failing is one row by its last run; a row
-  that has no run left gets the error in `_error`. So with max_retries >= 1 a bad row never fails
-  its neighbours (n = 1,024, max_retries = 3, one bad row: 1 + 11 + 10 + 10 = 32 calls, the bad
-  row in 4 of them); with max_retries = 0 a batch that raises fails all its rows.
+  that has no run left gets the error in `_error`. A row whose last run was in a batch with others
+  runs once more, alone (with max_retries = 0 each row of a batch that raises: twice in all), so a
+  bad row never fails its neighbours (n = 1,024, max_retries = 3, one bad row: 1 + 11 + 10 + 10 =
+  32 calls, the bad row in 4 of them).
 - fn returns a batch of another length, other columns, or values that do not convert to the
   schema's types (`BatchContractError`): fn broke its contract on the whole batch, and parts
   would break it as well: every row of the batch gets the error, naming the lengths, the columns
@@ -158,16 +159,18 @@ class BatchRunner:
 
         A run that raises spends one run of each of its rows. With `left` runs left, the rows run
         again in ceil(n ** (1 / left)) parts of equal size, so that a part that keeps raising is a
-        single row by its last run (one part: a row alone runs again alone); with none left, they
-        fail with the error (see the module docstring).
+        single row by its last run (one part: a row alone runs again alone); with none left, a
+        row alone fails with the error, and the rows of a larger part run once more, each alone
+        (see the module docstring).
         """
         runs = self.max_retries + 1 if runs is None else runs
         try:
             out = fn(self._batch(table))
         except Exception as e:
             left, n = runs - 1, table.num_rows
-            if left == 0:
+            if n == 1 and left == 0:
                 return [self._failed(table, encode_error(e))]
+            left = max(left, 1)  # out of runs in a batch with others: each row once more, alone, never failed by a neighbour
             step = -(-n // math.ceil(n ** (1 / left)))
             return [piece for i in range(0, n, step) for piece in self._run(fn, table.slice(i, step), left)]
         return [self._fitted(out, table)]

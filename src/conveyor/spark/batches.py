@@ -125,9 +125,10 @@ def map_batches(
     max_retries: a batch that raises runs again in parts, so that only the rows at fault fail,
         each row running at most max_retries + 1 times per delivery (its runs in the batches it
         was part of counted: `conveyor.spark.batch_form`); a row with no run left is reported in
-        `_error`, and its neighbours are computed (with max_retries=0 a batch that raises fails
-        all its rows). A message that fails whole (over its time limit, its worker lost) is
-        delivered again up to this many times, then each of its rows is reported.
+        `_error`, and its neighbours are computed (a row whose last run was in a batch with
+        others runs once more, alone: with max_retries=0 too). A message that fails whole (over
+        its time limit, its worker lost) is delivered again up to this many times, then each of
+        its rows is reported.
     time_limit: seconds one batch's message may take, its splits included.
     The rest are `map`'s: `queue_pool`, `n_consumers`, `lease_s`, `unreachable_s`,
     `start_timeout_s`, `progress`, `stats` (`MapStats`, with `instances`: how many instances of
