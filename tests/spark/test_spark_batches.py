@@ -10,6 +10,7 @@ import collections
 import functools
 import json
 import os
+import re
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
@@ -31,6 +32,8 @@ from conveyor.spark.instances import check_fn
 from conveyor.spark.job import MapStats
 from conveyor.spark.rows import input_json
 from conveyor.worker.middleware import Retries
+
+from ..support.docs import run_example, section_code
 
 N = 1000
 SCHEMA = "id long, y double, label string"
@@ -480,3 +483,12 @@ def test_map_batches_takes_rows_wider_than_a_message_in_batches_of_fewer_rows(wi
     [bad] = rows[rows["_error"].notna()].to_dict("records")
     assert "this row is 17,825," in bad["_error"] and "pass large values by reference" in bad["_error"]
     assert json.loads(bad["_input"]) == {"id": 7, "blob": "<17,825,792 bytes>"}
+
+
+def test_the_example_in_the_docs_runs_as_written(tmp_path: Path) -> None:
+    """docs/spark.md's map_batches example, run as a user's script: its own embedded Spark and servers."""
+    done = run_example(section_code("spark.md", "## `conveyor.spark.map_batches("), tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.fullmatch(r"10,000 rows, [12] instance\(s\) of Scaler built", done.stdout.strip()), (
+        done.stdout
+    )  # one per consumer at most
