@@ -114,3 +114,19 @@ async def waits_for(log: str, flag: str, seconds: float, tag: int) -> int:
         raise
     note(log, f"done {tag}")
     return tag
+
+
+@conveyor.task(queue="jobs", time_limit=1.0, max_retries=0)
+def hangs(flag: str) -> None:
+    """A plain task that blocks its thread past its time limit, until the file `flag` exists (60 s at most)."""
+    deadline = time.monotonic() + 60.0
+    with IN_FLIGHT:
+        while not Path(flag).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+@conveyor.task(queue="jobs", time_limit=5.0, max_retries=0)
+def takes(seconds: float) -> float:
+    """A plain task of `seconds`, well within its time limit of 5 s once a thread runs it (not while it waits for one)."""
+    time.sleep(seconds)
+    return seconds

@@ -1,8 +1,9 @@
 """Async tasks (`conveyor.worker.async_slots`): coroutines on one event loop per consumer (pool="async"), on real servers.
 
 Many calls in flight at little CPU, time limits that cancel, retries and dead letters as for plain
-tasks, plain tasks beside them in the loop's threads, async tasks in thread and process slots, and
-stops that lose nothing.
+tasks, plain tasks beside them in threads of their own (abandoned over their time limit, never
+keeping the program from exiting), async tasks in thread and process slots, and stops that lose
+nothing.
 """
 
 from __future__ import annotations
@@ -116,14 +117,65 @@ def test_a_failing_call_is_retried_and_its_error_kept(pool: QueuePool) -> None:
     assert (c.stats.retried, c.stats.dead, c.stats.processed) == (4, 1, 1)
 
 
-def test_a_plain_task_runs_in_the_loops_threads_and_holds_up_no_call(pool: QueuePool) -> None:
+def test_a_plain_task_runs_in_a_thread_of_its_own_and_holds_up_no_call(pool: QueuePool) -> None:
     blocking = at.blocks.publish(2.0, _pool=pool)
     quick = at.ends_at.publish_many([(0.1,)] * 20, _pool=pool)
     consume(pool)
     [b] = pool.gather([blocking])
     ends = pool.gather(quick)
-    assert b["thread"].startswith("conveyor-async-sync") and b["id"] == blocking.id  # current_message() there too
+    assert b["thread"].startswith("conveyor-task") and b["id"] == blocking.id  # current_message() there too
     assert max(ends) < b["end"] - 1.0, "the calls waited for the plain task"
+
+
+def test_plain_tasks_past_their_time_limit_leave_their_threads_to_the_next(pool: QueuePool, tmp_path: Path) -> None:
+    """concurrency=2: two plain tasks hang past their 1 s limit; the plain tasks after them run, in time.
+
+    Abandoned, as thread slots abandon theirs, the hung tasks' threads are replaced: the next tasks'
+    clocks start when a thread runs them, not while they wait behind the hung ones.
+    """
+    flag, published = tmp_path / "release", threading.Event()
+    hung = at.hangs.publish_many([(str(flag),)] * 2, _pool=pool)
+    c = Consumer(
+        pool.queues,
+        ["jobs"],
+        pool="async",
+        concurrency=2,
+        until_empty=True,
+        expect_more=lambda: not published.is_set(),  # not drained before the quick ones are in
+        task_modules=MODULES,
+    )
+    t = threading.Thread(target=c.run, name="consumer-under-test")
+    t.start()
+    try:
+        wait_for(lambda: at.IN_FLIGHT.now == 2, timeout=30, what="both plain tasks hanging")
+        quick = at.takes.publish_many([(0.1,)] * 6, _pool=pool)
+        published.set()
+        t.join(60)  # the hung ones are abandoned after 1 s, and the quick ones take 0.1 s each, 2 at once
+        # (waiting behind the hung ones, whose threads run on for 60 s, they would go past their 5 s)
+        assert not t.is_alive()
+        assert pool.gather(quick, timeout=10) == [0.1] * 6
+        for h in hung:
+            with pytest.raises(TaskFailedError, match=r"time limit of 1 s \(its thread was abandoned and may still be running\)"):
+                pool.gather([h])
+        assert (c.stats.timed_out, c.stats.processed) == (2, 6)
+    finally:
+        flag.touch()  # the hung tasks return: their threads end
+        published.set()
+        c.stop(graceful=False)
+        t.join(30)
+
+
+def test_a_hung_plain_task_does_not_keep_the_program_from_exiting(tmp_path: Path) -> None:
+    """tests/support/async_hung_exit.py: a plain task sleeps for an hour; after a hard stop the program ends."""
+    mark = tmp_path / "started"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "support" / "async_hung_exit.py"), str(mark)],
+        capture_output=True,
+        text=True,
+        timeout=120,  # the servers' start, the task's, the stop: seconds; a thread joined at exit: an hour
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "stopped"
 
 
 @pytest.mark.parametrize("mode", ["thread", "process"])

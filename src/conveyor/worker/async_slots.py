@@ -1,14 +1,18 @@
 """Async slots: a consumer's tasks as coroutines on one event loop, many calls in flight.
 
 For tasks that wait (web APIs, language models, anything behind a socket): `n` calls run at once on
-one loop in one thread of the consumer, where threads would cost a thread each. Each message runs
-with `run_message_async`: an `async def` task is awaited on the loop, a plain one runs in the
-loop's default executor (threads, `n` at most, made as needed) so that it holds up no other call.
+one loop in one thread of the consumer, where threads would cost a thread each. An `async def` task
+is awaited on the loop (`run_message_async`). A plain one (`runs_on_loop` tells them apart) would
+block every call there: it goes to `ThreadSlots` of its own, `ASYNC_PLAIN_THREADS` daemon threads at
+most, started with the first, and is theirs from then on (its time limit counts from when a thread
+starts it).
 
 A call over its time limit is cancelled (`stop_task`: the coroutine gets `CancelledError`); the
-consumer fails it as a time limit, and whatever the call does after is dropped. `close` cancels
-whatever still runs: their messages are the consumer's to hand back. While every call waits, the
-loop sleeps in its selector, and the consumer's loop on its completions: nothing polls.
+consumer fails it as a time limit, and whatever the call does after is dropped. A plain task's
+thread cannot be cancelled: it is abandoned (it may still run) and another thread takes its place,
+as thread slots do. `close` cancels whatever still runs: their messages are the consumer's to hand
+back. While every call waits, the loop sleeps in its selector, and the consumer's loop on its
+completions: nothing polls.
 """
 
 from __future__ import annotations
@@ -18,14 +22,14 @@ import collections
 import logging
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from conveyor.constants import ASYNC_PLAIN_THREADS
 from conveyor.message import Message
-from conveyor.tasks.runner import run_message_async
+from conveyor.tasks.runner import run_message_async, runs_on_loop
 from conveyor.worker.completions import Completions
 from conveyor.worker.connections import WorkerConnections
-from conveyor.worker.executors import Completion, failure
+from conveyor.worker.executors import Completion, ThreadSlots, failure
 
 log = logging.getLogger("conveyor.worker")
 
@@ -46,16 +50,15 @@ class AsyncSlots:
     """`n` calls at once on one event loop, in a thread of its own (see the module docstring)."""
 
     kind = "async"
-    stopping = "its call was cancelled"
     broken: str | None = None  # one thread, started once
 
     def __init__(self, n: int, done: Completions[Completion], conns: WorkerConnections | None) -> None:
         self.n = n
         self._done = done
         self._conns = conns
-        self._executor = ThreadPoolExecutor(n, thread_name_prefix="conveyor-async-sync")  # plain tasks' threads
+        self._plain = ThreadSlots(min(n, ASYNC_PLAIN_THREADS), done, conns)  # plain tasks' threads
+        self._plain_started = False  # with the first plain task (loop only)
         self._loop = asyncio.new_event_loop()
-        self._loop.set_default_executor(self._executor)
         self._lock = threading.Lock()  # over what the consumer's thread and the loop's share: the line and the calls
         self._line: collections.deque[Message] = collections.deque()  # submitted, waiting for a call to end
         self._calls: dict[tuple[str, int], _Call] = {}  # running, by message key
@@ -75,7 +78,6 @@ class AsyncSlots:
                 self._loop.run_until_complete(asyncio.wait(self._tasks, timeout=CANCEL_WAIT_S))
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
         finally:
-            self._executor.shutdown(wait=False, cancel_futures=True)  # a plain task still running ends with the process
             self._loop.close()
 
     # --- the consumer's side ----------------------------------------------------------------
@@ -89,26 +91,27 @@ class AsyncSlots:
         self._loop.call_soon_threadsafe(self._fill)
 
     def started(self, key: tuple[str, int]) -> float | None:
-        """When the call of the message `key` started (None: it waits in line, or has ended)."""
+        """When the call of the message `key` started, or a thread its plain task (None: it waits in line, or has ended)."""
         call = self._calls.get(key)
-        return None if call is None else call.started
+        return self._plain.started(key) if call is None else call.started
 
     def unstarted(self) -> list[Message]:
         """Take back the messages waiting in line (a stopping consumer gives them back)."""
         with self._lock:
             out = list(self._line)
             self._line.clear()
-        return out
+        return out + self._plain.unstarted()
 
-    def stop_task(self, key: tuple[str, int]) -> bool:
-        """Cancel the call of the message `key` (False: it is not running); its place goes to the next in line."""
+    def stop_task(self, key: tuple[str, int]) -> str | None:
+        """Cancel the call of the message `key`, or abandon its plain task's thread; its place goes to the next in line."""
         with self._lock:
             call = self._calls.pop(key, None)
-            if call is None:
-                return False
-            call.stopped = True
+            if call is not None:
+                call.stopped = True
+        if call is None:
+            return self._plain.stop_task(key)
         self._loop.call_soon_threadsafe(self._cancel, [call])
-        return True
+        return "its call was cancelled"
 
     def close(self, wait: bool = True) -> None:
         """Cancel the calls still running (the consumer hands their messages back) and end the loop.
@@ -122,9 +125,9 @@ class AsyncSlots:
                 call.stopped = True
             self._calls.clear()
             self._line.clear()
+        self._plain.close(wait=False)  # plain tasks still running are abandoned as the calls are cancelled (daemon threads)
         if not self._thread.is_alive():  # never started, or ended
             if not self._loop.is_closed() and not self._thread.ident:
-                self._executor.shutdown(wait=False)
                 self._loop.close()
             return
         try:
@@ -158,8 +161,14 @@ class AsyncSlots:
         self._fill()  # their places are free
 
     async def _run(self, call: _Call) -> None:
-        """Run one message; its outcome goes to the consumer unless the call was stopped meanwhile."""
+        """Run one message; its outcome goes to the consumer unless the call was stopped meanwhile.
+
+        A plain task goes to the threads instead: its place here is free at once.
+        """
         m = call.message
+        if not runs_on_loop(m, fetch=self._conns):
+            self._to_threads(call)
+            return
         try:
             result, error = (
                 await run_message_async(m, fetch=self._conns, backend=None if self._conns is None else self._conns.pool),
@@ -177,3 +186,16 @@ class AsyncSlots:
         self._done.put(Completion(m, result, error, 0, time.monotonic() - call.started))
         if self._line:
             self._fill()
+
+    def _to_threads(self, call: _Call) -> None:
+        """Hand a plain task's message to the threads (unless its call was stopped meanwhile: then it is the consumer's)."""
+        if not self._plain_started:
+            self._plain.start()
+            self._plain_started = True
+        m = call.message
+        with self._lock:
+            if call.stopped:
+                return
+            del self._calls[m.queue, m.id]
+            self._plain.submit(m)  # under the lock: `started` and `stop_task` find it here or there
+        self._fill()
