@@ -130,3 +130,23 @@ def takes(seconds: float) -> float:
     """A plain task of `seconds`, well within its time limit of 5 s once a thread runs it (not while it waits for one)."""
     time.sleep(seconds)
     return seconds
+
+
+_LOOSE: set[asyncio.Task[None]] = set()  # tasks the calls create, kept (a loop holds its tasks weakly)
+
+
+async def _exits() -> None:
+    raise SystemExit("out of a task a call created")
+
+
+@conveyor.task(queue="jobs", max_retries=0)
+async def ends_the_loop(flag: str) -> str:
+    """Until the file `flag` exists, ends the loop it runs on, as a user's task may, then waits; after, returns.
+
+    Through a task of its own raising SystemExit, which asyncio lets out of the loop (out of the
+    call itself, it would fail the call).
+    """
+    if not Path(flag).exists():
+        _LOOSE.add(asyncio.get_running_loop().create_task(_exits()))
+        await asyncio.sleep(60)
+    return "ran"

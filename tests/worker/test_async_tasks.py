@@ -21,7 +21,7 @@ import pytest
 
 from conveyor.client.pool import QueuePool
 from conveyor.constants import DEFAULT_ASYNC_CONCURRENCY
-from conveyor.errors import TaskFailedError
+from conveyor.errors import ConveyorError, TaskFailedError
 from conveyor.worker import Consumer
 from conveyor.worker.affinity import resolve_slots
 
@@ -251,6 +251,38 @@ def test_the_example_in_the_docs_runs_as_written(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(sum(i * i for i in range(1000)))
     assert time.monotonic() - t0 < 60  # four rounds of 0.5 s, and the servers' start; 1,000 s one by one
+
+
+def test_a_consumer_whose_event_loop_dies_stops_with_an_error_and_hands_its_messages_back(
+    pool: QueuePool, tmp_path: Path
+) -> None:
+    """A task's SystemExit ends the loop: the consumer says so and ends, its message back in its queue."""
+    flag = tmp_path / "flag"
+    h = at.ends_the_loop.publish(str(flag), _pool=pool)
+    c = Consumer(pool.queues, ["jobs"], pool="async", until_empty=True, task_modules=MODULES)
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            c.run()
+        except BaseException as e:
+            raised.append(e)
+
+    t = threading.Thread(target=run, name="consumer-under-test")
+    t.start()
+    try:
+        t.join(30)  # the call ends the loop at once; the consumer's sweep sees it within 0.05 s
+        assert not t.is_alive(), "the consumer went on with a dead event loop"
+    finally:
+        c.stop(graceful=False)
+        t.join(30)
+    [e] = raised
+    assert isinstance(e, ConveyorError)
+    assert re.search(r"its event loop ended: SystemExit\('out of a task a call created'\) came out of it", str(e)), e
+    assert c.stats.handed_back == 1 and c.stats.failed == 0
+    flag.touch()  # from now on the task returns
+    consume(pool)
+    assert pool.gather([h], timeout=10) == ["ran"]  # its message came back, and ran
 
 
 def test_the_leases_of_calls_in_flight_are_extended(pool: QueuePool, tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -50,7 +51,6 @@ class AsyncSlots:
     """`n` calls at once on one event loop, in a thread of its own (see the module docstring)."""
 
     kind = "async"
-    broken: str | None = None  # one thread, started once
 
     def __init__(self, n: int, done: Completions[Completion], conns: WorkerConnections | None) -> None:
         self.n = n
@@ -64,21 +64,56 @@ class AsyncSlots:
         self._calls: dict[tuple[str, int], _Call] = {}  # running, by message key
         self._tasks: set[asyncio.Task[None]] = set()  # every call's task until it ends, stopped ones included (loop only)
         self._fill_due = False  # a fill is scheduled on the loop: submits in a row wake it once
+        self._closing = False  # close was called: the loop's end is asked for
+        self._ended = False  # the loop runs no more: it is being wound down, or closed
+        self._broken: str | None = None  # why the loop ended without being asked to
         self._thread = threading.Thread(target=self._serve, name="conveyor-async", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def _serve(self) -> None:
-        """The loop's thread: run until `close`, then cancel what is left and close the loop."""
+        """The loop's thread: run until `close`, then cancel what is left and close the loop.
+
+        A loop that ends unasked breaks the slots: asyncio lets a SystemExit or KeyboardInterrupt
+        out of a task a call created, and a call may stop the loop. Its calls can never end: the
+        consumer, told by `broken`, stops and hands their messages back.
+        """
         asyncio.set_event_loop(self._loop)  # for tasks that ask for the loop the old way
+        why = "a call stopped it (tasks share the loop: none may stop it)"
         try:
             self._loop.run_forever()
-            if self._tasks:  # cancelled by close: given a moment to end (their finally blocks run)
+        except BaseException as e:
+            why = f"{e!r} came out of it (asyncio lets SystemExit and KeyboardInterrupt out of a task a call creates)"
+        finally:
+            with self._lock:
+                self._ended = True
+                if not self._closing:
+                    self._broken = f"its event loop ended: {why}; its calls are handed back"
+                    for call in self._calls.values():
+                        call.stopped = True  # ended here, not failed: the consumer hands them back
+                    self._calls.clear()
+            if self._broken is not None:
+                log.error("async slots: %s", self._broken)
+            self._wind_down()
+
+    def _wind_down(self) -> None:
+        """Cancel the calls left, give them a moment to end (their finally blocks run), and close the loop."""
+        try:
+            for task in self._tasks:
+                task.cancel()
+            if self._tasks:
                 self._loop.run_until_complete(asyncio.wait(self._tasks, timeout=CANCEL_WAIT_S))
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+        except BaseException as e:  # the same again, from a call's finally block: the loop is closed anyway
+            log.error("async slots: winding down the event loop: %r", e)
         finally:
             self._loop.close()
+
+    @property
+    def broken(self) -> str | None:
+        """Why no call will ever run (the loop ended unasked): the consumer stops; None while it runs."""
+        return self._broken
 
     # --- the consumer's side ----------------------------------------------------------------
     def submit(self, message: Message) -> None:
@@ -88,7 +123,8 @@ class AsyncSlots:
             if self._fill_due:
                 return
             self._fill_due = True
-        self._loop.call_soon_threadsafe(self._fill)
+        with contextlib.suppress(RuntimeError):  # the loop has closed (`broken` says why): the message waits in line, given back
+            self._loop.call_soon_threadsafe(self._fill)
 
     def started(self, key: tuple[str, int]) -> float | None:
         """When the call of the message `key` started, or a thread its plain task (None: it waits in line, or has ended)."""
@@ -120,21 +156,20 @@ class AsyncSlots:
         it ends on its own.
         """
         with self._lock:
+            self._closing, ended = True, self._ended
             calls = list(self._calls.values())
             for call in calls:
                 call.stopped = True
             self._calls.clear()
             self._line.clear()
         self._plain.close(wait=False)  # plain tasks still running are abandoned as the calls are cancelled (daemon threads)
-        if not self._thread.is_alive():  # never started, or ended
-            if not self._loop.is_closed() and not self._thread.ident:
-                self._loop.close()
+        if not self._thread.ident:  # never started
+            self._loop.close()
             return
-        try:
-            self._loop.call_soon_threadsafe(self._cancel, calls)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        except RuntimeError:  # the loop has just closed
-            return
+        if not ended:  # else it winds down on its own
+            with contextlib.suppress(RuntimeError):  # it has closed meanwhile
+                self._loop.call_soon_threadsafe(self._cancel, calls)
+                self._loop.call_soon_threadsafe(self._stop)
         if wait:
             self._thread.join(CANCEL_WAIT_S + 5.0)
 
@@ -145,6 +180,8 @@ class AsyncSlots:
         starting: list[_Call] = []
         with self._lock:
             self._fill_due = False
+            if self._ended:  # winding down: what waits in line is the consumer's to give back
+                return
             while self._line and len(self._calls) < self.n:
                 m = self._line.popleft()
                 call = self._calls[m.queue, m.id] = _Call(m, now)
@@ -153,6 +190,11 @@ class AsyncSlots:
             call.task = task = self._loop.create_task(self._run(call))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _stop(self) -> None:
+        """End `run_forever` (not the wind-down that may run the loop after it: the loop ended first)."""
+        if not self._ended:
+            self._loop.stop()
 
     def _cancel(self, calls: list[_Call]) -> None:
         for call in calls:
