@@ -7,6 +7,7 @@ count the calls in flight in `IN_FLIGHT`; traces across processes go to files.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -150,3 +151,19 @@ async def ends_the_loop(flag: str) -> str:
         _LOOSE.add(asyncio.get_running_loop().create_task(_exits()))
         await asyncio.sleep(60)
     return "ran"
+
+
+@conveyor.task(queue="jobs", max_retries=0)
+async def outlasts_its_cancel(log: str) -> None:
+    """Waits; cancelled, it cleans up for 1 s, whatever further cancels come (notes start, cancelled, ended)."""
+    note(log, "start")
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        note(log, "cancelled")
+        end = time.monotonic() + 1.0
+        while (left := end - time.monotonic()) > 0:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(left)
+        note(log, "ended")
+        raise

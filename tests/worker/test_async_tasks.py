@@ -8,6 +8,7 @@ nothing.
 
 from __future__ import annotations
 
+import gc
 import re
 import subprocess
 import sys
@@ -22,8 +23,12 @@ import pytest
 from conveyor.client.pool import QueuePool
 from conveyor.constants import DEFAULT_ASYNC_CONCURRENCY
 from conveyor.errors import ConveyorError, TaskFailedError
-from conveyor.worker import Consumer
+from conveyor.message import Message
+from conveyor.worker import Consumer, async_slots
 from conveyor.worker.affinity import resolve_slots
+from conveyor.worker.async_slots import AsyncSlots
+from conveyor.worker.completions import Completions
+from conveyor.worker.executors import Completion
 
 from ..support import async_tasks as at
 from ..support.servers import wait_for
@@ -283,6 +288,60 @@ def test_a_consumer_whose_event_loop_dies_stops_with_an_error_and_hands_its_mess
     flag.touch()  # from now on the task returns
     consume(pool)
     assert pool.gather([h], timeout=10) == ["ran"]  # its message came back, and ran
+
+
+def leased(pool: QueuePool, n: int) -> list[Message]:
+    """`n` messages of 'jobs', leased (from either server)."""
+    got: list[Message] = []
+
+    def more() -> bool:
+        got.extend(pool.queues.get("jobs", n - len(got)))
+        return len(got) == n
+
+    wait_for(more, timeout=10, what=f"{n} messages leased")
+    return got
+
+
+def test_slots_closed_waiting_let_the_calls_and_the_line_end(pool: QueuePool) -> None:
+    """close(wait=True), as thread slots: the calls end, and what waits in line runs, plain tasks too.
+
+    So messages acked on delivery, which a stopping consumer puts back in line to run, are not dropped.
+    """
+    at.naps.publish_many([(0.2,)] * 4, _pool=pool)
+    at.takes.publish_many([(0.1,)] * 2, _pool=pool)
+    msgs = leased(pool, 6)
+    done: Completions[Completion] = Completions()
+    slots = AsyncSlots(2, done, None)
+    slots.start()
+    for m in msgs:
+        slots.submit(m)
+    slots.close(wait=True)  # at once: two calls run, four wait in line
+    ran = done.take()
+    assert sorted(c.message.id for c in ran) == sorted(m.id for m in msgs)
+    assert [c.error for c in ran] == [None] * 6
+
+
+def test_a_call_that_outlasts_its_cancel_is_awaited_before_the_loop_closes(
+    pool: QueuePool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A call cancelled by a hard close, cleaning up for 1 s, ends before its loop closes: none is destroyed pending."""
+    monkeypatch.setattr(async_slots, "CANCEL_WAIT_S", 0.2)  # the call's cleanup outlasts it five times
+    log = tmp_path / "runs.log"
+    at.outlasts_its_cancel.publish(str(log), _pool=pool)
+    [m] = leased(pool, 1)
+    done: Completions[Completion] = Completions()
+    slots = AsyncSlots(4, done, None)
+    slots.start()
+    slots.submit(m)
+    wait_for(lambda: said(log)["start"] == 1, timeout=10, what="the call started")
+    slots.close(wait=False)
+    wait_for(lambda: said(log)["ended"] == 1, timeout=10, what="the cancelled call's cleanup ended")
+    del slots
+    gc.collect()
+    assert said(log) == Counter({"start": 1, "cancelled": 1, "ended": 1})
+    assert "Task was destroyed" not in caplog.text
+    assert "go on 0.2 s after their cancel" in caplog.text  # named while it went on
+    assert done.take() == []  # cancelled: the consumer's to hand back
 
 
 def test_the_leases_of_calls_in_flight_are_extended(pool: QueuePool, tmp_path: Path) -> None:
