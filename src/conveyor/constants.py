@@ -239,6 +239,9 @@ DEFAULT_CONCURRENCY = 8  # tasks one consumer runs at once
 # server), so hundreds overlap where 8 would leave it idle; each call may hold a socket, and 256 keeps a
 # consumer well under the common limit of 1,024 open descriptors (and a server's patience with one client)
 DEFAULT_ASYNC_CONCURRENCY = 256
+# plain (sync) tasks given to pool="async" run in threads of their own, at most this many (and at most
+# `concurrency`): as a thread pool's default, not one thread per call in flight
+ASYNC_PLAIN_THREADS = DEFAULT_CONCURRENCY
 # most async slots a busy consumer leaves idle while it waits to fetch a batch: half a batch of hundreds of
 # calls in flight would leave half of them idle, and 32 messages a fetch already spread its round trip thin
 REFILL_MAX = 32

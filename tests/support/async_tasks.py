@@ -7,6 +7,7 @@ count the calls in flight in `IN_FLIGHT`; traces across processes go to files.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import threading
 import time
@@ -114,3 +115,55 @@ async def waits_for(log: str, flag: str, seconds: float, tag: int) -> int:
         raise
     note(log, f"done {tag}")
     return tag
+
+
+@conveyor.task(queue="jobs", time_limit=1.0, max_retries=0)
+def hangs(flag: str) -> None:
+    """A plain task that blocks its thread past its time limit, until the file `flag` exists (60 s at most)."""
+    deadline = time.monotonic() + 60.0
+    with IN_FLIGHT:
+        while not Path(flag).exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+@conveyor.task(queue="jobs", time_limit=5.0, max_retries=0)
+def takes(seconds: float) -> float:
+    """A plain task of `seconds`, well within its time limit of 5 s once a thread runs it (not while it waits for one)."""
+    time.sleep(seconds)
+    return seconds
+
+
+_LOOSE: set[asyncio.Task[None]] = set()  # tasks the calls create, kept (a loop holds its tasks weakly)
+
+
+async def _exits() -> None:
+    raise SystemExit("out of a task a call created")
+
+
+@conveyor.task(queue="jobs", max_retries=0)
+async def ends_the_loop(flag: str) -> str:
+    """Until the file `flag` exists, ends the loop it runs on, as a user's task may, then waits; after, returns.
+
+    Through a task of its own raising SystemExit, which asyncio lets out of the loop (out of the
+    call itself, it would fail the call).
+    """
+    if not Path(flag).exists():
+        _LOOSE.add(asyncio.get_running_loop().create_task(_exits()))
+        await asyncio.sleep(60)
+    return "ran"
+
+
+@conveyor.task(queue="jobs", max_retries=0)
+async def outlasts_its_cancel(log: str) -> None:
+    """Waits; cancelled, it cleans up for 1 s, whatever further cancels come (notes start, cancelled, ended)."""
+    note(log, "start")
+    try:
+        await asyncio.sleep(60)
+    except asyncio.CancelledError:
+        note(log, "cancelled")
+        end = time.monotonic() + 1.0
+        while (left := end - time.monotonic()) > 0:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(left)
+        note(log, "ended")
+        raise

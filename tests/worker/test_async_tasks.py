@@ -1,12 +1,17 @@
 """Async tasks (`conveyor.worker.async_slots`): coroutines on one event loop per consumer (pool="async"), on real servers.
 
 Many calls in flight at little CPU, time limits that cancel, retries and dead letters as for plain
-tasks, plain tasks beside them in the loop's threads, async tasks in thread and process slots, and
-stops that lose nothing.
+tasks, plain tasks beside them in threads of their own (abandoned over their time limit, never
+keeping the program from exiting), async tasks in thread and process slots, and stops that lose
+nothing.
 """
 
 from __future__ import annotations
 
+import gc
+import re
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -17,9 +22,13 @@ import pytest
 
 from conveyor.client.pool import QueuePool
 from conveyor.constants import DEFAULT_ASYNC_CONCURRENCY
-from conveyor.errors import TaskFailedError
-from conveyor.worker import Consumer
+from conveyor.errors import ConveyorError, TaskFailedError
+from conveyor.message import Message
+from conveyor.worker import Consumer, async_slots
 from conveyor.worker.affinity import resolve_slots
+from conveyor.worker.async_slots import AsyncSlots
+from conveyor.worker.completions import Completions
+from conveyor.worker.executors import Completion
 
 from ..support import async_tasks as at
 from ..support.docs import run_example, section_code
@@ -113,14 +122,65 @@ def test_a_failing_call_is_retried_and_its_error_kept(pool: QueuePool) -> None:
     assert (c.stats.retried, c.stats.dead, c.stats.processed) == (4, 1, 1)
 
 
-def test_a_plain_task_runs_in_the_loops_threads_and_holds_up_no_call(pool: QueuePool) -> None:
+def test_a_plain_task_runs_in_a_thread_of_its_own_and_holds_up_no_call(pool: QueuePool) -> None:
     blocking = at.blocks.publish(2.0, _pool=pool)
     quick = at.ends_at.publish_many([(0.1,)] * 20, _pool=pool)
     consume(pool)
     [b] = pool.gather([blocking])
     ends = pool.gather(quick)
-    assert b["thread"].startswith("conveyor-async-sync") and b["id"] == blocking.id  # current_message() there too
+    assert b["thread"].startswith("conveyor-task") and b["id"] == blocking.id  # current_message() there too
     assert max(ends) < b["end"] - 1.0, "the calls waited for the plain task"
+
+
+def test_plain_tasks_past_their_time_limit_leave_their_threads_to_the_next(pool: QueuePool, tmp_path: Path) -> None:
+    """concurrency=2: two plain tasks hang past their 1 s limit; the plain tasks after them run, in time.
+
+    Abandoned, as thread slots abandon theirs, the hung tasks' threads are replaced: the next tasks'
+    clocks start when a thread runs them, not while they wait behind the hung ones.
+    """
+    flag, published = tmp_path / "release", threading.Event()
+    hung = at.hangs.publish_many([(str(flag),)] * 2, _pool=pool)
+    c = Consumer(
+        pool.queues,
+        ["jobs"],
+        pool="async",
+        concurrency=2,
+        until_empty=True,
+        expect_more=lambda: not published.is_set(),  # not drained before the quick ones are in
+        task_modules=MODULES,
+    )
+    t = threading.Thread(target=c.run, name="consumer-under-test")
+    t.start()
+    try:
+        wait_for(lambda: at.IN_FLIGHT.now == 2, timeout=30, what="both plain tasks hanging")
+        quick = at.takes.publish_many([(0.1,)] * 6, _pool=pool)
+        published.set()
+        t.join(60)  # the hung ones are abandoned after 1 s, and the quick ones take 0.1 s each, 2 at once
+        # (waiting behind the hung ones, whose threads run on for 60 s, they would go past their 5 s)
+        assert not t.is_alive()
+        assert pool.gather(quick, timeout=10) == [0.1] * 6
+        for h in hung:
+            with pytest.raises(TaskFailedError, match=r"time limit of 1 s \(its thread was abandoned and may still be running\)"):
+                pool.gather([h])
+        assert (c.stats.timed_out, c.stats.processed) == (2, 6)
+    finally:
+        flag.touch()  # the hung tasks return: their threads end
+        published.set()
+        c.stop(graceful=False)
+        t.join(30)
+
+
+def test_a_hung_plain_task_does_not_keep_the_program_from_exiting(tmp_path: Path) -> None:
+    """tests/support/async_hung_exit.py: a plain task sleeps for an hour; after a hard stop the program ends."""
+    mark = tmp_path / "started"
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "support" / "async_hung_exit.py"), str(mark)],
+        capture_output=True,
+        text=True,
+        timeout=120,  # the servers' start, the task's, the stop: seconds; a thread joined at exit: an hour
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "stopped"
 
 
 @pytest.mark.parametrize("mode", ["thread", "process"])
@@ -192,6 +252,92 @@ def test_the_example_in_the_docs_runs_as_written(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == str(sum(i * i for i in range(1000)))
     assert time.monotonic() - t0 < 60  # four rounds of 0.5 s, and the servers' start; 1,000 s one by one
+
+
+def test_a_consumer_whose_event_loop_dies_stops_with_an_error_and_hands_its_messages_back(
+    pool: QueuePool, tmp_path: Path
+) -> None:
+    """A task's SystemExit ends the loop: the consumer says so and ends, its message back in its queue."""
+    flag = tmp_path / "flag"
+    h = at.ends_the_loop.publish(str(flag), _pool=pool)
+    c = Consumer(pool.queues, ["jobs"], pool="async", until_empty=True, task_modules=MODULES)
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            c.run()
+        except BaseException as e:
+            raised.append(e)
+
+    t = threading.Thread(target=run, name="consumer-under-test")
+    t.start()
+    try:
+        t.join(30)  # the call ends the loop at once; the consumer's sweep sees it within 0.05 s
+        assert not t.is_alive(), "the consumer went on with a dead event loop"
+    finally:
+        c.stop(graceful=False)
+        t.join(30)
+    [e] = raised
+    assert isinstance(e, ConveyorError)
+    assert re.search(r"its event loop ended: SystemExit\('out of a task a call created'\) came out of it", str(e)), e
+    assert c.stats.handed_back == 1 and c.stats.failed == 0
+    flag.touch()  # from now on the task returns
+    consume(pool)
+    assert pool.gather([h], timeout=10) == ["ran"]  # its message came back, and ran
+
+
+def leased(pool: QueuePool, n: int) -> list[Message]:
+    """`n` messages of 'jobs', leased (from either server)."""
+    got: list[Message] = []
+
+    def more() -> bool:
+        got.extend(pool.queues.get("jobs", n - len(got)))
+        return len(got) == n
+
+    wait_for(more, timeout=10, what=f"{n} messages leased")
+    return got
+
+
+def test_slots_closed_waiting_let_the_calls_and_the_line_end(pool: QueuePool) -> None:
+    """close(wait=True), as thread slots: the calls end, and what waits in line runs, plain tasks too.
+
+    So messages acked on delivery, which a stopping consumer puts back in line to run, are not dropped.
+    """
+    at.naps.publish_many([(0.2,)] * 4, _pool=pool)
+    at.takes.publish_many([(0.1,)] * 2, _pool=pool)
+    msgs = leased(pool, 6)
+    done: Completions[Completion] = Completions()
+    slots = AsyncSlots(2, done, None)
+    slots.start()
+    for m in msgs:
+        slots.submit(m)
+    slots.close(wait=True)  # at once: two calls run, four wait in line
+    ran = done.take()
+    assert sorted(c.message.id for c in ran) == sorted(m.id for m in msgs)
+    assert [c.error for c in ran] == [None] * 6
+
+
+def test_a_call_that_outlasts_its_cancel_is_awaited_before_the_loop_closes(
+    pool: QueuePool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A call cancelled by a hard close, cleaning up for 1 s, ends before its loop closes: none is destroyed pending."""
+    monkeypatch.setattr(async_slots, "CANCEL_WAIT_S", 0.2)  # the call's cleanup outlasts it five times
+    log = tmp_path / "runs.log"
+    at.outlasts_its_cancel.publish(str(log), _pool=pool)
+    [m] = leased(pool, 1)
+    done: Completions[Completion] = Completions()
+    slots = AsyncSlots(4, done, None)
+    slots.start()
+    slots.submit(m)
+    wait_for(lambda: said(log)["start"] == 1, timeout=10, what="the call started")
+    slots.close(wait=False)
+    wait_for(lambda: said(log)["ended"] == 1, timeout=10, what="the cancelled call's cleanup ended")
+    del slots
+    gc.collect()
+    assert said(log) == Counter({"start": 1, "cancelled": 1, "ended": 1})
+    assert "Task was destroyed" not in caplog.text
+    assert "go on 0.2 s after their cancel" in caplog.text  # named while it went on
+    assert done.take() == []  # cancelled: the consumer's to hand back
 
 
 def test_the_leases_of_calls_in_flight_are_extended(pool: QueuePool, tmp_path: Path) -> None:

@@ -7,10 +7,10 @@ when `error.retryable` is False (unknown task, undecodable payload, unserializab
 exception the task declared not retryable, or a run that called `fail_without_retry()`).
 
 A task may be a coroutine function (`async def`, or a callable whose `__call__` is one). On a loop
-(`run_message_async`, the consumer's `pool="async"`) it is awaited there, many at once, and a plain
-function is run in the loop's default executor, a thread, so that it blocks no other call. Outside
-a loop (`run_message`, thread and process slots) a coroutine function runs on a loop of its own
-for that call (`asyncio.run`): it works, without sharing a loop with other calls.
+(`run_message_async`, the consumer's `pool="async"`) it is awaited there, many at once; `runs_on_loop`
+tells such a message from a plain one, which async slots run with `run_message` in threads of their
+own. Outside a loop (`run_message`, thread and process slots) a coroutine function runs on a loop of
+its own for that call (`asyncio.run`): it works, without sharing a loop with other calls.
 """
 
 from __future__ import annotations
@@ -109,6 +109,32 @@ def forget_adhoc(name: str) -> None:
 def is_async_callable(fn: object) -> bool:
     """Whether calling `fn` returns a coroutine to await: an `async def` function, or an object whose `__call__` is one."""
     return inspect.iscoroutinefunction(fn) or (callable(fn) and inspect.iscoroutinefunction(type(fn).__call__))
+
+
+def runs_on_loop(
+    message: Message,
+    registry: Registry | None = None,
+    function_cache: FunctionCache | None = None,
+    fetch: Callable[[str], bytes] | None = None,
+) -> bool:
+    """Whether `message`'s task is a coroutine function, to await on an event loop (False: a plain one, for a thread).
+
+    Told by the task name in its headers, without decoding its payload (the run decodes it). A task
+    not found so (no name, an unknown one, an ad-hoc function whose bytes cannot be had) says True:
+    `run_message_async` then fails it as `run_message` would, with the reason.
+    """
+    name = message.headers.get(H_TASK)
+    if name is None:
+        return True
+    try:
+        digest = adhoc_digest(name)
+        if digest is None:
+            return (default_registry if registry is None else registry).get(name).is_async
+        if fetch is None:
+            return True
+        return is_async_callable((function_cache if function_cache is not None else _function_cache).get(digest, fetch))
+    except Exception:  # the run says what is wrong
+        return True
 
 
 def _task_call(

@@ -331,11 +331,11 @@ class Consumer:
     def _enforce_limits(self, slots: Slots, now: float) -> None:
         """Stop the tasks over their time limit (counted from when they started: not while in line)."""
         for r, limit in over_limit(self._running.values(), slots.started, now):
-            if slots.stop_task(r.message.key):
+            if (stopped := slots.stop_task(r.message.key)) is not None:
                 self.stats.timed_out += 1
                 err = TaskError(
                     r.message.headers.get(H_TASK, "?"),
-                    f"TimeLimitExceeded: the task ran over its time limit of {limit:g} s ({slots.stopping})",
+                    f"TimeLimitExceeded: the task ran over its time limit of {limit:g} s ({stopped})",
                     True,
                 )
                 self._settle([Completion(r.message, None, err, -1, limit)])

@@ -72,11 +72,6 @@ class Slots(Protocol):
         ...
 
     @property
-    def stopping(self) -> str:
-        """What `stop_task` does to a task, as a time-limit error says it."""
-        ...
-
-    @property
     def broken(self) -> str | None:
         """Why no slot will ever run what waits (the consumer stops on it); None while they work."""
         ...
@@ -97,8 +92,11 @@ class Slots(Protocol):
         """Take back the messages waiting in line (a stopping consumer gives them back)."""
         ...
 
-    def stop_task(self, key: tuple[str, int]) -> bool:
-        """Stop the task of the message `key` (False: it is not running); its outcome, if any, is dropped."""
+    def stop_task(self, key: tuple[str, int]) -> str | None:
+        """Stop the task of the message `key`; its outcome, if any, is dropped.
+
+        Returns what was done to it, as a time-limit error says it (None: it is not running).
+        """
         ...
 
     def close(self, wait: bool = True) -> None:
@@ -127,7 +125,6 @@ class ThreadSlots:
     """`n` threads; each runs one message at a time."""
 
     kind = "thread"
-    stopping = "its thread was abandoned and may still be running"
     broken: str | None = None  # threads always start
 
     def __init__(self, n: int, done: Completions[Completion], conns: WorkerConnections | None) -> None:
@@ -195,15 +192,15 @@ class ThreadSlots:
                 return out
             out.append(m)
 
-    def stop_task(self, key: tuple[str, int]) -> bool:
+    def stop_task(self, key: tuple[str, int]) -> str | None:
         """Abandon the thread running the message `key` and start another in its place."""
         with self._lock:
             run = self._started.pop(key, None)
             if run is None:
-                return False
+                return None
             self._retired.add(run[0])
         self._spawn()
-        return True
+        return "its thread was abandoned and may still be running"
 
     def close(self, wait: bool = True) -> None:
         for _ in range(len(self._threads) + len(self._retired)):
@@ -277,7 +274,6 @@ class ProcessSlots:
     """`n` child processes; each runs one message at a time. A killed child is replaced."""
 
     kind = "process"
-    stopping = "its process was killed"
 
     def __init__(
         self, n: int, done: Completions[Completion], fetcher: BlobFetcher | None, task_modules: Sequence[str] = ()
@@ -430,19 +426,19 @@ class ProcessSlots:
             self._line.clear()
         return out
 
-    def stop_task(self, key: tuple[str, int]) -> bool:
-        """Kill the child running the message `key` and start another in its place (False: it has just ended)."""
+    def stop_task(self, key: tuple[str, int]) -> str | None:
+        """Kill the child running the message `key` and start another in its place (None: it has just ended)."""
         with self._lock:  # the child is not handed another message once stopped, nor stopped after it moved on
             c = self._running(key)
             if c is None:
-                return False
+                return None
             c.stopped = True
         if c.proc.pid is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(c.proc.pid, signal.SIGKILL)
         if not self._closing:
             self._spawn()
-        return True
+        return "its process was killed"
 
     def close(self, wait: bool = True) -> None:
         with self._lock:
