@@ -174,7 +174,7 @@ def test_a_hung_plain_task_does_not_keep_the_program_from_exiting(tmp_path: Path
     """tests/support/async_hung_exit.py: a plain task sleeps for an hour; after a hard stop the program ends."""
     mark = tmp_path / "started"
     done = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "support" / "async_hung_exit.py"), str(mark)],
+        [sys.executable, str(Path(__file__).resolve().parents[1] / "support" / "async_hung_exit.py"), str(mark)],
         capture_output=True,
         text=True,
         timeout=120,  # the servers' start, the task's, the stop: seconds; a thread joined at exit: an hour
