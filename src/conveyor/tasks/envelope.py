@@ -295,9 +295,8 @@ class FunctionRef:
     def data(self) -> bytes:
         """The pickle itself (a big one's chunks joined, in the manifest's order)."""
         named = self.blobs[self.digest]
-        if not named.startswith(FUNCTION_MANIFEST_MAGIC):
-            return named
-        return b"".join(self.blobs[k] for k in named[len(FUNCTION_MANIFEST_MAGIC) :].decode("ascii").split("\n"))
+        keys = manifest_keys(named)
+        return named if keys is None else b"".join(self.blobs[k] for k in keys)
 
 
 def stored_form(data: bytes, what: str) -> FunctionRef:
@@ -319,6 +318,13 @@ def stored_form(data: bytes, what: str) -> FunctionRef:
     digest = _sha256(manifest)
     blobs[digest] = manifest
     return FunctionRef(digest, blobs, len(data))
+
+
+def manifest_keys(blob: bytes) -> list[str] | None:
+    """The chunk keys a big function's manifest names, in order; None for a blob that is a pickle itself."""
+    if not blob.startswith(FUNCTION_MANIFEST_MAGIC):
+        return None
+    return blob[len(FUNCTION_MANIFEST_MAGIC) :].decode("ascii", "replace").split("\n")
 
 
 def _sha256(data: bytes) -> str:
@@ -427,8 +433,8 @@ class FunctionCache:
     @staticmethod
     def _load(digest: str, fetch: Callable[[str], bytes]) -> Callable[..., Any]:
         data = _fetch_checked(digest, digest, fetch)
-        if data.startswith(FUNCTION_MANIFEST_MAGIC):  # a big function: its chunks, each checked by its hash
-            keys = data[len(FUNCTION_MANIFEST_MAGIC) :].decode("ascii", "replace").split("\n")
+        keys = manifest_keys(data)
+        if keys is not None:  # a big function: its chunks, each checked by its hash
             data = b"".join(_fetch_checked(digest, key, fetch) for key in keys)
         try:
             loaded: object = pickle.loads(data)
