@@ -202,6 +202,26 @@ def fetch(base: str, item: int) -> int:
         return int(r.read())
 
 
+class AsyncFetch:
+    """W2's call as an async client: one aiohttp session per consumer, opened on its loop at the first call."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.session: Any = None
+
+    async def __call__(self, row: dict[str, Any]) -> int:
+        import aiohttp
+
+        if self.session is None:  # no cap on connections: the consumer's concurrency is the cap
+            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        async with self.session.get(f"{self.base}/item/{row['id']}") as r:
+            return int(await r.text())
+
+    async def aclose(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+
+
 def w2(args: argparse.Namespace) -> None:
     """W2: HTTP calls of lognormal latency: Spark mapInPandas with threads written by hand, and conveyor.spark.map."""
     import pandas as pd
@@ -230,9 +250,9 @@ def w2(args: argparse.Namespace) -> None:
             got = df.mapInPandas(spark_threads, "n long").agg({"n": "sum"}).collect()[0][0]
             assert got == n * (n - 1) // 2, got
 
-        def conveyor_run(**options: Any) -> Callable[[], None]:
+        def conveyor_run(fn: Any = call, **options: Any) -> Callable[[], None]:
             def run() -> None:
-                out, stats = cs.map(df, call, schema="n long", queue_pool=pool, progress=False, stats=True, **options)
+                out, stats = cs.map(df, fn, schema="n long", queue_pool=pool, progress=False, stats=True, **options)
                 assert stats.failed == 0 and out.agg({"n": "sum"}).collect()[0][0] == n * (n - 1) // 2
                 pool.drop(stats.queue)
 
@@ -242,6 +262,7 @@ def w2(args: argparse.Namespace) -> None:
             "(a) Spark mapInPandas, 16 x 32 threads": spark_run,
             "(b) map, defaults": conveyor_run(),
             "(c) map, concurrency=32, rows_per_message=1": conveyor_run(concurrency=32, rows_per_message=1),
+            "(d) map, async class (aiohttp), defaults": conveyor_run(AsyncFetch, fn_args=(base,)),
         }
         spark_run()  # Python workers started: not measured
         took: dict[str, list[float]] = {name: [] for name in variants}

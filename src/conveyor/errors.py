@@ -193,6 +193,10 @@ class TaskError(ConveyorError):
         return (TaskError, (self.task, self.error, self.retryable))
 
 
+class TimeLimitExceededError(ConveyorError):
+    """A call awaited under a time limit (an async row of `conveyor.spark.map`) ran over it and was cancelled."""
+
+
 class TaskFailedError(ConveyorError):
     """A task ended in the dead letters. `error` is its last error: type, message and traceback."""
 

@@ -38,7 +38,7 @@ from conveyor.arrow_ipc import decode, encode, slices
 from conveyor.constants import JOB_RESULT_BUILT, JOB_RESULT_ROWS, MAP_BATCHES_MAX_RESULT_BYTES
 from conveyor.errors import ConveyorError
 from conveyor.spark.form import Parcel, ServerOutcomes
-from conveyor.spark.instances import BuildError, Instances
+from conveyor.spark.instances import BuildError, Instances, finish
 from conveyor.spark.records import ReadCounts
 from conveyor.spark.rows import input_json, job_result, with_extra
 from conveyor.tasks.envelope import decode_call, decode_result, encode_error
@@ -108,14 +108,8 @@ class BatchResult:
         return cls(cast(bytes, items[JOB_RESULT_ROWS]), int(items[JOB_RESULT_BUILT]))
 
 
-class BatchRunner:
-    """The task of one message: fn over its batch, one output row per input row (see the module docstring).
-
-    `schema` is the output columns (all nullable: a failed row's are null). Returns a
-    `BatchResult` (as its `to_wire`). An output over `max_result_bytes` fails its rows
-    instead, saying so; a row refused as too large (`SliceRows`) comes as no rows, the error and
-    its `_input`.
-    """
+class _Batches:
+    """What both batch runners share: the call's result, the batch's runs and splits, the output's checks."""
 
     def __init__(
         self,
@@ -131,7 +125,8 @@ class BatchRunner:
         self.max_result_bytes = max_result_bytes
         self.result = pa.schema([*schema, pa.field(ERROR, pa.string()), pa.field(INPUT, pa.string())])
 
-    def __call__(self, data: bytes, refused: str = "", given: str = "") -> list[Any]:
+    async def _outcome(self, data: bytes, refused: str, given: str) -> list[Any]:
+        """The call's result; over a plain fn it never waits (`finish`), over an async one fn is awaited."""
         import pyarrow as pa
 
         if refused:
@@ -142,7 +137,7 @@ class BatchRunner:
         except BuildError as e:
             out = self._failed(table, str(e))
         else:
-            out = pa.concat_tables(self._run(fn, table))
+            out = pa.concat_tables(await self._run(fn, table))
         encoded = encode(out)
         if len(encoded) > self.max_result_bytes:  # it would not fit in a frame: its rows fail, with what to do
             encoded = encode(
@@ -154,7 +149,7 @@ class BatchRunner:
             )
         return BatchResult(encoded, self.fn.take_built()).to_wire()
 
-    def _run(self, fn: Callable[[Any], Any], table: pa.Table, runs: int | None = None) -> list[pa.Table]:
+    async def _run(self, fn: Callable[[Any], Any], table: pa.Table, runs: int | None = None) -> list[pa.Table]:
         """The output of `table`'s rows, each of which may run `runs` more times (max_retries + 1 at first).
 
         A run that raises spends one run of each of its rows. With `left` runs left, the rows run
@@ -165,14 +160,14 @@ class BatchRunner:
         """
         runs = self.max_retries + 1 if runs is None else runs
         try:
-            out = fn(self._batch(table))
+            out = await self.fn.call(fn, self._batch(table))
         except Exception as e:
             left, n = runs - 1, table.num_rows
             if n == 1 and left == 0:
                 return [self._failed(table, encode_error(e))]
             left = max(left, 1)  # out of runs in a batch with others: each row once more, alone, never failed by a neighbour
             step = -(-n // math.ceil(n ** (1 / left)))
-            return [piece for i in range(0, n, step) for piece in self._run(fn, table.slice(i, step), left)]
+            return [piece for i in range(0, n, step) for piece in await self._run(fn, table.slice(i, step), left)]
         return [self._fitted(out, table)]
 
     def _fitted(self, out: object, table: pa.Table) -> pa.Table:
@@ -252,6 +247,31 @@ class BatchRunner:
             [*(pa.nulls(n, f.type) for f in self.schema), pa.array([error] * n, pa.string()), pa.array(inputs, pa.string())],
             schema=self.result,
         )
+
+
+class BatchRunner(_Batches):
+    """The task of one message: a plain fn over its batch, one output row per input row (see the module docstring).
+
+    `schema` is the output columns (all nullable: a failed row's are null). Returns a
+    `BatchResult` (as its `to_wire`). An output over `max_result_bytes` fails its rows
+    instead, saying so; a row refused as too large (`SliceRows`) comes as no rows, the error and
+    its `_input`.
+    """
+
+    def __call__(self, data: bytes, refused: str = "", given: str = "") -> list[Any]:
+        return finish(self._outcome(data, refused, given))
+
+
+class AsyncBatchRunner(_Batches):
+    """`BatchRunner` for an async fn: the batch awaited on the consumer's loop (its parts, if it fails, in turn)."""
+
+    async def __call__(self, data: bytes, refused: str = "", given: str = "") -> list[Any]:
+        return await self._outcome(data, refused, given)
+
+
+def batch_runner(fn: Instances, batch_format: BatchFormat, schema: pa.Schema, max_retries: int) -> BatchRunner | AsyncBatchRunner:
+    """The task of map_batches' messages for `fn`: an `AsyncBatchRunner` if its calls are to be awaited."""
+    return (AsyncBatchRunner if fn.awaits else BatchRunner)(fn, batch_format, schema, max_retries)
 
 
 def _length(name: object, values: object) -> int:

@@ -24,7 +24,7 @@ from conveyor.constants import (
     MAP_BATCHES_MAX_BYTES,
     MAP_DEFAULT_LEASE_S,
 )
-from conveyor.spark.batch_form import BATCH_FORMATS, BatchFormat, BatchRunner, ReadBatches, SliceRows
+from conveyor.spark.batch_form import BATCH_FORMATS, BatchFormat, ReadBatches, SliceRows, batch_runner
 from conveyor.spark.form import JobForm, JobTask
 from conveyor.spark.instances import Instances, check_fn
 from conveyor.spark.job import MapStats, module_of, queue_job
@@ -148,6 +148,7 @@ def map_batches(
         raise ValueError(f"map_batches: batch_format must be one of {', '.join(BATCH_FORMATS)}, got {batch_format!r}")
     settings = row_job_settings(
         "map_batches",
+        instances,
         options,
         keywords,
         max_retries=max_retries,
@@ -182,7 +183,7 @@ def _batch_form(
     nullable = pa.schema([f.with_nullable(True) for f in to_arrow_schema(schema)])  # a failed row's columns are null
     return JobForm(
         task=JobTask(
-            BatchRunner(fn, batch_format, nullable, max_retries),
+            batch_runner(fn, batch_format, nullable, max_retries),
             TaskOptions(queue=queue, time_limit=time_limit, max_retries=max_retries),
         ),
         parcels=SliceRows(rows, MAP_BATCHES_MAX_BYTES),

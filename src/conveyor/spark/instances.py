@@ -5,7 +5,8 @@ process, then called for every batch: `__init__` loads the model once, `__call__
 holding the `Instances` is unpickled once per process (`FunctionCache`, by digest), so every thread
 of a consumer shares its one instance, and each child process of a `pool="process"` consumer builds
 its own. A class that sets `per_thread = True` gets an instance per thread instead (for a
-`__call__` that is not thread-safe; `concurrency=1` is the other way).
+`__call__` that is not thread-safe; `concurrency=1` is the other way). An async class built on a
+consumer's event loop has its `aclose()`, if any, awaited there as the loop ends (`at_loop_end`).
 
 The tasks say how many instances they built in their results (`take_built`), so that the count
 reaches the job from child processes too (a build whose result is dropped goes uncounted: the count
@@ -15,15 +16,18 @@ Spark consumer drops its job's task as it ends (`SparkConsumerPool(job_tasks=)`)
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import os
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar, cast
 
-from conveyor.errors import ConveyorError
+from conveyor.errors import ConveyorError, TimeLimitExceededError
 from conveyor.tasks.envelope import encode_error
-from conveyor.tasks.runner import is_async_callable
+from conveyor.tasks.runner import at_loop_end, is_async_callable
+
+T = TypeVar("T")
 
 
 class BuildError(ConveyorError):
@@ -45,6 +49,31 @@ class Instances:
     @property
     def is_class(self) -> bool:
         return inspect.isclass(self.fn)
+
+    @property
+    def awaits(self) -> bool:
+        """Whether a call returns a coroutine to await: an `async def` function, or a class whose `__call__` is one."""
+        if self.is_class:
+            return inspect.iscoroutinefunction(inspect.getattr_static(self.fn, "__call__", None))
+        return is_async_callable(self.fn)
+
+    async def call(self, fn: Callable[[Any], Any], arg: Any, limit: float | None = None) -> Any:
+        """`fn(arg)`, awaited when fn is async, for at most `limit` seconds (else `TimeLimitExceededError`).
+
+        Over a plain fn the coroutine never waits: `finish` takes its value without a loop.
+        """
+        value = fn(arg)
+        if not self.awaits:
+            return value
+        if limit is None:
+            return await value
+        call = asyncio.ensure_future(value)
+        done, _ = await asyncio.wait((call,), timeout=limit)
+        if not done:  # its own TimeoutError (a client's) is told apart from running over the limit
+            call.cancel()
+            await asyncio.wait((call,))
+            raise TimeLimitExceededError(f"the call ran over its time limit of {limit:g} s and was cancelled")
+        return call.result()
 
     @property
     def per_thread(self) -> bool:
@@ -95,6 +124,9 @@ class Instances:
         if not callable(made):
             self._failed = BuildError(f"{self.entry}: an instance of {name} is not callable: give the class a __call__(batch)")
             raise self._failed
+        aclose = getattr(made, "aclose", None)
+        if self.awaits and inspect.iscoroutinefunction(aclose) and _loop_running():
+            at_loop_end(aclose)  # closed on the consumer's loop as it ends, where its clients were opened
         with self._counting:
             self._built += 1
         return made
@@ -106,6 +138,24 @@ class Instances:
         return n
 
 
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def finish(coro: Coroutine[Any, Any, T]) -> T:
+    """The value of a coroutine that never waits (over a plain function: `Instances.call`), with no event loop."""
+    try:
+        coro.send(None)
+    except StopIteration as done:
+        return cast("T", done.value)
+    coro.close()
+    raise RuntimeError("a coroutine over a plain function waited for something")
+
+
 def check_fn(entry: str, name: str, fn: object, fn_args: object, fn_kwargs: object, what: str) -> Instances:
     """`fn` (the parameter `name`) with its constructor's arguments, checked: a callable, and arguments only for a class.
 
@@ -113,7 +163,7 @@ def check_fn(entry: str, name: str, fn: object, fn_args: object, fn_kwargs: obje
     """
     if not callable(fn):
         raise TypeError(f"{entry}: {name} must be callable: a function or a class (called with {what}), got {type(fn).__name__}")
-    refuse_unrun(entry, name, fn)
+    refuse_generator(entry, name, fn)
     if not isinstance(fn_args, (tuple, list)):
         raise TypeError(f"{entry}: fn_args must be a tuple, got {type(fn_args).__name__}")
     if fn_kwargs is not None and not (isinstance(fn_kwargs, dict) and all(type(k) is str for k in fn_kwargs)):
@@ -127,11 +177,10 @@ def check_fn(entry: str, name: str, fn: object, fn_args: object, fn_kwargs: obje
     return Instances(fn, tuple(fn_args), kwargs, entry)
 
 
-def refuse_unrun(entry: str, name: str, fn: object) -> None:
-    """Refuse a callable whose calls would not run it: a generator function, or (until they are awaited here) an async one.
+def refuse_generator(entry: str, name: str, fn: object) -> None:
+    """Refuse a generator function (an async one too), before any work.
 
-    `fn` is called synchronously where it runs, and its return value taken as the result: a
-    generator or a coroutine would only fail every row, after the whole job.
+    A call's return value is the result: a generator would fail every row, after the whole job.
     """
     cls = inspect.isclass(fn)
     runs = [inspect.getattr_static(fn if cls else type(fn), "__call__", None), *([] if cls else [fn])]  # what a call runs
@@ -140,9 +189,4 @@ def refuse_unrun(entry: str, name: str, fn: object) -> None:
         raise TypeError(
             f"{entry}: {name} is {which}a generator function ({getattr(fn, '__qualname__', fn)!r}): {entry} takes what a "
             "call returns, so return the result instead of yielding it"
-        )
-    if any(is_async_callable(f) for f in runs):
-        raise TypeError(
-            f"{entry}: {name} is {which}an async function ({getattr(fn, '__qualname__', fn)!r}), which {entry} does not "
-            "await yet: give a plain function, for instance one that runs it with asyncio.run(...)"
         )

@@ -47,10 +47,10 @@ from conveyor.constants import (
 from conveyor.spark.form import JobForm, JobTask
 from conveyor.spark.instances import Instances, check_fn
 from conveyor.spark.job import JobOutcome, JobSettings, MapStats, check_seconds, module_of, queue_job
-from conveyor.spark.rows import MAX_ROWS_PER_MESSAGE, DealRows, ReadRows, RowRunner, output_schema, with_extra
+from conveyor.spark.rows import MAX_ROWS_PER_MESSAGE, DealRows, ReadRows, output_schema, row_runner, with_extra
 from conveyor.spark.watch import START_TIMEOUT_S
 from conveyor.tasks.options import TaskOptions
-from conveyor.tasks.policy import check_max_retries
+from conveyor.tasks.policy import attempts_for, check_max_retries
 from conveyor.worker.options import ConsumerKeywords, ConsumerOptions, options_of
 
 if TYPE_CHECKING:
@@ -59,6 +59,8 @@ if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack is 3.11+; only the type checker reads it
 
 log = logging.getLogger("conveyor.spark")
+
+ASYNC_BACKSTOP_S = 5.0  # an async map's message may run this much past its rows' time limits (see _row_form)
 
 
 @overload
@@ -168,11 +170,12 @@ def map(
 
     instances = check_fn("map", "func", func, fn_args, fn_kwargs, "each row as a dict")
     if rows_per_message is None:
-        rows_per_message = MAP_DEFAULT_ROWS_PER_MESSAGE if time_limit is None else 1
+        rows_per_message = MAP_DEFAULT_ROWS_PER_MESSAGE if time_limit is None or instances.awaits else 1
     if type(rows_per_message) is not int or not 1 <= rows_per_message <= MAX_ROWS_PER_MESSAGE:
         raise ValueError(f"map: rows_per_message must be an integer in 1..{MAX_ROWS_PER_MESSAGE}, got {rows_per_message!r}")
     settings = row_job_settings(
         "map",
+        instances,
         options,
         keywords,
         max_retries=max_retries,
@@ -193,6 +196,7 @@ def map(
 
 def row_job_settings(
     entry: str,
+    fn: Instances,
     options: ConsumerOptions | None,
     keywords: ConsumerKeywords,
     *,
@@ -207,11 +211,23 @@ def row_job_settings(
     """The job settings of an entry point giving one output row per input row (map, map_batches), checked.
 
     Both refuse `middleware`: it would take the place of the Retries and TimeLimits that serve
-    their own `max_retries=` and `time_limit=`.
+    their own `max_retries=` and `time_limit=`. An async `fn` runs on `pool="async"` consumers
+    unless `options=` or `pool=` say otherwise (where its calls still run, each message on a loop
+    of its own: said in the log).
     """
     check_max_retries(max_retries, f"{entry}: ")
     check_seconds(entry, "time_limit", time_limit)
+    if fn.awaits and options is None and "pool" not in keywords:
+        keywords = {**keywords, "pool": "async"}
     consumer_options = options_of(entry, options, keywords)
+    if fn.awaits and consumer_options.pool != "async":
+        log.warning(
+            "%s: the function is async, and the consumers' pool is %r: each message's calls run on an event loop of "
+            "its own, %s messages at a time; pool='async' runs them all on one loop, many at once",
+            entry,
+            consumer_options.pool,
+            consumer_options.concurrency or "the default number of",
+        )
     if consumer_options.middleware is not None:
         raise ValueError(
             f"{entry}: middleware is not for {entry}: its rows' retries and time limit are {entry}'s own "
@@ -247,12 +263,19 @@ def _row_form(
     from pyspark.sql.pandas.types import to_arrow_schema
 
     # a message is delivered again only when its worker died or it ran over its time limit
-    message_time_limit = None if time_limit is None else time_limit * rows_per_message
-    row_options = TaskOptions(queue=queue, time_limit=time_limit, max_retries=max_retries)  # of a row split off (RowRunner)
+    message_limit: float | None = None
+    row_limit: float | None = None  # of a row split off (RowRunner)
+    if time_limit is not None and func.awaits:
+        # the runner holds each call to time_limit (the rows run together); the messages' limit is a
+        # backstop, for a call that blocks the loop
+        message_limit = row_limit = time_limit * attempts_for(max_retries) + ASYNC_BACKSTOP_S
+    elif time_limit is not None:  # the rows run in turn
+        message_limit, row_limit = time_limit * rows_per_message, time_limit
+    row_options = TaskOptions(queue=queue, time_limit=row_limit, max_retries=max_retries)
     return JobForm(
         task=JobTask(
-            RowRunner(func, max_retries, to_arrow_schema(schema), row_options),
-            TaskOptions(queue=queue, time_limit=message_time_limit, max_retries=max_retries),
+            row_runner(func, max_retries, to_arrow_schema(schema), row_options, time_limit),
+            TaskOptions(queue=queue, time_limit=message_limit, max_retries=max_retries),
         ),
         parcels=DealRows(rows_per_message),
         read=ReadRows(schema),

@@ -7,12 +7,13 @@ tried per the retry policy), and the outcomes read back as Arrow batches with `_
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import functools
 import json
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeGuard, cast
 
 from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import (
@@ -31,7 +32,7 @@ from conveyor.errors import ConveyorError
 from conveyor.message import Message
 from conveyor.spark.fits import FitCheck
 from conveyor.spark.form import Parcel, ServerOutcomes
-from conveyor.spark.instances import BuildError, Instances
+from conveyor.spark.instances import BuildError, Instances, finish
 from conveyor.spark.records import ReadCounts
 from conveyor.tasks.envelope import decode_call, decode_result, encode_error
 from conveyor.tasks.options import TaskOptions
@@ -95,63 +96,59 @@ def job_result(rows: Any, built: int) -> list[Any]:
     return out
 
 
-class RowRunner:
-    """The task of one message: `func` over its rows, each tried up to 1 + max_retries times.
+class _Rows:
+    """What both row runners share: a row's runs, the outcomes checked against the schema, the split (see RowRunner)."""
 
-    Returns a `RowsResult` (as its `to_wire`): an outcome per row, and the instances of func's class
-    built here since the last result said so. A class given as func that cannot be built fails every row with
-    its error (`BuildError`). A result that does not fit `schema` fails its row here, where the input is at hand.
-    A row's failure never fails its neighbours; the message itself fails only if its worker dies
-    or it runs over its time limit. Delivered again (after that, or a stop), a message of several rows is split:
-    each row goes back on the same server as a message of its own (`row_options`, key
-    `split:<id>:<row>`), whose outcome ends with that key, and this one's result holds no rows. So
-    one row that crashes its process, or hangs, fails alone (`read_results` takes each row once).
-    """
-
-    def __init__(self, func: Instances, max_retries: int, schema: pa.Schema, row_options: TaskOptions | None = None) -> None:
+    def __init__(
+        self,
+        func: Instances,
+        max_retries: int,
+        schema: pa.Schema,
+        row_options: TaskOptions | None = None,
+        time_limit: float | None = None,
+    ) -> None:
         self.func = func
         self.max_retries = max_retries
         self.schema = schema
         self.row_options = row_options or TaskOptions()
+        self.time_limit = time_limit  # of each call, where the runner enforces it (AsyncRowRunner)
 
     @functools.cached_property
     def _fit(self) -> FitCheck:
         return FitCheck(self.schema)  # built where the rows run, at the first message
 
-    def __call__(self, rows: list[dict[str, Any]]) -> list[Any]:
-        message = current_message()
-        if message is not None and len(rows) > 1 and message.attempts > 1 and self._split(message, rows):
-            return RowsResult([], self.func.take_built()).to_wire()
-        key = "" if message is None else _key(message)
-        try:
-            out = self._run(self.func.get(), rows)
-        except BuildError as e:
-            out = [RowOutcome(False, str(e), input_json(row)) for row in rows]
-        if key.startswith(SPLIT_PREFIX):
-            out = [dataclasses.replace(o, key=key) for o in out]
-        return RowsResult(out, self.func.take_built()).to_wire()
+    def _split_due(self, message: Message | None, rows: list[dict[str, Any]]) -> TypeGuard[Message]:
+        """Whether `message` comes again with several rows (so that they are to run each alone)."""
+        return message is not None and len(rows) > 1 and message.attempts > 1
 
-    def _run(self, func: Callable[[dict[str, Any]], Any], rows: list[dict[str, Any]]) -> list[RowOutcome]:
-        names = self.schema.names
-        out: list[RowOutcome] = []
-        for row in rows:
-            for attempt in range(attempts_for(self.max_retries)):  # the same policy as a task's retries
-                try:
-                    value = func(row)
-                except Exception as e:
-                    if attempt == self.max_retries:
-                        out.append(RowOutcome(False, encode_error(e), input_json(row)))
-                    continue
-                try:
-                    out.append(RowOutcome(True, _row(value, names)))
-                except ConveyorError as e:
-                    out.append(RowOutcome(False, str(e), input_json(row)))
-                break
+    def _result(self, message: Message | None, rows: list[dict[str, Any]], out: list[RowOutcome] | BuildError) -> list[Any]:
+        """The call's result: its outcomes (the rows' fit to the schema checked, a split row's key added)."""
+        if isinstance(out, BuildError):
+            out = [RowOutcome(False, str(out), input_json(row)) for row in rows]
         ok = [j for j, o in enumerate(out) if o.ok]
         for k, why in _misfits([out[j].value for j in ok], self.schema, self._fit).items():
             j = ok[k]
             out[j] = RowOutcome(False, f"map: {why}", input_json(rows[j]))
-        return out
+        key = "" if message is None else _key(message)
+        if key.startswith(SPLIT_PREFIX):
+            out = [dataclasses.replace(o, key=key) for o in out]
+        return RowsResult(out, self.func.take_built()).to_wire()
+
+    async def _one(self, func: Callable[[dict[str, Any]], Any], row: dict[str, Any]) -> RowOutcome:
+        """One row, run up to 1 + max_retries times; over a plain func it never waits (`finish`)."""
+        names = self.schema.names
+        for attempt in range(attempts_for(self.max_retries)):  # the same policy as a task's retries
+            try:
+                value = await self.func.call(func, row, self.time_limit)
+            except Exception as e:
+                if attempt == self.max_retries:
+                    return RowOutcome(False, encode_error(e), input_json(row))
+                continue
+            try:
+                return RowOutcome(True, _row(value, names))
+            except ConveyorError as e:
+                return RowOutcome(False, str(e), input_json(row))
+        raise AssertionError("no attempt was made")  # attempts_for(n) >= 1
 
     def _split(self, message: Message, rows: list[dict[str, Any]]) -> bool:
         """Each row of `message` back on its server alone, once whatever the attempts.
@@ -171,6 +168,57 @@ class RowRunner:
             ],
         )
         return True
+
+
+class RowRunner(_Rows):
+    """The task of one message: a plain `func` over its rows in turn, each tried up to 1 + max_retries times.
+
+    Returns a `RowsResult` (as its `to_wire`): an outcome per row, and the instances of func's class
+    built here since the last result said so. A class given as func that cannot be built fails every row with
+    its error (`BuildError`). A result that does not fit `schema` fails its row here, where the input is at hand.
+    A row's failure never fails its neighbours; the message itself fails only if its worker dies
+    or it runs over its time limit. Delivered again (after that, or a stop), a message of several rows is split:
+    each row goes back on the same server as a message of its own (`row_options`, key
+    `split:<id>:<row>`), whose outcome ends with that key, and this one's result holds no rows. So
+    one row that crashes its process, or hangs, fails alone (`read_results` takes each row once).
+    """
+
+    def __call__(self, rows: list[dict[str, Any]]) -> list[Any]:
+        message = current_message()
+        if self._split_due(message, rows) and self._split(message, rows):
+            return RowsResult([], self.func.take_built()).to_wire()
+        try:
+            func = self.func.get()
+        except BuildError as e:
+            return self._result(message, rows, e)
+        return self._result(message, rows, [finish(self._one(func, row)) for row in rows])
+
+
+class AsyncRowRunner(_Rows):
+    """`RowRunner` for an async func: a message's rows awaited together on the consumer's loop.
+
+    Each call is held to `time_limit` here (`TimeLimitExceededError`, then retried like any
+    failure), so a message's rows fail one by one rather than all with their message.
+    """
+
+    async def __call__(self, rows: list[dict[str, Any]]) -> list[Any]:
+        message = current_message()
+        if self._split_due(message, rows) and await asyncio.to_thread(self._split, message, rows):
+            return RowsResult([], self.func.take_built()).to_wire()
+        try:
+            func = self.func.get()
+        except BuildError as e:
+            return self._result(message, rows, e)
+        return self._result(message, rows, list(await asyncio.gather(*(self._one(func, row) for row in rows))))
+
+
+def row_runner(
+    func: Instances, max_retries: int, schema: pa.Schema, row_options: TaskOptions, time_limit: float | None
+) -> RowRunner | AsyncRowRunner:
+    """The task of map's messages for `func`: an `AsyncRowRunner` if its calls are to be awaited, else a `RowRunner`."""
+    if func.awaits:
+        return AsyncRowRunner(func, max_retries, schema, row_options, time_limit)
+    return RowRunner(func, max_retries, schema, row_options)
 
 
 class _SplitLedger:

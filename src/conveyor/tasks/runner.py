@@ -18,7 +18,9 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-from collections.abc import Callable
+import threading
+import weakref
+from collections.abc import Awaitable, Callable
 from contextvars import ContextVar, Token
 from types import TracebackType
 from typing import Any
@@ -32,6 +34,10 @@ from conveyor.tasks.registry import Registry
 from conveyor.tasks.registry import registry as default_registry
 
 _function_cache = FunctionCache()  # the process-wide cache of ad-hoc callables, when given none
+_loop_end: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[Callable[[], Awaitable[object]]]] = (
+    weakref.WeakKeyDictionary()
+)
+_loop_end_lock = threading.Lock()
 
 
 class _Attempt:
@@ -104,6 +110,24 @@ def forget_adhoc(name: str) -> None:
     digest = adhoc_digest(name)
     if digest is not None:
         _function_cache.forget(digest)
+
+
+def at_loop_end(close: Callable[[], Awaitable[object]]) -> None:
+    """Await `close()` on the running event loop before a consumer's async slots close it.
+
+    For what a task opened on the loop and keeps across calls (an `aiohttp` session in a class's
+    instance: its `aclose`), which must be closed there. A loop no one winds down (`asyncio.run`)
+    drops it.
+    """
+    loop = asyncio.get_running_loop()
+    with _loop_end_lock:
+        _loop_end.setdefault(loop, []).append(close)
+
+
+def take_loop_end(loop: asyncio.AbstractEventLoop) -> list[Callable[[], Awaitable[object]]]:
+    """What `at_loop_end` asked to await on `loop` as it ends, in the order asked (then forgotten)."""
+    with _loop_end_lock:
+        return _loop_end.pop(loop, [])
 
 
 def is_async_callable(fn: object) -> bool:

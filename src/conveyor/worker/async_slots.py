@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from conveyor.constants import ASYNC_PLAIN_THREADS
 from conveyor.message import Message
-from conveyor.tasks.runner import run_message_async, runs_on_loop
+from conveyor.tasks.runner import run_message_async, runs_on_loop, take_loop_end
 from conveyor.worker.completions import Completions
 from conveyor.worker.connections import WorkerConnections
 from conveyor.worker.executors import Completion, ThreadSlots, failure
@@ -120,6 +120,11 @@ class AsyncSlots:
                 log.warning(
                     "async slots: calls of messages %s go on %g s after their cancel; cancelled again", going_on, CANCEL_WAIT_S
                 )
+        for close in take_loop_end(self._loop):  # what tasks keep open across calls (an instance's aclose)
+            try:
+                self._loop.run_until_complete(asyncio.wait_for(close(), CANCEL_WAIT_S))
+            except BaseException as e:
+                log.warning("async slots: closing what a task kept open on the loop failed: %r", e)
         with contextlib.suppress(BaseException):  # async generators left by the calls: their cleanup, if it fails, is theirs
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
         self._loop.close()
