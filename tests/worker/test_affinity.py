@@ -124,8 +124,8 @@ def test_slots_left_out_read_ahead_and_slots_given_bound_what_is_held(pool: Queu
     assert resolve_slots(3, "thread", consumers=2) == (3, False)
     with pytest.raises(ValueError, match=r"concurrency must be an integer >= 1 .*got 0"):
         ConsumerPool(pool, 1, concurrency=0)
-    assert ConsumerPool(pool, 1)._wiring.read_ahead is True
-    assert ConsumerPool(pool, 1, concurrency=8)._wiring.read_ahead is False
+    assert ConsumerPool(pool, 1)._wiring.slots_defaulted is True
+    assert ConsumerPool(pool, 1, concurrency=8)._wiring.slots_defaulted is False
     assert Consumer(pool.queues, ["jobs"]).reads_ahead and not Consumer(pool.queues, ["jobs"], concurrency=8).reads_ahead
 
 

@@ -181,7 +181,7 @@ def _consume(
             stop_when=lambda: pool.get_blob(stop) is not None,
             expect_more=expect_more,
             name=f"spark:{os.uname().nodename}:{job}:{index}:{os.getpid()}",
-            read_ahead=run.read_ahead,
+            slots_defaulted=run.slots_defaulted,
         )
         old = sys.getswitchinterval()
         sys.setswitchinterval(CONSUMER_SWITCH_INTERVAL_S)  # see conveyor.worker.consumer_pool
@@ -291,11 +291,11 @@ class SparkConsumerPool:
         self.queues, self.task_modules = list(queues), list(given.task_modules)
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
         # each consumer is a Spark task: one task slot, a core (processes in its stead: for that core)
-        slots, read_ahead = resolve_slots(given.concurrency, given.pool, 1, cores=1)
+        slots, defaulted = resolve_slots(given.concurrency, given.pool, 1, cores=1)
         pin = auto_pin(given.pin_core, given.pool, self.n_consumers, task_slots(spark))
         self.options = replace(given, concurrency=slots, pin_core=pin)  # what each consumer runs with
         self.until_empty = until_empty
-        self._consumer_run = _ConsumerRun(until_empty, unreachable_s, read_ahead, tuple(job_tasks))
+        self._consumer_run = _ConsumerRun(until_empty, unreachable_s, defaulted, tuple(job_tasks))
         self.job = uuid.uuid4().hex[:12]
         self._rows_put = rows_put_records(self.job)
         self.description = description or (
@@ -473,7 +473,7 @@ class _ConsumerRun:
 
     until_empty: bool  # it ends once the queues are drained
     unreachable_s: float  # a server out of reach this long ends it with an error
-    read_ahead: bool  # it may hold quick tasks beyond its slots (sized here: the options leave them out)
+    slots_defaulted: bool  # concurrency was left out: the slots were sized here (see Consumer)
     job_tasks: tuple[str, ...] = ()  # ad-hoc tasks dropped from the process when it ends (SparkConsumerPool)
 
 

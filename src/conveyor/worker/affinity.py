@@ -75,12 +75,13 @@ def default_slots(pool: str, consumers: int, cores: int | None = None) -> int:
 
 
 def resolve_slots(concurrency: int | None, pool: str, consumers: int, cores: int | None = None) -> tuple[int, bool]:
-    """(slots, read ahead) of a consumer.
+    """(slots, defaulted) of a consumer.
 
     Slots: `concurrency` as given, which also bounds the messages it holds; left out (None),
-    `default_slots`, and the consumer may hold quick tasks beyond its slots (worker/pacing.py). A
-    crash of the consumer's process returns the messages held after their lease, an attempt spent: a
-    bound given keeps that to the slots.
+    `default_slots`, and (defaulted) the consumer may hold quick tasks beyond its slots
+    (worker/pacing.py) and, in thread mode, add threads while its tasks wait
+    (worker/thread_scaling.py). A crash of the consumer's process returns the messages held after
+    their lease, an attempt spent: a bound given keeps that to the slots.
     """
     if concurrency is not None:
         return concurrency, False  # checked by ConsumerOptions

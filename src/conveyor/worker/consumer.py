@@ -12,6 +12,7 @@ retried now and then while the others are served (see `outages`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
@@ -44,6 +45,7 @@ from conveyor.worker.pacing import Pacing
 from conveyor.worker.selectors import QueueSelector, selector_class
 from conveyor.worker.settler import Release, Settlement, Settler, result_fits
 from conveyor.worker.stats import ConsumerStats
+from conveyor.worker.thread_scaling import ThreadScaling
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack  # typing.Unpack is 3.11+; only the type checker reads it
@@ -80,7 +82,7 @@ class Consumer:
         expect_more: Callable[[], bool] | None = None,
         on_started: Callable[[], object] | None = None,
         holding: Callable[[int], object] | None = None,
-        read_ahead: bool | None = None,
+        slots_defaulted: bool | None = None,
         **keywords: Unpack[ConsumerKeywords],
     ) -> None:
         """See the module docstring; the options (`options=`, or keywords of their names) are `ConsumerOptions`.
@@ -94,18 +96,21 @@ class Consumer:
         not end the consumer (producers are still at work). `on_started` is called once `run()` is
         ready to work: task modules imported, task slots started. `holding` (with `early_ack`) is
         told how many acked messages the consumer holds, before each ack and as they end: the
-        servers no longer count them (`ConsumerPool.join`). `read_ahead`: whether it may hold quick
-        tasks beyond its slots (None: when `concurrency` is left out; a pool that sized the slots
-        for its consumers says so here). With `early_ack` it reads no messages ahead, since those
+        servers no longer count them (`ConsumerPool.join`). `slots_defaulted`: whether `concurrency`
+        was left out (None: when it is; a pool that sized the slots for its consumers says so
+        here): the consumer may then hold quick tasks beyond its slots, and in thread mode adds
+        threads while its tasks wait (`ThreadScaling`). With `early_ack` it reads no messages ahead, since those
         could not be given back, and extends no leases (see `ack_modes`).
         """
         if not queues:
             raise ValueError("a consumer needs at least one queue")
         self.options = opts = options_of("Consumer", options, keywords)
-        self.slots, reads_ahead = resolve_slots(opts.concurrency, opts.pool, 1)
+        self.slots, defaulted = resolve_slots(opts.concurrency, opts.pool, 1)
+        defaulted = defaulted if slots_defaulted is None else slots_defaulted
         self.middleware = list(default_middleware() if opts.middleware is None else opts.middleware)
         self._ack_mode = ack_mode(opts.early_ack, self.middleware, holding)
-        self.reads_ahead = (reads_ahead if read_ahead is None else read_ahead) and self._ack_mode.reads_ahead
+        self.reads_ahead = defaulted and self._ack_mode.reads_ahead
+        self._scaling = ThreadScaling(self.slots) if defaulted and opts.pool == "thread" else None
         self.pool = queue_pool
         self.queues = [ServedQueue.of(q, opts.batch_size) for q in queues]
         mine = queue_pool.assign(consumer, n_consumers)
@@ -220,6 +225,8 @@ class Consumer:
                     if slots.broken is not None:  # no slot will ever run what it holds: said, not waited on
                         raise ConveyorError(f"consumer {self.name}: {slots.broken}")
                     self._enforce_limits(slots, now)
+                    if self._scaling is not None and (grown := self._scaling.sweep(now, len(self._running))) is not None:
+                        self._grow(slots, grown)
                     self._settler.put(self._ack_mode.extensions(self._running.values(), now))
                     self._check_reachable()
                 if self.stop_when is not None and now >= self._next_stop_check:
@@ -264,6 +271,15 @@ class Consumer:
                     raise
                 log.debug("consumer %s: %s; retrying", self.name, e)
                 self._stop.wait(RETRY_CONNECT_S)
+
+    def _grow(self, slots: Slots, threads: int) -> None:
+        """Run `threads` threads from now on: its tasks wait (`ThreadScaling`)."""
+        if not isinstance(slots, ThreadSlots):
+            return
+        log.info("consumer %s: every thread busy, the process's CPU idle: its tasks wait; %d threads now", self.name, threads)
+        slots.grow(threads - slots.n)
+        self.slots = threads
+        self._fetcher.pacing = dataclasses.replace(self._fetcher.pacing, slots=threads)
 
     def _check_reachable(self) -> None:
         """Say which servers are out of reach; one past `unreachable_s` ends the consumer: a hard stop (no long goodbye to it)."""

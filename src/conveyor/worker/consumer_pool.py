@@ -140,7 +140,7 @@ def _consume(
         n_consumers=n,
         on_started=lambda: _tell(conn, _STARTED, None),
         holding=holding,
-        read_ahead=wiring.read_ahead,
+        slots_defaulted=wiring.slots_defaulted,
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: consumer.stop())
@@ -176,7 +176,7 @@ def _tell(conn: Connection, what: str, data: object) -> None:
 class _Wiring:
     """What a pool tells each of its consumer processes beside the options."""
 
-    read_ahead: bool  # whether it may hold quick tasks beyond its slots (the slots were sized by the pool)
+    slots_defaulted: bool  # concurrency was left out: the pool sized the slots (see Consumer)
     log_level: int  # the pool process's, when it made the pool
 
 
@@ -210,7 +210,7 @@ class ConsumerPool:
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
         given = options_of("ConsumerPool", options, keywords)
         refuse_shared_selector("ConsumerPool", given)
-        slots, read_ahead = resolve_slots(given.concurrency, given.pool, self.n_consumers)
+        slots, defaulted = resolve_slots(given.concurrency, given.pool, self.n_consumers)
         # what each consumer runs with: sized for the consumers on this machine
         self.options = replace(
             given,
@@ -218,7 +218,7 @@ class ConsumerPool:
             pin_core=auto_pin(given.pin_core, given.pool, self.n_consumers),
             shutdown_timeout=process_shutdown_timeout(given.shutdown_timeout),
         )
-        self._wiring = _Wiring(read_ahead, logging.getLogger().level or logging.WARNING)
+        self._wiring = _Wiring(defaulted, logging.getLogger().level or logging.WARNING)
         self.restart = restart
         self.restarts = 0
         self.hooks = hooks

@@ -144,6 +144,12 @@ class ThreadSlots:
         for _ in range(self.n):
             self._spawn()
 
+    def grow(self, k: int) -> None:
+        """Start `k` more threads (`ThreadScaling`: its tasks wait)."""
+        self.n += k
+        for _ in range(k):
+            self._spawn()
+
     def _spawn(self) -> None:
         with self._lock:
             slot = self._next_slot
@@ -305,6 +311,12 @@ class ProcessSlots:
             if self._broken is not None or not ready:
                 self.close(wait=False)
                 raise ConveyorError(self._broken or f"worker processes did not start within {READY_TIMEOUT_S:.0f} s")
+
+    def grow(self, k: int) -> None:
+        """Start `k` more threads (`ThreadScaling`: its tasks wait)."""
+        self.n += k
+        for _ in range(k):
+            self._spawn()
 
     def _spawn(self) -> None:
         with self._lock:

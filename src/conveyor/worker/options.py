@@ -42,8 +42,9 @@ POOLS: tuple[Pool, ...] = ("thread", "process", "async")
 class ConsumerOptions:
     """How each consumer fetches and runs tasks (see the module docstring); checked as it is made."""
 
-    # tasks one consumer runs at once (its slots); None: 8 threads, or child processes for its share of the cores plus one,
-    # and it may fetch quick tasks beyond its slots (read-ahead); given, it also bounds the messages a consumer holds
+    # tasks one consumer runs at once (its slots); None: 8 threads (doubled, up to 128, while its tasks wait), or child
+    # processes for its share of the cores plus one, and it may fetch quick tasks beyond its slots (read-ahead); given,
+    # it also bounds the messages a consumer holds
     concurrency: int | None = None
     # where tasks run: "thread", or "process" (child processes: CPU-bound work; a task over its time limit is killed),
     # or "async" (coroutines on one event loop: I/O-bound work, `concurrency` calls in flight, by default 256)
