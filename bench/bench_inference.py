@@ -17,8 +17,9 @@ answers each after a lognormal delay (median 50 ms, p99 about 1 s; the same dela
 item in every variant), makespan of the call to the last answer:
 
   (a) Spark mapInPandas, 16 partitions, 32 threads each (written by hand)
-  (b) conveyor.spark.map, a plain function, its defaults
-  (c) conveyor.spark.map, tuned: concurrency=32, rows_per_message=1
+  (b) conveyor.spark.map, a plain function, its defaults (threads grow while calls wait)
+  (c) conveyor.spark.map, tuned: concurrency=32, rows_per_message=1; (c') concurrency=128
+  (d) conveyor.spark.map, an async class (an aiohttp session per consumer), its defaults
 
 Needs scikit-learn (the `bench` extra) for W1.
 
@@ -166,16 +167,33 @@ def delay_of(item: int) -> float:
 DELAY_CAP_S = 5.0  # the lognormal's far tail cut, so that one draw does not decide a makespan
 
 
+class InFlight:
+    """The calls the W2 server is answering now, and the most at once since `reset` (its loop's thread only)."""
+
+    def __init__(self) -> None:
+        self.now = self.most = 0
+
+    def reset(self) -> int:
+        """The most at once since the last reset."""
+        most, self.most = self.most, self.now
+        return most
+
+
 @contextlib.contextmanager
-def slow_server() -> Iterator[str]:
-    """An HTTP server answering `/item/<n>` with `n` after `delay_of(n)`; yields its base URL."""
+def slow_server(in_flight: InFlight) -> Iterator[str]:
+    """An HTTP server answering `/item/<n>` with `n` after `delay_of(n)`, counting `in_flight`; yields its base URL."""
     import asyncio
 
     from aiohttp import web
 
     async def answer(request: web.Request) -> web.Response:
         n = int(request.match_info["n"])
-        await asyncio.sleep(delay_of(n))
+        in_flight.now += 1
+        in_flight.most = max(in_flight.most, in_flight.now)
+        try:
+            await asyncio.sleep(delay_of(n))
+        finally:
+            in_flight.now -= 1
         return web.Response(text=str(n))
 
     loop = asyncio.new_event_loop()
@@ -234,7 +252,8 @@ def w2(args: argparse.Namespace) -> None:
     n = args.calls
     df = spark.range(n).repartition(16).cache()
     progress(f"{df.count():,} calls; serial time {sum(delay_of(i) for i in range(n)):,.0f} s")
-    with slow_server() as base, QueuePool.local(n_servers=2) as pool:
+    in_flight = InFlight()
+    with slow_server(in_flight) as base, QueuePool.local(n_servers=2) as pool:
 
         def call(row: dict[str, Any]) -> int:
             return fetch(base, row["id"])
@@ -262,23 +281,30 @@ def w2(args: argparse.Namespace) -> None:
             "(a) Spark mapInPandas, 16 x 32 threads": spark_run,
             "(b) map, defaults": conveyor_run(),
             "(c) map, concurrency=32, rows_per_message=1": conveyor_run(concurrency=32, rows_per_message=1),
+            "(c') map, concurrency=128, rows_per_message=1": conveyor_run(concurrency=128, rows_per_message=1),
             "(d) map, async class (aiohttp), defaults": conveyor_run(AsyncFetch, fn_args=(base,)),
         }
         spark_run()  # Python workers started: not measured
         took: dict[str, list[float]] = {name: [] for name in variants}
+        most: dict[str, list[int]] = {name: [] for name in variants}
         for run in range(args.runs):
             for name, variant in variants.items():
+                in_flight.reset()
                 t0 = time.perf_counter()
                 variant()
                 took[name].append(time.perf_counter() - t0)
-                progress(f"run {run + 1}: {name}: {took[name][-1]:.1f} s")
+                most[name].append(in_flight.reset())
+                progress(f"run {run + 1}: {name}: {took[name][-1]:.1f} s, at most {most[name][-1]:,} calls in flight")
     spark.stop()
     print(f"\nW2: {n:,} HTTP calls of lognormal latency (median 50 ms), local[2], makespan, medians of {args.runs}")
     base_s = statistics.median(took["(a) Spark mapInPandas, 16 x 32 threads"])
     for name, got in took.items():
         median = statistics.median(got)
         runs = ", ".join(f"{t:.1f}" for t in got)
-        print(f"  {name:46s} {median:>7.1f} s  ({median / base_s:.2f}x mapInPandas; runs {runs})")
+        print(
+            f"  {name:46s} {median:>7.1f} s  ({median / base_s:.2f}x mapInPandas; runs {runs}; "
+            f"at most {statistics.median(most[name]):,.0f} calls in flight)"
+        )
 
 
 if __name__ == "__main__":

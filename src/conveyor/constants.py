@@ -235,14 +235,15 @@ MAX_ERROR_CHARS = 64 * 1024
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_RETRIES = 3
 DEFAULT_CONCURRENCY = 8  # tasks one consumer runs at once
-# a thread-mode consumer whose concurrency is left out starts DEFAULT_CONCURRENCY threads and doubles them,
-# up to IO_MAX_THREADS, after each IO_LOOK_S in which all were busy (at IO_FULL_SHARE of its sweeps) while
-# the process used less CPU than IO_BUSY_CORES of a core: its tasks wait (on sockets, sleeps), and more of
-# them at once finish sooner; doubled, they stay under a core, all the GIL gives Python threads
-# (worker/thread_scaling.py). CPU-bound tasks keep a core busy, so they never grow.
-IO_LOOK_S = 1.0
+# a thread-mode consumer whose concurrency is left out starts DEFAULT_CONCURRENCY threads and, after each
+# IO_LOOK_S in which all were busy (at IO_FULL_SHARE of its sweeps), grows them by as many times as keeps its
+# process's CPU under IO_BUSY_CORES of a core (at least 2, at most IO_MAX_GROWTH times a look, up to
+# IO_MAX_THREADS): its tasks wait (on sockets, sleeps), and more of them at once finish sooner; the GIL gives
+# Python threads a core at most (worker/thread_scaling.py). CPU-bound tasks keep a core busy: never grown.
+IO_LOOK_S = 0.5
 IO_FULL_SHARE = 0.75
 IO_BUSY_CORES = 0.5
+IO_MAX_GROWTH = 4
 IO_MAX_THREADS = 128
 # calls one consumer with pool="async" has in flight: its tasks wait on I/O (web APIs, models behind a
 # server), so hundreds overlap where 8 would leave it idle; each call may hold a socket, and 256 keeps a

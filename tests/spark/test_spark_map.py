@@ -80,6 +80,40 @@ def test_map_gives_one_row_per_input_row_and_reports_failures(spark: SparkSessio
     assert pool.drop(stats.queue) and stats.queue not in pool.stats()
 
 
+def slow_row(row: dict[str, Any]) -> int:
+    time.sleep(0.03)  # over SLOW_ROW_S
+    return int(row["id"])
+
+
+@pytest.mark.parametrize("given", [None, 8])
+def test_slow_rows_travel_one_to_a_message_unless_rows_per_message_is_given(
+    spark: SparkSession, pool: QueuePool, given: int | None
+) -> None:
+    """Rows of 30 ms: once a consumer has run a message's worth, the messages it gets are split, a row to each.
+
+    The first message each of a consumer's 8 threads takes runs whole (nothing was measured yet):
+    2 x 8 messages of 8 rows at most, so the 200 rows come from 16 + 72 messages at least. Given
+    rows_per_message, the messages run as they are: each partition's 100 rows in 13.
+    """
+    out, stats = cs.map(
+        spark.range(200, numPartitions=2),
+        slow_row,
+        schema="v long",
+        queue_pool=pool,
+        rows_per_message=given,
+        progress=False,
+        stats=True,
+    )
+    rows = out.collect()
+    assert sorted(r["v"] for r in rows) == list(range(200)) and all(r["_error"] is None for r in rows)
+    messages = len({r["_id"] for r in rows})  # a row split off its message has an id of its own
+    if given is None:
+        assert messages >= 16 + 72, messages
+    else:
+        assert messages == 26, messages
+    assert pool.drop(stats.queue)
+
+
 def cores_of(row: dict[str, Any]) -> dict[str, Any]:
     import os
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from conveyor.client.pool import QueuePool
-from conveyor.constants import DEFAULT_CONCURRENCY, IO_LOOK_S, IO_MAX_THREADS
+from conveyor.constants import DEFAULT_CONCURRENCY, IO_LOOK_S, IO_MAX_GROWTH, IO_MAX_THREADS
 from conveyor.worker import Consumer
 from conveyor.worker.thread_scaling import ThreadScaling
 
@@ -36,14 +36,15 @@ def consume(pool: QueuePool, **kw: object) -> Consumer:
     return c
 
 
-def test_the_threads_double_after_a_look_with_all_busy_and_the_cpu_idle() -> None:
+def test_the_threads_grow_after_a_look_with_all_busy_and_the_cpu_idle() -> None:
     s = ThreadScaling(8)
     start = time.monotonic()
     assert s.sweep(start + IO_LOOK_S / 2, running=8) is None  # the look is not over
-    assert s.sweep(start + IO_LOOK_S * 1.1, running=8) == 16  # all busy, this process idle: they wait
-    assert s.sweep(start + IO_LOOK_S * 1.5, running=3) is None  # a free thread in this look: it says nothing
-    assert s.sweep(start + IO_LOOK_S * 2.2, running=16) is None
-    assert s.sweep(start + IO_LOOK_S * 3.3, running=16) == 32
+    # all busy, this process next to idle: they wait, and grow by the most a look allows
+    assert s.sweep(start + IO_LOOK_S * 1.1, running=8) == 8 * IO_MAX_GROWTH
+    assert s.sweep(start + IO_LOOK_S * 1.5, running=3) is None  # threads free in this look: it says nothing
+    assert s.sweep(start + IO_LOOK_S * 2.2, running=32) is None
+    assert s.sweep(start + IO_LOOK_S * 3.3, running=32) == min(IO_MAX_THREADS, 32 * IO_MAX_GROWTH)
 
 
 def test_a_busy_cpu_grows_no_threads() -> None:

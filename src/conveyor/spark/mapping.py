@@ -154,8 +154,11 @@ def map(
     rows_per_message: at most this many rows travel and run together (default 8; 1 with a
         `time_limit`). They run on one worker; an Arrow batch is dealt out over its messages like
         cards, so costly neighbours spread out. Balancing is at this grain; each message costs the
-        queue the same, so a few rows per message cut its overhead per row. Use 1 for rows that
-        take seconds, more (up to 1,000) for tiny ones. A message delivered again (its worker
+        queue the same, so a few rows per message cut its overhead per row. Left out, a consumer
+        whose rows take 20 ms or more on average (`SLOW_ROW_S`) splits the messages it gets from
+        then on into one per row, where the queue's cost is nothing beside them (an async func's
+        rows run together, so they are never split). Use 1 for rows that take seconds, more
+        (up to 1,000) for tiny ones. A message delivered again (its worker
         died or stopped, or it ran over its time) is split into one message per row: the row at
         fault fails alone (with max_retries=0 there is no second delivery: all its rows fail).
     unreachable_s: a queue server out of reach for longer fails the map (`ServerUnreachableError`,
@@ -169,6 +172,7 @@ def map(
     import pyarrow  # noqa: F401 - fail early, here, if it is missing
 
     instances = check_fn("map", "func", func, fn_args, fn_kwargs, "each row as a dict")
+    split_slow = rows_per_message is None and time_limit is None
     if rows_per_message is None:
         rows_per_message = MAP_DEFAULT_ROWS_PER_MESSAGE if time_limit is None or instances.awaits else 1
     if type(rows_per_message) is not int or not 1 <= rows_per_message <= MAX_ROWS_PER_MESSAGE:
@@ -189,7 +193,7 @@ def map(
     spark: SparkSession = df.sparkSession
     out_schema = output_schema(spark, schema, "map")
     with queue_job(spark, queue_pool, settings, task_modules=module_of(func)) as job:
-        form = _row_form(instances, out_schema, job.queue, max_retries, time_limit, rows_per_message)
+        form = _row_form(instances, out_schema, job.queue, max_retries, time_limit, rows_per_message, split_slow)
         outcome = job.run(df, form)
     return rows_out("map", outcome, stats)
 
@@ -258,6 +262,7 @@ def _row_form(
     max_retries: int,
     time_limit: float | None,
     rows_per_message: int,
+    split_slow: bool,
 ) -> JobForm:
     """Map's form of the queue job: rows dealt to messages, each a `RowRunner(func)` call, read back as rows."""
     from pyspark.sql.pandas.types import to_arrow_schema
@@ -274,7 +279,7 @@ def _row_form(
     row_options = TaskOptions(queue=queue, time_limit=row_limit, max_retries=max_retries)
     return JobForm(
         task=JobTask(
-            row_runner(func, max_retries, to_arrow_schema(schema), row_options, time_limit),
+            row_runner(func, max_retries, to_arrow_schema(schema), row_options, time_limit, split_slow),
             TaskOptions(queue=queue, time_limit=message_limit, max_retries=max_retries),
         ),
         parcels=DealRows(rows_per_message),

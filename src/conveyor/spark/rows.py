@@ -11,6 +11,7 @@ import asyncio
 import dataclasses
 import functools
 import json
+import time
 from collections.abc import Callable, Generator, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeGuard, cast
@@ -22,6 +23,7 @@ from conveyor.constants import (
     INPUT_MAX_CHARS,
     JOB_RESULT_BUILT,
     JOB_RESULT_ROWS,
+    MAP_DEFAULT_ROWS_PER_MESSAGE,
     OUTCOME_INPUT,
     OUTCOME_KEY,
     OUTCOME_OK,
@@ -48,6 +50,10 @@ if TYPE_CHECKING:
 EXTRA_COLUMNS = ("_id", "_error", "_input")  # added to every output row
 READ_BATCH_ROWS = 10_000
 MAX_ROWS_PER_MESSAGE = 1000
+# rows that take this long on average where they run travel one to a message from then on (RowRunner's
+# `split_slow`): the queue's cost per message (~0.1 ms) is nothing beside them, and one row a message
+# balances best (a slow row never holds up its neighbours' start)
+SLOW_ROW_S = 0.02
 SPLIT_PREFIX = "split:"  # the idempotency keys of rows split off a message (RowRunner)
 
 
@@ -117,9 +123,9 @@ class _Rows:
     def _fit(self) -> FitCheck:
         return FitCheck(self.schema)  # built where the rows run, at the first message
 
-    def _split_due(self, message: Message | None, rows: list[dict[str, Any]]) -> TypeGuard[Message]:
-        """Whether `message` comes again with several rows (so that they are to run each alone)."""
-        return message is not None and len(rows) > 1 and message.attempts > 1
+    def _split_due(self, message: Message | None, rows: list[dict[str, Any]], slow: bool = False) -> TypeGuard[Message]:
+        """Whether to run `message`'s rows each alone: several, and it comes again (or they are `slow`)."""
+        return message is not None and len(rows) > 1 and (message.attempts > 1 or slow)
 
     def _result(self, message: Message | None, rows: list[dict[str, Any]], out: list[RowOutcome] | BuildError) -> list[Any]:
         """The call's result: its outcomes (the rows' fit to the schema checked, a split row's key added)."""
@@ -183,15 +189,35 @@ class RowRunner(_Rows):
     one row that crashes its process, or hangs, fails alone (`read_results` takes each row once).
     """
 
+    def __init__(
+        self,
+        func: Instances,
+        max_retries: int,
+        schema: pa.Schema,
+        row_options: TaskOptions | None = None,
+        split_slow: bool = False,
+    ) -> None:
+        super().__init__(func, max_retries, schema, row_options)
+        self.split_slow = split_slow  # rows_per_message left out: slow rows go one to a message (SLOW_ROW_S)
+        self._rows = 0  # rows run in this process, and their seconds (races between threads only blur the mean)
+        self._seconds = 0.0
+
     def __call__(self, rows: list[dict[str, Any]]) -> list[Any]:
         message = current_message()
-        if self._split_due(message, rows) and self._split(message, rows):
+        if self._split_due(message, rows, self._slow()) and self._split(message, rows):
             return RowsResult([], self.func.take_built()).to_wire()
         try:
             func = self.func.get()
         except BuildError as e:
             return self._result(message, rows, e)
-        return self._result(message, rows, [finish(self._one(func, row)) for row in rows])
+        start = time.perf_counter()
+        out = [finish(self._one(func, row)) for row in rows]
+        self._rows, self._seconds = self._rows + len(rows), self._seconds + time.perf_counter() - start
+        return self._result(message, rows, out)
+
+    def _slow(self) -> bool:
+        """Whether to split what comes: rows here took SLOW_ROW_S on average (a message's worth of them, at least)."""
+        return self.split_slow and self._rows >= MAP_DEFAULT_ROWS_PER_MESSAGE and self._seconds >= SLOW_ROW_S * self._rows
 
 
 class AsyncRowRunner(_Rows):
@@ -213,12 +239,20 @@ class AsyncRowRunner(_Rows):
 
 
 def row_runner(
-    func: Instances, max_retries: int, schema: pa.Schema, row_options: TaskOptions, time_limit: float | None
+    func: Instances,
+    max_retries: int,
+    schema: pa.Schema,
+    row_options: TaskOptions,
+    time_limit: float | None,
+    split_slow: bool,
 ) -> RowRunner | AsyncRowRunner:
-    """The task of map's messages for `func`: an `AsyncRowRunner` if its calls are to be awaited, else a `RowRunner`."""
+    """The task of map's messages for `func`: an `AsyncRowRunner` if its calls are to be awaited, else a `RowRunner`.
+
+    An async func's rows wait together: a slow one holds up no other, so they are never split for it.
+    """
     if func.awaits:
         return AsyncRowRunner(func, max_retries, schema, row_options, time_limit)
-    return RowRunner(func, max_retries, schema, row_options)
+    return RowRunner(func, max_retries, schema, row_options, split_slow)
 
 
 class _SplitLedger:

@@ -279,7 +279,9 @@ class Consumer:
         log.info("consumer %s: every thread busy, the process's CPU idle: its tasks wait; %d threads now", self.name, threads)
         slots.grow(threads - slots.n)
         self.slots = threads
-        self._fetcher.pacing = dataclasses.replace(self._fetcher.pacing, slots=threads)
+        # tasks that wait keep no core busy: a pinned consumer's rule of holding less as the queues drain
+        # (so that consumers of a core each end together) would only leave its threads idle at the end
+        self._fetcher.pacing = dataclasses.replace(self._fetcher.pacing, slots=threads, pinned=False)
 
     def _check_reachable(self) -> None:
         """Say which servers are out of reach; one past `unreachable_s` ends the consumer: a hard stop (no long goodbye to it)."""

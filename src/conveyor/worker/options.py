@@ -42,7 +42,7 @@ POOLS: tuple[Pool, ...] = ("thread", "process", "async")
 class ConsumerOptions:
     """How each consumer fetches and runs tasks (see the module docstring); checked as it is made."""
 
-    # tasks one consumer runs at once (its slots); None: 8 threads (doubled, up to 128, while its tasks wait), or child
+    # tasks one consumer runs at once (its slots); None: 8 threads (grown, up to 128, while its tasks wait), or child
     # processes for its share of the cores plus one, and it may fetch quick tasks beyond its slots (read-ahead); given,
     # it also bounds the messages a consumer holds
     concurrency: int | None = None
