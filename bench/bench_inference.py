@@ -11,6 +11,8 @@ of items/s (input rows over the end-to-end call: for Spark, the predictions writ
       Python worker by Spark)
   (b) map_batches with a model class, its defaults (1,024 rows a batch, 8 threads per consumer)
   (c) map_batches as (b), concurrency=1 (one batch at a time per consumer: no threads contend)
+  (d) Ray Data (the `bench` extra): map_batches over the same model class, an actor pool of 2,
+      batches of 1,024 rows, from a dataset already in its object store
 
 W2 of issue 40: 5,000 calls to a local HTTP server (aiohttp, in a thread of this process) that
 answers each after a lognormal delay (median 50 ms, p99 about 1 s; the same delay for the same
@@ -20,8 +22,11 @@ item in every variant), makespan of the call to the last answer:
   (b) conveyor.spark.map, a plain function, its defaults (threads grow while calls wait)
   (c) conveyor.spark.map, tuned: concurrency=32, rows_per_message=1; (c') concurrency=128
   (d) conveyor.spark.map, an async class (an aiohttp session per consumer), its defaults
+  (e) Ray Data: map_batches over an async class (a batch's calls gathered), 2 actors, batches of 64
 
-Needs scikit-learn (the `bench` extra) for W1.
+Each variant also says the most calls the server had in flight at once.
+
+Needs the `bench` extra: scikit-learn (W1) and Ray Data.
 
     python bench/bench_inference.py [--workload w1|w2|all] [--rows 200000] [--calls 5000] [--runs 3]
 """
@@ -55,6 +60,31 @@ class Predictor:
         import pandas as pd
 
         return pd.DataFrame({"digit": self.model.predict(batch[COLUMNS].to_numpy())})
+
+
+class RayPredictor:
+    """W1's model in a Ray Data actor: built once per actor."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def __call__(self, batch: Any) -> Any:
+        import pandas as pd
+
+        return pd.DataFrame({"digit": self.model.predict(batch[COLUMNS].to_numpy())})
+
+
+def start_ray() -> Any:
+    """Ray on this machine's 2 cores (Ray Data from the `bench` extra), quiet, with a bounded object store."""
+    import ray
+
+    import logging
+
+    ray.init(
+        num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=2 * 1024**3, logging_level=logging.WARNING
+    )
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    return ray
 
 
 def train() -> tuple[Any, Any]:
@@ -132,10 +162,24 @@ def w1(args: argparse.Namespace) -> None:
 
             return run
 
+        ray = start_ray()
+        ray_frame = ray.data.from_pandas(frame).materialize()  # in Ray's object store, as the Spark input is cached
+
+        def ray_run() -> Callable[[], None]:
+            out = ray_frame.map_batches(
+                RayPredictor, fn_constructor_args=(model,), batch_size=1024, batch_format="pandas", concurrency=2
+            ).materialize()
+
+            def check() -> None:
+                assert sorted(out.to_pandas()["digit"].tolist()) == sorted(want.tolist())
+
+            return check
+
         variants: dict[str, Callable[[], Callable[[], None]]] = {
             "(a) Spark predict_batch_udf": spark_run,
             "(b) map_batches, model class, defaults": conveyor_run(),
             "(c) map_batches, model class, concurrency=1": conveyor_run(concurrency=1),
+            "(d) Ray Data map_batches, actor pool of 2": ray_run,
         }
         for name, variant in variants.items():  # Python workers started, the model cached in them: not measured
             variant()()
@@ -149,6 +193,7 @@ def w1(args: argparse.Namespace) -> None:
                 check()
                 rates[name].append(args.rows / seconds)
                 progress(f"run {run + 1}: {name}: {seconds:.2f} s, {args.rows / seconds:,.0f} items/s")
+    ray.shutdown()
     spark.stop()
     print(f"\nW1: {args.rows:,} digits predicted, local[2], medians of {args.runs}")
     best = statistics.median(rates["(a) Spark predict_batch_udf"])
@@ -164,6 +209,7 @@ def delay_of(item: int) -> float:
     return min(DELAY_CAP_S, math.exp(math.log(0.05) + 1.288 * rng.gauss(0.0, 1.0)))
 
 
+RAY_W2_BATCH = 64  # rows per Ray Data batch in W2: each batch's calls in flight together, many batches per actor
 DELAY_CAP_S = 5.0  # the lognormal's far tail cut, so that one draw does not decide a makespan
 
 
@@ -240,6 +286,29 @@ class AsyncFetch:
             await self.session.close()
 
 
+class RayFetch:
+    """W2's call in a Ray Data actor: an async class, a batch's calls awaited together on its loop."""
+
+    def __init__(self, base: str) -> None:
+        self.base = base
+        self.session: Any = None
+
+    async def __call__(self, batch: Any) -> Any:
+        import asyncio
+
+        import aiohttp
+        import numpy as np
+
+        if self.session is None:
+            self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+
+        async def one(item: int) -> int:
+            async with self.session.get(f"{self.base}/item/{item}") as r:
+                return int(await r.text())
+
+        yield {"n": np.array(await asyncio.gather(*(one(int(i)) for i in batch["id"])))}
+
+
 def w2(args: argparse.Namespace) -> None:
     """W2: HTTP calls of lognormal latency: Spark mapInPandas with threads written by hand, and conveyor.spark.map."""
     import pandas as pd
@@ -277,14 +346,24 @@ def w2(args: argparse.Namespace) -> None:
 
             return run
 
+        ray = start_ray()
+        ray_items = ray.data.range(n).materialize()
+
+        def ray_run() -> None:
+            out = ray_items.map_batches(RayFetch, fn_constructor_args=(base,), batch_size=RAY_W2_BATCH, concurrency=2)
+            got = int(out.to_pandas()["n"].sum())
+            assert got == n * (n - 1) // 2, got
+
         variants: dict[str, Callable[[], None]] = {
             "(a) Spark mapInPandas, 16 x 32 threads": spark_run,
             "(b) map, defaults": conveyor_run(),
             "(c) map, concurrency=32, rows_per_message=1": conveyor_run(concurrency=32, rows_per_message=1),
             "(c') map, concurrency=128, rows_per_message=1": conveyor_run(concurrency=128, rows_per_message=1),
             "(d) map, async class (aiohttp), defaults": conveyor_run(AsyncFetch, fn_args=(base,)),
+            f"(e) Ray Data, async class, 2 actors, batches of {RAY_W2_BATCH}": ray_run,
         }
-        spark_run()  # Python workers started: not measured
+        spark_run()  # Python workers started, Ray's actors too: not measured
+        ray_run()
         took: dict[str, list[float]] = {name: [] for name in variants}
         most: dict[str, list[int]] = {name: [] for name in variants}
         for run in range(args.runs):
@@ -295,6 +374,7 @@ def w2(args: argparse.Namespace) -> None:
                 took[name].append(time.perf_counter() - t0)
                 most[name].append(in_flight.reset())
                 progress(f"run {run + 1}: {name}: {took[name][-1]:.1f} s, at most {most[name][-1]:,} calls in flight")
+        ray.shutdown()
     spark.stop()
     print(f"\nW2: {n:,} HTTP calls of lognormal latency (median 50 ms), local[2], makespan, medians of {args.runs}")
     base_s = statistics.median(took["(a) Spark mapInPandas, 16 x 32 threads"])
