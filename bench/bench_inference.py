@@ -76,9 +76,9 @@ class RayPredictor:
 
 def start_ray() -> Any:
     """Ray on this machine's 2 cores (Ray Data from the `bench` extra), quiet, with a bounded object store."""
-    import ray
-
     import logging
+
+    import ray
 
     ray.init(
         num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=2 * 1024**3, logging_level=logging.WARNING
