@@ -34,7 +34,7 @@ from conveyor.errors import ConveyorError
 from conveyor.message import Message
 from conveyor.spark.fits import FitCheck
 from conveyor.spark.form import Parcel, ServerOutcomes
-from conveyor.spark.instances import BuildError, Instances, finish
+from conveyor.spark.instances import BuildError, Instances
 from conveyor.spark.records import ReadCounts
 from conveyor.tasks.envelope import decode_call, decode_result, encode_error
 from conveyor.tasks.options import TaskOptions
@@ -103,7 +103,7 @@ def job_result(rows: Any, built: int) -> list[Any]:
 
 
 class _Rows:
-    """What both row runners share: a row's runs, the outcomes checked against the schema, the split (see RowRunner)."""
+    """What both row runners share: a row's outcomes, checked against the schema, and the split (see RowRunner)."""
 
     def __init__(
         self,
@@ -140,21 +140,21 @@ class _Rows:
             out = [dataclasses.replace(o, key=key) for o in out]
         return RowsResult(out, self.func.take_built()).to_wire()
 
-    async def _one(self, func: Callable[[dict[str, Any]], Any], row: dict[str, Any]) -> RowOutcome:
-        """One row, run up to 1 + max_retries times; over a plain func it never waits (`finish`)."""
-        names = self.schema.names
-        for attempt in range(attempts_for(self.max_retries)):  # the same policy as a task's retries
-            try:
-                value = await self.func.call(func, row, self.time_limit)
-            except Exception as e:
-                if attempt == self.max_retries:
-                    return RowOutcome(False, encode_error(e), input_json(row))
-                continue
-            try:
-                return RowOutcome(True, _row(value, names))
-            except ConveyorError as e:
-                return RowOutcome(False, str(e), input_json(row))
-        raise AssertionError("no attempt was made")  # attempts_for(n) >= 1
+    @functools.cached_property
+    def _names(self) -> list[str]:
+        names: list[str] = self.schema.names  # a new list at each ask: asked once
+        return names
+
+    def _ok(self, value: Any, row: dict[str, Any]) -> RowOutcome:
+        """A row's outcome from func's value: the output row, or why the value is not one."""
+        try:
+            return RowOutcome(True, _row(value, self._names))
+        except ConveyorError as e:
+            return RowOutcome(False, str(e), input_json(row))
+
+    def _failed(self, error: Exception, row: dict[str, Any]) -> RowOutcome:
+        """A row's outcome once its last run raised `error`."""
+        return RowOutcome(False, encode_error(error), input_json(row))
 
     def _split(self, message: Message, rows: list[dict[str, Any]]) -> bool:
         """Each row of `message` back on its server alone, once whatever the attempts.
@@ -211,9 +211,21 @@ class RowRunner(_Rows):
         except BuildError as e:
             return self._result(message, rows, e)
         start = time.perf_counter()
-        out = [finish(self._one(func, row)) for row in rows]
+        out = [self._one(func, row) for row in rows]
         self._rows, self._seconds = self._rows + len(rows), self._seconds + time.perf_counter() - start
         return self._result(message, rows, out)
+
+    def _one(self, func: Callable[[dict[str, Any]], Any], row: dict[str, Any]) -> RowOutcome:
+        """One row, run up to 1 + max_retries times (the same policy as a task's retries: `attempts_for`)."""
+        for attempt in range(attempts_for(self.max_retries)):
+            try:
+                value = func(row)
+            except Exception as e:
+                if attempt == self.max_retries:
+                    return self._failed(e, row)
+                continue
+            return self._ok(value, row)
+        raise AssertionError("no attempt was made")  # attempts_for(n) >= 1
 
     def _slow(self) -> bool:
         """Whether to split what comes: rows here took SLOW_ROW_S on average (a message's worth of them, at least)."""
@@ -236,6 +248,18 @@ class AsyncRowRunner(_Rows):
         except BuildError as e:
             return self._result(message, rows, e)
         return self._result(message, rows, list(await asyncio.gather(*(self._one(func, row) for row in rows))))
+
+    async def _one(self, func: Callable[[dict[str, Any]], Any], row: dict[str, Any]) -> RowOutcome:
+        """One row, awaited up to 1 + max_retries times, each call held to `time_limit`."""
+        for attempt in range(attempts_for(self.max_retries)):
+            try:
+                value = await self.func.call(func, row, self.time_limit)
+            except Exception as e:
+                if attempt == self.max_retries:
+                    return self._failed(e, row)
+                continue
+            return self._ok(value, row)
+        raise AssertionError("no attempt was made")  # attempts_for(n) >= 1
 
 
 def row_runner(
