@@ -476,3 +476,10 @@ def test_the_example_in_the_docs_runs_as_written(tmp_path: Path) -> None:
     assert re.fullmatch(r"10,000 rows, [12] instance\(s\) of Scaler built", done.stdout.strip()), (
         done.stdout
     )  # one per consumer at most
+
+
+def test_the_batch_inference_page_example_runs_as_written(tmp_path: Path) -> None:
+    """docs/batch-inference.md's example, run as a user's script: its own embedded Spark and servers."""
+    done = run_example(section_code("batch-inference.md", "## A model class"), tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.fullmatch(r"50,000 rows, [12] model\(s\) loaded, 0 failed", done.stdout.strip()), done.stdout
