@@ -112,12 +112,16 @@ class _Rows:
         schema: pa.Schema,
         row_options: TaskOptions | None = None,
         time_limit: float | None = None,
+        split_slow: bool = False,
     ) -> None:
         self.func = func
         self.max_retries = max_retries
         self.schema = schema
         self.row_options = row_options or TaskOptions()
         self.time_limit = time_limit  # of each call, where the runner enforces it (AsyncRowRunner)
+        self.split_slow = split_slow  # rows_per_message left out: slow rows go one to a message (RowRunner)
+        self._rows = 0  # rows run in this process, and their seconds (races between threads only blur the mean)
+        self._seconds = 0.0
 
     @functools.cached_property
     def _fit(self) -> FitCheck:
@@ -188,19 +192,6 @@ class RowRunner(_Rows):
     `split:<id>:<row>`), whose outcome ends with that key, and this one's result holds no rows. So
     one row that crashes its process, or hangs, fails alone (`read_results` takes each row once).
     """
-
-    def __init__(
-        self,
-        func: Instances,
-        max_retries: int,
-        schema: pa.Schema,
-        row_options: TaskOptions | None = None,
-        split_slow: bool = False,
-    ) -> None:
-        super().__init__(func, max_retries, schema, row_options)
-        self.split_slow = split_slow  # rows_per_message left out: slow rows go one to a message (SLOW_ROW_S)
-        self._rows = 0  # rows run in this process, and their seconds (races between threads only blur the mean)
-        self._seconds = 0.0
 
     def __call__(self, rows: list[dict[str, Any]]) -> list[Any]:
         message = current_message()
@@ -276,7 +267,7 @@ def row_runner(
     """
     if func.awaits:
         return AsyncRowRunner(func, max_retries, schema, row_options, time_limit)
-    return RowRunner(func, max_retries, schema, row_options, split_slow)
+    return RowRunner(func, max_retries, schema, row_options, split_slow=split_slow)
 
 
 class _SplitLedger:
