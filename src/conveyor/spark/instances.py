@@ -125,7 +125,7 @@ class Instances:
             self._failed = BuildError(f"{self.entry}: an instance of {name} is not callable: give the class a __call__(batch)")
             raise self._failed
         aclose = getattr(made, "aclose", None)
-        if self.awaits and inspect.iscoroutinefunction(aclose) and _loop_running():
+        if self.awaits and inspect.iscoroutinefunction(aclose):
             at_loop_end(aclose)  # closed on the consumer's loop as it ends, where its clients were opened
         with self._counting:
             self._built += 1
@@ -136,14 +136,6 @@ class Instances:
         with self._counting:
             n, self._built = self._built, 0
         return n
-
-
-def _loop_running() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def finish(coro: Coroutine[Any, Any, T]) -> T:

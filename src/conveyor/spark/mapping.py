@@ -172,7 +172,7 @@ def map(
     import pyarrow  # noqa: F401 - fail early, here, if it is missing
 
     instances = check_fn("map", "func", func, fn_args, fn_kwargs, "each row as a dict")
-    split_slow = rows_per_message is None and time_limit is None
+    split_slow = rows_per_message is None  # (with a time_limit and no async func, rows go one to a message anyway)
     if rows_per_message is None:
         rows_per_message = MAP_DEFAULT_ROWS_PER_MESSAGE if time_limit is None or instances.awaits else 1
     if type(rows_per_message) is not int or not 1 <= rows_per_message <= MAX_ROWS_PER_MESSAGE:

@@ -116,10 +116,13 @@ def at_loop_end(close: Callable[[], Awaitable[object]]) -> None:
     """Await `close()` on the running event loop before a consumer's async slots close it.
 
     For what a task opened on the loop and keeps across calls (an `aiohttp` session in a class's
-    instance: its `aclose`), which must be closed there. A loop no one winds down (`asyncio.run`)
-    drops it.
+    instance: its `aclose`), which must be closed there. With no loop running, nothing was opened
+    on one: nothing to do. A loop no one winds down (`asyncio.run`) drops it.
     """
-    loop = asyncio.get_running_loop()
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
     with _loop_end_lock:
         _loop_end.setdefault(loop, []).append(close)
 
