@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import os
+import tempfile
 
 import pytest
 
+from conveyor.worker.affinity import CORE_LOCK_DIR_ENV
+
 pytest_plugins = ["tests.support.spark_fixtures"]
+
+# Each test process (pytest-xdist runs two) claims cores for its pinned consumers in a lock directory of its own:
+# the processes stand for two machines, so one's pinned consumers must not find the other's holding every core.
+# Set before any Spark session starts, so that its Python workers inherit it.
+if worker := os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ[CORE_LOCK_DIR_ENV] = os.path.join(tempfile.gettempdir(), f"conveyor-cores-{os.getuid()}-{worker}")
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
