@@ -77,6 +77,14 @@ class NoSlotsError(ConveyorError):
     """
 
 
+class JobInputChangedError(ConveyorError):
+    """A resumable Spark job (`map(..., job=...)`) was run again over input other than its earlier runs'.
+
+    Its queue holds results of rows the input no longer has (or has elsewhere): reusing them would
+    give wrong output. The queue is kept; `restart=True` starts the job anew.
+    """
+
+
 class PreflightError(ConveyorError):
     """On a cluster, the executors cannot do the work.
 

@@ -84,7 +84,13 @@ def failing_read(server: ServerOutcomes) -> Generator[pa.RecordBatch, None, Read
 
 
 def squares_form(queue: str, parcels: MakeParcels = one_message_per_batch, read: ReadShard = read_squares) -> JobForm:
-    return JobForm(task=JobTask(squares, TaskOptions(queue=queue, max_retries=0)), parcels=parcels, read=read, output=OUTPUT)
+    return JobForm(
+        task=JobTask(squares, TaskOptions(queue=queue, max_retries=0)),
+        parcels=parcels,
+        read=read,
+        output=OUTPUT,
+        message_rows=1000,
+    )
 
 
 def job_queues(pool: QueuePool) -> set[str]:
@@ -123,6 +129,7 @@ def test_a_job_whose_output_rows_differ_from_its_input_rows_reports_its_output(s
             parcels=one_message_per_batch,
             read=read_per_input,
             output=OUTPUT,
+            message_rows=1000,
         )
         outcome = job.run(df, form)
     rows = sorted((r["id"], r["square"]) for r in outcome.frame.collect())

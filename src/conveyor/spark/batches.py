@@ -58,6 +58,8 @@ def map_batches(
     unreachable_s: float = ...,
     start_timeout_s: float = ...,
     progress: bool | None = ...,
+    job: str | None = ...,
+    restart: bool = ...,
     stats: Literal[False] = ...,
     options: ConsumerOptions | None = ...,
     **keywords: Unpack[ConsumerKeywords],
@@ -80,6 +82,8 @@ def map_batches(
     unreachable_s: float = ...,
     start_timeout_s: float = ...,
     progress: bool | None = ...,
+    job: str | None = ...,
+    restart: bool = ...,
     stats: Literal[True],
     options: ConsumerOptions | None = ...,
     **keywords: Unpack[ConsumerKeywords],
@@ -101,6 +105,8 @@ def map_batches(
     unreachable_s: float = DEFAULT_UNREACHABLE_S,
     start_timeout_s: float = START_TIMEOUT_S,
     progress: bool | None = None,
+    job: str | None = None,
+    restart: bool = False,
     stats: bool = False,
     options: ConsumerOptions | None = None,
     **keywords: Unpack[ConsumerKeywords],
@@ -111,7 +117,9 @@ def map_batches(
         batches run, with `fn_args` and `fn_kwargs`: `__init__` loads the model, `__call__` runs
         it; the instance is shared by the consumer's threads, so `__call__` must be thread-safe,
         or the class sets `per_thread = True` for one instance per thread, or pass
-        `concurrency=1`; with `pool="process"`, one per task process). It returns a batch of as
+        `concurrency=1`; with `pool="process"`, one per task process). A consumer runs one batch
+        at a time unless `concurrency` is given, more while its batches wait (on a remote model,
+        say: `worker/thread_scaling.py`). It returns a batch of as
         many rows, in order, with the `schema` columns: a pandas DataFrame, a pyarrow Table or
         RecordBatch, or a dict of column name -> array (whatever `batch_format`).
     schema: the output columns (DDL string or StructType), without `_id`, `_error`, `_input`.
@@ -131,7 +139,7 @@ def map_batches(
         its rows is reported.
     time_limit: seconds one batch's message may take, its splits included.
     The rest are `map`'s: `queue_pool`, `n_consumers`, `lease_s`, `unreachable_s`,
-    `start_timeout_s`, `progress`, `stats` (`MapStats`, with `instances`: how many instances of
+    `start_timeout_s`, `progress`, `job`, `restart`, `stats` (`MapStats`, with `instances`: how many instances of
     fn's class were built), and the consumer options (`options=` or keywords; not `middleware`).
     """
     import pyarrow  # noqa: F401 - fail early, here, if it is missing
@@ -158,12 +166,15 @@ def map_batches(
         unreachable_s=unreachable_s,
         start_timeout_s=start_timeout_s,
         progress=progress,
+        job=job,
+        restart=restart,
+        default_concurrency=None if instances.awaits else 1,  # a batch computes on arrays: threads beside it contend
     )
     spark: SparkSession = df.sparkSession
     out_schema = output_schema(spark, schema, "map_batches")
-    with queue_job(spark, queue_pool, settings, task_modules=module_of(fn)) as job:
-        form = _batch_form(instances, out_schema, job.queue, max_retries, time_limit, rows_per_batch, batch_format)
-        outcome = job.run(df, form)
+    with queue_job(spark, queue_pool, settings, task_modules=module_of(fn)) as queued:
+        form = _batch_form(instances, out_schema, queued.queue, max_retries, time_limit, rows_per_batch, batch_format)
+        outcome = queued.run(df, form)
     return rows_out("map_batches", outcome, stats)
 
 
@@ -189,4 +200,5 @@ def _batch_form(
         parcels=SliceRows(rows, MAP_BATCHES_MAX_BYTES),
         read=ReadBatches(schema),
         output=with_extra(schema),
+        message_rows=rows,
     )

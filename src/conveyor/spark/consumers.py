@@ -253,6 +253,9 @@ class SparkConsumerPool:
     job_tasks: ad-hoc task names that are these consumers' alone (a map's task): each consumer
         drops them from its process's function cache as it ends, and with them what they built
         there (a model), so that a Python worker Spark reuses keeps none of it.
+    default_concurrency: a thread consumer's threads when `concurrency` is left out (None: 8); as
+        with the 8, they grow while its tasks wait (`worker/thread_scaling.py`). map_batches starts
+        at 1: a batch function computes on whole arrays, and threads beside it only contend.
     On a cluster, `run` and `start` first check the executors (`conveyor.spark.preflight`).
     """
 
@@ -272,6 +275,7 @@ class SparkConsumerPool:
         options: ConsumerOptions | None = None,
         where: str = "SparkConsumerPool",
         job_tasks: Sequence[str] = (),
+        default_concurrency: int | None = None,
         **keywords: Unpack[ConsumerKeywords],
     ) -> None:
         self.spark = spark
@@ -292,6 +296,9 @@ class SparkConsumerPool:
         self.queue_names = [q if isinstance(q, str) else q.name for q in self.queues]
         # each consumer is a Spark task: one task slot, a core (processes in its stead: for that core)
         slots, defaulted = resolve_slots(given.concurrency, given.pool, 1, cores=1)
+        if defaulted and given.pool == "thread" and default_concurrency is not None:
+            check_count("default_concurrency", default_concurrency)
+            slots = default_concurrency
         pin = auto_pin(given.pin_core, given.pool, self.n_consumers, task_slots(spark))
         self.options = replace(given, concurrency=slots, pin_core=pin)  # what each consumer runs with
         self.until_empty = until_empty

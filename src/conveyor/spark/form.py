@@ -93,3 +93,4 @@ class JobForm:
     parcels: MakeParcels
     read: ReadShard
     output: StructType  # the columns of the batches `read` yields, and of the output
+    message_rows: int  # the most input rows `parcels` puts in one message (a resumable job cuts its input in whole messages)

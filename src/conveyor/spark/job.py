@@ -21,12 +21,24 @@ same for every entry point:
   is computed once before the call returns, its lineage only that read;
 - `MapStats`, and on a failure or an interrupt the queue dropped, or what is left said
   (`abandon_queue`).
+
+A resumable job (`JobSettings.job`, map's `job=`) has the queue `<entry>-job-<name>` instead, kept
+when a run fails or is interrupted (or its driver dies) so that the next run of the same call reuses
+what it holds. Its input is put first, by a Spark job over the input's own partitions, cut into
+chunks of rows at fixed offsets of each partition (`fixed_chunks`), and every message's key names
+its partition, its chunk's offset and the digest of the chunk's rows: a run over the same input puts
+nothing new (the servers keep the earlier messages, and their results, under those keys), a run over
+changed input puts its changed chunks as new messages, and the read-back finding results of more
+rows than went in tells that the input changed (`JobInputChangedError`). A run that ends well keeps
+its output in Spark (a checkpoint) and drops the queue.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
+import re
 import sys
 import time
 import uuid
@@ -37,8 +49,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.sharded import ShardedQueues
-from conveyor.constants import DEFAULT_UNREACHABLE_S, H_ROWS, MAP_DEFAULT_LEASE_S
-from conveyor.errors import ConnectionLostError, ConveyorError
+from conveyor.constants import DEFAULT_UNREACHABLE_S, ERR_QUEUE_CONFLICT, H_ROWS, MAP_DEFAULT_LEASE_S
+from conveyor.errors import ConnectionLostError, ConveyorError, JobInputChangedError, RequestError
 from conveyor.message import Message
 from conveyor.spark.cluster import driver_pool, is_local
 from conveyor.spark.consumers import Feed, SparkConsumerPool, check_count, consumer_count
@@ -64,6 +76,9 @@ log = logging.getLogger("conveyor.spark")
 PUT_RETRY_S = 0.2  # a put to a server out of reach is tried again this often
 PUT_PATIENCE = 2.0  # ... for up to this many times the job's unreachable_s
 PUT_JOB_DDL = "partition long, rows long"  # a row of the job that puts the input first
+JOB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")  # a resumable job's name (a part of its queue's)
+CHUNK_ROWS = 8192  # a resumable job's input is cut into chunks of about this many rows (a multiple of a message's)
+DIGEST_BYTES = 12  # of a chunk's rows, in its messages' keys
 
 
 @dataclass(frozen=True)
@@ -95,10 +110,20 @@ class JobSettings:
     unreachable_s: float = DEFAULT_UNREACHABLE_S  # a server out of reach for longer fails the job
     start_timeout_s: float = START_TIMEOUT_S  # no task started within it fails the job (NoSlotsError)
     progress: bool | None = None  # a progress bar (None: when stderr is a terminal)
+    job: str | None = None  # a resumable job's name: a run again after a failure reuses the results stored
+    restart: bool = False  # drop what earlier runs of the resumable job stored, and run it anew
+    default_concurrency: int | None = None  # a thread consumer's threads when concurrency is left out (None: 8)
 
     def __post_init__(self) -> None:
         for name in ("lease_s", "unreachable_s", "start_timeout_s"):
             check_seconds(self.entry, name, getattr(self, name))
+        if self.job is not None and not (isinstance(self.job, str) and JOB_NAME.fullmatch(self.job)):
+            raise ValueError(
+                f"{self.entry}: job must be a name of 1-64 letters, digits, '_', '.' or '-' (not starting with '.' or '-'), "
+                f"got {self.job!r:.80}"
+            )
+        if self.restart is not False and (self.restart is not True or self.job is None):
+            raise ValueError(f"{self.entry}: restart=True is for a resumable job, with job='name'; got restart={self.restart!r}")
         if self.options.early_ack:
             raise ValueError(
                 f"{self.entry}: early_ack is not for {self.entry}: a row acked on delivery leaves no result or error to read back"
@@ -130,6 +155,10 @@ class InputPut:
     consumer reports them: the dashboard's progress in rows). A server out of reach is retried, as
     the consumers retry it: the driver's watch ends the job with ServerUnreachableError once it has
     been so for `unreachable_s`; should nobody, the put gives up after `patience_s`.
+
+    With `chunk_rows` (a resumable job's put), the task's input is cut into chunks of that many rows
+    at fixed offsets, whatever Arrow batches it came in, and the key also names the digest of the
+    chunk's rows: the same input gives the same keys in any run, changed rows keys of their own.
     """
 
     pool: ShardedQueues
@@ -139,12 +168,15 @@ class InputPut:
     options: TaskOptions
     parcels: MakeParcels
     patience_s: float
+    chunk_rows: int | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch], task: int) -> int:
         n = 0
         now = time.time()
-        for batch in batches:
-            messages = [self._message(p, f"{self.job}:{task}:{n}:{j}", now) for j, p in enumerate(self.parcels(batch))]
+        chunks = batches if self.chunk_rows is None else fixed_chunks(batches, self.chunk_rows)
+        for batch in chunks:
+            at = f"{self.job}:{task}:{n}" if self.chunk_rows is None else f"{self.job}:{task}:{n}:{rows_digest(batch)}"
+            messages = [self._message(p, f"{at}:{j}", now) for j, p in enumerate(self.parcels(batch))]
             if messages:
                 self._put(messages)
             n += batch.num_rows
@@ -166,43 +198,90 @@ class InputPut:
                 time.sleep(PUT_RETRY_S)
 
 
+def fixed_chunks(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
+    """The rows of `batches` again, in batches of `rows` rows (the last one fewer), each a copy of its own."""
+    import pyarrow as pa
+
+    pieces: list[pa.RecordBatch] = []
+    held = 0
+    for batch in batches:
+        while batch.num_rows:
+            take = min(rows - held, batch.num_rows)
+            pieces.append(batch.slice(0, take))
+            held += take
+            batch = batch.slice(take)
+            if held == rows:
+                yield pa.concat_batches(pieces)
+                pieces, held = [], 0
+    if held:
+        yield pa.concat_batches(pieces)
+
+
+def rows_digest(batch: pa.RecordBatch) -> str:
+    """A digest of a batch's schema and rows (of a batch whose buffers are its own: a slice serializes otherwise)."""
+    digest = hashlib.blake2b(batch.schema.serialize(), digest_size=DIGEST_BYTES)
+    digest.update(batch.serialize())
+    return digest.hexdigest()
+
+
+def chunk_rows_for(message_rows: int) -> int:
+    """A resumable job's chunk: about CHUNK_ROWS rows, a whole number of messages of `message_rows` rows."""
+    return message_rows * max(1, round(CHUNK_ROWS / message_rows))
+
+
 class QueueJob:
     """One queue job on `pool`: `run(df, form)` puts df's rows, consumes them, reads the results back.
 
     Made by `queue_job`, which picks and checks the servers. `queue` holds the results once the job
-    has run (the caller drops it when done); a job that fails drops it itself (`abandon_queue`).
+    has run (the caller drops it when done); a job that fails drops it itself (`abandon_queue`). A
+    resumable job's queue is the job's: kept when a run fails, dropped when one ends well.
     """
 
     def __init__(self, spark: SparkSession, pool: QueuePool, settings: JobSettings, *, ephemeral: bool) -> None:
         self.spark, self.pool, self.settings = spark, pool, settings
         self.ephemeral = ephemeral  # servers started for this job: they stop when it ends
-        self.id = uuid.uuid4().hex[:12]
-        self.queue = f"{settings.entry}-{self.id}"
+        self.id = uuid.uuid4().hex[:12]  # this run's: its bookkeeping queues, and its keys unless resumable
+        self.queue = f"{settings.entry}-{self.id}" if settings.job is None else f"{settings.entry}-job-{settings.job}"
         self.read_counts = TaskRecords(f"conveyor-read-{self.id}", ReadCounts)
 
     def run(self, df: DataFrame, form: JobForm) -> JobOutcome:
-        """Put `df` through the queue and read the output back; a failure or an interrupt abandons the queue."""
+        """Put `df` through the queue and read the output back; a failure or an interrupt abandons the queue.
+
+        A resumable job's queue is kept instead, with what it holds, for the next run.
+        """
         try:
-            return self._run(df, form)
+            outcome = self._run(df, form)
         except BaseException as e:
-            abandon_queue(self.pool, self.queue, e, entry=self.settings.entry, ephemeral=self.ephemeral)
+            if self.settings.job is None:
+                abandon_queue(self.pool, self.queue, e, entry=self.settings.entry, ephemeral=self.ephemeral)
+            else:
+                self._keep_for_next_run(e)
             raise
+        if self.settings.job is not None:
+            self._finish_job()
+        return outcome
 
     def _run(self, df: DataFrame, form: JobForm) -> JobOutcome:
         s = self.settings
+        resumable = s.job is not None
+        if s.restart:
+            self._drop_job_queue()
         task_name = self._declare(form.task)
         put = InputPut(
             self.pool.queues,
             self.queue,
-            self.id,
+            self.id if s.job is None else s.job,
             task_name,
             form.task.options,
             form.parcels,
             PUT_PATIENCE * s.unreachable_s,
+            chunk_rows_for(form.message_rows) if resumable else None,
         )
         t0 = time.time()
         n = consumer_count(self.spark, s.n_consumers)
-        fed = n <= _partitions(df)  # each of n consumer tasks puts its share of the rows, then consumes
+        # each of n consumer tasks puts its share of the rows, then consumes; a resumable job's rows are put
+        # first, by the input's own partitions, so that its keys do not depend on the consumers
+        fed = not resumable and n <= _partitions(df)
         consumers = SparkConsumerPool(
             self.spark,
             self.pool,
@@ -216,6 +295,7 @@ class QueueJob:
             options=s.options,
             where=s.entry,
             job_tasks=[task_name],  # built instances (a model) end with the job's consumers
+            default_concurrency=s.default_concurrency,
         )
         rows, t1 = 0, t0  # rows put before consuming, and when that ended (when the consumers put them: none, at once)
         if not fed:
@@ -230,6 +310,13 @@ class QueueJob:
         finally:
             self.read_counts.drop(self.pool.queues)
         t3 = time.time()
+        if got.inputs > rows and resumable:
+            raise JobInputChangedError(
+                f"{s.entry}: job {s.job!r}: its queue {self.queue} holds results of {got.inputs - rows:,} rows more than "
+                f"this input's {rows:,}: the input is not the one of the job's earlier runs (rows, their order or their "
+                "partitions changed). The queue is kept: run the job over its earlier input to reuse them, or pass "
+                "restart=True to run it anew over this one"
+            )
         if got.inputs != rows:
             raise ConveyorError(
                 f"{s.entry}: {rows:,} rows went in but the read-back accounts for {got.inputs:,} of them "
@@ -244,7 +331,17 @@ class QueueJob:
         """Declare the job's queue and store its task; returns the name its messages call the task by."""
         if task.options.queue != self.queue:
             raise ValueError(f"the job's task goes to queue {task.options.queue!r}, not the job's own {self.queue!r}")
-        self.pool.queues.declare(self.queue, lease_s=self.settings.lease_s, max_attempts=attempts_for(task.options.max_retries))
+        try:
+            self.pool.queues.declare(
+                self.queue, lease_s=self.settings.lease_s, max_attempts=attempts_for(task.options.max_retries)
+            )
+        except RequestError as e:
+            if e.kind != ERR_QUEUE_CONFLICT or self.settings.job is None:
+                raise
+            raise ConveyorError(
+                f"{self.settings.entry}: job {self.settings.job!r} was run before with other settings ({e}): run it "
+                "with the same lease_s and max_retries to go on from its results, or pass restart=True to run it anew"
+            ) from None
         ref = function_ref(task.run)
         self.pool.queues.put_function(ref)
         return adhoc_task_name(ref.digest)
@@ -274,18 +371,56 @@ class QueueJob:
             )
         return sum(by_shard.values(), ReadCounts(0, 0, 0))
 
+    def _drop_job_queue(self) -> None:
+        """restart=True: what earlier runs of the resumable job stored, dropped on every server (all must answer)."""
+        for client in self.pool.queues.clients:
+            if client.drop(self.queue):
+                log.info(
+                    "%s: job %r: dropped its queue %s on %s (restart)",
+                    self.settings.entry,
+                    self.settings.job,
+                    self.queue,
+                    client.address,
+                )
+
+    def _keep_for_next_run(self, error: BaseException) -> None:
+        """A resumable job's run failed or was interrupted: its queue stays, and the error says how to go on."""
+        s = self.settings
+        what = (
+            f"job {s.job!r} keeps what it has done in its queue {self.queue}: run the same call again to go on from "
+            "there (restart=True to run it anew; pool.drop or conveyor drop to give it up)"
+        )
+        log.info("%s: %s", s.entry, what)
+        error.add_note(f"conveyor.spark.{s.entry}: {what}")
+
+    def _finish_job(self) -> None:
+        """A resumable job that ended well: its output is in Spark (checkpointed), so its queue goes."""
+        left = drop_where_answering(self.pool.queues, self.queue)
+        if left:
+            how = f"conveyor drop --connect {','.join(left)} {self.queue}"
+            log.warning(
+                "%s: job %r is done but its queue may be left on %s; drop it with: %s",
+                self.settings.entry,
+                self.settings.job,
+                ", ".join(left),
+                how,
+            )
+
     def _materialize(self, result: DataFrame) -> DataFrame:
         """Compute the rows once and keep them in Spark, in one single-stage job.
 
-        With servers that stop when the call returns, the lineage is cut (a local checkpoint): the
-        rows no longer need the servers. With servers that stay, the rows are persisted and the
-        lineage (a read from the servers) kept, so that rows lost with an executor are read again; a
-        write to Spark's "noop" sink computes (and so caches) them without a shuffle or a trip
-        through Python.
+        With servers that stop when the call returns, or a resumable job's queue, dropped once it
+        ends well, the lineage is cut: the rows no longer need the servers (a checkpoint in Spark's
+        checkpoint directory if one is set, which outlives a lost executor; else a local one). With
+        servers that stay, the rows are persisted and the lineage (a read from the servers) kept, so
+        that rows lost with an executor are read again; a write to Spark's "noop" sink computes (and
+        so caches) them without a shuffle or a trip through Python.
         """
         from pyspark import StorageLevel
 
-        if self.ephemeral:
+        if self.settings.job is not None and _checkpoint_dir(self.spark):
+            return result.checkpoint(eager=True)
+        if self.ephemeral or self.settings.job is not None:
             return result.localCheckpoint(eager=True)
         result = result.persist(StorageLevel.MEMORY_AND_DISK)
         result.write.format("noop").mode("overwrite").save()
@@ -304,6 +439,12 @@ def queue_job(
     check_workers_python(spark)
     with ExitStack() as stack:
         ephemeral = queue_pool is None and _ambient(settings.entry) is None  # servers that stop when the job ends
+        if ephemeral and settings.job is not None:
+            raise ValueError(
+                f"{settings.entry}: job={settings.job!r} needs queue servers that outlive the call, where its results wait "
+                "for the next run: pass queue_pool= (servers of `conveyor serve --data-dir`), or run it under "
+                "conveyor.local(data_dir=...), whose servers start again on the same data"
+            )
         pool = queue_pool if queue_pool is not None else _default_pool(stack, spark, settings.entry)
         _check_servers(pool.queues, settings.entry)
         if not is_local(spark):  # every executor can import conveyor and the task's module, and reach the servers
@@ -381,6 +522,14 @@ def _check_servers(pool: ShardedQueues, entry: str) -> None:
     down = [f"{c.address} ({p})" for c, p in zip(pool.clients, pool.reachable_stats(), strict=True) if isinstance(p, Exception)]
     if down:
         raise ConnectionLostError(f"{entry}: {len(down)} of {len(pool)} queue server(s) do not answer: {'; '.join(down)}")
+
+
+def _checkpoint_dir(spark: SparkSession) -> str | None:
+    """Spark's checkpoint directory, if one is set (None where it cannot be told: Spark Connect)."""
+    try:
+        return spark.sparkContext.getCheckpointDir()
+    except Exception:
+        return None
 
 
 def _partitions(df: DataFrame) -> int:

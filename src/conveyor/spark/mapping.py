@@ -80,6 +80,8 @@ def map(
     unreachable_s: float = ...,
     start_timeout_s: float = ...,
     progress: bool | None = ...,
+    job: str | None = ...,
+    restart: bool = ...,
     stats: Literal[False] = ...,
     options: ConsumerOptions | None = ...,
     **keywords: Unpack[ConsumerKeywords],
@@ -101,6 +103,8 @@ def map(
     unreachable_s: float = ...,
     start_timeout_s: float = ...,
     progress: bool | None = ...,
+    job: str | None = ...,
+    restart: bool = ...,
     stats: Literal[True],
     options: ConsumerOptions | None = ...,
     **keywords: Unpack[ConsumerKeywords],
@@ -121,6 +125,8 @@ def map(
     unreachable_s: float = DEFAULT_UNREACHABLE_S,
     start_timeout_s: float = START_TIMEOUT_S,
     progress: bool | None = None,
+    job: str | None = None,
+    restart: bool = False,
     stats: bool = False,
     options: ConsumerOptions | None = None,
     **keywords: Unpack[ConsumerKeywords],
@@ -166,6 +172,13 @@ def map(
     start_timeout_s: no Spark task of the map started within it (the cluster grants no slot) fails
         the map (`NoSlotsError`).
     progress: a progress bar while the rows are processed (default: when stderr is a terminal).
+    job: a name that makes the map resumable: run again after it failed, was interrupted or its
+        driver died, the same call reuses every result its earlier runs stored and runs only the
+        rest (its results wait on the servers: long-lived ones, `conveyor serve --data-dir`, or
+        `conveyor.local(data_dir=...)`, whose servers start again on the same data). Input other than the earlier runs' is refused
+        (`JobInputChangedError`). A run that ends well drops what the job stored (its output
+        checkpointed in Spark). See docs/spark.md, "Resumable jobs".
+    restart: with `job`, drop what the job's earlier runs stored first, and run it anew.
     stats: also return what the call did (`MapStats`: rows, failures, times, the results queue):
         `out, st = map(..., stats=True)`.
     """
@@ -189,12 +202,14 @@ def map(
         unreachable_s=unreachable_s,
         start_timeout_s=start_timeout_s,
         progress=progress,
+        job=job,
+        restart=restart,
     )
     spark: SparkSession = df.sparkSession
     out_schema = output_schema(spark, schema, "map")
-    with queue_job(spark, queue_pool, settings, task_modules=module_of(func)) as job:
-        form = _row_form(instances, out_schema, job.queue, max_retries, time_limit, rows_per_message, split_slow)
-        outcome = job.run(df, form)
+    with queue_job(spark, queue_pool, settings, task_modules=module_of(func)) as queued:
+        form = _row_form(instances, out_schema, queued.queue, max_retries, time_limit, rows_per_message, split_slow)
+        outcome = queued.run(df, form)
     return rows_out("map", outcome, stats)
 
 
@@ -211,6 +226,9 @@ def row_job_settings(
     unreachable_s: float,
     start_timeout_s: float,
     progress: bool | None,
+    job: str | None = None,
+    restart: bool = False,
+    default_concurrency: int | None = None,
 ) -> JobSettings:
     """The job settings of an entry point giving one output row per input row (map, map_batches), checked.
 
@@ -245,6 +263,9 @@ def row_job_settings(
         unreachable_s=unreachable_s,
         start_timeout_s=start_timeout_s,
         progress=progress,
+        job=job,
+        restart=restart,
+        default_concurrency=default_concurrency,
     )
 
 
@@ -285,4 +306,5 @@ def _row_form(
         parcels=DealRows(rows_per_message),
         read=ReadRows(schema),
         output=with_extra(schema),
+        message_rows=rows_per_message,
     )
