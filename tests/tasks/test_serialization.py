@@ -34,6 +34,7 @@ from conveyor.tasks.envelope import (
     Call,
     FunctionCache,
     FunctionPickler,
+    PackedResult,
     adhoc_digest,
     adhoc_task_name,
     decode_call,
@@ -42,6 +43,7 @@ from conveyor.tasks.envelope import (
     encode_call,
     encode_error,
     encode_result,
+    pack_plain,
     stored_form,
 )
 
@@ -449,3 +451,13 @@ def test_function_cache_evicts_least_recently_used() -> None:
     for r in refs:
         cache.get(r.digest, blobs.__getitem__)
     assert len(cache) == 2 and refs[0].digest not in cache and refs[2].digest in cache
+
+
+def test_a_result_the_task_packed_itself_is_passed_on_and_decodes_as_plain_data() -> None:
+    value = [[True, {"i": 1, "s": "x", "t": (1, 2)}, None, ""], 0]
+    data = encode_result(PackedResult(pack_plain(value)))
+    assert data == encode_result(value) and decode_result(data) == value
+    assert decode_result(encode_result(PackedResult(pack_plain([bytearray(b"ab")])))) == [b"ab"]  # as documented
+    for not_plain in ({1, 2}, [decimal.Decimal(1)], [2**64], Color.RED):
+        with pytest.raises((TypeError, ValueError, OverflowError)):
+            pack_plain(not_plain)

@@ -36,7 +36,7 @@ from conveyor.spark.fits import FitCheck
 from conveyor.spark.form import Parcel, ServerOutcomes
 from conveyor.spark.instances import BuildError, Instances
 from conveyor.spark.records import ReadCounts
-from conveyor.tasks.envelope import decode_call, decode_result, encode_error
+from conveyor.tasks.envelope import PackedResult, decode_call, decode_result, encode_error, pack_plain
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import attempts_for
 from conveyor.tasks.publish import build_message
@@ -57,9 +57,9 @@ SLOW_ROW_S = 0.02
 SPLIT_PREFIX = "split:"  # the idempotency keys of rows split off a message (RowRunner)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RowOutcome:
-    """What became of one row in a `RowRunner` call."""
+    """What became of one row in a `RowRunner` call (not frozen: one is made per row, and a frozen one costs 3.5x)."""
 
     ok: bool
     value: Any  # ok: the output row, a dict of the schema's columns; else the error text
@@ -67,10 +67,8 @@ class RowOutcome:
     key: str = ""  # the idempotency key of the split message it ran in (SPLIT_PREFIX...), else ""
 
     def to_wire(self) -> list[Any]:
-        """As a result carries it (OUTCOME_*)."""
-        out: list[Any] = [None] * 4
-        out[OUTCOME_OK], out[OUTCOME_VALUE], out[OUTCOME_INPUT], out[OUTCOME_KEY] = self.ok, self.value, self.input, self.key
-        return out
+        """As a result carries it: its fields in this order (OUTCOME_*, which `from_wire` reads)."""
+        return [self.ok, self.value, self.input, self.key]
 
     @classmethod
     def from_wire(cls, item: list[Any]) -> RowOutcome:
@@ -95,6 +93,14 @@ class RowsResult:
         return cls([RowOutcome.from_wire(o) for o in items[JOB_RESULT_ROWS]], int(items[JOB_RESULT_BUILT]))
 
 
+def packed(result: list[Any]) -> PackedResult | list[Any]:
+    """A result encoded here, in one walk (`pack_plain`); as it is if its values are not all plain (then pickled)."""
+    try:
+        return PackedResult(pack_plain(result))
+    except (TypeError, ValueError, OverflowError):
+        return result
+
+
 def job_result(rows: Any, built: int) -> list[Any]:
     """A map or map_batches task's result as msgpack carries it (JOB_RESULT_*)."""
     out: list[Any] = [None] * 2
@@ -116,6 +122,7 @@ class _Rows:
     ) -> None:
         self.func = func
         self.max_retries = max_retries
+        self._attempts = attempts_for(max_retries)  # each row's runs at most (the same policy as a task's retries)
         self.schema = schema
         self.row_options = row_options or TaskOptions()
         self.time_limit = time_limit  # of each call, where the runner enforces it (AsyncRowRunner)
@@ -131,7 +138,9 @@ class _Rows:
         """Whether to run `message`'s rows each alone: several, and it comes again (or they are `slow`)."""
         return message is not None and len(rows) > 1 and (message.attempts > 1 or slow)
 
-    def _result(self, message: Message | None, rows: list[dict[str, Any]], out: list[RowOutcome] | BuildError) -> list[Any]:
+    def _result(
+        self, message: Message | None, rows: list[dict[str, Any]], out: list[RowOutcome] | BuildError
+    ) -> PackedResult | list[Any]:
         """The call's result: its outcomes (the rows' fit to the schema checked, a split row's key added)."""
         if isinstance(out, BuildError):
             out = [RowOutcome(False, str(out), input_json(row)) for row in rows]
@@ -142,7 +151,7 @@ class _Rows:
         key = "" if message is None else _key(message)
         if key.startswith(SPLIT_PREFIX):
             out = [dataclasses.replace(o, key=key) for o in out]
-        return RowsResult(out, self.func.take_built()).to_wire()
+        return packed(RowsResult(out, self.func.take_built()).to_wire())
 
     @functools.cached_property
     def _names(self) -> list[str]:
@@ -193,7 +202,7 @@ class RowRunner(_Rows):
     one row that crashes its process, or hangs, fails alone (`read_results` takes each row once).
     """
 
-    def __call__(self, rows: list[dict[str, Any]]) -> list[Any]:
+    def __call__(self, rows: list[dict[str, Any]]) -> PackedResult | list[Any]:
         message = current_message()
         if self._split_due(message, rows, self._slow()) and self._split(message, rows):
             return RowsResult([], self.func.take_built()).to_wire()
@@ -202,21 +211,20 @@ class RowRunner(_Rows):
         except BuildError as e:
             return self._result(message, rows, e)
         start = time.perf_counter()
-        out = [self._one(func, row) for row in rows]
+        out: list[RowOutcome] = []
+        last = self.max_retries
+        for row in rows:  # each row run up to 1 + max_retries times; a loop here, not a call per row: the no-op row's cost
+            for attempt in range(self._attempts):
+                try:
+                    value = func(row)
+                except Exception as e:
+                    if attempt == last:
+                        out.append(self._failed(e, row))
+                    continue
+                out.append(self._ok(value, row))
+                break
         self._rows, self._seconds = self._rows + len(rows), self._seconds + time.perf_counter() - start
         return self._result(message, rows, out)
-
-    def _one(self, func: Callable[[dict[str, Any]], Any], row: dict[str, Any]) -> RowOutcome:
-        """One row, run up to 1 + max_retries times (the same policy as a task's retries: `attempts_for`)."""
-        for attempt in range(attempts_for(self.max_retries)):
-            try:
-                value = func(row)
-            except Exception as e:
-                if attempt == self.max_retries:
-                    return self._failed(e, row)
-                continue
-            return self._ok(value, row)
-        raise AssertionError("no attempt was made")  # attempts_for(n) >= 1
 
     def _slow(self) -> bool:
         """Whether to split what comes: rows here took SLOW_ROW_S on average (a message's worth of them, at least)."""
@@ -230,7 +238,7 @@ class AsyncRowRunner(_Rows):
     failure), so a message's rows fail one by one rather than all with their message.
     """
 
-    async def __call__(self, rows: list[dict[str, Any]]) -> list[Any]:
+    async def __call__(self, rows: list[dict[str, Any]]) -> PackedResult | list[Any]:
         message = current_message()
         if self._split_due(message, rows) and await asyncio.to_thread(self._split, message, rows):
             return RowsResult([], self.func.take_built()).to_wire()
@@ -242,7 +250,7 @@ class AsyncRowRunner(_Rows):
 
     async def _one(self, func: Callable[[dict[str, Any]], Any], row: dict[str, Any]) -> RowOutcome:
         """One row, awaited up to 1 + max_retries times, each call held to `time_limit`."""
-        for attempt in range(attempts_for(self.max_retries)):
+        for attempt in range(self._attempts):
             try:
                 value = await self.func.call(func, row, self.time_limit)
             except Exception as e:

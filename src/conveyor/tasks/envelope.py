@@ -185,8 +185,30 @@ def decode_call(payload: bytes, headers: dict[str, str]) -> Call:
 
 
 # --- results and errors -------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class PackedResult:
+    """A task's result that the task encoded itself (`pack_plain`): `encode_result` passes its bytes on.
+
+    For a task whose results are plain data by construction and many values large (map's rows),
+    where checking every value first (`is_plain`) costs several times the packing.
+    """
+
+    data: bytes
+
+
+def pack_plain(value: object) -> bytes:
+    """`value` as a msgpack result body; TypeError, ValueError or OverflowError if it is not plain data.
+
+    Types are checked as the packer walks them, once: exactly, except that a bytearray or a
+    memoryview inside comes back as bytes (`is_plain` refuses those; use this where that is fine).
+    """
+    return _pack(value)
+
+
 def encode_result(value: object) -> bytes:
     """A task's return value as bytes; the first byte says msgpack or pickle."""
+    if type(value) is PackedResult:
+        return bytes((RESULT_TAG_MSGPACK,)) + value.data
     if is_plain(value):
         try:
             return bytes((RESULT_TAG_MSGPACK,)) + _pack(value)
