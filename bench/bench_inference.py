@@ -26,9 +26,15 @@ item in every variant), makespan of the call to the last answer:
 
 Each variant also says the most calls the server had in flight at once.
 
+Resume of issue 40: W1 as a resumable job (`map_batches(..., job=...)`) on durable servers that
+outlive its driver. A driver of its own (this script, `--resume-driver`) runs it and is SIGKILLed,
+with its Spark, once about half the batches are done; then this process runs the same call again.
+Printed: the second run's time against a full run's (medians of `--runs`, the full runs as fresh
+jobs in this process), its output checked exact, and the messages in flight at the kill.
+
 Needs the `bench` extra: scikit-learn (W1) and Ray Data.
 
-    python bench/bench_inference.py [--workload w1|w2|all] [--rows 200000] [--calls 5000] [--runs 3]
+    python bench/bench_inference.py [--workload w1|w2|resume|all] [--rows 200000] [--calls 5000] [--runs 3]
 """
 
 from __future__ import annotations
@@ -36,13 +42,19 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import random
+import signal
 import socket
 import statistics
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 from benchlib import progress
@@ -99,21 +111,25 @@ def train() -> tuple[Any, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=("w1", "w2", "all"), default="all")
+    parser.add_argument("--workload", choices=("w1", "w2", "resume", "all"), default="all")
     parser.add_argument("--rows", type=int, default=200_000, help="W1's images")
     parser.add_argument("--calls", type=int, default=5_000, help="W2's HTTP calls")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--resume-driver", metavar="ADDRESSES", help=argparse.SUPPRESS)  # the resume scenario's first run
     args = parser.parse_args()
+    if args.resume_driver:
+        resume_driver(args)
+        return
     if args.workload in ("w1", "all"):
         w1(args)
     if args.workload in ("w2", "all"):
         w2(args)
+    if args.workload in ("resume", "all"):
+        resume(args)
 
 
 def w1(args: argparse.Namespace) -> None:
     """W1: digits predicted by map_batches with a model class and by predict_batch_udf."""
-    import numpy as np
-    import pandas as pd
     from pyspark.ml.functions import predict_batch_udf
     from pyspark.sql import functions as F
     from pyspark.sql.types import LongType
@@ -122,13 +138,10 @@ def w1(args: argparse.Namespace) -> None:
     from conveyor.client.pool import QueuePool
     from conveyor.spark.session import get_or_create_session
 
-    model, images = train()
-    rng = np.random.default_rng(40)
-    frame = pd.DataFrame(images[rng.integers(0, len(images), args.rows)], columns=COLUMNS)
+    model, frame, want = w1_input(args.rows)
     spark = get_or_create_session("local[2]", app_name="bench-inference")
     df = spark.createDataFrame(frame).repartition(4).cache()
     progress(f"{df.count():,} rows of {len(COLUMNS)} columns cached; model: {type(model).__name__}")
-    want = model.predict(frame.to_numpy())
 
     def make_predict_fn() -> Callable[[Any], Any]:
         def predict(inputs: Any) -> Any:
@@ -203,6 +216,124 @@ def w1(args: argparse.Namespace) -> None:
         median = statistics.median(got)
         runs = ", ".join(f"{r:,.0f}" for r in got)
         print(f"  {name:46s} {median:>10,.0f} items/s  ({median / best:.2f}x predict_batch_udf; runs {runs})")
+
+
+RESUME_JOB = "w1-resume"
+KILL_AT = 0.5  # of the job's messages done when its first driver is killed
+
+
+def w1_input(rows: int) -> Any:
+    """W1's model, its input images as a pandas DataFrame, and the model's own predictions: the same in every process."""
+    import numpy as np
+    import pandas as pd
+
+    model, images = train()
+    rng = np.random.default_rng(40)
+    frame = pd.DataFrame(images[rng.integers(0, len(images), rows)], columns=COLUMNS)
+    return model, frame, model.predict(frame.to_numpy())
+
+
+def resume_job(spark: Any, model: Any, frame: Any, pool: Any, job: str) -> Any:
+    """The resume scenario's call: W1 through map_batches as the resumable job `job` (its input the same each time)."""
+    import conveyor.spark as cs
+
+    df = spark.createDataFrame(frame).repartition(4)
+    return cs.map_batches(df, Predictor, schema="digit long", fn_args=(model,), queue_pool=pool, job=job, progress=False)
+
+
+def resume_driver(args: argparse.Namespace) -> None:
+    """The resume scenario's first run, in a driver of its own, which the scenario kills."""
+    from conveyor.client.pool import QueuePool
+    from conveyor.spark.session import get_or_create_session
+
+    model, frame, _ = w1_input(args.rows)
+    spark = get_or_create_session("local[2]", app_name="bench-resume-driver")
+    with QueuePool.connect(args.resume_driver) as pool:
+        resume_job(spark, model, frame, pool, RESUME_JOB).count()
+
+
+def resume(args: argparse.Namespace) -> None:
+    """Resume: W1 as a resumable job, its first driver killed halfway, run again; against full runs."""
+    from conveyor.client.pool import QueuePool
+    from conveyor.spark.session import get_or_create_session
+
+    model, frame, want = w1_input(args.rows)
+    spark = get_or_create_session("local[2]", app_name="bench-resume")
+    queue = f"map_batches-job-{RESUME_JOB}"
+    with tempfile.TemporaryDirectory() as data, QueuePool.local(n_servers=2, data_dir=data) as pool:
+        full: list[float] = []
+        for run in range(args.runs + 1):  # the first one warms up (Python workers started)
+            t0 = time.perf_counter()
+            resume_job(spark, model, frame, pool, f"w1-full-{run}").count()
+            if run:
+                full.append(time.perf_counter() - t0)
+            progress(f"full run {run}: {time.perf_counter() - t0:.2f} s" + ("" if run else " (warm-up)"))
+        seconds: list[float] = []
+        for run in range(args.runs):
+            done, in_flight = killed_halfway(pool, queue, args)
+            t0 = time.perf_counter()
+            out = resume_job(spark, model, frame, pool, RESUME_JOB)
+            seconds.append(time.perf_counter() - t0)
+            assert sorted(r["digit"] for r in out.select("digit").collect()) == sorted(want.tolist())
+            assert out.where("_error IS NOT NULL").count() == 0 and queue not in pool.stats()
+            progress(
+                f"run {run + 1}: killed at {done:.0%} of the messages done, {in_flight} in flight; "
+                f"run again: {seconds[-1]:.2f} s (output exact)"
+            )
+    spark.stop()
+    f, r = statistics.median(full), statistics.median(seconds)
+    print(f"\nResume: W1 ({args.rows:,} digits) as a resumable map_batches job, local[2], medians of {args.runs}")
+    print(f"  full run                             {f:6.2f} s  (runs {', '.join(f'{x:.2f}' for x in full)})")
+    again = ", ".join(f"{x:.2f}" for x in seconds)
+    print(f"  run again after a kill at ~{KILL_AT:.0%}       {r:6.2f} s  ({r / f:.2f}x a full run; runs {again})")
+
+
+def killed_halfway(pool: Any, queue: str, args: argparse.Namespace) -> tuple[float, int]:
+    """Run the resumable job in a driver of its own; SIGSTOP then SIGKILL it with its Spark at KILL_AT of the messages done.
+
+    Returns the share of messages done then, and the messages in flight (delivered, not settled).
+    """
+    command = [sys.executable, __file__, "--rows", str(args.rows), "--resume-driver", ",".join(pool.addresses)]
+    driver = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300  # the driver starts Spark, puts the input, then consumes
+        while True:
+            st = pool.stats().get(queue)
+            if st is not None and st.acked + st.pending and st.acked >= KILL_AT * (st.acked + st.pending):
+                break
+            if driver.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the first run ended (exit {driver.poll()}) or timed out before half its work was done")
+            time.sleep(0.005)
+        tree = _tree(driver.pid)
+        for pid in tree:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        st = pool.stats()[queue]
+        done, in_flight = st.acked / (st.acked + st.pending), st.delivered
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(driver.pid, signal.SIGKILL)
+        for pid in _tree(driver.pid) if driver.poll() is None else []:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        driver.wait(60)
+    return done, in_flight
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and its descendants (Spark's Python daemon is in a process group of its own)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            if entry.isdigit():
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                children.setdefault(int(stat.rsplit(")", 1)[1].split()[1]), []).append(int(entry))
+    tree, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        tree.append(p)
+        todo += children.get(p, [])
+    return tree
 
 
 def delay_of(item: int) -> float:

@@ -25,6 +25,7 @@ from conveyor.client.pool import QueuePool
 from conveyor.errors import ConveyorError, JobInputChangedError
 from conveyor.spark.job import chunk_rows_for, fixed_chunks, rows_digest
 
+from ..support.docs import run_example, section_code
 from ..support.graph_helpers import ROOT
 from ..support.procs import kill_tree, process_tree
 from ..support.resumable_job import JOB, ROWS, ROWS_PER_MESSAGE, job_input, run_job
@@ -151,3 +152,11 @@ def test_chunks_and_their_digests_do_not_depend_on_the_batches_the_rows_came_in(
     renamed = table.rename_columns(["id", "t"])
     assert rows_digest(next(fixed_chunks(iter(renamed.to_batches()), 300))) != rows_digest(one[0])
     assert chunk_rows_for(8) == 8192 and chunk_rows_for(1000) == 8000 and chunk_rows_for(20_000) == 20_000
+
+
+def test_the_resumable_jobs_example_runs_as_written(tmp_path: Path) -> None:
+    """docs/spark.md's example, run twice as a user would: each run ends well, so each runs the job anew."""
+    for _ in range(2):
+        done = run_example(section_code("spark.md", "### Resumable jobs"), tmp_path, timeout=300)
+        assert done.returncode == 0 and "10000 rows" in done.stdout, done.stderr[-3000:]
+    assert (tmp_path / "conveyor-data").is_dir()  # its servers' data, where the job's queue would wait
