@@ -118,8 +118,8 @@ def map_batches(
         it; the instance is shared by the consumer's threads, so `__call__` must be thread-safe,
         or the class sets `per_thread = True` for one instance per thread, or pass
         `concurrency=1`; with `pool="process"`, one per task process). A consumer runs one batch
-        at a time unless `concurrency` is given, more while its batches wait (on a remote model,
-        say: `worker/thread_scaling.py`). It returns a batch of as
+        at a time unless `concurrency` is given (batches that wait on a remote model want more,
+        or an async fn). It returns a batch of as
         many rows, in order, with the `schema` columns: a pandas DataFrame, a pyarrow Table or
         RecordBatch, or a dict of column name -> array (whatever `batch_format`).
     schema: the output columns (DDL string or StructType), without `_id`, `_error`, `_input`.

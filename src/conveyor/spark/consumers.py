@@ -253,9 +253,11 @@ class SparkConsumerPool:
     job_tasks: ad-hoc task names that are these consumers' alone (a map's task): each consumer
         drops them from its process's function cache as it ends, and with them what they built
         there (a model), so that a Python worker Spark reuses keeps none of it.
-    default_concurrency: a thread consumer's threads when `concurrency` is left out (None: 8); as
-        with the 8, they grow while its tasks wait (`worker/thread_scaling.py`). map_batches starts
-        at 1: a batch function computes on whole arrays, and threads beside it only contend.
+    default_concurrency: a thread consumer's threads when `concurrency` is left out, then held as if
+        given (None: 8, which grow while the tasks wait, with quick tasks read ahead:
+        `worker/thread_scaling.py`, `worker/pacing.py`). map_batches gives 1: a batch function
+        computes on whole arrays, threads beside it only contend, and batches read ahead would
+        wait behind a consumer's own while another consumer runs out of work at the end.
     On a cluster, `run` and `start` first check the executors (`conveyor.spark.preflight`).
     """
 
@@ -298,7 +300,7 @@ class SparkConsumerPool:
         slots, defaulted = resolve_slots(given.concurrency, given.pool, 1, cores=1)
         if defaulted and given.pool == "thread" and default_concurrency is not None:
             check_count("default_concurrency", default_concurrency)
-            slots = default_concurrency
+            slots, defaulted = default_concurrency, False
         pin = auto_pin(given.pin_core, given.pool, self.n_consumers, task_slots(spark))
         self.options = replace(given, concurrency=slots, pin_core=pin)  # what each consumer runs with
         self.until_empty = until_empty

@@ -112,7 +112,7 @@ class JobSettings:
     progress: bool | None = None  # a progress bar (None: when stderr is a terminal)
     job: str | None = None  # a resumable job's name: a run again after a failure reuses the results stored
     restart: bool = False  # drop what earlier runs of the resumable job stored, and run it anew
-    default_concurrency: int | None = None  # a thread consumer's threads when concurrency is left out (None: 8)
+    default_concurrency: int | None = None  # a thread consumer's threads when concurrency is left out (None: 8, grown)
 
     def __post_init__(self) -> None:
         for name in ("lease_s", "unreachable_s", "start_timeout_s"):
