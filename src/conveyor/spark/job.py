@@ -131,6 +131,11 @@ class JobSettings:
         check_count("n_consumers", self.n_consumers)
         refuse_shared_selector(self.entry, self.options)  # said in the entry point's name, before its consumers' check
 
+    @property
+    def resumable(self) -> bool:
+        """Whether the job is a named, resumable one (`job`)."""
+        return self.job is not None
+
 
 def check_seconds(entry: str, name: str, value: float | None) -> None:
     """Refuse a duration that is not a number of seconds > 0 (None stands for none)."""
@@ -241,7 +246,7 @@ class QueueJob:
         self.spark, self.pool, self.settings = spark, pool, settings
         self.ephemeral = ephemeral  # servers started for this job: they stop when it ends
         self.id = uuid.uuid4().hex[:12]  # this run's: its bookkeeping queues, and its keys unless resumable
-        self.queue = f"{settings.entry}-{self.id}" if settings.job is None else f"{settings.entry}-job-{settings.job}"
+        self.queue = f"{settings.entry}-job-{settings.job}" if settings.resumable else f"{settings.entry}-{self.id}"
         self.read_counts = TaskRecords(f"conveyor-read-{self.id}", ReadCounts)
 
     def run(self, df: DataFrame, form: JobForm) -> JobOutcome:
@@ -252,36 +257,35 @@ class QueueJob:
         try:
             outcome = self._run(df, form)
         except BaseException as e:
-            if self.settings.job is None:
-                abandon_queue(self.pool, self.queue, e, entry=self.settings.entry, ephemeral=self.ephemeral)
-            else:
+            if self.settings.resumable:
                 self._keep_for_next_run(e)
+            else:
+                abandon_queue(self.pool, self.queue, e, entry=self.settings.entry, ephemeral=self.ephemeral)
             raise
-        if self.settings.job is not None:
+        if self.settings.resumable:
             self._finish_job()
         return outcome
 
     def _run(self, df: DataFrame, form: JobForm) -> JobOutcome:
         s = self.settings
-        resumable = s.job is not None
         if s.restart:
             self._drop_job_queue()
         task_name = self._declare(form.task)
         put = InputPut(
             self.pool.queues,
             self.queue,
-            self.id if s.job is None else s.job,
+            s.job if s.job is not None else self.id,
             task_name,
             form.task.options,
             form.parcels,
             PUT_PATIENCE * s.unreachable_s,
-            chunk_rows_for(form.message_rows) if resumable else None,
+            chunk_rows_for(form.message_rows) if s.resumable else None,
         )
         t0 = time.time()
         n = consumer_count(self.spark, s.n_consumers)
         # each of n consumer tasks puts its share of the rows, then consumes; a resumable job's rows are put
         # first, by the input's own partitions, so that its keys do not depend on the consumers
-        fed = not resumable and n <= _partitions(df)
+        fed = not s.resumable and n <= _partitions(df)
         consumers = SparkConsumerPool(
             self.spark,
             self.pool,
@@ -310,7 +314,7 @@ class QueueJob:
         finally:
             self.read_counts.drop(self.pool.queues)
         t3 = time.time()
-        if got.inputs > rows and resumable:
+        if got.inputs > rows and s.resumable:
             raise JobInputChangedError(
                 f"{s.entry}: job {s.job!r}: its queue {self.queue} holds results of {got.inputs - rows:,} rows more than "
                 f"this input's {rows:,}: the input is not the one of the job's earlier runs (rows, their order or their "
@@ -336,7 +340,7 @@ class QueueJob:
                 self.queue, lease_s=self.settings.lease_s, max_attempts=attempts_for(task.options.max_retries)
             )
         except RequestError as e:
-            if e.kind != ERR_QUEUE_CONFLICT or self.settings.job is None:
+            if e.kind != ERR_QUEUE_CONFLICT or not self.settings.resumable:
                 raise
             raise ConveyorError(
                 f"{self.settings.entry}: job {self.settings.job!r} was run before with other settings ({e}): run it "
@@ -397,13 +401,12 @@ class QueueJob:
         """A resumable job that ended well: its output is in Spark (checkpointed), so its queue goes."""
         left = drop_where_answering(self.pool.queues, self.queue)
         if left:
-            how = f"conveyor drop --connect {','.join(left)} {self.queue}"
             log.warning(
                 "%s: job %r is done but its queue may be left on %s; drop it with: %s",
                 self.settings.entry,
                 self.settings.job,
                 ", ".join(left),
-                how,
+                drop_command(left, self.queue),
             )
 
     def _materialize(self, result: DataFrame) -> DataFrame:
@@ -418,9 +421,9 @@ class QueueJob:
         """
         from pyspark import StorageLevel
 
-        if self.settings.job is not None and _checkpoint_dir(self.spark):
+        if self.settings.resumable and _checkpoint_dir(self.spark):
             return result.checkpoint(eager=True)
-        if self.ephemeral or self.settings.job is not None:
+        if self.ephemeral or self.settings.resumable:
             return result.localCheckpoint(eager=True)
         result = result.persist(StorageLevel.MEMORY_AND_DISK)
         result.write.format("noop").mode("overwrite").save()
@@ -439,7 +442,7 @@ def queue_job(
     check_workers_python(spark)
     with ExitStack() as stack:
         ephemeral = queue_pool is None and _ambient(settings.entry) is None  # servers that stop when the job ends
-        if ephemeral and settings.job is not None:
+        if ephemeral and settings.resumable:
             raise ValueError(
                 f"{settings.entry}: job={settings.job!r} needs queue servers that outlive the call, where its results wait "
                 "for the next run: pass queue_pool= (servers of `conveyor serve --data-dir`), or run it under "
@@ -494,8 +497,12 @@ def abandon_queue(pool: QueuePool, queue: str, error: BaseException, *, entry: s
             f"its queue {queue} stays in {pool.servers.data_dir}: drop it (pool.drop) when servers run on it again",
         )
     else:
-        how = f"conveyor drop --connect {','.join(left)} {queue}"
-        say(logging.ERROR, f"could not drop its queue {queue} on {', '.join(left)}; drop it with: {how}")
+        say(logging.ERROR, f"could not drop its queue {queue} on {', '.join(left)}; drop it with: {drop_command(left, queue)}")
+
+
+def drop_command(servers: Sequence[str], queue: str) -> str:
+    """The command that drops `queue` on `servers` (those where the program could not)."""
+    return f"conveyor drop --connect {','.join(servers)} {queue}"
 
 
 def _ambient(entry: str) -> QueuePool | None:
