@@ -26,6 +26,13 @@ item in every variant), makespan of the call to the last answer:
 
 Each variant also says the most calls the server had in flight at once.
 
+W3 of issue 40: 2,000 CPU-bound items of lognormal cost (`workloads.skewed`, summing to
+`--w3-seconds`, 100 s by default: the longest take 1-1.6 s), efficiency = work / (2 x makespan):
+
+  (a) Spark mapInPandas over 16 partitions
+  (b) conveyor.spark.map, its defaults
+  (c) Ray Data map over 16 blocks (tasks on 2 CPUs)
+
 Resume of issue 40: W1 as a resumable job (`map_batches(..., job=...)`) on durable servers that
 outlive its driver. A driver of its own (this script, `--resume-driver`) runs it and is SIGKILLed,
 with its Spark, once about half the batches are done; then this process runs the same call again.
@@ -34,7 +41,7 @@ jobs in this process), its output checked exact, and the messages in flight at t
 
 Needs the `bench` extra: scikit-learn (W1) and Ray Data.
 
-    python bench/bench_inference.py [--workload w1|w2|resume|all] [--rows 200000] [--calls 5000] [--runs 3]
+    python bench/bench_inference.py [--workload w1|w2|w3|resume|all] [--rows 200000] [--calls 5000] [--runs 3]
 """
 
 from __future__ import annotations
@@ -111,9 +118,10 @@ def train() -> tuple[Any, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workload", choices=("w1", "w2", "resume", "all"), default="all")
+    parser.add_argument("--workload", choices=("w1", "w2", "w3", "resume", "all"), default="all")
     parser.add_argument("--rows", type=int, default=200_000, help="W1's images")
     parser.add_argument("--calls", type=int, default=5_000, help="W2's HTTP calls")
+    parser.add_argument("--w3-seconds", type=float, default=100.0, help="W3's work: its 2,000 items' seconds together")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--resume-driver", metavar="ADDRESSES", help=argparse.SUPPRESS)  # the resume scenario's first run
     args = parser.parse_args()
@@ -124,6 +132,8 @@ def main() -> None:
         w1(args)
     if args.workload in ("w2", "all"):
         w2(args)
+    if args.workload in ("w3", "all"):
+        w3(args)
     if args.workload in ("resume", "all"):
         resume(args)
 
@@ -218,6 +228,78 @@ def w1(args: argparse.Namespace) -> None:
         print(f"  {name:46s} {median:>10,.0f} items/s  ({median / best:.2f}x predict_batch_udf; runs {runs})")
 
 
+W3_ITEMS = 2000
+W3_DDL = "i long, start double, finish double"
+
+
+def w3_item(row: dict[str, Any]) -> dict[str, Any]:
+    """One W3 item: busy for its seconds; returns when it ran."""
+    from conveyor.cli.corpus import busy  # on the executors: from the installed library
+
+    start = time.time()
+    busy(row["seconds"])
+    return {"i": row["i"], "start": start, "finish": time.time()}
+
+
+def w3(args: argparse.Namespace) -> None:
+    """W3: CPU-bound items of lognormal cost: efficiency of mapInPandas, conveyor.spark.map's defaults and Ray Data."""
+    import pandas as pd
+
+    import conveyor.spark as cs
+    from conveyor.client.pool import QueuePool
+    from conveyor.spark.session import get_or_create_session
+    from workloads import skewed
+
+    durations = skewed(W3_ITEMS, args.w3_seconds)
+    work = sum(durations)
+    items = [{"i": i, "seconds": d} for i, d in enumerate(durations)]
+    spark = get_or_create_session("local[2]", app_name="bench-inference-w3")
+    df = spark.createDataFrame(pd.DataFrame(items)).repartition(16).cache()
+    warm = spark.createDataFrame(pd.DataFrame(items[:32]).assign(seconds=0.0)).repartition(16).cache()
+    progress(f"{df.count():,} items, {work:.0f} s of work, the longest {max(durations):.2f} s; {warm.count()} to warm up")
+
+    def in_pandas(frames: Iterator[Any]) -> Iterator[Any]:
+        for f in frames:
+            yield pd.DataFrame([w3_item(r) for r in f.to_dict("records")], columns=["i", "start", "finish"])
+
+    ray = start_ray()
+    ray_items, ray_warm = ray.data.from_items(items, override_num_blocks=16), ray.data.from_items(items[:32])
+
+    with QueuePool.local(n_servers=2) as pool:
+
+        def conveyor_run(frame: Any) -> int:
+            out = cs.map(frame, w3_item, schema=W3_DDL, queue_pool=pool, progress=False)
+            n = out.where("_error IS NULL").count()
+            out.unpersist()
+            return int(n)
+
+        variants: dict[str, Callable[[bool], int]] = {
+            "(a) Spark mapInPandas, 16 partitions": lambda warm_up: len(
+                (warm if warm_up else df).mapInPandas(in_pandas, W3_DDL).collect()
+            ),
+            "(b) conveyor.spark.map, defaults": lambda warm_up: conveyor_run(warm if warm_up else df),
+            "(c) Ray Data map, 16 blocks": lambda warm_up: (ray_warm if warm_up else ray_items).map(w3_item).count(),
+        }
+        for name, variant in variants.items():
+            variant(True)
+            progress(f"warm-up: {name}")
+        efficiency: dict[str, list[float]] = {name: [] for name in variants}
+        for run in range(args.runs):
+            for name, variant in variants.items():
+                t0 = time.perf_counter()
+                done = variant(False)
+                seconds = time.perf_counter() - t0
+                assert done == W3_ITEMS, f"{name}: {done} items done"
+                efficiency[name].append(work / (2 * seconds))
+                progress(f"run {run + 1}: {name}: {seconds:.2f} s, efficiency {efficiency[name][-1]:.3f}")
+    ray.shutdown()
+    spark.stop()
+    print(f"\nW3: {W3_ITEMS:,} CPU-bound items, {work:.0f} s of work, local[2], medians of {args.runs}")
+    for name, got in efficiency.items():
+        runs = ", ".join(f"{e:.3f}" for e in got)
+        print(f"  {name:46s} efficiency {statistics.median(got):.3f}  (runs {runs})")
+
+
 RESUME_JOB = "w1-resume"
 KILL_AT = 0.5  # of the job's messages done when its first driver is killed
 
@@ -238,7 +320,11 @@ def resume_job(spark: Any, model: Any, frame: Any, pool: Any, job: str) -> Any:
     import conveyor.spark as cs
 
     df = spark.createDataFrame(frame).repartition(4)
-    return cs.map_batches(df, Predictor, schema="digit long", fn_args=(model,), queue_pool=pool, job=job, progress=False)
+    out, st = cs.map_batches(
+        df, Predictor, schema="digit long", fn_args=(model,), queue_pool=pool, job=job, progress=False, stats=True
+    )
+    progress(f"  {job}: input put (or named) {st.enqueue_s:.2f} s, consumed {st.consume_s:.2f} s, read back {st.read_s:.2f} s")
+    return out
 
 
 def resume_driver(args: argparse.Namespace) -> None:

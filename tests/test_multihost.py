@@ -392,6 +392,32 @@ def test_a_relay_on_the_network_that_alters_a_byte_is_detected(bed: ClusterBed, 
 
 
 @pytest.mark.cluster
+@pytest.mark.timeout(300)
+def test_consumers_given_gpus_run_only_where_they_are_each_with_its_own(bed: ClusterBed, tmp_path: Path) -> None:
+    """resources={"gpu": 1}: consumers on the GPU host alone, as many as its GPUs, each seeing its own GPU.
+
+    The application's one executor (3 cores, 2 GPUs) can start only on `gpu0`, whose worker's
+    discovery script declares GPUs "0" and "1"; worker0 and worker1 have none. Three cores would
+    make three consumers; two GPUs make two.
+    """
+    bed.start_gpu_worker(cores=3, gpus=2)
+    result = Job(bed, tmp_path, "gpu").result()
+    assert result["executors"] == sorted([bed.ip("driver"), bed.ip("gpu0")]), result["executors"]
+    for mode in ("thread", "process"):
+        rows, consumers = result[mode]["rows"], result[mode]["consumers"]
+        assert consumers == 2, f"{mode}: {consumers} consumers"
+        assert sorted(r["id"] for r in rows) == list(range(ROWS)) and not any(r["_error"] for r in rows)
+        assert {r["host"] for r in rows} == {bed.ip("gpu0")}
+        assert all(r["gpus"] in ("0", "1") and r["cuda"] == r["gpus"] for r in rows), rows[:3]
+        # a consumer is one Python worker (thread mode) or the parent of its task processes (process mode)
+        consumer_of = "pid" if mode == "thread" else "parent"
+        seen: dict[int, set[str]] = {}
+        for r in rows:
+            seen.setdefault(r[consumer_of], set()).add(r["gpus"])
+        assert sorted(g for gs in seen.values() for g in gs) == ["0", "1"], f"{mode}: GPUs by consumer: {seen}"
+
+
+@pytest.mark.cluster
 @pytest.mark.timeout(60)
 def test_local_refuses_the_cluster_master(bed: ClusterBed) -> None:
     code = f"import conveyor\nwith conveyor.local(master={bed.master_url!r}):\n    pass\n"

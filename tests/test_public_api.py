@@ -74,6 +74,7 @@ def test_requests_carry_only_declared_fields() -> None:
         requests.results("q", 3, 10),
         requests.dead_letters("q", 3, 10),
         requests.forget("q", [1]),
+        requests.stored("q", ["k"]),
         requests.put_blob(b"b"),
         requests.get_blob("0" * 64),
         requests.forget_blobs(["0" * 64]),

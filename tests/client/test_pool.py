@@ -265,6 +265,7 @@ def test_idempotency_keys_hold_across_shards(pool: QueuePool, queue: str) -> Non
     first = pool.put(queue, [Message(payload=b"%d" % i, headers={KEY: f"k{i}"}) for i in range(40)])
     again = pool.put(queue, [Message(payload=b"retry %d" % i, headers={KEY: f"k{i}"}) for i in range(40)])
     assert again == first and len({pool.queues.split_id(i)[0] for i in first}) == 2  # both shards used
+    assert pool.queues.stored(queue, [f"k{i}" for i in range(39, -1, -1)] + ["unseen"]) == [*first[::-1], 0]
     assert pool.stats(queue)[queue].ready == 40
     pool.purge(queue)
 

@@ -408,6 +408,10 @@ def test_idempotency_keys_store_a_message_once(tmp_path: Path) -> None:
         )
         assert b[0] == a[0] and b[1] == b[2] and b[1] not in a
         assert c.stats("q")["q"].ready == 3
+        assert c.stored("q", ["order-2", "order-1", "unseen"]) == [b[1], a[0], 0]  # did a put land
+        assert c.stored("no-such-queue", ["order-1"]) == [0]
+        with pytest.raises(RequestError, match="idempotency key must be a non-empty string"):
+            c.stored("q", ["order-1", ""])
         with pytest.raises(RequestError, match="idempotency key must be a non-empty string"):
             c.put("q", [Message(payload=b"x", headers={KEY: ""})])
         with pytest.raises(RequestError, match="priority"):  # a put that fails stores nothing under its keys
@@ -422,6 +426,7 @@ def test_idempotency_keys_store_a_message_once(tmp_path: Path) -> None:
         assert [m.payload for m in c.get("between", 10)] == [b"another client's", b"another client's, later", b"keyed"]
         [p] = c.put("p", [Message(payload=b"to purge", headers={KEY: "order-4"})])
         c.purge("p")
+        assert c.stored("p", ["order-4"]) == [0]
         [p2] = c.put("p", [Message(payload=b"put again", headers={KEY: "order-4"})])  # a purged message is gone
         assert p2 != p
     # a crash between writing a put's keys and its messages leaves a key naming an id with no message
@@ -431,6 +436,7 @@ def test_idempotency_keys_store_a_message_once(tmp_path: Path) -> None:
     keys.add([("order-5", 999)])
     keys.close()
     with thread_server(data_dir=d) as s, QueueClient(s.address) as c:  # remembered across a restart
+        assert c.stored("q", ["order-1", "order-5"]) == [a[0], 0]  # order-5 names no message
         assert c.put("q", [Message(payload=b"late retry", headers={KEY: "order-1"})]) == [a[0]]
         [x] = c.put("q", [Message(payload=b"x", headers={KEY: "order-3"})])
         [y] = c.put("q", [Message(payload=b"y", headers={KEY: "order-5"})])

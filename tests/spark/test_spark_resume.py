@@ -15,15 +15,16 @@ import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 
 import conveyor.spark as cs
 from conveyor.client.pool import QueuePool
 from conveyor.errors import ConveyorError, JobInputChangedError
-from conveyor.spark.job import chunk_rows_for, fixed_chunks, rows_digest
+from conveyor.spark.resume import ROW_HASH, ChunkedInput, chunk_rows_for, chunked_input, hashed_input, input_chunks
 
 from ..support.docs import run_example, section_code
 from ..support.graph_helpers import ROOT
@@ -33,6 +34,7 @@ from ..support.servers import wait_for
 
 pytestmark = pytest.mark.timeout(300)
 QUEUE = f"map-job-{JOB}"
+MARKERS = f"map-chunks-{JOB}"
 START_S = 120.0  # for the first run's driver to start Spark and run half the rows, on a busy machine
 
 
@@ -94,22 +96,24 @@ def test_a_job_whose_driver_died_runs_only_the_rest_when_run_again(spark: SparkS
     twice = sum(n - 1 for n in runs.values())
     assert twice <= bound, f"{twice} rows ran twice; {in_flight} messages of {ROWS_PER_MESSAGE} rows were in flight"
     assert sum(runs.values()) - before <= ROWS - before + bound  # the second run ran only the rest
-    assert QUEUE not in pool.stats()  # a job that ended well leaves nothing behind
+    assert not {QUEUE, MARKERS} & set(pool.stats())  # a job that ended well leaves nothing behind
 
 
 def test_a_changed_input_is_refused_and_restart_runs_the_job_anew(spark: SparkSession, pool: QueuePool, tmp_path: Path) -> None:
     log = tmp_path / "rows.log"
     killed_halfway(pool, log, tmp_path)
 
-    with pytest.raises(JobInputChangedError, match="restart=True") as caught:
+    held = pool.stats()[QUEUE]
+    with pytest.raises(JobInputChangedError, match=r"1 of the \d+ chunks .* Nothing was put.*restart=True") as caught:
         run_job(job_input(spark, changed=True), pool, str(log))
     assert any(QUEUE in note and "run the same call again" in note for note in caught.value.__notes__)
-    assert QUEUE in pool.stats()  # kept: the error changed nothing the next run needs
+    now = pool.stats()[QUEUE]  # kept: the error changed nothing the next run needs
+    assert (now.ready + now.delivered + now.acked, now.failed) == (held.ready + held.delivered + held.acked, held.failed)
 
     out = run_job(job_input(spark, changed=True), pool, str(log), restart=True).collect()
     expected = [(i, 0 if i == 7 else 2 * i + 1) for i in range(ROWS)]
     assert sorted((r["id"], r["y"]) for r in out) == expected and all(r["_error"] is None for r in out)
-    assert QUEUE not in pool.stats()
+    assert not {QUEUE, MARKERS} & set(pool.stats())
 
 
 def test_a_finished_job_leaves_nothing_and_runs_anew_when_called_again(
@@ -141,16 +145,47 @@ def test_a_job_needs_servers_that_outlive_the_call_and_a_name(spark: SparkSessio
         cs.map(df, lambda r: r["id"], schema="y long", restart=True, progress=False)
 
 
-def test_chunks_and_their_digests_do_not_depend_on_the_batches_the_rows_came_in() -> None:
-    table = pa.table({"id": list(range(1000)), "s": [None if i % 7 == 0 else str(i) for i in range(1000)]})
-    one = list(fixed_chunks(iter(table.to_batches()), 300))
-    many = list(fixed_chunks(iter(table.to_batches(max_chunksize=77)), 300))
-    assert [b.num_rows for b in one] == [300, 300, 300, 100] == [b.num_rows for b in many]
-    assert [rows_digest(b) for b in one] == [rows_digest(b) for b in many]
-    changed = table.set_column(0, "id", pa.array([*range(999), -1]))
-    assert [rows_digest(b) for b in fixed_chunks(iter(changed.to_batches()), 300)][-1] != rows_digest(one[-1])
-    renamed = table.rename_columns(["id", "t"])
-    assert rows_digest(next(fixed_chunks(iter(renamed.to_batches()), 300))) != rows_digest(one[0])
+def chunk_keys_put(hashed: DataFrame, chunked: ChunkedInput) -> list[tuple[str, int]]:
+    """(key, rows) of each chunk as the put's tasks make them, from the rows they get."""
+
+    def keys(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        part = TaskContext.get().partitionId()  # type: ignore[union-attr]
+        for key, chunk in chunked.chunks(batches, part):
+            assert ROW_HASH not in chunk.schema.names
+            yield pa.RecordBatch.from_pylist([{"key": key, "rows": chunk.num_rows}])
+
+    return sorted((r["key"], r["rows"]) for r in hashed.mapInArrow(keys, "key string, rows long").collect())
+
+
+def test_the_put_and_the_jvm_name_the_same_chunks_whatever_batches_the_rows_come_in(spark: SparkSession) -> None:
+    rows = [(i, None if i % 7 == 0 else str(i), {"k": [i]}) for i in range(1000)]
+    ddl = "id long, s string, m map<string, array<long>>"  # a map: Spark's hash refuses one, so it is hashed as JSON
+
+    def chunks(data: list[tuple[Any, ...]], schema: str = ddl) -> tuple[list[tuple[str, int]], list[tuple[str, int]]]:
+        df = spark.createDataFrame(data, schema).repartition(3)
+        chunked = ChunkedInput("j", 150, chunked_input(df, "j", 10, "m").schema_tag, "m")
+        hashed = hashed_input(df)
+        return chunk_keys_put(hashed, chunked), sorted((c.key, c.rows) for c in input_chunks(hashed, chunked))
+
+    batch = "spark.sql.execution.arrow.maxRecordsPerBatch"
+    before = spark.conf.get(batch)
+    try:
+        spark.conf.set(batch, "37")
+        put, jvm = chunks(rows)
+        spark.conf.set(batch, "10000")
+        assert chunks(rows) == (put, put) == (jvm, jvm)
+    finally:
+        spark.conf.set(batch, before)
+    assert sum(n for _, n in put) == 1000 and {n for _, n in put} <= {150, *range(1, 150)}
+    assert all(k.startswith("j:") and k.split(":")[2] in {"0", "150", "300"} for k, _ in put)
+    changed, _ = chunks([*rows[:-1], (999, "x", {"k": [999]})])
+    assert 0 < len(set(changed) - set(put)) < len(put)  # one row changed: its chunk's key (and those it moved rows of)
+    swapped, _ = chunks([(i, s, {"k": [i + 1]}) for i, s, _ in rows])
+    assert not set(swapped) & set(put)
+    renamed, _ = chunks(rows, ddl.replace("s string", "t string"))
+    assert not set(renamed) & set(put)  # other columns: other keys
     assert chunk_rows_for(8) == 8192 and chunk_rows_for(1000) == 8000 and chunk_rows_for(20_000) == 20_000
 
 

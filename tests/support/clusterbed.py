@@ -1,7 +1,8 @@
 """`ClusterBed`: a Spark standalone cluster and queue servers on a `NetBed` (tests/support/netbed.py).
 
 A Spark master on `driver`, a Spark worker (1 core, 1 GB) on each `worker<i>`, `conveyor serve` on
-each `server<i>` (fixed ports: each host has its own). Faults (`kill_host`, `stop_server`, ...) and
+each `server<i>` (fixed ports: each host has its own); `gpu0`, a host whose worker, with GPUs a
+discovery script declares, runs only while a test starts it (`start_gpu_worker`). Faults (`kill_host`, `stop_server`, ...) and
 `repair()` (back to the start state) let tests share one bed.
 """
 
@@ -21,6 +22,7 @@ from pyspark.find_spark_home import _find_spark_home
 from tests.support.netbed import ROOT, NetBed, ns_pids
 from tests.support.procs import Daemon, kill_tree, process_tree, tail, wait_until
 
+GPU_HOST = "gpu0"
 START_TIMEOUT_S = 120.0  # JVMs start in ~5-10 s, far slower when several start at once on 2 cores
 MASTER_PORT, MASTER_UI_PORT, WORKER_UI_PORT, SERVER_PORT = 7077, 8080, 8081, 7070
 MASTER_CLASS = "org.apache.spark.deploy.master.Master"
@@ -53,7 +55,7 @@ class ClusterBed:
     @classmethod
     def start(cls, base: Path, token: str, *, n_workers: int = 2, n_servers: int = 2, worker_timeout_s: int = 10) -> ClusterBed:
         """Make the hosts and start everything (servers with the master, then the workers); waits until all serve."""
-        names = ["driver", *(f"worker{i}" for i in range(n_workers)), *(f"server{i}" for i in range(n_servers))]
+        names = ["driver", *(f"worker{i}" for i in range(n_workers)), *(f"server{i}" for i in range(n_servers)), GPU_HOST]
         (base / "logs").mkdir(parents=True, exist_ok=True)
         bed = cls(
             NetBed.create(names), base, token, worker_timeout_s, None, [None] * n_workers, [None] * n_servers, [7100] * n_workers
@@ -139,6 +141,30 @@ class ClusterBed:
         )
         if wait:
             self.wait_workers(exact=False)
+
+    def start_gpu_worker(self, cores: int, gpus: int) -> Daemon:
+        """Start a Spark worker on `gpu0` with `cores` and `gpus` GPUs ("0", "1", ...), and wait until it is ALIVE.
+
+        Its GPUs are what a discovery script says, as on a real GPU host. Not one of the bed's
+        daemons: the test's sweep stops it.
+        """
+        script = self.base / "gpus.sh"
+        addresses = ", ".join(f'"{i}"' for i in range(gpus))
+        script.write_text(f'#!/bin/sh\necho \'{{"name": "gpu", "addresses": [{addresses}]}}\'\n')
+        script.chmod(0o755)
+        port = 7200
+        opts = f"-Dspark.worker.resource.gpu.amount={gpus} -Dspark.worker.resource.gpu.discoveryScript={script}"
+        argv = [
+            str(Path(_find_spark_home()) / "bin" / "spark-class"),
+            WORKER_CLASS,
+            self.master_url,
+            *("--host", self.ip(GPU_HOST), "--port", str(port), "--webui-port", str(WORKER_UI_PORT)),
+            *("--cores", str(cores), "--memory", "1g", "--work-dir", str(self.base / f"work-{GPU_HOST}")),
+        ]
+        worker = self.spawn(GPU_HOST, GPU_HOST, argv, {"SPARK_WORKER_OPTS": opts})
+        ready = lambda: (self.ip(GPU_HOST), port) in self.alive_workers()  # noqa: E731
+        wait_until("the GPU worker ALIVE", ready, [w for w in [self.master, worker] if w], START_TIMEOUT_S, self.logs)
+        return worker
 
     def start_server(self, i: int, wait: bool = True) -> None:
         """Start `conveyor serve` on `server<i>`: same address, port and data directory each time; `wait`: until it serves."""

@@ -102,6 +102,8 @@ def conf(driver_ip: str, scenario: str) -> dict[str, str]:
         c["spark.buffer.size"] = "1024"  # else the stream to the Python worker holds 64 KiB of rows back
     if scenario == "noslots":  # executors of 2 cores, on workers of 1: the master can place none
         c["spark.executor.cores"] = "2"
+    if scenario == "gpu":  # one executor of 3 cores and 2 GPUs: only the GPU worker (tests/support/clusterbed.py) has them
+        c.update({"spark.executor.cores": "3", "spark.cores.max": "3", "spark.executor.resource.gpu.amount": "2"})
     if scenario == "parallelism":  # Spark's tuning guide: 2-3 tasks per core; here only 2 slots exist
         c["spark.default.parallelism"] = "4"
     if scenario == "preflight":  # tests/support/preflight_tasks.py cannot be imported on worker1
@@ -203,9 +205,49 @@ def beside_the_driver(spark: Any, driver_ip: str, work: str) -> dict[str, Any]:
     return result
 
 
+def on_gpus(driver_ip: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    def func(row: dict[str, Any]) -> dict[str, Any]:
+        time.sleep(0.02)
+        given = conveyor.spark.task_resources()
+        return {
+            "id": row["id"],
+            "host": host_ip(driver_ip),
+            "gpus": ",".join(given.get("gpu", ())),
+            "cuda": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "pid": os.getpid(),
+            "parent": os.getppid(),
+        }
+
+    return func
+
+
+def gpus(spark: Any, pool: QueuePool, driver_ip: str) -> dict[str, Any]:
+    """map with resources={"gpu": 1}, in thread and in process mode: where each row ran, and the GPU it saw."""
+    df = spark.range(ROWS, numPartitions=PARTITIONS)
+    result: dict[str, Any] = {}
+    for mode in ("thread", "process"):
+        out, stats = conveyor.spark.map(
+            df,
+            on_gpus(driver_ip),
+            schema="id long, host string, gpus string, cuda string, pid long, parent long",
+            queue_pool=pool,
+            resources={"gpu": 1},
+            pool=mode,
+            concurrency=2,
+            rows_per_message=1,
+            progress=False,
+            stats=True,
+        )
+        result[mode] = {"rows": [r.asDict() for r in out.collect()], "consumers": len(stats.consumers)}
+        pool.drop(stats.queue)
+    return result
+
+
 def run(spark: Any, pool: QueuePool, driver_ip: str, scenario: str, work: str) -> dict[str, Any]:
     if scenario == "driver-servers":
         return beside_the_driver(spark, driver_ip, work)
+    if scenario == "gpu":
+        return gpus(spark, pool, driver_ip)
     df = spark.range(ROWS, numPartitions=PARTITIONS)
     if scenario in PRODUCE_MS:  # a slow upstream stage (in the JVM: chained Python stages would run in turn)
         df = df.selectExpr("id", f"reflect('java.lang.Thread', 'sleep', cast({PRODUCE_MS[scenario]} as bigint)) as slow")
@@ -270,7 +312,7 @@ def main(master: str, driver_ip: str, servers: str, token: str, out_path: str, s
     note("session started")
     try:
         if scenario != "noslots":
-            wait_for_executors(spark, EXECUTORS, EXECUTORS_TIMEOUT_S)
+            wait_for_executors(spark, 1 if scenario == "gpu" else EXECUTORS, EXECUTORS_TIMEOUT_S)
         executors = sorted(e.host() for e in spark.sparkContext._jsc.sc().statusTracker().getExecutorInfos())
         note(f"executors: {executors}")
         with QueuePool.connect(servers, token=token, connect_timeout=2.0) as pool:

@@ -123,6 +123,9 @@ class QueueClient(Transport):
     def forget(self, queue: str, ids: Sequence[int]) -> int:
         return self.call(calls.forget(queue, ids))
 
+    def stored(self, queue: str, keys: Sequence[str]) -> list[int]:
+        return self.call(calls.stored(queue, keys))
+
     def put_blob(self, data: bytes) -> str:
         return self.call(calls.put_blob(data))
 

@@ -171,7 +171,7 @@ class ShardedQueues:
             if key is None:
                 plain.append(i)
             else:
-                keyed.setdefault(zlib.crc32(str(key).encode()) % n, []).append(i)
+                keyed.setdefault(self._key_shard(str(key)), []).append(i)
         chunks = [plain[i : i + b] for i in range(0, len(plain), b)]
         first, self._next_put = self._next_put, (self._next_put + len(chunks)) % n
         groups = [((first + k) % n, chunk) for k, chunk in enumerate(chunks)]
@@ -302,6 +302,25 @@ class ShardedQueues:
         groups = self._by_shard(ids)
         done = self._each({s: [calls.forget(queue, [ids[k] & LOCAL_MASK for k in pos])] for s, pos in groups.items()})
         return sum(r[0] for r in done.values())
+
+    def stored(self, queue: str, keys: Sequence[str]) -> list[int]:
+        """The pool-wide id of the message stored under each idempotency key, 0 where none is (its put did not land)."""
+        groups: dict[int, list[int]] = {}
+        for k, key in enumerate(keys):
+            groups.setdefault(self._key_shard(key), []).append(k)
+        b = self.batch_size
+        pages = {s: [pos[i : i + b] for i in range(0, len(pos), b)] for s, pos in groups.items()}
+        done = self._each({s: [calls.stored(queue, [keys[k] for k in page]) for page in ps] for s, ps in pages.items()})
+        out = [0] * len(keys)
+        for s, ps in pages.items():
+            for page, ids in zip(ps, done[s], strict=True):
+                for k, i in zip(page, ids, strict=True):
+                    out[k] = i and self.global_id(s, i)
+        return out
+
+    def _key_shard(self, key: str) -> int:
+        """The shard a message with idempotency key `key` goes to: the one that remembers the key."""
+        return zlib.crc32(key.encode()) % len(self.clients)
 
     def purge(self, queue: str) -> int:
         return sum(r[0] for r in self._each({s: [calls.purge(queue)] for s in self._shards_with(queue)}).values())

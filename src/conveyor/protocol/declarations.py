@@ -273,6 +273,12 @@ DEAD_LETTERS = Operation(
     "dead_letters", (_QUEUE, _AFTER, _LIMIT), (*_FETCHED, "errors", "failed_at"), "A page of dead letters in id order."
 )
 FORGET = Operation("forget", (_QUEUE, _IDS), ("n",), "Drop stored results and dead letters of ids.")
+STORED = Operation(
+    "stored",
+    (_QUEUE, Field("keys", Kind.NAMES)),
+    ("ids",),
+    "The ids of the messages stored under idempotency keys (0: none; a queue not there holds none).",
+)
 BYE = Operation("bye", (), ("ok",), "This connection closes on purpose: leases it took with tie keep their time.")
 WAKE = Operation(
     "wake",
@@ -305,6 +311,7 @@ OPERATIONS: dict[str, Operation] = {
         RESULTS,
         DEAD_LETTERS,
         FORGET,
+        STORED,
         PUT_BLOB,
         GET_BLOB,
         FORGET_BLOBS,

@@ -41,6 +41,7 @@ from conveyor.protocol.declarations import (
     RESULTS,
     STATS,
     STATUS,
+    STORED,
     WAKE,
 )
 from conveyor.protocol.framing import Frames, Header, Limits, column, expand
@@ -386,6 +387,11 @@ def dead_letters(queue: str, after: int = 0, limit: int = 1000) -> Call[list[Dea
 def forget(queue: str, ids: Sequence[int]) -> Call[int]:
     """Drop stored results and dead letters of these ids, freeing their space; returns how many."""
     return Call(FORGET.name, FORGET.header(queue=queue, ids=list(ids)), parse=lambda h, f: h["n"])
+
+
+def stored(queue: str, keys: Sequence[str]) -> Call[list[int]]:
+    """The id of the message stored under each idempotency key, 0 where none is: did a put land."""
+    return Call(STORED.name, STORED.header(queue=queue, keys=list(keys)), parse=lambda h, f: list(h["ids"]))
 
 
 def put_blob(data: bytes) -> Call[str]:

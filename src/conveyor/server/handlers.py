@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import asdict
 from typing import Any
 
-from conveyor.constants import ERR_BAD_ARGUMENT, H_IDEMPOTENCY_KEY, MAX_DELAY_S, PROTOCOL_VERSION
+from conveyor.constants import ERR_BAD_ARGUMENT, ERR_NO_QUEUE, H_IDEMPOTENCY_KEY, MAX_DELAY_S, PROTOCOL_VERSION
 from conveyor.errors import RequestError, StoreError
 from conveyor.message import headers_bytes
 from conveyor.protocol.declarations import COL_IDS, MESSAGE_COLUMNS, OPERATIONS, Arguments, Operation
@@ -351,6 +351,17 @@ async def forget(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     n = q.store.forget(ids)
     await q.durable()
     return {"n": n}, []
+
+
+async def stored(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
+    keys = [check_key(k) for k in a["keys"]]
+    try:
+        q = _queue(host, a)
+    except RequestError as e:
+        if e.kind != ERR_NO_QUEUE:
+            raise
+        return {"ids": [0] * len(keys)}, []
+    return {"ids": [_stored_under(q, k) or 0 for k in keys]}, []
 
 
 async def put_blob(host: QueueHost, a: Arguments, frames: Frames) -> Reply:

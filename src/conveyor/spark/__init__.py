@@ -16,6 +16,7 @@ _LAZY = {
     "cluster": "conveyor.spark.cluster",
     "preflight": "conveyor.spark.preflight",
     "get_or_create_session": "conveyor.spark.session",
+    "task_resources": "conveyor.spark.resources",
 }
 __all__ = sorted(_LAZY)
 

@@ -14,6 +14,7 @@ per batch (`conveyor.spark.instances`); `MapStats.instances` says how many were 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from conveyor.client.pool import QueuePool
@@ -60,6 +61,7 @@ def map_batches(
     progress: bool | None = ...,
     job: str | None = ...,
     restart: bool = ...,
+    resources: Mapping[str, float] | None = ...,
     stats: Literal[False] = ...,
     options: ConsumerOptions | None = ...,
     **keywords: Unpack[ConsumerKeywords],
@@ -84,6 +86,7 @@ def map_batches(
     progress: bool | None = ...,
     job: str | None = ...,
     restart: bool = ...,
+    resources: Mapping[str, float] | None = ...,
     stats: Literal[True],
     options: ConsumerOptions | None = ...,
     **keywords: Unpack[ConsumerKeywords],
@@ -107,6 +110,7 @@ def map_batches(
     progress: bool | None = None,
     job: str | None = None,
     restart: bool = False,
+    resources: Mapping[str, float] | None = None,
     stats: bool = False,
     options: ConsumerOptions | None = None,
     **keywords: Unpack[ConsumerKeywords],
@@ -139,7 +143,7 @@ def map_batches(
         its rows is reported.
     time_limit: seconds one batch's message may take, its splits included.
     The rest are `map`'s: `queue_pool`, `n_consumers`, `lease_s`, `unreachable_s`,
-    `start_timeout_s`, `progress`, `job`, `restart`, `stats` (`MapStats`, with `instances`: how many instances of
+    `start_timeout_s`, `progress`, `job`, `restart`, `resources`, `stats` (`MapStats`, with `instances`: how many instances of
     fn's class were built), and the consumer options (`options=` or keywords; not `middleware`).
     """
     import pyarrow  # noqa: F401 - fail early, here, if it is missing
@@ -168,6 +172,7 @@ def map_batches(
         progress=progress,
         job=job,
         restart=restart,
+        resources=resources,
         default_concurrency=None if instances.awaits else 1,  # a batch computes on arrays: threads beside it contend
     )
     spark: SparkSession = df.sparkSession

@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
@@ -40,6 +40,7 @@ from conveyor.protocol.report import FIGURES, HOST, ConsumerReport, Shown
 from conveyor.spark.cluster import driver_pool, is_local
 from conveyor.spark.preflight import preflight
 from conveyor.spark.records import RowsPut, TaskRecords, where_answering
+from conveyor.spark.resources import check_resources, consumer_profile, given_resources, profile_slots
 from conveyor.spark.session import check_workers_python, task_slots
 from conveyor.spark.watch import START_TIMEOUT_S, JobGroup, JobWatch
 from conveyor.tasks.publish import get_default_pool
@@ -53,6 +54,7 @@ from conveyor.worker.stats import ConsumerStats
 
 if TYPE_CHECKING:
     import pyarrow as pa
+    from pyspark.resource import ResourceProfile
     from pyspark.sql import DataFrame, SparkSession
     from typing_extensions import Unpack  # typing.Unpack is 3.11+; only the type checker reads it
 
@@ -159,7 +161,8 @@ def _consume(
         import pyarrow as pa
         from pyspark import TaskContext
 
-        index = cast("TaskContext", TaskContext.get()).partitionId()  # always set inside a Spark task
+        context = cast("TaskContext", TaskContext.get())  # always set inside a Spark task
+        index = context.partitionId()
         rows = 0
         expect_more = None
         if put_input is None:
@@ -187,7 +190,7 @@ def _consume(
         sys.setswitchinterval(CONSUMER_SWITCH_INTERVAL_S)  # see conveyor.worker.consumer_pool
         started = time.time()
         try:
-            with gc_tuned():
+            with gc_tuned(), given_resources(context):
                 consumer.run()
         finally:
             sys.setswitchinterval(old)
@@ -258,6 +261,10 @@ class SparkConsumerPool:
         `worker/thread_scaling.py`, `worker/pacing.py`). map_batches gives 1: a batch function
         computes on whole arrays, threads beside it only contend, and batches read ahead would
         wait behind a consumer's own while another consumer runs out of work at the end.
+    resources: Spark resources each consumer takes, e.g. {"gpu": 1}: the consumers run under a task
+        resource profile, only on executors that hold them, each with its own addresses
+        (`task_resources()`; default n_consumers: as many as the resources allow at once). On a
+        cluster with dynamic allocation off; see `conveyor.spark.resources`.
     On a cluster, `run` and `start` first check the executors (`conveyor.spark.preflight`).
     """
 
@@ -278,6 +285,7 @@ class SparkConsumerPool:
         where: str = "SparkConsumerPool",
         job_tasks: Sequence[str] = (),
         default_concurrency: int | None = None,
+        resources: Mapping[str, float] | None = None,
         **keywords: Unpack[ConsumerKeywords],
     ) -> None:
         self.spark = spark
@@ -289,7 +297,9 @@ class SparkConsumerPool:
                 "progress and stop are judged by what it has settled"
             )
         check_count("n_consumers", n_consumers)
-        self.n_consumers = consumer_count(spark, n_consumers)
+        self.resources = check_resources(where, resources)
+        self._profile = consumer_profile(spark, where, self.resources)
+        self.n_consumers = consumer_count(spark, n_consumers, self._profile)
         check_workers_python(spark)
         default = get_default_pool()  # servers started here come last: nothing below can fail and leave them running
         self._own = None if queue_pool is not None or isinstance(default, QueuePool) else _servers_for(spark)
@@ -327,8 +337,10 @@ class SparkConsumerPool:
         put_input = None if self.feed is None else self.feed.put
         fn = _consume(self.pool.queues, self.queues, self.n_consumers, self.job, self.options, self._consumer_run, put_input)
         if self.feed is None:
-            return self.spark.range(self.n_consumers, numPartitions=self.n_consumers).mapInArrow(fn, STATS_DDL)
-        return self.feed.frame.coalesce(self.n_consumers).mapInArrow(fn, STATS_DDL)
+            source = self.spark.range(self.n_consumers, numPartitions=self.n_consumers)
+        else:
+            source = self.feed.frame.coalesce(self.n_consumers)
+        return source.mapInArrow(fn, STATS_DDL, profile=self._profile)
 
     def job_group(self) -> JobGroup:
         """A context naming the Spark jobs started inside it after these consumers (in the Spark UI)."""
@@ -497,21 +509,25 @@ def check_count(name: str, value: int | None) -> None:
         raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
 
 
-def consumer_count(spark: SparkSession, requested: int | None) -> int:
-    """`requested`, or one consumer per task slot.
+def consumer_count(spark: SparkSession, requested: int | None, profile: ResourceProfile | None = None) -> int:
+    """`requested`, or one consumer per task slot (of tasks under `profile`, when the consumers take resources).
 
     With no executor yet, wait up to SLOTS_WAIT_S for one; then (dynamic allocation, or a cluster
     still starting) `defaultParallelism`: tasks never wait for each other, so a guess too high only
     runs some later, and the job's watch ends it if no slot ever comes.
     """
+
+    def slots_now() -> int:
+        return task_slots(spark) if profile is None else profile_slots(spark, profile)
+
     if requested is not None:
-        if requested > (slots := task_slots(spark)) > 0:
+        if requested > (slots := slots_now()) > 0:
             log.warning(
                 "%d consumers but %d Spark task slots: the consumers beyond them start only as others end", requested, slots
             )
         return requested
     deadline = time.monotonic() + SLOTS_WAIT_S
-    while (slots := task_slots(spark)) == 0 and time.monotonic() < deadline:
+    while (slots := slots_now()) == 0 and time.monotonic() < deadline:
         time.sleep(0.2)
     if slots:
         return slots

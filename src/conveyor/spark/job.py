@@ -22,21 +22,19 @@ same for every entry point:
 - `MapStats`, and on a failure or an interrupt the queue dropped, or what is left said
   (`abandon_queue`).
 
-A resumable job (`JobSettings.job`, map's `job=`) has the queue `<entry>-job-<name>` instead, kept
-when a run fails or is interrupted (or its driver dies) so that the next run of the same call reuses
-what it holds. Its input is put first, by a Spark job over the input's own partitions, cut into
-chunks of rows at fixed offsets of each partition (`fixed_chunks`), and every message's key names
-its partition, its chunk's offset and the digest of the chunk's rows: a run over the same input puts
-nothing new (the servers keep the earlier messages, and their results, under those keys), a run over
-changed input puts its changed chunks as new messages, and the read-back finding results of more
-rows than went in tells that the input changed (`JobInputChangedError`). A run that ends well keeps
-its output in Spark (a checkpoint) and drops the queue.
+A resumable job (`JobSettings.job`, map's `job=`) has the queue `<entry>-job-<name>` instead, and
+the marker queue `<entry>-chunks-<name>`, kept when a run fails or is interrupted (or its driver
+dies) so that the next run of the same call reuses what they hold. Its input is put first, by a
+Spark job over the input's own partitions, in chunks whose keys say what they hold
+(`conveyor.spark.resume`): a run after another puts only the chunks not put whole before (none, when
+the first run got past its put), and refuses an input that changed (`JobInputChangedError`); the
+read-back finding results of more rows than went in tells it too. A run that ends well keeps its
+output in Spark (a checkpoint) and drops both queues.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import logging
 import re
 import sys
@@ -49,7 +47,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.sharded import ShardedQueues
-from conveyor.constants import DEFAULT_UNREACHABLE_S, ERR_QUEUE_CONFLICT, H_ROWS, MAP_DEFAULT_LEASE_S
+from conveyor.constants import DEFAULT_UNREACHABLE_S, ERR_NO_QUEUE, ERR_QUEUE_CONFLICT, H_ROWS, MAP_DEFAULT_LEASE_S
 from conveyor.errors import ConnectionLostError, ConveyorError, JobInputChangedError, RequestError
 from conveyor.message import Message
 from conveyor.spark.cluster import driver_pool, is_local
@@ -57,6 +55,8 @@ from conveyor.spark.consumers import Feed, SparkConsumerPool, check_count, consu
 from conveyor.spark.form import JobForm, JobTask, MakeParcels, Parcel, ReadShard, ServerOutcomes
 from conveyor.spark.preflight import preflight
 from conveyor.spark.records import ReadCounts, TaskRecords, drop_where_answering
+from conveyor.spark.resources import consumer_profile
+from conveyor.spark.resume import ChunkedInput, chunked_input, hashed_input, input_chunks
 from conveyor.spark.session import check_workers_python
 from conveyor.spark.watch import START_TIMEOUT_S
 from conveyor.tasks.envelope import adhoc_task_name, function_ref
@@ -77,8 +77,6 @@ PUT_RETRY_S = 0.2  # a put to a server out of reach is tried again this often
 PUT_PATIENCE = 2.0  # ... for up to this many times the job's unreachable_s
 PUT_JOB_DDL = "partition long, rows long"  # a row of the job that puts the input first
 JOB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")  # a resumable job's name (a part of its queue's)
-CHUNK_ROWS = 8192  # a resumable job's input is cut into chunks of about this many rows (a multiple of a message's)
-DIGEST_BYTES = 12  # of a chunk's rows, in its messages' keys
 
 
 @dataclass(frozen=True)
@@ -113,6 +111,7 @@ class JobSettings:
     job: str | None = None  # a resumable job's name: a run again after a failure reuses the results stored
     restart: bool = False  # drop what earlier runs of the resumable job stored, and run it anew
     default_concurrency: int | None = None  # a thread consumer's threads when concurrency is left out (None: 8, grown)
+    resources: dict[str, float] = dataclasses.field(default_factory=dict)  # Spark resources each consumer takes
 
     def __post_init__(self) -> None:
         for name in ("lease_s", "unreachable_s", "start_timeout_s"):
@@ -161,9 +160,9 @@ class InputPut:
     the consumers retry it: the driver's watch ends the job with ServerUnreachableError once it has
     been so for `unreachable_s`; should nobody, the put gives up after `patience_s`.
 
-    With `chunk_rows` (a resumable job's put), the task's input is cut into chunks of that many rows
-    at fixed offsets, whatever Arrow batches it came in, and the key also names the digest of the
-    chunk's rows: the same input gives the same keys in any run, changed rows keys of their own.
+    With `chunked` (a resumable job's put), the task's input is cut into chunks at fixed offsets,
+    whatever Arrow batches it came in; a message's key is its chunk's and its place in it, and a
+    chunk put whole gets its marker (`conveyor.spark.resume`).
     """
 
     pool: ShardedQueues
@@ -173,65 +172,46 @@ class InputPut:
     options: TaskOptions
     parcels: MakeParcels
     patience_s: float
-    chunk_rows: int | None = None
+    chunked: ChunkedInput | None = None
 
     def __call__(self, batches: Iterator[pa.RecordBatch], task: int) -> int:
+        if self.chunked is not None:
+            return self._put_chunks(self.chunked, batches, task)
         n = 0
         now = time.time()
-        chunks = batches if self.chunk_rows is None else fixed_chunks(batches, self.chunk_rows)
-        for batch in chunks:
-            at = f"{self.job}:{task}:{n}" if self.chunk_rows is None else f"{self.job}:{task}:{n}:{rows_digest(batch)}"
-            messages = [self._message(p, f"{at}:{j}", now) for j, p in enumerate(self.parcels(batch))]
-            if messages:
-                self._put(messages)
+        for batch in batches:
+            self._put(
+                self.queue, [self._message(p, f"{self.job}:{task}:{n}:{j}", now) for j, p in enumerate(self.parcels(batch))]
+            )
             n += batch.num_rows
+        return n
+
+    def _put_chunks(self, chunked: ChunkedInput, batches: Iterator[pa.RecordBatch], task: int) -> int:
+        n = 0
+        now = time.time()
+        for key, chunk in chunked.chunks(batches, task):
+            if not (chunked.skip_landed and self.pool.stored(chunked.markers, [key])[0]):
+                self._put(self.queue, [self._message(p, f"{key}:{j}", now) for j, p in enumerate(self.parcels(chunk))])
+                self._put(chunked.markers, [chunked.marker(key)])
+            n += chunk.num_rows
         return n
 
     def _message(self, parcel: Parcel, key: str, now: float) -> Message:
         m = build_message(self.task_name, self.options, parcel.args, {}, key=key, now=now)
         return dataclasses.replace(m, headers={**m.headers, H_ROWS: str(parcel.rows)})
 
-    def _put(self, messages: list[Message]) -> None:
+    def _put(self, queue: str, messages: list[Message]) -> None:
+        if not messages:
+            return
         deadline = time.monotonic() + self.patience_s
         while True:
             try:
-                self.pool.put(self.queue, messages)
+                self.pool.put(queue, messages)
                 return
             except ConnectionLostError:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(PUT_RETRY_S)
-
-
-def fixed_chunks(batches: Iterator[pa.RecordBatch], rows: int) -> Iterator[pa.RecordBatch]:
-    """The rows of `batches` again, in batches of `rows` rows (the last one fewer), each a copy of its own."""
-    import pyarrow as pa
-
-    pieces: list[pa.RecordBatch] = []
-    held = 0
-    for batch in batches:
-        while batch.num_rows:
-            take = min(rows - held, batch.num_rows)
-            pieces.append(batch.slice(0, take))
-            held += take
-            batch = batch.slice(take)
-            if held == rows:
-                yield pa.concat_batches(pieces)
-                pieces, held = [], 0
-    if held:
-        yield pa.concat_batches(pieces)
-
-
-def rows_digest(batch: pa.RecordBatch) -> str:
-    """A digest of a batch's schema and rows (of a batch whose buffers are its own: a slice serializes otherwise)."""
-    digest = hashlib.blake2b(batch.schema.serialize(), digest_size=DIGEST_BYTES)
-    digest.update(batch.serialize())
-    return digest.hexdigest()
-
-
-def chunk_rows_for(message_rows: int) -> int:
-    """A resumable job's chunk: about CHUNK_ROWS rows, a whole number of messages of `message_rows` rows."""
-    return message_rows * max(1, round(CHUNK_ROWS / message_rows))
 
 
 class QueueJob:
@@ -247,6 +227,7 @@ class QueueJob:
         self.ephemeral = ephemeral  # servers started for this job: they stop when it ends
         self.id = uuid.uuid4().hex[:12]  # this run's: its bookkeeping queues, and its keys unless resumable
         self.queue = f"{settings.entry}-job-{settings.job}" if settings.resumable else f"{settings.entry}-{self.id}"
+        self.markers = f"{settings.entry}-chunks-{settings.job}"  # a resumable job's: markers of its chunks put whole
         self.read_counts = TaskRecords(f"conveyor-read-{self.id}", ReadCounts)
 
     def run(self, df: DataFrame, form: JobForm) -> JobOutcome:
@@ -279,10 +260,10 @@ class QueueJob:
             form.task.options,
             form.parcels,
             PUT_PATIENCE * s.unreachable_s,
-            chunk_rows_for(form.message_rows) if s.resumable else None,
+            chunked_input(df, s.job, form.message_rows, self.markers) if s.job is not None else None,
         )
         t0 = time.time()
-        n = consumer_count(self.spark, s.n_consumers)
+        n = consumer_count(self.spark, s.n_consumers, consumer_profile(self.spark, s.entry, s.resources))
         # each of n consumer tasks puts its share of the rows, then consumes; a resumable job's rows are put
         # first, by the input's own partitions, so that its keys do not depend on the consumers
         fed = not s.resumable and n <= _partitions(df)
@@ -300,9 +281,12 @@ class QueueJob:
             where=s.entry,
             job_tasks=[task_name],  # built instances (a model) end with the job's consumers
             default_concurrency=s.default_concurrency,
+            resources=s.resources or None,
         )
         rows, t1 = 0, t0  # rows put before consuming, and when that ended (when the consumers put them: none, at once)
-        if not fed:
+        if put.chunked is not None:
+            rows, t1 = self._put_chunks(df, put, put.chunked, consumers), time.time()
+        elif not fed:
             rows, t1 = self._put_first(df, put, consumers), time.time()
         done = consumers.run_rows()
         rows += consumers.fed_rows
@@ -356,6 +340,48 @@ class QueueJob:
             counts = df.mapInArrow(_put_task(put), PUT_JOB_DDL).collect()
         return sum(r["rows"] for r in counts)
 
+    def _put_chunks(self, df: DataFrame, put: InputPut, chunked: ChunkedInput, consumers: SparkConsumerPool) -> int:
+        """A resumable job's input put first, but for the chunks an earlier run put whole; returns its rows.
+
+        With markers from earlier runs, the input's chunks are named in the JVM first: if the
+        servers hold a marker for each, nothing is put; if they hold markers of chunks this input
+        does not have, it is refused.
+        """
+        hashed = hashed_input(df)
+        earlier = self._markers_held()
+        if not earlier:
+            return self._put_first(hashed, put, consumers)
+        with consumers.job_group(), consumers.watch(consuming=False):
+            chunks = input_chunks(hashed, chunked)
+        landed = sum(1 for i in self.pool.queues.stored(self.markers, [c.key for c in chunks]) if i)
+        if landed < earlier:
+            s = self.settings
+            raise JobInputChangedError(
+                f"{s.entry}: job {s.job!r}: {earlier - landed:,} of the {earlier:,} chunks of input its earlier runs put "
+                "are not in this input: it is not the one of the job's earlier runs (rows, their order or their "
+                "partitions changed). Nothing was put; the job's queues are kept: run it over its earlier input to "
+                "reuse what they hold, or pass restart=True to run it anew over this one"
+            )
+        log.info(
+            "%s: job %r: %d of its %d chunks of input were put by an earlier run",
+            self.settings.entry,
+            self.settings.job,
+            landed,
+            len(chunks),
+        )
+        if landed < len(chunks):
+            self._put_first(hashed, dataclasses.replace(put, chunked=chunked.landed_too()), consumers)
+        return sum(c.rows for c in chunks)
+
+    def _markers_held(self) -> int:
+        """How many chunks earlier runs of the resumable job put whole (their markers)."""
+        try:
+            return self.pool.queues.stats(self.markers)[self.markers].pending
+        except RequestError as e:
+            if e.kind != ERR_NO_QUEUE:
+                raise
+            return 0
+
     def _read_back(self, form: JobForm, consumers: SparkConsumerPool) -> DataFrame:
         """The output: one Spark task per server reads its results, computed once (`_materialize`)."""
         shards = len(self.pool.queues)
@@ -378,36 +404,39 @@ class QueueJob:
     def _drop_job_queue(self) -> None:
         """restart=True: what earlier runs of the resumable job stored, dropped on every server (all must answer)."""
         for client in self.pool.queues.clients:
-            if client.drop(self.queue):
-                log.info(
-                    "%s: job %r: dropped its queue %s on %s (restart)",
-                    self.settings.entry,
-                    self.settings.job,
-                    self.queue,
-                    client.address,
-                )
+            for queue in (self.queue, self.markers):
+                if client.drop(queue):
+                    log.info(
+                        "%s: job %r: dropped its queue %s on %s (restart)",
+                        self.settings.entry,
+                        self.settings.job,
+                        queue,
+                        client.address,
+                    )
 
     def _keep_for_next_run(self, error: BaseException) -> None:
         """A resumable job's run failed or was interrupted: its queue stays, and the error says how to go on."""
         s = self.settings
         what = (
-            f"job {s.job!r} keeps what it has done in its queue {self.queue}: run the same call again to go on from "
-            "there (restart=True to run it anew; pool.drop or conveyor drop to give it up)"
+            f"job {s.job!r} keeps what it has done in its queues {self.queue} and {self.markers}: run the same call "
+            "again to go on from there (restart=True to run it anew; pool.drop or conveyor drop to give it up)"
         )
         log.info("%s: %s", s.entry, what)
         error.add_note(f"conveyor.spark.{s.entry}: {what}")
 
     def _finish_job(self) -> None:
         """A resumable job that ended well: its output is in Spark (checkpointed), so its queue goes."""
-        left = drop_where_answering(self.pool.queues, self.queue)
-        if left:
-            log.warning(
-                "%s: job %r is done but its queue may be left on %s; drop it with: %s",
-                self.settings.entry,
-                self.settings.job,
-                ", ".join(left),
-                drop_command(left, self.queue),
-            )
+        for queue in (self.queue, self.markers):
+            left = drop_where_answering(self.pool.queues, queue)
+            if left:
+                log.warning(
+                    "%s: job %r is done but its queue %s may be left on %s; drop it with: %s",
+                    self.settings.entry,
+                    self.settings.job,
+                    queue,
+                    ", ".join(left),
+                    drop_command(left, queue),
+                )
 
     def _materialize(self, result: DataFrame) -> DataFrame:
         """Compute the rows once and keep them in Spark, in one single-stage job.

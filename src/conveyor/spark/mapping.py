@@ -34,7 +34,7 @@ The queue job (the queue, the put, the consumers, the read-back, the stats, the 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from conveyor.client.pool import QueuePool
@@ -47,6 +47,7 @@ from conveyor.constants import (
 from conveyor.spark.form import JobForm, JobTask
 from conveyor.spark.instances import Instances, check_fn
 from conveyor.spark.job import JobOutcome, JobSettings, MapStats, check_seconds, module_of, queue_job
+from conveyor.spark.resources import check_resources
 from conveyor.spark.rows import MAX_ROWS_PER_MESSAGE, DealRows, ReadRows, output_schema, row_runner, with_extra
 from conveyor.spark.watch import START_TIMEOUT_S
 from conveyor.tasks.options import TaskOptions
@@ -82,6 +83,7 @@ def map(
     progress: bool | None = ...,
     job: str | None = ...,
     restart: bool = ...,
+    resources: Mapping[str, float] | None = ...,
     stats: Literal[False] = ...,
     options: ConsumerOptions | None = ...,
     **keywords: Unpack[ConsumerKeywords],
@@ -105,6 +107,7 @@ def map(
     progress: bool | None = ...,
     job: str | None = ...,
     restart: bool = ...,
+    resources: Mapping[str, float] | None = ...,
     stats: Literal[True],
     options: ConsumerOptions | None = ...,
     **keywords: Unpack[ConsumerKeywords],
@@ -127,6 +130,7 @@ def map(
     progress: bool | None = None,
     job: str | None = None,
     restart: bool = False,
+    resources: Mapping[str, float] | None = None,
     stats: bool = False,
     options: ConsumerOptions | None = None,
     **keywords: Unpack[ConsumerKeywords],
@@ -179,6 +183,11 @@ def map(
         (`JobInputChangedError`). A run that ends well drops what the job stored (its output
         checkpointed in Spark). See docs/spark.md, "Resumable jobs".
     restart: with `job`, drop what the job's earlier runs stored first, and run it anew.
+    resources: Spark resources each consumer takes, e.g. {"gpu": 1}: the consumers run only on
+        executors that hold them, each with its own addresses (`conveyor.spark.task_resources()`
+        in func; `CUDA_VISIBLE_DEVICES` for a GPU). A Spark cluster with dynamic allocation off,
+        whose executors hold them (`spark.executor.resource.<name>.amount`). See docs/spark.md,
+        "GPUs and other resources".
     stats: also return what the call did (`MapStats`: rows, failures, times, the results queue):
         `out, st = map(..., stats=True)`.
     """
@@ -204,6 +213,7 @@ def map(
         progress=progress,
         job=job,
         restart=restart,
+        resources=resources,
     )
     spark: SparkSession = df.sparkSession
     out_schema = output_schema(spark, schema, "map")
@@ -228,6 +238,7 @@ def row_job_settings(
     progress: bool | None,
     job: str | None = None,
     restart: bool = False,
+    resources: Mapping[str, float] | None = None,
     default_concurrency: int | None = None,
 ) -> JobSettings:
     """The job settings of an entry point giving one output row per input row (map, map_batches), checked.
@@ -265,6 +276,7 @@ def row_job_settings(
         progress=progress,
         job=job,
         restart=restart,
+        resources=check_resources(entry, resources),
         default_concurrency=default_concurrency,
     )
 
