@@ -278,7 +278,9 @@ def w3(args: argparse.Namespace) -> None:
                 (warm if warm_up else df).mapInPandas(in_pandas, W3_DDL).collect()
             ),
             "(b) conveyor.spark.map, defaults": lambda warm_up: conveyor_run(warm if warm_up else df),
-            "(c) Ray Data map, 16 blocks": lambda warm_up: (ray_warm if warm_up else ray_items).map(w3_item).count(),
+            "(c) Ray Data map, 16 blocks": lambda warm_up: (
+                (ray_warm if warm_up else ray_items).map(w3_item).materialize().count()
+            ),
         }
         for name, variant in variants.items():
             variant(True)
