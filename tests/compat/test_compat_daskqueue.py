@@ -157,6 +157,30 @@ def padded(i: int) -> str:
     return f"{i:0200d}"
 
 
+def test_a_durable_pool_made_again_with_its_dirpath_reopens_its_queues(client: Client, tmp_path: Path) -> None:
+    """daskqueue's durable queues lived in `dirpath`: a program run again with it found its items there."""
+    import asyncio
+
+    first = QueuePool(client, 2, durability=Durability.DURABLE, dirpath=str(tmp_path / "queues"))
+    for i in range(10):
+        first.put(i)  # round-robin: 5 to each queue
+    again = QueuePool(client, 2, durability=Durability.DURABLE, dirpath=tmp_path / "queues")
+    assert again.queue_names == first.queue_names
+    assert [q.qsize().result() for q in again.get_queues()] == [5, 5]  # as daskqueue's actor futures answered
+    assert sum(again.get_queue_size().values()) == 10 and again[0].qsize() == 5
+    assert asyncio.run(_awaited(again[1])) == 5
+    other = QueuePool(client, 2, durability=Durability.DURABLE, dirpath=str(tmp_path / "elsewhere"))
+    assert not set(other.queue_names) & set(first.queue_names) and sum(other.get_queue_size().values()) == 0
+    transient = [QueuePool(client, 1).queue_names for _ in range(2)]
+    assert transient[0] != transient[1]  # memory queues are a pool's own
+    for name in first.queue_names:
+        client.pool.purge(name)
+
+
+async def _awaited(queue: Any) -> int:
+    return int(await queue.qsize())
+
+
 def test_results_bigger_than_a_pipe_holds_come_back(client: Client) -> None:
     queue_pool = QueuePool(client, 2)
     queue_pool.batch_submit([(padded, i) for i in range(3000)])  # 600 kB of results for one consumer to send back

@@ -1,19 +1,23 @@
 """daskqueue's `QueuePool` and `ConsumerPool` over Conveyor's.
 
-A daskqueue `QueuePool(client, n)` is `n` Conveyor queues (named `dq-<random>-<i>`, declared on
-every server of the client, durable or not), filled round-robin as daskqueue did; each item is a
-Conveyor message (see `consumers`). A daskqueue `ConsumerPool` is a `conveyor.ConsumerPool` of
-`n_consumers` processes serving those queues, each holding one consumer object.
+A daskqueue `QueuePool(client, n)` is `n` Conveyor queues, declared on every server of the client:
+`dq-<random>-<i>` in memory; durable ones `dq-<digest of dirpath>-<i>`, so that a program run again
+with the same `dirpath` reopens them, as daskqueue's durable queues reopened their directories.
+They are filled round-robin as daskqueue did; each item is a Conveyor message (see `consumers`). A
+daskqueue `ConsumerPool` is a `conveyor.ConsumerPool` of `n_consumers` processes serving those
+queues, each holding one consumer object.
 """
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import operator
+import os
 import secrets
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Generator, Iterable
 from enum import Enum, auto
 from typing import Any, SupportsIndex
 
@@ -28,6 +32,18 @@ log = logging.getLogger("conveyor.compat.daskqueue")
 # Attempts a message may use, whatever the consumers' `retries` (which the put side cannot know): a
 # bound on items that kill their consumer process every time (each such delivery counts an attempt).
 PUT_MAX_RETRIES = 10
+DEFAULT_DIRPATH = "/tmp/"  # daskqueue's, for a durable pool given none
+
+
+class Size(int):
+    """A queue's size, as daskqueue's actor calls answered it: `qsize().result()` (or awaited); also an int."""
+
+    def result(self, timeout: float | None = None) -> int:
+        return int(self)
+
+    def __await__(self) -> Generator[Any, None, int]:
+        return int(self)
+        yield  # a generator that returns at once: `await queue.qsize()` is the size
 
 
 class Durability(Enum):
@@ -74,9 +90,9 @@ class Queue:
         self._pool = pool
         self.key = self.name = name
 
-    def qsize(self) -> int:
-        """Items not finished: ready, delayed for a retry, or delivered and not yet acked."""
-        return self._pool._sizes([self.name])[self.name]
+    def qsize(self) -> Size:
+        """Items not finished: ready, delayed for a retry, or delivered and not yet acked (`.result()` too)."""
+        return Size(self._pool._sizes([self.name])[self.name])
 
     def empty(self) -> bool:
         return self.qsize() == 0
@@ -96,9 +112,11 @@ class QueuePool:
     """`n_queues` queues on the client's servers, filled round-robin (daskqueue's `QueuePool`).
 
     `durability`: `Durability.TRANSIENT` (daskqueue's default) keeps a queue in the servers' memory,
-    `DURABLE` on their disks (`dirpath` is accepted for compatibility: servers keep their own data
-    directory). `ack_timeout` is the lease of a delivered message (extended while it runs); `retry`
-    is ignored: an unacked message always comes back when its lease ends or its consumer dies.
+    `DURABLE` on their disks, named after `dirpath` (default "/tmp/", as daskqueue's): a pool made
+    again with the same `dirpath` on the same servers reopens its queues, with what they hold (the
+    data itself lives in the servers' data directories). `ack_timeout` is the lease of a delivered
+    message (extended while it runs); `retry` is ignored: an unacked message always comes back when
+    its lease ends or its consumer dies.
     """
 
     def __init__(
@@ -122,7 +140,11 @@ class QueuePool:
         self.client: Client | None = client
         self.durability, self.ack_timeout, self.retry = durability, ack_timeout, retry
         self._pool: ConveyorPool = client.pool
-        prefix = f"dq-{secrets.token_hex(4)}"
+        if durability is Durability.DURABLE:
+            dirpath = os.path.abspath(os.fspath(kwargs.get("dirpath", DEFAULT_DIRPATH)))
+            prefix = f"dq-{hashlib.blake2b(dirpath.encode(), digest_size=4).hexdigest()}"
+        else:
+            prefix = f"dq-{secrets.token_hex(4)}"
         self.queue_names = [f"{prefix}-{i}" for i in range(self.n_queues)]
         for name in self.queue_names:  # on every server, so that each shard takes its share of each queue
             self._pool.queues.declare(
