@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -127,6 +130,44 @@ def test_a_daskqueue_script_runs_with_its_imports_changed() -> None:
         client.close()
     assert all(p.poll() is not None for p in servers)  # the servers Client() started are stopped
     client.close()  # twice: nothing more to do
+
+
+# daskqueue's README and perf scripts log with `from daskqueue.utils import logger`
+SHOUTER = """
+from conveyor.compat.daskqueue import Client, ConsumerBaseClass, ConsumerPool, QueuePool
+from conveyor.compat.daskqueue.utils import logger
+
+
+class Shouter(ConsumerBaseClass):
+    def process_item(self, item):
+        logger.info("info about %s", item)
+        logger.warning("warning about %s", item)
+
+
+if __name__ == "__main__":
+    with Client() as client:
+        queue_pool = QueuePool(client, 1)
+        queue_pool.put_many(["apple", "pear"])
+        ConsumerPool(client, queue_pool, Shouter, 1).join()
+        logger.info("main done")
+"""
+
+
+@pytest.mark.parametrize("level", [None, "warning"])
+def test_daskqueue_utils_logger_writes_once_in_daskqueues_format_at_its_loglevel(tmp_path: Path, level: str | None) -> None:
+    """The script's and its consumers' records, each once, as `time,ms LEVEL: message`, above `LOGLEVEL`."""
+    script = tmp_path / "shouter.py"
+    script.write_text(SHOUTER)
+    env = {k: v for k, v in os.environ.items() if k != "LOGLEVEL"} | ({"LOGLEVEL": level} if level else {})
+    run = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=50)
+    assert run.returncode == 0, run.stderr
+    stamp = r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3},\d+ "
+    written = sorted(re.sub(stamp, "", line) for line in run.stderr.splitlines() if re.match(stamp, line))
+    expected = ["WARNING: warning about apple", "WARNING: warning about pear"]
+    if level is None:  # daskqueue's default level: INFO
+        expected += ["INFO: info about apple", "INFO: info about pear", "INFO: main done"]
+    assert written == sorted(expected), run.stderr
+    assert "conveyor.compat.daskqueue.utils" not in run.stderr, run.stderr  # not written again by the root logger
 
 
 def test_custom_consumer_gets_plain_items_and_keeps_its_results(client: Client) -> None:

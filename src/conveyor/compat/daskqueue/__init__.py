@@ -2,6 +2,7 @@
 
     from conveyor.compat.daskqueue import Client            # was: from distributed import Client
     from conveyor.compat.daskqueue import QueuePool, ConsumerPool, ConsumerBaseClass, ...
+    from conveyor.compat.daskqueue.utils import logger      # was: from daskqueue.utils import logger
 
 `Client()` starts local Conveyor queue servers (as dask's `Client()` started a local cluster);
 `Client(address=...)` connects to running ones. A `QueuePool` is queues on those servers, a
