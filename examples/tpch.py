@@ -30,6 +30,16 @@ TABLES: dict[str, dict[str, str]] = {
         "c_custkey": "BIGINT", "c_name": "VARCHAR", "c_address": "VARCHAR", "c_nationkey": "BIGINT",
         "c_phone": "VARCHAR", "c_acctbal": "DOUBLE", "c_mktsegment": "VARCHAR", "c_comment": "VARCHAR",
     },
+    "part": {
+        "p_partkey": "BIGINT", "p_name": "VARCHAR", "p_mfgr": "VARCHAR", "p_brand": "VARCHAR", "p_type": "VARCHAR",
+        "p_size": "BIGINT", "p_container": "VARCHAR", "p_retailprice": "DOUBLE", "p_comment": "VARCHAR",
+    },
+    "supplier": {
+        "s_suppkey": "BIGINT", "s_name": "VARCHAR", "s_address": "VARCHAR", "s_nationkey": "BIGINT",
+        "s_phone": "VARCHAR", "s_acctbal": "DOUBLE", "s_comment": "VARCHAR",
+    },
+    "nation": {"n_nationkey": "BIGINT", "n_name": "VARCHAR", "n_regionkey": "BIGINT", "n_comment": "VARCHAR"},
+    "region": {"r_regionkey": "BIGINT", "r_name": "VARCHAR", "r_comment": "VARCHAR"},
 }  # fmt: skip
 
 
@@ -71,6 +81,22 @@ def duckdb_columns(table: str) -> str:
     """The `columns=` struct of DuckDB's read_csv for a .tbl file."""
     cols = [f"'{n}': '{t}'" for n, t in TABLES[table].items()]
     return "{" + ", ".join([*cols, "'_trailing': 'VARCHAR'"]) + "}"
+
+
+def to_parquet(data_dir: str | os.PathLike[str], tables: tuple[str, ...]) -> Path:
+    """`<table>.parquet` beside each `<table>.tbl` of `data_dir` (kept when already there), written by DuckDB."""
+    import duckdb
+
+    out = Path(data_dir)
+    for table in tables:
+        target = out / f"{table}.parquet"
+        if target.exists() and target.stat().st_size > 0:
+            continue
+        source = f"read_csv('{out / f'{table}.tbl'}', delim='|', header=false, columns={duckdb_columns(table)})"
+        duckdb.connect().execute(
+            f"copy (select * exclude (_trailing) from {source}) to '{target}' (format parquet, row_group_size 122880)"
+        )
+    return out
 
 
 QUERIES: dict[str, str] = {

@@ -20,10 +20,12 @@ Importing this package loads pandas and pyarrow, not pyspark (it is imported whe
 
 from __future__ import annotations
 
+from .channels import Router
 from .dataset import Dataset
 from .errors import GraphError
 from .executors import Count, Executor, FilterProject, HashAggregate, HashJoin, Limit, Map, Sort, StatelessExecutor
 from .nodes import Node
+from .readers import SourceReader
 from .runtime import RunStats
 from .taskgraph import TaskGraph
 
@@ -38,8 +40,10 @@ __all__ = [
     "Limit",
     "Map",
     "Node",
+    "Router",
     "RunStats",
     "Sort",
+    "SourceReader",
     "StatelessExecutor",
     "TaskGraph",
 ]

@@ -41,6 +41,7 @@ def _quokka_csv(
     *,
     columns: Sequence[str] | None = None,
     name: str | None = None,
+    batch_format: str = "pandas",
 ) -> dict[str, Any]:
     """Quokka's new_input_csv arguments, as the keywords of Conveyor's form."""
     path = bucket_path(_fspath(bucket), _fspath(key), "new_input_csv")
@@ -56,6 +57,7 @@ def _quokka_csv(
         "columns": columns,
         "name": name,
         "s3_here": True,
+        "batch_format": batch_format,
     }
 
 

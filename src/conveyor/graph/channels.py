@@ -12,7 +12,9 @@ Rows whose key is null go to channel 0.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import pickle
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -20,10 +22,45 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ..arrow_ipc import decode, encode
 from .errors import raise_in_task
 
 Batch = pa.Table | pa.RecordBatch | pd.DataFrame
-PartitionKey = None | str | Callable[[pa.Table, int], Any]
+
+
+@dataclass(frozen=True)
+class Router:
+    """A partition key for batches of any type: `func(value, source_channel, n_channels)` says where each part goes.
+
+    It yields (or returns) `(channel, part)` pairs; a channel may get several parts, or none.
+    `source_channel` is the producer's channel (an input node's: the Spark partition reading it).
+    """
+
+    func: Callable[[Any, int, int], Iterable[tuple[int, Any]]]
+
+    def __call__(self, value: Any, source_channel: int, n_channels: int) -> Iterable[tuple[int, Any]]:
+        return self.func(value, source_channel, n_channels)
+
+
+PartitionKey = None | str | Router | Callable[[pa.Table, int], Any]
+
+# the first byte of a pickle (protocol 2 and later); an Arrow IPC stream starts with 0xFF
+_PICKLE_OPCODE = 0x80
+
+
+def encode_value(value: Any) -> bytes:
+    """A batch as bytes: a pyarrow Table as an Arrow IPC stream, anything else pickled."""
+    if isinstance(value, pa.Table):
+        return encode(value)
+    return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode_value(data: pa.Buffer | bytes) -> Any:
+    """The batch `encode_value` made."""
+    first = bytes(memoryview(data)[:1])[0] if len(data) else 0
+    if first == _PICKLE_OPCODE:
+        return pickle.loads(data)
+    return decode(data)
 
 
 def to_table(value: object, where: str, keep_index: bool = False) -> pa.Table | None:
@@ -90,6 +127,8 @@ def channels_of(table: pa.Table, key: PartitionKey, n_channels: int, where: str)
     """The channel of each row of `table` under `key`, or None for a broadcast."""
     if key is None:
         return None
+    if isinstance(key, Router):
+        raise_in_task(f"{where}: a Router routes whole batches; it gives no channel per row")
     if callable(key):
         try:
             result = np.asarray(key(table, n_channels))

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from ..arrow_ipc import decode
+from .channels import decode_value
 from .errors import GraphError
 
 if TYPE_CHECKING:
@@ -58,13 +59,29 @@ class Dataset:
             return f"Dataset {self.name!r} was unpersisted: its batches are gone"
         return f"Dataset {self.name!r} is not materialised yet: run its graph first"
 
-    def to_arrow(self) -> pa.Table:
-        """Every batch, in (channel, order of output) order, as one table (types unified)."""
+    def values(self) -> list[tuple[int, Any]]:
+        """Every batch with its channel, in (channel, order of output) order, as the executors emitted it.
+
+        Tables come back as pyarrow Tables; what an executor of `batch_format = "object"` emitted
+        (a pandas DataFrame with its index, a number) comes back as it was.
+        """
         rows = self.encoded.toArrow()
         if rows.num_rows == 0:
-            return pa.table({})
+            return []
         rows = rows.take(pc.sort_indices(rows, [("channel", "ascending"), ("seq", "ascending")]))
-        tables = [decode(rows.column("batch")[i].as_buffer()) for i in range(rows.num_rows)]
+        channels = rows.column("channel").to_pylist()
+        return [(channels[i], decode_value(rows.column("batch")[i].as_buffer())) for i in range(rows.num_rows)]
+
+    def to_arrow(self) -> pa.Table:
+        """Every batch, in (channel, order of output) order, as one table (types unified)."""
+        tables = [value for _, value in self.values()]
+        if not tables:
+            return pa.table({})
+        others = sorted({type(t).__name__ for t in tables if not isinstance(t, pa.Table)})
+        if others:
+            raise GraphError(
+                f"Dataset {self.name!r} holds batches that are not tables ({', '.join(others)}): read them with values()"
+            )
         return pa.concat_tables(tables, promote_options="permissive")
 
     def to_pandas(self) -> pd.DataFrame:

@@ -17,12 +17,14 @@ from .dataset import Dataset
 from .errors import GraphError
 from .executors import Executor
 from .layout import CSV_STRIDE_BYTES
+from .readers import SourceReader
 
 
 class NodeKind(Enum):
     CSV = "csv"
     PARQUET = "parquet"
     DATASET = "dataset"
+    READER = "reader"  # a SourceReader of the user's own
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ class Node:
 
 
 NodeRef = Node | int | str
-BatchFunc = Callable[[pd.DataFrame], Any]
+BatchFunc = Callable[[pd.DataFrame], Any] | Callable[[Any], Any]
 ExecutorSource = Executor | type | Callable[[], Executor]
 
 
@@ -59,6 +61,8 @@ class InputSpec:
     filters: Any = None
     dataset: Dataset | None = None
     s3_here: bool = False  # given in Quokka's bucket + key form: an s3:// path is read by Conveyor (filesystems)
+    reader: SourceReader | None = None
+    batch_format: str = "pandas"  # what batch_func gets and gives (stages.InputTask)
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""File readers of input nodes: CSV by byte ranges and Parquet by row groups, read with pyarrow.
+"""Readers of input nodes: CSV by byte ranges and Parquet by row groups, read with pyarrow; and `SourceReader`.
 
 A local file (a plain path or a `file:` URI) or an S3 object (`s3://`, see `filesystems`) is cut
 into splits on the driver; Spark tasks read them in Python, streaming one block at a time, so a
@@ -6,23 +6,38 @@ consumer that stops early stops the reading. Other paths (`s3a://`, `hdfs://`, .
 Spark's own readers instead (see `runtime`).
 Column types of a CSV input are inferred once, on the driver, from the start of the first file,
 so that every split parses to the same schema.
+A `SourceReader` is the user's own source: one object, copied to every channel, that yields its batches.
 """
 
 from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pv
+import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from .errors import GraphError, raise_in_task
 from .layout import CSV_BLOCK_BYTES, CSV_SAMPLE_BYTES, PARQUET_BATCH_ROWS
+
+
+@runtime_checkable
+class SourceReader(Protocol):
+    """An input of the user's own: `read(channel, n_channels)` yields the batches of one channel.
+
+    Each channel gets a copy of the object (it is pickled into the Spark tasks); together the
+    channels read the whole input once. Batches may be of any picklable type.
+    """
+
+    def read(self, channel: int, n_channels: int) -> Iterable[Any]: ...
+
 
 PLACEHOLDERS = (None, "")  # a last name like these stands for the empty field after a trailing delimiter
 TRAILING = "__conveyor_trailing"  # the column name of that empty field (never kept)
@@ -233,14 +248,13 @@ class ParquetReader:
         return len(self.splits)
 
     def read(self, index: int) -> Iterator[pa.Table]:
-        """The batches of row group `index`, filtered."""
+        """The batches of row group `index`, filtered (on any column, kept or not), then projected."""
         split = self.splits[index]
-        with pq.ParquetFile(self.fs.open_input_file(split.path)) as f:
-            for batch in f.iter_batches(PARQUET_BATCH_ROWS, row_groups=[split.row_group], columns=self.columns):
-                table = pa.Table.from_batches([batch])
-                if self.filter is not None:
-                    table = table.filter(self.filter)
-                yield table
+        fragment = ds.ParquetFileFormat().make_fragment(split.path, self.fs, row_groups=[split.row_group])
+        for batch in fragment.to_batches(
+            columns=self.columns, filter=self.filter, batch_size=PARQUET_BATCH_ROWS, use_threads=False
+        ):
+            yield pa.Table.from_batches([batch])
 
 
 def parquet_reader(

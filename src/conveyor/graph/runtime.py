@@ -1,7 +1,8 @@
 """Running a planned TaskGraph on Spark: one DataFrame per node, one Spark job per blocking node.
 
 An input node becomes `spark.range(splits).mapInArrow(read)` (local files), or Spark's reader
-followed by `mapInArrow` (other file systems), or the Dataset's rows followed by `mapInArrow`.
+followed by `mapInArrow` (other file systems), or the Dataset's rows followed by `mapInArrow`, or
+`spark.range(channels).mapInArrow(read)` (a `SourceReader`: one task per channel).
 A task node's input is the union of its incoming edges, `repartitionById(channels, "channel")`
 (channel c is Spark partition c) and `sortWithinPartitions(channel, level, seq, edge)`; a
 `mapInArrow` then runs the executors. Everything is DataFrame API, so it also runs on Spark
@@ -25,6 +26,7 @@ from .plan import Edge, Plan
 from .readers import (
     CsvReader,
     ParquetReader,
+    SourceReader,
     csv_format,
     csv_splits,
     list_files,
@@ -147,8 +149,8 @@ class Runner:
         """The reader of an input node; file splits are listed (and CSV types inferred) here."""
         where = str(spec.node)  # the name, quoted
         at = file_system(spec.path, spec.s3_here) if spec.path is not None and self.file_reader == "auto" else None
-        reader: CsvReader | ParquetReader | None = None
-        source = "dataset" if spec.kind is NodeKind.DATASET else "spark" if at is None else "files"
+        reader: CsvReader | ParquetReader | SourceReader | None = spec.reader
+        source = {NodeKind.DATASET: "dataset", NodeKind.READER: "reader"}.get(spec.kind, "spark" if at is None else "files")
         if at is not None and source == "files" and spec.kind is NodeKind.CSV:
             fs, path = at
             files = list_files(fs, path)
@@ -165,11 +167,15 @@ class Runner:
             self._out_edges(spec.node.id),
             self.plan.levels[spec.node.id],
             self.counters.get(spec.node.id),
+            spec.batch_format,
+            spec.parallelism,
         )
 
     def _input_df(self, spec: InputSpec) -> DataFrame:
         task = self._input_task(spec)
-        if task.reader is not None:  # local files, read in the tasks
+        if spec.kind is NodeKind.READER:  # one Spark task per channel
+            df = self.spark.range(0, spec.parallelism, 1, spec.parallelism)
+        elif isinstance(task.reader, CsvReader | ParquetReader):  # local files, read in the tasks
             n = len(task.reader)
             df = self.spark.range(0, n, 1, max(1, min(spec.parallelism, n)))
         elif spec.kind is NodeKind.DATASET:

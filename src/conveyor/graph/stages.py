@@ -10,20 +10,21 @@ from __future__ import annotations
 import copy
 import heapq
 import itertools
+import types
 from collections.abc import Callable, Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
-from ..arrow_ipc import decode, encode, slices
-from .channels import PartitionKey, channels_of, split_by_channel, to_pandas, to_table
+from ..arrow_ipc import encode, slices
+from .channels import PartitionKey, Router, channels_of, decode_value, encode_value, split_by_channel, to_pandas, to_table
 from .errors import NodeTaskError, raise_in_task
 from .executors import Executor
 from .layout import BATCH_MAX_BYTES, DATASET_SCHEMA, FLUSH_BYTES, ROUTE_SCHEMA, SEQ_SHIFT
-from .readers import CsvReader, ParquetReader
+from .readers import CsvReader, ParquetReader, SourceReader
 
-Row = tuple[int, int, int, int, Any]  # channel, level, seq, edge, batch (IPC bytes, or a Table when read in-task)
+Row = tuple[int, int, int, int, Any]  # channel, level, seq, edge, batch (encoded bytes, or Decoded when read in-task)
 
 
 @dataclass(frozen=True)
@@ -57,18 +58,58 @@ class RowWriter:
         self.nbytes = 0
         return pa.RecordBatch.from_arrays(arrays, schema=self.schema)
 
-    def route(self, table: pa.Table, edges: Iterable[OutEdge], seq: Callable[[], int]) -> Iterator[pa.RecordBatch]:
-        """Split `table` over the channels of each edge and add a row per piece."""
-        if table.num_rows == 0:
-            return
+    def route(self, value: Any, edges: Iterable[OutEdge], seq: Callable[[], int], source: int) -> Iterator[pa.RecordBatch]:
+        """Split a batch over the channels of each edge and add a row per piece.
+
+        A pyarrow Table goes by its edge's key (an empty one nowhere); any other value by a
+        `Router` or whole to every channel (key None). `source` is the producer's channel.
+        """
         for edge in edges:
-            for channel, part in split_by_channel(
-                table, channels_of(table, edge.key, edge.n_channels, edge.label), edge.n_channels
-            ):
-                for piece in slices(part, BATCH_MAX_BYTES):
-                    out = self.add(edge.id, channel, edge.level, seq(), encode(piece))
-                    if out is not None:
-                        yield out
+            for channel, piece in _pieces(value, edge, source):
+                out = self.add(edge.id, channel, edge.level, seq(), piece)
+                if out is not None:
+                    yield out
+
+
+def _pieces(value: Any, edge: OutEdge, source: int) -> Iterator[tuple[int, bytes]]:
+    """(channel, encoded piece) of one batch on one edge."""
+    if isinstance(edge.key, Router):
+        try:
+            parts = list(edge.key(value, source, edge.n_channels))
+        except NodeTaskError:
+            raise
+        except Exception as exc:  # a user function: say which edge it belongs to
+            raise_in_task(f"{edge.label}: the partition function raised {type(exc).__name__}: {exc}")
+        for channel, part in parts:
+            if not isinstance(channel, int) or not 0 <= channel < edge.n_channels:
+                raise_in_task(
+                    f"{edge.label}: the partition function sent a part to channel {channel!r}, outside 0..{edge.n_channels - 1}"
+                )
+            if part is not None:
+                yield from _encoded(channel, part)
+        return
+    if not isinstance(value, pa.Table):
+        if edge.key is not None:
+            raise_in_task(
+                f"{edge.label}: a {type(value).__name__} is routed by a Router or whole (key None); "
+                "a column or a function of a table routes pyarrow Tables"
+            )
+        for channel in range(edge.n_channels):
+            yield channel, encode_value(value)
+        return
+    if value.num_rows == 0:
+        return
+    for channel, part in split_by_channel(value, channels_of(value, edge.key, edge.n_channels, edge.label), edge.n_channels):
+        yield from _encoded(channel, part)
+
+
+def _encoded(channel: int, value: Any) -> Iterator[tuple[int, bytes]]:
+    """A piece as rows of at most BATCH_MAX_BYTES (a table is sliced; another value goes whole)."""
+    if isinstance(value, pa.Table):
+        for piece in slices(value, BATCH_MAX_BYTES):
+            yield channel, encode(piece)
+    else:
+        yield channel, encode_value(value)
 
 
 def counter(base: int) -> Callable[[], int]:
@@ -98,64 +139,101 @@ def _call(where: str, func: Callable[..., Any], *args: Any) -> Any:
 
 @dataclass
 class InputTask:
-    """Reads an input node: file splits (`reader`), Spark-read rows, or a Dataset's rows."""
+    """Reads an input node: file splits (`reader`), Spark-read rows, a Dataset's rows, or a `SourceReader`.
+
+    `batch_format` says what `batch_func` gets: "pandas" (a DataFrame; it returns a table-like
+    batch or None) or "object" (the batch as read, a pyarrow Table for files; it returns anything).
+    """
 
     name: str
-    source: str  # "files" | "spark" | "dataset"
-    reader: CsvReader | ParquetReader | None
+    source: str  # "files" | "spark" | "dataset" | "reader"
+    reader: CsvReader | ParquetReader | SourceReader | None
     batch_func: Callable[[Any], Any] | None
     out_edges: list[OutEdge]
     level: int
     read_counter: Any = None  # a Spark accumulator of batches read, when the session has one
+    batch_format: str = "pandas"
+    n_channels: int = 1
 
-    def _prepare(self, table: pa.Table) -> pa.Table | None:
+    def _prepare(self, batch: Any) -> Any:
         if self.read_counter is not None:
             self.read_counter.add(1)
         if self.batch_func is None:
-            return table
-        out = _call(f"node {self.name!r}: batch_func", self.batch_func, to_pandas(table))
-        return to_table(out, f"node {self.name!r}: batch_func")
+            return batch
+        where = f"node {self.name!r}: batch_func"
+        if self.batch_format == "object":
+            return _call(where, self.batch_func, batch)
+        return to_table(_call(where, self.batch_func, to_pandas(batch)), where)
 
-    def tables(self, split: int) -> Iterator[pa.Table]:
-        """The prepared batches of one file split."""
-        assert self.reader is not None
+    def tables(self, split: int) -> Iterator[Any]:
+        """The prepared batches of one file split (empty tables dropped)."""
+        assert isinstance(self.reader, CsvReader | ParquetReader)
         for table in self.reader.read(split):
             out = self._prepare(table)
-            if out is not None and out.num_rows:
+            if out is not None and not (isinstance(out, pa.Table) and out.num_rows == 0):
                 yield out
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         writer = RowWriter(ROUTE_SCHEMA)
-        if self.source == "files":
+        partition = partition_id()
+        if self.source in ("files", "reader"):
             for rb in batches:
                 for split in rb.column(0).to_pylist():
                     seq = counter(split)
-                    for table in self.tables(split):
-                        yield from writer.route(table, self.out_edges, seq)
+                    if self.source == "files":
+                        prepared: Iterable[Any] = self.tables(split)
+                    else:  # split = the reader's channel
+                        prepared = (self._prepare(b) for b in self._read(split))
+                    for out in prepared:
+                        if out is not None:
+                            yield from writer.route(out, self.out_edges, seq, partition)
         else:
-            seq = counter(partition_id())
+            seq = counter(partition)
             for rb in batches:
                 if self.source == "spark":
-                    tables: Iterable[pa.Table] = [pa.Table.from_batches([rb])]
+                    values: Iterable[Any] = [pa.Table.from_batches([rb])]
                 else:
                     column = rb.column(rb.schema.get_field_index("batch"))
-                    tables = (decode(column[i].as_buffer()) for i in range(rb.num_rows))
-                for table in tables:
-                    out = self._prepare(table)
+                    values = (decode_value(column[i].as_buffer()) for i in range(rb.num_rows))
+                for value in values:
+                    out = self._prepare(value)
                     if out is not None:
-                        yield from writer.route(out, self.out_edges, seq)
+                        yield from writer.route(out, self.out_edges, seq, partition)
         last = writer.flush()
         if last is not None:
             yield last
 
+    def _read(self, channel: int) -> Iterator[Any]:
+        """What a `SourceReader` gives for one channel (a fresh copy of it per channel, as each had its own)."""
+        assert self.reader is not None and not isinstance(self.reader, CsvReader | ParquetReader)
+        reader = copy.deepcopy(self.reader)
+        where = f"node {self.name!r}: {type(reader).__name__}.read (channel {channel})"
+        items = iter(_call(where, reader.read, channel, self.n_channels))
+        while True:
+            try:
+                item = next(items)
+            except StopIteration:
+                return
+            except Exception as exc:
+                raise_in_task(f"{where} raised {type(exc).__name__}: {exc}")
+            yield item
+
     def rows(self, edge: OutEdge) -> Iterator[Row]:
         """Every split read in order inside the consumer's task (a fused input), as unencoded rows."""
-        assert self.reader is not None
+        assert isinstance(self.reader, CsvReader | ParquetReader)
         for split in range(len(self.reader)):
             seq = counter(split)
-            for table in self.tables(split):
-                channels_of(table, edge.key, 1, edge.label)  # checks the key column exists
-                yield (0, edge.level, seq(), edge.id, table)
+            for value in self.tables(split):
+                if isinstance(value, pa.Table) and not isinstance(edge.key, Router):
+                    channels_of(value, edge.key, 1, edge.label)  # checks the key column exists
+                yield (0, edge.level, seq(), edge.id, Decoded(value))
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """A batch that never left the task (a fused input's), where other rows hold encoded bytes."""
+
+    value: Any
 
 
 def _shuffled_rows(batches: Iterator[pa.RecordBatch]) -> Iterator[Row]:
@@ -196,9 +274,9 @@ def _merge_fused(shuffled: Iterator[Row], fused: list[tuple[int, Iterator[Row]]]
     yield from shuffled
 
 
-def _pandas(executor: Executor) -> bool:
-    """Whether the executor takes and gives pandas DataFrames (`batch_format`, as Quokka's do)."""
-    return getattr(executor, "batch_format", "arrow") == "pandas"
+def _format(executor: Executor) -> str:
+    """What the executor takes and gives (`batch_format`): "arrow", "pandas" (as Quokka's do) or "object"."""
+    return str(getattr(executor, "batch_format", "arrow"))
 
 
 def make_executor(template: Any) -> Executor:
@@ -231,24 +309,31 @@ class NodeTask:
         nonempty: set[int] = set()
 
         def emit(channel: int, value: Any, where: str) -> Iterator[pa.RecordBatch]:
-            if isinstance(value, (list, tuple)):  # several batches at once (Quokka's executors return lists)
-                for v in value:
-                    yield from emit(channel, v, where)
-                return
-            table = to_table(value, where, keep_index=_pandas(executors[channel]))
-            if table is None:
+            fmt = _format(executors[channel])
+            if fmt == "object":
+                # any value is one batch, but a generator (Quokka's done() may be one) gives several
+                values: Iterable[Any] = value if isinstance(value, types.GeneratorType) else [value]
+            elif isinstance(value, (list, tuple)):  # several batches at once (Quokka's executors return lists)
+                values = value
+            else:
+                values = [value]
+            for v in values:
+                yield from emit_one(channel, v if fmt == "object" else to_table(v, where, keep_index=fmt == "pandas"))
+
+        def emit_one(channel: int, value: Any) -> Iterator[pa.RecordBatch]:
+            if value is None:
                 return
             if channel not in seqs:
                 seqs[channel] = counter(channel)
             if not self.blocking:
-                yield from writer.route(table, self.out_edges, seqs[channel])
+                yield from writer.route(value, self.out_edges, seqs[channel], channel)
                 return
-            if table.num_rows == 0:
-                empty.setdefault(channel, table)
+            if isinstance(value, pa.Table) and value.num_rows == 0:
+                empty.setdefault(channel, value)
                 return
             nonempty.add(channel)
-            for piece in slices(table, BATCH_MAX_BYTES):
-                out = writer.add(channel, seqs[channel](), encode(piece))
+            for _, piece in _encoded(channel, value):
+                out = writer.add(channel, seqs[channel](), piece)
                 if out is not None:
                     yield out
 
@@ -263,10 +348,10 @@ class NodeTask:
                 if self.n_channels == 1:
                     break  # nothing else can come for another channel: stop reading
                 continue
-            table = payload if isinstance(payload, pa.Table) else decode(payload.as_buffer())
+            value = payload.value if isinstance(payload, Decoded) else decode_value(payload.as_buffer())
             stream = self.streams[edge]
             where = f"node {self.name!r}: {type(ex).__name__}.execute (channel {channel}, stream {stream!r})"
-            batch = to_pandas(table) if _pandas(ex) else table
+            batch = to_pandas(value) if _format(ex) == "pandas" and isinstance(value, pa.Table) else value
             yield from emit(channel, _call(where, ex.execute, batch, stream, channel), where)
             if ex.finished and self.n_channels == 1:
                 break  # stop now, before pulling (maybe reading) another batch

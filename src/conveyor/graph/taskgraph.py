@@ -24,6 +24,7 @@ from .layout import CSV_STRIDE_BYTES
 from .nodes import BatchFunc, ExecutorSource, InputSpec, Node, NodeKind, NodeRef, Spec, TaskSpec, resolve
 from .placement import LOCALHOST, Parallelism, channel_count
 from .plan import Plan, make_plan
+from .readers import SourceReader
 from .runtime import Runner, RunStats
 
 if TYPE_CHECKING:
@@ -81,6 +82,7 @@ class TaskGraph:
         ip: str = LOCALHOST,
         columns: Sequence[str] | None = None,
         name: str | None = None,
+        batch_format: str = "pandas",
     ) -> Node: ...
     @overload
     def new_input_csv(
@@ -97,6 +99,7 @@ class TaskGraph:
         *,
         columns: Sequence[str] | None = None,
         name: str | None = None,
+        batch_format: str = "pandas",
     ) -> Node: ...
     def new_input_csv(self, *args: Any, **kwargs: Any) -> Node:
         """A CSV input: a file or directory Conveyor or Spark can read.
@@ -105,7 +108,9 @@ class TaskGraph:
         `(bucket, key, names, parallelism, ip, ...)` (see `bucket_path`). `names` may end with a
         placeholder (None or "") for the empty field after a trailing delimiter. `columns` keeps only
         those columns (parsing fewer columns is much faster); `stride` is the bytes per read split;
-        `parallelism` is a count or {machine: channels} (see `placement`).
+        `parallelism` is a count or {machine: channels} (see `placement`). `batch_format="object"`
+        hands `batch_func` the pyarrow Table read and lets it return any picklable value (the
+        default "pandas": a DataFrame in, a table-like batch out).
         """
         args, kwargs = csv_args(args, kwargs)
         return self._input_csv(*args, **kwargs)
@@ -124,6 +129,7 @@ class TaskGraph:
         columns: Sequence[str] | None = None,
         name: str | None = None,
         s3_here: bool = False,
+        batch_format: str = "pandas",
     ) -> Node:
         node = self._new_node(name, "csv")
         parallelism = channel_count(parallelism, ip, f"node {node}")
@@ -145,6 +151,7 @@ class TaskGraph:
             stride=stride,
             s3_here=s3_here,
             columns=tuple(columns) if columns is not None else None,
+            batch_format=_batch_format(batch_format, node),
         )
         return node
 
@@ -159,6 +166,7 @@ class TaskGraph:
         *,
         ip: str = LOCALHOST,
         name: str | None = None,
+        batch_format: str = "pandas",
     ) -> Node:
         """A Parquet input (a file or directory); `filters` is a pyarrow Expression or DNF tuples."""
         node = self._new_node(name, "parquet")
@@ -172,6 +180,7 @@ class TaskGraph:
             path=os.fspath(path),
             columns=tuple(columns) if columns is not None else None,
             filters=filters,
+            batch_format=_batch_format(batch_format, node),
         )
         return node
 
@@ -184,13 +193,53 @@ class TaskGraph:
         *,
         ip: str = LOCALHOST,
         name: str | None = None,
+        batch_format: str = "pandas",
     ) -> Node:
         """The batches of a Dataset an earlier graph made, as a stream of this graph."""
         node = self._new_node(name, "dataset")
         parallelism = channel_count(parallelism, ip, f"node {node}")
         if not isinstance(dataset, Dataset):
             raise GraphError(f"node {node}: expected a Dataset, got {type(dataset).__name__}")
-        self.specs[node.id] = InputSpec(node, NodeKind.DATASET, parallelism, batch_func, tuple(dependents), dataset=dataset)
+        self.specs[node.id] = InputSpec(
+            node,
+            NodeKind.DATASET,
+            parallelism,
+            batch_func,
+            tuple(dependents),
+            dataset=dataset,
+            batch_format=_batch_format(batch_format, node),
+        )
+        return node
+
+    def new_input_reader(
+        self,
+        reader: SourceReader,
+        parallelism: Parallelism,
+        batch_func: BatchFunc | None = None,
+        dependents: Sequence[NodeRef] = (),
+        *,
+        ip: str = LOCALHOST,
+        name: str | None = None,
+        batch_format: str = "object",
+    ) -> Node:
+        """An input of the user's own: `reader.read(channel, n_channels)` yields each channel's batches.
+
+        Each channel reads in a Spark task of its own, from a copy of `reader`. Batches may be of
+        any picklable type (`batch_format="object"`: `batch_func` gets them as they are).
+        """
+        node = self._new_node(name, "reader")
+        parallelism = channel_count(parallelism, ip, f"node {node}")
+        if not isinstance(reader, SourceReader):
+            raise GraphError(f"node {node}: a reader needs a read(channel, n_channels) method, got {type(reader).__name__}")
+        self.specs[node.id] = InputSpec(
+            node,
+            NodeKind.READER,
+            parallelism,
+            batch_func,
+            tuple(dependents),
+            reader=reader,
+            batch_format=_batch_format(batch_format, node),
+        )
         return node
 
     # Quokka's names for it: new_input_from_dataset, add_input_dataset, and new_input_redis (its Dataset reader)
@@ -268,9 +317,9 @@ class TaskGraph:
         for stream, ref in refs.items():
             if isinstance(ref, Node) and ref.graph != self._id:
                 raise GraphError(f"node {node}: source {ref} of stream {stream!r} is a node of another graph")
-        if getattr(executor, "batch_format", "arrow") not in ("arrow", "pandas"):
+        if getattr(executor, "batch_format", "arrow") not in ("arrow", "pandas", "object"):
             raise GraphError(
-                f"node {node}: the executor's batch_format must be 'arrow' or 'pandas', "
+                f"node {node}: the executor's batch_format must be 'arrow', 'pandas' or 'object', "
                 f"got {getattr(executor, 'batch_format', None)!r}"
             )
         spec = TaskSpec(node, refs, executor, parallelism, dict(partition_key), blocking)
@@ -362,3 +411,10 @@ class TaskGraph:
         spark = self.spark if self.spark is not None else get_or_create_session()
         self.stats = Runner(self.specs, plan, spark, f"graph{self._id}", self.checkpoint_dir, self.file_reader).run()
         return self.stats
+
+
+def _batch_format(fmt: str, node: Node) -> str:
+    """An input's batch_format, checked."""
+    if fmt not in ("pandas", "object"):
+        raise GraphError(f"node {node}: batch_format must be 'pandas' or 'object', got {fmt!r}")
+    return fmt
