@@ -23,7 +23,14 @@ from pyspark.sql import SparkSession
 
 from conveyor.compat.quokka import LocalCluster, TaskGraph, ray
 from conveyor.compat.quokka.dataset import InputDiskCSVDataset, InputMultiCSVDataset
-from conveyor.compat.quokka.executors import CountExecutor, Executor, LimitExecutor, PolarJoinExecutor, StorageExecutor
+from conveyor.compat.quokka.executors import (
+    CountExecutor,
+    Executor,
+    GroupAsOfJoinExecutor,
+    LimitExecutor,
+    PolarJoinExecutor,
+    StorageExecutor,
+)
 from conveyor.compat.quokka.frames import as_pushed, concat
 from conveyor.compat.quokka.partitions import ByColumn, ByRatio, PerTarget
 from conveyor.compat.quokka.sql import AggExecutor
@@ -235,3 +242,30 @@ def test_tables_go_on_as_polars_and_batches_concatenate_by_kind() -> None:
     assert as_pushed(7) == 7
     assert concat([pd.DataFrame({"a": [1]}), pd.DataFrame({"a": [2]})])["a"].tolist() == [1, 2]
     assert concat([pushed, pushed])["a"].to_list() == [1, 2, 1, 2]
+
+
+def test_the_as_of_join_tutorial_reads_files_with_a_header_and_matches_polars(spark: SparkSession, tmp_path: Path) -> None:
+    symbols = ["AAPL", "MSFT", "IBM"]
+    quotes = pd.DataFrame({"time": range(0, 3000, 3), "symbol": [symbols[i % 3] for i in range(1000)],
+                           "bid": [i * 0.5 for i in range(1000)], "ask": [i * 0.5 + 1 for i in range(1000)]})  # fmt: skip
+    trades = pd.DataFrame({"time": range(1, 3001, 5), "symbol": [symbols[i % 2] for i in range(600)], "size": range(600)})
+    quotes.to_csv(tmp_path / "quotes.csv", index=False)  # with their header lines, as the tutorial's files
+    trades.to_csv(tmp_path / "trades.csv", index=False)
+    task_graph = TaskGraph(LocalCluster())
+    quote_reader = InputDiskCSVDataset(
+        str(tmp_path / "quotes.csv"), ["time", "symbol", "bid", "ask"], stride=1024 * 5, header=True
+    )
+    trades_reader = InputDiskCSVDataset(str(tmp_path / "trades.csv"), ["time", "symbol", "size"], stride=1024 * 5, header=True)
+    quotes_node = task_graph.new_input_reader_node(quote_reader)
+    trades_node = task_graph.new_input_reader_node(trades_reader)
+    join_executor = GroupAsOfJoinExecutor(group_on="symbol", on="time")
+    output = task_graph.new_blocking_node(
+        {0: trades_node, 1: quotes_node}, join_executor, partition_key_supplied={0: "symbol", 1: "symbol"}
+    )
+    task_graph.create()
+    task_graph.run()
+    result = output.to_pandas()
+    reference = polars.from_pandas(trades).join_asof(polars.from_pandas(quotes), by="symbol", on="time").drop_nulls()
+    assert len(result) == len(reference) > 0
+    assert int(result["size"].sum()) == int(reference["size"].sum())
+    assert float(result["bid"].sum()) == float(reference["bid"].sum())

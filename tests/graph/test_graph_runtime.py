@@ -1,7 +1,8 @@
 """How the runtime moves batches.
 
-Routing to channels, dependency order, stream order, readers, and early termination (a limit stops
-reading its input).
+Routing to channels, dependency order, stream order, readers, early termination (a limit stops
+reading its input), and batches of any type (a reader of the user's own, Routers, executors of
+`batch_format = "object"`).
 
 The runtime is `conveyor.graph.runtime`; what runs inside the Spark tasks, `conveyor.graph.stages`,
 over the rows of `conveyor.graph.layout`.
@@ -21,7 +22,7 @@ from examples.tpch import names
 from pyspark.sql import SparkSession
 
 from conveyor import Executor, TaskGraph
-from conveyor.graph import Count, FilterProject, Limit
+from conveyor.graph import Count, FilterProject, GraphError, Limit, Router
 from conveyor.graph.channels import stable_hash
 
 
@@ -131,3 +132,57 @@ def test_limit_stops_reading_early(spark: SparkSession, tpch_sf001: Path) -> Non
     with open(path) as f:
         head = [next(f).split("|") for _ in range(5)]
     assert rows.l_orderkey.tolist() == [int(r[0]) for r in head] and rows.l_comment.tolist() == [r[15] for r in head]
+
+
+class Countdown:
+    """A SourceReader: channel c yields the numbers c, c + n, ... below `limit`, as plain ints."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+
+    def read(self, channel: int, n_channels: int) -> range:
+        return range(channel, self.limit, n_channels)
+
+
+class Collect(Executor):
+    """An executor of any batches: keeps the ints it gets, emits their sum and the channel's list at the end."""
+
+    batch_format = "object"
+
+    def __init__(self) -> None:
+        self.got: list[int] = []
+
+    def execute(self, batch: object, stream_id: Hashable, channel: int) -> None:
+        assert type(batch) is int
+        self.got.append(batch)
+
+    def done(self, channel: int) -> object:
+        return {"channel": channel, "numbers": sorted(self.got)}
+
+
+def test_batches_of_any_type_travel_by_routers_and_come_back_as_they_were(spark: SparkSession) -> None:
+    g = TaskGraph(spark)
+    numbers = g.new_input_reader(Countdown(30), 3)
+    odd_even = Router(lambda value, source, n: [(value % n, value)])
+    out = g.new_blocking_node({0: numbers}, Collect(), 2, {0: odd_even})
+    g.run()
+    values = out.values()
+    assert [c for c, _ in values] == [0, 1]
+    assert [v["numbers"] for _, v in values] == [list(range(0, 30, 2)), list(range(1, 30, 2))]
+    with pytest.raises(GraphError, match="not tables"):
+        out.to_arrow()
+    with pytest.raises(GraphError, match="read\\(channel, n_channels\\)"):
+        g2 = TaskGraph(spark)
+        g2.new_input_reader(object(), 1)  # type: ignore[arg-type]
+
+
+def test_a_csv_header_line_is_skipped_in_every_file(spark: SparkSession, tmp_path: Path) -> None:
+    (tmp_path / "in").mkdir()
+    for i in range(3):
+        (tmp_path / "in" / f"{i}.csv").write_text("k,v\n" + "".join(f"{i * 100 + j},{j}\n" for j in range(100)))
+    for reader in ("auto", "spark"):
+        g = TaskGraph(spark, file_reader=reader)
+        src = g.new_input_csv(str(tmp_path / "in"), ["k", "v"], 2, header=True, stride=1024)
+        out = g.new_blocking_node({0: src}, Count(), 1, {0: None})
+        g.run()
+        assert out.to_pandas()["count"].tolist() == [300], reader

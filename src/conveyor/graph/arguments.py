@@ -42,6 +42,7 @@ def _quokka_csv(
     columns: Sequence[str] | None = None,
     name: str | None = None,
     batch_format: str = "pandas",
+    header: bool = False,
 ) -> dict[str, Any]:
     """Quokka's new_input_csv arguments, as the keywords of Conveyor's form."""
     path = bucket_path(_fspath(bucket), _fspath(key), "new_input_csv")
@@ -58,6 +59,7 @@ def _quokka_csv(
         "name": name,
         "s3_here": True,
         "batch_format": batch_format,
+        "header": header,
     }
 
 

@@ -56,6 +56,7 @@ class InputSpec:
     path: str | None = None
     names: tuple[str | None, ...] = ()
     sep: str = ","
+    header: bool = False  # CSV: each file starts with a line of column names
     stride: int = CSV_STRIDE_BYTES
     columns: tuple[str, ...] | None = None
     filters: Any = None

@@ -100,10 +100,15 @@ class CsvFormat:
     keep: tuple[str, ...]
     types: tuple[tuple[str, pa.DataType], ...]
     sep: str
+    header: bool = False  # each file starts with a line of column names, not read as data
 
 
-def csv_format(sample: bytes, names: Sequence[str | None], sep: str, columns: Sequence[str] | None, node: str) -> CsvFormat:
-    """Infer the types of a CSV input from a sample of its first lines."""
+def csv_format(
+    sample: bytes, names: Sequence[str | None], sep: str, columns: Sequence[str] | None, node: str, header: bool = False
+) -> CsvFormat:
+    """Infer the types of a CSV input from a sample of its first lines (after its header line, if it has one)."""
+    if header:
+        sample = sample.split(b"\n", 1)[1] if b"\n" in sample else b""
     given = list(names)
     first = sample.split(b"\n", 1)[0].rstrip(b"\r")
     fields = first.split(sep.encode()) if first else []
@@ -140,7 +145,7 @@ def csv_format(sample: bytes, names: Sequence[str | None], sep: str, columns: Se
             raise GraphError(f"node {node}: cannot parse the first lines as CSV with sep={sep!r}: {exc}") from exc
         for f in table.schema:
             types[f.name] = pa.string() if pa.types.is_null(f.type) else f.type
-    return CsvFormat(tuple(full), tuple(keep), tuple((n, types[n]) for n in keep), sep)
+    return CsvFormat(tuple(full), tuple(keep), tuple((n, types[n]) for n in keep), sep, header)
 
 
 def read_sample(fs: pafs.FileSystem, path: str, size: int = CSV_SAMPLE_BYTES) -> bytes:
@@ -205,6 +210,8 @@ class CsvReader:
         with pa.memory_map(split.path, "r") if local else self.fs.open_input_file(split.path) as mm:
             size = mm.size()
             start, end = _line_start(mm, split.start, size), _line_start(mm, split.end, size)
+            if self.fmt.header:
+                start = max(start, _line_start(mm, 1, size))  # the header line is no row
             if end <= start:
                 return
             mm.seek(start)

@@ -154,7 +154,7 @@ class Runner:
         if at is not None and source == "files" and spec.kind is NodeKind.CSV:
             fs, path = at
             files = list_files(fs, path)
-            fmt = csv_format(read_sample(fs, files[0]), spec.names, spec.sep, spec.columns, where)
+            fmt = csv_format(read_sample(fs, files[0]), spec.names, spec.sep, spec.columns, where, spec.header)
             reader = CsvReader(spec.node.name, fmt, fs, csv_splits(fs, files, spec.stride))
         elif at is not None and source == "files":
             fs, path = at
@@ -201,10 +201,11 @@ class Runner:
 
         assert spec.path is not None  # every file input has one
         lines = [r[0] for r in self.spark.read.text(spec.path).limit(2000).collect()]
-        fmt = csv_format("\n".join(lines).encode() + b"\n" if lines else b"", spec.names, spec.sep, spec.columns, str(spec.node))
+        sample = "\n".join(lines).encode() + b"\n" if lines else b""
+        fmt = csv_format(sample, spec.names, spec.sep, spec.columns, str(spec.node), spec.header)
         types = dict(fmt.types)
         schema = StructType([StructField(n, from_arrow_type(types[n]) if n in types else StringType()) for n in fmt.names])
-        reader = self.spark.read.csv(spec.path, schema=schema, sep=spec.sep, mode="FAILFAST", header=False)
+        reader = self.spark.read.csv(spec.path, schema=schema, sep=spec.sep, mode="FAILFAST", header=spec.header)
         return reader.select(*fmt.keep)
 
     def _task_df(self, spec: TaskSpec) -> DataFrame:

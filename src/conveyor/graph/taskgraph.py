@@ -83,6 +83,7 @@ class TaskGraph:
         columns: Sequence[str] | None = None,
         name: str | None = None,
         batch_format: str = "pandas",
+        header: bool = False,
     ) -> Node: ...
     @overload
     def new_input_csv(
@@ -100,6 +101,7 @@ class TaskGraph:
         columns: Sequence[str] | None = None,
         name: str | None = None,
         batch_format: str = "pandas",
+        header: bool = False,
     ) -> Node: ...
     def new_input_csv(self, *args: Any, **kwargs: Any) -> Node:
         """A CSV input: a file or directory Conveyor or Spark can read.
@@ -110,7 +112,8 @@ class TaskGraph:
         those columns (parsing fewer columns is much faster); `stride` is the bytes per read split;
         `parallelism` is a count or {machine: channels} (see `placement`). `batch_format="object"`
         hands `batch_func` the pyarrow Table read and lets it return any picklable value (the
-        default "pandas": a DataFrame in, a table-like batch out).
+        default "pandas": a DataFrame in, a table-like batch out). `header=True`: each file starts
+        with a line of column names, which is skipped (`names` still names the columns).
         """
         args, kwargs = csv_args(args, kwargs)
         return self._input_csv(*args, **kwargs)
@@ -130,6 +133,7 @@ class TaskGraph:
         name: str | None = None,
         s3_here: bool = False,
         batch_format: str = "pandas",
+        header: bool = False,
     ) -> Node:
         node = self._new_node(name, "csv")
         parallelism = channel_count(parallelism, ip, f"node {node}")
@@ -152,6 +156,7 @@ class TaskGraph:
             s3_here=s3_here,
             columns=tuple(columns) if columns is not None else None,
             batch_format=_batch_format(batch_format, node),
+            header=bool(header),
         )
         return node
 

@@ -36,16 +36,21 @@ class _Csv:
     header: bool
 
     def add_to(self, graph: TaskGraph, channels: int, batch_func: BatchFunc, dependents: Sequence[Any]) -> Node:
-        where = self.key if self.bucket is None else f"{self.bucket}/{self.key}"
-        if self.header:
-            raise GraphError(f"{where}: CSV files with a header line are not read yet (header=True): remove the header line")
         if self.bucket is not None:
             return graph.new_input_csv(
                 self.bucket, self.key, self.names, channels, batch_func=batch_func, sep=self.sep,
-                dependents=dependents, stride=self.stride, batch_format="object",
+                dependents=dependents, stride=self.stride, batch_format="object", header=self.header,
             )  # fmt: skip
         return graph.new_input_csv(
-            self.key, self.names, channels, batch_func, self.sep, dependents, self.stride, batch_format="object"
+            self.key,
+            self.names,
+            channels,
+            batch_func,
+            self.sep,
+            dependents,
+            self.stride,
+            batch_format="object",
+            header=self.header,
         )
 
 
