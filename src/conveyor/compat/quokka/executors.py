@@ -409,6 +409,7 @@ class GroupAsOfJoinExecutor(Executor):
             by_left=self.group_left_on,
             by_right=self.group_right_on,
             suffix=self.suffix,
+            check_sortedness=False,  # sorted just above; polars cannot check it within groups
         )
         result = result.drop_nulls()
         return _finish(result, self.columns, self.batch_func)

@@ -28,6 +28,7 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from ...graph import Dataset as GraphDataset
 from ...graph import Executor as GraphExecutor
@@ -92,15 +93,17 @@ class Dataset:
     def _list(self) -> list[Any]:
         return [value for _, value in self.dataset.values()]
 
-    def _frame(self) -> Any:
+    def _pandas(self) -> Any:
         values = [v for v in self._list() if v is not None]
         if not values:
             return pd.DataFrame()
-        if all(is_polars(v) for v in values):
+        return concat([v.to_pandas() if is_polars(v) or isinstance(v, pa.Table) else v for v in values])
+
+    def _df(self) -> Any:
+        values = [v for v in self._list() if v is not None]
+        if values and all(is_polars(v) for v in values):
             return polars_module("reading a Dataset of polars frames").concat(values, how="vertical_relaxed")
-        if any(is_polars(v) for v in values):
-            values = [v.to_pandas() if is_polars(v) else v for v in values]
-        return concat(values)
+        return self._pandas()
 
     def _dict(self) -> dict[int, list[Any]]:
         out: dict[int, list[Any]] = {}
@@ -112,13 +115,13 @@ class Dataset:
 
     @property
     def to_pandas(self) -> _Call:
-        """Every frame emitted, concatenated (polars when they all are, as in Quokka; else pandas)."""
-        return _Call(self._frame)
+        """Every frame emitted, concatenated: polars when they all are (as Quokka's was), else pandas (index kept)."""
+        return _Call(self._df)
 
     @property
     def to_df(self) -> _Call:
         """Quokka's later name of `to_pandas`."""
-        return _Call(self._frame)
+        return _Call(self._df)
 
     @property
     def to_list(self) -> _Call:
