@@ -31,7 +31,7 @@ from conveyor.compat.quokka.executors import (
     PolarJoinExecutor,
     StorageExecutor,
 )
-from conveyor.compat.quokka.frames import as_pushed, concat
+from conveyor.compat.quokka.frames import concat, received, to_transit
 from conveyor.compat.quokka.partitions import ByColumn, ByRatio, PerTarget
 from conveyor.compat.quokka.sql import AggExecutor
 from conveyor.graph import GraphError
@@ -209,7 +209,7 @@ def test_a_missing_partition_column_is_an_error_naming_the_edge(spark: SparkSess
     task_graph = TaskGraph()
     source = task_graph.new_input_reader_node(InputDiskCSVDataset(str(tmp_path / "k.csv"), ["k"]), {"localhost": 1})
     task_graph.new_blocking_node({0: source}, None, StorageExecutor(), {"localhost": 2}, {0: "nope"})
-    with pytest.raises(Exception, match="'nope' is not in the batch"):
+    with pytest.raises(Exception, match=r"->.*: the partition function raised KeyError: .*'nope' is not in the batch"):
         task_graph.run()
 
 
@@ -236,10 +236,11 @@ def test_a_column_routes_rows_of_every_frame_kind_alike_and_the_default_partitio
         ByRatio(3, 2)
 
 
-def test_tables_go_on_as_polars_and_batches_concatenate_by_kind() -> None:
-    pushed = as_pushed(pa.table({"a": [1, 2]}))
+def test_polars_travels_as_arrow_and_arrives_as_polars_and_batches_concatenate_by_kind() -> None:
+    pushed = received(to_transit(polars.DataFrame({"a": [1, 2]})))
     assert isinstance(pushed, polars.DataFrame) and pushed["a"].to_list() == [1, 2]
-    assert as_pushed(7) == 7
+    assert isinstance(received(pa.table({"a": [1]})), polars.DataFrame)  # a Table pushed arrives as polars, as in Quokka
+    assert to_transit(7) == received(7) == 7
     assert concat([pd.DataFrame({"a": [1]}), pd.DataFrame({"a": [2]})])["a"].tolist() == [1, 2]
     assert concat([pushed, pushed])["a"].to_list() == [1, 2, 1, 2]
 

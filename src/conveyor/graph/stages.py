@@ -71,22 +71,29 @@ class RowWriter:
                     yield out
 
 
+def _routed(value: Any, edge: OutEdge, source: int) -> Iterator[tuple[int, Any]]:
+    """(channel, part) pairs of a batch on an edge routed by a Router, checked."""
+    assert isinstance(edge.key, Router)
+    try:
+        parts = list(edge.key(value, source, edge.n_channels))
+    except NodeTaskError:
+        raise
+    except Exception as exc:  # a user function: say which edge it belongs to
+        raise_in_task(f"{edge.label}: the partition function raised {type(exc).__name__}: {exc}")
+    for channel, part in parts:
+        if not isinstance(channel, int) or not 0 <= channel < edge.n_channels:
+            raise_in_task(
+                f"{edge.label}: the partition function sent a part to channel {channel!r}, outside 0..{edge.n_channels - 1}"
+            )
+        if part is not None:
+            yield channel, part
+
+
 def _pieces(value: Any, edge: OutEdge, source: int) -> Iterator[tuple[int, bytes]]:
     """(channel, encoded piece) of one batch on one edge."""
     if isinstance(edge.key, Router):
-        try:
-            parts = list(edge.key(value, source, edge.n_channels))
-        except NodeTaskError:
-            raise
-        except Exception as exc:  # a user function: say which edge it belongs to
-            raise_in_task(f"{edge.label}: the partition function raised {type(exc).__name__}: {exc}")
-        for channel, part in parts:
-            if not isinstance(channel, int) or not 0 <= channel < edge.n_channels:
-                raise_in_task(
-                    f"{edge.label}: the partition function sent a part to channel {channel!r}, outside 0..{edge.n_channels - 1}"
-                )
-            if part is not None:
-                yield from _encoded(channel, part)
+        for channel, part in _routed(value, edge, source):
+            yield from _encoded(channel, part)
         return
     if not isinstance(value, pa.Table):
         if edge.key is not None:
@@ -221,10 +228,18 @@ class InputTask:
     def rows(self, edge: OutEdge) -> Iterator[Row]:
         """Every split read in order inside the consumer's task (a fused input), as unencoded rows."""
         assert isinstance(self.reader, CsvReader | ParquetReader)
-        for split in range(len(self.reader)):
+        n = len(self.reader)
+        readers = max(1, min(self.n_channels, n))
+        for split in range(n):
             seq = counter(split)
+            # the reading task the split would have had (spark.range cuts splits into contiguous runs)
+            source = max(i for i in range(readers) if i * n // readers <= split)
             for value in self.tables(split):
-                if isinstance(value, pa.Table) and not isinstance(edge.key, Router):
+                if isinstance(edge.key, Router):
+                    for _, part in _routed(value, edge, source):
+                        yield (0, edge.level, seq(), edge.id, Decoded(part))
+                    continue
+                if isinstance(value, pa.Table):
                     channels_of(value, edge.key, 1, edge.label)  # checks the key column exists
                 yield (0, edge.level, seq(), edge.id, Decoded(value))
 

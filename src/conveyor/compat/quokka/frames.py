@@ -1,8 +1,10 @@
 """The batches Quokka's programs pass around (pyarrow, polars and pandas frames), as Quokka handled them.
 
 Quokka's readers produced pyarrow Tables, its runtime turned a pushed Table into a polars DataFrame,
-and its executors took lists of pandas or polars frames. polars is imported only when a frame of it
-is needed; without it, Tables stay Tables.
+and its executors took lists of pandas or polars frames. Between nodes a polars frame travels as a
+pyarrow Table (Arrow IPC: several times cheaper than pickling it) and every Table arrives as polars,
+which is what Quokka's consumers saw. polars is imported only when a frame of it is needed; without
+it, Tables stay Tables.
 """
 
 from __future__ import annotations
@@ -24,8 +26,13 @@ def polars_module(what: str) -> ModuleType:
         raise ImportError(f"{what} needs polars, as Quokka's did: pip install 'conveyor[quokka]' (or polars)") from None
 
 
-def as_pushed(value: Any) -> Any:
-    """What Quokka's runtime sent on for a value a reader or executor gave: a pyarrow Table became polars."""
+def to_transit(value: Any) -> Any:
+    """A value a reader or executor sends on, as it travels: a polars frame as a pyarrow Table."""
+    return value.to_arrow() if is_polars(value) else value
+
+
+def received(value: Any) -> Any:
+    """A value as Quokka's consumers got it: a pyarrow Table (pushed as one, or polars in transit) as polars."""
     if isinstance(value, pa.Table):
         try:
             pl = importlib.import_module("polars")

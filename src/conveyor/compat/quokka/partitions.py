@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from ...graph import GraphError, Router
 from ...graph.channels import channels_of, split_by_channel, stable_hash
-from .frames import is_polars, polars_module, rows
+from .frames import is_polars, polars_module, received, rows, to_transit
 
 
 @dataclass(frozen=True)
@@ -34,19 +34,18 @@ class ByColumn:
     key: str
 
     def __call__(self, data: Any, source: int, n: int) -> Iterator[tuple[int, Any]]:
+        columns = data.column_names if isinstance(data, pa.Table) else list(getattr(data, "columns", []))
+        if self.key not in columns and (isinstance(data, pa.Table | pd.DataFrame) or is_polars(data)):
+            raise KeyError(f"partition key column {self.key!r} is not in the batch (columns: {columns})")
         if isinstance(data, pa.Table):
             yield from split_by_channel(data, channels_of(data, self.key, n, f"partition key {self.key!r}"), n)
             return
         if isinstance(data, pd.DataFrame):
-            if self.key not in data.columns:
-                raise KeyError(f"partition key column {self.key!r} is not in the batch (columns: {list(data.columns)})")
             channels = _channels(pa.array(data[self.key].to_numpy(), from_pandas=True), n)
             for channel in np.unique(channels).tolist():
                 yield channel, data[channels == channel]
             return
         if is_polars(data):
-            if self.key not in data.columns:
-                raise KeyError(f"partition key column {self.key!r} is not in the batch (columns: {data.columns})")
             channels = _channels(data[self.key].to_arrow(), n)
             pl = polars_module("routing a polars frame")
             for channel in np.unique(channels).tolist():
@@ -75,10 +74,11 @@ class PerTarget:
     func: Callable[[Any, int, int], Any]
 
     def __call__(self, data: Any, source: int, n: int) -> Iterator[tuple[int, Any]]:
+        data = received(data)  # Quokka's partition functions got what its executors get
         for channel in range(n):
             part = self.func(data, source, channel)
             if part is not None and (rows(part) if hasattr(part, "__len__") or isinstance(part, pa.Table) else 1):
-                yield channel, part
+                yield channel, to_transit(part)
 
 
 @dataclass(frozen=True)
@@ -88,10 +88,11 @@ class AsMapping:
     func: Callable[[Any, int, int], Mapping[int, Any]]
 
     def __call__(self, data: Any, source: int, n: int) -> Iterator[tuple[int, Any]]:
-        parts = self.func(data, source, n)
+        parts = self.func(received(data), source, n)
         if not isinstance(parts, Mapping):
             raise TypeError(f"the partition function must return {{channel: data}}, got {type(parts).__name__}")
-        yield from parts.items()
+        for channel, part in parts.items():
+            yield channel, to_transit(part)
 
 
 @dataclass

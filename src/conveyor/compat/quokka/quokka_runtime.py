@@ -35,7 +35,7 @@ from ...graph import Executor as GraphExecutor
 from ...graph import GraphError, Node, Router
 from ...graph import TaskGraph as GraphTaskGraph
 from .dataset import FileInput, InputCSVDataset, InputMultiParquetDataset, QuokkaReader, is_reader
-from .frames import as_pushed, concat, is_polars, polars_module
+from .frames import concat, is_polars, polars_module, received, to_transit
 from .partitions import ByRatio, router
 from .utils import LocalCluster
 
@@ -43,22 +43,31 @@ LOCALHOST = "localhost"
 
 
 class QuokkaExecutor(GraphExecutor):
-    """A Quokka executor run by `conveyor.graph`: batches of any type, a list of them per call."""
+    """A Quokka executor run by `conveyor.graph`: batches of any type, a list of them per call.
+
+    What a non-blocking node emits travels on (`frames.to_transit`); what a blocking node emits is
+    kept as it is, as Quokka stored it.
+    """
 
     batch_format = "object"
 
-    def __init__(self, inner: Any, one_batch: bool = False) -> None:
+    def __init__(self, inner: Any, one_batch: bool = False, blocking: bool = False) -> None:
         self.inner = inner
         self.one_batch = one_batch  # January 2022's executors took one batch per call
+        self.blocking = blocking
+
+    def _out(self, value: Any) -> Any:
+        return value if self.blocking else to_transit(value)
 
     def execute(self, batch: Any, stream_id: Hashable, channel: int) -> Any:
-        return as_pushed(self.inner.execute(batch if self.one_batch else [batch], stream_id, channel))
+        batch = received(batch)
+        return self._out(self.inner.execute(batch if self.one_batch else [batch], stream_id, channel))
 
     def done(self, channel: int) -> Any:
         out = self.inner.done(channel)
         if inspect.isgenerator(out):  # Quokka pushed each value a generator yields
-            return (as_pushed(v) for v in out)
-        return as_pushed(out)
+            return (self._out(v) for v in out)
+        return self._out(out)
 
     @property
     def finished(self) -> bool:
@@ -307,7 +316,7 @@ class TaskGraph:
         extra = set(keys) - set(streams)
         if extra:
             raise GraphError(f"{what}: partition keys for streams that are not given: {sorted(map(repr, extra))}")
-        wrapped = QuokkaExecutor(executor, one_batch)
+        wrapped = QuokkaExecutor(executor, one_batch, blocking)
         if blocking:
             return Dataset(self.graph.new_blocking_node(sources, wrapped, channels, routes))
         return self._node(self.graph.new_non_blocking_node(sources, wrapped, channels, routes), channels)
@@ -384,10 +393,10 @@ def _later_node(
 
 
 def _pushed(batch_func: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
-    """A reader's batch function as Quokka ran it: what it returns (or the batch read) sent on as Quokka sent it."""
+    """A reader's batch function as Quokka ran it: it gets the Table read; what it returns travels on."""
     if batch_func is None:
-        return as_pushed
-    return lambda batch: as_pushed(batch_func(batch))
+        return to_transit
+    return lambda batch: to_transit(batch_func(batch))
 
 
 def _on_pandas(batch_func: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
