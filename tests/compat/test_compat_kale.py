@@ -40,11 +40,11 @@ pytestmark = pytest.mark.timeout(90)
 PROJECT = Path(__file__).parents[1] / "support" / "kale_project"
 
 
-def env_for(endpoint: str, out: Path) -> dict[str, str]:
+def env_for(endpoint: str, out: Path, settings_module: str = "taskworker.settings") -> dict[str, str]:
     src = str(Path(__file__).parents[2] / "src")
     return {
         **os.environ,
-        "KALE_SETTINGS_MODULE": "taskworker.settings",
+        "KALE_SETTINGS_MODULE": settings_module,
         "KALE_TEST_ENDPOINT": endpoint,
         "KALE_TEST_OUT": str(out),
         "PYTHONPATH": os.pathsep.join([str(PROJECT), src]),
@@ -69,6 +69,7 @@ class Project:
     env: dict[str, str]
     out: Path
     proc: subprocess.Popen[bytes]
+    pool: QueuePool
 
     def wait(self, cond: Callable[[], Any], timeout: float, what: str) -> Any:
         """`wait_for` the worker's output, failing at once with its exit status and output if it has ended."""
@@ -81,21 +82,21 @@ class Project:
 
 
 @contextlib.contextmanager
-def running_worker(out: Path) -> Iterator[Project]:
+def running_worker(out: Path, settings_module: str = "taskworker.settings") -> Iterator[Project]:
     """One server and one kale worker process, stopped by SIGTERM to its whole group.
 
     The worker is `python worker.py` in the project directory, in a process group of its own; the
     SIGTERM to its whole group is how systemd stops a service.
     """
     with QueuePool.local(n_servers=1) as pool, open(out / "worker.log", "wb") as log:
-        env = env_for(",".join(c.address for c in pool.queues.clients), out)
+        env = env_for(",".join(c.address for c in pool.queues.clients), out, settings_module)
         proc = subprocess.Popen(
             [sys.executable, "worker.py"], cwd=PROJECT, env=env, start_new_session=True, stdout=log, stderr=subprocess.STDOUT
         )
         try:
             wait_for(lambda: (out / "worker-started").exists() or proc.poll() is not None, 30, "the worker to start")
             assert proc.poll() is None, "the worker exited as it started"
-            yield Project(env, out, proc)
+            yield Project(env, out, proc, pool)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGTERM)  # graceful: running tasks finish, ON_WORKER_SHUTDOWN runs

@@ -16,5 +16,10 @@ if __name__ == "__main__":
         print(tasks.HangTask.publish(None))
         print(tasks.NoLimitHangTask.publish(None))
         print(tasks.AfterHangTask.publish(None))
+    elif what == "cleanup":
+        print(tasks.CleanupTask.publish(None, False))
+        print(tasks.CleanupTask.publish(None, True))
+    elif what == "putoff":
+        print(tasks.PutOffTask.publish(None, "p1"))
     else:  # a task class by name, published without arguments
         print(getattr(tasks, what).publish(None))

@@ -1,7 +1,10 @@
 """ndkale's settings (`from kale import settings`): ndkale's names and defaults, overridable.
 
 The upper-case names of the module named by `KALE_SETTINGS_MODULE` override them; settings are read
-as attributes (`settings.QUEUE_CONFIG`).
+as attributes (`settings.QUEUE_CONFIG`), and set so too, as on ndkale's settings object
+(`settings.QUEUE_CONFIG = ...`, `mock.patch("...settings.ON_WORKER_STARTUP")`): a setting set on
+this module is the current settings' until it is deleted (which restores it) or the settings are
+read again (`reload`).
 
 Read on first use (a publish, a worker, a task's failure), never at import nor when a task class is
 defined: a tasks module imports before the variable is set, and a settings module may import the
@@ -19,8 +22,10 @@ import math
 import os
 import pickle
 import platform
+import sys
 import threading
 import time
+import types
 import zlib
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -37,6 +42,11 @@ ENVIRONMENT_VARIABLE = "KALE_SETTINGS_MODULE"
 
 def _nothing() -> None:
     """ndkale's default worker startup and shutdown hook."""
+
+
+def _no_tags(queue_name: str) -> dict[str, str]:
+    """ndkale's default SQS_QUEUE_TAG_FUNCTION: no tags (kept for code that calls it; Conveyor queues have none)."""
+    return {}
 
 
 def _publisher_str() -> str:
@@ -58,6 +68,7 @@ DEFAULTS: dict[str, Any] = {
     "AWS_SECRET_ACCESS_KEY": "",
     "AWS_REGION": "",
     "SQS_TASK_SIZE_LIMIT": 256000,
+    "SQS_QUEUE_TAG_FUNCTION": _no_tags,
     "RETRY_DELAY_MULTIPLE_SEC": 60,
     "SQS_MAX_TASK_DELAY_SEC": 900,
     "TIMESTAMP_FUNC": time.time,
@@ -93,6 +104,7 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "RETRY_DELAY_MULTIPLE_SEC": (lambda v: _seconds(v) and v > 0, "a number of seconds > 0"),
     "SQS_MAX_TASK_DELAY_SEC": (lambda v: _seconds(v) and v > 0, "a number of seconds > 0"),
     "QUEUE_CONFIG": (lambda v: isinstance(v, (str, os.PathLike)), "a path"),
+    "QUEUE_CLASS": (lambda v: isinstance(v, (str, type)), "a dotted name or a class"),
     "QUEUE_SELECTOR": (lambda v: isinstance(v, (str, type)), "a dotted name or a class"),
     "DIE_ON_RESIDENT_SET_SIZE_MB": (lambda v: _seconds(v) and v > 0, "a number of MB > 0"),
     "CONVEYOR_TOKEN": (lambda v: v is None or type(v) is str, "a str or None"),
@@ -136,12 +148,17 @@ _lock = threading.RLock()  # re-entrant: a read while this thread imports the se
 _reading = False  # under _lock: its holder is reading the settings (importing their module)
 
 
+_MISSING = object()
+_saved: dict[str, Any] = {}  # under _lock: what a setting set on this module was before (restored when deleted)
+
+
 def _read(environ: Mapping[str, str] | None) -> Settings:
     """Read the settings (under _lock, by a thread not reading them already)."""
     global _current, _reading
     _reading = True
     try:
         _current = Settings(environ)
+        _saved.clear()  # what was set on the module was the old settings'
     finally:
         _reading = False
     return _current
@@ -180,3 +197,43 @@ def __getattr__(name: str) -> Any:
     if name.startswith("__"):
         raise AttributeError(name)
     return getattr(current(), name)
+
+
+class _SettingsModule(types.ModuleType):
+    """This module, whose upper-case attributes set or deleted are the current settings'.
+
+    ndkale's settings are an object that code and tests set attributes on; here `settings.X = v`
+    sets X on the current settings (remembering what it was), and `del settings.X` restores that,
+    which is what `mock.patch` does on leaving. The module's own constants are left alone.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not _is_setting(self, name):
+            super().__setattr__(name, value)
+            return
+        with _lock:
+            s = current()
+            _saved.setdefault(name, s.__dict__.get(name, _MISSING))
+            setattr(s, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if not _is_setting(self, name):
+            super().__delattr__(name)
+            return
+        with _lock:
+            s = current()
+            before = _saved.pop(name, _MISSING)
+            if before is not _MISSING:
+                s.__dict__[name] = before
+            elif name in s.__dict__:
+                del s.__dict__[name]
+            else:
+                raise AttributeError(name)
+
+
+def _is_setting(module: types.ModuleType, name: str) -> bool:
+    """Whether `name` is a setting's (upper case), not one of the module's own names (DEFAULTS)."""
+    return name == name.upper() and not name.startswith("_") and name not in vars(module)
+
+
+sys.modules[__name__].__class__ = _SettingsModule

@@ -1,33 +1,34 @@
-"""ndkale's `kale.task.Task` over `conveyor.Task`: ndkale's class attributes, hooks and `publish`.
+"""ndkale 2.2.4's `kale.task.Task` over `conveyor.Task`: ndkale's class attributes, hooks, `publish` and retries.
 
-ndkale's hooks are called from Conveyor's: `before_run` -> `_setup_task_environment`, `_pre_run`,
-`_check_blacklist`; `after_run` -> `_post_run`; `on_failure` -> the classmethod `handle_failure`;
-`cleanup` -> `_clean_task_environment`. Whether a failure is retried is what `handle_failure`
-returns (ndkale's rules: never for `EXCEPTION_LIST`, up to `max_retries`, None or 0 for none);
-the kale worker then nacks it after the class's `_get_delay_sec_for_retry(retry_num)` seconds
-(ndkale's `(1 << retry) * _retry_delay_multiple` capped at `SQS_MAX_TASK_DELAY_SEC`). Settings are
-never read when a class is defined, only when a task is published or fails. Importing this module
-lets the worker find a task by its `module.Class` name (importing the module), as ndkale did, and
-through TASK_MAPPER.
+`run` is ndkale's (its hooks around `run_task`, `_clean_task_environment` given the exception);
+`run_call`, Conveyor's entry point, does what ndkale's worker did with a message: `should_run_task`
+and `run` under `time_limit`, then `handle_failure` on a failure. Retries are ndkale 2.2.4's:
+decided on `task_failure_num` (never for `EXCEPTION_LIST`, up to `max_retries`, None or 0 for
+none) and made by re-publishing the task (`republish`) after `_get_delay_sec_for_retry(retry_num)`
+seconds (`(1 << retry) * _retry_delay_multiple` capped at `SQS_MAX_TASK_DELAY_SEC`). Settings are
+never read when a class is defined, only when a task is published, run or fails. Importing this
+module lets the worker find a task by its `module.Class` name (importing the module), as ndkale
+did, and through TASK_MAPPER.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import logging
-import signal
-import threading
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import conveyor.tasks.definition as definition
-from conveyor.compat.kale import exceptions, publisher, settings
+from conveyor.compat.kale import exceptions, publisher, settings, timeout
 from conveyor.compat.kale.message import KaleMessage
 from conveyor.constants import DEFAULT_QUEUE
 from conveyor.errors import TaskOptionError
 from conveyor.message import Message
+from conveyor.tasks.envelope import Call
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import Backoff, Jitter
 from conveyor.tasks.registry import RegisteredTask, registry
@@ -119,21 +120,26 @@ class Task(definition.Task, abstract=True):
     def __init__(self, message_body: Any = None, message: Message | None = None, *args: Any, **kwargs: Any) -> None:
         """From a delivery, or as ndkale's tests build one.
 
-        Conveyor passes the app_data the delivery carried and the message; ndkale's tests build one
-        as `MyTask()` or `MyTask({'id': ..., 'payload': {'app_data': ...}})`.
+        The worker passes the app_data the delivery carried (its `KaleEntry`) and the message;
+        ndkale's tests build one as `MyTask()` or from ndkale's message body,
+        `MyTask({'id': ..., 'payload': {'app_data': ...}, '_publisher': ..., '_enqueued_time': ...})`.
         """
         super().__init__(None, message)
-        body = message_body if isinstance(message_body, dict) else {}
-        if publisher.APP_DATA_KEY in body:
-            self.task_id, self.app_data = body[publisher.APP_DATA_KEY]
+        body = message_body if isinstance(message_body, Mapping) else {}
+        self._entry = publisher.KaleEntry.unpack(body)
+        if self._entry is not None:
+            self.task_id, self.app_data = self._entry.task_id, self._entry.app_data
+            self._publisher_data, self._enqueued_time = self._entry.publisher_data, self._entry.enqueued_time or 0
         else:
             self.task_id = body.get("id")
             self.app_data = (body.get("payload") or {}).get("app_data")
+            self._publisher_data = body.get("_publisher")
+            self._enqueued_time = body.get("_enqueued_time", 0)
+        self._dequeued_time: float | None = None
         self._start_time: float | None = None
         self._end_time: float | None = None
         self._task_latency_sec = 0.0
-        self._dequeued_time = time.time()
-        self._alarm: _Alarm | None = None
+        self._dequeued()
 
     # --- publishing ------------------------------------------------------------------------------
     @staticmethod
@@ -151,67 +157,164 @@ class Task(definition.Task, abstract=True):
     # ndkale's signature (any app_data, returns the task id) is not conveyor.Task's: typed Any
     publish: ClassVar[Any] = classmethod(_publish)
 
-    # --- running: Conveyor's hooks call ndkale's --------------------------------------------------
-    def run(self, *args: Any, **kwargs: Any) -> Any:
-        """Run with the hooks, under `time_limit` in a main thread.
+    @classmethod
+    def republish(cls, message: KaleMessage, failure_count: int) -> None:
+        """Publish the task of `message` again: its retry, or a run put off by `should_run_task`.
 
-        In a main thread (a worker's task process) `time_limit` raises `TimeoutException` inside the
-        task, as ndkale's SIGALRM did, so `handle_failure` sees it (the limit ends before
-        `handle_failure` runs, as in ndkale).
+        As ndkale 2.2.4: same task id, arguments and app_data; `task_retry_num` one more (it always
+        counts), `task_failure_num` as given; visible after `_get_delay_sec_for_retry(retry_num)`.
         """
-        with _Alarm(self.time_limit) as self._alarm:
-            return super().run(*args, **kwargs)
+        payload = {"args": message.task_args, "kwargs": message.task_kwargs, "app_data": message.task_app_data}
+        delay_sec = cls._get_delay_sec_for_retry(message.task_retry_num)
+        cls._get_publisher().publish(
+            cls,
+            message.task_id,
+            payload,
+            current_retry_num=message.task_retry_num + 1,
+            current_failure_num=failure_count,
+            delay_sec=delay_sec,
+        )
 
-    def before_run(self, *args: Any, **kwargs: Any) -> None:
-        self._setup_task_environment()
-        self._pre_run(*args, **kwargs)
-        self._check_blacklist(*args, **kwargs)
+    # --- running: what ndkale's worker did with a message ------------------------------------------
+    @classmethod
+    def run_call(cls, call: Call, message: Message | None = None) -> None:
+        """Run one delivery, as ndkale's worker ran a message (Conveyor's entry point).
 
-    def after_run(self, result: Any, *args: Any, **kwargs: Any) -> None:
-        self._post_run(*args, **kwargs)
+        Under `time_limit` (in a main thread): `should_run_task`, then `run`. A run put off by
+        `should_run_task` is re-published (`republish`, the failure count unchanged) and this
+        delivery acked. A failure goes to `handle_failure` (`_handle_failure`). The result of
+        `run_task` is dropped, as ndkale did: only whether it raised counts.
+        """
+        task = cls(call.app_data, message)
+        kale_msg = task._kale_message(call.args, call.kwargs)
+        try:
+            with timeout.Alarm(task.time_limit):
+                if not task.should_run_task(*call.args, **call.kwargs):
+                    cls.republish(kale_msg, kale_msg.task_failure_num)
+                    log.info("Task %s put off by should_run_task: re-published", kale_msg.task_id)
+                    return
+                task.run(*call.args, **call.kwargs)
+        except Exception as exc:
+            task._handle_failure(kale_msg, exc)
 
-    def on_failure(self, exc: Exception, *args: Any, **kwargs: Any) -> None:
-        if self._alarm is not None:
-            self._alarm.cancel()
-        if self._start_time is not None:
+    def _kale_message(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> KaleMessage:
+        """The KaleMessage of this delivery, `task_inst` this task.
+
+        Its counts are those it was published with, plus the deliveries Conveyor itself made again
+        (the task's process died, it ran past its queue's visibility timeout, or `handle_failure`
+        retried it without re-publishing): each counts as a retry and a failure.
+        """
+        entry = self._entry if self._entry is not None else publisher.KaleEntry(self.task_id, self.app_data)
+        again = max(self.attempt - 1, 0)
+        msg = KaleMessage(
+            sqs_message_id=self.message.id if self.message is not None else None,
+            sqs_queue_name=self.message.queue if self.message is not None else None,
+            task_class=type(self),
+            task_id=self.task_id,
+            payload={"args": args, "kwargs": kwargs, "app_data": self.app_data},
+            current_retry_num=entry.retry_num + again,
+            current_failure_num=entry.failure_num + again,
+            enqueued_time=entry.enqueued_time,
+            publisher_data=entry.publisher_data,
+        )
+        msg.task_inst = self
+        return msg
+
+    def _handle_failure(self, message: KaleMessage, exc: Exception) -> None:
+        """After a failed run: ask the class's `handle_failure`, then settle the delivery as it said.
+
+        False: no retry, the delivery fails now (to its queue's dead letters). True with a
+        re-publish (held meanwhile, `publisher.HeldRetries`): the retry is sent and this delivery
+        acked, as ndkale deleted it. True without one: Conveyor retries this delivery (a nack,
+        after `_get_delay_sec_for_retry`). An exception inside `handle_failure`, or a retry that
+        cannot be published, is logged and noted on `exc`; Conveyor then retries the delivery, so
+        the task is not lost.
+        """
+        cls = type(self)
+        held = publisher.HeldRetries(cls.task_name, message.task_id)
+        trouble: Exception | None = None
+        try:
+            with held:
+                retried = bool(cls.handle_failure(message, exc))
+        except Exception as e:
+            trouble, retried = e, True
+            log.exception("task %s: handle_failure raised while handling %r", cls.task_name, exc)
+        if trouble is None and not retried:
+            fail_without_retry()
+            raise exc
+        if trouble is None:
+            try:
+                if held.publish():
+                    return  # the retry is a new message: this delivery is done
+            except Exception as e:
+                trouble = e
+                log.exception("task %s: its retry could not be published: the delivery is retried instead", cls.task_name)
+        if trouble is not None:
+            exc.add_note(f"(handling the failure raised {type(trouble).__name__}: {trouble}; the delivery is retried)")
+        raise exc
+
+    def run(self, *args: Any, **kwargs: Any) -> None:
+        """Run the task with ndkale's hooks; raises what the task raised.
+
+        `_setup_task_environment`, `_pre_run`, `_check_blacklist`, `run_task`, `_post_run`, then
+        `_clean_task_environment(task_id=..., task_name=...)`. If any of them raises, the latency is
+        recorded and `_clean_task_environment(task_id=..., task_name=..., exc=exc)` runs (an error in
+        it is logged and noted on `exc`), then `exc` is raised. `handle_failure` is the worker's to
+        call (`run_call`), as in ndkale.
+        """
+        try:
+            self._setup_task_environment()
+            self._pre_run(*args, **kwargs)
+            self._check_blacklist(*args, **kwargs)
+            self.run_task(*args, **kwargs)
+            self._post_run(*args, **kwargs)
+        except Exception as exc:
             self._end_time = time.time()
-            self._task_latency_sec = self._end_time - self._start_time
-        kale_id = self.task_id if isinstance(self.task_id, str) else None
-        msg_id = self.message.id if self.message is not None else None
-        msg = KaleMessage(msg_id, kale_id, self.task_name, args, kwargs, self.app_data, max(self.attempt - 1, 0), self)
-        if not type(self).handle_failure(msg, exc):
-            fail_without_retry()  # the message fails now, to the dead letters
-
-    def cleanup(self, exc: Exception | None) -> None:
-        if self._alarm is not None:  # the time limit is the task's: its clean-up, after success too, is not timed
-            self._alarm.cancel()
-        self._clean_task_environment(task_id=self.task_id, task_name=self.task_name, exc=exc)
+            if self._start_time is not None:
+                self._task_latency_sec = self._end_time - self._start_time
+            clean = functools.partial(self._clean_task_environment, task_id=self.task_id, task_name=self.task_name, exc=exc)
+            self._guarded(exc, "_clean_task_environment", clean)
+            raise
+        self._clean_task_environment(task_id=self.task_id, task_name=self.task_name)
 
     def run_task(self, *args: Any, **kwargs: Any) -> Any:
         raise NotImplementedError()
 
+    def should_run_task(self, *args: Any, **kwargs: Any) -> bool:
+        """Whether to run this delivery now; False re-publishes it for later (`republish`) instead."""
+        return True
+
     @classmethod
-    def handle_failure(cls, message: KaleMessage, raised_exception: Exception) -> bool:
-        """Whether the failed task will be retried (ndkale's rules; override to add your own)."""
+    def handle_failure(cls, message: KaleMessage, raised_exception: Exception, increment_failure_num: bool = True) -> bool:
+        """Whether the failed task will be retried (ndkale 2.2.4's rules); override to add your own.
+
+        Never for an `EXCEPTION_LIST` exception, nor with `max_retries` None or 0, nor once
+        `message.task_failure_num` has reached `max_retries`. Otherwise the task is re-published
+        (`republish`) with its failure count one more, or the same with `increment_failure_num=False`
+        (a failure that should not count), and True returned.
+        """
         log.warning("Task %s failed: %s.", message.task_id, raised_exception)
-        if isinstance(raised_exception, exceptions.TimeoutException) and message.task_inst is not None:
-            message.task_inst._kill_runtime_exceeded()
+        task_inst = getattr(message, "task_inst", None)
+        if isinstance(raised_exception, exceptions.TimeoutException) and task_inst is not None:
+            task_inst._kill_runtime_exceeded()
         if isinstance(raised_exception, tuple(cls.EXCEPTION_LIST)):
             cls._report_permanent_failure(message, raised_exception, PERMANENT_FAILURE_UNRECOVERABLE, True)
             return False
         if cls.max_retries is None or cls.max_retries <= 0:
             cls._report_permanent_failure(message, raised_exception, PERMANENT_FAILURE_NO_RETRY, True)
             return False
-        if message.task_retry_num >= cls.max_retries:
+        if message.task_failure_num >= cls.max_retries:
             cls._report_permanent_failure(message, raised_exception, PERMANENT_FAILURE_RETRIES_EXCEEDED, False)
             return False
+        cls.republish(message, message.task_failure_num + 1 if increment_failure_num else message.task_failure_num)
         return True
 
     @classmethod
     def _get_delay_sec_for_retry(cls, current_retry_num: int) -> float:
-        """Seconds the kale worker waits before retry `current_retry_num + 1` (ndkale's backoff).
+        """Seconds before retry `current_retry_num + 1` may run (ndkale's backoff); override for your own.
 
-        Override for your own: the worker calls it on every retry.
+        `republish` asks it, in the process that ran the task; the worker asks it too for a delivery
+        Conveyor retries itself.
         """
         delay: float = min((1 << current_retry_num) * cls._retry_delay_multiple, settings.current().SQS_MAX_TASK_DELAY_SEC)
         return delay
@@ -228,7 +331,7 @@ class Task(definition.Task, abstract=True):
 
     @staticmethod
     def _clean_task_environment(task_id: Any = None, task_name: str | None = None, exc: Exception | None = None) -> None:
-        """Clean up after a task (exc: what it raised, None on success)."""
+        """Clean up after a task; `exc` is what it raised (not passed after a success, as ndkale)."""
 
     def _pre_run(self, *args: Any, **kwargs: Any) -> None:
         self._start_time = time.time()
@@ -256,38 +359,6 @@ class Task(definition.Task, abstract=True):
             message.task_id,
             exception,
         )
-
-
-class _Alarm:
-    """Raises TimeoutException in this thread `seconds` after entry, until cancelled or left.
-
-    Only a main thread receives signals; elsewhere Conveyor's own time limit stops the task from
-    outside.
-    """
-
-    def __init__(self, seconds: float | None) -> None:
-        self.seconds = seconds
-        self.armed = bool(seconds) and threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
-        self._previous: Any = None
-
-    def __enter__(self) -> _Alarm:
-        if self.armed:
-            self._previous = signal.signal(signal.SIGALRM, self._expired)
-            signal.setitimer(signal.ITIMER_REAL, self.seconds or 0)
-        return self
-
-    def _expired(self, signum: int, frame: object) -> None:
-        if self.armed:
-            raise exceptions.TimeoutException(f"task ran past its time_limit of {self.seconds:g} s")
-
-    def cancel(self) -> None:
-        if self.armed:
-            self.armed = False
-            signal.setitimer(signal.ITIMER_REAL, 0)
-            signal.signal(signal.SIGALRM, self._previous)
-
-    def __exit__(self, *exc: object) -> None:
-        self.cancel()
 
 
 def _resolve(name: str) -> RegisteredTask | None:

@@ -5,8 +5,9 @@ one task at a time) in CONVEYOR_MODE ("process": each slot a child process, so a
 bound is killed). The bound is ndkale's: a task stops at its `time_limit` (inside the task, with
 `TimeoutException`, then `handle_failure`), and never runs past its queue's
 `visibility_timeout_sec`, the batch SLA, even with `time_limit = None` (there it is stopped from
-outside and retried). A failed task that `handle_failure` retries waits the class's
-`_get_delay_sec_for_retry(retry_num)` seconds (`HandleFailureDelays`).
+outside and retried). A failed task that `handle_failure` retries is re-published by it, after the
+class's `_get_delay_sec_for_retry(retry_num)` seconds; a delivery Conveyor retries itself waits as
+long (`HandleFailureDelays`).
 
 ON_WORKER_STARTUP runs, as in ndkale, in every process that runs the project's code, before it
 does: in the worker's own process when it is made (it imports task modules to ask their retry
@@ -31,6 +32,7 @@ from conveyor.compat.kale import publisher, queue_info, queue_selector, settings
 from conveyor.constants import H_TASK
 from conveyor.errors import TaskError, UnknownTaskError
 from conveyor.message import Message
+from conveyor.tasks.envelope import decode_call
 from conveyor.tasks.policy import is_number, time_limit_of
 from conveyor.tasks.queue_config import QueueConfig
 from conveyor.tasks.registry import registry
@@ -82,11 +84,14 @@ class QueueSLA(Middleware):
 
 
 class HandleFailureDelays(Middleware):
-    """ndkale's retry delay, for a failure its task's `handle_failure` retried.
+    """ndkale's retry delay, for a delivery Conveyor retries itself.
 
-    Such a failure (a retryable error with attempts left) waits the class's
-    `_get_delay_sec_for_retry(retry_num)` seconds. Anything else, or a class that cannot be found or
-    a delay that is not a number >= 0, is left to `Retries`.
+    A kale task's retries are re-publishes (`task.Task.republish`), which set their own delay. A
+    delivery that fails otherwise and is retried by Conveyor (its task's process died, it ran past
+    its queue's visibility timeout, or `handle_failure` said retry without re-publishing) waits the
+    class's `_get_delay_sec_for_retry(retry_num)` seconds, `retry_num` the one the failed delivery
+    ran with. Anything else, or a class that cannot be found or a delay that is not a number >= 0,
+    is left to `Retries`.
     """
 
     def on_failure(self, message: Message, error: TaskError) -> Decision | None:
@@ -100,7 +105,7 @@ class HandleFailureDelays(Middleware):
         if not (isinstance(cls, type) and issubclass(cls, task.Task)):
             return None
         try:
-            delay = cls._get_delay_sec_for_retry(message.attempts - 1)
+            delay = cls._get_delay_sec_for_retry(_retry_num(message))
         except Exception:
             log.exception("%s._get_delay_sec_for_retry raised: the retry waits the default backoff", cls.__qualname__)
             return None
@@ -112,6 +117,15 @@ class HandleFailureDelays(Middleware):
             )
             return None
         return Decision(final=False, delay_s=float(delay))
+
+
+def _retry_num(message: Message) -> int:
+    """The `task_retry_num` a failed delivery ran with: its published count plus Conveyor's redeliveries."""
+    try:
+        entry = publisher.KaleEntry.unpack(decode_call(message.payload, message.headers).app_data)
+    except Exception:  # a payload this process cannot decode (a class it cannot import): its count is unknown
+        entry = None
+    return (entry.retry_num if entry is not None else 0) + max(message.attempts - 1, 0)
 
 
 def _child_startup() -> None:
@@ -130,7 +144,7 @@ class Worker:
 
     def __init__(self) -> None:
         s = settings.current()
-        self._queues = queue_info.load_configs()
+        self._queues = queue_info.served_configs()
         selector = queue_selector.make_selector(s.QUEUE_SELECTOR)
         self._max_rss_kb = s.DIE_ON_RESIDENT_SET_SIZE_MB * 1024
         self._over_memory = False

@@ -15,6 +15,15 @@ def record(name, **fields):
         f.write(json.dumps(fields) + "\n")
 
 
+def recorded(name):
+    """What `record` wrote to `name` so far (a task counting its own deliveries)."""
+    path = os.path.join(OUT, name)
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
 class Point:
     """Non-dict app_data: any picklable object."""
 
@@ -215,3 +224,92 @@ class SharedBase(task.Task):
     """A shared base without run_task: not registered, cannot be published."""
 
     queue = "default"
+
+
+# --- ndkale 2.2.4: failure counts, should_run_task, the exception given to the clean-up -----------------
+class CountedFailuresTask(task.Task):
+    """Failures that should not count (a dependency down) are retried without counting towards max_retries.
+
+    ndkale 2.2.4's `handle_failure(..., increment_failure_num=False)`: retries are decided on
+    `task_failure_num`, delays on `task_retry_num`.
+    """
+
+    max_retries = 1
+    queue = "default"
+
+    def run_task(self, **kwargs):
+        n = len(recorded("counted-attempts"))
+        record("counted-attempts", at=time.time())
+        if n < 2:
+            raise ConnectionError("the database is down")
+        raise ValueError("bad row")
+
+    @classmethod
+    def handle_failure(cls, message, raised_exception, increment_failure_num=True):
+        counts = not isinstance(raised_exception, ConnectionError)
+        retried = super().handle_failure(message, raised_exception, increment_failure_num=counts)
+        record(
+            "counted-failures",
+            retry_num=message.task_retry_num,
+            failure_num=message.task_failure_num,
+            retried=retried,
+            error=type(raised_exception).__name__,
+            message_id=message.id,
+            task_id=message.task_id,
+        )
+        return retried
+
+
+class PutOffTask(task.Task):
+    """Puts its first delivery off (`should_run_task` False): re-published, and run the next time."""
+
+    queue = "default"
+
+    def should_run_task(self, tag, **kwargs):
+        first = not recorded("putoff-asked")
+        record("putoff-asked", at=time.time())
+        return not first
+
+    def run_task(self, tag, **kwargs):
+        record("putoff-ran", tag=tag, at=time.time())
+
+    @classmethod
+    def republish(cls, message, failure_count):
+        record("putoff-republished", retry_num=message.task_retry_num, failure_num=failure_count, args=message.task_args)
+        super().republish(message, failure_count)
+
+
+class CleanupTask(task.Task):
+    """Records what `_clean_task_environment` is given, and when `handle_failure` runs."""
+
+    max_retries = None
+    queue = "default"
+
+    def run_task(self, fail, **kwargs):
+        if fail:
+            raise LookupError("no such row")
+
+    @staticmethod
+    def _clean_task_environment(**kwargs):
+        exc = kwargs.get("exc")
+        record("cleanup-calls", hook="clean", keys=sorted(kwargs), exc=None if exc is None else [type(exc).__name__, str(exc)])
+
+    @classmethod
+    def handle_failure(cls, message, raised_exception, increment_failure_num=True):
+        record("cleanup-calls", hook="handle_failure")
+        return super().handle_failure(message, raised_exception, increment_failure_num)
+
+
+class NoRepublishTask(task.Task):
+    """handle_failure says retry without re-publishing (as written before ndkale 2.x): Conveyor retries the delivery."""
+
+    max_retries = 2
+    queue = "default"
+
+    def run_task(self, **kwargs):
+        raise ValueError("transient")
+
+    @classmethod
+    def handle_failure(cls, message, raised_exception, increment_failure_num=True):
+        record("norepublish-failures", retry_num=message.task_retry_num, failure_num=message.task_failure_num, id=message.id)
+        return True
