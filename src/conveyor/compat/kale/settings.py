@@ -101,6 +101,8 @@ _CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
         "a dict of task names to dotted paths",
     ),
     "MESSAGE_QUEUE_ENDPOINT_URL": (lambda v: type(v) is str, "a str (tcp://host:port[,tcp://host:port...])"),
+    "TIMESTAMP_FUNC": (callable, "a callable"),  # called on every publish
+    "PUBLISHER_STR_FUNC": (callable, "a callable"),
     "RETRY_DELAY_MULTIPLE_SEC": (lambda v: _seconds(v) and v > 0, "a number of seconds > 0"),
     "SQS_MAX_TASK_DELAY_SEC": (lambda v: _seconds(v) and v > 0, "a number of seconds > 0"),
     "QUEUE_CONFIG": (lambda v: isinstance(v, (str, os.PathLike)), "a path"),

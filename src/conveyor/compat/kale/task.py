@@ -240,6 +240,8 @@ class Task(definition.Task, abstract=True):
             trouble, retried = e, True
             log.exception("task %s: handle_failure raised while handling %r", cls.task_name, exc)
         if trouble is None and not retried:
+            if held.held:  # ndkale would have sent it as well as dead-lettering the task: a retry it did not want
+                log.info("task %s: handle_failure returned False after re-publishing: the re-publish is dropped", cls.task_name)
             fail_without_retry()
             raise exc
         if trouble is None:
