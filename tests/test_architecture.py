@@ -6,7 +6,9 @@
 - the layout is the formatter's and the lint rules hold (ruff, configured in pyproject.toml), with
   docstrings after PEP 257: a summary line, a blank line, then the body;
 - every module of src/ is named by at least one test file (imported, or written as
-  `conveyor.pkg.module` or `pkg/module.py`), so each has a test to go to.
+  `conveyor.pkg.module` or `pkg/module.py`), so each has a test to go to;
+- aiohttp through its public API only, and every runtime dependency bounded below its next major
+  version (pyproject.toml).
 
 A module's size follows its job: there is no line limit (one pushed code into squeezed lines), and
 `# fmt: skip` is kept for the few tables that read better aligned, each with its reason.
@@ -24,6 +26,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src" / "conveyor"
@@ -138,3 +141,32 @@ def test_every_module_is_named_by_a_test_file() -> None:
         "file of its package (tests/<package>/, see docs/architecture.md, Tests), importing it or naming it as "
         "`conveyor.<package>.<module>`; a module renamed or split is named by its new name"
     )
+
+
+def test_no_private_attributes_of_aiohttp_objects() -> None:
+    """Modules that use aiohttp touch only its public API: no `x._name` but on self or cls (privates change unannounced)."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        uses_aiohttp = any(
+            (isinstance(n, ast.ImportFrom) and (n.module or "").startswith("aiohttp"))
+            or (isinstance(n, ast.Import) and any(a.name.startswith("aiohttp") for a in n.names))
+            for n in ast.walk(tree)
+        )
+        if not uses_aiohttp:
+            continue
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+            ):
+                found.append(f"{path.relative_to(SRC)}:{node.lineno} .{node.attr}")
+    assert not found, f"private attributes reached in modules that use aiohttp: {found}"
+
+
+def test_every_runtime_dependency_is_bounded_below_its_next_major_version() -> None:
+    dependencies = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    unbounded = [d for d in dependencies if "<" not in d.split(";")[0]]
+    assert dependencies and not unbounded, f"runtime dependencies without an upper bound: {unbounded}"

@@ -22,7 +22,7 @@ from conveyor.protocol.auth import is_loopback
 from conveyor.protocol.tls import netloc
 
 if TYPE_CHECKING:
-    from aiohttp import web
+    from conveyor.protocol.http import HttpService
 
 DEFAULT_DASHBOARD_PORT = 8470
 START_TIMEOUT_S = 30.0
@@ -64,7 +64,7 @@ class Dashboard:
         self.hosts = Hosts.allowing(host, [allow_hosts] if isinstance(allow_hosts, str) else allow_hosts)
         self.watch: PoolWatch | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._runner: web.AppRunner | None = None
+        self._runner: HttpService | None = None
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
 

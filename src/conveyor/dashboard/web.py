@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor.dashboard.hosts import Hosts
 from conveyor.dashboard.state import PoolWatch
 from conveyor.errors import ConveyorError
-from conveyor.protocol.http import bearer_ok, serve_app
+from conveyor.protocol.http import HttpService, bearer_ok, serve_app
 from conveyor.protocol.throttle import Throttle
 
 log = logging.getLogger("conveyor.dashboard")
@@ -200,6 +200,6 @@ def _is_cursor(cursor: str) -> bool:
 
 async def start(
     watch: PoolWatch, host: str, port: int, token: str | None, tls: ssl.SSLContext | None, hosts: Hosts
-) -> tuple[web.AppRunner, int]:
-    """Serve the dashboard on host:port (0: a free port) to `hosts`; (the runner to clean up, the port)."""
+) -> tuple[HttpService, int]:
+    """Serve the dashboard on host:port (0: a free port) to `hosts`; (the service to clean up, the port)."""
     return await serve_app(make_app(watch, token, tls is not None, hosts), host, port, tls)

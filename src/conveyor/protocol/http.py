@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ssl
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -41,28 +42,26 @@ class _Refused(asyncio.Protocol):
         transport.close()
 
 
-async def serve_app(app: web.Application, host: str, port: int, tls: ssl.SSLContext | None) -> tuple[web.AppRunner, int]:
-    """Serve `app` on host:port (0: a free port); (the runner, whose `cleanup()` stops it, the port)."""
+@dataclass
+class HttpService:
+    """An application being served: `cleanup()` stops it (the listening socket first, then the requests under way)."""
+
+    runner: web.AppRunner
+    listener: asyncio.Server
+
+    async def cleanup(self) -> None:
+        self.listener.close()
+        await self.runner.cleanup()
+
+
+async def serve_app(app: web.Application, host: str, port: int, tls: ssl.SSLContext | None) -> tuple[HttpService, int]:
+    """Serve `app` on host:port (0: a free port); (the service, whose `cleanup()` stops it, the port).
+
+    The listening socket is the event loop's own server over the runner's request handler factory
+    (aiohttp's public `AppRunner.server`), so that a connection over the limit is refused and a TLS
+    handshake is bounded, which aiohttp's sites do not offer.
+    """
     from aiohttp import web
-
-    class Site(web.TCPSite):
-        async def start(self) -> None:
-            await web.BaseSite.start(self)  # registers the site with its runner, as TCPSite.start does
-            server = self._runner.server
-            assert server is not None
-
-            def protocol() -> asyncio.BaseProtocol:
-                return _Refused() if len(server.connections) >= MAX_HTTP_CONNECTIONS else server()
-
-            self._server = await asyncio.get_running_loop().create_server(
-                protocol,
-                self._host,
-                self._port,
-                ssl=self._ssl_context,
-                backlog=self._backlog,
-                ssl_handshake_timeout=None if self._ssl_context is None else HANDSHAKE_S,
-            )
-            self._bound_port = self._server.sockets[0].getsockname()[1]
 
     runner = web.AppRunner(
         app,
@@ -73,10 +72,17 @@ async def serve_app(app: web.Application, host: str, port: int, tls: ssl.SSLCont
         handler_cancellation=True,
     )
     await runner.setup()
-    site = Site(runner, host, port, ssl_context=tls)
+    handlers = runner.server
+    assert handlers is not None  # set up just above
+
+    def protocol() -> asyncio.BaseProtocol:
+        return _Refused() if len(handlers.connections) >= MAX_HTTP_CONNECTIONS else handlers()
+
     try:
-        await site.start()
+        listener = await asyncio.get_running_loop().create_server(
+            protocol, host, port, ssl=tls, ssl_handshake_timeout=None if tls is None else HANDSHAKE_S
+        )
     except BaseException:
         await runner.cleanup()
         raise
-    return runner, int(runner.addresses[0][1])
+    return HttpService(runner, listener), int(listener.sockets[0].getsockname()[1])

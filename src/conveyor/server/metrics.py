@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 from conveyor.constants import METRICS_PATH, REQUEST_SECONDS_BUCKETS
 from conveyor.protocol.histograms import Histogram
-from conveyor.protocol.http import bearer_ok, serve_app
+from conveyor.protocol.http import HttpService, bearer_ok, serve_app
 from conveyor.protocol.report import FIGURES, ConsumerReport, Shown, queues_served
 from conveyor.protocol.throttle import Throttle
 from conveyor.server.budget import MemoryBudget
@@ -184,8 +184,8 @@ def _consumers(host: QueueHost) -> Iterable[Metric]:
 
 async def start_endpoint(
     collector: ServerCollector, host: str, port: int, key: bytes | None, tls: ssl.SSLContext | None, throttle: Throttle
-) -> tuple[web.AppRunner, int]:
-    """Serve `collector` at METRICS_PATH on host:port (0: a free port); (the runner to clean up, the port).
+) -> tuple[HttpService, int]:
+    """Serve `collector` at METRICS_PATH on host:port (0: a free port); (the service to clean up, the port).
 
     With `key`, a scrape must send `Authorization: Bearer <token>`; `throttle` slows wrong ones.
     """

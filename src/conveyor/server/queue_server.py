@@ -36,7 +36,7 @@ from conveyor.protocol import framing as protocol
 from conveyor.protocol.auth import as_key, client_proved, hello, is_loopback, new_nonce, proof, refusal
 from conveyor.protocol.declarations import BYE
 from conveyor.protocol.framing import Limits
-from conveyor.protocol.http import MAX_HTTP_CONNECTIONS
+from conveyor.protocol.http import MAX_HTTP_CONNECTIONS, HttpService
 from conveyor.protocol.throttle import Throttle
 from conveyor.protocol.tls import TCP_SCHEME, TLS_SCHEME, netloc
 from conveyor.server.budget import MemoryBudget, RequestBytes, Share
@@ -48,7 +48,7 @@ from conveyor.server.queues import Defaults, QueueHost
 from conveyor.server.runtime import close_listener, raise_fd_limit, run_loop, stop_accepting, watch_parent
 
 if TYPE_CHECKING:
-    from aiohttp import web
+    pass
 
 log = logging.getLogger("conveyor.server.queue_server")
 
@@ -148,7 +148,7 @@ class QueueServer:
         self._quiet_until = 0.0  # see _complain
         self.metrics_port = metrics_port
         self.request_times = RequestTimes()
-        self._metrics: web.AppRunner | None = None
+        self._metrics: HttpService | None = None
 
     @property
     def address(self) -> str:
