@@ -92,6 +92,13 @@ def test_version() -> None:
     assert out.stdout.startswith("conveyor, version ")
 
 
+def test_h_shows_the_help_of_the_command_and_of_each_subcommand() -> None:
+    for args in ([], ["worker"], ["serve"], ["stats"], ["dead-letters"]):
+        out = subprocess.run([sys.executable, "-m", "conveyor", *args, "-h"], capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0 and out.stdout.startswith("Usage: "), (args, out.stderr)
+        assert "-h, --help" in out.stdout, args
+
+
 def test_stats_and_dead_letters_commands(tmp_path: Path) -> None:
     from conveyor.client.pool import QueuePool
     from conveyor.message import Message

@@ -20,7 +20,7 @@ from conveyor.cli.stats import stats
 from conveyor.cli.worker import worker
 
 
-@click.group()
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})  # every command inherits -h
 @click.version_option(__version__, prog_name="conveyor")
 @click.option("-v", "--verbose", is_flag=True, help="Log what the stores do (torn tails cut, segments compacted).")
 def main(verbose: bool) -> None:
