@@ -69,8 +69,8 @@ class Dataset:
         if rows.num_rows == 0:
             return []
         rows = rows.take(pc.sort_indices(rows, [("channel", "ascending"), ("seq", "ascending")]))
-        channels = rows.column("channel").to_pylist()
-        return [(channels[i], decode_value(rows.column("batch")[i].as_buffer())) for i in range(rows.num_rows)]
+        channels, batches = rows.column("channel").to_pylist(), rows.column("batch")
+        return [(channels[i], decode_value(batches[i].as_buffer())) for i in range(rows.num_rows)]
 
     def to_arrow(self) -> pa.Table:
         """Every batch, in (channel, order of output) order, as one table (types unified)."""
@@ -87,10 +87,10 @@ class Dataset:
     def to_pandas(self) -> pd.DataFrame:
         return self.to_arrow().to_pandas()
 
-    def __iter__(self) -> Iterator[pa.Table]:
-        """The batches one by one, a partition at a time (never all on the driver at once)."""
+    def __iter__(self) -> Iterator[Any]:
+        """The batches one by one, a partition at a time (never all on the driver at once), as `values()` gives them."""
         for row in self.encoded.toLocalIterator():
-            yield decode(row["batch"])
+            yield decode_value(row["batch"])
 
     @property
     def schema(self) -> pa.Schema:

@@ -101,12 +101,20 @@ def _pieces(value: Any, edge: OutEdge, source: int) -> Iterator[tuple[int, bytes
                 f"{edge.label}: a {type(value).__name__} is routed by a Router or whole (key None); "
                 "a column or a function of a table routes pyarrow Tables"
             )
+        encoded = encode_value(value)
         for channel in range(edge.n_channels):
-            yield channel, encode_value(value)
+            yield channel, encoded
         return
     if value.num_rows == 0:
         return
-    for channel, part in split_by_channel(value, channels_of(value, edge.key, edge.n_channels, edge.label), edge.n_channels):
+    channels = channels_of(value, edge.key, edge.n_channels, edge.label)
+    if channels is None:  # a broadcast: the same pieces for every channel, encoded once
+        pieces = [piece for _, piece in _encoded(0, value)]
+        for channel in range(edge.n_channels):
+            for piece in pieces:
+                yield channel, piece
+        return
+    for channel, part in split_by_channel(value, channels, edge.n_channels):
         yield from _encoded(channel, part)
 
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 MAX_HTTP_CONNECTIONS = 64
 HANDSHAKE_S = 10.0
 KEEPALIVE_S = 15.0  # idle keep-alive connections do not hold places for long
+LISTEN_BACKLOG = 128  # aiohttp's sites' default
 SHUTDOWN_S = 1.0  # a browser's or a scraper's keep-alive connection holds up no stop for longer
 
 
@@ -80,7 +81,7 @@ async def serve_app(app: web.Application, host: str, port: int, tls: ssl.SSLCont
 
     try:
         listener = await asyncio.get_running_loop().create_server(
-            protocol, host, port, ssl=tls, ssl_handshake_timeout=None if tls is None else HANDSHAKE_S
+            protocol, host, port, ssl=tls, backlog=LISTEN_BACKLOG, ssl_handshake_timeout=None if tls is None else HANDSHAKE_S
         )
     except BaseException:
         await runner.cleanup()

@@ -17,7 +17,6 @@ import ssl
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from conveyor.constants import (
     AUTH_SERVER_LABEL,
@@ -46,9 +45,6 @@ from conveyor.server.dispatch import handle
 from conveyor.server.metrics import RequestTimes, ServerCollector, start_endpoint
 from conveyor.server.queues import Defaults, QueueHost
 from conveyor.server.runtime import close_listener, raise_fd_limit, run_loop, stop_accepting, watch_parent
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("conveyor.server.queue_server")
 

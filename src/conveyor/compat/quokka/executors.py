@@ -175,7 +175,7 @@ class PolarJoinExecutor(Executor):
         if stream_id not in (0, 1):
             raise ValueError(f"{type(self).__name__} joins streams 0 and 1, got stream {stream_id!r}")
         side = 0 if stream_id == 0 else 1
-        batch = to_polars(concat([to_polars(b, type(self).__name__) for b in present]), type(self).__name__)
+        batch = concat([to_polars(b, type(self).__name__) for b in present])
         other = self._side(1 - side)
         result = None
         if other is not None:

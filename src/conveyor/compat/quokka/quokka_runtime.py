@@ -93,33 +93,24 @@ class Dataset:
     def __init__(self, dataset: GraphDataset) -> None:
         self.dataset = dataset
 
-    def _by_channel(self) -> dict[int, list[Any]]:
-        out: dict[int, list[Any]] = {c: [] for c in range(self.dataset.n_channels)}
-        for channel, value in self.dataset.values():
-            out.setdefault(channel, []).append(value)
-        return out
-
     def _list(self) -> list[Any]:
         return [value for _, value in self.dataset.values()]
 
-    def _pandas(self) -> Any:
+    def _df(self) -> Any:
         values = [v for v in self._list() if v is not None]
         if not values:
             return pd.DataFrame()
+        if all(is_polars(v) for v in values):
+            return polars_module("reading a Dataset of polars frames").concat(values, how="vertical_relaxed")
         return concat([v.to_pandas() if is_polars(v) or isinstance(v, pa.Table) else v for v in values])
 
-    def _df(self) -> Any:
-        values = [v for v in self._list() if v is not None]
-        if values and all(is_polars(v) for v in values):
-            return polars_module("reading a Dataset of polars frames").concat(values, how="vertical_relaxed")
-        return self._pandas()
-
     def _dict(self) -> dict[int, list[Any]]:
-        out: dict[int, list[Any]] = {}
-        for channel, values in self._by_channel().items():
-            out[channel] = []
-            for value in values:
-                out[channel].extend(value) if isinstance(value, list) else out[channel].append(value)
+        out: dict[int, list[Any]] = {c: [] for c in range(self.dataset.n_channels)}
+        for channel, value in self.dataset.values():
+            if isinstance(value, list):
+                out.setdefault(channel, []).extend(value)
+            else:
+                out.setdefault(channel, []).append(value)
         return out
 
     @property
