@@ -182,20 +182,6 @@ def main() -> int:
 QUOKKA_TARGETS = {"csv": 0.5, "parquet": 1.0}
 
 
-def close_answer(a: pd.DataFrame, b: pd.DataFrame) -> bool:
-    """Same shape; numbers equal within 1e-6 (relative: sums in another order); other values equal as dates or text."""
-    if a.shape != b.shape:
-        return False
-    for x, y in zip(a.columns, b.columns, strict=True):
-        u, v = a[x].to_numpy(), b[y].to_numpy()
-        if np.issubdtype(v.dtype, np.number) and not np.issubdtype(v.dtype, np.bool_):
-            if not np.allclose(u.astype(float), v.astype(float), rtol=1e-6, atol=0):
-                return False
-        elif [str(s)[:10] for s in u] != [str(s)[:10] for s in v]:
-            return False
-    return True
-
-
 def quokka_suite(data: Path, scale: float, runs: int, channels: int, formats: list[str]) -> int:
     """Quokka's apps on the compat against Spark SQL and DuckDB, per format; 0 when every target is met."""
     apps = example("quokka_tpch")
@@ -245,7 +231,7 @@ def quokka_suite(data: Path, scale: float, runs: int, channels: int, formats: li
                     times.setdefault(system, []).append(seconds)
                     progress(f"{fmt} {query} run {i + 1}/{runs}: {system} {seconds:.2f} s")
             med = {s: statistics.median(t) for s, t in times.items()}
-            agree = all(close_answer(answers["TaskGraph (compat)"], answers[s]) for s in systems)
+            agree = all(apps.same_answer(answers["TaskGraph (compat)"], answers[s]) for s in systems)
             ok &= agree
             ratio = med["TaskGraph (compat)"] / med["Spark SQL"]
             ratios.append(ratio)

@@ -128,25 +128,12 @@ def main() -> int:
                     print(f"{app} {' '.join(argv)}: FAILED ({seconds:.1f} s)\n{done.stderr[-3000:]}")
                     continue
                 ours = apps.flat(query, pd.read_pickle(out))
-                same = _same(ours, expected)
+                same = apps.same_answer(ours, expected)
                 failed += not same
                 verdict = "DuckDB answer" if same else "WRONG ANSWER"
                 print(f"{app} {' '.join(argv)}: {verdict} ({seconds:.1f} s, Spark start included)")
     print("all apps gave DuckDB's answers" if not failed else f"{failed} run(s) failed or answered otherwise")
     return 1 if failed else 0
-
-
-def _same(ours: pd.DataFrame, expected: pd.DataFrame) -> bool:
-    if ours.shape != expected.shape:
-        return False
-    for a, b in zip(ours.columns, expected.columns, strict=True):
-        u, v = ours[a], expected[b]
-        if pd.api.types.is_numeric_dtype(v) and not pd.api.types.is_bool_dtype(v):
-            if not ((u.astype(float) - v.astype(float)).abs() <= 1e-6 * v.astype(float).abs().clip(lower=1)).all():
-                return False
-        elif [str(x)[:10] for x in u] != [str(x)[:10] for x in v]:
-            return False
-    return True
 
 
 if __name__ == "__main__":

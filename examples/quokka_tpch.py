@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import pandas as pd
 import polars
 import pyarrow as pa
@@ -377,6 +378,20 @@ def flat(query: str, result: Any) -> pd.DataFrame:
     elif query == "q3":
         frame = frame[["o_orderkey", "o_orderdate", "o_shippriority", "revenue"]]
     return frame.reset_index(drop=True)
+
+
+def same_answer(a: pd.DataFrame, b: pd.DataFrame) -> bool:
+    """Same shape; numbers equal within 1e-6 (relative: sums in another order); other values equal as dates or text."""
+    if a.shape != b.shape:
+        return False
+    for x, y in zip(a.columns, b.columns, strict=True):
+        u, v = a[x].to_numpy(), b[y].to_numpy()
+        if np.issubdtype(v.dtype, np.number) and not np.issubdtype(v.dtype, np.bool_):
+            if not np.allclose(u.astype(float), v.astype(float), rtol=1e-6, atol=0):
+                return False
+        elif [str(s)[:10] for s in u] != [str(s)[:10] for s in v]:
+            return False
+    return True
 
 
 def prepare(data_dir: str, queries: list[str], fmt: str, scale: float) -> str:
