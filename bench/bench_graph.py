@@ -235,8 +235,14 @@ def quokka_suite(data: Path, scale: float, runs: int, channels: int, formats: li
             ok &= agree
             ratio = med["TaskGraph (compat)"] / med["Spark SQL"]
             ratios.append(ratio)
-            table.add_row(fmt, query, *(f"{med[s]:.2f}" for s in systems), f"{ratio:.2f}",
-                          f"{med['TaskGraph (compat)'] / med['DuckDB']:.2f}", "yes" if agree else "NO")  # fmt: skip
+            table.add_row(
+                fmt,
+                query,
+                *(f"{med[s]:.2f}" for s in systems),
+                f"{ratio:.2f}",
+                f"{med['TaskGraph (compat)'] / med['DuckDB']:.2f}",
+                "yes" if agree else "NO",
+            )
         geo = float(np.exp(np.mean(np.log(ratios))))
         met = geo <= QUOKKA_TARGETS[fmt]
         ok &= met

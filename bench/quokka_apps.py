@@ -120,8 +120,12 @@ def main() -> int:
                 start = time.perf_counter()
                 done = subprocess.run(
                     [sys.executable, "-c", DRIVER.format(app=app, args=argv, out=str(out))],
-                    cwd=work, env=env, capture_output=True, text=True, timeout=900,
-                )  # fmt: skip
+                    cwd=work,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=900,
+                )
                 seconds = time.perf_counter() - start
                 if done.returncode != 0:
                     failed += 1

@@ -72,13 +72,17 @@ def q3(bucket: str, fmt: str, channels: int = 2) -> pd.DataFrame:
         customer = task_graph.new_input_reader_node(customer_reader, {"localhost": channels}, batch_func=customer_filter)
     else:
         lineitem_reader = InputMultiParquetDataset(
-            bucket, "lineitem.parquet", columns=["l_orderkey", "l_extendedprice", "l_discount"],
+            bucket,
+            "lineitem.parquet",
+            columns=["l_orderkey", "l_extendedprice", "l_discount"],
             filters=[("l_shipdate", ">", day("1995-03-15"))],
-        )  # fmt: skip
+        )
         orders_reader = InputMultiParquetDataset(
-            bucket, "orders.parquet", columns=["o_orderkey", "o_custkey", "o_shippriority", "o_orderdate"],
+            bucket,
+            "orders.parquet",
+            columns=["o_orderkey", "o_custkey", "o_shippriority", "o_orderdate"],
             filters=[("o_orderdate", "<", day("1995-03-03"))],
-        )  # fmt: skip
+        )
         customer_reader = InputMultiParquetDataset(
             bucket, "customer.parquet", columns=["c_custkey"], filters=[("c_mktsegment", "==", "BUILDING")]
         )

@@ -131,10 +131,12 @@ def test_a_join_counted_and_a_limit_in_the_later_forms(spark: SparkSession, tmp_
         InputDiskCSVDataset(str(tmp_path / "b.csv"), ["key", "val1", "val2"], stride=1024), {"localhost": 3}
     )
     join = PolarJoinExecutor(on="key")
-    joined = task_graph.new_non_blocking_node({0: left, 1: right}, join, ip_to_num_channel={"localhost": 3},
-                                              partition_key_supplied={0: "key", 1: "key"})  # fmt: skip
-    count = task_graph.new_blocking_node({0: joined}, CountExecutor(), ip_to_num_channel={cluster.leader_private_ip: 1},
-                                         partition_key_supplied={0: None})  # fmt: skip
+    joined = task_graph.new_non_blocking_node(
+        {0: left, 1: right}, join, ip_to_num_channel={"localhost": 3}, partition_key_supplied={0: "key", 1: "key"}
+    )
+    count = task_graph.new_blocking_node(
+        {0: joined}, CountExecutor(), ip_to_num_channel={cluster.leader_private_ip: 1}, partition_key_supplied={0: None}
+    )
     first = task_graph.new_blocking_node({0: left}, LimitExecutor(5), partition_key_supplied={0: None})
     task_graph.create()
     task_graph.run()
@@ -247,8 +249,14 @@ def test_polars_travels_as_arrow_and_arrives_as_polars_and_batches_concatenate_b
 
 def test_the_as_of_join_tutorial_reads_files_with_a_header_and_matches_polars(spark: SparkSession, tmp_path: Path) -> None:
     symbols = ["AAPL", "MSFT", "IBM"]
-    quotes = pd.DataFrame({"time": range(0, 3000, 3), "symbol": [symbols[i % 3] for i in range(1000)],
-                           "bid": [i * 0.5 for i in range(1000)], "ask": [i * 0.5 + 1 for i in range(1000)]})  # fmt: skip
+    quotes = pd.DataFrame(
+        {
+            "time": range(0, 3000, 3),
+            "symbol": [symbols[i % 3] for i in range(1000)],
+            "bid": [i * 0.5 for i in range(1000)],
+            "ask": [i * 0.5 + 1 for i in range(1000)],
+        }
+    )
     trades = pd.DataFrame({"time": range(1, 3001, 5), "symbol": [symbols[i % 2] for i in range(600)], "size": range(600)})
     quotes.to_csv(tmp_path / "quotes.csv", index=False)  # with their header lines, as the tutorial's files
     trades.to_csv(tmp_path / "trades.csv", index=False)

@@ -38,9 +38,17 @@ class _Csv:
     def add_to(self, graph: TaskGraph, channels: int, batch_func: BatchFunc, dependents: Sequence[Any]) -> Node:
         if self.bucket is not None:
             return graph.new_input_csv(
-                self.bucket, self.key, self.names, channels, batch_func=batch_func, sep=self.sep,
-                dependents=dependents, stride=self.stride, batch_format="object", header=self.header,
-            )  # fmt: skip
+                self.bucket,
+                self.key,
+                self.names,
+                channels,
+                batch_func=batch_func,
+                sep=self.sep,
+                dependents=dependents,
+                stride=self.stride,
+                batch_format="object",
+                header=self.header,
+            )
         return graph.new_input_csv(
             self.key,
             self.names,
