@@ -8,7 +8,6 @@ The outside project is a test module in a directory of its own, run by pytest in
 
 from __future__ import annotations
 
-import re
 import subprocess
 import sys
 import textwrap
@@ -17,13 +16,12 @@ from pathlib import Path
 
 from conveyor.testing import StoreContract
 
+from ..support.docs import section_code
+
 PYTEST_TIMEOUT_S = 600  # the contract runs twice (about 80 tests, a few seconds): a bound for a busy machine
 
-ROOT = Path(__file__).resolve().parents[2]
 # the example of docs/storage.md ("Store kinds"), as a user pastes it: a store that keeps the contract
-DOCS_EXAMPLE = re.search(
-    r"```python\n(.*?class TestMyStore\(StoreContract\):.*?)```", (ROOT / "docs" / "storage.md").read_text(), re.S
-)
+DOCS_EXAMPLE = section_code("storage.md", "## Store kinds")
 SLOPPY = textwrap.dedent(
     '''
 
@@ -45,8 +43,8 @@ SLOPPY = textwrap.dedent(
 
 
 def test_an_outside_store_gets_the_whole_contract_and_a_broken_one_fails_it(tmp_path: Path) -> None:
-    assert DOCS_EXAMPLE, "docs/storage.md lost its StoreContract example"
-    (tmp_path / "test_outside.py").write_text(DOCS_EXAMPLE.group(1) + SLOPPY)
+    assert "class TestMyStore(StoreContract):" in DOCS_EXAMPLE, "docs/storage.md lost its StoreContract example"
+    (tmp_path / "test_outside.py").write_text(DOCS_EXAMPLE + SLOPPY)
     report = tmp_path / "report.xml"
     run = subprocess.run(
         [sys.executable, "-m", "pytest", "test_outside.py", "-q", "-p", "no:cacheprovider", f"--junit-xml={report}"],

@@ -1,11 +1,13 @@
 """The `conveyor` command: its group options, and every command registered on it.
 
 Each command lives in a module named after it (`serve`, `stats`, `dashboard`, `dead_letters`,
-`drop`, `worker`, `demo`); this is the one place that lists them.
+`drop`, `worker`, `demo`); this is the one place that lists them. `demo` needs the `spark` extra: it
+is loaded when asked for, and without the extra it is a command that says which pip command to run.
 """
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import click
@@ -13,14 +15,47 @@ import click
 from conveyor import __version__
 from conveyor.cli.dashboard import dashboard
 from conveyor.cli.dead_letters import dead_letters
-from conveyor.cli.demo import demo
 from conveyor.cli.drop import drop
 from conveyor.cli.serve import serve
 from conveyor.cli.stats import stats
 from conveyor.cli.worker import worker
+from conveyor.extras import MissingExtraError
+
+WITH_EXTRAS = {"demo": "conveyor.cli.demo"}  # commands that need a pip extra: name -> module, loaded on use
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})  # every command inherits -h
+class Commands(click.Group):
+    """The command group; the commands of `WITH_EXTRAS` load when asked for."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *WITH_EXTRAS])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in WITH_EXTRAS:
+            return super().get_command(ctx, cmd_name)
+        try:
+            command: click.Command = getattr(importlib.import_module(WITH_EXTRAS[cmd_name]), cmd_name)
+        except MissingExtraError as e:
+            return _needs_extra(cmd_name, e)
+        return command
+
+
+def _needs_extra(name: str, error: MissingExtraError) -> click.Command:
+    """A command that cannot run without a pip extra: it says which, and exits with status 1."""
+
+    def refuse() -> None:
+        raise click.ClickException(str(error))
+
+    return click.Command(
+        name,
+        callback=refuse,
+        help=str(error),
+        short_help="(needs the spark extra: pip install 'conveyor[spark]')",
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
+
+
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})  # every command inherits -h
 @click.version_option(__version__, prog_name="conveyor")
 @click.option("-v", "--verbose", is_flag=True, help="Log what the stores do (torn tails cut, segments compacted).")
 def main(verbose: bool) -> None:
@@ -28,5 +63,5 @@ def main(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 
-for command in (serve, stats, dashboard, dead_letters, drop, worker, demo):
+for command in (serve, stats, dashboard, dead_letters, drop, worker):
     main.add_command(command)

@@ -28,6 +28,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from conveyor.extras import SPARK, require
+
+require(SPARK, "conveyor demo")
+
 from conveyor.cli.scenes import Outcome, Scene, corpus, run_map, run_plain
 from conveyor.dashboard import Dashboard
 from conveyor.spark.embedded import local

@@ -15,10 +15,15 @@ Modules, in the order a graph passes through them:
 - `executors` and `join`: the executor API and the stock executors; `dataset`: `Dataset`;
 - `layout`: the rows that carry batches in Spark, and their sizes; `errors`: `GraphError`.
 
-Importing this package loads pandas and pyarrow, not pyspark (it is imported when a graph runs).
+Importing this package loads pandas and pyarrow, not pyspark (it is imported when a graph runs). It
+needs the `spark` extra (`pip install 'conveyor[spark]'`): without it, importing says so.
 """
 
 from __future__ import annotations
+
+from conveyor.extras import SPARK, require
+
+require(SPARK, "conveyor.graph (the TaskGraph)")
 
 from .channels import Router
 from .dataset import Dataset

@@ -1,11 +1,15 @@
 """Conveyor on Apache Spark: consumers as Spark tasks, `map` and `map_batches`, `conveyor.local()`, the session.
 
-Importing this package does not start Spark; its pieces load on first use.
+Importing this package does not start Spark; its pieces load on first use. It needs the `spark` extra
+(`pip install 'conveyor[spark]'`): without it, importing says so.
 """
 
 from __future__ import annotations
 
+from conveyor.extras import SPARK, require
 from conveyor.lazy import lazy_attributes
+
+require(SPARK, "conveyor.spark")
 
 _LAZY = {
     "map": "conveyor.spark.mapping",

@@ -13,9 +13,14 @@ Modules: `quokka_runtime` (TaskGraph, Dataset, the executor adapter), `partition
 partition keys), `dataset` (its input datasets), `executors` (its stock executors; `sql` is their
 spring 2022 module name), `frames` (the batch types), `utils` (LocalCluster), `ray` (`ray.get`).
 `conveyor.TaskGraph` is Conveyor's own TaskGraph, one batch per call, Arrow or pandas batches.
+It needs the `spark` extra; Quokka's programs on polars frames need the `quokka` extra (polars too).
 """
 
 from __future__ import annotations
+
+from conveyor.extras import SPARK, require
+
+require(SPARK, "conveyor.compat.quokka")
 
 from . import ray
 from .quokka_runtime import Dataset, TaskGraph
