@@ -86,6 +86,15 @@ def test_a_report_missing_figures_or_carrying_unknown_ones_reads_as_zeros() -> N
     assert set(r.figures().values()) == {0}
 
 
+def test_a_last_report_says_the_consumer_ended_and_one_without_the_word_did_not() -> None:
+    """`ended` travels as 1 in the last report only; a report that leaves it out (an older consumer) did not end."""
+    last = ConsumerReport("c", "h", processed=3, ended=True)
+    assert last.to_counts()["ended"] == 1 and "ended" not in dataclasses.replace(last, ended=False).to_counts()
+    assert ConsumerReport.from_counts("c", last.to_counts()).ended
+    assert not ConsumerReport.from_counts("c", {"host": "h", "processed": 3}).ended
+    assert not ConsumerReport.from_counts("c", {"ended": float("nan")}).ended
+
+
 def test_the_metrics_show_every_total_and_current_figure(reported: tuple[ThreadServer, QueuePool, ConsumerReport]) -> None:
     s, _, r = reported
     samples = scrape(s.server.metrics_address or "")

@@ -29,6 +29,7 @@ from conveyor.client.pool import QueuePool
 from conveyor.constants import H_CONTENT_TYPE, H_TASK
 from conveyor.errors import ConveyorError, TaskFailedError, TaskOptionError
 from conveyor.message import Message, Status
+from conveyor.protocol.report import ConsumerReport
 from conveyor.tasks.envelope import encode_call
 from conveyor.worker import Consumer, ConsumerPool, Middleware, QueueConfig, TaskFailure
 from conveyor.worker.completions import Completions
@@ -362,6 +363,21 @@ def test_workers_report_their_counts(pool: QueuePool) -> None:
     w = pool.queues.workers()["w-under-test"]
     assert w["processed"] == 20 and w["failed"] == 0 and w["seen"] < 30
     assert c.stats.fetched_by_shard == {0: 20}
+    assert ConsumerReport.from_counts("w-under-test", w).ended  # its last report: done with its queues
+
+
+def test_a_stopped_consumer_says_it_ended_and_a_running_one_does_not(pool: QueuePool) -> None:
+    c = Consumer(pool.queues, ["jobs"], concurrency=2, name="stopped", task_modules=MODULES)
+    t = threading.Thread(target=c.run, daemon=True)
+    t.start()
+    try:
+        got = wait_for(lambda: pool.queues.workers().get("stopped"), what="its first report")
+        assert not ConsumerReport.from_counts("stopped", got).ended
+    finally:
+        c.stop()
+        t.join(30)
+    assert not t.is_alive()
+    assert ConsumerReport.from_counts("stopped", pool.queues.workers()["stopped"]).ended
 
 
 # --- local consumer pools ------------------------------------------------------------------------

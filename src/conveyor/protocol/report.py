@@ -9,6 +9,11 @@ the dashboard, Spark's consumer stats) read the reports through it, each figure 
 
 On the wire a report is a flat map (the `report` operation's `counts`): each scalar field under its
 name, the served queues, rows and task times under the prefixed keys `conveyor.constants` names.
+
+A consumer that stops cleanly (stopped, or done with its queues) says so in its last report
+(`ended`), so that a reader tells a consumer that finished from one lost (killed, or cut off),
+which just stops reporting. A report without it (from a consumer of an earlier version) reads as
+not ended.
 """
 
 from __future__ import annotations
@@ -74,6 +79,7 @@ class ConsumerReport:
     serves: tuple[str, ...] = ()  # the queues it serves: a wait on a queue none serves says so
     rows: dict[str, Rows] = field(default_factory=dict)  # per map job queue
     task_seconds: Histogram | None = None  # how long its tasks ran (TASK_SECONDS_BUCKETS)
+    ended: bool = False  # its last report: the consumer stopped cleanly (on the wire as 1, absent while it runs)
     seen: float = 0.0
 
     def figures(self, *shown: Shown) -> dict[str, int]:
@@ -88,6 +94,8 @@ class ConsumerReport:
             out[COUNT_ROW_MESSAGES + q], out[COUNT_ROWS + q] = r.messages, r.rows
         if self.task_seconds is not None:
             out.update(self.task_seconds.as_counts())
+        if self.ended:
+            out[ENDED] = 1
         return out
 
     @classmethod
@@ -110,14 +118,15 @@ class ConsumerReport:
             serves=tuple(queues_served(counts)),
             rows=rows,
             task_seconds=Histogram.from_counts(counts),
+            ended=_int(counts.get(ENDED)) == 1,
             seen=_float(counts.get(SEEN)),
         )
 
 
 FIGURES: dict[str, Figure] = {f.name: f.metadata[Figure] for f in fields(ConsumerReport) if Figure in f.metadata}
-# the wire keys of the host (the one string a report carries) and of `seen` (set by the server)
-HOST, SEEN = "host", "seen"
-assert {HOST, SEEN} <= {f.name for f in fields(ConsumerReport)}
+# the wire keys of the host (the one string a report carries), of `ended` and of `seen` (set by the server)
+HOST, ENDED, SEEN = "host", "ended", "seen"
+assert {HOST, ENDED, SEEN} <= {f.name for f in fields(ConsumerReport)}
 
 
 def serves(counts: Mapping[str, float | str], queue: str) -> bool:

@@ -136,6 +136,7 @@ class Consumer:
         self._hard_stop = False
         self._settler: Settler
         self._undrained = False  # with until_empty: the last drained check found work still pending
+        self._ended = False  # its loop returned (a stop, or drained queues): its reports say it ended
 
     # --- control --------------------------------------------------------------------------
     def stop(self, graceful: bool = True) -> None:
@@ -202,6 +203,7 @@ class Consumer:
             if self.on_started is not None:
                 self.on_started()
             self._loop(slots)
+            self._ended = True  # not on an error: a consumer that fails did not end as asked
         finally:
             self._give_back(slots)
             slots.close(wait=not self._hard_stop)  # a hard stop kills task processes, cancels calls (and leaves task threads)
@@ -447,4 +449,5 @@ class Consumer:
             # a copy made at once (atomic): the consumer's thread adds job queues while the settler's reads
             rows={q: Rows(m, r) for q, (m, r) in list(s.rows.items())},
             task_seconds=self._task_seconds,
+            ended=self._ended,
         )
