@@ -282,6 +282,10 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0
 STALL_FIRST_S = 5.0
 STALL_WARN_S = 30.0
 STALL_LOOK_S = 2.0
+# the queues Conveyor keeps for itself, not the user's work, start with this: a Spark job's records
+# (conveyor.spark.records: conveyor-fed-<job>, the rows each task put; conveyor-read-<run>, what each read task
+# read). The dashboard leaves them out unless asked; a user's queue named so is taken for one
+INTERNAL_QUEUE_PREFIX = "conveyor-"
 MAP_DEFAULT_ROWS_PER_MESSAGE = 8  # conveyor.spark.map without a time limit (with one: 1)
 MAP_BATCHES_DEFAULT_ROWS = 1024  # conveyor.spark.map_batches: the input rows of one batch (one message, one call of fn)
 # map_batches' bytes, well under DEFAULT_MAX_FRAME_BYTES: a batch's input rows as Arrow (cut smaller to fit; a

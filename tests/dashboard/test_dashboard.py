@@ -1,11 +1,12 @@
 """`conveyor dashboard` end to end, in a real headless Chromium over real queue servers and consumers.
 
 In the system's Chromium, driven by Playwright, over real queue servers and consumer processes:
-counts that follow the work, a killed consumer marked, a killed server shown down while the rest
-keeps updating, the requeue button, the login, bad input (an unreachable server, a wrong token,
-100,000 dead letters, script in an error text), and the page's speed with 2 servers, 100 queues and
-50 consumers. Screenshots for the docs are taken from these runs (CONVEYOR_SCREENSHOTS=DIR writes
-them there).
+counts that follow the work, a killed consumer marked lost and one stopped marked finished, a killed
+server shown down while the rest keeps updating (the totals marked partial, its last figures kept
+apart), the charts' axes and readout, internal queues hidden until asked for, the requeue button,
+the login, bad input (an unreachable server, a wrong token, 100,000 dead letters, script in an error
+text), and the page's speed with 2 servers, 100 queues and 50 consumers. Screenshots for the docs
+are taken from these runs (CONVEYOR_SCREENSHOTS=DIR writes them there).
 
 The command is `conveyor.cli.dashboard`.
 """
@@ -16,6 +17,7 @@ import dataclasses
 import itertools
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -36,6 +38,8 @@ from conveyor.constants import H_ROWS
 from conveyor.dashboard import Dashboard
 from conveyor.errors import ConveyorError
 from conveyor.message import Message
+from conveyor.spark.consumers import rows_put_records
+from conveyor.spark.records import RowsPut
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.publish import build_message
 from conveyor.worker import Consumer, ConsumerPool
@@ -97,7 +101,7 @@ def updated(page: Any) -> float:
     return float(page.evaluate("document.body.dataset.updated || '0'"))
 
 
-def test_counts_follow_the_work_and_a_killed_consumer_is_marked(page: Any) -> None:
+def test_counts_follow_the_work_a_killed_consumer_is_lost_and_a_stopped_one_finished(page: Any) -> None:
     with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
         wt.sleeps.publish_many([(0.05,)] * 400, _pool=pool)
         page.goto(board.url)
@@ -122,10 +126,17 @@ def test_counts_follow_the_work_and_a_killed_consumer_is_marked(page: Any) -> No
             )
             os.kill(victim.pid, signal.SIGKILL)  # type: ignore[arg-type]
             wait_for(lambda: cell(page, "consumers", name, 9) == "late", 15, "the killed consumer marked late")
-            wait_for(lambda: cell(page, "consumers", name, 9) == "gone", 15, "then gone")
-            assert page.locator(f"#consumers tbody tr.gone[data-consumer='{name}']").count() == 1
+            wait_for(lambda: cell(page, "consumers", name, 9) == "lost", 15, "then lost")
+            assert page.locator(f"#consumers tbody tr.lost[data-consumer='{name}']").count() == 1
             others = [r for r in page.locator("#consumers tbody tr").all() if r.get_attribute("data-consumer") != name]
             assert len(others) == 1 and others[0].get_attribute("class") in ("ok", "slow")
+            # the other one stopped as a consumer pool stops it (SIGTERM): it says so, and is not taken for lost
+            survivor = str(others[0].get_attribute("data-consumer"))
+            os.kill(cp.processes[1].pid, signal.SIGTERM)  # type: ignore[arg-type]
+            wait_for(lambda: cell(page, "consumers", survivor, 9) == "finished", 30, "the stopped consumer marked finished")
+            assert page.locator("#consumers tbody tr.finished").count() == 1
+            assert cell(page, "consumers", name, 9) == "lost"
+            shot(page, "dashboard-finished-and-lost")
         finally:
             cp.cancel()
     assert page.errors == []
@@ -149,7 +160,10 @@ def test_a_killed_server_is_shown_down_and_the_rest_keeps_updating(page: Any) ->
         wait_for(lambda: updated(page) > t0, 5, "the page still refreshing")
         assert "1 of 2 servers down" in str(page.locator("#updated").text_content())
         page.click("#queues tbody tr[data-queue='jobs']")
-        wait_for(lambda: page.locator("#shards tbody tr.gone").count() == 1, 10, "its shard shown down in the breakdown")
+        stale = page.locator("#shards tbody tr.down.stale")
+        wait_for(lambda: stale.count() == 1, 10, "its shard shown down in the breakdown, with its last figures")
+        assert number(str(stale.locator("td").nth(2).text_content())) == 40  # its ready, as it last answered
+        assert "last known" in str(stale.locator("td").nth(1).text_content())
         wait_for(lambda: "(down)" in str(page.locator("#dead-status").text_content()), 10, "its dead letters said unread")
         assert pool.queues.clients[1].address in str(page.locator("#dead-status").text_content())
         shot(page, "dashboard-server-down")
@@ -253,6 +267,99 @@ def test_off_loopback_the_page_asks_for_the_token(page: Any, tmp_path: Path) -> 
                 urllib.request.urlopen(req, timeout=10)
             e.value.close()
             assert e.value.code == 403
+
+
+def _kill_one_of_servers(page: Any, n: int) -> None:
+    """Of `n` real servers with work on each, one SIGKILLed: every total is marked partial, naming it."""
+    with QueuePool.local(n_servers=n) as pool, Dashboard(pool, port=0) as board:
+        for c in pool.queues.clients:
+            c.put("jobs", [Message(payload=b"x")] * 10)
+        page.goto(board.url)
+        wait_for(lambda: number(cell(page, "queues", "jobs", 1)) == 10 * n, 10, "every server's share shown")
+        badge = page.locator("#partial")
+        assert not badge.is_visible() and page.locator(".partial-mark:visible").count() == 0
+        victim = pool.servers.processes[n - 1]  # type: ignore[union-attr]
+        where = pool.queues.clients[n - 1].address.removeprefix("tcp://")
+        os.kill(victim.pid, signal.SIGKILL)
+        wait_for(badge.is_visible, 15, "the partial badge")
+        assert badge.text_content() == f"partial: 1 of {n} servers unreachable ({where})"
+        assert page.locator("#queues tbody tr.partial[data-queue='jobs'] .tag.partial").count() == 1
+        # each aggregate shown marked: the two charts, the queues, the map jobs
+        assert page.locator(".partial-mark:visible").count() == 4
+        wait_for(lambda: number(cell(page, "queues", "jobs", 1)) == 10 * (n - 1), 10, "the survivors' share")
+        if n == 3:
+            shot(page, "dashboard-partial")
+    assert page.errors == []
+
+
+def test_one_of_two_servers_killed_marks_every_total_partial_naming_it(page: Any) -> None:
+    _kill_one_of_servers(page, 2)
+
+
+def test_one_of_three_servers_killed_marks_every_total_partial_naming_it(page: Any) -> None:
+    _kill_one_of_servers(page, 3)
+
+
+def test_internal_queues_are_hidden_until_the_toggle_shows_them_and_the_url_keeps_it(page: Any) -> None:
+    with QueuePool.local(n_servers=1) as pool, Dashboard(pool, port=0) as board:
+        records = rows_put_records("a1b2c3")  # the queue a Spark job's feeding tasks record on
+        records.declare(pool.queues)
+        records.record(pool.queues, 0, RowsPut(rows=5))
+        pool.put("jobs", [Message(payload=b"x")] * 2)
+        internal = f"#queues tbody tr[data-queue='{records.queue}']"
+        page.goto(board.url)
+        wait_for(lambda: number(cell(page, "queues", "jobs", 1)) == 2, 10, "the user's queue")
+        assert page.locator(internal).count() == 0
+        assert "1 internal hidden" in str(page.locator("#queue-count").text_content())
+        toggle = page.get_by_label("show internal queues")
+        assert toggle.is_visible() and not toggle.is_checked()
+        toggle.check()
+        wait_for(lambda: page.locator(internal).count() == 1, 5, "the internal queue shown")
+        assert number(cell(page, "queues", records.queue, 1)) == 1
+        assert page.locator(f"{internal} .tag").first.text_content() == "internal"
+        assert page.url.endswith("?internal=1")
+        page.reload()  # kept in the URL
+        wait_for(lambda: page.locator(internal).count() == 1, 10, "still shown after a reload")
+        assert page.get_by_label("show internal queues").is_checked()
+        page.get_by_label("show internal queues").uncheck()
+        wait_for(lambda: page.locator(internal).count() == 0, 5, "hidden again")
+        assert "internal" not in page.url
+    assert page.errors == []
+
+
+def test_the_charts_have_labelled_axes_and_a_readout_under_the_pointer(page: Any) -> None:
+    with QueuePool.local(n_servers=1) as pool, Dashboard(pool, port=0) as board:
+        pool.put("jobs", [Message(payload=b"x")] * 25)
+        page.goto(board.url)
+        samples = page.locator("#chart-ready path.ready")
+        wait_for(lambda: samples.count() == 1 and str(samples.get_attribute("d")).count("L") >= 3, 15, "a few seconds drawn")
+        for chart, unit in (("chart-rates", "messages/s"), ("chart-ready", "messages")):
+            assert page.locator(f"#{chart} .y-label").text_content() == unit
+            assert page.locator(f"#{chart} .x-label").text_content() == "time"
+            times = [str(t) for t in page.locator(f"#{chart} .x-tick text").all_text_contents()]
+            assert len(times) >= 3 and all(re.fullmatch(r"\d\d:\d\d(:\d\d)?", t) for t in times), times
+            values = page.locator(f"#{chart} .y-tick text").all_text_contents()
+            assert len(values) >= 2 and values[0] == "0" and all(re.fullmatch(r"[\d.]+[kM]?", v) for v in values), values
+        assert page.locator("#chart-ready .y-tick text").all_text_contents()[-1] in ("25", "30", "40", "50")
+        # the pointer over the ready chart, near its right end: the readout gives the time and the value there
+        box = page.locator("#chart-ready").bounding_box()
+        page.mouse.move(box["x"] + box["width"] - 20, box["y"] + box["height"] / 2)
+        readout = page.locator("#chart-ready-readout")
+        wait_for(readout.is_visible, 5, "the readout")
+        text = str(readout.text_content())
+        assert re.search(r"\d\d:\d\d:\d\d", text) and "ready 25 messages" in text, text
+        assert page.locator("#chart-ready .cursor line").count() == 1
+        page.mouse.move(box["x"] + box["width"] - 20, box["y"] + box["height"] / 2 + 5)
+        page.mouse.move(0, 0)  # off the chart: the readout goes
+        wait_for(lambda: not readout.is_visible(), 5, "the readout hidden")
+        box = page.locator("#chart-rates").bounding_box()
+        page.mouse.move(box["x"] + box["width"] - 20, box["y"] + box["height"] / 2)
+        wait_for(page.locator("#chart-rates-readout").is_visible, 5, "the rates' readout")
+        assert re.search(
+            r"put [\d.,]+ messages/s.*ack [\d.,]+ messages/s", str(page.locator("#chart-rates-readout").text_content())
+        )
+        shot(page, "dashboard-chart-readout")
+    assert page.errors == []
 
 
 def test_an_unreachable_server_is_shown_down_from_the_start(page: Any) -> None:
@@ -477,4 +584,7 @@ def test_a_running_map_job_shows_its_progress_then_done(page: Any, spark: Any) -
             return len(cells) == 9 and rows == (600, 600) and messages == (300, 300) and cells[8] == "0 s"
 
         wait_for(finished, 15, "the finished job shown done, until its results' queue is dropped")
+        # its consumers, Spark tasks that ended with the job, said so: finished, none taken for lost
+        statuses = page.locator("#consumers tbody tr td:nth-child(10)")
+        wait_for(lambda: set(statuses.all_text_contents()) == {"finished"}, 15, "the job's consumers finished")
     assert page.errors == []

@@ -83,12 +83,12 @@ def test_in_process_queues_judge_a_consumers_reports_on_the_monotonic_clock(monk
     wait_for(lambda: "w" not in queues.workers(), GONE_S + 10, "the silent consumer gone")
 
 
-def test_the_dashboard_marks_a_silent_consumer_late_then_gone_after_the_wall_clock_steps_back(
+def test_the_dashboard_marks_a_silent_consumer_late_then_lost_after_the_wall_clock_steps_back(
     server: ThreadServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The case seen: the wall clock stepped back an hour kept a dead consumer listed for an hour.
 
-    Now it is late after LATE_S, gone once the server drops it, and off the list after GONE_KEPT_S.
+    Now it is late after LATE_S, lost once the server drops it, and off the list after GONE_KEPT_S.
     """
     monkeypatch.setattr(dashboard_state, "LATE_S", 1.0)
     monkeypatch.setattr(dashboard_state, "GONE_KEPT_S", GONE_S + 3.0)
@@ -109,7 +109,7 @@ def test_the_dashboard_marks_a_silent_consumer_late_then_gone_after_the_wall_clo
             wait_for(reported, 10, "the consumer seen")
             clock.step(-HOUR_S)  # and it never reports again
             wait_for(lambda: (c := consumer()) is not None and c["status"] == "late", 10, "the consumer marked late")
-            wait_for(lambda: (c := consumer()) is not None and c["status"] == "gone", GONE_S + 10, "then gone")
+            wait_for(lambda: (c := consumer()) is not None and c["status"] == "lost", GONE_S + 10, "then lost")
             wait_for(lambda: consumer() is None, GONE_S + 15, "then off the list")
         finally:
             watch.close()

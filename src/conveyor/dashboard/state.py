@@ -3,6 +3,11 @@
 What the dashboard shows, gathered from a pool's servers: `PoolWatch` asks each server for its stats
 once a second, each in a thread of its own (a server that is down or slow delays no other), and
 keeps the minutes of history the charts draw. Everything it hands out is plain JSON-ready data.
+
+While a server does not answer, every figure summed over the servers covers only those that do:
+the overview says so (`partial`, and each queue's), and keeps the server's last answer, shown apart,
+instead of its share. Queues Conveyor keeps for itself (`INTERNAL_QUEUE_PREFIX`) are marked so the
+page can leave them out.
 """
 
 from __future__ import annotations
@@ -17,19 +22,21 @@ from typing import Any
 from conveyor.client.pool import QueuePool
 from conveyor.client.queue_client import QueueClient
 from conveyor.client.sharded import ShardedQueues, summed_stats
-from conveyor.constants import H_TASK, SHARD_SHIFT
+from conveyor.client.transport import parse_address
+from conveyor.constants import H_TASK, INTERNAL_QUEUE_PREFIX, SHARD_SHIFT
 from conveyor.errors import ConveyorError
 from conveyor.message import DeadLetter, printable
 from conveyor.protocol import requests as calls
 from conveyor.protocol.report import SEEN, ConsumerReport, Counts, Rows
 from conveyor.protocol.requests import QueueStats, ServerStats
+from conveyor.protocol.tls import netloc
 
 POLL_S = 1.0  # how often each server is asked
 ACTION_TIMEOUT_S = 10.0  # a page of dead letters, a requeue: answered within this, or an error shown
-POLL_TIMEOUT_S = 2.0  # a server that does not answer within this is shown down (its last figures dropped)
+POLL_TIMEOUT_S = 2.0  # a server that does not answer within this is shown down (its last figures kept apart)
 HISTORY_S = 600.0  # how far back the charts go
 LATE_S = 5.0  # a consumer reports every 2 s: one not heard from for this long is marked late
-GONE_KEPT_S = 300.0  # a consumer that stopped reporting stays listed as gone this long
+GONE_KEPT_S = 300.0  # a consumer that stopped reporting (finished, or lost) stays listed this long
 RATE_WINDOW_S = 30.0  # a consumer's rate: tasks processed over about this long
 SLOW_FRACTION = 0.3  # a busy consumer below this fraction of its peers' median rate is marked slow
 SLOW_MIN_TASKS = 10  # ... when its peers finish at least this many tasks in RATE_WINDOW_S
@@ -56,6 +63,7 @@ class ServerWatch:
         self.stats: ServerStats | None = None
         self.error: str | None = None
         self.answered_at: float | None = None  # time.monotonic() of the last answer
+        self.where = netloc(*parse_address(self.address))  # host:port, as the page names it
         self._stop = stop
         self.thread = threading.Thread(target=self._run, name=f"dashboard-{self.address}", daemon=True)
         self.thread.start()
@@ -80,6 +88,11 @@ class ServerWatch:
         return self.stats.queues if self.up and self.stats else {}
 
     @property
+    def last_queues(self) -> dict[str, QueueStats]:
+        """Its queues as last heard, also while it is down (none if it never answered)."""
+        return self.stats.queues if self.stats else {}
+
+    @property
     def workers(self) -> dict[str, Counts]:
         """The consumers it heard from, as last heard, or none while it is down."""
         return self.stats.workers if self.up and self.stats else {}
@@ -98,11 +111,12 @@ class PoolWatch:
         self.pool = ShardedQueues([c.sibling(ACTION_TIMEOUT_S, POLL_TIMEOUT_S) for c in pool.queues.clients])
         self._stop = threading.Event()
         self.servers = [ServerWatch(c, self._stop) for c in pool.queues.clients]
-        self._seen: dict[str, _Heard] = {}  # consumer -> its last report, also once gone
+        self._seen: dict[str, _Heard] = {}  # consumer -> its last report, also once it stopped reporting
         self._done: dict[str, deque[tuple[float, int]]] = {}  # consumer -> (when, processed) over RATE_WINDOW_S
         # map job queue -> consumer -> (messages, rows) it settled, kept while the queue lives (also once it is gone)
         self._rows: dict[str, dict[str, Rows]] = {}
-        self._history: deque[tuple[float, dict[str, tuple[int, float, float]]]] = deque()
+        # (when, whether some server was down then, queue -> (ready, put rate, ack rate) summed over those up)
+        self._history: deque[tuple[float, bool, dict[str, tuple[int, float, float]]]] = deque()
         self._lock = threading.Lock()
         self._sampler = threading.Thread(target=self._sample_loop, name="dashboard-history", daemon=True)
         self._sampler.start()
@@ -118,8 +132,9 @@ class PoolWatch:
         while not self._stop.wait(POLL_S):
             now = time.time()
             sample = {q: (s.ready, s.put_rate, s.ack_rate) for q, s in self.queues().items()}
+            partial = not all(w.up for w in self.servers)  # after the sums: a server down meanwhile marks them
             with self._lock:
-                self._history.append((now, sample))
+                self._history.append((now, partial, sample))
                 while self._history and self._history[0][0] < now - HISTORY_S:
                     self._history.popleft()
 
@@ -131,14 +146,18 @@ class PoolWatch:
         """Everything the page shows but the dead letters and the history.
 
         Ages are judged on the monotonic clock (a step of the wall clock neither keeps a dead consumer
-        listed nor marks a live one late); only `time`, for people, is the wall clock's.
+        listed nor marks a live one late); only `time`, for people, is the wall clock's. With a server
+        down, `partial` names it: every sum (a queue's counts, a job's progress) is over the others.
+        A queue says `partial` when a server down held it at its last answer, or never answered; its
+        `shards` keep that server's last counts, `stale` and their age.
         """
         now = time.monotonic()
+        up = [w.up for w in self.servers]  # looked at once: the sums and the marks below agree
         servers = [
             {
                 "shard": k,
                 "address": w.address,
-                "up": w.up,
+                "up": up[k],
                 "error": w.error,
                 "last_answer_s": None if w.answered_at is None else round(now - w.answered_at, 1),
             }
@@ -146,22 +165,45 @@ class PoolWatch:
         ]
         per_shard: dict[str, dict[str, dict[str, Any]]] = {}
         for k, w in enumerate(self.servers):
-            for q, s in w.queues.items():
-                per_shard.setdefault(q, {})[str(k)] = _counts(s)
-        queues = [{"name": q, **_counts(s), "shards": per_shard.get(q, {})} for q, s in sorted(self.queues().items())]
+            age = None if w.answered_at is None else round(now - w.answered_at, 1)
+            for q, s in w.last_queues.items():
+                per_shard.setdefault(q, {})[str(k)] = _counts(s) if up[k] else {**_counts(s), "stale": True, "age_s": age}
+        live = summed_stats(w.last_queues for k, w in enumerate(self.servers) if up[k])
+        down = [k for k in range(len(self.servers)) if not up[k]]
+        unknown = any(self.servers[k].stats is None for k in down)  # a server never heard: any queue may be on it
+        queues = [
+            {
+                "name": q,
+                **_counts(live.get(q) or QueueStats(q)),
+                "internal": internal(q),
+                "partial": unknown or any(str(k) in per_shard[q] for k in down),
+                "shards": per_shard[q],
+            }
+            for q in sorted(per_shard)
+        ]
+        partial = {"unreachable": [self.servers[k].where for k in down], "servers": len(self.servers)} if down else None
         consumers = self._consumers(now)
         with self._lock:
-            if all(w.up for w in self.servers):  # a queue no server has is over: forget its rows
+            if all(up):  # a queue no server has is over: forget its rows
                 for q in self._rows.keys() - {q["name"] for q in queues}:
                     del self._rows[q]
             rows = {q: (sum(r.messages for r in by.values()), sum(r.rows for r in by.values())) for q, by in self._rows.items()}
         jobs = [_job(q, rows.get(q["name"], (0, 0))) for q in queues if q["name"].startswith(MAP_PREFIX)]
-        return {"time": time.time(), "servers": servers, "queues": queues, "consumers": consumers, "jobs": jobs}
+        return {
+            "time": time.time(),
+            "partial": partial,
+            "servers": servers,
+            "queues": queues,
+            "consumers": consumers,
+            "jobs": jobs,
+        }
 
     def _consumers(self, now: float) -> list[dict[str, Any]]:
-        """Every consumer heard from lately, and those gone within GONE_KEPT_S, with a status.
+        """Every consumer heard from lately, and those that stopped within GONE_KEPT_S, with a status.
 
-        `now`, and every time kept here, are time.monotonic()'s.
+        One whose last report says it ended is `finished`; one that stopped reporting without
+        saying so (killed, cut off) is `lost` once no server lists it. `now`, and every time kept
+        here, are time.monotonic()'s.
         """
         heard: dict[str, _Heard] = {}
         for w in self.servers:
@@ -193,9 +235,20 @@ class PoolWatch:
             rates = {n: _rate(self._done.get(n)) for n in self._seen}
             for name, h in sorted(self._seen.items()):
                 ago = now - h.at
-                # with no server answering, nothing is known of any
-                status = "unknown" if not answering else "gone" if name not in heard else "late" if ago > LATE_S else "ok"
-                peers = [r for n, r in rates.items() if n != name and n in heard and r is not None]
+                status = (
+                    "finished"
+                    if h.report.ended
+                    else "unknown"  # with no server answering, nothing is known of any other
+                    if not answering
+                    else "lost"
+                    if name not in heard
+                    else "late"
+                    if ago > LATE_S
+                    else "ok"
+                )
+                peers = [
+                    r for n, r in rates.items() if n != name and n in heard and not self._seen[n].report.ended and r is not None
+                ]
                 rate = rates[name]
                 # judged only on a long enough span, and peers fast enough that a shortfall means something
                 behind = (
@@ -218,14 +271,22 @@ class PoolWatch:
                 )
         return out
 
-    def history(self, queue: str | None = None) -> dict[str, list[float]]:
-        """Per second over the last HISTORY_S: time, ready, put and ack rates, of one queue or of all."""
+    def history(self, queue: str | None = None, with_internal: bool = False) -> dict[str, list[float]]:
+        """Per second over the last HISTORY_S: time, ready, put and ack rates, of one queue or of all.
+
+        All: the user's queues, and with `with_internal` the internal ones too. `partial` is 1 for a
+        second when some server was down (its queues not in the sums), else 0.
+        """
         with self._lock:
             samples = list(self._history)
-        out: dict[str, list[float]] = {"time": [], "ready": [], "put_rate": [], "ack_rate": []}
-        for t, per in samples:
-            rows = [per[queue]] if queue is not None and queue in per else list(per.values()) if queue is None else []
+        out: dict[str, list[float]] = {"time": [], "partial": [], "ready": [], "put_rate": [], "ack_rate": []}
+        for t, partial, per in samples:
+            if queue is not None:
+                rows = [per[queue]] if queue in per else []
+            else:
+                rows = [r for q, r in per.items() if with_internal or not internal(q)]
             out["time"].append(t)
+            out["partial"].append(int(partial))
             for key, i in (("ready", 0), ("put_rate", 1), ("ack_rate", 2)):
                 out[key].append(round(sum(r[i] for r in rows), 2))
         return out
@@ -304,6 +365,11 @@ class PoolWatch:
         return out
 
 
+def internal(queue: str) -> bool:
+    """Whether `queue` is one Conveyor keeps for itself (a Spark job's records), not the user's."""
+    return queue.startswith(INTERNAL_QUEUE_PREFIX)
+
+
 def _counts(s: QueueStats) -> dict[str, Any]:
     d = asdict(s)
     return {k: round(d[k], 2) if isinstance(d[k], float) else d[k] for k in _COUNTS}
@@ -325,6 +391,7 @@ def _job(q: dict[str, Any], reported: tuple[int, int]) -> dict[str, Any]:
     per = r / m if m else None
     return {
         "queue": q["name"],
+        "partial": q["partial"],
         "total": total,
         "done": done,
         "failed": q["failed"],

@@ -126,7 +126,7 @@ def make_app(watch: PoolWatch, token: str | None, secure: bool, hosts: Hosts) ->
         return _json(watch.overview())
 
     async def history(request: web.Request) -> web.StreamResponse:
-        return _json(watch.history(request.query.get("queue") or None))
+        return _json(watch.history(request.query.get("queue") or None, request.query.get("internal") == "1"))
 
     async def dead_letters(request: web.Request) -> web.StreamResponse:
         q = request.query

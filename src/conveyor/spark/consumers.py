@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.sharded import ShardedQueues
-from conveyor.constants import DEFAULT_UNREACHABLE_S
+from conveyor.constants import DEFAULT_UNREACHABLE_S, INTERNAL_QUEUE_PREFIX
 from conveyor.errors import ConveyorError
 from conveyor.gc_policy import gc_tuned
 from conveyor.protocol.report import FIGURES, HOST, ConsumerReport, Shown
@@ -94,7 +94,7 @@ def _stop_key(job: str) -> str:
 
 def rows_put_records(job: str) -> TaskRecords[RowsPut]:
     """Where each task of a fed job records, once, that it has put its rows (and how many)."""
-    return TaskRecords(f"conveyor-fed-{job}", RowsPut)
+    return TaskRecords(f"{INTERNAL_QUEUE_PREFIX}fed-{job}", RowsPut)
 
 
 @dataclass(frozen=True, slots=True)

@@ -47,7 +47,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.sharded import ShardedQueues
-from conveyor.constants import DEFAULT_UNREACHABLE_S, ERR_NO_QUEUE, ERR_QUEUE_CONFLICT, H_ROWS, MAP_DEFAULT_LEASE_S
+from conveyor.constants import (
+    DEFAULT_UNREACHABLE_S,
+    ERR_NO_QUEUE,
+    ERR_QUEUE_CONFLICT,
+    H_ROWS,
+    INTERNAL_QUEUE_PREFIX,
+    MAP_DEFAULT_LEASE_S,
+)
 from conveyor.errors import ConnectionLostError, ConveyorError, JobInputChangedError, RequestError
 from conveyor.message import Message
 from conveyor.spark.cluster import driver_pool, is_local
@@ -228,7 +235,7 @@ class QueueJob:
         self.id = uuid.uuid4().hex[:12]  # this run's: its bookkeeping queues, and its keys unless resumable
         self.queue = f"{settings.entry}-job-{settings.job}" if settings.resumable else f"{settings.entry}-{self.id}"
         self.markers = f"{settings.entry}-chunks-{settings.job}"  # a resumable job's: markers of its chunks put whole
-        self.read_counts = TaskRecords(f"conveyor-read-{self.id}", ReadCounts)
+        self.read_counts = TaskRecords(f"{INTERNAL_QUEUE_PREFIX}read-{self.id}", ReadCounts)
 
     def run(self, df: DataFrame, form: JobForm) -> JobOutcome:
         """Put `df` through the queue and read the output back; a failure or an interrupt abandons the queue.

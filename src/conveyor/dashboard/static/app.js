@@ -8,6 +8,8 @@ let selected = null;          // the queue whose detail is open
 let deadCursor = "";          // where the next page of its dead letters starts
 let lastOverview = null;
 let deadRequest = 0;          // the latest request for dead letters: an answer to an older one is dropped
+// internal queues (a Spark job's records) shown too: kept in the URL (?internal=1), so a reload or a link keeps it
+let showInternal = new URLSearchParams(window.location.search).get("internal") === "1";
 
 function el(tag, text, cls) {
   const e = document.createElement(tag);
@@ -51,6 +53,25 @@ function row(cells, cls) {
   return tr;
 }
 
+// "partial: 1 of 3 servers unreachable (host:port)", or null when every server answers
+function partialText(p) {
+  return p ? "partial: " + p.unreachable.length + " of " + p.servers + " servers unreachable (" +
+    p.unreachable.join(", ") + ")" : null;
+}
+
+function drawPartial(p) {
+  const text = partialText(p);
+  const badge = document.getElementById("partial");
+  badge.hidden = text === null;
+  badge.textContent = text || "";
+  badge.title = text ? "every total and chart counts only the servers that answer; " +
+    "a queue's breakdown keeps the last figures of those down, greyed" : "";
+  for (const mark of document.querySelectorAll(".partial-mark")) {
+    mark.hidden = text === null;
+    mark.title = text || "";
+  }
+}
+
 function drawServers(servers) {
   const box = document.getElementById("servers");
   box.replaceChildren(...servers.map(s => {
@@ -67,10 +88,17 @@ function queueCells(q) {
           rate(q.ack_rate), bytes(q.bytes_on_disk)];
 }
 
-function drawQueues(queues) {
-  document.getElementById("queue-count").textContent = "(" + queues.length + ")";
-  fill(document.querySelector("#queues tbody"), queues.map(q => {
-    const tr = row([q.name, ...queueCells(q)], q.name === selected ? "selected" : "");
+function drawQueues(queues, servers) {
+  const shown = queues.filter(q => showInternal || !q.internal);
+  const hidden = queues.length - shown.length;
+  document.getElementById("queue-count").textContent = "(" + shown.length + (hidden ? ", " + hidden + " internal hidden" : "") + ")";
+  const down = servers.filter(s => !s.up).map(s => s.address);
+  fill(document.querySelector("#queues tbody"), shown.map(q => {
+    const name = el("td", q.name);
+    if (q.internal) name.append(el("span", "internal", "tag"));
+    if (q.partial) name.append(el("span", "partial", "tag partial"));
+    const tr = row([name, ...queueCells(q)], [q.name === selected ? "selected" : "", q.partial ? "partial" : ""].join(" ").trim());
+    if (q.partial) tr.title = "counts of the servers that answer; not counted: " + down.join(", ") + " (down)";
     tr.dataset.queue = q.name;
     tr.addEventListener("click", () => openQueue(q.name));
     return tr;
@@ -83,8 +111,13 @@ function drawDetail(overview) {
   const servers = overview.servers;
   fill(document.querySelector("#shards tbody"), servers.map(s => {
     const per = q && q.shards[String(s.shard)];
-    const cells = per ? queueCells(per) : Array(8).fill(s.up ? "–" : "down");
-    return row([String(s.shard), s.address, ...cells], s.up ? "" : "gone");
+    if (s.up) return row([String(s.shard), s.address, ...(per ? queueCells(per) : Array(8).fill("–"))]);
+    // down: its last answer's figures, greyed and dated, or said missing when it never answered
+    const where = el("td", s.address + (per ? " (down; last known, " + ago(per.age_s) + ")" : " (down)"));
+    const tr = row([String(s.shard), where, ...(per ? queueCells(per) : Array(8).fill(s.last_answer_s === null ? "missing" : "–"))],
+                   per ? "down stale" : "down");
+    tr.title = per ? "not counted in the totals: these are its figures when it last answered" : "no figures: it has not answered";
+    return tr;
   }));
 }
 
@@ -100,8 +133,10 @@ function drawJobs(jobs) {
     bar.append(fillBar);
     const cell = el("td");
     cell.append(bar, el("span", " " + (100 * part).toFixed(0) + "%"));
-    return row([j.queue, cell, num(j.rows_done), num(j.rows_total), num(j.done), num(j.total), num(j.failed),
-                rate(inRows ? j.rows_rate : null), duration(j.eta_s)]);
+    const tr = row([j.queue, cell, num(j.rows_done), num(j.rows_total), num(j.done), num(j.total), num(j.failed),
+                    rate(inRows ? j.rows_rate : null), duration(j.eta_s)], j.partial ? "partial" : "");
+    if (j.partial) tr.title = "counts of the servers that answer: some of its messages are on a server down";
+    return tr;
   }));
 }
 
@@ -115,39 +150,164 @@ function drawConsumers(consumers) {
   }));
 }
 
-// A line chart of one or more series over time, scaled to the largest value.
-function chart(svgId, times, series) {
+// Charts: hand-drawn SVG (no library: the page works offline under a strict CSP). Each has a time
+// axis with clock ticks, a value axis with its unit, spans where some server was down shaded, and
+// a readout of the values at the time under the pointer.
+const SVG_NS = "http://www.w3.org/2000/svg";
+const CHART_H = 170, MARGIN = {left: 56, right: 12, top: 10, bottom: 26};
+const MIN_SPAN_S = 60;        // a chart spans at least this much time: a fresh dashboard's ticks stay readable
+const TIME_STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600];
+const charts = {};            // by svg id: what it drew last (for the readout), and where the pointer is
+
+function svgEl(tag, attrs, text) {
+  const e = document.createElementNS(SVG_NS, tag);
+  for (const [k, v] of Object.entries(attrs || {})) e.setAttribute(k, String(v));
+  if (text !== undefined) e.textContent = text;
+  return e;
+}
+
+function pad2(n) { return String(n).padStart(2, "0"); }
+function clock(t, seconds) {
+  const d = new Date(t * 1000);
+  return pad2(d.getHours()) + ":" + pad2(d.getMinutes()) + (seconds ? ":" + pad2(d.getSeconds()) : "");
+}
+function tickValue(v) {
+  if (v >= 1e6) return +(v / 1e6).toFixed(2) + "M";
+  if (v >= 1e4) return +(v / 1e3).toFixed(1) + "k";
+  return String(+v.toFixed(2));
+}
+
+// a step of 1, 2 or 5 times a power of ten giving at most `n` intervals up to `max`
+function niceStep(max, n, integer) {
+  const raw = max / n;
+  const p = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 5, 10].map(m => m * p).find(x => x >= raw);
+  return integer ? Math.max(1, Math.ceil(step)) : step;
+}
+
+function chart(svgId, h, series) {
   const svg = document.getElementById(svgId);
-  const W = 600, H = 140, pad = 14;
-  const ns = "http://www.w3.org/2000/svg";
+  const W = Math.max(svg.clientWidth || 600, 200), H = CHART_H;
+  const left = MARGIN.left, right = W - MARGIN.right, top = MARGIN.top, bottom = H - MARGIN.bottom;
+  svg.setAttribute("viewBox", "0 0 " + W + " " + H);
+  const unit = svg.dataset.unit, integer = svg.dataset.integer === "1";
+  const times = h.time;
+  const t1 = times.length ? times[times.length - 1] : Date.now() / 1000;
+  const t0 = Math.min(times.length ? times[0] : t1, t1 - MIN_SPAN_S);
+  const peak = Math.max(0, ...series.flatMap(s => s.values));
+  const yStep = niceStep(peak > 0 ? peak : 1, 4, integer);
+  const yMax = Math.max(yStep, Math.ceil(peak / yStep) * yStep);
+  const x = t => left + (right - left) * (t - t0) / (t1 - t0);
+  const y = v => bottom - (bottom - top) * v / yMax;
   const parts = [];
-  const max = Math.max(1, ...series.flatMap(s => s.values));
-  const t0 = times.length ? times[0] : 0, t1 = times.length ? times[times.length - 1] : 1;
-  const x = t => pad + (W - 2 * pad) * (t1 > t0 ? (t - t0) / (t1 - t0) : 1);
-  const y = v => H - pad - (H - 2 * pad) * v / max;
+  // spans where some server was down: the sums lack its share
+  for (let i = 0; i < times.length; i++) {
+    if (!h.partial[i]) continue;
+    let j = i;
+    while (j + 1 < times.length && h.partial[j + 1]) j++;
+    const a = x(times[Math.max(i - 1, 0)]), b = x(times[j]);
+    parts.push(svgEl("rect", {class: "partial-span", x: a.toFixed(1), y: top, width: Math.max(b - a, 2).toFixed(1), height: bottom - top}));
+    i = j;
+  }
+  // the value axis: grid lines and tick values, and the quantity's unit
+  const yAxis = svgEl("g", {class: "axis y-axis"});
+  for (let v = 0; v <= yMax + yStep / 2; v += yStep) {
+    const yy = y(v).toFixed(1);
+    yAxis.append(svgEl("line", {class: "grid", x1: left, x2: right, y1: yy, y2: yy}));
+    const tick = svgEl("g", {class: "tick y-tick"});
+    tick.append(svgEl("text", {x: left - 5, y: yy, "text-anchor": "end", "dominant-baseline": "middle"}, tickValue(v)));
+    yAxis.append(tick);
+  }
+  const mid = (top + bottom) / 2;
+  yAxis.append(svgEl("text", {class: "axis-label y-label", x: 11, y: mid, "text-anchor": "middle",
+                              transform: "rotate(-90 11 " + mid + ")"}, unit));
+  yAxis.append(svgEl("line", {class: "axis-line", x1: left, x2: left, y1: top, y2: bottom}));
+  parts.push(yAxis);
+  // the time axis: clock times at round steps
+  const tStep = TIME_STEPS.find(st => (t1 - t0) / st <= Math.max(2, Math.floor((right - left) / 90))) || 3600;
+  const xAxis = svgEl("g", {class: "axis x-axis"});
+  xAxis.append(svgEl("line", {class: "axis-line", x1: left, x2: right, y1: bottom, y2: bottom}));
+  for (let t = Math.ceil(t0 / tStep) * tStep; t <= t1; t += tStep) {
+    const xx = x(t).toFixed(1);
+    const tick = svgEl("g", {class: "tick x-tick"});
+    tick.append(svgEl("line", {x1: xx, x2: xx, y1: bottom, y2: bottom + 4}));
+    // a label at an edge is anchored inside the chart, not cut
+    const anchor = x(t) + 24 > W ? "end" : x(t) - 24 < 0 ? "start" : "middle";
+    tick.append(svgEl("text", {x: xx, y: bottom + 15, "text-anchor": anchor}, clock(t, tStep < 60)));
+    xAxis.append(tick);
+  }
+  xAxis.append(svgEl("text", {class: "axis-label x-label", x: right, y: H - 1, "text-anchor": "end"}, "time"));
+  parts.push(xAxis);
   for (const s of series) {
     if (!s.values.length) continue;
-    const p = document.createElementNS(ns, "path");
-    p.setAttribute("d", s.values.map((v, i) => (i ? "L" : "M") + x(times[i]).toFixed(1) + "," + y(v).toFixed(1)).join(""));
-    p.setAttribute("class", s.cls);
-    parts.push(p);
+    parts.push(svgEl("path", {class: s.cls,
+      d: s.values.map((v, i) => (i ? "L" : "M") + x(times[i]).toFixed(1) + "," + y(v).toFixed(1)).join("")}));
   }
-  const label = document.createElementNS(ns, "text");
-  label.setAttribute("x", "2");
-  label.setAttribute("y", "10");
-  label.textContent = "max " + rate(max) + (times.length ? ", last " + duration(t1 - t0) : "");
-  parts.push(label);
+  const cursor = svgEl("g", {class: "cursor"});
+  parts.push(cursor);
   svg.replaceChildren(...parts);
+  const c = charts[svgId] || (charts[svgId] = {pointer: null});
+  Object.assign(c, {svg, W, left, right, x, y, times, series, partial: h.partial, unit, cursor, integer});
+  showReadout(svgId);
+}
+
+// the sample nearest the pointer: its time and each series' value, beside a cursor line
+function showReadout(svgId) {
+  const c = charts[svgId];
+  const out = document.getElementById(svgId + "-readout");
+  if (!c || c.pointer === null || !c.times.length) {
+    if (c) c.cursor.replaceChildren();
+    out.hidden = true;
+    return;
+  }
+  let best = 0;
+  for (let i = 1; i < c.times.length; i++) {
+    if (Math.abs(c.x(c.times[i]) - c.pointer) < Math.abs(c.x(c.times[best]) - c.pointer)) best = i;
+  }
+  const xx = c.x(c.times[best]);
+  const marks = [svgEl("line", {x1: xx.toFixed(1), x2: xx.toFixed(1), y1: MARGIN.top, y2: CHART_H - MARGIN.bottom})];
+  const words = [];
+  for (const s of c.series) {
+    const v = s.values[best];
+    if (v === undefined) continue;
+    marks.push(svgEl("circle", {class: s.cls, cx: xx.toFixed(1), cy: c.y(v).toFixed(1), r: 3}));
+    const shown = c.integer ? num(v) : rate(v);
+    words.push([s.name, shown, c.unit]);
+  }
+  c.cursor.replaceChildren(...marks);
+  out.replaceChildren(el("span", clock(c.times[best], true), "time"),
+                      ...words.map(([name, v, unit]) => el("span", name + " " + v + " " + unit, "value")));
+  if (c.partial[best]) out.append(el("span", "partial: a server was down", "partial"));
+  out.hidden = false;
+  const box = c.svg.getBoundingClientRect();
+  const px = xx * box.width / c.W;   // in the figure's pixels
+  out.style.left = Math.max(0, Math.min(px + 12, box.width - out.offsetWidth)) + "px";
+}
+
+function watchPointer(svgId) {
+  const svg = document.getElementById(svgId);
+  svg.addEventListener("pointermove", e => {
+    const c = charts[svgId];
+    if (!c) return;
+    const box = svg.getBoundingClientRect();
+    const px = (e.clientX - box.left) * c.W / box.width;
+    c.pointer = px >= c.left - 4 && px <= c.right + 4 ? px : null;
+    showReadout(svgId);
+  });
+  svg.addEventListener("pointerleave", () => {
+    if (charts[svgId]) charts[svgId].pointer = null;
+    showReadout(svgId);
+  });
 }
 
 async function refreshHistory() {
-  const all = await api("/api/history");
-  chart("chart-rates", all.time, [{values: all.put_rate, cls: "put"}, {values: all.ack_rate, cls: "ack"}]);
-  chart("chart-ready", all.time, [{values: all.ready, cls: "ready"}]);
+  const all = await api("/api/history" + (showInternal ? "?internal=1" : ""));
+  chart("chart-rates", all, [{values: all.put_rate, cls: "put", name: "put"}, {values: all.ack_rate, cls: "ack", name: "ack"}]);
+  chart("chart-ready", all, [{values: all.ready, cls: "ready", name: "ready"}]);
   if (selected !== null) {
     const one = await api("/api/history?queue=" + encodeURIComponent(selected));
-    chart("chart-q-rates", one.time, [{values: one.put_rate, cls: "put"}, {values: one.ack_rate, cls: "ack"}]);
-    chart("chart-q-ready", one.time, [{values: one.ready, cls: "ready"}]);
+    chart("chart-q-rates", one, [{values: one.put_rate, cls: "put", name: "put"}, {values: one.ack_rate, cls: "ack", name: "ack"}]);
+    chart("chart-q-ready", one, [{values: one.ready, cls: "ready", name: "ready"}]);
   }
 }
 
@@ -156,7 +316,8 @@ async function refresh() {
     const o = await api("/api/overview");
     lastOverview = o;
     drawServers(o.servers);
-    drawQueues(o.queues);
+    drawPartial(o.partial);
+    drawQueues(o.queues, o.servers);
     drawDetail(o);
     drawJobs(o.jobs);
     drawConsumers(o.consumers);
@@ -250,7 +411,24 @@ function openQueue(name) {
   loadDead(false);
 }
 
+function setShowInternal(on) {
+  showInternal = on;
+  for (const scope of document.querySelectorAll("#charts .scope")) scope.textContent = on ? "all queues" : "the user's queues";
+}
+
 document.addEventListener("DOMContentLoaded", () => {
+  const toggle = document.getElementById("show-internal");
+  toggle.checked = showInternal;
+  setShowInternal(showInternal);
+  toggle.addEventListener("change", () => {
+    setShowInternal(toggle.checked);
+    const url = new URL(window.location.href);
+    if (toggle.checked) url.searchParams.set("internal", "1"); else url.searchParams.delete("internal");
+    window.history.replaceState(null, "", url);
+    if (lastOverview) drawQueues(lastOverview.queues, lastOverview.servers);
+    refreshHistory().catch(() => {});  // the next refresh says so if the dashboard is unreachable
+  });
+  for (const svg of document.querySelectorAll("svg.chart")) watchPointer(svg.id);
   document.getElementById("detail-close").addEventListener("click", () => {
     selected = null;
     document.getElementById("detail").hidden = true;
