@@ -408,6 +408,7 @@ function openQueue(name) {
   document.getElementById("detail-name").textContent = name;
   for (const tr of document.querySelectorAll("#queues tbody tr")) tr.classList.toggle("selected", tr.dataset.queue === name);
   if (lastOverview) drawDetail(lastOverview);
+  refreshHistory().catch(() => {});  // its charts now, not at the next refresh (which says if this failed)
   loadDead(false);
 }
 
