@@ -233,22 +233,16 @@ class PoolWatch:
                 del self._seen[name]
                 self._done.pop(name, None)
             rates = {n: _rate(self._done.get(n)) for n in self._seen}
+            working = {n for n, h in heard.items() if not h.report.ended}  # the peers a rate is judged against
             for name, h in sorted(self._seen.items()):
                 ago = now - h.at
-                status = (
-                    "finished"
-                    if h.report.ended
-                    else "unknown"  # with no server answering, nothing is known of any other
-                    if not answering
-                    else "lost"
-                    if name not in heard
-                    else "late"
-                    if ago > LATE_S
-                    else "ok"
-                )
-                peers = [
-                    r for n, r in rates.items() if n != name and n in heard and not self._seen[n].report.ended and r is not None
-                ]
+                if h.report.ended:
+                    status = "finished"
+                elif not answering:  # with no server answering, nothing is known of any other
+                    status = "unknown"
+                else:
+                    status = "lost" if name not in heard else "late" if ago > LATE_S else "ok"
+                peers = [r for n, r in rates.items() if n != name and n in working and r is not None]
                 rate = rates[name]
                 # judged only on a long enough span, and peers fast enough that a shortfall means something
                 behind = (
