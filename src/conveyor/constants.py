@@ -355,3 +355,18 @@ REQUEST_SECONDS_BUCKETS = (
     30.0,
     60.0,
 )
+
+# --- Task records (server/task_records.py: the `tasks` and `task` operations, `conveyor inspect`) --
+# per queue, in memory: the deliveries running (bounded by the leases) and the last TASK_RECENT finished
+TASK_RECENT = 1000
+TASK_PREVIEW_BYTES = 512  # of a message's payload (and of a stored result) kept and sent as a preview
+TASK_ERROR_KEPT_CHARS = 2048  # of a failed delivery's error: its start and its end (a dead letter keeps it whole)
+TASK_ERROR_SUMMARY_CHARS = 200  # of that error, in a page of records (its first line)
+TASK_PAGE_MAX = 1000  # records of each kind (running, recent) one `tasks` request may ask for
+TASK_HISTORY_MAX = 100  # the newest deliveries of one message a `task` answer holds
+MAX_CONSUMER_CHARS = 200  # of a consumer's name, as a server keeps it (its reports, its deliveries)
+# metrics: the task names with a `task` label of their own (the most run since the server started;
+# the rest count as TASK_LABEL_OTHER), among at most TASK_NAMES_TRACKED names tallied
+TASK_LABELS = 10
+TASK_LABEL_OTHER = "other"
+TASK_NAMES_TRACKED = 1000

@@ -244,3 +244,14 @@ def terminates_its_children() -> list[int | None]:
         os.waitpid(forked, 0)
     os.close(read)
     return [code, status]
+
+
+@conveyor.task(queue="jobs", max_retries=0)
+def waits_for_file(path: str, timeout_s: float) -> str:
+    """Runs until the file `path` exists (at most `timeout_s`): a test says when it ends, no timing guessed."""
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear within {timeout_s} s")
+        time.sleep(0.01)
+    return "released"

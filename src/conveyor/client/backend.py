@@ -68,12 +68,14 @@ class QueueBackend(Protocol):
         wait_s: float = 0.0,
         shards: Sequence[int] | None = None,
         tie: bool = False,
+        consumer: str | None = None,
     ) -> list[Message]:
         """Lease up to n messages, waiting up to `wait_s` for some (a long poll).
 
         With `tie`, the leases also end when the connection that took them closes: a consumer's, so
         that a dead consumer's work runs again at once rather than after its leases (no connection:
-        no effect), and a server's `wake` of the queue ends the wait.
+        no effect), and a server's `wake` of the queue ends the wait. `consumer`: the name of the
+        consumer fetching, which the servers' task records show (no server: no effect).
         """
         ...
 

@@ -168,11 +168,12 @@ class InProcessQueues:
         wait_s: float = 0.0,
         shards: Sequence[int] | None = None,
         tie: bool = False,
+        consumer: str | None = None,
     ) -> list[Message]:
         """Lease up to n messages, waiting up to `wait_s` for some to come.
 
         The wait is woken by puts and nacks, or when a delayed message comes due or a lease runs
-        out. `tie` has no effect: no connection.
+        out. `tie` and `consumer` have no effect: no connection, no server keeping task records.
         """
         deadline = time.monotonic() + wait_s
         with self._cond:

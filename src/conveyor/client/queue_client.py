@@ -14,6 +14,7 @@ from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Header
 from conveyor.protocol.report import Counts
 from conveyor.protocol.requests import QueueInfo, QueueStats
+from conveyor.protocol.task_pages import TaskDetail, TaskPage, TaskState
 
 
 class QueueClient(Transport):
@@ -54,9 +55,16 @@ class QueueClient(Transport):
         return [i for ids in self.pipeline(calls.puts(queue, messages, self.connect().server_limits)) for i in ids]
 
     def get(
-        self, queue: str, n: int = 1, *, lease_s: float | None = None, wait_s: float = 0.0, tie: bool = False
+        self,
+        queue: str,
+        n: int = 1,
+        *,
+        lease_s: float | None = None,
+        wait_s: float = 0.0,
+        tie: bool = False,
+        consumer: str | None = None,
     ) -> list[Message]:
-        return self.call(calls.get(queue, n, lease_s=lease_s, wait_s=wait_s, tie=tie))
+        return self.call(calls.get(queue, n, lease_s=lease_s, wait_s=wait_s, tie=tie, consumer=consumer))
 
     def ack(self, queue: str, ids: Sequence[int], results: Sequence[bytes | None] | None = None) -> list[bool]:
         return [o for ok in self.pipeline(calls.acks(queue, ids, results, self.connect().server_limits)) for o in ok]
@@ -125,6 +133,20 @@ class QueueClient(Transport):
 
     def stored(self, queue: str, keys: Sequence[str]) -> list[int]:
         return self.call(calls.stored(queue, keys))
+
+    def tasks(
+        self,
+        queue: str | None = None,
+        *,
+        task: str | None = None,
+        state: TaskState | None = None,
+        msg_id: int = 0,
+        limit: int = 100,
+    ) -> TaskPage:
+        return self.call(calls.tasks(queue, task=task, state=state, msg_id=msg_id, limit=limit))
+
+    def task(self, queue: str, msg_id: int) -> TaskDetail:
+        return self.call(calls.task(queue, msg_id))
 
     def put_blob(self, data: bytes) -> str:
         return self.call(calls.put_blob(data))

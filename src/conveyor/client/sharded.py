@@ -28,6 +28,7 @@ from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Limits
 from conveyor.protocol.report import SEEN, Counts
 from conveyor.protocol.requests import Call, QueueInfo, QueueStats
+from conveyor.protocol.task_pages import TaskDetail, TaskPage, TaskState
 from conveyor.tasks.envelope import FunctionRef, adhoc_task_name
 
 if TYPE_CHECKING:
@@ -201,11 +202,13 @@ class ShardedQueues:
         wait_s: float = 0.0,
         shards: Sequence[int] | None = None,
         tie: bool = False,
+        consumer: str | None = None,
     ) -> list[Message]:
         """Lease up to n messages from the first of `shards` (default: all, rotating) that has some.
 
         With `wait_s`, keeps trying (long polls of a fraction of a second on each shard) until then,
         or until a server says a `wake` ended the wait (the list's `woken`; only with `tie`).
+        `consumer`: who fetches, as the servers' task records name it.
         """
         order = list(range(len(self.clients))) if shards is None else list(shards)
         if shards is None:
@@ -222,7 +225,7 @@ class ShardedQueues:
                 # a slice each, and never past the deadline: a caller told "wait_s" gets its answer then
                 wait = max(0.0, min(deadline - time.monotonic(), slice_s)) if waiting else 0.0
                 try:
-                    call = calls.get(queue, n, lease_s=lease_s, wait_s=wait, id_base=s << SHARD_SHIFT, tie=tie)
+                    call = calls.get(queue, n, lease_s=lease_s, wait_s=wait, id_base=s << SHARD_SHIFT, tie=tie, consumer=consumer)
                     got = self.clients[s].call(call)
                 except ConnectionLostError as e:  # serve from the other shards meanwhile, trying it less often as it stays out
                     gone = self.clients[s].unreachable_s()
@@ -429,6 +432,44 @@ class ShardedQueues:
                 if (first_new is not None and after >= first_new) or local == set():
                     break
         return n
+
+    def tasks(
+        self,
+        queue: str | None = None,
+        *,
+        task: str | None = None,
+        state: TaskState | None = None,
+        msg_id: int = 0,
+        limit: int = 100,
+    ) -> TaskPage:
+        """The servers' task records as one page: running deliveries and recently settled ones, each newest first.
+
+        Of `queue` (None: every queue), with this task name, in this state, of this pool-wide message
+        id (0: any; then only its shard is asked); at most `limit` of each kind. A server that does
+        not answer is named in the page's `unreachable`, with its error, and the others are shown.
+        """
+        shards = list(self._by_shard([msg_id])) if msg_id else list(range(len(self.clients)))
+
+        def one(s: int) -> TaskPage | None:  # None: the server has no such queue
+            call = calls.tasks(queue, task=task, state=state, msg_id=msg_id & LOCAL_MASK, limit=limit, id_base=s << SHARD_SHIFT)
+            try:
+                return self.clients[s].call(call)
+            except RequestError as e:
+                if e.kind == ERR_NO_QUEUE:  # a queue on some shards only
+                    return None
+                raise
+            except (ConveyorError, OSError) as e:  # OSError: TimeoutError, a request with no reply in time
+                return TaskPage(unreachable={self.clients[s].address: f"{type(e).__name__}: {e}"})
+
+        pages = list(self._executor().map(one, shards))
+        if queue is not None and all(p is None for p in pages):
+            raise RequestError(ERR_NO_QUEUE, f"no queue named {queue!r} on any of the {len(shards)} servers asked")
+        return TaskPage.merged([p for p in pages if p is not None], limit)
+
+    def task(self, queue: str, msg_id: int) -> TaskDetail:
+        """One message by its pool-wide id: where it is, its deliveries its server keeps, its headers and previews."""
+        (shard,) = self._by_shard([msg_id])
+        return self.clients[shard].call(calls.task(queue, msg_id & LOCAL_MASK, id_base=shard << SHARD_SHIFT))
 
     def put_blob(self, data: bytes) -> str:
         """Store bytes on every shard (so any consumer finds them); returns the sha256 key."""

@@ -19,6 +19,7 @@ from conveyor.constants import (
     MAX_HOST_CHARS,
     MAX_LEASE_S,
     MAX_WAIT_S,
+    TASK_PAGE_MAX,
 )
 from conveyor.errors import RequestError
 from conveyor.protocol.framing import Header
@@ -232,11 +233,13 @@ GET = Operation(
         _LEASE,
         Field("wait_s", Kind.NUM, 0.0, hi=MAX_WAIT_S),
         Field("tie", Kind.BOOL, False),
+        Field("consumer", Kind.STR, None),
     ),
     (*_FETCHED, "left", "woken"),
     "Lease up to n messages, waiting up to wait_s for some; with tie (a "
     "consumer's get), the leases also end when the connection is closed by "
-    "its peer, and a wake ends the wait (`woken`).",
+    "its peer, and a wake ends the wait (`woken`). `consumer`: who fetches, "
+    "as the server's task records name it.",
 )
 ACK = Operation(
     "ack",
@@ -286,6 +289,26 @@ WAKE = Operation(
     ("n",),
     "Answer the consumers' gets (with tie) waiting on these queues now, empty: they look again (at a stop, say).",
 )
+TASKS = Operation(
+    "tasks",
+    (
+        Field("queue", Kind.STR, None),
+        Field("task", Kind.STR, None),
+        Field("state", Kind.STR, None),
+        Field("msg_id", Kind.INT, 0, "mid"),
+        Field("limit", Kind.INT, 100, lo=1, hi=TASK_PAGE_MAX),
+    ),
+    ("time", "running", "recent", "running_total"),
+    "Running deliveries and recently finished ones, newest first, of a queue (default: every queue), "
+    "with this task name, state or message id: at most `limit` of each.",
+)
+TASK = Operation(
+    "task",
+    (_QUEUE, Field("msg_id", Kind.INT, wire="mid", lo=1)),
+    ("time", "status", "records", "headers", "enqueued_at", "payload", "result", "dead_error"),
+    "One message: where it is, its deliveries kept, its headers, and previews (as frames) of its "
+    "payload and result: `payload` and `result` are their whole sizes, or None; a dead letter's error.",
+)
 PUT_BLOB = Operation("put_blob", (), ("key",), "Store one frame under its sha256.")
 GET_BLOB = Operation("get_blob", (Field("key", Kind.STR),), ("found",), "The bytes stored under a key.")
 FORGET_BLOBS = Operation("forget_blobs", (Field("keys", Kind.NAMES),), ("n",), "Remove blobs.")
@@ -317,5 +340,10 @@ OPERATIONS: dict[str, Operation] = {
         FORGET_BLOBS,
         BYE,
         WAKE,
+        TASKS,
+        TASK,
     )
 }
+# every request also carries these keys, and a reply these: no field may take one
+assert not {f.key for op in OPERATIONS.values() for f in op.request} & {"op", "id", LIMITS_KEY}
+assert not {k for op in OPERATIONS.values() for k in op.reply} & {"id", "error", "message"}

@@ -31,9 +31,10 @@ class Histogram:
         self.counts = [0] * (len(self.bounds) + 1)
         self.sum = 0.0
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect_left(self.bounds, value)] += 1
-        self.sum += value
+    def observe(self, value: float, n: int = 1) -> None:
+        """Count `value`, `n` times (tasks of one delivery, settled together, ran as long)."""
+        self.counts[bisect_left(self.bounds, value)] += n
+        self.sum += value * n
 
     @property
     def count(self) -> int:

@@ -89,6 +89,8 @@ class ConsumerReport:
     def to_counts(self) -> Counts:
         """The report as the `report` operation carries it."""
         out: Counts = {HOST: self.host, **self.figures()}
+        if self.ended:
+            out[ENDED] = 1
         out.update({COUNT_SERVES + q: 1 for q in self.serves})
         for q, r in self.rows.items():
             out[COUNT_ROW_MESSAGES + q], out[COUNT_ROWS + q] = r.messages, r.rows
@@ -118,15 +120,21 @@ class ConsumerReport:
             serves=tuple(queues_served(counts)),
             rows=rows,
             task_seconds=Histogram.from_counts(counts),
-            ended=_int(counts.get(ENDED)) == 1,
+            ended=has_ended(counts),
             seen=_float(counts.get(SEEN)),
         )
 
 
 FIGURES: dict[str, Figure] = {f.name: f.metadata[Figure] for f in fields(ConsumerReport) if Figure in f.metadata}
-# the wire keys of the host (the one string a report carries), of `ended` and of `seen` (set by the server)
+# the wire keys of the host (the one string a report carries), of `ended` (1 in a consumer's last
+# report) and of `seen` (set by the server)
 HOST, ENDED, SEEN = "host", "ended", "seen"
 assert {HOST, ENDED, SEEN} <= {f.name for f in fields(ConsumerReport)}
+
+
+def has_ended(counts: Mapping[str, float | str]) -> bool:
+    """Whether a report on the wire is its consumer's last: it stops."""
+    return counts.get(ENDED) == 1
 
 
 def serves(counts: Mapping[str, float | str], queue: str) -> bool:

@@ -42,10 +42,13 @@ from conveyor.protocol.declarations import (
     STATS,
     STATUS,
     STORED,
+    TASK,
+    TASKS,
     WAKE,
 )
 from conveyor.protocol.framing import Frames, Header, Limits, column, expand
 from conveyor.protocol.report import Counts
+from conveyor.protocol.task_pages import TaskDetail, TaskPage, TaskRecord, TaskState, detail_from_reply
 
 T = TypeVar("T")
 _packb = msgpack.Packer(use_bin_type=True).pack
@@ -216,14 +219,22 @@ def _fetched(h: Header, frames: Frames, id_base: int) -> Fetched:
 
 
 def get(
-    queue: str, n: int, *, lease_s: float | None = None, wait_s: float = 0.0, id_base: int = 0, tie: bool = False
+    queue: str,
+    n: int,
+    *,
+    lease_s: float | None = None,
+    wait_s: float = 0.0,
+    id_base: int = 0,
+    tie: bool = False,
+    consumer: str | None = None,
 ) -> Call[Fetched]:
     """Lease up to n messages; with `wait_s`, wait that long for some to arrive (long poll).
 
     With `tie` (a consumer's get), the leases also end when this connection closes (the process
-    holding them died), and a `wake` of the queue ends the wait.
+    holding them died), and a `wake` of the queue ends the wait. `consumer`: the name the server's
+    task records give the deliveries' holder.
     """
-    args = GET.header(queue=queue, n=n, lease_s=lease_s, wait_s=wait_s, tie=tie)
+    args = GET.header(queue=queue, n=n, lease_s=lease_s, wait_s=wait_s, tie=tie, consumer=consumer)
     return Call(GET.name, args, parse=lambda h, f: _fetched(h, f, id_base), wait_s=max(0.0, wait_s), ties=tie)
 
 
@@ -392,6 +403,39 @@ def forget(queue: str, ids: Sequence[int]) -> Call[int]:
 def stored(queue: str, keys: Sequence[str]) -> Call[list[int]]:
     """The id of the message stored under each idempotency key, 0 where none is: did a put land."""
     return Call(STORED.name, STORED.header(queue=queue, keys=list(keys)), parse=lambda h, f: list(h["ids"]))
+
+
+def tasks(
+    queue: str | None = None,
+    *,
+    task: str | None = None,
+    state: TaskState | None = None,
+    msg_id: int = 0,
+    limit: int = 100,
+    id_base: int = 0,
+) -> Call[TaskPage]:
+    """A page of task records: running deliveries and recently settled ones, each newest first.
+
+    Of `queue` (None: every queue on the server), with this task name, in this state, of this
+    message (0: any); at most `limit` of each kind. `id_base` is added to every id (a pool's shard bits).
+    """
+    args = TASKS.header(queue=queue, task=task, state=None if state is None else state.value, msg_id=msg_id, limit=limit)
+
+    def parse(h: Header, f: Frames) -> TaskPage:
+        now = float(h["time"])
+        records = [[TaskRecord.from_wire(r, now, id_base) for r in h[k]] for k in ("running", "recent")]
+        return TaskPage(records[0], records[1], int(h["running_total"]))
+
+    return Call(TASKS.name, args, parse=parse)
+
+
+def task(queue: str, msg_id: int, *, id_base: int = 0) -> Call[TaskDetail]:
+    """One message (`msg_id` on this server): where it is, its deliveries kept, headers and previews."""
+    return Call(
+        TASK.name,
+        TASK.header(queue=queue, msg_id=msg_id),
+        parse=lambda h, f: detail_from_reply(queue, id_base + msg_id, h, list(f), id_base),
+    )
 
 
 def put_blob(data: bytes) -> Call[str]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import time
 
 import numpy as np
 
@@ -86,6 +87,7 @@ class ConnectionLeases:
                 log.error("%s: ending the leases of its closed connection on queue %s: %s", peer, q.info.name, e)
                 continue
             if ended:
+                q.tasks.sweep(q.store.status, time.time(), closed=ids)
                 host.touch(q)
                 q.changed.notify()
                 host.settled.notify()  # past its last attempt, a message ends here

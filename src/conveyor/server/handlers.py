@@ -14,13 +14,24 @@ import shutil
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict
+from operator import itemgetter
 from typing import Any
 
-from conveyor.constants import ERR_BAD_ARGUMENT, ERR_NO_QUEUE, H_IDEMPOTENCY_KEY, MAX_DELAY_S, PROTOCOL_VERSION
+from conveyor.constants import (
+    ERR_BAD_ARGUMENT,
+    ERR_NO_QUEUE,
+    H_IDEMPOTENCY_KEY,
+    MAX_CONSUMER_CHARS,
+    MAX_DELAY_S,
+    PROTOCOL_VERSION,
+    TASK_HISTORY_MAX,
+    TASK_PREVIEW_BYTES,
+)
 from conveyor.errors import RequestError, StoreError
-from conveyor.message import headers_bytes
+from conveyor.message import Status, headers_bytes
 from conveyor.protocol.declarations import COL_IDS, MESSAGE_COLUMNS, OPERATIONS, Arguments, Operation
 from conveyor.protocol.framing import Frames, column
+from conveyor.protocol.task_pages import R_AT, R_END, TaskState
 from conveyor.server.connection_leases import CONNECTION_LEASES
 from conveyor.server.idempotency import check_key
 from conveyor.server.queues import HostedQueue, QueueHost
@@ -167,6 +178,7 @@ async def get(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
         q.woken.add(id(leases))
     if a["tie"] and len(got) and leases is not None:
         leases.took(q, got.ids)
+    q.tasks.delivered(got, (a["consumer"] or "")[:MAX_CONSUMER_CHARS], time.time())
     cols = _columns(got.ids, got.priority, got.attempts, got.enqueued_at, got.not_before, got.max_attempts, got.headers)
     return {"queue": q.info.name, "lease_s": got.lease_s, "left": q.store.ready_left(), "woken": woken, **cols}, got.payloads
 
@@ -184,6 +196,7 @@ async def ack(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
                 raise RequestError(ERR_BAD_ARGUMENT, f"ack: 'none' holds {i}, not an index into the {len(ids)} ids")
             results[i] = None
     ok = q.store.ack_many(ids, results)
+    q.tasks.acked(ids, ok, time.time())
     await q.durable()
     host.settled.notify()
     return {"ok": ok}, []
@@ -203,6 +216,7 @@ async def nack(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
         delays = [float(delays)] * len(ids)
     ok = q.store.nack_each(ids, errors, delays, a["final"])
     if any(ok):
+        q.tasks.nacked(ids, ok, errors, q.store.status, time.time())
         q.changed.notify()
         await q.durable()
         host.settled.notify()  # a last attempt's nack ends the message
@@ -214,6 +228,7 @@ async def release(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     q = _queue(host, a)
     ok = q.store.release_many(ids)
     if any(ok):
+        q.tasks.released(ids, ok, time.time())
         q.changed.notify()
     return {"ok": ok}, []
 
@@ -253,7 +268,9 @@ async def extend_lease(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     ids = a["ids"]
     lease = a["lease_s"]
     q = _queue(host, a)
-    return {"ok": [q.store.extend_lease(i, lease) for i in ids]}, []
+    ok = [q.store.extend_lease(i, lease) for i in ids]
+    q.tasks.extended(ids, ok, lease, time.time())
+    return {"ok": ok}, []
 
 
 async def stats(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
@@ -394,6 +411,72 @@ async def wake(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
         q.woken.clear()
         q.changed.notify()
     return {"n": len(qs)}, []
+
+
+async def tasks(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
+    """A page of the task records of one queue, or of every queue here, each kind newest first."""
+    name, task, limit, msg_id = a["queue"], a["task"], a["limit"], a["msg_id"]
+    try:
+        state = None if a["state"] is None else TaskState.named(a["state"])
+    except ValueError as e:
+        raise RequestError(ERR_BAD_ARGUMENT, f"tasks: {e}") from None
+    qs = [_queue(host, a)] if name is not None else [q for q in host.queues.values() if not q.dropped]
+    now = time.time()
+    running: list[dict[str, Any]] = []
+    recent: list[dict[str, Any]] = []
+    total = 0
+    for q in qs:
+        q.tasks.sweep(q.store.status, now)
+        r, s, n = q.tasks.page(task, state, msg_id, limit)
+        running += r
+        recent += s
+        total += n
+    if len(qs) > 1:  # newest first over every queue
+        running = sorted(running, key=itemgetter(R_AT), reverse=True)[:limit]
+        recent = sorted(recent, key=itemgetter(R_END), reverse=True)[:limit]
+    return {"time": now, "running": running, "recent": recent, "running_total": total}, []
+
+
+async def task(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
+    """One message: its status, its deliveries kept, and what is known of its headers, payload and result.
+
+    From its records (its headers and a preview of its payload, as delivered), else, for a dead
+    letter, from the dead letter; its result if it is kept. Previews are at most
+    TASK_PREVIEW_BYTES: the server never decodes them.
+    """
+    msg_id = a["msg_id"]
+    q = _queue(host, a)
+    now = time.time()
+    q.tasks.sweep(q.store.status, now)
+    st = q.store.status(msg_id)
+    kept = q.tasks.of(msg_id)
+    reply: dict[str, Any] = {
+        "time": now,
+        "status": None if st is None else int(st),
+        "records": [q.tasks.wire(r, e) for r, e in kept[-TASK_HISTORY_MAX:]],
+        "headers": None,
+        "enqueued_at": None,
+        "payload": None,
+        "result": None,
+        "dead_error": None,
+    }
+    out: list[bytes] = []
+    if kept:
+        headers, enqueued_at, preview, size = q.tasks.message_of(kept[-1][0])
+        reply.update(headers=headers, enqueued_at=enqueued_at, payload=size)
+        out.append(preview)
+    if st is Status.FAILED:
+        dead = q.store.dead_letters(msg_id - 1, 1)
+        if dead and dead[0].message.id == msg_id:
+            m = dead[0].message
+            reply["dead_error"] = dead[0].error
+            if not kept:
+                reply.update(headers=m.headers, enqueued_at=m.enqueued_at, payload=len(m.payload))
+                out.append(bytes(m.payload[:TASK_PREVIEW_BYTES]))
+    elif st is Status.ACKED and (result := q.store.result(msg_id)) is not None:
+        reply["result"] = len(result)
+        out.append(bytes(result[:TASK_PREVIEW_BYTES]))
+    return reply, out
 
 
 HANDLERS: dict[str, tuple[Operation, Handler]] = {}

@@ -19,10 +19,11 @@ from typing import TYPE_CHECKING
 from conveyor.constants import METRICS_PATH, REQUEST_SECONDS_BUCKETS
 from conveyor.protocol.histograms import Histogram
 from conveyor.protocol.http import HttpService, bearer_ok, serve_app
-from conveyor.protocol.report import FIGURES, ConsumerReport, Shown, queues_served
+from conveyor.protocol.report import FIGURES, ConsumerReport, Counts, Shown, has_ended, queues_served
 from conveyor.protocol.throttle import Throttle
 from conveyor.server.budget import MemoryBudget
 from conveyor.server.queues import QueueHost
+from conveyor.server.task_tallies import COUNTED
 
 if TYPE_CHECKING:
     from aiohttp import web
@@ -102,6 +103,7 @@ class ServerCollector:
             value=memory.waiting,
         )
         yield from _consumers(host)
+        yield from _tasks(host)
 
 
 def _queues(host: QueueHost) -> Iterable[Metric]:
@@ -109,8 +111,7 @@ def _queues(host: QueueHost) -> Iterable[Metric]:
 
     messages = GaugeMetricFamily(
         "conveyor_queue_messages",
-        "Messages by state (acked: finished; failed: ended as dead "
-        "letters; both counted after their results or dead letters are forgotten or requeued).",
+        "Messages now, by state: ready, delayed (not before a time), delivered (leased to a consumer).",
         labels=["queue", "state"],
     )
     disk = GaugeMetricFamily(
@@ -119,18 +120,12 @@ def _queues(host: QueueHost) -> Iterable[Metric]:
     totals = [(f, CounterMetricFamily(f"conveyor_queue_{f}", doc, labels=["queue"])) for f, doc in QUEUE_TOTALS]
     consumers = GaugeMetricFamily("conveyor_queue_consumers", "Live consumers that report serving the queue.", labels=["queue"])
     # per queue hosted here, not per consumer and queue: a report naming queues without end adds no series
-    serving = Counter(q for counts in host.workers().values() for q in queues_served(counts))
+    serving = Counter(q for counts in _live(host).values() for q in queues_served(counts))
     for name, q in sorted(host.queues.items()):
         if q.dropped:
             continue
         s = q.store.stats()
-        for state, n in (
-            ("ready", s.ready),
-            ("delivered", s.delivered),
-            ("delayed", s.delayed),
-            ("acked", s.acked),
-            ("failed", s.failed),
-        ):
+        for state, n in (("ready", s.ready), ("delayed", s.delayed), ("delivered", s.delivered)):
             messages.add_metric([name, state], n)
         disk.add_metric([name], s.bytes_on_disk)
         consumers.add_metric([name], serving[name])
@@ -169,7 +164,7 @@ def _consumers(host: QueueHost) -> Iterable[Metric]:
     runtimes = HistogramMetricFamily(
         "conveyor_consumer_task_duration_seconds", "How long the consumer's tasks ran.", labels=labels
     )
-    for name, counts in sorted(host.workers().items()):
+    for name, counts in sorted(_live(host).items()):
         r = ConsumerReport.from_counts(name, counts)
         at = [r.consumer, r.host]
         for figure, n in r.figures(*kinds).items():
@@ -180,6 +175,34 @@ def _consumers(host: QueueHost) -> Iterable[Metric]:
     yield from figures.values()
     yield seen
     yield runtimes
+
+
+def _live(host: QueueHost) -> dict[str, Counts]:
+    """The consumers heard from lately but those whose last report said they stop: their series end with them."""
+    return {name: counts for name, counts in host.workers().items() if not has_ended(counts)}
+
+
+def _tasks(host: QueueHost) -> Iterable[Metric]:
+    """Per task name labelled (the most run; the rest as TASK_LABEL_OTHER), its settled deliveries and run times."""
+    from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+    runs = CounterMetricFamily(
+        "conveyor_task_runs_total",
+        "Deliveries of the task settled, by how they ended: acked, retried, failed (a dead letter), "
+        "expired (its lease ended: back in its queue) or dead-lettered (its lease ended on its last attempt).",
+        labels=["task", "state"],
+    )
+    seconds = HistogramMetricFamily(
+        "conveyor_task_duration_seconds",
+        "From a delivery of the task to its ack or nack, as the server saw them.",
+        labels=["task"],
+    )
+    for task, t in host.tallies.labelled().items():
+        for state, n in zip(COUNTED, t.runs, strict=True):
+            runs.add_metric([task, state.value], n)
+        seconds.add_metric([task], t.seconds.cumulative(), t.seconds.sum)
+    yield runs
+    yield seconds
 
 
 async def start_endpoint(

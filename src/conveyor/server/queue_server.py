@@ -29,6 +29,7 @@ from conveyor.constants import (
     ERR_AUTH,
     ERR_PROTOCOL,
     METRICS_PATH,
+    TASK_LABELS,
 )
 from conveyor.errors import ConveyorError, ProtocolError, StoreError
 from conveyor.protocol import framing as protocol
@@ -84,6 +85,7 @@ class QueueServer:
         request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
         metrics_port: int | None = None,
         memory_budget: int = DEFAULT_MEMORY_BUDGET_BYTES,
+        task_labels: int = TASK_LABELS,
     ) -> None:
         """A server's settings; it listens once `start` or `run` runs.
 
@@ -93,7 +95,8 @@ class QueueServer:
         when), and one that sent part of a request but not the rest within `request_timeout_s`.
         `metrics_port`: serve Prometheus metrics there too (0: a free port; `metrics_address` tells).
         `memory_budget`: bytes held at once for requests and unsent replies (`conveyor.server.budget`);
-        `limits` are lowered to fit it.
+        `limits` are lowered to fit it. `task_labels`: the task names the metrics give a `task` label
+        of their own, the most run (`conveyor.server.task_tallies`).
         """
         if temporary and data_dir is None:
             raise ConveyorError("a temporary server needs a data directory (to remove when it stops)")
@@ -142,6 +145,9 @@ class QueueServer:
         self._stopped: asyncio.Event | None = None
         self._closing = False
         self._quiet_until = 0.0  # see _complain
+        if task_labels < 0:
+            raise ValueError(f"task_labels must be >= 0, got {task_labels}")
+        self.task_labels = task_labels
         self.metrics_port = metrics_port
         self.request_times = RequestTimes()
         self._metrics: HttpService | None = None
@@ -169,7 +175,7 @@ class QueueServer:
                 f"a descriptor limit of {fds} (ulimit -n) leaves no room for queues beside "
                 f"{self.max_connections} connections: raise it, or lower --max-connections"
             )
-        self.queues = QueueHost(self.data_dir, self.defaults, self.repair, fd_budget=budget)
+        self.queues = QueueHost(self.data_dir, self.defaults, self.repair, fd_budget=budget, task_labels=self.task_labels)
         try:
             if self.metrics_port is not None:  # first: a failure here leaves no client connected
                 collector = ServerCollector(lambda: self.queues, self.request_times, lambda: len(self._conns), self.budget)
@@ -401,12 +407,14 @@ class QueueServer:
         while True:
             await asyncio.sleep(self.sweep_interval_s)
             self._close_silent()
+            now = time.time()
             for q in list(self.queues.queues.values()):
                 try:
                     if q.store.expire():
                         self.queues.touch(q)  # it wrote: its files are open again
                         q.changed.notify()
                         self.queues.settled.notify()  # past its last attempt, a message ends here
+                    q.tasks.sweep(q.store.status, now)  # the deliveries whose leases ended: settled in its records
                 except StoreError as e:
                     if time.monotonic() - complained.get(q.info.name, -COMPLAIN_EVERY_S) >= COMPLAIN_EVERY_S:
                         complained[q.info.name] = time.monotonic()

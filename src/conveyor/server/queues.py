@@ -33,6 +33,7 @@ from conveyor.constants import (
     ERR_QUEUE_CONFLICT,
     ERR_UNAVAILABLE,
     ID_FLOOR_NAME,
+    MAX_CONSUMER_CHARS,
     MAX_LEASE_S,
     QUEUE_CONFIG_NAME,
     QUEUE_NAME_PATTERN,
@@ -41,6 +42,7 @@ from conveyor.constants import (
     SPACE_RESERVE_NAME,
     STORE_DURABLE,
     STORE_TRANSIENT,
+    TASK_LABELS,
     WORKER_GONE_S,
 )
 from conveyor.errors import ConveyorError, RequestError, StoreError
@@ -50,6 +52,8 @@ from conveyor.server.blobs import Blobs
 from conveyor.server.group_commit import GroupCommit
 from conveyor.server.idempotency import Dedupe
 from conveyor.server.store_kinds import StoreKind, StoreOpening, kind_named, known
+from conveyor.server.task_records import TaskRecords
+from conveyor.server.task_tallies import TaskTallies
 from conveyor.server.wakeups import Wakeup
 from conveyor.storage import Store
 from conveyor.storage.durable import FsyncPolicy
@@ -77,6 +81,7 @@ class HostedQueue:
     store: Store
     commit: GroupCommit | None  # for queues kept on disk with fsync="batch"
     dedupe: Dedupe
+    tasks: TaskRecords  # its deliveries running and the last ones settled
     changed: Wakeup = field(default_factory=Wakeup)
     samples: deque[tuple[float, int, int]] = field(default_factory=lambda: deque(maxlen=RATE_WINDOW + 1))
     dropped: bool = False  # requests waiting on it when it is dropped answer at once
@@ -128,12 +133,19 @@ class Defaults:
 class QueueHost:
     """The named queues of one server, created on first use or by `declare`, reopened on restart."""
 
-    def __init__(self, data_dir: Path | None, defaults: Defaults, repair: bool = False, fd_budget: int | None = None) -> None:
+    def __init__(
+        self,
+        data_dir: Path | None,
+        defaults: Defaults,
+        repair: bool = False,
+        fd_budget: int | None = None,
+        task_labels: int = TASK_LABELS,
+    ) -> None:
         """fd_budget: descriptors the queues kept on disk may hold in all (None: no limit).
 
         Each holds one (its lock) while it exists, and FDS_PER_OPEN_QUEUE more while in use: the
         least recently used let go of theirs when the rest would not fit, and one beyond the budget
-        is refused.
+        is refused. `task_labels`: the task names the metrics label (`TaskTallies`).
         """
         self.data_dir = data_dir
         self.queue_dir = None if data_dir is None else data_dir / QUEUES_DIR
@@ -145,6 +157,7 @@ class QueueHost:
         self.unavailable: dict[str, str] = {}  # queue -> why its store could not be opened
         self.closing = False  # set when the server stops: long polls return at once
         self.settled = Wakeup()  # messages left the pending count (acked, failed for good, purged)
+        self.tallies = TaskTallies(task_labels)  # every queue's settled deliveries, per task name
         self._workers: dict[str, tuple[float, Counts]] = {}  # worker -> (when, monotonic; counts)
         self.blobs = Blobs(None if data_dir is None else data_dir / BLOB_DIR)
         self.id_floor = 1  # new queues start here: above every id a dropped queue used
@@ -220,7 +233,7 @@ class QueueHost:
         kind = kind_named(info.kind, info.name)
         if not kind.on_disk:
             store = kind.open(StoreOpening(info.name, info.max_attempts, info.lease_s, None, None, self.repair, None))
-            return HostedQueue(info, kind, store, None, Dedupe(None))
+            return HostedQueue(info, kind, store, None, Dedupe(None), TaskRecords(info.name, self.tallies))
         assert self.queue_dir is not None and info.fsync is not None
         if self.fd_budget is not None and self._on_disk + 1 + FDS_PER_OPEN_QUEUE > self.fd_budget:
             raise StoreError(
@@ -241,7 +254,7 @@ class QueueHost:
         # keys before messages, as they are written (see handlers._put_once)
         commit = GroupCommit(dedupe.sync, store.sync) if info.fsync == "batch" else None
         self._on_disk += 1
-        return HostedQueue(info, kind, store, commit, dedupe)
+        return HostedQueue(info, kind, store, commit, dedupe, TaskRecords(info.name, self.tallies))
 
     def touch(self, q: HostedQueue) -> None:
         """`q` is in use: it keeps its files open.
@@ -381,7 +394,7 @@ class QueueHost:
         return True, trash
 
     def report(self, worker: str, counts: Counts) -> None:
-        self._workers[worker[:200]] = (time.monotonic(), counts)
+        self._workers[worker[:MAX_CONSUMER_CHARS]] = (time.monotonic(), counts)
         if len(self._workers) > MAX_WORKERS:  # forget the longest silent
             del self._workers[min(self._workers, key=lambda w: self._workers[w][0])]
 

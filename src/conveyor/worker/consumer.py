@@ -181,6 +181,7 @@ class Consumer:
             self._stop,
             pacing,
             self.reads_ahead,
+            self.name,
         )
         fetcher, conns = BlobFetcher(self.pool), None  # conns: the task threads' own connections, closed at the end
         slots: Slots

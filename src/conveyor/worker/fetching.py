@@ -25,7 +25,8 @@ NO_QUEUE_WAIT_S = 0.05  # the selector picked no queue: how long to wait before 
 class Fetcher:
     """A consumer's fetches from `queues` on `servers`, `shards` in order (the first `n_assigned` its own).
 
-    Paced by `pacing`; `reads_ahead`: whether it may hold quick tasks beyond the slots.
+    Paced by `pacing`; `reads_ahead`: whether it may hold quick tasks beyond the slots; `consumer`:
+    its name, given with each fetch.
     """
 
     def __init__(
@@ -39,10 +40,12 @@ class Fetcher:
         stop: threading.Event,
         pacing: Pacing,
         reads_ahead: bool,
+        consumer: str | None = None,
     ) -> None:
         self.servers, self.queues, self.selector, self.stats, self._stop = servers, list(queues), selector, stats, stop
         self.shards, self.n_assigned = shards, n_assigned
         self.pacing, self.reads_ahead = pacing, reads_ahead
+        self.consumer = consumer  # its name, which its gets give the servers (their task records show it)
         self._throughput, self._read_ahead = Throughput(), 0
         self.left: int | None = None  # READY messages the last fetch's queue had left on its server
         self.last_short = True  # the last fetch got less than it asked for: the queues are not busy
@@ -112,7 +115,7 @@ class Fetcher:
         return probe
 
     def _get(self, q: ServedQueue, n: int, wait_s: float) -> list[Message]:
-        got = self.servers.get(q.name, n, lease_s=q.lease_s, wait_s=wait_s, shards=self.shards, tie=True)
+        got = self.servers.get(q.name, n, lease_s=q.lease_s, wait_s=wait_s, shards=self.shards, tie=True, consumer=self.consumer)
         self.left = getattr(got, "left", None)
         if got:
             self.stats.fetches += 1
