@@ -16,6 +16,7 @@ from conveyor import __version__
 from conveyor.cli.dashboard import dashboard
 from conveyor.cli.dead_letters import dead_letters
 from conveyor.cli.drop import drop
+from conveyor.cli.inspect import inspect
 from conveyor.cli.serve import serve
 from conveyor.cli.stats import stats
 from conveyor.cli.worker import worker
@@ -63,5 +64,5 @@ def main(verbose: bool) -> None:
     logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 
-for command in (serve, stats, dashboard, dead_letters, drop, worker):
+for command in (serve, stats, dashboard, dead_letters, drop, worker, inspect):
     main.add_command(command)

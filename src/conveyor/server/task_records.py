@@ -75,7 +75,6 @@ _HEADERS: Final = 6
 _DELIVERY: Final = 7
 _task_of = methodcaller("get", H_TASK, "")
 _cut = slice(0, TASK_PREVIEW_BYTES)
-_delivery_of = itemgetter(_DELIVERY)
 _tasks_and_deliveries = itemgetter(_TASK, _DELIVERY)
 
 
@@ -256,14 +255,14 @@ class TaskRecords:
 
         They join the recent ones, and are counted for the metrics.
         """
-        running = self._running
-        popped = [r for r in map(running.pop, ids, repeat(None)) if r is not None]
+        popped: list[_Run] = list(filter(None, map(self._running.pop, ids, repeat(None))))
         if not popped:
             return
         if self._until:
             for r in popped:
                 self._until.pop(r[_ID], None)
-        for d, n in Counter(map(_delivery_of, popped)).items():
+        groups = Counter(map(_tasks_and_deliveries, popped))  # deliveries of one task from one get: alike
+        for (_, d), n in groups.items():
             d.left -= n
             if not d.left:
                 self._deliveries.discard(d)
@@ -271,7 +270,7 @@ class TaskRecords:
         tally = self._tallies.count
         if isinstance(end, _End):  # settled together: the usual ack of a batch
             self._recent.extend(zip(popped, repeat(end)))
-            for (task, d), n in Counter(map(_tasks_and_deliveries, popped)).items():
+            for (task, d), n in groups.items():
                 tally(task, end.state, end.at - d.at, n)
             return
         ends = list(map(end, popped))
