@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.queue_client import QueueClient
-from conveyor.constants import COUNT_SERVES, ERR_UNKNOWN_OP, REQUEST_SECONDS_BUCKETS
+from conveyor.constants import COUNT_SERVES, ERR_UNKNOWN_OP, H_TASK, REQUEST_SECONDS_BUCKETS
 from conveyor.errors import ConveyorError
 from conveyor.message import Message, Status
 from conveyor.protocol.histograms import Histogram
@@ -111,16 +111,83 @@ def test_a_scrape_after_a_known_workload_shows_every_value(server: ThreadServer)
 def test_counters_only_grow_and_a_dropped_queue_leaves_the_scrape(server: ThreadServer) -> None:
     c = QueueClient(server.address, timeout=10)
     c.put("a", [Message(payload=b"x")] * 3)
-    c.put("b", [Message(payload=b"y")])
+    c.put("map-job1", [Message(payload=b"y", headers={H_TASK: "row"})])  # a map job's queue, its task run
+    c.ack("map-job1", [m.id for m in c.get("map-job1", 1, consumer="c")])
     url = server.server.metrics_address
     assert url is not None
     first = scrape(url)
     assert value(first, "conveyor_queue_put_total", queue="a") == 3
+    assert any(dict(lb).get("queue") == "map-job1" for _, lb in first)
     c.put("a", [Message(payload=b"x")] * 2)
     assert value(scrape(url), "conveyor_queue_put_total", queue="a") == 5
-    assert c.drop("b")
-    assert ("conveyor_queue_put_total", frozenset({("queue", "b")})) not in scrape(url)
+    assert c.drop("map-job1")
+    assert not [(name, lb) for name, lb in scrape(url) if dict(lb).get("queue") == "map-job1"]  # none of its series left
     c.close()
+
+
+def test_each_family_is_typed_for_what_it_counts(server: ThreadServer) -> None:
+    """A `_total` is a counter and a counter is a `_total`; what stands now is a gauge."""
+    c = QueueClient(server.address, timeout=10)
+    c.put("q", [Message(payload=b"x", headers={H_TASK: "t"})] * 2)
+    c.ack("q", [c.get("q", 1, consumer="c")[0].id])
+    c.report("c", {"processed": 1})
+    with urllib.request.urlopen(server.server.metrics_address or "", timeout=10) as r:
+        text = r.read().decode()
+    types = dict(line.split()[2:4] for line in text.splitlines() if line.startswith("# TYPE "))
+    for name, kind in types.items():
+        assert (kind == "counter") == name.endswith("_total"), (name, kind)
+    for name in ("conveyor_queue_acked_total", "conveyor_queue_dead_lettered_total", "conveyor_task_runs_total"):
+        assert types[name] == "counter", name
+    for name in ("conveyor_queue_messages", "conveyor_queue_consumers", "conveyor_consumer_running"):
+        assert types[name] == "gauge", name
+    assert types["conveyor_task_duration_seconds"] == "histogram"
+    c.close()
+
+
+def test_the_task_label_names_the_most_run_tasks_and_the_rest_as_other(tmp_path: Path) -> None:
+    """At most `task_labels` task names get a label of their own (the most run); the others count as `other`.
+
+    A name that runs more than a labelled one takes its label at the next scrape; no counter goes
+    down for it.
+    """
+    with thread_server(metrics_port=0, task_labels=2) as s:
+        c = QueueClient(s.address, timeout=10)
+        url = s.server.metrics_address or ""
+
+        def run(task: str, n: int, fail: int = 0) -> None:
+            c.put("q", [Message(payload=b"x", headers={H_TASK: task})] * n)
+            got = c.get("q", n, consumer="c")
+            c.ack("q", [m.id for m in got[fail:]])
+            c.nack("q", [m.id for m in got[:fail]], ["boom"] * fail, final=True)  # no retry to run later
+
+        def runs(samples: Samples) -> dict[tuple[str, str], float]:
+            return {
+                (dict(lb)["task"], dict(lb)["state"]): v
+                for (name, lb), v in samples.items()
+                if name == "conveyor_task_runs_total"
+            }
+
+        run("a", 5, fail=1)
+        run("b", 3)
+        run("c", 1)
+        first = scrape(url)
+        got = runs(first)
+        assert {t for t, _ in got} == {"a", "b", "other"}
+        assert (got["a", "acked"], got["a", "failed"], got["b", "acked"], got["other", "acked"]) == (4, 1, 3, 1)
+        assert got["a", "retried"] == got["a", "expired"] == got["a", "dead-lettered"] == 0
+        assert value(first, "conveyor_task_duration_seconds_count", task="a") == 5  # acked and failed runs are timed
+        run("c", 10)  # now c runs more than b: it takes b's label
+        second = runs(scrape(url))
+        assert {t for t, _ in second} == {"a", "c", "other"}
+        assert second["c", "acked"] == 11  # its count since the server started
+        # c's runs before this scrape counted as other's (c had no label then); b's past runs stay out of it
+        assert second["other", "acked"] == got["other", "acked"] + 10
+        run("b", 2)
+        run("z", 1)
+        third = runs(scrape(url))
+        assert third["other", "acked"] == second["other", "acked"] + 3  # b's and z's new runs
+        assert len({t for t, _ in third}) == 3
+        c.close()
 
 
 def test_unknown_operations_make_no_labels(server: ThreadServer) -> None:
