@@ -62,7 +62,7 @@ def test_inspect_shows_each_consumers_running_tasks_across_the_servers(tmp_path:
             by_id = {h.id: h for h in handles}
             seen = set()
             for name in ("inspect-0", "inspect-1"):
-                consumer, queue, task, msg_id, attempt, running_for = row(out.stdout, name)
+                _, queue, task, msg_id, attempt, running_for = row(out.stdout, name)
                 assert (queue, task, attempt) == ("jobs", TASK, "1") and int(msg_id) in by_id
                 assert running_for.endswith(("ms", " s"))
                 seen.add(int(msg_id))
