@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.queue_client import QueueClient
-from conveyor.constants import COUNT_SERVES, ERR_UNKNOWN_OP, H_TASK, REQUEST_SECONDS_BUCKETS
+from conveyor.constants import COUNT_SERVES, ERR_UNKNOWN_OP, H_TASK, REQUEST_SECONDS_BUCKETS, TASK_LABELS, TASK_SECONDS_BUCKETS
 from conveyor.errors import ConveyorError
 from conveyor.message import Message, Status
 from conveyor.protocol.histograms import Histogram
@@ -37,6 +37,7 @@ from ..support import worker_tasks as wt
 from ..support.servers import RawConnection, ThreadServer, frame, thread_server, wait_for
 
 pytestmark = pytest.mark.timeout(60)
+ROOT = Path(__file__).resolve().parents[2]
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 
@@ -141,6 +142,28 @@ def test_each_family_is_typed_for_what_it_counts(server: ThreadServer) -> None:
     for name in ("conveyor_queue_messages", "conveyor_queue_consumers", "conveyor_consumer_running"):
         assert types[name] == "gauge", name
     assert types["conveyor_task_duration_seconds"] == "histogram"
+    c.close()
+
+
+def test_each_queue_consumer_task_name_and_operation_adds_the_series_the_docs_say(server: ThreadServer) -> None:
+    docs = " ".join((ROOT / "docs" / "metrics.md").read_text().split())  # as words, however the lines wrap
+    c = QueueClient(server.address, timeout=10)
+    c.declare("first")
+    c.ack("first", [])  # each operation this test uses has been asked once already
+    c.report("c-0", {"processed": 0, **Histogram(TASK_SECONDS_BUCKETS).as_counts()})
+    url = server.server.metrics_address or ""
+    n = len(scrape(url))
+    c.declare("second")
+    assert len(scrape(url)) - n == 12 and "Each queue adds 12 series" in docs
+    n = len(scrape(url))
+    c.report("c-1", {"processed": 3, **Histogram(TASK_SECONDS_BUCKETS).as_counts()})
+    assert len(scrape(url)) - n == 23 and "each consumer 23" in docs
+    n = len(scrape(url))
+    c.put("first", [Message(payload=b"x", headers={H_TASK: "t"})])
+    c.ack("first", [c.get("first", 1, consumer="c")[0].id])
+    assert len(scrape(url)) - n == 20 + 2 * 21 and "each task name with a label of its own 20" in docs  # and put, get
+    assert "at most 11 of those" in docs and TASK_LABELS + 1 == 11
+    assert "each operation that was requested 21" in docs
     c.close()
 
 

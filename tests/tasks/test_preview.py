@@ -13,6 +13,8 @@ from conveyor.protocol.task_pages import Preview
 from conveyor.tasks.envelope import encode_call, encode_result
 from conveyor.tasks.preview import show_call, show_result
 
+from ..support.docs import run_example, section_code
+
 
 def cut(data: bytes) -> Preview:
     return Preview(data[:TASK_PREVIEW_BYTES], len(data))
@@ -62,3 +64,10 @@ def test_bytes_of_no_known_kind_show_as_text() -> None:
     assert show_call(Preview(b"raw\x00bytes", 9), None).text == "9 bytes: raw.bytes"
     assert show_result(Preview(b"", 0)).text == "0 bytes: "
     assert not show_call(Preview(b"\xc1\xc1", 2), CT_MSGPACK).decoded  # damaged msgpack: said, not raised
+
+
+def test_the_docs_example_runs_as_written(tmp_path: Path) -> None:
+    out = run_example(section_code("server.md", "### Task records"), tmp_path, 60)
+    assert out.returncode == 0, out.stderr
+    call, result = out.stdout.splitlines()
+    assert call == "app.resize('a.png', 640)" and result.startswith("pickled, ") and result.endswith(" bytes")
