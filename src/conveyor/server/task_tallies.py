@@ -97,5 +97,6 @@ class TaskTallies:
         for name, t in self._by_name.items():
             if name not in now:
                 other.add(t)
+        other.seconds.sum = max(0.0, other.seconds.sum)  # sums added and taken away: never below 0 by a rounding
         out[TASK_LABEL_OTHER] = other
         return out
