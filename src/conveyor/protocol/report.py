@@ -96,8 +96,6 @@ class ConsumerReport:
             out[COUNT_ROW_MESSAGES + q], out[COUNT_ROWS + q] = r.messages, r.rows
         if self.task_seconds is not None:
             out.update(self.task_seconds.as_counts())
-        if self.ended:
-            out[ENDED] = 1
         return out
 
     @classmethod

@@ -16,7 +16,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar, NoReturn, cast
 
 from conveyor.client.backend import QueueBackend
@@ -201,7 +201,7 @@ class Settler:
                 for (kind, q), ids in left.items():
                     self._lost(kind, ids, q, TimeoutError("its server did not answer before the consumer stopped"))
                 if self._report is not None:
-                    self._send_report(last=True)
+                    self._send_report()
                 return
 
     def _take(self, timeout: float | None) -> list[Sequence[Settlement] | _Stop]:
@@ -322,12 +322,10 @@ class Settler:
             e,
         )
 
-    def _send_report(self, last: bool = False) -> None:
-        """Send the consumer's report; `last`: marked as its last (the consumer stops)."""
+    def _send_report(self) -> None:
+        """Send the consumer's report."""
         assert self._report is not None
         r = self._report()
-        if last:
-            r = replace(r, ended=True)
         try:  # to every server; one out of reach costs a refused attempt to connect, not a wait
             self._pool.report(r.consumer, r.to_counts())
         except (ConveyorError, OSError) as e:  # OSError: TimeoutError, a server that does not reply
