@@ -231,6 +231,7 @@ RESULT_TAG_PICKLE = 0x02
 # an error's text (type, message, traceback) kept with a nack or a dead letter: a longer one keeps its
 # start and its end (it travels in a request header, and a million-line message helps no one)
 MAX_ERROR_CHARS = 64 * 1024
+CANCELLED_ERROR = "cancelled before it ran"  # the error of a message the `cancel` operation made a dead letter
 # task option defaults
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_RETRIES = 3
