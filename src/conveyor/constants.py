@@ -301,6 +301,8 @@ DEFAULT_BACKOFF_FACTOR = 2.0
 DEFAULT_BACKOFF_CAP_S = 300.0
 
 # --- Workers: queue configuration and settings (worker/settings.py, worker/selectors.py) --------
+# the log lines of `conveyor` and of the processes it starts (consumers, task processes): dated, as Celery's
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 SETTINGS_ENV = "CONVEYOR_SETTINGS_MODULE"  # names the settings module, like ndkale's KALE_SETTINGS_MODULE
 DEFAULT_SELECTOR = "ReducedLottery"
 LOTTERY_PRIORITY_MIN = 1  # a queue takes part in a lottery only with a priority in 1..100 (ndkale)

@@ -13,10 +13,11 @@ import click
 from rich.console import Console
 
 from conveyor.cli.connecting import Connection, connect_options, open_pool
-from conveyor.constants import DEFAULT_SHUTDOWN_TIMEOUT_S
+from conveyor.cli.logs import loglevel_option
+from conveyor.constants import DEFAULT_SHUTDOWN_TIMEOUT_S, SETTINGS_ENV
 from conveyor.errors import ConnectionLostError, ConveyorError
 from conveyor.tasks.queue_config import QueueConfig, load_queues
-from conveyor.worker.affinity import default_slots
+from conveyor.worker.affinity import CORE_LOCK_DIR_ENV, default_slots
 from conveyor.worker.options import POOLS, ConsumerOptions, Pool
 from conveyor.worker.runtime import import_task_modules, run_worker
 from conveyor.worker.settings import load_settings
@@ -25,22 +26,25 @@ DEFAULTS = ConsumerOptions()  # the options' defaults are ConsumerOptions': the 
 
 
 @click.command()
+@loglevel_option
 @connect_options
 @click.option(
     "--tasks",
     "task_modules",
     multiple=True,
     default=DEFAULTS.task_modules,
-    help="A module to import so its tasks register (repeat it).",
+    help=f"A module to import so its tasks register (repeat it); with the settings module's TASK_MODULES (the module "
+    f"${SETTINGS_ENV} names).",
 )
 @click.option(
     "--queues-config",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     default=None,
-    help="Queue YAML in ndkale's format (default: the settings module's QUEUE_CONFIG).",
+    help=f"Queue YAML in ndkale's format (default: the settings module's QUEUE_CONFIG; ${SETTINGS_ENV} names it).",
 )
-@click.option("--queues", "queue_names", default=None, help="Comma-separated queue names, instead of a queue YAML.")
+@click.option("-Q", "--queues", "queue_names", default=None, help="Comma-separated queue names, instead of a queue YAML.")
 @click.option(
+    "-c",
     "--concurrency",
     default=DEFAULTS.concurrency,
     type=click.IntRange(1),
@@ -48,6 +52,7 @@ DEFAULTS = ConsumerOptions()  # the options' defaults are ConsumerOptions': the 
     "for the consumer's share of the cores, plus one; with --pool async, 256 calls in flight).",
 )
 @click.option(
+    "-P",
     "--pool",
     type=click.Choice(POOLS),
     default=DEFAULTS.pool,
@@ -62,7 +67,12 @@ DEFAULTS = ConsumerOptions()  # the options' defaults are ConsumerOptions': the 
     type=click.IntRange(1),
     help="Messages per fetch (default: each queue's batch_size).",
 )
-@click.option("--selector", default=None, help="Queue selection algorithm (default: settings QUEUE_SELECTOR, ReducedLottery).")
+@click.option(
+    "--selector",
+    default=None,
+    help=f"Queue selection algorithm (default: the settings module's QUEUE_SELECTOR, else ReducedLottery; ${SETTINGS_ENV} "
+    "names that module).",
+)
 @click.option("--until-empty", is_flag=True, help="Exit once the queues are drained.")
 @click.option(
     "--connect-timeout",
@@ -91,7 +101,8 @@ DEFAULTS = ConsumerOptions()  # the options' defaults are ConsumerOptions': the 
     "--pin-core/--no-pin-core",
     default=DEFAULTS.pin_core,
     help="Run each consumer on a core of its own while one is free (--pool thread, CPU-bound tasks). "
-    "Default: pinned when --processes is at least the number of cores.",
+    f"Default: pinned when --processes is at least the number of cores. The workers of a host share which cores "
+    f"are held through lock files in ${CORE_LOCK_DIR_ENV}, if set, else a directory of the system's.",
 )
 @click.option(
     "--early-ack",
