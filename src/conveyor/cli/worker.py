@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import click
 from rich.console import Console
 
 from conveyor.cli.connecting import Connection, connect_options, open_pool
+from conveyor.cli.drain_progress import DrainProgress
 from conveyor.cli.logs import loglevel_option
 from conveyor.constants import DEFAULT_SHUTDOWN_TIMEOUT_S, SETTINGS_ENV
 from conveyor.errors import ConnectionLostError, ConveyorError
@@ -75,6 +77,14 @@ DEFAULTS = ConsumerOptions()  # the options' defaults are ConsumerOptions': the 
 )
 @click.option("--until-empty", is_flag=True, help="Exit once the queues are drained.")
 @click.option(
+    "--progress-every",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="With --until-empty: the queues' progress (done, left, rate) every this many seconds, a dated line "
+    "each (on a terminal, a progress bar instead); 0: none. A summary line ends the run either way.",
+)
+@click.option(
     "--connect-timeout",
     default=30.0,
     show_default=True,
@@ -122,6 +132,7 @@ def worker(
     batch_size: int | None,
     selector: str | None,
     until_empty: bool,
+    progress_every: float,
     connect_timeout: float,
     unreachable_s: float | None,
     shutdown_timeout: float,
@@ -165,11 +176,11 @@ def worker(
             raise click.UsageError(str(e)) from None
         import_task_modules(modules)  # a module that does not import is said first, before any server is tried
         servers = open_pool(conn)
-        names = ", ".join(q if isinstance(q, str) else q.name for q in queues)
+        names = [q if isinstance(q, str) else q.name for q in queues]
         console = Console(stderr=True)
         slots = concurrency or default_slots(pool, processes)  # None goes on: the consumers then read ahead
-        where = f"{names} from {', '.join(servers.addresses)}"
-        console.print(f"[bold]conveyor worker[/]: {processes} consumer(s) x {slots} {pool}(s) on {where}")
+        where = f"{', '.join(names)} from {', '.join(servers.addresses)}"
+        console.print(f"[bold]conveyor worker[/]: {processes} consumer(s) x {slots} {pool}(s) on {where}", soft_wrap=True)
         if not modules:  # said up front: otherwise every named task's message ends in the dead letters
             console.print(
                 "[yellow]warning[/]: no task modules (--tasks MODULE, or TASK_MODULES in the settings module): "
@@ -178,16 +189,18 @@ def worker(
             )
         if until_empty:
             _reach(conn, connect_timeout)
-        st = run_worker(
-            servers,
-            queues,
-            settings,
-            processes=processes,
-            until_empty=until_empty,
-            unreachable_s=unreachable_s,
-            say=console.print,
-            options=options,
-        )
+        progress = DrainProgress(servers.queues, names, progress_every, console) if until_empty else nullcontext()
+        with progress:
+            st = run_worker(
+                servers,
+                queues,
+                settings,
+                processes=processes,
+                until_empty=until_empty,
+                unreachable_s=unreachable_s,
+                say=console.print,
+                options=options,
+            )
         console.print(st.summary(), soft_wrap=True)  # one line, however long: a log reads it whole
     except ConveyorError as e:
         raise click.ClickException(str(e)) from None
