@@ -35,7 +35,7 @@ DEFAULTS = ConsumerOptions()  # the options' defaults are ConsumerOptions': the 
     "task_modules",
     multiple=True,
     default=DEFAULTS.task_modules,
-    help=f"A module to import so its tasks register (repeat it); with the settings module's TASK_MODULES (the module "
+    help="A module to import so its tasks register (repeat it); with the settings module's TASK_MODULES (the module "
     f"${SETTINGS_ENV} names).",
 )
 @click.option(
@@ -111,7 +111,7 @@ DEFAULTS = ConsumerOptions()  # the options' defaults are ConsumerOptions': the 
     "--pin-core/--no-pin-core",
     default=DEFAULTS.pin_core,
     help="Run each consumer on a core of its own while one is free (--pool thread, CPU-bound tasks). "
-    f"Default: pinned when --processes is at least the number of cores. The workers of a host share which cores "
+    "Default: pinned when --processes is at least the number of cores. The workers of a host share which cores "
     f"are held through lock files in ${CORE_LOCK_DIR_ENV}, if set, else a directory of the system's.",
 )
 @click.option(

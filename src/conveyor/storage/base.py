@@ -385,12 +385,13 @@ class Store(StoreInspection):
         letter keeps the message whole: requeueing it puts it back as it was put.
         """
         self._check_open()
+        given = [int(i) for i in as_ids(ids)]
         seen: set[int] = set()
         ok: list[bool] = []
-        for i in map(int, as_ids(ids)):
+        for i in given:
             ok.append(i not in seen and self.status(i) is Status.READY)  # READY: ready or delayed, not failed
             seen.add(i)
-        failed = [i for i, o in zip(map(int, as_ids(ids)), ok, strict=True) if o]
+        failed = [i for i, o in zip(given, ok, strict=True) if o]
         if failed:
             now = self.clock()
             self._prepare(len(failed))
