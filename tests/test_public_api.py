@@ -70,6 +70,7 @@ def test_requests_carry_only_declared_fields() -> None:
         requests.extend_lease("q", [1], 9.0),
         requests.stats(queues=["q"], drained_wait_s=1.0),
         requests.purge("q"),
+        requests.cancel("q", [1]),
         requests.drop("q"),
         requests.results("q", 3, 10),
         requests.dead_letters("q", 3, 10),

@@ -231,6 +231,7 @@ RESULT_TAG_PICKLE = 0x02
 # an error's text (type, message, traceback) kept with a nack or a dead letter: a longer one keeps its
 # start and its end (it travels in a request header, and a million-line message helps no one)
 MAX_ERROR_CHARS = 64 * 1024
+CANCELLED_ERROR = "cancelled before it ran"  # the error of a message the `cancel` operation made a dead letter
 # task option defaults
 DEFAULT_QUEUE = "default"
 DEFAULT_MAX_RETRIES = 3
@@ -304,6 +305,8 @@ DEFAULT_BACKOFF_FACTOR = 2.0
 DEFAULT_BACKOFF_CAP_S = 300.0
 
 # --- Workers: queue configuration and settings (worker/settings.py, worker/selectors.py) --------
+# the log lines of `conveyor` and of the processes it starts (consumers, task processes): dated, as Celery's
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 SETTINGS_ENV = "CONVEYOR_SETTINGS_MODULE"  # names the settings module, like ndkale's KALE_SETTINGS_MODULE
 DEFAULT_SELECTOR = "ReducedLottery"
 LOTTERY_PRIORITY_MIN = 1  # a queue takes part in a lottery only with a priority in 1..100 (ndkale)

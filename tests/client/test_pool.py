@@ -83,6 +83,33 @@ def test_nack_extend_and_purge_route_to_the_right_shard(pool: QueuePool, queue: 
     assert pool.stats(queue)[queue].pending == 0
 
 
+def test_cancel_routes_each_id_to_its_shard_and_says_what_became_of_it(pool: QueuePool, queue: str) -> None:
+    from conveyor.protocol.requests import CancelOutcome as C
+    from conveyor.tasks.publish import TaskHandle
+
+    ids = pool.put(queue, msgs(150))  # 100 on one shard, 50 on the other
+    [running] = pool.queues.get(queue, 1, shards=[pool.queues.split_id(ids[-1])[0]], lease_s=30)
+    assert pool.queues.cancel(queue, [*ids[:2], running.id, ids[-1]]) == [C.CANCELLED, C.CANCELLED, C.RUNNING, C.CANCELLED]
+    assert sorted(d.message.id for d in pool.dead_letters(queue)) == sorted([*ids[:2], ids[-1]])
+    with pytest.raises(ConveyorError, match="cancelled before it ran"):
+        TaskHandle(ids[-1], queue, "t", pool).result(timeout=10)
+    with pytest.raises(ValueError, match="names shard 7"):
+        pool.queues.cancel(queue, [pool.queues.global_id(7, 1)])
+    assert pool.stats(queue)[queue].failed == 3
+
+
+def test_ids_read_and_written_as_shard_colon_n() -> None:
+    from conveyor.client.sharded import format_id, parse_id
+
+    for shard, local in [(0, 0), (0, 17), (1, 4), (3, (1 << SHARD_SHIFT) - 1), ((1 << (63 - SHARD_SHIFT)) - 1, 1)]:
+        i = ShardedQueues.global_id(shard, local)
+        assert format_id(i) == f"{shard}:{local}" and parse_id(format_id(i)) == i and parse_id(str(i)) == i
+    assert parse_id(" 2:9 ") == ShardedQueues.global_id(2, 9)
+    for bad in ["", "x", "1:", ":1", "-1", "1:-2", "+5", "1_000", "1:2:3", f"0:{1 << SHARD_SHIFT}", f"{1 << 15}:0", str(1 << 63)]:
+        with pytest.raises(ValueError, match="is not a message id: give shard:n"):
+            parse_id(bad)
+
+
 def test_get_from_assigned_shards_and_stealing(pool: QueuePool, queue: str) -> None:
     assert pool.queues.assign(0, 2) == [0] and pool.queues.assign(1, 2) == [1]
     assert pool.queues.assign(3, 4) == [1]

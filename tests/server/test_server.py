@@ -21,10 +21,10 @@ import pytest
 from conveyor.client.queue_client import QueueClient
 from conveyor.constants import MAX_HOST_CHARS, QUEUE_CONFIG_NAME, QUEUES_DIR, SEGMENT_GLOB
 from conveyor.errors import ConnectionLostError, ProtocolError, RequestError
-from conveyor.message import Message
+from conveyor.message import Message, Status
 from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Limits
-from conveyor.protocol.requests import QueueInfo
+from conveyor.protocol.requests import Call, QueueInfo
 from conveyor.storage import DurableStore
 
 from ..support.servers import RawConnection, ThreadServer, frame, thread_server, wait_for
@@ -88,6 +88,40 @@ def test_extend_lease_purge_and_sweeper(client: QueueClient) -> None:
     assert client.get("q", 10) == []
 
 
+def test_cancel_takes_ready_and_delayed_messages_off_the_queue_durably(tmp_path: Path) -> None:
+    """Cancelled: a dead letter with the error saying so, kept across a restart; the others said per id."""
+    from conveyor.constants import CANCELLED_ERROR
+    from conveyor.protocol.requests import CancelOutcome as C
+
+    d = tmp_path / "data"
+    with thread_server(data_dir=d) as s, QueueClient(s.address) as c:
+        done, running, ready = c.put("q", msgs(3))
+        [late] = c.put("q", [Message(payload=b"later", not_before=time.time() + 60)])
+        c.ack("q", [c.get("q", 1)[0].id])
+        [m] = c.get("q", 1)
+        waiting = threading.Thread(target=lambda: got.append(c.call(calls.stats(queues=["q"], drained_wait_s=30))))
+        got: list[dict[str, object]] = []
+        with QueueClient(s.address) as other:
+            waiting.start()
+            outcome = other.cancel("q", [ready, running, done, late, 999, ready])
+            assert outcome == [C.CANCELLED, C.RUNNING, C.FINISHED, C.CANCELLED, C.UNKNOWN, C.FAILED]
+            other.ack("q", [m.id])
+        waiting.join(30)
+        assert got and got[0]["q"].failed == 2  # type: ignore[attr-defined]
+        with pytest.raises(RequestError, match="no queue named 'nope'"):
+            c.cancel("nope", [1])
+        for call, match in [
+            (Call("cancel", {"queue": "q", "ids": [-1]}), "'ids' must be a list of non-negative"),
+            (Call("cancel", {"queue": "q"}), "missing argument 'ids'"),
+        ]:
+            with pytest.raises(RequestError, match=match):
+                c.call(call)
+    with thread_server(data_dir=d) as s, QueueClient(s.address) as c:
+        assert [(x.message.id, x.error) for x in c.dead_letters("q")] == [(ready, CANCELLED_ERROR), (late, CANCELLED_ERROR)]
+        assert c.status("q", [ready, late, running]) == [Status.FAILED, Status.FAILED, Status.ACKED]
+        assert c.get("q", 10) == []
+
+
 def test_long_poll_wakes_on_put_and_times_out(server: ThreadServer, client: QueueClient) -> None:
     t0 = time.monotonic()
     assert client.get("q", 1, wait_s=0.3) == []
@@ -139,8 +173,6 @@ def test_concurrent_puts_share_fsyncs(server: ThreadServer, monkeypatch: pytest.
 
 
 def test_unknown_operation_and_bad_arguments_keep_the_connection(client: QueueClient) -> None:
-    from conveyor.protocol.requests import Call
-
     with pytest.raises(RequestError, match="unknown operation 'frobnicate'") as e:
         client.call(Call("frobnicate", {}))
     assert e.value.kind == "unknown-operation"

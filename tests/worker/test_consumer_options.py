@@ -78,7 +78,8 @@ def test_the_worker_command_has_an_option_for_each_with_the_same_default() -> No
             assert default == DEFAULT_SHUTDOWN_TIMEOUT_S
         else:
             assert default == FIELDS[name].default, name
-    assert params["concurrency"].opts == ["--concurrency"] and params["pool"].opts == ["--pool"]
+    # named after the fields, with Celery's short flags beside
+    assert params["concurrency"].opts == ["-c", "--concurrency"] and params["pool"].opts == ["-P", "--pool"]
 
 
 @pytest.mark.parametrize(

@@ -1,22 +1,26 @@
 """The `conveyor` command: its group options, and every command registered on it.
 
-Each command lives in a module named after it (`serve`, `stats`, `dashboard`, `dead_letters`,
-`drop`, `worker`, `demo`); this is the one place that lists them. `demo` needs the `spark` extra: it
-is loaded when asked for, and without the extra it is a command that says which pip command to run.
+Each command lives in a module named after it (`serve`, `worker`, `call`, `stats`, `inspect`,
+`dashboard`, `dead_letters`, `cancel`, `purge`, `drop`, `demo`); this is the one place that lists
+them. `demo` needs the `spark` extra: it is loaded when asked for, and without the extra it is a
+command that says which pip command to run.
 """
 
 from __future__ import annotations
 
 import importlib
-import logging
 
 import click
 
 from conveyor import __version__
+from conveyor.cli.call import call
+from conveyor.cli.cancel import cancel
 from conveyor.cli.dashboard import dashboard
 from conveyor.cli.dead_letters import dead_letters
 from conveyor.cli.drop import drop
 from conveyor.cli.inspect import inspect
+from conveyor.cli.logs import loglevel_option, verbose_option
+from conveyor.cli.purge import purge
 from conveyor.cli.serve import serve
 from conveyor.cli.stats import stats
 from conveyor.cli.worker import worker
@@ -58,11 +62,11 @@ def _needs_extra(name: str, error: MissingExtraError) -> click.Command:
 
 @click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})  # every command inherits -h
 @click.version_option(__version__, prog_name="conveyor")
-@click.option("-v", "--verbose", is_flag=True, help="Log what the stores do (torn tails cut, segments compacted).")
-def main(verbose: bool) -> None:
+@loglevel_option
+@verbose_option
+def main() -> None:
     """Conveyor: a durable distributed task queue and dataflow runtime on Apache Spark."""
-    logging.basicConfig(level=logging.INFO if verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
 
 
-for command in (serve, stats, dashboard, dead_letters, drop, worker, inspect):
+for command in (serve, worker, call, stats, inspect, dashboard, dead_letters, cancel, purge, drop):
     main.add_command(command)

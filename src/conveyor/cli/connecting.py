@@ -65,15 +65,17 @@ def connect_options(f: Any) -> Any:
                 multiple=True,
                 required=True,
                 envvar="CONVEYOR_CONNECT",
+                show_envvar=True,
                 help="A server address (tcp://HOST:PORT, or tls://HOST:PORT); repeat it or separate with commas for a pool.",
             ),
-            click.option("--token", envvar="CONVEYOR_TOKEN", default=None, help="The servers' token (env CONVEYOR_TOKEN)."),
+            click.option("--token", envvar="CONVEYOR_TOKEN", show_envvar=True, default=None, help="The servers' token."),
             click.option(
                 "--token-file",
                 envvar="CONVEYOR_TOKEN_FILE",
+                show_envvar=True,
                 type=click.Path(dir_okay=False, path_type=Path),
                 default=None,
-                help="A file holding the token (env CONVEYOR_TOKEN_FILE).",
+                help="A file holding the token.",
             ),
             click.option("--tls", is_flag=True, help="Connect over TLS, trusting the system's CAs (as a tls:// address does)."),
             click.option(
@@ -86,6 +88,7 @@ def connect_options(f: Any) -> Any:
                 "--tls-fingerprint",
                 default=None,
                 envvar="CONVEYOR_TLS_FINGERPRINT",
+                show_envvar=True,
                 help="Trust only the server certificate with this sha256 fingerprint (as `conveyor serve` prints it).",
             ),
             click.option(

@@ -7,12 +7,14 @@ from pathlib import Path
 import click
 
 from conveyor.cli.connecting import Connection, connect_options, open_pool
+from conveyor.cli.logs import loglevel_option
 from conveyor.dashboard import DEFAULT_DASHBOARD_PORT, Dashboard
 from conveyor.errors import ConveyorError
 from conveyor.protocol.tls import server_context
 
 
 @click.command()
+@loglevel_option
 @connect_options
 @click.option(
     "--host",

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from conveyor.cli.connecting import token_of
+from conveyor.cli.logs import loglevel_option
 from conveyor.constants import (
     DEFAULT_IDLE_TIMEOUT_S,
     DEFAULT_LEASE_S,
@@ -31,6 +32,7 @@ from conveyor.server.runtime import check_data_dir, reachable_addresses
 
 
 @click.command()
+@loglevel_option
 @click.option(
     "--host",
     default="127.0.0.1",
@@ -48,15 +50,17 @@ from conveyor.server.runtime import check_data_dir, reachable_addresses
 @click.option(
     "--token",
     envvar="CONVEYOR_TOKEN",
+    show_envvar=True,
     default=None,
-    help="Shared secret clients must prove they know (env CONVEYOR_TOKEN); --token-file keeps it off the command line.",
+    help="Shared secret clients must prove they know; --token-file keeps it off the command line.",
 )
 @click.option(
     "--token-file",
     envvar="CONVEYOR_TOKEN_FILE",
+    show_envvar=True,
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="A file holding the token (its first line), e.g. a mounted secret (env CONVEYOR_TOKEN_FILE).",
+    help="A file holding the token (its first line), e.g. a mounted secret.",
 )
 @click.option("--insecure", is_flag=True, help="Allow a non-loopback address without a token.")
 @click.option(

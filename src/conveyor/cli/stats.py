@@ -17,7 +17,7 @@ EXIT_SERVER_DOWN = 3  # what it could show is shown, but a server did not answer
 
 @click.command()
 @connect_options
-@click.option("--queue", default=None, help="Only this queue.")
+@click.option("-Q", "--queue", default=None, help="Only this queue.")
 @click.option("--per-shard", is_flag=True, help="One row per queue and shard.")
 @click.option("--watch", type=click.FloatRange(0.1), default=None, help="Refresh every N seconds until Ctrl-C.")
 @click.option(

@@ -10,6 +10,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from conveyor.client.pool import QueuePool
+from conveyor.client.sharded import format_id
 from conveyor.message import printable
 from conveyor.protocol.report import FIGURES, SEEN, ConsumerReport, Shown
 from conveyor.protocol.requests import QueueStats, ServerStats
@@ -107,13 +108,12 @@ def _preview(payload: bytes, width: int = 40) -> str:
 def dead_letter_table(pool: QueuePool, queue: str, limit: int) -> Table:
     dls = pool.dead_letters(queue)
     t = Table(title=f"Dead letters of {queue!r}: {len(dls):,}" + (f" (first {limit:,} shown)" if len(dls) > limit else ""))
-    for col in ("id", "shard", "attempts", "failed at", "error", "payload"):
+    for col in ("id", "attempts", "failed at", "error", "payload"):
         t.add_column(col, overflow="fold")
     for d in dls[:limit]:
-        shard, local = pool.queues.split_id(d.message.id)
         when = datetime.datetime.fromtimestamp(d.failed_at).isoformat(sep=" ", timespec="seconds")
         error = d.error.strip().splitlines()[-1] if d.error.strip() else ""
-        t.add_row(str(local), str(shard), str(d.message.attempts), when, error, _preview(d.message.payload))
+        t.add_row(format_id(d.message.id), str(d.message.attempts), when, escape(error), escape(_preview(d.message.payload)))
     return t
 
 

@@ -7,16 +7,19 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import click
 from rich.console import Console
 
 from conveyor.cli.connecting import Connection, connect_options, open_pool
-from conveyor.constants import DEFAULT_SHUTDOWN_TIMEOUT_S
+from conveyor.cli.drain_progress import DrainProgress
+from conveyor.cli.logs import loglevel_option
+from conveyor.constants import DEFAULT_SHUTDOWN_TIMEOUT_S, SETTINGS_ENV
 from conveyor.errors import ConnectionLostError, ConveyorError
 from conveyor.tasks.queue_config import QueueConfig, load_queues
-from conveyor.worker.affinity import default_slots
+from conveyor.worker.affinity import CORE_LOCK_DIR_ENV, default_slots
 from conveyor.worker.options import POOLS, ConsumerOptions, Pool
 from conveyor.worker.runtime import import_task_modules, run_worker
 from conveyor.worker.settings import load_settings
@@ -25,22 +28,25 @@ DEFAULTS = ConsumerOptions()  # the options' defaults are ConsumerOptions': the 
 
 
 @click.command()
+@loglevel_option
 @connect_options
 @click.option(
     "--tasks",
     "task_modules",
     multiple=True,
     default=DEFAULTS.task_modules,
-    help="A module to import so its tasks register (repeat it).",
+    help="A module to import so its tasks register (repeat it); with the settings module's TASK_MODULES (the module "
+    f"${SETTINGS_ENV} names).",
 )
 @click.option(
     "--queues-config",
     type=click.Path(dir_okay=False, exists=True, path_type=Path),
     default=None,
-    help="Queue YAML in ndkale's format (default: the settings module's QUEUE_CONFIG).",
+    help=f"Queue YAML in ndkale's format (default: the settings module's QUEUE_CONFIG; ${SETTINGS_ENV} names it).",
 )
-@click.option("--queues", "queue_names", default=None, help="Comma-separated queue names, instead of a queue YAML.")
+@click.option("-Q", "--queues", "queue_names", default=None, help="Comma-separated queue names, instead of a queue YAML.")
 @click.option(
+    "-c",
     "--concurrency",
     default=DEFAULTS.concurrency,
     type=click.IntRange(1),
@@ -48,6 +54,7 @@ DEFAULTS = ConsumerOptions()  # the options' defaults are ConsumerOptions': the 
     "for the consumer's share of the cores, plus one; with --pool async, 256 calls in flight).",
 )
 @click.option(
+    "-P",
     "--pool",
     type=click.Choice(POOLS),
     default=DEFAULTS.pool,
@@ -62,8 +69,21 @@ DEFAULTS = ConsumerOptions()  # the options' defaults are ConsumerOptions': the 
     type=click.IntRange(1),
     help="Messages per fetch (default: each queue's batch_size).",
 )
-@click.option("--selector", default=None, help="Queue selection algorithm (default: settings QUEUE_SELECTOR, ReducedLottery).")
+@click.option(
+    "--selector",
+    default=None,
+    help=f"Queue selection algorithm (default: the settings module's QUEUE_SELECTOR, else ReducedLottery; ${SETTINGS_ENV} "
+    "names that module).",
+)
 @click.option("--until-empty", is_flag=True, help="Exit once the queues are drained.")
+@click.option(
+    "--progress-every",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="With --until-empty: the queues' progress (done, left, rate) every this many seconds, a dated line "
+    "each (on a terminal, a progress bar instead); 0: none. A summary line ends the run either way.",
+)
 @click.option(
     "--connect-timeout",
     default=30.0,
@@ -91,7 +111,8 @@ DEFAULTS = ConsumerOptions()  # the options' defaults are ConsumerOptions': the 
     "--pin-core/--no-pin-core",
     default=DEFAULTS.pin_core,
     help="Run each consumer on a core of its own while one is free (--pool thread, CPU-bound tasks). "
-    "Default: pinned when --processes is at least the number of cores.",
+    "Default: pinned when --processes is at least the number of cores. The workers of a host share which cores "
+    f"are held through lock files in ${CORE_LOCK_DIR_ENV}, if set, else a directory of the system's.",
 )
 @click.option(
     "--early-ack",
@@ -111,6 +132,7 @@ def worker(
     batch_size: int | None,
     selector: str | None,
     until_empty: bool,
+    progress_every: float,
     connect_timeout: float,
     unreachable_s: float | None,
     shutdown_timeout: float,
@@ -154,11 +176,11 @@ def worker(
             raise click.UsageError(str(e)) from None
         import_task_modules(modules)  # a module that does not import is said first, before any server is tried
         servers = open_pool(conn)
-        names = ", ".join(q if isinstance(q, str) else q.name for q in queues)
+        names = [q if isinstance(q, str) else q.name for q in queues]
         console = Console(stderr=True)
         slots = concurrency or default_slots(pool, processes)  # None goes on: the consumers then read ahead
-        where = f"{names} from {', '.join(servers.addresses)}"
-        console.print(f"[bold]conveyor worker[/]: {processes} consumer(s) x {slots} {pool}(s) on {where}")
+        where = f"{', '.join(names)} from {', '.join(servers.addresses)}"
+        console.print(f"[bold]conveyor worker[/]: {processes} consumer(s) x {slots} {pool}(s) on {where}", soft_wrap=True)
         if not modules:  # said up front: otherwise every named task's message ends in the dead letters
             console.print(
                 "[yellow]warning[/]: no task modules (--tasks MODULE, or TASK_MODULES in the settings module): "
@@ -167,16 +189,18 @@ def worker(
             )
         if until_empty:
             _reach(conn, connect_timeout)
-        st = run_worker(
-            servers,
-            queues,
-            settings,
-            processes=processes,
-            until_empty=until_empty,
-            unreachable_s=unreachable_s,
-            say=console.print,
-            options=options,
-        )
+        progress = DrainProgress(servers.queues, names, progress_every, console) if until_empty else nullcontext()
+        with progress:
+            st = run_worker(
+                servers,
+                queues,
+                settings,
+                processes=processes,
+                until_empty=until_empty,
+                unreachable_s=unreachable_s,
+                say=console.print,
+                options=options,
+            )
         console.print(st.summary(), soft_wrap=True)  # one line, however long: a log reads it whole
     except ConveyorError as e:
         raise click.ClickException(str(e)) from None

@@ -13,7 +13,7 @@ from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Header
 from conveyor.protocol.report import Counts
-from conveyor.protocol.requests import QueueInfo, QueueStats
+from conveyor.protocol.requests import CancelOutcome, QueueInfo, QueueStats
 from conveyor.protocol.task_pages import TaskDetail, TaskPage, TaskState
 
 
@@ -106,6 +106,10 @@ class QueueClient(Transport):
 
     def purge(self, queue: str) -> int:
         return self.call(calls.purge(queue))
+
+    def cancel(self, queue: str, ids: Sequence[int]) -> list[CancelOutcome]:
+        """Make the READY and delayed messages of `ids` dead letters ("cancelled ..."); what became of each."""
+        return self.call(calls.cancel(queue, ids))
 
     def drop(self, queue: str) -> bool:
         return self.call(calls.drop(queue))

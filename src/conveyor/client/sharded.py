@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import re
 import threading
 import time
 import zlib
@@ -27,7 +28,7 @@ from conveyor.message import DeadLetter, Message, Status
 from conveyor.protocol import requests as calls
 from conveyor.protocol.framing import Limits
 from conveyor.protocol.report import SEEN, Counts
-from conveyor.protocol.requests import Call, QueueInfo, QueueStats
+from conveyor.protocol.requests import Call, CancelOutcome, QueueInfo, QueueStats
 from conveyor.protocol.task_pages import TaskDetail, TaskPage, TaskState
 from conveyor.tasks.envelope import FunctionRef, adhoc_task_name
 
@@ -36,7 +37,10 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 log = logging.getLogger("conveyor.client")
-LOCAL_MASK = (1 << SHARD_SHIFT) - 1
+LOCAL_MASK = (1 << SHARD_SHIFT) - 1  # the bits of a pool-wide id that are its id on its shard's server
+MAX_ID = (1 << 63) - 1  # ids travel as non-negative 64-bit integers
+MAX_SHARD = MAX_ID >> SHARD_SHIFT
+_ID_TEXT = re.compile(r"(?:(\d+):)?(\d+)", re.ASCII)  # what `parse_id` reads: shard:n, or the id whole
 
 
 class ShardedQueues:
@@ -49,8 +53,8 @@ class ShardedQueues:
     def __init__(self, clients: Sequence[QueueClient], *, batch_size: int = 1000) -> None:
         if not clients:
             raise ValueError("a pool needs at least one server")
-        if len(clients) > 1 << (63 - SHARD_SHIFT):
-            raise ValueError(f"a pool holds at most {1 << (63 - SHARD_SHIFT)} servers")
+        if len(clients) > MAX_SHARD + 1:
+            raise ValueError(f"a pool holds at most {MAX_SHARD + 1} servers")
         self.clients = list(clients)
         self.batch_size = batch_size
         self._rr = itertools.count()  # rotates the shard a shard-less get looks at first
@@ -328,6 +332,15 @@ class ShardedQueues:
     def purge(self, queue: str) -> int:
         return sum(r[0] for r in self._each({s: [calls.purge(queue)] for s in self._shards_with(queue)}).values())
 
+    def cancel(self, queue: str, ids: Sequence[int]) -> list[CancelOutcome]:
+        """Take messages off `queue` before they run: the ready and delayed ones of the pool-wide `ids`.
+
+        Each becomes a dead letter with the error CANCELLED_ERROR (`requeue_dead_letters` puts it
+        back). A message delivered to a consumer is left to it: its task is not stopped. Returns what
+        became of each id, in order.
+        """
+        return self._scatter(ids, lambda pos, local: calls.cancel(queue, local))
+
     def drop(self, queue: str) -> bool:
         """Remove `queue` from every server with everything it holds (messages, results, dead letters); False if no server had it.
 
@@ -540,6 +553,30 @@ class ShardedQueues:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.addresses!r})"
+
+
+def format_id(msg_id: int) -> str:
+    """A pool-wide message id as people read and type it: `shard:n` (n: its id on that shard's server)."""
+    shard, local = ShardedQueues.split_id(msg_id)
+    return f"{shard}:{local}"
+
+
+def parse_id(text: str) -> int:
+    """The pool-wide message id `text` names: `shard:n`, as `format_id` writes it, or the integer itself.
+
+    A ValueError that says what it takes for anything else.
+    """
+    m = _ID_TEXT.fullmatch(text.strip())
+    if m is not None:
+        shard, local = m.groups()
+        if shard is None and int(local) <= MAX_ID:
+            return int(local)
+        if shard is not None and int(shard) <= MAX_SHARD and int(local) <= LOCAL_MASK:
+            return ShardedQueues.global_id(int(shard), int(local))
+    raise ValueError(
+        f"{text!r} is not a message id: give shard:n (shard 0 to {MAX_SHARD}, n 0 to {LOCAL_MASK}), as ids are shown, "
+        f"or the id as one integer (0 to {MAX_ID})"
+    )
 
 
 def summed_stats(shards: Iterable[dict[str, QueueStats]]) -> dict[str, QueueStats]:

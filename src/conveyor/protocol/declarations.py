@@ -270,6 +270,12 @@ STATS = Operation(
     "Counts and rates of queues; with drained_wait_s, once they have nothing pending.",
 )
 PURGE = Operation("purge", (_QUEUE,), ("n",), "Drop every READY and delayed message.")
+CANCEL = Operation(
+    "cancel",
+    (_QUEUE, _IDS),
+    ("ok", "status"),
+    "Make READY and delayed messages dead letters with the error 'cancelled'; which were, and where each id is now.",
+)
 DROP = Operation("drop", (_QUEUE,), ("dropped",), "Remove a queue and everything it holds.")
 RESULTS = Operation("results", (_QUEUE, _AFTER, _LIMIT), ("ids",), "A page of stored results in id order.")
 DEAD_LETTERS = Operation(
@@ -330,6 +336,7 @@ OPERATIONS: dict[str, Operation] = {
         EXTEND_LEASE,
         STATS,
         PURGE,
+        CANCEL,
         DROP,
         RESULTS,
         DEAD_LETTERS,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Generic, TypeVar, cast
 
 import msgpack
@@ -19,6 +20,7 @@ from conveyor.message import DeadLetter, Message, Status, headers_bytes, make_me
 from conveyor.protocol.declarations import (
     ACK,
     BYE,
+    CANCEL,
     COL_IDS,
     DEAD_LETTERS,
     DECLARE,
@@ -110,6 +112,23 @@ class ServerStats:
 
     queues: dict[str, QueueStats]
     workers: dict[str, Counts]  # by consumer: its report on the wire (`ConsumerReport.from_counts` reads it)
+
+
+class CancelOutcome(Enum):
+    """What `cancel` did with one message id (the values are how the command line says it)."""
+
+    CANCELLED = "cancelled"  # it was ready or delayed: a dead letter now, with the error CANCELLED_ERROR
+    RUNNING = "delivered to a consumer (running, or about to): not cancelled"
+    FINISHED = "finished already: not cancelled"
+    FAILED = "a dead letter already: not cancelled"
+    UNKNOWN = "no such message in this queue: not cancelled"
+
+
+_NOT_CANCELLED = {
+    Status.DELIVERED: CancelOutcome.RUNNING,
+    Status.ACKED: CancelOutcome.FINISHED,
+    Status.FAILED: CancelOutcome.FAILED,
+}
 
 
 def ping() -> Call[Header]:
@@ -373,6 +392,28 @@ def server_stats() -> Call[ServerStats]:
 def purge(queue: str) -> Call[int]:
     """Drop every READY (and delayed) message; returns how many."""
     return Call(PURGE.name, PURGE.header(queue=queue), parse=lambda h, f: h["n"])
+
+
+def cancel(queue: str, ids: Sequence[int]) -> Call[list[CancelOutcome]]:
+    """Make the READY and delayed messages of `ids` dead letters (CANCELLED_ERROR); what became of each id.
+
+    A message delivered to a consumer is left to it (its task is not stopped); finished and unknown
+    ids are said as such.
+    """
+
+    def one(ok: bool, status: int | None) -> CancelOutcome:
+        if ok:
+            return CancelOutcome.CANCELLED
+        if status is None:
+            return CancelOutcome.UNKNOWN
+        if (outcome := _NOT_CANCELLED.get(Status(status))) is None:
+            raise ProtocolError(f"cancel: the server left a {Status(status).name} message as it was")
+        return outcome
+
+    def parse(h: Header, f: Frames) -> list[CancelOutcome]:
+        return [one(ok, st) for ok, st in zip(h["ok"], h["status"], strict=True)]
+
+    return Call(CANCEL.name, CANCEL.header(queue=queue, ids=list(ids)), parse=parse)
 
 
 def drop(queue: str) -> Call[bool]:

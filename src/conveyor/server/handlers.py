@@ -18,6 +18,7 @@ from operator import itemgetter
 from typing import Any
 
 from conveyor.constants import (
+    CANCELLED_ERROR,
     ERR_BAD_ARGUMENT,
     ERR_NO_QUEUE,
     H_IDEMPOTENCY_KEY,
@@ -307,6 +308,21 @@ async def purge(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     await q.durable()
     host.settled.notify()
     return {"n": n}, []
+
+
+async def cancel(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
+    """READY and delayed messages of `ids` to the dead letters (CANCELLED_ERROR); the others are left as they are.
+
+    The reply says which were cancelled and where each id is now: a delivered one may be running,
+    and its task is not stopped.
+    """
+    ids = a["ids"]
+    q = _queue(host, a)
+    ok = q.store.cancel(ids, CANCELLED_ERROR)
+    if any(ok):
+        await q.durable()
+        host.settled.notify()  # a wait for the queue to drain may end
+    return {"ok": ok, "status": [None if (s := q.store.status(i)) is None else int(s) for i in ids]}, []
 
 
 async def drop(host: QueueHost, a: Arguments, frames: Frames) -> Reply:

@@ -15,6 +15,7 @@ type: they are opaque bytes (errors are text). The operations, all batch-friendl
 - `extend_lease(id, lease_s)`, `expire(now)`: expired leases go back to READY (the delivery has
   counted an attempt) or to FAILED when out of attempts; `get` also sweeps them.
 - `result(id)`, `results(after)`, `dead_letters(after, limit)`, `forget(ids)`, `status(id)`, `stats()`.
+- `cancel(ids, error)`: READY and delayed messages of `ids` to FAILED, dead letters keeping `error`.
 - `purge()`: drop every READY message. `sync()`: make writes durable now (a server's group commit).
   `next_wakeup()`: when a delayed message or a lease may next change what `get` returns.
 - `skip_ids(next_id)`, `keep_ids_past(highest)`: never assign ids below or up to these (a server's
@@ -40,7 +41,7 @@ import numpy as np
 
 from conveyor.constants import MAX_ATTEMPTS_LIMIT, ST_ACKED, ST_DELAYED, ST_DELIVERED, ST_FAILED, ST_NONE, ST_READY
 from conveyor.errors import DiskFullError
-from conveyor.message import Message, MessageBatch
+from conveyor.message import Message, MessageBatch, Status
 from conveyor.storage.checks import as_ids, check_lease, check_nack, check_put, check_results
 from conveyor.storage.ids import first_occurrences
 from conveyor.storage.inspection import StoreInspection
@@ -375,6 +376,33 @@ class Store(StoreInspection):
             self._record(ids[ok], ST_NONE, None, self.clock())
             self._commit()
         return int(ok.sum())
+
+    def cancel(self, ids: Sequence[int], error: str) -> list[bool]:
+        """Fail READY and delayed messages now, each a dead letter holding `error`; returns which were.
+
+        For work nobody wants run any more. A delivered message (its task may be running), a finished
+        one, an id never assigned and a repeat within the call are left as they are (False). The dead
+        letter keeps the message whole: requeueing it puts it back as it was put.
+        """
+        self._check_open()
+        given = [int(i) for i in as_ids(ids)]
+        seen: set[int] = set()
+        ok: list[bool] = []
+        for i in given:
+            ok.append(i not in seen and self.status(i) is Status.READY)  # READY: ready or delayed, not failed
+            seen.add(i)
+        failed = [i for i, o in zip(given, ok, strict=True) if o]
+        if failed:
+            now = self.clock()
+            self._prepare(len(failed))
+            arr = as_ids(failed)
+            kept = self._keep_dead(arr, [error] * len(failed), now)  # first: on a full disk nothing changed
+            self._state.mark(arr, ST_FAILED)
+            self._failed_ids.update(failed)
+            self._record(arr, ST_FAILED, kept, now)
+            self.totals.dead_lettered += len(failed)
+            self._commit()
+        return ok
 
     def sync(self) -> None:
         """Make everything written so far durable (group commit); safe to call from another thread."""

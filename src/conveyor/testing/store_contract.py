@@ -340,6 +340,22 @@ class StoreContract:
         [after] = store.put(_msgs(b"after"))
         assert [x.id for x in store.get(10)] == [after]
 
+    def test_cancel_fails_ready_and_delayed_messages_only(self, store: Store) -> None:
+        acked, running, ready = store.put(_msgs(b"acked", b"running", b"ready"))
+        [late] = store.put([Message(payload=b"later", not_before=time.time() + 60, headers={"h": "v"})])
+        assert [m.id for m in store.get(1)] == [acked] and store.ack(acked)
+        assert [m.id for m in store.get(1)] == [running]
+        never = store.next_id + 10
+        assert store.cancel([ready, running, acked, late, never, ready], "cancelled") == [True, False, False, True, False, False]
+        assert store.status(ready) == store.status(late) == Status.FAILED and store.status(running) == Status.DELIVERED
+        dead = {d.message.id: d for d in store.dead_letters()}
+        assert set(dead) == {ready, late} and {d.error for d in dead.values()} == {"cancelled"}
+        assert dead[late].message.payload == b"later" and dead[late].message.headers == {"h": "v"}
+        assert store.get(10) == [] and store.cancel([ready], "again") == [False]
+        s = store.stats()
+        assert (s.ready, s.delayed, s.delivered, s.acked, s.failed) == (0, 0, 1, 1, 2)
+        assert store.ack(running)  # a delivered message is left to its task: its ack counts
+
     def test_next_wakeup_tracks_delays_and_leases(self, store: Store) -> None:
         assert store.next_wakeup() is None
         due = time.time() + 30

@@ -26,6 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from conveyor.client.sharded import format_id
 from conveyor.constants import ASYNC_PLAIN_THREADS
 from conveyor.message import Message
 from conveyor.tasks.runner import run_message_async, runs_on_loop, take_loop_end
@@ -256,7 +257,7 @@ class AsyncSlots:
             result, error = None, failure(m, e)
         with self._lock:
             if call.stopped:  # over its time limit, settled then; or closing, handed back
-                log.info("cancelled call of message %s ended: its outcome is dropped", m.id)
+                log.info("cancelled call of message %s ended: its outcome is dropped", format_id(m.id))
                 return
             del self._calls[m.queue, m.id]
             refill = self._closing or bool(self._line)

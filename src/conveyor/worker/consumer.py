@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING
 
 from conveyor.client.backend import QueueBackend
+from conveyor.client.sharded import format_id
 from conveyor.constants import DEFAULT_UNREACHABLE_S, H_ROWS, H_TASK, REFILL_MAX, TASK_SECONDS_BUCKETS
 from conveyor.errors import ConnectionLostError, ConveyorError, ServerUnreachableError, TaskError
 from conveyor.message import Message
@@ -393,7 +394,11 @@ class Consumer:
                 if dead:
                     self.stats.settled(m)
                 log.info(
-                    "task %s (message %d, attempt %d) failed: %s", c.error.task, m.id, m.attempts, c.error.error.split("\n", 1)[0]
+                    "task %s (message %s, attempt %d) failed: %s",
+                    c.error.task,
+                    format_id(m.id),
+                    m.attempts,
+                    c.error.error.split("\n", 1)[0],
                 )
             for mw in self.middleware:
                 mw.on_finish(m, c.error)

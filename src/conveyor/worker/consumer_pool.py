@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 from conveyor.client.pool import QueuePool
 from conveyor.client.progress import JoinProgress
 from conveyor.client.sharded import ShardedQueues, summed_stats
-from conveyor.constants import DEFAULT_UNREACHABLE_S
+from conveyor.constants import DEFAULT_UNREACHABLE_S, LOG_FORMAT
 from conveyor.errors import ConveyorError, RequestError
 from conveyor.gc_policy import tune_gc
 from conveyor.protocol.requests import QueueStats
@@ -107,7 +107,7 @@ def _consumer_main(
     """
     os.environ.clear()  # the pool process's environment when it started this one, not the fork server's
     os.environ.update(environ)
-    logging.basicConfig(level=wiring.log_level, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=wiring.log_level, format=LOG_FORMAT)
     try:
         _consume(
             pool, queues, index, n, options, wiring, conn, hooks, None if holding is None else partial(say_held, holding), tally

@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import NamedTuple, Protocol
 
-from conveyor.constants import H_TASK
+from conveyor.client.sharded import format_id
+from conveyor.constants import H_TASK, LOG_FORMAT
 from conveyor.errors import ConveyorError, TaskError
 from conveyor.message import Message
 from conveyor.tasks.envelope import encode_error
@@ -170,7 +171,7 @@ class ThreadSlots:
                         del self._started[key]
                     retired = slot in self._retired
                 if retired:  # abandoned over its time limit: the consumer has already failed it
-                    log.info("abandoned task %s finished after all; its result is dropped", message.id)
+                    log.info("abandoned task %s finished after all; its result is dropped", format_id(message.id))
                     return
                 self._done.put(Completion(message, result, error, slot, time.monotonic() - t0))
         finally:
@@ -222,8 +223,12 @@ def _let_pass(signum: int, frame: object) -> None:
     """SIGTERM in a task process: nothing (its consumer ends it after its task)."""
 
 
-def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: BlobFetcher | None) -> None:
-    """A child process: import the task modules, then run messages from the pipe until it closes."""
+def _child_main(conn: Connection, task_modules: Sequence[str], fetcher: BlobFetcher | None, log_level: int) -> None:
+    """A child process: import the task modules, then run messages from the pipe until it closes.
+
+    It logs as its consumer does (`log_level`, the consumer's when it started it; LOG_FORMAT).
+    """
+    logging.basicConfig(level=log_level, format=LOG_FORMAT)
     # a group of its own: a signal to the consumer's group (Ctrl-C, kill -PGID) is the consumer's, which stops
     # us after our task; so is SIGTERM sent to every process (systemd's KillMode=control-group); and should the
     # consumer die without stopping us, we go with it (a lifeline), never orphaned
@@ -324,7 +329,10 @@ class ProcessSlots:
             self._next_slot += 1
         parent, child = self._ctx.Pipe()
         proc = self._ctx.Process(
-            target=_child_main, args=(child, self._task_modules, self._fetcher), name=f"conveyor-task-{slot}", daemon=True
+            target=_child_main,
+            args=(child, self._task_modules, self._fetcher, logging.getLogger().getEffectiveLevel()),
+            name=f"conveyor-task-{slot}",
+            daemon=True,
         )
         proc.start()
         child.close()
@@ -371,7 +379,10 @@ class ProcessSlots:
             return
         code = c.proc.exitcode
         log.warning(
-            "worker process %s died (exit code %s)%s", c.proc.pid, code, f" running message {m.id}" if m is not None else ""
+            "worker process %s died (exit code %s)%s",
+            c.proc.pid,
+            code,
+            f" running message {format_id(m.id)}" if m is not None else "",
         )
         if m is not None:
             why = f"WorkerDied: the worker process running it died (exit code {code})"

@@ -88,7 +88,7 @@ def run_worker(
     try:
         cp.start()
         if until_empty:
-            cp.join(unreachable_s=limit or DEFAULT_UNREACHABLE_S)  # with until_empty, there is a limit
+            cp.join(progress=False, unreachable_s=limit or DEFAULT_UNREACHABLE_S)  # with until_empty, there is a limit
         else:
             _look_after(cp, queue_pool.queues, names, limit)
     except Stopping:
