@@ -16,6 +16,7 @@ import pytest
 
 from conveyor.cli.inspect import duration
 from conveyor.client.pool import QueuePool
+from conveyor.client.sharded import format_id, parse_id
 from conveyor.worker import Consumer
 
 from ..support import worker_tasks as wt
@@ -63,17 +64,17 @@ def test_inspect_shows_each_consumers_running_tasks_across_the_servers(tmp_path:
             seen = set()
             for name in ("inspect-0", "inspect-1"):
                 _, queue, task, msg_id, attempt, running_for = row(out.stdout, name)
-                assert (queue, task, attempt) == ("jobs", TASK, "1") and int(msg_id) in by_id
+                assert (queue, task, attempt) == ("jobs", TASK, "1") and parse_id(msg_id) in by_id
                 assert running_for.endswith(("ms", " s"))
-                seen.add(int(msg_id))
-            assert seen == set(by_id)  # pool-wide ids, as publish gave them
+                seen.add(msg_id)
+            assert seen == {format_id(i) for i in by_id}  # pool-wide ids, as publish gave them, shown as shard:n
 
             js = inspect("--connect", a, "--connect", b, "--json", "--consumer", "inspect-1")
             assert js.returncode == 0, js.stderr
             got = json.loads(js.stdout)
             (only,) = got["running"]
             assert (only["consumer"], only["queue"], only["task"], only["attempt"]) == ("inspect-1", "jobs", TASK, 1)
-            assert only["id"] in by_id and only["running_s"] >= 0 and got["unreachable"] == {}
+            assert parse_id(only["id"]) in by_id and only["running_s"] >= 0 and got["unreachable"] == {}
 
             empty = inspect("--connect", a, "--task", "no.such.task")
             assert empty.returncode == 0 and "Running: 0 task(s)" in empty.stdout

@@ -11,6 +11,7 @@ from rich.table import Table
 from conveyor.cli.connecting import Connection, connect_options, open_pool
 from conveyor.cli.stats import EXIT_SERVER_DOWN
 from conveyor.cli.tables import stdout_console
+from conveyor.client.sharded import format_id
 from conveyor.constants import TASK_PAGE_MAX
 from conveyor.errors import ConveyorError
 from conveyor.protocol.task_pages import TaskPage, TaskRecord, TaskState
@@ -85,7 +86,7 @@ def _table(page: TaskPage, rows: list[TaskRecord]) -> Table:
         t.add_column(col, justify="right")
     for r in sorted(rows, key=lambda r: (r.consumer, r.delivered_at)):
         t.add_row(
-            escape(r.consumer or UNNAMED), escape(r.queue), escape(r.task), str(r.id), str(r.attempt), duration(r.runtime_s)
+            escape(r.consumer or UNNAMED), escape(r.queue), escape(r.task), format_id(r.id), str(r.attempt), duration(r.runtime_s)
         )
     return t
 
@@ -97,7 +98,7 @@ def _as_json(page: TaskPage, rows: list[TaskRecord]) -> dict[str, object]:
                 "consumer": r.consumer,
                 "queue": r.queue,
                 "task": r.task,
-                "id": r.id,
+                "id": format_id(r.id),
                 "attempt": r.attempt,
                 "delivered_at": r.delivered_at,
                 "running_s": round(r.runtime_s, 3),
