@@ -48,6 +48,7 @@ _COLUMNS = {
     "deliveries": "I",  # counted at every delivery, never given back (unlike an attempt): names one
 }
 _MIN_CAP = 1024
+_NEAR = 64  # advance_low's first look
 
 
 class QueueState:
@@ -117,8 +118,15 @@ class QueueState:
         status = self.status
         if i < end and status[i] not in _FINISHED:  # the usual case: the oldest message still runs
             return self.low
-        found = [k for k in (status.find(st, i, end) for st in _UNFINISHED) if k >= 0]
-        self.low = self.base + (min(found) if found else max(i, end))
+        step = _NEAR
+        while i < end:  # in growing steps: low mostly moves a little, and each status is looked for in turn
+            j = min(i + step, end)
+            found = [k for k in (status.find(st, i, j) for st in _UNFINISHED) if k >= 0]
+            if found:
+                i = min(found)
+                break
+            i, step = j, step * 64
+        self.low = self.base + i
         return self.low
 
     def inside(self, ids: Sequence[int]) -> bool:
