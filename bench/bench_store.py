@@ -7,6 +7,8 @@ What it measures (no-op messages with distinct ~100-byte payloads, batches of 1,
   column), with the ratio DurableStore / sqlite; each figure is the median of `--runs` runs;
 - the Python heap (tracemalloc) per message of a `DurableStore` holding 1,000,000 pending
   messages, how long reopening it takes, and how long the first `get(1000)` after reopening takes;
+- the Python heap per message of a `MemoryStore` holding 1,000,000 pending messages (their
+  payloads are shared by every batch, so this is the store's own: its columns and lists);
 - compaction: after putting and acking 1,000,000 messages, the store's directory must be back
   under 2 segments' worth of bytes.
 
@@ -40,8 +42,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from benchlib import Row, make_console, mib, per_msg, print_report, progress, rate, ratio, seconds
 from conveyor.constants import DEFAULT_SEGMENT_BYTES
@@ -263,6 +263,31 @@ def measure_memory(path: Path, batch: Sequence[Message], n: int, reopens: int) -
     return res
 
 
+def measure_memory_store(batch: Sequence[Message], n: int) -> tuple[float, float]:
+    """The traced heap per message of a MemoryStore holding n pending messages, and its peak during the puts."""
+    sizes = chunks(n)
+    batches = {k: list(batch[:k]) for k in set(sizes)}
+    gc.collect()
+    tracemalloc.start()
+    try:
+        store = MemoryStore()
+        gc.collect()
+        base = tracemalloc.get_traced_memory()[0]
+        tracemalloc.reset_peak()
+        progress(f"memory: putting {n:,} messages in a MemoryStore under tracemalloc")
+        for k in sizes:
+            store.put(batches[k])
+        gc.collect()
+        current, peak = tracemalloc.get_traced_memory()
+        ready = store.stats().ready
+        store.close()
+    finally:
+        tracemalloc.stop()
+    if ready != n:
+        raise RuntimeError(f"memory: put {n} in a MemoryStore but {ready} are ready")
+    return (current - base) / n, (peak - base) / n
+
+
 @dataclass(frozen=True)
 class CompactionResult:
     after_put: int  # directory bytes
@@ -314,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="conveyor-bench-", dir=args.dir))
     out = make_console()
     header = (
-        f"Python {platform.python_version()}, numpy {np.__version__}, sqlite {sqlite3.sqlite_version}, "
+        f"Python {platform.python_version()}, sqlite {sqlite3.sqlite_version}, "
         f"{platform.platform()}, {os.cpu_count()} CPUs; dir {root}"
     )
     out.print(header)
@@ -344,6 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         path = root / "memory"
         mem = measure_memory(path, batch, big, args.runs)
         shutil.rmtree(path)
+        mem_heap, mem_peak = measure_memory_store(batch, big)
         path = root / "compaction"
         comp = measure_compaction(path, batch, big)
         shutil.rmtree(path)
@@ -378,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
             per_msg,
             note=f"info; peak {mem.reopened_peak_per_msg:.1f} B while reopening",
         ),
+        Row("Memory heap per pending msg", [mem_heap], per_msg, note=f"info, {big:,} pending{quick}; peak {mem_peak:.1f} B"),
         Row("Durable reopen", mem.reopen_s, seconds, "<", 3.0, note=f"{big:,} pending{quick}"),
         Row("  first get(1000) after it", mem.first_get_s, seconds, note="info"),
         Row("Durable dir after put", [comp.after_put], mib, note=f"info, {big:,} messages{quick}"),

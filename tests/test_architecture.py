@@ -8,7 +8,10 @@
 - every module of src/ is named by at least one test file (imported, or written as
   `conveyor.pkg.module` or `pkg/module.py`), so each has a test to go to;
 - aiohttp through its public API only, and every runtime dependency bounded below its next major
-  version (pyproject.toml).
+  version (pyproject.toml);
+- the core (servers, stores, clients, workers, tasks, the dashboard, the CLI) imports nothing of
+  Spark's stack (numpy, pandas, pyarrow, pyspark): that is the `spark` extra's, and
+  `pip install conveyor` stays small without it.
 
 A module's size follows its job: there is no line limit (one pushed code into squeezed lines), and
 `# fmt: skip` is kept for the few tables that read better aligned, each with its reason.
@@ -19,6 +22,7 @@ from __future__ import annotations
 import ast
 import importlib
 import inspect
+import json
 import re
 import shutil
 import subprocess
@@ -178,3 +182,71 @@ def test_every_runtime_dependency_is_bounded_below_its_next_major_version() -> N
     ]
     unbounded = [d for d in dependencies if "<" not in d.split(";")[0]]
     assert dependencies and not unbounded, f"runtime dependencies without an upper bound: {unbounded}"
+
+
+# the core, as `pip install conveyor` serves it: a package name, and whether every module in it is imported
+# too (`conveyor` and `conveyor.cli` load their heavy parts on first use: the packages themselves)
+CORE = {
+    "conveyor": False,
+    "conveyor.server": True,
+    "conveyor.storage": True,
+    "conveyor.client": True,
+    "conveyor.worker": True,
+    "conveyor.tasks": True,
+    "conveyor.dashboard": True,
+    "conveyor.cli": False,
+}
+SPARK_STACK = ("numpy", "pandas", "pyarrow", "pyspark")  # the `spark` extra's
+# the modules of the `spark` extra, which may import its stack when they load (paths under src/conveyor)
+SPARK_MODULES = ("spark/", "graph/", "compat/", "cli/corpus.py", "cli/scenes.py")
+_IMPORT_EACH = """
+import importlib, json, pkgutil, sys
+core, stack = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+brought = {}
+for package, whole in core.items():
+    names = [package]
+    if whole:
+        path = importlib.import_module(package).__path__
+        names += [m.name for m in pkgutil.walk_packages(path, package + ".")]
+    for name in names:
+        importlib.import_module(name)
+        for top in stack:
+            if top in sys.modules:
+                brought.setdefault(top, name)
+print(json.dumps(brought))
+"""
+
+
+def test_the_core_imports_nothing_of_sparks_stack() -> None:
+    """Importing the core in a fresh process leaves numpy, pandas, pyarrow and pyspark unloaded."""
+    run = subprocess.run(
+        [sys.executable, "-c", _IMPORT_EACH, json.dumps(CORE), json.dumps(SPARK_STACK)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    brought = json.loads(run.stdout.splitlines()[-1])
+    assert not brought, (
+        "the core imports the spark extra's packages (package: the first module that brought it in): "
+        + ", ".join(f"{top}: {name}" for top, name in brought.items())
+    )
+
+
+def test_only_the_spark_extras_modules_import_sparks_stack_as_they_load() -> None:
+    """No other module imports numpy, pandas, pyarrow or pyspark at its top (inside a function, on first use, it may)."""
+    found = []
+    for p in _modules():
+        path = p.relative_to(SRC).as_posix()
+        if path.startswith(SPARK_MODULES):
+            continue
+        for node in ast.parse(p.read_text()).body:
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0:
+                names = [node.module or ""]
+            else:
+                continue
+            found += [f"{path}:{node.lineno} {n}" for n in names if n.split(".")[0] in SPARK_STACK]
+    assert not found, f"modules outside the spark extra import its stack as they load: {found}"

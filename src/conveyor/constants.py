@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import struct
 
-import numpy as np
-
 # --- Message status codes (shared by memory state and the index WAL) ---------------------------
 ST_READY = 0
 ST_DELIVERED = 1
@@ -76,18 +74,8 @@ KIND_PAD = 4  # prefix + filler: a damaged span replaced by `repair=True`
 # a message body's prefix: BODY_PREFIX, then fixed-size fields so that neither recovery scans nor
 # reads need msgpack: kind, id, priority, max_attempts, not_before, enqueued_at, headers length
 MESSAGE_PREFIX = struct.Struct("<BQiHddI")
-MESSAGE_PREFIX_DTYPE = np.dtype(
-    [
-        ("kind", "u1"),
-        ("id", "<u8"),
-        ("priority", "<i4"),
-        ("max_attempts", "<u2"),
-        ("not_before", "<f8"),
-        ("enqueued_at", "<f8"),
-        ("hlen", "<u4"),
-    ]
-)
-assert MESSAGE_PREFIX_DTYPE.itemsize == MESSAGE_PREFIX.size
+MESSAGE_PREFIX_FIELDS = ("kind", "id", "priority", "max_attempts", "not_before", "enqueued_at", "hlen")
+assert len(MESSAGE_PREFIX_FIELDS) == len(MESSAGE_PREFIX.format) - 1  # one per field of the format, in its order
 
 # --- Index write-ahead log: index.wal ----------------------------------------------------------
 INDEX_NAME = "index.wal"
@@ -100,24 +88,11 @@ INDEX_HEADER = struct.Struct("<8sIQQQQI")
 #         segment, offset, length (of the message, its result or its dead letter) | until
 #         (`until` is the lease deadline when DELIVERED, not-before when READY/DELAYED)
 INDEX_RECORD = struct.Struct("<IdQBBHIIId")
+INDEX_FIELDS = ("crc", "ts", "id", "status", "flags", "attempts", "seg", "off", "len", "until")
+assert len(INDEX_FIELDS) == len(INDEX_RECORD.format) - 1  # one per field of the format, in its order
 # flags: a gap record (status ST_NONE, written by a rewrite for ids below the header's base) says
 # that the `length` ids from `message id` on hold no message (purged, skipped, or torn by a crash)
 INDEX_FLAG_GAP = 1
-INDEX_DTYPE = np.dtype(
-    [
-        ("crc", "<u4"),
-        ("ts", "<f8"),
-        ("id", "<u8"),
-        ("status", "u1"),
-        ("flags", "u1"),
-        ("attempts", "<u2"),
-        ("seg", "<u4"),
-        ("off", "<u4"),
-        ("len", "<u4"),
-        ("until", "<f8"),
-    ]
-)
-assert INDEX_DTYPE.itemsize == INDEX_RECORD.size
 # rewrite the index once it holds this many records and more than REWRITE_RATIO x the live ones
 INDEX_REWRITE_MIN_RECORDS = 65536
 INDEX_REWRITE_RATIO = 2

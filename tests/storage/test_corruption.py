@@ -16,12 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
-import numpy as np
 import pytest
 
 from conveyor.constants import (
     BODY_PREFIX,
-    INDEX_DTYPE,
+    INDEX_FIELDS,
     INDEX_HEADER,
     INDEX_NAME,
     INDEX_RECORD,
@@ -84,11 +83,12 @@ def seg_records(f: Path) -> list[Rec]:
     return out
 
 
-def index_records(path: Path) -> np.ndarray:
+def index_records(path: Path) -> list[dict[str, int | float]]:
+    """Parse the index with the layout from constants: each record's fields by name."""
     data = (path / INDEX_NAME).read_bytes()
     body = len(data) - INDEX_HEADER.size
     assert body % INDEX_RECORD.size == 0
-    return np.frombuffer(data, INDEX_DTYPE, body // INDEX_RECORD.size, INDEX_HEADER.size)
+    return [dict(zip(INDEX_FIELDS, r, strict=True)) for r in INDEX_RECORD.iter_unpack(data[INDEX_HEADER.size :])]
 
 
 def index_offset(k: int) -> int:
@@ -181,8 +181,7 @@ def busy_store(path: Path) -> Busy:
 
 def acked_record(path: Path, msg_id: int) -> int:
     """The index position of the ACKED record of msg_id."""
-    rec = index_records(path)
-    [k] = np.flatnonzero((rec["id"] == msg_id) & (rec["status"] == ST_ACKED)).tolist()
+    [k] = [k for k, r in enumerate(index_records(path)) if r["id"] == msg_id and r["status"] == ST_ACKED]
     return k
 
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 import contextvars
 import logging
 import time
-
-import numpy as np
+from itertools import compress
 
 from conveyor.server.queues import HostedQueue, QueueHost
 
@@ -52,9 +51,9 @@ class ConnectionLeases:
         """Keep the deliveries that still stand; look again once the list has doubled."""
         self._size = 0
         for key, (q, ids, numbers) in list(self._taken.items()):
-            live = np.zeros(len(ids), bool) if q.dropped else q.store.delivered_as(ids, numbers)
-            ids[:] = np.asarray(ids)[live].tolist()
-            numbers[:] = np.asarray(numbers)[live].tolist()
+            live = [False] * len(ids) if q.dropped else q.store.delivered_as(ids, numbers)
+            ids[:] = compress(ids, live)
+            numbers[:] = compress(numbers, live)
             if not ids:
                 del self._taken[key]
             self._size += len(ids)

@@ -32,17 +32,17 @@ operations that change nothing are in `conveyor.storage.inspection`, argument ch
 from __future__ import annotations
 
 import time
+from array import array
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from itertools import compress
 from types import TracebackType
-from typing import cast
-
-import numpy as np
 
 from conveyor.constants import MAX_ATTEMPTS_LIMIT, ST_ACKED, ST_DELAYED, ST_DELIVERED, ST_FAILED, ST_NONE, ST_READY
 from conveyor.errors import DiskFullError
 from conveyor.message import Message, MessageBatch, Status
 from conveyor.storage.checks import as_ids, check_lease, check_nack, check_put, check_results
+from conveyor.storage.columns import NOT, add, gather, mask_and, where
 from conveyor.storage.ids import first_occurrences
 from conveyor.storage.inspection import StoreInspection
 from conveyor.storage.state import QueueState
@@ -66,7 +66,7 @@ class Totals:
 class Store(StoreInspection):
     """One queue: the operations above on top of a `QueueState`, persisted by the hooks."""
 
-    def __init__(self, queue: str, max_attempts: int, lease_s: float, extra: dict[str, object]) -> None:
+    def __init__(self, queue: str, max_attempts: int, lease_s: float, extra: dict[str, str], objects: Sequence[str] = ()) -> None:
         if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
             raise ValueError(f"max_attempts must be in 1..{MAX_ATTEMPTS_LIMIT}, got {max_attempts}")
         self.queue = queue
@@ -75,7 +75,7 @@ class Store(StoreInspection):
         # leases and delays follow this clock: wall-clock time as of when the store was opened,
         # advanced by the monotonic clock, so that a step of the system clock does not end leases
         self.clock = steady_clock()
-        self._state = QueueState(extra=extra)
+        self._state = QueueState(extra=extra, objects=objects)
         # every failed id, forgotten or not: status() must say FAILED after the window slides past it
         self._failed_ids = set()
         self._closed = False
@@ -130,7 +130,7 @@ class Store(StoreInspection):
             raise
         self.totals.put += n
         self._commit()
-        return cast(list[int], ids.tolist())
+        return list(ids)
 
     def get(self, n: int, lease_s: float | None = None) -> list[Message]:
         """Deliver up to n messages under a lease of `lease_s` seconds (store default if None)."""
@@ -175,17 +175,18 @@ class Store(StoreInspection):
         if results is not None:
             check_results(len(arr), results)
         ok = self._state.finishable(arr)
-        if ok.any():
-            done = arr[ok]
+        if 1 in ok:
+            every = 0 not in ok
+            done = arr if every else array("q", compress(arr, ok))
             self._prepare(len(done))
-            mine = None if results is None else [r for r, o in zip(results, ok, strict=True) if o]
+            mine = None if results is None else list(results) if every else list(compress(results, ok))
             # the results are written first: on a full disk the ack is refused before anything changed
             kept = self._keep_results(done, mine) if mine and any(r is not None for r in mine) else None
             self._state.mark(done, ST_ACKED)
             self._record(done, ST_ACKED, kept, self.clock())
             self.totals.acked += len(done)
             self._commit()
-        return cast(list[bool], ok.tolist())
+        return list(map(bool, ok))
 
     def nack(self, msg_id: int, error: str = "", delay_s: float = 0.0, final: bool = False) -> bool:
         """Give a delivered message back: READY after `delay_s`, or FAILED when out of attempts."""
@@ -201,14 +202,15 @@ class Store(StoreInspection):
         self._check_open()
         arr = as_ids(ids)
         errs = check_nack(len(arr), errors, delay_s)
-        ok = self._state.delivered(arr) & first_occurrences(arr)
-        if ok.any():
+        ok = mask_and(self._state.delivered(arr), first_occurrences(arr))
+        if 1 in ok:
             now = self.clock()
-            sel = np.flatnonzero(ok)
-            self._retry_or_fail(arr[sel], [errs[i] for i in sel], now + delay_s, now, final)
+            every = 0 not in ok
+            sel = arr if every else array("q", compress(arr, ok))
+            self._retry_or_fail(sel, errs if every else list(compress(errs, ok)), now + delay_s, now, final)
             self.totals.nacked += len(sel)
             self._commit()
-        return cast(list[bool], ok.tolist())
+        return list(map(bool, ok))
 
     def nack_each(self, ids: Sequence[int], errors: Sequence[str], delays: Sequence[float], final: bool = False) -> list[bool]:
         """`nack_many` with a delay per message: one call per distinct delay; which nacks took effect."""
@@ -226,17 +228,17 @@ class Store(StoreInspection):
         """
         self._check_open()
         arr = as_ids(ids)
-        ok = self._state.delivered(arr) & first_occurrences(arr)
-        if ok.any():
-            back = arr[ok]
+        ok = mask_and(self._state.delivered(arr), first_occurrences(arr))
+        if 1 in ok:
+            back = arr if 0 not in ok else array("q", compress(arr, ok))
             now = self.clock()
             self._prepare(len(back))
-            self._state.cols["attempts"][back - self._state.base] -= 1
-            self._state.requeue(back, np.zeros(len(back), np.float64), now)
+            add(self._state.attempts, where(back, self._state.base), -1)
+            self._state.requeue(back, 0.0, now)
             self._record(back, ST_READY, None, now)
             self.totals.released += len(back)
             self._commit()
-        return cast(list[bool], ok.tolist())
+        return list(map(bool, ok))
 
     def extend_lease(self, msg_id: int, lease_s: float) -> bool:
         """Push a delivered message's lease to now + lease_s; False if it is not delivered."""
@@ -267,8 +269,9 @@ class Store(StoreInspection):
         Returns how many ended.
         """
         self._check_open()
-        live = as_ids(ids)[self.delivered_as(ids, deliveries)]
-        live = live[first_occurrences(live)]
+        arr = as_ids(ids)
+        live = array("q", compress(arr, self._state.holds(arr, deliveries)))
+        live = array("q", compress(live, first_occurrences(live)))
         if not len(live):
             return 0
         now = self.clock()
@@ -283,23 +286,22 @@ class Store(StoreInspection):
         How many times each of `ids` was delivered: with its id, names its latest delivery (an
         attempt does not: a release gives it back).
         """
-        idx, inside = self._state.index(as_ids(ids))
-        return cast(list[int], np.where(inside, self._state.cols["deliveries"][idx], 0).tolist())
+        return self._state.column_of("deliveries", as_ids(ids))
 
-    def delivered_as(self, ids: Sequence[int], deliveries: Sequence[int]) -> np.ndarray:
-        """Mask of `ids` still in the deliveries numbered `deliveries` (not settled, not delivered again)."""
-        return self._state.holds(as_ids(ids), np.asarray(deliveries, np.int64))
+    def delivered_as(self, ids: Sequence[int], deliveries: Sequence[int]) -> list[bool]:
+        """Which of `ids` are still in the deliveries numbered `deliveries` (not settled, not delivered again)."""
+        return list(map(bool, self._state.holds(as_ids(ids), deliveries)))
 
     def _expire(self, now: float) -> int:
         """Requeue or fail deliveries whose lease ended by `now`; returns how many."""
         return self._end(self._state.expired(now), now, "lease expired")
 
-    def _end(self, ids: np.ndarray, now: float, why: str) -> int:
+    def _end(self, ids: Sequence[int], now: float, why: str) -> int:
         """Requeue or fail deliveries `ids` whose lease ended (`why`, said in a dead letter); returns how many."""
         if not len(ids):
             return 0
         try:
-            n = len(ids) - self._retry_or_fail(ids, None, np.float64(0.0), now, why=why)
+            n = len(ids) - self._retry_or_fail(ids, None, 0.0, now, why=why)
             self.totals.expired += n
             return n
         except BaseException:
@@ -308,9 +310,9 @@ class Store(StoreInspection):
 
     def _retry_or_fail(
         self,
-        ids: np.ndarray,
+        ids: Sequence[int],
         errors: list[str] | None,
-        not_before: float | np.floating,
+        not_before: float,
         now: float,
         final: bool = False,
         why: str = "",
@@ -325,14 +327,15 @@ class Store(StoreInspection):
         Returns how many were left so.
         """
         self._prepare(len(ids))
-        out = np.ones(len(ids), bool) if final else self._state.out_of_attempts(ids)
-        failed = ids[out]
-        if len(failed):
+        out = b"\x01" * len(ids) if final else self._state.out_of_attempts(ids)
+        failed: Sequence[int] = ids if 0 not in out else array("q", compress(ids, out))
+        n_out = len(failed)
+        if n_out:
             if errors is None:
-                attempts = self._state.cols["attempts"][failed - self._state.base].tolist()
+                attempts = gather(self._state.attempts, where(failed, self._state.base))
                 msgs = [f"{why} on its last attempt ({a} of {a})" for a in attempts]
             else:
-                msgs = [e for e, o in zip(errors, out, strict=True) if o]
+                msgs = list(compress(errors, out))
             try:
                 kept = self._keep_dead(failed, msgs, now)
             except DiskFullError:
@@ -342,16 +345,16 @@ class Store(StoreInspection):
                 failed = failed[:0]
             if len(failed):
                 self._state.mark(failed, ST_FAILED)  # delivered, and each once
-                self._failed_ids.update(failed.tolist())
+                self._failed_ids.update(failed)
                 self._record(failed, ST_FAILED, kept, now)
                 self.totals.dead_lettered += len(failed)
-        back = ids[~out]
+        back = ids if 1 not in out else array("q", compress(ids, out.translate(NOT)))
         if len(back):
             # a lease that ran out (its worker lost) goes ahead of the waiting work, so a lost host's
             # messages run again within about a lease, not after the backlog; a failure goes behind it
-            self._state.requeue(back, np.full(len(back), not_before, np.float64), now, front=errors is None)
+            self._state.requeue(back, not_before, now, front=errors is None)
             self._record(back, ST_READY, None, now)
-        return int(out.sum()) - len(failed)
+        return n_out - len(failed)
 
     def skip_ids(self, next_id: int) -> None:
         """Never assign ids below `next_id` (a queue made again after a drop continues past the old one's)."""
@@ -372,10 +375,10 @@ class Store(StoreInspection):
         ids = self._state.live_ids((ST_READY, ST_DELAYED))
         self._prepare(len(ids))
         ok = self._state.finish(ids, ST_NONE)
-        if ok.any():
-            self._record(ids[ok], ST_NONE, None, self.clock())
+        if 1 in ok:
+            self._record(ids if 0 not in ok else list(compress(ids, ok)), ST_NONE, None, self.clock())
             self._commit()
-        return int(ok.sum())
+        return ok.count(1)
 
     def cancel(self, ids: Sequence[int], error: str) -> list[bool]:
         """Fail READY and delayed messages now, each a dead letter holding `error`; returns which were.

@@ -12,7 +12,6 @@ import mmap
 from collections.abc import Callable, Sequence
 
 import msgpack
-import numpy as np
 
 from conveyor.constants import KIND_MESSAGE, MESSAGE_PREFIX
 from conveyor.message import DeadLetter, Message, make_message
@@ -23,17 +22,17 @@ _packb = msgpack.Packer(use_bin_type=True).pack
 
 
 def message_bodies(
-    ids: np.ndarray,
-    priority: np.ndarray,
-    max_attempts: np.ndarray,
-    not_before: np.ndarray,
+    ids: Sequence[int],
+    priority: Sequence[int],
+    max_attempts: Sequence[int],
+    not_before: Sequence[float],
     payloads: Sequence[bytes],
     headers: Sequence[dict[str, str]] | None,
     now: float,
 ) -> list[bytes]:
     """The bodies of new messages (columns of scheduling fields, one entry per id)."""
     pack = MESSAGE_PREFIX.pack
-    cols = (ids.tolist(), priority.tolist(), max_attempts.tolist(), not_before.tolist())
+    cols = (ids, priority, max_attempts, not_before)
     if headers is None or not any(headers):
         return [pack(KIND_MESSAGE, i, p, x, t, now, 0) + d for d, i, p, x, t in zip(payloads, *cols, strict=True)]
     out = []

@@ -5,12 +5,13 @@ Each raises TypeError or ValueError naming the operation, before the store chang
 
 from __future__ import annotations
 
+import math
+from array import array
 from collections.abc import Sequence
-from typing import cast
-
-import numpy as np
+from typing import Any, cast
 
 from conveyor.constants import MAX_ATTEMPTS_LIMIT, MAX_LEASE_S, PRIORITY_MAX, PRIORITY_MIN
+from conveyor.storage.ids import as_range
 
 
 def check_put(
@@ -20,20 +21,20 @@ def check_put(
     max_attempts: int | Sequence[int],
     headers: Sequence[dict[str, str]] | None,
     default_max_attempts: int,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+) -> tuple[array[int], array[float], array[int]]:
     """The columns of a put of `payloads`: (priority, not_before, max_attempts).
 
     The columns of a put of `payloads` (a scalar applies to all): (priority, not_before,
     max_attempts), with max_attempts 0 replaced by `default_max_attempts`.
     """
     n = len(payloads)
-    prio = column(priority, n, np.int64, "priority")
-    max_att = column(max_attempts, n, np.int64, "max_attempts")
-    nb = column(not_before, n, np.float64, "not_before")
+    prio = column(priority, n, True, "priority")
+    max_att = column(max_attempts, n, True, "max_attempts")
+    nb = column(not_before, n, False, "not_before")
     if not all(type(p) is bytes for p in payloads):
         bad = next(i for i, p in enumerate(payloads) if type(p) is not bytes)
         raise TypeError(f"put: message {bad} has a {type(payloads[bad]).__name__} payload, not bytes")
-    if (prio < PRIORITY_MIN).any() or (prio > PRIORITY_MAX).any():
+    if min(prio, default=0) < PRIORITY_MIN or max(prio, default=0) > PRIORITY_MAX:
         raise ValueError(f"put: priority must be within [{PRIORITY_MIN}, {PRIORITY_MAX}]")
     if headers is not None:
         if len(headers) != n:
@@ -45,12 +46,18 @@ def check_put(
             if h and (type(h) is not dict or not all(type(k) is str and type(v) is str for k, v in h.items())):
                 raise TypeError(f"put: message {i} headers must be a dict of str to str")
             last = h
-    if (max_att < 0).any() or (max_att > MAX_ATTEMPTS_LIMIT).any():
+    if min(max_att, default=0) < 0 or max(max_att, default=0) > MAX_ATTEMPTS_LIMIT:
         raise ValueError(f"put: max_attempts must be within [0, {MAX_ATTEMPTS_LIMIT}] (0: store default)")
-    if not np.isfinite(nb).all():
+    try:
+        finite = all(map(math.isfinite, nb))
+    except OverflowError:  # an int too big for a float
+        finite = False
+    if not finite:
         raise ValueError("put: not_before must be a finite time")
-    max_att[max_att == 0] = default_max_attempts
-    return prio, nb, max_att
+    if 0 in max_att:
+        max_att = [default_max_attempts if x == 0 else x for x in max_att]
+    times = n if len(prio) == 1 else 1, n if len(nb) == 1 else 1, n if len(max_att) == 1 else 1
+    return array("i", prio) * times[0], array("d", nb) * times[1], array("H", max_att) * times[2]
 
 
 def check_results(n: int, results: Sequence[bytes | None]) -> None:
@@ -81,27 +88,43 @@ def check_lease(lease_s: object, what: str) -> float:
     return float(cast(float, lease_s))
 
 
-def as_ids(ids: Sequence[int]) -> np.ndarray:
-    """Message ids as an int64 array; TypeError unless they are a flat sequence of integers."""
-    arr = np.asarray(ids)
-    if arr.size == 0:
-        return np.empty(0, np.int64)
-    if arr.ndim != 1 or arr.dtype.kind not in "iu":
-        raise TypeError(f"message ids must be a flat sequence of integers, got {type(ids).__name__}")
-    return arr.astype(np.int64, copy=False)
+def as_ids(ids: Sequence[int]) -> Sequence[int]:
+    """Message ids as an `array("q")`, or a `range` when they run consecutively.
 
-
-def column(value: object, n: int, dtype: type, name: str) -> np.ndarray:
-    """A writable array of n values from a sequence, or from one value for all.
-
-    A writable array of n values from a sequence, or from one value for all; TypeError unless every
-    value is an integer (an integer dtype) or a number (a float dtype): 2.7 is no max_attempts.
+    TypeError unless they are a flat sequence of integers.
     """
-    kinds = "iu" if np.dtype(dtype).kind in "iu" else "iuf"
+    if type(ids) is range:
+        return ids
+    if not isinstance(ids, (str, bytes, bytearray, memoryview)):
+        try:
+            return as_range(ids if isinstance(ids, array) and ids.typecode == "q" else array("q", ids))
+        except (TypeError, OverflowError):
+            pass
+    raise TypeError(f"message ids must be a flat sequence of integers, got {type(ids).__name__}")
+
+
+def column(value: object, n: int, integer: bool, name: str) -> Sequence[Any]:
+    """n values from a sequence, or one value for all: one value per message, or a sequence of one for all.
+
+    TypeError unless every value is an integer (`integer`) or a number: 2.7 is no max_attempts,
+    and True no priority.
+    """
+    ok = _integer if integer else _number
     if type(value) in (list, tuple) and (seq := cast("Sequence[object]", value)) and seq.count(seq[0]) == len(seq):
         value = seq[0]  # the usual case: one value for all (equal values: 1 and 1.0 hold the same)
-    arr = np.asarray(value) if isinstance(value, (int, float, np.number, list, tuple, np.ndarray)) else None
-    if arr is None or arr.dtype.kind not in kinds or arr.ndim > 1 or (arr.ndim == 1 and len(arr) != n):
-        want = "an integer" if kinds == "iu" else "a number"
-        raise TypeError(f"put: {name} must be {want} (one for all, or one per message), got {value!r:.60}")
-    return np.full(n, arr, dtype) if arr.ndim == 0 else arr.astype(dtype)
+    if type(value) in (list, tuple):
+        seq = cast("Sequence[object]", value)
+        if len(seq) == n and all(map(ok, set(map(type, seq)))):
+            return seq
+    elif ok(type(value)):
+        return [value]
+    want = "an integer" if integer else "a number"
+    raise TypeError(f"put: {name} must be {want} (one for all, or one per message), got {value!r:.60}")
+
+
+def _integer(t: type) -> bool:
+    return t is not bool and (issubclass(t, int) or hasattr(t, "__index__"))
+
+
+def _number(t: type) -> bool:
+    return _integer(t) or issubclass(t, float)

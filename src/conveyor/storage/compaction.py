@@ -12,11 +12,11 @@ index is rewritten is the store's decision (`DurableStore._compact`).
 from __future__ import annotations
 
 import logging
+from itertools import compress
 from pathlib import Path
 
-import numpy as np
-
 from conveyor.constants import ST_ACKED, ST_DELAYED, ST_FAILED, ST_NONE, ST_READY
+from conveyor.storage.columns import mask_and, mask_or, nonzero, table
 from conveyor.storage.segments import SegmentLog
 from conveyor.storage.state import QueueState
 from conveyor.storage.wal import Header, make_gap_records, make_records
@@ -53,27 +53,29 @@ def index_snapshot(
 ) -> tuple[Header, bytes]:
     """The header and records of a rewritten index: one record per id that still matters."""
     low = st.advance_low()
-    c = st.cols
     a, b = low - st.base, st.next_id - st.base
-    status = st.status[a:b]
-    acked, failed = (st.finished_below_base[s] + int(np.count_nonzero(st.status[:a] == s)) for s in (ST_ACKED, ST_FAILED))
+    status = bytes(st.status[a:b])
+    acked, failed = (st.finished_below_base[s] + st.status.count(s, 0, a) for s in (ST_ACKED, ST_FAILED))
     header = Header(low, max(st.next_id, reserved_upto), acked, failed)
     # fresh READY messages need no record: their body says all; a purged one (ST_NONE with a
     # body) needs its record, or its body would make it READY again on reopening
-    purged = (status == ST_NONE) & (c["size"][a:b] > 0)
-    need = purged | ((status != ST_NONE) & ((status != ST_READY) | (c["attempts"][a:b] > 0)))
-    ids = np.flatnonzero(need) + low
-    kept_below = sorted({i for i in kept if i < low} | {i for i in failed_ids if i < low})
-    ids = np.concatenate([np.array(kept_below, np.int64), ids])
-    idx, inside = st.index(ids)
-    stat = np.where(inside, st.status[idx], ST_ACKED).astype(np.uint8)
-    for i, k in enumerate(kept_below):
-        if k in failed_ids:
-            stat[i] = ST_FAILED
-    stat[stat == ST_DELAYED] = ST_READY
-    loc = [kept.get(i, (0, 0, 0)) for i in ids.tolist()]
-    seg, off, size = (np.fromiter((x[j] for x in loc), np.uint32, len(loc)) for j in range(3))
-    attempts = np.where(inside, c["attempts"][idx], 0)
-    until = np.where(inside, c["until"][idx], 0.0)
+    purged = mask_and(status.translate(_IS_NONE), nonzero(st.cols["size"][a:b]))
+    delivered_once = mask_and(status.translate(_IS_READY), nonzero(st.attempts[a:b]))
+    need = mask_or(mask_or(purged, status.translate(_NEITHER)), delivered_once)
+    ids = sorted({i for i in kept if i < low} | {i for i in failed_ids if i < low})
+    below = len(ids)
+    ids += compress(range(low, st.next_id), need)
+    stat = [ST_FAILED if i in failed_ids else ST_ACKED for i in ids[:below]]
+    stat += compress(status.translate(_DELAYED_AS_READY), need)
+    loc = [kept.get(i, (0, 0, 0)) for i in ids]
+    attempts = st.column_of("attempts", ids[:below]) + list(compress(st.attempts[a:b], need))
+    until = st.column_of("until", ids[:below], 0.0) + list(compress(st.until[a:b], need))
     gaps = make_gap_records(st.gaps_below(low))  # so that ids below the new base still read as absent
+    seg, off, size = ([x[j] for x in loc] for j in range(3))
     return header, gaps + make_records(ids, stat, attempts, seg, off, size, until)
+
+
+_IS_NONE = table((ST_NONE,))
+_IS_READY = table((ST_READY,))
+_NEITHER = table([c for c in range(256) if c not in (ST_NONE, ST_READY)])  # any other status needs its record
+_DELAYED_AS_READY = bytes(ST_READY if c == ST_DELAYED else c for c in range(256))

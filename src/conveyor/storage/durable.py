@@ -21,12 +21,12 @@ import contextlib
 import logging
 import os
 import threading
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from itertools import compress
 from pathlib import Path
-from typing import Any, Literal, cast
-
-import numpy as np
+from typing import Any, Literal
 
 from conveyor.constants import (
     BODY_PREFIX,
@@ -47,6 +47,7 @@ from conveyor.errors import StoreError
 from conveyor.message import DeadLetter, MessageBatch
 from conveyor.storage.base import Store
 from conveyor.storage.bodies import dead_letter_bodies, message_bodies, parse_dead_letter, read_messages
+from conveyor.storage.columns import gather, where
 from conveyor.storage.compaction import drop_dead_segments, index_snapshot
 from conveyor.storage.files import DISK_FULL, lock_dir, store_error
 from conveyor.storage.losses import Loss, lost_dead_letters, mark_failed
@@ -89,7 +90,7 @@ class DurableStore(Store):
             raise ValueError(f"fsync must be 'batch', 'interval' or 'never', got {fsync!r}")
         if not 4096 <= segment_bytes <= MAX_SEGMENT_BYTES:
             raise ValueError(f"segment_bytes must be within [4096, {MAX_SEGMENT_BYTES}], got {segment_bytes}")
-        super().__init__(queue, max_attempts, lease_s, {"seg": np.uint32, "off": np.uint32, "size": np.uint32})
+        super().__init__(queue, max_attempts, lease_s, {"seg": "I", "off": "I", "size": "I"})
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         self._lock_fd = lock_dir(self.path)
@@ -148,7 +149,7 @@ class DurableStore(Store):
         segs, offs, sizes = self._keep(ids, bodies, KIND_DEAD, "repair")
         self._index.append(make_records(ids, ST_FAILED, attempts, segs, offs, sizes, 0.0))
         mark_failed(self._state, ids, self._failed_ids)
-        self._failed_ids.update(ids.tolist())
+        self._failed_ids.update(ids)
         self._segments.sync()  # bodies before the index records that point at them
         self._index.sync()
 
@@ -200,18 +201,27 @@ class DurableStore(Store):
 
     # --- hooks ----------------------------------------------------------------------------
     def _store_messages(
-        self, ids: np.ndarray, payloads: Sequence[bytes], headers: Sequence[dict[str, str]] | None, now: float
+        self, ids: Sequence[int], payloads: Sequence[bytes], headers: Sequence[dict[str, str]] | None, now: float
     ) -> None:
-        c = self._state.cols
-        a = int(ids[0]) - self._state.base
+        st = self._state
+        c = st.cols
+        a = ids[0] - st.base
         b = a + len(ids)
-        bodies = message_bodies(ids, c["priority"][a:b], c["max_attempts"][a:b], c["until"][a:b], payloads, headers, now)
+        bodies = message_bodies(ids, st.priority[a:b], st.max_attempts[a:b], st.until[a:b], payloads, headers, now)
         segs, offs = self._append(bodies, "put")
-        c["seg"][a:b] = segs
-        c["off"][a:b] = offs
-        c["size"][a:b] = list(map(len, bodies))
-        for s, k in zip(*np.unique(c["seg"][a:b], return_counts=True), strict=True):
-            self._live[int(s)] = self._live.get(int(s), 0) + int(k)
+        c["seg"][a:b] = array("I", segs)
+        c["off"][a:b] = array("I", offs)
+        c["size"][a:b] = array("I", map(len, bodies))
+        self._count_live(segs, 1)
+
+    def _count_live(self, segs: Sequence[int], by: int) -> None:
+        """Count records in these segments (one per entry) as needed (`by` 1) or no longer (-1)."""
+        live = self._live
+        if segs and segs.count(segs[0]) == len(segs):  # a batch's records mostly share one segment
+            live[segs[0]] = live.get(segs[0], 0) + by * len(segs)
+        else:
+            for s, k in Counter(segs).items():
+                live[s] = live.get(s, 0) + by * k
 
     def _reserve_ids(self, upto: int) -> None:
         """Make sure no id below `upto` can be assigned again after a crash.
@@ -232,75 +242,76 @@ class DurableStore(Store):
 
     def _body(self, i: int) -> bytes:
         c, j = self._state.cols, i - self._state.base
-        return self._segments.read(int(c["seg"][j]), int(c["off"][j]), int(c["size"][j]))
+        return self._segments.read(c["seg"][j], c["off"][j], c["size"][j])
 
-    def _sizes(self, ids: np.ndarray) -> np.ndarray:
+    def _sizes(self, ids: Sequence[int]) -> Sequence[int]:
         # a body holds the payload and headers behind a prefix of about the fields a reply adds per message
-        return cast(np.ndarray, self._state.cols["size"][ids - self._state.base].astype(np.int64) + 16)
+        return list(map((16).__add__, gather(self._state.cols["size"], where(ids, self._state.base))))
 
-    def _load(self, ids: np.ndarray, lease_s: float) -> MessageBatch:
+    def _load(self, ids: Sequence[int], lease_s: float) -> MessageBatch:
         st = self._state
-        idx = ids - st.base
+        at = where(ids, st.base)
         c = st.cols
-        seg = c["seg"][idx]
+        seg = gather(c["seg"], at)
         back = None  # a log keeps few segments mapped: out of segment order (requeued messages among
-        if len(seg) > 1 and (seg[1:] < seg[:-1]).any():  # newer ones), read segment by segment
-            order = np.argsort(seg, kind="stable")
-            idx, seg, back = idx[order], seg[order], np.argsort(order).tolist()
+        if seg != sorted(seg):  # newer ones), read segment by segment
+            order = sorted(range(len(seg)), key=seg.__getitem__)
+            at, seg = [at[k] for k in order], [seg[k] for k in order]
+            back = sorted(range(len(order)), key=order.__getitem__)
         with self._lock:
-            at, nb, headers, payloads = read_messages(
-                self._segments.mapped, seg.tolist(), c["off"][idx].tolist(), c["size"][idx].tolist()
+            enqueued, nb, headers, payloads = read_messages(
+                self._segments.mapped, seg, gather(c["off"], at), gather(c["size"], at)
             )
-        cols = [
-            c["priority"][idx].tolist(),
-            c["attempts"][idx].tolist(),
-            at,
+        cols: list[list[Any]] = [
+            gather(st.priority, at),
+            gather(st.attempts, at),
+            enqueued,
             nb,
-            c["max_attempts"][idx].tolist(),
+            gather(st.max_attempts, at),
             headers,
             payloads,
         ]
         if back is not None:  # in the order taken
             cols = [[col[j] for j in back] for col in cols]
-        return MessageBatch(self.queue, lease_s, ids.tolist(), *cols)
+        return MessageBatch(self.queue, lease_s, list(ids), *cols)
 
-    def _keep_results(self, ids: np.ndarray, results: Sequence[bytes | None]) -> Any:
-        has = np.fromiter((r is not None for r in results), bool, len(results))
-        loc = tuple(np.zeros(len(ids), np.uint32) for _ in range(3))
-        done = self._keep(ids[has], [r for r in results if r is not None], KIND_RESULT, "ack with results")
-        for col, got in zip(loc, done, strict=True):
-            col[has] = got
+    def _keep_results(self, ids: Sequence[int], results: Sequence[bytes | None]) -> Any:
+        has = [r is not None for r in results]
+        got = self._keep(list(compress(ids, has)), [r for r in results if r is not None], KIND_RESULT, "ack with results")
+        if all(has):
+            return got
+        loc: tuple[list[int], list[int], list[int]] = ([0] * len(ids), [0] * len(ids), [0] * len(ids))
+        for col, values in zip(loc, got, strict=True):
+            for k, v in zip(compress(range(len(ids)), has), values, strict=True):
+                col[k] = v
         return loc
 
-    def _keep_dead(self, ids: np.ndarray, errors: Sequence[str], now: float) -> Any:
-        attempts = self._state.cols["attempts"][ids - self._state.base].tolist()
+    def _keep_dead(self, ids: Sequence[int], errors: Sequence[str], now: float) -> Any:
+        attempts = gather(self._state.attempts, where(ids, self._state.base))
         with self._lock:
-            bodies = dead_letter_bodies(errors, now, attempts, [self._body(i) for i in ids.tolist()])
+            bodies = dead_letter_bodies(errors, now, attempts, [self._body(i) for i in ids])
         return self._keep(ids, bodies, KIND_DEAD, "dead letters")
 
-    def _keep(self, ids: np.ndarray, data: list[bytes], kind: int, what: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _keep(self, ids: Sequence[int], data: list[bytes], kind: int, what: str) -> tuple[list[int], list[int], list[int]]:
         """Append result or dead-letter records and remember where they are."""
-        bodies = [BODY_PREFIX.pack(kind, i) + d for i, d in zip(ids.tolist(), data, strict=True)]
+        bodies = [BODY_PREFIX.pack(kind, i) + d for i, d in zip(ids, data, strict=True)]
         segs, offs = self._append(bodies, what)
         sizes = list(map(len, bodies))
-        self._kept.update(zip(ids.tolist(), zip(segs, offs, sizes, strict=True), strict=True))
-        for s, k in Counter(segs).items():  # a batch's records mostly share one segment
-            self._live[s] = self._live.get(s, 0) + k
-        return np.array(segs, np.uint32), np.array(offs, np.uint32), np.array(sizes, np.uint32)
+        self._kept.update(zip(ids, zip(segs, offs, sizes, strict=True), strict=True))
+        self._count_live(segs, 1)
+        return segs, offs, sizes
 
-    def _record(self, ids: np.ndarray, status: int, kept: Any, now: float) -> None:
+    def _record(self, ids: Sequence[int], status: int, kept: Any, now: float) -> None:
         st = self._state
-        idx = ids - st.base
-        c = st.cols
+        at = where(ids, st.base)
         seg, off, size = (0, 0, 0) if kept is None else kept
         with self._lock:
             try:
-                self._index.append(make_records(ids, status, c["attempts"][idx], seg, off, size, c["until"][idx]))
+                self._index.append(make_records(ids, status, gather(st.attempts, at), seg, off, size, gather(st.until, at)))
             except OSError as e:  # not for lack of space (_prepare made room): a failing disk
                 raise self._disk_error(e, "index") from e
             if status in (ST_ACKED, ST_FAILED, ST_NONE):
-                for s, k in Counter(c["seg"][idx].tolist()).items():
-                    self._live[s] -= k
+                self._count_live(gather(st.cols["seg"], at), -1)
 
     def _commit(self) -> None:
         with self._lock:
@@ -412,11 +423,10 @@ class DurableStore(Store):
         gone = [i for i in dict.fromkeys(ids) if i in self._kept]
         if not gone:
             return 0
-        arr = np.array(gone, np.int64)
-        stat = np.array([ST_FAILED if i in self._failed_ids else ST_ACKED for i in gone], np.uint8)
+        stat = [ST_FAILED if i in self._failed_ids else ST_ACKED for i in gone]
         with self._lock:
             try:
-                self._index.append(make_records(arr, stat, np.zeros(len(arr), np.uint16), 0, 0, 0, 0.0))
+                self._index.append(make_records(gone, stat, 0, 0, 0, 0, 0.0))
             except OSError as e:
                 raise self._disk_error(e, "index") from e
             for i in gone:

@@ -13,8 +13,6 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import numpy as np
-
 from conveyor.errors import StoreClosedError
 from conveyor.message import DeadLetter, MessageBatch
 from conveyor.storage.state import QueueState
@@ -35,7 +33,7 @@ class StoreHooks(ABC):
 
     @abstractmethod
     def _store_messages(
-        self, ids: np.ndarray, payloads: Sequence[bytes], headers: Sequence[dict[str, str]] | None, now: float
+        self, ids: Sequence[int], payloads: Sequence[bytes], headers: Sequence[dict[str, str]] | None, now: float
     ) -> None:
         """Keep new messages' payloads and headers (state already holds their scheduling fields)."""
 
@@ -48,7 +46,7 @@ class StoreHooks(ABC):
         """
 
     @abstractmethod
-    def _load(self, ids: np.ndarray, lease_s: float) -> MessageBatch:
+    def _load(self, ids: Sequence[int], lease_s: float) -> MessageBatch:
         """The delivered messages `ids`, with attempts and lease from the state."""
 
     @abstractmethod
@@ -61,22 +59,22 @@ class StoreHooks(ABC):
         """
 
     @abstractmethod
-    def _sizes(self, ids: np.ndarray) -> np.ndarray:
+    def _sizes(self, ids: Sequence[int]) -> Sequence[int]:
         """Bytes each message takes in a reply (payload, headers and per-message fields, or a little more)."""
 
     @abstractmethod
-    def _keep_results(self, ids: np.ndarray, results: Sequence[bytes | None]) -> Any:
+    def _keep_results(self, ids: Sequence[int], results: Sequence[bytes | None]) -> Any:
         """Write the results of messages about to be ACKED, before they are (None: no result).
 
         Returns what `_record` needs to find them.
         """
 
     @abstractmethod
-    def _keep_dead(self, ids: np.ndarray, errors: Sequence[str], now: float) -> Any:
+    def _keep_dead(self, ids: Sequence[int], errors: Sequence[str], now: float) -> Any:
         """Write the dead letters of DELIVERED messages about to be FAILED, before they are."""
 
     @abstractmethod
-    def _record(self, ids: np.ndarray, status: int, kept: Any, now: float) -> None:
+    def _record(self, ids: Sequence[int], status: int, kept: Any, now: float) -> None:
         """Persist a transition of `ids` to `status` (`kept`: what `_keep_results` or `_keep_dead` returned).
 
         Must not fail for lack of space: `_prepare` made room for it.

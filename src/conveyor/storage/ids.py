@@ -1,45 +1,66 @@
-"""Helpers over arrays of message ids, in numpy.
+"""Helpers over batches of message ids.
 
-Helpers over arrays of message ids: first occurrences within a batch, membership of sorted ids,
-[start, end) ranges of ids, and ids sorted for paging. Numpy throughout: batches and recoveries
-handle millions of ids.
+Helpers over batches of message ids: whether they run consecutively, first occurrences within a
+batch, membership, [start, end) ranges of ids, and ids sorted for paging. A batch is any sequence
+of ints (an `array("q")`, a list, a `range`); the common cases take no Python loop per id.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import cast
-
-import numpy as np
-
-_SMALL = 64  # below this many ids, plain Python beats numpy's per-call cost
+import re
+from array import array
+from collections.abc import Iterable, Sequence
 
 
-def first_occurrences(ids: np.ndarray) -> np.ndarray:
-    """Mask of each id's first place in `ids`: a duplicate within one call counts once."""
-    if len(ids) < 2:
-        return np.ones(len(ids), bool)
-    if len(ids) <= _SMALL and len(set(ids.tolist())) == len(ids):  # the usual case, without sorting
-        return np.ones(len(ids), bool)
-    first = np.zeros(len(ids), bool)
-    first[np.unique(ids, return_index=True)[1]] = True
+def span(ids: Sequence[int]) -> int | None:
+    """The first of `ids` when they run consecutively upwards (first, first + 1, ...), else None.
+
+    Ids put together and taken in order do: then a batch is a slice of every column. A `range`
+    says so at once; other batches are looked at in C (sorted, and no id twice).
+    """
+    n = len(ids)
+    if not n:
+        return None
+    first = ids[0]
+    if type(ids) is range:
+        return first if ids.step == 1 or n == 1 else None
+    if ids[-1] - first != n - 1:
+        return None
+    if n > 2:
+        values = ids.tolist() if isinstance(ids, array) else list(ids)
+        if values != sorted(values) or len(set(values)) != n:
+            return None
     return first
 
 
-def member(ids: np.ndarray, sub: np.ndarray) -> np.ndarray:
-    """Mask of `ids` (sorted, unique) that are in `sub` (sorted, unique)."""
-    if not len(sub):
-        return np.zeros(len(ids), bool)
-    pos = np.searchsorted(sub, ids)
-    return cast(np.ndarray, (pos < len(sub)) & (sub[np.minimum(pos, len(sub) - 1)] == ids))
+def as_range(ids: Sequence[int]) -> Sequence[int]:
+    """`ids` as a `range` when they run consecutively upwards (then every step after is a slice), else as they are."""
+    first = span(ids)
+    return ids if first is None or type(ids) is range else range(first, first + len(ids))
 
 
-def runs(mask: np.ndarray, first: int) -> list[tuple[int, int]]:
-    """[start, end) id ranges where `mask` is True; mask[0] stands for id `first`."""
-    if not mask.any():
-        return []
-    edges = np.flatnonzero(np.diff(np.r_[False, mask, False]))
-    return [(first + int(a), first + int(b)) for a, b in zip(edges[0::2], edges[1::2], strict=True)]
+def first_occurrences(ids: Sequence[int]) -> bytes:
+    """Mask (a byte an id, 0 or 1) of each id's first place in `ids`: a duplicate within one call counts once."""
+    n = len(ids)
+    if n < 2 or span(ids) is not None or len(set(ids)) == n:  # the usual cases, without a loop
+        return b"\x01" * n
+    seen: set[int] = set()
+    out = bytearray(n)
+    for k, i in enumerate(ids):
+        if i not in seen:
+            out[k] = 1
+            seen.add(i)
+    return bytes(out)
+
+
+def member(ids: Iterable[int], sub: Iterable[int]) -> bytes:
+    """Mask (a byte an id, 0 or 1) of `ids` that are in `sub`."""
+    return bytes(map(set(sub).__contains__, ids))
+
+
+def runs(codes: bytes | bytearray, code: int, first: int) -> list[tuple[int, int]]:
+    """[start, end) id ranges where `codes` holds `code`; codes[0] stands for id `first`."""
+    return [(first + m.start(), first + m.end()) for m in re.finditer(re.escape(bytes((code,))) + b"+", codes)]
 
 
 def extend_ranges(gaps: list[tuple[int, int]], ranges: Iterable[tuple[int, int]]) -> None:
@@ -51,9 +72,6 @@ def extend_ranges(gaps: list[tuple[int, int]], ranges: Iterable[tuple[int, int]]
             gaps.append((a, b))
 
 
-def sorted_above(ids: Iterable[int], after: int) -> np.ndarray:
-    """The ids above `after`, sorted (numpy: paging through a million ids stays cheap)."""
-    arr = np.fromiter(ids, np.int64)
-    arr = arr[arr > after]
-    arr.sort()
-    return arr
+def sorted_above(ids: Iterable[int], after: int) -> list[int]:
+    """The ids above `after`, sorted."""
+    return sorted(filter(after.__lt__, ids))

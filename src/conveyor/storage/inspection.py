@@ -34,7 +34,7 @@ class StoreInspection(StoreHooks):
     def results(self, after: int = 0) -> Iterator[tuple[int, bytes]]:
         """Stored results as (id, result) in id order, from the first id above `after` (for paging)."""
         self._check_open()
-        for i in sorted_above(self._kept_ids(False), after).tolist():
+        for i in sorted_above(self._kept_ids(False), after):
             r = self.result(i)
             if r is not None:
                 yield i, r
@@ -48,7 +48,7 @@ class StoreInspection(StoreHooks):
         self._check_open()
         out: list[DeadLetter] = []
         size = 0
-        for i in sorted_above(self._kept_ids(True), after)[:limit].tolist():
+        for i in sorted_above(self._kept_ids(True), after)[:limit]:
             d = self._dead_letter(i)
             size += len(d.message.payload) + len(d.error.encode()) + 64 + headers_bytes(d.message.headers)
             if out and max_bytes is not None and size > max_bytes:

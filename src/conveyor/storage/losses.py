@@ -18,16 +18,15 @@ put and never delivered have no index record: those in a cut-off part cannot be 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
 
 from conveyor.constants import SEGMENT_NAME, ST_ACKED, ST_FAILED
 from conveyor.errors import CorruptStoreError
 from conveyor.storage.bodies import dead_letter_bodies, message_bodies
-from conveyor.storage.ids import member
+from conveyor.storage.segment_scan import Found
 from conveyor.storage.state import QueueState
 
 LOST_PREFIX = "lost:"  # how the error of a dead letter made by a repair begins
@@ -65,31 +64,27 @@ class Loss:
 
 
 def find_losses(
-    path: Path, sizes: dict[int, int], found: np.ndarray, lost_messages: np.ndarray, lost_kept: dict[int, int]
+    path: Path, sizes: dict[int, int], found: Found, lost_messages: Sequence[int], lost_kept: dict[int, int]
 ) -> list[Loss]:
     """The losses by segment, in segment order.
 
-    `sizes`: segment -> where its intact records end; `found`: the message records found
-    (SCAN_DTYPE, ascending ids); `lost_messages`: ids the index names unfinished whose bodies are
-    not found; `lost_kept`: id -> segment of results and dead letters not found. A lost message is
-    placed in the segment holding the message before it (bodies are appended in id order), or the
-    first segment.
+    `sizes`: segment -> where its intact records end; `found`: the message records found (ascending
+    ids); `lost_messages`: ids the index names unfinished whose bodies are not found; `lost_kept`:
+    id -> segment of results and dead letters not found. A lost message is placed in the segment
+    holding the message before it (bodies are appended in id order), or the first segment.
     """
-    segs, ids = np.asarray(found["seg"], np.int64), np.asarray(found["id"], np.int64)
-    before = np.searchsorted(ids, lost_messages) - 1
+    ids = found.id
     first = min(sizes, default=1)
-    placed = np.where(before >= 0, segs[np.maximum(before, 0)] if len(segs) else first, first)
     by_seg: dict[int, tuple[list[int], list[int]]] = {}
-    for i, s in zip(lost_messages.tolist(), placed.tolist(), strict=True):
-        by_seg.setdefault(s, ([], []))[0].append(i)
+    for i in lost_messages:
+        before = bisect.bisect_left(ids, i) - 1
+        by_seg.setdefault(found.seg[before] if before >= 0 else first, ([], []))[0].append(i)
+    bodies: dict[int, tuple[int, int, int]] = {}
     for i, s in sorted(lost_kept.items()):
         by_seg.setdefault(s, ([], []))[1].append(i)
-    kept = np.array(sorted(lost_kept), np.int64)
-    has = member(kept, ids)
-    bodies = {
-        int(i): (int(found["seg"][j]), int(found["off"][j]), int(found["size"][j]))
-        for i, j in zip(kept[has], np.searchsorted(ids, kept[has]), strict=True)
-    }
+        k = bisect.bisect_left(ids, i)
+        if k < len(ids) and ids[k] == i:
+            bodies[i] = (found.seg[k], found.off[k], found.size[k])
     return [
         Loss(path / SEGMENT_NAME.format(s), sizes.get(s, 0), m, k, {i: bodies[i] for i in k if i in bodies})
         for s, (m, k) in sorted(by_seg.items())
@@ -117,7 +112,7 @@ def refusal(losses: list[Loss]) -> CorruptStoreError:
 
 def lost_dead_letters(
     st: QueueState, losses: list[Loss], read: Callable[[int, int, int], bytes], now: float
-) -> tuple[np.ndarray, np.ndarray, list[bytes]]:
+) -> tuple[list[int], list[int], list[bytes]]:
     """(ids, attempts, dead-letter bodies) for every id in `losses`, in id order.
 
     (ids, attempts, dead-letter bodies) for every id in `losses`, in id order: each error says what
@@ -126,29 +121,35 @@ def lost_dead_letters(
     """
     error = {i: e for x in losses for i, e in x.errors().items()}
     where = {i: loc for x in losses for i, loc in x.bodies.items()}
-    ids = np.array(sorted(error), np.int64)
-    idx, inside = st.index(ids)
-    attempts = np.where(inside, st.cols["attempts"][idx], 0).astype(np.uint16)
-    zero = np.zeros(len(ids), np.int64)
-    empty = message_bodies(ids, zero, zero, zero, [b""] * len(ids), None, 0.0)  # where the body is gone too
-    bodies = [read(*where[i]) if i in where else e for i, e in zip(ids.tolist(), empty, strict=True)]
-    return ids, attempts, dead_letter_bodies([error[i] for i in ids.tolist()], now, attempts.tolist(), bodies)
+    ids = sorted(error)
+    attempts = st.column_of("attempts", ids)
+    zero = [0] * len(ids)
+    empty = message_bodies(ids, zero, zero, [0.0] * len(ids), [b""] * len(ids), None, 0.0)  # where the body is gone too
+    bodies = [read(*where[i]) if i in where else e for i, e in zip(ids, empty, strict=True)]
+    return ids, attempts, dead_letter_bodies([error[i] for i in ids], now, attempts, bodies)
 
 
-def mark_failed(st: QueueState, ids: np.ndarray, failed_before: set[int]) -> None:
+def mark_failed(st: QueueState, ids: Sequence[int], failed_before: set[int]) -> None:
     """Count `ids` (each finished or lost) as FAILED from now on; `failed_before`: the ids that were."""
-    idx, inside = st.index(ids)
-    st.status[idx[inside]] = ST_FAILED
-    was_acked = sum(1 for i in ids[~inside].tolist() if i not in failed_before)
+    was_acked = 0
+    for i in ids:
+        if st.base <= i < st.next_id:
+            st.status[i - st.base] = ST_FAILED
+        elif i not in failed_before:
+            was_acked += 1
     st.finished_below_base[ST_ACKED] -= was_acked
     st.finished_below_base[ST_FAILED] += was_acked
 
 
 def ranges(ids: list[int], most: int | None = _SHOWN) -> str:
     """Ids as ascending ranges ("3-7, 9"): the first `most` ranges, then how many more (None: all)."""
-    arr = np.unique(np.asarray(ids, np.int64))
-    runs = np.split(arr, np.flatnonzero(np.diff(arr) != 1) + 1) if len(arr) else []
-    out = [str(int(r[0])) if len(r) == 1 else f"{int(r[0])}-{int(r[-1])}" for r in runs]
+    runs: list[list[int]] = []
+    for i in sorted(set(ids)):
+        if runs and runs[-1][1] == i - 1:
+            runs[-1][1] = i
+        else:
+            runs.append([i, i])
+    out = [str(a) if a == b else f"{a}-{b}" for a, b in runs]
     if most is None or len(out) <= most:
         return ", ".join(out)
     return f"{', '.join(out[:most])}, ... ({len(out) - most} more ranges)"

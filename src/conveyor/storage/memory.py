@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable, Sequence
-from typing import Any, cast
-
-import numpy as np
+from operator import add
+from typing import Any
 
 from conveyor.constants import DEFAULT_LEASE_S, DEFAULT_MAX_ATTEMPTS, ST_ACKED, ST_FAILED, ST_NONE
 from conveyor.message import DeadLetter, Message, MessageBatch, headers_bytes, make_message
 from conveyor.storage.base import Store
+from conveyor.storage.columns import fill, gather, where
 
 _FINISHED = (ST_ACKED, ST_FAILED, ST_NONE)
 
@@ -18,60 +19,61 @@ class MemoryStore(Store):
     """A queue store in memory. Fast, and lost when the process ends."""
 
     def __init__(self, queue: str = "", *, max_attempts: int = DEFAULT_MAX_ATTEMPTS, lease_s: float = DEFAULT_LEASE_S) -> None:
-        super().__init__(
-            queue,
-            max_attempts,
-            lease_s,
-            {"payload": object, "headers": object, "nb": np.float64, "at": np.float64, "size": np.int64},
-        )
+        super().__init__(queue, max_attempts, lease_s, {"nb": "d", "at": "d", "size": "q"}, ("payload", "headers"))
         self._results: dict[int, bytes] = {}
         self._dead: dict[int, DeadLetter] = {}
 
     def _store_messages(
-        self, ids: np.ndarray, payloads: Sequence[bytes], headers: Sequence[dict[str, str]] | None, now: float
+        self, ids: Sequence[int], payloads: Sequence[bytes], headers: Sequence[dict[str, str]] | None, now: float
     ) -> None:
-        a = int(ids[0]) - self._state.base
-        b = a + len(ids)
-        cols = self._state.cols
-        cols["payload"][a:b] = payloads
-        cols["headers"][a:b] = None if headers is None else [dict(h) if h else None for h in headers]
-        cols["nb"][a:b] = cols["until"][a:b]
-        cols["at"][a:b] = now
+        st = self._state
+        n = len(ids)
+        a = ids[0] - st.base
+        b = a + n
+        st.objects["payload"][a:b] = payloads
+        if headers is not None:
+            st.objects["headers"][a:b] = [dict(h) if h else None for h in headers]
+        cols = st.cols
+        cols["nb"][a:b] = st.until[a:b]
+        cols["at"][a:b] = array("d", (now,)) * n
         # what a message takes in a reply: its payload, its headers, and about 64 bytes of fields
-        cols["size"][a:b] = np.fromiter(map(len, payloads), np.int64, len(ids)) + 64
+        size = array("q", map((64).__add__, map(len, payloads)))
         if headers is not None and any(headers):
-            cols["size"][a:b] += np.fromiter(map(headers_bytes, headers), np.int64, len(ids))
+            size = array("q", map(add, size, map(headers_bytes, headers)))
+        cols["size"][a:b] = size
 
-    def _load(self, ids: np.ndarray, lease_s: float) -> MessageBatch:
-        idx = ids - self._state.base
-        c = self._state.cols
+    def _load(self, ids: Sequence[int], lease_s: float) -> MessageBatch:
+        st = self._state
+        at = where(ids, st.base)
+        c = st.cols
         return MessageBatch(
             self.queue,
             lease_s,
-            ids.tolist(),
-            c["priority"][idx].tolist(),
-            c["attempts"][idx].tolist(),
-            c["at"][idx].tolist(),
-            c["nb"][idx].tolist(),
-            c["max_attempts"][idx].tolist(),
-            [{} if h is None else dict(h) for h in c["headers"][idx].tolist()],
-            c["payload"][idx].tolist(),
+            list(ids),
+            gather(st.priority, at),
+            gather(st.attempts, at),
+            gather(c["at"], at),
+            gather(c["nb"], at),
+            gather(st.max_attempts, at),
+            [{} if h is None else dict(h) for h in gather(st.objects["headers"], at)],
+            gather(st.objects["payload"], at),
         )
 
     def _message(self, msg_id: int, lease_s: float) -> Message:
-        i = msg_id - self._state.base
-        c = self._state.cols
-        h = c["headers"][i]
+        st = self._state
+        i = msg_id - st.base
+        c = st.cols
+        h = st.objects["headers"][i]
         return make_message(
             msg_id,
             self.queue,
-            c["payload"][i],
-            int(c["priority"][i]),
-            int(c["attempts"][i]),
-            float(c["at"][i]),
-            float(c["nb"][i]),
+            st.objects["payload"][i],
+            st.priority[i],
+            st.attempts[i],
+            c["at"][i],
+            c["nb"][i],
             lease_s,
-            int(c["max_attempts"][i]),
+            st.max_attempts[i],
             {} if h is None else dict(h),
         )
 
@@ -81,27 +83,27 @@ class MemoryStore(Store):
     def _prepare(self, n: int) -> None:
         pass  # nothing to write
 
-    def _sizes(self, ids: np.ndarray) -> np.ndarray:
-        return cast(np.ndarray, self._state.cols["size"][ids - self._state.base])
+    def _sizes(self, ids: Sequence[int]) -> Sequence[int]:
+        return gather(self._state.cols["size"], where(ids, self._state.base))
 
-    def _keep_results(self, ids: np.ndarray, results: Sequence[bytes | None]) -> Any:
+    def _keep_results(self, ids: Sequence[int], results: Sequence[bytes | None]) -> Any:
         return results
 
-    def _keep_dead(self, ids: np.ndarray, errors: Sequence[str], now: float) -> Any:
-        return [DeadLetter(self._message(i, 0.0), e, now) for i, e in zip(ids.tolist(), errors, strict=True)]
+    def _keep_dead(self, ids: Sequence[int], errors: Sequence[str], now: float) -> Any:
+        return [DeadLetter(self._message(i, 0.0), e, now) for i, e in zip(ids, errors, strict=True)]
 
-    def _record(self, ids: np.ndarray, status: int, kept: Any, now: float) -> None:
+    def _record(self, ids: Sequence[int], status: int, kept: Any, now: float) -> None:
         if status == ST_ACKED and kept is not None:
-            for i, r in zip(ids.tolist(), kept, strict=True):
+            for i, r in zip(ids, kept, strict=True):
                 if r is not None:
                     self._results[i] = r
         elif status == ST_FAILED:
-            self._dead.update(zip(ids.tolist(), kept, strict=True))
+            self._dead.update(zip(ids, kept, strict=True))
         if status in _FINISHED:
             # drop the body so finished messages hold no memory while the window slides
-            idx = ids - self._state.base
-            self._state.cols["payload"][idx] = None
-            self._state.cols["headers"][idx] = None
+            at = where(ids, self._state.base)
+            fill(self._state.objects["payload"], at, None)
+            fill(self._state.objects["headers"], at, None)
 
     def _commit(self) -> None:
         pass

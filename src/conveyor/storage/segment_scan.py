@@ -1,8 +1,9 @@
 """Verifying a durable store's segments on opening: the recovery scan of every record, torn tails, repair.
 
 A record is `crc32(body) | size | body | footer`; the body starts with its kind and message id.
-Opening verifies every record, a chunk of records per vectorised step, and reports the message,
-result and dead-letter records it found (`Scan`). A bad record with nothing valid after it in the
+Opening verifies every record, walking from one to the next and checking each CRC, and reports the
+message, result and dead-letter records it found (`Scan`): their fixed fields are copied out as it
+goes, and read a field at a time afterwards (`conveyor.storage.columns`). A bad record with nothing valid after it in the
 newest segment is a torn tail (a crash mid-write): it is cut off with a warning (`cut_torn`), once
 opening knows that the index confirmed nothing in it (else the segment was cut short: see
 `conveyor.storage.losses`). Such a tail of a sealed segment is never torn (it was synced whole when
@@ -19,11 +20,12 @@ import logging
 import mmap
 import os
 import zlib
+from array import array
 from dataclasses import dataclass, field
+from itertools import accumulate, compress, repeat
+from operator import add
 from pathlib import Path
 from typing import cast
-
-import numpy as np
 
 from conveyor.constants import (
     BODY_PREFIX,
@@ -31,7 +33,8 @@ from conveyor.constants import (
     KIND_MESSAGE,
     KIND_PAD,
     KIND_RESULT,
-    MESSAGE_PREFIX_DTYPE,
+    MESSAGE_PREFIX,
+    MESSAGE_PREFIX_FIELDS,
     RECORD_END,
     RECORD_FOOT,
     RECORD_HEAD,
@@ -41,30 +44,61 @@ from conveyor.constants import (
     SEGMENT_VERSION,
 )
 from conveyor.errors import CorruptStoreError
+from conveyor.storage.columns import Field, column, column_bytes, layout, table
 from conveyor.storage.files import aside_name, fsync_dir, keep_aside
 
 log = logging.getLogger("conveyor.storage")
 
 _HEAD = RECORD_HEAD.size
+_FOOT = RECORD_FOOT.size
 _FOOT_BYTES = RECORD_FOOT.pack(RECORD_END)
 _MIN_RECORD = RECORD_OVERHEAD + BODY_PREFIX.size
+_CHUNK = 65536  # records verified per step
+# what the scan copies of each record as it walks: the footer of the record before it, its head, and
+# the fixed fields of a message body up to not_before (where a result's or dead letter's are its kind and id)
+_MSG = layout(MESSAGE_PREFIX, MESSAGE_PREFIX_FIELDS)
+_COPIED = _FOOT + _HEAD + _MSG["enqueued_at"].offset
 
 
-# what a recovery scan reports per message record
-SCAN_DTYPE = np.dtype(
-    [
-        ("id", "<i8"),
-        ("seg", "<u4"),
-        ("off", "<u4"),
-        ("size", "<u4"),
-        ("priority", "<i4"),
-        ("max_attempts", "<u2"),
-        ("not_before", "<f8"),
-    ]
-)
-# and per result or dead-letter record
-KEPT_DTYPE = np.dtype([("kind", "u1"), ("id", "<i8"), ("seg", "<u4"), ("off", "<u4"), ("size", "<u4")])
-_CHUNK = 65536  # records verified per vectorised step
+def _copied(f: Field, offset: int, code: str | None = None) -> Field:
+    """Where field `f`, at `offset` in a record, is in the bytes the scan copies of it."""
+    return Field(_FOOT + offset + f.offset, f.size, code or f.code)
+
+
+_PREV_FOOT = Field(0, _FOOT, "I")
+_SIZE = _copied(layout(RECORD_HEAD, ("crc", "size"))["size"], 0)
+_KIND = _copied(_MSG["kind"], _HEAD)
+_ID = _copied(_MSG["id"], _HEAD, "q")  # ids are below 2**63: signed, as every id column
+_PRIORITY = _copied(_MSG["priority"], _HEAD)
+_MAX_ATTEMPTS = _copied(_MSG["max_attempts"], _HEAD)
+_NOT_BEFORE = _copied(_MSG["not_before"], _HEAD)
+_IS_MESSAGE = table((KIND_MESSAGE,))
+_IS_KEPT = table((KIND_RESULT, KIND_DEAD))
+_IS_BAD_KIND = table([k for k in range(256) if k not in (KIND_MESSAGE, KIND_RESULT, KIND_DEAD, KIND_PAD)])
+
+
+@dataclass
+class Found:
+    """The message records a recovery scan found, as columns (one entry a record, in file order)."""
+
+    id: array[int] = field(default_factory=lambda: array("q"))
+    seg: array[int] = field(default_factory=lambda: array("I"))
+    off: array[int] = field(default_factory=lambda: array("I"))  # of the body
+    size: array[int] = field(default_factory=lambda: array("I"))  # of the body
+    priority: array[int] = field(default_factory=lambda: array("i"))
+    max_attempts: array[int] = field(default_factory=lambda: array("H"))
+    not_before: array[float] = field(default_factory=lambda: array("d"))
+
+
+@dataclass
+class FoundKept:
+    """The result and dead-letter records a recovery scan found, as columns."""
+
+    kind: bytearray = field(default_factory=bytearray)
+    id: array[int] = field(default_factory=lambda: array("q"))
+    seg: array[int] = field(default_factory=lambda: array("I"))
+    off: array[int] = field(default_factory=lambda: array("I"))
+    size: array[int] = field(default_factory=lambda: array("I"))
 
 
 @dataclass(frozen=True)
@@ -85,12 +119,12 @@ class Cut:
 class Scan:
     """What a recovery scan found: records, torn tails to cut, and what it repaired.
 
-    What a recovery scan found: the message records (SCAN_DTYPE arrays), the result and dead-letter
-    records (KEPT_DTYPE arrays), the torn tails to cut, and what it repaired.
+    What a recovery scan found: the message records, the result and dead-letter records, the torn
+    tails to cut, and what it repaired.
     """
 
-    messages: list[np.ndarray] = field(default_factory=list)
-    kept: list[np.ndarray] = field(default_factory=list)
+    messages: Found = field(default_factory=Found)
+    kept: FoundKept = field(default_factory=FoundKept)
     id_floor: int = 0
     cuts: list[Cut] = field(default_factory=list)
     repaired: list[str] = field(default_factory=list)
@@ -118,27 +152,23 @@ def verify_segment(f: Path, seg: int, last: bool, repair: bool, scan: Scan) -> i
         scan.id_floor = max(scan.id_floor, id_floor)
         bad: list[tuple[int, int]] = []  # damaged spans [start, end)
         pos = SEGMENT_HEADER.size
-        raw = np.frombuffer(mm, np.uint8)
-        try:
-            with memoryview(mm) as mv:
-                while pos < size:
-                    end = _valid_records(raw, mv, pos, size, seg, scan)
-                    if end > pos:
-                        pos = end
-                        continue
-                    nxt = _resync(mv, pos, size)
-                    if nxt is None and (last or not repair):  # a torn tail, or a sealed segment cut short
-                        size = pos
-                        break
-                    if not repair:
-                        raise CorruptStoreError(str(f), pos, "record fails its CRC or framing check")
-                    end = size if nxt is None else nxt
-                    if end < size and end - pos < _MIN_RECORD:
-                        end = _valid_record(mv, end, size)  # too short to pad: swallow the next record too
-                    bad.append((pos, end))
+        with memoryview(mm) as mv:
+            while pos < size:
+                end = _valid_records(mm, mv, pos, size, seg, scan)
+                if end > pos:
                     pos = end
-        finally:
-            del raw  # a live view would stop the mmap from closing (and mask any error)
+                    continue
+                nxt = _resync(mv, pos, size)
+                if nxt is None and (last or not repair):  # a torn tail, or a sealed segment cut short
+                    size = pos
+                    break
+                if not repair:
+                    raise CorruptStoreError(str(f), pos, "record fails its CRC or framing check")
+                end = size if nxt is None else nxt
+                if end < size and end - pos < _MIN_RECORD:
+                    end = _valid_record(mv, end, size)  # too short to pad: swallow the next record too
+                bad.append((pos, end))
+                pos = end
         if bad:
             size = _repair(f, mm, size, bad, scan)
     on_disk = f.stat().st_size
@@ -216,59 +246,78 @@ def _repair(f: Path, mm: mmap.mmap, size: int, bad: list[tuple[int, int]], scan:
     return bad[-1][0] if bad[-1][1] >= size else size
 
 
-def _valid_records(raw: np.ndarray, mv: memoryview, pos: int, size: int, seg: int, scan: Scan) -> int:
+def _valid_records(mm: mmap.mmap, mv: memoryview, pos: int, size: int, seg: int, scan: Scan) -> int:
     """Verify the run of valid records starting at `pos`, adding its message records to `scan`.
 
-    Verify the run of valid records starting at `pos` (up to _CHUNK of them), adding its message
-    records to `scan`; returns where the run ends (`pos` itself if the record there is bad).
+    Verify the run of valid records starting at `pos` (up to _CHUNK of them), adding its message,
+    result and dead-letter records to `scan`; returns where the run ends (`pos` itself if the record
+    there is bad).
 
-    Only the walk over sizes is sequential; footers, CRCs and prefixes are checked per chunk.
+    The walk over sizes checks each CRC and copies each record's fixed fields; footers, kinds and
+    fields are checked and read a field at a time afterwards.
     """
-    starts: list[int] = []
-    lens: list[int] = []
-    crcs: list[int] = []
+    start = pos
+    copied = bytearray()
+    keep = copied.extend
     unpack = RECORD_HEAD.unpack_from
-    while pos + _MIN_RECORD <= size and len(starts) < _CHUNK:
-        crc, n = unpack(mv, pos)
-        end = pos + n + RECORD_OVERHEAD
-        if n < BODY_PREFIX.size or end > size:
-            break
-        starts.append(pos)
-        lens.append(n)
-        crcs.append(crc)
-        pos = end
-    if not starts:
-        return pos
-    s = np.array(starts, np.int64) + _HEAD  # body offsets
-    n = np.array(lens, np.int64)
     crc32 = zlib.crc32
-    kinds = raw[s]
-    is_msg = kinds == KIND_MESSAGE
-    ok = (
-        (raw[(s + n)[:, None] + np.arange(RECORD_FOOT.size)].copy().view("<u4").ravel() == RECORD_END)
-        & (np.fromiter((crc32(mv[a : a + b]) for a, b in zip(s.tolist(), lens, strict=True)), np.uint32, len(lens)) == crcs)
-        & np.isin(kinds, (KIND_MESSAGE, KIND_RESULT, KIND_DEAD, KIND_PAD))
-        & (~is_msg | (n >= MESSAGE_PREFIX_DTYPE.itemsize))
-    )
-    k = len(ok) if ok.all() else int(np.argmin(ok))
+    whole = size - _COPIED + _FOOT  # up to here a record's copied bytes are all in the file
+    k = 0
+    while pos + _MIN_RECORD <= size and k < _CHUNK:
+        crc, n = unpack(mm, pos)
+        end = pos + n + RECORD_OVERHEAD
+        if n < BODY_PREFIX.size or end > size or crc32(mv[pos + _HEAD : end - _FOOT]) != crc:
+            break
+        keep(mm[pos - _FOOT : pos - _FOOT + _COPIED] if pos <= whole else mm[pos - _FOOT : size].ljust(_COPIED, b"\0"))
+        k += 1
+        pos = end
     if not k:
-        return starts[0]
-    s, n, is_msg = s[:k], n[:k], is_msg[:k]
-    ms, mn = s[is_msg], n[is_msg]
-    prefix = raw[ms[:, None] + np.arange(MESSAGE_PREFIX_DTYPE.itemsize)].copy().view(MESSAGE_PREFIX_DTYPE).ravel()
-    out = np.empty(len(ms), SCAN_DTYPE)
-    out["id"], out["seg"], out["off"], out["size"] = prefix["id"], seg, ms, mn
-    for name in ("priority", "max_attempts", "not_before"):
-        out[name] = prefix[name]
-    scan.messages.append(out)
-    is_kept = (kinds[:k] == KIND_RESULT) | (kinds[:k] == KIND_DEAD)
-    if is_kept.any():
-        ks, kn = s[is_kept], n[is_kept]
-        kept = np.empty(len(ks), KEPT_DTYPE)
-        kept["kind"], kept["seg"], kept["off"], kept["size"] = raw[ks], seg, ks, kn
-        kept["id"] = raw[(ks + 1)[:, None] + np.arange(8)].copy().view("<u8").ravel()
-        scan.kept.append(kept)
-    return int(s[-1] + n[-1]) + RECORD_FOOT.size
+        return start
+    sizes = column(copied, k, _COPIED, _SIZE)
+    kinds = column_bytes(copied, k, _COPIED, _KIND)
+    # the first record that fails a check: its footer (copied with the record after it, the last
+    # one's read here), its kind, or a message body shorter than a message's fixed fields
+    bad = [k]
+    feet = column_bytes(copied, k, _COPIED, _PREV_FOOT)[_FOOT:] + mm[pos - _FOOT : pos]
+    if feet != _FOOT_BYTES * k:
+        bad.append(next(j for j in range(k) if feet[j * _FOOT : (j + 1) * _FOOT] != _FOOT_BYTES))
+    if (j := kinds.translate(_IS_BAD_KIND).find(1)) >= 0:
+        bad.append(j)
+    is_msg = kinds.translate(_IS_MESSAGE)
+    if 1 in is_msg and min(compress(sizes, is_msg)) < MESSAGE_PREFIX.size:
+        bad.append(next(j for j in range(k) if is_msg[j] and sizes[j] < MESSAGE_PREFIX.size))
+    if min(bad) < k:
+        k = min(bad)
+        if not k:
+            return start
+        sizes, kinds, is_msg = sizes[:k], kinds[:k], is_msg[:k]
+    offs = array("I", accumulate(map(add, sizes[:-1], repeat(RECORD_OVERHEAD)), initial=start + _HEAD))
+    ids = column(copied, k, _COPIED, _ID)
+    found = scan.messages
+    if 0 not in is_msg:  # the usual case: message records only
+        found.id += ids
+        found.off += offs
+        found.size += sizes
+        found.priority += column(copied, k, _COPIED, _PRIORITY)
+        found.max_attempts += column(copied, k, _COPIED, _MAX_ATTEMPTS)
+        found.not_before += column(copied, k, _COPIED, _NOT_BEFORE)
+    elif 1 in is_msg:
+        found.id.extend(compress(ids, is_msg))
+        found.off.extend(compress(offs, is_msg))
+        found.size.extend(compress(sizes, is_msg))
+        found.priority.extend(compress(column(copied, k, _COPIED, _PRIORITY), is_msg))
+        found.max_attempts.extend(compress(column(copied, k, _COPIED, _MAX_ATTEMPTS), is_msg))
+        found.not_before.extend(compress(column(copied, k, _COPIED, _NOT_BEFORE), is_msg))
+    found.seg += array("I", (seg,)) * is_msg.count(1)
+    is_kept = kinds.translate(_IS_KEPT)
+    if 1 in is_kept:
+        kept = scan.kept
+        kept.kind += bytes(compress(kinds, is_kept))
+        kept.id.extend(compress(ids, is_kept))
+        kept.seg += array("I", (seg,)) * is_kept.count(1)
+        kept.off.extend(compress(offs, is_kept))
+        kept.size.extend(compress(sizes, is_kept))
+    return int(offs[-1] + sizes[-1]) + _FOOT
 
 
 def _valid_record(mv: memoryview, pos: int, size: int) -> int:
