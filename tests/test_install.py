@@ -16,7 +16,8 @@ import pytest
 from .support.doc_blocks import ROOT, blocks, run_as_written
 
 INSTALL_S = 600.0  # a fresh venv and the core's wheels, downloaded when pip's cache has none
-SPARK_MODULES = ("pyspark", "pyarrow", "pandas")
+SPARK_MODULES = ("pyspark", "pyarrow", "pandas", "numpy")
+CORE_MAX_BYTES = 100 * 2**20  # issue 42: the core install, venv and all (python -m venv brings pip and setuptools)
 PIP_HINT = "pip install 'conveyor[spark]'"
 
 pytestmark = pytest.mark.timeout(1200)
@@ -41,8 +42,15 @@ def _python(bin_dir: Path, code: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([str(bin_dir / "python"), "-c", code], capture_output=True, text=True, timeout=120)
 
 
+def test_the_core_install_is_small(core_venv: Path) -> None:
+    """The whole venv, with what `python -m venv` brings, under 100 MB (bench/bench_install.py measures it)."""
+    venv = core_venv.parent
+    size = sum(f.stat().st_size for f in venv.rglob("*") if f.is_file() and not f.is_symlink())
+    assert size < CORE_MAX_BYTES, f"the core install takes {size / 2**20:.1f} MiB"
+
+
 def test_the_core_install_has_no_spark(core_venv: Path) -> None:
-    """Neither pyspark, pyarrow nor pandas is installed, and the core's packages import without them."""
+    """Neither pyspark, pyarrow, pandas nor numpy is installed, and the core's packages import without them."""
     done = _python(
         core_venv,
         "import importlib.util, sys\n"
