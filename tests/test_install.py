@@ -7,6 +7,7 @@ parts that need the `spark` extra say which pip command brings it.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -38,8 +39,13 @@ def core_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return venv / "bin"
 
 
+def _isolated() -> dict[str, str]:
+    """This environment without PYTHONPATH: the venv's own packages only."""
+    return {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+
+
 def _python(bin_dir: Path, code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(bin_dir / "python"), "-c", code], capture_output=True, text=True, timeout=120)
+    return subprocess.run([str(bin_dir / "python"), "-c", code], capture_output=True, text=True, timeout=120, env=_isolated())
 
 
 def test_the_core_install_is_small(core_venv: Path) -> None:
@@ -82,9 +88,9 @@ def test_a_part_that_needs_spark_names_the_pip_command(core_venv: Path, code: st
 
 def test_the_demo_names_the_pip_command(core_venv: Path) -> None:
     """`conveyor demo` refuses with the pip command; `conveyor -h` lists it with what it needs."""
-    done = subprocess.run([str(core_venv / "conveyor"), "demo"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([str(core_venv / "conveyor"), "demo"], capture_output=True, text=True, timeout=120, env=_isolated())
     assert done.returncode == 1 and PIP_HINT in done.stderr and "Traceback" not in done.stderr, done.stderr
-    listed = subprocess.run([str(core_venv / "conveyor"), "-h"], capture_output=True, text=True, timeout=120)
+    listed = subprocess.run([str(core_venv / "conveyor"), "-h"], capture_output=True, text=True, timeout=120, env=_isolated())
     assert listed.returncode == 0 and "demo" in listed.stdout and "needs the spark extra" in listed.stdout, listed.stdout
 
 

@@ -30,6 +30,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import textwrap
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -150,6 +151,8 @@ def _on_free_ports(page: list[Block]) -> list[Block]:
 
 def _environment(where: Path, bin_dir: Path) -> dict[str, str]:
     env = dict(os.environ)
+    if bin_dir != Path(sys.executable).parent:  # another venv (the core install's): its own packages only
+        env.pop("PYTHONPATH", None)
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"  # `conveyor` and `python`: the venv's under test
     env.pop("CONVEYOR_CONNECT", None)
     env["HOME"] = str(where)  # nothing of the user running the tests leaks in (~/.config, Spark's Ivy cache)
