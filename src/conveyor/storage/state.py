@@ -229,17 +229,24 @@ class QueueState:
             self.cols[name][a:] = col
         window = range(first, first + n)
         ready = status.translate(_IS_READY)
-        if 1 in ready:
-            ids = list(compress(window, ready))
-            times = list(compress(until, ready))
-            delayed = self._later(times, now)
-            if delayed is not None:
-                for i in compress(ids, delayed):
-                    self.status[i - self.base] = ST_DELAYED
-            self._schedule(ids, delayed, list(compress(priority, ready)), times)
+        if 0 not in ready:  # all of them (a store of pending messages): the window itself, no copies
+            self._schedule_ready(window, priority, until, now)
+        elif 1 in ready:
+            times = array("d", compress(until, ready))
+            self._schedule_ready(array("q", compress(window, ready)), array("i", compress(priority, ready)), times, now)
         delivered = status.translate(_IS_DELIVERED)
-        if 1 in delivered:
-            push_by_time(self._leases, self._seq, array("q", compress(window, delivered)), list(compress(until, delivered)))
+        if 0 not in delivered:
+            push_by_time(self._leases, self._seq, window, until)
+        elif 1 in delivered:
+            push_by_time(self._leases, self._seq, array("q", compress(window, delivered)), array("d", compress(until, delivered)))
+
+    def _schedule_ready(self, ids: Sequence[int], priority: Sequence[int], until: Sequence[float], now: float) -> None:
+        """Schedule recovered READY ids: DELAYED those whose `until` is after `now`."""
+        delayed = self._later(until, now)
+        if delayed is not None:
+            for i in compress(ids, delayed):
+                self.status[i - self.base] = ST_DELAYED
+        self._schedule(ids, delayed, priority, until)
 
     def skip_to(self, next_id: int) -> None:
         """Make sure ids below `next_id` are never assigned again."""
