@@ -53,13 +53,14 @@ def test_every_declared_operation_has_one_handler() -> None:
 
 def test_requests_carry_only_declared_fields() -> None:
     from conveyor.message import Message
+    from conveyor.protocol.task_pages import TaskState
 
     made = [
         requests.ping(),
         requests.declare("q", kind="durable", lease_s=5.0, max_attempts=3, fsync="batch"),
         requests.queues(),
         requests.put("q", [Message(payload=b"x", priority=2, not_before=1.0, max_attempts=4, headers={"k": "v"})]),
-        requests.get("q", 5, lease_s=3.0, wait_s=1.0, tie=True),
+        requests.get("q", 5, lease_s=3.0, wait_s=1.0, tie=True, consumer="c"),
         requests.ack("q", [1, 2], [b"r", None]),
         requests.nack("q", [1], ["boom"], delay_s=2.0, final=True),
         requests.release("q", [1]),
@@ -81,6 +82,8 @@ def test_requests_carry_only_declared_fields() -> None:
         requests.forget_blobs(["0" * 64]),
         requests.bye(),
         requests.wake(["q"]),
+        requests.tasks("q", task="t", state=TaskState.ACKED, msg_id=1, limit=5),
+        requests.task("q", 1),
     ]
     assert {c.op for c in made} == set(OPERATIONS)
     for c in made:
