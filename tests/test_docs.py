@@ -10,13 +10,12 @@ tests/support/doc_blocks.py.
 from __future__ import annotations
 
 import ast
-import importlib
 import inspect
 import itertools
+import pkgutil
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -53,19 +52,6 @@ def test_blocks_run_by_their_own_tests_are_named_there(block: Block) -> None:
     )
 
 
-def _resolve(dotted: str) -> Any:
-    parts = dotted.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj: Any = importlib.import_module(".".join(parts[:i]))
-        except ModuleNotFoundError:
-            continue
-        for attr in parts[i:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise AssertionError(f"{dotted} cannot be imported")
-
-
 def _documented(node: ast.FunctionDef | ast.AsyncFunctionDef) -> list[tuple[str, object, object]]:
     """The parameters a `def` shows, in order: (name, kind, default), `inspect.Parameter.empty` where none."""
     p, empty, args = inspect.Parameter, inspect.Parameter.empty, node.args
@@ -89,7 +75,7 @@ def test_documented_signatures_are_the_real_ones(block: Block) -> None:
 
     The target is a function (the `def` bears its name) or a class (each `def` is one of its methods).
     """
-    target = _resolve(block.marks["signature"])
+    target = pkgutil.resolve_name(block.marks["signature"])
     defs = [n for n in ast.parse(block.code).body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)]
     assert defs, f"{block.name}: a signature block shows `def`s"
     for node in defs:

@@ -28,7 +28,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -36,6 +35,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+
+from .procs import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
@@ -131,19 +132,13 @@ def _script(page: list[Block], block: Block) -> str:
     return "\n".join(b.code for b in chain)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _on_free_ports(page: list[Block]) -> list[Block]:
     """The page with each port its `processes` blocks name (`port=7070`) moved to a free one.
 
     Tests run beside others that may hold the port a page's commands use; the page's blocks are run
     with a free port in its place, everywhere it is written.
     """
-    moves = {b.marks["port"]: str(_free_port()) for b in page if "port" in b.marks}
+    moves = {b.marks["port"]: str(free_port()) for b in page if "port" in b.marks}
     for old, new in moves.items():
         page = [replace(b, code=re.sub(rf"\b{old}\b", new, b.code)) for b in page]
     return page
