@@ -78,7 +78,7 @@ def test_inspect_shows_each_consumers_running_tasks_across_the_servers(tmp_path:
 
             empty = inspect("--connect", a, "--task", "no.such.task")
             assert empty.returncode == 0 and "Running: 0 task(s)" in empty.stdout
-            missing = inspect("--connect", a, "--queue", "nowhere")
+            missing = inspect("--connect", a, "-Q", "nowhere")
             assert missing.returncode == 1 and "no queue named 'nowhere'" in missing.stderr
         finally:
             release.touch()

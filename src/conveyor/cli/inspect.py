@@ -21,7 +21,7 @@ UNNAMED = "(unnamed)"  # a delivery to a client that gave no consumer name
 
 @click.command()
 @connect_options
-@click.option("--queue", default=None, help="Only this queue.")
+@click.option("-Q", "--queue", default=None, help="Only this queue.")
 @click.option("--task", "task_name", default=None, help="Only this task name.")
 @click.option("--consumer", default=None, help="Only this consumer.")
 @click.option(
