@@ -287,16 +287,21 @@ def test_quick_tasks_are_read_ahead_in_large_fetches(pool: QueuePool, mode: str)
     """A consumer of quick tasks reads ahead in large fetches when the queue's batch size is left out.
 
     With the queue's batch size left out, a consumer of quick tasks holds more than its slots and
-    fetches many at a time: far fewer fetches than a fetch per free slot would take (in process mode
-    too: a child that finishes starts the next in line at once).
+    fetches many at a time: far fewer fetches than the same consumer given a bound on what it holds
+    (a fetch per few free slots), measured in the same run so that a busy machine slows both (in
+    process mode too: a child that finishes starts the next in line at once). Enough tasks that the
+    pace which sizes the read-ahead is measured over many looks, not one stall.
     """
-    n = 3000
-    wt.add.publish_many([(i, 1) for i in range(n)], _pool=pool)
-    c = consume(pool, concurrency=None, pool=mode)  # left out: 8 threads or 2 processes, and a read-ahead
-    assert c.stats.processed == n and pool.stats("jobs")["jobs"].acked == n
-    assert c.stats.fetches < n / 20, c.stats.fetches  # without the read-ahead: one fetch per 1-8 tasks
-    bounded = consume(pool, concurrency=8)  # given: a bound on the messages held, so no read-ahead
-    assert bounded.reads_ahead is False and c.reads_ahead is True
+    n = 10_000
+    runs = {}
+    for concurrency in (8, None):  # given: a bound on the messages held, so no read-ahead; left out: a read-ahead
+        wt.add.publish_many([(i, 1) for i in range(n)], _pool=pool)
+        runs[concurrency] = consume(pool, concurrency=concurrency, pool=mode)
+        assert runs[concurrency].stats.processed == n
+    assert pool.stats("jobs")["jobs"].acked == 2 * n
+    bounded, ahead = runs[8], runs[None]
+    assert bounded.reads_ahead is False and ahead.reads_ahead is True
+    assert ahead.stats.fetches * 5 < bounded.stats.fetches, (ahead.stats.fetches, bounded.stats.fetches)
 
 
 def test_a_consumer_steals_from_other_shards(pool: QueuePool) -> None:
