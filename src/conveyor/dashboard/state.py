@@ -24,6 +24,7 @@ from conveyor.client.queue_client import QueueClient
 from conveyor.client.sharded import ShardedQueues, summed_stats
 from conveyor.client.transport import parse_address
 from conveyor.constants import H_TASK, INTERNAL_QUEUE_PREFIX, SHARD_SHIFT
+from conveyor.dashboard.task_lookup import TaskLookup
 from conveyor.errors import ConveyorError
 from conveyor.message import DeadLetter, printable
 from conveyor.protocol import requests as calls
@@ -111,6 +112,7 @@ class PoolWatch:
         self.pool = ShardedQueues([c.sibling(ACTION_TIMEOUT_S, POLL_TIMEOUT_S) for c in pool.queues.clients])
         self._stop = threading.Event()
         self.servers = [ServerWatch(c, self._stop) for c in pool.queues.clients]
+        self.tasks = TaskLookup(pool.queues.clients)  # asked only when the page asks
         self._seen: dict[str, _Heard] = {}  # consumer -> its last report, also once it stopped reporting
         self._done: dict[str, deque[tuple[float, int]]] = {}  # consumer -> (when, processed) over RATE_WINDOW_S
         # map job queue -> consumer -> (messages, rows) it settled, kept while the queue lives (also once it is gone)
@@ -127,6 +129,7 @@ class PoolWatch:
         for t in (self._sampler, *(w.thread for w in self.servers)):
             t.join(POLL_TIMEOUT_S + 1.0)
         self.pool.close()
+        self.tasks.close()
 
     def _sample_loop(self) -> None:
         while not self._stop.wait(POLL_S):

@@ -24,10 +24,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from conveyor.constants import ERR_NO_QUEUE
 from conveyor.dashboard.hosts import Hosts
 from conveyor.dashboard.state import PoolWatch
-from conveyor.errors import ConveyorError
+from conveyor.dashboard.task_lookup import DEFAULT_TASKS, MAX_TASKS
+from conveyor.errors import ConveyorError, RequestError
 from conveyor.protocol.http import HttpService, bearer_ok, serve_app
+from conveyor.protocol.task_pages import TaskState
 from conveyor.protocol.throttle import Throttle
 
 log = logging.getLogger("conveyor.dashboard")
@@ -155,6 +158,41 @@ def make_app(watch: PoolWatch, token: str | None, secure: bool, hosts: Hosts) ->
         )
         return await _off_loop(lambda: watch.requeue(queue, wanted))
 
+    async def tasks(request: web.Request) -> web.StreamResponse:
+        q = request.query
+        try:
+            limit = int(q.get("limit", str(DEFAULT_TASKS)))
+            state = TaskState.named(q["state"]) if q.get("state") else None
+            msg_id = watch.tasks.parse_id(q["id"]) if q.get("id", "").strip() else 0
+        except ValueError as e:
+            return _error(400, str(e))
+        if not q.get("queue") or not 1 <= limit <= MAX_TASKS:
+            return _error(400, f"give a queue, and a limit in 1..{MAX_TASKS}")
+        name = q.get("task", "").strip()
+        return await _off_loop(lambda: watch.tasks.page(q["queue"], name, state, msg_id, limit))
+
+    async def task(request: web.Request) -> web.StreamResponse:
+        q = request.query
+        try:
+            msg_id = watch.tasks.parse_id(q.get("id", ""))
+        except ValueError as e:
+            return _error(400, str(e))
+        if not q.get("queue"):
+            return _error(400, "give a queue, and the task's id (shard:n)")
+        return await _off_loop(lambda: watch.tasks.task(q["queue"], msg_id))
+
+    async def cancel(request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+            queue, given = body["queue"], body["ids"]
+            if not isinstance(queue, str) or not queue or not isinstance(given, list) or not 0 < len(given) <= MAX_PAGE:
+                raise ValueError(f"no queue name, or not 1 to {MAX_PAGE} ids")
+            ids = [watch.tasks.parse_id(i) for i in given]
+        except (ValueError, KeyError, TypeError) as e:
+            return _error(400, f'send {{"queue": NAME, "ids": [ID, ...]}}, ids as shard:n ({type(e).__name__}: {e})')
+        log.info("dashboard: cancel of %d task(s) of %s asked by %s", len(ids), queue, request.remote)
+        return await _off_loop(lambda: watch.tasks.cancel(queue, ids))
+
     app = web.Application(middlewares=[guard], client_max_size=1 << 20)
     app.router.add_get("/", index)
     app.router.add_get("/login", login_page)
@@ -163,14 +201,19 @@ def make_app(watch: PoolWatch, token: str | None, secure: bool, hosts: Hosts) ->
     app.router.add_get("/api/history", history)
     app.router.add_get("/api/dead-letters", dead_letters)
     app.router.add_post("/api/requeue", requeue)
+    app.router.add_get("/api/tasks", tasks)
+    app.router.add_get("/api/task", task)
+    app.router.add_post("/api/cancel", cancel)
     app.router.add_static("/static/", STATIC)
     return app
 
 
 async def _off_loop(work: Callable[[], Any]) -> web.StreamResponse:
-    """Run a blocking call on the pool in a thread; a server's error becomes a 502 with its text."""
+    """Run a blocking call on the pool in a thread; a server's error becomes a 4xx or 502 with its text."""
     try:
         return _json(await asyncio.get_running_loop().run_in_executor(None, work))
+    except RequestError as e:  # the server answered: no such queue (404), or the request refused
+        return _error(404 if e.kind == ERR_NO_QUEUE else 400, str(e))
     except (ConveyorError, OSError) as e:
         return _error(502, f"{type(e).__name__}: {e}")
 
