@@ -18,7 +18,6 @@ import itertools
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,7 +25,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,44 +44,10 @@ from conveyor.worker import Consumer, ConsumerPool
 
 from ..support import worker_tasks as wt
 from ..support.servers import wait_for
+from .browsing import shot
 
 pytestmark = pytest.mark.timeout(120)
 MODULES = ["tests.support.worker_tasks"]
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if CHROMIUM is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("no chromium on this machine: .ci/run installs it (apt-get install chromium)")
-        pytest.skip("no chromium on this machine (apt-get install chromium)")
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])  # root in CI: no sandbox there
-        yield b
-        b.close()
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    p = context.new_page()
-    p.set_default_timeout(20_000)
-    p.errors = []  # type: ignore[attr-defined]
-    p.on("pageerror", lambda e: p.errors.append(str(e)))  # type: ignore[attr-defined]
-    p.on("dialog", lambda d: d.accept())  # the requeue's confirmation
-    yield p
-    context.close()
-
-
-def shot(page: Any, name: str) -> None:
-    """A screenshot for the docs, when asked for (CONVEYOR_SCREENSHOTS=DIR)."""
-    where = os.environ.get("CONVEYOR_SCREENSHOTS")
-    if where:
-        Path(where).mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(Path(where) / f"{name}.png"), full_page=True)
 
 
 def cell(page: Any, table: str, key: str, column: int) -> str:

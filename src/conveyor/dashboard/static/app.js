@@ -8,6 +8,10 @@ let selected = null;          // the queue whose detail is open
 let deadCursor = "";          // where the next page of its dead letters starts
 let lastOverview = null;
 let deadRequest = 0;          // the latest request for dead letters: an answer to an older one is dropped
+let openTask = null;          // the id (shard:n) of the task whose page is open, in the selected queue
+let tasksRequest = 0;         // the latest request for the task list, and for the task's page: older answers dropped
+let taskRequest = 0;
+const TASK_PAGE = 50;         // running and recent tasks shown, each
 // internal queues (a Spark job's records) shown too: kept in the URL (?internal=1), so a reload or a link keeps it
 let showInternal = new URLSearchParams(window.location.search).get("internal") === "1";
 
@@ -322,6 +326,7 @@ async function refresh() {
     drawJobs(o.jobs);
     drawConsumers(o.consumers);
     await refreshHistory();
+    await Promise.all([loadTasks(), loadTask()]);  // each says on its own if it failed
     const down = o.servers.filter(s => !s.up).length;
     document.getElementById("updated").textContent = "updated " + new Date(o.time * 1000).toLocaleTimeString() +
       (down ? " · " + down + " of " + o.servers.length + " servers down" : "");
@@ -331,6 +336,143 @@ async function refresh() {
   } finally {
     setTimeout(refresh, POLL_MS);
   }
+}
+
+// Tasks: a queue's running and recent tasks (asked for while its view is open, with the page's
+// cycle), and one task's page at #/queue/<queue>/task/<id>, so it can be linked.
+function clockOf(t) { return typeof t === "number" ? new Date(t * 1000).toLocaleTimeString() : "–"; }
+function dateOf(t) { return typeof t === "number" ? new Date(t * 1000).toLocaleString() : "–"; }
+function runtime(s) { return typeof s !== "number" ? "–" : s < 10 ? s.toFixed(2) + " s" : duration(s); }
+function taskHash(queue, id) {  // an id's colon kept as typed (shard:n)
+  return "#/queue/" + encodeURIComponent(queue) + (id ? "/task/" + encodeURIComponent(id).replace(/%3A/gi, ":") : "");
+}
+
+function taskRow(t, recent) {
+  const state = el("td", t.state, "state-" + t.state);
+  const cells = [t.id, el("td", t.task, "text"), state, String(t.attempt), runtime(t.runtime_s), el("td", t.consumer || "–", "text"),
+                 recent ? clockOf(t.finished_at) : clockOf(t.delivered_at)];
+  if (recent) cells.push(el("td", t.error, "text"));
+  const tr = row(cells, t.id === openTask ? "selected" : "");
+  tr.dataset.id = t.id;
+  tr.addEventListener("click", () => { window.location.hash = taskHash(selected, t.id); });
+  return tr;
+}
+
+function taskQuery() {
+  const params = new URLSearchParams({queue: selected, limit: String(TASK_PAGE)});
+  const name = document.getElementById("tasks-search").value.trim();
+  const state = document.getElementById("tasks-state").value;
+  const id = document.getElementById("tasks-id").value.trim();
+  if (name) params.set("task", name);
+  if (state) params.set("state", state);
+  if (id) params.set("id", id);
+  return params;
+}
+
+async function loadTasks() {
+  if (selected === null) return;
+  const mine = ++tasksRequest;
+  const status = document.getElementById("tasks-status");
+  const id = document.getElementById("tasks-id").value.trim();
+  const open = document.getElementById("tasks-open");
+  open.hidden = !id;
+  open.textContent = "open task " + id;
+  open.href = taskHash(selected, id);
+  try {
+    const page = await api("/api/tasks?" + taskQuery());
+    if (mine !== tasksRequest) return;  // the queue or a filter changed meanwhile
+    fill(document.querySelector("#running tbody"), page.running.map(t => taskRow(t, false)));
+    fill(document.querySelector("#recent tbody"), page.recent.map(t => taskRow(t, true)));
+    document.getElementById("running-count").textContent = "(" + page.running.length +
+      (page.running_total > page.running.length ? " of " + page.running_total : "") + ")";
+    document.getElementById("recent-count").textContent = "(" + page.recent.length + ")";
+    const partial = document.getElementById("tasks-partial");
+    const text = partialText(page.partial);
+    partial.hidden = text === null;
+    partial.textContent = text || "";
+    partial.title = text ? "the tasks of the servers that answer; not shown: those of " + page.partial.unreachable.join(", ") : "";
+    status.textContent = "";
+  } catch (e) {
+    if (mine === tasksRequest) status.textContent = "could not read the tasks: " + e.message;
+  }
+}
+
+function fact(id, text) { document.getElementById(id).textContent = text; }
+
+function drawTask(d) {
+  fact("task-name", d.task || "(no task name)");
+  fact("task-state", d.status === null ? "no such message on its server" : d.status +
+    (d.records.length ? " · last delivery " + d.records[d.records.length - 1].state : ""));
+  fact("task-enqueued", dateOf(d.enqueued_at));
+  fact("task-payload", d.payload ? d.payload.text : "not known (the server keeps it once the message is delivered, or a dead letter)");
+  const error = d.error || [...d.records].reverse().map(r => r.error).find(e => e) || "";
+  fact("task-result", d.result ? d.result.text : d.status === "acked" ? "not kept" : "–");
+  fact("task-error", error || "–");
+  fill(document.querySelector("#task-history tbody"), d.history.map(e => {
+    const err = el("td", null, "text");
+    if (e.error) err.append(el("pre", e.error));
+    return row([dateOf(e.at), el("td", e.what, "state-" + e.what), el("td", e.consumer || "–", "text"),
+                e.attempt ? String(e.attempt) : "–", err]);
+  }));
+  fill(document.querySelector("#task-headers tbody"), Object.entries(d.headers || {}).map(([k, v]) => {
+    const tr = el("tr");
+    tr.append(el("th", k), el("td", v));
+    return tr;
+  }));
+  document.getElementById("task-cancel").hidden = !d.cancellable;
+}
+
+async function loadTask() {
+  if (selected === null || openTask === null) return;
+  const mine = ++taskRequest;
+  try {
+    const d = await api("/api/task?" + new URLSearchParams({queue: selected, id: openTask}));
+    if (mine !== taskRequest) return;
+    drawTask(d);
+    document.getElementById("task").dataset.loaded = d.id;
+  } catch (e) {
+    if (mine === taskRequest) fact("task-status", "could not read the task: " + e.message);
+  }
+}
+
+function showTask(id) {
+  openTask = id;
+  const box = document.getElementById("task");
+  box.hidden = id === null;
+  for (const tr of document.querySelectorAll("#running tbody tr, #recent tbody tr")) tr.classList.toggle("selected", tr.dataset.id === id);
+  if (id === null) return;
+  if (box.dataset.loaded !== id) {  // another task's page: emptied until its own comes
+    delete box.dataset.loaded;
+    for (const f of ["task-name", "task-state", "task-enqueued", "task-payload", "task-result", "task-error", "task-status"]) fact(f, "");
+    fill(document.querySelector("#task-history tbody"), []);
+    fill(document.querySelector("#task-headers tbody"), []);
+    document.getElementById("task-cancel").hidden = true;
+  }
+  fact("task-id", id);
+  loadTask();
+}
+
+async function cancelTask() {
+  const id = openTask, queue = selected;
+  if (!window.confirm("Cancel task " + id + " of " + queue + "? It becomes a dead letter before it runs (requeue puts it back).")) return;
+  try {
+    const r = await api("/api/cancel", {method: "POST", headers: {"Content-Type": "application/json", "X-Conveyor": "1"},
+                                        body: JSON.stringify({queue: queue, ids: [id]})});
+    fact("task-status", r.outcomes[id] || "");
+  } catch (e) {
+    fact("task-status", "cancel failed: " + e.message);
+  }
+  await loadTask();
+  await loadTasks();
+}
+
+// the view the URL names: #/queue/<queue>, or #/queue/<queue>/task/<id>
+function route() {
+  const m = /^#\/queue\/([^/]+)(?:\/task\/([^/]+))?$/.exec(window.location.hash);
+  if (!m) return;
+  const queue = decodeURIComponent(m[1]), id = m[2] === undefined ? null : decodeURIComponent(m[2]);
+  if (queue !== selected) openQueue(queue, false);
+  showTask(id);
 }
 
 function deadRow(d) {
@@ -402,7 +544,9 @@ async function requeue(ids) {
   }
 }
 
-function openQueue(name) {
+function openQueue(name, linked = true) {
+  if (linked) window.history.replaceState(null, "", taskHash(name, null));
+  showTask(null);  // a task page opens after, when the URL names one
   selected = name;
   document.getElementById("detail").hidden = false;
   document.getElementById("detail-name").textContent = name;
@@ -410,6 +554,7 @@ function openQueue(name) {
   if (lastOverview) drawDetail(lastOverview);
   refreshHistory().catch(() => {});  // its charts now, not at the next refresh (which says if this failed)
   loadDead(false);
+  loadTasks();
 }
 
 function setShowInternal(on) {
@@ -432,8 +577,20 @@ document.addEventListener("DOMContentLoaded", () => {
   for (const svg of document.querySelectorAll("svg.chart")) watchPointer(svg.id);
   document.getElementById("detail-close").addEventListener("click", () => {
     selected = null;
+    showTask(null);
     document.getElementById("detail").hidden = true;
+    window.history.replaceState(null, "", window.location.pathname + window.location.search);
   });
+  document.getElementById("task-close").addEventListener("click", () => {
+    showTask(null);
+    window.history.replaceState(null, "", taskHash(selected, null));
+  });
+  document.getElementById("task-cancel").addEventListener("click", cancelTask);
+  for (const id of ["tasks-search", "tasks-state", "tasks-id"]) {
+    document.getElementById(id).addEventListener(id === "tasks-state" ? "change" : "input", () => loadTasks());
+  }
+  window.addEventListener("hashchange", route);
+  route();
   document.getElementById("dead-more").addEventListener("click", () => loadDead(true));
   document.getElementById("requeue-selected").addEventListener("click", () => requeue(selectedIds()));
   document.getElementById("requeue-all").addEventListener("click", () => requeue("all"));
