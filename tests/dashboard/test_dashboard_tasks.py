@@ -5,7 +5,8 @@ tests/support/worker_tasks.py: a running task shown with its name and consumer, 
 its state, attempts and runtime; a failing task's page with its error and history; the filters by
 name, state and id; argument previews (msgpack decoded, a pickle only named); cancel with the
 requeue's rules; hostile names and errors shown as text; a server down named. Screenshots for the
-docs: dashboard-tasks and dashboard-task (CONVEYOR_SCREENSHOTS=DIR).
+docs: dashboard-tasks and dashboard-task (CONVEYOR_SCREENSHOTS=DIR). The endpoints behind them are
+`conveyor.dashboard.task_lookup`'s.
 """
 
 from __future__ import annotations

@@ -397,12 +397,15 @@ async function loadTasks() {
   }
 }
 
+const STATUS_SAYS = {ready: "waiting to run, or delayed", delivered: "running, or about to",
+                     acked: "finished", failed: "a dead letter"};
+
 function fact(id, text) { document.getElementById(id).textContent = text; }
 
 function drawTask(d) {
   fact("task-name", d.task || "(no task name)");
-  fact("task-state", d.status === null ? "no such message on its server" : d.status +
-    (d.records.length ? " · last delivery " + d.records[d.records.length - 1].state : ""));
+  fact("task-state", d.status === null ? "no such message in this queue on its server" : d.status + " (" + STATUS_SAYS[d.status] + ")" +
+    (d.records.length ? " · " + d.records.length + (d.records.length > 1 ? " deliveries" : " delivery") + " recorded" : ""));
   fact("task-enqueued", dateOf(d.enqueued_at));
   fact("task-payload", d.payload ? d.payload.text : "not known (the server keeps it once the message is delivered, or a dead letter)");
   const error = d.error || [...d.records].reverse().map(r => r.error).find(e => e) || "";
@@ -410,7 +413,14 @@ function drawTask(d) {
   fact("task-error", error || "–");
   fill(document.querySelector("#task-history tbody"), d.history.map(e => {
     const err = el("td", null, "text");
-    if (e.error) err.append(el("pre", e.error));
+    const lines = e.error.split("\n").filter(line => line.trim());
+    if (lines.length > 1) {  // a traceback: its last line, the whole one unfolded
+      const det = el("details");
+      det.append(el("summary", lines[lines.length - 1]), el("pre", e.error));
+      err.append(det);
+    } else {
+      err.textContent = e.error;
+    }
     return row([dateOf(e.at), el("td", e.what, "state-" + e.what), el("td", e.consumer || "–", "text"),
                 e.attempt ? String(e.attempt) : "–", err]);
   }));
