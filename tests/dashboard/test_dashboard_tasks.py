@@ -169,8 +169,11 @@ def test_cancel_from_the_task_page_under_the_requeues_rules(page: Any) -> None:
     with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
         later = format_id(wt.add.publish(1, 2, _delay=600, _pool=pool).id)  # delayed: cancellable
         ready = wt.add.publish(3, 4, _pool=pool).id
-        page.goto(board.url + f"#/queue/jobs/task/{later}")
+        page.goto(board.url + "#/queue/jobs")
+        page.fill("#tasks-id", later)  # not delivered yet: no records, but a link to its page
+        page.click("#tasks-open")
         wait_for(lambda: text(page, "#task-state").startswith("ready"), 10, "its status")
+        assert page.url.endswith(f"#/queue/jobs/task/{later}")
         assert page.locator("#task-cancel").is_visible()
         page.click("#task-cancel")
         wait_for(lambda: text(page, "#task-status") == "cancelled", 10, "cancelled")

@@ -11,6 +11,7 @@ let deadRequest = 0;          // the latest request for dead letters: an answer 
 let openTask = null;          // the id (shard:n) of the task whose page is open, in the selected queue
 let tasksRequest = 0;         // the latest request for the task list, and for the task's page: older answers dropped
 let taskRequest = 0;
+let tasksBusy = false, taskBusy = false;  // the page's cycle asks again only once the last answer came
 const TASK_PAGE = 50;         // running and recent tasks shown, each
 // internal queues (a Spark job's records) shown too: kept in the URL (?internal=1), so a reload or a link keeps it
 let showInternal = new URLSearchParams(window.location.search).get("internal") === "1";
@@ -326,7 +327,9 @@ async function refresh() {
     drawJobs(o.jobs);
     drawConsumers(o.consumers);
     await refreshHistory();
-    await Promise.all([loadTasks(), loadTask()]);  // each says on its own if it failed
+    // not awaited: a server slow to answer them slows no other part of the page; one at a time each
+    if (!tasksBusy) { tasksBusy = true; loadTasks().finally(() => { tasksBusy = false; }); }
+    if (!taskBusy) { taskBusy = true; loadTask().finally(() => { taskBusy = false; }); }
     const down = o.servers.filter(s => !s.up).length;
     document.getElementById("updated").textContent = "updated " + new Date(o.time * 1000).toLocaleTimeString() +
       (down ? " · " + down + " of " + o.servers.length + " servers down" : "");
@@ -480,7 +483,13 @@ async function cancelTask() {
 function route() {
   const m = /^#\/queue\/([^/]+)(?:\/task\/([^/]+))?$/.exec(window.location.hash);
   if (!m) return;
-  const queue = decodeURIComponent(m[1]), id = m[2] === undefined ? null : decodeURIComponent(m[2]);
+  let queue, id;
+  try {
+    queue = decodeURIComponent(m[1]);
+    id = m[2] === undefined ? null : decodeURIComponent(m[2]);
+  } catch (e) {  // a mangled link: no view
+    return;
+  }
   if (queue !== selected) openQueue(queue, false);
   showTask(id);
 }
