@@ -16,12 +16,12 @@ import pytest
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.queue_client import QueueClient
-from conveyor.constants import ERR_BAD_ARGUMENT, ERR_NO_QUEUE, H_TASK, TASK_PREVIEW_BYTES, TASK_RECENT
+from conveyor.constants import ERR_BAD_ARGUMENT, ERR_NO_QUEUE, H_TASK, TASK_ERROR_SUMMARY_CHARS, TASK_PREVIEW_BYTES, TASK_RECENT
 from conveyor.errors import RequestError
 from conveyor.message import Message, Status
 from conveyor.protocol.requests import Call
 from conveyor.protocol.task_pages import TaskPage, TaskRecord, TaskState
-from conveyor.server.task_records import CONNECTION_CLOSED, LEASE_RAN_OUT, kept_error
+from conveyor.server.task_records import CONNECTION_CLOSED, LEASE_RAN_OUT, error_summary, kept_error
 from conveyor.tasks.envelope import encode_result
 from conveyor.tasks.preview import show_call, show_result
 from conveyor.worker import Consumer
@@ -330,3 +330,11 @@ class Trap:
 
 def _touch(path: str) -> None:
     Path(path).touch()
+
+
+def test_a_page_shows_the_line_that_names_the_error() -> None:
+    worker_style = "ValueError: bad\nTraceback (most recent call last):\n  File 'x', line 1\nValueError: bad"
+    assert error_summary(worker_style) == "ValueError: bad"  # a worker's errors start with the exception
+    assert error_summary("Traceback (most recent call last):\n  File 'x', line 1\nKeyError: 'k'\n\n") == "KeyError: 'k'"
+    assert error_summary("") == ""
+    assert error_summary("x" * 500) == "x" * (TASK_ERROR_SUMMARY_CHARS - 1) + "…"

@@ -21,9 +21,9 @@ from typing import Any
 
 from conveyor.client.pool import QueuePool
 from conveyor.client.queue_client import QueueClient
-from conveyor.client.sharded import ShardedQueues, summed_stats
+from conveyor.client.sharded import ShardedQueues, format_id, summed_stats
 from conveyor.client.transport import parse_address
-from conveyor.constants import H_TASK, INTERNAL_QUEUE_PREFIX, SHARD_SHIFT
+from conveyor.constants import H_TASK, INTERNAL_QUEUE_PREFIX
 from conveyor.dashboard.task_lookup import TaskLookup
 from conveyor.errors import ConveyorError
 from conveyor.message import DeadLetter, printable
@@ -311,8 +311,7 @@ class PoolWatch:
                 m = d.message
                 items.append(
                     {
-                        "id": str(shard << SHARD_SHIFT | m.id),
-                        "shard": shard,
+                        "id": format_id(ShardedQueues.global_id(shard, m.id)),
                         "attempts": m.attempts,
                         "failed_at": d.failed_at,
                         "task": m.headers.get(H_TASK, ""),
@@ -335,31 +334,12 @@ class PoolWatch:
         down = [w.address for w in self.servers if not w.up]
         if ids is None:  # every dead letter of the shards that answer, named (a shard down fails no other)
             ids = [
-                k << SHARD_SHIFT | d.message.id
+                ShardedQueues.global_id(k, d.message.id)
                 for k, w in enumerate(self.servers)
                 if queue in w.queues
                 for d in self.pool.clients[k].iter_dead_letters(queue)
             ]
         return {"requeued": self.pool.requeue_dead_letters(queue, ids) if ids else 0, "skipped": down}
-
-    def check_ids(self, ids: list[object]) -> list[int]:
-        """Pool-wide ids from the page's decimal strings or integers; ValueError for any other.
-
-        Pool-wide ids as the page sends them (decimal strings, or integers); ValueError for any
-        other, or one naming no shard of this pool.
-        """
-        out = []
-        for i in ids:
-            if isinstance(i, str) and i.isascii() and i.isdecimal():
-                n = int(i)
-            elif type(i) is int:
-                n = i
-            else:
-                raise ValueError(f"an id must be a decimal string or an integer, not {i!r:.40}")
-            if not 0 <= n < len(self.pool.clients) << SHARD_SHIFT:
-                raise ValueError(f"id {n} names no shard of this pool's {len(self.pool.clients)}")
-            out.append(n)
-        return out
 
 
 def internal(queue: str) -> bool:

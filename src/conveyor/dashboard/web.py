@@ -150,7 +150,7 @@ def make_app(watch: PoolWatch, token: str | None, secure: bool, hosts: Hosts) ->
             queue, ids = body["queue"], body["ids"]
             if not isinstance(queue, str) or not (ids == "all" or (isinstance(ids, list) and ids)):
                 raise ValueError("no queue name, or no ids")
-            wanted = None if ids == "all" else watch.check_ids(ids)
+            wanted = None if ids == "all" else [watch.tasks.parse_id(i) for i in ids]
         except (ValueError, KeyError, TypeError) as e:
             return _error(400, f'send {{"queue": NAME, "ids": [ID, ...] or "all"}} ({type(e).__name__}: {e})')
         log.info(

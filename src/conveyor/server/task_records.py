@@ -86,9 +86,17 @@ def kept_error(error: str) -> str:
     return f"{error[:half]}\n... ({len(error) - 2 * half:,} characters cut) ...\n{error[-half:]}"
 
 
+TRACEBACK_HEADER = "Traceback (most recent call last)"
+
+
 def error_summary(error: str) -> str:
-    """An error's first line, cut to TASK_ERROR_SUMMARY_CHARS (what a page of records shows)."""
-    line = error.split("\n", 1)[0]
+    """An error's line that names it, cut to TASK_ERROR_SUMMARY_CHARS (what a page of records shows).
+
+    Its first line (a worker's errors start with the exception), or its last when it starts with a
+    bare traceback's header, which names nothing.
+    """
+    lines = [line for line in error.split("\n") if line.strip()] or [""]
+    line = lines[-1] if lines[0].startswith(TRACEBACK_HEADER) else lines[0]
     return line if len(line) <= TASK_ERROR_SUMMARY_CHARS else line[: TASK_ERROR_SUMMARY_CHARS - 1] + "…"
 
 

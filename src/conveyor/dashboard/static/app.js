@@ -350,11 +350,26 @@ function taskHash(queue, id) {  // an id's colon kept as typed (shard:n)
   return "#/queue/" + encodeURIComponent(queue) + (id ? "/task/" + encodeURIComponent(id).replace(/%3A/gi, ":") : "");
 }
 
+function errorCell(text) {
+  // An error of several lines shows the line that names it (as the servers' task records do: the
+  // first, or the last after a bare traceback's header), the whole of it unfolded on a click.
+  const td = el("td", null, "text");
+  const lines = (text || "").split("\n").filter(line => line.trim());
+  if (lines.length > 1) {
+    const det = el("details");
+    det.append(el("summary", lines[0].startsWith("Traceback (most recent call last)") ? lines[lines.length - 1] : lines[0]), el("pre", text));
+    td.append(det);
+  } else {
+    td.textContent = text || "";
+  }
+  return td;
+}
+
 function taskRow(t, recent) {
   const state = el("td", t.state, "state-" + t.state);
   const cells = [t.id, el("td", t.task, "text"), state, String(t.attempt), runtime(t.runtime_s), el("td", t.consumer || "–", "text"),
                  recent ? clockOf(t.finished_at) : clockOf(t.delivered_at)];
-  if (recent) cells.push(el("td", t.error, "text"));
+  if (recent) cells.push(errorCell(t.error));
   const tr = row(cells, t.id === openTask ? "selected" : "");
   tr.dataset.id = t.id;
   tr.addEventListener("click", () => { window.location.hash = taskHash(selected, t.id); });
@@ -415,17 +430,8 @@ function drawTask(d) {
   fact("task-result", d.result ? d.result.text : d.status === "acked" ? "not kept" : "–");
   fact("task-error", error || "–");
   fill(document.querySelector("#task-history tbody"), d.history.map(e => {
-    const err = el("td", null, "text");
-    const lines = e.error.split("\n").filter(line => line.trim());
-    if (lines.length > 1) {  // a traceback: its last line, the whole one unfolded
-      const det = el("details");
-      det.append(el("summary", lines[lines.length - 1]), el("pre", e.error));
-      err.append(det);
-    } else {
-      err.textContent = e.error;
-    }
     return row([dateOf(e.at), el("td", e.what, "state-" + e.what), el("td", e.consumer || "–", "text"),
-                e.attempt ? String(e.attempt) : "–", err]);
+                e.attempt ? String(e.attempt) : "–", errorCell(e.error)]);
   }));
   fill(document.querySelector("#task-headers tbody"), Object.entries(d.headers || {}).map(([k, v]) => {
     const tr = el("tr");
@@ -501,17 +507,8 @@ function deadRow(d) {
   box.addEventListener("change", updateRequeueButton);
   const pick = el("td");
   pick.append(box);
-  const error = el("td", null, "text");
-  const lines = d.error.split("\n").filter(line => line.trim());
-  if (lines.length > 1) {
-    const det = el("details");
-    det.append(el("summary", lines[lines.length - 1]), el("pre", d.error));
-    error.append(det);
-  } else {
-    error.textContent = d.error;
-  }
-  const tr = row([pick, d.id, String(d.shard), String(d.attempts), new Date(d.failed_at * 1000).toLocaleString(),
-                  d.task, error, el("td", d.payload, "text")]);
+  const tr = row([pick, d.id, String(d.attempts), new Date(d.failed_at * 1000).toLocaleString(),
+                  el("td", d.task, "text"), errorCell(d.error), el("td", d.payload, "text")]);
   tr.dataset.id = d.id;
   return tr;
 }
