@@ -45,7 +45,7 @@ from conveyor.worker import Consumer, ConsumerPool
 
 from ..support import worker_tasks as wt
 from ..support.servers import wait_for
-from .browsing import shot
+from .browsing import call_json, shot
 
 pytestmark = pytest.mark.timeout(120)
 MODULES = ["tests.support.worker_tasks"]
@@ -411,17 +411,6 @@ def _overview(url: str) -> dict[str, Any]:
         return dict(json.loads(r.read()))
 
 
-def _call(url: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
-    data = None if body is None else json.dumps(body).encode()
-    h = {"X-Conveyor": "1", "Content-Type": "application/json", **(headers or {})}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=data, headers=h), timeout=10) as r:
-            return r.status, dict(json.loads(r.read()))
-    except urllib.error.HTTPError as e:
-        with e:
-            return e.code, dict(json.loads(e.read()))
-
-
 def test_the_json_endpoints_refuse_bad_input_and_a_queue_on_one_shard_pages() -> None:
     with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
         api = board.url + "api/"
@@ -430,25 +419,25 @@ def test_the_json_endpoints_refuse_bad_input_and_a_queue_on_one_shard_pages() ->
         got = pool.queues.clients[0].get("one", 3)
         pool.queues.clients[0].nack("one", [m.id for m in got], ["no"] * 3)
         wait_for(lambda: _overview(board.url)["queues"], 10, "the dashboard's first poll")
-        status, page = _call(api + "dead-letters?queue=one&limit=2")
+        status, page = call_json(api + "dead-letters?queue=one&limit=2")
         assert status == 200 and len(page["items"]) == 2 and page["next"] and page["skipped"] == []
-        status, rest = _call(api + f"dead-letters?queue=one&limit=2&cursor={page['next']}")
+        status, rest = call_json(api + f"dead-letters?queue=one&limit=2&cursor={page['next']}")
         assert status == 200 and len(rest["items"]) == 1 and rest["next"] == ""
         assert {d["id"] for d in page["items"] + rest["items"]} == {"0:1", "0:2", "0:3"}  # as every command shows ids
         for query in ("", "queue=one&limit=0", "queue=one&limit=x", "queue=one&cursor=x", "queue=one&cursor=%C2%B2:1"):
-            assert _call(api + "dead-letters?" + query)[0] == 400, query
+            assert call_json(api + "dead-letters?" + query)[0] == 400, query
         for ids in (["-1"], ["abc"], [True], [1.5], [str(2 << 48)], [], "some"):
-            status, reply = _call(api + "requeue", {"queue": "one", "ids": ids})
+            status, reply = call_json(api + "requeue", {"queue": "one", "ids": ids})
             assert status == 400 and "error" in reply, ids
-        assert _call(api + "requeue", {"queue": "one"})[0] == 400
-        status, reply = _call(api + "requeue", {"queue": "one", "ids": [page["items"][0]["id"]]})
+        assert call_json(api + "requeue", {"queue": "one"})[0] == 400
+        status, reply = call_json(api + "requeue", {"queue": "one", "ids": [page["items"][0]["id"]]})
         assert status == 200 and reply == {"requeued": 1, "skipped": []}
-        assert _call(api + "requeue", {"queue": "one", "ids": "all"})[1] == {"requeued": 2, "skipped": []}
+        assert call_json(api + "requeue", {"queue": "one", "ids": "all"})[1] == {"requeued": 2, "skipped": []}
         assert pool.stats("one")["one"].ready == 3
         # a page of another site, its name rebound to this address: not answered
-        status, reply = _call(api + "overview", headers={"Host": f"evil.example:{board.port}"})
+        status, reply = call_json(api + "overview", headers={"Host": f"evil.example:{board.port}"})
         assert status == 421 and "answers only to loopback names" in reply["error"]
-        assert _call(api + "overview", headers={"Host": f"localhost:{board.port}"})[0] == 200
+        assert call_json(api + "overview", headers={"Host": f"localhost:{board.port}"})[0] == 200
 
 
 def test_a_busy_consumer_far_behind_its_peers_is_marked_slow() -> None:

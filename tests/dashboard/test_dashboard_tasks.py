@@ -11,12 +11,9 @@ docs: dashboard-tasks and dashboard-task (CONVEYOR_SCREENSHOTS=DIR). The endpoin
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +28,7 @@ from conveyor.worker import ConsumerPool
 
 from ..support import worker_tasks as wt
 from ..support.servers import wait_for
-from .browsing import shot
+from .browsing import call_json, shot
 
 pytestmark = pytest.mark.timeout(150)
 MODULES = ["tests.support.worker_tasks"]
@@ -146,25 +143,6 @@ def test_the_argument_preview_decodes_msgpack_and_only_names_a_pickle(page: Any)
     assert page.errors == [] and page.refused == []
 
 
-def _post(url: str, body: Any, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"Content-Type": "application/json", **headers})
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            return r.status, dict(json.loads(r.read()))
-    except urllib.error.HTTPError as e:
-        with e:
-            return e.code, dict(json.loads(e.read()))
-
-
-def _get(url: str) -> tuple[int, dict[str, Any]]:
-    try:
-        with urllib.request.urlopen(url, timeout=10) as r:
-            return r.status, dict(json.loads(r.read()))
-    except urllib.error.HTTPError as e:
-        with e:
-            return e.code, dict(json.loads(e.read()))
-
-
 def test_cancel_from_the_task_page_under_the_requeues_rules(page: Any) -> None:
     with QueuePool.local(n_servers=2) as pool, Dashboard(pool, port=0) as board:
         later = format_id(wt.add.publish(1, 2, _delay=600, _pool=pool).id)  # delayed: cancellable
@@ -183,20 +161,20 @@ def test_cancel_from_the_task_page_under_the_requeues_rules(page: Any) -> None:
         # the endpoint: the requeue's CSRF header, and the login when there is a token
         api = board.url + "api/cancel"
         body = {"queue": "jobs", "ids": [format_id(ready)]}
-        assert _post(api, body, {})[0] == 403
+        assert call_json(api, body, {})[0] == 403
         for bad in (
             {"queue": "jobs", "ids": []},
             {"queue": "jobs", "ids": ["x"]},
             {"queue": "jobs", "ids": ["9:1"]},
             {"ids": ["0:1"]},
         ):
-            status, reply = _post(api, bad, {"X-Conveyor": "1"})
+            status, reply = call_json(api, bad, {"X-Conveyor": "1"})
             assert status == 400 and "error" in reply, bad
         assert pool.stats("jobs")["jobs"].ready == 1  # nothing changed
         with Dashboard(pool, port=0, token="s3cret") as guarded:
-            assert _post(guarded.url + "api/cancel", body, {"X-Conveyor": "1"})[0] == 401
-            assert _post(guarded.url + "api/cancel", body, {"Authorization": "Bearer s3cret"})[0] == 403
-            status, reply = _post(guarded.url + "api/cancel", body, {"X-Conveyor": "1", "Authorization": "Bearer s3cret"})
+            assert call_json(guarded.url + "api/cancel", body, {"X-Conveyor": "1"})[0] == 401
+            assert call_json(guarded.url + "api/cancel", body, {"Authorization": "Bearer s3cret"})[0] == 403
+            status, reply = call_json(guarded.url + "api/cancel", body, {"X-Conveyor": "1", "Authorization": "Bearer s3cret"})
         assert status == 200 and reply == {"outcomes": {format_id(ready): "cancelled"}}
         assert pool.stats("jobs")["jobs"].ready == 0
     assert page.errors == [] and page.refused == []
@@ -230,13 +208,13 @@ def test_a_server_down_marks_the_task_list_partial_naming_it_and_bad_input_is_re
             c.put("jobs", [Message(payload=b"x", headers={H_TASK: "t"})])
             c.get("jobs", 1, consumer="hand")
         api = board.url + "api/"
-        status, got = _get(api + "tasks?queue=jobs")
+        status, got = call_json(api + "tasks?queue=jobs")
         assert status == 200 and len(got["running"]) == 2 and got["partial"] is None
         for query in ("", "queue=jobs&limit=0", "queue=jobs&limit=x", "queue=jobs&state=lost", "queue=jobs&id=1:2:3"):
-            assert _get(api + "tasks?" + query)[0] == 400, query
-        assert _get(api + "tasks?queue=nothing")[0] == 404
+            assert call_json(api + "tasks?" + query)[0] == 400, query
+        assert call_json(api + "tasks?queue=nothing")[0] == 404
         for query in ("queue=jobs", "queue=jobs&id=x", "id=0:1", "queue=jobs&id=5:1"):
-            assert _get(api + "task?" + query)[0] == 400, query
+            assert call_json(api + "task?" + query)[0] == 400, query
         page.goto(board.url + "#/queue/jobs")
         wait_for(lambda: len(rows(page, "running")) == 2, 10, "both servers' running tasks")
         assert page.locator("#tasks-partial").is_hidden()
@@ -244,8 +222,8 @@ def test_a_server_down_marks_the_task_list_partial_naming_it_and_bad_input_is_re
         os.kill(pool.servers.processes[1].pid, signal.SIGKILL)  # type: ignore[union-attr]
         wait_for(lambda: page.locator("#tasks-partial").is_visible(), 15, "the list marked partial")
         assert where in text(page, "#tasks-partial") and len(rows(page, "running")) == 1
-        status, got = _get(api + "tasks?queue=jobs")
+        status, got = call_json(api + "tasks?queue=jobs")
         assert status == 200 and got["partial"]["unreachable"] == [where] and len(got["running"]) == 1
-        status, got = _get(api + f"task?queue=jobs&id={format_id(pool.queues.global_id(1, 1))}")
+        status, got = call_json(api + f"task?queue=jobs&id={format_id(pool.queues.global_id(1, 1))}")
         assert status == 502 and where in got["error"]
     assert page.errors == []
