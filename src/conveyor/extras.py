@@ -4,7 +4,8 @@
 metrics. Spark (`conveyor.spark`, `conveyor.local()`, `conveyor.cluster()`), the TaskGraph
 (`conveyor.graph`), Quokka's programs (`conveyor.compat.quokka`) and `conveyor demo` need
 `pip install 'conveyor[spark]'` (`conveyor[quokka]` adds polars, for Quokka's programs on polars
-frames). A package that needs an extra checks for it as it is imported, so that a missing one is one
+frames); the demo's model scene needs `pip install 'conveyor[demo]'` (Spark and scikit-learn).
+A package that needs an extra checks for it as it is imported, so that a missing one is one
 ImportError naming the pip command, not "No module named 'pyspark'" from deep inside a call.
 """
 
@@ -23,6 +24,7 @@ class Extra:
 
 
 SPARK = Extra("spark", ("pyspark", "pyarrow", "pandas", "numpy"))
+DEMO = Extra("demo", (*SPARK.modules, "sklearn"))  # the demo's scene e predicts with a scikit-learn model
 
 
 class MissingExtraError(ImportError):

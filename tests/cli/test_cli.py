@@ -2,8 +2,8 @@
 
 The commands are registered in `conveyor.cli.commands` and reach servers through
 `conveyor.cli.connecting`; `conveyor demo` runs every scene (`conveyor.cli.demo`, `conveyor.cli.scenes`,
-over `conveyor.cli.corpus`); `conveyor dead-letters` is `conveyor.cli.dead_letters`, `conveyor drop`
-`conveyor.cli.drop`.
+over `conveyor.cli.corpus`; scene e, `conveyor.cli.inference`); `conveyor dead-letters` is
+`conveyor.cli.dead_letters`, `conveyor drop` `conveyor.cli.drop`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def test_demo_runs_every_scene_and_reports_what_it_measured() -> None:
     Plain Spark aborts on the crashing pages, is cancelled on the hanging one, and recovers the
     killed worker.
     """
-    cmd = [sys.executable, "-m", "conveyor", "demo", "--pages", "1200", "--kill-worker", "--dashboard"]
+    cmd = [sys.executable, "-m", "conveyor", "demo", "--pages", "1200", "--scenes", "abc", "--kill-worker", "--dashboard"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
     seen: list[dict[str, Any]] = []  # the dashboard's overview, read while the demo runs
 
@@ -79,12 +79,49 @@ def test_demo_runs_every_scene_and_reports_what_it_measured() -> None:
     assert "Python worker exited unexpectedly" not in out.stderr  # the faults we cause are told, not logged with traces
 
 
+def test_demo_scene_e_predicts_every_image_as_plain_spark_does() -> None:
+    """Scene e, small: map_batches with a model class and predict_batch_udf, both measured, rows matched."""
+    cmd = [sys.executable, "-m", "conveyor", "demo", "--scenes", "e", "--pages", "200"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    line = next((ln for ln in out.stdout.splitlines() if ln.startswith("e. ")), "")
+    verdict = re.search(
+        r"map_batches: 2,000 of 2,000 images, ([\d,]+)/s, model built (\d+) times for (\d+) consumers; "
+        r"plain Spark: ([\d,]+)/s\. map_batches ran at ([\d.]+)x its rate \((faster|slower)\); "
+        r"every row the same prediction",
+        line,
+    )
+    assert verdict, out.stdout
+    mine, built, consumers, theirs, ratio = (float(verdict.group(i).replace(",", "")) for i in range(1, 6))
+    assert mine > 0 and theirs > 0 and ratio > 0
+    assert 0 <= built <= consumers  # once per consumer process at most (0: the warm-up's kept for the run)
+    assert "conveyor demo: batch inference" in out.stdout and "2,000 / 2,000" in out.stdout
+    assert "documents, page by page" not in out.stdout  # no page scene ran
+
+
+def test_demo_reports_scene_e_not_run_without_scikit_learn(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without the demo extra, scene e is reported as not run, with the pip command, and nothing starts."""
+    import io
+
+    from rich.console import Console
+
+    from conveyor.cli.demo import NotRun, _inference, verdicts
+
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # find_spec then answers None: as if not installed
+    text = io.StringIO()
+    result = _inference(None, None, 200, 2, Console(file=text, width=200))  # type: ignore[arg-type]  # neither is reached
+    assert isinstance(result, NotRun) and result.expected()
+    assert "pip install 'conveyor[demo]'" in result.reason and "sklearn not installed" in result.reason
+    assert verdicts([result])[0].startswith("e. not run: conveyor demo's scene e needs Conveyor's 'demo' extra")
+    assert "pip install 'conveyor[demo]'" in text.getvalue()
+
+
 def test_demo_rejects_bad_arguments() -> None:
     cmd = [sys.executable, "-m", "conveyor", "demo", "--pages", "0"]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and "--pages" in out.stderr
     out = subprocess.run([*cmd[:-2], "--scenes", "ax"], capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "--scenes" in out.stderr and "'abcd'" in out.stderr
+    assert out.returncode == 2 and "--scenes" in out.stderr and "'abcde'" in out.stderr
 
 
 def test_version() -> None:

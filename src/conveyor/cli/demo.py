@@ -11,10 +11,14 @@ static partitions). The scenes (`conveyor.cli.scenes`):
      the map runs pages in child processes, and a message whose process died is split so that
      only the crashing page fails;
   c. a page that hangs: plain Spark waits for it (the demo gives up after a stated time);
-  d. (`--kill-worker`) a worker process killed midway: plain Spark runs the whole partition again.
+  d. (`--kill-worker`) a worker process killed midway: plain Spark runs the whole partition again;
+  e. batch inference: a scikit-learn model predicts digits by `map_batches` with a model class and
+     by Spark's `predict_batch_udf` (`conveyor.cli.inference`; needs the `demo` extra, else it is
+     reported as not run, with the pip command).
 
-Each scene reports pages done, pages failed and why, makespan and efficiency (work of the pages
-done / (workers x makespan)), and a verdict drawn from those figures.
+Scenes a-d report pages done, pages failed and why, makespan and efficiency (work of the pages
+done / (workers x makespan)); scene e, images per second of each, the model's builds and the
+predictions that differ. Each gets a verdict drawn from those figures.
 """
 
 from __future__ import annotations
@@ -23,28 +27,34 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from conveyor.extras import SPARK, require
+from conveyor.extras import DEMO, SPARK, MissingExtraError, require
 
 require(SPARK, "conveyor demo")
 
+from conveyor.cli.inference import Inference, run_inference
 from conveyor.cli.scenes import Outcome, Scene, corpus, run_map, run_plain
+from conveyor.client.pool import QueuePool
 from conveyor.dashboard import Dashboard
 from conveyor.spark.embedded import local
 from conveyor.worker.options import ConsumerOptions
 
-SCENE_KEYS = "abcd"
-DEFAULT_SCENES = "abc"  # d (--kill-worker) too would take the demo past 2 minutes on 2 cores
+SCENE_KEYS = "abcde"
+DEFAULT_SCENES = "abce"  # d (--kill-worker) too would take the demo past 2 minutes on 2 cores
 # plain Spark is given this many times the map's makespan (at least PATIENCE_MIN_S) before the demo
 # stops waiting for it: a job that needs more is hung or far behind
 PATIENCE_FACTOR = 1.5
 PATIENCE_MIN_S = 10.0
 HANG_LIMIT_S = 1.0  # scene c: the map's time limit per page (the corpus's longest page takes well under it)
 WARM_UP_PAGES = 600  # at most: a tenth of the corpus for small ones
+IMAGES_PER_PAGE = 10  # scene e predicts this many images per page of --pages
+WARM_UP_IMAGES = 1000
+INFERENCE = ("e", "batch inference with a model")
 
 
 def scenes(pages: int) -> dict[str, Scene]:
@@ -77,6 +87,8 @@ def scenes(pages: int) -> dict[str, Scene]:
 
 @dataclass
 class Result:
+    """A page scene (a-d): how the map and plain Spark did."""
+
     scene: Scene
     faults: dict[str, int]
     total: int  # pages in the corpus
@@ -98,6 +110,72 @@ class Result:
         c = self.conveyor
         return c.done + sum(c.failed.values()) == self.total and sum(c.failed.values()) == sum(self.faults.values())
 
+    def notes(self) -> list[str]:
+        """How each run ended and what it was run with."""
+        shown = f" ({self.scene.shown})" if self.scene.shown else ""
+        plain = self.plain.ended if self.plain.ended != "finished" else self.plain.note
+        return [f"map{shown}: {self.conveyor.note}", f"plain Spark: {plain}"]
+
+
+@dataclass
+class InferenceResult:
+    """Scene e: throughput of both ways, the model's builds and the predictions matched."""
+
+    key: str
+    title: str
+    run: Inference
+
+    def verdict(self) -> str:
+        """One line, from the figures only."""
+        r = self.run
+        c, p = r.conveyor, r.plain
+        ratio = c.per_s / p.per_s if p.per_s > 0 else 0.0
+        how = "faster" if ratio > 1 else "slower"
+        same = "every row the same prediction" if r.mismatches == 0 else f"{r.mismatches:,} rows differ"
+        return (
+            f"map_batches: {c.rows:,} of {r.images:,} images, {c.per_s:,.0f}/s, model built {r.built} times "
+            f"for {r.consumers} consumers; plain Spark: {p.per_s:,.0f}/s. map_batches ran at {ratio:.2f}x its "
+            f"rate ({how}); {same}"
+        )
+
+    def expected(self) -> bool:
+        """Whether the map did what it should: every image back with plain Spark's prediction, one model a consumer."""
+        r = self.run
+        return r.conveyor.rows == r.images and r.failed == 0 and r.mismatches == 0 and r.built <= r.consumers
+
+    def notes(self) -> list[str]:
+        r = self.run
+        return [
+            f"map_batches (a model class, {r.model}): {r.conveyor.seconds:.1f} s, {r.failed} failed; "
+            f"the warm-up built the model {r.warm_built} times",
+            f"plain Spark (predict_batch_udf, the model in its closure): {r.plain.seconds:.1f} s",
+        ]
+
+
+@dataclass
+class NotRun:
+    """A scene that could not run here, and why (e.g. its extra is not installed)."""
+
+    key: str
+    title: str
+    reason: str
+
+    def verdict(self) -> str:
+        return f"not run: {self.reason}"
+
+    def expected(self) -> bool:
+        return True
+
+    def notes(self) -> list[str]:
+        return []
+
+
+Outcomes = Result | InferenceResult | NotRun
+
+
+def _key(r: Outcomes) -> str:
+    return r.scene.key if isinstance(r, Result) else r.key
+
 
 def _failed(o: Outcome, short: bool = False) -> str:
     n = sum(o.failed.values())
@@ -110,14 +188,14 @@ def _failed(o: Outcome, short: bool = False) -> str:
 
 def run_demo(
     pages: int, workers: int | None, keys: str, console: Console, scale: float = 1.0, dashboard: bool = False
-) -> list[Result]:
+) -> list[Outcomes]:
     """The chosen scenes on the embedded default, in order; returns how each went.
 
     With `dashboard`, the dashboard of its queue servers is served meanwhile (its address printed).
     """
     console.print("starting the embedded Spark session and queue servers ...")
     say: Callable[[str], None] = console.print
-    out = []
+    out: list[Outcomes] = []
     with local() as env, Dashboard(env.pool, port=0) if dashboard else contextlib.nullcontext() as board:
         if board is not None:
             console.print(f"dashboard on {board.url} (the map jobs show there as they run)")
@@ -139,6 +217,9 @@ def run_demo(
             c.frame.unpersist()
             chosen = scenes(pages)
             for key in keys:
+                if key == INFERENCE[0]:
+                    out.append(_inference(spark, env.pool, pages, n_workers, console))
+                    continue
                 scene = chosen[key]
                 c = corpus(spark, scene, scale)
                 faults = dict(c.faults)
@@ -165,7 +246,59 @@ def run_demo(
     return out
 
 
-def summary_table(results: list[Result]) -> Table:
+def _inference(spark: Any, pool: QueuePool, pages: int, workers: int, console: Console) -> InferenceResult | NotRun:
+    """Scene e, or why it cannot run here."""
+    key, title = INFERENCE
+    console.rule(f"scene {key}: {title}")
+    try:
+        require(DEMO, f"conveyor demo's scene {key}")
+    except MissingExtraError as e:
+        console.print(f"  not run: {e}", markup=False)  # the pip command's brackets are not markup
+        return NotRun(key, title, str(e))
+    n = pages * IMAGES_PER_PAGE
+    console.print(f"{n:,} 8x8 digits, a model trained on scikit-learn's bundled set, {workers} workers")
+    t0 = time.perf_counter()
+    result = InferenceResult(key, title, run_inference(spark, pool, n, workers, console.is_terminal, WARM_UP_IMAGES))
+    console.print(f"  [bold]{result.verdict()}[/] ({time.perf_counter() - t0:.0f} s)")
+    return result
+
+
+def summary_tables(results: list[Outcomes]) -> list[Table]:
+    """The page scenes' table, and the inference scene's, each if one of its scenes ran."""
+    pages = [r for r in results if isinstance(r, Result)]
+    inference = [r for r in results if isinstance(r, InferenceResult)]
+    return ([_pages_table(pages)] if pages else []) + ([_inference_table(inference)] if inference else [])
+
+
+def _inference_table(results: list[InferenceResult]) -> Table:
+    t = Table(title="conveyor demo: batch inference")
+    for col in ("scene", "run", "rows back", "time", "items/s", "model built", "same prediction"):
+        t.add_column(col, justify="left" if col in ("scene", "run") else "right")
+    for r in results:
+        i = r.run
+        t.add_row(
+            f"{r.key}. {r.title}",
+            i.conveyor.system,
+            f"{i.conveyor.rows:,} / {i.images:,}",
+            f"{i.conveyor.seconds:.1f} s",
+            f"{i.conveyor.per_s:,.0f}",
+            str(i.built),
+            f"{i.images - i.mismatches:,} / {i.images:,}",
+        )
+        t.add_row(
+            "",
+            i.plain.system,
+            f"{i.plain.rows:,} / {i.images:,}",
+            f"{i.plain.seconds:.1f} s",
+            f"{i.plain.per_s:,.0f}",
+            "",
+            "(the reference)",
+        )
+        t.add_section()
+    return t
+
+
+def _pages_table(results: list[Result]) -> Table:
     t = Table(title="conveyor demo: documents, page by page")
     for col in ("scene", "run", "pages back", "failed", "makespan", "efficiency", "ended"):
         t.add_column(col, justify="left" if col in ("scene", "run", "failed", "ended") else "right")
@@ -184,14 +317,12 @@ def summary_table(results: list[Result]) -> Table:
     return t
 
 
-def verdicts(results: list[Result]) -> list[str]:
+def verdicts(results: list[Outcomes]) -> list[str]:
     """The scenes' verdicts, with how each run ended and what it was run with."""
     out = []
     for r in results:
-        out.append(f"{r.scene.key}. {r.verdict()}")
-        shown = f" ({r.scene.shown})" if r.scene.shown else ""
-        out.append(f"   map{shown}: {r.conveyor.note}")
-        out.append(f"   plain Spark: {r.plain.ended if r.plain.ended != 'finished' else r.plain.note}")
+        out.append(f"{_key(r)}. {r.verdict()}")
+        out.extend(f"   {note}" for note in r.notes())
     return out
 
 
@@ -201,7 +332,7 @@ def verdicts(results: list[Result]) -> list[str]:
     default=9000,
     show_default=True,
     type=click.IntRange(40),
-    help="Pages in the corpus of scenes a and d (b and c take a quarter of it).",
+    help=f"Pages in the corpus of scenes a and d (b and c take a quarter of it; e predicts {IMAGES_PER_PAGE} images a page).",
 )
 @click.option("--workers", default=None, type=click.IntRange(1), help="Consumers (default: one per Spark slot).")
 @click.option(
@@ -210,7 +341,7 @@ def verdicts(results: list[Result]) -> list[str]:
     default=DEFAULT_SCENES,
     show_default=True,
     help="Which scenes to run, in order: a skewed documents, b pages that crash their process, c a page "
-    "that hangs, d a worker killed midway.",
+    "that hangs, d a worker killed midway, e batch inference with a model.",
 )
 @click.option("--kill-worker", is_flag=True, help="Run scene d (a worker killed midway) too.")
 @click.option(
@@ -228,16 +359,10 @@ def demo(pages: int, workers: int | None, keys: str, kill_worker: bool, with_das
     console.print(f"[bold]conveyor demo[/]: scenes {', '.join(keys)}; each through conveyor.spark.map, then plain Spark")
     results = run_demo(pages, workers, keys, console, dashboard=with_dashboard)
     out = Console()
-    out.print(summary_table(results))
+    for table in summary_tables(results):
+        out.print(table)
     for line in verdicts(results):
-        out.print(line, highlight=False)
+        out.print(line, highlight=False, markup=False)
     wrong = [r for r in results if not r.expected()]
     if wrong:
-        raise click.ClickException(
-            "; ".join(
-                f"scene {r.scene.key}: the map brought back {r.conveyor.done:,} pages and "
-                f"reported {sum(r.conveyor.failed.values())} of {r.total:,}, with "
-                f"{sum(r.faults.values())} bad"
-                for r in wrong
-            )
-        )
+        raise click.ClickException("; ".join(f"scene {_key(r)}: {r.verdict()}" for r in wrong))
