@@ -1,7 +1,8 @@
-"""The two installs, measured: a fresh venv's size and install time for `conveyor` and `conveyor[spark]`.
+"""The installs, measured: a fresh venv's size and install time for `conveyor`, `conveyor[spark]` and `conveyor[demo]`.
 
 Each run makes a fresh venv (`python -m venv`, with the pip and setuptools it brings) and installs
-into it, timed: this checkout (the core), this checkout with the `spark` extra, and the peers a
+into it, timed: this checkout (the core), with the `spark` extra, with the `demo` extra (spark and
+scikit-learn: what the README's first command installs), and the peers a
 Celery or Dramatiq user installs (celery, dramatiq, flower, prometheus-client) as the baseline. Sizes
 are of the whole venv (`du`); times include resolving and unpacking, with pip's cache as it is
 (`--no-cache` for downloads too). Target (issue 42): the core venv under 100 MB.
@@ -25,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 INSTALLS = {
     "conveyor (core)": [str(ROOT)],
     "conveyor + spark extra": [f"{ROOT}[spark]"],
+    "conveyor + demo extra (the README's first command)": [f"{ROOT}[demo]"],
     "peers: celery + dramatiq + flower + prometheus-client": ["celery", "dramatiq", "flower", "prometheus-client"],
 }
 CORE_TARGET_BYTES = 100 * 2**20
@@ -59,7 +61,7 @@ def main() -> int:
     times: dict[str, list[float]] = {k: [] for k in INSTALLS}
     sizes: dict[str, list[float]] = {k: [] for k in INSTALLS}
     for run in range(args.runs):
-        for name, what in INSTALLS.items():  # interleaved: each run measures all three on the same machine state
+        for name, what in INSTALLS.items():  # interleaved: each run measures every install on the same machine state
             progress(f"run {run + 1}/{args.runs}: {name}")
             took, size = measure(what, args.no_cache)
             times[name].append(took)
