@@ -356,7 +356,9 @@ def demo(pages: int, workers: int | None, keys: str, kill_worker: bool, with_das
     if not keys or any(k not in SCENE_KEYS for k in keys) or len(set(keys)) != len(keys):
         raise click.BadParameter(f"letters of {SCENE_KEYS!r}, each at most once (got {keys!r})", param_hint="--scenes")
     console = Console(stderr=True)
-    console.print(f"[bold]conveyor demo[/]: scenes {', '.join(keys)}; each through conveyor.spark.map, then plain Spark")
+    console.print(
+        f"[bold]conveyor demo[/]: scenes {', '.join(keys)}; each through conveyor.spark.map (e: map_batches), then plain Spark"
+    )
     results = run_demo(pages, workers, keys, console, dashboard=with_dashboard)
     out = Console()
     for table in summary_tables(results):
