@@ -247,6 +247,15 @@ def terminates_its_children() -> list[int | None]:
 
 
 @conveyor.task(queue="jobs", max_retries=0)
+def starts_then_waits_for_file(log: str, path: str, timeout_s: float) -> str:
+    """Notes in `log` that it started, runs until `path` exists (as `waits_for_file`), then notes that it finished."""
+    note(log, "started")
+    waits_for_file(path, timeout_s)
+    note(log, "done")
+    return "finished"
+
+
+@conveyor.task(queue="jobs", max_retries=0)
 def waits_for_file(path: str, timeout_s: float) -> str:
     """Runs until the file `path` exists (at most `timeout_s`): a test says when it ends, no timing guessed."""
     deadline = time.monotonic() + timeout_s

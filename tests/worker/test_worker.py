@@ -314,18 +314,20 @@ def test_a_consumer_steals_from_other_shards(pool: QueuePool) -> None:
 
 
 def test_graceful_stop_finishes_running_tasks_and_leaves_the_rest(pool: QueuePool, tmp_path: Path) -> None:
-    log = tmp_path / "done.log"
-    handles = wt.slow_once.publish_many([(str(log), 0.4)] * 10, _pool=pool)
+    log, release = tmp_path / "runs.log", tmp_path / "release"
+    handles = wt.starts_then_waits_for_file.publish_many([(str(log), str(release), 30.0)] * 10, _pool=pool)
     c = Consumer(pool.queues, ["jobs"], concurrency=2, task_modules=MODULES)
     t = threading.Thread(target=c.run)
     t.start()
-    wait_for(lambda: pool.stats("jobs")["jobs"].delivered == 2, what="two tasks running")
+    # started, not only delivered: a stopping consumer gives back what it holds but has not started
+    wait_for(lambda: lines(log) == ["started"] * 2, what="two tasks running")
     c.stop()
+    release.touch()  # the running two may finish now; the stop is asked before they do
     t.join(10)
     assert not t.is_alive()
     st = pool.stats("jobs")["jobs"]
     assert (st.acked, st.delivered, st.ready) == (2, 0, 8)  # the running two finished; nothing else taken
-    assert len(lines(log)) == 2
+    assert sorted(lines(log)) == ["done"] * 2 + ["started"] * 2
     statuses = pool.queues.status("jobs", [h.id for h in handles])
     assert sum(s is not None and s.name == "READY" for s in statuses) == 8
     # the untouched eight were never delivered: a later consumer gets them on their first attempt
