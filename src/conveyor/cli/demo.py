@@ -110,6 +110,10 @@ class Result:
         c = self.conveyor
         return c.done + sum(c.failed.values()) == self.total and sum(c.failed.values()) == sum(self.faults.values())
 
+    @property
+    def key(self) -> str:
+        return self.scene.key
+
     def notes(self) -> list[str]:
         """How each run ended and what it was run with."""
         shown = f" ({self.scene.shown})" if self.scene.shown else ""
@@ -171,10 +175,6 @@ class NotRun:
 
 
 Outcomes = Result | InferenceResult | NotRun
-
-
-def _key(r: Outcomes) -> str:
-    return r.scene.key if isinstance(r, Result) else r.key
 
 
 def _failed(o: Outcome, short: bool = False) -> str:
@@ -321,7 +321,7 @@ def verdicts(results: list[Outcomes]) -> list[str]:
     """The scenes' verdicts, with how each run ended and what it was run with."""
     out = []
     for r in results:
-        out.append(f"{_key(r)}. {r.verdict()}")
+        out.append(f"{r.key}. {r.verdict()}")
         out.extend(f"   {note}" for note in r.notes())
     return out
 
@@ -367,4 +367,4 @@ def demo(pages: int, workers: int | None, keys: str, kill_worker: bool, with_das
         out.print(line, highlight=False, markup=False)
     wrong = [r for r in results if not r.expected()]
     if wrong:
-        raise click.ClickException("; ".join(f"scene {_key(r)}: {r.verdict()}" for r in wrong))
+        raise click.ClickException("; ".join(f"scene {r.key}: {r.verdict()}" for r in wrong))
