@@ -13,12 +13,15 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
 
-def encode(data: pa.Table | pa.RecordBatch) -> bytes:
-    """Rows as one Arrow IPC stream."""
+def encode(data: pa.Table | pa.RecordBatch, compression: str | None = None) -> bytes:
+    """Rows as one Arrow IPC stream, its buffers compressed with `compression` ("lz4" or "zstd") if given.
+
+    `decode` reads either: an IPC stream says how its buffers are compressed.
+    """
     import pyarrow as pa
 
     sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, data.schema) as writer:
+    with pa.ipc.new_stream(sink, data.schema, options=pa.ipc.IpcWriteOptions(compression=compression)) as writer:
         writer.write(data)
     return cast(bytes, sink.getvalue().to_pybytes())
 

@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 
 from ..arrow_ipc import decode, encode
 from .errors import raise_in_task
+from .layout import IPC_COMPRESSION
 
 Batch = pa.Table | pa.RecordBatch | pd.DataFrame
 
@@ -51,7 +52,7 @@ _PICKLE_OPCODE = 0x80
 def encode_value(value: Any) -> bytes:
     """A batch as bytes: a pyarrow Table as an Arrow IPC stream, anything else pickled."""
     if isinstance(value, pa.Table):
-        return encode(value)
+        return encode(value, IPC_COMPRESSION)
     return pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL)
 
 

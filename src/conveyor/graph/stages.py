@@ -21,7 +21,7 @@ from ..arrow_ipc import encode, slices
 from .channels import PartitionKey, Router, channels_of, decode_value, encode_value, split_by_channel, to_pandas, to_table
 from .errors import NodeTaskError, raise_in_task
 from .executors import Executor
-from .layout import BATCH_MAX_BYTES, DATASET_SCHEMA, FLUSH_BYTES, ROUTE_SCHEMA, SEQ_SHIFT
+from .layout import BATCH_MAX_BYTES, DATASET_SCHEMA, FLUSH_BYTES, IPC_COMPRESSION, ROUTE_SCHEMA, SEQ_SHIFT
 from .readers import CsvReader, ParquetReader, SourceReader
 
 Row = tuple[int, int, int, int, Any]  # channel, level, seq, edge, batch (encoded bytes, or Decoded when read in-task)
@@ -122,7 +122,7 @@ def _encoded(channel: int, value: Any) -> Iterator[tuple[int, bytes]]:
     """A piece as rows of at most BATCH_MAX_BYTES (a table is sliced; another value goes whole)."""
     if isinstance(value, pa.Table):
         for piece in slices(value, BATCH_MAX_BYTES):
-            yield channel, encode(piece)
+            yield channel, encode(piece, IPC_COMPRESSION)
     else:
         yield channel, encode_value(value)
 
@@ -387,7 +387,7 @@ class NodeTask:
             yield from emit(channel, _call(where, ex.done, channel), where)
             if self.blocking and channel in empty and channel not in nonempty:
                 # an output with no rows still tells the Dataset its columns
-                out = writer.add(channel, seqs[channel](), encode(empty[channel]))
+                out = writer.add(channel, seqs[channel](), encode(empty[channel], IPC_COMPRESSION))
                 if out is not None:
                     yield out
         last = writer.flush()
