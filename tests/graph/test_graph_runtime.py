@@ -115,6 +115,21 @@ def test_parquet_and_spark_readers_agree(spark: SparkSession, tmp_path: Path, tp
     assert results["auto"][1]["count"].tolist() == results["spark"][1]["count"].tolist() == [15000]
 
 
+def test_parquet_without_batch_func_is_read_in_its_one_channel_consumer(spark: SparkSession, tmp_path: Path) -> None:
+    table = pa.table({"k": np.arange(20000), "v": np.arange(20000) % 7})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=3000)
+    answers = {}
+    for name, func in (("plain", None), ("with_func", lambda df: df)):
+        g = TaskGraph(spark)
+        src = g.new_input_parquet(tmp_path / "t.parquet", 2, columns=["k"], filters=[("v", "=", 3)], batch_func=func, name=name)
+        out = g.new_blocking_node({0: src}, FilterProject(), 1, {0: "k"})
+        stats = g.run()
+        # without a batch function its rows would only be moved: they are read where they are consumed
+        assert stats.fused_inputs == ([name] if func is None else [])
+        answers[name] = out.to_pandas().k.tolist()
+    assert answers["plain"] == answers["with_func"] == list(range(3, 20000, 7))
+
+
 def test_limit_stops_reading_early(spark: SparkSession, tpch_sf001: Path) -> None:
     path = tpch_sf001 / "lineitem.tbl"
     stride = 128 * 1024  # ~57 splits of one batch each

@@ -35,7 +35,7 @@ class _Csv:
     stride: int
     header: bool
 
-    def add_to(self, graph: TaskGraph, channels: int, batch_func: BatchFunc, dependents: Sequence[Any]) -> Node:
+    def add_to(self, graph: TaskGraph, channels: int, batch_func: BatchFunc | None, dependents: Sequence[Any]) -> Node:
         if self.bucket is not None:
             return graph.new_input_csv(
                 self.bucket,
@@ -116,7 +116,7 @@ class _Parquet:
     columns: Sequence[str] | None
     filters: Any
 
-    def add_to(self, graph: TaskGraph, channels: int, batch_func: BatchFunc, dependents: Sequence[Any]) -> Node:
+    def add_to(self, graph: TaskGraph, channels: int, batch_func: BatchFunc | None, dependents: Sequence[Any]) -> Node:
         return graph.new_input_parquet(
             self.path, channels, self.columns, self.filters, batch_func, dependents, batch_format="object"
         )

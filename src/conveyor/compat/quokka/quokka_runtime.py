@@ -197,7 +197,10 @@ class TaskGraph:
         channels = self._count(ip_to_num_channel, channel_to_ip, default, "new_input_reader_node")
         func = _pushed(batch_func)
         if isinstance(reader, FileInput):
-            return self._node(reader.add_to(self.graph, channels, func, list(dependents)), channels)
+            # file readers yield pyarrow Tables, which travel as they are: without a batch function, none
+            # is given (a Parquet input without one may then be read inside its consumer's task)
+            file_func = func if batch_func is not None else None
+            return self._node(reader.add_to(self.graph, channels, file_func, list(dependents)), channels)
         if is_reader(reader):
             if callable(getattr(reader, "get_own_state", None)):
                 reader.get_own_state(channels)  # Quokka asked for it on the driver, before the channels started
