@@ -10,6 +10,7 @@ over the rows of `conveyor.graph.layout`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Hashable
 from pathlib import Path
 
@@ -128,6 +129,30 @@ def test_parquet_without_batch_func_is_read_in_its_one_channel_consumer(spark: S
         assert stats.fused_inputs == ([name] if func is None else [])
         answers[name] = out.to_pandas().k.tolist()
     assert answers["plain"] == answers["with_func"] == list(range(3, 20000, 7))
+
+
+class Pids(Executor):
+    """Passes its batches on with a column of the process id of the Python worker that ran it."""
+
+    def execute(self, batch: pa.Table, stream_id: Hashable, channel: int) -> pa.Table:
+        return batch.append_column(f"pid{batch.num_columns}", pa.array([os.getpid()] * batch.num_rows, pa.int64()))
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads process states in /proc")
+def test_a_task_that_reads_all_its_inputs_keeps_its_python_worker(spark: SparkSession, tmp_path: Path) -> None:
+    pq.write_table(pa.table({"k": np.arange(1000)}), tmp_path / "t.parquet", row_group_size=100)
+    g = TaskGraph(spark)
+    src = g.new_input_parquet(tmp_path / "t.parquet", 1)
+    first = g.new_non_blocking_node({0: src}, Pids(), 1, {0: None})  # its input is read in its task
+    last = g.new_blocking_node({0: first}, Pids(), 1, {0: None})
+    stats = g.run()
+    out = last.to_pandas()
+    assert stats.fused_inputs == ["parquet0"] and sorted(out.k) == list(range(1000))
+    # Spark stops a Python worker whose task left input unread (the placeholder row) when the task
+    # ends, and starts another (~0.5 s) for the next stage; one that read it all waits for more work
+    (pid,) = set(out.pid1)
+    state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    assert state != "Z"
 
 
 def test_limit_stops_reading_early(spark: SparkSession, tpch_sf001: Path) -> None:
