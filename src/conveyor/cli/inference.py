@@ -49,6 +49,16 @@ class Inference:
     mismatches: int  # rows whose prediction differs from plain Spark's, or that one run lacks
 
 
+@dataclass(frozen=True)
+class MapRun:
+    """One run of the images through `map_batches`: timed, its predictions, its model builds and failures."""
+
+    throughput: Throughput
+    predictions: dict[int, int]  # image id -> digit
+    built: int  # model instances the consumers built (MapStats.instances)
+    failed: int  # rows the map reported failed
+
+
 class DigitModel:
     """The model class `map_batches` builds once per consumer process: it loads the trained model."""
 
@@ -86,7 +96,7 @@ def images(spark: Any, n: int) -> Any:
     return df
 
 
-def run_map(df: Any, model: Any, pool: QueuePool, consumers: int, progress: bool) -> tuple[Throughput, dict[int, int], int, int]:
+def run_map(df: Any, model: Any, pool: QueuePool, consumers: int, progress: bool) -> MapRun:
     """The images through `map_batches` with `DigitModel`; with the predictions, the builds and failures."""
     t0 = time.perf_counter()
     out, st = batches.map_batches(
@@ -104,7 +114,7 @@ def run_map(df: Any, model: Any, pool: QueuePool, consumers: int, progress: bool
     out.unpersist()
     pool.drop(st.queue)
     got = {r[0]: r[1] for r in rows if r[0] is not None}
-    return Throughput("conveyor.spark.map_batches", len(got), seconds), got, st.instances, st.failed
+    return MapRun(Throughput("conveyor.spark.map_batches", len(got), seconds), got, st.instances, st.failed)
 
 
 def run_plain(df: Any, model: Any) -> tuple[Throughput, dict[int, int]]:
@@ -128,12 +138,13 @@ def run_inference(spark: Any, pool: QueuePool, n: int, consumers: int, progress:
     """Train the model, warm both ways up on `warm_up` images, then time both on `n`."""
     model = train()
     warm = images(spark, warm_up)
-    _, _, warm_built, _ = run_map(warm, model, pool, consumers, False)
+    warm_built = run_map(warm, model, pool, consumers, False).built
     run_plain(warm, model)
     warm.unpersist()
     df = images(spark, n)
-    mine, got, built, failed = run_map(df, model, pool, consumers, progress)
+    mine = run_map(df, model, pool, consumers, progress)
     theirs, want = run_plain(df, model)
     df.unpersist()
+    got = mine.predictions
     mismatches = sum(1 for i in range(n) if i not in got or got[i] != want.get(i))
-    return Inference(n, consumers, type(model).__name__, mine, theirs, built, warm_built, failed, mismatches)
+    return Inference(n, consumers, type(model).__name__, mine.throughput, theirs, mine.built, warm_built, mine.failed, mismatches)
