@@ -2,7 +2,7 @@
 
 The public API is what this package exports (see docs/architecture.md for the packages behind it):
 
-- tasks: `task`, `Task`, `TaskHandle` (`handle.result(timeout=...)`, `handle.status()`), `Args`;
+- tasks: `task`, `Task`, `TaskHandle` (`handle.result(timeout=...)`, `handle.status()`, `handle.cancel()`), `Args`;
 - queues: `QueuePool` (servers used as one; `submit`, `map`, `gather`), `QueueClient` (one server);
 - workers: `ConsumerPool`, `ConsumerOptions` (how each consumer runs tasks, for every way to start one);
 - the ambient pool: `local()` (an embedded Spark session and local servers), `cluster()` (servers

@@ -98,6 +98,22 @@ def test_cancel_routes_each_id_to_its_shard_and_says_what_became_of_it(pool: Que
     assert pool.stats(queue)[queue].failed == 3
 
 
+def test_handles_are_cancelled_across_queues_in_their_order(pool: QueuePool, queue: str) -> None:
+    from conveyor.protocol.requests import CancelOutcome as C
+    from conveyor.tasks.publish import TaskHandle
+
+    other = f"{queue}-other"
+    a, b = pool.put(queue, msgs(3)), pool.put(other, msgs(2))
+    pool.queues.ack(other, [m.id for m in pool.queues.get(other, 1, lease_s=30)])  # one of `other`'s finished
+    handles = [TaskHandle(i, q, "t", pool) for q, ids in [(other, b), (queue, a)] for i in ids]
+    got = pool.cancel([*handles, TaskHandle(10**6, queue, "t", pool)])
+    assert got.count(C.FINISHED) == 1 and got.count(C.CANCELLED) == 4 and got[-1] is C.UNKNOWN
+    assert handles[2].cancel() is C.FAILED  # a dead letter already: its own handle says so
+    with pytest.raises(ConveyorError, match="cancelled before it ran"):
+        handles[2].result(timeout=10)
+    assert pool.stats(queue)[queue].failed == 3 and pool.stats(other)[other].failed == 1
+
+
 def test_ids_read_and_written_as_shard_colon_n() -> None:
     from conveyor.client.sharded import format_id, parse_id
 

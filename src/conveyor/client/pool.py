@@ -26,7 +26,7 @@ from conveyor.client.progress import JoinProgress, Stall
 from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import DEFAULT_MAX_RETRIES, DEFAULT_QUEUE
 from conveyor.message import DeadLetter, Message, Status
-from conveyor.protocol.requests import QueueInfo, QueueStats
+from conveyor.protocol.requests import CancelOutcome, QueueInfo, QueueStats
 from conveyor.server.local_servers import LocalServers
 from conveyor.tasks.envelope import FunctionRef
 from conveyor.tasks.options import TaskOptions
@@ -232,6 +232,23 @@ class QueuePool:
     def task_status(self, handle: TaskHandle) -> Status | None:
         """Where a published task's message is (None: no such message on these servers)."""
         return self.queues.status(handle.queue, [handle.id])[0]
+
+    def cancel(self, handles: Sequence[TaskHandle]) -> list[CancelOutcome]:
+        """Take published tasks off their queues if they have not started; what became of each, in order.
+
+        Each ready or delayed one becomes a dead letter with the error "cancelled before it ran"
+        (`requeue_dead_letters` puts it back; its `result()` raises TaskFailedError). One delivered to
+        a consumer is left to it (its task is not stopped): CancelOutcome says so, as it says a task
+        finished, failed or unknown.
+        """
+        out: list[CancelOutcome] = [CancelOutcome.UNKNOWN] * len(handles)
+        by_queue: dict[str, list[int]] = {}
+        for k, h in enumerate(handles):
+            by_queue.setdefault(h.queue, []).append(k)
+        for queue, ks in by_queue.items():
+            for k, got in zip(ks, self.queues.cancel(queue, [handles[k].id for k in ks]), strict=True):
+                out[k] = got
+        return out
 
     def _dead_error(self, queue: str, msg_id: int) -> str | None:
         shard, local = self.queues.split_id(msg_id)

@@ -27,6 +27,7 @@ from conveyor.tasks.envelope import FunctionRef, adhoc_task_name, decode_result,
 from conveyor.tasks.options import TaskOptions, check_priority
 
 if TYPE_CHECKING:
+    from conveyor.protocol.requests import CancelOutcome
     from conveyor.tasks.queue_config import QueueConfig
 
 
@@ -56,13 +57,18 @@ class ResultReader(Protocol):
         """Where the task's message is (None: no such message)."""
         ...
 
+    def cancel(self, handles: Sequence[TaskHandle]) -> list[CancelOutcome]:
+        """Take these tasks off their queues if they have not started; what became of each, in order."""
+        ...
+
 
 @dataclass(frozen=True)
 class TaskHandle:
     """A published task: its message id, queue and task name, and the pool it went to.
 
     `result(timeout=...)` waits for its result (as Celery's `AsyncResult.get()` and Dramatiq's
-    `get_result` do); `status()` says where its message is. The pool is not part of the handle's
+    `get_result` do); `status()` says where its message is; `cancel()` takes it off its queue if it
+    has not started (as Celery's `revoke()`). The pool is not part of the handle's
     value: equal, hashed, printed and pickled by (id, queue, task); a handle that crossed to another
     process reads through that process's default pool.
     """
@@ -96,6 +102,14 @@ class TaskHandle:
     def status(self) -> Status | None:
         """READY, DELIVERED, ACKED or FAILED (None: no such message, e.g. purged)."""
         return self._reader().task_status(self)
+
+    def cancel(self) -> CancelOutcome:
+        """Take the task off its queue if it has not started: CANCELLED, or why not (running, finished, ...).
+
+        A cancelled task becomes a dead letter ("cancelled before it ran"), so `result()` raises
+        `TaskFailedError`; a running task is not stopped.
+        """
+        return self._reader().cancel([self])[0]
 
     def _reader(self) -> ResultReader:
         pool = self.pool if self.pool is not None else get_default_pool()
