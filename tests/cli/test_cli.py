@@ -95,7 +95,8 @@ def test_demo_scene_e_predicts_every_image_as_plain_spark_does() -> None:
     mine, built, consumers, theirs, ratio = (float(verdict.group(i).replace(",", "")) for i in range(1, 6))
     assert mine > 0 and theirs > 0 and ratio > 0
     assert 0 <= built <= consumers  # once per consumer process at most (0: the warm-up's kept for the run)
-    assert "conveyor demo: batch inference" in out.stdout and "2,000 / 2,000" in out.stdout
+    assert re.search(r"conveyor demo: e\. .*, 2,000 images", out.stdout), out.stdout
+    assert re.search(r"conveyor map_batches +│ +2,000 │", out.stdout), out.stdout  # every row back
     assert "documents, page by page" not in out.stdout  # no page scene ran
 
 
