@@ -29,8 +29,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_demo_runs_every_scene_and_reports_what_it_measured() -> None:
     """Four scenes, small: every page of the map comes back or is reported with its reason.
 
-    Plain Spark aborts on the crashing pages, is cancelled on the hanging one, and recovers the
-    killed worker.
+    Plain Spark aborts on the crashing pages (or is cancelled, on a busy machine), is cancelled on
+    the hanging one, and recovers the killed worker.
     """
     cmd = [sys.executable, "-m", "conveyor", "demo", "--pages", "1200", "--scenes", "abc", "--kill-worker", "--dashboard"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "200"})
@@ -67,12 +67,14 @@ def test_demo_runs_every_scene_and_reports_what_it_measured() -> None:
     assert "map: 1,199 of 1,200 pages back, 1 failed (1 ValueError)" in verdicts["a"]
     assert "plain Spark: 1,199 pages" in verdicts["a"]
     assert "map: 297 of 300 pages back, 3 failed (3 WorkerDied)" in verdicts["b"]
-    assert "plain Spark: job aborted, no page back" in verdicts["b"]
+    # plain Spark gets 1.5x the map's makespan: on a busy machine its four worker crashes may outlast that
+    aborted = "plain Spark: job aborted, no page back" in verdicts["b"]
+    assert aborted or re.search(r"plain Spark: still running after \d+ s, no page back", verdicts["b"]), verdicts["b"]
     assert "map: 299 of 300 pages back, 1 failed (1 TimeLimitExceeded)" in verdicts["c"]
     assert re.search(r"plain Spark: still running after \d+ s, no page back", verdicts["c"])
     assert "map: 1,199 of 1,200 pages back, 1 failed (1 ValueError)" in verdicts["d"]
     assert "plain Spark: 1,199 pages" in verdicts["d"]
-    assert "a task failed 4 times (its Python worker crashed)" in out.stdout
+    assert ("a task failed 4 times (its Python worker crashed)" in out.stdout) == aborted
     assert "killed consumer pid" in out.stderr and "a consumer killed at" in out.stdout
     # plain Spark's worker is killed at the same second, if its job still runs then (it is told either way)
     assert ("killed Spark's Python worker pid" in out.stderr) == ("a Python worker killed at" in out.stdout)
