@@ -23,7 +23,8 @@ from conveyor.extras import SPARK, require
 require(SPARK, "conveyor.compat.quokka")
 
 from . import ray
+from .context import QuokkaContext
 from .quokka_runtime import Dataset, TaskGraph
 from .utils import LocalCluster
 
-__all__ = ["Dataset", "LocalCluster", "TaskGraph", "ray"]
+__all__ = ["Dataset", "LocalCluster", "QuokkaContext", "TaskGraph", "ray"]
