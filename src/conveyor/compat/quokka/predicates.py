@@ -8,11 +8,13 @@ types), casts of columns to text, integer, floating point, date and timestamp ty
 AND, OR, NOT, IN and NOT IN over literal lists, BETWEEN, LIKE and ILIKE (`%` and `_`), IS [NOT]
 NULL, `+ - * / %`, unary minus, and `interval 'n' day` (days and weeks) in date arithmetic. Any
 other form is a `GraphError` that names it, raised while the graph is built, before any work.
+AND binds before OR, as the predicate's SQL text says (see `_Translator.connected`).
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import re
 from collections.abc import Callable
 from typing import Any
@@ -61,8 +63,6 @@ class _Translator:
             exp.GTE: lambda a, b: a >= b,
             exp.LT: lambda a, b: a < b,
             exp.LTE: lambda a, b: a <= b,
-            exp.And: lambda a, b: a & b,
-            exp.Or: lambda a, b: a | b,
             exp.Add: lambda a, b: a + b,
             exp.Sub: lambda a, b: a - b,
             exp.Mul: lambda a, b: a * b,
@@ -90,6 +90,8 @@ class _Translator:
             return pl.lit(self.value(node))
         if isinstance(node, exp.Cast):
             return self.cast(node)
+        if isinstance(node, exp.And | exp.Or):
+            return self.connected(node)
         if isinstance(node, exp.Neg):
             return -self.expr(node.this)
         if isinstance(node, exp.Not):
@@ -113,6 +115,30 @@ class _Translator:
         if combine is None:
             raise self.unsupported(node)
         return combine(self.expr(node.this), self.expr(node.expression))
+
+    def chain(self, node: Any) -> list[Any]:
+        """An AND/OR chain written without parentheses, as its text reads: operands with the connectives between them."""
+        if isinstance(node, self.exp.And | self.exp.Or):
+            return [*self.chain(node.this), type(node), *self.chain(node.expression)]
+        return [node]
+
+    def connected(self, node: Any) -> Any:
+        """AND before OR, as SQL (and DuckDB, reading `predicate.sql()`) reads the chain's text.
+
+        sqlglot before 25 parsed `a AND b OR c AND d` as `((a AND b) OR c) AND d` (left to right);
+        its tree is re-read here, so a predicate means what its SQL says. Parentheses written in
+        the text are `Paren` nodes: they stay operands.
+        """
+        items = self.chain(node)
+        groups = [[items[0]]]
+        for connective, operand in zip(items[1::2], items[2::2], strict=True):
+            if connective is self.exp.Or:
+                groups.append([operand])
+            else:
+                groups[-1].append(operand)
+        return functools.reduce(
+            lambda a, b: a | b, (functools.reduce(lambda a, b: a & b, (self.expr(o) for o in group)) for group in groups)
+        )
 
     def value(self, node: Any) -> Any:
         """A Literal's Python value: a string, or an int or float."""
