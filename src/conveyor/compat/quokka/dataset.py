@@ -1,4 +1,4 @@
-"""Quokka's input datasets (its `dataset` module of 2022), for `TaskGraph.new_input_reader_node`.
+"""Quokka's input datasets (its `dataset` module of 2022 and 2023), for `TaskGraph.new_input_reader_node`.
 
 Each names files that Conveyor's readers read inside Spark tasks: CSV split at byte offsets
 (`stride` bytes per split), Parquet by row groups. As in Quokka, a reader's `batch_func` gets each
@@ -7,7 +7,9 @@ batch read as a pyarrow Table; a Table that goes on unchanged travels as a polar
 
 Any other object with Quokka's reader methods (`get_next_batch(channel, pos=None)` yielding
 `(position, batch)`, and `set_num_channels(n)` or `set_num_mappers(n)`) is a reader too: each
-channel runs a copy of it in a Spark task of its own.
+channel runs a copy of it in a Spark task of its own. So is one of Quokka's 2023 protocol
+(`get_own_state(n)` giving `{channel: [state, ...]}`, `execute(channel, state)` giving
+`(next_state, batch)`: `TapedReader`), as `InputDiskJSONDataset` is.
 """
 
 from __future__ import annotations
