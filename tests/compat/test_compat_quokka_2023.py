@@ -1,10 +1,11 @@
-"""conveyor.compat.quokka in Quokka's 2023 graph-API form: its tutorials' programs, checked against pandas and DuckDB.
+"""conveyor.compat.quokka in Quokka's 2023 graph-API form: its lessons' programs, checked against pandas.
 
 Each program is written anew after a tutorial of Quokka's apps/graph_api/tutorials (lesson0,
-lesson1, lesson2.1, lesson2.2, then the TPC-H ones), in its 2023 form: `QuokkaContext`,
-`TaskGraph(qc)`, `TargetInfo` with sqlglot predicates, projections and batch functions, placement
-strategies, `stage=`, readers of the 2023 protocol and results read with
-`qc.dataset_manager.to_df.remote(dataset)`.
+lesson1, lesson2.1, lesson2.2; the TPC-H ones are in test_compat_quokka_2023_tpch.py), in its
+2023 form: `QuokkaContext`, `TaskGraph(qc)`, `TargetInfo` with sqlglot predicates, projections
+and batch functions, placement strategies, `stage=`, readers of the 2023 protocol and results read
+with `qc.dataset_manager.to_df.remote(dataset)`. The parts (predicates, routes, placement, stage
+order) are checked on their own too.
 """
 
 from __future__ import annotations
@@ -212,6 +213,8 @@ def test_predicates_translate_to_polars_as_sql_reads_them() -> None:
     assert rows("s ilike 'mail'") == [0]
     assert rows("n * 2 + 1 > 40 / 2") == [1, 2]
     assert rows("(n % 2 = 0) and not n = 24") == [2, 3]
+    assert rows("n = 1 and x = 0.05 or n = 30 and x = 0.08") == [0, 2]  # AND before OR (sqlglot < 25 parsed it left to right)
+    assert rows("n = 1 and (x = 0.05 or n = 30) and x = 0.08") == []
     assert rows("d is null") == [3]
     assert rows("d is not null and d < date '1998-12-01' - interval '90' day") == [0, 1]
     assert rows("n <= -(-2)") == [0, 3]
