@@ -1,7 +1,7 @@
 """conveyor.compat.quokka in Quokka's 2023 graph-API form: its lessons' programs, checked against pandas.
 
 Each program is written anew after a tutorial of Quokka's apps/graph_api/tutorials (lesson0,
-lesson1, lesson2.1, lesson2.2; the TPC-H ones are in test_compat_quokka_2023_tpch.py), in its
+lesson1, lesson2.1, lesson2.2, crypto against a local HTTP server; the TPC-H ones are in test_compat_quokka_2023_tpch.py), in its
 2023 form: `QuokkaContext`, `TaskGraph(qc)`, `TargetInfo` with sqlglot predicates, projections
 and batch functions, placement strategies, `stage=`, readers of the 2023 protocol and results read
 with `qc.dataset_manager.to_df.remote(dataset)`. The parts (predicates, routes, placement, stage
@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import datetime
 import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +27,12 @@ import sqlglot
 from pyspark.sql import SparkSession
 
 from conveyor.compat.quokka import QuokkaContext, ray
-from conveyor.compat.quokka.dataset import InputDiskCSVDataset, InputDiskJSONDataset
+from conveyor.compat.quokka.dataset import (
+    InputDiskCSVDataset,
+    InputDiskJSONDataset,
+    InputRestGetAPIDataset,
+    InputRestPostAPIDataset,
+)
 from conveyor.compat.quokka.executors import CountExecutor, Executor, JoinExecutor
 from conveyor.compat.quokka.placement_strategy import (
     CustomChannelsStrategy,
@@ -337,3 +345,97 @@ def test_a_stage_order_the_levels_cannot_keep_is_an_error_naming_the_node(spark:
     )
     with pytest.raises(GraphError, match=r"stage 0 of source .* cannot be read to its end before stage 1"):
         task_graph.create()
+
+
+# --- crypto.py: REST inputs, one request per argument ------------------------------------------------------
+
+
+class ItemsAPI(BaseHTTPRequestHandler):
+    """Items as JSON objects (`GET /item/<n>.json`; every seventh one missing), and rows by `POST /rpc`."""
+
+    def do_GET(self) -> None:
+        n = int(self.path.rsplit("/", 1)[-1].removesuffix(".json"))
+        if n % 10 == 7:
+            self.send_error(404)
+            return
+        item = {"by": f"user{n % 5}", "id": n, "title": f"story {n}", "score": n * 3, "time": 1_700_000_000 + n}
+        if n % 2:
+            item["url"] = f"https://example.com/{n}"
+        self.reply(item)
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.reply({"result": [{"block": body["block"], "tx": i} for i in range(3)]})
+
+    def reply(self, value: Any) -> None:
+        data = json.dumps(value).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class Backlogged(ThreadingHTTPServer):
+    request_queue_size = 256  # the requests of a run arrive at once
+
+
+@pytest.fixture
+def items_api() -> Iterator[str]:
+    server = Backlogged(("127.0.0.1", 0), ItemsAPI)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+class Stack(Executor):
+    """crypto.py's executor: every batch stacked."""
+
+    def __init__(self) -> None:
+        self.state: polars.DataFrame | None = None
+
+    def execute(self, batches: list[Any], stream_id: int, channel: int) -> None:
+        for batch in batches:
+            frame = polars.from_arrow(batch)
+            self.state = frame if self.state is None else self.state.vstack(frame)
+
+    def done(self, channel: int) -> polars.DataFrame | None:
+        return self.state
+
+
+def test_crypto_rest_answers_read_by_channels_and_stacked(spark: SparkSession, items_api: str) -> None:
+    columns = ["by", "id", "title", "url", "score", "time"]
+    arguments = [f"{i}.json" for i in range(100)]
+    for reader in (
+        InputRestGetAPIDataset(items_api + "/item/", arguments, columns),  # the tutorial's call: the columns third
+        InputRestGetAPIDataset(items_api + "/item/", arguments, projection=columns, batch_size=16),
+    ):
+        task_graph = TaskGraph(LocalCluster())
+        items = task_graph.new_input_reader_node(reader)
+        stacked = task_graph.new_blocking_node(
+            {0: items},
+            Stack(),
+            placement_strategy=SingleChannelStrategy(),
+            source_target_info={0: everything(PassThroughPartitioner())},
+        )
+        task_graph.create()
+        task_graph.run()
+        result = stacked.to_df().sort("id")
+        assert result["id"].to_list() == [i for i in range(100) if i % 10 != 7]  # the missing ones left out
+        assert sorted(result.columns) == sorted(columns)
+        assert result.filter(polars.col("url").is_null())["id"].to_list() == [i for i in range(0, 100, 2) if i % 10 != 7]
+    posted = InputRestPostAPIDataset(
+        items_api + "/rpc", [{"block": b} for b in range(5)], projection=["block", "tx"], batch_size=2
+    )
+    states = posted.get_own_state(2)
+    assert states == {0: [(0, 2), (4, 5)], 1: [(2, 4)]}
+    frames = [posted.execute(c, s)[1] for c in sorted(states) for s in states[c]]
+    assert sorted(polars.concat(frames).rows()) == [(b, t) for b in range(5) for t in range(3)]

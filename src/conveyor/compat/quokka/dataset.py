@@ -25,6 +25,7 @@ import pyarrow.json as pj
 
 from ...graph import GraphError, Node, TaskGraph
 from ...graph.filesystems import bucket_path
+from .rest_inputs import InputRestGetAPIDataset, InputRestPostAPIDataset
 
 MiB = 1024 * 1024
 BatchFunc = Callable[[Any], Any]
@@ -335,6 +336,8 @@ __all__ = [
     "InputMultiCSVDataset",
     "InputMultiParquetDataset",
     "InputParquetDataset",
+    "InputRestGetAPIDataset",
+    "InputRestPostAPIDataset",
     "InputS3CSVDataset",
     "InputSingleParquetDataset",
 ]
