@@ -49,6 +49,7 @@ from conveyor.compat.quokka.target_info import (
     PassThroughPartitioner,
     RangePartitioner,
     TargetInfo,
+    route,
 )
 from conveyor.compat.quokka.utils import LocalCluster
 from conveyor.graph import GraphError
@@ -247,8 +248,6 @@ def test_a_predicate_form_not_translated_is_an_error_naming_it_before_any_work(s
 
 
 def test_a_target_info_filters_then_runs_batch_funcs_then_splits_and_projects_in_name_order() -> None:
-    from conveyor.compat.quokka.target_info import route
-
     frame = pa.table({"k": [1, 2, 3, 4, 5, 6], "v": [10, 20, 30, 40, 50, 60], "b": ["x"] * 6})
     seen: list[list[str]] = []
 
