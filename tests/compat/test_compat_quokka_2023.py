@@ -438,3 +438,17 @@ def test_crypto_rest_answers_read_by_channels_and_stacked(spark: SparkSession, i
     assert states == {0: [(0, 2), (4, 5)], 1: [(2, 4)]}
     frames = [posted.execute(c, s)[1] for c in sorted(states) for s in states[c]]
     assert sorted(polars.concat(frames).rows()) == [(b, t) for b in range(5) for t in range(3)]
+
+
+def test_two_file_inputs_pass_through_to_one_channel(spark: SparkSession, join_inputs: Path) -> None:
+    task_graph = TaskGraph(QuokkaContext())
+    a = task_graph.new_input_reader_node(InputDiskCSVDataset(str(join_inputs / "a.csv"), header=True, stride=1024))
+    b = task_graph.new_input_reader_node(InputDiskCSVDataset(str(join_inputs / "b.csv"), header=True, stride=1024))
+    counted = task_graph.new_blocking_node(
+        {0: a, 1: b},
+        CountExecutor(),
+        placement_strategy=SingleChannelStrategy(),
+        source_target_info={0: everything(PassThroughPartitioner()), 1: everything(PassThroughPartitioner())},
+    )
+    task_graph.run()
+    assert counted.to_df()["column_0"].to_list() == [1000 + 700]
