@@ -204,7 +204,7 @@ class BuildProbeJoinExecutor:
         for frame in frames:
             self._check(frame, self.left_on, "probe (stream 0)")
         self.held.extend(frames)
-        if not self.build or not self.held:
+        if not self.held or (self.table is None and not self.build):
             return None
         return self._probe()
 
