@@ -33,7 +33,7 @@ from conveyor.compat.quokka.dataset import (
     InputRestGetAPIDataset,
     InputRestPostAPIDataset,
 )
-from conveyor.compat.quokka.executors import CountExecutor, Executor, JoinExecutor
+from conveyor.compat.quokka.executors import CountExecutor, Executor, JoinExecutor, SQLAggExecutor
 from conveyor.compat.quokka.placement_strategy import (
     CustomChannelsStrategy,
     SingleChannelStrategy,
@@ -452,3 +452,29 @@ def test_two_file_inputs_pass_through_to_one_channel(spark: SparkSession, join_i
     )
     task_graph.run()
     assert counted.to_df()["column_0"].to_list() == [1000 + 700]
+
+
+def test_a_dataset_of_an_earlier_graph_is_an_input_of_a_later_one(spark: SparkSession) -> None:
+    qc = QuokkaContext()
+    first = TaskGraph(qc)
+    numbers = first.new_input_reader_node(Numbers(50), placement_strategy=CustomChannelsStrategy(2))  # 4 channels
+    kept = first.new_blocking_node(
+        {0: numbers},
+        Stack(),
+        placement_strategy=CustomChannelsStrategy(3),  # 3 channels
+        source_target_info={0: everything(HashPartitioner("number"))},
+    )
+    first.run()
+    second = TaskGraph(qc)
+    again = second.new_input_dataset_node(kept)
+    total = second.new_blocking_node(
+        {0: again},
+        SQLAggExecutor([], None, "sum(number) as number"),
+        placement_strategy=SingleChannelStrategy(),
+        source_target_info={0: TargetInfo(PassThroughPartitioner(), sqlglot.parse_one("number % 2 = 0"), None, [])},
+    )
+    second.run()
+    assert second.channels[again] == 3
+    assert qc.dataset_manager.to_df(total)["number"].to_list() == [sum(range(0, 50, 2))]
+    with pytest.raises(GraphError, match="expected what new_blocking_node of an earlier graph returned"):
+        second.new_input_dataset_node(numbers)

@@ -353,6 +353,20 @@ class TaskGraph:
         )
         return self._node(node, channels)
 
+    def new_input_dataset_node(self, dataset: Dataset, stage: int = 0) -> Node:
+        """Quokka's 2023 input of a blocking node's Dataset from an earlier graph: one channel per channel of it."""
+        what = "new_input_dataset_node"
+        _check_stage(stage, what)
+        if not isinstance(dataset, Dataset):
+            raise GraphError(
+                f"{what}: expected what new_blocking_node of an earlier graph returned, got {type(dataset).__name__}"
+            )
+        channels = dataset.dataset.n_channels
+        node = self.graph.new_input_dataset(dataset.dataset, channels, to_transit, [], batch_format="object")
+        self.stages[node] = stage
+        self.inputs.add(node)
+        return self._node(node, channels)
+
     # --- task nodes ----------------------------------------------------------------------------
     def _task(self, args: tuple[Any, ...], kwargs: dict[str, Any], blocking: bool) -> Any:
         what = "new_blocking_node" if blocking else "new_non_blocking_node"
