@@ -201,7 +201,7 @@ class InputTask:
                         prepared = (self._prepare(b) for b in self._read(split))
                     for out in prepared:
                         if out is not None:
-                            yield from writer.route(out, self.out_edges, seq, partition)
+                            yield from writer.route(out, self.out_edges, seq, split if self.source == "reader" else partition)
         else:
             seq = counter(partition)
             for rb in batches:

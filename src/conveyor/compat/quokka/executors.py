@@ -21,6 +21,7 @@ import pyarrow.csv as pv
 
 from ...graph.filesystems import bucket_path, file_system
 from .frames import concat, is_polars, polars_module, rows, to_polars
+from .sql_executors import *  # noqa: F403  (Quokka 2023's pyquokka.executors held its SQL executors too)
 
 
 class Executor:

@@ -34,10 +34,16 @@ from ...graph import Dataset as GraphDataset
 from ...graph import Executor as GraphExecutor
 from ...graph import GraphError, Node, Router
 from ...graph import TaskGraph as GraphTaskGraph
-from .dataset import FileInput, InputCSVDataset, InputMultiParquetDataset, QuokkaReader, is_reader
-from .frames import concat, is_polars, polars_module, received, to_transit
+from ...graph.nodes import InputSpec, TaskSpec, resolve
+from .context import QuokkaContext
+from .dataset import FileInput, InputCSVDataset, InputMultiParquetDataset, QuokkaReader, is_reader, is_taped_reader, taped
+from .frames import concat, is_polars, polars_module, received, to_polars, to_transit
 from .partitions import ByRatio, router
+from .placement_strategy import CustomChannelsStrategy, channel_count
+from .target_info import route
 from .utils import LocalCluster
+
+FORM_2023_KEYWORDS = frozenset({"stage", "placement_strategy", "source_target_info", "transform_fn", "assume_sorted"})
 
 LOCALHOST = "localhost"
 
@@ -46,28 +52,47 @@ class QuokkaExecutor(GraphExecutor):
     """A Quokka executor run by `conveyor.graph`: batches of any type, a list of them per call.
 
     What a non-blocking node emits travels on (`frames.to_transit`); what a blocking node emits is
-    kept as it is, as Quokka stored it.
+    kept as it is, as Quokka stored it. In Quokka's 2023 form (`arrow_in`) the executor gets
+    pyarrow Tables, a Table it emits is a polars DataFrame (as Quokka turned it into one), and a
+    blocking node's output goes through `transform_fn` before it is kept.
     """
 
     batch_format = "object"
 
-    def __init__(self, inner: Any, one_batch: bool = False, blocking: bool = False) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        one_batch: bool = False,
+        blocking: bool = False,
+        arrow_in: bool = False,
+        transform: Callable[[Any], Any] | None = None,
+    ) -> None:
         self.inner = inner
         self.one_batch = one_batch  # January 2022's executors took one batch per call
         self.blocking = blocking
+        self.arrow_in = arrow_in
+        self.transform = transform
 
     def _out(self, value: Any) -> Any:
+        if self.arrow_in:
+            if isinstance(value, pa.Table):
+                value = polars_module("Quokka's executors").from_arrow(value)
+            if self.blocking and self.transform is not None and value is not None:
+                value = self.transform(value)
+            return to_transit(value)
         return value if self.blocking else to_transit(value)
 
-    def execute(self, batch: Any, stream_id: Hashable, channel: int) -> Any:
-        batch = received(batch)
-        return self._out(self.inner.execute(batch if self.one_batch else [batch], stream_id, channel))
-
-    def done(self, channel: int) -> Any:
-        out = self.inner.done(channel)
+    def _outputs(self, out: Any) -> Any:
         if inspect.isgenerator(out):  # Quokka pushed each value a generator yields
             return (self._out(v) for v in out)
         return self._out(out)
+
+    def execute(self, batch: Any, stream_id: Hashable, channel: int) -> Any:
+        batch = to_transit(batch) if self.arrow_in else received(batch)
+        return self._outputs(self.inner.execute(batch if self.one_batch else [batch], stream_id, channel))
+
+    def done(self, channel: int) -> Any:
+        return self._outputs(self.inner.done(channel))
 
     @property
     def finished(self) -> bool:
@@ -134,8 +159,22 @@ class Dataset:
         return _Call(self._dict)
 
 
+class PolarsDataset(Dataset):
+    """A blocking node's output in Quokka's 2023 form: `to_df()` is one polars DataFrame, or None when nothing was emitted."""
+
+    def _df(self) -> Any:
+        pl = polars_module("reading a Dataset")
+        values = [v for v in self._list() if v is not None]
+        frames = [to_polars(v, "a Dataset of Quokka's 2023 form") for v in values]
+        if not frames:
+            return None
+        return pl.concat(frames, how="vertical_relaxed")
+
+
 def _spark_of(cluster: Any) -> Any:
     """The Spark session a TaskGraph's first argument names (None: the embedded one)."""
+    if isinstance(cluster, QuokkaContext):
+        cluster = cluster.cluster
     if cluster is None or isinstance(cluster, LocalCluster):
         return None
     if type(cluster).__name__ == "SparkSession":
@@ -154,9 +193,25 @@ class TaskGraph:
     """
 
     def __init__(self, cluster: Any = None, checkpoint_bucket: str | None = None) -> None:
+        self.context = cluster if isinstance(cluster, QuokkaContext) else None
+        if self.context is not None:
+            cluster = self.context.cluster
         self.cluster = cluster if cluster is not None else LocalCluster()
         self.graph = GraphTaskGraph(spark=_spark_of(cluster))
         self.channels: dict[Node, int] = {}
+        self.stages: dict[Node, int] = {}  # Quokka's 2023 `stage=` of each node (0 when not given)
+        self.inputs: set[Node] = set()
+        self.created = False
+
+    def _context(self) -> QuokkaContext:
+        """The QuokkaContext of the 2023 forms: the one given, or Quokka's defaults on this cluster."""
+        if self.context is None:
+            self.context = QuokkaContext(self.cluster)
+        return self.context
+
+    def _form_2023(self, kwargs: Mapping[str, Any]) -> bool:
+        """Whether a node call is in Quokka's 2023 form: the graph has a QuokkaContext, or a 2023 keyword is given."""
+        return isinstance(self.context, QuokkaContext) or bool(FORM_2023_KEYWORDS & set(kwargs))
 
     # --- placement -------------------------------------------------------------------------------
     def _count(self, ip_to_num_channel: Any, channel_to_ip: Any, default: int, what: str) -> int:
@@ -182,7 +237,40 @@ class TaskGraph:
         return node
 
     # --- inputs ------------------------------------------------------------------------------------
-    def new_input_reader_node(
+    def new_input_reader_node(self, reader: Any, *args: Any, **kwargs: Any) -> Node:
+        """An input read by one of Quokka's dataset objects, or by any object with its reader methods.
+
+        Quokka's 2022 form `(reader, ip_to_num_channel=None, batch_func=None, dependents=(),
+        ckpt_interval=None, *, channel_to_ip=None)` (cluster.cpu_count channels by default), or its
+        2023 form `(reader, stage=0, placement_strategy=None)` (in a graph of a QuokkaContext, or
+        with either keyword; `CustomChannelsStrategy(1)` by default).
+        """
+        if self._form_2023(kwargs):
+            return self._input_2023(reader, *args, **kwargs)
+        return self._input_2022(reader, *args, **kwargs)
+
+    def _input_2023(self, reader: Any, stage: int = 0, placement_strategy: Any = None) -> Node:
+        what = "new_input_reader_node"
+        _check_stage(stage, what)
+        strategy = placement_strategy if placement_strategy is not None else CustomChannelsStrategy(1)
+        context = self._context()
+        channels = channel_count(strategy, self.cluster, context.io_per_node, what)
+        if isinstance(reader, FileInput):
+            node = reader.add_to(self.graph, channels, None, [])  # Tables travel as read; each edge's TargetInfo works on them
+        elif is_taped_reader(reader):
+            node = self.graph.new_input_reader(taped(reader, channels, what), channels, to_transit, [])
+        elif is_reader(reader):
+            node = self.graph.new_input_reader(QuokkaReader(reader), channels, to_transit, [])
+        else:
+            raise GraphError(
+                f"{what}: {type(reader).__name__} is not a reader (one of the compat's Input*Dataset classes, or an object "
+                "with get_own_state(num_channels) and execute(channel, state))"
+            )
+        self.stages[node] = stage
+        self.inputs.add(node)
+        return self._node(node, channels)
+
+    def _input_2022(
         self,
         reader: Any,
         ip_to_num_channel: Any = None,
@@ -192,7 +280,6 @@ class TaskGraph:
         *,
         channel_to_ip: Any = None,
     ) -> Node:
-        """An input read by one of Quokka's dataset objects, or by any object with its reader methods."""
         default = self.cluster.cpu_count * len(self.cluster.private_ips)
         channels = self._count(ip_to_num_channel, channel_to_ip, default, "new_input_reader_node")
         func = _pushed(batch_func)
@@ -200,15 +287,20 @@ class TaskGraph:
             # file readers yield pyarrow Tables, which travel as they are: without a batch function, none
             # is given (a Parquet input without one may then be read inside its consumer's task)
             file_func = func if batch_func is not None else None
-            return self._node(reader.add_to(self.graph, channels, file_func, list(dependents)), channels)
-        if is_reader(reader):
+            node = reader.add_to(self.graph, channels, file_func, list(dependents))
+        elif is_reader(reader):
             if callable(getattr(reader, "get_own_state", None)):
                 reader.get_own_state(channels)  # Quokka asked for it on the driver, before the channels started
-            return self._node(self.graph.new_input_reader(QuokkaReader(reader), channels, func, list(dependents)), channels)
-        raise GraphError(
-            f"new_input_reader_node: {type(reader).__name__} is not a reader (one of the compat's Input*Dataset "
-            "classes, or an object with get_next_batch(channel, pos=None))"
-        )
+            node = self.graph.new_input_reader(QuokkaReader(reader), channels, func, list(dependents))
+        elif is_taped_reader(reader):
+            node = self.graph.new_input_reader(taped(reader, channels, "new_input_reader_node"), channels, func, list(dependents))
+        else:
+            raise GraphError(
+                f"new_input_reader_node: {type(reader).__name__} is not a reader (one of the compat's Input*Dataset "
+                "classes, or an object with get_next_batch(channel, pos=None))"
+            )
+        self.inputs.add(node)
+        return self._node(node, channels)
 
     def new_input_csv(self, bucket: str, key: str, names: Sequence[str | None], *args: Any, **kwargs: Any) -> Node:
         """Quokka's CSV input of early 2022: `batch_func` gets pandas, as it did then.
@@ -261,11 +353,27 @@ class TaskGraph:
         )
         return self._node(node, channels)
 
+    def new_input_dataset_node(self, dataset: Dataset, stage: int = 0) -> Node:
+        """Quokka's 2023 input of a blocking node's Dataset from an earlier graph: one channel per channel of it."""
+        what = "new_input_dataset_node"
+        _check_stage(stage, what)
+        if not isinstance(dataset, Dataset):
+            raise GraphError(
+                f"{what}: expected what new_blocking_node of an earlier graph returned, got {type(dataset).__name__}"
+            )
+        channels = dataset.dataset.n_channels
+        node = self.graph.new_input_dataset(dataset.dataset, channels, to_transit, [], batch_format="object")
+        self.stages[node] = stage
+        self.inputs.add(node)
+        return self._node(node, channels)
+
     # --- task nodes ----------------------------------------------------------------------------
     def _task(self, args: tuple[Any, ...], kwargs: dict[str, Any], blocking: bool) -> Any:
         what = "new_blocking_node" if blocking else "new_non_blocking_node"
         spring = len(args) >= 2 and (args[1] is None or isinstance(args[1], list | tuple | Mapping))
         spring = spring or "datasets" in kwargs or "partition_key" in kwargs
+        if not spring and self._form_2023(kwargs):
+            return self._task_2023(*args, blocking=blocking, what=what, **kwargs)
         if spring:
             streams, executor, placement, keys, channel_to_ip = _spring_node(*args, **kwargs)
         else:
@@ -286,11 +394,7 @@ class TaskGraph:
     ) -> Any:
         if not isinstance(streams, Mapping) or not streams:
             raise GraphError(f"{what}: streams must map stream id -> node, got {streams!r}")
-        if not (callable(getattr(executor, "execute", None)) and callable(getattr(executor, "done", None))):
-            raise GraphError(
-                f"{what}: {type(executor).__name__} is not an executor: it needs Quokka's execute(batches, stream_id, "
-                "executor_id) and done(executor_id) methods"
-            )
+        _check_executor(executor, what)
         if not isinstance(keys, Mapping):
             raise GraphError(f"{what}: the partition keys must map stream id -> key, got {type(keys).__name__}")
         default = len(self.cluster.private_ips)
@@ -314,6 +418,47 @@ class TaskGraph:
         if blocking:
             return Dataset(self.graph.new_blocking_node(sources, wrapped, channels, routes))
         return self._node(self.graph.new_non_blocking_node(sources, wrapped, channels, routes), channels)
+
+    def _task_2023(
+        self,
+        streams: Any,
+        functionObject: Any,
+        stage: int = 0,
+        placement_strategy: Any = None,
+        source_target_info: Any = None,
+        transform_fn: Callable[[Any], Any] | None = None,
+        assume_sorted: Any = None,
+        *,
+        blocking: bool,
+        what: str,
+    ) -> Any:
+        """A task node of Quokka's 2023 form: each stream's TargetInfo, a placement strategy, a stage."""
+        _check_stage(stage, what)
+        if not isinstance(streams, Mapping) or not streams:
+            raise GraphError(f"{what}: streams must map stream id -> node, got {streams!r}")
+        _check_executor(functionObject, what)
+        infos = source_target_info if source_target_info is not None else {}
+        if not isinstance(infos, Mapping) or set(infos) != set(streams):
+            given = sorted(map(repr, infos)) if isinstance(infos, Mapping) else repr(infos)
+            raise GraphError(
+                f"{what}: source_target_info must give a TargetInfo for each stream ({sorted(map(repr, streams))}), got {given}"
+            )
+        if transform_fn is not None and (not blocking or not callable(transform_fn)):
+            raise GraphError(f"{what}: transform_fn is a function, and only a blocking node's")
+        strategy = placement_strategy if placement_strategy is not None else CustomChannelsStrategy(1)
+        channels = channel_count(strategy, self.cluster, self._context().exec_per_node, what)
+        sources: dict[Hashable, Any] = {}
+        routes: dict[Hashable, Any] = {}
+        for stream, source in streams.items():
+            sources[stream] = source.dataset if isinstance(source, Dataset) else source
+            routes[stream] = route(infos[stream], self._channels_of(source, what), channels, f"{what}: stream {stream!r}")
+        # assume_sorted is kept without asking: each source's channels arrive in channel order, each channel's batches in order
+        wrapped = QuokkaExecutor(functionObject, blocking=blocking, arrow_in=True, transform=transform_fn)
+        if blocking:
+            return PolarsDataset(self.graph.new_blocking_node(sources, wrapped, channels, routes))
+        node = self.graph.new_non_blocking_node(sources, wrapped, channels, routes)
+        self.stages[node] = stage
+        return self._node(node, channels)
 
     def _channels_of(self, source: Any, what: str) -> int:
         if isinstance(source, Dataset):
@@ -352,16 +497,67 @@ class TaskGraph:
 
     # --- running -------------------------------------------------------------------------------
     def create(self) -> None:
-        """Check and plan the graph (Quokka started its actors here)."""
+        """Check and plan the graph (Quokka started its actors here); `stage=` orders the inputs (see `_order_stages`)."""
+        self._order_stages()
         self.graph.initialize()
+        self.created = True
 
     initialize = create
 
     def run(self) -> None:
         """Run the graph to the end: every blocking node's Dataset is then readable."""
+        if not self.created:
+            self.create()
         self.graph.run()
 
+    def _order_stages(self) -> None:
+        """Quokka's `stage=`: a node reads its sources of lower stages to their end before those of higher ones.
+
+        Conveyor delivers a node's input by dependency level (docs/graph.md, "Order"): the input
+        nodes of each stage are made to depend on those of the stage below, so their levels follow
+        the stages. A task node's level is its sources' highest, so a node whose sources' stages
+        would then arrive out of order (a task node given a stage below what it reads) is an error
+        naming it, raised before any work.
+        """
+        if not any(self.stages.values()):
+            return
+        inputs = sorted((n for n in self.inputs if n in self.stages), key=lambda n: n.id)
+        ranks = sorted({self.stages[n] for n in inputs})
+        for node in inputs:
+            rank = ranks.index(self.stages[node])
+            if rank:
+                below = tuple(n for n in inputs if self.stages[n] == ranks[rank - 1])
+                spec = self.graph.specs[node.id]
+                assert isinstance(spec, InputSpec)
+                spec.dependents = (*spec.dependents, *below)
+        plan = self.graph.initialize()
+        for spec in self.graph.specs.values():
+            if not isinstance(spec, TaskSpec):
+                continue
+            read = [resolve(self.graph.specs, spec.node.graph, ref, "").node for ref in spec.sources.values()]
+            for a in read:
+                for b in read:
+                    if self.stages.get(a, 0) < self.stages.get(b, 0) and plan.levels[a.id] >= plan.levels[b.id]:
+                        raise GraphError(
+                            f"node {spec.node}: stage {self.stages.get(a, 0)} of source {a} cannot be read to its end before "
+                            f"stage {self.stages.get(b, 0)} of source {b} (the stages of task nodes follow their sources': "
+                            "give the inputs the stages instead)"
+                        )
+
     run_with_fault_tolerance = run  # Spark retries a failed task from its inputs
+
+
+def _check_stage(stage: Any, what: str) -> None:
+    if not isinstance(stage, int) or isinstance(stage, bool):
+        raise GraphError(f"{what}: stage must be an int, got {stage!r}")
+
+
+def _check_executor(executor: Any, what: str) -> None:
+    if not (callable(getattr(executor, "execute", None)) and callable(getattr(executor, "done", None))):
+        raise GraphError(
+            f"{what}: {type(executor).__name__} is not an executor: it needs Quokka's execute(batches, stream_id, "
+            "executor_id) and done(executor_id) methods"
+        )
 
 
 def _spring_node(
@@ -400,4 +596,4 @@ def _on_pandas(batch_func: Callable[[Any], Any] | None) -> Callable[[Any], Any]:
     return lambda table: batch_func(table.to_pandas())
 
 
-__all__ = ["Dataset", "QuokkaExecutor", "TaskGraph"]
+__all__ = ["Dataset", "PolarsDataset", "QuokkaExecutor", "TaskGraph"]
