@@ -80,10 +80,14 @@ def by(frame: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
     return frame.sort_values(keys).reset_index(drop=True)
 
 
-def context() -> tuple[QuokkaContext, TaskGraph]:
-    """Each tutorial's start: a local cluster, its context with memory_limit 0.01, a TaskGraph on it."""
+def context(exec_per_node: int = 1) -> tuple[QuokkaContext, TaskGraph]:
+    """Each tutorial's start: a local cluster, its context with memory_limit 0.01, a TaskGraph on it.
+
+    `exec_per_node`: the joins' channels (Quokka's default, 1, in the tutorials); 2 hash-partitions
+    both sides of each join over two channels, each its own build and probe.
+    """
     cluster = LocalCluster()
-    qc = QuokkaContext(cluster)
+    qc = QuokkaContext(cluster, exec_per_node=exec_per_node)
     qc.set_config("memory_limit", 0.01)
     return qc, TaskGraph(qc)
 
@@ -218,8 +222,9 @@ def test_tpch_12_and_mod(spark: SparkSession, tpch: Path) -> None:
     assert_frames_close(by(answer(qc, agged), ["l_shipmode"]), by(expected, ["l_shipmode"]))
 
 
-def test_tpch_3(spark: SparkSession, tpch: Path) -> None:
-    qc, task_graph = context()
+@pytest.mark.parametrize("exec_per_node", [1, 2], ids=["as-written", "two-channel-joins"])
+def test_tpch_3(spark: SparkSession, tpch: Path, exec_per_node: int) -> None:
+    qc, task_graph = context(exec_per_node)
 
     def batch_func(df: polars.DataFrame) -> polars.DataFrame:
         df = df.with_columns((df["l_extendedprice"] * (1 - df["l_discount"])).alias("actual_price"))
@@ -327,8 +332,9 @@ def test_tpch_4_and_lesson_3_1(spark: SparkSession, tpch: Path) -> None:
     assert_frames_close(answer(qc, agged), expected)
 
 
-def test_tpch_13(spark: SparkSession, tpch: Path) -> None:
-    qc, task_graph = context()
+@pytest.mark.parametrize("exec_per_node", [1, 2], ids=["as-written", "two-channel-joins"])
+def test_tpch_13(spark: SparkSession, tpch: Path, exec_per_node: int) -> None:
+    qc, task_graph = context(exec_per_node)
     orders = task_graph.new_input_reader_node(csv(tpch, "orders"), stage=-1)
     customer = task_graph.new_input_reader_node(csv(tpch, "customer"), stage=0)
     first_joined = task_graph.new_non_blocking_node(
