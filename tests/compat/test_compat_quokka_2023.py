@@ -49,6 +49,7 @@ from conveyor.compat.quokka.target_info import (
     PassThroughPartitioner,
     RangePartitioner,
     TargetInfo,
+    route,
 )
 from conveyor.compat.quokka.utils import LocalCluster
 from conveyor.graph import GraphError
@@ -247,8 +248,6 @@ def test_a_predicate_form_not_translated_is_an_error_naming_it_before_any_work(s
 
 
 def test_a_target_info_filters_then_runs_batch_funcs_then_splits_and_projects_in_name_order() -> None:
-    from conveyor.compat.quokka.target_info import route
-
     frame = pa.table({"k": [1, 2, 3, 4, 5, 6], "v": [10, 20, 30, 40, 50, 60], "b": ["x"] * 6})
     seen: list[list[str]] = []
 
@@ -439,3 +438,17 @@ def test_crypto_rest_answers_read_by_channels_and_stacked(spark: SparkSession, i
     assert states == {0: [(0, 2), (4, 5)], 1: [(2, 4)]}
     frames = [posted.execute(c, s)[1] for c in sorted(states) for s in states[c]]
     assert sorted(polars.concat(frames).rows()) == [(b, t) for b in range(5) for t in range(3)]
+
+
+def test_two_file_inputs_pass_through_to_one_channel(spark: SparkSession, join_inputs: Path) -> None:
+    task_graph = TaskGraph(QuokkaContext())
+    a = task_graph.new_input_reader_node(InputDiskCSVDataset(str(join_inputs / "a.csv"), header=True, stride=1024))
+    b = task_graph.new_input_reader_node(InputDiskCSVDataset(str(join_inputs / "b.csv"), header=True, stride=1024))
+    counted = task_graph.new_blocking_node(
+        {0: a, 1: b},
+        CountExecutor(),
+        placement_strategy=SingleChannelStrategy(),
+        source_target_info={0: everything(PassThroughPartitioner()), 1: everything(PassThroughPartitioner())},
+    )
+    task_graph.run()
+    assert counted.to_df()["column_0"].to_list() == [1000 + 700]

@@ -111,6 +111,9 @@ class ByRatio:
             )
 
     def __call__(self, data: Any, source: int, n: int) -> Iterator[tuple[int, Any]]:
+        # a file input read in one Spark stage with other inputs is told the index of its task in their
+        # union, which may pass its own channel count: any channel is a right one for a default partition
+        source %= self.source_n
         if self.source_n >= self.target_n:
             yield source // (self.source_n // self.target_n), data
             return
