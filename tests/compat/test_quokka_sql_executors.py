@@ -98,6 +98,16 @@ def test_sql_agg_takes_polars_and_pandas_frames_too() -> None:
     assert [(r, int(q)) for r, q in result.rows()] == [(r, int(q)) for r, q in expected]
 
 
+def test_sql_agg_keys_go_into_the_query_as_written_as_quokka_put_them() -> None:
+    agg = SQLAggExecutor(["upper(region)"], [("upper(region)", "DESC")], "sum(qty) as qty")  # an expression; capitals
+    _, result = drive(agg, [(0, SALES)])
+    sales = pa.concat_tables(SALES)
+    expected = duckdb_rows("select upper(region), sum(qty) from s group by upper(region) order by upper(region) desc", s=sales)
+    assert [(a, int(q)) for a, q in result.rows()] == [(a, int(q)) for a, q in expected]
+    _, result = drive(SQLAggExecutor(["REGION"], [("REGION", "asc")], "count(*) as n"), [(0, SALES)])  # names match in any case
+    assert result.rows() == duckdb_rows("select region, count(*) from s group by region order by region", s=sales)
+
+
 def test_sql_agg_bad_arguments_are_errors_naming_them() -> None:
     with pytest.raises(ValueError, match="DuckDB cannot parse the statement 'sum\\(qty as qty'"):
         SQLAggExecutor(["region"], None, "sum(qty as qty")
