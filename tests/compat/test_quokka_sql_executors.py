@@ -223,6 +223,17 @@ def test_build_probe_join_bad_arguments_and_batches_are_errors_naming_them() -> 
         join.execute([ORDERS[0]], 2, 0)
 
 
+def test_a_join_polars_refuses_is_an_error_naming_the_keys_and_changes_nothing() -> None:
+    join = BuildProbeJoinExecutor(left_on="o_key", right_on="l_key")
+    join.execute(ITEMS, 1, 0)
+    text_keys = pa.table({"o_key": ["1", "3"], "o_cust": ["x", "z"]})
+    with pytest.raises(ValueError, match=r"joining \['o_key'\] with \['l_key'\] \(inner\) failed"):
+        join.execute([text_keys], 0, 0)
+    emitted, last = drive(join, [(0, ORDERS)])  # the batch refused is not kept; the build side is as it was
+    expected = duckdb_rows(JOIN_SQL["inner"], orders=pa.concat_tables(ORDERS), items=pa.concat_tables(ITEMS))
+    assert rows_of([*emitted, last]) == sorted(expected, key=repr)
+
+
 # --- through a graph -----------------------------------------------------------------------------
 
 

@@ -118,7 +118,6 @@ class SQLAggExecutor:
         if not self.batches:
             return None
         table = pa.concat_tables(self.batches, promote_options="permissive")
-        self.batches = []
         names = {c.lower() for c in table.column_names}
         missing = [k for k in self.groupby_keys if k.isidentifier() and k.lower() not in names]
         if missing:
@@ -134,6 +133,7 @@ class SQLAggExecutor:
             ) from exc
         finally:
             con.close()
+        self.batches = []
         return polars_module("SQLAggExecutor").from_arrow(result)
 
 
@@ -202,31 +202,35 @@ class BuildProbeJoinExecutor:
             raise ValueError(f"BuildProbeJoinExecutor: streams are 0 (probe) and 1 (build), got stream {stream_id!r}")
         for frame in frames:
             self._check(frame, self.left_on, "probe (stream 0)")
-        self.held.extend(frames)
-        if not self.held or (self.table is None and not self.build):
+        if self.table is None and not self.build:
+            self.held.extend(frames)
             return None
-        return self._probe()
+        return self._probe([*self.held, *frames])
 
     def done(self, executor_id: int) -> Any:
         """The held probe batches joined, now that the build side is whole."""
-        return self._probe() if self.held else None
+        return self._probe(self.held)
 
-    def _probe(self) -> Any:
+    def _probe(self, frames: list[Any]) -> Any:
+        """`frames` joined with the build side (which is whole by now); the held frames are then done with."""
+        if not frames:
+            return None
         pl = polars_module("BuildProbeJoinExecutor")
-        probe = pl.concat(self.held, how="vertical_relaxed")
-        self.held = []
-        if self.table is None and self.build:
-            self.table = pl.concat(self.build, how="vertical_relaxed")
-            self.build = []
-        if self.table is None:  # the build side sent this channel nothing
+        probe = pl.concat(frames, how="vertical_relaxed")
+        table = self.table
+        if table is None and self.build:
+            table = pl.concat(self.build, how="vertical_relaxed")
+        if table is None:  # the build side sent this channel nothing
             result = probe if self.how in ("left", "anti") else None
         else:
             try:
-                result = probe.join(self.table, left_on=self.left_on, right_on=self.right_on, how=self.how, coalesce=True)
+                result = probe.join(table, left_on=self.left_on, right_on=self.right_on, how=self.how, coalesce=True)
             except pl.exceptions.PolarsError as exc:
                 raise ValueError(
                     f"BuildProbeJoinExecutor: joining {self.left_on} with {self.right_on} ({self.how}) failed: {exc}"
                 ) from exc
+            self.table, self.build = table, []
+        self.held = []
         if result is None or result.height == 0:
             return None
         if self.key_to_keep == "right":
