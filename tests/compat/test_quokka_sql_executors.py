@@ -98,6 +98,16 @@ def test_sql_agg_takes_polars_and_pandas_frames_too() -> None:
     assert [(r, int(q)) for r, q in result.rows()] == [(r, int(q)) for r, q in expected]
 
 
+def test_sql_agg_keys_go_into_the_query_as_written_as_quokka_put_them() -> None:
+    agg = SQLAggExecutor(["upper(region)"], [("upper(region)", "DESC")], "sum(qty) as qty")  # an expression; capitals
+    _, result = drive(agg, [(0, SALES)])
+    sales = pa.concat_tables(SALES)
+    expected = duckdb_rows("select upper(region), sum(qty) from s group by upper(region) order by upper(region) desc", s=sales)
+    assert [(a, int(q)) for a, q in result.rows()] == [(a, int(q)) for a, q in expected]
+    _, result = drive(SQLAggExecutor(["REGION"], [("REGION", "asc")], "count(*) as n"), [(0, SALES)])  # names match in any case
+    assert result.rows() == duckdb_rows("select region, count(*) from s group by region order by region", s=sales)
+
+
 def test_sql_agg_bad_arguments_are_errors_naming_them() -> None:
     with pytest.raises(ValueError, match="DuckDB cannot parse the statement 'sum\\(qty as qty'"):
         SQLAggExecutor(["region"], None, "sum(qty as qty")
@@ -211,6 +221,17 @@ def test_build_probe_join_bad_arguments_and_batches_are_errors_naming_them() -> 
         join.execute([ORDERS[0]], 0, 0)
     with pytest.raises(ValueError, match="streams are 0 \\(probe\\) and 1 \\(build\\), got stream 2"):
         join.execute([ORDERS[0]], 2, 0)
+
+
+def test_a_join_polars_refuses_is_an_error_naming_the_keys_and_changes_nothing() -> None:
+    join = BuildProbeJoinExecutor(left_on="o_key", right_on="l_key")
+    join.execute(ITEMS, 1, 0)
+    text_keys = pa.table({"o_key": ["1", "3"], "o_cust": ["x", "z"]})
+    with pytest.raises(ValueError, match=r"joining \['o_key'\] with \['l_key'\] \(inner\) failed"):
+        join.execute([text_keys], 0, 0)
+    emitted, last = drive(join, [(0, ORDERS)])  # the batch refused is not kept; the build side is as it was
+    expected = duckdb_rows(JOIN_SQL["inner"], orders=pa.concat_tables(ORDERS), items=pa.concat_tables(ITEMS))
+    assert rows_of([*emitted, last]) == sorted(expected, key=repr)
 
 
 # --- through a graph -----------------------------------------------------------------------------

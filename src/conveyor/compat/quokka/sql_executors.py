@@ -47,11 +47,6 @@ def _duckdb(what: str) -> Any:
         raise ImportError(f"{what} needs duckdb, as Quokka's did: pip install 'conveyor[quokka]' (or duckdb)") from None
 
 
-def _quoted(name: str) -> str:
-    """A column name as a DuckDB identifier."""
-    return '"' + name.replace('"', '""') + '"'
-
-
 def _as_arrow(batch: Any, what: str) -> pa.Table:
     """A pyarrow, polars or pandas frame as a pyarrow Table."""
     if isinstance(batch, pa.Table):
@@ -80,6 +75,7 @@ class SQLAggExecutor:
     `groupby_keys`: a list of column names (empty: one row over everything). `orderby_keys`: None
     or a list of `(column, "asc" | "desc")`, columns of the output (keys or the statement's
     aliases). `sql_statement`: the select list after the keys, e.g. `"sum(revenue) as revenue"`.
+    Keys go into the query as written, as Quokka put them (DuckDB matches names whatever their case).
     """
 
     def __init__(self, groupby_keys: list[str], orderby_keys: list[tuple[str, str]] | None, sql_statement: str) -> None:
@@ -89,15 +85,17 @@ class SQLAggExecutor:
             raise ValueError(f"SQLAggExecutor: orderby_keys must be None or a list of (column, direction), got {orderby_keys!r}")
         order = []
         for item in orderby_keys or []:
-            if not (isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[0], str) and item[1] in DIRECTIONS):
+            if not (isinstance(item, tuple | list) and len(item) == 2 and isinstance(item[0], str) and item[0]):
                 raise ValueError(f"SQLAggExecutor: each orderby key must be (column, 'asc' | 'desc'), got {item!r}")
-            order.append(f"{_quoted(item[0])} {item[1]}")
+            if not isinstance(item[1], str) or item[1].lower() not in DIRECTIONS:
+                raise ValueError(f"SQLAggExecutor: each orderby key must be (column, 'asc' | 'desc'), got {item!r}")
+            order.append(f"{item[0]} {item[1].lower()}")
         if not isinstance(sql_statement, str) or not sql_statement.strip():
             raise ValueError(f"SQLAggExecutor: sql_statement must be the aggregates to select, got {sql_statement!r}")
         self.groupby_keys = list(groupby_keys)
         self.orderby_keys = [tuple(item) for item in orderby_keys or []]
         self.sql_statement = sql_statement
-        keys = ", ".join(_quoted(k) for k in groupby_keys)
+        keys = ", ".join(groupby_keys)
         query = f"SELECT {keys + ', ' if keys else ''}{sql_statement} FROM {TABLE_NAME}"
         if keys:
             query += f" GROUP BY {keys}"
@@ -120,8 +118,8 @@ class SQLAggExecutor:
         if not self.batches:
             return None
         table = pa.concat_tables(self.batches, promote_options="permissive")
-        self.batches = []
-        missing = [k for k in self.groupby_keys if k not in table.column_names]
+        names = {c.lower() for c in table.column_names}
+        missing = [k for k in self.groupby_keys if k.isidentifier() and k.lower() not in names]
         if missing:
             raise ValueError(f"SQLAggExecutor: group-by keys {missing} are not columns of its input ({table.column_names})")
         duckdb = _duckdb("SQLAggExecutor")
@@ -135,6 +133,7 @@ class SQLAggExecutor:
             ) from exc
         finally:
             con.close()
+        self.batches = []
         return polars_module("SQLAggExecutor").from_arrow(result)
 
 
@@ -203,31 +202,35 @@ class BuildProbeJoinExecutor:
             raise ValueError(f"BuildProbeJoinExecutor: streams are 0 (probe) and 1 (build), got stream {stream_id!r}")
         for frame in frames:
             self._check(frame, self.left_on, "probe (stream 0)")
-        self.held.extend(frames)
-        if not self.held or (self.table is None and not self.build):
+        if self.table is None and not self.build:
+            self.held.extend(frames)
             return None
-        return self._probe()
+        return self._probe([*self.held, *frames])
 
     def done(self, executor_id: int) -> Any:
         """The held probe batches joined, now that the build side is whole."""
-        return self._probe() if self.held else None
+        return self._probe(self.held)
 
-    def _probe(self) -> Any:
+    def _probe(self, frames: list[Any]) -> Any:
+        """`frames` joined with the build side (which is whole by now); the held frames are then done with."""
+        if not frames:
+            return None
         pl = polars_module("BuildProbeJoinExecutor")
-        probe = pl.concat(self.held, how="vertical_relaxed")
-        self.held = []
-        if self.table is None and self.build:
-            self.table = pl.concat(self.build, how="vertical_relaxed")
-            self.build = []
-        if self.table is None:  # the build side sent this channel nothing
+        probe = pl.concat(frames, how="vertical_relaxed")
+        table = self.table
+        if table is None and self.build:
+            table = pl.concat(self.build, how="vertical_relaxed")
+        if table is None:  # the build side sent this channel nothing
             result = probe if self.how in ("left", "anti") else None
         else:
             try:
-                result = probe.join(self.table, left_on=self.left_on, right_on=self.right_on, how=self.how, coalesce=True)
+                result = probe.join(table, left_on=self.left_on, right_on=self.right_on, how=self.how, coalesce=True)
             except pl.exceptions.PolarsError as exc:
                 raise ValueError(
                     f"BuildProbeJoinExecutor: joining {self.left_on} with {self.right_on} ({self.how}) failed: {exc}"
                 ) from exc
+            self.table, self.build = table, []
+        self.held = []
         if result is None or result.height == 0:
             return None
         if self.key_to_keep == "right":
