@@ -17,10 +17,11 @@ Modules: `quokka_runtime` (TaskGraph, Dataset, the executor adapter), `partition
 partition keys), `dataset` (its input datasets), `executors` (its stock executors; `sql` is their
 spring 2022 module name), `frames` (the batch types), `utils` (LocalCluster), `ray` (`ray.get`);
 of 2023: `context` (QuokkaContext), `target_info` (TargetInfo, partitioners), `predicates`
-(sqlglot predicates as polars expressions), `placement_strategy` (channel counts).
+(sqlglot predicates as polars expressions), `placement_strategy` (channel counts), `sql_executors`
+(SQLAggExecutor, BuildProbeJoinExecutor; also in `executors`), `rest_inputs` (the REST API inputs).
 `conveyor.TaskGraph` is Conveyor's own TaskGraph, one batch per call, Arrow or pandas batches.
 It needs the `spark` extra; Quokka's programs on polars frames and its 2023 predicates need the
-`quokka` extra (polars, sqlglot).
+`quokka` extra (polars, sqlglot, duckdb).
 """
 
 from __future__ import annotations

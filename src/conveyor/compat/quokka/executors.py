@@ -21,7 +21,7 @@ import pyarrow.csv as pv
 
 from ...graph.filesystems import bucket_path, file_system
 from .frames import concat, is_polars, polars_module, rows, to_polars
-from .sql_executors import *  # noqa: F403  (Quokka 2023's pyquokka.executors held its SQL executors too)
+from .sql_executors import BuildProbeJoinExecutor, SQLAggExecutor  # Quokka 2023's pyquokka.executors held them too
 
 
 class Executor:
@@ -419,6 +419,7 @@ class GroupAsOfJoinExecutor(Executor):
 __all__ = [
     "AggExecutor",
     "BroadcastJoinExecutor",
+    "BuildProbeJoinExecutor",
     "CountExecutor",
     "DistinctExecutor",
     "Executor",
@@ -429,6 +430,7 @@ __all__ = [
     "OutputCSVExecutor",
     "Polar3JoinExecutor",
     "PolarJoinExecutor",
+    "SQLAggExecutor",
     "StorageExecutor",
     "UDFExecutor",
 ]
