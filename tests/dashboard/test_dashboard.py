@@ -146,6 +146,8 @@ def test_the_requeue_buttons_move_dead_letters_back_to_ready(page: Any) -> None:
         wait_for(lambda: number(cell(page, "queues", "bad", 5)) == 6, 10, "6 dead letters on the page")
         page.click("#queues tbody tr[data-queue='bad']")
         wait_for(lambda: page.locator("#dead tbody tr").count() == 6, 10, "the dead letters listed")
+        # each error shows the line that names it (after the bare traceback header), the whole on a click
+        assert str(page.locator("#dead tbody tr summary").first.text_content()).startswith("ValueError: item")
         shot(page, "dashboard-dead-letters")
         first = format_id(ids[0])  # as the page shows ids
         page.check(f"#dead tbody tr[data-id='{first}'] input")

@@ -24,7 +24,7 @@ from conveyor.client.queue_client import QueueClient
 from conveyor.client.sharded import ShardedQueues, format_id, summed_stats
 from conveyor.client.transport import parse_address
 from conveyor.constants import H_TASK, INTERNAL_QUEUE_PREFIX
-from conveyor.dashboard.task_lookup import TaskLookup
+from conveyor.dashboard.task_lookup import TaskLookup, error_line
 from conveyor.errors import ConveyorError
 from conveyor.message import DeadLetter, printable
 from conveyor.protocol import requests as calls
@@ -316,6 +316,7 @@ class PoolWatch:
                         "failed_at": d.failed_at,
                         "task": m.headers.get(H_TASK, ""),
                         "error": d.error,
+                        "error_line": error_line(d.error),
                         "payload": printable(m.payload, PREVIEW_BYTES),
                     }
                 )

@@ -23,6 +23,7 @@ from conveyor.errors import ConveyorError, RequestError
 from conveyor.message import Status
 from conveyor.protocol.task_pages import Preview, TaskDetail, TaskRecord, TaskState
 from conveyor.protocol.tls import netloc
+from conveyor.server.task_records import error_summary
 from conveyor.tasks.preview import Shown, show_call, show_result
 
 LOOKUP_TIMEOUT_S = 3.0  # a server's answer to a page's request, or it is named unreachable
@@ -111,7 +112,13 @@ def _record(r: TaskRecord) -> dict[str, Any]:
         "finished_at": r.finished_at,
         "runtime_s": round(r.runtime_s, 3),
         "error": r.error,
+        "error_line": error_line(r.error),
     }
+
+
+def error_line(error: str | None) -> str:
+    """The line of an error that a table shows (the rest on a click): the servers' summary of it."""
+    return error_summary(error) if error else ""
 
 
 def _shown(s: Shown, p: Preview) -> dict[str, Any]:
@@ -132,7 +139,15 @@ def _detail(d: TaskDetail) -> dict[str, Any]:
         "error": d.error,
         "records": [_record(r) for r in d.records],
         "history": [
-            {"at": e.at, "what": e.what, "consumer": e.consumer, "attempt": e.attempt, "error": e.error} for e in d.history()
+            {
+                "at": e.at,
+                "what": e.what,
+                "consumer": e.consumer,
+                "attempt": e.attempt,
+                "error": e.error,
+                "error_line": error_line(e.error),
+            }
+            for e in d.history()
         ],
         "headers": d.headers,
     }

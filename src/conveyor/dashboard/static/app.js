@@ -350,14 +350,13 @@ function taskHash(queue, id) {  // an id's colon kept as typed (shard:n)
   return "#/queue/" + encodeURIComponent(queue) + (id ? "/task/" + encodeURIComponent(id).replace(/%3A/gi, ":") : "");
 }
 
-function errorCell(text) {
-  // An error of several lines shows the line that names it (as the servers' task records do: the
-  // first, or the last after a bare traceback's header), the whole of it unfolded on a click.
+function errorCell(text, line) {
+  // An error of several lines shows the line that names it (`line`, picked by the server), the whole
+  // of it unfolded on a click.
   const td = el("td", null, "text");
-  const lines = (text || "").split("\n").filter(line => line.trim());
-  if (lines.length > 1) {
+  if ((text || "").trim().includes("\n")) {
     const det = el("details");
-    det.append(el("summary", lines[0].startsWith("Traceback (most recent call last)") ? lines[lines.length - 1] : lines[0]), el("pre", text));
+    det.append(el("summary", line), el("pre", text));
     td.append(det);
   } else {
     td.textContent = text || "";
@@ -369,7 +368,7 @@ function taskRow(t, recent) {
   const state = el("td", t.state, "state-" + t.state);
   const cells = [t.id, el("td", t.task, "text"), state, String(t.attempt), runtime(t.runtime_s), el("td", t.consumer || "–", "text"),
                  recent ? clockOf(t.finished_at) : clockOf(t.delivered_at)];
-  if (recent) cells.push(errorCell(t.error));
+  if (recent) cells.push(errorCell(t.error, t.error_line));
   const tr = row(cells, t.id === openTask ? "selected" : "");
   tr.dataset.id = t.id;
   tr.addEventListener("click", () => { window.location.hash = taskHash(selected, t.id); });
@@ -431,7 +430,7 @@ function drawTask(d) {
   fact("task-error", error || "–");
   fill(document.querySelector("#task-history tbody"), d.history.map(e => {
     return row([dateOf(e.at), el("td", e.what, "state-" + e.what), el("td", e.consumer || "–", "text"),
-                e.attempt ? String(e.attempt) : "–", errorCell(e.error)]);
+                e.attempt ? String(e.attempt) : "–", errorCell(e.error, e.error_line)]);
   }));
   fill(document.querySelector("#task-headers tbody"), Object.entries(d.headers || {}).map(([k, v]) => {
     const tr = el("tr");
@@ -508,7 +507,7 @@ function deadRow(d) {
   const pick = el("td");
   pick.append(box);
   const tr = row([pick, d.id, String(d.attempts), new Date(d.failed_at * 1000).toLocaleString(),
-                  el("td", d.task, "text"), errorCell(d.error), el("td", d.payload, "text")]);
+                  el("td", d.task, "text"), errorCell(d.error, d.error_line), el("td", d.payload, "text")]);
   tr.dataset.id = d.id;
   return tr;
 }
