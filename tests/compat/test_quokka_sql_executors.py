@@ -201,6 +201,14 @@ def test_on_names_the_key_of_both_sides_and_lists_of_keys_join_on_each() -> None
     assert Defined is BuildProbeJoinExecutor  # compat.quokka.executors gives the one sql_executors defines
 
 
+def test_batches_lacking_columns_of_others_join_with_nulls_there() -> None:
+    # what a left join upstream emits when its build side sent one channel nothing: the probe rows alone
+    build = [pa.table({"k": [1, 2], "w": [10, 20]}), pa.table({"k": [3]})]
+    probe = [pa.table({"k": [1, 3], "v": ["a", "c"]}), pa.table({"k": [2]})]
+    emitted, _ = drive(BuildProbeJoinExecutor(on="k"), [(1, build), (0, probe)])
+    assert sorted(emitted[1].rows(), key=repr) == sorted([(1, "a", 10), (2, None, 20), (3, "c", None)], key=repr)
+
+
 def test_a_build_batch_after_probing_began_is_an_error_naming_the_remedy() -> None:
     join = BuildProbeJoinExecutor(left_on="o_key", right_on="l_key")
     join.execute([ITEMS[0]], 1, 0)

@@ -145,7 +145,8 @@ class BuildProbeJoinExecutor:
     probe side on the left. The output has the probe side's key column (named `left_on`, or
     `right_on` with `key_to_keep="right"`), its other columns and, for inner and left joins, the
     build side's other columns. A left or anti join whose build side sent this channel nothing
-    emits the probe rows as they are (the build side's columns are unknown then).
+    emits the probe rows as they are (the build side's columns are unknown then; Quokka's left
+    join dropped them); batches without some columns others have join with nulls there.
     """
 
     def __init__(
@@ -216,10 +217,12 @@ class BuildProbeJoinExecutor:
         if not frames:
             return None
         pl = polars_module("BuildProbeJoinExecutor")
-        probe = pl.concat(frames, how="vertical_relaxed")
+        # diagonal: a left join upstream whose build side sent its channel nothing emits its probe
+        # rows without the build side's columns, beside batches that have them (nulls there)
+        probe = pl.concat(frames, how="diagonal_relaxed")
         table = self.table
         if table is None and self.build:
-            table = pl.concat(self.build, how="vertical_relaxed")
+            table = pl.concat(self.build, how="diagonal_relaxed")
         if table is None:  # the build side sent this channel nothing
             result = probe if self.how in ("left", "anti") else None
         else:
