@@ -23,12 +23,12 @@ import sqlglot
 from examples.tpch import duckdb_columns, generate
 from pyspark.sql import SparkSession
 
-from conveyor.compat.quokka import QuokkaContext
+from conveyor.compat.quokka import QuokkaContext, ray
 from conveyor.compat.quokka.executors import BuildProbeJoinExecutor, SQLAggExecutor
 from conveyor.compat.quokka.placement_strategy import SingleChannelStrategy
 from conveyor.compat.quokka.quokka_runtime import TaskGraph
 from conveyor.compat.quokka.sql_executors import BuildProbeJoinExecutor as Defined
-from conveyor.compat.quokka.target_info import BroadcastPartitioner, TargetInfo
+from conveyor.compat.quokka.target_info import BroadcastPartitioner, HashPartitioner, TargetInfo
 from conveyor.compat.quokka.utils import LocalCluster
 from conveyor.graph import GraphError
 from tests.support.graph_helpers import assert_frames_close
@@ -452,3 +452,60 @@ def test_a_statement_duckdb_rejects_in_a_graph_fails_the_run_naming_it(spark: Sp
     task_graph.create()
     with pytest.raises(GraphError, match=r"DuckDB rejects .*sum\(weight\)"):
         task_graph.run()
+
+
+class Frames:
+    """A reader of Quokka's 2023 protocol over frames given: each channel reads every `num_channels`-th of them."""
+
+    def __init__(self, frames: list[pa.Table]) -> None:
+        self.frames = frames
+
+    def get_own_state(self, num_channels: int) -> dict[int, list[int]]:
+        return {c: list(range(c, len(self.frames), num_channels)) for c in range(num_channels)}
+
+    def execute(self, channel: int, state: int) -> tuple[None, polars.DataFrame]:
+        return None, polars.from_arrow(self.frames[state])
+
+
+def test_a_left_join_channel_with_no_build_rows_reaches_a_second_join_and_the_aggregate(spark: SparkSession) -> None:
+    customer = [pa.table({"c_custkey": list(range(k, k + 4)), "c_nation": [k % 3, 1, 2, 0]}) for k in (1, 5, 9)]
+    orders = [pa.table({"o_custkey": [1, 2, 4, 5], "o_orderkey": [10, 20, 40, 50]}), pa.table({"o_custkey": [7, 7]})]
+    orders[1] = orders[1].append_column("o_orderkey", pa.array([70, 71]))
+    nation = [pa.table({"n_key": [0, 1, 2], "n_name": ["zero", "one", "two"]})]
+    qc = QuokkaContext(LocalCluster(), exec_per_node=3)  # no order's key is a multiple of 3: channel 0 builds nothing
+    task_graph = TaskGraph(qc)
+    built = task_graph.new_input_reader_node(Frames(orders), stage=-1)
+    names = task_graph.new_input_reader_node(Frames(nation), stage=-1)
+    probed = task_graph.new_input_reader_node(Frames(customer), stage=0)
+
+    def hashed_on(key: str) -> TargetInfo:
+        return TargetInfo(partitioner=HashPartitioner(key), predicate=None, projection=None, batch_funcs=[])
+
+    first = task_graph.new_non_blocking_node(
+        {0: probed, 1: built},
+        BuildProbeJoinExecutor(left_on="c_custkey", right_on="o_custkey", how="left"),
+        source_target_info={0: hashed_on("c_custkey"), 1: hashed_on("o_custkey")},
+    )
+    second = task_graph.new_non_blocking_node(
+        {0: first, 1: names},
+        BuildProbeJoinExecutor(left_on="c_nation", right_on="n_key"),
+        source_target_info={0: hashed_on("c_nation"), 1: hashed_on("n_key")},
+    )
+    info = TargetInfo(partitioner=BroadcastPartitioner(), predicate=None, projection=None, batch_funcs=[])
+    agged = task_graph.new_blocking_node(
+        {0: second},
+        SQLAggExecutor(["n_name"], [("n_name", "asc")], "count(o_orderkey) as orders, count(*) as customers"),
+        placement_strategy=SingleChannelStrategy(),
+        source_target_info={0: info},
+    )
+    task_graph.create()
+    task_graph.run()
+    result = ray.get(qc.dataset_manager.to_df.remote(agged))
+    expected = duckdb_rows(
+        "select n_name, count(o_orderkey) as orders, count(*) as customers from c left join o on c_custkey = o_custkey "
+        "join n on c_nation = n_key group by n_name order by n_name",
+        c=pa.concat_tables(customer),
+        o=pa.concat_tables(orders),
+        n=nation[0],
+    )
+    assert result.rows() == expected
