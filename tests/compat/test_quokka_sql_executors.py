@@ -267,7 +267,7 @@ def tpch(tmp_path_factory: pytest.TempPathFactory) -> duckdb.DuckDBPyConnection:
 
 
 def arrow(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
-    return pa.table(con.sql(sql))
+    return con.sql(sql).to_arrow_table()
 
 
 def hashed(table: pa.Table, key: str) -> list[list[pa.Table]]:

@@ -126,7 +126,7 @@ class SQLAggExecutor:
         con = duckdb.connect()
         try:
             con.register(TABLE_NAME, table)
-            result = pa.table(con.sql(self.query))
+            result = con.sql(self.query).to_arrow_table()
         except duckdb.Error as exc:
             raise ValueError(
                 f"SQLAggExecutor: DuckDB rejects {self.query!r} over the columns {table.column_names}: {exc}"
