@@ -131,6 +131,22 @@ def test_parquet_without_batch_func_is_read_in_its_one_channel_consumer(spark: S
     assert answers["plain"] == answers["with_func"] == list(range(3, 20000, 7))
 
 
+def test_file_inputs_read_in_one_stage_route_by_their_own_channels(spark: SparkSession, tmp_path: Path) -> None:
+    # two inputs of 4 row groups each, read by 2 channels each (row groups 0-1 and 2-3) in the one
+    # Spark stage that feeds their consumer: each must see its own channel, not its task's place in the stage
+    for name, first in (("a", 0), ("b", 10000)):
+        pq.write_table(pa.table({"k": np.arange(first, first + 4000)}), tmp_path / f"{name}.parquet", row_group_size=1000)
+    g = TaskGraph(spark)
+    a = g.new_input_parquet(tmp_path / "a.parquet", 2, name="a")
+    b = g.new_input_parquet(tmp_path / "b.parquet", 2, name="b")
+    same_channel = Router(lambda value, source, n: [(source, value)])
+    out = g.new_blocking_node({"a": a, "b": b}, Recorder("k"), 2, {"a": same_channel, "b": same_channel})
+    stats = g.run()
+    seen = out.to_pandas()
+    assert stats.fused_inputs == [] and len(seen) == 8000
+    assert (seen.channel == seen.key % 10000 // 2000).all()
+
+
 class Pids(Executor):
     """Passes its batches on with a column of the process id of the Python worker that ran it."""
 

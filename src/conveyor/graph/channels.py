@@ -34,7 +34,8 @@ class Router:
     """A partition key for batches of any type: `func(value, source_channel, n_channels)` says where each part goes.
 
     It yields (or returns) `(channel, part)` pairs; a channel may get several parts, or none.
-    `source_channel` is the producer's channel (an input node's: the Spark partition reading it).
+    `source_channel` is the producer's channel: for a file or `SourceReader` input, the channel that
+    read the batch; for an input Spark reads (or a Dataset's), the Spark partition reading it.
     """
 
     func: Callable[[Any, int, int], Iterable[tuple[int, Any]]]

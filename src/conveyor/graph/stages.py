@@ -190,7 +190,6 @@ class InputTask:
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         writer = RowWriter(ROUTE_SCHEMA)
-        partition = partition_id()
         if self.source in ("files", "reader"):
             for rb in batches:
                 for split in rb.column(0).to_pylist():
@@ -199,10 +198,13 @@ class InputTask:
                         prepared: Iterable[Any] = self.tables(split)
                     else:  # split = the reader's channel
                         prepared = (self._prepare(b) for b in self._read(split))
+                    # the input's own channel: a Spark partition id counts the tasks of every input read in the stage
+                    source = split if self.source == "reader" else self.reading_channel(split)
                     for out in prepared:
                         if out is not None:
-                            yield from writer.route(out, self.out_edges, seq, split if self.source == "reader" else partition)
+                            yield from writer.route(out, self.out_edges, seq, source)
         else:
+            partition = partition_id()
             seq = counter(partition)
             for rb in batches:
                 if self.source == "spark":
@@ -217,6 +219,17 @@ class InputTask:
         last = writer.flush()
         if last is not None:
             yield last
+
+    def reading_channel(self, split: int) -> int:
+        """The channel of the input that reads file split `split`.
+
+        The runtime reads n splits with `spark.range(n)` over min(channels, n) partitions, which
+        Spark cuts into contiguous runs: partition i starts at split i * n // readers.
+        """
+        assert isinstance(self.reader, CsvReader | ParquetReader)
+        n = len(self.reader)
+        readers = max(1, min(self.n_channels, n))
+        return max(i for i in range(readers) if i * n // readers <= split)
 
     def _read(self, channel: int) -> Iterator[Any]:
         """What a `SourceReader` gives for one channel (a fresh copy of it per channel, as each had its own)."""
@@ -236,12 +249,9 @@ class InputTask:
     def rows(self, edge: OutEdge) -> Iterator[Row]:
         """Every split read in order inside the consumer's task (a fused input), as unencoded rows."""
         assert isinstance(self.reader, CsvReader | ParquetReader)
-        n = len(self.reader)
-        readers = max(1, min(self.n_channels, n))
-        for split in range(n):
+        for split in range(len(self.reader)):
             seq = counter(split)
-            # the reading task the split would have had (spark.range cuts splits into contiguous runs)
-            source = max(i for i in range(readers) if i * n // readers <= split)
+            source = self.reading_channel(split)
             for value in self.tables(split):
                 if isinstance(edge.key, Router):
                     for _, part in _routed(value, edge, source):
