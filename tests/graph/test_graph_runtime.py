@@ -147,6 +147,17 @@ def test_file_inputs_read_in_one_stage_route_by_their_own_channels(spark: SparkS
     assert (seen.channel == seen.key % 10000 // 2000).all()
 
 
+def test_parquet_row_groups_a_channel_reads_arrive_merged_in_order(spark: SparkSession, tmp_path: Path) -> None:
+    pq.write_table(pa.table({"k": np.arange(40000)}), tmp_path / "t.parquet", row_group_size=1000)
+    g = TaskGraph(spark)
+    src = g.new_input_parquet(tmp_path / "t.parquet", 2, batch_func=lambda df: df)  # read by 2 tasks, not fused
+    out = g.new_blocking_node({0: src}, Recorder("k"), 1, {0: None})
+    g.run()
+    seen = out.to_pandas()
+    # each channel's 20 row groups come as one batch (the work downstream is per batch), in file order
+    assert seen.arrival.nunique() == 2 and seen.key.tolist() == list(range(40000))
+
+
 class Pids(Executor):
     """Passes its batches on with a column of the process id of the Python worker that ran it."""
 

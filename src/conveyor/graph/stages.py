@@ -180,29 +180,34 @@ class InputTask:
             return _call(where, self.batch_func, batch)
         return to_table(_call(where, self.batch_func, to_pandas(batch)), where)
 
-    def tables(self, split: int) -> Iterator[Any]:
-        """The prepared batches of one file split (empty tables dropped)."""
+    def tables(self, splits: Iterable[int]) -> Iterator[tuple[Callable[[], int], Any]]:
+        """(sequence numbers, prepared batch) of a run of file splits one channel reads (empty tables dropped).
+
+        A batch may hold rows of several splits (Parquet row groups are merged); it is numbered in
+        the sequence of the first.
+        """
         assert isinstance(self.reader, CsvReader | ParquetReader)
-        for table in self.reader.read(split):
+        seqs: dict[int, Callable[[], int]] = {}
+        for split, table in self.reader.read_run(splits):
             out = self._prepare(table)
             if out is not None and not (isinstance(out, pa.Table) and out.num_rows == 0):
-                yield out
+                yield seqs.setdefault(split, counter(split)), out
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         writer = RowWriter(ROUTE_SCHEMA)
-        if self.source in ("files", "reader"):
+        if self.source == "files":
+            splits = [split for rb in batches for split in rb.column(0).to_pylist()]
+            # the channel that reads these splits: a Spark partition id counts the tasks of every input read in the stage
+            for source, run in itertools.groupby(splits, key=self.reading_channel):
+                for seq, out in self.tables(run):
+                    yield from writer.route(out, self.out_edges, seq, source)
+        elif self.source == "reader":
             for rb in batches:
-                for split in rb.column(0).to_pylist():
-                    seq = counter(split)
-                    if self.source == "files":
-                        prepared: Iterable[Any] = self.tables(split)
-                    else:  # split = the reader's channel
-                        prepared = (self._prepare(b) for b in self._read(split))
-                    # the input's own channel: a Spark partition id counts the tasks of every input read in the stage
-                    source = split if self.source == "reader" else self.reading_channel(split)
-                    for out in prepared:
+                for channel in rb.column(0).to_pylist():
+                    seq = counter(channel)
+                    for out in (self._prepare(b) for b in self._read(channel)):
                         if out is not None:
-                            yield from writer.route(out, self.out_edges, seq, source)
+                            yield from writer.route(out, self.out_edges, seq, channel)
         else:
             partition = partition_id()
             seq = counter(partition)
@@ -249,10 +254,8 @@ class InputTask:
     def rows(self, edge: OutEdge) -> Iterator[Row]:
         """Every split read in order inside the consumer's task (a fused input), as unencoded rows."""
         assert isinstance(self.reader, CsvReader | ParquetReader)
-        for split in range(len(self.reader)):
-            seq = counter(split)
-            source = self.reading_channel(split)
-            for value in self.tables(split):
+        for source, run in itertools.groupby(range(len(self.reader)), key=self.reading_channel):
+            for seq, value in self.tables(run):
                 if isinstance(edge.key, Router):
                     for _, part in _routed(value, edge, source):
                         yield (0, edge.level, seq(), edge.id, Decoded(part))
