@@ -17,13 +17,14 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from examples.tpch import names
 from pyspark.sql import SparkSession
 
 from conveyor import Executor, TaskGraph
-from conveyor.graph import Count, FilterProject, GraphError, Limit, Router
+from conveyor.graph import Count, FilterProject, GraphError, HashJoin, Limit, Router, Sort
 from conveyor.graph.channels import stable_hash
 
 
@@ -156,6 +157,22 @@ def test_parquet_row_groups_a_channel_reads_arrive_merged_in_order(spark: SparkS
     seen = out.to_pandas()
     # each channel's 20 row groups come as one batch (the work downstream is per batch), in file order
     assert seen.arrival.nunique() == 2 and seen.key.tolist() == list(range(40000))
+
+
+def test_one_channel_nodes_run_in_their_one_channel_consumers_task_in_level_order(spark: SparkSession, tmp_path: Path) -> None:
+    pq.write_table(pa.table({"k": np.arange(3000), "v": np.arange(3000) % 7}), tmp_path / "build.parquet", row_group_size=500)
+    pq.write_table(pa.table({"k": np.arange(0, 6000, 2)}), tmp_path / "probe.parquet", row_group_size=500)
+    g = TaskGraph(spark)
+    build = g.new_input_parquet(tmp_path / "build.parquet", 2, batch_func=lambda df: df, name="build")
+    probe = g.new_input_parquet(tmp_path / "probe.parquet", 2, batch_func=lambda df: df, dependents=[build], name="probe")
+    kept = g.new_non_blocking_node({0: build}, FilterProject(pc.field("v") != 3), 1, {0: None}, name="kept")
+    # emits everything at its end: its done() must come before the probe side (of a higher level) arrives
+    ordered = g.new_non_blocking_node({0: kept}, Sort("k"), 1, {0: None}, name="ordered")
+    joined = g.new_non_blocking_node({0: ordered, 1: probe}, HashJoin("k", build=0), 1, {0: "k", 1: "k"}, name="joined")
+    out = g.new_blocking_node({0: joined}, Count(), 1, {0: None})
+    stats = g.run()
+    assert stats.chained_nodes == ["kept", "ordered", "joined"]  # one Spark task runs them all
+    assert out.to_pandas()["count"].tolist() == [len([k for k in range(0, 3000, 2) if k % 7 != 3])]
 
 
 class Pids(Executor):

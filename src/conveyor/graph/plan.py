@@ -11,6 +11,10 @@ the input is Parquet without a batch function. Fusing an input with parallelism 
 parallel read for stopping early, or, for such a Parquet input, for not moving its rows: decoding
 Parquet costs less than encoding the rows, shuffling them through the JVM and decoding them again
 (Quokka's Q8 at SF1: 240 MB of lineitem to a one-channel join).
+
+A one-channel non-blocking task node whose only consumer has one channel runs inside that
+consumer's task too ("chained"), when no order is lost by it (`_chainable`): a chain of such
+joins (Quokka's Q8) is one Spark task, its batches never encoded or shuffled between them.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ class Edge:
     key: PartitionKey
     n_channels: int
     level: int
-    fused: bool
+    fused: bool  # the producer runs inside the consumer's task (a fused input or a chained task node)
     label: str  # for messages: "edge 'lineitem' -> 'join' (stream 1)"
 
 
@@ -46,7 +50,8 @@ class Plan:
     order: list[int]
     levels: dict[int, int]
     edges: list[Edge]
-    fused: set[int] = field(default_factory=set)
+    fused: set[int] = field(default_factory=set)  # input nodes read inside their consumer's task
+    chained: set[int] = field(default_factory=set)  # task nodes run inside their consumer's task
 
     def inputs_of(self, node: int) -> list[Edge]:
         return [e for e in self.edges if e.dst == node]
@@ -103,6 +108,7 @@ def make_plan(specs: Mapping[int, Spec], graph: int, file_reader: str) -> Plan:
             )
     fusing = file_reader == "auto"
     fused = {n for n, s in specs.items() if fusing and isinstance(s, InputSpec) and _fusable(s, consumers[n], specs)}
+    chained = {n for n, s in specs.items() if isinstance(s, TaskSpec) and _chainable(n, s, consumers[n], sources, levels, specs)}
     edges: list[Edge] = []
     for nid in order:
         if nid not in sources:
@@ -112,11 +118,10 @@ def make_plan(specs: Mapping[int, Spec], graph: int, file_reader: str) -> Plan:
         for stream, producer in sources[nid]:
             key = consumer.partition_key[stream]
             label = f"edge {specs[producer].node} -> {consumer.node} (stream {stream!r})"
-            edges.append(
-                Edge(len(edges), producer, nid, stream, key, consumer.parallelism, levels[producer], producer in fused, label)
-            )
+            in_task = producer in fused or producer in chained
+            edges.append(Edge(len(edges), producer, nid, stream, key, consumer.parallelism, levels[producer], in_task, label))
             _check_key_statically(specs[producer], key, label)
-    return Plan(order, levels, edges, fused)
+    return Plan(order, levels, edges, fused, chained)
 
 
 def _topological(deps: dict[int, list[int]], specs: Mapping[int, Spec]) -> list[int]:
@@ -154,6 +159,28 @@ def _fusable(spec: InputSpec, consumers: list[int], specs: Mapping[int, Spec]) -
     executor = getattr(consumer, "executor", None)
     only_moves_rows = spec.kind is NodeKind.PARQUET and spec.batch_func is None
     return spec.parallelism == 1 or only_moves_rows or bool(getattr(executor, "may_stop_early", False))
+
+
+def _chainable(
+    nid: int,
+    spec: TaskSpec,
+    consumers: list[int],
+    sources: Mapping[int, list[tuple[Hashable, int]]],
+    levels: Mapping[int, int],
+    specs: Mapping[int, Spec],
+) -> bool:
+    """Whether a task node runs inside its consumer's task: both have one channel, and no order is lost.
+
+    Its output then never leaves the task (no shuffle, no encoding). The consumer still sees
+    everything of a lower level first: it has no other source of a lower level than this node's
+    outputs, and this node's `done` comes before anything of a higher level.
+    """
+    if spec.blocking or spec.parallelism != 1 or len(consumers) != 1:
+        return False
+    consumer = specs[consumers[0]]
+    if consumer.parallelism != 1:
+        return False
+    return all(levels[src] >= levels[nid] for _, src in sources[consumer.node.id] if src != nid)
 
 
 def _check_key_statically(src: Spec, key: PartitionKey, label: str) -> None:

@@ -5,7 +5,8 @@ followed by `mapInArrow` (other file systems), or the Dataset's rows followed by
 `spark.range(channels).mapInArrow(read)` (a `SourceReader`: one task per channel).
 A task node's input is the union of its incoming edges, `repartitionById(channels, "channel")`
 (channel c is Spark partition c) and `sortWithinPartitions(channel, level, seq, edge)`; a
-`mapInArrow` then runs the executors. Everything is DataFrame API, so it also runs on Spark
+`mapInArrow` then runs the executors. A node chained into its consumer (`plan`) has no DataFrame:
+its edges are read in its consumer's task, which runs it too. Everything is DataFrame API, so it also runs on Spark
 Connect (where only the batches-read figures, which need accumulators, are missing).
 """
 
@@ -34,7 +35,7 @@ from .readers import (
     parquet_reader,
     read_sample,
 )
-from .stages import InputTask, NodeTask, OutEdge
+from .stages import Chained, InputTask, NodeTask, OutEdge
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -47,6 +48,7 @@ class RunStats:
     seconds: float = 0.0
     batches_read: dict[str, int | None] = field(default_factory=dict)
     fused_inputs: list[str] = field(default_factory=list)
+    chained_nodes: list[str] = field(default_factory=list)  # task nodes run inside their consumer's task
 
 
 class Runner:
@@ -93,6 +95,7 @@ class Runner:
             seconds=time.perf_counter() - start,
             batches_read={s.node.name: (self.counters[s.node.id].value if s.node.id in self.counters else None) for s in inputs},
             fused_inputs=[self.specs[n].node.name for n in sorted(self.plan.fused)],
+            chained_nodes=[self.specs[n].node.name for n in sorted(self.plan.chained)],
         )
 
     def _make_counters(self) -> None:
@@ -130,7 +133,7 @@ class Runner:
 
     # --- DataFrames --------------------------------------------------------------------------------
     def _out_edges(self, nid: int) -> list[OutEdge]:
-        return [OutEdge(e.id, e.key, e.n_channels, e.level, e.label) for e in self.plan.outputs_of(nid)]
+        return [_out_edge(e) for e in self.plan.outputs_of(nid)]
 
     def _output(self, nid: int) -> DataFrame:
         """The routed rows a non-blocking node emits (computed once: persisted when several edges read it)."""
@@ -208,9 +211,24 @@ class Runner:
         reader = self.spark.read.csv(spec.path, schema=schema, sep=spec.sep, mode="FAILFAST", header=spec.header)
         return reader.select(*fmt.keep)
 
+    def _chain(self, nid: int, chained: list[Chained]) -> list[Edge]:
+        """The edges read in a node's task: its own, and those of the nodes chained into it (added to `chained`)."""
+        edges: list[Edge] = []
+        for e in self.plan.inputs_of(nid):
+            if e.src in self.plan.chained:
+                edges += self._chain(e.src, chained)
+                src = self.specs[e.src]
+                assert isinstance(src, TaskSpec)
+                streams = {i.id: i.stream for i in self.plan.inputs_of(e.src)}
+                chained.append(Chained(src.node.name, src.executor, streams, _out_edge(e)))
+            else:
+                edges.append(e)
+        return edges
+
     def _task_df(self, spec: TaskSpec) -> DataFrame:
         nid = spec.node.id
-        edges: list[Edge] = self.plan.inputs_of(nid)
+        chained: list[Chained] = []
+        edges = self._chain(nid, chained)
         parts = []
         for e in edges:
             if e.fused:
@@ -224,16 +242,17 @@ class Runner:
             if e.fused:
                 src = self.specs[e.src]
                 assert isinstance(src, InputSpec)
-                fused.append((self._input_task(src), OutEdge(e.id, e.key, e.n_channels, e.level, e.label)))
+                fused.append((self._input_task(src), _out_edge(e)))
         task = NodeTask(
             spec.node.name,
             spec.executor,
             spec.parallelism,
             spec.blocking,
-            {e.id: e.stream for e in edges},
+            {e.id: e.stream for e in self.plan.inputs_of(nid)},
             [] if spec.blocking else self._out_edges(nid),
             bool(parts),
             fused,
+            chained,
         )
         if parts:
             df = parts[0]
@@ -243,6 +262,11 @@ class Runner:
         else:
             df = self.spark.range(0, 1, 1, 1)  # one empty-handed task: every input is read inside it
         return df.mapInArrow(task, DATASET_DDL if spec.blocking else ROUTE_DDL)
+
+
+def _out_edge(edge: Edge) -> OutEdge:
+    """What a producer's task knows of an edge it emits on."""
+    return OutEdge(edge.id, edge.key, edge.n_channels, edge.level, edge.label)
 
 
 def _filtered(expression: Any, batch_func: Any) -> Any:

@@ -256,13 +256,8 @@ class InputTask:
         assert isinstance(self.reader, CsvReader | ParquetReader)
         for source, run in itertools.groupby(range(len(self.reader)), key=self.reading_channel):
             for seq, value in self.tables(run):
-                if isinstance(edge.key, Router):
-                    for _, part in _routed(value, edge, source):
-                        yield (0, edge.level, seq(), edge.id, Decoded(part))
-                    continue
-                if isinstance(value, pa.Table):
-                    channels_of(value, edge.key, 1, edge.label)  # checks the key column exists
-                yield (0, edge.level, seq(), edge.id, Decoded(value))
+                for part in _in_task(value, edge, source):
+                    yield (0, edge.level, seq(), edge.id, Decoded(part))
 
 
 @dataclass(frozen=True)
@@ -321,8 +316,52 @@ def make_executor(template: Any) -> Executor:
 
 
 @dataclass
+class Chained:
+    """A one-channel task node run inside its one-channel consumer's task: its outputs go straight to the consumer."""
+
+    name: str
+    executor: Any
+    streams: dict[int, Hashable]  # edge id -> stream id, of the edges it reads
+    edge: OutEdge  # the edge to its consumer (its level is this node's)
+
+
+def _outputs(executor: Executor, value: Any, where: str) -> Iterator[Any]:
+    """The batches an executor's return value holds, as they travel (tables, unless its format is "object")."""
+    fmt = _format(executor)
+    if fmt == "object":
+        # any value is one batch, but a generator (Quokka's done() may be one) gives several
+        values: Iterable[Any] = value if isinstance(value, types.GeneratorType) else [value]
+    elif isinstance(value, (list, tuple)):  # several batches at once (Quokka's executors return lists)
+        values = value
+    else:
+        values = [value]
+    for v in values:
+        out = v if fmt == "object" else to_table(v, where, keep_index=fmt == "pandas")
+        if out is not None:
+            yield out
+
+
+def _in_task(value: Any, edge: OutEdge, source: int) -> Iterator[Any]:
+    """What an edge to a one-channel consumer in the same task carries of a batch: what routing would send it."""
+    if isinstance(edge.key, Router):
+        for _, part in _routed(value, edge, source):
+            yield part
+        return
+    if isinstance(value, pa.Table):
+        if value.num_rows == 0:
+            return
+        channels_of(value, edge.key, 1, edge.label)  # checks the key column exists
+    elif edge.key is not None:
+        raise_in_task(
+            f"{edge.label}: a {type(value).__name__} is routed by a Router or whole (key None); "
+            "a column or a function of a table routes pyarrow Tables"
+        )
+    yield value
+
+
+@dataclass
 class NodeTask:
-    """Runs the channels of a task node held by one Spark partition."""
+    """Runs the channels of a task node held by one Spark partition (and the nodes chained into it)."""
 
     name: str
     executor: Any
@@ -332,6 +371,7 @@ class NodeTask:
     out_edges: list[OutEdge]
     has_shuffled_input: bool
     fused: list[tuple[InputTask, OutEdge]] = field(default_factory=list)
+    chained: list[Chained] = field(default_factory=list)  # producers before their consumers
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         partition = partition_id()
@@ -348,22 +388,16 @@ class NodeTask:
         seqs: dict[int, Callable[[], int]] = {}
         empty: dict[int, pa.Table] = {}  # channel -> an empty output, kept while the channel emitted no rows
         nonempty: set[int] = set()
+        reader_of = {edge: node for node in self.chained for edge in node.streams}
+        inner: dict[str, Executor] = {}  # a chained node's executor, by name
+        # the chained nodes whose done() is to come, by level (a producer's is at most its consumer's)
+        pending = sorted(self.chained, key=lambda node: node.edge.level)
 
         def emit(channel: int, value: Any, where: str) -> Iterator[pa.RecordBatch]:
-            fmt = _format(executors[channel])
-            if fmt == "object":
-                # any value is one batch, but a generator (Quokka's done() may be one) gives several
-                values: Iterable[Any] = value if isinstance(value, types.GeneratorType) else [value]
-            elif isinstance(value, (list, tuple)):  # several batches at once (Quokka's executors return lists)
-                values = value
-            else:
-                values = [value]
-            for v in values:
-                yield from emit_one(channel, v if fmt == "object" else to_table(v, where, keep_index=fmt == "pandas"))
+            for v in _outputs(executors[channel], value, where):
+                yield from emit_one(channel, v)
 
         def emit_one(channel: int, value: Any) -> Iterator[pa.RecordBatch]:
-            if value is None:
-                return
             if channel not in seqs:
                 seqs[channel] = counter(channel)
             if not self.blocking:
@@ -383,19 +417,56 @@ class NodeTask:
                 executors[channel] = _call(f"node {self.name!r}: making the executor", make_executor, self.executor)
             return executors[channel]
 
-        for channel, _level, _seq, edge, payload in rows:
-            ex = executor_for(channel)
-            if ex.finished:
+        def execute(ex: Executor, name: str, channel: int, stream: Hashable, payload: Any) -> tuple[Any, str]:
+            value = payload.value if isinstance(payload, Decoded) else decode_value(payload.as_buffer())
+            where = f"node {name!r}: {type(ex).__name__}.execute (channel {channel}, stream {stream!r})"
+            batch = to_pandas(value) if _format(ex) == "pandas" and isinstance(value, pa.Table) else value
+            return _call(where, ex.execute, batch, stream, channel), where
+
+        def inner_executor(node: Chained) -> Executor:
+            if node.name not in inner:
+                inner[node.name] = _call(f"node {node.name!r}: making the executor", make_executor, node.executor)
+            return inner[node.name]
+
+        def deliver(edge: int, payload: Any, channel: int = 0) -> Iterator[pa.RecordBatch]:
+            node = reader_of.get(edge)
+            if node is None:  # an edge of this node's own
+                ex = executor_for(channel)
+                if not ex.finished:
+                    out, where = execute(ex, self.name, channel, self.streams[edge], payload)
+                    yield from emit(channel, out, where)
+                return
+            ex = inner_executor(node)
+            if not ex.finished:
+                out, where = execute(ex, node.name, 0, node.streams[edge], payload)
+                yield from passed_on(node, ex, out, where)
+
+        def passed_on(node: Chained, ex: Executor, out: Any, where: str) -> Iterator[pa.RecordBatch]:
+            for value in _outputs(ex, out, where):
+                for part in _in_task(value, node.edge, 0):
+                    yield from deliver(node.edge.id, Decoded(part))
+
+        def finish_chained(below: int | None) -> Iterator[pa.RecordBatch]:
+            """done() of the chained nodes whose outputs' level is below `below` (None: all of them)."""
+            while pending and (below is None or pending[0].edge.level < below):
+                node = pending.pop(0)
+                ex = inner_executor(node)
+                where = f"node {node.name!r}: {type(ex).__name__}.done (channel 0)"
+                yield from passed_on(node, ex, _call(where, ex.done, 0), where)
+
+        for channel, level, _seq, edge, payload in rows:
+            if pending:  # what a chained node emits at its end comes before anything of a higher level
+                yield from finish_chained(level)
+            if executor_for(channel).finished:
                 if self.n_channels == 1:
                     break  # nothing else can come for another channel: stop reading
                 continue
-            value = payload.value if isinstance(payload, Decoded) else decode_value(payload.as_buffer())
-            stream = self.streams[edge]
-            where = f"node {self.name!r}: {type(ex).__name__}.execute (channel {channel}, stream {stream!r})"
-            batch = to_pandas(value) if _format(ex) == "pandas" and isinstance(value, pa.Table) else value
-            yield from emit(channel, _call(where, ex.execute, batch, stream, channel), where)
-            if ex.finished and self.n_channels == 1:
-                break  # stop now, before pulling (maybe reading) another batch
+            yield from deliver(edge, payload, channel)
+            if self.n_channels == 1 and executor_for(channel).finished:
+                # stop now, before pulling (maybe reading) another batch; a chained node's input stops
+                # too, as a fused input's does: what it would emit has nowhere to go
+                break
+        yield from finish_chained(None)
         channels = set(executors)
         if partition < self.n_channels:
             channels.add(partition)  # channel c is partition c: it gets its done() even without input
