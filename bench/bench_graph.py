@@ -26,7 +26,10 @@ on Parquet copies of them, against Spark SQL and DuckDB running the same queries
 predicates) over the same files; it reports the geometric mean of TaskGraph / Spark SQL per format.
 Targets: at most 0.5 on CSV and 1.0 on Parquet (Quokka reported about 1.85x faster than Spark SQL).
 
-The exit status is 1 if a target is missed or the answers disagree.
+The exit status is 1 if a target is missed or the answers disagree. With `--quokka`, the median
+times are also written for bench/compare.py (which compares two trees in paired runs):
+
+    python bench/compare.py --base main bench/bench_graph.py --quokka --runs 3 --format parquet
 """
 
 from __future__ import annotations
@@ -34,6 +37,8 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
+import json
+import os
 import statistics
 import sys
 import tempfile
@@ -49,6 +54,7 @@ import pandas as pd
 from rich.console import Console
 from rich.table import Table
 
+from benchlib import FIGURES_ENV
 from conveyor import TaskGraph
 from conveyor.spark.session import get_or_create_session
 
@@ -216,6 +222,7 @@ def quokka_suite(data: Path, scale: float, runs: int, channels: int, formats: li
         table.add_column(col, justify="right")
     ok = True
     summary = []
+    figures = []  # for bench/compare.py: each system's median time per format and query
     for fmt in formats:
         views(fmt)
         ratios = []
@@ -231,6 +238,7 @@ def quokka_suite(data: Path, scale: float, runs: int, channels: int, formats: li
                     times.setdefault(system, []).append(seconds)
                     progress(f"{fmt} {query} run {i + 1}/{runs}: {system} {seconds:.2f} s")
             med = {s: statistics.median(t) for s, t in times.items()}
+            figures += [{"name": f"{s} {fmt} {query}", "figure": med[s], "unit": "seconds"} for s in systems]
             agree = all(apps.same_answer(answers["TaskGraph (compat)"], answers[s]) for s in systems)
             ok &= agree
             ratio = med["TaskGraph (compat)"] / med["Spark SQL"]
@@ -251,6 +259,8 @@ def quokka_suite(data: Path, scale: float, runs: int, channels: int, formats: li
     Console(width=180).print(table)
     for line in summary:
         print(line)
+    if path := os.environ.get(FIGURES_ENV):
+        Path(path).write_text(json.dumps(figures))
     spark.stop()
     return 0 if ok else 1
 
