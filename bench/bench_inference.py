@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import math
 import os
 import random
@@ -93,14 +94,19 @@ class RayPredictor:
         return pd.DataFrame({"digit": self.model.predict(batch[COLUMNS].to_numpy())})
 
 
-def start_ray() -> Any:
+def start_ray(**options: Any) -> Any:
     """Ray on this machine's 2 cores (Ray Data from the `bench` extra), quiet, with a bounded object store."""
     import logging
 
     import ray
 
     ray.init(
-        num_cpus=2, include_dashboard=False, log_to_driver=False, object_store_memory=2 * 1024**3, logging_level=logging.WARNING
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=2 * 1024**3,
+        logging_level=logging.WARNING,
+        **options,
     )
     ray.data.DataContext.get_current().enable_progress_bars = False
     return ray
@@ -124,9 +130,13 @@ def main() -> None:
     parser.add_argument("--w3-seconds", type=float, default=100.0, help="W3's work: its 2,000 items' seconds together")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--resume-driver", metavar="ADDRESSES", help=argparse.SUPPRESS)  # the resume scenario's first run
+    parser.add_argument("--ray-resume-driver", metavar="RUN_DIR", help=argparse.SUPPRESS)  # a run of Ray's checkpointed job
     args = parser.parse_args()
     if args.resume_driver:
         resume_driver(args)
+        return
+    if args.ray_resume_driver:
+        ray_resume_driver(Path(args.ray_resume_driver))
         return
     if args.workload in ("w1", "all"):
         w1(args)
@@ -341,7 +351,7 @@ def resume_driver(args: argparse.Namespace) -> None:
 
 
 def resume(args: argparse.Namespace) -> None:
-    """Resume: W1 as a resumable job, its first driver killed halfway, run again; against full runs."""
+    """Resume: W1 as a resumable job, its first driver killed halfway, run again; against full runs. Then Ray Data's."""
     from conveyor.client.pool import QueuePool
     from conveyor.spark.session import get_or_create_session
 
@@ -369,11 +379,29 @@ def resume(args: argparse.Namespace) -> None:
                 f"run again: {seconds[-1]:.2f} s (output exact)"
             )
     spark.stop()
+    ray_full, ray_again = ray_resume(args, model, frame, want)
     f, r = statistics.median(full), statistics.median(seconds)
     print(f"\nResume: W1 ({args.rows:,} digits) as a resumable map_batches job, local[2], medians of {args.runs}")
-    print(f"  full run                             {f:6.2f} s  (runs {', '.join(f'{x:.2f}' for x in full)})")
+    print(f"  Conveyor: full run                   {f:6.2f} s  (runs {', '.join(f'{x:.2f}' for x in full)})")
     again = ", ".join(f"{x:.2f}" for x in seconds)
-    print(f"  run again after a kill at ~{KILL_AT:.0%}       {r:6.2f} s  ({r / f:.2f}x a full run; runs {again})")
+    print(
+        f"  Conveyor: run again after a kill at ~{KILL_AT:.0%} {r:6.2f} s  ({r / f:.2f}x a full run; runs {again}; output exact)"
+    )
+    print(
+        f"\nRay Data {ray_version()} with its checkpoint (CheckpointConfig: id column, local path), the same W1 from "
+        f"{RAY_FILES} parquet files to parquet, actor pool of 2, medians of {args.runs}"
+    )
+    rf = statistics.median(ray_full)
+    print(f"  Ray Data: full run                   {rf:6.2f} s  (runs {', '.join(f'{x:.2f}' for x in ray_full)})")
+    done_again = [a.seconds for a in ray_again if a.seconds is not None]
+    if done_again:
+        rr = statistics.median(done_again)
+        print(
+            f"  Ray Data: run again after a kill at ~{KILL_AT:.0%} {rr:6.2f} s  ({rr / rf:.2f}x a full run; runs "
+            f"{', '.join(f'{x:.2f}' for x in done_again)})"
+        )
+    for i, a in enumerate(ray_again, 1):
+        print(f"    run {i}: {a}")
 
 
 def killed_halfway(pool: Any, queue: str, args: argparse.Namespace) -> tuple[float, int]:
@@ -392,20 +420,30 @@ def killed_halfway(pool: Any, queue: str, args: argparse.Namespace) -> tuple[flo
             if driver.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the first run ended (exit {driver.poll()}) or timed out before half its work was done")
             time.sleep(0.005)
-        tree = _tree(driver.pid)
-        for pid in tree:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
+        _stop_tree(driver.pid)
         st = pool.stats()[queue]
         done, in_flight = st.acked / (st.acked + st.pending), st.delivered
     finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(driver.pid, signal.SIGKILL)
-        for pid in _tree(driver.pid) if driver.poll() is None else []:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        driver.wait(60)
+        _kill_tree(driver)
     return done, in_flight
+
+
+def _stop_tree(pid: int) -> None:
+    """SIGSTOP a driver and its descendants, so that what is measured next is what the kill finds."""
+    for p in _tree(pid):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGSTOP)
+
+
+def _kill_tree(driver: subprocess.Popen[Any]) -> None:
+    """SIGKILL a driver (started in a session of its own) and its descendants, and reap it."""
+    tree = _tree(driver.pid) if driver.poll() is None else []
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(driver.pid, signal.SIGKILL)
+    for p in tree:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGKILL)
+    driver.wait(60)
 
 
 def _tree(pid: int) -> list[int]:
@@ -422,6 +460,182 @@ def _tree(pid: int) -> list[int]:
         tree.append(p)
         todo += children.get(p, [])
     return tree
+
+
+RAY_FILES = 25  # Ray's input: parquet files of 8,000 rows, each block written (and checkpointed) on its own, as fine as
+# Conveyor's chunks of 8,192 rows
+RAY_HANG = 5.0  # a Ray run again that takes longer than this many full runs is killed and reported as a hang
+RAY_START_S = 600.0  # for a Ray driver to start Ray and checkpoint half its rows (or finish), on a busy machine
+
+
+class RayIdPredictor:
+    """W1's model in a Ray Data actor of the checkpointed job: keeps the id column its checkpoint needs; logs the ids it ran."""
+
+    def __init__(self, model: Any, ran: str) -> None:
+        self.model, self.ran = model, ran
+
+    def __call__(self, batch: Any) -> Any:
+        import pandas as pd
+
+        out = pd.DataFrame({"id": batch["id"].to_numpy(), "digit": self.model.predict(batch[COLUMNS].to_numpy())})
+        with open(os.path.join(self.ran, f"{os.getpid()}.ids"), "ab") as log:  # for the rows run twice
+            log.write(out["id"].to_numpy().astype("<i8").tobytes())
+        return out
+
+
+def ray_resume_driver(run: Path) -> None:
+    """One run of Ray Data's checkpointed W1 job, in a driver of its own with a Ray of its own: prints its seconds."""
+    import pickle
+
+    from ray.data.checkpoint import CheckpointConfig
+
+    model = pickle.loads((run.parent / "model.pickle").read_bytes())
+    ray = start_ray(address="local")  # a Ray of its own, never one another program runs
+    ray.data.DataContext.get_current().checkpoint_config = CheckpointConfig(
+        id_column="id", checkpoint_path=str(run / "checkpoint")
+    )
+    t0 = time.perf_counter()
+    ray.data.read_parquet(str(run.parent / "input")).map_batches(
+        RayIdPredictor, fn_constructor_args=(model, str(run / "ran")), batch_size=1024, batch_format="pandas", concurrency=2
+    ).write_parquet(str(run / "output"))
+    print(time.perf_counter() - t0, flush=True)
+    ray.shutdown()
+
+
+@dataclasses.dataclass(frozen=True)
+class RayRunAgain:
+    """A Ray run again after its first driver was killed: what the kill found, and how the run again went."""
+
+    killed_at: float  # of the rows checkpointed when the first driver was killed
+    seconds: float | None  # the run again's job (None: it hung, or failed)
+    twice: int  # rows the two runs both ran
+    outcome: str  # "output exact", or what was wrong
+
+    def __str__(self) -> str:
+        took = "hung or failed" if self.seconds is None else f"{self.seconds:.2f} s"
+        return (
+            f"killed at {self.killed_at:.0%} of the rows checkpointed; run again {took}; {self.twice:,} rows run twice; "
+            f"{self.outcome}"
+        )
+
+
+def ray_resume(args: argparse.Namespace, model: Any, frame: Any, want: Any) -> tuple[list[float], list[RayRunAgain]]:
+    """Ray Data's checkpoint in the resume scenario's shape: full runs, then runs killed at KILL_AT of the rows and run again.
+
+    Every run is a driver of its own (a child process with its own Ray); its time is its job's, from after Ray started.
+    """
+    import pickle
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    base = Path(tempfile.mkdtemp(prefix="bench-ray-resume-"))
+    try:
+        (base / "input").mkdir()
+        (base / "model.pickle").write_bytes(pickle.dumps(model))
+        table = pa.Table.from_pandas(frame.assign(id=np.arange(len(frame), dtype=np.int64)), preserve_index=False)
+        for i, at in enumerate(np.array_split(np.arange(len(frame)), RAY_FILES)):
+            pq.write_table(table.slice(int(at[0]), len(at)), base / "input" / f"part-{i:03d}.parquet")
+        full: list[float] = []
+        walls: list[float] = []
+        for run in range(args.runs + 1):  # the first one warms up (files read into the page cache, Ray's modules)
+            t0 = time.perf_counter()
+            seconds = _ray_run(base / f"full-{run}", RAY_START_S)
+            wall = time.perf_counter() - t0
+            outcome = _ray_output(base / f"full-{run}", want)
+            if seconds is None or outcome != "output exact":
+                raise RuntimeError(f"Ray Data's full run {run} failed: {outcome}; see {base / f'full-{run}' / 'driver.err'}")
+            if run:
+                full.append(seconds)
+                walls.append(wall)
+            progress(f"Ray Data full run {run}: {seconds:.2f} s ({wall:.2f} s with Ray's start)" + ("" if run else " (warm-up)"))
+        again: list[RayRunAgain] = []
+        for run in range(args.runs):
+            where = base / f"again-{run}"
+            killed_at = _ray_killed_halfway(where, args.rows)
+            seconds = _ray_run(where, RAY_HANG * statistics.median(walls))
+            ran = np.concatenate([np.fromfile(f, dtype="<i8") for f in (where / "ran").glob("*.ids")] or [np.array([], "<i8")])
+            again.append(RayRunAgain(killed_at, seconds, len(ran) - len(np.unique(ran)), _ray_output(where, want)))
+            progress(f"Ray Data run {run + 1}: {again[-1]}")
+        return full, again
+    finally:
+        import shutil
+
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def _ray_driver(run: Path) -> subprocess.Popen[Any]:
+    """A Ray driver (`--ray-resume-driver`) on `run`, its stderr in run/driver.err."""
+    (run / "ran").mkdir(parents=True, exist_ok=True)
+    with open(run / "driver.err", "ab") as err:
+        return subprocess.Popen(
+            [sys.executable, __file__, "--ray-resume-driver", str(run)],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+
+def _ray_run(run: Path, bound_s: float) -> float | None:
+    """A Ray run to its end: its job's seconds; None if it failed or took longer than `bound_s` (then it is killed)."""
+    driver = _ray_driver(run)
+    try:
+        out, _ = driver.communicate(timeout=bound_s)
+    except subprocess.TimeoutExpired:
+        _kill_tree(driver)
+        return None
+    return float(out.split()[-1]) if driver.returncode == 0 and out.split() else None
+
+
+def _ray_killed_halfway(run: Path, rows: int) -> float:
+    """A Ray run SIGSTOPped then SIGKILLed, with its Ray, once KILL_AT of the rows are checkpointed; returns the share then."""
+    import pyarrow.parquet as pq
+
+    counted: dict[str, int] = {}
+
+    def checkpointed() -> int:  # the rows of committed checkpoint files (a pending one ends in .pending.parquet)
+        for f in (run / "checkpoint").glob("*.parquet"):
+            if not f.name.endswith(".pending.parquet") and f.name not in counted:
+                with contextlib.suppress(OSError):
+                    counted[f.name] = pq.read_metadata(f).num_rows
+        return sum(counted.values())
+
+    driver = _ray_driver(run)
+    try:
+        deadline = time.monotonic() + RAY_START_S
+        while checkpointed() < KILL_AT * rows:
+            if driver.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"Ray's first run ended (exit {driver.poll()}) or timed out before half its rows were done")
+            time.sleep(0.01)
+        _stop_tree(driver.pid)
+        return checkpointed() / rows
+    finally:
+        _kill_tree(driver)
+
+
+def _ray_output(run: Path, want: Any) -> str:
+    """Whether a Ray run's output is exact: every row once, with the model's prediction; else what is wrong."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    if not (run / "output").exists():
+        return "no output"
+    table = pq.read_table(run / "output", columns=["id", "digit"])
+    ids, digits = table.column("id").to_numpy(), table.column("digit").to_numpy()
+    unique = len(np.unique(ids))
+    wrong = int(np.count_nonzero(want[ids] != digits)) if len(ids) else 0
+    if len(ids) == unique == len(want) and not wrong:
+        return "output exact"
+    return f"output NOT exact: {len(ids):,} rows for {len(want):,}, {len(ids) - unique:,} twice, {wrong:,} wrong"
+
+
+def ray_version() -> str:
+    """The installed Ray's version."""
+    import ray
+
+    return str(ray.__version__)
 
 
 def delay_of(item: int) -> float:
