@@ -82,6 +82,26 @@ class Predictor:
         return pd.DataFrame({"digit": self.model.predict(batch[COLUMNS].to_numpy())})
 
 
+class CountingPredictor(Predictor):
+    """Predictor that also logs the rows of each batch it ran (to `ran`, a file per process): the rows run twice."""
+
+    def __init__(self, model: Any, ran: str) -> None:
+        super().__init__(model)
+        self.ran = ran
+
+    def __call__(self, batch: Any) -> Any:
+        out = super().__call__(batch)
+        with open(os.path.join(self.ran, f"{os.getpid()}.rows"), "ab") as log:
+            log.write(len(out).to_bytes(8, "little"))
+        return out
+
+
+def rows_ran(ran: Path) -> int:
+    """The rows the CountingPredictors logging to `ran` ran."""
+    data = b"".join(f.read_bytes() for f in ran.glob("*.rows"))
+    return sum(int.from_bytes(data[i : i + 8], "little") for i in range(0, len(data), 8))
+
+
 class RayPredictor:
     """W1's model in a Ray Data actor: built once per actor."""
 
@@ -130,13 +150,15 @@ def main() -> None:
     parser.add_argument("--w3-seconds", type=float, default=100.0, help="W3's work: its 2,000 items' seconds together")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--resume-driver", metavar="ADDRESSES", help=argparse.SUPPRESS)  # the resume scenario's first run
+    parser.add_argument("--resume-ran", metavar="DIR", help=argparse.SUPPRESS)  # where its rows run are logged
     parser.add_argument("--ray-resume-driver", metavar="RUN_DIR", help=argparse.SUPPRESS)  # a run of Ray's checkpointed job
+    parser.add_argument("--ray-actors", type=int, default=1, help=argparse.SUPPRESS)  # its actor pool's size
     args = parser.parse_args()
     if args.resume_driver:
         resume_driver(args)
         return
     if args.ray_resume_driver:
-        ray_resume_driver(Path(args.ray_resume_driver))
+        ray_resume_driver(Path(args.ray_resume_driver), args.ray_actors)
         return
     if args.workload in ("w1", "all"):
         w1(args)
@@ -327,13 +349,21 @@ def w1_input(rows: int) -> Any:
     return model, frame, model.predict(frame.to_numpy())
 
 
-def resume_job(spark: Any, model: Any, frame: Any, pool: Any, job: str) -> Any:
+def resume_job(spark: Any, model: Any, frame: Any, pool: Any, job: str, ran: Path) -> Any:
     """The resume scenario's call: W1 through map_batches as the resumable job `job` (its input the same each time)."""
     import conveyor.spark as cs
 
     df = spark.createDataFrame(frame).repartition(4)
+    ran.mkdir(parents=True, exist_ok=True)
     out, st = cs.map_batches(
-        df, Predictor, schema="digit long", fn_args=(model,), queue_pool=pool, job=job, progress=False, stats=True
+        df,
+        CountingPredictor,
+        schema="digit long",
+        fn_args=(model, str(ran)),
+        queue_pool=pool,
+        job=job,
+        progress=False,
+        stats=True,
     )
     progress(f"  {job}: input put (or named) {st.enqueue_s:.2f} s, consumed {st.consume_s:.2f} s, read back {st.read_s:.2f} s")
     return out
@@ -347,7 +377,30 @@ def resume_driver(args: argparse.Namespace) -> None:
     model, frame, _ = w1_input(args.rows)
     spark = get_or_create_session("local[2]", app_name="bench-resume-driver")
     with QueuePool.connect(args.resume_driver) as pool:
-        resume_job(spark, model, frame, pool, RESUME_JOB).count()
+        resume_job(spark, model, frame, pool, RESUME_JOB, Path(args.resume_ran)).count()
+
+
+@dataclasses.dataclass(frozen=True)
+class Resumed:
+    """One system's resume figures: full runs, runs again after a kill, rows run twice, exactness; or why it could not."""
+
+    system: str
+    full: list[float]  # a full run's seconds, each run
+    again: list[float]  # a run again's seconds after a kill, each run that finished
+    twice: list[int]  # rows the killed run and its run again both ran, each run
+    exact: list[bool]  # the output exact, each run again
+    notes: list[str]  # what else was measured: where the kills fell, hangs
+
+    def row(self) -> str:
+        """Its line of the table."""
+        full = f"{statistics.median(self.full):8.2f}" if self.full else f"{'-':>8}"
+        again = f"{statistics.median(self.again):8.2f}" if self.again else f"{'-':>8}"
+        ratio = (
+            f"{statistics.median(self.again) / statistics.median(self.full):6.2f}x" if self.full and self.again else f"{'-':>7}"
+        )
+        twice = "/".join(f"{t:,}" for t in self.twice) or "-"
+        exact = "yes" if self.exact and all(self.exact) else ("no" if self.exact else "-")
+        return f"  {self.system:34s} {full} {again} {ratio}  {twice:>22s}  {exact}"
 
 
 def resume(args: argparse.Namespace) -> None:
@@ -358,58 +411,54 @@ def resume(args: argparse.Namespace) -> None:
     model, frame, want = w1_input(args.rows)
     spark = get_or_create_session("local[2]", app_name="bench-resume")
     queue = f"map_batches-job-{RESUME_JOB}"
+    notes: list[str] = []
+    twice: list[int] = []
     with tempfile.TemporaryDirectory() as data, QueuePool.local(n_servers=2, data_dir=data) as pool:
         full: list[float] = []
         for run in range(args.runs + 1):  # the first one warms up (Python workers started)
             t0 = time.perf_counter()
-            resume_job(spark, model, frame, pool, f"w1-full-{run}").count()
+            resume_job(spark, model, frame, pool, f"w1-full-{run}", Path(data) / f"ran-full-{run}").count()
             if run:
                 full.append(time.perf_counter() - t0)
             progress(f"full run {run}: {time.perf_counter() - t0:.2f} s" + ("" if run else " (warm-up)"))
         seconds: list[float] = []
         for run in range(args.runs):
-            done, in_flight = killed_halfway(pool, queue, args)
+            ran = Path(data) / f"ran-again-{run}"
+            done, in_flight = killed_halfway(pool, queue, args, ran)
             t0 = time.perf_counter()
-            out = resume_job(spark, model, frame, pool, RESUME_JOB)
+            out = resume_job(spark, model, frame, pool, RESUME_JOB, ran)
             seconds.append(time.perf_counter() - t0)
             assert sorted(r["digit"] for r in out.select("digit").collect()) == sorted(want.tolist())
             assert out.where("_error IS NOT NULL").count() == 0 and queue not in pool.stats()
-            progress(
-                f"run {run + 1}: killed at {done:.0%} of the messages done, {in_flight} in flight; "
-                f"run again: {seconds[-1]:.2f} s (output exact)"
+            twice.append(rows_ran(ran) - args.rows)
+            notes.append(
+                f"run {run + 1}: killed at {done:.0%} of the messages done, {in_flight} messages in flight "
+                f"({in_flight * 1024:,} rows at most); {twice[-1]:,} rows run twice; run again {seconds[-1]:.2f} s"
             )
+            progress(notes[-1])
     spark.stop()
-    ray_full, ray_again = ray_resume(args, model, frame, want)
-    f, r = statistics.median(full), statistics.median(seconds)
-    print(f"\nResume: W1 ({args.rows:,} digits) as a resumable map_batches job, local[2], medians of {args.runs}")
-    print(f"  Conveyor: full run                   {f:6.2f} s  (runs {', '.join(f'{x:.2f}' for x in full)})")
-    again = ", ".join(f"{x:.2f}" for x in seconds)
+    conveyor = Resumed("Conveyor map_batches(job=...)", full, seconds, twice, [True] * len(seconds), notes)
+    ray = ray_resume(args, model, frame, want)
     print(
-        f"  Conveyor: run again after a kill at ~{KILL_AT:.0%} {r:6.2f} s  ({r / f:.2f}x a full run; runs {again}; output exact)"
+        f"\nResume: W1 ({args.rows:,} digits), the first driver SIGKILLed at ~{KILL_AT:.0%}, the same program run again; "
+        f"2 cores, medians of {args.runs}"
     )
-    print(
-        f"\nRay Data {ray_version()} with its checkpoint (CheckpointConfig: id column, local path), the same W1 from "
-        f"{RAY_FILES} parquet files to parquet, actor pool of 2, medians of {args.runs}"
-    )
-    rf = statistics.median(ray_full)
-    print(f"  Ray Data: full run                   {rf:6.2f} s  (runs {', '.join(f'{x:.2f}' for x in ray_full)})")
-    done_again = [a.seconds for a in ray_again if a.seconds is not None]
-    if done_again:
-        rr = statistics.median(done_again)
-        print(
-            f"  Ray Data: run again after a kill at ~{KILL_AT:.0%} {rr:6.2f} s  ({rr / rf:.2f}x a full run; runs "
-            f"{', '.join(f'{x:.2f}' for x in done_again)})"
-        )
-    for i, a in enumerate(ray_again, 1):
-        print(f"    run {i}: {a}")
+    print(f"  {'system':34s} {'full s':>8} {'again s':>8} {'ratio':>7}  {'rows re-run (each run)':>22s}  exact")
+    for system in (conveyor, ray):
+        print(system.row())
+    for system in (conveyor, ray):
+        print(f"\n  {system.system}: full runs {', '.join(f'{x:.2f}' for x in system.full) or 'none'} s")
+        for note in system.notes:
+            print(f"    {note}")
 
 
-def killed_halfway(pool: Any, queue: str, args: argparse.Namespace) -> tuple[float, int]:
+def killed_halfway(pool: Any, queue: str, args: argparse.Namespace, ran: Path) -> tuple[float, int]:
     """Run the resumable job in a driver of its own; SIGSTOP then SIGKILL it with its Spark at KILL_AT of the messages done.
 
     Returns the share of messages done then, and the messages in flight (delivered, not settled).
     """
     command = [sys.executable, __file__, "--rows", str(args.rows), "--resume-driver", ",".join(pool.addresses)]
+    command += ["--resume-ran", str(ran)]
     driver = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 300  # the driver starts Spark, puts the input, then consumes
@@ -462,10 +511,11 @@ def _tree(pid: int) -> list[int]:
     return tree
 
 
-RAY_FILES = 25  # Ray's input: parquet files of 8,000 rows, each block written (and checkpointed) on its own, as fine as
-# Conveyor's chunks of 8,192 rows
-RAY_HANG = 5.0  # a Ray run again that takes longer than this many full runs is killed and reported as a hang
-RAY_START_S = 600.0  # for a Ray driver to start Ray and checkpoint half its rows (or finish), on a busy machine
+RAY_FILES = 25  # Ray's input: parquet files of 8,000 rows, repartitioned to as many blocks, each written (and checkpointed)
+# on its own, about as fine as Conveyor's chunks of 8,192 rows (one block read whole is checkpointed all or nothing)
+RAY_PROBE_S = 180.0  # the bound on a full run with an actor pool of 2, which hangs on 2 CPUs (its reads get no CPU)
+RAY_HANG = 5.0  # a Ray run again that takes longer than this many full runs (with Ray's start) is killed as a hang
+RAY_START_S = 300.0  # for a Ray driver to start Ray and checkpoint half its rows (or finish), on a busy machine
 
 
 class RayIdPredictor:
@@ -483,7 +533,7 @@ class RayIdPredictor:
         return out
 
 
-def ray_resume_driver(run: Path) -> None:
+def ray_resume_driver(run: Path, actors: int) -> None:
     """One run of Ray Data's checkpointed W1 job, in a driver of its own with a Ray of its own: prints its seconds."""
     import pickle
 
@@ -495,34 +545,23 @@ def ray_resume_driver(run: Path) -> None:
         id_column="id", checkpoint_path=str(run / "checkpoint")
     )
     t0 = time.perf_counter()
-    ray.data.read_parquet(str(run.parent / "input")).map_batches(
-        RayIdPredictor, fn_constructor_args=(model, str(run / "ran")), batch_size=1024, batch_format="pandas", concurrency=2
+    ray.data.read_parquet(str(run.parent / "input")).repartition(RAY_FILES).map_batches(
+        RayIdPredictor,
+        fn_constructor_args=(model, str(run / "ran")),
+        batch_size=1024,
+        batch_format="pandas",
+        concurrency=actors,
     ).write_parquet(str(run / "output"))
     print(time.perf_counter() - t0, flush=True)
     ray.shutdown()
 
 
-@dataclasses.dataclass(frozen=True)
-class RayRunAgain:
-    """A Ray run again after its first driver was killed: what the kill found, and how the run again went."""
-
-    killed_at: float  # of the rows checkpointed when the first driver was killed
-    seconds: float | None  # the run again's job (None: it hung, or failed)
-    twice: int  # rows the two runs both ran
-    outcome: str  # "output exact", or what was wrong
-
-    def __str__(self) -> str:
-        took = "hung or failed" if self.seconds is None else f"{self.seconds:.2f} s"
-        return (
-            f"killed at {self.killed_at:.0%} of the rows checkpointed; run again {took}; {self.twice:,} rows run twice; "
-            f"{self.outcome}"
-        )
-
-
-def ray_resume(args: argparse.Namespace, model: Any, frame: Any, want: Any) -> tuple[list[float], list[RayRunAgain]]:
+def ray_resume(args: argparse.Namespace, model: Any, frame: Any, want: Any) -> Resumed:
     """Ray Data's checkpoint in the resume scenario's shape: full runs, then runs killed at KILL_AT of the rows and run again.
 
-    Every run is a driver of its own (a child process with its own Ray); its time is its job's, from after Ray started.
+    Every run is a driver of its own (a child process with its own Ray), under a bound: a hang is killed and reported.
+    Its time is its job's, from after Ray started. First, one full run with an actor pool of 2 (as W1's (d)); the
+    scenario runs with an actor pool of 1, which leaves Ray's read and write tasks a CPU.
     """
     import pickle
 
@@ -530,6 +569,8 @@ def ray_resume(args: argparse.Namespace, model: Any, frame: Any, want: Any) -> t
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    system = f"Ray Data {ray_version()} CheckpointConfig"
+    notes: list[str] = []
     base = Path(tempfile.mkdtemp(prefix="bench-ray-resume-"))
     try:
         (base / "input").mkdir()
@@ -537,40 +578,60 @@ def ray_resume(args: argparse.Namespace, model: Any, frame: Any, want: Any) -> t
         table = pa.Table.from_pandas(frame.assign(id=np.arange(len(frame), dtype=np.int64)), preserve_index=False)
         for i, at in enumerate(np.array_split(np.arange(len(frame)), RAY_FILES)):
             pq.write_table(table.slice(int(at[0]), len(at)), base / "input" / f"part-{i:03d}.parquet")
+        seconds, outcome = _ray_run(base / "probe", RAY_PROBE_S, 2)
+        notes.append(f"actor pool of 2: full run {outcome if seconds is None else f'{seconds:.2f} s'}")
+        progress(f"Ray Data {notes[-1]}")
         full: list[float] = []
         walls: list[float] = []
         for run in range(args.runs + 1):  # the first one warms up (files read into the page cache, Ray's modules)
             t0 = time.perf_counter()
-            seconds = _ray_run(base / f"full-{run}", RAY_START_S)
+            seconds, outcome = _ray_run(base / f"full-{run}", RAY_START_S, 1)
             wall = time.perf_counter() - t0
-            outcome = _ray_output(base / f"full-{run}", want)
+            if seconds is not None:
+                outcome = _ray_output(base / f"full-{run}", want)
             if seconds is None or outcome != "output exact":
-                raise RuntimeError(f"Ray Data's full run {run} failed: {outcome}; see {base / f'full-{run}' / 'driver.err'}")
+                notes.append(f"actor pool of 1: full run {run}: {outcome}; no run again measured")
+                return Resumed(system, full, [], [], [], notes)
             if run:
                 full.append(seconds)
                 walls.append(wall)
             progress(f"Ray Data full run {run}: {seconds:.2f} s ({wall:.2f} s with Ray's start)" + ("" if run else " (warm-up)"))
-        again: list[RayRunAgain] = []
+        again: list[float] = []
+        twice: list[int] = []
+        exact: list[bool] = []
         for run in range(args.runs):
             where = base / f"again-{run}"
-            killed_at = _ray_killed_halfway(where, args.rows)
-            seconds = _ray_run(where, RAY_HANG * statistics.median(walls))
+            try:
+                killed_at = _ray_killed_halfway(where, args.rows)
+            except RuntimeError as e:
+                notes.append(f"run {run + 1}: {e}")
+                continue
+            bound = RAY_HANG * statistics.median(walls)
+            seconds, outcome = _ray_run(where, bound, 1)
             ran = np.concatenate([np.fromfile(f, dtype="<i8") for f in (where / "ran").glob("*.ids")] or [np.array([], "<i8")])
-            again.append(RayRunAgain(killed_at, seconds, len(ran) - len(np.unique(ran)), _ray_output(where, want)))
-            progress(f"Ray Data run {run + 1}: {again[-1]}")
-        return full, again
+            twice.append(len(ran) - len(np.unique(ran)))
+            if seconds is not None:
+                again.append(seconds)
+                outcome = _ray_output(where, want)
+                exact.append(outcome == "output exact")
+            notes.append(
+                f"run {run + 1}: killed at {killed_at:.0%} of the rows checkpointed; run again "
+                f"{outcome if seconds is None else f'{seconds:.2f} s, {outcome}'}; {twice[-1]:,} rows run twice"
+            )
+            progress(f"Ray Data {notes[-1]}")
+        return Resumed(system, full, again, twice, exact, notes)
     finally:
         import shutil
 
         shutil.rmtree(base, ignore_errors=True)
 
 
-def _ray_driver(run: Path) -> subprocess.Popen[Any]:
+def _ray_driver(run: Path, actors: int) -> subprocess.Popen[Any]:
     """A Ray driver (`--ray-resume-driver`) on `run`, its stderr in run/driver.err."""
     (run / "ran").mkdir(parents=True, exist_ok=True)
     with open(run / "driver.err", "ab") as err:
         return subprocess.Popen(
-            [sys.executable, __file__, "--ray-resume-driver", str(run)],
+            [sys.executable, __file__, "--ray-resume-driver", str(run), "--ray-actors", str(actors)],
             stdout=subprocess.PIPE,
             stderr=err,
             stdin=subprocess.DEVNULL,
@@ -578,15 +639,17 @@ def _ray_driver(run: Path) -> subprocess.Popen[Any]:
         )
 
 
-def _ray_run(run: Path, bound_s: float) -> float | None:
-    """A Ray run to its end: its job's seconds; None if it failed or took longer than `bound_s` (then it is killed)."""
-    driver = _ray_driver(run)
+def _ray_run(run: Path, bound_s: float, actors: int) -> tuple[float | None, str]:
+    """A Ray run to its end: its job's seconds, or None and why: it failed, or hung (killed after `bound_s`)."""
+    driver = _ray_driver(run, actors)
     try:
         out, _ = driver.communicate(timeout=bound_s)
     except subprocess.TimeoutExpired:
         _kill_tree(driver)
-        return None
-    return float(out.split()[-1]) if driver.returncode == 0 and out.split() else None
+        return None, f"hung, killed after {bound_s:.0f} s"
+    if driver.returncode == 0 and out.split():
+        return float(out.split()[-1]), "ran"
+    return None, f"failed (exit {driver.returncode}; see {run / 'driver.err'})"
 
 
 def _ray_killed_halfway(run: Path, rows: int) -> float:
@@ -602,12 +665,15 @@ def _ray_killed_halfway(run: Path, rows: int) -> float:
                     counted[f.name] = pq.read_metadata(f).num_rows
         return sum(counted.values())
 
-    driver = _ray_driver(run)
+    driver = _ray_driver(run, 1)
     try:
         deadline = time.monotonic() + RAY_START_S
         while checkpointed() < KILL_AT * rows:
             if driver.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"Ray's first run ended (exit {driver.poll()}) or timed out before half its rows were done")
+                raise RuntimeError(
+                    f"the first run ended (exit {driver.poll()}) or hung ({RAY_START_S:.0f} s) before half its rows were "
+                    "checkpointed"
+                )
             time.sleep(0.01)
         _stop_tree(driver.pid)
         return checkpointed() / rows
@@ -620,9 +686,10 @@ def _ray_output(run: Path, want: Any) -> str:
     import numpy as np
     import pyarrow.parquet as pq
 
-    if not (run / "output").exists():
+    files = sorted((run / "output").glob("*.parquet"))
+    if not files:
         return "no output"
-    table = pq.read_table(run / "output", columns=["id", "digit"])
+    table = pq.read_table(files, columns=["id", "digit"])
     ids, digits = table.column("id").to_numpy(), table.column("digit").to_numpy()
     unique = len(np.unique(ids))
     wrong = int(np.count_nonzero(want[ids] != digits)) if len(ids) else 0
