@@ -37,7 +37,13 @@ Resume of issue 40: W1 as a resumable job (`map_batches(..., job=...)`) on durab
 outlive its driver. A driver of its own (this script, `--resume-driver`) runs it and is SIGKILLed,
 with its Spark, once about half the batches are done; then this process runs the same call again.
 Printed: the second run's time against a full run's (medians of `--runs`, the full runs as fresh
-jobs in this process), its output checked exact, and the messages in flight at the kill.
+jobs in this process), its output checked exact, the messages in flight at the kill and the rows
+run twice (the model class logs the rows it ran). Beside it, Ray Data's job-level checkpoint
+(`DataContext.checkpoint_config = CheckpointConfig(id_column="id", checkpoint_path=...)`): the
+same images in 25 parquet files, read, repartitioned to 25 blocks, predicted by an actor pool,
+written to parquet, each run a driver of its own with a Ray of its own; the first killed (with its
+Ray) once half the rows are checkpointed, then the same program again. Every Ray run has a bound:
+one that hangs is killed and reported so ("hung, killed after N s"). One table of both.
 
 Needs the `bench` extra: scikit-learn (W1) and Ray Data.
 
