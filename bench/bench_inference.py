@@ -615,15 +615,17 @@ def ray_resume(args: argparse.Namespace, model: Any, frame: Any, want: Any) -> R
             bound = RAY_HANG * statistics.median(walls)
             seconds, outcome = _ray_run(where, bound, 1)
             ran = np.concatenate([np.fromfile(f, dtype="<i8") for f in (where / "ran").glob("*.ids")] or [np.array([], "<i8")])
-            twice.append(len(ran) - len(np.unique(ran)))
-            if seconds is not None:
+            if seconds is None:  # a run again that hung ran nothing: no rows run twice to count
+                notes.append(f"run {run + 1}: killed at {killed_at:.0%} of the rows checkpointed; run again {outcome}")
+            else:
+                twice.append(len(ran) - len(np.unique(ran)))
                 again.append(seconds)
                 outcome = _ray_output(where, want)
                 exact.append(outcome == "output exact")
-            notes.append(
-                f"run {run + 1}: killed at {killed_at:.0%} of the rows checkpointed; run again "
-                f"{outcome if seconds is None else f'{seconds:.2f} s, {outcome}'}; {twice[-1]:,} rows run twice"
-            )
+                notes.append(
+                    f"run {run + 1}: killed at {killed_at:.0%} of the rows checkpointed; run again {seconds:.2f} s, "
+                    f"{outcome}; {twice[-1]:,} rows run twice"
+                )
             progress(f"Ray Data {notes[-1]}")
         return Resumed(system, full, again, twice, exact, notes)
     finally:
