@@ -18,13 +18,16 @@ answers of the three are checked against each other. Target: TaskGraph within 2x
     python bench/bench_graph.py                      # SF1, 3 runs
     python bench/bench_graph.py --quick              # smoke run on SF0.01
     python bench/bench_graph.py --scale 1 --runs 5 --data-dir /mnt/fast/tpch
-    python bench/bench_graph.py --quokka             # Quokka's apps (below), CSV and Parquet
+    python bench/bench_graph.py --quokka             # Quokka's apps and tutorials (below), CSV and Parquet
 
-`--quokka` runs instead Quokka's TPC-H apps of 2022 through `conveyor.compat.quokka`
-(examples/quokka_tpch.py: Q3, Q6, Q8, Q12 with only their imports changed) on the `.tbl` files and
-on Parquet copies of them, against Spark SQL and DuckDB running the same queries (the apps'
-predicates) over the same files; it reports the geometric mean of TaskGraph / Spark SQL per format.
-Targets: at most 0.5 on CSV and 1.0 on Parquet (Quokka reported about 1.85x faster than Spark SQL).
+`--quokka` runs instead Quokka's programs through `conveyor.compat.quokka`, in two sets: its TPC-H
+apps of 2022 (examples/quokka_tpch.py: Q3, Q6, Q8, Q12 with only their imports changed) and its
+graph-API tutorials of 2023 (examples/quokka_tutorials.py: TPC-H 1, 3, 4, 6, 12, 13, 14, 19, their
+joins on `--parallelism` channels), on the `.tbl` files (the tutorials' copies with a header line)
+and on Parquet copies of them, against Spark SQL and DuckDB running the same queries (the
+programs' predicates) over the same files; it reports the geometric mean of TaskGraph / Spark SQL
+per format over all queries, and each set's. Targets: at most 0.5 on CSV and 1.0 on Parquet
+(Quokka reported about 1.85x faster than Spark SQL).
 
 The exit status is 1 if a target is missed or the answers disagree. With `--quokka`, the median
 times are also written for bench/compare.py (which compares two trees in paired runs):
@@ -110,7 +113,9 @@ def main() -> int:
         default=None,
         help="where the generated tables are cached (default: <tmp>/conveyor-bench/tpch-sf<scale>)",
     )
-    parser.add_argument("--quokka", action="store_true", help="Quokka's TPC-H apps through conveyor.compat.quokka instead")
+    parser.add_argument(
+        "--quokka", action="store_true", help="Quokka's TPC-H apps and tutorials through conveyor.compat.quokka instead"
+    )
     parser.add_argument("--format", choices=("csv", "parquet"), action="append", help="with --quokka: only this format")
     args = parser.parse_args()
     scale, runs = (0.01, 2) if args.quick else (args.scale, args.runs)

@@ -198,15 +198,15 @@ def day(text: str) -> Any:
 def tpch_12(data: str | Path, fmt: str = "csv", exec_per_node: int = 1) -> pd.DataFrame:
     """tpch-12 (and mod.py): late MAIL and SHIP items received in 1994, by order priority; Parquet as its branch."""
     qc, task_graph = context(exec_per_node)
+    columns = ["l_shipdate", "l_commitdate", "l_shipmode", "l_receiptdate", "l_orderkey"]
     if fmt == "parquet":
         filters = [("l_shipmode", "in", ["SHIP", "MAIL"]), ("l_receiptdate", "<", day("1995-01-01"))]
         filters += [("l_receiptdate", ">=", day("1994-01-01"))]
-        columns = ["l_shipdate", "l_commitdate", "l_shipmode", "l_receiptdate", "l_orderkey"]
         lineitem_reader = reader(data, fmt, "lineitem", columns, filters)
         lineitem_where = "l_commitdate < l_receiptdate and l_shipdate < l_commitdate "
         orders_projection = None
     else:
-        lineitem_reader = reader(data, fmt, "lineitem", [])
+        lineitem_reader = reader(data, fmt, "lineitem", columns)
         lineitem_where = (
             "l_shipmode IN ('MAIL','SHIP') and l_commitdate < l_receiptdate and l_shipdate < l_commitdate and "
             "l_receiptdate >= date '1994-01-01' and l_receiptdate < date '1995-01-01'"
