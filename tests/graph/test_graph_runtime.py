@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import pytest
 from examples.tpch import names
@@ -26,6 +27,7 @@ from pyspark.sql import SparkSession
 from conveyor import Executor, TaskGraph
 from conveyor.graph import Count, FilterProject, GraphError, HashJoin, Limit, Router, Sort
 from conveyor.graph.channels import stable_hash
+from conveyor.graph.readers import parquet_reader
 
 
 class Recorder(Executor):
@@ -115,6 +117,25 @@ def test_parquet_and_spark_readers_agree(spark: SparkSession, tmp_path: Path, tp
     assert results["auto"][0].equals(results["spark"][0])
     assert results["auto"][0].k.tolist() == list(range(3, 20000, 7))
     assert results["auto"][1]["count"].tolist() == results["spark"][1]["count"].tolist() == [15000]
+
+
+def test_parquet_strings_of_few_values_are_read_as_dictionaries_and_come_decoded(spark: SparkSession, tmp_path: Path) -> None:
+    n = 30000
+    modes = pa.array(np.random.default_rng(5).choice(np.array(["AIR", "MAIL", "SHIP", None]), n), pa.string())
+    comments = pa.array([f"comment number {i}" for i in range(n)], pa.large_string())  # all distinct: no small dictionary
+    table = pa.table({"k": np.arange(n), "mode": modes, "comment": comments})
+    pq.write_table(table, tmp_path / "t.parquet", row_group_size=4000)
+    reader = parquet_reader("t", pafs.LocalFileSystem(), [str(tmp_path / "t.parquet")], None, None)
+    assert reader.dictionary == {"mode"}
+    g = TaskGraph(spark)
+    src = g.new_input_parquet(tmp_path / "t.parquet", 2, filters=pc.field("mode").isin(["AIR", "SHIP"]) | (pc.field("k") < 5))
+    out = g.new_blocking_node({0: src}, FilterProject(), 2, {0: "k"})
+    g.run()
+    got = out.to_arrow().sort_by("k")
+    want = pq.read_table(tmp_path / "t.parquet", filters=pc.field("mode").isin(["AIR", "SHIP"]) | (pc.field("k") < 5))
+    # the columns keep the file's types (no dictionary reaches a node) and the rows the plain read's values
+    assert got.schema.field("mode").type == pa.string() and got.schema.field("comment").type == pa.large_string()
+    assert got.select(["k", "mode", "comment"]).equals(want.select(["k", "mode", "comment"]))
 
 
 def test_parquet_without_batch_func_is_read_in_its_one_channel_consumer(spark: SparkSession, tmp_path: Path) -> None:

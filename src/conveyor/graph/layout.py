@@ -49,3 +49,7 @@ CSV_BLOCK_BYTES = 4 * MiB
 # BATCH_MAX_BYTES): the work downstream is per batch (Quokka's Q3 and Q12 on TPC-H's row groups of
 # 120 Ki rows: a batch function, a join and an aggregation per batch)
 PARQUET_BATCH_ROWS = 512 * 1024
+# Parquet inputs: a string column whose chunks all have a dictionary page of at most this many bytes is
+# read as a dictionary and decoded after the input's filter (TPC-H lineitem's ship modes: 0.71 s to 0.12 s
+# per 6 M rows read, one core)
+DICTIONARY_PAGE_BYTES = 64 * 1024
