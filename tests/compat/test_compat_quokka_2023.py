@@ -30,6 +30,7 @@ from conveyor.compat.quokka import QuokkaContext, ray
 from conveyor.compat.quokka.dataset import (
     InputDiskCSVDataset,
     InputDiskJSONDataset,
+    InputParquetDataset,
     InputRestGetAPIDataset,
     InputRestPostAPIDataset,
 )
@@ -478,3 +479,61 @@ def test_a_dataset_of_an_earlier_graph_is_an_input_of_a_later_one(spark: SparkSe
     assert qc.dataset_manager.to_df(total)["number"].to_list() == [sum(range(0, 50, 2))]
     with pytest.raises(GraphError, match="expected what new_blocking_node of an earlier graph returned"):
         second.new_input_dataset_node(numbers)
+
+
+class Kept:
+    """Passes each batch on (a blocking node's output: every row the edge let through)."""
+
+    def execute(self, batches: list[Any], stream_id: int, executor_id: int) -> Any:
+        frames = [b if isinstance(b, polars.DataFrame) else polars.from_arrow(b) for b in batches]
+        return polars.concat(frames) if frames else None
+
+    def done(self, executor_id: int) -> None:
+        return None
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "mode > 'MAIL'",  # in order: as strings, not as the dictionary's codes
+        "mode in ('AIR', 'SHIP') or k < 10",
+        "mode like 'A%'",  # a string function: decoded before the filter
+        "mode = 'RAIL' and k between 100 and 20000",
+    ],
+)
+def test_parquet_strings_read_as_dictionaries_filter_as_strings_and_arrive_as_strings(
+    spark: SparkSession, tmp_path: Path, where: str
+) -> None:
+    rng = np.random.default_rng(7)
+    n = 30000
+    modes = rng.choice(np.array(["AIR", "MAIL", "RAIL", "SHIP", "TRUCK", None], dtype=object), n)
+    frame = pd.DataFrame({"k": np.arange(n), "mode": modes, "note": [f"note {i}" for i in range(n)]})
+    frame.to_parquet(tmp_path / "t.parquet", row_group_size=4000)
+
+    def typed(df: polars.DataFrame) -> polars.DataFrame:  # what a batch function sees
+        return df.with_columns(polars.lit(str(df.schema["mode"])).alias("mode_type"))
+
+    task_graph = TaskGraph(QuokkaContext(exec_per_node=2))
+    rows = task_graph.new_input_reader_node(InputParquetDataset(str(tmp_path / "t.parquet")))
+    kept = task_graph.new_blocking_node(
+        {0: rows},
+        Kept(),
+        placement_strategy=CustomChannelsStrategy(1),
+        source_target_info={
+            0: TargetInfo(HashPartitioner("k"), predicate=sqlglot.parse_one(where), projection=None, batch_funcs=[typed])
+        },
+    )
+    task_graph.run()
+    got = kept.to_df().to_pandas().sort_values("k", ignore_index=True)
+    want = duckdb_rows(frame, where)
+    assert set(got.mode_type) == {"String"}
+    assert got.k.tolist() == want.k.tolist() and got["mode"].tolist() == want["mode"].tolist()
+
+
+def duckdb_rows(frame: pd.DataFrame, where: str) -> pd.DataFrame:
+    """The rows of `frame` that DuckDB's SQL keeps for `where`, by k."""
+    import duckdb
+
+    with duckdb.connect() as con:
+        con.register("t", frame)
+        return con.execute(f"select k, mode from t where {where} order by k").df()

@@ -39,6 +39,9 @@ class Router:
     """
 
     func: Callable[[Any, int, int], Iterable[tuple[int, Any]]]
+    # it takes a Parquet input's string columns as read, Arrow dictionaries (named in the table's
+    # schema metadata, `DICTIONARIES_KEY`), and decodes them itself, as late as it can
+    dictionaries: bool = False
 
     def __call__(self, value: Any, source_channel: int, n_channels: int) -> Iterable[tuple[int, Any]]:
         return self.func(value, source_channel, n_channels)

@@ -241,6 +241,15 @@ class CsvReader:
                 )
 
 
+DICTIONARIES_KEY = b"conveyor.dictionaries"  # a table's schema metadata: its columns still Arrow dictionaries
+
+
+def dictionary_columns(table: pa.Table) -> list[str]:
+    """The columns of a table from a Parquet input that are still dictionaries for its routes to decode."""
+    names = (table.schema.metadata or {}).get(DICTIONARIES_KEY)
+    return names.decode().split(",") if names else []
+
+
 @dataclass(frozen=True)
 class ParquetSplit:
     path: str
@@ -263,6 +272,7 @@ class ParquetReader:
     fs: pafs.FileSystem
     splits: list[ParquetSplit] = field(default_factory=list)
     dictionary: frozenset[str] = frozenset()
+    decode: bool = True  # False: dictionary columns left to the routes (named under DICTIONARIES_KEY)
     _files: dict[str, ds.ParquetFileFragment] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
@@ -281,6 +291,9 @@ class ParquetReader:
         table = pa.Table.from_batches(batches)
         if not self.dictionary:
             return table
+        if not self.decode:
+            coded = [f.name for f in table.schema if f.name in self.dictionary and pa.types.is_dictionary(f.type)]
+            return table.replace_schema_metadata({**(table.schema.metadata or {}), DICTIONARIES_KEY: ",".join(coded)})
         for i, f in enumerate(table.schema):
             if f.name in self.dictionary and pa.types.is_dictionary(f.type):
                 # a take from the dictionary: twice as fast as a cast to its values' type

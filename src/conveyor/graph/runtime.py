@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .channels import Router
 from .errors import GraphError, unwrap_task_error
 from .filesystems import file_system
 from .layout import ARROW_BATCH_BYTES, DATASET_DDL, ROUTE_DDL
@@ -162,6 +163,11 @@ class Runner:
         elif at is not None and source == "files":
             fs, path = at
             reader = parquet_reader(where, fs, list_files(fs, path, (".parquet", ".pq")), spec.columns, spec.filters)
+            edges = self._out_edges(spec.node.id)
+            # routes that filter before they decode: a string column of few values decoded only where rows are kept
+            reader.decode = spec.batch_func is not None or not all(
+                isinstance(e.key, Router) and e.key.dictionaries for e in edges
+            )
         return InputTask(
             spec.node.name,
             source,

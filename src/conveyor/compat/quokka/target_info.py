@@ -25,6 +25,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ...graph import GraphError, Router
+from ...graph.readers import dictionary_columns
 from .frames import is_polars, polars_module, to_transit
 from .partitions import ByColumn, ByRatio
 from .predicates import polars_filter
@@ -135,11 +136,14 @@ class TargetRoute:
         return state
 
     def __call__(self, data: Any, source: int, n: int) -> Iterator[tuple[int, Any]]:
+        coded = dictionary_columns(data) if isinstance(data, pa.Table) else []
         frame = _frame(data)
         if self.predicate is not None:
             if self._filter is None:
                 self._filter = polars_filter(self.predicate)
-            frame = frame.filter(self._filter)
+            frame, coded = _filtered(frame, self._filter, coded)
+        if coded:
+            frame = _decoded(frame, coded)
         for func in self.batch_funcs:
             frame = func(frame)
             if frame is None or len(frame) == 0:
@@ -153,6 +157,30 @@ class TargetRoute:
                 continue
             part = _frame(part)
             yield channel, to_transit(part.select(sorted(self.projection or part.columns)))
+
+
+def _filtered(frame: Any, predicate: Any, coded: list[str]) -> tuple[Any, list[str]]:
+    """`frame`'s rows that `predicate` keeps, and which of `coded` (Parquet strings read as dictionaries) are still so.
+
+    They are filtered as polars Categoricals, which compare with strings as strings do (in order
+    too, from polars 2 on) and are decoded afterwards, only the rows kept; a predicate that calls a
+    string function on one (LIKE), or an older polars, has them decoded first.
+    """
+    pl = polars_module("Quokka's TargetInfo")
+    if coded and int(pl.__version__.split(".")[0]) < 2:
+        frame, coded = _decoded(frame, coded), []
+    try:
+        return frame.filter(predicate), coded
+    except pl.exceptions.InvalidOperationError:
+        if not coded:
+            raise
+        return _decoded(frame, coded).filter(predicate), []
+
+
+def _decoded(frame: Any, coded: list[str]) -> Any:
+    """`frame` with the columns `coded` (Categoricals of a Parquet input's dictionaries) as the strings they are."""
+    pl = polars_module("Quokka's TargetInfo")
+    return frame.with_columns([pl.col(c).cast(pl.String) for c in coded if c in frame.columns])
 
 
 def _frame(data: Any) -> Any:
@@ -198,7 +226,7 @@ def route(info: Any, source_channels: int, target_channels: int, what: str) -> R
     except GraphError as e:
         raise GraphError(f"{what}: {e}") from None
     kept = None if projection is None else tuple(projection)
-    return Router(TargetRoute(info.predicate, tuple(info.batch_funcs), split, kept))
+    return Router(TargetRoute(info.predicate, tuple(info.batch_funcs), split, kept), dictionaries=True)
 
 
 __all__ = [
