@@ -260,10 +260,11 @@ class ParquetSplit:
 class ParquetReader:
     """Reads the row groups of one Parquet input; picklable, so it runs inside Spark tasks.
 
-    `dictionary` names the string columns read as Arrow dictionaries (`dictionary_columns`): a
-    column of few distinct values (TPC-H's flags, ship modes, priorities) is then read as its
-    dictionary and indexes, six times faster than as one string per row, filtered as that, and
-    only the rows kept are decoded, into the column's own type, before anything else sees them.
+    `dictionary` names the string columns read as Arrow dictionaries: a column of few distinct
+    values (TPC-H's flags, ship modes, priorities) is then read as its dictionary and indexes, six
+    times faster than as one string per row, and filtered as that; only the rows kept are decoded,
+    into the column's own type, here, or, with `decode` off, by the routes that filter them further
+    (`Router.dictionaries`; the tables name those columns: `dictionary_columns`).
     """
 
     node: str
@@ -349,9 +350,8 @@ def parquet_reader(
         metadata = pq.ParquetFile(fs.open_input_file(path)).metadata
         splits += [ParquetSplit(path, rg) for rg in range(metadata.num_row_groups)]
         strings &= small_dictionaries(metadata)
-    reader = ParquetReader(node, list(columns) if columns is not None else None, parquet_filter(filters, node), fs, splits)
-    reader.dictionary = frozenset(strings)
-    return reader
+    kept = list(columns) if columns is not None else None
+    return ParquetReader(node, kept, parquet_filter(filters, node), fs, splits, frozenset(strings))
 
 
 def small_dictionaries(metadata: pq.FileMetaData) -> set[str]:
