@@ -155,6 +155,7 @@ class Runner:
         at = file_system(spec.path, spec.s3_here) if spec.path is not None and self.file_reader == "auto" else None
         reader: CsvReader | ParquetReader | SourceReader | None = spec.reader
         source = {NodeKind.DATASET: "dataset", NodeKind.READER: "reader"}.get(spec.kind, "spark" if at is None else "files")
+        edges = self._out_edges(spec.node.id)
         if at is not None and source == "files" and spec.kind is NodeKind.CSV:
             fs, path = at
             files = list_files(fs, path)
@@ -163,7 +164,6 @@ class Runner:
         elif at is not None and source == "files":
             fs, path = at
             reader = parquet_reader(where, fs, list_files(fs, path, (".parquet", ".pq")), spec.columns, spec.filters)
-            edges = self._out_edges(spec.node.id)
             # routes that filter before they decode: a string column of few values decoded only where rows are kept
             reader.decode = spec.batch_func is not None or not all(
                 isinstance(e.key, Router) and e.key.dictionaries for e in edges
@@ -173,7 +173,7 @@ class Runner:
             source,
             reader,
             spec.batch_func,
-            self._out_edges(spec.node.id),
+            edges,
             self.plan.levels[spec.node.id],
             self.counters.get(spec.node.id),
             spec.batch_format,
