@@ -1,4 +1,4 @@
-"""conveyor.compat.quokka.sql_executors: Quokka's 2023 SQLAggExecutor and BuildProbeJoinExecutor, driven as its runtime did.
+"""conveyor.compat.quokka: Quokka's 2023 SQL executors (aggregation, joins), driven as its runtime did.
 
 Each executor gets lists of pyarrow Tables on streams 0 and 1, then `done`, as Quokka's runtime
 (and the compat's 2023 form) calls them; what they emit is checked against DuckDB's answer over
@@ -24,7 +24,7 @@ from examples.tpch import duckdb_columns, generate
 from pyspark.sql import SparkSession
 
 from conveyor.compat.quokka import QuokkaContext, ray
-from conveyor.compat.quokka.executors import BuildProbeJoinExecutor, SQLAggExecutor
+from conveyor.compat.quokka.executors import BroadcastJoinExecutor, BuildProbeJoinExecutor, SQLAggExecutor
 from conveyor.compat.quokka.placement_strategy import SingleChannelStrategy
 from conveyor.compat.quokka.quokka_runtime import TaskGraph
 from conveyor.compat.quokka.sql_executors import BuildProbeJoinExecutor as Defined
@@ -182,6 +182,17 @@ def test_a_build_side_that_sent_nothing_keeps_the_probe_rows_only_for_left_and_a
     assert emitted == [None, None]
     probe_rows = polars.from_arrow(pa.concat_tables(ORDERS)).rows()
     assert rows_of([last]) == (sorted(probe_rows, key=repr) if kept else [])
+
+
+@pytest.mark.parametrize("how", sorted(JOIN_SQL))
+def test_broadcast_join_takes_quokka_2023s_how_and_joins_each_batch_with_the_small_table(how: str) -> None:
+    join = BroadcastJoinExecutor(pa.concat_tables(ITEMS).to_pandas(), small_on="l_key", big_on="o_key", how=how)
+    emitted = [join.execute([batch], 0, 0) for batch in ORDERS]
+    assert join.done(0) is None
+    expected = duckdb_rows(JOIN_SQL[how], orders=pa.concat_tables(ORDERS), items=pa.concat_tables(ITEMS))
+    assert rows_of(emitted) == sorted(expected, key=repr)
+    with pytest.raises(ValueError, match=r"how must be one of .*'outer'"):
+        BroadcastJoinExecutor(ITEMS[0], on="l_key", how="outer")
 
 
 def test_key_to_keep_right_names_the_key_after_the_build_side() -> None:

@@ -21,7 +21,7 @@ import pyarrow.csv as pv
 
 from ...graph.filesystems import bucket_path, file_system
 from .frames import concat, is_polars, polars_module, rows, to_polars
-from .sql_executors import BuildProbeJoinExecutor, SQLAggExecutor  # Quokka 2023's pyquokka.executors held them too
+from .sql_executors import JOIN_KINDS, BuildProbeJoinExecutor, SQLAggExecutor  # Quokka 2023's pyquokka.executors held them too
 
 
 class Executor:
@@ -196,7 +196,11 @@ JoinExecutor = PolarJoinExecutor  # its later name
 
 
 class BroadcastJoinExecutor(Executor):
-    """Inner join of every batch with a small table held by each channel (`small_on` = `big_on`)."""
+    """Join of every batch with a small table held by each channel (`small_on` = `big_on`).
+
+    `how`: "inner" (the default), "left", "semi" or "anti", as polars joins (Quokka's of 2023 took
+    it, by keyword here: its fifth argument is 2022's `batch_func`).
+    """
 
     def __init__(
         self,
@@ -207,7 +211,11 @@ class BroadcastJoinExecutor(Executor):
         batch_func: Callable[[Any], Any] | None = None,
         columns: Sequence[str] | None = None,
         suffix: str = "_small",
+        how: str = "inner",
     ) -> None:
+        if how not in JOIN_KINDS:
+            raise ValueError(f"BroadcastJoinExecutor: how must be one of {list(JOIN_KINDS)}, got {how!r}")
+        self.how = how
         self.small_on, self.big_on = _keys(on, small_on, big_on, "BroadcastJoinExecutor")
         self.state = to_polars(small_table, "BroadcastJoinExecutor")
         if self.small_on not in self.state.columns:
@@ -221,7 +229,7 @@ class BroadcastJoinExecutor(Executor):
         if not present:
             return None
         batch = concat([to_polars(b, "BroadcastJoinExecutor") for b in present])
-        result = batch.join(self.state, left_on=self.big_on, right_on=self.small_on, how="inner", suffix=self.suffix)
+        result = batch.join(self.state, left_on=self.big_on, right_on=self.small_on, how=self.how, suffix=self.suffix)
         return _finish(result, self.columns, self.batch_func)
 
     def done(self, executor_id: int) -> None:
