@@ -282,6 +282,21 @@ def test_the_embedded_jvm_runs_the_parallel_collector_unless_something_chooses_o
     assert driver_java_options({}) is None
 
 
+def test_the_embedded_session_talks_to_its_python_workers_over_unix_sockets(spark: SparkSession) -> None:
+    import pyarrow as pa
+
+    def seen(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import os
+
+        for _ in batches:
+            pass
+        # the JVM starts its Python workers with this set when they connect back over a Unix socket
+        yield pa.RecordBatch.from_pydict({"unix": [os.environ.get("PYTHON_UNIX_DOMAIN_ENABLED", "").lower()]})
+
+    assert spark.sparkContext.getConf().get("spark.python.unix.domain.socket.enabled") == "true"
+    assert [r["unix"] for r in spark.range(0, 2, 1, 2).mapInArrow(seen, "unix string").collect()] == ["true", "true"]
+
+
 def killer(marker: str) -> Callable[[dict[str, Any]], dict[str, Any]]:
     """A func that kills its Python worker (a consumer's Spark task) the first time it meets row 77."""
 
