@@ -37,6 +37,7 @@ from conveyor.constants import DEFAULT_UNREACHABLE_S, INTERNAL_QUEUE_PREFIX
 from conveyor.errors import ConveyorError
 from conveyor.gc_policy import gc_tuned
 from conveyor.protocol.report import FIGURES, HOST, ConsumerReport, Shown
+from conveyor.spark.arrow_batches import ByteBoundLift
 from conveyor.spark.cluster import driver_pool, is_local
 from conveyor.spark.preflight import preflight
 from conveyor.spark.records import RowsPut, TaskRecords, where_answering
@@ -346,11 +347,11 @@ class SparkConsumerPool:
         """A context naming the Spark jobs started inside it after these consumers (in the Spark UI)."""
         return JobGroup(self.spark, self.group, self.description)
 
-    def watch(self, consuming: bool = True) -> JobWatch:
+    def watch(self, consuming: bool = True, started: Callable[[], None] | None = None) -> JobWatch:
         """The driver's watch over the consumers' job (see `conveyor.spark.watch`).
 
         `consuming=False` for a job that only puts work (a drained queue does not mean its work is
-        done).
+        done); `started` is called once a task of the job runs.
         """
         done = self._all_input_put if consuming and self.until_empty else None
         return JobWatch(
@@ -362,6 +363,7 @@ class SparkConsumerPool:
             start_timeout_s=self.start_timeout_s,
             progress=self.progress,
             finished=done,
+            started=started,
         )
 
     @property
@@ -393,9 +395,10 @@ class SparkConsumerPool:
             )
         if self.feed is not None:
             self._rows_put.declare(self.pool.queues)
-        watch = self.watch()
+        lift = ByteBoundLift(self.spark, None if self.feed is None else self.feed.frame.schema)
+        watch = self.watch(started=lift.release)
         try:
-            with self.job_group(), watch:
+            with self.job_group(), lift, watch:
                 try:
                     rows = [ConsumerRow.from_dict(r.asDict()) for r in self.dataframe().collect()]
                 except Exception:

@@ -57,6 +57,7 @@ from conveyor.constants import (
 )
 from conveyor.errors import ConnectionLostError, ConveyorError, JobInputChangedError, RequestError
 from conveyor.message import Message
+from conveyor.spark.arrow_batches import ByteBoundLift
 from conveyor.spark.cluster import driver_pool, is_local
 from conveyor.spark.consumers import Feed, SparkConsumerPool, check_count, consumer_count
 from conveyor.spark.form import JobForm, JobTask, MakeParcels, Parcel, ReadShard, ServerOutcomes
@@ -343,7 +344,8 @@ class QueueJob:
 
     def _put_first(self, df: DataFrame, put: InputPut, consumers: SparkConsumerPool) -> int:
         """Fewer partitions than consumers: the rows put by a Spark job of their own; returns how many."""
-        with consumers.job_group(), consumers.watch(consuming=False):
+        lift = ByteBoundLift(self.spark, df.schema)
+        with consumers.job_group(), lift, consumers.watch(consuming=False, started=lift.release):
             counts = df.mapInArrow(_put_task(put), PUT_JOB_DDL).collect()
         return sum(r["rows"] for r in counts)
 

@@ -9,6 +9,8 @@ that says why, when
   itself only logs "Initial job has not accepted any resources", forever): `NoSlotsError`.
 A server going out of reach is logged on the driver at once, not only in an executor's log.
 
+With `started`, the watch calls it once a task of the job runs (its plan is made by then).
+
 With `finished` (consumers that end once the queues are drained), the watch also ends a job whose
 work is all done (nothing pending anywhere, `finished()` true) but which Spark still runs after
 DONE_GRACE_S: its last tasks ran on executors that were lost without a word (a host gone), which
@@ -59,8 +61,10 @@ class JobWatch:
         progress: bool | None = False,
         description: str = "rows",
         finished: Callable[[], bool] | None = None,
+        started: Callable[[], None] | None = None,
     ) -> None:
         self.spark, self.pool, self.group, self.queues = spark, pool, group, queues
+        self._on_start = started  # called once, when a task of the job is first seen running
         self.unreachable_s, self.start_timeout_s = unreachable_s, start_timeout_s
         self.bar = JoinProgress(enabled=progress, description=description)
         self.error: ConveyorError | None = None
@@ -91,6 +95,7 @@ class JobWatch:
         poll = BAR_POLL_S if self.bar.enabled else POLL_S
         while not self._stop.wait(poll):
             try:
+                self._see_start()
                 reason = self._reason_to_end()
             except Exception as e:  # a glitch in watching must not fail the job
                 log.debug("watch of %s: %s", self.group, e)
@@ -142,6 +147,11 @@ class JobWatch:
                 "up and have free cores, or lower spark.executor.cores / spark.task.cpus"
             )
         return None
+
+    def _see_start(self) -> None:
+        if self._on_start is not None and self._any_task_started():
+            on_start, self._on_start = self._on_start, None
+            on_start()
 
     def _check_done(self, drained: bool) -> None:
         if self._finished is None or not drained or not self._finished():
