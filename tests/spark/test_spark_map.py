@@ -252,7 +252,7 @@ def test_workers_python_that_cannot_import_conveyor_is_named_with_the_remedy(tmp
 def test_the_embedded_jvm_runs_the_parallel_collector_unless_something_chooses_one(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from conveyor.spark.session import COLLECTOR_OPTION, DRIVER_JAVA_OPTIONS, driver_java_options
+    from conveyor.spark.session import COLLECTOR_OPTION, driver_java_options
 
     jvm: Any = spark.sparkContext._jvm
     names = {b.getName() for b in jvm.java.lang.management.ManagementFactory.getGarbageCollectorMXBeans()}
@@ -261,21 +261,20 @@ def test_the_embedded_jvm_runs_the_parallel_collector_unless_something_chooses_o
     for var in ("PYSPARK_SUBMIT_ARGS", "SPARK_SUBMIT_OPTS", "JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS"):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
-    both = f"{DRIVER_JAVA_OPTIONS} {COLLECTOR_OPTION}"
-    assert driver_java_options({"spark.executor.cores": 2}) == both
+    assert driver_java_options({"spark.executor.cores": 2}) == COLLECTOR_OPTION
     # a collector chosen anywhere the JVM's launch reads wins (two chosen: the JVM refuses to start)
-    assert driver_java_options({"spark.driver.extraJavaOptions": "-Xss4m -XX:+UseG1GC"}) == DRIVER_JAVA_OPTIONS
+    assert driver_java_options({"spark.driver.extraJavaOptions": "-Xss4m -XX:+UseG1GC"}) is None
     for name in ("spark-defaults.conf", "java-opts", "spark-env.sh"):
         (tmp_path / name).write_text("spark.driver.extraJavaOptions -XX:+UseZGC\n")
-        assert driver_java_options({}) == DRIVER_JAVA_OPTIONS, name
+        assert driver_java_options({}) is None, name
         (tmp_path / name).unlink()
     props = tmp_path / "elsewhere.properties"
     props.write_text("spark.driver.extraJavaOptions=-XX:+UseSerialGC\n")
     monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", f"--properties-file {props} pyspark-shell")
-    assert driver_java_options({}) == DRIVER_JAVA_OPTIONS
+    assert driver_java_options({}) is None
     monkeypatch.delenv("PYSPARK_SUBMIT_ARGS")
     monkeypatch.setenv("SPARK_SUBMIT_OPTS", "-XX:+UseSerialGC")
-    assert driver_java_options({}) == DRIVER_JAVA_OPTIONS
+    assert driver_java_options({}) is None
     monkeypatch.delenv("SPARK_SUBMIT_OPTS")
     # default options set in spark-defaults.conf are the user's: left as they are
     (tmp_path / "spark-defaults.conf").write_text("spark.driver.defaultJavaOptions -Xss8m\n")

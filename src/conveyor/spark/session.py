@@ -39,15 +39,12 @@ LOCAL_CONF: dict[str, str] = {
     **({"spark.python.unix.domain.socket.enabled": "true"} if hasattr(socket, "AF_UNIX") else {}),
 }
 
-# The driver JVM's default options (not the extra ones: a user's spark.driver.extraJavaOptions
-# still apply, after these). Its work is light beside the Python work it runs, so:
-# - its own compiler only: the optimizing one (C2) kept compiling all through a map and took the
-#   CPU from it (a map of 18 s on 2 cores: the JVM used 2.9 s of CPU, 1.5 s of it in C2; with
-#   this 0.9 s, and the map ran 4% faster);
-# - the parallel collector, not G1, whose concurrent marking took 0.3-1.1 s of CPU per 10 s job on 2
-#   cores (plain Spark's and map's alike; with this, under 0.03 s). Only when nothing the JVM's
-#   launch reads chooses a collector: two chosen stop it from starting.
-DRIVER_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1"
+# The driver JVM's default option (not the extra ones: a user's spark.driver.extraJavaOptions
+# still apply, after it): the parallel collector, not G1, whose concurrent marking took 0.3-1.1 s
+# of CPU per 10 s job on 2 cores (plain Spark's and map's alike; with this, under 0.03 s). Only
+# when nothing the JVM's launch reads chooses a collector: two chosen stop it from starting. The
+# JIT compilers stay as the JVM has them: with the quick one only, Spark's own work ran up to
+# twice as slow (predict_batch_udf 1.3x, TPC-H 1 in Spark SQL 2.2x) for at most 4% on a map.
 COLLECTOR_OPTION = "-XX:+UseParallelGC"
 _COLLECTOR = re.compile(r"-XX:[+-]Use\w+GC\b")
 # where a launch of spark-submit finds JVM options besides the session's settings
@@ -88,12 +85,11 @@ def get_or_create_session(
 
 
 def driver_java_options(conf: dict[str, Any]) -> str | None:
-    """The embedded driver JVM's default options.
+    """The embedded driver JVM's default options: `COLLECTOR_OPTION`, or None.
 
-    `DRIVER_JAVA_OPTIONS`, and `COLLECTOR_OPTION` unless what the launch reads chooses a collector
-    (the session's settings, `_OPTION_ENVS`, the files of Spark's conf directory, a
-    --properties-file). None where one of those files sets the default options itself: a setting
-    here would override it.
+    None where what the launch reads chooses a collector (the session's settings, `_OPTION_ENVS`,
+    the files of Spark's conf directory, a --properties-file), or where one of those files sets
+    the default options itself: a setting here would override it.
     """
     conf_dir = Path(os.environ.get("SPARK_CONF_DIR") or Path(os.environ.get("SPARK_HOME") or _pyspark_home()) / "conf")
     props = re.findall(r"--properties-file[= ](\S+)", os.environ.get("PYSPARK_SUBMIT_ARGS", ""))
@@ -101,7 +97,7 @@ def driver_java_options(conf: dict[str, Any]) -> str | None:
     if any(_SETS_DEFAULT_OPTIONS.search(t) for t in texts):
         return None
     seen = " ".join([*texts, *map(str, conf.values()), *(os.environ.get(k, "") for k in _OPTION_ENVS)])
-    return DRIVER_JAVA_OPTIONS if _COLLECTOR.search(seen) else f"{DRIVER_JAVA_OPTIONS} {COLLECTOR_OPTION}"
+    return None if _COLLECTOR.search(seen) else COLLECTOR_OPTION
 
 
 def _text(path: Path) -> str:
