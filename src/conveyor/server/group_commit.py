@@ -25,6 +25,13 @@ class GroupCommit:
                 self._task = asyncio.ensure_future(self._sync())
             await asyncio.shield(self._task)
 
+    async def settled(self) -> None:
+        """Wait until the writes made so far are durable, without asking for an fsync of its own.
+
+        Once it returns no fsync of these files is under way or due: they may be closed.
+        """
+        await self.durable(self.written)
+
     async def _sync(self) -> None:
         target = self.written
         await asyncio.get_running_loop().run_in_executor(None, self._sync_all)

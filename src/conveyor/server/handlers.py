@@ -329,7 +329,7 @@ async def drop(host: QueueHost, a: Arguments, frames: Frames) -> Reply:
     name = a["queue"]
     q = host.queues.get(name)
     if q is not None:
-        await q.durable()  # an fsync under way ends before the files go
+        await q.settled()  # an fsync under way or due ends before the files go
     dropped, trash = host.drop(name)
     if trash is not None:  # off the event loop: deleting gigabytes of segments takes a while
         await asyncio.get_running_loop().run_in_executor(None, functools.partial(shutil.rmtree, trash, ignore_errors=True))

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Generic, TypeVar
 
 from conveyor.constants import H_IDEMPOTENCY_KEY
@@ -104,13 +105,20 @@ def where_answering(pool: ShardedQueues, act: Callable[[QueueClient], object], w
     """
     up = pool.health.answering()
     left = [c.address for c in pool.clients if c not in up]
-    for c in up:
+
+    def done(c: QueueClient) -> bool:
         try:
             act(c)
         except (ConveyorError, OSError) as e:
             log.info("could not %s on %s: %s", what, c.address, e)
-            left.append(c.address)
-    return left
+            return False
+        return True
+
+    # at once on every server: a drop waits on the server's fsyncs of its directories, which right
+    # after a job wrote its data took ~30 ms each (one after the other: a map's two drops ~120 ms)
+    with ThreadPoolExecutor(max_workers=max(1, len(up)), thread_name_prefix="conveyor-each-server") as each:
+        outcomes = list(each.map(done, up))
+    return left + [c.address for c, ok in zip(up, outcomes, strict=True) if not ok]
 
 
 def drop_where_answering(pool: ShardedQueues, queue: str) -> list[str]:
