@@ -246,9 +246,13 @@ def w1(args: argparse.Namespace) -> None:
             "(c) map_batches, model class, concurrency=1": conveyor_run(concurrency=1),
             "(d) Ray Data map_batches, actor pool of 2": ray_run,
         }
-        for name, variant in variants.items():  # Python workers started, the model cached in them: not measured
-            variant()()
-            progress(f"warm-up: {name}")
+        # not measured: Python workers started, the model cached in them, and the JVM's code compiled (its
+        # optimising compiler works through the first runs of each: a first round alone left runs 1-3 of
+        # predict_batch_udf at 162-208k items/s, run 5 at 246k, and map_batches slower right after it)
+        for warm_up in range(2):
+            for name, variant in variants.items():
+                variant()()
+                progress(f"warm-up {warm_up + 1}: {name}")
         rates: dict[str, list[float]] = {name: [] for name in variants}
         names = list(variants)
         for run in range(args.runs):

@@ -19,7 +19,7 @@ import msgpack
 import pytest
 
 from conveyor.client.queue_client import QueueClient
-from conveyor.constants import MAX_HOST_CHARS, QUEUE_CONFIG_NAME, QUEUES_DIR, SEGMENT_GLOB
+from conveyor.constants import ID_FLOOR_NAME, MAX_HOST_CHARS, QUEUE_CONFIG_NAME, QUEUES_DIR, SEGMENT_GLOB
 from conveyor.errors import ConnectionLostError, ProtocolError, RequestError
 from conveyor.message import Message, Status
 from conveyor.protocol import requests as calls
@@ -525,6 +525,9 @@ def test_drop_removes_a_queue_and_never_reuses_its_ids(tmp_path: Path) -> None:
         assert min(new) > max(ids)  # a queue made again continues past the old one's ids
         assert c.ack("q", [got[1].id], [b"late"]) == [False]  # an ack meant for the dropped queue finds nothing
         assert c.stats("q")["q"].ready == 2 and c.results("q") == []
+        floor = (d / ID_FLOOR_NAME).read_bytes()
+        c.put("r", msgs(3))
+        assert c.drop("r") is True and (d / ID_FLOOR_NAME).read_bytes() == floor  # kept ahead: no write per drop
         with pytest.raises(RequestError, match="bad queue name") as e:
             c.drop("../x")
         assert e.value.kind == "bad-argument"
