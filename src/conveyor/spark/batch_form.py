@@ -188,7 +188,9 @@ class _Batches:
     def _batch(self, table: pa.Table) -> Any:
         """The rows as fn gets them."""
         if self.format == "pandas":
-            return table.to_pandas()
+            # on the consumer's own thread: each consumer has a core, and Arrow's pool handing a batch of
+            # 1,024 rows x 64 columns to its threads and back took 0.64 ms on 2 busy cores, against 0.17 ms
+            return table.to_pandas(use_threads=False)
         if self.format == "numpy":
             return {name: table.column(name).to_numpy() for name in table.column_names}
         return table
