@@ -73,7 +73,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from benchlib import progress
+from benchlib import progress, settle
 
 COLUMNS = [f"p{i}" for i in range(64)]
 
@@ -260,6 +260,9 @@ def w1(args: argparse.Namespace) -> None:
             # predict_batch_udf or Ray measured 0.70-0.76x predict_batch_udf, right after another map_batches 0.83-0.85x
             for name in names[run % len(names) :] + names[: run % len(names)]:
                 variant = variants[name]
+                # Ray's daemons kept working for a few seconds after its runs: whatever ran next was slowed
+                # (map_batches' consume 1.1-1.4 s right after it, 0.9 s after another map_batches)
+                settle()
                 t0 = time.perf_counter()
                 check = variant()
                 seconds = time.perf_counter() - t0

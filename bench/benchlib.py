@@ -43,6 +43,29 @@ def busy_machine(on: bool) -> Iterator[None]:
         hog.wait()
 
 
+def settle(idle: float = 0.9, window_s: float = 0.25, limit_s: float = 10.0) -> float:
+    """Wait until the machine's CPUs were at least `idle` idle over a window, at most `limit_s`; the seconds waited.
+
+    Before a timed run: what the previous run left working (a system's daemons tidying up after
+    it, a JVM still compiling) ends before the next one's clock starts, whichever system it is.
+    """
+    t0 = time.monotonic()
+    while True:
+        before = _cpu_ticks()
+        time.sleep(window_s)  # a measuring window, not a wait for an event
+        after = _cpu_ticks()
+        total = sum(after) - sum(before)
+        quiet = (after[3] + after[4] - before[3] - before[4]) / total if total else 1.0  # idle + iowait
+        if quiet >= idle or time.monotonic() - t0 >= limit_s:
+            return time.monotonic() - t0
+
+
+def _cpu_ticks() -> list[int]:
+    """The machine's CPU time so far by kind (/proc/stat: user, nice, system, idle, iowait, ...)."""
+    with open("/proc/stat") as f:
+        return [int(v) for v in f.readline().split()[1:]]
+
+
 def quiet_target(busy: bool, op: str, target: float) -> tuple[str, float]:
     """A Row's (op, target) for a target set for a quiet machine: none in a busy-machine run."""
     return ("", 0.0) if busy else (op, target)
