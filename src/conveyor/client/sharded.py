@@ -126,10 +126,11 @@ class ShardedQueues:
             self._threads = self._threads or ThreadPoolExecutor(len(self.clients), thread_name_prefix="conveyor-pool")
             return self._threads
 
-    def on_every_server(self, call: Call[T]) -> list[T | Exception]:
+    def on_every_server(self, call: Call[T], clients: Sequence[QueueClient] | None = None) -> list[T | Exception]:
         """`_everywhere`, with a failing shard's error in its place instead of failing the call.
 
         A shard fails when it is down, out of reach, or gives no reply within the client's timeout.
+        `clients`: only these servers (of `clients`), in their order.
         """
 
         def one(client: QueueClient) -> T | Exception:
@@ -138,7 +139,7 @@ class ShardedQueues:
             except (ConveyorError, OSError) as e:  # OSError: TimeoutError, a request with no reply in time
                 return e
 
-        return list(self._executor().map(one, self.clients))
+        return list(self._executor().map(one, self.clients if clients is None else clients))
 
     def _scatter(self, ids: Sequence[int], make: Callable[[list[int], list[int]], Call[list[Any]]]) -> list[Any]:
         """Route a per-id operation to the shards holding the ids; results in the order of `ids`."""

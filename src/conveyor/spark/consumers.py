@@ -36,6 +36,7 @@ from conveyor.client.sharded import ShardedQueues
 from conveyor.constants import DEFAULT_UNREACHABLE_S, INTERNAL_QUEUE_PREFIX
 from conveyor.errors import ConveyorError
 from conveyor.gc_policy import gc_tuned
+from conveyor.protocol import requests as calls
 from conveyor.protocol.report import FIGURES, HOST, ConsumerReport, Shown
 from conveyor.spark.arrow_batches import ByteBoundLift
 from conveyor.spark.cluster import driver_pool, is_local
@@ -443,7 +444,7 @@ class SparkConsumerPool:
         if self.feed is not None:
             self._rows_put.drop(self.pool.queues)
         stop = _stop_key(self.job)
-        where_answering(self.pool.queues, lambda c: c.forget_blobs([stop]), f"remove the stop blob of {self.job}")
+        where_answering(self.pool.queues, calls.forget_blobs([stop]), f"remove the stop blob of {self.job}")
 
     def close(self) -> None:
         """Stop the servers started for these consumers (none with a pool given or a default one)."""

@@ -14,18 +14,18 @@ import dataclasses
 import json
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from conveyor.constants import H_IDEMPOTENCY_KEY
-from conveyor.errors import ConveyorError
 from conveyor.message import Message
+from conveyor.protocol import requests as calls
 
 if TYPE_CHECKING:
     from _typeshed import DataclassInstance
 
     from conveyor.client.queue_client import QueueClient
     from conveyor.client.sharded import ShardedQueues
+    from conveyor.protocol.requests import Call
 
 log = logging.getLogger("conveyor.spark")
 
@@ -97,30 +97,22 @@ class TaskRecords(Generic[R]):
             log.warning("the records queue %s may be left on %s (a small queue)", self.queue, ", ".join(left))
 
 
-def where_answering(pool: ShardedQueues, act: Callable[[QueueClient], object], what: str) -> list[str]:
-    """`act` on each server that answers; returns the addresses of those where it was not done.
+def where_answering(pool: ShardedQueues, call: Call[Any], what: str) -> list[str]:
+    """`call` on each server that answers, all at once; returns the addresses of those where it was not done.
 
     Those are the servers out of reach, not waited on (a failed job may have lost one), and those
-    where `act` failed (logged, saying `what` it was).
+    where `call` failed (logged, saying `what` it was). At once: a drop waits on the server's fsyncs,
+    which right after a job wrote its data took ~30 ms each.
     """
     up = pool.health.answering()
     left = [c.address for c in pool.clients if c not in up]
-
-    def done(c: QueueClient) -> bool:
-        try:
-            act(c)
-        except (ConveyorError, OSError) as e:
-            log.info("could not %s on %s: %s", what, c.address, e)
-            return False
-        return True
-
-    # at once on every server: a drop waits on the server's fsyncs of its directories, which right
-    # after a job wrote its data took ~30 ms each (one after the other: a map's two drops ~120 ms)
-    with ThreadPoolExecutor(max_workers=max(1, len(up)), thread_name_prefix="conveyor-each-server") as each:
-        outcomes = list(each.map(done, up))
-    return left + [c.address for c, ok in zip(up, outcomes, strict=True) if not ok]
+    for c, outcome in zip(up, pool.on_every_server(call, up), strict=True):
+        if isinstance(outcome, Exception):
+            log.info("could not %s on %s: %s", what, c.address, outcome)
+            left.append(c.address)
+    return left
 
 
 def drop_where_answering(pool: ShardedQueues, queue: str) -> list[str]:
     """Drop `queue` on each server that answers; returns the addresses where it may be left."""
-    return where_answering(pool, lambda c: c.drop(queue), f"drop the queue {queue}")
+    return where_answering(pool, calls.drop(queue), f"drop the queue {queue}")
