@@ -9,6 +9,7 @@ Spark and real queue servers.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Generator, Iterator
 
 import pyarrow as pa
@@ -19,7 +20,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 from conveyor.client.pool import QueuePool
 from conveyor.spark.form import JobForm, JobTask, MakeParcels, Parcel, ReadShard, ServerOutcomes
 from conveyor.spark.job import JobSettings, queue_job
-from conveyor.spark.records import ReadCounts, RowsPut, TaskRecords
+from conveyor.spark.records import ReadCounts, RowsPut, TaskRecords, drop_where_answering
 from conveyor.tasks.envelope import decode_result
 from conveyor.tasks.options import TaskOptions
 from conveyor.worker.options import ConsumerOptions
@@ -191,3 +192,19 @@ def test_task_records_count_each_task_once_whatever_its_attempts(pool: QueuePool
     finally:
         records.drop(pool.queues)
     assert records.queue not in pool.stats()
+
+
+@pytest.mark.timeout(60)
+def test_a_drop_where_servers_answer_names_a_lost_server_and_drops_on_the_others() -> None:
+    """A server killed mid-job: the drop ends (no wait on it), drops the queue on the live one, and names the lost one."""
+    with QueuePool.local(n_servers=2) as pool:
+        pool.queues.declare("left-behind")
+        lost = pool.addresses[1]
+        pool.servers.processes[1].kill()  # SIGKILL: it never answers again
+        pool.servers.processes[1].wait(30)
+        t0 = time.monotonic()
+        assert drop_where_answering(pool.queues, "left-behind") == [lost]
+        assert time.monotonic() - t0 < 30, "the drop waited on the lost server"
+        assert "left-behind" not in {q.name for q in pool.queues.clients[0].queues()}
+        # known lost now: the next drop does not ask it at all
+        assert drop_where_answering(pool.queues, "left-behind") == [lost]
