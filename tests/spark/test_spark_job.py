@@ -117,6 +117,8 @@ def test_a_job_puts_consumes_reads_back_and_leaves_only_its_results_queue(
     assert len(st.consumers) == 2 and sum(c["processed"] for c in st.consumers) == pool.stats()[job.queue].acked > 0
     assert sorted(c["rows"] for c in st.consumers) == ([0, 0] if partitions == 1 else [100, 100])
     assert job_queues(pool) == {job.queue}  # the records queues (rows put, rows read) are gone
+    # it lives as long as the call: its writes are left to the OS (the servers' own policy is "batch")
+    assert {q.fsync for c in pool.queues.clients for q in c.queues() if q.name == job.queue} == {"never"}
     outcome.frame.unpersist()
     assert pool.drop(job.queue) and job_queues(pool) == set()
 

@@ -108,6 +108,7 @@ def test_a_changed_input_is_refused_and_restart_runs_the_job_anew(spark: SparkSe
         run_job(job_input(spark, changed=True), pool, str(log))
     assert any(QUEUE in note and "run the same call again" in note for note in caught.value.__notes__)
     now = pool.stats()[QUEUE]  # kept: the error changed nothing the next run needs
+    assert {q.fsync for c in pool.queues.clients for q in c.queues() if q.name == QUEUE} == {"batch"}  # the servers'
     assert (now.ready + now.delivered + now.acked, now.failed) == (held.ready + held.delivered + held.acked, held.failed)
 
     out = run_job(job_input(spark, changed=True), pool, str(log), restart=True).collect()

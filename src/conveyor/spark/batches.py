@@ -176,7 +176,7 @@ def map_batches(
         default_concurrency=None if instances.awaits else 1,  # a batch computes on arrays: threads beside it contend
     )
     spark: SparkSession = df.sparkSession
-    out_schema = output_schema(spark, schema, "map_batches")
+    out_schema = output_schema(schema, "map_batches")
     with queue_job(spark, queue_pool, settings, task_modules=module_of(fn)) as queued:
         form = _batch_form(instances, out_schema, queued.queue, max_retries, time_limit, rows_per_batch, batch_format)
         outcome = queued.run(df, form)

@@ -260,6 +260,16 @@ class QueueJob:
         if s.restart:
             self._drop_job_queue()
         task_name = self._declare(form.task)
+        # declared now, not once the consumers are done: a declare's fsync right after a job's writes
+        # waits for them to reach the disk (15-40 ms in W1 against ~3 ms here)
+        self.read_counts.declare(self.pool.queues)
+        try:
+            return self._consumed_and_read(df, form, task_name)
+        finally:
+            self.read_counts.drop(self.pool.queues)
+
+    def _consumed_and_read(self, df: DataFrame, form: JobForm, task_name: str) -> JobOutcome:
+        s = self.settings
         put = InputPut(
             self.pool.queues,
             self.queue,
@@ -299,12 +309,8 @@ class QueueJob:
         done = consumers.run_rows()
         rows += consumers.fed_rows
         t2 = min(max((c.finished for c in done), default=t1), time.time())
-        self.read_counts.declare(self.pool.queues)
-        try:
-            frame = self._read_back(form, consumers)
-            got = self._counts_read()
-        finally:
-            self.read_counts.drop(self.pool.queues)
+        frame = self._read_back(form, consumers)
+        got = self._counts_read()
         t3 = time.time()
         if got.inputs > rows and s.resumable:
             raise JobInputChangedError(
@@ -316,7 +322,9 @@ class QueueJob:
         if got.inputs != rows:
             raise ConveyorError(
                 f"{s.entry}: {rows:,} rows went in but the read-back accounts for {got.inputs:,} of them "
-                f"(queue {self.queue}); please report this"
+                f"(queue {self.queue}). A queue server whose host lost power or crashed during the job and came back "
+                "within unreachable_s loses what the job's queue had not yet written to disk (it is kept without "
+                "fsync: docs/spark.md): run the map again. Otherwise, please report this"
             )
         consumer_stats = [c.as_dict() for c in done]
         return JobOutcome(
@@ -327,9 +335,14 @@ class QueueJob:
         """Declare the job's queue and store its task; returns the name its messages call the task by."""
         if task.options.queue != self.queue:
             raise ValueError(f"the job's task goes to queue {task.options.queue!r}, not the job's own {self.queue!r}")
+        # A job's queue lives as long as the call, unless resumable: its writes are left to the OS
+        # (fsync="never"). A server process that dies and starts again on its data keeps them (they
+        # are in the OS's cache), so the map goes on; only a host that loses power and comes back
+        # within unreachable_s may lose some, which the read-back's count reports. W1: 5.7% faster.
+        fsync = None if self.settings.resumable else "never"
         try:
             self.pool.queues.declare(
-                self.queue, lease_s=self.settings.lease_s, max_attempts=attempts_for(task.options.max_retries)
+                self.queue, lease_s=self.settings.lease_s, max_attempts=attempts_for(task.options.max_retries), fsync=fsync
             )
         except RequestError as e:
             if e.kind != ERR_QUEUE_CONFLICT or not self.settings.resumable:

@@ -216,7 +216,7 @@ def map(
         resources=resources,
     )
     spark: SparkSession = df.sparkSession
-    out_schema = output_schema(spark, schema, "map")
+    out_schema = output_schema(schema, "map")
     with queue_job(spark, queue_pool, settings, task_modules=module_of(func)) as queued:
         form = _row_form(instances, out_schema, queued.queue, max_retries, time_limit, rows_per_message, split_slow)
         outcome = queued.run(df, form)
