@@ -320,11 +320,16 @@ class QueueJob:
                 "restart=True to run it anew over this one"
             )
         if got.inputs != rows:
+            lost = (
+                ""
+                if s.resumable
+                else " A queue server whose host lost power or crashed during the job and came back within "
+                "unreachable_s loses what the job's queue had not yet written to disk (it is kept without fsync: "
+                "docs/spark.md): run it again. Otherwise,"
+            )
             raise ConveyorError(
                 f"{s.entry}: {rows:,} rows went in but the read-back accounts for {got.inputs:,} of them "
-                f"(queue {self.queue}). A queue server whose host lost power or crashed during the job and came back "
-                "within unreachable_s loses what the job's queue had not yet written to disk (it is kept without "
-                "fsync: docs/spark.md): run the map again. Otherwise, please report this"
+                f"(queue {self.queue}).{lost} please report this"
             )
         consumer_stats = [c.as_dict() for c in done]
         return JobOutcome(
@@ -338,7 +343,7 @@ class QueueJob:
         # A job's queue lives as long as the call, unless resumable: its writes are left to the OS
         # (fsync="never"). A server process that dies and starts again on its data keeps them (they
         # are in the OS's cache), so the map goes on; only a host that loses power and comes back
-        # within unreachable_s may lose some, which the read-back's count reports. W1: 5.7% faster.
+        # within unreachable_s may lose some, which the read-back's count reports.
         fsync = None if self.settings.resumable else "never"
         try:
             self.pool.queues.declare(
