@@ -26,10 +26,10 @@ import conveyor.spark as cs
 from conveyor.arrow_ipc import decode, encode
 from conveyor.client.pool import QueuePool
 from conveyor.constants import INPUT_MAX_CHARS
-from conveyor.spark.batch_form import READ_BATCH_BYTES, BatchResult, BatchRunner, Gathered, SliceRows
+from conveyor.spark.batch_form import BatchResult, BatchRunner, SliceRows
 from conveyor.spark.instances import check_fn
 from conveyor.spark.job import MapStats
-from conveyor.spark.rows import READ_BATCH_ROWS, input_json
+from conveyor.spark.rows import input_json
 from conveyor.worker.middleware import Retries
 
 from ..support.docs import run_example, section_code
@@ -467,21 +467,6 @@ def test_map_batches_takes_rows_wider_than_a_message_in_batches_of_fewer_rows(wi
     [bad] = rows[rows["_error"].notna()].to_dict("records")
     assert "this row is 17,825," in bad["_error"] and "pass large values by reference" in bad["_error"]
     assert json.loads(bad["_input"]) == {"id": 7, "blob": "<17,825,792 bytes>"}
-
-
-def test_results_read_back_reach_spark_in_batches_of_many_messages_in_order() -> None:
-    """A message's rows are few (1,024 by default): the read-back hands Spark batches of about READ_BATCH_ROWS rows, or bytes."""
-    held = Gathered()
-    added = 0
-    while not held.full:
-        held.add(pa.table({"x": pa.array(range(added, added + 1024), pa.int64())}))
-        added += 1024
-    assert added == -(-READ_BATCH_ROWS // 1024) * 1024
-    (batch,) = held.take()
-    assert batch.column("x").to_pylist() == list(range(added)) and held.take() == []
-    wide = pa.table({"b": pa.array([b"x" * (READ_BATCH_BYTES // 4)] * 4, pa.binary())})
-    held.add(wide)
-    assert held.full and held.take()[0].num_rows == 4
 
 
 def test_the_example_in_the_docs_runs_as_written(tmp_path: Path) -> None:

@@ -40,7 +40,7 @@ from conveyor.errors import ConveyorError
 from conveyor.spark.form import Parcel, ServerOutcomes
 from conveyor.spark.instances import BuildError, Instances, finish
 from conveyor.spark.records import ReadCounts
-from conveyor.spark.rows import READ_BATCH_ROWS, input_json, job_result, with_extra
+from conveyor.spark.rows import input_json, job_result, with_extra
 from conveyor.tasks.envelope import decode_call, decode_result, encode_error
 
 if TYPE_CHECKING:
@@ -50,7 +50,6 @@ if TYPE_CHECKING:
 BatchFormat = Literal["pandas", "pyarrow", "numpy"]
 BATCH_FORMATS: tuple[BatchFormat, ...] = ("pandas", "pyarrow", "numpy")
 ERROR, INPUT = "_error", "_input"  # the columns a task's result adds to fn's (the read-back adds `_id`)
-READ_BATCH_BYTES = 16 * 1024 * 1024  # the read-back hands Spark batches of READ_BATCH_ROWS rows, or this many bytes
 
 
 class BatchContractError(ConveyorError):
@@ -304,16 +303,13 @@ class ReadBatches:
         arrow = to_arrow_schema(with_extra(self.schema))
         names = [f.name for f in self.schema.fields]
         counts = ReadCounts(0, 0, 0)
-        held = Gathered()
         for msg_id, data in server.results():
             result = BatchResult.from_wire(decode_result(data))
             t = decode(result.output)
             out = [t.column(name) for name in names]
-            held.add(pa.Table.from_arrays([*out, _ids(msg_id, t.num_rows), t.column(ERROR), t.column(INPUT)], schema=arrow))
+            batch = pa.Table.from_arrays([*out, _ids(msg_id, t.num_rows), t.column(ERROR), t.column(INPUT)], schema=arrow)
             counts += ReadCounts(t.num_rows, t.num_rows, t.num_rows - t.column(ERROR).null_count, result.built)
-            if held.full:
-                yield from held.take()
-        yield from held.take()
+            yield from batch.to_batches()
         for d in server.dead_letters():
             args = decode_call(d.message.payload, d.message.headers).args
             inputs = [args[2]] if len(args) > 1 else [input_json(row) for row in decode(args[0]).to_pylist()]  # a refused row
@@ -327,37 +323,6 @@ class ReadBatches:
             counts += ReadCounts(n, n, n)
             yield from pa.Table.from_arrays(failed, schema=arrow).to_batches()
         return counts
-
-
-class Gathered:
-    """Results read back, gathered into batches of about READ_BATCH_ROWS rows (or READ_BATCH_BYTES) for Spark.
-
-    One batch per message (1,024 rows by default) cost Spark a batch's overhead each: W1's
-    read-back took 0.17 s against 0.13 s for the same rows in batches of 10,000.
-    """
-
-    def __init__(self) -> None:
-        self.tables: list[pa.Table] = []
-        self.rows = self.bytes = 0
-
-    def add(self, table: pa.Table) -> None:
-        self.tables.append(table)
-        self.rows += table.num_rows
-        self.bytes += table.nbytes
-
-    @property
-    def full(self) -> bool:
-        return self.rows >= READ_BATCH_ROWS or self.bytes >= READ_BATCH_BYTES
-
-    def take(self) -> list[pa.RecordBatch]:
-        """The rows held, as one batch (none if nothing is held); then nothing is."""
-        import pyarrow as pa
-
-        if not self.tables:
-            return []
-        gathered: list[pa.RecordBatch] = pa.concat_tables(self.tables).combine_chunks().to_batches()
-        self.tables, self.rows, self.bytes = [], 0, 0
-        return gathered
 
 
 def _ids(msg_id: int, n: int) -> pa.Array:
