@@ -94,6 +94,14 @@ def test_a_job_no_task_of_which_starts_ends_with_no_slots(spark: SparkSession) -
     assert group in said and "executor(s) registered" in said and "free cores" in said
 
 
+def _tasks_running(spark: SparkSession, group: str) -> bool:
+    """Whether Spark's status tracker lists a running task of the group's jobs."""
+    tracker = spark.sparkContext.statusTracker()
+    infos = [tracker.getJobInfo(job) for job in tracker.getJobIdsForGroup(group)]
+    stages = [tracker.getStageInfo(stage) for info in infos if info for stage in info.stageIds]
+    return any(s.numActiveTasks for s in stages if s is not None)
+
+
 def test_a_job_whose_tasks_run_past_the_start_timeout_is_left_alone(spark: SparkSession, tmp_path: Path) -> None:
     """A job whose tasks run is watched past its start timeout: the watch leaves it alone.
 
@@ -114,6 +122,8 @@ def test_a_job_whose_tasks_run_past_the_start_timeout_is_left_alone(spark: Spark
     runner = threading.Thread(target=job, daemon=True)
     runner.start()
     wait_for((tmp_path / "started").exists, 60, "a task of the job to start")
+    # and Spark's status tracker, which the watch reads, to list it: its listener bus lags on a busy machine
+    wait_for(lambda: _tasks_running(spark, group), 60, "the status tracker to list the running task")
     with QueuePool.local(n_servers=1) as pool:
         watch = JobWatch(spark, pool.queues, group, [], unreachable_s=HOLD_S, start_timeout_s=START_TIMEOUT_S)
         with watch:
