@@ -187,6 +187,8 @@ def test_task_records_count_each_task_once_whatever_its_attempts(pool: QueuePool
     records = TaskRecords("conveyor-fed-records-test", RowsPut)
     records.declare(pool.queues)
     try:
+        # it lives as long as its job: its writes are left to the OS, as the job's queue's are
+        assert {q.fsync for c in pool.queues.clients for q in c.queues() if q.name == records.queue} == {"never"}
         for task, rows in [(0, 5), (1, 7), (0, 5), (2, 0), (1, 7)]:
             records.record(pool.queues, task, RowsPut(rows))
         assert records.count(pool.queues) == 3

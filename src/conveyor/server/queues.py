@@ -390,8 +390,9 @@ class QueueHost:
                 os.replace(self.queue_dir / name, trash)
             except OSError as e:
                 raise StoreError(f"could not drop queue {name!r}: {e}") from e
-            with contextlib.suppress(OSError):  # else a crash may bring the queue back: as one before the rename
-                fsync_dir(self.queue_dir)
+            if q.info.fsync != "never":  # a queue whose writes are left to the OS: so is its drop
+                with contextlib.suppress(OSError):  # else a crash may bring the queue back: as one before the rename
+                    fsync_dir(self.queue_dir)
         del self.queues[name]
         self._files_open.pop(name, None)
         self._on_disk -= q.kind.on_disk

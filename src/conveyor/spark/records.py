@@ -67,7 +67,13 @@ class TaskRecords(Generic[R]):
         self._kind = kind
 
     def declare(self, pool: ShardedQueues) -> None:
-        pool.declare(self.queue)
+        """Declare the queue on every server, its writes left to the OS (fsync="never").
+
+        A record lives as long as its job; one lost with a host that lost power is missed by the
+        driver's count, which fails the job saying so, and costs no fsync on the job's path (after a
+        job's bulk writes, each fsync waited 10-30 ms for the disk).
+        """
+        pool.declare(self.queue, fsync="never")
 
     def record(self, backend: ShardedQueues | QueueClient, task: int, record: R) -> None:
         """Task `task` says `record`, once whatever its attempts."""
