@@ -8,6 +8,7 @@ every pool over the same servers must list them in the same order.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import logging
@@ -544,6 +545,13 @@ class ShardedQueues:
 
     def __exit__(self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None) -> None:
         self.close()
+
+    def own_connections(self) -> ShardedQueues:
+        """The same servers over connections of its own: a thread that long-polls them holds up no one else's calls.
+
+        (A connection answers one caller at a time.) Close it when done.
+        """
+        return ShardedQueues([copy.copy(c) for c in self.clients], batch_size=self.batch_size)
 
     def __getstate__(self) -> dict[str, Any]:
         """A pool crosses to other processes (Spark executors) as its connections' settings only."""

@@ -15,7 +15,8 @@ same for every entry point:
 - the consumers: a `SparkConsumerPool` fed with the input (each consumer task puts its share, then
   consumes), or, with fewer input partitions than consumers, the input put first by a Spark job of
   its own; the driver's `JobWatch` over both, and the stop blob, are the consumer pool's;
-- the read-back: a second Spark job, one task per server, through the form's `read`; each task
+- the read-back: a second Spark job, one task per server, through the form's `read`, started as
+  soon as the servers say the work is done, while the consumers' job ends (`ReadAhead`); each task
   records what it read (`ReadCounts`: the input rows its messages stood for, and the output rows,
   which need not be as many) and the driver checks that every input row came back once; the output
   is computed once before the call returns, its lineage only that read;
@@ -41,7 +42,6 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -63,11 +63,12 @@ from conveyor.spark.cluster import driver_pool, is_local
 from conveyor.spark.consumers import Feed, SparkConsumerPool, check_count, consumer_count
 from conveyor.spark.form import JobForm, JobTask, MakeParcels, Parcel, ReadShard, ServerOutcomes
 from conveyor.spark.preflight import preflight
+from conveyor.spark.read_ahead import ReadAhead
 from conveyor.spark.records import ReadCounts, TaskRecords, drop_where_answering
 from conveyor.spark.resources import consumer_profile
 from conveyor.spark.resume import ChunkedInput, chunked_input, hashed_input, input_chunks
 from conveyor.spark.session import check_workers_python
-from conveyor.spark.watch import START_TIMEOUT_S
+from conveyor.spark.watch import START_TIMEOUT_S, JobGroup, cancel_group
 from conveyor.tasks.envelope import adhoc_task_name, function_ref
 from conveyor.tasks.options import TaskOptions
 from conveyor.tasks.policy import attempts_for
@@ -85,6 +86,7 @@ log = logging.getLogger("conveyor.spark")
 PUT_RETRY_S = 0.2  # a put to a server out of reach is tried again this often
 PUT_PATIENCE = 2.0  # ... for up to this many times the job's unreachable_s
 PUT_JOB_DDL = "partition long, rows long"  # a row of the job that puts the input first
+READ_GROUP = "-read"  # the read-back's Spark job group: the consumers' and this (it runs beside theirs)
 JOB_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,63}")  # a resumable job's name (a part of its queue's)
 
 
@@ -265,14 +267,11 @@ class QueueJob:
         # waits for them to reach the disk (15-40 ms in W1 against ~3 ms here)
         self.read_counts.declare(self.pool.queues)
         try:
-            # the read-back's plan is made while the consumers run, off the job's path: ~30 ms of the
-            # driver's (Spark's plan of it, through py4j, and its reader pickled)
-            with ThreadPoolExecutor(1, thread_name_prefix="conveyor-read-plan") as ahead:
-                return self._consumed_and_read(df, form, task_name, ahead.submit(self._read_plan, form))
+            return self._consumed_and_read(df, form, task_name)
         finally:
             self.read_counts.drop(self.pool.queues)
 
-    def _consumed_and_read(self, df: DataFrame, form: JobForm, task_name: str, read_plan: Future[DataFrame]) -> JobOutcome:
+    def _consumed_and_read(self, df: DataFrame, form: JobForm, task_name: str) -> JobOutcome:
         s = self.settings
         put = InputPut(
             self.pool.queues,
@@ -310,10 +309,20 @@ class QueueJob:
             rows, t1 = self._put_chunks(df, put, put.chunked, consumers), time.time()
         elif not fed:
             rows, t1 = self._put_first(df, put, consumers), time.time()
-        done = consumers.run_rows()
-        rows += consumers.fed_rows
-        t2 = min(max((c.finished for c in done), default=t1), time.time())
-        frame = self._read_back(read_plan.result(), consumers)
+        group = consumers.job_group(READ_GROUP)
+        with (
+            self.pool.queues.own_connections() as watching,
+            ReadAhead(
+                lambda: self._read_plan(form),
+                lambda plan: self._read_back(plan, group),
+                lambda wait_s: consumers.work_done(watching, wait_s),
+                lambda: cancel_group(self.spark, group.group),
+            ) as ahead,
+        ):
+            done = consumers.run_rows()
+            rows += consumers.fed_rows
+            t2 = min(max((c.finished for c in done), default=t1), time.time())
+            frame = ahead.result()
         got = self._counts_read()
         t3 = time.time()
         if got.inputs > rows and s.resumable:
@@ -420,9 +429,9 @@ class QueueJob:
             _read_task(self.pool.queues, self.queue, form.read, self.read_counts), form.output
         )
 
-    def _read_back(self, read: DataFrame, consumers: SparkConsumerPool) -> DataFrame:
-        """The output: the read-back (`_read_plan`) computed once (`_materialize`)."""
-        with consumers.job_group():
+    def _read_back(self, read: DataFrame, group: JobGroup) -> DataFrame:
+        """The output: the read-back (`_read_plan`) computed once (`_materialize`), its Spark job in `group`."""
+        with group:
             return self._materialize(read)
 
     def _counts_read(self) -> ReadCounts:

@@ -188,13 +188,18 @@ class JobWatch:
         return any(s.numActiveTasks or s.numCompletedTasks or s.numFailedTasks for s in stages)
 
     def _cancel(self) -> None:
+        cancel_group(self.spark, self.group)
+
+
+def cancel_group(spark: SparkSession, group: str) -> None:
+    """Cancel the Spark jobs of job group `group` (under Spark Connect, of tag `group`)."""
+    try:
+        spark.sparkContext.cancelJobGroup(group)
+    except Exception:  # Spark Connect: the jobs carry a tag instead
         try:
-            self.spark.sparkContext.cancelJobGroup(self.group)
-        except Exception:  # Spark Connect: the jobs carry a tag instead
-            try:
-                self.spark.interruptTag(self.group)
-            except Exception as e:
-                log.error("could not cancel the Spark jobs of %s: %s", self.group, e)
+            spark.interruptTag(group)
+        except Exception as e:
+            log.error("could not cancel the Spark jobs of %s: %s", group, e)
 
 
 def _executors(spark: SparkSession) -> int | str:
