@@ -19,7 +19,6 @@ consumers know, and each checks for it about once a second, then stops gracefull
 
 from __future__ import annotations
 
-import gc
 import hashlib
 import logging
 import os
@@ -165,48 +164,41 @@ def _consume(
 
         context = cast("TaskContext", TaskContext.get())  # always set inside a Spark task
         index = context.partitionId()
-        rows = 0
-        expect_more = None
-        if put_input is None:
-            for _ in batches:  # the range rows: only the partition number matters
-                pass
-        else:
-            rows = put_input(batches, index)
-            rows_put_records(job).record(pool, index, RowsPut(rows))
-            expect_more = _while_others_put(pool, job, n, index, lambda: consumer.stats)
-        stop = _stop_key(job)
-        consumer = Consumer(
-            pool,
-            queues,
-            options=options,
-            until_empty=run.until_empty,
-            unreachable_s=run.unreachable_s,
-            consumer=index,
-            n_consumers=n,
-            stop_when=lambda: pool.get_blob(stop) is not None,
-            expect_more=expect_more,
-            name=f"spark:{os.uname().nodename}:{job}:{index}:{os.getpid()}",
-            slots_defaulted=run.slots_defaulted,
-        )
-        old = sys.getswitchinterval()
-        sys.setswitchinterval(CONSUMER_SWITCH_INTERVAL_S)  # see conveyor.worker.consumer_pool
-        started = time.time()
-        try:
-            with gc_tuned(), given_resources(context):
-                try:
+        with gc_tuned():  # on the way out, what the job built (a model holds cycles) collected at once
+            rows = 0
+            expect_more = None
+            if put_input is None:
+                for _ in batches:  # the range rows: only the partition number matters
+                    pass
+            else:
+                rows = put_input(batches, index)
+                rows_put_records(job).record(pool, index, RowsPut(rows))
+                expect_more = _while_others_put(pool, job, n, index, lambda: consumer.stats)
+            stop = _stop_key(job)
+            consumer = Consumer(
+                pool,
+                queues,
+                options=options,
+                until_empty=run.until_empty,
+                unreachable_s=run.unreachable_s,
+                consumer=index,
+                n_consumers=n,
+                stop_when=lambda: pool.get_blob(stop) is not None,
+                expect_more=expect_more,
+                name=f"spark:{os.uname().nodename}:{job}:{index}:{os.getpid()}",
+                slots_defaulted=run.slots_defaulted,
+            )
+            old = sys.getswitchinterval()
+            sys.setswitchinterval(CONSUMER_SWITCH_INTERVAL_S)  # see conveyor.worker.consumer_pool
+            started = time.time()
+            try:
+                with given_resources(context):
                     consumer.run()
-                finally:
-                    if run.job_tasks:
-                        for name in run.job_tasks:
-                            forget_adhoc(name)
-                        # what they built now, not at some later collection (a model holds cycles); while
-                        # what the process held before the consumer is frozen out of its walk (gc_tuned),
-                        # it walks only what came since: under 1 ms, where a walk of a Python worker that has
-                        # pandas, pyarrow and a model imported took 90-190 ms
-                        gc.collect()
-        finally:
-            sys.setswitchinterval(old)
-            pool.close()
+            finally:
+                sys.setswitchinterval(old)
+                pool.close()
+                for name in run.job_tasks:
+                    forget_adhoc(name)
         yield pa.RecordBatch.from_pylist([ConsumerRow.of(index, consumer.report(), started, time.time(), rows).as_dict()])
 
     return consume

@@ -57,6 +57,7 @@ from conveyor.constants import (
     MAP_DEFAULT_LEASE_S,
 )
 from conveyor.errors import ConnectionLostError, ConveyorError, JobInputChangedError, RequestError
+from conveyor.gc_policy import gc_tuned
 from conveyor.message import Message
 from conveyor.spark.arrow_batches import ByteBoundLift
 from conveyor.spark.cluster import driver_pool, is_local
@@ -628,8 +629,9 @@ def _put_task(put: InputPut) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa
         from pyspark import TaskContext
 
         part = cast("TaskContext", TaskContext.get()).partitionId()  # always set inside a Spark task
-        n = put(batches, part)
-        put.pool.close()
+        with gc_tuned():  # Spark's collection after the task then walks only what came after it
+            n = put(batches, part)
+            put.pool.close()
         yield pa.RecordBatch.from_pylist([{"partition": part, "rows": n}])
 
     return put_partition
@@ -650,15 +652,16 @@ def _read_task(
         for _ in batches:
             pass
         shard = cast("TaskContext", TaskContext.get()).partitionId()  # always set inside a Spark task
-        try:
-            client = pool.clients[shard]
-            counts = ReadCounts(0, 0, 0)
-            if queue in _queues(client):
-                counts = yield from read(ServerOutcomes(client, queue, shard))
-            if records.queue in _queues(client):
-                records.record(client, shard, counts)
-        finally:
-            pool.close()
+        with gc_tuned():  # Spark's collection after the task then walks only what came after it
+            try:
+                client = pool.clients[shard]
+                counts = ReadCounts(0, 0, 0)
+                if queue in _queues(client):
+                    counts = yield from read(ServerOutcomes(client, queue, shard))
+                if records.queue in _queues(client):
+                    records.record(client, shard, counts)
+            finally:
+                pool.close()
 
     return read_shard
 
