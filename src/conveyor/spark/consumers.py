@@ -429,7 +429,7 @@ class SparkConsumerPool:
         return self._rows
 
     def _all_input_put(self, servers: ShardedQueues | None = None) -> bool:
-        return self.feed is None or self._rows_put.count(servers or self.pool.queues) >= self.n_consumers
+        return self.feed is None or self._rows_put.count(self.pool.queues if servers is None else servers) >= self.n_consumers
 
     def _reported(self) -> list[ConsumerRow]:
         """Each consumer's counts from its last report to the servers (the job ended before they could return them)."""
